@@ -1,0 +1,97 @@
+#include "kernels/buffer.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+
+namespace switchyard::kernels {
+
+absl::StatusOr<Buffer> Buffer::Allocate(Device device, size_t bytes) {
+  Buffer b;
+  b.device_ = device;
+  b.bytes_ = bytes;
+  b.shape_ = {static_cast<int64_t>(bytes)};
+  if (bytes == 0) return b;
+  if (device.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+    SY_CUDA_RETURN_IF_ERROR(cudaMalloc(&b.data_, bytes));
+  } else {
+    b.data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (b.data_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes"));
+    }
+  }
+  return b;
+}
+
+absl::StatusOr<Buffer> Buffer::ForTensor(DType dtype, std::vector<int64_t> shape, Device device) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    if (s < 0) return absl::InvalidArgumentError("negative extent in tensor shape");
+    n *= s;
+  }
+  SY_ASSIGN_OR_RETURN(Buffer b, Allocate(device, static_cast<size_t>(n) * DTypeSize(dtype)));
+  b.dtype_ = dtype;
+  b.shape_ = std::move(shape);
+  return b;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    this->~Buffer();
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    device_ = o.device_;
+    dtype_ = o.dtype_;
+    shape_ = std::move(o.shape_);
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() {
+  if (data_ == nullptr) return;
+  if (device_.is_cuda()) {
+    cudaFree(data_);
+  } else {
+    std::free(data_);
+  }
+  data_ = nullptr;
+}
+
+Tensor Buffer::View(DType dtype, std::vector<int64_t> shape) const {
+  Tensor t(dtype, std::move(shape), device_, data_);
+  return t.bytes() <= bytes_ ? t : Tensor();
+}
+
+absl::Status CopyTensor(const Tensor& src, const Tensor& dst) {
+  if (src.dtype != dst.dtype || src.numel() != dst.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyTensor: ", src.DebugString(), " -> ", dst.DebugString()));
+  }
+  if (src.bytes() == 0) return absl::OkStatus();
+  if (!src.device.is_cuda() && !dst.device.is_cuda()) {
+    std::memcpy(dst.data, src.data, src.bytes());
+    return absl::OkStatus();
+  }
+  SY_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data, src.data, src.bytes(), cudaMemcpyDefault));
+  return absl::OkStatus();
+}
+
+absl::Status FillBytes(const Tensor& t, uint8_t byte) {
+  if (t.bytes() == 0) return absl::OkStatus();
+  if (t.device.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaMemset(t.data, byte, t.bytes()));
+    SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  } else {
+    std::memset(t.data, byte, t.bytes());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::kernels

@@ -1,0 +1,53 @@
+// File: kernels/buffer.h
+//
+// `Buffer`: owning, contiguous memory on the CPU or one CUDA device, from which `Tensor` views
+// are taken. Allocation is a plan-time act (STYLE.md rule 5): ops never allocate.
+#ifndef SWITCHYARD_KERNELS_BUFFER_H_
+#define SWITCHYARD_KERNELS_BUFFER_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+
+namespace switchyard::kernels {
+
+// Owns `bytes` of memory on `device`. Move-only. Freed on destruction (cudaFree for CUDA).
+class Buffer {
+ public:
+  static absl::StatusOr<Buffer> Allocate(Device device, size_t bytes);
+  // A buffer holding one tensor of `dtype`/`shape`.
+  static absl::StatusOr<Buffer> ForTensor(DType dtype, std::vector<int64_t> shape, Device device);
+
+  Buffer() = default;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  // The whole buffer viewed as `dtype`/`shape` (must fit). Empty shape: the ForTensor shape.
+  Tensor View() const { return Tensor(dtype_, shape_, device_, data_); }
+  Tensor View(DType dtype, std::vector<int64_t> shape) const;
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+  DType dtype_ = DType::kU8;
+  std::vector<int64_t> shape_;
+};
+
+// Copies `src` into `dst` (same dtype and element count; any devices). Synchronous.
+absl::Status CopyTensor(const Tensor& src, const Tensor& dst);
+
+// Fills `t` with `byte` in every byte (used to poison outputs in tests). Synchronous.
+absl::Status FillBytes(const Tensor& t, uint8_t byte);
+
+}  // namespace switchyard::kernels
+
+#endif  // SWITCHYARD_KERNELS_BUFFER_H_
