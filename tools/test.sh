@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test suite: sets the machine up if needed, checks formatting, builds everything (GPU tests
+# and benchmarks included, so CI proves they compile) and runs every test. GPU tests skip
+# visibly on a machine without a GPU; the last line counts passed, failed and skipped test cases.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh
+
+echo "== clang-format check"
+files=$(git ls-files '*.h' '*.cc' '*.cu' '*.cuh')
+if ! clang-format --dry-run --Werror $files; then
+  echo "clang-format: the files above are not formatted (run: clang-format -i <file>)" >&2
+  exit 1
+fi
+
+BAZEL_FLAGS=(--color=no --curses=no)
+echo "== bazel build //..."
+bazel build "${BAZEL_FLAGS[@]}" //...
+echo "== bazel test //..."
+set +e
+bazel test "${BAZEL_FLAGS[@]}" //...
+rc=$?
+set -e
+
+python3 tools/test_summary.py "$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)"
+exit $rc

@@ -1,0 +1,37 @@
+"""Counts test cases over Bazel's gtest XML reports: one line per test target and a total.
+
+The total line has the form 'tests: N passed, N failed, N skipped' so that CI readers (and
+people) see GPU tests that were skipped on a machine without a GPU, instead of Bazel's PASSED.
+"""
+import glob
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def main(testlogs: str) -> int:
+    totals = [0, 0, 0]
+    for path in sorted(glob.glob(os.path.join(testlogs, "**", "test.xml"), recursive=True)):
+        target = "//" + os.path.relpath(os.path.dirname(path), testlogs)
+        counts = [0, 0, 0]
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError:
+            print(f"{target}: unreadable test.xml")
+            totals[1] += 1
+            continue
+        for case in root.iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                counts[1] += 1
+            elif case.find("skipped") is not None or case.get("result") == "skipped":
+                counts[2] += 1
+            else:
+                counts[0] += 1
+        totals = [a + b for a, b in zip(totals, counts)]
+        print(f"{target}: {counts[0]} passed, {counts[1]} failed, {counts[2]} skipped")
+    print(f"tests: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
