@@ -1,0 +1,127 @@
+// Validation, device dispatch and the CPU reference of the elementwise ops.
+#include "kernels/elementwise/elementwise.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace switchyard::kernels {
+namespace {
+
+bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16; }
+
+double Load(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kF32:
+      return t.as<float>()[i];
+    case DType::kF64:
+      return t.as<double>()[i];
+    case DType::kBF16:
+      return t.as<BF16>()[i].ToFloat();
+    default:
+      return NAN;
+  }
+}
+
+void Store(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype) {
+    case DType::kF32:
+      t.as<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      t.as<double>()[i] = v;
+      break;
+    case DType::kBF16:
+      t.as<BF16>()[i] = BF16::FromFloat(static_cast<float>(v));
+      break;
+    default:
+      break;
+  }
+}
+
+absl::Status CheckFloat(const Stream& stream, absl::string_view op,
+                        std::initializer_list<const Tensor*> ts) {
+  SY_RETURN_IF_ERROR(CheckDevice(stream, ts));
+  for (const Tensor* t : ts) {
+    if (!IsFloat(t->dtype) || (stream.is_cuda() && t->dtype == DType::kF64)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": unsupported dtype ", t->DebugString(),
+                                                     " on ", stream.device.ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGate(const Tensor& y, const Tensor& g, const Tensor& out, absl::string_view op) {
+  if (y.rank() != 2 || out.shape != y.shape || g.rank() != 1 || g.dim(0) != y.dim(0) ||
+      out.dtype != y.dtype || g.dtype == DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": expected y/out [T, H] of one dtype and g [T] f32, got y ",
+                     y.DebugString(), ", g ", g.DebugString(), ", out ", out.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+}  // namespace
+
+absl::Status Cast(const Stream& stream, const Tensor& src, const Tensor& dst) {
+  SY_RETURN_IF_ERROR(CheckFloat(stream, "Cast", {&src, &dst}));
+  if (src.numel() != dst.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Cast: element counts differ: ", src.DebugString(), " -> ", dst.DebugString()));
+  }
+  if (stream.is_cuda()) return internal::CastCuda(stream, src, dst);
+  for (int64_t i = 0; i < src.numel(); ++i) Store(dst, i, Load(src, i));
+  return absl::OkStatus();
+}
+
+absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float beta, const Tensor& b,
+                   const Tensor& out) {
+  SY_RETURN_IF_ERROR(CheckFloat(stream, "Axpby", {&a, &b, &out}));
+  if (a.shape != b.shape || a.shape != out.shape) {
+    return absl::InvalidArgumentError(absl::StrCat("Axpby: shapes differ: ", a.DebugString(), ", ",
+                                                   b.DebugString(), ", ", out.DebugString()));
+  }
+  if (stream.is_cuda()) return internal::AxpbyCuda(stream, alpha, a, beta, b, out);
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    Store(out, i, static_cast<double>(alpha) * Load(a, i) + static_cast<double>(beta) * Load(b, i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SigmoidGateForward(const Stream& stream, const Tensor& y, const Tensor& g,
+                                const Tensor& out) {
+  SY_RETURN_IF_ERROR(CheckFloat(stream, "SigmoidGateForward", {&y, &g, &out}));
+  SY_RETURN_IF_ERROR(CheckGate(y, g, out, "SigmoidGateForward"));
+  if (stream.is_cuda()) return internal::SigmoidGateForwardCuda(stream, y, g, out);
+  const int64_t t_n = y.dim(0), h_n = y.dim(1);
+  for (int64_t t = 0; t < t_n; ++t) {
+    const double s = Sigmoid(Load(g, t));
+    for (int64_t h = 0; h < h_n; ++h) Store(out, t * h_n + h, Load(y, t * h_n + h) * s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SigmoidGateBackward(const Stream& stream, const Tensor& dout, const Tensor& y,
+                                 const Tensor& g, const Tensor& dy, const Tensor& dg) {
+  SY_RETURN_IF_ERROR(CheckFloat(stream, "SigmoidGateBackward", {&dout, &y, &g, &dy, &dg}));
+  SY_RETURN_IF_ERROR(CheckGate(y, g, dout, "SigmoidGateBackward"));
+  SY_RETURN_IF_ERROR(CheckGate(y, dg, dy, "SigmoidGateBackward"));
+  if (stream.is_cuda()) return internal::SigmoidGateBackwardCuda(stream, dout, y, g, dy, dg);
+  const int64_t t_n = y.dim(0), h_n = y.dim(1);
+  for (int64_t t = 0; t < t_n; ++t) {
+    const double s = Sigmoid(Load(g, t));
+    double dot = 0;
+    for (int64_t h = 0; h < h_n; ++h) {
+      const double d = Load(dout, t * h_n + h);
+      dot += d * Load(y, t * h_n + h);
+      Store(dy, t * h_n + h, d * s);
+    }
+    Store(dg, t, s * (1.0 - s) * dot);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::kernels

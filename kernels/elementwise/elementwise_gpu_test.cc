@@ -1,0 +1,79 @@
+// CUDA elementwise ops against the CPU reference: fresh random inputs, poisoned outputs,
+// tolerance 1e-5 for f32 outputs and 1e-2 for bf16 (DESIGN.md).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "kernels/buffer.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/testing/gpu.h"
+
+namespace switchyard::kernels {
+namespace {
+
+Tensor Dev(const Buffer& b) { return b.View(); }
+
+Buffer Upload(const Buffer& host) {
+  Tensor h = host.View();
+  Buffer d = Buffer::ForTensor(h.dtype, h.shape, Device::Cuda(0)).value();
+  EXPECT_TRUE(CopyTensor(h, d.View()).ok());
+  return d;
+}
+
+Buffer Poisoned(DType dt, std::vector<int64_t> shape) {
+  Buffer d = Buffer::ForTensor(dt, std::move(shape), Device::Cuda(0)).value();
+  EXPECT_TRUE(FillBytes(d.View(), 0xFF).ok());
+  return d;
+}
+
+void ExpectClose(const Tensor& gpu, const Tensor& cpu, double tol, const char* what) {
+  const double err =
+      testing::RelativeError(testing::ToFloatVector(gpu), testing::ToFloatVector(cpu));
+  std::printf("%s %s: rel err %.3g (tol %.0e)\n", what, gpu.DebugString().c_str(), err, tol);
+  EXPECT_LT(err, tol) << what;
+}
+
+TEST(ElementwiseGpuTest, MatchesCpuReference) {
+  SY_REQUIRE_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const Stream gpu{Device::Cuda(0), nullptr};
+  for (auto [t_n, h_n] : {std::pair<int64_t, int64_t>{1, 3}, {37, 129}, {2048, 2048}}) {
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;
+      Buffer y = Buffer::ForTensor(dt, {t_n, h_n}, Device::Cpu()).value();
+      Buffer dout = Buffer::ForTensor(dt, {t_n, h_n}, Device::Cpu()).value();
+      Buffer g = Buffer::ForTensor(DType::kF32, {t_n}, Device::Cpu()).value();
+      testing::FillRandom(y.View(), rng);
+      testing::FillRandom(dout.View(), rng);
+      testing::FillRandom(g.View(), rng, 2.0f);
+      Buffer out = Buffer::ForTensor(dt, {t_n, h_n}, Device::Cpu()).value();
+      Buffer dy = Buffer::ForTensor(dt, {t_n, h_n}, Device::Cpu()).value();
+      Buffer dg = Buffer::ForTensor(DType::kF32, {t_n}, Device::Cpu()).value();
+      Buffer sum = Buffer::ForTensor(DType::kF32, {t_n, h_n}, Device::Cpu()).value();
+      ASSERT_TRUE(SigmoidGateForward(Stream::Cpu(), y.View(), g.View(), out.View()).ok());
+      ASSERT_TRUE(
+          SigmoidGateBackward(Stream::Cpu(), dout.View(), y.View(), g.View(), dy.View(), dg.View())
+              .ok());
+      ASSERT_TRUE(Axpby(Stream::Cpu(), 0.5f, y.View(), -2.0f, dout.View(), sum.View()).ok());
+
+      Buffer d_y = Upload(y), d_dout = Upload(dout), d_g = Upload(g);
+      Buffer d_out = Poisoned(dt, {t_n, h_n}), d_dy = Poisoned(dt, {t_n, h_n});
+      Buffer d_dg = Poisoned(DType::kF32, {t_n}), d_sum = Poisoned(DType::kF32, {t_n, h_n});
+      Buffer d_cast = Poisoned(DType::kF32, {t_n, h_n});
+      ASSERT_TRUE(SigmoidGateForward(gpu, Dev(d_y), Dev(d_g), Dev(d_out)).ok());
+      ASSERT_TRUE(
+          SigmoidGateBackward(gpu, Dev(d_dout), Dev(d_y), Dev(d_g), Dev(d_dy), Dev(d_dg)).ok());
+      ASSERT_TRUE(Axpby(gpu, 0.5f, Dev(d_y), -2.0f, Dev(d_dout), Dev(d_sum)).ok());
+      ASSERT_TRUE(Cast(gpu, Dev(d_y), Dev(d_cast)).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ExpectClose(Dev(d_out), out.View(), tol, "gate forward");
+      ExpectClose(Dev(d_dy), dy.View(), tol, "gate backward dy");
+      ExpectClose(Dev(d_dg), dg.View(), dt == DType::kBF16 ? 1e-2 : 1e-5, "gate backward dg");
+      ExpectClose(Dev(d_sum), sum.View(), 1e-5, "axpby");
+      ExpectClose(Dev(d_cast), y.View(), 1e-7, "cast");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace switchyard::kernels
