@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Builds the GPU bundle: a self-contained folder (.gpu_bundle/) to copy to a GPU host and run
+# with its run_gpu_tests.sh. It holds
+#   - every test tagged `gpu`, named by target (//kernels/gemm:gemm_gpu_test ->
+#     kernels_gemm_gemm_gpu_test), every cc_binary under //bench/... (bench_<pkg>_<name>),
+#     switchyard-worker and syctl;
+#   - lib/: the shared libraries those need that the GPU host lacks (gRPC, Protobuf, Abseil, ...),
+#     copied as real files under their soname, stripped;
+#   - torch_moe_baseline.py (the PyTorch reference for the benchmarks), run_gpu_tests.sh and
+#     MANIFEST.
+# The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
+# the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
+# those are never bundled. The script checks with ldd that every other dependency resolves inside
+# the bundle and fails if the bundle exceeds 60 MiB.
+#
+# Usage: tools/gpu_bundle.sh            (BAZEL_OUTPUT_BASE=<dir> to use a private output base)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+bundle="$repo/.gpu_bundle"
+max_mib=60
+
+# Libraries the GPU host provides (matched on the soname's stem, before ".so").
+host_lib_re='^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|ld-linux(-x86-64)?|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libcudart|libcublas|libcublasLt|libnccl)$'
+
+log() { echo "[gpu_bundle] $*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+
+startup=()
+if [[ -n ${BAZEL_OUTPUT_BASE:-} ]]; then startup=(--output_base="$BAZEL_OUTPUT_BASE"); fi
+bz() {
+  local cmd=$1
+  shift
+  bazel "${startup[@]}" "$cmd" --color=no --curses=no "$@"
+}
+query_log=$(mktemp)
+trap 'rm -f "$query_log"' EXIT
+query() {
+  local out
+  out=$(bz query "$1" 2>"$query_log") || {
+    cat "$query_log" >&2
+    die "bazel query '$1' failed"
+  }
+  echo "$out"
+}
+
+# --- Targets -------------------------------------------------------------------------------------
+log "querying targets"
+# The universe is every top-level folder with a BUILD file rather than //..., which would also
+# descend into the bazel-<dir> convenience symlink and fail to load the external repositories
+# there. (Command substitution, not <(...), so that a failing query stops the script.)
+universe="//:all"
+for d in */; do
+  d=${d%/}
+  [[ $d == bazel-* ]] && continue
+  if [[ -n $(find "$d" \( -name BUILD -o -name BUILD.bazel \) -print -quit) ]]; then
+    universe+=" + //$d/..."
+  fi
+done
+txt=$(query "attr(tags, \"\\bgpu\\b\", tests($universe))" | sort)
+gpu_tests=()
+if [[ -n $txt ]]; then mapfile -t gpu_tests <<<"$txt"; fi
+bench=()
+if [[ $universe == *//bench/...* ]]; then
+  txt=$(query 'kind("cc_binary rule", //bench/...)' | sort)
+  if [[ -n $txt ]]; then mapfile -t bench <<<"$txt"; fi
+fi
+tools=(//worker:switchyard-worker //cli:syctl)
+targets=("${gpu_tests[@]}" "${bench[@]}" "${tools[@]}")
+log "${#gpu_tests[@]} gpu test(s), ${#bench[@]} bench binar(ies), ${#tools[@]} tools"
+
+log "building"
+bz build "${targets[@]}" >&2
+bin_dir=$(bz info bazel-bin 2>/dev/null)
+
+# --- Binaries ------------------------------------------------------------------------------------
+rm -rf "$bundle"
+mkdir -p "$bundle/lib"
+# //a/b:c -> a_b_c ; the two tools keep their own names.
+bundle_name() {
+  case $1 in
+    //worker:switchyard-worker) echo switchyard-worker ;;
+    //cli:syctl) echo syctl ;;
+    *)
+      local pkg=${1#//}
+      pkg=${pkg%%:*}
+      echo "${pkg//\//_}_${1##*:}"
+      ;;
+  esac
+}
+manifest_targets=()
+for t in "${targets[@]}"; do
+  pkg=${t#//}
+  pkg=${pkg%%:*}
+  src="$bin_dir/$pkg/${t##*:}"
+  [[ -f $src ]] || die "no output for $t at $src"
+  name=$(bundle_name "$t")
+  [[ -e $bundle/$name ]] && die "two targets map to bundle name $name"
+  cp "$src" "$bundle/$name"
+  chmod u+w,a+rx "$bundle/$name"
+  strip "$bundle/$name"
+  manifest_targets+=("$name  <- $t")
+done
+
+# --- Shared libraries ----------------------------------------------------------------------------
+declare -A lib_src=()
+missing=()
+for f in "$bundle"/*; do
+  [[ -f $f && -x $f && $f != *.py && $f != *.sh ]] || continue
+  # ldd lists transitive dependencies: "soname => /path (0x...)" or "soname => not found".
+  while read -r soname arrow path _; do
+    [[ $arrow == "=>" ]] || continue
+    stem=${soname%%.so*}
+    [[ $stem =~ $host_lib_re ]] && continue
+    if [[ $path == not ]]; then
+      missing+=("$soname (needed by $(basename "$f"))")
+      continue
+    fi
+    real=$(readlink -f "$path")
+    if [[ -n ${lib_src[$soname]:-} && ${lib_src[$soname]} != "$real" ]]; then
+      die "$soname resolves to both ${lib_src[$soname]} and $real"
+    fi
+    lib_src[$soname]=$real
+  done < <(ldd "$f")
+done
+[[ ${#missing[@]} -eq 0 ]] || die "unresolved libraries on this machine: ${missing[*]}"
+for soname in "${!lib_src[@]}"; do
+  cp "${lib_src[$soname]}" "$bundle/lib/$soname"
+  chmod u+w "$bundle/lib/$soname"
+  strip --strip-unneeded "$bundle/lib/$soname"
+done
+log "${#lib_src[@]} shared libraries bundled"
+
+# --- Scripts and reference -----------------------------------------------------------------------
+baseline=""
+for p in /work/shared/bench/torch_moe_baseline.py "$repo/../shared/bench/torch_moe_baseline.py"; do
+  if [[ -f $p ]]; then
+    baseline=$p
+    break
+  fi
+done
+if [[ -n $baseline ]]; then
+  cp "$baseline" "$bundle/torch_moe_baseline.py"
+  chmod 644 "$bundle/torch_moe_baseline.py"
+else
+  log "WARNING: torch_moe_baseline.py not found (/work/shared/bench or ../shared/bench)"
+fi
+cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
+chmod 755 "$bundle/run_gpu_tests.sh"
+
+{
+  echo "Switchyard GPU bundle"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (+ local changes)')"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
+  echo "run: ./run_gpu_tests.sh [name-substring...]"
+  echo "binaries:"
+  printf '  %s\n' "${manifest_targets[@]}"
+  echo "lib/:"
+  for soname in $(printf '%s\n' "${!lib_src[@]}" | sort); do echo "  $soname  <- ${lib_src[$soname]}"; done
+} >"$bundle/MANIFEST"
+
+# --- Check: only host-provided libraries resolve outside the bundle ------------------------------
+bad=()
+for f in "$bundle"/* "$bundle"/lib/*; do
+  [[ -f $f && $f != *.py && $f != *.sh && $f != */MANIFEST ]] || continue
+  while read -r soname arrow path _; do
+    [[ $arrow == "=>" ]] || continue
+    stem=${soname%%.so*}
+    [[ $stem =~ $host_lib_re ]] && continue
+    [[ $path == "$bundle/lib/"* ]] || bad+=("$(basename "$f"): $soname => $path")
+  done < <(LD_LIBRARY_PATH="$bundle/lib" ldd "$f")
+done
+if [[ ${#bad[@]} -gt 0 ]]; then
+  printf '  %s\n' "${bad[@]}" >&2
+  die "the dependencies above resolve outside the bundle and are not provided by the GPU host"
+fi
+
+bytes=$(du -sb "$bundle" | cut -f1)
+mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
+echo "gpu bundle: $bundle, ${#targets[@]} binaries, ${#lib_src[@]} libraries, $mib MiB (limit $max_mib MiB)"
+if ((bytes > max_mib * 1048576)); then
+  die "bundle is $mib MiB, over the $max_mib MiB limit"
+fi
