@@ -91,6 +91,24 @@ absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float bet
   return absl::OkStatus();
 }
 
+absl::Status AddColumnSums(const Stream& stream, const Tensor& x, const Tensor& out) {
+  SY_RETURN_IF_ERROR(CheckFloat(stream, "AddColumnSums", {&x, &out}));
+  if (x.rank() != 2 || out.rank() != 1 || out.dim(0) != x.dim(1) || x.dtype != out.dtype ||
+      x.dtype == DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddColumnSums: expected x [B, E] and out [E] "
+                     "of one f32/f64 dtype, got ",
+                     x.DebugString(), ", ", out.DebugString()));
+  }
+  if (stream.is_cuda()) return internal::AddColumnSumsCuda(stream, x, out);
+  for (int64_t j = 0; j < x.dim(1); ++j) {
+    double s = Load(out, j);
+    for (int64_t i = 0; i < x.dim(0); ++i) s += Load(x, i * x.dim(1) + j);
+    Store(out, j, s);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SigmoidGateForward(const Stream& stream, const Tensor& y, const Tensor& g,
                                 const Tensor& out) {
   SY_RETURN_IF_ERROR(CheckFloat(stream, "SigmoidGateForward", {&y, &g, &out}));

@@ -39,6 +39,14 @@ __global__ void GateForwardKernel(const void* y, DType dt, const float* g, void*
   }
 }
 
+__global__ void AddColumnSumsKernel(const float* x, float* out, int64_t rows, int64_t cols) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  float s = out[j];
+  for (int64_t i = 0; i < rows; ++i) s += x[i * cols + j];
+  out[j] = s;
+}
+
 constexpr int kGateThreads = 256;
 
 __global__ void GateBackwardKernel(const void* dout, const void* y, DType dt, const float* g,
@@ -83,6 +91,14 @@ absl::Status AxpbyCuda(const Stream& stream, float alpha, const Tensor& a, float
   if (a.numel() == 0) return absl::OkStatus();
   AxpbyKernel<<<Blocks(a.numel()), 256, 0, S(stream)>>>(alpha, a.data, a.dtype, beta, b.data,
                                                         b.dtype, out.data, out.dtype, a.numel());
+  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status AddColumnSumsCuda(const Stream& stream, const Tensor& x, const Tensor& out) {
+  if (x.dim(1) == 0) return absl::OkStatus();
+  AddColumnSumsKernel<<<static_cast<unsigned>((x.dim(1) + 255) / 256), 256, 0, S(stream)>>>(
+      x.as<float>(), out.as<float>(), x.dim(0), x.dim(1));
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

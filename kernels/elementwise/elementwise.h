@@ -19,6 +19,10 @@ absl::Status Cast(const Stream& stream, const Tensor& src, const Tensor& dst);
 absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float beta, const Tensor& b,
                    const Tensor& out);
 
+// out[j] += sum_i x[i, j] in a fixed order (i ascending). x [B, E], out [E]; f32 (f64 on the CPU).
+// Used to accumulate per-sequence expert counts into a global-batch count.
+absl::Status AddColumnSums(const Stream& stream, const Tensor& x, const Tensor& out);
+
 // Shared-expert gate (megatron_moe.md §4.4): out[t, :] = y[t, :] * sigmoid(g[t]).
 //   y, out [T, H] (one dtype); g [T] f32 (f64 on the CPU) — the gate logit x·w_g.
 absl::Status SigmoidGateForward(const Stream& stream, const Tensor& y, const Tensor& g,
@@ -34,6 +38,7 @@ namespace internal {
 absl::Status CastCuda(const Stream& stream, const Tensor& src, const Tensor& dst);
 absl::Status AxpbyCuda(const Stream& stream, float alpha, const Tensor& a, float beta,
                        const Tensor& b, const Tensor& out);
+absl::Status AddColumnSumsCuda(const Stream& stream, const Tensor& x, const Tensor& out);
 absl::Status SigmoidGateForwardCuda(const Stream& stream, const Tensor& y, const Tensor& g,
                                     const Tensor& out);
 absl::Status SigmoidGateBackwardCuda(const Stream& stream, const Tensor& dout, const Tensor& y,

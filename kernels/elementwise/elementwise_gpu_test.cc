@@ -65,7 +65,13 @@ TEST(ElementwiseGpuTest, MatchesCpuReference) {
           SigmoidGateBackward(gpu, Dev(d_dout), Dev(d_y), Dev(d_g), Dev(d_dy), Dev(d_dg)).ok());
       ASSERT_TRUE(Axpby(gpu, 0.5f, Dev(d_y), -2.0f, Dev(d_dout), Dev(d_sum)).ok());
       ASSERT_TRUE(Cast(gpu, Dev(d_y), Dev(d_cast)).ok());
+      Buffer colsum = Buffer::ForTensor(DType::kF32, {h_n}, Device::Cpu()).value();
+      testing::FillRandom(colsum.View(), rng);
+      Buffer d_colsum = Upload(colsum);
+      ASSERT_TRUE(AddColumnSums(Stream::Cpu(), sum.View(), colsum.View()).ok());
+      ASSERT_TRUE(AddColumnSums(gpu, Dev(d_sum), Dev(d_colsum)).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ExpectClose(Dev(d_colsum), colsum.View(), 1e-5, "column sums");
       ExpectClose(Dev(d_out), out.View(), tol, "gate forward");
       ExpectClose(Dev(d_dy), dy.View(), tol, "gate backward dy");
       ExpectClose(Dev(d_dg), dg.View(), dt == DType::kBF16 ? 1e-2 : 1e-5, "gate backward dg");

@@ -33,6 +33,14 @@ TEST(ElementwiseCpuTest, CastRoundsToNearestEvenAndAxpbyCombines) {
   EXPECT_EQ(Axpby(Stream::Cpu(), 1, s, 1, wrong, o).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ElementwiseCpuTest, AddColumnSumsAccumulates) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6}, out = {10, 20, 30};
+  ASSERT_TRUE(AddColumnSums(Stream::Cpu(), Tensor(DType::kF32, {2, 3}, Device::Cpu(), x.data()),
+                            Tensor(DType::kF32, {3}, Device::Cpu(), out.data()))
+                  .ok());
+  EXPECT_EQ(out, (std::vector<float>{15, 27, 39}));
+}
+
 TEST(ElementwiseCpuTest, SigmoidGateBackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(3);
   const int64_t t_n = 5, h_n = 7;

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <utility>
 
 #include "common/cuda_status.h"
 #include "kernels/gemm/gemm.h"
@@ -10,22 +11,29 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-absl::StatusOr<cublasHandle_t> HandleFor(int device) {
-  thread_local std::map<int, cublasHandle_t> handles;
-  auto it = handles.find(device);
+// One handle per (thread, device, stream): a cuBLAS handle's workspace must not be used by two
+// streams at once (the MoE layer runs the shared expert on a side stream).
+absl::StatusOr<cublasHandle_t> HandleFor(int device, cudaStream_t stream) {
+  thread_local std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles;
+  auto it = handles.find({device, stream});
   if (it != handles.end()) return it->second;
   cublasHandle_t h;
   SY_CUBLAS_RETURN_IF_ERROR(cublasCreate(&h));
-  handles[device] = h;
+  SY_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, stream));
+  handles[{device, stream}] = h;
   return h;
 }
 
 absl::StatusOr<cudaDataType_t> CudaType(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: return absl::InvalidArgumentError("Gemm (CUDA): unsupported dtype");
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return absl::InvalidArgumentError("Gemm (CUDA): unsupported dtype");
   }
 }
 
@@ -36,8 +44,8 @@ absl::Status GemmCuda(const Stream& stream, const Tensor& a, bool trans_a, const
                       int64_t k) {
   if (m == 0 || n == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
-  SY_ASSIGN_OR_RETURN(cublasHandle_t h, HandleFor(stream.device.index));
-  SY_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, static_cast<cudaStream_t>(stream.cuda_stream)));
+  SY_ASSIGN_OR_RETURN(cublasHandle_t h, HandleFor(stream.device.index,
+                                                  static_cast<cudaStream_t>(stream.cuda_stream)));
   SY_ASSIGN_OR_RETURN(cudaDataType_t ab_type, CudaType(a.dtype));
   SY_ASSIGN_OR_RETURN(cudaDataType_t c_type, CudaType(c.dtype));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
