@@ -272,7 +272,8 @@ absl::Status SafetensorsFile::State::Parse(const char* bytes, uint64_t size) {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   auto state = std::make_shared<State>();
   state->path = path;
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not hang; it is rejected below as not a regular file.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));

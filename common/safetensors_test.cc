@@ -358,6 +358,11 @@ TEST(SafetensorsTest, MalformedFilesAreInvalidArgumentNamingFileAndProblem) {
   WriteFile(path, cases[4].bytes);
   EXPECT_STATUS(SafetensorsFile::Open(path).status(), absl::StatusCode::kInvalidArgument,
                 path + ": header is not valid JSON");
+  // A FIFO is rejected without blocking.
+  const std::string fifo = TempPath("fifo.safetensors");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_STATUS(SafetensorsFile::Open(fifo).status(), absl::StatusCode::kInvalidArgument,
+                "not a regular file");
   // A directory is not a safetensors file.
   EXPECT_STATUS(
       SafetensorsFile::Open(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp")
