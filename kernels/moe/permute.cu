@@ -88,10 +88,19 @@ __global__ void ExpertOffsetsKernel(int32_t* __restrict__ chunk_base, int64_t nu
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
   int32_t total = 0;
   if (e < num_experts) {
-    for (int64_t c = 0; c < num_chunks; ++c) {
-      const int32_t v = chunk_base[c * num_experts + e];
-      chunk_base[c * num_experts + e] = total;
-      total += v;
+    // Loads in batches so that kBatch of them are in flight (the loop is latency-bound).
+    constexpr int kBatch = 8;
+    for (int64_t c0 = 0; c0 < num_chunks; c0 += kBatch) {
+      int32_t v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        v[i] = c0 + i < num_chunks ? chunk_base[(c0 + i) * num_experts + e] : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (c0 + i < num_chunks) chunk_base[(c0 + i) * num_experts + e] = total;
+        total += v[i];
+      }
     }
   }
   const int32_t inclusive = WarpInclusiveScan(total, lane);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -186,6 +187,50 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1000, 4, 1024, 64, Load::kSkewed, 0.1, 0},  // E = kMaxExpertsCuda
                       Case{16384, 8, 256, 128, Load::kUniform, 0.02, 0},
                       Case{2048, 8, 256, 7168, Load::kUniform, 0.0, 0}));
+
+// Error states the router never produces (the CPU path rejects them): on CUDA, tokens past an
+// expert's capacity and invalid expert ids are dropped, and nothing is written out of bounds.
+TEST(PermuteGpuTest, ClampsOverCapacityAndInvalidIdsWithoutOutOfBoundsWrites) {
+  SY_REQUIRE_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const Case c{300, 2, 4, 24, Load::kUniform, 0.0, 10};
+  const int64_t rows = c.e * c.capacity, guard = 64;
+  Buffer x = Host(DType::kBF16, {c.t, c.h}), idx = Host(DType::kI32, {c.t, c.k}),
+         probs = Host(DType::kF32, {c.t, c.k});
+  testing::FillRandom(x.View(), rng);
+  MakeRouting(rng, Case{c.t, c.k, c.e, c.h, Load::kUniform, 0.0, 0}, idx.View().as<int32_t>(),
+              probs.View().as<float>());
+  int32_t* id = idx.View().as<int32_t>();
+  id[5] = static_cast<int32_t>(c.e + 5);
+  id[17] = -7;
+  std::vector<int32_t> ref_map(c.t * c.k, -1), seen(c.e, 0);
+  for (int64_t i = 0; i < c.t * c.k; ++i) {
+    if (id[i] >= 0 && id[i] < c.e && seen[id[i]] < c.capacity) {
+      ref_map[i] = static_cast<int32_t>(id[i] * c.capacity + seen[id[i]]++);
+    }
+  }
+  const Stream gpu{Device::Cuda(0), nullptr};
+  Buffer d_x = OnDevice(x.View()), d_idx = OnDevice(idx.View()), d_probs = OnDevice(probs.View());
+  Buffer d_px = Poisoned(DType::kBF16, {rows + guard, c.h}),
+         d_pp = Poisoned(DType::kF32, {rows + guard}), d_map = Poisoned(DType::kI32, {c.t, c.k}),
+         d_tpe = Poisoned(DType::kI32, {c.e}),
+         ws = Poisoned(DType::kU8, {PermuteWorkspaceBytes(c.t, c.e)});
+  absl::Status st = Permute(gpu, d_x.View(), d_idx.View(), d_probs.View(), c.e, c.capacity,
+                            d_px.View(DType::kBF16, {rows, c.h}), d_pp.View(DType::kF32, {rows}),
+                            d_map.View(), d_tpe.View(), ws.View());
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(Fetch<int32_t>(d_map.View()), ref_map);
+  EXPECT_EQ(Fetch<int32_t>(d_tpe.View()), std::vector<int32_t>(c.e, c.capacity));
+  const std::vector<uint16_t> px = Fetch<uint16_t>(d_px.View());
+  const std::vector<float> pp = Fetch<float>(d_pp.View());
+  EXPECT_TRUE(
+      std::all_of(px.begin() + rows * c.h, px.end(), [](uint16_t v) { return v == 0xFFFF; }));
+  std::vector<float> guard_pp(pp.begin() + rows, pp.end());
+  for (float v : guard_pp) EXPECT_TRUE(std::isnan(v)) << "write past max_rows";
+  std::printf("permute gpu over-capacity clamp T=%ld E=%ld C=%ld: row_map exact, guard intact\n",
+              c.t, c.e, c.capacity);
+}
 
 TEST(PermuteGpuTest, RejectsSmallWorkspaceAndTooManyExperts) {
   SY_REQUIRE_GPU();
