@@ -91,6 +91,13 @@ absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float bet
   return absl::OkStatus();
 }
 
+absl::Status FillNormal(const Stream& stream, const Tensor& t, uint64_t seed, float std) {
+  SY_RETURN_IF_ERROR(CheckFloat(stream, "FillNormal", {&t}));
+  if (stream.is_cuda()) return internal::FillNormalCuda(stream, t, seed, std);
+  for (int64_t i = 0; i < t.numel(); ++i) Store(t, i, std * internal::HashNormal(seed, i));
+  return absl::OkStatus();
+}
+
 absl::Status AddColumnSums(const Stream& stream, const Tensor& x, const Tensor& out) {
   SY_RETURN_IF_ERROR(CheckFloat(stream, "AddColumnSums", {&x, &out}));
   if (x.rank() != 2 || out.rank() != 1 || out.dim(0) != x.dim(1) || x.dtype != out.dtype ||

@@ -39,6 +39,13 @@ __global__ void GateForwardKernel(const void* y, DType dt, const float* g, void*
   }
 }
 
+__global__ void FillNormalKernel(void* p, DType dt, int64_t n, uint64_t seed, float std) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    StoreF(p, dt, i, std * HashNormal(seed, static_cast<uint64_t>(i)));
+  }
+}
+
 __global__ void AddColumnSumsKernel(const float* x, float* out, int64_t rows, int64_t cols) {
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (j >= cols) return;
@@ -91,6 +98,13 @@ absl::Status AxpbyCuda(const Stream& stream, float alpha, const Tensor& a, float
   if (a.numel() == 0) return absl::OkStatus();
   AxpbyKernel<<<Blocks(a.numel()), 256, 0, S(stream)>>>(alpha, a.data, a.dtype, beta, b.data,
                                                         b.dtype, out.data, out.dtype, a.numel());
+  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status FillNormalCuda(const Stream& stream, const Tensor& t, uint64_t seed, float std) {
+  if (t.numel() == 0) return absl::OkStatus();
+  FillNormalKernel<<<Blocks(t.numel()), 256, 0, S(stream)>>>(t.data, t.dtype, t.numel(), seed, std);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

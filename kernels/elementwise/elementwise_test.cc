@@ -33,6 +33,23 @@ TEST(ElementwiseCpuTest, CastRoundsToNearestEvenAndAxpbyCombines) {
   EXPECT_EQ(Axpby(Stream::Cpu(), 1, s, 1, wrong, o).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ElementwiseCpuTest, FillNormalHasUnitMomentsAndIsSeeded) {
+  std::vector<float> a(200000), b(200000);
+  Tensor ta(DType::kF32, {200000}, Device::Cpu(), a.data());
+  Tensor tb(DType::kF32, {200000}, Device::Cpu(), b.data());
+  ASSERT_TRUE(FillNormal(Stream::Cpu(), ta, 42, 2.0f).ok());
+  ASSERT_TRUE(FillNormal(Stream::Cpu(), tb, 43, 2.0f).ok());
+  double m = 0, v = 0;
+  for (float x : a) m += x;
+  m /= a.size();
+  for (float x : a) v += (x - m) * (x - m);
+  v /= a.size();
+  std::printf("FillNormal std 2: mean %.4f var %.4f\n", m, v);
+  EXPECT_NEAR(m, 0.0, 0.03);
+  EXPECT_NEAR(v, 4.0, 0.1);
+  EXPECT_NE(a, b);
+}
+
 TEST(ElementwiseCpuTest, AddColumnSumsAccumulates) {
   std::vector<float> x = {1, 2, 3, 4, 5, 6}, out = {10, 20, 30};
   ASSERT_TRUE(AddColumnSums(Stream::Cpu(), Tensor(DType::kF32, {2, 3}, Device::Cpu(), x.data()),
