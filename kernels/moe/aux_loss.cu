@@ -1,0 +1,332 @@
+// CUDA aux and z losses (aux_loss.h). Statistics: one warp per chunk of router_math::kAuxChunk
+// tokens of one sequence, sums in token order, then chunks in order (no floating-point atomics;
+// counts are integer-valued float atomics, exact). Loss values: one block. Backward: one warp per
+// token. Compiled with -fmad=false like router.cu.
+#include <cuda_runtime.h>
+
+#include "common/cuda_status.h"
+#include "kernels/moe/router_device.h"
+#include "kernels/moe/router_internal.h"
+
+namespace switchyard::kernels::internal {
+namespace {
+
+using router_math::Better;
+using router_math::Exp;
+using router_math::Sigmoid;
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kLossThreads = 512;
+
+struct StatsArgs {
+  const float* logits;
+  int num_experts, topk, sigmoid;
+  long long tokens_per_sequence, chunks_per_sequence, num_chunks;
+  double* partial;    // [num_chunks, E]
+  double* partial_z;  // [num_chunks]
+  float* counts;      // [B, E], zeroed
+};
+
+template <int NJ>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxStatsKernel(StatsArgs a) {
+  const int lane = threadIdx.x & 31;
+  const long long chunk = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (chunk >= a.num_chunks) return;  // warp-uniform
+  const int e_count = a.num_experts;
+  const long long b = chunk / a.chunks_per_sequence;
+  const long long begin = (chunk % a.chunks_per_sequence) * router_math::kAuxChunk;
+  const long long end = min(a.tokens_per_sequence, begin + router_math::kAuxChunk);
+  double acc[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j] = 0.0;
+  double z_acc = 0.0;
+  for (long long s = begin; s < end; ++s) {
+    const float* z = a.logits + (b * a.tokens_per_sequence + s) * e_count;
+    double mx, sum;
+    RowSoftmaxNorm<NJ>(z, e_count, &mx, &sum);
+    double sig_sum = 0.0;
+    if (a.sigmoid) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        if (lane + 32 * j < e_count) sig_sum += Sigmoid(z[lane + 32 * j]);
+      }
+      sig_sum = WarpSum(sig_sum);
+    }
+    unsigned avail = 0;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int e = lane + 32 * j;
+      if (e >= e_count) continue;
+      acc[j] += a.sigmoid ? Sigmoid(z[e]) / sig_sum : Exp(static_cast<double>(z[e]) - mx) / sum;
+      avail |= 1u << j;
+    }
+    const double lse = mx + log(sum);
+    z_acc += lse * lse;
+    for (int r = 0; r < a.topk; ++r) {  // the aux loss's own plain top-k of z
+      double bv = 0.0;
+      int bi = -1;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        if (((avail >> j) & 1u) && Better(z[lane + 32 * j], lane + 32 * j, bv, bi)) {
+          bv = z[lane + 32 * j];
+          bi = lane + 32 * j;
+        }
+      }
+      WarpBest(&bv, &bi);
+      if ((bi & 31) == lane) {
+        avail &= ~(1u << (bi >> 5));
+        atomicAdd(&a.counts[b * e_count + bi], 1.0f);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (lane + 32 * j < e_count) a.partial[chunk * e_count + lane + 32 * j] = acc[j];
+  }
+  if (lane == 0) a.partial_z[chunk] = z_acc;
+}
+
+__global__ void AuxStatsFinalizeKernel(const double* partial, const double* partial_z,
+                                       long long num_sequences, long long chunks_per_sequence,
+                                       int e_count, double* prob_sums, double* lse_sq_sum) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < num_sequences * e_count) {
+    const long long b = i / e_count, e = i % e_count;
+    double acc = 0.0;
+    for (long long c = 0; c < chunks_per_sequence; ++c) {
+      acc += partial[(b * chunks_per_sequence + c) * e_count + e];
+    }
+    prob_sums[i] = acc;
+  }
+  if (i == 0) {
+    double acc = 0.0;
+    for (long long c = 0; c < num_sequences * chunks_per_sequence; ++c) acc += partial_z[c];
+    *lse_sq_sum = acc;
+  }
+}
+
+struct LossArgs {
+  const double* prob_sums;
+  const float* counts;
+  const float* global_counts;
+  const double* lse_sq_sum;
+  long long num_sequences;
+  int num_experts, num_terms;
+  AuxLossType types[3];
+  double coef[3];  // α·E/(k·N²) of each term
+  double dp_size, z_loss_coeff, num_tokens;
+  float* losses;
+  float* grad_weights;
+};
+
+__global__ void __launch_bounds__(kLossThreads) AuxLossValueKernel(LossArgs a) {
+  __shared__ double p_total[kRouterMaxExperts], c_total[kRouterMaxExperts], part[kLossThreads];
+  const int tid = threadIdx.x, e_count = a.num_experts;
+  const long long b_count = a.num_sequences;
+  for (int e = tid; e < e_count; e += blockDim.x) {
+    double p = 0.0, c = 0.0;
+    for (long long b = 0; b < b_count; ++b) {
+      p += a.prob_sums[b * e_count + e];
+      c += a.counts[b * e_count + e];
+    }
+    p_total[e] = p;
+    c_total[e] = c;
+  }
+  __syncthreads();
+  for (int i = 0; i < a.num_terms; ++i) {
+    if (a.types[i] == AuxLossType::kSeqAuxLoss) {
+      double mine = 0.0;
+      for (long long b = tid; b < b_count; b += blockDim.x) {
+        double dot = 0.0;
+        for (int e = 0; e < e_count; ++e) {
+          dot += a.prob_sums[b * e_count + e] * a.counts[b * e_count + e];
+        }
+        mine += dot * a.coef[i];
+      }
+      part[tid] = mine;
+      __syncthreads();
+      if (tid == 0) {
+        double total = 0.0;
+        for (int q = 0; q < blockDim.x; ++q) total += part[q];
+        a.losses[i] = static_cast<float>(total / b_count);
+      }
+      __syncthreads();
+    } else if (tid == 0) {
+      const bool global = a.types[i] == AuxLossType::kGlobalAuxLoss;
+      double dot = 0.0;
+      for (int e = 0; e < e_count; ++e) {
+        dot += p_total[e] * (global ? static_cast<double>(a.global_counts[e]) : c_total[e]);
+      }
+      a.losses[i] = static_cast<float>(dot * a.coef[i]);
+    }
+  }
+  if (tid == 0) {
+    a.losses[a.num_terms] = static_cast<float>(a.z_loss_coeff * *a.lse_sq_sum / a.num_tokens);
+  }
+  for (long long i = tid; i < b_count * e_count; i += blockDim.x) {
+    const int e = static_cast<int>(i % e_count);
+    double w = 0.0;
+    for (int q = 0; q < a.num_terms; ++q) {
+      if (a.types[q] == AuxLossType::kAuxLoss) {
+        w += a.coef[q] * c_total[e];
+      } else if (a.types[q] == AuxLossType::kSeqAuxLoss) {
+        w += a.coef[q] / b_count * a.counts[i];
+      } else {
+        w += a.dp_size * a.coef[q] * a.global_counts[e];
+      }
+    }
+    a.grad_weights[i] = static_cast<float>(w);
+  }
+}
+
+struct AuxBackwardArgs {
+  const float* logits;
+  const float* grad_weights;
+  float* dlogits;
+  long long num_tokens, tokens_per_sequence;
+  int num_experts, sigmoid;
+  double z_coef, scale;  // z_coef = 2·c_z / T
+};
+
+template <int NJ>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxBackwardKernel(AuxBackwardArgs a) {
+  const int lane = threadIdx.x & 31;
+  const long long t = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (t >= a.num_tokens) return;
+  const int e_count = a.num_experts;
+  const float* z = a.logits + t * e_count;
+  const float* w = a.grad_weights + (t / a.tokens_per_sequence) * e_count;
+  float* out = a.dlogits + t * e_count;
+  double mx, sum;
+  RowSoftmaxNorm<NJ>(z, e_count, &mx, &sum);
+  double sig_sum = 0.0, p[NJ], dot = 0.0;
+  if (a.sigmoid) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      if (lane + 32 * j < e_count) sig_sum += Sigmoid(z[lane + 32 * j]);
+    }
+    sig_sum = WarpSum(sig_sum);
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int e = lane + 32 * j;
+    p[j] = 0.0;
+    if (e >= e_count) continue;
+    p[j] = a.sigmoid ? Sigmoid(z[e]) / sig_sum : Exp(static_cast<double>(z[e]) - mx) / sum;
+    dot += p[j] * w[e];
+  }
+  dot = WarpSum(dot);
+  const double zc = a.z_coef * (mx + log(sum));
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int e = lane + 32 * j;
+    if (e >= e_count) continue;
+    double d;
+    if (a.sigmoid) {
+      const double s = Sigmoid(z[e]);
+      d = (w[e] - dot) / sig_sum * (s * (1.0 - s));
+    } else {
+      d = p[j] * (w[e] - dot);
+    }
+    d += zc * (Exp(static_cast<double>(z[e]) - mx) / sum);
+    out[e] = static_cast<float>(static_cast<double>(out[e]) + a.scale * d);
+  }
+}
+
+}  // namespace
+
+absl::Status AuxLossStatsCuda(const Stream& stream, const AuxPlan& plan, const Tensor& logits,
+                              const AuxLossStats& stats, const Tensor& workspace) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats.counts.data, 0, stats.counts.bytes(), s));
+  StatsArgs args;
+  args.logits = logits.as<float>();
+  args.num_experts = static_cast<int>(plan.num_experts);
+  args.topk = static_cast<int>(plan.topk);
+  args.sigmoid = plan.sigmoid;
+  args.tokens_per_sequence = plan.tokens_per_sequence;
+  args.chunks_per_sequence = plan.chunks_per_sequence;
+  args.num_chunks = plan.num_chunks;
+  args.partial = static_cast<double*>(workspace.data);
+  args.partial_z =
+      reinterpret_cast<double*>(static_cast<char*>(workspace.data) +
+                                (8 * plan.num_chunks * plan.num_experts + 255) / 256 * 256);
+  args.counts = stats.counts.as<float>();
+  if (plan.num_chunks > 0) {
+    DispatchLaneWidth(args.num_experts, [&](auto nj) {
+      AuxStatsKernel<decltype(nj)::value>
+          <<<BlocksFor(plan.num_chunks, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(args);
+    });
+    SY_CUDA_RETURN_IF_LAUNCH_ERROR(AuxStatsKernel);
+  }
+  const long long n = plan.num_sequences * plan.num_experts;
+  AuxStatsFinalizeKernel<<<BlocksFor(n, 256), 256, 0, s>>>(
+      args.partial, args.partial_z, plan.num_sequences, plan.chunks_per_sequence, args.num_experts,
+      stats.prob_sums.as<double>(), stats.lse_sq_sum.as<double>());
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(AuxStatsFinalizeKernel);
+  return absl::OkStatus();
+}
+
+absl::Status AuxLossForwardCuda(const Stream& stream, const RouterConfig& config,
+                                const AuxPlan& plan, const AuxLossStats& stats,
+                                const AuxLossNorms& norms, const Tensor& losses,
+                                const Tensor& grad_weights) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  LossArgs args;
+  args.prob_sums = stats.prob_sums.as<double>();
+  args.counts = stats.counts.as<float>();
+  args.global_counts = norms.global_counts.data ? norms.global_counts.as<float>() : nullptr;
+  args.lse_sq_sum = stats.lse_sq_sum.as<double>();
+  args.num_sequences = plan.num_sequences;
+  args.num_experts = static_cast<int>(plan.num_experts);
+  args.num_terms = static_cast<int>(config.aux_losses.size());
+  const double k = static_cast<double>(plan.topk), e = static_cast<double>(plan.num_experts);
+  for (int i = 0; i < args.num_terms; ++i) {
+    const AuxLossTerm& term = config.aux_losses[i];
+    double n = norms.global_num_tokens;
+    if (term.type == AuxLossType::kAuxLoss) {
+      n = norms.aux_num_tokens > 0 ? norms.aux_num_tokens : plan.num_tokens;
+    } else if (term.type == AuxLossType::kSeqAuxLoss) {
+      n = norms.seq_num_tokens > 0 ? norms.seq_num_tokens : plan.tokens_per_sequence;
+    }
+    args.types[i] = term.type;
+    args.coef[i] = e * term.coeff / (k * n * n);
+  }
+  args.dp_size = norms.dp_size;
+  args.z_loss_coeff = config.z_loss_coeff;
+  args.num_tokens = static_cast<double>(plan.num_tokens);
+  args.losses = losses.as<float>();
+  args.grad_weights = grad_weights.as<float>();
+  AuxLossValueKernel<<<1, kLossThreads, 0, s>>>(args);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(AuxLossValueKernel);
+  return absl::OkStatus();
+}
+
+absl::Status AuxLossBackwardCuda(const Stream& stream, const RouterConfig& config,
+                                 const AuxPlan& plan, const Tensor& logits,
+                                 const Tensor& grad_weights, double aux_grad_scale,
+                                 const Tensor& dlogits) {
+  if (plan.num_tokens == 0) return absl::OkStatus();
+  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  AuxBackwardArgs args;
+  args.logits = logits.as<float>();
+  args.grad_weights = grad_weights.as<float>();
+  args.dlogits = dlogits.as<float>();
+  args.num_tokens = plan.num_tokens;
+  args.tokens_per_sequence = plan.tokens_per_sequence;
+  args.num_experts = static_cast<int>(plan.num_experts);
+  args.sigmoid = plan.sigmoid;
+  args.z_coef = 2.0 * config.z_loss_coeff / static_cast<double>(plan.num_tokens);
+  args.scale = aux_grad_scale;
+  DispatchLaneWidth(args.num_experts, [&](auto nj) {
+    AuxBackwardKernel<decltype(nj)::value>
+        <<<BlocksFor(plan.num_tokens, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(args);
+  });
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(AuxBackwardKernel);
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::kernels::internal
