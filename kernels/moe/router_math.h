@@ -33,7 +33,7 @@ inline constexpr int kSinkhornMaxIters = 2000;
 // Token chunking of the deterministic column sums (sinkhorn, aux-loss statistics). Part of the
 // numerical contract: the CPU reference sums in the same chunks.
 inline constexpr int kSinkhornChunk = 64;
-inline constexpr int kAuxChunk = 32;
+inline constexpr int kAuxChunk = 16;
 
 // 2^m for m in [-1022, 1023], built from its bits (exact).
 SY_HOST_DEVICE inline double Pow2(int m) {
