@@ -286,8 +286,10 @@ namespace {
 absl::Status JitterScale(const Stream& stream, const Tensor& in, float eps, uint64_t seed,
                          uint64_t offset, const Tensor& out, absl::string_view what) {
   SY_RETURN_IF_ERROR(
-      Rule(in.dtype == DType::kF32 || in.dtype == DType::kBF16,
-           absl::StrCat(what, ": dtype must be f32 or bf16, got ", in.DebugString())));
+      Rule(in.dtype == DType::kF32 || in.dtype == DType::kBF16 ||
+               (in.dtype == DType::kF64 && !stream.is_cuda()),
+           absl::StrCat(what, ": dtype must be f32 or bf16 (or f64 on the CPU), got ",
+                        in.DebugString())));
   SY_RETURN_IF_ERROR(
       Rule(in.rank() == 2, absl::StrCat(what, ": must be [T, H], got ", in.DebugString())));
   SY_RETURN_IF_ERROR(

@@ -142,9 +142,10 @@ absl::Status UpdateExpertBias(const Stream& stream, const Tensor& counts, const 
                               float rate);
 
 // Input jitter (§1.7): out = x ⊙ u, u[i] = JitterMultiplier(eps, seed, offset + i) (rng.h), i the
-// flat element index. x, out [T, H] f32 or bf16 (same dtype; may alias). The layer calls it only
-// when training with input_jitter_eps > 0 (Megatron also jitters in eval; we do not), with a fresh
-// (seed, offset) per step and layer; the backward regenerates u from them instead of saving it.
+// flat element index. x, out [T, H] f32 or bf16, f64 on the CPU (same dtype; may alias). The layer
+// calls it only when training with input_jitter_eps > 0 (Megatron also jitters in eval; we do not),
+// with a fresh (seed, offset) per step and layer; the backward regenerates u from them instead of
+// saving it.
 absl::Status ApplyInputJitter(const Stream& stream, const Tensor& x, float eps, uint64_t seed,
                               uint64_t offset, const Tensor& out);
 

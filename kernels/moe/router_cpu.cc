@@ -270,6 +270,10 @@ absl::Status JitterScaleCpu(const Tensor& in, float eps, uint64_t seed, uint64_t
     for (int64_t i = 0; i < n; ++i) {
       out.as<float>()[i] = in.as<float>()[i] * JitterMultiplier(eps, seed, offset + i);
     }
+  } else if (in.dtype == DType::kF64) {
+    for (int64_t i = 0; i < n; ++i) {
+      out.as<double>()[i] = in.as<double>()[i] * JitterMultiplier(eps, seed, offset + i);
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) {
       const float v = in.as<BF16>()[i].ToFloat() * JitterMultiplier(eps, seed, offset + i);
