@@ -1,0 +1,163 @@
+// File: kernels/gemm/grouped_gemm.h
+//
+// Grouped GEMM for the MoE experts (spec §4.1: fc1 and fc2 of TEGroupedMLP, forward and backward),
+// with the group sizes on the DEVICE and no host synchronisation.
+//
+// Row layout (shared with permute/unpermute): the activation matrices hold their rows grouped by
+// expert. Group g owns rows [off_g, off_g + m_g), m_g = tokens_per_group[g], off_g = m_0 + ... +
+// m_{g-1}. The buffers have a static row capacity R; rows at or past the total are never read or
+// written. Counts are read on the device only: a negative count counts as 0, and a total above R
+// is clamped (the groups that overflow lose their tail rows) rather than overrunning the buffers.
+//
+// Weights are [G, K, N] row-major per group ("x·W" form: fc1 W1 [E, H, 2F], fc2 W2 [E, F, H]).
+//
+//   Fprop  y_g  = x_g · W_g          x [R, K], w [G, K, N], y [R, N]
+//   Dgrad  dx_g = dy_g · W_gᵀ        dy [R, N], w [G, K, N], dx [R, K]
+//   Wgrad  dW_g = x_gᵀ · dy_g (+= dW_g when accumulating)      x [R, K], dy [R, N], dw [G, K, N]
+//          A group with zero rows gets dW_g = 0 (unchanged when accumulating).
+//
+// Dtypes. CUDA: x, w, dy bf16; y, dx bf16; dw bf16 or f32 (fp32 grads accumulate in place);
+// fp32 accumulation throughout. CPU: the fp64-accumulating reference, inputs f32, f64 or bf16 (all
+// inputs the same dtype), outputs any of those. tokens_per_group is int32 [G] on the op's device.
+//
+// Paths (GroupedGemmPath):
+//   kCutlassSm90  CUTLASS 4.2 Hopper grouped GEMM (TMA + wgmma, warp-specialised, persistent),
+//                 on compute capability 9.0 devices. A one-block setup kernel writes the per-group
+//                 problem shapes, pointers and strides from the device counts; CUTLASS reads them
+//                 on the device (its host problem-shape pointer is null). Requires K and N to be
+//                 multiples of 8 and 16-byte aligned data pointers (TMA): other shapes get
+//                 INVALID_ARGUMENT (use kFallback for them). Tiles: 128x128x64 ping-pong for fine
+//                 groups, 256x128x64 cooperative (cluster 1x2) when the average rows per group
+//                 R / G >= kGroupedGemmCooperativeMinRows. bf16 dW uses the ping-pong tile only.
+//   kFallback     a portable tiled SIMT kernel (any CUDA GPU, any shape); also used on non-9.0
+//                 devices. Correct, not fast: it exists for portability and for comparison.
+//   kCpuReference the CPU path (tensors on the CPU).
+#ifndef SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_H_
+#define SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+
+namespace switchyard::kernels {
+
+enum class GroupedGemmPath { kAuto, kCpuReference, kCutlassSm90, kFallback };
+const char* GroupedGemmPathName(GroupedGemmPath path);
+
+// CUTLASS tile configuration; kAuto chooses from the average rows per group (R / G).
+enum class GroupedGemmTile { kAuto, kPingpong128x128, kCooperative256x128 };
+const char* GroupedGemmTileName(GroupedGemmTile tile);
+
+// kAuto picks the cooperative 256x128 tile when R / G is at least this many rows.
+inline constexpr int64_t kGroupedGemmCooperativeMinRows = 1024;
+
+struct GroupedGemmOptions {
+  // kAuto: the CPU reference for a CPU device; CUTLASS SM90 on a compute capability 9.0 device;
+  // the fallback otherwise. A forced path the device cannot run gets FAILED_PRECONDITION.
+  GroupedGemmPath path = GroupedGemmPath::kAuto;
+  GroupedGemmTile tile = GroupedGemmTile::kAuto;  // CUTLASS path only
+};
+
+namespace internal {
+
+enum class GroupedGemmOp { kFprop, kDgrad, kWgrad };
+const char* GroupedGemmOpName(GroupedGemmOp op);
+
+// One validated call as the paths see it (pointers on the op's device):
+//   kFprop: a = x [R, K], b = w [G, K, N], out = y [R, N]
+//   kDgrad: a = dy [R, N], b = w [G, K, N], out = dx [R, K]
+//   kWgrad: a = x [R, K], b = dy [R, N], out = dw [G, K, N]
+struct GroupedGemmCall {
+  GroupedGemmOp op = GroupedGemmOp::kFprop;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  const int32_t* tokens_per_group = nullptr;
+  DType in_dtype = DType::kBF16;
+  DType out_dtype = DType::kBF16;
+  int64_t rows = 0;  // R, the row capacity
+  int64_t k = 0;
+  int64_t n = 0;
+  int groups = 0;
+  bool accumulate = false;
+  void* cuda_stream = nullptr;
+  GroupedGemmTile tile = GroupedGemmTile::kAuto;
+};
+
+// The CUDA paths. Run validates path-specific requirements (alignment) before launching.
+class GroupedGemmCudaPath {
+ public:
+  virtual ~GroupedGemmCudaPath() = default;
+  virtual absl::Status Run(const GroupedGemmCall& call) = 0;
+};
+
+absl::Status GroupedGemmCpu(const GroupedGemmCall& call);
+
+// grouped_gemm_fallback.cu
+absl::StatusOr<std::unique_ptr<GroupedGemmCudaPath>> CreateGroupedGemmFallback(int device,
+                                                                               int max_groups);
+// grouped_gemm_sm90.cu. Sm90GroupedGemmCompiled(): whether this build holds the CUTLASS kernels.
+bool Sm90GroupedGemmCompiled();
+absl::StatusOr<std::unique_ptr<GroupedGemmCudaPath>> CreateGroupedGemmSm90(int device,
+                                                                           int max_groups);
+
+// The tile kAuto resolves to for `rows` rows in `groups` groups (R / G: the host knows no counts).
+inline GroupedGemmTile ChooseGroupedGemmTile(int64_t rows, int groups) {
+  return groups > 0 && rows >= kGroupedGemmCooperativeMinRows * groups
+             ? GroupedGemmTile::kCooperative256x128
+             : GroupedGemmTile::kPingpong128x128;
+}
+
+}  // namespace internal
+
+// Owns the device argument arrays (problem shapes, pointers, strides: max_groups each) and the
+// CUTLASS workspace of the grouped GEMMs on one device, allocated once by Create. The ops are then
+// allocation-free and never synchronise with the host; after one warm-up call per (op, G,
+// accumulate) they do no host-side setup either, so they can be captured in a CUDA graph.
+//
+// Threading: use from one thread at a time. Fprop, Dgrad and Wgrad each have their own arrays and
+// workspace, so calls of DIFFERENT ops may run concurrently on different streams; calls of the
+// SAME op must be ordered (same stream, or synchronised by events).
+class GroupedGemm {
+ public:
+  // `max_groups` in [1, 65535] bounds G of every call.
+  static absl::StatusOr<std::unique_ptr<GroupedGemm>> Create(
+      Device device, int max_groups, const GroupedGemmOptions& options = {});
+  ~GroupedGemm();
+  GroupedGemm(const GroupedGemm&) = delete;
+  GroupedGemm& operator=(const GroupedGemm&) = delete;
+
+  // y_g = x_g · W_g. x [R, K], w [G, K, N], tokens_per_group int32 [G], y [R, N].
+  absl::Status Fprop(const Stream& stream, const Tensor& x, const Tensor& w,
+                     const Tensor& tokens_per_group, const Tensor& y);
+  // dx_g = dy_g · W_gᵀ. dy [R, N], w [G, K, N], tokens_per_group int32 [G], dx [R, K].
+  absl::Status Dgrad(const Stream& stream, const Tensor& dy, const Tensor& w,
+                     const Tensor& tokens_per_group, const Tensor& dx);
+  // dW_g = x_gᵀ · dy_g, or dW_g += x_gᵀ · dy_g when `accumulate`. x [R, K], dy [R, N],
+  // tokens_per_group int32 [G], dw [G, K, N] (bf16 or f32 on CUDA). Every dW_g is written (zero
+  // for an empty group) unless accumulating.
+  absl::Status Wgrad(const Stream& stream, const Tensor& x, const Tensor& dy,
+                     const Tensor& tokens_per_group, const Tensor& dw, bool accumulate);
+
+  Device device() const { return device_; }
+  int max_groups() const { return max_groups_; }
+  GroupedGemmPath path() const { return path_; }  // never kAuto
+
+ private:
+  GroupedGemm(Device device, int max_groups, GroupedGemmPath path, GroupedGemmTile tile,
+              std::unique_ptr<internal::GroupedGemmCudaPath> cuda_path);
+  absl::Status Run(const char* what, const Stream& stream, internal::GroupedGemmCall call);
+
+  Device device_;
+  int max_groups_;
+  GroupedGemmPath path_;
+  GroupedGemmTile tile_;
+  std::unique_ptr<internal::GroupedGemmCudaPath> cuda_path_;  // null on the CPU
+};
+
+}  // namespace switchyard::kernels
+
+#endif  // SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_H_

@@ -1,0 +1,252 @@
+// CPU reference of GroupedGemm against naive fp64 loops written group by group (zero-row groups,
+// a single group, uneven groups, rows past the total left alone, count clamping), and argument
+// validation by status code.
+#include "kernels/gemm/grouped_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/testing/gpu.h"
+
+namespace switchyard::kernels {
+namespace {
+
+constexpr double kPoison = 123.0;
+
+struct Problem {
+  std::vector<int32_t> counts;
+  int64_t rows;  // capacity R >= the total of counts
+  int64_t k, n;
+};
+
+// Naive fp64 reference. Returns {y, dx, dw (fresh), dw (accumulated onto dw0)}; rows past the
+// total hold kPoison in y and dx.
+struct Reference {
+  std::vector<double> y, dx, dw, dw_acc;
+};
+
+Reference Naive(const Problem& p, const std::vector<double>& x, const std::vector<double>& w,
+                const std::vector<double>& dy, const std::vector<double>& dw0) {
+  const int64_t g_count = static_cast<int64_t>(p.counts.size()), k = p.k, n = p.n;
+  Reference r;
+  r.y.assign(p.rows * n, kPoison);
+  r.dx.assign(p.rows * k, kPoison);
+  r.dw.assign(g_count * k * n, 0.0);
+  int64_t off = 0;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const int64_t m = p.counts[g];
+    for (int64_t i = off; i < off + m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < k; ++q) s += x[i * k + q] * w[(g * k + q) * n + j];
+        r.y[i * n + j] = s;
+      }
+      for (int64_t q = 0; q < k; ++q) {
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += dy[i * n + j] * w[(g * k + q) * n + j];
+        r.dx[i * k + q] = s;
+      }
+    }
+    for (int64_t q = 0; q < k; ++q) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t i = off; i < off + m; ++i) s += x[i * k + q] * dy[i * n + j];
+        r.dw[(g * k + q) * n + j] = s;
+      }
+    }
+    off += m;
+  }
+  r.dw_acc = r.dw;
+  for (size_t e = 0; e < r.dw_acc.size(); ++e) r.dw_acc[e] += dw0[e];
+  return r;
+}
+
+std::vector<double> Random(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<double> dist(0.0, 1.0);
+  std::vector<double> v(n);
+  for (double& e : v) e = dist(rng);
+  return v;
+}
+
+double MaxAbsDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = a.size() == b.size() ? 0.0 : 1e300;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+void CheckProblem(const Problem& p, const char* name) {
+  std::mt19937_64 rng(42);
+  const int64_t g = static_cast<int64_t>(p.counts.size()), r = p.rows, k = p.k, n = p.n;
+  std::vector<double> x = Random(r * k, rng), w = Random(g * k * n, rng), dy = Random(r * n, rng),
+                      dw0 = Random(g * k * n, rng);
+  std::vector<double> y(r * n, kPoison), dx(r * k, kPoison), dw(g * k * n, kPoison), dw_acc = dw0;
+  std::vector<int32_t> counts = p.counts;
+  const Device cpu = Device::Cpu();
+  Tensor tx(DType::kF64, {r, k}, cpu, x.data()), tw(DType::kF64, {g, k, n}, cpu, w.data());
+  Tensor tdy(DType::kF64, {r, n}, cpu, dy.data()), ty(DType::kF64, {r, n}, cpu, y.data());
+  Tensor tdx(DType::kF64, {r, k}, cpu, dx.data()), tdw(DType::kF64, {g, k, n}, cpu, dw.data());
+  Tensor tdw_acc(DType::kF64, {g, k, n}, cpu, dw_acc.data());
+  Tensor tc(DType::kI32, {g}, cpu, counts.data());
+
+  auto gg = GroupedGemm::Create(cpu, static_cast<int>(g));
+  ASSERT_TRUE(gg.ok()) << gg.status();
+  EXPECT_EQ((*gg)->path(), GroupedGemmPath::kCpuReference);
+  const Stream s = Stream::Cpu();
+  ASSERT_TRUE((*gg)->Fprop(s, tx, tw, tc, ty).ok());
+  ASSERT_TRUE((*gg)->Dgrad(s, tdy, tw, tc, tdx).ok());
+  ASSERT_TRUE((*gg)->Wgrad(s, tx, tdy, tc, tdw, /*accumulate=*/false).ok());
+  ASSERT_TRUE((*gg)->Wgrad(s, tx, tdy, tc, tdw_acc, /*accumulate=*/true).ok());
+
+  const Reference ref = Naive(p, x, w, dy, dw0);
+  const double e_y = MaxAbsDiff(y, ref.y), e_dx = MaxAbsDiff(dx, ref.dx);
+  const double e_dw = MaxAbsDiff(dw, ref.dw), e_acc = MaxAbsDiff(dw_acc, ref.dw_acc);
+  std::printf(
+      "grouped gemm cpu %s: G=%ld R=%ld K=%ld N=%ld max abs err fprop %.3g dgrad %.3g "
+      "wgrad %.3g wgrad+acc %.3g (tol 1e-9)\n",
+      name, g, r, k, n, e_y, e_dx, e_dw, e_acc);
+  EXPECT_LT(e_y, 1e-9);
+  EXPECT_LT(e_dx, 1e-9);
+  EXPECT_LT(e_dw, 1e-9);
+  EXPECT_LT(e_acc, 1e-9);
+}
+
+TEST(GroupedGemmCpuTest, UnevenGroupsWithZeroRowGroups) {
+  CheckProblem({{3, 0, 5, 2, 0}, 13, 7, 5}, "uneven+zero");
+}
+
+TEST(GroupedGemmCpuTest, SingleGroup) { CheckProblem({{9}, 9, 4, 6}, "single"); }
+
+TEST(GroupedGemmCpuTest, LeadingAndTrailingEmptyGroups) {
+  CheckProblem({{0, 0, 7, 0}, 10, 3, 8}, "empty ends");
+}
+
+TEST(GroupedGemmCpuTest, AllGroupsEmpty) { CheckProblem({{0, 0, 0}, 4, 5, 3}, "all empty"); }
+
+TEST(GroupedGemmCpuTest, F32StorageMatchesNaive) {
+  std::mt19937_64 rng(3);
+  const int64_t g = 3, r = 10, k = 6, n = 4;
+  std::vector<int32_t> counts = {4, 0, 5};
+  std::vector<float> x(r * k), w(g * k * n), y(r * n, 7.0f);
+  Tensor tx(DType::kF32, {r, k}, Device::Cpu(), x.data());
+  Tensor tw(DType::kF32, {g, k, n}, Device::Cpu(), w.data());
+  testing::FillRandom(tx, rng);
+  testing::FillRandom(tw, rng);
+  Tensor tc(DType::kI32, {g}, Device::Cpu(), counts.data());
+  Tensor ty(DType::kF32, {r, n}, Device::Cpu(), y.data());
+  auto gg = GroupedGemm::Create(Device::Cpu(), 4);
+  ASSERT_TRUE(gg.ok());
+  ASSERT_TRUE((*gg)->Fprop(Stream::Cpu(), tx, tw, tc, ty).ok());
+  std::vector<float> ref(r * n, 7.0f);
+  int64_t off = 0;
+  for (int64_t gi = 0; gi < g; ++gi) {
+    for (int64_t i = off; i < off + counts[gi]; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < k; ++q) s += double(x[i * k + q]) * w[(gi * k + q) * n + j];
+        ref[i * n + j] = static_cast<float>(s);
+      }
+    }
+    off += counts[gi];
+  }
+  const double err = testing::RelativeError(y, ref);
+  std::printf("grouped gemm cpu f32 fprop: rel err %.3g (tol 1e-6)\n", err);
+  EXPECT_LT(err, 1e-6);
+}
+
+TEST(GroupedGemmCpuTest, CountsAreClampedToCapacity) {
+  // Counts {4, -2, 5} with capacity 6: group 1 counts as 0, group 2 keeps 2 rows.
+  const int64_t r = 6, k = 2, n = 3;
+  std::vector<int32_t> counts = {4, -2, 5};
+  std::vector<double> x(r * k, 1.0), w(3 * k * n, 1.0), y(r * n, kPoison), dw(3 * k * n, kPoison);
+  const Device cpu = Device::Cpu();
+  Tensor tx(DType::kF64, {r, k}, cpu, x.data()), tw(DType::kF64, {3, k, n}, cpu, w.data());
+  Tensor tc(DType::kI32, {3}, cpu, counts.data()), ty(DType::kF64, {r, n}, cpu, y.data());
+  Tensor tdw(DType::kF64, {3, k, n}, cpu, dw.data());
+  auto gg = GroupedGemm::Create(cpu, 3);
+  ASSERT_TRUE(gg.ok());
+  ASSERT_TRUE((*gg)->Fprop(Stream::Cpu(), tx, tw, tc, ty).ok());
+  for (double v : y) EXPECT_EQ(v, 2.0);  // every row belongs to a group: K ones times ones
+  ASSERT_TRUE((*gg)->Wgrad(Stream::Cpu(), tx, ty, tc, tdw, false).ok());
+  EXPECT_EQ(dw[0], 4 * 2.0);          // group 0: 4 rows
+  EXPECT_EQ(dw[k * n], 0.0);          // group 1: empty
+  EXPECT_EQ(dw[2 * k * n], 2 * 2.0);  // group 2: clamped to 2 rows
+}
+
+class GroupedGemmValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto gg = GroupedGemm::Create(Device::Cpu(), 2);
+    ASSERT_TRUE(gg.ok());
+    gg_ = std::move(*gg);
+  }
+  std::unique_ptr<GroupedGemm> gg_;
+  std::vector<double> data_ = std::vector<double>(1000, 1.0);
+  std::vector<int32_t> counts_ = {2, 3, 1};
+  Tensor T(DType dt, std::vector<int64_t> shape) {
+    return Tensor(dt, std::move(shape), Device::Cpu(),
+                  dt == DType::kI32 ? static_cast<void*>(counts_.data()) : data_.data());
+  }
+};
+
+TEST_F(GroupedGemmValidationTest, RejectsBadShapesAndDtypes) {
+  const Stream s = Stream::Cpu();
+  const Tensor c2 = T(DType::kI32, {2});
+  // w's K does not match x's.
+  absl::Status st =
+      gg_->Fprop(s, T(DType::kF64, {5, 4}), T(DType::kF64, {2, 3, 6}), c2, T(DType::kF64, {5, 6}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("w must be [G, K, N] = [2, 4, 6]"), absl::string_view::npos) << st;
+  // y has the wrong row count.
+  st = gg_->Fprop(s, T(DType::kF64, {5, 4}), T(DType::kF64, {2, 4, 6}), c2, T(DType::kF64, {4, 6}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("y must be [R, N]"), absl::string_view::npos) << st;
+  // Counts must be int32.
+  st = gg_->Dgrad(s, T(DType::kF64, {5, 6}), T(DType::kF64, {2, 4, 6}), T(DType::kF64, {2}),
+                  T(DType::kF64, {5, 4}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("tokens_per_group must be int32"), absl::string_view::npos) << st;
+  // More groups than max_groups.
+  st = gg_->Wgrad(s, T(DType::kF64, {5, 4}), T(DType::kF64, {5, 6}), T(DType::kI32, {3}),
+                  T(DType::kF64, {3, 4, 6}), false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("exceeds max_groups"), absl::string_view::npos) << st;
+  // Mixed input dtypes.
+  st = gg_->Wgrad(s, T(DType::kF64, {5, 4}), T(DType::kF32, {5, 6}), c2, T(DType::kF64, {2, 4, 6}),
+                  false);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  // A stream on another device.
+  st = gg_->Fprop(Stream{Device::Cuda(0), nullptr}, T(DType::kF64, {5, 4}),
+                  T(DType::kF64, {2, 4, 6}), c2, T(DType::kF64, {5, 6}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  // Sane call for contrast.
+  EXPECT_TRUE(
+      gg_->Fprop(s, T(DType::kF64, {5, 4}), T(DType::kF64, {2, 4, 6}), c2, T(DType::kF64, {5, 6}))
+          .ok());
+}
+
+TEST(GroupedGemmCreateTest, RejectsBadOptions) {
+  EXPECT_EQ(GroupedGemm::Create(Device::Cpu(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GroupedGemm::Create(Device::Cpu(), 70000).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  GroupedGemmOptions o;
+  o.path = GroupedGemmPath::kCutlassSm90;
+  EXPECT_EQ(GroupedGemm::Create(Device::Cpu(), 4, o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  o.path = GroupedGemmPath::kFallback;
+  EXPECT_EQ(GroupedGemm::Create(Device::Cpu(), 4, o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(GroupedGemmTileTest, AutoTileFollowsAverageRowsPerGroup) {
+  using internal::ChooseGroupedGemmTile;
+  EXPECT_EQ(ChooseGroupedGemmTile(8192 * 8, 128), GroupedGemmTile::kPingpong128x128);   // qwen3
+  EXPECT_EQ(ChooseGroupedGemmTile(4096 * 8, 256), GroupedGemmTile::kPingpong128x128);   // dsv3
+  EXPECT_EQ(ChooseGroupedGemmTile(8192 * 2, 8), GroupedGemmTile::kCooperative256x128);  // mixtral
+}
+
+}  // namespace
+}  // namespace switchyard::kernels
