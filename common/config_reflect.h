@@ -44,7 +44,8 @@ absl::Status JsonToMessage(const Json& value, absl::string_view root_label,
 // Doubles that are not finite become the strings "NaN", "Infinity", "-Infinity".
 Json MessageToJson(const google::protobuf::Message& message);
 
-// Shortest text that reads back to the same double ("0.7", "1e-05", "3"); "inf", "-inf", "nan".
+// Shortest text that reads back to the same double, printf-%g style ("0.7", "0.0003", "1e-05",
+// "3", "3e+09"); "inf", "-inf", "nan".
 std::string FormatDouble(double value);
 
 // "null", "boolean true", "integer 8", "number 2.5", "string \"eight\"" (escaped, truncated),

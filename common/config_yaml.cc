@@ -1,6 +1,7 @@
 // File: common/config_yaml.cc
 #include "common/config_yaml.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -274,7 +275,9 @@ void EmitString(const std::string& s, YAML::Emitter* out) {
 std::string FormatYamlFloat(double d) {
   if (std::isnan(d)) return ".nan";
   if (std::isinf(d)) return d > 0 ? ".inf" : "-.inf";
-  std::string text = FormatDouble(d);
+  // Shortest round-trip text, fixed or scientific, whichever is shorter ("1000000", "1e-05").
+  char buffer[64];
+  std::string text(buffer, std::to_chars(buffer, buffer + sizeof(buffer), d).ptr);
   if (text.find_first_of(".e") == std::string::npos) text += ".0";
   return text;
 }
