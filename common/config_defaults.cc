@@ -69,11 +69,14 @@ void ApplyParallelDefaults(v1::ParallelConfig* p) {
 
 // Data-parallel size W / (TP * CP * PP), or 0 when the world size is unset or not divisible.
 int64_t DataParallelSize(const v1::ParallelConfig& p) {
-  if (!p.has_world_size() || p.world_size() <= 0) return 0;
-  int64_t model = int64_t{p.tensor_model_parallel_size()} * p.context_parallel_size() *
-                  p.pipeline_model_parallel_size();
-  if (model <= 0 || p.world_size() % model != 0) return 0;
-  return p.world_size() / model;
+  const int64_t tp = p.tensor_model_parallel_size(), cp = p.context_parallel_size(),
+                pp = p.pipeline_model_parallel_size(), world = p.world_size();
+  // Sizes are int32, so a product of positive ones that divides the world size fits in int64.
+  if (world <= 0 || tp <= 0 || cp <= 0 || pp <= 0 || world % tp != 0 || world / tp % cp != 0 ||
+      world / tp / cp % pp != 0) {
+    return 0;
+  }
+  return world / tp / cp / pp;
 }
 
 void ApplyTrainingDefaults(v1::TrainingConfig* t, const v1::ParallelConfig& p) {

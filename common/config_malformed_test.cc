@@ -203,21 +203,30 @@ TEST(ConfigTest, ResourceLimits) {
   ExpectInvalid(ParseJobSpecYaml(wide + "}"), "more than 10000 keys");
 }
 
-// Random byte mutations of valid documents: parsing (and defaults, validation, printing of what
-// parses) must never crash, and every failure is INVALID_ARGUMENT.
-TEST(ConfigTest, RandomMutationsNeverCrash) {
-  // SY_CONFIG_FUZZ_SEED reproduces a run.
+// SY_CONFIG_FUZZ_SEED reproduces a run; otherwise a fresh seed, printed.
+unsigned FuzzSeed(const char* what) {
   const char* seed_env = std::getenv("SY_CONFIG_FUZZ_SEED");
   const unsigned seed =
       seed_env != nullptr ? std::strtoul(seed_env, nullptr, 10) : std::random_device{}();
-  std::printf("mutation seed %u\n", seed);
+  std::printf("%s seed %u\n", what, seed);
   std::fflush(stdout);
-  std::mt19937 rng(seed);
-  // clang-format off
-  const char* kTokens[] = {"{", "}", "[", "]", "\"", "'", ":", ",", "-", "\n", "\n  ", "&a ", "*a",
-                           "!!str ", "? ", "|", "#", "null", "1e999", "-0", ".inf", "\t",
-                           "99999999999999999999", "\\u0000", "%YAML 1.2\n", "---\n"};
-  // clang-format on
+  return seed;
+}
+
+// Syntax fragments of both formats and of the inputs known to upset yaml-cpp.
+// clang-format off
+const char* const kTokens[] = {"{", "}", "[", "]", "\"", "'", ":", ",", "-", "\n", "\n  ", "&a ", "*a",
+                               "!!str ", "? ", "|", ">", "#", "null", "1e999", "-0", ".inf", "\t",
+                               "99999999999999999999", "\\u0000", "%YAML 1.2\n", "---\n", "...\n",
+                               "model", "hidden_size", "moe_router_topk", "8", "x", " ", "!", "%",
+                               "@", "`", "\xff", "\xc3", "\r\n", "<<"};
+// clang-format on
+constexpr size_t kNumTokens = sizeof(kTokens) / sizeof(kTokens[0]);
+
+// Random byte mutations of valid documents: parsing (and defaults, validation, printing of what
+// parses) must never crash, and every failure is INVALID_ARGUMENT.
+TEST(ConfigTest, RandomMutationsNeverCrash) {
+  std::mt19937 rng(FuzzSeed("mutation"));
   int ok = 0, rejected = 0;
   for (const char* name : {"mixtral_small.yaml", "mixtral_small.json", "qwen3_moe_small.yaml",
                            "qwen3_moe_small.json"}) {
@@ -242,7 +251,7 @@ TEST(ConfigTest, RandomMutationsNeverCrash) {
             text.insert(pos, text.substr(rng() % text.size(), rng() % 64));
             break;
           default:
-            text.insert(pos, kTokens[rng() % (sizeof(kTokens) / sizeof(kTokens[0]))]);
+            text.insert(pos, kTokens[rng() % kNumTokens]);
             break;
         }
       }
@@ -270,6 +279,26 @@ TEST(ConfigTest, RandomMutationsNeverCrash) {
     }
   }
   std::printf("mutated documents: %d parsed, %d rejected\n", ok, rejected);
+}
+
+// Documents of random syntax fragments explore structures that mutations of valid documents
+// rarely reach (unbalanced flows, stray indicators, anchors, directives).
+TEST(ConfigTest, RandomTokenSoupsNeverCrash) {
+  std::mt19937 rng(FuzzSeed("token soup"));
+  int ok = 0, rejected = 0;
+  for (int iteration = 0; iteration < 20000; ++iteration) {
+    std::string text;
+    const int tokens = 1 + rng() % 40;
+    for (int k = 0; k < tokens; ++k) text += kTokens[rng() % kNumTokens];
+    for (bool yaml : {true, false}) {
+      absl::StatusOr<v1::JobSpec> spec = yaml ? ParseJobSpecYaml(text) : ParseJobSpecJson(text);
+      ASSERT_TRUE(spec.ok() || spec.status().code() == absl::StatusCode::kInvalidArgument)
+          << spec.status() << "\n"
+          << absl::CHexEscape(text);
+      spec.ok() ? ++ok : ++rejected;
+    }
+  }
+  std::printf("token soups: %d parsed, %d rejected\n", ok, rejected);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // lossless round trips. Bad input is covered by config_malformed_test.cc.
 #include "common/config.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -81,6 +83,12 @@ TEST(ConfigTest, FileExtensionsAndMissingFiles) {
   ExpectInvalid(LoadJobSpecFile(TempPath("spec.txt")), "must end in .json, .yaml or .yml");
   absl::StatusOr<v1::JobSpec> missing = LoadJobSpecFile(TempPath("missing.yaml"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+
+  const std::string directory = TempPath("directory.yaml");
+  ASSERT_EQ(mkdir(directory.c_str(), 0755), 0);
+  absl::StatusOr<v1::JobSpec> not_a_file = LoadJobSpecFile(directory);
+  EXPECT_FALSE(not_a_file.ok());
+  std::printf("  directory: %s\n", not_a_file.status().ToString().c_str());
 }
 
 TEST(ConfigTest, YamlScalarTypes) {

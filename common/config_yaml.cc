@@ -111,7 +111,7 @@ class JsonBuilder : public YAML::EventHandler {
       std::string path = ChildPath(DisplayKey(value));
       if (!map.keys.insert(value).second) Fail(mark, path, "duplicate key");
       if (map.keys.size() > kMaxKeysPerObject) {
-        Fail(mark, map.path, absl::StrCat("more than ", kMaxKeysPerObject, " keys"));
+        Fail(mark, Label(map.path), absl::StrCat("more than ", kMaxKeysPerObject, " keys"));
       }
       map.key = value;
       map.have_key = true;
@@ -156,10 +156,13 @@ class JsonBuilder : public YAML::EventHandler {
     throw YamlRejection{absl::InvalidArgumentError(absl::StrCat(where, ": ", rule, at))};
   }
 
-  std::string Where() const {
-    return stack_.empty() || stack_.back().path.empty() ? std::string(root_label_)
-                                                        : stack_.back().path;
+  // `path`, or the document's label for the root.
+  std::string Label(const std::string& path) const {
+    return path.empty() ? std::string(root_label_) : path;
   }
+
+  // The path of the innermost open collection.
+  std::string Where() const { return Label(stack_.empty() ? "" : stack_.back().path); }
 
   bool ExpectingKey() const {
     return !stack_.empty() && stack_.back().value.is_object() && !stack_.back().have_key;
@@ -184,8 +187,7 @@ class JsonBuilder : public YAML::EventHandler {
     }
     if (tag == absl::StrCat(kTagPrefix, "bool") && resolved.is_boolean()) return resolved;
     if (tag == absl::StrCat(kTagPrefix, "null") && resolved.is_null()) return resolved;
-    std::string path = ChildPath();
-    Fail(mark, path.empty() ? std::string(root_label_) : path,
+    Fail(mark, Label(ChildPath()),
          absl::StrCat("unsupported YAML tag \"", DisplayKey(tag), "\" for value ",
                       DescribeJson(Json(text))));
   }
@@ -193,13 +195,12 @@ class JsonBuilder : public YAML::EventHandler {
   void Count(const YAML::Mark& mark, Cost cost) {
     total_.nodes += cost.nodes;
     total_.bytes += cost.bytes;
-    std::string path = ChildPath();
     if (total_.nodes > kMaxYamlNodes) {
-      Fail(mark, path.empty() ? std::string(root_label_) : path,
+      Fail(mark, Label(ChildPath()),
            absl::StrCat("document has more than ", kMaxYamlNodes, " nodes (after aliases)"));
     }
     if (total_.bytes > kMaxYamlBytes) {
-      Fail(mark, path.empty() ? std::string(root_label_) : path,
+      Fail(mark, Label(ChildPath()),
            absl::StrCat("document has more than ", kMaxYamlBytes,
                         " bytes of scalars (after aliases)"));
     }
@@ -209,7 +210,7 @@ class JsonBuilder : public YAML::EventHandler {
     if (ExpectingKey()) Fail(mark, Where(), "keys must be scalars");
     if (done_) Fail(mark, std::string(root_label_), "more than one root value");
     if (stack_.size() >= static_cast<size_t>(kMaxDepth)) {
-      Fail(mark, ChildPath(), absl::StrCat("nested deeper than ", kMaxDepth, " levels"));
+      Fail(mark, Label(ChildPath()), absl::StrCat("nested deeper than ", kMaxDepth, " levels"));
     }
     Count(mark, Cost{1, 0});
     Frame frame;
@@ -224,7 +225,7 @@ class JsonBuilder : public YAML::EventHandler {
     if (stack_.empty()) return;
     Frame frame = std::move(stack_.back());
     stack_.pop_back();
-    if (frame.have_key) Fail(frame.mark, frame.path, "map key without a value");
+    if (frame.have_key) Fail(frame.mark, Label(frame.path), "map key without a value");
     total_.nodes -= frame.cost.nodes;  // Deliver counts the whole subtree again
     total_.bytes -= frame.cost.bytes;
     Deliver(frame.mark, std::move(frame.value), frame.anchor, frame.cost);

@@ -3,6 +3,7 @@
 // Entry points, shared helpers, required fields and ranges, and the dense-model rules.
 #include "common/validate.h"
 
+#include <cassert>
 #include <cmath>
 
 #include "absl/strings/str_join.h"

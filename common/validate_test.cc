@@ -5,12 +5,16 @@
 #include "common/validate.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/config_defaults.h"
 #include "common/validate_test_util.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
@@ -326,6 +330,66 @@ TEST(ValidateTest, AllViolationsListsEveryBrokenRule) {
   ASSERT_EQ(all.size(), 3u);
   EXPECT_EQ(ValidateJobSpec(spec).message(), all[0]);
   for (const std::string& v : all) std::printf("  %s\n", v.c_str());
+}
+
+// Specs with extreme and random values in every field: ApplyDefaults and validation never crash
+// (no division by zero, no overflow on products of sizes) and answer OK or INVALID_ARGUMENT.
+TEST(ValidateTest, RandomSpecsNeverCrash) {
+  const unsigned seed = std::random_device{}();
+  std::printf("random spec seed %u\n", seed);
+  std::mt19937 rng(seed);
+  const int64_t kInts[] = {
+      std::numeric_limits<int32_t>::min(), -1, 0, 1, 2, 3, 4, 7, 8, 16, 64, 1 << 20,
+      std::numeric_limits<int32_t>::max()};
+  const double kDoubles[] = {
+      std::nan(""), -std::numeric_limits<double>::infinity(), -1, 0, 1e-8, 0.5, 1, 1e300};
+  const char* kStrings[] = {"",         "softmax",  "sigmoid", "alltoall", "allgather",
+                            "sinkhorn", "aux_loss", "probs",   "fp32",     "cosine",
+                            "RMSNorm",  "0.5",      "x",       "1,2,3"};
+  int ok = 0, rejected = 0;
+  for (int iteration = 0; iteration < 3000; ++iteration) {
+    v1::JobSpec spec;
+    for (google::protobuf::Message* m : std::vector<google::protobuf::Message*>{
+             &spec, spec.mutable_model(), spec.mutable_parallel(), spec.mutable_training(),
+             spec.mutable_data()}) {
+      const google::protobuf::Reflection* r = m->GetReflection();
+      for (int i = 0; i < m->GetDescriptor()->field_count(); ++i) {
+        const google::protobuf::FieldDescriptor* f = m->GetDescriptor()->field(i);
+        if (rng() % 3 == 0) continue;  // leave unset
+        using FD = google::protobuf::FieldDescriptor;
+        for (int k = 0, n = f->is_repeated() ? rng() % 4 : 1; k < n; ++k) {
+          const int64_t v = kInts[rng() % (sizeof(kInts) / sizeof(kInts[0]))];
+          const double d = kDoubles[rng() % (sizeof(kDoubles) / sizeof(kDoubles[0]))];
+          const char* str = kStrings[rng() % (sizeof(kStrings) / sizeof(kStrings[0]))];
+          switch (f->cpp_type()) {
+            case FD::CPPTYPE_INT32:
+              f->is_repeated() ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
+              break;
+            case FD::CPPTYPE_INT64:
+              f->is_repeated() ? r->AddInt64(m, f, v * (rng() % 2 ? 1 : 1 << 20))
+                               : r->SetInt64(m, f, v * (rng() % 2 ? 1 : 1 << 20));
+              break;
+            case FD::CPPTYPE_DOUBLE:
+              f->is_repeated() ? r->AddDouble(m, f, d) : r->SetDouble(m, f, d);
+              break;
+            case FD::CPPTYPE_BOOL:
+              r->SetBool(m, f, rng() % 2);
+              break;
+            case FD::CPPTYPE_STRING:
+              f->is_repeated() ? r->AddString(m, f, str) : r->SetString(m, f, str);
+              break;
+            default:
+              break;
+          }
+        }
+      }
+    }
+    ApplyDefaults(&spec);
+    absl::Status status = ValidateJobSpec(spec);
+    ASSERT_TRUE(status.ok() || status.code() == absl::StatusCode::kInvalidArgument) << status;
+    status.ok() ? ++ok : ++rejected;
+  }
+  std::printf("random specs: %d valid, %d rejected\n", ok, rejected);
 }
 
 }  // namespace
