@@ -16,8 +16,11 @@
 // YAML scalars keep their YAML 1.2 core-schema types: plain `8` is an integer, `0.7` and `1e-3`
 // floats, `true` a boolean, `"8"` (quoted) a string; so a string field given a plain number is an
 // error. Duplicate keys are rejected in both formats. Documents over 4 MiB, nested deeper than 64
-// levels, with more than 10000 keys in one object or (YAML aliases) more than 2^20 nodes are
-// rejected.
+// levels, with more than 10000 keys in one object or, after YAML alias expansion, more than 2^20
+// nodes or 64 MiB of scalars are rejected. YAML goes through yaml-cpp's event parser, never its
+// LoadAll, which loops forever on some malformed streams (yaml-cpp issue #1040).
+//
+// Thread-safe: no shared state.
 //
 // Parsing does not apply defaults or validate: call ApplyDefaults (common/config_defaults.h), then
 // ValidateJobSpec (common/validate.h).
