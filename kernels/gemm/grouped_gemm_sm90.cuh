@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
@@ -236,8 +237,16 @@ class Runner final : public KernelRunner {
     Sm90SetupKernel<Types, kOp><<<1, kSetupThreads, 0, stream>>>(p);
     SY_CUDA_RETURN_IF_LAUNCH_ERROR(Sm90SetupKernel);
 
-    if (!initialized_ || call.groups != groups_ || call.accumulate != accumulate_ ||
-        arrays.workspace != workspace_) {
+    typename Gemm::Params* params = nullptr;
+    for (CachedParams& c : cache_) {
+      if (c.groups == call.groups && c.accumulate == call.accumulate &&
+          c.workspace == arrays.workspace) {
+        params = &c.params;
+      }
+    }
+    if (params == nullptr) {
+      // First call with this (G, accumulate): host-side setup (TMA descriptor templates, smem
+      // attribute). Later calls only launch.
       const typename Gemm::Arguments args = MakeArguments(arrays, call.groups, call.accumulate);
       if (arrays.workspace_bytes < Gemm::get_workspace_size(args)) {
         return absl::InternalError("CUTLASS workspace too small");
@@ -247,18 +256,17 @@ class Runner final : public KernelRunner {
         return absl::InternalError(
             absl::StrCat("CUTLASS can_implement: ", cutlassGetStatusString(status)));
       }
-      initialized_ = false;
       status = gemm_.initialize(args, arrays.workspace, stream);
       if (status != cutlass::Status::kSuccess) {
+        SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
         return absl::InternalError(
             absl::StrCat("CUTLASS initialize: ", cutlassGetStatusString(status)));
       }
-      initialized_ = true;
-      groups_ = call.groups;
-      accumulate_ = call.accumulate;
-      workspace_ = arrays.workspace;
+      if (cache_.size() >= kMaxCachedParams) cache_.erase(cache_.begin());
+      cache_.push_back({call.groups, call.accumulate, arrays.workspace, gemm_.params()});
+      params = &cache_.back().params;
     }
-    const cutlass::Status status = gemm_.run(stream);
+    const cutlass::Status status = Gemm::run(*params, stream);
     if (status != cutlass::Status::kSuccess) {
       SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       return absl::InternalError(absl::StrCat("CUTLASS run: ", cutlassGetStatusString(status)));
@@ -295,13 +303,20 @@ class Runner final : public KernelRunner {
     return args;
   }
 
+  // Kernel parameters depend on G and beta only (the device arrays and workspace are fixed), so a
+  // few are kept: a layer alternates at most between fresh and accumulating Wgrad.
+  struct CachedParams {
+    int groups;
+    bool accumulate;
+    void* workspace;
+    typename Gemm::Params params;
+  };
+  static constexpr size_t kMaxCachedParams = 4;
+
   int device_;
   int sm_count_;
-  Gemm gemm_;
-  bool initialized_ = false;
-  int groups_ = -1;
-  bool accumulate_ = false;
-  void* workspace_ = nullptr;
+  Gemm gemm_;  // used for initialize(); its params are copied into cache_
+  std::vector<CachedParams> cache_;
 };
 
 }  // namespace switchyard::kernels::internal::sm90

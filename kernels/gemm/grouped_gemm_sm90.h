@@ -1,9 +1,9 @@
 // File: kernels/gemm/grouped_gemm_sm90.h
 //
 // Internal interface between the CUTLASS SM90 grouped GEMM path (grouped_gemm_sm90.cu: device
-// arrays, validation, tile choice) and its kernel instantiations, which are split over
-// grouped_gemm_sm90_{fprop,dgrad,wgrad,wgrad_bf16}.cu so that they compile in parallel. This header
-// has no CUTLASS types; grouped_gemm_sm90.cuh has the templates.
+// arrays, validation, tile choice) and its kernel instantiations in
+// grouped_gemm_sm90_fprop_dgrad.cu and grouped_gemm_sm90_wgrad.cu (two files, compiled in
+// parallel). This header has no CUTLASS types; grouped_gemm_sm90.cuh has the templates.
 #ifndef SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_SM90_H_
 #define SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_SM90_H_
 
@@ -41,7 +41,7 @@ struct OpArrays {
 };
 
 // One CUTLASS grouped GEMM instantiation with its setup kernel. Keeps the initialised CUTLASS
-// parameters between calls and rebuilds them only when G or `accumulate` changes.
+// kernel parameters per (G, accumulate), so only the first call of each does host-side setup.
 class KernelRunner {
  public:
   virtual ~KernelRunner() = default;

@@ -1,6 +1,6 @@
-// CUTLASS SM90 grouped GEMM instantiations for Wgrad into fp32 gradients: ping-pong and
-// cooperative tiles. (Each grouped_gemm_sm90_*.cu is a separate nvcc action so that the
-// instantiations build in parallel.)
+// CUTLASS SM90 grouped GEMM instantiations for Wgrad: fp32 dW (the gradient buffers) with the
+// ping-pong and the cooperative tile, bf16 dW with the ping-pong tile only. See
+// grouped_gemm_sm90_fprop_dgrad.cu for why the instantiations are split over two files.
 #include <memory>
 
 #include "kernels/gemm/grouped_gemm_sm90.cuh"
@@ -14,6 +14,15 @@ std::unique_ptr<KernelRunner> MakeWgradF32Runner(GroupedGemmTile tile, int devic
     return std::make_unique<Runner<kOp, float, CooperativeTile>>(device, sm_count);
   }
   return std::make_unique<Runner<kOp, float, PingpongTile>>(device, sm_count);
+#else
+  return nullptr;
+#endif
+}
+
+std::unique_ptr<KernelRunner> MakeWgradBf16Runner(int device, int sm_count) {
+#if SY_GROUPED_GEMM_SM90
+  return std::make_unique<Runner<GroupedGemmOp::kWgrad, cutlass::bfloat16_t, PingpongTile>>(
+      device, sm_count);
 #else
   return nullptr;
 #endif
