@@ -1,0 +1,202 @@
+// MoE-layer benchmark (BASELINES.md): one layer on one GPU, bf16 weights and activations, fp32
+// router, forward + backward (router, permute, grouped-GEMM SwiGLU experts, unpermute, shared
+// expert where listed, aux loss), median of 10 timed iterations after 3 warm-ups, CUDA events,
+// random inputs. Prints config, ms, TFLOP/s (BASELINES.md formula), fraction of the bf16 GEMM
+// peak measured in the same process, and the ratio to the PyTorch layer when its JSON results
+// (bench/torch_moe_baseline.py --json) are given with --torch_json.
+//
+//   moe_layer_benchmark [--configs a,b] [--torch_json torch.json] [--iters 10] [--warmup 3]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "common/cuda_status.h"
+#include "common/status.h"
+#include "kernels/buffer.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/gemm.h"
+#include "worker/model/moe_layer.h"
+#include "worker/model/moe_layer_tensors.h"
+
+ABSL_FLAG(std::string, configs, "mixtral8x7b,qwen3_30b_a3b,dsv3_layer", "configs to run");
+ABSL_FLAG(std::string, torch_json, "", "results of torch_moe_baseline.py --json, for the ratio");
+ABSL_FLAG(int, iters, 10, "timed iterations (median reported)");
+ABSL_FLAG(int, warmup, 3, "warm-up iterations");
+
+namespace switchyard::bench {
+namespace {
+
+using kernels::Buffer;
+
+struct BenchConfig {
+  int64_t h, f, e, k, t, shared;
+};
+
+const std::map<std::string, BenchConfig>& Configs() {
+  static const auto* m = new std::map<std::string, BenchConfig>{
+      {"mixtral8x7b", {4096, 14336, 8, 2, 8192, 0}},
+      {"qwen3_30b_a3b", {2048, 768, 128, 8, 8192, 0}},
+      {"dsv3_layer", {7168, 2048, 256, 8, 4096, 2048}},
+  };
+  return *m;
+}
+
+double Flops(const BenchConfig& c) {
+  const double fwd =
+      2.0 * c.t * c.k * 3 * c.h * c.f + 2.0 * c.t * c.h * c.e + 2.0 * c.t * 3 * c.h * c.shared;
+  return 3 * fwd;
+}
+
+template <typename Fn>
+absl::StatusOr<double> MedianMs(Fn fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) SY_RETURN_IF_ERROR(fn());
+  SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::vector<double> ms;
+  cudaEvent_t a, b;
+  SY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&a));
+  SY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&b));
+  for (int i = 0; i < iters; ++i) {
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(a));
+    SY_RETURN_IF_ERROR(fn());
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(b));
+    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(b));
+    float t = 0;
+    SY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+absl::StatusOr<double> GemmPeak() {
+  const int64_t n = 8192;
+  const Stream s{Device::Cuda(0), nullptr};
+  SY_ASSIGN_OR_RETURN(Buffer a, Buffer::ForTensor(DType::kBF16, {n, n}, Device::Cuda(0)));
+  SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(DType::kBF16, {n, n}, Device::Cuda(0)));
+  SY_ASSIGN_OR_RETURN(Buffer c, Buffer::ForTensor(DType::kBF16, {n, n}, Device::Cuda(0)));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, a.View(), 1, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, b.View(), 2, 1.0f));
+  SY_ASSIGN_OR_RETURN(
+      double ms,
+      MedianMs([&] { return kernels::Gemm(s, a.View(), false, b.View(), false, c.View()); }, 3,
+               20));
+  return 2.0 * n * n * n / ms / 1e9;
+}
+
+struct Row {
+  std::string name;
+  double ms = 0, tflops = 0;
+};
+
+absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int warmup, int iters) {
+  model::MoELayerConfig c;
+  c.dtype = DType::kBF16;
+  c.hidden_size = b.h;
+  c.ffn_hidden_size = b.f;
+  c.shared_ffn_size = b.shared;
+  c.router.num_experts = static_cast<int>(b.e);
+  c.router.topk = static_cast<int>(b.k);
+  c.router.aux_losses = {{kernels::AuxLossType::kAuxLoss, 0.01}};
+  c.router.seq_length = b.t;
+  const Device dev = Device::Cuda(0);
+  const Stream s{dev, nullptr};
+  SY_ASSIGN_OR_RETURN(auto w, model::MoELayerTensors::Create(c, dev, DType::kBF16, DType::kF32));
+  uint64_t seed = 100;
+  for (auto& [pname, shape] : model::MoELayerTensors::ParamShapes(c)) {
+    SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.Param(pname), ++seed, 0.02f));
+  }
+  SY_ASSIGN_OR_RETURN(auto layer, model::MoELayer::Create(c, dev, b.t));
+  SY_ASSIGN_OR_RETURN(Buffer x, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer y, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dy, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dx, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, x.View(), 7, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 8, 1.0f));
+  auto step = [&]() -> absl::Status {
+    SY_RETURN_IF_ERROR(layer->Forward(s, w.params(), w.router_state(), x.View(), y.View()));
+    return layer->Backward(s, w.params(), w.grads(), dy.View(), dx.View(), 1.0);
+  };
+  SY_ASSIGN_OR_RETURN(double ms, MedianMs(step, warmup, iters));
+  // Load of the last step, for the record: max/mean tokens per expert.
+  std::vector<int32_t> tpe(b.e);
+  SY_CUDA_RETURN_IF_ERROR(cudaMemcpy(tpe.data(), layer->tokens_per_expert().data,
+                                     b.e * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  const double mean = static_cast<double>(b.t * b.k) / b.e;
+  std::fprintf(stderr, "%s: max/mean tokens per expert %.2f\n", name.c_str(),
+               *std::max_element(tpe.begin(), tpe.end()) / mean);
+  return Row{name, ms, Flops(b) / ms / 1e9};
+}
+
+int Main() {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "moe_layer_benchmark: no CUDA device\n");
+    return 1;
+  }
+  std::map<std::string, double> torch_ms;
+  if (!absl::GetFlag(FLAGS_torch_json).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_torch_json));
+    if (in) {
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (!j.is_discarded() && j.contains("rows")) {
+        for (const auto& r : j["rows"]) torch_ms[r[0].get<std::string>()] = r[1].get<double>();
+      }
+    }
+  }
+  absl::StatusOr<double> peak = GemmPeak();
+  if (!peak.ok()) {
+    std::fprintf(stderr, "GEMM peak: %s\n", peak.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("device: %s; bf16 8192^3 GEMM (cuBLAS): %.0f TFLOP/s\n", prop.name, *peak);
+  std::vector<Row> rows;
+  int rc = 0;
+  for (const std::string& name :
+       std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_configs), ','))) {
+    auto it = Configs().find(name);
+    if (it == Configs().end()) {
+      std::fprintf(stderr, "unknown config %s\n", name.c_str());
+      return 2;
+    }
+    absl::StatusOr<Row> row =
+        RunOne(name, it->second, absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_iters));
+    if (!row.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), row.status().ToString().c_str());
+      rc = 1;
+      continue;
+    }
+    rows.push_back(*row);
+  }
+  std::printf("%-16s %-12s %9s %9s %8s %10s %8s\n", "config", "impl", "ms", "TFLOP/s", "of peak",
+              "torch ms", "speedup");
+  for (const Row& r : rows) {
+    auto t = torch_ms.find(r.name);
+    if (t != torch_ms.end()) {
+      std::printf("%-16s %-12s %9.2f %9.0f %7.1f%% %10.2f %7.2fx\n", r.name.c_str(), "switchyard",
+                  r.ms, r.tflops, 100 * r.tflops / *peak, t->second, t->second / r.ms);
+    } else {
+      std::printf("%-16s %-12s %9.2f %9.0f %7.1f%% %10s %8s\n", r.name.c_str(), "switchyard", r.ms,
+                  r.tflops, 100 * r.tflops / *peak, "-", "-");
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace switchyard::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return switchyard::bench::Main();
+}

@@ -1,0 +1,75 @@
+#include "worker/model/dispatcher.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/moe/permute.h"
+
+namespace switchyard::model {
+
+using kernels::Buffer;
+
+absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
+    Device device, DType dtype, DType probs_dtype, int64_t max_tokens, int64_t hidden,
+    int num_experts, int topk, int64_t pad_to_capacity) {
+  if (max_tokens <= 0 || hidden <= 0 || num_experts <= 0 || topk <= 0) {
+    return absl::InvalidArgumentError("LocalDispatcher: sizes must be positive");
+  }
+  std::unique_ptr<LocalDispatcher> d(new LocalDispatcher());
+  d->max_tokens_ = max_tokens;
+  d->hidden_ = hidden;
+  d->num_experts_ = num_experts;
+  d->topk_ = topk;
+  d->pad_ = pad_to_capacity > 0 ? pad_to_capacity : 0;
+  d->rows_ = d->pad_ > 0 ? num_experts * d->pad_ : max_tokens * topk;
+  const int64_t r = d->rows_;
+  SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  SY_ASSIGN_OR_RETURN(d->tokens_per_expert_, Buffer::ForTensor(DType::kI32, {num_experts}, device));
+  SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->row_map_, Buffer::ForTensor(DType::kI32, {max_tokens, topk}, device));
+  SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  const int64_t ws = device.is_cuda() ? kernels::PermuteWorkspaceBytes(max_tokens, num_experts) : 0;
+  SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
+  return d;
+}
+
+absl::Status LocalDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
+  const int64_t t = state->x.dim(0);
+  if (t > max_tokens_ || state->topk_idx.dim(1) != topk_) {
+    return absl::InvalidArgumentError(absl::StrCat("LocalDispatcher: ", t,
+                                                   " tokens exceed the planned maximum ",
+                                                   max_tokens_, " or top-k differs"));
+  }
+  row_map_view_ = row_map_.View(DType::kI32, {t, topk_});
+  state->expert_x = expert_x_.View();
+  state->expert_probs = expert_probs_.View();
+  state->tokens_per_expert = tokens_per_expert_.View();
+  state->expert_out = expert_out_.View();
+  return kernels::Permute(stream, state->x, state->topk_idx, state->topk_probs, num_experts_, pad_,
+                          state->expert_x, state->expert_probs, row_map_view_,
+                          state->tokens_per_expert, workspace_.View());
+}
+
+absl::Status LocalDispatcher::CombinePostprocess(const Stream& stream, DispatchState* state,
+                                                 const Tensor& out) {
+  return kernels::Unpermute(stream, state->expert_out, row_map_view_, out);
+}
+
+absl::Status LocalDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
+                                              DispatchState* state) {
+  state->d_expert_out = d_expert_out_.View();
+  state->d_expert_x = d_expert_x_.View();
+  state->d_expert_probs = d_expert_probs_.View();
+  return kernels::UnpermuteBackward(stream, dout, row_map_view_, state->d_expert_out,
+                                    /*zero_unmapped_rows=*/pad_ > 0);
+}
+
+absl::Status LocalDispatcher::DispatchBackward(const Stream& stream, DispatchState* state,
+                                               const Tensor& dx, const Tensor& d_topk_probs) {
+  return kernels::PermuteBackward(stream, state->d_expert_x, state->d_expert_probs, row_map_view_,
+                                  dx, d_topk_probs);
+}
+
+}  // namespace switchyard::model

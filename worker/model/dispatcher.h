@@ -1,0 +1,121 @@
+// File: worker/model/dispatcher.h
+//
+// Token dispatchers: how routed tokens reach their experts and come back (megatron_moe.md §3).
+// A dispatcher runs the spec's six phases; only Dispatch and Combine communicate, so a scheduler
+// can overlap them with another micro-batch's compute:
+//
+//   DispatchPreprocess  permute the local tokens into expert-major order (+ split sizes)
+//   Dispatch            [comm] all-to-all over EP (alltoall) / all-gather over ETP×EP (allgather)
+//   DispatchPostprocess sort received chunks by local expert -> expert inputs
+//   (experts run on state.expert_x / expert_probs / tokens_per_expert -> state.expert_out)
+//   CombinePreprocess   undo the chunk sort
+//   Combine             [comm] the reverse all-to-all / reduce-scatter
+//   CombinePostprocess  unpermute: sum each token's k expert outputs
+//
+// Unlike Megatron's dispatchers, the phases do not talk through hidden instance attributes: every
+// per-micro-batch tensor lives in the caller-visible DispatchState, so the order of calls is
+// checked and nothing is re-entrant by accident. A dispatcher owns its buffers (sized once, at
+// Create, for a maximum token count) and is used from one thread.
+#ifndef SWITCHYARD_WORKER_MODEL_DISPATCHER_H_
+#define SWITCHYARD_WORKER_MODEL_DISPATCHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "kernels/buffer.h"
+
+namespace switchyard::model {
+
+// The tensors of one micro-batch as it passes through a dispatcher. Views into dispatcher-owned
+// buffers, valid until the next DispatchPreprocess.
+struct DispatchState {
+  // Inputs (set by the layer before DispatchPreprocess).
+  Tensor x;           // [T, H] activation dtype
+  Tensor topk_idx;    // [T, k] i32, -1 = dropped
+  Tensor topk_probs;  // [T, k] f32 (f64 on the CPU in f64 runs)
+  // Expert side (set by DispatchPostprocess): rows grouped by LOCAL expert.
+  Tensor expert_x;           // [R, H]
+  Tensor expert_probs;       // [R] probs dtype
+  Tensor tokens_per_expert;  // [local experts] i32, device
+  Tensor expert_out;         // [R, H]: the experts write their output here
+  // Backward (set by the layer / the dispatcher).
+  Tensor d_expert_out;    // [R, H]: CombineBackward writes it
+  Tensor d_expert_x;      // [R, H]: the experts write it
+  Tensor d_expert_probs;  // [R]:    the experts write it
+};
+
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+
+  // Static row capacity R of the expert-side buffers.
+  virtual int64_t ExpertRowCapacity() const = 0;
+  virtual int num_local_experts() const = 0;
+  // True when padding rows (pad-to-capacity) are part of the expert inputs.
+  virtual bool pads_to_capacity() const = 0;
+
+  // Forward phases (see the file comment). `state.x/topk_*` must be set; T <= max tokens.
+  virtual absl::Status DispatchPreprocess(const Stream& stream, DispatchState* state) = 0;
+  virtual absl::Status Dispatch(const Stream& stream, DispatchState* state) = 0;
+  virtual absl::Status DispatchPostprocess(const Stream& stream, DispatchState* state) = 0;
+  virtual absl::Status CombinePreprocess(const Stream& stream, DispatchState* state) = 0;
+  virtual absl::Status Combine(const Stream& stream, DispatchState* state) = 0;
+  virtual absl::Status CombinePostprocess(const Stream& stream, DispatchState* state,
+                                          const Tensor& out) = 0;
+
+  // Backward: the adjoint of the combine phases (dout [T, H] -> state.d_expert_out), then the
+  // adjoint of the dispatch phases (state.d_expert_x, d_expert_probs -> dx [T, H] OVERWRITTEN,
+  // d_topk_probs [T, k]).
+  virtual absl::Status CombineBackward(const Stream& stream, const Tensor& dout,
+                                       DispatchState* state) = 0;
+  virtual absl::Status DispatchBackward(const Stream& stream, DispatchState* state,
+                                        const Tensor& dx, const Tensor& d_topk_probs) = 0;
+};
+
+// EP = 1: every expert is local; dispatch and combine are no-ops, preprocess is Permute and
+// postprocess is Unpermute (kernels/moe/permute.h), with no host synchronisation.
+class LocalDispatcher final : public TokenDispatcher {
+ public:
+  // `pad_to_capacity` C > 0 gives every expert exactly C rows (R = E*C); else R = max_tokens*k.
+  static absl::StatusOr<std::unique_ptr<LocalDispatcher>> Create(Device device, DType dtype,
+                                                                 DType probs_dtype,
+                                                                 int64_t max_tokens, int64_t hidden,
+                                                                 int num_experts, int topk,
+                                                                 int64_t pad_to_capacity);
+
+  int64_t ExpertRowCapacity() const override { return rows_; }
+  int num_local_experts() const override { return num_experts_; }
+  bool pads_to_capacity() const override { return pad_ > 0; }
+
+  absl::Status DispatchPreprocess(const Stream& stream, DispatchState* state) override;
+  absl::Status Dispatch(const Stream&, DispatchState*) override { return absl::OkStatus(); }
+  absl::Status DispatchPostprocess(const Stream&, DispatchState*) override {
+    return absl::OkStatus();
+  }
+  absl::Status CombinePreprocess(const Stream&, DispatchState*) override {
+    return absl::OkStatus();
+  }
+  absl::Status Combine(const Stream&, DispatchState*) override { return absl::OkStatus(); }
+  absl::Status CombinePostprocess(const Stream& stream, DispatchState* state,
+                                  const Tensor& out) override;
+  absl::Status CombineBackward(const Stream& stream, const Tensor& dout,
+                               DispatchState* state) override;
+  absl::Status DispatchBackward(const Stream& stream, DispatchState* state, const Tensor& dx,
+                                const Tensor& d_topk_probs) override;
+
+ private:
+  LocalDispatcher() = default;
+
+  int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0, pad_ = 0;
+  int num_experts_ = 0, topk_ = 0;
+  kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, row_map_,
+      d_expert_out_, d_expert_x_, d_expert_probs_, workspace_;
+  Tensor row_map_view_;  // [T, k] of the current micro-batch
+};
+
+}  // namespace switchyard::model
+
+#endif  // SWITCHYARD_WORKER_MODEL_DISPATCHER_H_

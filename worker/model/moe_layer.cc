@@ -1,0 +1,393 @@
+#include "worker/model/moe_layer.h"
+
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/moe/aux_loss.h"
+#include "kernels/moe/swiglu.h"
+
+namespace switchyard::model {
+
+using kernels::Buffer;
+
+absl::Status MoELayerConfig::Validate() const {
+  if (hidden_size <= 0 || ffn_hidden_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe layer: hidden_size (", hidden_size,
+                                                   ") and moe_ffn_hidden_size (", ffn_hidden_size,
+                                                   ") must be positive"));
+  }
+  if (shared_ffn_size < 0) {
+    return absl::InvalidArgumentError(
+        "moe layer: moe_shared_expert_intermediate_size must be >= 0");
+  }
+  if (shared_expert_gate && shared_ffn_size == 0) {
+    return absl::InvalidArgumentError(
+        "moe layer: moe_shared_expert_gate requires moe_shared_expert_intermediate_size > 0");
+  }
+  if (pad_to_capacity && router.capacity_factor <= 0) {
+    return absl::InvalidArgumentError(
+        "moe layer: moe_pad_expert_input_to_capacity requires moe_expert_capacity_factor > 0");
+  }
+  return router.Validate();
+}
+
+absl::StatusOr<MoELayerConfig> MoELayerConfig::FromProto(const v1::ModelConfig& m, DType dtype) {
+  MoELayerConfig c;
+  c.dtype = dtype;
+  c.hidden_size = m.hidden_size();
+  c.ffn_hidden_size = m.has_moe_ffn_hidden_size() ? m.moe_ffn_hidden_size() : m.ffn_hidden_size();
+  c.shared_ffn_size = m.moe_shared_expert_intermediate_size();
+  c.shared_expert_gate = m.moe_shared_expert_gate();
+  c.pad_to_capacity = m.moe_pad_expert_input_to_capacity();
+  kernels::RouterConfig& r = c.router;
+  r.num_experts = m.num_experts();
+  r.topk = m.moe_router_topk();
+  r.score_function = m.moe_router_score_function() == "sigmoid"
+                         ? kernels::RouterScoreFunction::kSigmoid
+                         : kernels::RouterScoreFunction::kSoftmax;
+  r.pre_softmax = m.moe_router_pre_softmax();
+  r.num_groups = m.moe_router_num_groups();
+  r.group_topk = m.moe_router_group_topk();
+  r.topk_scaling_factor =
+      m.has_moe_router_topk_scaling_factor() ? m.moe_router_topk_scaling_factor() : 1.0;
+  r.use_expert_bias = m.moe_router_enable_expert_bias();
+  r.capacity_factor = m.has_moe_expert_capacity_factor() ? m.moe_expert_capacity_factor() : 0.0;
+  r.drop_policy = m.moe_token_drop_policy() == "position" ? kernels::CapacityDropPolicy::kPosition
+                                                          : kernels::CapacityDropPolicy::kProbs;
+  r.input_jitter_eps = m.moe_input_jitter_eps();
+  r.z_loss_coeff = m.moe_z_loss_coeff();
+  r.seq_length = m.seq_length();
+  for (int i = 0; i < m.moe_router_load_balancing_type_size(); ++i) {
+    const std::string& type = m.moe_router_load_balancing_type(i);
+    const double coeff = i < m.moe_aux_loss_coeff_size() ? m.moe_aux_loss_coeff(i) : 0.0;
+    if (type == "sinkhorn") {
+      r.sinkhorn = true;
+    } else if (type == "aux_loss") {
+      r.aux_losses.push_back({kernels::AuxLossType::kAuxLoss, coeff});
+    } else if (type == "seq_aux_loss") {
+      r.aux_losses.push_back({kernels::AuxLossType::kSeqAuxLoss, coeff});
+    } else if (type == "global_aux_loss") {
+      r.aux_losses.push_back({kernels::AuxLossType::kGlobalAuxLoss, coeff});
+    } else if (type != "none") {
+      return absl::InvalidArgumentError(absl::StrCat("model.moe_router_load_balancing_type[", i,
+                                                     "]: unknown type \"", type, "\""));
+    }
+  }
+  SY_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+MoELayer::~MoELayer() {
+  if (side_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(side_stream_));
+  if (fork_event_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_event_));
+  if (join_event_) cudaEventDestroy(static_cast<cudaEvent_t>(join_event_));
+}
+
+absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig& config,
+                                                           Device device, int64_t max_tokens) {
+  SY_RETURN_IF_ERROR(config.Validate());
+  if (max_tokens <= 0) return absl::InvalidArgumentError("MoELayer: max_tokens must be positive");
+  if (device.is_cuda() && config.dtype == DType::kF64) {
+    return absl::InvalidArgumentError("MoELayer: f64 runs only on the CPU");
+  }
+  std::unique_ptr<MoELayer> l(new MoELayer());
+  l->config_ = config;
+  l->device_ = device;
+  l->max_tokens_ = max_tokens;
+  const kernels::RouterConfig& rc = config.router;
+  const int64_t t = max_tokens, h = config.hidden_size, f = config.ffn_hidden_size;
+  const int64_t e = rc.num_experts, k = rc.topk, s = config.shared_ffn_size;
+  const DType dt = config.dtype, rdt = config.router_dtype();
+  for (const auto& term : rc.aux_losses) {
+    l->has_aux_ = true;
+    if (term.type == kernels::AuxLossType::kGlobalAuxLoss) l->has_global_aux_ = true;
+  }
+  l->has_aux_ = l->has_aux_ || rc.z_loss_coeff > 0;
+
+  // Pad-to-capacity: every expert gets exactly C rows. When C >= T nothing is dropped and the
+  // padding is T rows per expert, which keeps the shapes static.
+  const int64_t capacity = kernels::ExpertCapacity(rc, t);
+  const int64_t pad_rows = config.pad_to_capacity ? (capacity > 0 ? capacity : t) : 0;
+  SY_ASSIGN_OR_RETURN(l->dispatcher_,
+                      LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows));
+  const int64_t r = l->dispatcher_->ExpertRowCapacity();
+  SY_ASSIGN_OR_RETURN(l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(e)));
+
+  auto alloc = [&](DType d, std::vector<int64_t> shape, Tensor* view) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(d, std::move(shape), device));
+    *view = b.View();
+    l->buffers_.push_back(std::move(b));
+    return absl::OkStatus();
+  };
+  const bool lowp = dt == DType::kBF16;
+  SY_RETURN_IF_ERROR(alloc(dt, {rc.input_jitter_eps > 0 ? t : 0, h}, &l->xr_));
+  SY_RETURN_IF_ERROR(alloc(rdt, {t, e}, &l->logits_));
+  SY_RETURN_IF_ERROR(alloc(DType::kI32, {t, k}, &l->topk_idx_));
+  SY_RETURN_IF_ERROR(alloc(rdt, {t, k}, &l->topk_probs_));
+  SY_RETURN_IF_ERROR(alloc(DType::kI32, {t, k}, &l->selected_idx_));
+  SY_RETURN_IF_ERROR(alloc(DType::kI32, {e}, &l->tokens_per_expert_));
+  SY_RETURN_IF_ERROR(alloc(
+      DType::kU8, {device.is_cuda() ? kernels::RouterWorkspaceBytes(rc, t) : 0}, &l->router_ws_));
+  const int64_t b = kernels::AuxLossNumSequences(rc, t);
+  SY_RETURN_IF_ERROR(alloc(DType::kF64, {b, e}, &l->aux_prob_sums_));
+  SY_RETURN_IF_ERROR(alloc(DType::kF32, {b, e}, &l->aux_counts_));
+  SY_RETURN_IF_ERROR(alloc(DType::kF64, {1}, &l->aux_lse_));
+  SY_RETURN_IF_ERROR(alloc(
+      DType::kU8, {device.is_cuda() ? kernels::AuxLossWorkspaceBytes(rc, t) : 0}, &l->aux_ws_));
+  SY_RETURN_IF_ERROR(alloc(rdt, {b, e}, &l->aux_grad_weights_));
+  SY_RETURN_IF_ERROR(alloc(rdt, {static_cast<int64_t>(rc.aux_losses.size()) + 1}, &l->losses_));
+  SY_RETURN_IF_ERROR(alloc(DType::kF32, {e}, &l->global_counts_));
+  SY_RETURN_IF_ERROR(alloc(DType::kF32, {e}, &l->global_mean_counts_));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(l->global_counts_, 0));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(l->losses_, 0));
+  SY_RETURN_IF_ERROR(alloc(dt, {r, 2 * f}, &l->h_));
+  SY_RETURN_IF_ERROR(alloc(dt, {r, f}, &l->a_));
+  SY_RETURN_IF_ERROR(alloc(dt, {r, f}, &l->da_));
+  SY_RETURN_IF_ERROR(alloc(dt, {r, 2 * f}, &l->dh_));
+  SY_RETURN_IF_ERROR(alloc(rdt, {t, k}, &l->dtopk_probs_));
+  SY_RETURN_IF_ERROR(alloc(rdt, {t, e}, &l->dlogits_));
+  SY_RETURN_IF_ERROR(alloc(DType::kBF16, {lowp ? t : 0, e}, &l->dlogits_lowp_));
+  SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->dx_tmp_));
+  if (s > 0) {
+    SY_RETURN_IF_ERROR(alloc(dt, {t, 2 * s}, &l->sh_h_));
+    SY_RETURN_IF_ERROR(alloc(dt, {t, s}, &l->sh_a_));
+    SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_y_));
+    SY_RETURN_IF_ERROR(alloc(dt, {t, s}, &l->sh_da_));
+    SY_RETURN_IF_ERROR(alloc(dt, {t, 2 * s}, &l->sh_dh_));
+    SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_dx_));
+    if (config.shared_expert_gate) {
+      SY_RETURN_IF_ERROR(alloc(rdt, {t, 1}, &l->sh_g_));
+      SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_dy_));
+      SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_gated_));
+      SY_RETURN_IF_ERROR(alloc(rdt, {t}, &l->sh_dg_));
+      SY_RETURN_IF_ERROR(alloc(dt, {t, 1}, &l->sh_dg_lowp_));
+    }
+    if (device.is_cuda()) {
+      SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+      cudaStream_t side;
+      cudaEvent_t fork, join;
+      SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+      l->side_stream_ = side;
+      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+      l->fork_event_ = fork;
+      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+      l->join_event_ = join;
+    }
+  }
+  return l;
+}
+
+Stream MoELayer::SideStream(const Stream& main) const {
+  return side_stream_ ? Stream{main.device, side_stream_} : main;
+}
+
+absl::Status MoELayer::Fork(const Stream& main) {
+  if (!side_stream_) return absl::OkStatus();
+  auto ev = static_cast<cudaEvent_t>(fork_event_);
+  SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, static_cast<cudaStream_t>(main.cuda_stream)));
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(side_stream_), ev, 0));
+  return absl::OkStatus();
+}
+
+absl::Status MoELayer::Join(const Stream& main) {
+  if (!side_stream_) return absl::OkStatus();
+  auto ev = static_cast<cudaEvent_t>(join_event_);
+  SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, static_cast<cudaStream_t>(side_stream_)));
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(main.cuda_stream), ev, 0));
+  return absl::OkStatus();
+}
+
+namespace {
+Tensor Rows(const Tensor& t, int64_t rows) {
+  Tensor v = t;
+  v.shape[0] = rows;
+  return v;
+}
+}  // namespace
+
+absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
+                               const MoERouterState& rs, const Tensor& x, const Tensor& y,
+                               uint64_t jitter_offset) {
+  const int64_t t = x.dim(0);
+  SY_RETURN_IF_ERROR(CheckTensor(x, "moe.x", config_.dtype, {-1, config_.hidden_size}));
+  SY_RETURN_IF_ERROR(CheckTensor(y, "moe.y", config_.dtype, {t, config_.hidden_size}));
+  if (t > max_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe.x: ", t, " tokens exceed the planned ", max_tokens_));
+  }
+  tokens_ = t;
+  x_saved_ = x;
+  jitter_offset_ = jitter_offset;
+  if (config_.shared_ffn_size > 0) {
+    SY_RETURN_IF_ERROR(Fork(stream));
+    SY_RETURN_IF_ERROR(SharedForward(SideStream(stream), p, x));
+  }
+  SY_RETURN_IF_ERROR(RoutedForward(stream, p, rs, x, y, jitter_offset));
+  if (config_.shared_ffn_size > 0) {
+    SY_RETURN_IF_ERROR(Join(stream));
+    const Tensor& shared_out = config_.shared_expert_gate ? sh_gated_ : sh_y_;
+    SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, y, 1.0f, Rows(shared_out, t), y));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams& p,
+                                     const MoERouterState& rs, const Tensor& x, const Tensor& y,
+                                     uint64_t jitter_offset) {
+  const kernels::RouterConfig& rc = config_.router;
+  const int64_t t = tokens_;
+  Tensor xr = x;
+  if (rc.training && rc.input_jitter_eps > 0) {
+    xr = Rows(xr_, t);
+    SY_RETURN_IF_ERROR(kernels::ApplyInputJitter(stream, x, static_cast<float>(rc.input_jitter_eps),
+                                                 /*seed=*/0x5157u, jitter_offset, xr));
+  }
+  const Tensor logits = Rows(logits_, t);
+  SY_RETURN_IF_ERROR(kernels::RouterGatingForward(stream, xr, p.router_weight, logits));
+  kernels::RouterOutputs ro{Rows(topk_idx_, t), Rows(topk_probs_, t), Rows(selected_idx_, t),
+                            tokens_per_expert_};
+  SY_RETURN_IF_ERROR(kernels::RouterForward(stream, rc, logits, rs.expert_bias,
+                                            rs.local_tokens_per_expert, ro, router_ws_));
+  if (has_aux_ && rc.training) {
+    kernels::AuxLossStats stats{aux_prob_sums_, aux_counts_, aux_lse_};
+    const int64_t b = kernels::AuxLossNumSequences(rc, t);
+    stats.prob_sums = Rows(aux_prob_sums_, b);
+    stats.counts = Rows(aux_counts_, b);
+    SY_RETURN_IF_ERROR(kernels::AuxLossStatsForward(stream, rc, logits, stats, aux_ws_));
+    kernels::AuxLossNorms norms;
+    norms.dp_size = dp_size_;
+    if (has_global_aux_) {
+      // Running mean of the counts over the micro-batches of this global batch (spec §2.3).
+      SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, global_counts_));
+      ++global_steps_;
+      SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f / global_steps_, global_counts_, 0.0f,
+                                        global_counts_, global_mean_counts_));
+      norms.global_counts = global_mean_counts_;
+      norms.global_num_tokens = static_cast<double>(t);
+    }
+    SY_RETURN_IF_ERROR(
+        kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));
+  }
+  state_.x = x;
+  state_.topk_idx = ro.topk_idx;
+  state_.topk_probs = ro.topk_probs;
+  SY_RETURN_IF_ERROR(dispatcher_->DispatchPreprocess(stream, &state_));
+  SY_RETURN_IF_ERROR(dispatcher_->Dispatch(stream, &state_));
+  SY_RETURN_IF_ERROR(dispatcher_->DispatchPostprocess(stream, &state_));
+  // Experts: h = X·W1, a = swiglu(h)·p, y = a·W2 (rows past the device counts are skipped).
+  SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
+  SY_RETURN_IF_ERROR(
+      kernels::SwigluForward(stream, h_, state_.expert_probs, state_.tokens_per_expert, a_));
+  SY_RETURN_IF_ERROR(gemm_->Fprop(stream, a_, p.fc2, state_.tokens_per_expert, state_.expert_out));
+  SY_RETURN_IF_ERROR(dispatcher_->CombinePreprocess(stream, &state_));
+  SY_RETURN_IF_ERROR(dispatcher_->Combine(stream, &state_));
+  return dispatcher_->CombinePostprocess(stream, &state_, y);
+}
+
+absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x) {
+  const int64_t t = tokens_;
+  const Tensor sh_h = Rows(sh_h_, t), sh_a = Rows(sh_a_, t), sh_y = Rows(sh_y_, t);
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, x, false, p.shared_fc1, false, sh_h));
+  SY_RETURN_IF_ERROR(kernels::SwigluForward(s, sh_h, Tensor(), Tensor(), sh_a));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, false, p.shared_fc2, false, sh_y));
+  if (config_.shared_expert_gate) {
+    // sh_y keeps the ungated output (needed by the gate's backward); sh_gated is what is added.
+    const Tensor g = Rows(sh_g_, t);
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, x, false, p.shared_gate, false, g));
+    Tensor g1(g.dtype, {t}, g.device, g.data);
+    SY_RETURN_IF_ERROR(kernels::SigmoidGateForward(s, sh_y, g1, Rows(sh_gated_, t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
+                                const MoELayerParams& g, const Tensor& dy, const Tensor& dx,
+                                double aux_grad_scale) {
+  const kernels::RouterConfig& rc = config_.router;
+  const int64_t t = tokens_;
+  SY_RETURN_IF_ERROR(CheckTensor(dy, "moe.dy", config_.dtype, {t, config_.hidden_size}));
+  SY_RETURN_IF_ERROR(CheckTensor(dx, "moe.dx", config_.dtype, {t, config_.hidden_size}));
+  if (config_.shared_ffn_size > 0) {
+    SY_RETURN_IF_ERROR(Fork(stream));
+    SY_RETURN_IF_ERROR(SharedBackward(SideStream(stream), p, g, dy));
+  }
+  // Routed experts, in reverse.
+  SY_RETURN_IF_ERROR(dispatcher_->CombineBackward(stream, dy, &state_));
+  const Tensor& tpe = state_.tokens_per_expert;
+  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da_));
+  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a_, state_.d_expert_out, tpe, g.fc2, true));
+  SY_RETURN_IF_ERROR(kernels::SwigluBackward(stream, da_, h_, state_.expert_probs, tpe, dh_,
+                                             state_.d_expert_probs));
+  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh_, p.fc1, tpe, state_.d_expert_x));
+  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, true));
+  const Tensor dtopk = Rows(dtopk_probs_, t);
+  SY_RETURN_IF_ERROR(dispatcher_->DispatchBackward(stream, &state_, dx, dtopk));
+  // Router.
+  const Tensor logits = Rows(logits_, t), dlogits = Rows(dlogits_, t);
+  SY_RETURN_IF_ERROR(kernels::RouterBackward(stream, rc, logits, Rows(selected_idx_, t),
+                                             Rows(topk_idx_, t), dtopk, dlogits));
+  if (has_aux_ && rc.training) {
+    const int64_t b = kernels::AuxLossNumSequences(rc, t);
+    SY_RETURN_IF_ERROR(kernels::AuxLossBackward(stream, rc, logits, Rows(aux_grad_weights_, b),
+                                                aux_grad_scale, dlogits));
+  }
+  const bool jitter = rc.training && rc.input_jitter_eps > 0;
+  const Tensor xr = jitter ? Rows(xr_, t) : x_saved_;
+  const Tensor dx_router = Rows(dx_tmp_, t);
+  const Tensor lowp = dlogits_lowp_.numel() > 0 ? Rows(dlogits_lowp_, t) : Tensor();
+  SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp,
+                                                   dx_router, g.router_weight, 1.0f));
+  if (jitter) {
+    SY_RETURN_IF_ERROR(kernels::InputJitterBackward(stream, dx_router,
+                                                    static_cast<float>(rc.input_jitter_eps),
+                                                    0x5157u, jitter_offset_, dx_router));
+  }
+  SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
+  if (config_.shared_ffn_size > 0) {
+    SY_RETURN_IF_ERROR(Join(stream));
+    SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, Rows(sh_dx_, t), dx));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,
+                                      const MoELayerParams& g, const Tensor& dy) {
+  const int64_t t = tokens_;
+  const Tensor& x = x_saved_;
+  Tensor dys = dy;
+  if (config_.shared_expert_gate) {
+    const Tensor gl = Rows(sh_g_, t);
+    Tensor g1(gl.dtype, {t}, gl.device, gl.data);
+    const Tensor dg = Rows(sh_dg_, t);
+    dys = Rows(sh_dy_, t);
+    SY_RETURN_IF_ERROR(kernels::SigmoidGateBackward(s, dy, Rows(sh_y_, t), g1, dys, dg));
+    // d(x·w_g): both GEMMs in the layer dtype (dg rounded once, as the router's dlogits).
+    const Tensor dg_lowp = Rows(sh_dg_lowp_, t);
+    SY_RETURN_IF_ERROR(kernels::Cast(s, dg, dg_lowp));
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, dg_lowp, false, g.shared_gate, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(
+        kernels::Gemm(s, dg_lowp, false, p.shared_gate, true, Rows(sh_dx_, t), 1.0f, 0.0f));
+  }
+  const Tensor sh_h = Rows(sh_h_, t), sh_a = Rows(sh_a_, t), sh_da = Rows(sh_da_, t);
+  const Tensor sh_dh = Rows(sh_dh_, t), sh_dx = Rows(sh_dx_, t);
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, dys, false, p.shared_fc2, true, sh_da));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, true, dys, false, g.shared_fc2, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, sh_da, sh_h, Tensor(), Tensor(), sh_dh, Tensor()));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_dh, false, p.shared_fc1, true, sh_dx, 1.0f,
+                                   config_.shared_expert_gate ? 1.0f : 0.0f));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, sh_dh, false, g.shared_fc1, 1.0f, 1.0f));
+  return absl::OkStatus();
+}
+
+Tensor MoELayer::dtopk_probs() const { return Rows(dtopk_probs_, tokens_); }
+
+absl::Status MoELayer::ResetGlobalBatch() {
+  global_steps_ = 0;
+  return kernels::FillBytes(global_counts_, 0);
+}
+
+}  // namespace switchyard::model

@@ -1,0 +1,156 @@
+// File: worker/model/moe_layer.h
+//
+// The MoE layer (megatron_moe.md §0): router -> dispatcher (six phases) -> grouped-GEMM SwiGLU
+// experts -> combine, plus an optional shared expert, with an explicit Forward/Backward pair
+// (DESIGN.md layer contract; no autograd):
+//
+//   xr      = jitter(x)                          (training with moe_input_jitter_eps only)
+//   logits  = xr · Wrᵀ                            [T, E] fp32
+//   topk    = route(logits)                       kernels/moe/router.h (+ aux/z-loss stats)
+//   expert inputs = dispatch(x, topk)             worker/model/dispatcher.h
+//   h = X_e · W1_e ; a = silu(h_gate) · h_lin · p ; y_e = a · W2_e      (per local expert e)
+//   y = combine(y_e) (+ shared(x), gated by σ(x·w_g) when moe_shared_expert_gate)
+//
+// The load-balancing and z losses are not added to any loss value: Backward seeds their gradient
+// into the router logits with `aux_grad_scale` (spec §2.4); their values are exposed for logging.
+//
+// On CUDA the shared expert runs on a second stream, overlapping the routed path, and joins the
+// main stream before the final sum (forward and backward). Nothing synchronises with the host.
+//
+// Ownership: the layer owns its activation buffers (one micro-batch in flight: Forward must be
+// followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan. The
+// parameters, gradients and router buffers are views owned by the caller (the model's contiguous
+// parameter and gradient buffers). Use from one thread.
+#ifndef SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_
+#define SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "kernels/buffer.h"
+#include "kernels/gemm/grouped_gemm.h"
+#include "kernels/moe/router.h"
+#include "switchyard/v1/config.pb.h"
+#include "worker/model/dispatcher.h"
+
+namespace switchyard::model {
+
+struct MoELayerConfig {
+  int64_t hidden_size = 0;          // H
+  int64_t ffn_hidden_size = 0;      // F: moe_ffn_hidden_size
+  int64_t shared_ffn_size = 0;      // S: moe_shared_expert_intermediate_size; 0 = none
+  bool shared_expert_gate = false;  // moe_shared_expert_gate
+  bool pad_to_capacity = false;     // moe_pad_expert_input_to_capacity
+  kernels::RouterConfig router;
+  // Activation and weight dtype: bf16 on CUDA; f32 or f64 (gradient checks) on the CPU.
+  DType dtype = DType::kBF16;
+
+  // From a defaulted and validated ModelConfig (common/config_defaults.h, common/validate.h).
+  static absl::StatusOr<MoELayerConfig> FromProto(const v1::ModelConfig& model, DType dtype);
+  absl::Status Validate() const;
+  // fp32, or fp64 when dtype is f64: the router's logits/probs dtype.
+  DType router_dtype() const { return dtype == DType::kF64 ? DType::kF64 : DType::kF32; }
+};
+
+// Parameter (or gradient) views of one layer. Weight layouts ("x·W" form):
+//   router_weight [E, H], fc1 [E, H, 2F] (gate columns first), fc2 [E, F, H],
+//   shared_fc1 [H, 2S], shared_fc2 [S, H], shared_gate [H, 1] (empty when absent).
+// Parameters have the layer dtype; gradients are f32 on CUDA (fp32 accumulation, DESIGN.md) or
+// the layer dtype on the CPU, and are ACCUMULATED into by Backward.
+struct MoELayerParams {
+  Tensor router_weight, fc1, fc2, shared_fc1, shared_fc2, shared_gate;
+};
+
+// Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
+// and local_tokens_per_expert [E] f32 (accumulated in training when expert bias is enabled; the
+// trainer all-reduces it and calls kernels::UpdateExpertBias once per global batch).
+struct MoERouterState {
+  Tensor expert_bias, local_tokens_per_expert;
+};
+
+class MoELayer {
+ public:
+  // Plans the layer for at most `max_tokens` tokens per micro-batch on `device`: allocates the
+  // activation buffers, the dispatcher and the grouped-GEMM plan.
+  static absl::StatusOr<std::unique_ptr<MoELayer>> Create(const MoELayerConfig& config,
+                                                          Device device, int64_t max_tokens);
+  MoELayer(const MoELayer&) = delete;
+  MoELayer& operator=(const MoELayer&) = delete;
+  ~MoELayer();
+
+  // y [T, H] = MoE(x [T, H]); saves what Backward needs. `x` must stay valid and unchanged
+  // until Backward (the model's activation arena keeps it; the layer does not copy it).
+  // `jitter_offset` selects fresh jitter noise per step (ignored unless training with input
+  // jitter).
+  absl::Status Forward(const Stream& stream, const MoELayerParams& params,
+                       const MoERouterState& router_state, const Tensor& x, const Tensor& y,
+                       uint64_t jitter_offset = 0);
+
+  // dx [T, H] (OVERWRITTEN) from dy [T, H]; accumulates weight gradients into `grads`.
+  // aux_grad_scale seeds the aux/z-loss gradients (1/num_microbatches in a plain schedule).
+  absl::Status Backward(const Stream& stream, const MoELayerParams& params,
+                        const MoELayerParams& grads, const Tensor& dy, const Tensor& dx,
+                        double aux_grad_scale);
+
+  // After Forward (device tensors; read them after synchronising the stream):
+  //   tokens_per_expert [E] i32 (kept slots per expert), topk_idx [T, k], topk_probs [T, k],
+  //   losses [n + 1]: each load-balancing term (coefficient included) then the z-loss.
+  const Tensor& tokens_per_expert() const { return tokens_per_expert_; }
+  const Tensor& topk_idx() const { return topk_idx_; }
+  const Tensor& topk_probs() const { return topk_probs_; }
+  const Tensor& losses() const { return losses_; }
+  // After Backward: d(objective)/d(topk_probs) [T, k], the router-probability gradient.
+  Tensor dtopk_probs() const;
+
+  // global_aux_loss: counts accumulated over the micro-batches of the global batch. Call once
+  // per global batch (after the optimizer step).
+  absl::Status ResetGlobalBatch();
+  void set_dp_size(int dp) { dp_size_ = dp; }
+  const MoELayerConfig& config() const { return config_; }
+
+ private:
+  MoELayer() = default;
+  absl::Status SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x);
+  absl::Status SharedBackward(const Stream& s, const MoELayerParams& p, const MoELayerParams& g,
+                              const Tensor& dy);
+  absl::Status RoutedForward(const Stream& stream, const MoELayerParams& p,
+                             const MoERouterState& rs, const Tensor& x, const Tensor& y,
+                             uint64_t jitter_offset);
+  // Side stream for the shared expert (CUDA only): fork waits for `main`, join makes `main`
+  // wait for the side stream.
+  absl::Status Fork(const Stream& main);
+  absl::Status Join(const Stream& main);
+  Stream SideStream(const Stream& main) const;
+
+  MoELayerConfig config_;
+  Device device_;
+  int64_t max_tokens_ = 0;
+  int dp_size_ = 1;
+  bool has_aux_ = false, has_global_aux_ = false;
+  int64_t global_steps_ = 0;
+  uint64_t jitter_offset_ = 0;
+  int64_t tokens_ = 0;  // T of the micro-batch in flight
+
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+  std::unique_ptr<kernels::GroupedGemm> gemm_;
+  DispatchState state_;
+  void* side_stream_ = nullptr;  // cudaStream_t
+  void* fork_event_ = nullptr;   // cudaEvent_t
+  void* join_event_ = nullptr;   // cudaEvent_t
+
+  // Saved activations and scratch; see moe_layer.cc for shapes.
+  std::vector<kernels::Buffer> buffers_;
+  Tensor xr_, logits_, topk_idx_, topk_probs_, selected_idx_, tokens_per_expert_, router_ws_;
+  Tensor aux_prob_sums_, aux_counts_, aux_lse_, aux_ws_, aux_grad_weights_, losses_;
+  Tensor global_counts_, global_mean_counts_;
+  Tensor h_, a_, da_, dh_, dtopk_probs_, dlogits_, dlogits_lowp_, dx_tmp_;
+  Tensor sh_h_, sh_a_, sh_y_, sh_gated_, sh_g_, sh_dy_, sh_da_, sh_dh_, sh_dg_, sh_dg_lowp_, sh_dx_;
+  Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
+};
+
+}  // namespace switchyard::model
+
+#endif  // SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_

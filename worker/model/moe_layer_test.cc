@@ -1,0 +1,274 @@
+// The MoE layer on the CPU: an independent naive forward, a finite-difference gradient check of
+// the whole layer in fp64 over the router/capacity/shared-expert variants of the issue, and the
+// pad-to-capacity invariant (megatron_moe.md §6: probability-0 padding changes nothing).
+#include "worker/model/moe_layer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "kernels/testing/gpu.h"
+#include "worker/model/moe_layer_tensors.h"
+
+namespace switchyard::model {
+namespace {
+
+using kernels::AuxLossType;
+using kernels::Buffer;
+using kernels::CapacityDropPolicy;
+using kernels::RouterScoreFunction;
+
+struct Variant {
+  std::string name;
+  std::function<void(MoELayerConfig*)> apply;
+};
+
+MoELayerConfig SmallConfig() {
+  MoELayerConfig c;
+  c.hidden_size = 8;
+  c.ffn_hidden_size = 6;
+  c.dtype = DType::kF64;
+  c.router.num_experts = 4;
+  c.router.topk = 2;
+  c.router.seq_length = 6;
+  c.router.training = true;
+  return c;
+}
+
+std::vector<Variant> Variants() {
+  return {
+      {"softmax_aux",
+       [](MoELayerConfig* c) {
+         c->router.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+       }},
+      {"softmax_pre_zloss",
+       [](MoELayerConfig* c) {
+         c->router.pre_softmax = true;
+         c->router.z_loss_coeff = 0.01;
+       }},
+      {"sigmoid_bias_scaling",
+       [](MoELayerConfig* c) {
+         c->router.score_function = RouterScoreFunction::kSigmoid;
+         c->router.use_expert_bias = true;
+         c->router.topk_scaling_factor = 2.5;
+       }},
+      {"sigmoid_top1",
+       [](MoELayerConfig* c) {
+         c->router.score_function = RouterScoreFunction::kSigmoid;
+         c->router.topk = 1;
+       }},
+      {"group_limited_seq_aux",
+       [](MoELayerConfig* c) {
+         c->router.num_experts = 8;
+         c->router.num_groups = 4;
+         c->router.group_topk = 2;
+         c->router.aux_losses = {{AuxLossType::kSeqAuxLoss, 0.1}};
+       }},
+      {"global_aux_plus_aux",
+       [](MoELayerConfig* c) {
+         c->router.aux_losses = {{AuxLossType::kAuxLoss, 0.05}, {AuxLossType::kGlobalAuxLoss, 0.1}};
+       }},
+      {"capacity_probs",
+       [](MoELayerConfig* c) {
+         c->router.capacity_factor = 0.75;
+         c->router.drop_policy = CapacityDropPolicy::kProbs;
+       }},
+      {"capacity_position_padded",
+       [](MoELayerConfig* c) {
+         c->router.capacity_factor = 0.75;
+         c->router.drop_policy = CapacityDropPolicy::kPosition;
+         c->pad_to_capacity = true;
+       }},
+      {"shared_gate_jitter",
+       [](MoELayerConfig* c) {
+         c->shared_ffn_size = 5;
+         c->shared_expert_gate = true;
+         c->router.input_jitter_eps = 0.1;
+       }},
+      {"sinkhorn", [](MoELayerConfig* c) { c->router.sinkhorn = true; }},
+  };
+}
+
+// Runs the layer forward and returns J = <y, dy> + scale * sum(losses).
+double Objective(MoELayer& layer, const MoELayerTensors& w, const Tensor& x, const Tensor& y,
+                 const std::vector<double>& dy, double scale) {
+  EXPECT_TRUE(layer.ResetGlobalBatch().ok());
+  absl::Status s = layer.Forward(Stream::Cpu(), w.params(), w.router_state(), x, y, 7);
+  EXPECT_TRUE(s.ok()) << s;
+  double j = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) j += y.as<double>()[i] * dy[i];
+  const Tensor& l = layer.losses();
+  for (int64_t i = 0; i < l.numel(); ++i) j += scale * l.as<double>()[i];
+  return j;
+}
+
+class MoELayerGradTest : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(MoELayerGradTest, FiniteDifferencesMatchBackwardInFp64) {
+  MoELayerConfig config = SmallConfig();
+  GetParam().apply(&config);
+  ASSERT_TRUE(config.Validate().ok()) << config.Validate();
+  const int64_t t = 12, h = config.hidden_size;
+  std::mt19937_64 rng(11);
+  auto w = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(w.RandomizeOnCpu(rng, 0.5f, 0.1f).ok());
+  auto layer = MoELayer::Create(config, Device::Cpu(), t).value();
+  Buffer xb = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer yb = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer dxb = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  testing::FillRandom(xb.View(), rng);
+  std::vector<double> dy(t * h);
+  Tensor dyt(DType::kF64, {t, h}, Device::Cpu(), dy.data());
+  testing::FillRandom(dyt, rng);
+  const double scale = 0.5;
+
+  Objective(*layer, w, xb.View(), yb.View(), dy, scale);
+  absl::Status s = layer->Backward(Stream::Cpu(), w.params(), w.grads(), dyt, dxb.View(), scale);
+  ASSERT_TRUE(s.ok()) << s;
+
+  const double eps = 1e-6;
+  double worst = 0;
+  std::string worst_name;
+  auto check = [&](const std::string& name, const Tensor& p, const Tensor& g) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      double& v = p.as<double>()[i];
+      const double keep = v;
+      v = keep + eps;
+      const double jp = Objective(*layer, w, xb.View(), yb.View(), dy, scale);
+      v = keep - eps;
+      const double jm = Objective(*layer, w, xb.View(), yb.View(), dy, scale);
+      v = keep;
+      const double fd = (jp - jm) / (2 * eps);
+      num += (fd - g.as<double>()[i]) * (fd - g.as<double>()[i]);
+      den += fd * fd;
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    std::printf("  %-22s %-18s rel err %.2e\n", GetParam().name.c_str(), name.c_str(), rel);
+    if (rel > worst) worst = rel, worst_name = name;
+  };
+  check("x", xb.View(), dxb.View());
+  for (auto& [name, shape] : MoELayerTensors::ParamShapes(config)) {
+    check(name, w.Param(name), w.Grad(name));
+  }
+  std::printf("%s: worst relative error %.2e (%s), tolerance 1e-6\n", GetParam().name.c_str(),
+              worst, worst_name.c_str());
+  EXPECT_LT(worst, 1e-6) << worst_name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, MoELayerGradTest, ::testing::ValuesIn(Variants()),
+                         [](const auto& info) { return info.param.name; });
+
+// Independent forward: per token, sum over its kept slots of p·W2ᵀ(silu(x·W1g)·(x·W1l)).
+TEST(MoELayerTest, ForwardMatchesNaiveExperts) {
+  MoELayerConfig config = SmallConfig();
+  config.shared_ffn_size = 3;
+  const int64_t t = 12, h = config.hidden_size, f = config.ffn_hidden_size, s = 3;
+  std::mt19937_64 rng(5);
+  auto w = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(w.RandomizeOnCpu(rng, 0.5f).ok());
+  auto layer = MoELayer::Create(config, Device::Cpu(), t).value();
+  Buffer xb = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer yb = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  testing::FillRandom(xb.View(), rng);
+  ASSERT_TRUE(
+      layer->Forward(Stream::Cpu(), w.params(), w.router_state(), xb.View(), yb.View()).ok());
+  const double* x = xb.View().as<double>();
+  const double* w1 = w.Param("experts.fc1").as<double>();
+  const double* w2 = w.Param("experts.fc2").as<double>();
+  const double* s1 = w.Param("shared_expert.fc1").as<double>();
+  const double* s2 = w.Param("shared_expert.fc2").as<double>();
+  auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  std::vector<double> ref(t * h, 0.0);
+  int64_t routed_slots = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    for (int slot = 0; slot < config.router.topk; ++slot) {
+      const int e = layer->topk_idx().as<int32_t>()[i * config.router.topk + slot];
+      const double p = layer->topk_probs().as<double>()[i * config.router.topk + slot];
+      if (e < 0) continue;
+      ++routed_slots;
+      for (int64_t j = 0; j < f; ++j) {
+        double g = 0, l = 0;
+        for (int64_t c = 0; c < h; ++c) {
+          g += x[i * h + c] * w1[(e * h + c) * 2 * f + j];
+          l += x[i * h + c] * w1[(e * h + c) * 2 * f + f + j];
+        }
+        const double a = silu(g) * l * p;
+        for (int64_t c = 0; c < h; ++c) ref[i * h + c] += a * w2[(e * f + j) * h + c];
+      }
+    }
+    for (int64_t j = 0; j < s; ++j) {
+      double g = 0, l = 0;
+      for (int64_t c = 0; c < h; ++c) {
+        g += x[i * h + c] * s1[c * 2 * s + j];
+        l += x[i * h + c] * s1[c * 2 * s + s + j];
+      }
+      for (int64_t c = 0; c < h; ++c) ref[i * h + c] += silu(g) * l * s2[j * h + c];
+    }
+  }
+  EXPECT_EQ(routed_slots, t * config.router.topk);
+  std::vector<float> out = testing::ToFloatVector(yb.View()), reff(ref.begin(), ref.end());
+  const double err = testing::RelativeError(out, reff);
+  std::printf("moe layer forward vs naive experts: rel err %.2e (tol 1e-6)\n", err);
+  EXPECT_LT(err, 1e-6);
+}
+
+// Padding every expert to its capacity with probability-0 zero rows changes nothing.
+TEST(MoELayerTest, PadToCapacityChangesNothing) {
+  std::mt19937_64 rng(9);
+  const int64_t t = 24;
+  MoELayerConfig config = SmallConfig();
+  config.router.capacity_factor = 0.8;
+  MoELayerConfig padded = config;
+  padded.pad_to_capacity = true;
+  auto w = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(w.RandomizeOnCpu(rng, 0.5f).ok());
+  auto wp = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(wp.CopyParamsFrom(w).ok());
+  Buffer xb = Buffer::ForTensor(DType::kF64, {t, config.hidden_size}, Device::Cpu()).value();
+  testing::FillRandom(xb.View(), rng);
+  std::vector<std::vector<float>> outs, dxs, grads;
+  for (const MoELayerConfig* c : {&config, &padded}) {
+    MoELayerTensors& ww = c == &config ? w : wp;
+    auto layer = MoELayer::Create(*c, Device::Cpu(), t).value();
+    Buffer yb = Buffer::ForTensor(DType::kF64, {t, c->hidden_size}, Device::Cpu()).value();
+    Buffer dxb = Buffer::ForTensor(DType::kF64, {t, c->hidden_size}, Device::Cpu()).value();
+    ASSERT_TRUE(
+        layer->Forward(Stream::Cpu(), ww.params(), ww.router_state(), xb.View(), yb.View()).ok());
+    ASSERT_TRUE(
+        layer->Backward(Stream::Cpu(), ww.params(), ww.grads(), xb.View(), dxb.View(), 1.0).ok());
+    outs.push_back(testing::ToFloatVector(yb.View()));
+    dxs.push_back(testing::ToFloatVector(dxb.View()));
+    grads.push_back(testing::ToFloatVector(ww.Grad("experts.fc1")));
+    if (c == &padded) {
+      std::vector<float> tpe = testing::ToFloatVector(layer->tokens_per_expert());
+      std::printf("padded tokens_per_expert:");
+      for (float v : tpe) std::printf(" %g", v);
+      std::printf(" (capacity %ld)\n", kernels::ExpertCapacity(c->router, t));
+    }
+  }
+  EXPECT_LT(testing::RelativeError(outs[1], outs[0]), 1e-12);
+  EXPECT_LT(testing::RelativeError(dxs[1], dxs[0]), 1e-12);
+  EXPECT_LT(testing::RelativeError(grads[1], grads[0]), 1e-12);
+}
+
+TEST(MoELayerTest, RejectsBadConfigAndShapes) {
+  MoELayerConfig config = SmallConfig();
+  config.shared_expert_gate = true;
+  EXPECT_EQ(MoELayer::Create(config, Device::Cpu(), 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  config = SmallConfig();
+  auto layer = MoELayer::Create(config, Device::Cpu(), 4).value();
+  auto w = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  Buffer xb = Buffer::ForTensor(DType::kF64, {5, config.hidden_size}, Device::Cpu()).value();
+  absl::Status s =
+      layer->Forward(Stream::Cpu(), w.params(), w.router_state(), xb.View(), xb.View());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("exceed"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace switchyard::model
