@@ -149,6 +149,7 @@ else
   log "WARNING: torch_moe_baseline.py not found (/work/shared/bench or ../shared/bench)"
 fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
+cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
 chmod 755 "$bundle/run_gpu_tests.sh"
 
 {
