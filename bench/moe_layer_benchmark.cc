@@ -1,9 +1,10 @@
 // MoE-layer benchmark (BASELINES.md): one layer on one GPU, bf16 weights and activations, fp32
 // router, forward + backward (router, permute, grouped-GEMM SwiGLU experts, unpermute, shared
 // expert where listed, aux loss), median of 10 timed iterations after 3 warm-ups, CUDA events,
-// random inputs. Prints config, ms, TFLOP/s (BASELINES.md formula), fraction of the bf16 GEMM
-// peak measured in the same process, and the ratio to the PyTorch layer when its JSON results
-// (bench/torch_moe_baseline.py --json) are given with --torch_json.
+// random inputs; fp32 weight gradients, written by the first (here: only) micro-batch. Prints
+// config, ms, TFLOP/s (BASELINES.md formula), fraction of the bf16 GEMM peak measured in the same
+// process, and the ratio to the PyTorch layer when its JSON results (bench/torch_moe_baseline.py
+// --json) are given with --torch_json.
 //
 //   moe_layer_benchmark [--configs a,b] [--torch_json torch.json] [--iters 10] [--warmup 3]
 #include <cuda_runtime.h>
@@ -31,6 +32,7 @@ ABSL_FLAG(std::string, configs, "mixtral8x7b,qwen3_30b_a3b,dsv3_layer", "configs
 ABSL_FLAG(std::string, torch_json, "", "results of torch_moe_baseline.py --json, for the ratio");
 ABSL_FLAG(int, iters, 10, "timed iterations (median reported)");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations");
+ABSL_FLAG(bool, breakdown, false, "also print CUDA-event times of the layer's phases");
 
 namespace switchyard::bench {
 namespace {
@@ -125,9 +127,25 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 8, 1.0f));
   auto step = [&]() -> absl::Status {
     SY_RETURN_IF_ERROR(layer->Forward(s, w.params(), w.router_state(), x.View(), y.View()));
-    return layer->Backward(s, w.params(), w.grads(), dy.View(), dx.View(), 1.0);
+    // One micro-batch per step: the first micro-batch overwrites the fp32 gradients.
+    return layer->Backward(s, w.params(), w.grads(), dy.View(), dx.View(), 1.0,
+                           model::MoELayer::GradMode::kOverwrite);
   };
   SY_ASSIGN_OR_RETURN(double ms, MedianMs(step, warmup, iters));
+  if (absl::GetFlag(FLAGS_breakdown)) {
+    layer->timer().Enable(true);
+    std::fprintf(stderr, "%s phases (ms):", name.c_str());
+    SY_RETURN_IF_ERROR(layer->Forward(s, w.params(), w.router_state(), x.View(), y.View()));
+    SY_ASSIGN_OR_RETURN(auto fwd, layer->timer().Collect());
+    SY_RETURN_IF_ERROR(layer->Backward(s, w.params(), w.grads(), dy.View(), dx.View(), 1.0,
+                                       model::MoELayer::GradMode::kOverwrite));
+    SY_ASSIGN_OR_RETURN(auto bwd, layer->timer().Collect());
+    for (const auto* phases : {&fwd, &bwd}) {
+      for (const auto& [phase, t] : *phases) std::fprintf(stderr, " %s=%.3f", phase.c_str(), t);
+    }
+    std::fprintf(stderr, "\n");
+    layer->timer().Enable(false);
+  }
   // Load of the last step, for the record: max/mean tokens per expert.
   std::vector<int32_t> tpe(b.e);
   SY_CUDA_RETURN_IF_ERROR(cudaMemcpy(tpe.data(), layer->tokens_per_expert().data,

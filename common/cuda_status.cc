@@ -23,8 +23,7 @@ absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* fi
               absl::StrCat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
-absl::Status CublasErrorToStatus(cublasStatus_t err, const char* expr, const char* file,
-                                 int line) {
+absl::Status CublasErrorToStatus(cublasStatus_t err, const char* expr, const char* file, int line) {
   absl::StatusCode code = absl::StatusCode::kInternal;
   if (err == CUBLAS_STATUS_ALLOC_FAILED) code = absl::StatusCode::kResourceExhausted;
   if (err == CUBLAS_STATUS_INVALID_VALUE) code = absl::StatusCode::kInvalidArgument;

@@ -21,28 +21,28 @@ absl::Status NcclErrorToStatus(ncclResult_t err, const char* expr, const char* f
 
 }  // namespace switchyard
 
-#define SY_CUDA_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                                 \
-    cudaError_t sy_err_ = (expr);                                                      \
-    if (sy_err_ != cudaSuccess)                                                        \
-      return ::switchyard::CudaErrorToStatus(sy_err_, #expr, __FILE__, __LINE__);      \
+#define SY_CUDA_RETURN_IF_ERROR(expr)                                             \
+  do {                                                                            \
+    cudaError_t sy_err_ = (expr);                                                 \
+    if (sy_err_ != cudaSuccess)                                                   \
+      return ::switchyard::CudaErrorToStatus(sy_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors without synchronising.
 #define SY_CUDA_RETURN_IF_LAUNCH_ERROR(kernel_name) SY_CUDA_RETURN_IF_ERROR(cudaGetLastError())
 
-#define SY_CUBLAS_RETURN_IF_ERROR(expr)                                                \
-  do {                                                                                 \
-    cublasStatus_t sy_err_ = (expr);                                                   \
-    if (sy_err_ != CUBLAS_STATUS_SUCCESS)                                              \
-      return ::switchyard::CublasErrorToStatus(sy_err_, #expr, __FILE__, __LINE__);    \
+#define SY_CUBLAS_RETURN_IF_ERROR(expr)                                             \
+  do {                                                                              \
+    cublasStatus_t sy_err_ = (expr);                                                \
+    if (sy_err_ != CUBLAS_STATUS_SUCCESS)                                           \
+      return ::switchyard::CublasErrorToStatus(sy_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define SY_NCCL_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                                 \
-    ncclResult_t sy_err_ = (expr);                                                     \
-    if (sy_err_ != ncclSuccess && sy_err_ != ncclInProgress)                           \
-      return ::switchyard::NcclErrorToStatus(sy_err_, #expr, __FILE__, __LINE__);      \
+#define SY_NCCL_RETURN_IF_ERROR(expr)                                             \
+  do {                                                                            \
+    ncclResult_t sy_err_ = (expr);                                                \
+    if (sy_err_ != ncclSuccess && sy_err_ != ncclInProgress)                      \
+      return ::switchyard::NcclErrorToStatus(sy_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 #endif  // SWITCHYARD_COMMON_CUDA_STATUS_H_

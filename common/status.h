@@ -47,9 +47,9 @@ const absl::Status& AsStatus(const absl::StatusOr<T>& s) {
 #define SY_STATUS_CONCAT_(a, b) SY_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status or StatusOr) is not OK.
-#define SY_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                            \
-    const auto& sy_status_ = (expr);                                              \
+#define SY_RETURN_IF_ERROR(expr)                                                      \
+  do {                                                                                \
+    const auto& sy_status_ = (expr);                                                  \
     if (!sy_status_.ok()) return ::switchyard::status_internal::AsStatus(sy_status_); \
   } while (0)
 
@@ -57,14 +57,14 @@ const absl::Status& AsStatus(const absl::StatusOr<T>& s) {
 // status, otherwise move-assigns the value to `lhs` (which may be a declaration: `auto x`).
 #define SY_ASSIGN_OR_RETURN(lhs, rexpr) \
   SY_ASSIGN_OR_RETURN_IMPL_(SY_STATUS_CONCAT_(sy_statusor_, __LINE__), lhs, rexpr)
-#define SY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                              \
+#define SY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)    \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 
 // Builds an error status whose message says which expression failed and where.
-#define SY_EXPR_ERROR_(code, expr_text, detail)                                      \
-  absl::Status((code), absl::StrCat((expr_text), " failed: ", (detail), " [", __FILE__, \
-                                    ":", __LINE__, "]"))
+#define SY_EXPR_ERROR_(code, expr_text, detail)                                              \
+  absl::Status((code), absl::StrCat((expr_text), " failed: ", (detail), " [", __FILE__, ":", \
+                                    __LINE__, "]"))
 
 #endif  // SWITCHYARD_COMMON_STATUS_H_

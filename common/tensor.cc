@@ -25,21 +25,27 @@ size_t DTypeSize(DType dtype) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
 
-std::string Device::ToString() const {
-  return is_cuda() ? absl::StrCat("cuda:", index) : "cpu";
-}
+std::string Device::ToString() const { return is_cuda() ? absl::StrCat("cuda:", index) : "cpu"; }
 
 std::string Tensor::DebugString() const {
   return absl::StrCat(DTypeName(dtype), "[", absl::StrJoin(shape, ","), "]@", device.ToString());

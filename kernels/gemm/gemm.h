@@ -17,8 +17,8 @@ absl::Status Gemm(const Stream& stream, const Tensor& a, bool trans_a, const Ten
                   bool trans_b, const Tensor& c, float alpha = 1.0f, float beta = 0.0f);
 
 namespace internal {
-absl::Status GemmCpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                     const Tensor& c, float alpha, float beta, int64_t m, int64_t n, int64_t k);
+absl::Status GemmCpu(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                     float alpha, float beta, int64_t m, int64_t n, int64_t k);
 absl::Status GemmCuda(const Stream& stream, const Tensor& a, bool trans_a, const Tensor& b,
                       bool trans_b, const Tensor& c, float alpha, float beta, int64_t m, int64_t n,
                       int64_t k);

@@ -44,8 +44,8 @@ TEST_P(GemmGpuTest, Bf16MatchesCpuReference) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const double err =
       testing::RelativeError(testing::ToFloatVector(dc.View()), testing::ToFloatVector(hc.View()));
-  std::printf("gemm bf16 %ldx%ldx%ld ta=%d tb=%d out=%s: rel err %.3g (tol 1e-2)\n", s.m, s.n,
-              s.k, s.ta, s.tb, DTypeName(s.out), err);
+  std::printf("gemm bf16 %ldx%ldx%ld ta=%d tb=%d out=%s: rel err %.3g (tol 1e-2)\n", s.m, s.n, s.k,
+              s.ta, s.tb, DTypeName(s.out), err);
   EXPECT_LT(err, 1e-2);
 }
 

@@ -37,12 +37,23 @@ std::vector<float> ToFloatVector(const Tensor& t) {
   std::vector<float> out(t.numel());
   for (int64_t i = 0; i < t.numel(); ++i) {
     switch (t.dtype) {
-      case DType::kF32: out[i] = h.as<float>()[i]; break;
-      case DType::kF64: out[i] = static_cast<float>(h.as<double>()[i]); break;
-      case DType::kBF16: out[i] = h.as<BF16>()[i].ToFloat(); break;
-      case DType::kI32: out[i] = static_cast<float>(h.as<int32_t>()[i]); break;
-      case DType::kI64: out[i] = static_cast<float>(h.as<int64_t>()[i]); break;
-      default: out[i] = NAN;
+      case DType::kF32:
+        out[i] = h.as<float>()[i];
+        break;
+      case DType::kF64:
+        out[i] = static_cast<float>(h.as<double>()[i]);
+        break;
+      case DType::kBF16:
+        out[i] = h.as<BF16>()[i].ToFloat();
+        break;
+      case DType::kI32:
+        out[i] = static_cast<float>(h.as<int32_t>()[i]);
+        break;
+      case DType::kI64:
+        out[i] = static_cast<float>(h.as<int64_t>()[i]);
+        break;
+      default:
+        out[i] = NAN;
     }
   }
   return out;
@@ -53,10 +64,17 @@ void FillRandom(const Tensor& t, std::mt19937_64& rng, float scale) {
   for (int64_t i = 0; i < t.numel(); ++i) {
     float v = dist(rng);
     switch (t.dtype) {
-      case DType::kF32: t.as<float>()[i] = v; break;
-      case DType::kF64: t.as<double>()[i] = v; break;
-      case DType::kBF16: t.as<BF16>()[i] = BF16::FromFloat(v); break;
-      default: break;
+      case DType::kF32:
+        t.as<float>()[i] = v;
+        break;
+      case DType::kF64:
+        t.as<double>()[i] = v;
+        break;
+      case DType::kBF16:
+        t.as<BF16>()[i] = BF16::FromFloat(v);
+        break;
+      default:
+        break;
     }
   }
 }

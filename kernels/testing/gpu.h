@@ -31,11 +31,11 @@ void FillRandom(const Tensor& t, std::mt19937_64& rng, float scale = 1.0f);
 
 }  // namespace switchyard::testing
 
-#define SY_REQUIRE_GPU()                                                       \
-  do {                                                                         \
-    std::string sy_why_;                                                       \
-    if (::switchyard::testing::CudaDeviceCount(&sy_why_) == 0)                 \
-      GTEST_SKIP() << "no CUDA device (" << sy_why_ << "): GPU test skipped";  \
+#define SY_REQUIRE_GPU()                                                      \
+  do {                                                                        \
+    std::string sy_why_;                                                      \
+    if (::switchyard::testing::CudaDeviceCount(&sy_why_) == 0)                \
+      GTEST_SKIP() << "no CUDA device (" << sy_why_ << "): GPU test skipped"; \
   } while (0)
 
 #endif  // SWITCHYARD_KERNELS_TESTING_GPU_H_

@@ -221,6 +221,7 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
   }
   tokens_ = t;
   x_saved_ = x;
+  SY_RETURN_IF_ERROR(timer_.Start(stream));
   jitter_offset_ = jitter_offset;
   if (config_.shared_ffn_size > 0) {
     SY_RETURN_IF_ERROR(Fork(stream));
@@ -231,6 +232,7 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
     SY_RETURN_IF_ERROR(Join(stream));
     const Tensor& shared_out = config_.shared_expert_gate ? sh_gated_ : sh_y_;
     SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, y, 1.0f, Rows(shared_out, t), y));
+    SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.shared_join_add"));
   }
   return absl::OkStatus();
 }
@@ -248,10 +250,12 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   }
   const Tensor logits = Rows(logits_, t);
   SY_RETURN_IF_ERROR(kernels::RouterGatingForward(stream, xr, p.router_weight, logits));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.router_gemm"));
   kernels::RouterOutputs ro{Rows(topk_idx_, t), Rows(topk_probs_, t), Rows(selected_idx_, t),
                             tokens_per_expert_};
   SY_RETURN_IF_ERROR(kernels::RouterForward(stream, rc, logits, rs.expert_bias,
                                             rs.local_tokens_per_expert, ro, router_ws_));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.route"));
   if (has_aux_ && rc.training) {
     kernels::AuxLossStats stats{aux_prob_sums_, aux_counts_, aux_lse_};
     const int64_t b = kernels::AuxLossNumSequences(rc, t);
@@ -272,20 +276,26 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     SY_RETURN_IF_ERROR(
         kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));
   }
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.aux_loss"));
   state_.x = x;
   state_.topk_idx = ro.topk_idx;
   state_.topk_probs = ro.topk_probs;
   SY_RETURN_IF_ERROR(dispatcher_->DispatchPreprocess(stream, &state_));
   SY_RETURN_IF_ERROR(dispatcher_->Dispatch(stream, &state_));
   SY_RETURN_IF_ERROR(dispatcher_->DispatchPostprocess(stream, &state_));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.dispatch"));
   // Experts: h = X·W1, a = swiglu(h)·p, y = a·W2 (rows past the device counts are skipped).
   SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.fc1"));
   SY_RETURN_IF_ERROR(
       kernels::SwigluForward(stream, h_, state_.expert_probs, state_.tokens_per_expert, a_));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.swiglu"));
   SY_RETURN_IF_ERROR(gemm_->Fprop(stream, a_, p.fc2, state_.tokens_per_expert, state_.expert_out));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.fc2"));
   SY_RETURN_IF_ERROR(dispatcher_->CombinePreprocess(stream, &state_));
   SY_RETURN_IF_ERROR(dispatcher_->Combine(stream, &state_));
-  return dispatcher_->CombinePostprocess(stream, &state_, y);
+  SY_RETURN_IF_ERROR(dispatcher_->CombinePostprocess(stream, &state_, y));
+  return timer_.Mark(stream, "fwd.combine");
 }
 
 absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x) {
@@ -306,26 +316,36 @@ absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, c
 
 absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
                                 const MoELayerParams& g, const Tensor& dy, const Tensor& dx,
-                                double aux_grad_scale) {
+                                double aux_grad_scale, GradMode grad_mode) {
+  const bool accumulate = grad_mode == GradMode::kAccumulate;
+  const float grad_beta = accumulate ? 1.0f : 0.0f;
   const kernels::RouterConfig& rc = config_.router;
   const int64_t t = tokens_;
   SY_RETURN_IF_ERROR(CheckTensor(dy, "moe.dy", config_.dtype, {t, config_.hidden_size}));
   SY_RETURN_IF_ERROR(CheckTensor(dx, "moe.dx", config_.dtype, {t, config_.hidden_size}));
+  SY_RETURN_IF_ERROR(timer_.Start(stream));
   if (config_.shared_ffn_size > 0) {
     SY_RETURN_IF_ERROR(Fork(stream));
-    SY_RETURN_IF_ERROR(SharedBackward(SideStream(stream), p, g, dy));
+    SY_RETURN_IF_ERROR(SharedBackward(SideStream(stream), p, g, dy, grad_beta));
   }
   // Routed experts, in reverse.
   SY_RETURN_IF_ERROR(dispatcher_->CombineBackward(stream, dy, &state_));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.combine"));
   const Tensor& tpe = state_.tokens_per_expert;
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da_));
-  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a_, state_.d_expert_out, tpe, g.fc2, true));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc2_dgrad"));
+  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a_, state_.d_expert_out, tpe, g.fc2, accumulate));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc2_wgrad"));
   SY_RETURN_IF_ERROR(kernels::SwigluBackward(stream, da_, h_, state_.expert_probs, tpe, dh_,
                                              state_.d_expert_probs));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.swiglu"));
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh_, p.fc1, tpe, state_.d_expert_x));
-  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, true));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc1_dgrad"));
+  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, accumulate));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc1_wgrad"));
   const Tensor dtopk = Rows(dtopk_probs_, t);
   SY_RETURN_IF_ERROR(dispatcher_->DispatchBackward(stream, &state_, dx, dtopk));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.dispatch"));
   // Router.
   const Tensor logits = Rows(logits_, t), dlogits = Rows(dlogits_, t);
   SY_RETURN_IF_ERROR(kernels::RouterBackward(stream, rc, logits, Rows(selected_idx_, t),
@@ -335,27 +355,30 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
     SY_RETURN_IF_ERROR(kernels::AuxLossBackward(stream, rc, logits, Rows(aux_grad_weights_, b),
                                                 aux_grad_scale, dlogits));
   }
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.route_aux"));
   const bool jitter = rc.training && rc.input_jitter_eps > 0;
   const Tensor xr = jitter ? Rows(xr_, t) : x_saved_;
   const Tensor dx_router = Rows(dx_tmp_, t);
   const Tensor lowp = dlogits_lowp_.numel() > 0 ? Rows(dlogits_lowp_, t) : Tensor();
   SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp,
-                                                   dx_router, g.router_weight, 1.0f));
+                                                   dx_router, g.router_weight, grad_beta));
   if (jitter) {
     SY_RETURN_IF_ERROR(kernels::InputJitterBackward(stream, dx_router,
                                                     static_cast<float>(rc.input_jitter_eps),
                                                     0x5157u, jitter_offset_, dx_router));
   }
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
+  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.router_gemm"));
   if (config_.shared_ffn_size > 0) {
     SY_RETURN_IF_ERROR(Join(stream));
     SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, Rows(sh_dx_, t), dx));
+    SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.shared_join_add"));
   }
   return absl::OkStatus();
 }
 
 absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,
-                                      const MoELayerParams& g, const Tensor& dy) {
+                                      const MoELayerParams& g, const Tensor& dy, float grad_beta) {
   const int64_t t = tokens_;
   const Tensor& x = x_saved_;
   Tensor dys = dy;
@@ -368,18 +391,18 @@ absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,
     // d(x·w_g): both GEMMs in the layer dtype (dg rounded once, as the router's dlogits).
     const Tensor dg_lowp = Rows(sh_dg_lowp_, t);
     SY_RETURN_IF_ERROR(kernels::Cast(s, dg, dg_lowp));
-    SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, dg_lowp, false, g.shared_gate, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, dg_lowp, false, g.shared_gate, 1.0f, grad_beta));
     SY_RETURN_IF_ERROR(
         kernels::Gemm(s, dg_lowp, false, p.shared_gate, true, Rows(sh_dx_, t), 1.0f, 0.0f));
   }
   const Tensor sh_h = Rows(sh_h_, t), sh_a = Rows(sh_a_, t), sh_da = Rows(sh_da_, t);
   const Tensor sh_dh = Rows(sh_dh_, t), sh_dx = Rows(sh_dx_, t);
   SY_RETURN_IF_ERROR(kernels::Gemm(s, dys, false, p.shared_fc2, true, sh_da));
-  SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, true, dys, false, g.shared_fc2, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, true, dys, false, g.shared_fc2, 1.0f, grad_beta));
   SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, sh_da, sh_h, Tensor(), Tensor(), sh_dh, Tensor()));
   SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_dh, false, p.shared_fc1, true, sh_dx, 1.0f,
                                    config_.shared_expert_gate ? 1.0f : 0.0f));
-  SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, sh_dh, false, g.shared_fc1, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, sh_dh, false, g.shared_fc1, 1.0f, grad_beta));
   return absl::OkStatus();
 }
 

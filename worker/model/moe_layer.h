@@ -35,6 +35,7 @@
 #include "kernels/moe/router.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/dispatcher.h"
+#include "worker/model/phase_timer.h"
 
 namespace switchyard::model {
 
@@ -89,11 +90,15 @@ class MoELayer {
                        const MoERouterState& router_state, const Tensor& x, const Tensor& y,
                        uint64_t jitter_offset = 0);
 
-  // dx [T, H] (OVERWRITTEN) from dy [T, H]; accumulates weight gradients into `grads`.
+  // dx [T, H] (OVERWRITTEN) from dy [T, H]; adds the weight gradients to `grads`, or, with
+  // kOverwrite (the first micro-batch of a step), writes them without reading the old values:
+  // the fp32 expert gradients are large (dsv3: 45 GB per layer on one GPU) and the weight-
+  // gradient GEMMs are memory-bound, so not reading zeros halves their traffic.
   // aux_grad_scale seeds the aux/z-loss gradients (1/num_microbatches in a plain schedule).
+  enum class GradMode { kAccumulate, kOverwrite };
   absl::Status Backward(const Stream& stream, const MoELayerParams& params,
                         const MoELayerParams& grads, const Tensor& dy, const Tensor& dx,
-                        double aux_grad_scale);
+                        double aux_grad_scale, GradMode grad_mode = GradMode::kAccumulate);
 
   // After Forward (device tensors; read them after synchronising the stream):
   //   tokens_per_expert [E] i32 (kept slots per expert), topk_idx [T, k], topk_probs [T, k],
@@ -110,12 +115,15 @@ class MoELayer {
   absl::Status ResetGlobalBatch();
   void set_dp_size(int dp) { dp_size_ = dp; }
   const MoELayerConfig& config() const { return config_; }
+  // CUDA-event timing of the phases of the last Forward or Backward (main stream; the shared
+  // expert overlaps on its side stream and shows up only in the *_join_add phase).
+  PhaseTimer& timer() { return timer_; }
 
  private:
   MoELayer() = default;
   absl::Status SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x);
   absl::Status SharedBackward(const Stream& s, const MoELayerParams& p, const MoELayerParams& g,
-                              const Tensor& dy);
+                              const Tensor& dy, float grad_beta);
   absl::Status RoutedForward(const Stream& stream, const MoELayerParams& p,
                              const MoERouterState& rs, const Tensor& x, const Tensor& y,
                              uint64_t jitter_offset);
@@ -127,6 +135,7 @@ class MoELayer {
 
   MoELayerConfig config_;
   Device device_;
+  PhaseTimer timer_;
   int64_t max_tokens_ = 0;
   int dp_size_ = 1;
   bool has_aux_ = false, has_global_aux_ = false;

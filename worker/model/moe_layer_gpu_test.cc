@@ -91,10 +91,15 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
   Buffer dxg = Buffer::ForTensor(DType::kBF16, {t, h}, Device::Cuda(0)).value();
   ASSERT_TRUE(kernels::FillBytes(yg.View(), 0xFF).ok());
   ASSERT_TRUE(kernels::FillBytes(dxg.View(), 0xFF).ok());
+  // Gradients poisoned too: the first micro-batch overwrites every element (GradMode kOverwrite).
+  for (auto& [name, shape] : MoELayerTensors::ParamShapes(c)) {
+    ASSERT_TRUE(kernels::FillBytes(w_gpu.Grad(name), 0xFF).ok());
+  }
   const Stream stream{Device::Cuda(0), nullptr};
   absl::Status s = gpu->Forward(stream, w_gpu.params(), w_gpu.router_state(), xg.View(), yg.View());
   ASSERT_TRUE(s.ok()) << s;
-  s = gpu->Backward(stream, w_gpu.params(), w_gpu.grads(), dyg.View(), dxg.View(), 1.0);
+  s = gpu->Backward(stream, w_gpu.params(), w_gpu.grads(), dyg.View(), dxg.View(), 1.0,
+                    MoELayer::GradMode::kOverwrite);
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 

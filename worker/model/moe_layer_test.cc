@@ -255,6 +255,49 @@ TEST(MoELayerTest, PadToCapacityChangesNothing) {
   EXPECT_LT(testing::RelativeError(grads[1], grads[0]), 1e-12);
 }
 
+// kOverwrite writes the gradients without reading them; kAccumulate adds to them.
+TEST(MoELayerTest, GradModeOverwriteAndAccumulate) {
+  MoELayerConfig config = SmallConfig();
+  config.shared_ffn_size = 4;
+  config.shared_expert_gate = true;
+  config.router.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+  const int64_t t = 10, h = config.hidden_size;
+  std::mt19937_64 rng(21);
+  auto w = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(w.RandomizeOnCpu(rng, 0.5f).ok());
+  auto layer = MoELayer::Create(config, Device::Cpu(), t).value();
+  Buffer x = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer y = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer dx = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  testing::FillRandom(x.View(), rng);
+  auto run = [&](MoELayer::GradMode mode) {
+    ASSERT_TRUE(
+        layer->Forward(Stream::Cpu(), w.params(), w.router_state(), x.View(), y.View()).ok());
+    ASSERT_TRUE(
+        layer->Backward(Stream::Cpu(), w.params(), w.grads(), x.View(), dx.View(), 1.0, mode).ok());
+  };
+  auto grads = [&]() {
+    std::vector<float> all;
+    for (auto& [name, shape] : MoELayerTensors::ParamShapes(config)) {
+      std::vector<float> g = testing::ToFloatVector(w.Grad(name));
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return all;
+  };
+  ASSERT_TRUE(w.ZeroGrads().ok());
+  run(MoELayer::GradMode::kAccumulate);
+  const std::vector<float> once = grads();
+  for (auto& [name, shape] : MoELayerTensors::ParamShapes(config)) {
+    ASSERT_TRUE(kernels::FillBytes(w.Grad(name), 0x7F).ok());  // garbage, must not be read
+  }
+  run(MoELayer::GradMode::kOverwrite);
+  EXPECT_EQ(grads(), once);
+  run(MoELayer::GradMode::kAccumulate);
+  std::vector<float> twice = grads();
+  for (float& v : twice) v /= 2;
+  EXPECT_LT(testing::RelativeError(twice, once), 1e-6);
+}
+
 TEST(MoELayerTest, RejectsBadConfigAndShapes) {
   MoELayerConfig config = SmallConfig();
   config.shared_expert_gate = true;
