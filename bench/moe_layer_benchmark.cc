@@ -33,6 +33,10 @@ ABSL_FLAG(std::string, torch_json, "", "results of torch_moe_baseline.py --json,
 ABSL_FLAG(int, iters, 10, "timed iterations (median reported)");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations");
 ABSL_FLAG(bool, breakdown, false, "also print CUDA-event times of the layer's phases");
+ABSL_FLAG(std::string, tile, "auto", "grouped-GEMM tile: auto, pingpong or cooperative");
+ABSL_FLAG(std::string, grad_dtype, "f32",
+          "weight-gradient dtype: f32 (Megatron's bf16 training accumulates grads in fp32) or "
+          "bf16 (what the PyTorch reference layer produces)");
 
 namespace switchyard::bench {
 namespace {
@@ -111,9 +115,13 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   c.router.topk = static_cast<int>(b.k);
   c.router.aux_losses = {{kernels::AuxLossType::kAuxLoss, 0.01}};
   c.router.seq_length = b.t;
+  const std::string tile = absl::GetFlag(FLAGS_tile);
+  if (tile == "pingpong") c.gemm_options.tile = kernels::GroupedGemmTile::kPingpong128x128;
+  if (tile == "cooperative") c.gemm_options.tile = kernels::GroupedGemmTile::kCooperative256x128;
+  const DType grad_dtype = absl::GetFlag(FLAGS_grad_dtype) == "bf16" ? DType::kBF16 : DType::kF32;
   const Device dev = Device::Cuda(0);
   const Stream s{dev, nullptr};
-  SY_ASSIGN_OR_RETURN(auto w, model::MoELayerTensors::Create(c, dev, DType::kBF16, DType::kF32));
+  SY_ASSIGN_OR_RETURN(auto w, model::MoELayerTensors::Create(c, dev, DType::kBF16, grad_dtype));
   uint64_t seed = 100;
   for (auto& [pname, shape] : model::MoELayerTensors::ParamShapes(c)) {
     SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.Param(pname), ++seed, 0.02f));
@@ -177,7 +185,8 @@ int Main() {
     std::fprintf(stderr, "GEMM peak: %s\n", peak.status().ToString().c_str());
     return 1;
   }
-  std::printf("device: %s; bf16 8192^3 GEMM (cuBLAS): %.0f TFLOP/s\n", prop.name, *peak);
+  std::printf("device: %s; bf16 8192^3 GEMM (cuBLAS): %.0f TFLOP/s; grads %s, tile %s\n", prop.name,
+              *peak, absl::GetFlag(FLAGS_grad_dtype).c_str(), absl::GetFlag(FLAGS_tile).c_str());
   std::vector<Row> rows;
   int rc = 0;
   for (const std::string& name :

@@ -162,9 +162,10 @@ void RunVariant(const Case& c, const Variant& v) {
   }
   ASSERT_TRUE(created.ok()) << created.status();
   GroupedGemm& gg = **created;
-  std::printf("  %s (G=%ld R=%ld total=%ld K=%ld N=%ld, auto tile %s)\n", v.name, c.g, c.r, c.total,
-              s.k, s.n,
-              GroupedGemmTileName(internal::ChooseGroupedGemmTile(c.r, static_cast<int>(c.g))));
+  std::printf("  %s (G=%ld R=%ld total=%ld K=%ld N=%ld, auto fprop tile %s)\n", v.name, c.g, c.r,
+              c.total, s.k, s.n,
+              GroupedGemmTileName(internal::ChooseGroupedGemmTile(internal::GroupedGemmOp::kFprop,
+                                                                  c.r, static_cast<int>(c.g))));
   Buffer x = ToDevice(c.x), w = ToDevice(c.w), dy = ToDevice(c.dy), counts = ToDevice(c.counts);
   const Stream stream{Device::Cuda(0), nullptr};
   const bool aligned = s.k % 8 == 0 && s.n % 8 == 0;

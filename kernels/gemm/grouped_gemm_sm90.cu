@@ -109,9 +109,13 @@ class Sm90Path final : public GroupedGemmCudaPath {
           "path (TMA); create the GroupedGemm with path = kFallback for such shapes"));
     }
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    const GroupedGemmTile tile = call.tile == GroupedGemmTile::kAuto
-                                     ? ChooseGroupedGemmTile(call.rows, call.groups)
-                                     : call.tile;
+    GroupedGemmTile tile = call.tile == GroupedGemmTile::kAuto
+                               ? ChooseGroupedGemmTile(call.op, call.rows, call.groups)
+                               : call.tile;
+    // bf16 dW exists only with the ping-pong tile.
+    if (call.op == GroupedGemmOp::kWgrad && call.out_dtype != DType::kF32) {
+      tile = GroupedGemmTile::kPingpong128x128;
+    }
     const int t = tile == GroupedGemmTile::kCooperative256x128 ? 1 : 0;
     const int op = static_cast<int>(call.op);
     sm90::KernelRunner* runner = nullptr;

@@ -241,11 +241,16 @@ TEST(GroupedGemmCreateTest, RejectsBadOptions) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(GroupedGemmTileTest, AutoTileFollowsAverageRowsPerGroup) {
+TEST(GroupedGemmTileTest, AutoTileFollowsAverageRowsPerGroupExceptWgrad) {
   using internal::ChooseGroupedGemmTile;
-  EXPECT_EQ(ChooseGroupedGemmTile(8192 * 8, 128), GroupedGemmTile::kPingpong128x128);   // qwen3
-  EXPECT_EQ(ChooseGroupedGemmTile(4096 * 8, 256), GroupedGemmTile::kPingpong128x128);   // dsv3
-  EXPECT_EQ(ChooseGroupedGemmTile(8192 * 2, 8), GroupedGemmTile::kCooperative256x128);  // mixtral
+  using internal::GroupedGemmOp;
+  for (GroupedGemmOp op : {GroupedGemmOp::kFprop, GroupedGemmOp::kDgrad}) {
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 8, 128), GroupedGemmTile::kPingpong128x128);
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 4096 * 8, 256), GroupedGemmTile::kPingpong128x128);
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 2, 8), GroupedGemmTile::kCooperative256x128);
+  }
+  EXPECT_EQ(ChooseGroupedGemmTile(GroupedGemmOp::kWgrad, 4096 * 8, 256),
+            GroupedGemmTile::kCooperative256x128);
 }
 
 }  // namespace

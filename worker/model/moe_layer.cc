@@ -115,7 +115,8 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_ASSIGN_OR_RETURN(l->dispatcher_,
                       LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows));
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
-  SY_ASSIGN_OR_RETURN(l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(e)));
+  SY_ASSIGN_OR_RETURN(
+      l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(e), config.gemm_options));
 
   auto alloc = [&](DType d, std::vector<int64_t> shape, Tensor* view) -> absl::Status {
     SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(d, std::move(shape), device));

@@ -48,6 +48,8 @@ struct MoELayerConfig {
   kernels::RouterConfig router;
   // Activation and weight dtype: bf16 on CUDA; f32 or f64 (gradient checks) on the CPU.
   DType dtype = DType::kBF16;
+  // Grouped-GEMM path and tile (kernels/gemm/grouped_gemm.h); the defaults choose per device.
+  kernels::GroupedGemmOptions gemm_options;
 
   // From a defaulted and validated ModelConfig (common/config_defaults.h, common/validate.h).
   static absl::StatusOr<MoELayerConfig> FromProto(const v1::ModelConfig& model, DType dtype);
