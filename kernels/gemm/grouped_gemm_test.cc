@@ -241,16 +241,13 @@ TEST(GroupedGemmCreateTest, RejectsBadOptions) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(GroupedGemmTileTest, AutoTileFollowsAverageRowsPerGroupExceptWgrad) {
+TEST(GroupedGemmTileTest, AutoTileIsTheMeasuredBestCooperativeTile) {
   using internal::ChooseGroupedGemmTile;
   using internal::GroupedGemmOp;
-  for (GroupedGemmOp op : {GroupedGemmOp::kFprop, GroupedGemmOp::kDgrad}) {
-    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 8, 128), GroupedGemmTile::kPingpong128x128);
-    EXPECT_EQ(ChooseGroupedGemmTile(op, 4096 * 8, 256), GroupedGemmTile::kPingpong128x128);
-    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 2, 8), GroupedGemmTile::kCooperative256x128);
+  for (GroupedGemmOp op : {GroupedGemmOp::kFprop, GroupedGemmOp::kDgrad, GroupedGemmOp::kWgrad}) {
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 8, 128), GroupedGemmTile::kCooperative256x128);
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 4096 * 8, 256), GroupedGemmTile::kCooperative256x128);
   }
-  EXPECT_EQ(ChooseGroupedGemmTile(GroupedGemmOp::kWgrad, 4096 * 8, 256),
-            GroupedGemmTile::kCooperative256x128);
 }
 
 }  // namespace
