@@ -4,6 +4,8 @@
 // inputs, GPU outputs poisoned first. Also compares the routing itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <random>
 
 #include "kernels/testing/gpu.h"
@@ -61,6 +63,32 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
   Buffer dy16 = Buffer::ForTensor(DType::kBF16, {t, h}, Device::Cpu()).value();
   testing::FillRandom(x16.View(), rng);
   testing::FillRandom(dy16.View(), rng);
+  // GPU logits (bf16 inputs, fp32 accumulation) and CPU logits (fp64 accumulation) differ by
+  // ~1e-6: a token whose k-th and (k+1)-th logits are that close may route differently, which
+  // is correct behaviour but not a comparison. Redraw such tokens so every top-k boundary has a
+  // margin of at least 1e-3; routing must then be identical.
+  int redrawn = 0;
+  {
+    const Tensor w = w_bf16.Param("router.weight");
+    std::vector<float> wf = testing::ToFloatVector(w);
+    BF16* xs = x16.View().as<BF16>();
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < t; ++i) {
+      for (int attempt = 0;; ++attempt) {
+        std::vector<double> z(k.experts);
+        for (int e = 0; e < k.experts; ++e) {
+          double acc = 0;
+          for (int64_t j = 0; j < h; ++j) acc += double(xs[i * h + j].ToFloat()) * wf[e * h + j];
+          z[e] = acc;
+        }
+        std::sort(z.begin(), z.end(), std::greater<double>());
+        if (k.topk == k.experts || z[k.topk - 1] - z[k.topk] >= 1e-3) break;
+        ASSERT_LT(attempt, 100);
+        ++redrawn;
+        for (int64_t j = 0; j < h; ++j) xs[i * h + j] = BF16::FromFloat(normal(rng));
+      }
+    }
+  }
   auto to_f32 = [&](const Buffer& b) {
     Buffer out = Buffer::ForTensor(DType::kF32, b.View().shape, Device::Cpu()).value();
     std::vector<float> v = testing::ToFloatVector(b.View());
@@ -107,9 +135,11 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
   std::vector<float> idx_g = testing::ToFloatVector(gpu->topk_idx());
   int64_t same = 0;
   for (size_t i = 0; i < idx_c.size(); ++i) same += idx_c[i] == idx_g[i];
-  std::printf("[%s] T=%ld H=%ld F=%ld E=%d k=%d: routing slots equal %ld/%zu\n", k.name, t, h,
-              k.ffn, k.experts, k.topk, same, idx_c.size());
-  EXPECT_GE(same, static_cast<int64_t>(idx_c.size() * 0.995));
+  std::printf(
+      "[%s] T=%ld H=%ld F=%ld E=%d k=%d: routing slots equal %ld/%zu (%d near-tie tokens "
+      "redrawn)\n",
+      k.name, t, h, k.ffn, k.experts, k.topk, same, idx_c.size(), redrawn);
+  EXPECT_EQ(same, static_cast<int64_t>(idx_c.size()));
   auto expect = [&](const char* what, const Tensor& g, const Tensor& c, double tol) {
     const double err = testing::RelativeError(testing::ToFloatVector(g), testing::ToFloatVector(c));
     std::printf("  %-20s rel err %.3e (tol %.0e)\n", what, err, tol);
