@@ -96,6 +96,39 @@ struct Tensor {
   std::string DebugString() const;  // "bf16[8,16]@cuda:0"
 };
 
+// Element i of a CPU float tensor (f32, f64, bf16) as a double; NaN for other dtypes. For CPU
+// reference code, which computes in fp64 and rounds once on store.
+inline double LoadAsDouble(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::kF32:
+      return t.as<float>()[i];
+    case DType::kF64:
+      return t.as<double>()[i];
+    case DType::kBF16:
+      return t.as<BF16>()[i].ToFloat();
+    default:
+      return __builtin_nan("");
+  }
+}
+
+// Stores `v` into element i of a CPU float tensor, rounding once to its dtype (bf16: to nearest
+// even); other dtypes are left untouched.
+inline void StoreFromDouble(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype) {
+    case DType::kF32:
+      t.as<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      t.as<double>()[i] = v;
+      break;
+    case DType::kBF16:
+      t.as<BF16>()[i] = BF16::FromFloat(static_cast<float>(v));
+      break;
+    default:
+      break;
+  }
+}
+
 // Checks that `t` has `dtype` and rank/shape `shape` (-1 matches any extent). The error names
 // `what` (e.g. "router.logits") and both shapes.
 absl::Status CheckTensor(const Tensor& t, absl::string_view what, DType dtype,

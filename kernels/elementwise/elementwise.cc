@@ -11,35 +11,6 @@ namespace {
 
 bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16; }
 
-double Load(const Tensor& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::kF32:
-      return t.as<float>()[i];
-    case DType::kF64:
-      return t.as<double>()[i];
-    case DType::kBF16:
-      return t.as<BF16>()[i].ToFloat();
-    default:
-      return NAN;
-  }
-}
-
-void Store(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype) {
-    case DType::kF32:
-      t.as<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      t.as<double>()[i] = v;
-      break;
-    case DType::kBF16:
-      t.as<BF16>()[i] = BF16::FromFloat(static_cast<float>(v));
-      break;
-    default:
-      break;
-  }
-}
-
 absl::Status CheckFloat(const Stream& stream, absl::string_view op,
                         std::initializer_list<const Tensor*> ts) {
   SY_RETURN_IF_ERROR(CheckDevice(stream, ts));
@@ -73,7 +44,7 @@ absl::Status Cast(const Stream& stream, const Tensor& src, const Tensor& dst) {
         "Cast: element counts differ: ", src.DebugString(), " -> ", dst.DebugString()));
   }
   if (stream.is_cuda()) return internal::CastCuda(stream, src, dst);
-  for (int64_t i = 0; i < src.numel(); ++i) Store(dst, i, Load(src, i));
+  for (int64_t i = 0; i < src.numel(); ++i) StoreFromDouble(dst, i, LoadAsDouble(src, i));
   return absl::OkStatus();
 }
 
@@ -86,7 +57,9 @@ absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float bet
   }
   if (stream.is_cuda()) return internal::AxpbyCuda(stream, alpha, a, beta, b, out);
   for (int64_t i = 0; i < a.numel(); ++i) {
-    Store(out, i, static_cast<double>(alpha) * Load(a, i) + static_cast<double>(beta) * Load(b, i));
+    StoreFromDouble(out, i,
+                    static_cast<double>(alpha) * LoadAsDouble(a, i) +
+                        static_cast<double>(beta) * LoadAsDouble(b, i));
   }
   return absl::OkStatus();
 }
@@ -94,7 +67,8 @@ absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float bet
 absl::Status FillNormal(const Stream& stream, const Tensor& t, uint64_t seed, float std) {
   SY_RETURN_IF_ERROR(CheckFloat(stream, "FillNormal", {&t}));
   if (stream.is_cuda()) return internal::FillNormalCuda(stream, t, seed, std);
-  for (int64_t i = 0; i < t.numel(); ++i) Store(t, i, std * internal::HashNormal(seed, i));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    StoreFromDouble(t, i, std * internal::HashNormal(seed, i));
   return absl::OkStatus();
 }
 
@@ -109,9 +83,9 @@ absl::Status AddColumnSums(const Stream& stream, const Tensor& x, const Tensor& 
   }
   if (stream.is_cuda()) return internal::AddColumnSumsCuda(stream, x, out);
   for (int64_t j = 0; j < x.dim(1); ++j) {
-    double s = Load(out, j);
-    for (int64_t i = 0; i < x.dim(0); ++i) s += Load(x, i * x.dim(1) + j);
-    Store(out, j, s);
+    double s = LoadAsDouble(out, j);
+    for (int64_t i = 0; i < x.dim(0); ++i) s += LoadAsDouble(x, i * x.dim(1) + j);
+    StoreFromDouble(out, j, s);
   }
   return absl::OkStatus();
 }
@@ -123,8 +97,9 @@ absl::Status SigmoidGateForward(const Stream& stream, const Tensor& y, const Ten
   if (stream.is_cuda()) return internal::SigmoidGateForwardCuda(stream, y, g, out);
   const int64_t t_n = y.dim(0), h_n = y.dim(1);
   for (int64_t t = 0; t < t_n; ++t) {
-    const double s = Sigmoid(Load(g, t));
-    for (int64_t h = 0; h < h_n; ++h) Store(out, t * h_n + h, Load(y, t * h_n + h) * s);
+    const double s = Sigmoid(LoadAsDouble(g, t));
+    for (int64_t h = 0; h < h_n; ++h)
+      StoreFromDouble(out, t * h_n + h, LoadAsDouble(y, t * h_n + h) * s);
   }
   return absl::OkStatus();
 }
@@ -137,14 +112,14 @@ absl::Status SigmoidGateBackward(const Stream& stream, const Tensor& dout, const
   if (stream.is_cuda()) return internal::SigmoidGateBackwardCuda(stream, dout, y, g, dy, dg);
   const int64_t t_n = y.dim(0), h_n = y.dim(1);
   for (int64_t t = 0; t < t_n; ++t) {
-    const double s = Sigmoid(Load(g, t));
+    const double s = Sigmoid(LoadAsDouble(g, t));
     double dot = 0;
     for (int64_t h = 0; h < h_n; ++h) {
-      const double d = Load(dout, t * h_n + h);
-      dot += d * Load(y, t * h_n + h);
-      Store(dy, t * h_n + h, d * s);
+      const double d = LoadAsDouble(dout, t * h_n + h);
+      dot += d * LoadAsDouble(y, t * h_n + h);
+      StoreFromDouble(dy, t * h_n + h, d * s);
     }
-    Store(dg, t, s * (1.0 - s) * dot);
+    StoreFromDouble(dg, t, s * (1.0 - s) * dot);
   }
   return absl::OkStatus();
 }

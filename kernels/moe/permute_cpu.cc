@@ -9,35 +9,6 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-double Load(const Tensor& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::kF32:
-      return t.as<float>()[i];
-    case DType::kF64:
-      return t.as<double>()[i];
-    case DType::kBF16:
-      return t.as<BF16>()[i].ToFloat();
-    default:
-      return 0;
-  }
-}
-
-void Store(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype) {
-    case DType::kF32:
-      t.as<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      t.as<double>()[i] = v;
-      break;
-    case DType::kBF16:
-      t.as<BF16>()[i] = BF16::FromFloat(static_cast<float>(v));
-      break;
-    default:
-      break;
-  }
-}
-
 // Copies element `src_i` of `src` to element `dst_i` of `dst`, `n` elements (same dtype).
 void CopyElems(const Tensor& src, int64_t src_i, const Tensor& dst, int64_t dst_i, int64_t n) {
   const size_t es = DTypeSize(src.dtype);
@@ -127,7 +98,7 @@ absl::Status PermuteCpu(const Tensor& x, const Tensor& topk_idx, const Tensor& t
     for (int64_t row = start[e] + counts[e]; row < start[e] + pad_to_capacity; ++row) {
       std::memset(static_cast<char*>(permuted_x.data) + row * h * DTypeSize(permuted_x.dtype), 0,
                   h * DTypeSize(permuted_x.dtype));
-      Store(permuted_probs, row, 0.0);
+      StoreFromDouble(permuted_probs, row, 0.0);
     }
   }
   return absl::OkStatus();
@@ -146,11 +117,12 @@ absl::Status GatherSumCpu(const Tensor& y, const Tensor& probs, const Tensor& ro
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t s = 0; s < k; ++s) {
       const int64_t row = map[t * k + s];
-      if (out_probs.data != nullptr) Store(out_probs, t * k + s, row < 0 ? 0.0 : Load(probs, row));
+      if (out_probs.data != nullptr)
+        StoreFromDouble(out_probs, t * k + s, row < 0 ? 0.0 : LoadAsDouble(probs, row));
       if (row < 0) continue;
-      for (int64_t j = 0; j < h; ++j) acc[j] += Load(y, row * h + j);
+      for (int64_t j = 0; j < h; ++j) acc[j] += LoadAsDouble(y, row * h + j);
     }
-    for (int64_t j = 0; j < h; ++j) Store(out, t * h + j, acc[j]);
+    for (int64_t j = 0; j < h; ++j) StoreFromDouble(out, t * h + j, acc[j]);
   }
   return absl::OkStatus();
 }

@@ -8,35 +8,6 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-double Load(const Tensor& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::kF32:
-      return t.as<float>()[i];
-    case DType::kF64:
-      return t.as<double>()[i];
-    case DType::kBF16:
-      return t.as<BF16>()[i].ToFloat();
-    default:
-      return 0;
-  }
-}
-
-void Store(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype) {
-    case DType::kF32:
-      t.as<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      t.as<double>()[i] = v;
-      break;
-    case DType::kBF16:
-      t.as<BF16>()[i] = BF16::FromFloat(static_cast<float>(v));
-      break;
-    default:
-      break;
-  }
-}
-
 // Number of valid leading rows: the sum of row_counts (all N rows when it is empty).
 absl::Status ValidRows(absl::string_view op, const Tensor& row_counts, int64_t n, int64_t* rows) {
   if (row_counts.data == nullptr) {
@@ -70,10 +41,10 @@ absl::Status SwigluForwardCpu(const Tensor& h, const Tensor& probs, const Tensor
   SY_RETURN_IF_ERROR(ValidRows("SwigluForward", row_counts, h.dim(0), &rows));
   const int64_t f = a.dim(1);
   for (int64_t r = 0; r < rows; ++r) {
-    const double p = probs.data != nullptr ? Load(probs, r) : 1.0;
+    const double p = probs.data != nullptr ? LoadAsDouble(probs, r) : 1.0;
     for (int64_t j = 0; j < f; ++j) {
-      const double g = Load(h, r * 2 * f + j), l = Load(h, r * 2 * f + f + j);
-      Store(a, r * f + j, g * Sigmoid(g) * l * p);
+      const double g = LoadAsDouble(h, r * 2 * f + j), l = LoadAsDouble(h, r * 2 * f + f + j);
+      StoreFromDouble(a, r * f + j, g * Sigmoid(g) * l * p);
     }
   }
   return absl::OkStatus();
@@ -85,18 +56,18 @@ absl::Status SwigluBackwardCpu(const Tensor& da, const Tensor& h, const Tensor& 
   SY_RETURN_IF_ERROR(ValidRows("SwigluBackward", row_counts, h.dim(0), &rows));
   const int64_t f = da.dim(1);
   for (int64_t r = 0; r < rows; ++r) {
-    const double p = probs.data != nullptr ? Load(probs, r) : 1.0;
+    const double p = probs.data != nullptr ? LoadAsDouble(probs, r) : 1.0;
     double dot = 0;
     for (int64_t j = 0; j < f; ++j) {
-      const double g = Load(h, r * 2 * f + j), l = Load(h, r * 2 * f + f + j);
-      const double d = Load(da, r * f + j);
+      const double g = LoadAsDouble(h, r * 2 * f + j), l = LoadAsDouble(h, r * 2 * f + f + j);
+      const double d = LoadAsDouble(da, r * f + j);
       const double sig = Sigmoid(g), silu = g * sig;
       dot += d * silu * l;
       const double dp = d * p;
-      Store(dh, r * 2 * f + j, dp * l * sig * (1.0 + g * (1.0 - sig)));
-      Store(dh, r * 2 * f + f + j, dp * silu);
+      StoreFromDouble(dh, r * 2 * f + j, dp * l * sig * (1.0 + g * (1.0 - sig)));
+      StoreFromDouble(dh, r * 2 * f + f + j, dp * silu);
     }
-    if (dprobs.data != nullptr) Store(dprobs, r, dot);
+    if (dprobs.data != nullptr) StoreFromDouble(dprobs, r, dot);
   }
   return absl::OkStatus();
 }
