@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "common/cuda_status.h"
+#include "kernels/device_convert.cuh"
 #include "kernels/moe/permute.h"
 
 namespace switchyard::kernels::internal {
@@ -202,24 +203,6 @@ __global__ void ZeroPaddingRowsKernel(const int32_t* __restrict__ kept, int num_
     for (int64_t u = threadIdx.x; u < units; u += blockDim.x) dst[row * units + u] = V{};
     if (threadIdx.x == 0) probs[row] = 0.0f;
   }
-}
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
 }
 
 // out[t] = sum_s y[row_map[t, s]] in fp32, slot order; out_probs[t, s] = probs[row_map[t, s]].

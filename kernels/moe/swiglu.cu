@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/cuda_status.h"
+#include "kernels/device_convert.cuh"
 #include "kernels/moe/swiglu.h"
 
 namespace switchyard::kernels::internal {
@@ -17,24 +18,6 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int kMaxBlocks = 4096;
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // Sum over the block in a fixed order (warp shuffles, then warp 0 over the warp partials).
 // Every thread must call it; the result is valid in every thread.
