@@ -1,0 +1,265 @@
+// CUDA path of RMSNorm: one block per row in the forward; in the backward a fixed grid of
+// RmsNormBackwardBlocks(T) blocks walks rows with stride gridDim.x, reducing each row's dot
+// product with a fixed-order block reduction and keeping the block's dw partial sums (fp32) in
+// shared memory (or, when H does not fit, in its own slice of the workspace); a second kernel
+// sums the partials over blocks in ascending order. Deterministic, no atomics.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "kernels/norm/rmsnorm.h"
+
+namespace switchyard::kernels::internal {
+namespace {
+
+__device__ __forceinline__ float ToF(float v) { return v; }
+__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// kVec elements moved as one load/store (16 bytes when kVec * sizeof(T) == 16).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: warp
+// butterfly, then every thread adds the warp sums in warp order. Every thread gets the result.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.0f;
+  const int warps = blockDim.x >> 5;
+  for (int i = 0; i < warps; ++i) s += scratch[i];
+  __syncthreads();  // scratch may be reused by the next call
+  return s;
+}
+
+template <typename T, int kVec>
+__global__ void RmsNormForwardKernel(const T* x, const T* w, float eps, T* y, float* rstd,
+                                     int64_t h_n) {
+  using P = Pack<T, kVec>;
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const int64_t nv = h_n / kVec;
+  const P* xr = reinterpret_cast<const P*>(x + t * h_n);
+  const P* wr = reinterpret_cast<const P*>(w);
+  P* yr = reinterpret_cast<P*>(y + t * h_n);
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const P p = xr[i];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float f = ToF(p.v[k]);
+      ss += f * f;
+    }
+  }
+  ss = BlockSum(ss, scratch);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(h_n) + eps);
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const P p = xr[i];
+    const P q = wr[i];
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) o.v[k] = FromF<T>(ToF(p.v[k]) * r * ToF(q.v[k]));
+    yr[i] = o;
+  }
+  if (threadIdx.x == 0) rstd[t] = r;
+}
+
+// Block b handles rows b, b + gridDim.x, ... and leaves sum_t dy * x * rstd over them in
+// partial[b, :]. Column group i (kVec columns) always belongs to thread i % blockDim.x, so the
+// accumulator needs no synchronisation. In shared memory it is stored transposed (k * nv + i)
+// to avoid bank conflicts.
+template <typename T, int kVec, bool kSmemAcc>
+__global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
+                                      float* partial, int64_t t_n, int64_t h_n) {
+  using P = Pack<T, kVec>;
+  extern __shared__ float acc_smem[];
+  __shared__ float scratch[32];
+  const int64_t nv = h_n / kVec;
+  float* const slice = partial + static_cast<int64_t>(blockIdx.x) * h_n;
+  float* const acc = kSmemAcc ? acc_smem : slice;
+  auto at = [&](int64_t i, int k) { return kSmemAcc ? k * nv + i : i * kVec + k; };
+  const P* wr = reinterpret_cast<const P*>(w);
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc[at(i, k)] = 0.0f;
+  }
+  for (int64_t t = blockIdx.x; t < t_n; t += gridDim.x) {
+    const float r = rstd[t];
+    const P* dyr = reinterpret_cast<const P*>(dy + t * h_n);
+    const P* xr = reinterpret_cast<const P*>(x + t * h_n);
+    P* dxr = reinterpret_cast<P*>(dx + t * h_n);
+    float dot = 0.0f;
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+      const P d = dyr[i], xv = xr[i], wv = wr[i];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += ToF(d.v[k]) * ToF(wv.v[k]) * ToF(xv.v[k]);
+    }
+    dot = BlockSum(dot, scratch);  // all reads of dy[t] happen before any write of dx[t]
+    const float c = r * r * dot / static_cast<float>(h_n);
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+      const P d = dyr[i], xv = xr[i], wv = wr[i];
+      P o;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float df = ToF(d.v[k]), xf = ToF(xv.v[k]);
+        acc[at(i, k)] += df * xf * r;
+        o.v[k] = FromF<T>(r * (df * ToF(wv.v[k]) - xf * c));
+      }
+      dxr[i] = o;
+    }
+  }
+  if (kSmemAcc) {
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) slice[i * kVec + k] = acc[at(i, k)];
+    }
+  }
+}
+
+// dw[h] = (accumulate ? dw[h] : 0) + sum_b partial[b, h], b ascending.
+template <typename DW>
+__global__ void RmsNormDwReduceKernel(const float* partial, int64_t blocks, int64_t h_n, DW* dw,
+                                      bool accumulate) {
+  const int64_t h = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (h >= h_n) return;
+  float s = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) s += partial[b * h_n + h];
+  dw[h] = FromF<DW>(accumulate ? ToF(dw[h]) + s : s);
+}
+
+cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+
+// Threads per row: enough warps to cover the row's vectors once, capped at max_threads.
+int RowThreads(int64_t vectors, int max_threads) {
+  const int64_t t = (vectors + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : (t > max_threads ? max_threads : t));
+}
+
+bool Aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+template <typename T, int kVec>
+absl::Status LaunchForward(const Stream& stream, const Tensor& x, const Tensor& w, float eps,
+                           const Tensor& y, const Tensor& rstd) {
+  const int64_t t_n = x.dim(0), h_n = x.dim(1);
+  RmsNormForwardKernel<T, kVec>
+      <<<static_cast<unsigned>(t_n), RowThreads(h_n / kVec, 256), 0, S(stream)>>>(
+          x.as<const T>(), w.as<const T>(), eps, y.as<T>(), rstd.as<float>(), h_n);
+  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T, int kVec>
+absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor& x,
+                            const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                            const Tensor& workspace) {
+  const int64_t t_n = x.dim(0), h_n = x.dim(1);
+  const int64_t blocks = RmsNormBackwardBlocks(t_n);
+  const int threads = RowThreads(h_n / kVec, 512);
+  float* partial = workspace.as<float>();
+  int max_smem = 0;
+  SY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                 stream.device.index));
+  const int64_t smem = h_n * static_cast<int64_t>(sizeof(float));
+  const int64_t static_smem = 32 * sizeof(float);
+  if (smem + static_smem <= max_smem) {
+    auto* kernel = &RmsNormBackwardKernel<T, kVec, true>;
+    if (smem > 48 * 1024) {
+      SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    kernel<<<static_cast<unsigned>(blocks), threads, static_cast<size_t>(smem), S(stream)>>>(
+        dy.as<const T>(), x.as<const T>(), w.as<const T>(), rstd.as<const float>(), dx.as<T>(),
+        partial, t_n, h_n);
+  } else {
+    RmsNormBackwardKernel<T, kVec, false><<<static_cast<unsigned>(blocks), threads, 0, S(stream)>>>(
+        dy.as<const T>(), x.as<const T>(), w.as<const T>(), rstd.as<const float>(), dx.as<T>(),
+        partial, t_n, h_n);
+  }
+  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status DispatchForward(const Stream& stream, const Tensor& x, const Tensor& w, float eps,
+                             const Tensor& y, const Tensor& rstd) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (x.dim(1) % kVec == 0 && Aligned16({x.data, w.data, y.data})) {
+    return LaunchForward<T, kVec>(stream, x, w, eps, y, rstd);
+  }
+  return LaunchForward<T, 1>(stream, x, w, eps, y, rstd);
+}
+
+template <typename T>
+absl::Status DispatchBackward(const Stream& stream, const Tensor& dy, const Tensor& x,
+                              const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                              const Tensor& workspace) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (x.dim(1) % kVec == 0 && Aligned16({dy.data, x.data, w.data, dx.data})) {
+    return LaunchBackward<T, kVec>(stream, dy, x, w, rstd, dx, workspace);
+  }
+  return LaunchBackward<T, 1>(stream, dy, x, w, rstd, dx, workspace);
+}
+
+}  // namespace
+
+absl::Status RmsNormForwardCuda(const Stream& stream, const Tensor& x, const Tensor& w, float eps,
+                                const Tensor& y, const Tensor& rstd) {
+  if (x.dim(0) == 0) return absl::OkStatus();
+  if (x.dim(0) > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RmsNormForward: T must be < 2^31 on CUDA, got ", x.dim(0)));
+  }
+  if (x.dim(1) == 0) {
+    return absl::InvalidArgumentError("RmsNormForward: H must be > 0");
+  }
+  if (x.dtype == DType::kBF16) return DispatchForward<__nv_bfloat16>(stream, x, w, eps, y, rstd);
+  return DispatchForward<float>(stream, x, w, eps, y, rstd);
+}
+
+absl::Status RmsNormBackwardCuda(const Stream& stream, const Tensor& dy, const Tensor& x,
+                                 const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                                 const Tensor& dw, bool accumulate_dw, const Tensor& workspace) {
+  const int64_t t_n = x.dim(0), h_n = x.dim(1);
+  if (h_n == 0) return absl::OkStatus();
+  if (t_n > 0) {
+    if (x.dtype == DType::kBF16) {
+      SY_RETURN_IF_ERROR(DispatchBackward<__nv_bfloat16>(stream, dy, x, w, rstd, dx, workspace));
+    } else {
+      SY_RETURN_IF_ERROR(DispatchBackward<float>(stream, dy, x, w, rstd, dx, workspace));
+    }
+  }
+  // With T == 0 no partials were written: sum over zero blocks (dw unchanged or zeroed).
+  const int64_t blocks = t_n > 0 ? RmsNormBackwardBlocks(t_n) : 0;
+  const unsigned grid = static_cast<unsigned>((h_n + 255) / 256);
+  if (dw.dtype == DType::kBF16) {
+    RmsNormDwReduceKernel<__nv_bfloat16><<<grid, 256, 0, S(stream)>>>(
+        workspace.as<const float>(), blocks, h_n, dw.as<__nv_bfloat16>(), accumulate_dw);
+  } else {
+    RmsNormDwReduceKernel<float><<<grid, 256, 0, S(stream)>>>(workspace.as<const float>(), blocks,
+                                                              h_n, dw.as<float>(), accumulate_dw);
+  }
+  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::kernels::internal
