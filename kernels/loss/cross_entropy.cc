@@ -1,0 +1,279 @@
+// Validation, chunking and the CPU reference of the fused LM-head cross-entropy. The CUDA path
+// (also here) sequences Gemm and the row kernels of cross_entropy.cu per chunk.
+#include "kernels/loss/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/gemm/gemm.h"
+
+namespace switchyard::kernels {
+namespace {
+
+bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16; }
+
+// A [rows, cols] view of `t` starting at row `row0`.
+Tensor Rows(const Tensor& t, int64_t row0, int64_t rows) {
+  const int64_t cols = t.rank() == 2 ? t.dim(1) : 1;
+  std::vector<int64_t> shape =
+      t.rank() == 2 ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+  return Tensor(t.dtype, std::move(shape), t.device,
+                static_cast<char*>(t.data) + row0 * cols * DTypeSize(t.dtype));
+}
+
+inline double ToD(float x) { return x; }
+inline double ToD(double x) { return x; }
+inline double ToD(BF16 x) { return x.ToFloat(); }
+
+// z[r, v] = h[t0 + r] · w[v] in fp64 for one chunk.
+template <typename T>
+void ChunkLogits(const Tensor& h, const Tensor& w, int64_t t0, int64_t rows, double* z) {
+  const int64_t h_n = h.dim(1), v_n = w.dim(0);
+  const T* hp = h.as<T>();
+  const T* wp = w.as<T>();
+  std::vector<double> hrow(h_n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < h_n; ++k) hrow[k] = ToD(hp[(t0 + r) * h_n + k]);
+    for (int64_t v = 0; v < v_n; ++v) {
+      const T* wv = wp + v * h_n;
+      double acc = 0;
+      for (int64_t k = 0; k < h_n; ++k) acc += hrow[k] * ToD(wv[k]);
+      z[r * v_n + v] = acc;
+    }
+  }
+}
+
+void Logits(const Tensor& h, const Tensor& w, int64_t t0, int64_t rows, double* z) {
+  switch (h.dtype) {
+    case DType::kF32:
+      return ChunkLogits<float>(h, w, t0, rows, z);
+    case DType::kF64:
+      return ChunkLogits<double>(h, w, t0, rows, z);
+    default:
+      return ChunkLogits<BF16>(h, w, t0, rows, z);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FusedLinearCrossEntropy>> FusedLinearCrossEntropy::Create(
+    Device device, int64_t max_tokens, int64_t hidden, int64_t vocab, int64_t chunk_tokens) {
+  if (max_tokens <= 0 || hidden <= 0 || vocab <= 0 || chunk_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FusedLinearCrossEntropy::Create: max_tokens, hidden, vocab and chunk_tokens must be > 0, "
+        "got ",
+        max_tokens, ", ", hidden, ", ", vocab, ", ", chunk_tokens));
+  }
+  if (vocab > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FusedLinearCrossEntropy::Create: vocab ", vocab, " exceeds int32 targets"));
+  }
+  const int64_t chunk = std::min(chunk_tokens, max_tokens);
+  std::unique_ptr<FusedLinearCrossEntropy> plan(
+      new FusedLinearCrossEntropy(device, max_tokens, hidden, vocab, chunk));
+  if (device.is_cuda()) {
+    SY_ASSIGN_OR_RETURN(plan->logits_, Buffer::ForTensor(DType::kF32, {chunk, vocab}, device));
+    SY_ASSIGN_OR_RETURN(plan->grad_bf16_, Buffer::ForTensor(DType::kBF16, {chunk, vocab}, device));
+    SY_ASSIGN_OR_RETURN(plan->row_loss_, Buffer::ForTensor(DType::kF32, {max_tokens}, device));
+  } else {
+    SY_ASSIGN_OR_RETURN(plan->logits_, Buffer::ForTensor(DType::kF64, {chunk, vocab}, device));
+  }
+  return plan;
+}
+
+absl::Status FusedLinearCrossEntropy::Check(const Stream& stream, const Tensor& h, const Tensor& w,
+                                            const Tensor& targets, const Tensor& lse,
+                                            absl::string_view op) const {
+  if (stream.device != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": plan was created for ",
+                                                   device_.ToString(), ", stream is on ",
+                                                   stream.device.ToString()));
+  }
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&h, &w, &targets, &lse}));
+  if (!IsFloat(h.dtype) || (stream.is_cuda() && h.dtype == DType::kF64) || w.dtype != h.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": h and w must share one dtype (bf16, f32; f64 on the CPU), got h ",
+                     h.DebugString(), ", w ", w.DebugString()));
+  }
+  if (h.rank() != 2 || h.dim(1) != hidden_ || h.dim(0) > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": h must be [T <= ", max_tokens_, ", ",
+                                                   hidden_, "], got ", h.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(CheckTensor(w, absl::StrCat(op, ".w"), w.dtype, {vocab_, hidden_}));
+  const int64_t t_n = h.dim(0);
+  SY_RETURN_IF_ERROR(CheckTensor(targets, absl::StrCat(op, ".targets"), DType::kI32, {t_n}));
+  if (lse.dtype != DType::kF32 && (stream.is_cuda() || lse.dtype != DType::kF64)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": lse must be f32 (or f64 on the CPU), got ", lse.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(CheckTensor(lse, absl::StrCat(op, ".lse"), lse.dtype, {t_n}));
+  if (!stream.is_cuda()) {
+    const int32_t* tg = targets.as<int32_t>();
+    for (int64_t t = 0; t < t_n; ++t) {
+      if (tg[t] != kIgnoreTarget && (tg[t] < 0 || tg[t] >= vocab_)) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": targets[", t, "] = ", tg[t],
+                                                       " is outside [0, ", vocab_, ") and not -1"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FusedLinearCrossEntropy::Forward(const Stream& stream, const Tensor& h,
+                                              const Tensor& w, const Tensor& targets,
+                                              const Tensor& loss_sum, const Tensor& num_valid,
+                                              const Tensor& lse) const {
+  constexpr absl::string_view kOp = "FusedLinearCrossEntropy::Forward";
+  SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp));
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&loss_sum, &num_valid}));
+  SY_RETURN_IF_ERROR(
+      CheckTensor(loss_sum, "FusedLinearCrossEntropy::Forward.loss_sum", lse.dtype, {1}));
+  SY_RETURN_IF_ERROR(
+      CheckTensor(num_valid, "FusedLinearCrossEntropy::Forward.num_valid", DType::kI32, {1}));
+  if (stream.is_cuda()) return ForwardCuda(stream, h, w, targets, loss_sum, num_valid, lse);
+  return ForwardCpu(h, w, targets, loss_sum, num_valid, lse);
+}
+
+absl::Status FusedLinearCrossEntropy::Backward(const Stream& stream, const Tensor& h,
+                                               const Tensor& w, const Tensor& targets,
+                                               const Tensor& lse, float dloss, const Tensor& dh,
+                                               const Tensor& dw) const {
+  constexpr absl::string_view kOp = "FusedLinearCrossEntropy::Backward";
+  SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp));
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&dh, &dw}));
+  SY_RETURN_IF_ERROR(
+      CheckTensor(dh, "FusedLinearCrossEntropy::Backward.dh", h.dtype, {h.dim(0), hidden_}));
+  if (dw.dtype != DType::kF32 && dw.dtype != w.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dw must be f32 or the dtype of w, got ", dw.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(
+      CheckTensor(dw, "FusedLinearCrossEntropy::Backward.dw", dw.dtype, {vocab_, hidden_}));
+  if (stream.is_cuda()) return BackwardCuda(stream, h, w, targets, lse, dloss, dh, dw);
+  return BackwardCpu(h, w, targets, lse, dloss, dh, dw);
+}
+
+absl::Status FusedLinearCrossEntropy::ForwardCpu(const Tensor& h, const Tensor& w,
+                                                 const Tensor& targets, const Tensor& loss_sum,
+                                                 const Tensor& num_valid, const Tensor& lse) const {
+  const int64_t t_n = h.dim(0), v_n = vocab_;
+  const int32_t* tg = targets.as<int32_t>();
+  double* z = static_cast<double*>(logits_.data());
+  double loss = 0;
+  int32_t valid = 0;
+  for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
+    const int64_t rows = std::min(chunk_, t_n - t0);
+    Logits(h, w, t0, rows, z);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* zr = z + r * v_n;
+      const double m = *std::max_element(zr, zr + v_n);
+      double s = 0;
+      for (int64_t v = 0; v < v_n; ++v) s += std::exp(zr[v] - m);
+      const double row_lse = m + std::log(s);
+      StoreFromDouble(lse, t0 + r, row_lse);
+      if (tg[t0 + r] != kIgnoreTarget) {
+        loss += row_lse - zr[tg[t0 + r]];
+        ++valid;
+      }
+    }
+  }
+  StoreFromDouble(loss_sum, 0, loss);
+  num_valid.as<int32_t>()[0] = valid;
+  return absl::OkStatus();
+}
+
+absl::Status FusedLinearCrossEntropy::BackwardCpu(const Tensor& h, const Tensor& w,
+                                                  const Tensor& targets, const Tensor& lse,
+                                                  float dloss, const Tensor& dh,
+                                                  const Tensor& dw) const {
+  const int64_t t_n = h.dim(0), h_n = hidden_, v_n = vocab_;
+  const int32_t* tg = targets.as<int32_t>();
+  double* z = static_cast<double*>(logits_.data());
+  std::vector<double> acc(h_n);
+  for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
+    const int64_t rows = std::min(chunk_, t_n - t0);
+    Logits(h, w, t0, rows, z);
+    // z becomes g = dloss * (softmax - onehot); rows of ignored tokens become zeros.
+    for (int64_t r = 0; r < rows; ++r) {
+      double* zr = z + r * v_n;
+      const int32_t target = tg[t0 + r];
+      const double row_lse = LoadAsDouble(lse, t0 + r);
+      for (int64_t v = 0; v < v_n; ++v) {
+        zr[v] = target == kIgnoreTarget
+                    ? 0.0
+                    : dloss * (std::exp(zr[v] - row_lse) - (v == target ? 1.0 : 0.0));
+      }
+    }
+    // dh_chunk = g · w.
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      const double* gr = z + r * v_n;
+      for (int64_t v = 0; v < v_n; ++v) {
+        if (gr[v] == 0.0) continue;
+        for (int64_t k = 0; k < h_n; ++k) acc[k] += gr[v] * LoadAsDouble(w, v * h_n + k);
+      }
+      for (int64_t k = 0; k < h_n; ++k) StoreFromDouble(dh, (t0 + r) * h_n + k, acc[k]);
+    }
+    // dw += gᵀ · h_chunk, rounded to dw's dtype once per chunk (as the CUDA path does).
+    for (int64_t v = 0; v < v_n; ++v) {
+      for (int64_t k = 0; k < h_n; ++k) acc[k] = 0.0;
+      bool any = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double g = z[r * v_n + v];
+        if (g == 0.0) continue;
+        any = true;
+        for (int64_t k = 0; k < h_n; ++k) acc[k] += g * LoadAsDouble(h, (t0 + r) * h_n + k);
+      }
+      if (!any) continue;
+      for (int64_t k = 0; k < h_n; ++k) {
+        StoreFromDouble(dw, v * h_n + k, LoadAsDouble(dw, v * h_n + k) + acc[k]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FusedLinearCrossEntropy::ForwardCuda(const Stream& stream, const Tensor& h,
+                                                  const Tensor& w, const Tensor& targets,
+                                                  const Tensor& loss_sum, const Tensor& num_valid,
+                                                  const Tensor& lse) const {
+  const int64_t t_n = h.dim(0);
+  for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
+    const int64_t rows = std::min(chunk_, t_n - t0);
+    const Tensor z(DType::kF32, {rows, vocab_}, device_, logits_.data());
+    SY_RETURN_IF_ERROR(Gemm(stream, Rows(h, t0, rows), false, w, true, z));
+    SY_RETURN_IF_ERROR(internal::CrossEntropyRowsCuda(
+        stream, z.as<float>(), rows, vocab_, targets.as<int32_t>() + t0, lse.as<float>() + t0,
+        row_loss_.View().as<float>() + t0));
+  }
+  return internal::ReduceLossCuda(stream, row_loss_.View().as<float>(), targets.as<int32_t>(), t_n,
+                                  loss_sum.as<float>(), num_valid.as<int32_t>());
+}
+
+absl::Status FusedLinearCrossEntropy::BackwardCuda(const Stream& stream, const Tensor& h,
+                                                   const Tensor& w, const Tensor& targets,
+                                                   const Tensor& lse, float dloss, const Tensor& dh,
+                                                   const Tensor& dw) const {
+  const int64_t t_n = h.dim(0);
+  for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
+    const int64_t rows = std::min(chunk_, t_n - t0);
+    const Tensor z(DType::kF32, {rows, vocab_}, device_, logits_.data());
+    const Tensor hc = Rows(h, t0, rows);
+    SY_RETURN_IF_ERROR(Gemm(stream, hc, false, w, true, z));
+    // g must share w's dtype for the Gemms: in place over the f32 logits, or the bf16 buffer.
+    void* g_data = w.dtype == DType::kBF16 ? grad_bf16_.data() : logits_.data();
+    SY_RETURN_IF_ERROR(internal::SoftmaxGradRowsCuda(stream, z.as<float>(), rows, vocab_,
+                                                     targets.as<int32_t>() + t0,
+                                                     lse.as<float>() + t0, dloss, g_data, w.dtype));
+    const Tensor g(w.dtype, {rows, vocab_}, device_, g_data);
+    SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, Rows(dh, t0, rows)));
+    SY_RETURN_IF_ERROR(Gemm(stream, g, true, hc, false, dw, 1.0f, 1.0f));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::kernels

@@ -1,0 +1,156 @@
+// CUDA row kernels of the fused LM-head cross-entropy: one block per token row computes an online
+// (max, sum-exp) pair per thread, combined in a fixed tree (deterministic); the gradient kernel
+// rewrites a row of logits as dloss * (softmax - onehot); the loss reduction is one block summing
+// per-token terms in fp64 in a fixed order.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "common/cuda_status.h"
+#include "kernels/loss/cross_entropy.h"
+
+namespace switchyard::kernels::internal {
+namespace {
+
+constexpr int kRowThreads = 512;
+constexpr int kGradThreads = 256;
+constexpr int kReduceThreads = 1024;
+
+cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+
+struct MaxSum {
+  float m;  // running max
+  float s;  // sum of exp(x - m)
+};
+
+__device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
+  if (a.m == -INFINITY) return b;
+  if (b.m == -INFINITY) return a;
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+
+__global__ void CrossEntropyRowsKernel(const float* logits, int64_t vocab, const int32_t* targets,
+                                       float* lse, float* row_loss) {
+  __shared__ MaxSum warp_part[kRowThreads / 32];
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) {
+    const float x = z[v];
+    if (x > acc.m) {
+      acc.s = acc.s * __expf(acc.m - x) + 1.0f;
+      acc.m = x;
+    } else {
+      acc.s += __expf(x - acc.m);  // NaN logits propagate into s
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    MaxSum other{__shfl_down_sync(0xffffffffu, acc.m, offset),
+                 __shfl_down_sync(0xffffffffu, acc.s, offset)};
+    acc = Combine(acc, other);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_part[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSum total = warp_part[0];
+    for (int i = 1; i < kRowThreads / 32; ++i) total = Combine(total, warp_part[i]);
+    const float row_lse = total.m + logf(total.s);
+    lse[row] = row_lse;
+    const int32_t t = targets[row];
+    float term;
+    if (t == kIgnoreTarget) {
+      term = 0.0f;
+    } else if (t >= 0 && t < vocab) {
+      term = row_lse - z[t];
+    } else {
+      term = NAN;  // invalid target: make the loss visibly wrong
+    }
+    row_loss[row] = term;
+  }
+}
+
+__global__ void SoftmaxGradRowsKernel(float* logits, int64_t vocab, const int32_t* targets,
+                                      const float* lse, float dloss, void* grad, bool bf16) {
+  const int64_t row = blockIdx.x;
+  const int32_t t = targets[row];
+  const float row_lse = lse[row];
+  float* z = logits + row * vocab;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * kGradThreads;
+  for (int64_t v = blockIdx.y * int64_t(kGradThreads) + threadIdx.x; v < vocab; v += step) {
+    const float g =
+        t == kIgnoreTarget ? 0.0f : dloss * (__expf(z[v] - row_lse) - (v == t ? 1.0f : 0.0f));
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(grad)[row * vocab + v] = __float2bfloat16_rn(g);
+    } else {
+      static_cast<float*>(grad)[row * vocab + v] = g;
+    }
+  }
+}
+
+__global__ void ReduceLossKernel(const float* row_loss, const int32_t* targets, int64_t tokens,
+                                 float* loss_sum, int32_t* num_valid) {
+  __shared__ double part[kReduceThreads];
+  __shared__ int count[kReduceThreads];
+  double s = 0.0;
+  int c = 0;
+  for (int64_t i = threadIdx.x; i < tokens; i += kReduceThreads) {
+    s += row_loss[i];
+    c += targets[i] != kIgnoreTarget;
+  }
+  part[threadIdx.x] = s;
+  count[threadIdx.x] = c;
+  __syncthreads();
+  for (int stride = kReduceThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      part[threadIdx.x] += part[threadIdx.x + stride];
+      count[threadIdx.x] += count[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    loss_sum[0] = static_cast<float>(part[0]);
+    num_valid[0] = count[0];
+  }
+}
+
+}  // namespace
+
+absl::Status CrossEntropyRowsCuda(const Stream& stream, const float* logits, int64_t rows,
+                                  int64_t vocab, const int32_t* targets, float* lse,
+                                  float* row_loss) {
+  if (rows == 0) return absl::OkStatus();
+  CrossEntropyRowsKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, S(stream)>>>(
+      logits, vocab, targets, lse, row_loss);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(CrossEntropyRowsKernel);
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t rows, int64_t vocab,
+                                 const int32_t* targets, const float* lse, float dloss, void* grad,
+                                 DType grad_dtype) {
+  if (rows == 0) return absl::OkStatus();
+  if (grad_dtype != DType::kBF16 && grad_dtype != DType::kF32) {
+    return absl::InvalidArgumentError("SoftmaxGradRowsCuda: grad must be bf16 or f32");
+  }
+  // Split each row over up to 64 blocks (8 elements per thread at least) for large vocabularies.
+  int64_t per_row = (vocab + kGradThreads * 8 - 1) / (kGradThreads * 8);
+  per_row = per_row < 1 ? 1 : (per_row > 64 ? 64 : per_row);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(per_row));
+  SoftmaxGradRowsKernel<<<grid, kGradThreads, 0, S(stream)>>>(logits, vocab, targets, lse, dloss,
+                                                              grad, grad_dtype == DType::kBF16);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(SoftmaxGradRowsKernel);
+  return absl::OkStatus();
+}
+
+absl::Status ReduceLossCuda(const Stream& stream, const float* row_loss, const int32_t* targets,
+                            int64_t tokens, float* loss_sum, int32_t* num_valid) {
+  ReduceLossKernel<<<1, kReduceThreads, 0, S(stream)>>>(row_loss, targets, tokens, loss_sum,
+                                                        num_valid);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(ReduceLossKernel);
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::kernels::internal

@@ -1,0 +1,259 @@
+// CPU reference of the fused LM-head cross-entropy against a naive fp64 full-logit softmax
+// cross-entropy (value, lse and both gradients), with chunk sizes that do not divide T, ignored
+// targets, a finite-difference check in fp64 and argument validation.
+#include "kernels/loss/cross_entropy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/buffer.h"
+#include "kernels/testing/gpu.h"
+
+namespace switchyard::kernels {
+namespace {
+
+struct Naive {
+  double loss = 0;
+  int valid = 0;
+  std::vector<double> lse, dh, dw;
+};
+
+// Full [T, V] logits in fp64; gradients of dloss * loss_sum.
+Naive NaiveCrossEntropy(const std::vector<double>& h, const std::vector<double>& w,
+                        const std::vector<int32_t>& tg, int64_t t_n, int64_t h_n, int64_t v_n,
+                        double dloss) {
+  Naive out;
+  out.lse.resize(t_n);
+  out.dh.assign(t_n * h_n, 0.0);
+  out.dw.assign(v_n * h_n, 0.0);
+  std::vector<double> z(t_n * v_n);
+  for (int64_t t = 0; t < t_n; ++t)
+    for (int64_t v = 0; v < v_n; ++v) {
+      double s = 0;
+      for (int64_t k = 0; k < h_n; ++k) s += h[t * h_n + k] * w[v * h_n + k];
+      z[t * v_n + v] = s;
+    }
+  for (int64_t t = 0; t < t_n; ++t) {
+    double m = -INFINITY;
+    for (int64_t v = 0; v < v_n; ++v) m = std::max(m, z[t * v_n + v]);
+    double s = 0;
+    for (int64_t v = 0; v < v_n; ++v) s += std::exp(z[t * v_n + v] - m);
+    out.lse[t] = m + std::log(s);
+    if (tg[t] < 0) continue;
+    out.loss += out.lse[t] - z[t * v_n + tg[t]];
+    ++out.valid;
+    for (int64_t v = 0; v < v_n; ++v) {
+      const double g = dloss * (std::exp(z[t * v_n + v] - out.lse[t]) - (v == tg[t] ? 1 : 0));
+      for (int64_t k = 0; k < h_n; ++k) {
+        out.dh[t * h_n + k] += g * w[v * h_n + k];
+        out.dw[v * h_n + k] += g * h[t * h_n + k];
+      }
+    }
+  }
+  return out;
+}
+
+double MaxRelDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / std::max(den, 1e-300);
+}
+
+template <typename T>
+std::vector<double> ToDouble(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+struct Case {
+  int64_t t_n, h_n, v_n, chunk;
+};
+
+template <typename T>
+void RunAgainstNaive(const Case& c, DType dt, double tol) {
+  std::mt19937_64 rng(c.t_n * 1000 + c.chunk);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> h(c.t_n * c.h_n), w(c.v_n * c.h_n), dh(c.t_n * c.h_n, T(-7)), dw(c.v_n * c.h_n),
+      lse(c.t_n, T(-7)), loss(1, T(-7));
+  for (auto& x : h) x = static_cast<T>(normal(rng));
+  for (auto& x : w) x = static_cast<T>(normal(rng) * 0.7);
+  for (auto& x : dw) x = static_cast<T>(normal(rng));
+  const std::vector<T> dw0 = dw;
+  std::vector<int32_t> tg(c.t_n);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.v_n) - 1);
+  for (int64_t t = 0; t < c.t_n; ++t) tg[t] = t % 4 == 1 ? kIgnoreTarget : pick(rng);
+  std::vector<int32_t> valid(1, -5);
+
+  auto plan = FusedLinearCrossEntropy::Create(Device::Cpu(), c.t_n + 3, c.h_n, c.v_n, c.chunk);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Device cpu = Device::Cpu();
+  Tensor th(dt, {c.t_n, c.h_n}, cpu, h.data()), tw(dt, {c.v_n, c.h_n}, cpu, w.data());
+  Tensor ttg(DType::kI32, {c.t_n}, cpu, tg.data()), tlse(dt, {c.t_n}, cpu, lse.data());
+  Tensor tloss(dt, {1}, cpu, loss.data()), tvalid(DType::kI32, {1}, cpu, valid.data());
+  Tensor tdh(dt, {c.t_n, c.h_n}, cpu, dh.data()), tdw(dt, {c.v_n, c.h_n}, cpu, dw.data());
+  absl::Status st = (*plan)->Forward(Stream::Cpu(), th, tw, ttg, tloss, tvalid, tlse);
+  ASSERT_TRUE(st.ok()) << st;
+  const int n_valid =
+      static_cast<int>(std::count_if(tg.begin(), tg.end(), [](int32_t x) { return x >= 0; }));
+  // The same float dloss (1 / num_valid) for the plan and the naive reference.
+  const float dloss = 1.0f / static_cast<float>(std::max(1, n_valid));
+  const Naive ref = NaiveCrossEntropy(ToDouble(h), ToDouble(w), tg, c.t_n, c.h_n, c.v_n, dloss);
+  EXPECT_EQ(valid[0], ref.valid);
+  st = (*plan)->Backward(Stream::Cpu(), th, tw, ttg, tlse, dloss, tdh, tdw);
+  ASSERT_TRUE(st.ok()) << st;
+  std::vector<double> dw_delta(dw.size());
+  for (size_t i = 0; i < dw.size(); ++i)
+    dw_delta[i] = static_cast<double>(dw[i]) - static_cast<double>(dw0[i]);
+  const double loss_err = std::abs(loss[0] - ref.loss) / std::abs(ref.loss);
+  const double lse_err = MaxRelDiff(ToDouble(lse), ref.lse);
+  const double dh_err = MaxRelDiff(ToDouble(dh), ref.dh);
+  const double dw_err = MaxRelDiff(dw_delta, ref.dw);
+  std::printf(
+      "T=%ld H=%ld V=%ld chunk=%ld %s: loss %.6f (naive %.6f) rel err %.2g, lse %.2g, dh %.2g, "
+      "dw %.2g (tol %.0e)\n",
+      c.t_n, c.h_n, c.v_n, c.chunk, DTypeName(dt), static_cast<double>(loss[0]), ref.loss, loss_err,
+      lse_err, dh_err, dw_err, tol);
+  EXPECT_LT(loss_err, tol);
+  EXPECT_LT(lse_err, tol);
+  EXPECT_LT(dh_err, tol);
+  EXPECT_LT(dw_err, tol);
+}
+
+TEST(CrossEntropyCpuTest, MatchesNaiveFullLogitsF64) {
+  for (Case c : {Case{13, 8, 37, 5}, Case{13, 8, 37, 13}, Case{13, 8, 37, 64}, Case{1, 3, 2, 1},
+                 Case{20, 16, 101, 7}}) {
+    RunAgainstNaive<double>(c, DType::kF64, 1e-12);
+  }
+}
+
+TEST(CrossEntropyCpuTest, MatchesNaiveFullLogitsF32) {
+  for (Case c : {Case{13, 8, 37, 5}, Case{31, 32, 257, 8}}) {
+    RunAgainstNaive<float>(c, DType::kF32, 1e-5);
+  }
+}
+
+TEST(CrossEntropyCpuTest, AllIgnoredGivesZeroLossAndGradients) {
+  const int64_t t_n = 4, h_n = 3, v_n = 5;
+  std::vector<float> h(t_n * h_n, 0.5f), w(v_n * h_n, 0.25f), dh(t_n * h_n, 9.0f),
+      dw(v_n * h_n, 2.0f), lse(t_n), loss(1, 9.0f);
+  std::vector<int32_t> tg(t_n, kIgnoreTarget), valid(1, 9);
+  auto plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, v_n, 3).value();
+  const Device cpu = Device::Cpu();
+  Tensor th(DType::kF32, {t_n, h_n}, cpu, h.data()), tw(DType::kF32, {v_n, h_n}, cpu, w.data());
+  Tensor ttg(DType::kI32, {t_n}, cpu, tg.data()), tlse(DType::kF32, {t_n}, cpu, lse.data());
+  ASSERT_TRUE(plan->Forward(Stream::Cpu(), th, tw, ttg, Tensor(DType::kF32, {1}, cpu, loss.data()),
+                            Tensor(DType::kI32, {1}, cpu, valid.data()), tlse)
+                  .ok());
+  EXPECT_EQ(loss[0], 0.0f);
+  EXPECT_EQ(valid[0], 0);
+  EXPECT_NEAR(lse[0], 0.375 + std::log(5.0), 1e-6);  // uniform logits 0.375: lse = z + log V
+  ASSERT_TRUE(plan->Backward(Stream::Cpu(), th, tw, ttg, tlse, 1.0f,
+                             Tensor(DType::kF32, {t_n, h_n}, cpu, dh.data()),
+                             Tensor(DType::kF32, {v_n, h_n}, cpu, dw.data()))
+                  .ok());
+  for (float x : dh) EXPECT_EQ(x, 0.0f);
+  for (float x : dw) EXPECT_EQ(x, 2.0f);
+}
+
+TEST(CrossEntropyCpuTest, GradientsMatchFiniteDifferences) {
+  const int64_t t_n = 5, h_n = 4, v_n = 11;
+  std::mt19937_64 rng(11);
+  std::vector<double> h(t_n * h_n), w(v_n * h_n), dh(t_n * h_n), dw(v_n * h_n, 0.0), lse(t_n),
+      loss(1);
+  const Device cpu = Device::Cpu();
+  Tensor th(DType::kF64, {t_n, h_n}, cpu, h.data()), tw(DType::kF64, {v_n, h_n}, cpu, w.data());
+  testing::FillRandom(th, rng);
+  testing::FillRandom(tw, rng);
+  std::vector<int32_t> tg = {3, kIgnoreTarget, 0, 10, 7}, valid(1);
+  Tensor ttg(DType::kI32, {t_n}, cpu, tg.data()), tlse(DType::kF64, {t_n}, cpu, lse.data());
+  Tensor tloss(DType::kF64, {1}, cpu, loss.data()), tvalid(DType::kI32, {1}, cpu, valid.data());
+  auto plan = FusedLinearCrossEntropy::Create(cpu, t_n, h_n, v_n, 2).value();
+  const float dloss = 0.25f;
+  ASSERT_TRUE(plan->Forward(Stream::Cpu(), th, tw, ttg, tloss, tvalid, tlse).ok());
+  ASSERT_TRUE(plan->Backward(Stream::Cpu(), th, tw, ttg, tlse, dloss,
+                             Tensor(DType::kF64, {t_n, h_n}, cpu, dh.data()),
+                             Tensor(DType::kF64, {v_n, h_n}, cpu, dw.data()))
+                  .ok());
+  auto objective = [&]() {
+    EXPECT_TRUE(plan->Forward(Stream::Cpu(), th, tw, ttg, tloss, tvalid, tlse).ok());
+    return dloss * loss[0];
+  };
+  const double eps = 1e-6;
+  double worst = 0;
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i];
+      x[i] = x0 + eps;
+      const double up = objective();
+      x[i] = x0 - eps;
+      const double down = objective();
+      x[i] = x0;
+      const double fd = (up - down) / (2 * eps);
+      worst = std::max(worst, std::abs(fd - grad[i]));
+      EXPECT_NEAR(fd, grad[i], 1e-7) << "element " << i;
+    }
+  };
+  check(h, dh);
+  check(w, dw);
+  std::printf("finite differences (fp64, eps %.0e): max abs diff %.2g (tol 1e-7)\n", eps, worst);
+  // The ignored token's hidden state gets no gradient.
+  for (int64_t k = 0; k < h_n; ++k) EXPECT_EQ(dh[1 * h_n + k], 0.0);
+}
+
+TEST(CrossEntropyCpuTest, RejectsBadArguments) {
+  EXPECT_EQ(FusedLinearCrossEntropy::Create(Device::Cpu(), 0, 4, 4, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const int64_t t_n = 3, h_n = 2, v_n = 4;
+  auto plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, v_n, 2).value();
+  EXPECT_EQ(plan->chunk_tokens(), 2);
+  std::vector<float> h(8 * h_n), w(v_n * h_n), lse(8), loss(1);
+  std::vector<double> wd(v_n * h_n);
+  std::vector<int32_t> tg = {0, 4, 1, 0, 0, 0, 0, 0}, valid(1);
+  const Device cpu = Device::Cpu();
+  Tensor th(DType::kF32, {t_n, h_n}, cpu, h.data()), tw(DType::kF32, {v_n, h_n}, cpu, w.data());
+  Tensor tloss(DType::kF32, {1}, cpu, loss.data()), tvalid(DType::kI32, {1}, cpu, valid.data());
+  Tensor tlse(DType::kF32, {t_n}, cpu, lse.data()), ttg(DType::kI32, {t_n}, cpu, tg.data());
+  auto fwd = [&](const Tensor& a, const Tensor& b, const Tensor& t, const Tensor& l) {
+    return plan->Forward(Stream::Cpu(), a, b, t, tloss, tvalid, l).code();
+  };
+  // targets[1] = 4 is out of range.
+  EXPECT_EQ(fwd(th, tw, ttg, tlse), absl::StatusCode::kInvalidArgument);
+  tg[1] = kIgnoreTarget;
+  EXPECT_EQ(fwd(th, tw, ttg, tlse), absl::StatusCode::kOk);
+  tg[1] = -2;
+  EXPECT_EQ(fwd(th, tw, ttg, tlse), absl::StatusCode::kInvalidArgument);
+  tg[1] = 1;
+  // T above max_tokens, w of another dtype, wrong hidden size, lse of the wrong length.
+  Tensor big(DType::kF32, {8, h_n}, cpu, h.data());
+  EXPECT_EQ(fwd(big, tw, Tensor(DType::kI32, {8}, cpu, tg.data()),
+                Tensor(DType::kF32, {8}, cpu, lse.data())),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fwd(th, Tensor(DType::kF64, {v_n, h_n}, cpu, wd.data()), ttg, tlse),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      fwd(Tensor(DType::kF32, {2, 3}, cpu, h.data()), tw, Tensor(DType::kI32, {2}, cpu, tg.data()),
+          Tensor(DType::kF32, {2}, cpu, lse.data())),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fwd(th, tw, ttg, Tensor(DType::kF32, {2}, cpu, lse.data())),
+            absl::StatusCode::kInvalidArgument);
+  // dw of an unsupported dtype; a stream on another device than the plan's.
+  std::vector<int32_t> bad_dw(v_n * h_n);
+  std::vector<float> dh(t_n * h_n);
+  EXPECT_EQ(plan->Backward(Stream::Cpu(), th, tw, ttg, tlse, 1.0f,
+                           Tensor(DType::kF32, {t_n, h_n}, cpu, dh.data()),
+                           Tensor(DType::kI32, {v_n, h_n}, cpu, bad_dw.data()))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      plan->Forward(Stream{Device::Cuda(0), nullptr}, th, tw, ttg, tloss, tvalid, tlse).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace switchyard::kernels
