@@ -1,0 +1,82 @@
+// File: kernels/attention/rope.h
+//
+// Rotary position embedding (RoPE) as in Llama / Mixtral / Qwen3, HF "rotate_half" convention:
+// for head dim D and i < D/2, the pair (x[i], x[i + D/2]) of every head of row t is rotated by
+// the angle theta(t, i) = pos(t) * base^(-2i/D), pos(t) = t % seq_len (batch-major rows):
+//
+//   out[i]       = x[i] * cos(theta) - x[i + D/2] * sin(theta)
+//   out[i + D/2] = x[i + D/2] * cos(theta) + x[i] * sin(theta)
+//
+// The backward is the transpose: the rotation by -theta.
+//
+// Angles, computed identically on the CPU and the GPU (the formula both paths use, see
+// RopeInvFreq / RopeAngle below):
+//   inv_freq[i] = float(1.0 / pow(double(base), double(2 * i) / double(D)))   (on the host, fp64)
+//   theta       = float(pos) * inv_freq[i]                                     (one fp32 multiply)
+//   c, s        = cos(double(theta)), sin(double(theta))       (fp64, rounded to fp32 except on
+//                                                               the CPU's f64 path)
+// HF computes inv_freq and theta in fp32 the same way (up to the fp32 pow) but then rounds cos/sin
+// to the activation dtype and rotates in it; we rotate in fp32 and round once (deliberate).
+// Like HF, theta is an fp32 number: for large positions it carries fp32 rounding (ulp(4096) ~ 5e-4
+// rad); CPU and GPU share it, so they agree.
+//
+// Dtypes: x and out share one dtype: bf16 or f32 on CUDA; f32, f64 or bf16 on the CPU. Layout
+// [T, heads, D] dense row-major (q or k, not a fused QKV slice). out may alias x (in place).
+// Limits: D even, 2 <= D <= kMaxRopeHeadDim; 1 <= seq_len <= 2^24 (positions exact in fp32);
+// base > 0. CUDA: no allocation, no host synchronisation; 16-byte vectors when D/2 is a multiple
+// of 16 bytes' worth of elements and the pointers are 16-byte aligned.
+#ifndef SWITCHYARD_KERNELS_ATTENTION_ROPE_H_
+#define SWITCHYARD_KERNELS_ATTENTION_ROPE_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/tensor.h"
+
+namespace switchyard::kernels {
+
+inline constexpr int64_t kMaxRopeHeadDim = 512;
+inline constexpr int64_t kMaxRopeSeqLen = int64_t{1} << 24;
+
+// out = RoPE(x): rotates every (i, i + D/2) pair by +theta. x, out [T, heads, D].
+absl::Status RopeForward(const Stream& stream, const Tensor& x, int64_t seq_len, float rotary_base,
+                         const Tensor& out);
+
+// dx = RoPE^T(dout): rotates every pair by -theta. dout, dx [T, heads, D]; dx may alias dout.
+absl::Status RopeBackward(const Stream& stream, const Tensor& dout, int64_t seq_len,
+                          float rotary_base, const Tensor& dx);
+
+namespace internal {
+
+// inv_freq[i] for i < D/2 (host, fp64 then rounded to fp32). inv_freq has D/2 entries.
+inline void RopeInvFreq(int64_t head_dim, float rotary_base, float* inv_freq) {
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(
+        1.0 / std::pow(static_cast<double>(rotary_base),
+                       static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+  }
+}
+
+// theta for row t's position (one fp32 multiply; shared by host and device code).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    inline float
+    RopeAngle(int64_t t, int64_t seq_len, float inv_freq) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(static_cast<float>(t % seq_len), inv_freq);
+#else
+  return static_cast<float>(t % seq_len) * inv_freq;
+#endif
+}
+
+// Runs the rotation on CUDA; sign = +1 (forward) or -1 (backward).
+absl::Status RopeCuda(const Stream& stream, const Tensor& x, int64_t seq_len, float rotary_base,
+                      float sign, const Tensor& out);
+
+}  // namespace internal
+
+}  // namespace switchyard::kernels
+
+#endif  // SWITCHYARD_KERNELS_ATTENTION_ROPE_H_
