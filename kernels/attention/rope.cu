@@ -13,7 +13,7 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-// Passed by value as a kernel parameter (2 KB), so the device sees the host's exact table.
+// Passed by value as a kernel parameter (1 KB), so the device sees the host's exact table.
 struct InvFreqTable {
   float v[kMaxRopeHeadDim / 2];
 };

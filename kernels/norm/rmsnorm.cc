@@ -23,9 +23,9 @@ bool IsRstdDType(const Stream& stream, DType d) {
 absl::Status CheckRows(const Stream& stream, absl::string_view op, const Tensor& x, const Tensor& w,
                        const Tensor& rstd,
                        std::initializer_list<std::pair<const char*, const Tensor*>> others) {
-  if (x.rank() != 2 || !IsActivationDType(stream, x.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": x must be [T, H] of bf16/f32 (f64 on the CPU), got ", x.DebugString()));
+  if (x.rank() != 2 || x.dim(1) < 1 || !IsActivationDType(stream, x.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": x must be [T, H >= 1] of bf16/f32 (f64 on the CPU), got ", x.DebugString()));
   }
   if (w.rank() != 1 || w.dim(0) != x.dim(1) || w.dtype != x.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": w must be [", x.dim(1),

@@ -229,9 +229,6 @@ absl::Status RmsNormForwardCuda(const Stream& stream, const Tensor& x, const Ten
     return absl::InvalidArgumentError(
         absl::StrCat("RmsNormForward: T must be < 2^31 on CUDA, got ", x.dim(0)));
   }
-  if (x.dim(1) == 0) {
-    return absl::InvalidArgumentError("RmsNormForward: H must be > 0");
-  }
   if (x.dtype == DType::kBF16) return DispatchForward<__nv_bfloat16>(stream, x, w, eps, y, rstd);
   return DispatchForward<float>(stream, x, w, eps, y, rstd);
 }
@@ -240,7 +237,6 @@ absl::Status RmsNormBackwardCuda(const Stream& stream, const Tensor& dy, const T
                                  const Tensor& w, const Tensor& rstd, const Tensor& dx,
                                  const Tensor& dw, bool accumulate_dw, const Tensor& workspace) {
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
-  if (h_n == 0) return absl::OkStatus();
   if (t_n > 0) {
     if (x.dtype == DType::kBF16) {
       SY_RETURN_IF_ERROR(DispatchBackward<__nv_bfloat16>(stream, dy, x, w, rstd, dx, workspace));
