@@ -85,6 +85,19 @@ TEST(RmsNormGpuTest, MatchesCpuReference) {
                     "backward dw f32 (+=)");
         ExpectClose(d_dwp.View(), dwp.View(), tol, "backward dw param (=)");
 
+        // dx aliasing dy (and y aliasing x) gives the same results.
+        Buffer d_inplace = Upload(dy), d_dw_scratch = Poisoned(DType::kF32, {h_n});
+        ASSERT_TRUE(RmsNormBackward(gpu, d_inplace.View(), d_x.View(), d_w.View(), d_rstd.View(),
+                                    d_inplace.View(), d_dw_scratch.View(), false, ws.View())
+                        .ok());
+        Buffer d_y_inplace = Upload(x);
+        ASSERT_TRUE(RmsNormForward(gpu, d_y_inplace.View(), d_w.View(), eps, d_y_inplace.View(),
+                                   d_rstd.View())
+                        .ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ExpectClose(d_inplace.View(), dx.View(), tol, "backward dx in place");
+        ExpectClose(d_y_inplace.View(), y.View(), tol, "forward y in place");
+
         // Determinism: a second overwrite run gives bit-identical dw.
         const std::vector<float> first = testing::ToFloatVector(d_dwp.View());
         ASSERT_TRUE(FillBytes(d_dwp.View(), 0xFF).ok());
