@@ -58,6 +58,55 @@ void Logits(const Tensor& h, const Tensor& w, int64_t t0, int64_t rows, double* 
   }
 }
 
+// dh[t0 + r] = g[r] · w and dw += gᵀ · h_chunk for one chunk of g [rows, V] (fp64). dw is rounded
+// to its dtype once per chunk, as the CUDA path's beta = 1 Gemm does.
+template <typename T>
+void GradChunkT(const Tensor& h, const Tensor& w, const double* g, int64_t t0, int64_t rows,
+                const Tensor& dh, const Tensor& dw) {
+  const int64_t h_n = h.dim(1), v_n = w.dim(0);
+  const T* hp = h.as<T>() + t0 * h_n;
+  const T* wp = w.as<T>();
+  std::vector<double> acc(h_n), hc(rows * h_n);
+  for (int64_t i = 0; i < rows * h_n; ++i) hc[i] = ToD(hp[i]);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    const double* gr = g + r * v_n;
+    for (int64_t v = 0; v < v_n; ++v) {
+      if (gr[v] == 0.0) continue;
+      const T* wv = wp + v * h_n;
+      for (int64_t k = 0; k < h_n; ++k) acc[k] += gr[v] * ToD(wv[k]);
+    }
+    for (int64_t k = 0; k < h_n; ++k) StoreFromDouble(dh, (t0 + r) * h_n + k, acc[k]);
+  }
+  for (int64_t v = 0; v < v_n; ++v) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double gv = g[r * v_n + v];
+      if (gv == 0.0) continue;
+      any = true;
+      const double* hr = hc.data() + r * h_n;
+      for (int64_t k = 0; k < h_n; ++k) acc[k] += gv * hr[k];
+    }
+    if (!any) continue;
+    for (int64_t k = 0; k < h_n; ++k) {
+      StoreFromDouble(dw, v * h_n + k, LoadAsDouble(dw, v * h_n + k) + acc[k]);
+    }
+  }
+}
+
+void GradChunk(const Tensor& h, const Tensor& w, const double* g, int64_t t0, int64_t rows,
+               const Tensor& dh, const Tensor& dw) {
+  switch (h.dtype) {
+    case DType::kF32:
+      return GradChunkT<float>(h, w, g, t0, rows, dh, dw);
+    case DType::kF64:
+      return GradChunkT<double>(h, w, g, t0, rows, dh, dw);
+    default:
+      return GradChunkT<BF16>(h, w, g, t0, rows, dh, dw);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FusedLinearCrossEntropy>> FusedLinearCrossEntropy::Create(
@@ -190,10 +239,9 @@ absl::Status FusedLinearCrossEntropy::BackwardCpu(const Tensor& h, const Tensor&
                                                   const Tensor& targets, const Tensor& lse,
                                                   float dloss, const Tensor& dh,
                                                   const Tensor& dw) const {
-  const int64_t t_n = h.dim(0), h_n = hidden_, v_n = vocab_;
+  const int64_t t_n = h.dim(0), v_n = vocab_;
   const int32_t* tg = targets.as<int32_t>();
   double* z = static_cast<double*>(logits_.data());
-  std::vector<double> acc(h_n);
   for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
     const int64_t rows = std::min(chunk_, t_n - t0);
     Logits(h, w, t0, rows, z);
@@ -208,31 +256,7 @@ absl::Status FusedLinearCrossEntropy::BackwardCpu(const Tensor& h, const Tensor&
                     : dloss * (std::exp(zr[v] - row_lse) - (v == target ? 1.0 : 0.0));
       }
     }
-    // dh_chunk = g · w.
-    for (int64_t r = 0; r < rows; ++r) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      const double* gr = z + r * v_n;
-      for (int64_t v = 0; v < v_n; ++v) {
-        if (gr[v] == 0.0) continue;
-        for (int64_t k = 0; k < h_n; ++k) acc[k] += gr[v] * LoadAsDouble(w, v * h_n + k);
-      }
-      for (int64_t k = 0; k < h_n; ++k) StoreFromDouble(dh, (t0 + r) * h_n + k, acc[k]);
-    }
-    // dw += gᵀ · h_chunk, rounded to dw's dtype once per chunk (as the CUDA path does).
-    for (int64_t v = 0; v < v_n; ++v) {
-      for (int64_t k = 0; k < h_n; ++k) acc[k] = 0.0;
-      bool any = false;
-      for (int64_t r = 0; r < rows; ++r) {
-        const double g = z[r * v_n + v];
-        if (g == 0.0) continue;
-        any = true;
-        for (int64_t k = 0; k < h_n; ++k) acc[k] += g * LoadAsDouble(h, (t0 + r) * h_n + k);
-      }
-      if (!any) continue;
-      for (int64_t k = 0; k < h_n; ++k) {
-        StoreFromDouble(dw, v * h_n + k, LoadAsDouble(dw, v * h_n + k) + acc[k]);
-      }
-    }
+    GradChunk(h, w, z, t0, rows, dh, dw);
   }
   return absl::OkStatus();
 }

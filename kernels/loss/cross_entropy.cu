@@ -122,6 +122,7 @@ absl::Status CrossEntropyRowsCuda(const Stream& stream, const float* logits, int
                                   int64_t vocab, const int32_t* targets, float* lse,
                                   float* row_loss) {
   if (rows == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   CrossEntropyRowsKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, S(stream)>>>(
       logits, vocab, targets, lse, row_loss);
   SY_CUDA_RETURN_IF_LAUNCH_ERROR(CrossEntropyRowsKernel);
@@ -132,6 +133,7 @@ absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t ro
                                  const int32_t* targets, const float* lse, float dloss, void* grad,
                                  DType grad_dtype) {
   if (rows == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   if (grad_dtype != DType::kBF16 && grad_dtype != DType::kF32) {
     return absl::InvalidArgumentError("SoftmaxGradRowsCuda: grad must be bf16 or f32");
   }
@@ -147,6 +149,7 @@ absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t ro
 
 absl::Status ReduceLossCuda(const Stream& stream, const float* row_loss, const int32_t* targets,
                             int64_t tokens, float* loss_sum, int32_t* num_valid) {
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   ReduceLossKernel<<<1, kReduceThreads, 0, S(stream)>>>(row_loss, targets, tokens, loss_sum,
                                                         num_valid);
   SY_CUDA_RETURN_IF_LAUNCH_ERROR(ReduceLossKernel);
