@@ -10,7 +10,8 @@
 //   SY_NCCL_RETURN_IF_ERROR(ncclAllReduce(...));
 //
 // Our Abseil (20220623) has no status macros, so the project keeps this one pair. CUDA, cuBLAS and
-// NCCL converters live in common/cuda_status.h so that CPU-only targets need no CUDA headers.
+// NCCL converters live in common/cuda_status.h and the gRPC ones in common/grpc_status.h, so that
+// a target pays only for the libraries it uses.
 #ifndef SWITCHYARD_COMMON_STATUS_H_
 #define SWITCHYARD_COMMON_STATUS_H_
 
@@ -20,18 +21,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
-namespace grpc {
-class Status;
-}  // namespace grpc
-
 namespace switchyard {
 
 // Prefixes `status`'s message with `context` ("context: message"), keeping its code.
 absl::Status Annotate(const absl::Status& status, absl::string_view context);
-
-// gRPC <-> absl conversions; the codes are the same canonical set.
-absl::Status FromGrpcStatus(const grpc::Status& status);
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 namespace status_internal {
 inline const absl::Status& AsStatus(const absl::Status& s) { return s; }

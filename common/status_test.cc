@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/cuda_status.h"
+#include "common/grpc_status.h"
 
 namespace switchyard {
 namespace {

@@ -1,7 +1,7 @@
 """`sy_proto_library`: protoc + grpc_cpp_plugin (the Debian binaries) as a reusable macro.
 
-Generates `<x>.pb.{h,cc}` and, for files with services, `<x>.grpc.pb.{h,cc}`, and wraps them in a
-cc_library. Proto files are compiled relative to `import_root` (a directory inside the package),
+Generates `<x>.pb.{h,cc}` and, for files with services, `<x>.grpc.pb.{h,cc}`; the messages
+become the cc_library `name` (Protobuf only) and the service stubs `name_grpc` (+ gRPC). Proto files are compiled relative to `import_root` (a directory inside the package),
 so `import_root/switchyard/v1/job.proto` is included as "switchyard/v1/job.pb.h".
 """
 
@@ -36,11 +36,23 @@ def sy_proto_library(name, srcs, import_root = "", grpc_srcs = [], deps = [], **
         cmd = cmd,
         message = "protoc " + name,
     )
+    # Messages only (no gRPC dependency, so kernels and tools that read configs stay light) ...
     native.cc_library(
         name = name,
-        srcs = [o for o in outs if o.endswith(".cc")],
-        hdrs = [o for o in outs if o.endswith(".h")],
+        srcs = [o for o in outs if o.endswith(".pb.cc") and not o.endswith(".grpc.pb.cc")],
+        hdrs = [o for o in outs if o.endswith(".pb.h") and not o.endswith(".grpc.pb.h")],
         includes = [import_root] if import_root else ["."],
-        deps = deps + ["@sys//:protobuf", "@sys//:grpc"],
+        deps = deps + ["@sys//:protobuf"],
         **kwargs
     )
+
+    # ... and the service stubs, `<name>_grpc`.
+    if grpc_srcs:
+        native.cc_library(
+            name = name + "_grpc",
+            srcs = [o for o in outs if o.endswith(".grpc.pb.cc")],
+            hdrs = [o for o in outs if o.endswith(".grpc.pb.h")],
+            includes = [import_root] if import_root else ["."],
+            deps = [":" + name, "@sys//:grpc"],
+            **kwargs
+        )
