@@ -76,6 +76,7 @@ namespace {
 
 constexpr char kManifestName[] = "manifest.json";
 constexpr char kLatestName[] = "latest";
+constexpr char kManifestCrcKey[] = "manifest_crc32c";
 constexpr char kFormat[] = "switchyard-checkpoint";
 constexpr int kVersion = 1;
 constexpr char kStepPrefix[] = "step_";
@@ -309,6 +310,9 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
                                {"metadata", std::move(meta)}};
     std::string text;
     try {
+      // Self-checksum: CRC32C of the compact dump of the manifest without this key (nlohmann's
+      // object keys are sorted, so the dump is canonical for integers and strings).
+      manifest[kManifestCrcKey] = Crc32c(manifest.dump());
       text = manifest.dump(2) + "\n";
     } catch (const nlohmann::json::exception& e) {
       return absl::InvalidArgumentError(
@@ -404,8 +408,18 @@ absl::StatusOr<Checkpoint> OpenCheckpointDir(const std::string& dir,
   ckpt.dir_ = dir;
   std::vector<std::pair<std::string, FileDigest>> listed;
   try {
-    const nlohmann::json m = nlohmann::json::parse(*text);
+    nlohmann::json m = nlohmann::json::parse(*text);
     if (!m.is_object()) return bad("not a JSON object");
+    if (!m.contains(kManifestCrcKey) || !m[kManifestCrcKey].is_number_unsigned()) {
+      return bad(absl::StrCat("no unsigned \"", kManifestCrcKey, "\""));
+    }
+    const uint64_t want_crc = m[kManifestCrcKey].get<uint64_t>();
+    m.erase(kManifestCrcKey);
+    const uint32_t got_crc = Crc32c(m.dump());
+    if (want_crc != got_crc) {
+      return bad(absl::StrFormat("CRC32C 0x%08x of its content, \"%s\" says 0x%08x (corrupt)",
+                                 got_crc, kManifestCrcKey, want_crc));
+    }
     if (m.value("format", "") != kFormat)
       return bad(absl::StrCat("format is not \"", kFormat, "\""));
     if (!m.contains("version") || !m["version"].is_number_integer() ||

@@ -7,7 +7,8 @@
 //       <file>            one or more safetensors files (common/safetensors.h), named by the caller
 //       manifest.json     written LAST: {"format": "switchyard-checkpoint", "version": 1,
 //                         "step": N, "files": [{"name", "size", "crc32c"}...],
-//                         "metadata": {key: string | integer}}
+//                         "metadata": {key: string | integer},
+//                         "manifest_crc32c": CRC32C of the compact JSON of all other keys}
 //   <root>/latest         one line "step_<N>", replaced atomically (temp + fsync + rename)
 //
 // Commit protocol (crash-safe at every point):
@@ -20,7 +21,8 @@
 // may be deleted by hand or with RemoveStaleCheckpointTempDirs). A process killed between 3 and
 // 4 leaves a complete step_<N> that `latest` does not name yet; Load keeps following `latest`.
 //
-// Load verifies before it trusts: the manifest must parse and name its own step, every listed
+// Load verifies before it trusts: the manifest must parse, match its own checksum (so a flipped
+// digit in the metadata is caught) and name its own step, every listed
 // file must exist with the listed size and CRC32C, and must then open as a valid safetensors
 // file. Without an explicit step, Load reads `latest`; if `latest` is missing, malformed, or
 // names a directory that is missing or fails verification, it logs a WARNING and falls back to
@@ -75,8 +77,10 @@ class CheckpointWriter {
   // Writes checkpoint `step` (>= 0) under `root` (created if missing) following the protocol in
   // the file comment, and returns the path of the new step directory. kAlreadyExists if
   // <root>/step_<step> exists (a step is immutable); kInvalidArgument for recorded argument
-  // errors or step < 0; other codes for I/O errors (the message names the path). On error the
-  // temp directory is removed (best effort) and `latest` is untouched.
+  // errors or step < 0; other codes for I/O errors (the message names the path). On an error
+  // before the rename the temp directory is removed (best effort) and `latest` is untouched; an
+  // error after it (fsync of <root>, update of `latest`) leaves step_<step> complete on disk.
+  // Cost: every file is written once and read back once (page cache) for its checksum.
   absl::StatusOr<std::string> Commit(const std::string& root, int64_t step) const;
 
  private:

@@ -170,6 +170,24 @@ TEST(CheckpointTest, CorruptedByteIsDetected) {
   ExpectState(*c, 1);
 }
 
+TEST(CheckpointTest, CorruptedManifestIsDetected) {
+  const std::string root = FreshRoot("corrupt_manifest");
+  ASSERT_TRUE(SaveState(root, 1).ok());
+  ASSERT_TRUE(SaveState(root, 2).ok());
+  // Change the data position (2 * 32 = 64) to 65: still valid JSON with valid file checksums.
+  const std::string manifest = root + "/step_2/manifest.json";
+  std::string text = ReadFile(manifest);
+  const size_t pos = text.find("\"data.consumed_samples\": 64");
+  ASSERT_NE(pos, std::string::npos) << text;
+  text[pos + 26] = '5';
+  WriteFile(manifest, text);
+  EXPECT_STATUS(LoadCheckpoint(root, 2).status(), absl::StatusCode::kDataLoss,
+                "step_2/manifest.json: malformed manifest: CRC32C");
+  auto c = LoadCheckpoint(root);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectState(*c, 1);
+}
+
 TEST(CheckpointTest, TruncatedFileIsDetected) {
   const std::string root = FreshRoot("truncated");
   ASSERT_TRUE(SaveState(root, 3).ok());
