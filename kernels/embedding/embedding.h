@@ -19,7 +19,9 @@
 // ascending token order within each id), then one block per id sums its dout rows in that
 // order in fp32, starting from dtable's old value when accumulating. Results are bit-identical
 // from run to run and independent of the GPU model. No allocation, no host synchronisation;
-// both ops are graph-capturable.
+// both ops are graph-capturable. Cost of the rank step: sum over ids of count(id)^2 L2-cached
+// int reads, spread over T threads (8192 tokens of one id: 67M reads); fine for training
+// batches, slow for a huge batch dominated by a single id.
 #ifndef SWITCHYARD_KERNELS_EMBEDDING_EMBEDDING_H_
 #define SWITCHYARD_KERNELS_EMBEDDING_EMBEDDING_H_
 
