@@ -254,9 +254,9 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view json_text)
   absl::flat_hash_map<std::string, int32_t> id_of_string;
   for (const auto& [key, value] : model["vocab"].items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-        value.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer.json: model.vocab[\"", key, "\"] is not an id in [0, 2^31)"));
+        value.get<int64_t>() >= kMaxTokenId) {
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: model.vocab[\"", key,
+                                                     "\"] is not an id in [0, ", kMaxTokenId, ")"));
     }
     const int32_t id = static_cast<int32_t>(value.get<int64_t>());
     auto bytes = UnicodeToBytes(key);
@@ -296,11 +296,27 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view json_text)
         Annotate(tok.AddMerge(ia->second, ib->second), "tokenizer.json: model.merges"));
   }
   if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
-    for (const json& t : root["added_tokens"]) {
-      if (t.is_object() && t.value("content", std::string()) == kEndOfTextToken &&
-          t.contains("id") && t["id"].is_number_integer()) {
-        tok.eod_id_ = t["id"].get<int32_t>();
+    const json& added = root["added_tokens"];
+    for (size_t i = 0; i < added.size(); ++i) {
+      const json& t = added[i];
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+          !t.contains("content") || !t["content"].is_string()) {
+        continue;  // not a token entry we understand; ignored like other unknown fields
       }
+      const int64_t id = t["id"].get<int64_t>();
+      const std::string content = t["content"].get<std::string>();
+      if (id < 0 || id >= kMaxTokenId || content.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: added_tokens[", i,
+                                                       "] has id ", id, " outside [0, ",
+                                                       kMaxTokenId, ") or empty content"));
+      }
+      // Special tokens outside model.vocab (Qwen's, Llama 3's) become tokens whose bytes are
+      // their content, so Decode accepts them; Encode never produces them.
+      if (!tok.TokenBytes(static_cast<int32_t>(id)).has_value() && !tok.ids_.contains(content)) {
+        SY_RETURN_IF_ERROR(Annotate(tok.AddToken(static_cast<int32_t>(id), content),
+                                    "tokenizer.json: added_tokens"));
+      }
+      if (content == kEndOfTextToken) tok.eod_id_ = static_cast<int32_t>(id);
     }
   }
   if (!tok.eod_id_.has_value()) {
@@ -308,9 +324,8 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view json_text)
     if (it != tok.ids_.end()) tok.eod_id_ = it->second;
   }
   if (tok.eod_id_.has_value() && !tok.TokenBytes(*tok.eod_id_).has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: added token ", kEndOfTextToken,
-                                                   " has id ", *tok.eod_id_,
-                                                   ", which is not in model.vocab"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.json: ", kEndOfTextToken, " id ", *tok.eod_id_, " names no token"));
   }
   return tok;
 }

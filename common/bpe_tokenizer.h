@@ -31,9 +31,10 @@
 // "Ġ", 0x0A is "Ċ", printable ASCII is itself). Merges may be "a b" strings or ["a", "b"] pairs
 // (newer HF files). Load ignores every field it does not use (normalizer, pre_tokenizer, decoder,
 // post_processor, dropout, unk_token, ...), honours model.ignore_merges, rejects a model type
-// other than "BPE", and takes the end-of-document id from the "<|endoftext|>" entry of
-// added_tokens or vocab when present. A vocab without some of the 256 byte tokens loads, but
-// Encode fails on text containing such a byte.
+// other than "BPE", adds each added_tokens entry whose id is not in vocab as a token with its
+// content as bytes (Decode accepts it, Encode never makes it), and takes the end-of-document id
+// from the "<|endoftext|>" entry of added_tokens or vocab when present. A vocab without some of the
+// 256 byte tokens loads, but Encode fails on text containing such a byte.
 //
 // Thread-safety: a BpeTokenizer is immutable after Train/Load; all const methods may be called
 // concurrently.
@@ -56,6 +57,8 @@ namespace switchyard {
 
 // The end-of-document token Train reserves and Load looks for.
 inline constexpr absl::string_view kEndOfTextToken = "<|endoftext|>";
+// Loaded ids must be below this (ids index a dense table; real vocabularies are < 2^18).
+inline constexpr int64_t kMaxTokenId = int64_t{1} << 24;
 
 class BpeTokenizer {
  public:
@@ -67,7 +70,8 @@ class BpeTokenizer {
 
   // Parses a tokenizer.json document (see the file comment). kInvalidArgument naming the field
   // for malformed JSON, an unsupported model type, a vocab string outside GPT-2's byte-to-unicode
-  // alphabet, duplicate ids or byte strings, or a merge whose parts or result are not in vocab.
+  // alphabet, an id outside [0, kMaxTokenId), duplicate ids or byte strings, or a merge whose parts
+  // or result are not in vocab.
   static absl::StatusOr<BpeTokenizer> FromJson(absl::string_view json_text);
   // Reads `path` and calls FromJson; kNotFound if the file cannot be opened.
   static absl::StatusOr<BpeTokenizer> Load(const std::string& path);

@@ -158,6 +158,19 @@ TEST(BpeTokenizerTest, LoadsHandwrittenHfJson) {
   EXPECT_EQ(tok->Decode({10}).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST(BpeTokenizerTest, AddedTokensOutsideVocabDecode) {
+  // Qwen-style: special tokens only in added_tokens.
+  auto tok = BpeTokenizer::FromJson(R"({
+    "added_tokens": [{"id": 5, "content": "<|endoftext|>"}, {"id": 6, "content": "<|im_start|>"}],
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->eod_id(), 5);
+  EXPECT_EQ(tok->vocab_size(), 7);
+  EXPECT_EQ(*tok->Decode({6, 2, 5}), "<|im_start|>ab<|endoftext|>");
+  EXPECT_EQ(*tok->Encode("abab"), (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(tok->Decode({3}).status().code(), absl::StatusCode::kOutOfRange);  // a hole
+}
+
 TEST(BpeTokenizerTest, RejectsUnsupportedFiles) {
   auto code = [](const std::string& json) { return BpeTokenizer::FromJson(json).status(); };
   const absl::Status wordpiece = code(R"({"model": {"type": "WordPiece", "vocab": {}}})");
@@ -170,6 +183,8 @@ TEST(BpeTokenizerTest, RejectsUnsupportedFiles) {
             absl::StatusCode::kInvalidArgument);  // duplicate id
   EXPECT_EQ(code(R"({"model": {"type": "BPE", "vocab": {"▁a": 0}, "merges": []}})").code(),
             absl::StatusCode::kInvalidArgument);  // SentencePiece-style vocab string
+  EXPECT_EQ(code(R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}, "merges": []}})").code(),
+            absl::StatusCode::kInvalidArgument);  // id too large for the dense table
   EXPECT_EQ(BpeTokenizer::Load("/nonexistent/tokenizer.json").status().code(),
             absl::StatusCode::kNotFound);
 }
