@@ -42,7 +42,7 @@ absl::StatusOr<Buffer> Buffer::ForTensor(DType dtype, std::vector<int64_t> shape
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
-    this->~Buffer();
+    Release();
     data_ = o.data_;
     bytes_ = o.bytes_;
     device_ = o.device_;
@@ -54,14 +54,18 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
-Buffer::~Buffer() {
-  if (data_ == nullptr) return;
-  if (device_.is_cuda()) {
-    cudaFree(data_);
-  } else {
-    std::free(data_);
+Buffer::~Buffer() { Release(); }
+
+void Buffer::Release() {
+  if (data_ != nullptr) {
+    if (device_.is_cuda()) {
+      cudaFree(data_);
+    } else {
+      std::free(data_);
+    }
   }
   data_ = nullptr;
+  bytes_ = 0;
 }
 
 Tensor Buffer::View(DType dtype, std::vector<int64_t> shape) const {

@@ -35,6 +35,8 @@ class Buffer {
   Tensor View(DType dtype, std::vector<int64_t> shape) const;
 
  private:
+  void Release();  // frees the memory; the object stays valid (empty)
+
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;

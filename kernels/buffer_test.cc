@@ -1,0 +1,40 @@
+// Buffer ownership: moves transfer the memory exactly once (no leak, no double free).
+#include "kernels/buffer.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>
+
+namespace switchyard::kernels {
+namespace {
+
+TEST(BufferTest, MoveAssignmentIntoNonEmptyBufferFreesOnce) {
+  Buffer a = Buffer::ForTensor(DType::kF32, {4, 3}, Device::Cpu()).value();
+  Buffer b = Buffer::ForTensor(DType::kI32, {5}, Device::Cpu()).value();
+  void* b_data = b.data();
+  a = std::move(b);  // a's old memory and shape vector are released first
+  EXPECT_EQ(a.data(), b_data);
+  EXPECT_EQ(a.View().shape, (std::vector<int64_t>{5}));
+  EXPECT_EQ(a.View().dtype, DType::kI32);
+  EXPECT_EQ(b.data(), nullptr);
+  a = Buffer();  // reset to empty
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(a.bytes(), 0u);
+  Buffer c(std::move(a));
+  EXPECT_EQ(c.data(), nullptr);
+}
+
+TEST(BufferTest, CopyAndFillOnTheCpu) {
+  Buffer a = Buffer::ForTensor(DType::kF32, {3}, Device::Cpu()).value();
+  Buffer b = Buffer::ForTensor(DType::kF32, {3}, Device::Cpu()).value();
+  for (int i = 0; i < 3; ++i) a.View().as<float>()[i] = i + 0.5f;
+  ASSERT_TRUE(CopyTensor(a.View(), b.View()).ok());
+  EXPECT_EQ(b.View().as<float>()[2], 2.5f);
+  ASSERT_TRUE(FillBytes(b.View(), 0).ok());
+  EXPECT_EQ(b.View().as<float>()[1], 0.0f);
+  Buffer wrong = Buffer::ForTensor(DType::kF32, {2}, Device::Cpu()).value();
+  EXPECT_EQ(CopyTensor(a.View(), wrong.View()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace switchyard::kernels
