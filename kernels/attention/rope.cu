@@ -9,6 +9,7 @@
 
 #include "common/cuda_status.h"
 #include "kernels/attention/rope.h"
+#include "kernels/device_convert.cuh"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -16,24 +17,6 @@ namespace {
 // Passed by value as a kernel parameter (1 KB), so the device sees the host's exact table.
 struct InvFreqTable {
   float v[kMaxRopeHeadDim / 2];
-};
-
-__device__ __forceinline__ float ToF(float v) { return v; }
-__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
 };
 
 template <typename T, int kVec>
@@ -63,9 +46,9 @@ __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, 
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         const float c = cs[i0 + k], s = cs[half + i0 + k];
-        const float xa = ToF(a.v[k]), xb = ToF(b.v[k]);
-        oa.v[k] = FromF<T>(xa * c - xb * s);
-        ob.v[k] = FromF<T>(xb * c + xa * s);
+        const float xa = ToFloat(a.v[k]), xb = ToFloat(b.v[k]);
+        oa.v[k] = FromFloat<T>(xa * c - xb * s);
+        ob.v[k] = FromFloat<T>(xb * c + xa * s);
       }
       *reinterpret_cast<P*>(out + row + i0) = oa;
       *reinterpret_cast<P*>(out + row + half + i0) = ob;

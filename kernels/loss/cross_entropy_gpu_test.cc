@@ -19,22 +19,12 @@
 namespace switchyard::kernels {
 namespace {
 
+using testing::Poisoned;
+using testing::Upload;
+
 struct Shape {
   int64_t t_n, h_n, v_n, chunk;
 };
-
-Buffer Upload(const Buffer& host) {
-  Tensor h = host.View();
-  Buffer d = Buffer::ForTensor(h.dtype, h.shape, Device::Cuda(0)).value();
-  EXPECT_TRUE(CopyTensor(h, d.View()).ok());
-  return d;
-}
-
-Buffer Poisoned(DType dt, std::vector<int64_t> shape) {
-  Buffer d = Buffer::ForTensor(dt, std::move(shape), Device::Cuda(0)).value();
-  EXPECT_TRUE(FillBytes(d.View(), 0xFF).ok());
-  return d;
-}
 
 Buffer Host(DType dt, std::vector<int64_t> shape) {
   return Buffer::ForTensor(dt, std::move(shape), Device::Cpu()).value();

@@ -10,29 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "kernels/device_convert.cuh"
 #include "kernels/norm/rmsnorm.h"
 
 namespace switchyard::kernels::internal {
 namespace {
-
-__device__ __forceinline__ float ToF(float v) { return v; }
-__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// kVec elements moved as one load/store (16 bytes when kVec * sizeof(T) == 16).
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order: warp
 // butterfly, then every thread adds the warp sums in warp order. Every thread gets the result.
@@ -62,7 +44,7 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, float eps, T* y, fl
     const P p = xr[i];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float f = ToF(p.v[k]);
+      const float f = ToFloat(p.v[k]);
       ss += f * f;
     }
   }
@@ -73,7 +55,7 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, float eps, T* y, fl
     const P q = wr[i];
     P o;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) o.v[k] = FromF<T>(ToF(p.v[k]) * r * ToF(q.v[k]));
+    for (int k = 0; k < kVec; ++k) o.v[k] = FromFloat<T>(ToFloat(p.v[k]) * r * ToFloat(q.v[k]));
     yr[i] = o;
   }
   if (threadIdx.x == 0) rstd[t] = r;
@@ -107,7 +89,7 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
     for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
       const P d = dyr[i], xv = xr[i], wv = wr[i];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += ToF(d.v[k]) * ToF(wv.v[k]) * ToF(xv.v[k]);
+      for (int k = 0; k < kVec; ++k) dot += ToFloat(d.v[k]) * ToFloat(wv.v[k]) * ToFloat(xv.v[k]);
     }
     dot = BlockSum(dot, scratch);  // all reads of dy[t] happen before any write of dx[t]
     const float c = r * r * dot / static_cast<float>(h_n);
@@ -116,9 +98,9 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
       P o;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const float df = ToF(d.v[k]), xf = ToF(xv.v[k]);
+        const float df = ToFloat(d.v[k]), xf = ToFloat(xv.v[k]);
         acc[at(i, k)] += df * xf * r;
-        o.v[k] = FromF<T>(r * (df * ToF(wv.v[k]) - xf * c));
+        o.v[k] = FromFloat<T>(r * (df * ToFloat(wv.v[k]) - xf * c));
       }
       dxr[i] = o;
     }
@@ -139,7 +121,7 @@ __global__ void RmsNormDwReduceKernel(const float* partial, int64_t blocks, int6
   if (h >= h_n) return;
   float s = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) s += partial[b * h_n + h];
-  dw[h] = FromF<DW>(accumulate ? ToF(dw[h]) + s : s);
+  dw[h] = FromFloat<DW>(accumulate ? ToFloat(dw[h]) + s : s);
 }
 
 cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }

@@ -13,28 +13,12 @@
 namespace switchyard::kernels {
 namespace {
 
+using testing::ExpectClose;
+using testing::Poisoned;
+using testing::Upload;
+
 Buffer Host(DType dt, std::vector<int64_t> shape) {
   return Buffer::ForTensor(dt, std::move(shape), Device::Cpu()).value();
-}
-
-Buffer Upload(const Buffer& host) {
-  Tensor h = host.View();
-  Buffer d = Buffer::ForTensor(h.dtype, h.shape, Device::Cuda(0)).value();
-  EXPECT_TRUE(CopyTensor(h, d.View()).ok());
-  return d;
-}
-
-Buffer Poisoned(DType dt, std::vector<int64_t> shape) {
-  Buffer d = Buffer::ForTensor(dt, std::move(shape), Device::Cuda(0)).value();
-  EXPECT_TRUE(FillBytes(d.View(), 0xFF).ok());
-  return d;
-}
-
-void ExpectClose(const Tensor& gpu, const Tensor& cpu, double tol, const char* what) {
-  const double err =
-      testing::RelativeError(testing::ToFloatVector(gpu), testing::ToFloatVector(cpu));
-  std::printf("  %-22s %s: rel err %.3g (tol %.0e)\n", what, gpu.DebugString().c_str(), err, tol);
-  EXPECT_LT(err, tol) << what << " " << gpu.DebugString();
 }
 
 TEST(RmsNormGpuTest, MatchesCpuReference) {

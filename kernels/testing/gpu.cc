@@ -79,4 +79,23 @@ void FillRandom(const Tensor& t, std::mt19937_64& rng, float scale) {
   }
 }
 
+kernels::Buffer Upload(const kernels::Buffer& host) {
+  Tensor h = host.View();
+  kernels::Buffer d = kernels::Buffer::ForTensor(h.dtype, h.shape, Device::Cuda(0)).value();
+  EXPECT_TRUE(kernels::CopyTensor(h, d.View()).ok());
+  return d;
+}
+
+kernels::Buffer Poisoned(DType dtype, std::vector<int64_t> shape) {
+  kernels::Buffer d = kernels::Buffer::ForTensor(dtype, std::move(shape), Device::Cuda(0)).value();
+  EXPECT_TRUE(kernels::FillBytes(d.View(), 0xFF).ok());
+  return d;
+}
+
+void ExpectClose(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  const double err = RelativeError(ToFloatVector(got), ToFloatVector(want));
+  std::printf("  %-22s %s: rel err %.3g (tol %.0e)\n", what, got.DebugString().c_str(), err, tol);
+  EXPECT_LT(err, tol) << what << " " << got.DebugString();
+}
+
 }  // namespace switchyard::testing

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "kernels/buffer.h"
 
 namespace switchyard::testing {
 
@@ -28,6 +29,16 @@ std::vector<float> ToFloatVector(const Tensor& t);
 
 // Fills a CPU tensor (f32, f64, bf16) with N(0, scale^2) values from `rng`.
 void FillRandom(const Tensor& t, std::mt19937_64& rng, float scale = 1.0f);
+
+// A copy of a host buffer on CUDA device 0 (the copy's status is EXPECTed).
+kernels::Buffer Upload(const kernels::Buffer& host);
+
+// A CUDA-device-0 buffer filled with 0xFF bytes (NaN for floats): outputs are poisoned before a
+// run so an element the op forgets to write cannot pass.
+kernels::Buffer Poisoned(DType dtype, std::vector<int64_t> shape);
+
+// EXPECTs RelativeError(got, want) < tol and prints the evidence (what, shape, error, tol).
+void ExpectClose(const Tensor& got, const Tensor& want, double tol, const char* what);
 
 }  // namespace switchyard::testing
 
