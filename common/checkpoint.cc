@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -84,49 +85,10 @@ constexpr char kTempPrefix[] = ".tmp_step_";
 
 absl::Status ErrnoError(int err, const std::string& what) { return absl::ErrnoToStatus(err, what); }
 
-absl::Status FsyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat(dir, ": open directory to fsync"));
-  const int rc = fsync(fd);
-  const int err = errno;
-  close(fd);
-  if (rc != 0) return ErrnoError(err, absl::StrCat(dir, ": fsync directory"));
-  return absl::OkStatus();
-}
-
-absl::Status WriteAllFd(int fd, absl::string_view bytes, const std::string& path) {
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    const ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, absl::StrCat(path, ": write"));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-// Writes `bytes` to `dir`/`name` atomically: temp file, fsync, rename, fsync `dir`.
+// Writes `bytes` to `dir`/`name` atomically (common/file_util.h).
 absl::Status WriteFileAtomic(const std::string& dir, const std::string& name,
                              absl::string_view bytes) {
-  const std::string path = absl::StrCat(dir, "/", name);
-  const std::string tmp = absl::StrCat(dir, "/.", name, ".tmp.", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat(tmp, ": open for writing"));
-  absl::Status status = WriteAllFd(fd, bytes, tmp);
-  if (status.ok() && fsync(fd) != 0) status = ErrnoError(errno, absl::StrCat(tmp, ": fsync"));
-  if (close(fd) != 0 && status.ok()) status = ErrnoError(errno, absl::StrCat(tmp, ": close"));
-  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    status = ErrnoError(errno, absl::StrCat("rename ", tmp, " -> ", path));
-  }
-  if (!status.ok()) {
-    unlink(tmp.c_str());
-    return status;
-  }
-  return FsyncDir(dir);
+  return WriteFileAtomically(absl::StrCat(dir, "/", name), bytes);
 }
 
 // Reads a small file whole. kNotFound if it does not exist.
@@ -335,7 +297,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
     RemoveTreeBestEffort(tmp_dir);
     return status;
   }
-  SY_RETURN_IF_ERROR(FsyncDir(root));
+  SY_RETURN_IF_ERROR(FsyncDirectory(root));
   SY_RETURN_IF_ERROR(WriteFileAtomic(root, kLatestName, StepDirName(step) + "\n"));
   return final_dir;
 }

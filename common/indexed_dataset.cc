@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/status.h"
 
 namespace switchyard {
@@ -81,60 +82,6 @@ absl::Status MapFile(const std::string& path, Mapping* m) {
   close(fd);
   if (addr == MAP_FAILED) return absl::ErrnoToStatus(err, absl::StrCat(path, ": mmap"));
   m->addr = addr;
-  return absl::OkStatus();
-}
-
-absl::Status WriteAll(int fd, const char* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      return absl::ErrnoToStatus(err, absl::StrCat(path, ": write"));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync of the directory.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat(tmp, ": open for writing"));
-  }
-  absl::Status status = WriteAll(fd, bytes.data(), bytes.size(), tmp);
-  if (status.ok() && fsync(fd) != 0) {
-    const int err = errno;
-    status = absl::ErrnoToStatus(err, absl::StrCat(tmp, ": fsync"));
-  }
-  if (close(fd) != 0 && status.ok()) {
-    const int err = errno;
-    status = absl::ErrnoToStatus(err, absl::StrCat(tmp, ": close"));
-  }
-  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    status = absl::ErrnoToStatus(err, absl::StrCat("rename ", tmp, " -> ", path));
-  }
-  if (!status.ok()) {
-    unlink(tmp.c_str());
-    return status;
-  }
-  const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat(dir, ": open directory to fsync"));
-  }
-  const int rc = fsync(dir_fd);
-  const int err = errno;
-  close(dir_fd);
-  if (rc != 0) return absl::ErrnoToStatus(err, absl::StrCat(dir, ": fsync directory"));
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -437,69 +438,16 @@ absl::StatusOr<std::string> SafetensorsWriter::ToBytes() const {
   return out;
 }
 
-namespace {
-
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = write(fd, p, std::min(n, size_t{1} << 30));
-    if (w < 0) {
-      const int err = errno;
-      if (err == EINTR) continue;
-      return absl::ErrnoToStatus(err, absl::StrCat(path, ": write"));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status SafetensorsWriter::Write(const std::string& path) const {
   std::vector<const Item*> order;
   SY_ASSIGN_OR_RETURN(const std::string head, Layout(&order));
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat(tmp, ": open for writing"));
-  }
-  absl::Status status = WriteAll(fd, head.data(), head.size(), tmp);
-  for (const Item* item : order) {
-    if (!status.ok()) break;
-    status = WriteAll(fd, item->tensor.data, item->tensor.bytes(), tmp);
-  }
-  if (status.ok() && fsync(fd) != 0) {
-    const int err = errno;
-    status = absl::ErrnoToStatus(err, absl::StrCat(tmp, ": fsync"));
-  }
-  if (close(fd) != 0 && status.ok()) {
-    const int err = errno;
-    status = absl::ErrnoToStatus(err, absl::StrCat(tmp, ": close"));
-  }
-  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    status = absl::ErrnoToStatus(err, absl::StrCat("rename ", tmp, " -> ", path));
-  }
-  if (!status.ok()) {
-    unlink(tmp.c_str());
-    return status;
-  }
-  // The rename is durable only once the directory entry is.
-  const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    const int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrCat(dir, ": open directory to fsync"));
-  }
-  const int rc = fsync(dir_fd);
-  const int err = errno;
-  close(dir_fd);
-  if (rc != 0) return absl::ErrnoToStatus(err, absl::StrCat(dir, ": fsync directory"));
-  return absl::OkStatus();
+  return WriteFileAtomically(path, [&](int fd, const std::string& tmp) {
+    SY_RETURN_IF_ERROR(WriteAll(fd, head.data(), head.size(), tmp));
+    for (const Item* item : order) {
+      SY_RETURN_IF_ERROR(WriteAll(fd, item->tensor.data, item->tensor.bytes(), tmp));
+    }
+    return absl::OkStatus();
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+
+namespace switchyard {
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat(path, ": write"));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(dir, ": open directory to fsync"));
+  const int rc = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) return absl::ErrnoToStatus(err, absl::StrCat(dir, ": fsync directory"));
+  return absl::OkStatus();
+}
+
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+absl::Status WriteFileAtomically(
+    const std::string& path, const std::function<absl::Status(int fd, const std::string&)>& fill) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(tmp, ": open for writing"));
+  absl::Status status = fill(fd, tmp);
+  if (status.ok() && fsync(fd) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat(tmp, ": fsync"));
+  }
+  if (close(fd) != 0 && status.ok()) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat(tmp, ": close"));
+  }
+  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
+  }
+  if (!status.ok()) {
+    unlink(tmp.c_str());
+    return status;
+  }
+  return FsyncDirectory(DirectoryOf(path));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+  return WriteFileAtomically(path, [&](int fd, const std::string& tmp) {
+    return WriteAll(fd, bytes.data(), bytes.size(), tmp);
+  });
+}
+
+}  // namespace switchyard

@@ -1,0 +1,37 @@
+// File: common/file_util.h
+//
+// Durable file writes, shared by the safetensors writer, the indexed-dataset writer and
+// checkpoints: a file is written under a temporary name next to its destination, fsynced, renamed
+// over the destination and the directory fsynced, so a reader sees the old file or the complete
+// new one, never a torn one.
+#ifndef SWITCHYARD_COMMON_FILE_UTIL_H_
+#define SWITCHYARD_COMMON_FILE_UTIL_H_
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace switchyard {
+
+// Writes all `n` bytes to `fd` (retrying short writes and EINTR); errors name `path`.
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path);
+
+// fsyncs the directory `dir`, making renames and creations in it durable.
+absl::Status FsyncDirectory(const std::string& dir);
+
+// The directory part of `path` ("." when it has none).
+std::string DirectoryOf(const std::string& path);
+
+// Atomically replaces `path`: `fill(fd, tmp_path)` writes the content into the temporary file
+// `<path>.tmp.<pid>`, which is then fsynced, renamed to `path`, and its directory fsynced. On any
+// error the temporary file is removed and `path` is left as it was.
+absl::Status WriteFileAtomically(
+    const std::string& path, const std::function<absl::Status(int fd, const std::string&)>& fill);
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+
+}  // namespace switchyard
+
+#endif  // SWITCHYARD_COMMON_FILE_UTIL_H_
