@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything a fresh Debian 12 machine needs to build and test Switchyard, and nothing
 # else: Debian packages (Bazel, gRPC, Protobuf, Abseil, prometheus-cpp, ...) and the pinned PyPI
-# package that carries the CUTLASS headers. Idempotent: a second run checks and returns quickly.
+# package that carries the CUTLASS headers; then builds the default training corpus from the
+# bible-kjv packages (tools/prepare_corpus.sh). Idempotent: a second run checks and returns quickly.
 # The CUDA 13 toolkit (nvcc, cuBLAS, NCCL) is expected at /usr/local/cuda (or $CUDA_PATH).
 set -euo pipefail
 
@@ -19,6 +20,7 @@ DEBIAN_PACKAGES=(
   libsqlite3-dev
   libgtest-dev libgmock-dev
   clang-format
+  bible-kjv-text bible-kjv  # default training corpus (KJV text + its decoder); tools/prepare_corpus.sh
 )
 PYPI_PACKAGES=(
   "nvidia-cutlass==4.2.0.0"  # CUTLASS 4.2 C++ headers (cutlass_library/source/include)
@@ -53,3 +55,6 @@ if [ ! -x "$cuda/bin/nvcc" ]; then
   exit 1
 fi
 log "ok: $(bazel --version 2>/dev/null || echo bazel), $(protoc --version), nvcc $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+
+# The default training corpus (needs the packages above and Bazel; quick when already built).
+"$(dirname "$0")/prepare_corpus.sh"
