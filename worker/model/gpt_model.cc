@@ -1,0 +1,781 @@
+// The GPT-style MoE model: layout, planning, and the forward / backward sequencing of the kernels.
+#include "worker/model/gpt_model.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/rope.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/moe/router.h"
+#include "kernels/moe/swiglu.h"
+#include "kernels/norm/rmsnorm.h"
+#include "worker/model/moe_layer_tensors.h"
+
+namespace switchyard::model {
+namespace {
+
+using kernels::Buffer;
+using kernels::Gemm;
+
+constexpr int64_t kAlign = 64;  // elements; every tensor of the flat layout starts aligned
+
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The first `rows` rows of `t` (same trailing dims).
+Tensor Rows(const Tensor& t, int64_t rows) {
+  Tensor v = t;
+  v.shape[0] = rows;
+  return v;
+}
+
+// `t` (contiguous) viewed with another shape of at most the same element count.
+Tensor Reshape(const Tensor& t, std::vector<int64_t> shape) {
+  return Tensor(t.dtype, std::move(shape), t.device, t.data);
+}
+
+// Element `i` of a flat tensor viewed as `shape`.
+Tensor Slice(const Tensor& flat, int64_t offset, std::vector<int64_t> shape) {
+  return Tensor(flat.dtype, std::move(shape), flat.device,
+                static_cast<char*>(flat.data) + offset * DTypeSize(flat.dtype));
+}
+
+absl::Status CopyAsync(const Stream& s, const Tensor& src, const Tensor& dst) {
+  if (src.bytes() != dst.bytes()) {
+    return absl::InternalError(
+        absl::StrCat("CopyAsync: ", src.DebugString(), " -> ", dst.DebugString()));
+  }
+  if (src.bytes() == 0) return absl::OkStatus();
+  if (!s.is_cuda()) {
+    std::memcpy(dst.data, src.data, src.bytes());
+    return absl::OkStatus();
+  }
+  SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault,
+                                          static_cast<cudaStream_t>(s.cuda_stream)));
+  return absl::OkStatus();
+}
+
+absl::Status ZeroAsync(const Stream& s, const Tensor& t) {
+  if (t.bytes() == 0) return absl::OkStatus();
+  if (!s.is_cuda()) {
+    std::memset(t.data, 0, t.bytes());
+    return absl::OkStatus();
+  }
+  SY_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(t.data, 0, t.bytes(), static_cast<cudaStream_t>(s.cuda_stream)));
+  return absl::OkStatus();
+}
+
+uint64_t MixSeed(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 1;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Configuration and layout
+
+absl::StatusOr<GptConfig> GptConfig::FromProto(const v1::ModelConfig& m, DType dtype) {
+  GptConfig c;
+  c.dtype = dtype;
+  c.num_layers = m.num_layers();
+  c.hidden_size = m.hidden_size();
+  c.num_heads = m.num_attention_heads();
+  c.num_kv_heads = m.has_num_query_groups() ? m.num_query_groups() : c.num_heads;
+  c.head_dim =
+      m.has_kv_channels() ? m.kv_channels() : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  c.ffn_hidden_size = m.has_ffn_hidden_size() ? m.ffn_hidden_size() : 4 * c.hidden_size;
+  c.vocab_size = m.vocab_size();
+  c.seq_length = m.has_seq_length() ? m.seq_length() : 1024;
+  c.norm_epsilon = m.has_norm_epsilon() ? m.norm_epsilon() : 1e-5;
+  c.rotary_base = m.has_rotary_base() ? m.rotary_base() : 10000.0;
+  c.init_method_std = m.has_init_method_std() ? m.init_method_std() : 0.02;
+  c.qk_layernorm = m.qk_layernorm();
+  c.untie_embeddings = m.untie_embeddings_and_output_weights();
+  if (!m.normalization().empty() && m.normalization() != "RMSNorm") {
+    return absl::InvalidArgumentError(absl::StrCat("model.normalization: \"", m.normalization(),
+                                                   "\" is not supported; use \"RMSNorm\""));
+  }
+  if (m.add_bias_linear()) {
+    return absl::InvalidArgumentError(
+        "model.add_bias_linear: linear biases are not supported (Mixtral/Qwen3/DeepSeek use "
+        "none)");
+  }
+  const bool has_moe = m.has_num_experts() && m.num_experts() > 0;
+  c.moe_layers.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), false);
+  if (has_moe) {
+    if (m.moe_layer_pattern_size() > 0) {
+      if (m.moe_layer_pattern_size() != c.num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.moe_layer_pattern: has ", m.moe_layer_pattern_size(),
+                         " entries, must have one per layer (num_layers = ", c.num_layers, ")"));
+      }
+      for (int i = 0; i < m.moe_layer_pattern_size(); ++i) c.moe_layers[i] = m.moe_layer_pattern(i);
+    } else {
+      const int64_t freq = m.has_moe_layer_freq() ? m.moe_layer_freq() : 1;
+      if (freq < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.moe_layer_freq (", freq, ") must be >= 1"));
+      }
+      for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers[i] = (i % freq == 0);
+    }
+    SY_ASSIGN_OR_RETURN(c.moe, MoELayerConfig::FromProto(m, dtype));
+    c.moe.router.seq_length = c.seq_length;
+    if (m.has_moe_router_bias_update_rate()) {
+      c.expert_bias_update_rate = m.moe_router_bias_update_rate();
+    }
+  }
+  SY_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+absl::Status GptConfig::Validate() const {
+  auto positive = [](const char* field, int64_t v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("model.", field, " (", v, ") must be > 0"));
+  };
+  SY_RETURN_IF_ERROR(positive("num_layers", num_layers));
+  SY_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
+  SY_RETURN_IF_ERROR(positive("num_attention_heads", num_heads));
+  SY_RETURN_IF_ERROR(positive("num_query_groups", num_kv_heads));
+  SY_RETURN_IF_ERROR(positive("kv_channels", head_dim));
+  SY_RETURN_IF_ERROR(positive("ffn_hidden_size", ffn_hidden_size));
+  SY_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
+  SY_RETURN_IF_ERROR(positive("seq_length", seq_length));
+  if (num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.num_attention_heads (", num_heads,
+                     ") must be divisible by model.num_query_groups (", num_kv_heads, ")"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.kv_channels (", head_dim, ") must be even (RoPE rotates pairs)"));
+  }
+  if (!(norm_epsilon > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.norm_epsilon (", norm_epsilon, ") must be > 0"));
+  }
+  if (!(rotary_base > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.rotary_base (", rotary_base, ") must be > 0"));
+  }
+  if (static_cast<int64_t>(moe_layers.size()) != num_layers) {
+    return absl::InvalidArgumentError("model: moe_layers must have one entry per layer");
+  }
+  if (num_moe_layers() > 0) {
+    MoELayerConfig m = moe;
+    if (m.hidden_size != hidden_size) {
+      return absl::InvalidArgumentError("model: MoE hidden size differs from hidden_size");
+    }
+    SY_RETURN_IF_ERROR(m.Validate());
+  }
+  if (dtype != DType::kBF16 && dtype != DType::kF32 && dtype != DType::kF64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model dtype must be bf16, f32 or f64, got ", DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+int64_t GptConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (bool b : moe_layers) n += b;
+  return n;
+}
+
+DType GptConfig::GradDType(Device device) const { return device.is_cuda() ? DType::kF32 : dtype; }
+
+const ParamInfo* GptParamLayout::Find(const std::string& name) const {
+  for (const ParamInfo& p : params) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+GptParamLayout MakeGptParamLayout(const GptConfig& c) {
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
+  std::vector<ParamInfo> all;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool scaled = false) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.numel = 1;
+    for (int64_t s : p.shape) p.numel *= s;
+    p.weight_decay = p.shape.size() >= 2;
+    p.ones_init = p.shape.size() == 1;
+    p.scaled_init = scaled;
+    all.push_back(std::move(p));
+  };
+  add("embedding.weight", {c.vocab_size, h});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string pre = absl::StrCat("layers.", l, ".");
+    add(pre + "input_norm.weight", {h});
+    add(pre + "attention.q.weight", {hq * d, h});
+    add(pre + "attention.k.weight", {hkv * d, h});
+    add(pre + "attention.v.weight", {hkv * d, h});
+    add(pre + "attention.o.weight", {h, hq * d}, /*scaled=*/true);
+    if (c.qk_layernorm) {
+      add(pre + "attention.q_norm.weight", {d});
+      add(pre + "attention.k_norm.weight", {d});
+    }
+    add(pre + "post_attention_norm.weight", {h});
+    if (c.moe_layers[l]) {
+      for (auto& [name, shape] : MoELayerTensors::ParamShapes(c.moe)) {
+        const bool scaled = name == "experts.fc2" || name == "shared_expert.fc2";
+        add(pre + "moe." + name, shape, scaled);
+      }
+    } else {
+      add(pre + "mlp.fc1.weight", {2 * c.ffn_hidden_size, h});
+      add(pre + "mlp.fc2.weight", {h, c.ffn_hidden_size}, /*scaled=*/true);
+    }
+  }
+  add("final_norm.weight", {h});
+  if (c.untie_embeddings) add("output.weight", {c.vocab_size, h});
+
+  GptParamLayout layout;
+  int64_t offset = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // decayed tensors first, then the rest
+    for (const ParamInfo& p : all) {
+      if (p.weight_decay != (pass == 0)) continue;
+      ParamInfo q = p;
+      q.offset = offset;
+      offset += AlignUp(q.numel);
+      layout.params.push_back(std::move(q));
+    }
+    if (pass == 0) layout.decay_end = offset;
+  }
+  layout.total = offset;
+  return layout;
+}
+
+double GptTrainingFlopsPerToken(const GptConfig& c) {
+  const double h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
+  double fwd = 2 * h * (hq * d + 2 * hkv * d) + 2 * hq * d * h;  // q, k, v, o
+  const double per_layer_attn = fwd;
+  const double attn_core = 2.0 * 2.0 * hq * d * (c.seq_length / 2.0);  // q·k and p·v, causal
+  double total = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    total += per_layer_attn + attn_core;
+    if (c.moe_layers[l]) {
+      const MoELayerConfig& m = c.moe;
+      total += 2 * h * m.router.num_experts;                              // router
+      total += 2.0 * m.router.topk * 3 * h * m.ffn_hidden_size;           // routed experts
+      total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
+      if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
+    } else {
+      total += 2.0 * 3 * h * c.ffn_hidden_size;
+    }
+  }
+  total += 2 * h * c.vocab_size;  // LM head
+  return 3 * total;
+}
+
+int64_t GptTotalParams(const GptConfig& c) {
+  int64_t n = 0;
+  for (const ParamInfo& p : MakeGptParamLayout(c).params) n += p.numel;
+  return n;
+}
+
+int64_t GptActiveParams(const GptConfig& c) {
+  int64_t n = 0;
+  for (const ParamInfo& p : MakeGptParamLayout(c).params) {
+    const bool routed = absl::StrContains(p.name, ".moe.experts.");
+    n += routed ? p.numel / c.moe.router.num_experts * c.moe.router.topk : p.numel;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model
+
+struct GptModel::Layer {
+  int64_t index = 0;
+  bool is_moe = false;
+  int64_t moe_index = -1;
+  std::unique_ptr<MoELayer> moe;
+  MoELayerParams mp, mg;
+  MoERouterState rs;
+  // Parameter and gradient views.
+  Tensor w_in, wq, wk, wv, wo, w_qn, w_kn, w_post, w_fc1, w_fc2;
+  Tensor g_in, gq, gk, gv, go, g_qn, g_kn, g_post, g_fc1, g_fc2;
+  // Saved activations (max_tokens rows; the step views the first T).
+  Tensor n1, rstd1, q_pre, k_pre, q_rstd, k_rstd, q, k, v, o, lse, mid, n2, rstd2, h, a;
+};
+
+GptModel::~GptModel() = default;
+
+MoELayer* GptModel::moe_layer(int64_t l) const { return layers_[l].moe.get(); }
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, Device device,
+                                                           int64_t max_micro_batch,
+                                                           int64_t max_micro_batches) {
+  SY_RETURN_IF_ERROR(config.Validate());
+  if (max_micro_batch < 1 || max_micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel: max_micro_batch (", max_micro_batch,
+                                                   ") and max_micro_batches (", max_micro_batches,
+                                                   ") must be >= 1"));
+  }
+  if (device.is_cuda() && config.dtype == DType::kF64) {
+    return absl::InvalidArgumentError("GptModel: f64 runs on the CPU only");
+  }
+  std::unique_ptr<GptModel> m(new GptModel());
+  m->config_ = config;
+  m->device_ = device;
+  m->layout_ = MakeGptParamLayout(config);
+  SY_RETURN_IF_ERROR(m->Build(max_micro_batch, max_micro_batches));
+  return m;
+}
+
+absl::StatusOr<Tensor> GptModel::Alloc(DType dtype, std::vector<int64_t> shape) {
+  SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(dtype, std::move(shape), device_));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(b.View(), 0));
+  Tensor t = b.View();
+  buffers_.push_back(std::move(b));
+  return t;
+}
+
+Tensor GptModel::P(const std::string& name) const {
+  const ParamInfo* p = layout_.Find(name);
+  return Slice(params_.View(), p->offset, p->shape);
+}
+
+Tensor GptModel::G(const std::string& name) const {
+  const ParamInfo* p = layout_.Find(name);
+  return Slice(grads_.View(), p->offset, p->shape);
+}
+
+absl::StatusOr<Tensor> GptModel::Param(const std::string& name) const {
+  if (layout_.Find(name) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model has no parameter \"", name, "\""));
+  }
+  return P(name);
+}
+
+absl::StatusOr<Tensor> GptModel::Grad(const std::string& name) const {
+  if (layout_.Find(name) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model has no parameter \"", name, "\""));
+  }
+  return G(name);
+}
+
+absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches) {
+  const GptConfig& c = config_;
+  const DType dt = c.dtype, gdt = c.GradDType(device_);
+  const DType stat_dt = device_.is_cuda() ? DType::kF32 : DType::kF64;
+  const int64_t t = max_micro_batch * c.seq_length, h = c.hidden_size, d = c.head_dim;
+  const int64_t hq = c.num_heads, hkv = c.num_kv_heads, f = c.ffn_hidden_size;
+  max_tokens_ = t;
+  max_micro_ = max_micro_batches;
+
+  SY_ASSIGN_OR_RETURN(params_, Buffer::ForTensor(dt, {layout_.total}, device_));
+  SY_ASSIGN_OR_RETURN(grads_, Buffer::ForTensor(gdt, {layout_.total}, device_));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(params_.View(), 0));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(grads_.View(), 0));
+  const int64_t n_moe = c.num_moe_layers();
+  const int64_t e = n_moe > 0 ? c.moe.router.num_experts : 0;
+  if (n_moe > 0) {
+    SY_ASSIGN_OR_RETURN(expert_bias_, Buffer::ForTensor(DType::kF32, {n_moe, e}, device_));
+    SY_ASSIGN_OR_RETURN(local_counts_, Buffer::ForTensor(DType::kF32, {n_moe, e}, device_));
+    SY_RETURN_IF_ERROR(kernels::FillBytes(expert_bias_.View(), 0));
+    SY_RETURN_IF_ERROR(kernels::FillBytes(local_counts_.View(), 0));
+    num_moe_terms_ = static_cast<int64_t>(c.moe.router.aux_losses.size()) + 1;
+  }
+
+  for (int64_t l = 0; l <= c.num_layers; ++l) {
+    SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {t, h}));
+    resid_.push_back(x);
+  }
+  int64_t moe_index = 0;
+  layers_.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Layer& L = layers_[l];
+    L.index = l;
+    L.is_moe = c.moe_layers[l];
+    const std::string pre = absl::StrCat("layers.", l, ".");
+    L.w_in = P(pre + "input_norm.weight");
+    L.g_in = G(pre + "input_norm.weight");
+    L.wq = P(pre + "attention.q.weight");
+    L.gq = G(pre + "attention.q.weight");
+    L.wk = P(pre + "attention.k.weight");
+    L.gk = G(pre + "attention.k.weight");
+    L.wv = P(pre + "attention.v.weight");
+    L.gv = G(pre + "attention.v.weight");
+    L.wo = P(pre + "attention.o.weight");
+    L.go = G(pre + "attention.o.weight");
+    if (c.qk_layernorm) {
+      L.w_qn = P(pre + "attention.q_norm.weight");
+      L.g_qn = G(pre + "attention.q_norm.weight");
+      L.w_kn = P(pre + "attention.k_norm.weight");
+      L.g_kn = G(pre + "attention.k_norm.weight");
+    }
+    L.w_post = P(pre + "post_attention_norm.weight");
+    L.g_post = G(pre + "post_attention_norm.weight");
+    SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {t, h}));
+    SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {t}));
+    if (c.qk_layernorm) {
+      SY_ASSIGN_OR_RETURN(L.q_pre, Alloc(dt, {t, hq, d}));
+      SY_ASSIGN_OR_RETURN(L.k_pre, Alloc(dt, {t, hkv, d}));
+      SY_ASSIGN_OR_RETURN(L.q_rstd, Alloc(L.rstd1.dtype, {t * hq}));
+      SY_ASSIGN_OR_RETURN(L.k_rstd, Alloc(L.rstd1.dtype, {t * hkv}));
+    }
+    SY_ASSIGN_OR_RETURN(L.q, Alloc(dt, {t, hq, d}));
+    SY_ASSIGN_OR_RETURN(L.k, Alloc(dt, {t, hkv, d}));
+    SY_ASSIGN_OR_RETURN(L.v, Alloc(dt, {t, hkv, d}));
+    SY_ASSIGN_OR_RETURN(L.o, Alloc(dt, {t, hq, d}));
+    SY_ASSIGN_OR_RETURN(L.lse, Alloc(L.rstd1.dtype, {t * hq}));
+    SY_ASSIGN_OR_RETURN(L.mid, Alloc(dt, {t, h}));
+    SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {t, h}));
+    SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {t}));
+    if (L.is_moe) {
+      L.moe_index = moe_index++;
+      SY_ASSIGN_OR_RETURN(L.moe, MoELayer::Create(c.moe, device_, t));
+      auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
+        if (layout_.Find(pre + "moe." + name) == nullptr) return;
+        *p = P(pre + "moe." + name);
+        *g = G(pre + "moe." + name);
+      };
+      slot("router.weight", &L.mp.router_weight, &L.mg.router_weight);
+      slot("experts.fc1", &L.mp.fc1, &L.mg.fc1);
+      slot("experts.fc2", &L.mp.fc2, &L.mg.fc2);
+      slot("shared_expert.fc1", &L.mp.shared_fc1, &L.mg.shared_fc1);
+      slot("shared_expert.fc2", &L.mp.shared_fc2, &L.mg.shared_fc2);
+      slot("shared_expert.gate", &L.mp.shared_gate, &L.mg.shared_gate);
+      L.rs.expert_bias = Slice(expert_bias_.View(), L.moe_index * e, {e});
+      L.rs.local_tokens_per_expert = Slice(local_counts_.View(), L.moe_index * e, {e});
+    } else {
+      L.w_fc1 = P(pre + "mlp.fc1.weight");
+      L.g_fc1 = G(pre + "mlp.fc1.weight");
+      L.w_fc2 = P(pre + "mlp.fc2.weight");
+      L.g_fc2 = G(pre + "mlp.fc2.weight");
+      SY_ASSIGN_OR_RETURN(L.h, Alloc(dt, {t, 2 * f}));
+      SY_ASSIGN_OR_RETURN(L.a, Alloc(dt, {t, f}));
+    }
+  }
+  const DType rdt = layers_.empty() ? DType::kF32 : layers_[0].rstd1.dtype;
+  SY_ASSIGN_OR_RETURN(final_n_, Alloc(dt, {t, h}));
+  SY_ASSIGN_OR_RETURN(final_rstd_, Alloc(rdt, {t}));
+  SY_ASSIGN_OR_RETURN(ce_lse_, Alloc(stat_dt, {t}));
+  SY_ASSIGN_OR_RETURN(ce_num_valid_, Alloc(DType::kI32, {1}));
+  SY_ASSIGN_OR_RETURN(g_, Alloc(dt, {t, h}));
+  SY_ASSIGN_OR_RETURN(dn_, Alloc(dt, {t, h}));
+  SY_ASSIGN_OR_RETURN(d_o_, Alloc(dt, {t, hq, d}));
+  SY_ASSIGN_OR_RETURN(dq_, Alloc(dt, {t, hq, d}));
+  SY_ASSIGN_OR_RETURN(dk_, Alloc(dt, {t, hkv, d}));
+  SY_ASSIGN_OR_RETURN(dv_, Alloc(dt, {t, hkv, d}));
+  SY_ASSIGN_OR_RETURN(delta_, Alloc(rdt, {t * hq}));
+  if (c.num_moe_layers() < c.num_layers) {
+    SY_ASSIGN_OR_RETURN(dh_, Alloc(dt, {t, 2 * f}));
+    SY_ASSIGN_OR_RETURN(da_, Alloc(dt, {t, f}));
+  }
+  if (device_.is_cuda()) {
+    const int64_t rms_bytes = std::max({kernels::RmsNormBackwardWorkspaceBytes(t, h),
+                                        kernels::RmsNormBackwardWorkspaceBytes(t * hq, d)});
+    SY_ASSIGN_OR_RETURN(rms_ws_, Alloc(DType::kU8, {rms_bytes}));
+    SY_ASSIGN_OR_RETURN(
+        emb_ws_, Alloc(DType::kU8, {kernels::EmbeddingBackwardWorkspaceBytes(t, c.vocab_size)}));
+  }
+  // One chunk of fp32 logits of at most ~512 MiB (CUDA) / 64 MiB (CPU).
+  const int64_t budget = device_.is_cuda() ? (int64_t{512} << 20) : (int64_t{64} << 20);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t, budget / (c.vocab_size * 8)));
+  SY_ASSIGN_OR_RETURN(ce_,
+                      kernels::FusedLinearCrossEntropy::Create(device_, t, h, c.vocab_size, chunk));
+  SY_ASSIGN_OR_RETURN(stat_ce_, Alloc(stat_dt, {max_micro_}));
+  if (n_moe > 0) {
+    SY_ASSIGN_OR_RETURN(stat_moe_losses_,
+                        Alloc(c.moe.router_dtype(), {max_micro_, n_moe, num_moe_terms_}));
+    SY_ASSIGN_OR_RETURN(stat_counts_, Alloc(DType::kI32, {max_micro_, n_moe, e}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::InitMaster(const Stream& stream, uint64_t seed, const Tensor& master) const {
+  if (master.numel() != layout_.total || master.device != device_ ||
+      (master.dtype != DType::kF32 && master.dtype != DType::kF64)) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::InitMaster: master must be f32/f64 [",
+                                                   layout_.total, "] on ", device_.ToString(),
+                                                   ", got ", master.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(kernels::FillBytes(master, 0));
+  const double scaled_std =
+      config_.init_method_std / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    const ParamInfo& p = layout_.params[i];
+    const Tensor view = Slice(master, p.offset, {p.numel});
+    if (p.ones_init) {
+      SY_ASSIGN_OR_RETURN(Buffer ones, Buffer::ForTensor(master.dtype, {p.numel}, Device::Cpu()));
+      for (int64_t j = 0; j < p.numel; ++j) StoreFromDouble(ones.View(), j, 1.0);
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(ones.View(), view));
+      continue;
+    }
+    const double std = p.scaled_init ? scaled_std : config_.init_method_std;
+    SY_RETURN_IF_ERROR(
+        kernels::FillNormal(stream, view, MixSeed(seed, i), static_cast<float>(std)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::ZeroGrads(const Stream& stream) { return ZeroAsync(stream, grads_.View()); }
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, int micro,
+                                    bool training) {
+  const GptConfig& c = config_;
+  const int64_t t = tokens_, b = t / seq_len, h = c.hidden_size, d = c.head_dim;
+  const int64_t hq = c.num_heads, hkv = c.num_kv_heads;
+  const float eps = static_cast<float>(c.norm_epsilon);
+  const float base = static_cast<float>(c.rotary_base);
+  const Tensor x = Rows(resid_[L.index], t), x_next = Rows(resid_[L.index + 1], t);
+  const Tensor n1 = Rows(L.n1, t), mid = Rows(L.mid, t), n2 = Rows(L.n2, t);
+  const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
+
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, x, L.w_in, eps, n1, Rows(L.rstd1, t)));
+  const Tensor q_lin = c.qk_layernorm ? Rows(L.q_pre, t) : q;
+  const Tensor k_lin = c.qk_layernorm ? Rows(L.k_pre, t) : k;
+  SY_RETURN_IF_ERROR(Gemm(s, n1, false, L.wq, true, Reshape(q_lin, {t, hq * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, n1, false, L.wk, true, Reshape(k_lin, {t, hkv * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, n1, false, L.wv, true, Reshape(v, {t, hkv * d})));
+  if (c.qk_layernorm) {
+    SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Reshape(q_lin, {t * hq, d}), L.w_qn, eps,
+                                               Reshape(q, {t * hq, d}), Rows(L.q_rstd, t * hq)));
+    SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Reshape(k_lin, {t * hkv, d}), L.w_kn, eps,
+                                               Reshape(k, {t * hkv, d}), Rows(L.k_rstd, t * hkv)));
+  }
+  SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q));
+  SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  SY_RETURN_IF_ERROR(
+      kernels::AttentionForward(s, q, k, v, seq_len, scale, o, Reshape(L.lse, {b, hq, seq_len})));
+  SY_RETURN_IF_ERROR(CopyAsync(s, x, mid));
+  SY_RETURN_IF_ERROR(Gemm(s, Reshape(o, {t, hq * d}), false, L.wo, true, mid, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, t)));
+  if (L.is_moe) {
+    const uint64_t jitter =
+        (step_counter_ * static_cast<uint64_t>(c.num_layers) + static_cast<uint64_t>(L.index)) *
+        static_cast<uint64_t>(max_tokens_ * h);
+    SY_RETURN_IF_ERROR(L.moe->Forward(s, L.mp, L.rs, n2, x_next, training ? jitter : 0));
+    SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, mid, 1.0f, x_next, x_next));
+    if (micro >= 0) {
+      const int64_t n_moe = c.num_moe_layers(), e = c.moe.router.num_experts;
+      SY_RETURN_IF_ERROR(
+          CopyAsync(s, L.moe->losses(),
+                    Slice(stat_moe_losses_, (micro * n_moe + L.moe_index) * num_moe_terms_,
+                          {num_moe_terms_})));
+      SY_RETURN_IF_ERROR(CopyAsync(s, L.moe->tokens_per_expert(),
+                                   Slice(stat_counts_, (micro * n_moe + L.moe_index) * e, {e})));
+    }
+  } else {
+    const Tensor hh = Rows(L.h, t), a = Rows(L.a, t);
+    SY_RETURN_IF_ERROR(Gemm(s, n2, false, L.w_fc1, true, hh));
+    SY_RETURN_IF_ERROR(kernels::SwigluForward(s, hh, Tensor(), Tensor(), a));
+    SY_RETURN_IF_ERROR(CopyAsync(s, mid, x_next));
+    SY_RETURN_IF_ERROR(Gemm(s, a, false, L.w_fc2, true, x_next, 1.0f, 1.0f));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t seq_len, int micro,
+                                   bool training) {
+  const int64_t t = ids.numel();
+  if (ids.dtype != DType::kI32 || ids.device != device_ || s.device != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel: ids must be i32 on ", device_.ToString(), ", got ", ids.DebugString()));
+  }
+  if (seq_len < 1 || seq_len > config_.seq_length || t % seq_len != 0 || t == 0 ||
+      t > max_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: ", t, " tokens must be a positive multiple of seq_len (", seq_len,
+                     ") with seq_len <= seq_length (", config_.seq_length, ") and at most ",
+                     max_tokens_, " tokens (the planned micro-batch)"));
+  }
+  if (micro >= max_micro_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: micro-batch slot ", micro, " >= ", max_micro_));
+  }
+  if (config_.num_moe_layers() > 0 && seq_len != config_.seq_length) {
+    for (const auto& aux : config_.moe.router.aux_losses) {
+      if (aux.type == kernels::AuxLossType::kSeqAuxLoss) {
+        return absl::InvalidArgumentError(
+            "GptModel: seq_aux_loss needs seq_len == model.seq_length");
+      }
+    }
+  }
+  tokens_ = t;
+  ++step_counter_;
+  SY_RETURN_IF_ERROR(kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], t)));
+  for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), t), P("final_norm.weight"),
+                                             static_cast<float>(config_.norm_epsilon),
+                                             Rows(final_n_, t), Rows(final_rstd_, t)));
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
+                               int64_t seq_len, int micro, const Tensor& logits) {
+  SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
+  const int64_t t = tokens_;
+  const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
+  if (targets.data != nullptr) {
+    SY_RETURN_IF_ERROR(ce_->Forward(stream, Rows(final_n_, t), w_out, targets,
+                                    Slice(stat_ce_, micro, {1}), ce_num_valid_, Rows(ce_lse_, t)));
+  }
+  if (logits.data != nullptr) {
+    SY_RETURN_IF_ERROR(
+        CheckTensor(logits, "GptModel::Forward.logits", logits.dtype, {t, config_.vocab_size}));
+    SY_RETURN_IF_ERROR(Gemm(stream, Rows(final_n_, t), false, w_out, true, logits));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
+                                     double aux_grad_scale) {
+  const GptConfig& c = config_;
+  const int64_t t = tokens_, b = t / seq_len, d = c.head_dim;
+  const int64_t hq = c.num_heads, hkv = c.num_kv_heads;
+  const float base = static_cast<float>(c.rotary_base);
+  const Tensor x = Rows(resid_[L.index], t);
+  const Tensor n1 = Rows(L.n1, t), mid = Rows(L.mid, t), n2 = Rows(L.n2, t);
+  const Tensor g = Rows(g_, t), dn = Rows(dn_, t);
+
+  // MLP: dn = d(loss)/d(n2), then through the post-attention norm into g.
+  if (L.is_moe) {
+    SY_RETURN_IF_ERROR(L.moe->Backward(s, L.mp, L.mg, g, dn, aux_grad_scale));
+  } else {
+    const Tensor hh = Rows(L.h, t), a = Rows(L.a, t), dh = Rows(dh_, t), da = Rows(da_, t);
+    SY_RETURN_IF_ERROR(Gemm(s, g, false, L.w_fc2, false, da));
+    SY_RETURN_IF_ERROR(Gemm(s, g, true, a, false, L.g_fc2, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, da, hh, Tensor(), Tensor(), dh, Tensor()));
+    SY_RETURN_IF_ERROR(Gemm(s, dh, true, n2, false, L.g_fc1, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(Gemm(s, dh, false, L.w_fc1, false, dn));
+  }
+  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, t), dn, L.g_post,
+                                              true, rms_ws_));
+  SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
+
+  // Attention: g is now d(loss)/d(mid).
+  const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
+  const Tensor d_o = Rows(d_o_, t), dq = Rows(dq_, t), dk = Rows(dk_, t), dv = Rows(dv_, t);
+  SY_RETURN_IF_ERROR(Gemm(s, g, false, L.wo, false, Reshape(d_o, {t, hq * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, g, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  SY_RETURN_IF_ERROR(kernels::AttentionBackward(s, q, k, v, o, Reshape(L.lse, {b, hq, seq_len}),
+                                                d_o, seq_len, scale,
+                                                Reshape(delta_, {b, hq, seq_len}), dq, dk, dv));
+  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq));
+  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk));
+  if (c.qk_layernorm) {
+    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(
+        s, Reshape(dq, {t * hq, d}), Reshape(Rows(L.q_pre, t), {t * hq, d}), L.w_qn,
+        Rows(L.q_rstd, t * hq), Reshape(dq, {t * hq, d}), L.g_qn, true, rms_ws_));
+    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(
+        s, Reshape(dk, {t * hkv, d}), Reshape(Rows(L.k_pre, t), {t * hkv, d}), L.w_kn,
+        Rows(L.k_rstd, t * hkv), Reshape(dk, {t * hkv, d}), L.g_kn, true, rms_ws_));
+  }
+  const Tensor dq2 = Reshape(dq, {t, hq * d}), dk2 = Reshape(dk, {t, hkv * d});
+  const Tensor dv2 = Reshape(dv, {t, hkv * d});
+  SY_RETURN_IF_ERROR(Gemm(s, dq2, true, n1, false, L.gq, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dk2, true, n1, false, L.gk, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dv2, true, n1, false, L.gv, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dq2, false, L.wq, false, dn));
+  SY_RETURN_IF_ERROR(Gemm(s, dk2, false, L.wk, false, dn, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dv2, false, L.wv, false, dn, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(
+      kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, t), dn, L.g_in, true, rms_ws_));
+  SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const Tensor& targets,
+                                       int64_t seq_len, float ce_scale, double aux_grad_scale,
+                                       int micro) {
+  if (micro < 0) return absl::InvalidArgumentError("GptModel: micro-batch slot must be >= 0");
+  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true));
+  const int64_t t = tokens_;
+  const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
+  const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
+  const Tensor fn = Rows(final_n_, t), lse = Rows(ce_lse_, t);
+  SY_RETURN_IF_ERROR(
+      ce_->Forward(s, fn, w_out, targets, Slice(stat_ce_, micro, {1}), ce_num_valid_, lse));
+  // Backward: LM head and final norm, then the layers in reverse, then the embedding.
+  const Tensor dn = Rows(dn_, t), g = Rows(g_, t);
+  SY_RETURN_IF_ERROR(ce_->Backward(s, fn, w_out, targets, lse, ce_scale, dn, dw_out));
+  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), t), P("final_norm.weight"),
+                                              Rows(final_rstd_, t), g, G("final_norm.weight"), true,
+                                              rms_ws_));
+  for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
+    SY_RETURN_IF_ERROR(LayerBackward(s, layers_[l], seq_len, aux_grad_scale));
+  }
+  SY_RETURN_IF_ERROR(kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and per-global-batch updates
+
+absl::StatusOr<GptStepStats> GptModel::ReadStepStats(const Stream& stream, int num_micro) const {
+  if (num_micro < 1 || num_micro > max_micro_) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ReadStepStats: num_micro (",
+                                                   num_micro, ") not in [1, ", max_micro_, "]"));
+  }
+  if (stream.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.cuda_stream)));
+  }
+  GptStepStats out;
+  auto to_host = [](const Tensor& t) -> absl::StatusOr<Buffer> {
+    SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(t.dtype, t.shape, Device::Cpu()));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(t, b.View()));
+    return b;
+  };
+  SY_ASSIGN_OR_RETURN(Buffer ce, to_host(stat_ce_));
+  for (int i = 0; i < num_micro; ++i) out.loss_sum += LoadAsDouble(ce.View(), i);
+  const int64_t n_moe = config_.num_moe_layers();
+  if (n_moe > 0) {
+    const int64_t e = config_.moe.router.num_experts;
+    SY_ASSIGN_OR_RETURN(Buffer losses, to_host(stat_moe_losses_));
+    SY_ASSIGN_OR_RETURN(Buffer counts, to_host(stat_counts_));
+    out.moe_losses.assign(n_moe, std::vector<double>(num_moe_terms_, 0.0));
+    out.expert_tokens.assign(n_moe, std::vector<int64_t>(e, 0));
+    for (int i = 0; i < num_micro; ++i) {
+      for (int64_t l = 0; l < n_moe; ++l) {
+        for (int64_t j = 0; j < num_moe_terms_; ++j) {
+          out.moe_losses[l][j] +=
+              LoadAsDouble(losses.View(), (i * n_moe + l) * num_moe_terms_ + j) / num_micro;
+        }
+        for (int64_t j = 0; j < e; ++j) {
+          out.expert_tokens[l][j] += counts.View().as<int32_t>()[(i * n_moe + l) * e + j];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status GptModel::EndGlobalBatch(const Stream& stream) {
+  for (Layer& L : layers_) {
+    if (!L.is_moe) continue;
+    if (config_.moe.router.use_expert_bias) {
+      SY_RETURN_IF_ERROR(
+          kernels::UpdateExpertBias(stream, L.rs.local_tokens_per_expert, L.rs.expert_bias,
+                                    static_cast<float>(config_.expert_bias_update_rate)));
+    }
+    SY_RETURN_IF_ERROR(L.moe->ResetGlobalBatch());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::model

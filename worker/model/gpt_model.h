@@ -1,0 +1,222 @@
+// File: worker/model/gpt_model.h
+//
+// The decoder-only MoE transformer (Mixtral / Qwen3-MoE / DeepSeek-V3-lite style) with explicit
+// forward and backward (DESIGN.md layer contract; no autograd):
+//
+//   x_0 = embedding[ids]
+//   for each layer l:
+//     n      = RMSNorm(x_l)
+//     q, k, v = n·Wqᵀ, n·Wkᵀ, n·Wvᵀ   (per head: optional QK RMSNorm over D, then RoPE)
+//     m      = x_l + CausalAttention(q, k, v)·Woᵀ          (GQA, scale 1/sqrt(D))
+//     x_l+1  = m + MLP(RMSNorm(m))       MLP = MoE layer, or a dense SwiGLU MLP where
+//                                        moe_layer_freq / moe_layer_pattern say so
+//   logits = RMSNorm(x_L)·Woutᵀ         (Wout = the embedding when tied)
+//   loss   = mean cross-entropy (+ the MoE aux / z losses, seeded into the routers' gradients)
+//
+// Parameters live in ONE flat buffer (dtype: bf16 on CUDA; f32 or f64 on the CPU) and gradients
+// in one flat buffer (f32 on CUDA; the parameter dtype on the CPU), laid out by GptParamLayout:
+// weights with weight decay first (rank >= 2), then the norm weights (rank 1, no decay, as
+// Megatron's param groups), each tensor at a 64-element-aligned offset. The optimizer and the
+// checkpoint work on these flat buffers; layers see views.
+//
+// Tensor names and layouts (the names the checkpoint and the HF converter use). Linear weights
+// are stored [out, in] like PyTorch's nn.Linear (y = x·Wᵀ); the expert weights use the MoE
+// layer's x·W form:
+//   embedding.weight                       [V, H]
+//   layers.{l}.input_norm.weight           [H]
+//   layers.{l}.attention.q.weight          [Hq·D, H]
+//   layers.{l}.attention.k.weight          [Hkv·D, H]
+//   layers.{l}.attention.v.weight          [Hkv·D, H]
+//   layers.{l}.attention.o.weight          [H, Hq·D]
+//   layers.{l}.attention.q_norm.weight     [D]          (qk_layernorm)
+//   layers.{l}.attention.k_norm.weight     [D]          (qk_layernorm)
+//   layers.{l}.post_attention_norm.weight  [H]
+//   dense layers:  layers.{l}.mlp.fc1.weight [2F, H] (gate rows, then up rows);
+//                  layers.{l}.mlp.fc2.weight [H, F]
+//   MoE layers:    layers.{l}.moe.router.weight [E, H], layers.{l}.moe.experts.fc1 [E, H, 2Fe],
+//                  layers.{l}.moe.experts.fc2 [E, Fe, H], layers.{l}.moe.shared_expert.fc1
+//                  [H, 2S], .fc2 [S, H], .gate [H, 1] (worker/model/moe_layer_tensors.h)
+//   final_norm.weight                      [H]
+//   output.weight                          [V, H]       (untie_embeddings_and_output_weights)
+// Router state (not trained, f32): layers.{l}.moe.router.expert_bias [E].
+//
+// Initialisation (Megatron's): weights ~ N(0, init_method_std²); the output projections of
+// attention and MLP (attention.o, mlp.fc2, experts.fc2, shared_expert.fc2) use the scaled std
+// init_method_std / sqrt(2·num_layers); norm weights 1; expert bias 0. Values come from
+// kernels::FillNormal with a per-tensor seed, so the CPU and the GPU initialise identically.
+//
+// Activations are bf16 on CUDA (fp32 math in kernels), the parameter dtype on the CPU. The model
+// holds one micro-batch in flight: ForwardBackward runs both passes. Nothing synchronises with
+// the host inside a step except ReadStepStats.
+#ifndef SWITCHYARD_WORKER_MODEL_GPT_MODEL_H_
+#define SWITCHYARD_WORKER_MODEL_GPT_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "kernels/buffer.h"
+#include "kernels/loss/cross_entropy.h"
+#include "switchyard/v1/config.pb.h"
+#include "worker/model/moe_layer.h"
+
+namespace switchyard::model {
+
+struct GptConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;      // H
+  int64_t num_heads = 0;        // Hq
+  int64_t num_kv_heads = 0;     // Hkv (num_query_groups)
+  int64_t head_dim = 0;         // D (kv_channels)
+  int64_t ffn_hidden_size = 0;  // F of the dense layers
+  int64_t vocab_size = 0;       // V
+  int64_t seq_length = 0;       // S of training micro-batches
+  double norm_epsilon = 1e-5;
+  double rotary_base = 10000.0;
+  double init_method_std = 0.02;
+  bool qk_layernorm = false;
+  bool untie_embeddings = false;
+  std::vector<bool> moe_layers;           // one entry per layer: true = MoE, false = dense SwiGLU
+  double expert_bias_update_rate = 1e-3;  // moe_router_bias_update_rate
+  MoELayerConfig moe;                     // used by the MoE layers (hidden_size etc. filled in)
+  DType dtype = DType::kBF16;             // parameters and activations
+
+  // From a defaulted and validated ModelConfig (common/config_defaults.h, validate.h).
+  static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
+  absl::Status Validate() const;
+  int64_t num_moe_layers() const;
+  // Gradient dtype on `device`: f32 on CUDA, the parameter dtype on the CPU.
+  DType GradDType(Device device) const;
+};
+
+// One tensor of the flat layout.
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in elements, into the flat buffer
+  int64_t numel = 0;
+  bool weight_decay = true;
+  bool scaled_init = false;  // output projection: std / sqrt(2 * num_layers)
+  bool ones_init = false;    // norm weight
+};
+
+struct GptParamLayout {
+  std::vector<ParamInfo> params;
+  int64_t total = 0;      // elements of the flat buffer (padding included)
+  int64_t decay_end = 0;  // [0, decay_end) takes weight decay, [decay_end, total) does not
+  const ParamInfo* Find(const std::string& name) const;
+};
+GptParamLayout MakeGptParamLayout(const GptConfig& config);
+
+// Model FLOPs per token of one training step (forward + backward = 3 × forward), Megatron-style:
+// every GEMM of the active parameters (top-k routed experts, shared expert, router), the
+// attention score and value products counted causally (half of the S×S square), and the LM
+// head. Embedding lookups, norms and elementwise ops are not counted. Used for TFLOP/s and MFU.
+double GptTrainingFlopsPerToken(const GptConfig& config);
+// Parameter counts: total, and active per token (top-k experts instead of all).
+int64_t GptTotalParams(const GptConfig& config);
+int64_t GptActiveParams(const GptConfig& config);
+
+// Per-step statistics, gathered on the device during the micro-batches and read once.
+struct GptStepStats {
+  double loss_sum = 0;  // sum of the cross-entropy terms over all micro-batches
+  int64_t tokens = 0;   // tokens counted in loss_sum
+  // Per MoE layer: every aux term (coefficient included) and the z-loss, averaged over the
+  // micro-batches; tokens routed to each expert, summed over the micro-batches.
+  std::vector<std::vector<double>> moe_losses;      // [moe layers][aux terms + 1]
+  std::vector<std::vector<int64_t>> expert_tokens;  // [moe layers][E]
+};
+
+class GptModel {
+ public:
+  // Plans the model on `device` for micro-batches of up to `max_micro_batch` sequences of
+  // `config.seq_length` tokens and up to `max_micro_batches` micro-batches per step (stats
+  // slots). Allocates parameters, gradients, activations and workspaces; parameters start at 0
+  // (call InitMaster, then LoadParams or the optimizer's cast).
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config, Device device,
+                                                          int64_t max_micro_batch,
+                                                          int64_t max_micro_batches);
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+  ~GptModel();
+
+  const GptConfig& config() const { return config_; }
+  const GptParamLayout& layout() const { return layout_; }
+  Device device() const { return device_; }
+  // Flat parameter [total] (config dtype) and gradient [total] (GradDType) buffers.
+  Tensor params() const { return params_.View(); }
+  Tensor grads() const { return grads_.View(); }
+  // Views of one named tensor (shape of the layout); NotFound for an unknown name.
+  absl::StatusOr<Tensor> Param(const std::string& name) const;
+  absl::StatusOr<Tensor> Grad(const std::string& name) const;
+  // Router state [num_moe_layers, E] f32: the expert biases (empty when no MoE layer).
+  Tensor expert_bias() const { return expert_bias_.View(); }
+
+  // Writes the initial values (see the file comment) into `master` [total] (f32, or f64 on the
+  // CPU) on the model's device; padding elements are 0.
+  absl::Status InitMaster(const Stream& stream, uint64_t seed, const Tensor& master) const;
+  absl::Status ZeroGrads(const Stream& stream);
+
+  // One micro-batch: forward, loss, backward; ADDS the gradients of
+  //   ce_scale · sum_t CE_t + aux_grad_scale · (MoE aux and z losses)
+  // to grads(). ids, targets: [B·S] i32 on the model's device (B <= max_micro_batch, S =
+  // seq_len <= config.seq_length; targets may be kernels::kIgnoreTarget). The loss sum and the
+  // MoE statistics go to stats slot `micro` (< max_micro_batches).
+  absl::Status ForwardBackward(const Stream& stream, const Tensor& ids, const Tensor& targets,
+                               int64_t seq_len, float ce_scale, double aux_grad_scale, int micro);
+  // Forward only: the loss sum into slot `micro` (targets given) and/or the logits [B·S, V] f32
+  // (when `logits` is non-empty). Does not disturb gradients.
+  absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
+                       int64_t seq_len, int micro, const Tensor& logits);
+
+  // Synchronises the stream and reads the statistics of slots [0, num_micro).
+  absl::StatusOr<GptStepStats> ReadStepStats(const Stream& stream, int num_micro) const;
+  // Once per global batch, after the optimizer step: aux-loss-free expert-bias update (when
+  // enabled) and the global_aux_loss reset of every MoE layer.
+  absl::Status EndGlobalBatch(const Stream& stream);
+
+  // The MoE layer of layer l (nullptr for a dense layer): for timers and routing inspection.
+  MoELayer* moe_layer(int64_t l) const;
+
+ private:
+  struct Layer;
+  GptModel() = default;
+  absl::Status Build(int64_t max_micro_batch, int64_t max_micro_batches);
+  absl::Status ForwardPass(const Stream& stream, const Tensor& ids, int64_t seq_len, int micro,
+                           bool training);
+  absl::Status BackwardPass(const Stream& stream, const Tensor& ids, int64_t seq_len,
+                            double aux_grad_scale);
+  absl::Status LayerForward(const Stream& s, Layer& layer, int64_t seq_len, int micro,
+                            bool training);
+  absl::Status LayerBackward(const Stream& s, Layer& layer, int64_t seq_len, double aux_grad_scale);
+  Tensor P(const std::string& name) const;  // parameter view (name must exist)
+  Tensor G(const std::string& name) const;  // gradient view
+  // Allocates a zeroed activation or scratch buffer owned by the model.
+  absl::StatusOr<Tensor> Alloc(DType dtype, std::vector<int64_t> shape);
+
+  GptConfig config_;
+  GptParamLayout layout_;
+  Device device_;
+  int64_t max_tokens_ = 0, max_micro_ = 0, tokens_ = 0;
+  uint64_t step_counter_ = 0;  // jitter offsets
+  kernels::Buffer params_, grads_, expert_bias_, local_counts_;
+  std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
+  std::vector<Layer> layers_;
+  std::unique_ptr<kernels::FusedLinearCrossEntropy> ce_;
+  // Residual stream x_0 .. x_L, final norm output and its rstd, CE lse, scratch.
+  std::vector<Tensor> resid_;
+  Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;
+  Tensor g_, dn_, d_o_, dq_, dk_, dv_, delta_, dh_, da_, rms_ws_, emb_ws_;
+  // Stats slots: CE loss sums [max_micro], MoE losses [max_micro, L_moe, n+1],
+  // tokens per expert [max_micro, L_moe, E] i32.
+  Tensor stat_ce_, stat_moe_losses_, stat_counts_;
+  int64_t num_moe_terms_ = 0;
+};
+
+}  // namespace switchyard::model
+
+#endif  // SWITCHYARD_WORKER_MODEL_GPT_MODEL_H_

@@ -1,0 +1,241 @@
+// CPU tests of the GPT model: the flat parameter layout, the FLOP count, and a finite-difference
+// check of the whole model's gradients in fp64 (embedding, attention with GQA, QK-norm and RoPE,
+// a MoE layer with a gated shared expert and aux/z losses, a dense SwiGLU layer, tied and untied
+// LM heads).
+#include "worker/model/gpt_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/buffer.h"
+
+namespace switchyard::model {
+namespace {
+
+using kernels::Buffer;
+
+GptConfig TinyConfig(DType dtype, bool untie) {
+  GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.ffn_hidden_size = 24;
+  c.vocab_size = 32;
+  c.seq_length = 8;
+  c.qk_layernorm = true;
+  c.untie_embeddings = untie;
+  c.init_method_std = 0.3;
+  c.moe_layers = {true, false};
+  c.dtype = dtype;
+  MoELayerConfig& m = c.moe;
+  m.hidden_size = 16;
+  m.ffn_hidden_size = 12;
+  m.shared_ffn_size = 8;
+  m.shared_expert_gate = true;
+  m.dtype = dtype;
+  m.router.num_experts = 4;
+  m.router.topk = 2;
+  m.router.seq_length = c.seq_length;
+  m.router.aux_losses = {{kernels::AuxLossType::kAuxLoss, 0.05},
+                         {kernels::AuxLossType::kSeqAuxLoss, 0.02}};
+  m.router.z_loss_coeff = 0.01;
+  return c;
+}
+
+TEST(GptParamLayoutTest, DecayFirstAlignedAndComplete) {
+  GptConfig c = TinyConfig(DType::kF32, /*untie=*/true);
+  GptParamLayout layout = MakeGptParamLayout(c);
+  bool seen_no_decay = false;
+  int64_t end = 0;
+  for (const ParamInfo& p : layout.params) {
+    EXPECT_EQ(p.offset % 64, 0) << p.name;
+    EXPECT_GE(p.offset, end) << p.name;
+    end = p.offset + p.numel;
+    if (!p.weight_decay) seen_no_decay = true;
+    EXPECT_EQ(p.weight_decay, !seen_no_decay) << "decayed tensor after a no-decay one: " << p.name;
+    EXPECT_EQ(p.weight_decay, p.offset < layout.decay_end) << p.name;
+  }
+  EXPECT_LE(end, layout.total);
+  ASSERT_NE(layout.Find("layers.0.moe.experts.fc1"), nullptr);
+  EXPECT_EQ(layout.Find("layers.0.moe.experts.fc1")->shape, (std::vector<int64_t>{4, 16, 24}));
+  ASSERT_NE(layout.Find("layers.1.mlp.fc1.weight"), nullptr);
+  EXPECT_EQ(layout.Find("layers.1.mlp.fc1.weight")->shape, (std::vector<int64_t>{48, 16}));
+  EXPECT_EQ(layout.Find("layers.1.moe.router.weight"), nullptr);
+  EXPECT_NE(layout.Find("output.weight"), nullptr);
+  EXPECT_TRUE(layout.Find("layers.0.attention.o.weight")->scaled_init);
+  EXPECT_TRUE(layout.Find("final_norm.weight")->ones_init);
+  EXPECT_EQ(MakeGptParamLayout(TinyConfig(DType::kF32, false)).Find("output.weight"), nullptr);
+}
+
+TEST(GptConfigTest, FromProtoLayerPatternAndErrors) {
+  v1::ModelConfig m;
+  m.set_num_layers(4);
+  m.set_hidden_size(64);
+  m.set_num_attention_heads(4);
+  m.set_vocab_size(100);
+  m.set_seq_length(16);
+  m.set_num_experts(8);
+  m.set_moe_router_topk(2);
+  m.set_moe_ffn_hidden_size(32);
+  m.set_moe_layer_freq(2);
+  auto c = GptConfig::FromProto(m, DType::kF32);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->ffn_hidden_size, 256);
+  m.add_moe_layer_pattern(1);
+  auto bad = GptConfig::FromProto(m, DType::kF32);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.moe_layer_pattern"), std::string::npos)
+      << bad.status();
+  m.clear_moe_layer_pattern();
+  m.set_num_query_groups(3);
+  bad = GptConfig::FromProto(m, DType::kF32);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("num_query_groups"), std::string::npos) << bad.status();
+  m.set_num_query_groups(2);
+  m.set_normalization("LayerNorm");
+  bad = GptConfig::FromProto(m, DType::kF32);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.normalization"), std::string::npos);
+}
+
+TEST(GptFlopsTest, HandComputedDenseModel) {
+  GptConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 8;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.ffn_hidden_size = 16;
+  c.vocab_size = 10;
+  c.seq_length = 6;
+  c.moe_layers = {false};
+  // q 8x8, k 8x4, v 8x4, o 8x8 -> 2*(64+32+32+64) = 384; core 2*2*2*4*3 = 96;
+  // mlp 2*3*8*16 = 768; head 2*8*10 = 160. Sum 1408, times 3.
+  EXPECT_DOUBLE_EQ(GptTrainingFlopsPerToken(c), 3.0 * 1408);
+}
+
+struct Model {
+  std::unique_ptr<GptModel> model;
+  Buffer ids, targets;
+};
+
+// Builds the fp64 model with random parameters and a random batch of B sequences.
+Model MakeModel(const GptConfig& c, int64_t batch, uint64_t seed) {
+  Model m;
+  auto model = GptModel::Create(c, Device::Cpu(), batch, 1);
+  EXPECT_TRUE(model.ok()) << model.status();
+  m.model = std::move(*model);
+  const Stream s = Stream::Cpu();
+  EXPECT_TRUE(m.model->InitMaster(s, seed, m.model->params()).ok());
+  const int64_t t = batch * c.seq_length;
+  m.ids = *Buffer::ForTensor(DType::kI32, {t}, Device::Cpu());
+  m.targets = *Buffer::ForTensor(DType::kI32, {t}, Device::Cpu());
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i < t; ++i) {
+    m.ids.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % c.vocab_size);
+    m.targets.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % c.vocab_size);
+  }
+  m.targets.View().as<int32_t>()[3] = kernels::kIgnoreTarget;
+  return m;
+}
+
+// The objective whose gradient ForwardBackward computes.
+double Objective(Model& m, float ce_scale, double aux_scale) {
+  const Stream s = Stream::Cpu();
+  const int64_t seq = m.model->config().seq_length;
+  absl::Status st = m.model->Forward(s, m.ids.View(), m.targets.View(), seq, 0, Tensor());
+  EXPECT_TRUE(st.ok()) << st;
+  auto stats = m.model->ReadStepStats(s, 1);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  double j = static_cast<double>(ce_scale) * stats->loss_sum;
+  for (const auto& layer : stats->moe_losses) {
+    for (double v : layer) j += aux_scale * v;
+  }
+  return j;
+}
+
+void CheckGradients(bool untie) {
+  const GptConfig c = TinyConfig(DType::kF64, untie);
+  Model m = MakeModel(c, /*batch=*/2, /*seed=*/untie ? 7 : 11);
+  const Stream s = Stream::Cpu();
+  const float ce_scale = 1.0f / 15.0f;  // mean over the 15 valid targets
+  const double aux_scale = 0.5;
+  ASSERT_TRUE(m.model->ZeroGrads(s).ok());
+  absl::Status st = m.model->ForwardBackward(s, m.ids.View(), m.targets.View(), c.seq_length,
+                                             ce_scale, aux_scale, 0);
+  ASSERT_TRUE(st.ok()) << st;
+  const Tensor params = m.model->params(), grads = m.model->grads();
+  std::mt19937_64 rng(3);
+  double worst = 0;
+  int checked = 0;
+  for (const ParamInfo& p : m.model->layout().params) {
+    for (int rep = 0; rep < 4; ++rep) {
+      const int64_t i = p.offset + static_cast<int64_t>(rng() % p.numel);
+      double* w = params.as<double>() + i;
+      const double saved = *w, h = 1e-6;
+      *w = saved + h;
+      const double jp = Objective(m, ce_scale, aux_scale);
+      *w = saved - h;
+      const double jm = Objective(m, ce_scale, aux_scale);
+      *w = saved;
+      const double fd = (jp - jm) / (2 * h);
+      const double an = grads.as<double>()[i];
+      const double err = std::abs(fd - an) / std::max(1e-4, std::abs(fd) + std::abs(an));
+      worst = std::max(worst, err);
+      ++checked;
+      EXPECT_LT(err, 1e-5) << p.name << "[" << i - p.offset << "] fd " << fd << " analytic " << an;
+    }
+  }
+  std::printf(
+      "fp64 finite differences (%s head): %d entries, worst relative error %.3g "
+      "(tolerance 1e-5)\n",
+      untie ? "untied" : "tied", checked, worst);
+}
+
+TEST(GptModelTest, FiniteDifferenceGradientsTiedHead) { CheckGradients(false); }
+TEST(GptModelTest, FiniteDifferenceGradientsUntiedHead) { CheckGradients(true); }
+
+TEST(GptModelTest, GradientsAccumulateOverMicroBatches) {
+  const GptConfig c = TinyConfig(DType::kF64, false);
+  Model m = MakeModel(c, 2, 5);
+  const Stream s = Stream::Cpu();
+  ASSERT_TRUE(m.model->ZeroGrads(s).ok());
+  ASSERT_TRUE(
+      m.model->ForwardBackward(s, m.ids.View(), m.targets.View(), c.seq_length, 0.1f, 0.5, 0).ok());
+  std::vector<double> once(m.model->grads().as<double>(),
+                           m.model->grads().as<double>() + m.model->grads().numel());
+  ASSERT_TRUE(
+      m.model->ForwardBackward(s, m.ids.View(), m.targets.View(), c.seq_length, 0.1f, 0.5, 0).ok());
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < once.size(); ++i) {
+    max_err = std::max(max_err, std::abs(m.model->grads().as<double>()[i] - 2 * once[i]));
+    max_ref = std::max(max_ref, std::abs(once[i]));
+  }
+  EXPECT_GT(max_ref, 0);
+  EXPECT_LT(max_err, 1e-12 * std::max(1.0, max_ref));
+}
+
+TEST(GptModelTest, RejectsBadInputs) {
+  const GptConfig c = TinyConfig(DType::kF64, false);
+  Model m = MakeModel(c, 2, 5);
+  const Stream s = Stream::Cpu();
+  Tensor short_ids = m.ids.View();
+  short_ids.shape = {5};
+  absl::Status st = m.model->ForwardBackward(s, short_ids, m.targets.View(), c.seq_length, 1, 1, 0);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  st = m.model->ForwardBackward(s, m.ids.View(), m.targets.View(), c.seq_length, 1, 1, 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  m.ids.View().as<int32_t>()[0] = 99;  // outside the vocabulary
+  st = m.model->ForwardBackward(s, m.ids.View(), m.targets.View(), c.seq_length, 1, 1, 0);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_FALSE(m.model->Param("nope").ok());
+}
+
+}  // namespace
+}  // namespace switchyard::model
