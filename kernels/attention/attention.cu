@@ -1,4 +1,7 @@
-// CUDA path of causal GQA attention: simple tiled flash-attention kernels, fp32 math.
+// CUDA path of causal GQA attention. bf16 tensors (16-byte aligned) go to the tensor-core kernels
+// of attention_tc.cu; this file keeps the simple tiled flash-attention kernels with fp32 math that
+// serve f32 tensors (and bf16 tensors the tensor-core path cannot take). The rest of this comment
+// describes those SIMT kernels.
 //
 // Tiles are 32 query rows x 32 keys; a block has 4 warps and each warp owns 8 rows (forward, dq)
 // or 8 keys (dk/dv) of its tile; a lane owns D / 32 columns d = lane + 32 c of each accumulator
@@ -19,6 +22,7 @@
 
 #include "common/cuda_status.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_tc.h"
 #include "kernels/device_convert.cuh"
 
 namespace switchyard::kernels::internal {
@@ -387,6 +391,9 @@ absl::Status AttentionForwardCuda(const Stream& stream, const Tensor& q, const T
                                   const Tensor& lse) {
   if (q.numel() == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  if (AttentionTcApplies(seq_len, {&q, &k, &v, &o})) {
+    return AttentionForwardTc(stream, q, k, v, seq_len, scale, o, lse);
+  }
   const bool bf16 = q.dtype == DType::kBF16;
   if (q.dim(2) == 64) {
     return bf16 ? Forward<__nv_bfloat16, 64>(stream, q, k, v, seq_len, scale, o, lse)
@@ -403,6 +410,9 @@ absl::Status AttentionBackwardCuda(const Stream& stream, const Tensor& q, const 
                                    const Tensor& dv) {
   if (q.numel() == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  if (AttentionTcApplies(seq_len, {&q, &k, &v, &o, &d_o, &dq, &dk, &dv})) {
+    return AttentionBackwardTc(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv);
+  }
   const bool bf16 = q.dtype == DType::kBF16;
   if (q.dim(2) == 64) {
     return bf16 ? Backward<__nv_bfloat16, 64>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta,

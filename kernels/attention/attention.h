@@ -20,9 +20,12 @@
 //
 // CPU path: a straightforward fp64 reference (it materialises one score row at a time); its
 // backward recomputes the softmax from q and k and ignores the values of o and lse.
-// CUDA path: simple tiled kernels (32 x 32 tiles, fp32 math in shared memory and registers, one
-// rounding on store). Correct but UNOPTIMISED: no tensor cores, no wgmma/TMA, several times
-// slower than FlashAttention-2/3. Replace before measuring MFU.
+// CUDA path: bf16 runs FlashAttention-2 style kernels on tensor cores (mma.sync m16n8k16 with
+// fp32 accumulation, ldmatrix, cp.async double buffering; attention_tc.cu): forward with an
+// online softmax in registers, backward as a dk/dv kernel per key tile (looping over the group's
+// query heads) and a dq kernel per query tile, both recomputing P from lse. P and dS are rounded
+// to bf16 before their products, as in FlashAttention. f32 (and bf16 tensors that are not 16-byte
+// aligned) runs simple tiled kernels with fp32 math on CUDA cores: correct but slow.
 #ifndef SWITCHYARD_KERNELS_ATTENTION_ATTENTION_H_
 #define SWITCHYARD_KERNELS_ATTENTION_ATTENTION_H_
 

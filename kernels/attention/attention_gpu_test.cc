@@ -1,9 +1,14 @@
 // CUDA attention against the CPU reference: fresh random inputs, poisoned outputs (and scratch),
-// tolerance 1e-2 for bf16 and 1e-5 for f32 (DESIGN.md), forward (o, lse) and backward (dq, dk,
-// dv), including a short sequence, ragged tiles (S = 37), GQA groups and S = 2048.
+// tolerance 1e-2 for bf16 (tensor-core kernels) and 1e-5 for f32 (SIMT kernels) (DESIGN.md),
+// forward (o, lse) and backward (dq, dk, dv): D = 64 and 128, a one-token sequence, ragged tiles
+// (S = 37, 200, 1000), GQA groups, several sequences, S = 2048 and 4096 (bf16 only, few heads:
+// the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
+// future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kernels/attention/attention.h"
@@ -29,10 +34,13 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
   struct Case {
     int64_t b, s, hq, hkv, d;
   };
-  const Case cases[] = {
-      {1, 1, 1, 1, 64}, {2, 37, 4, 2, 64}, {1, 512, 8, 2, 128}, {1, 2048, 4, 4, 64}};
+  const Case cases[] = {{1, 1, 1, 1, 64},     {2, 37, 4, 2, 64},    {1, 37, 2, 2, 128},
+                        {1, 200, 4, 1, 128},  {2, 200, 2, 2, 64},   {1, 512, 8, 2, 128},
+                        {2, 1000, 4, 2, 64},  {1, 1000, 2, 1, 128}, {1, 2048, 4, 4, 64},
+                        {1, 2048, 4, 2, 128}, {1, 4096, 2, 1, 128}};
   for (const Case& c : cases) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
+      if (dt == DType::kF32 && c.s > 1000) continue;  // the SIMT f32 path: keep the test short
       const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;
       const int64_t t_n = c.b * c.s;
       const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
@@ -114,6 +122,64 @@ TEST(AttentionGpuTest, BackwardIsDeterministic) {
     }
   }
   std::printf("backward deterministic over 2 runs (B=2 S=100 Hq=8 Hkv=2 D=128 bf16)\n");
+}
+
+// Changing key/value row j of sequence 0 must not change o or dq of its rows < j, nor anything of
+// sequence 1 (bitwise), and must change some later row of sequence 0.
+TEST(AttentionGpuTest, FutureKeysAndOtherSequencesDoNotLeak) {
+  SY_REQUIRE_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const Stream gpu{Device::Cuda(0), nullptr};
+  for (int64_t d : {64, 128}) {
+    const int64_t b = 2, s = 300, hq = 4, hkv = 2, t_n = b * s, j = 150;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
+    Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
+           d_o = Host(DType::kBF16, qs);
+    for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+    std::vector<float> o_run[2], dq_run[2], dk_run[2];
+    for (int run = 0; run < 2; ++run) {
+      if (run == 1) {  // perturb key and value row j of sequence 0
+        Buffer noise = Host(DType::kBF16, {1, hkv, d});
+        testing::FillRandom(noise.View(), rng);
+        const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
+        std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
+                    row_bytes);
+        testing::FillRandom(noise.View(), rng);
+        std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
+                    row_bytes);
+      }
+      Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+      Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
+             g_delta = Poisoned(DType::kF32, ls);
+      Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+             g_dv = Poisoned(DType::kBF16, ks);
+      ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
+                                   g_lse.View())
+                      .ok());
+      ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
+                                    g_lse.View(), g_do.View(), s, scale, g_delta.View(),
+                                    g_dq.View(), g_dk.View(), g_dv.View())
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      o_run[run] = testing::ToFloatVector(g_o.View());
+      dq_run[run] = testing::ToFloatVector(g_dq.View());
+      dk_run[run] = testing::ToFloatVector(g_dk.View());
+    }
+    const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
+                   size_t to) {
+      return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
+    };
+    EXPECT_TRUE(same(o_run[0], o_run[1], 0, j * q_row)) << "o of rows before the changed key";
+    EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, j * q_row)) << "dq of rows before the changed key";
+    EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, t_n * q_row)) << "o of the other sequence";
+    EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, t_n * q_row)) << "dq of the other sequence";
+    EXPECT_TRUE(same(dk_run[0], dk_run[1], s * k_row, t_n * k_row)) << "dk of the other sequence";
+    EXPECT_FALSE(same(o_run[0], o_run[1], j * q_row, s * q_row)) << "o ignored the changed key";
+    std::printf("causal/sequence isolation holds (B=2 S=300 Hq=4 Hkv=2 D=%lld bf16, key %lld)\n",
+                static_cast<long long>(d), static_cast<long long>(j));
+  }
 }
 
 TEST(AttentionGpuTest, RejectsUnsupportedHeadDim) {
