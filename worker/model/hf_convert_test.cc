@@ -354,6 +354,45 @@ TEST_P(HfSyntheticTest, FusedExpertStorageImportsIdentically) {
   }
 }
 
+TEST(HfConvertTest, ShardedIndexAndBf16Input) {
+  const Synthetic s = MakeSynthetic(false, 9);
+  const std::string dir = TempDir("sharded");
+  WriteText(dir + "/config.json", s.config_json);
+  // Shard 1: layer 0 and the embedding in f32; shard 2: everything else in bf16.
+  SafetensorsWriter w1, w2;
+  std::vector<std::vector<BF16>> keep;
+  std::string index = R"({"metadata": {"total_size": 0}, "weight_map": {)";
+  bool first = true;
+  for (const auto& [name, t] : s.tensors) {
+    const bool one = name.rfind("model.layers.0.", 0) == 0 || name == "model.embed_tokens.weight";
+    if (one) {
+      w1.Add(name, Tensor(DType::kF32, t.shape, Device::Cpu(), const_cast<float*>(t.v.data())));
+    } else {
+      keep.emplace_back();
+      for (float x : t.v) keep.back().push_back(BF16::FromFloat(x));
+      w2.Add(name, Tensor(DType::kBF16, t.shape, Device::Cpu(), keep.back().data()));
+    }
+    index += absl::StrCat(
+        first ? "" : ", ", "\"", name, "\": \"",
+        one ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors", "\"");
+    first = false;
+  }
+  WriteText(dir + "/model.safetensors.index.json", index + "}}");
+  ASSERT_TRUE(w1.Write(dir + "/model-00001-of-00002.safetensors").ok());
+  ASSERT_TRUE(w2.Write(dir + "/model-00002-of-00002.safetensors").ok());
+  auto ck = ImportHfModel(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  const HfTensor& emb = s.tensors.at("model.embed_tokens.weight");
+  EXPECT_EQ(std::memcmp(Data(*ck, "embedding.weight"), emb.v.data(), emb.v.size() * 4), 0);
+  const HfTensor& norm = s.tensors.at("model.norm.weight");
+  const float* got = Data(*ck, "final_norm.weight");
+  ASSERT_NE(got, nullptr);
+  for (size_t i = 0; i < norm.v.size(); ++i) {
+    EXPECT_EQ(got[i], BF16::FromFloat(norm.v[i]).ToFloat()) << i;
+  }
+  EXPECT_EQ(ck->tensors.size(), 3u + 2 * 9u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, HfSyntheticTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Qwen3Moe" : "Mixtral"; });
 
@@ -438,6 +477,31 @@ TEST(HfConvertErrorsTest, ConfigAndTensorErrorsNameTheKey) {
   auto text = ModelConfigToHfConfig(ck->config, kHfMixtral);
   ASSERT_FALSE(text.ok());
   EXPECT_NE(text.status().message().find("moe_layer_pattern"), std::string::npos) << text.status();
+}
+
+TEST(HfConvertErrorsTest, LoadIntoModelChecksNamesAndShapes) {
+  const Synthetic s = MakeSynthetic(true, 13);
+  const std::string dir = TempDir("load_err");
+  WriteCheckpoint(dir, s.config_json, s.tensors);
+  auto ck = ImportHfModel(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  std::unique_ptr<GptModel> model = BuildModel(*ck, 8, 1);
+  ASSERT_NE(model, nullptr);
+  Buffer saved = std::move(ck->tensors.at("layers.0.attention.k_norm.weight"));
+  ck->tensors.erase("layers.0.attention.k_norm.weight");
+  absl::Status st = LoadIntoModel(*ck, model.get());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("layers.0.attention.k_norm.weight"), std::string::npos) << st;
+  ck->tensors["layers.0.attention.k_norm.weight"] =
+      *Buffer::ForTensor(DType::kF32, {4}, Device::Cpu());
+  st = LoadIntoModel(*ck, model.get());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("layers.0.attention.k_norm.weight"), std::string::npos) << st;
+  ck->tensors["layers.0.attention.k_norm.weight"] = std::move(saved);
+  ck->tensors["layers.9.extra"] = *Buffer::ForTensor(DType::kF32, {4}, Device::Cpu());
+  st = LoadIntoModel(*ck, model.get());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("layers.9.extra"), std::string::npos) << st;
 }
 
 // The fixtures of tools/hf_fixtures/make_hf_fixtures.py (real transformers checkpoints and
