@@ -179,6 +179,11 @@ class GptModel {
   // enabled) and the global_aux_loss reset of every MoE layer.
   absl::Status EndGlobalBatch(const Stream& stream);
 
+  // Counter of forward passes: selects fresh input-jitter noise per micro-batch. Part of the
+  // training state a checkpoint saves (bit-identical resume).
+  uint64_t forward_counter() const { return step_counter_; }
+  void set_forward_counter(uint64_t n) { step_counter_ = n; }
+
   // The MoE layer of layer l (nullptr for a dense layer): for timers and routing inspection.
   MoELayer* moe_layer(int64_t l) const;
 

@@ -1,0 +1,548 @@
+// The single-process trainer: data, micro-batching, clipping, AdamW, checkpoints, logging.
+#include "worker/train/trainer.h"
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoint.h"
+#include "common/config.h"
+#include "common/config_defaults.h"
+#include "common/corpus.h"
+#include "common/cuda_status.h"
+#include "common/indexed_dataset.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/optim/adamw.h"
+#include "kernels/optim/grad_norm.h"
+
+namespace switchyard::train {
+namespace {
+
+using kernels::Buffer;
+using model::GptConfig;
+using model::GptModel;
+using model::ParamInfo;
+
+constexpr char kModelFile[] = "model.safetensors";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kRouterFile[] = "router.safetensors";
+
+Tensor Slice(const Tensor& flat, int64_t offset, std::vector<int64_t> shape) {
+  return Tensor(flat.dtype, std::move(shape), flat.device,
+                static_cast<char*>(flat.data) + offset * DTypeSize(flat.dtype));
+}
+
+// Token j of mock sample i: a counter-based hash, the same on every run and device.
+int32_t MockToken(uint64_t seed, int64_t i, int64_t j, int64_t vocab) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) * 0x100000001b3ull +
+               static_cast<uint64_t>(j);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<int32_t>(z % static_cast<uint64_t>(vocab));
+}
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+std::string FormatCount(double v) {
+  if (v >= 1e9) return absl::StrFormat("%.2fG", v / 1e9);
+  if (v >= 1e6) return absl::StrFormat("%.2fM", v / 1e6);
+  if (v >= 1e3) return absl::StrFormat("%.1fk", v / 1e3);
+  return absl::StrFormat("%.0f", v);
+}
+
+}  // namespace
+
+Trainer::~Trainer() {
+  if (cuda_stream_ != nullptr) {
+    model_.reset();
+    cudaStreamDestroy(static_cast<cudaStream_t>(cuda_stream_));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(v1::JobSpec spec,
+                                                         const TrainerOptions& options) {
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->spec_ = std::move(spec);
+  t->options_ = options;
+  SY_RETURN_IF_ERROR(t->Init(options));
+  return t;
+}
+
+absl::Status Trainer::Init(const TrainerOptions& options) {
+  v1::JobSpec& spec = spec_;
+  // Data first: the default corpus decides the vocabulary when the spec leaves it unset.
+  const v1::DataConfig& data = spec.data();
+  mock_ = data.mock_data();
+  std::string prefix;
+  if (!mock_) {
+    if (data.data_path_size() > 1) {
+      return absl::UnimplementedError(
+          "data.data_path: blending several datasets is not supported yet; give one prefix");
+    }
+    if (data.data_path_size() == 1) {
+      prefix = data.data_path(0);
+      data_description_ = prefix;
+    } else {
+      SY_ASSIGN_OR_RETURN(CorpusInfo corpus, FindDefaultCorpus());
+      prefix = corpus.dataset_prefix;
+      data_description_ = absl::StrCat("default corpus \"", corpus.name, "\" (",
+                                       corpus.source_package, " ", corpus.package_version, ")");
+      if (!spec.model().has_vocab_size()) spec.mutable_model()->set_vocab_size(corpus.vocab_size);
+    }
+  } else {
+    data_description_ = "mock data (random tokens)";
+  }
+  if (spec.parallel().has_world_size() && spec.parallel().world_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.world_size (", spec.parallel().world_size(),
+        ") must be 1 for a standalone worker (multi-worker jobs need the coordinator)"));
+  }
+  spec.mutable_parallel()->set_world_size(1);
+  ApplyDefaults(&spec);
+  SY_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  if (!spec.model().has_vocab_size()) {
+    return absl::InvalidArgumentError(
+        "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
+  }
+  for (const char* unsupported : {"tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                  "context_parallel_size", "expert_model_parallel_size"}) {
+    const auto* field = v1::ParallelConfig::descriptor()->FindFieldByName(unsupported);
+    const auto* refl = v1::ParallelConfig::GetReflection();
+    if (refl->HasField(spec.parallel(), field) && refl->GetInt32(spec.parallel(), field) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.", unsupported, " must be 1 for a standalone worker"));
+    }
+  }
+
+  // Device, dtype, stream.
+  const Device device = options.device;
+  DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
+  if (device.is_cuda() && spec.training().has_bf16() && !spec.training().bf16()) {
+    dtype = DType::kF32;
+  }
+  if (options.force_dtype) dtype = options.dtype;
+  stream_ = Stream{device, nullptr};
+  if (device.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+    cudaStream_t s;
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cuda_stream_ = s;
+    stream_.cuda_stream = s;
+  }
+
+  // Model.
+  const v1::TrainingConfig& tr = spec.training();
+  micro_batch_ = tr.micro_batch_size();
+  const int64_t gbs = tr.global_batch_size();
+  if (gbs % micro_batch_ != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.global_batch_size (", gbs,
+                     ") must be divisible by training.micro_batch_size (", micro_batch_, ")"));
+  }
+  num_micro_ = gbs / micro_batch_;
+  SY_ASSIGN_OR_RETURN(GptConfig config, GptConfig::FromProto(spec.model(), dtype));
+  seq_ = config.seq_length;
+  SY_ASSIGN_OR_RETURN(model_, GptModel::Create(config, device, micro_batch_, num_micro_));
+  flops_per_token_ = model::GptTrainingFlopsPerToken(config);
+
+  // Optimizer state: master (f32, or f64 for an f64 CPU model), exp_avg, exp_avg_sq.
+  const int64_t n = model_->layout().total;
+  const DType mdt = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  SY_ASSIGN_OR_RETURN(master_, Buffer::ForTensor(mdt, {n}, device));
+  SY_ASSIGN_OR_RETURN(exp_avg_, Buffer::ForTensor(mdt, {n}, device));
+  SY_ASSIGN_OR_RETURN(exp_avg_sq_, Buffer::ForTensor(mdt, {n}, device));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_.View(), 0));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_sq_.View(), 0));
+  SY_ASSIGN_OR_RETURN(norm_ws_,
+                      Buffer::ForTensor(DType::kF64, {kernels::kGradNormWorkspace}, device));
+  SY_ASSIGN_OR_RETURN(sum_sq_, Buffer::ForTensor(DType::kF32, {1}, device));
+  SY_ASSIGN_OR_RETURN(norm_, Buffer::ForTensor(DType::kF32, {1}, device));
+  SY_ASSIGN_OR_RETURN(coef_, Buffer::ForTensor(DType::kF32, {1}, device));
+  const uint64_t seed = static_cast<uint64_t>(tr.seed());
+  SY_RETURN_IF_ERROR(model_->InitMaster(stream_, seed, master_.View()));
+  SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
+
+  // LR schedule.
+  LrScheduleConfig lc;
+  lc.lr = tr.lr();
+  lc.min_lr = tr.min_lr();
+  lc.lr_warmup_iters = tr.lr_warmup_iters();
+  lc.lr_decay_iters = tr.lr_decay_iters();
+  SY_ASSIGN_OR_RETURN(lc.lr_decay_style, ParseLrDecayStyle(tr.lr_decay_style()));
+  SY_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(lc));
+  lr_ = std::make_unique<LrSchedule>(schedule);
+
+  // Samples.
+  const int64_t total_samples = tr.train_iters() * gbs;
+  mock_seed_ = seed ^ 0x5eed5eed5eedull;
+  if (!mock_) {
+    SY_ASSIGN_OR_RETURN(IndexedDataset dataset, IndexedDataset::Open(prefix));
+    auto docs = std::make_shared<IndexedDatasetDocuments>(std::move(dataset));
+    GptSampleOptions so;
+    so.seq_length = seq_;
+    so.seed = seed;
+    so.num_samples = total_samples;
+    SY_ASSIGN_OR_RETURN(GptSamples samples, GptSamples::Build(docs, so));
+    samples_ = std::make_shared<const GptSamples>(std::move(samples));
+  }
+  const int64_t t = micro_batch_ * seq_;
+  SY_ASSIGN_OR_RETURN(host_ids_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
+  SY_ASSIGN_OR_RETURN(host_targets_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
+  if (device.is_cuda()) {
+    SY_ASSIGN_OR_RETURN(ids_, Buffer::ForTensor(DType::kI32, {t}, device));
+    SY_ASSIGN_OR_RETURN(targets_, Buffer::ForTensor(DType::kI32, {t}, device));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Trainer::tokens_per_step() const { return num_micro_ * micro_batch_ * seq_; }
+
+absl::Status Trainer::CastMasterToParams(const Stream& stream) {
+  return kernels::Cast(stream, master_.View(), model_->params());
+}
+
+absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count) {
+  const int64_t vocab = model_->config().vocab_size;
+  int32_t* ids = host_ids_.View().as<int32_t>();
+  int32_t* targets = host_targets_.View().as<int32_t>();
+  std::vector<int32_t> sample(seq_ + 1);
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t i = first_sample + b;
+    if (mock_) {
+      for (int64_t j = 0; j <= seq_; ++j) sample[j] = MockToken(mock_seed_, i, j, vocab);
+    } else {
+      SY_RETURN_IF_ERROR(samples_->Sample(i, absl::MakeSpan(sample)));
+    }
+    for (int64_t j = 0; j < seq_; ++j) {
+      if (sample[j] < 0 || sample[j] >= vocab || sample[j + 1] < 0 || sample[j + 1] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data: sample ", i, " has token id ", std::max(sample[j], sample[j + 1]),
+            " outside the vocabulary [0, ", vocab, ") (model.vocab_size too small for the data)"));
+      }
+      ids[b * seq_ + j] = sample[j];
+      targets[b * seq_ + j] = sample[j + 1];
+    }
+  }
+  if (stream_.is_cuda()) {
+    // The previous micro-batch's kernels may still read ids_/targets_: copies on the stream.
+    cudaStream_t s = static_cast<cudaStream_t>(stream_.cuda_stream);
+    SY_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ids_.data(), ids, count * seq_ * 4, cudaMemcpyHostToDevice, s));
+    SY_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(targets_.data(), targets, count * seq_ * 4, cudaMemcpyHostToDevice, s));
+    // The host staging buffers are reused by the next micro-batch: wait for the copies.
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::Step() {
+  const auto start = std::chrono::steady_clock::now();
+  const v1::TrainingConfig& tr = spec_.training();
+  const int64_t gbs = num_micro_ * micro_batch_;
+  if (consumed_samples_ + gbs > tr.train_iters() * gbs) {
+    return absl::OutOfRangeError(
+        absl::StrCat("training finished: ", step_, " of ", tr.train_iters(), " steps done"));
+  }
+  const Stream& s = stream_;
+  SY_RETURN_IF_ERROR(model_->ZeroGrads(s));
+  const float ce_scale = static_cast<float>(1.0 / static_cast<double>(gbs * seq_));
+  const double aux_scale = 1.0 / static_cast<double>(num_micro_);
+  for (int64_t m = 0; m < num_micro_; ++m) {
+    SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + m * micro_batch_, micro_batch_));
+    const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
+    const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
+    SY_RETURN_IF_ERROR(
+        model_->ForwardBackward(s, ids, targets, seq_, ce_scale, aux_scale, static_cast<int>(m)));
+  }
+  // Clip and update.
+  SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(s, model_->grads(), norm_ws_.View(), sum_sq_.View()));
+  SY_RETURN_IF_ERROR(kernels::ClipCoefficient(s, sum_sq_.View(), static_cast<float>(tr.clip_grad()),
+                                              norm_.View(), coef_.View()));
+  float norm = 0;
+  if (s.is_cuda()) {
+    cudaStream_t cs = static_cast<cudaStream_t>(s.cuda_stream);
+    SY_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&norm, norm_.data(), sizeof(float), cudaMemcpyDeviceToHost, cs));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+  } else {
+    norm = norm_.View().as<float>()[0];
+  }
+  StepResult r;
+  r.lr = lr_->LrAt(step_);
+  r.grad_norm = norm;
+  r.skipped = !std::isfinite(norm);
+  if (!r.skipped) {
+    kernels::AdamWHyperParams hp;
+    hp.lr = r.lr;
+    hp.beta1 = tr.adam_beta1();
+    hp.beta2 = tr.adam_beta2();
+    hp.eps = tr.adam_eps();
+    hp.step = step_ - skipped_steps_ + 1;
+    const int64_t n = model_->layout().total, split = model_->layout().decay_end;
+    const Tensor coef = coef_.View();
+    for (int group = 0; group < 2; ++group) {
+      const int64_t lo = group == 0 ? 0 : split, hi = group == 0 ? split : n;
+      if (hi == lo) continue;
+      hp.weight_decay = group == 0 ? tr.weight_decay() : 0.0;
+      SY_RETURN_IF_ERROR(kernels::AdamW(
+          s, hp, Slice(model_->grads(), lo, {hi - lo}), 1.0f, &coef,
+          Slice(master_.View(), lo, {hi - lo}), Slice(exp_avg_.View(), lo, {hi - lo}),
+          Slice(exp_avg_sq_.View(), lo, {hi - lo}), Slice(model_->params(), lo, {hi - lo})));
+    }
+  } else {
+    ++skipped_steps_;
+  }
+  SY_RETURN_IF_ERROR(model_->EndGlobalBatch(s));
+  SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
+                      model_->ReadStepStats(s, static_cast<int>(num_micro_)));
+  consumed_samples_ += gbs;
+  ++step_;
+
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double tokens = static_cast<double>(gbs * seq_);
+  r.step = step_;
+  r.loss = stats.loss_sum / tokens;
+  const int64_t n_moe = static_cast<int64_t>(stats.moe_losses.size());
+  for (const auto& layer : stats.moe_losses) {
+    for (size_t j = 0; j + 1 < layer.size(); ++j) r.aux_loss += layer[j] / n_moe;
+    r.z_loss += layer.back() / n_moe;
+  }
+  for (const auto& counts : stats.expert_tokens) {
+    double sum = 0, mx = 0;
+    for (int64_t c : counts) {
+      sum += static_cast<double>(c);
+      mx = std::max(mx, static_cast<double>(c));
+    }
+    const double mean = sum / static_cast<double>(counts.size());
+    r.expert_imbalance.push_back(mean > 0 ? mx / mean : 0.0);
+  }
+  r.step_ms = seconds * 1e3;
+  r.tokens_per_s = tokens / seconds;
+  r.tflops = flops_per_token_ * tokens / seconds / 1e12;
+  if (s.is_cuda() && options_.peak_tflops > 0) r.mfu = r.tflops / options_.peak_tflops;
+  return r;
+}
+
+std::string Trainer::FormatLogLine(const StepResult& r) const {
+  std::string line = absl::StrFormat(
+      "step %d/%d | loss %.4f | aux %.4g | z %.4g | lr %.3e | grad_norm %.3f | %.1f ms | %s tok/s "
+      "| %.1f TFLOP/s | MFU %s",
+      r.step, train_iters(), r.loss, r.aux_loss, r.z_loss, r.lr, r.grad_norm, r.step_ms,
+      FormatCount(r.tokens_per_s), r.tflops,
+      r.mfu >= 0 ? absl::StrFormat("%.1f%%", 100 * r.mfu) : std::string("-"));
+  if (!r.expert_imbalance.empty()) {
+    absl::StrAppend(&line, " | imbalance");
+    for (double v : r.expert_imbalance) absl::StrAppend(&line, absl::StrFormat(" %.2f", v));
+  }
+  if (r.skipped) absl::StrAppend(&line, " | SKIPPED (non-finite grad norm)");
+  return line;
+}
+
+std::string Trainer::Describe() const {
+  const GptConfig& c = model_->config();
+  return absl::StrFormat(
+      "model: %d layers (%d MoE), hidden %d, heads %d/%d x %d, vocab %d, seq %d; %s parameters "
+      "(%s active); %s on %s; global batch %d = %d micro-batches of %d; %.3g GFLOP/token; "
+      "data: %s",
+      c.num_layers, c.num_moe_layers(), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+      c.vocab_size, c.seq_length, FormatCount(static_cast<double>(model::GptTotalParams(c))),
+      FormatCount(static_cast<double>(model::GptActiveParams(c))), DTypeName(c.dtype),
+      options_.device.ToString(), num_micro_ * micro_batch_, num_micro_, micro_batch_,
+      flops_per_token_ / 1e9, data_description_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+absl::StatusOr<Buffer> Trainer::MasterToHost(const std::string& name) const {
+  const ParamInfo* p = model_->layout().Find(name);
+  if (p == nullptr) return absl::NotFoundError(absl::StrCat("no parameter \"", name, "\""));
+  SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(master_.View().dtype, p->shape, Device::Cpu()));
+  SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(master_.View(), p->offset, p->shape), b.View()));
+  return b;
+}
+
+absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
+  if (stream_.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
+  }
+  CheckpointWriter w;
+  std::vector<Buffer> keep;  // host copies stay alive until Commit
+  auto add = [&](const char* file, const std::string& name,
+                 const Tensor& device_view) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Buffer b,
+                        Buffer::ForTensor(device_view.dtype, device_view.shape, Device::Cpu()));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(device_view, b.View()));
+    w.AddTensor(file, name, b.View());
+    keep.push_back(std::move(b));
+    return absl::OkStatus();
+  };
+  for (const ParamInfo& p : model_->layout().params) {
+    SY_RETURN_IF_ERROR(add(kModelFile, p.name, Slice(master_.View(), p.offset, p.shape)));
+    SY_RETURN_IF_ERROR(
+        add(kOptimizerFile, "exp_avg." + p.name, Slice(exp_avg_.View(), p.offset, p.shape)));
+    SY_RETURN_IF_ERROR(
+        add(kOptimizerFile, "exp_avg_sq." + p.name, Slice(exp_avg_sq_.View(), p.offset, p.shape)));
+  }
+  if (model_->config().num_moe_layers() > 0) {
+    SY_RETURN_IF_ERROR(add(kRouterFile, "expert_bias", model_->expert_bias()));
+  }
+  w.SetMetadata("step", step_);
+  w.SetMetadata("consumed_samples", consumed_samples_);
+  w.SetMetadata("skipped_steps", skipped_steps_);
+  w.SetMetadata("forward_counter", absl::StrCat(model_->forward_counter()));
+  w.SetMetadata("seed", static_cast<int64_t>(spec_.training().seed()));
+  w.SetMetadata("job_spec", JobSpecToJson(spec_));
+  return w.Commit(root, step_);
+}
+
+absl::Status Trainer::Load(const std::string& root, int64_t step) {
+  SY_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                      step >= 0 ? LoadCheckpoint(root, step) : LoadCheckpoint(root));
+  SY_ASSIGN_OR_RETURN(int64_t ck_step, ckpt.GetInt("step"));
+  SY_ASSIGN_OR_RETURN(int64_t consumed, ckpt.GetInt("consumed_samples"));
+  SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
+  SY_ASSIGN_OR_RETURN(std::string counter, ckpt.GetString("forward_counter"));
+  const int64_t gbs = num_micro_ * micro_batch_;
+  if (consumed != ck_step * gbs) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
+                     ") x training.global_batch_size (", gbs, "): the global batch size changed"));
+  }
+  // Check every tensor before writing any, so a mismatched checkpoint changes nothing.
+  auto get = [&](const char* file, const std::string& name,
+                 const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
+    SY_ASSIGN_OR_RETURN(Tensor t, ckpt.Get(file, name));
+    if (t.shape != shape || t.dtype != master_.View().dtype) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ckpt.dir(), "/", file, ": tensor \"", name, "\" is ", t.DebugString(),
+          ", the model needs ", DTypeName(master_.View().dtype), " of shape [",
+          absl::StrJoin(shape, ","), "] (was the checkpoint written for another model?)"));
+    }
+    return t;
+  };
+  for (const ParamInfo& p : model_->layout().params) {
+    SY_RETURN_IF_ERROR(get(kModelFile, p.name, p.shape).status());
+    SY_RETURN_IF_ERROR(get(kOptimizerFile, "exp_avg." + p.name, p.shape).status());
+    SY_RETURN_IF_ERROR(get(kOptimizerFile, "exp_avg_sq." + p.name, p.shape).status());
+  }
+  for (const ParamInfo& p : model_->layout().params) {
+    SY_ASSIGN_OR_RETURN(Tensor m, get(kModelFile, p.name, p.shape));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(m, Slice(master_.View(), p.offset, p.shape)));
+    SY_ASSIGN_OR_RETURN(Tensor a, get(kOptimizerFile, "exp_avg." + p.name, p.shape));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(a, Slice(exp_avg_.View(), p.offset, p.shape)));
+    SY_ASSIGN_OR_RETURN(Tensor b, get(kOptimizerFile, "exp_avg_sq." + p.name, p.shape));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(b, Slice(exp_avg_sq_.View(), p.offset, p.shape)));
+  }
+  if (model_->config().num_moe_layers() > 0) {
+    SY_ASSIGN_OR_RETURN(Tensor bias, ckpt.Get(kRouterFile, "expert_bias"));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(bias, model_->expert_bias()));
+  }
+  SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
+  step_ = ck_step;
+  consumed_samples_ = consumed;
+  skipped_steps_ = skipped;
+  model_->set_forward_counter(std::stoull(counter));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SetParameters(
+    const std::function<absl::StatusOr<Tensor>(const std::string&)>& get) {
+  for (const ParamInfo& p : model_->layout().params) {
+    SY_ASSIGN_OR_RETURN(Tensor t, get(p.name));
+    if (t.shape != p.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter \"", p.name, "\" is ",
+                                                     t.DebugString(), ", the model needs [",
+                                                     absl::StrJoin(p.shape, ","), "]"));
+    }
+  }
+  for (const ParamInfo& p : model_->layout().params) {
+    SY_ASSIGN_OR_RETURN(Tensor t, get(p.name));
+    SY_ASSIGN_OR_RETURN(Buffer host,
+                        Buffer::ForTensor(master_.View().dtype, p.shape, Device::Cpu()));
+    SY_RETURN_IF_ERROR(kernels::Cast(Stream::Cpu(), t, host.View()));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(host.View(), Slice(master_.View(), p.offset, p.shape)));
+  }
+  SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_.View(), 0));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_sq_.View(), 0));
+  return CastMasterToParams(stream_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The standalone loop
+
+absl::Status RunStandalone(const v1::JobSpec& spec, const TrainerOptions& options, std::FILE* out,
+                           int64_t max_steps) {
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(spec, options));
+  const v1::TrainingConfig& tr = trainer->spec().training();
+  std::fprintf(out, "%s\n", trainer->Describe().c_str());
+  std::string resume = tr.load();
+  if (resume.empty() && !tr.save().empty() && LoadCheckpoint(tr.save()).ok()) resume = tr.save();
+  if (!resume.empty()) {
+    SY_RETURN_IF_ERROR(Annotate(trainer->Load(resume), absl::StrCat("resuming from ", resume)));
+    std::fprintf(out, "resumed from %s at step %lld\n", resume.c_str(),
+                 static_cast<long long>(trainer->step()));
+  }
+  const bool bar = isatty(fileno(stderr)) != 0;
+  const int64_t log_interval = std::max<int64_t>(1, tr.log_interval());
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first = trainer->step();
+  int64_t done = 0;
+  int64_t last_saved = -1;
+  while (trainer->step() < trainer->train_iters() && (max_steps <= 0 || done < max_steps)) {
+    SY_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
+    ++done;
+    if (bar) std::fputs("\r\033[K", stderr);
+    if (r.step % log_interval == 0 || r.step == trainer->train_iters() || r.skipped) {
+      std::fprintf(out, "%s\n", trainer->FormatLogLine(r).c_str());
+      std::fflush(out);
+    }
+    if (tr.has_save_interval() && tr.save_interval() > 0 && !tr.save().empty() &&
+        r.step % tr.save_interval() == 0) {
+      SY_ASSIGN_OR_RETURN(std::string dir, trainer->Save(tr.save()));
+      last_saved = r.step;
+      std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
+    }
+    if (bar) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const int64_t total = trainer->train_iters(), now = trainer->step();
+      const double eta =
+          elapsed / static_cast<double>(now - first) * static_cast<double>(total - now);
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * now / std::max<int64_t>(total, 1));
+      std::fprintf(stderr, "[%s%s] %lld/%lld ETA %s", std::string(filled, '#').c_str(),
+                   std::string(kWidth - filled, '.').c_str(), static_cast<long long>(now),
+                   static_cast<long long>(total), FormatDuration(eta).c_str());
+      std::fflush(stderr);
+    }
+  }
+  if (bar) std::fputs("\r\033[K", stderr);
+  if (!tr.save().empty() && last_saved != trainer->step() &&
+      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
+    SY_ASSIGN_OR_RETURN(std::string dir, trainer->Save(tr.save()));
+    std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::train

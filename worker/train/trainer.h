@@ -1,0 +1,150 @@
+// File: worker/train/trainer.h
+//
+// Single-process training of a GptModel (worker/model/gpt_model.h) on one GPU, or on the CPU:
+// data loading from a Megatron indexed dataset (or mock tokens), micro-batches with gradient
+// accumulation, global gradient-norm clipping, AdamW with fp32 master weights over the flat
+// parameter buffer (two launches: decay and no-decay groups), Megatron's LR schedule,
+// aux-loss-free expert-bias updates, per-step statistics, and atomic checkpoints that resume
+// bit-identically.
+//
+// One step (the global batch = global_batch_size sequences of seq_length tokens):
+//   grads = 0
+//   for each of the global_batch_size / micro_batch_size micro-batches (samples in order):
+//     GptModel::ForwardBackward with ce_scale = 1 / (global batch tokens) and aux_grad_scale =
+//     1 / (number of micro-batches)          (Megatron's per-micro-batch mean, averaged)
+//   norm = ||grads||, clip coefficient on the device; read norm (the only host sync before the
+//   update): a non-finite norm skips the update (counted, logged), else AdamW with lr =
+//   LrAt(completed steps)
+//   expert-bias update and global_aux_loss reset; statistics read back once.
+//
+// Data: sample i of the run is GptSamples::Sample(i) (deterministic by training.seed), step k
+// reads samples [k·GBS, (k+1)·GBS) — so a resumed run reads exactly what the uninterrupted run
+// would have read. data.data_path takes one dataset prefix; empty (and not mock_data) selects the
+// default corpus of tools/prepare_corpus.sh (common/corpus.h).
+//
+// Checkpoints (common/checkpoint.h; <save>/step_N): model.safetensors (fp32 — or the CPU
+// model's f64 — master weights under the GptModel tensor names), optimizer.safetensors
+// (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
+// metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
+//
+// FLOPs, TFLOP/s and MFU: model FLOPs per token from GptTrainingFlopsPerToken (Megatron-style:
+// active-parameter GEMMs, causal attention, LM head; fwd + bwd = 3 × fwd), divided by the step's
+// wall time; MFU divides by the peak (default 989.4 TFLOP/s: H100/H200 dense bf16, as
+// BASELINES.md; no MFU on the CPU).
+#ifndef SWITCHYARD_WORKER_TRAIN_TRAINER_H_
+#define SWITCHYARD_WORKER_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/gpt_samples.h"
+#include "common/tensor.h"
+#include "kernels/buffer.h"
+#include "switchyard/v1/config.pb.h"
+#include "worker/model/gpt_model.h"
+#include "worker/train/lr_schedule.h"
+
+namespace switchyard::train {
+
+struct TrainerOptions {
+  Device device = Device::Cpu();
+  // Parameter/activation dtype. kUnknown-like default: bf16 on CUDA (unless training.bf16 is
+  // false: then f32), f32 on the CPU. Tests set f64 on the CPU.
+  bool force_dtype = false;
+  DType dtype = DType::kF32;
+  double peak_tflops = 989.4;  // for MFU; <= 0: no MFU
+};
+
+struct StepResult {
+  int64_t step = 0;     // number of completed optimizer steps after this one
+  double loss = 0;      // mean cross-entropy over the global batch (nats/token)
+  double aux_loss = 0;  // load-balancing losses (coefficients included), mean over MoE layers
+  double z_loss = 0;    // router z-loss (coefficient included), mean over MoE layers
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // non-finite gradient norm: no update
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double tflops = 0;                     // model TFLOP/s
+  double mfu = -1;                       // fraction of peak; < 0 when unknown (CPU)
+  std::vector<double> expert_imbalance;  // per MoE layer: max / mean tokens per expert
+};
+
+class Trainer {
+ public:
+  // `spec` as loaded from a file: defaults are applied and the spec is validated here.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(v1::JobSpec spec,
+                                                         const TrainerOptions& options);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  ~Trainer();
+
+  // Runs one optimizer step.
+  absl::StatusOr<StepResult> Step();
+  // Completed optimizer steps.
+  int64_t step() const { return step_; }
+  int64_t train_iters() const { return spec_.training().train_iters(); }
+
+  // Saves the full training state as checkpoint step() under `root`; returns its directory.
+  absl::StatusOr<std::string> Save(const std::string& root);
+  // Restores the state from `root` (latest verified step, or `step` when >= 0). The checkpoint's
+  // model shape must equal this trainer's.
+  absl::Status Load(const std::string& root, int64_t step = -1);
+  // Overwrites the parameters (and fp32 master weights) with HF-converted tensors and resets the
+  // optimizer; used to fine-tune an imported model. `get` returns f32/f64 CPU tensors by name.
+  absl::Status SetParameters(const std::function<absl::StatusOr<Tensor>(const std::string&)>& get);
+  // The master weights of `name` as a CPU tensor (f32 or f64), e.g. for export.
+  absl::StatusOr<kernels::Buffer> MasterToHost(const std::string& name) const;
+
+  // "step 12/300 | loss 5.4321 | aux ... | MFU 31.5% | imbalance 1.23 1.31"
+  std::string FormatLogLine(const StepResult& r) const;
+  // One line describing the run (model size, data, batch, dtype, device).
+  std::string Describe() const;
+
+  model::GptModel& model() { return *model_; }
+  const v1::JobSpec& spec() const { return spec_; }
+  const model::GptConfig& model_config() const { return model_->config(); }
+  int64_t tokens_per_step() const;
+
+ private:
+  Trainer() = default;
+  absl::Status Init(const TrainerOptions& options);
+  absl::Status LoadMicroBatch(int64_t first_sample, int64_t count);
+  absl::Status CastMasterToParams(const Stream& stream);
+
+  v1::JobSpec spec_;
+  TrainerOptions options_;
+  Stream stream_;
+  void* cuda_stream_ = nullptr;
+  std::unique_ptr<model::GptModel> model_;
+  std::unique_ptr<LrSchedule> lr_;
+  std::shared_ptr<const GptSamples> samples_;
+  std::string data_description_;
+  int64_t step_ = 0, consumed_samples_ = 0, skipped_steps_ = 0;
+  int64_t micro_batch_ = 1, num_micro_ = 1, seq_ = 0;
+  uint64_t mock_seed_ = 0;
+  bool mock_ = false;
+  double flops_per_token_ = 0;
+  // Optimizer state over the flat layout, and scalars.
+  kernels::Buffer master_, exp_avg_, exp_avg_sq_;
+  kernels::Buffer norm_ws_, sum_sq_, norm_, coef_;
+  // Host staging and device copies of one micro-batch.
+  kernels::Buffer host_ids_, host_targets_, ids_, targets_;
+};
+
+// The standalone loop: trains until training.train_iters, printing one log line per
+// training.log_interval steps to `out` and a progress bar with ETA on stderr when it is a
+// terminal; saves every training.save_interval steps and at the end when training.save is set;
+// resumes from training.load (or from training.save when it holds a checkpoint).
+// `max_steps` > 0 stops earlier (after that many steps of this invocation).
+absl::Status RunStandalone(const v1::JobSpec& spec, const TrainerOptions& options, std::FILE* out,
+                           int64_t max_steps = 0);
+
+}  // namespace switchyard::train
+
+#endif  // SWITCHYARD_WORKER_TRAIN_TRAINER_H_
