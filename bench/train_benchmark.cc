@@ -1,0 +1,312 @@
+// End-to-end training benchmark on one GPU: worker/train's Trainer runs optimizer steps of the
+// BENCHMARK MODEL on mock data (forward + backward of every micro-batch, gradient clipping,
+// AdamW with fp32 master weights), and the benchmark reports the median step time, tokens/s,
+// model TFLOP/s (model::GptTrainingFlopsPerToken: Megatron-style, causal attention counted half,
+// fwd + bwd = 3 × fwd) and MFU against --peak_tflops (989.4: H100/H200 dense bf16, BASELINES.md).
+// With --torch_json (bench/torch_train_baseline.py --json, the same model and step in plain
+// PyTorch, run in the same command) it also prints PyTorch's numbers and the speedup.
+//
+// BENCHMARK MODEL (--model benchmark; bench/README.md; torch_train_baseline.py mirrors it):
+//   Qwen3-MoE-like fine-grained MoE, ~1.5 B total / ~0.35 B active parameters
+//   num_layers 12 (all MoE), hidden 1536, 12 attention heads × kv_channels 128,
+//   num_query_groups 4 (GQA), qk_layernorm, RMSNorm eps 1e-6, RoPE base 1e6 (rotate_half),
+//   vocab 32768, untied embeddings / output, SwiGLU experts: 64 experts top-8
+//   (softmax, renormalised top-k), moe_ffn_hidden_size 384, no shared expert,
+//   moe_router_load_balancing_type aux_loss with coefficient 1e-3, seq_length 4096,
+//   micro_batch 2, global_batch 16 (8 micro-batches, 65536 tokens per step), mock data, bf16
+//   parameters/activations with fp32 gradients and fp32 master weights, AdamW lr 1e-4
+//   (constant: warm-up 0), weight decay 0.01, clip_grad 1.0, init std 0.02.
+// --model small: the same architecture at ~100 M parameters for a quick run: 4 layers,
+//   hidden 768, 6 heads × 128, 2 query groups, 32 experts top-4, moe_ffn_hidden_size 192,
+//   seq_length 1024, micro_batch 2, global_batch 8.
+//
+//   train_benchmark [--model benchmark|small] [--steps 5] [--warmup 2] [--micro_batch N]
+//                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
+//                   [--peak_tflops 989.4]
+//
+// Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
+// "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/tensor.h"
+#include "switchyard/v1/config.pb.h"
+#include "worker/model/gpt_model.h"
+#include "worker/train/trainer.h"
+
+ABSL_FLAG(std::string, model, "benchmark", "benchmark (~1.5B Qwen3-MoE-like) or small (~100M)");
+ABSL_FLAG(int, steps, 5, "timed optimizer steps (median reported)");
+ABSL_FLAG(int, warmup, 2, "untimed warm-up optimizer steps");
+ABSL_FLAG(int, micro_batch, 0, "micro-batch size override (0: the model's)");
+ABSL_FLAG(int, global_batch, 0, "global batch size override (0: the model's)");
+ABSL_FLAG(int, seq_length, 0, "sequence length override (0: the model's)");
+ABSL_FLAG(int, layers, 0, "number of layers override (0: the model's)");
+ABSL_FLAG(std::string, torch_json, "", "results of torch_train_baseline.py --json, for the ratio");
+ABSL_FLAG(double, peak_tflops, 989.4, "peak bf16 TFLOP/s for MFU (BASELINES.md: 989.4)");
+
+namespace switchyard::bench {
+namespace {
+
+struct BenchModel {
+  int layers, hidden, heads, head_dim, groups, vocab, experts, topk, moe_ffn, seq, micro, global;
+};
+
+absl::StatusOr<BenchModel> SelectModel(const std::string& name) {
+  BenchModel m;
+  if (name == "benchmark") {
+    m = {12, 1536, 12, 128, 4, 32768, 64, 8, 384, 4096, 2, 16};
+  } else if (name == "small") {
+    m = {4, 768, 6, 128, 2, 32768, 32, 4, 192, 1024, 2, 8};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model: '", name, "' is not one of benchmark, small"));
+  }
+  if (absl::GetFlag(FLAGS_layers) > 0) m.layers = absl::GetFlag(FLAGS_layers);
+  if (absl::GetFlag(FLAGS_seq_length) > 0) m.seq = absl::GetFlag(FLAGS_seq_length);
+  if (absl::GetFlag(FLAGS_micro_batch) > 0) m.micro = absl::GetFlag(FLAGS_micro_batch);
+  if (absl::GetFlag(FLAGS_global_batch) > 0) m.global = absl::GetFlag(FLAGS_global_batch);
+  if (m.global % m.micro != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global_batch (", m.global, ") must be a multiple of --micro_batch (", m.micro, ")"));
+  }
+  return m;
+}
+
+v1::JobSpec MakeSpec(const std::string& name, const BenchModel& b, int64_t iters) {
+  v1::JobSpec spec;
+  spec.set_display_name(absl::StrCat("train_benchmark_", name));
+  v1::ModelConfig* m = spec.mutable_model();
+  m->set_num_layers(b.layers);
+  m->set_hidden_size(b.hidden);
+  m->set_num_attention_heads(b.heads);
+  m->set_kv_channels(b.head_dim);
+  m->set_num_query_groups(b.groups);
+  m->set_ffn_hidden_size(4 * b.hidden);  // unused: every layer is MoE
+  m->set_seq_length(b.seq);
+  m->set_max_position_embeddings(b.seq);
+  m->set_vocab_size(b.vocab);
+  m->set_normalization("RMSNorm");
+  m->set_norm_epsilon(1e-6);
+  m->set_rotary_base(1e6);
+  m->set_qk_layernorm(true);
+  m->set_untie_embeddings_and_output_weights(true);
+  m->set_init_method_std(0.02);
+  m->set_num_experts(b.experts);
+  m->set_moe_router_topk(b.topk);
+  m->set_moe_ffn_hidden_size(b.moe_ffn);
+  m->set_moe_router_score_function("softmax");
+  m->add_moe_router_load_balancing_type("aux_loss");
+  m->add_moe_aux_loss_coeff(1e-3);
+  m->set_moe_layer_freq(1);
+  m->set_moe_grouped_gemm(true);
+  v1::TrainingConfig* t = spec.mutable_training();
+  t->set_micro_batch_size(b.micro);
+  t->set_global_batch_size(b.global);
+  t->set_train_iters(iters);
+  t->set_lr(1e-4);
+  t->set_lr_warmup_iters(0);
+  t->set_lr_decay_style("constant");
+  t->set_weight_decay(0.01);
+  t->set_clip_grad(1.0);
+  t->set_seed(1234);
+  t->set_bf16(true);
+  t->set_log_interval(1);
+  spec.mutable_data()->set_mock_data(true);
+  return spec;
+}
+
+// Device memory in use (total - free), in bytes.
+absl::StatusOr<size_t> MemUsed() {
+  size_t free_b = 0, total_b = 0;
+  const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+  if (e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(e)));
+  }
+  return total_b - free_b;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string Human(double n) {
+  char buf[32];
+  if (n >= 1e9) {
+    std::snprintf(buf, sizeof(buf), "%.2f B", n / 1e9);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f M", n / 1e6);
+  }
+  return buf;
+}
+
+int Main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    std::printf("train_benchmark: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "train_benchmark: cudaGetDeviceProperties failed\n");
+    return 1;
+  }
+  const std::string name = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<BenchModel> bm = SelectModel(name);
+  if (!bm.ok()) {
+    std::fprintf(stderr, "%s\n", bm.status().ToString().c_str());
+    return 2;
+  }
+  const int steps = std::max(1, absl::GetFlag(FLAGS_steps));
+  const int warmup = std::max(0, absl::GetFlag(FLAGS_warmup));
+  const double peak = absl::GetFlag(FLAGS_peak_tflops);
+
+  // PyTorch reference results (optional).
+  nlohmann::json torch = nullptr;
+  if (!absl::GetFlag(FLAGS_torch_json).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_torch_json));
+    if (in) {
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (!j.is_discarded() && j.is_object()) torch = j;
+    }
+    if (torch.is_null()) {
+      std::fprintf(stderr, "train_benchmark: could not read %s\n",
+                   absl::GetFlag(FLAGS_torch_json).c_str());
+    }
+  }
+
+  absl::StatusOr<size_t> mem_before = MemUsed();
+  if (!mem_before.ok()) {
+    std::fprintf(stderr, "%s\n", mem_before.status().ToString().c_str());
+    return 1;
+  }
+  train::TrainerOptions opt;
+  opt.device = Device::Cuda(0);
+  opt.peak_tflops = peak;
+  auto trainer = train::Trainer::Create(MakeSpec(name, *bm, warmup + steps), opt);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "Trainer::Create: %s\n", trainer.status().ToString().c_str());
+    return 1;
+  }
+  train::Trainer& tr = **trainer;
+  std::printf("device: %s\n%s\n", prop.name, tr.Describe().c_str());
+  const model::GptConfig& cfg = tr.model_config();
+  const double flops_per_token = model::GptTrainingFlopsPerToken(cfg);
+  const int64_t params_total = model::GptTotalParams(cfg);
+  const int64_t params_active = model::GptActiveParams(cfg);
+  const int64_t tokens = tr.tokens_per_step();
+
+  std::vector<double> ms;
+  double last_loss = 0;
+  size_t mem_max = *mem_before;
+  for (int i = 0; i < warmup + steps; ++i) {
+    absl::StatusOr<train::StepResult> r = tr.Step();
+    if (!r.ok()) {
+      std::fprintf(stderr, "step %d: %s\n", i + 1, r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s%s\n", tr.FormatLogLine(*r).c_str(), i < warmup ? "  (warm-up)" : "");
+    std::fflush(stdout);
+    if (i >= warmup) ms.push_back(r->step_ms);
+    last_loss = r->loss;
+    absl::StatusOr<size_t> used = MemUsed();
+    if (used.ok()) mem_max = std::max(mem_max, *used);
+  }
+  // The trainer plans every buffer at Create (no allocation inside a step), so device memory in
+  // use after the steps, less what was in use before Create, is the run's footprint.
+  const double mem_gb = static_cast<double>(mem_max - *mem_before) / (1024.0 * 1024 * 1024);
+  const double step_ms = Median(ms);
+  const double tok_s = static_cast<double>(tokens) / (step_ms / 1e3);
+  const double tflops = flops_per_token * tok_s / 1e12;
+  const double mfu = peak > 0 ? tflops / peak : -1;
+
+  double t_ms = 0, t_tok = 0, t_mfu = -1, t_tflops = 0, t_mem = 0;
+  std::string t_err;
+  const bool have_torch = torch.is_object();
+  if (have_torch) {
+    if (torch.contains("error")) t_err = torch["error"].dump();
+    if (torch.contains("step_ms_median") && torch["step_ms_median"].is_number()) {
+      t_ms = torch["step_ms_median"].get<double>();
+    }
+    if (torch.contains("tokens_per_s") && torch["tokens_per_s"].is_number()) {
+      t_tok = torch["tokens_per_s"].get<double>();
+    }
+    if (torch.contains("tflops") && torch["tflops"].is_number()) {
+      t_tflops = torch["tflops"].get<double>();
+    }
+    if (torch.contains("mfu") && torch["mfu"].is_number()) t_mfu = torch["mfu"].get<double>();
+    if (torch.contains("peak_mem_gb") && torch["peak_mem_gb"].is_number()) {
+      t_mem = torch["peak_mem_gb"].get<double>();
+    }
+  }
+
+  std::printf("\n%-26s %s\n", "model", name.c_str());
+  std::printf("%-26s %s total / %s active\n", "parameters", Human(params_total).c_str(),
+              Human(params_active).c_str());
+  std::printf("%-26s %lld (%d x %d micro-batches x %lld)\n", "tokens/step",
+              static_cast<long long>(tokens), bm->global / bm->micro, bm->micro,
+              static_cast<long long>(cfg.seq_length));
+  std::printf("%-26s %.3f GFLOP\n", "model FLOPs/token", flops_per_token / 1e9);
+  std::printf("%-26s %d timed after %d warm-up; final loss %.4f\n", "steps", steps, warmup,
+              last_loss);
+  std::printf("%-12s %12s %12s %10s %8s %10s\n", "impl", "step ms", "tokens/s", "TFLOP/s", "MFU",
+              "mem GiB");
+  std::printf("%-12s %12.1f %12.0f %10.1f %7.1f%% %10.1f\n", "switchyard", step_ms, tok_s, tflops,
+              100 * mfu, mem_gb);
+  double speedup = 0;
+  if (have_torch && t_ms > 0) {
+    speedup = t_ms / step_ms;
+    std::printf("%-12s %12.1f %12.0f %10.1f %7.1f%% %10.1f\n", "pytorch", t_ms, t_tok, t_tflops,
+                100 * t_mfu, t_mem);
+    std::printf("speedup (PyTorch step ms / Switchyard step ms): %.2fx\n", speedup);
+  } else if (have_torch) {
+    std::printf("%-12s %12s (no result%s%s)\n", "pytorch", "-", t_err.empty() ? "" : ": ",
+                t_err.c_str());
+  }
+
+  nlohmann::json out = {
+      {"model", name},
+      {"device", prop.name},
+      {"params_total", params_total},
+      {"params_active", params_active},
+      {"tokens_per_step", tokens},
+      {"flops_per_token", flops_per_token},
+      {"steps", steps},
+      {"warmup", warmup},
+      {"step_ms_median", step_ms},
+      {"tokens_per_s", tok_s},
+      {"tflops", tflops},
+      {"mfu", mfu},
+      {"mem_used_gb", mem_gb},
+      {"final_loss", last_loss},
+  };
+  if (have_torch) {
+    out["torch"] = torch;
+    if (speedup > 0) out["speedup"] = speedup;
+  }
+  std::printf("RESULT_JSON %s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace switchyard::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return switchyard::bench::Main();
+}
