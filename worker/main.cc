@@ -3,8 +3,16 @@
 // Modes (exactly one):
 //   --self-check   print the version and the compute backend found (CUDA devices with their
 //                  properties and library versions, or "CPU only" and why), exit 0.
-// Later issues add --standalone and --coordinator. Without a mode the usage goes to stderr and the
+//   --standalone --config job.yaml
+//                  train the job in this one process (worker/train/trainer.h) on --device
+//                  (auto: cuda:0 when a GPU is visible, else the CPU); --steps N stops after N
+//                  steps; --init-from-hf DIR / --export-hf DIR import and export HuggingFace
+//                  Mixtral / Qwen3-MoE checkpoints. Exit 0 when training completes, 1 on an error
+//                  (the message names the field or file).
+// A later issue adds --coordinator. Without a mode the usage goes to stderr and the
 // exit status is 2. Flags may be spelled with '-' or '_' (--self-check == --self_check).
+#include <cuda_runtime.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,11 +22,24 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "common/config.h"
 #include "common/version.h"
 #include "worker/self_check.h"
+#include "worker/train/trainer.h"
 
 ABSL_FLAG(bool, self_check, false,
           "Print the version and the compute backend found (CUDA devices or CPU only), then exit.");
+ABSL_FLAG(bool, standalone, false, "Train the job of --config in this process.");
+ABSL_FLAG(std::string, config, "", "Job spec file (YAML or JSON) for --standalone.");
+ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
+ABSL_FLAG(int64_t, steps, 0, "Stop after this many steps (0: run to training.train_iters).");
+ABSL_FLAG(std::string, init_from_hf, "",
+          "Initialise the model from a HuggingFace Mixtral/Qwen3-MoE directory.");
+ABSL_FLAG(std::string, export_hf, "", "Export the trained model as a HuggingFace directory.");
+ABSL_FLAG(std::string, hf_architecture, "",
+          "MixtralForCausalLM | Qwen3MoeForCausalLM for --export-hf without --init-from-hf.");
+ABSL_FLAG(double, peak_tflops, 989.4, "Peak TFLOP/s of the GPU for MFU (H100/H200 dense bf16).");
 
 namespace {
 
@@ -26,6 +47,8 @@ constexpr char kUsage[] =
     "executes a Switchyard plan on one GPU (or CPU).\n"
     "usage:\n"
     "  switchyard-worker --self-check   print version and backend (CUDA devices or CPU only)\n"
+    "  switchyard-worker --standalone --config job.yaml [--device auto|cpu|cuda:N] [--steps N]\n"
+    "                    [--init-from-hf DIR] [--export-hf DIR]   train in this process\n"
     "  switchyard-worker --help         list the worker's flags\n"
     "  switchyard-worker --version      print the version";
 
@@ -57,6 +80,56 @@ int SelfCheck() {
   return 0;
 }
 
+absl::StatusOr<switchyard::Device> ParseDevice(const std::string& name) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (name == "cpu") return switchyard::Device::Cpu();
+  if (name == "auto") return count > 0 ? switchyard::Device::Cuda(0) : switchyard::Device::Cpu();
+  int index = 0;
+  if (name != "cuda" && !(absl::StartsWith(name, "cuda:") &&
+                          absl::SimpleAtoi(name.substr(5), &index) && index >= 0)) {
+    return absl::InvalidArgumentError("--device: expected auto, cpu, cuda or cuda:N, got \"" +
+                                      name + "\"");
+  }
+  if (index >= count) {
+    return absl::InvalidArgumentError("--device " + name + ": only " + std::to_string(count) +
+                                      " CUDA device(s) visible");
+  }
+  return switchyard::Device::Cuda(index);
+}
+
+int Standalone() {
+  const std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty()) {
+    std::fprintf(stderr, "switchyard-worker: --standalone needs --config job.yaml\n");
+    return 2;
+  }
+  absl::StatusOr<switchyard::v1::JobSpec> spec = switchyard::LoadJobSpecFile(path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<switchyard::Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", device.status().ToString().c_str());
+    return 2;
+  }
+  switchyard::train::TrainerOptions options;
+  options.device = *device;
+  options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  switchyard::train::StandaloneOptions standalone;
+  standalone.max_steps = absl::GetFlag(FLAGS_steps);
+  standalone.init_from_hf = absl::GetFlag(FLAGS_init_from_hf);
+  standalone.export_hf = absl::GetFlag(FLAGS_export_hf);
+  standalone.hf_architecture = absl::GetFlag(FLAGS_hf_architecture);
+  absl::Status st = switchyard::train::RunStandalone(*spec, options, standalone, stdout);
+  if (!st.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,6 +154,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_self_check)) return SelfCheck();
+  if (absl::GetFlag(FLAGS_standalone)) return Standalone();
   std::fprintf(stderr, "switchyard-worker: %s\n", kUsage);
   return 2;
 }

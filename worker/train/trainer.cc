@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
+#include "worker/model/hf_convert.h"
 
 namespace switchyard::train {
 namespace {
@@ -490,11 +493,30 @@ absl::Status Trainer::SetParameters(
 // ---------------------------------------------------------------------------------------------
 // The standalone loop
 
-absl::Status RunStandalone(const v1::JobSpec& spec, const TrainerOptions& options, std::FILE* out,
-                           int64_t max_steps) {
+absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
+                           const StandaloneOptions& standalone, std::FILE* out) {
+  const int64_t max_steps = standalone.max_steps;
+  std::optional<model::HfCheckpoint> hf;
+  std::string architecture =
+      standalone.hf_architecture.empty() ? model::kHfQwen3Moe : standalone.hf_architecture;
+  if (!standalone.init_from_hf.empty()) {
+    SY_ASSIGN_OR_RETURN(model::HfCheckpoint imported,
+                        model::ImportHfModel(standalone.init_from_hf));
+    const v1::ModelConfig user = spec.model();
+    *spec.mutable_model() = imported.config;
+    if (user.has_seq_length()) spec.mutable_model()->set_seq_length(user.seq_length());
+    architecture = imported.architecture;
+    hf = std::move(imported);
+  }
   SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(spec, options));
   const v1::TrainingConfig& tr = trainer->spec().training();
   std::fprintf(out, "%s\n", trainer->Describe().c_str());
+  if (hf.has_value()) {
+    SY_RETURN_IF_ERROR(
+        trainer->SetParameters([&](const std::string& name) { return hf->Get(name); }));
+    std::fprintf(out, "initialised from %s (%s)\n", standalone.init_from_hf.c_str(),
+                 architecture.c_str());
+  }
   std::string resume = tr.load();
   if (resume.empty() && !tr.save().empty() && LoadCheckpoint(tr.save()).ok()) resume = tr.save();
   if (!resume.empty()) {
@@ -541,6 +563,21 @@ absl::Status RunStandalone(const v1::JobSpec& spec, const TrainerOptions& option
       !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
     SY_ASSIGN_OR_RETURN(std::string dir, trainer->Save(tr.save()));
     std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
+  }
+  if (!standalone.export_hf.empty()) {
+    std::map<std::string, Buffer> cache;
+    auto source = [&](const std::string& name) -> absl::StatusOr<Tensor> {
+      auto it = cache.find(name);
+      if (it == cache.end()) {
+        SY_ASSIGN_OR_RETURN(Buffer b, trainer->MasterToHost(name));
+        it = cache.emplace(name, std::move(b)).first;
+      }
+      return it->second.View();
+    };
+    SY_RETURN_IF_ERROR(model::ExportHfModel(trainer->spec().model(), architecture, source,
+                                            standalone.export_hf, DType::kF32));
+    std::fprintf(out, "exported %s model to %s\n", architecture.c_str(),
+                 standalone.export_hf.c_str());
   }
   return absl::OkStatus();
 }

@@ -137,13 +137,22 @@ class Trainer {
   kernels::Buffer host_ids_, host_targets_, ids_, targets_;
 };
 
+// Options of the standalone loop beyond the job spec.
+struct StandaloneOptions {
+  int64_t max_steps = 0;        // > 0: stop after that many steps of this invocation
+  std::string init_from_hf;     // HF Mixtral/Qwen3-MoE directory: its config.json replaces
+                                // spec.model (seq_length kept) and its weights initialise the model
+  std::string export_hf;        // write the trained model as an HF directory at the end
+  std::string hf_architecture;  // for export_hf without init_from_hf: MixtralForCausalLM or
+                                // Qwen3MoeForCausalLM (default: Qwen3MoeForCausalLM)
+};
+
 // The standalone loop: trains until training.train_iters, printing one log line per
 // training.log_interval steps to `out` and a progress bar with ETA on stderr when it is a
 // terminal; saves every training.save_interval steps and at the end when training.save is set;
 // resumes from training.load (or from training.save when it holds a checkpoint).
-// `max_steps` > 0 stops earlier (after that many steps of this invocation).
-absl::Status RunStandalone(const v1::JobSpec& spec, const TrainerOptions& options, std::FILE* out,
-                           int64_t max_steps = 0);
+absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
+                           const StandaloneOptions& standalone, std::FILE* out);
 
 }  // namespace switchyard::train
 
