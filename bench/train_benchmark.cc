@@ -41,8 +41,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/config_defaults.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "common/validate.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/gpt_model.h"
 #include "worker/train/trainer.h"
@@ -55,6 +57,8 @@ ABSL_FLAG(int, global_batch, 0, "global batch size override (0: the model's)");
 ABSL_FLAG(int, seq_length, 0, "sequence length override (0: the model's)");
 ABSL_FLAG(int, layers, 0, "number of layers override (0: the model's)");
 ABSL_FLAG(std::string, torch_json, "", "results of torch_train_baseline.py --json, for the ratio");
+ABSL_FLAG(bool, dry_run, false,
+          "validate the model's JobSpec and print its parameter and FLOP counts; no GPU needed");
 ABSL_FLAG(double, peak_tflops, 989.4, "peak bf16 TFLOP/s for MFU (BASELINES.md: 989.4)");
 
 namespace switchyard::bench {
@@ -154,7 +158,37 @@ std::string Human(double n) {
   return buf;
 }
 
+// --dry_run: the spec the trainer would get, defaulted and validated, and its counts.
+int DryRun(const std::string& name, const BenchModel& b) {
+  v1::JobSpec spec = MakeSpec(name, b, 1);
+  spec.mutable_parallel()->set_world_size(1);
+  ApplyDefaults(&spec);
+  if (absl::Status st = ValidateJobSpec(spec); !st.ok()) {
+    std::fprintf(stderr, "invalid spec: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<model::GptConfig> cfg = model::GptConfig::FromProto(spec.model(), DType::kBF16);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "GptConfig: %s\n", cfg.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("model %s: %s total / %s active parameters, %.4f GFLOP/token, %lld tokens/step\n",
+              name.c_str(), Human(model::GptTotalParams(*cfg)).c_str(),
+              Human(model::GptActiveParams(*cfg)).c_str(),
+              model::GptTrainingFlopsPerToken(*cfg) / 1e9,
+              static_cast<long long>(b.global) * b.seq);
+  return 0;
+}
+
 int Main() {
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    absl::StatusOr<BenchModel> bm = SelectModel(absl::GetFlag(FLAGS_model));
+    if (!bm.ok()) {
+      std::fprintf(stderr, "%s\n", bm.status().ToString().c_str());
+      return 2;
+    }
+    return DryRun(absl::GetFlag(FLAGS_model), *bm);
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the sticky "no device" error
