@@ -8,10 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "common/bpe_tokenizer.h"
 #include "common/config.h"
-#include "common/corpus.h"
-#include "common/indexed_dataset.h"
+#include "worker/train/testing/small_corpus.h"
 
 namespace switchyard::train {
 namespace {
@@ -146,38 +144,9 @@ TEST(TrainerTest, BadSpecsNameTheField) {
 // test with a 512-token byte-level BPE so that a CPU-sized model sees enough of it in a few hundred
 // steps (the corpus's own 4096-token vocabulary makes the LM head dominate a CPU step).
 TEST(TrainerTest, LearnsTheCorpusBelowItsUnigramEntropy) {
-  auto corpus = FindDefaultCorpus();
+  auto corpus = train::testing::MakeSmallCorpus(TempDir("kjv512"), 512);
   ASSERT_TRUE(corpus.ok()) << corpus.status() << " (tools/setup.sh prepares the corpus)";
-  auto dataset = IndexedDataset::Open(corpus->dataset_prefix);
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
-  auto tokenizer = BpeTokenizer::Load(corpus->tokenizer_path);
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  std::vector<std::string> texts;
-  for (int64_t i = 0; i < dataset->num_sequences(); ++i) {
-    std::vector<int32_t> ids(dataset->SequenceLength(i));
-    ASSERT_TRUE(dataset->ReadTokens(i, 0, absl::MakeSpan(ids)).ok());
-    if (!ids.empty() && tokenizer->eod_id() && ids.back() == *tokenizer->eod_id()) ids.pop_back();
-    auto text = tokenizer->Decode(ids);
-    ASSERT_TRUE(text.ok()) << text.status();
-    texts.push_back(*std::move(text));
-  }
-  auto small = BpeTokenizer::Train(texts, 512);
-  ASSERT_TRUE(small.ok()) << small.status();
-  IndexedDatasetWriter writer(IndexedDType::kUInt16);
-  std::vector<int32_t> all;
-  for (const std::string& text : texts) {
-    auto ids = small->Encode(text);
-    ASSERT_TRUE(ids.ok());
-    ids->push_back(*small->eod_id());
-    std::vector<int64_t> wide(ids->begin(), ids->end());
-    ASSERT_TRUE(writer.Add(wide).ok());
-    writer.EndDocument();
-    all.insert(all.end(), ids->begin(), ids->end());
-  }
-  const std::string prefix = TempDir("kjv512") + "_text_document";
-  ASSERT_TRUE(writer.Finalize(prefix).ok());
-  const double unigram = UnigramEntropyNats(all);
-
+  const double unigram = corpus->unigram_entropy;
   v1::JobSpec spec = Spec(R"(
 model:
   num_layers: 2
@@ -201,7 +170,7 @@ training:
   weight_decay: 0.01
   seed: 1234
 )");
-  spec.mutable_data()->add_data_path(prefix);
+  spec.mutable_data()->add_data_path(corpus->prefix);
   TrainerOptions opt;
   auto t = Trainer::Create(spec, opt);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -223,7 +192,7 @@ training:
   std::printf(
       "corpus %s (%zu tokens at vocab 512): unigram entropy %.4f nats/token; loss %.4f at "
       "step 1, %.4f mean of the last 20 steps\n",
-      corpus->name.c_str(), all.size(), unigram, first, last);
+      corpus->name.c_str(), static_cast<size_t>(corpus->tokens), unigram, first, last);
   EXPECT_GT(first, unigram);  // starts near ln(V)
   EXPECT_LT(last, unigram - 0.75) << "the model did not learn beyond token frequencies";
 }
