@@ -6,12 +6,14 @@
 #     switchyard-worker and syctl;
 #   - lib/: the shared libraries those need that the GPU host lacks (gRPC, Protobuf, Abseil, ...),
 #     copied as real files under their soname, stripped;
-#   - torch_moe_baseline.py (the PyTorch reference for the benchmarks), run_gpu_tests.sh and
-#     MANIFEST.
+#   - torch_moe_baseline.py (the PyTorch MoE-layer reference, from /work/shared/bench),
+#     torch_train_baseline.py (the PyTorch training-step reference, from bench/),
+#     run_gpu_tests.sh, run_gpu_bench.sh and MANIFEST.
 # The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
 # the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
 # those are never bundled. The script checks with ldd that every other dependency resolves inside
-# the bundle and fails if the bundle exceeds 60 MiB.
+# the bundle and fails if the bundle exceeds 60 MiB. Binaries over 1 MiB are stored xz-compressed
+# under packed/ behind same-named launcher scripts that unpack them on first use (see Packing).
 #
 # Usage: tools/gpu_bundle.sh            (BAZEL_OUTPUT_BASE=<dir> to use a private output base)
 set -euo pipefail
@@ -148,15 +150,18 @@ if [[ -n $baseline ]]; then
 else
   log "WARNING: torch_moe_baseline.py not found (/work/shared/bench or ../shared/bench)"
 fi
+cp bench/torch_train_baseline.py "$bundle/torch_train_baseline.py"
+chmod 644 "$bundle/torch_train_baseline.py"
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
-chmod 755 "$bundle/run_gpu_tests.sh"
+chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh"
 
 {
   echo "Switchyard GPU bundle"
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (+ local changes)')"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
-  echo "run: ./run_gpu_tests.sh [name-substring...]"
+  echo "run: ./run_gpu_tests.sh [name-substring...]; ./run_gpu_bench.sh [moe,attention,train]"
+  echo "binaries over 1 MiB are stored as packed/<name>.xz; <name> is a launcher that unpacks and runs it"
   echo "binaries:"
   printf '  %s\n' "${manifest_targets[@]}"
   echo "lib/:"
@@ -178,6 +183,47 @@ if [[ ${#bad[@]} -gt 0 ]]; then
   printf '  %s\n' "${bad[@]}" >&2
   die "the dependencies above resolve outside the bundle and are not provided by the GPU host"
 fi
+
+# --- Packing: binaries over 1 MiB are stored xz-compressed -------------------------------------
+# Their fatbins (cubins of every kernel, not strippable) make the plain bundle ~100 MiB. Each
+# packed binary <name> becomes packed/<name>.xz plus a small shell launcher <name> that unpacks it
+# once (xz, or python3's lzma when xz is missing) into .unpacked/ next to it (or, when the bundle
+# is read-only, into $TMPDIR) and execs it with the same arguments, so run_gpu_tests.sh and
+# run_gpu_bench.sh call every binary exactly as before.
+mkdir -p "$bundle/packed"
+packed=0
+for f in "$bundle"/*; do
+  [[ -f $f && -x $f && $f != *.py && $f != *.sh ]] || continue
+  (($(stat -c %s "$f") > 1048576)) || continue
+  name=$(basename "$f")
+  xz -6 -T0 -c "$f" >"$bundle/packed/$name.xz"
+  chmod 644 "$bundle/packed/$name.xz"
+  cat >"$f" <<'LAUNCHER'
+#!/bin/sh
+# Launcher written by tools/gpu_bundle.sh: unpacks packed/<name>.xz once, then runs it.
+here=$(cd "$(dirname "$0")" && pwd)
+name=$(basename "$0")
+export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+dir="$here/.unpacked"
+mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ] || dir="${TMPDIR:-/tmp}/switchyard_gpu_bundle_$(id -u)"
+mkdir -p "$dir" || exit 127
+bin="$dir/$name"
+if [ ! -x "$bin" ] || [ "$here/packed/$name.xz" -nt "$bin" ]; then
+  tmp="$bin.tmp.$$"
+  if command -v xz >/dev/null 2>&1; then
+    xz -dc "$here/packed/$name.xz" >"$tmp"
+  else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+      "$here/packed/$name.xz" >"$tmp"
+  fi || { echo "$name: cannot unpack $here/packed/$name.xz" >&2; rm -f "$tmp"; exit 127; }
+  chmod 755 "$tmp" && mv -f "$tmp" "$bin" || exit 127
+fi
+exec "$bin" "$@"
+LAUNCHER
+  chmod 755 "$f"
+  packed=$((packed + 1))
+done
+log "$packed binaries packed (xz) behind launchers"
 
 bytes=$(du -sb "$bundle" | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')

@@ -1,14 +1,55 @@
 #!/usr/bin/env bash
-# Runs inside the GPU bundle: the PyTorch reference layer and Switchyard's MoE-layer benchmark in
-# the same command on the same GPU, then prints Switchyard's table with the ratio.
-#   run_gpu_bench.sh [configs]     (default: all three BASELINES.md configs)
+# Runs inside the GPU bundle: each PyTorch reference and the matching Switchyard benchmark in the
+# same command on the same GPU, then Switchyard's table with the ratio.
+#   run_gpu_bench.sh [sections] [moe configs]
+#     sections: comma-separated from moe,attention,train (default: all three)
+#     moe configs: for the MoE-layer section (default: all three BASELINES.md configs)
+#   run_gpu_bench.sh <moe configs>   (the old form: a first argument that is not a list of
+#                                     sections runs only the MoE-layer section on those configs)
+# Environment: OUT (where the PyTorch JSON files go, default /tmp); TRAIN_ARGS (extra flags for
+# both training benchmarks, e.g. "--model small" or "--steps 10"; default none).
+#   moe:       torch_moe_baseline.py --json torch_moe.json, then
+#              bench_moe_layer_benchmark --torch_json torch_moe.json
+#   attention: bench_attention_benchmark (no PyTorch counterpart)
+#   train:     torch_train_baseline.py --json torch_train.json, then
+#              bench_train_benchmark --torch_json torch_train.json (its last line: RESULT_JSON {...})
+# Exit status: non-zero when a Switchyard benchmark failed (a failed PyTorch reference is reported
+# but does not fail the run).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-configs=${1:-mixtral8x7b,qwen3_30b_a3b,dsv3_layer}
+sections=${1:-moe,attention,train}
+configs=${2:-mixtral8x7b,qwen3_30b_a3b,dsv3_layer}
+if [[ ! $sections =~ ^(moe|attention|train)(,(moe|attention|train))*$ ]]; then
+  configs=$sections
+  sections=moe
+fi
 out=${OUT:-/tmp}
-echo "== PyTorch reference (torch_moe_baseline.py)"
-python3 "$here/torch_moe_baseline.py" --configs "$configs" --json "$out/torch_moe.json" || echo "torch baseline failed"
-echo "== Switchyard moe_layer_benchmark"
-"$here/bench_moe_layer_benchmark" --configs "$configs" --torch_json "$out/torch_moe.json"
+read -r -a train_args <<<"${TRAIN_ARGS:-}"
+status=0
+want() { [[ ,$sections, == *",$1,"* ]]; }
+
+if want moe; then
+  echo "== PyTorch reference (torch_moe_baseline.py)"
+  python3 "$here/torch_moe_baseline.py" --configs "$configs" --json "$out/torch_moe.json" ||
+    echo "torch baseline failed"
+  echo "== Switchyard moe_layer_benchmark"
+  "$here/bench_moe_layer_benchmark" --configs "$configs" --torch_json "$out/torch_moe.json" ||
+    status=1
+fi
+
+if want attention; then
+  echo "== Switchyard attention_benchmark"
+  "$here/bench_attention_benchmark" || status=1
+fi
+
+if want train; then
+  echo "== PyTorch reference (torch_train_baseline.py ${train_args[*]})"
+  rm -f "$out/torch_train.json"
+  python3 "$here/torch_train_baseline.py" "${train_args[@]}" --json "$out/torch_train.json" ||
+    echo "torch train baseline failed (see its JSON 'error')"
+  echo "== Switchyard train_benchmark ${train_args[*]}"
+  "$here/bench_train_benchmark" "${train_args[@]}" --torch_json "$out/torch_train.json" || status=1
+fi
+exit $status
