@@ -70,16 +70,21 @@ def flops_per_token(c):
 def build(c, torch, nn, F):
     dev = "cuda"
     gm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-    try:  # native GQA in SDPA (torch >= 2.5)
+    try:  # native GQA in SDPA (torch >= 2.5), used only when the flash backend takes it
+        from torch.nn.attention import SDPBackend, sdpa_kernel
         t = torch.zeros(1, 2, 8, 64, device=dev, dtype=torch.bfloat16)
-        F.scaled_dot_product_attention(t, t[:, :1], t[:, :1], is_causal=True, enable_gqa=True)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(t, t[:, :1], t[:, :1], is_causal=True, enable_gqa=True)
         gqa = True
-    except (TypeError, RuntimeError):
+    except Exception:
         gqa = False
 
     def rms_norm(dim):
         if hasattr(nn, "RMSNorm"):
-            return nn.RMSNorm(dim, eps=NORM_EPS)
+            class RMSNorm(nn.RMSNorm):  # fp32 math and weight, output in the input's dtype
+                def forward(self, x):
+                    return super().forward(x.float()).to(x.dtype)
+            return RMSNorm(dim, eps=NORM_EPS)
 
         class RMSNorm(nn.Module):  # torch < 2.4
             def __init__(self):
@@ -339,7 +344,8 @@ def main():
         result.update(step_ms_median=med, step_ms=times, tokens_per_s=tok_s, tflops=tflops,
                       mfu=tflops / a.peak_tflops if a.peak_tflops > 0 else -1,
                       final_loss=loss,
-                      peak_mem_gb=torch.cuda.max_memory_allocated() / 2**30)
+                      peak_mem_gb=torch.cuda.max_memory_allocated() / 2**30,  # allocated, not reserved
+                      peak_mem_reserved_gb=torch.cuda.max_memory_reserved() / 2**30)
         print(f"median step {med:.1f} ms, {tok_s:.0f} tokens/s, {tflops:.1f} TFLOP/s, "
               f"MFU {100 * result['mfu']:.1f}%, peak memory {result['peak_mem_gb']:.1f} GiB",
               flush=True)
