@@ -152,6 +152,16 @@ else
 fi
 cp bench/torch_train_baseline.py "$bundle/torch_train_baseline.py"
 chmod 644 "$bundle/torch_train_baseline.py"
+# The default corpus (tools/prepare_corpus.sh) for the trainer's GPU test; the extracted JSONL is
+# left out (only the dataset, tokenizer and manifest are read).
+corpus_dir="${SWITCHYARD_DATA_DIR:-$HOME/.cache/switchyard/data}/kjv"
+if [[ -f $corpus_dir/corpus.json ]]; then
+  mkdir -p "$bundle/data/kjv"
+  cp "$corpus_dir"/corpus.json "$corpus_dir"/*.bin "$corpus_dir"/*.idx "$corpus_dir"/tokenizer.json \
+    "$bundle/data/kjv/"
+else
+  log "WARNING: no corpus at $corpus_dir (run tools/prepare_corpus.sh); the trainer GPU test will fail"
+fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
 chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh"

@@ -17,6 +17,8 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0  # NVLink SHARP stays off on the GPU hosts
+# The default corpus travels in the bundle (tools/gpu_bundle.sh).
+[[ -d $here/data ]] && export SWITCHYARD_DATA_DIR=${SWITCHYARD_DATA_DIR:-$here/data}
 results=${GPU_TEST_RESULTS:-$here/results}
 timeout_s=${GPU_TEST_TIMEOUT:-900}
 mkdir -p "$results" || exit 1
