@@ -59,6 +59,9 @@ ABSL_FLAG(int, layers, 0, "number of layers override (0: the model's)");
 ABSL_FLAG(std::string, torch_json, "", "results of torch_train_baseline.py --json, for the ratio");
 ABSL_FLAG(bool, dry_run, false,
           "validate the model's JobSpec and print its parameter and FLOP counts; no GPU needed");
+ABSL_FLAG(bool, breakdown, false,
+          "after the timed steps, run one more step with per-phase CUDA-event timing and print "
+          "where the step's time goes (the timing itself synchronises once per micro-batch)");
 ABSL_FLAG(double, peak_tflops, 989.4, "peak bf16 TFLOP/s for MFU (BASELINES.md: 989.4)");
 
 namespace switchyard::bench {
@@ -260,6 +263,28 @@ int Main() {
     last_loss = r->loss;
     absl::StatusOr<size_t> used = MemUsed();
     if (used.ok()) mem_max = std::max(mem_max, *used);
+  }
+  if (absl::GetFlag(FLAGS_breakdown)) {
+    tr.model().EnablePhaseTiming(true);
+    tr.model().ResetPhaseTotals();
+    absl::StatusOr<train::StepResult> r = tr.Step();
+    tr.model().EnablePhaseTiming(false);
+    if (!r.ok()) {
+      std::fprintf(stderr, "breakdown step: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    double sum = 0;
+    for (const auto& [name, phase_ms] : tr.model().phase_totals()) sum += phase_ms;
+    std::printf(
+        "\nphase breakdown of one step (%.1f ms with timing; forward+backward phases sum "
+        "to %.1f ms, the rest is data loading, clipping, AdamW, statistics):\n",
+        r->step_ms, sum);
+    for (const auto& [name, phase_ms] : tr.model().phase_totals()) {
+      std::printf("  %-30s %9.2f ms  %5.1f %%\n", name.c_str(), phase_ms,
+                  100.0 * phase_ms / r->step_ms);
+    }
+    std::printf("  %-30s %9.2f ms  %5.1f %%\n", "outside forward/backward", r->step_ms - sum,
+                100.0 * (r->step_ms - sum) / r->step_ms);
   }
   // The trainer plans every buffer at Create (no allocation inside a step), so device memory in
   // use after the steps, less what was in use before Create, is the run's footprint.

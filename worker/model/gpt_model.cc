@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -194,7 +195,9 @@ int64_t GptConfig::num_moe_layers() const {
   return n;
 }
 
-DType GptConfig::GradDType(Device device) const { return device.is_cuda() ? DType::kF32 : dtype; }
+DType GptConfig::GradDType(Device /*device*/) const {
+  return dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+}
 
 const ParamInfo* GptParamLayout::Find(const std::string& name) const {
   for (const ParamInfo& p : params) {
@@ -555,18 +558,22 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   }
   SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q));
   SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: norm, qkv, rope"));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   SY_RETURN_IF_ERROR(
       kernels::AttentionForward(s, q, k, v, seq_len, scale, o, Reshape(L.lse, {b, hq, seq_len})));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: attention core"));
   SY_RETURN_IF_ERROR(CopyAsync(s, x, mid));
   SY_RETURN_IF_ERROR(Gemm(s, Reshape(o, {t, hq * d}), false, L.wo, true, mid, 1.0f, 1.0f));
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, t)));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: o-proj, residual, norm"));
   if (L.is_moe) {
     const uint64_t jitter =
         (step_counter_ * static_cast<uint64_t>(c.num_layers) + static_cast<uint64_t>(L.index)) *
         static_cast<uint64_t>(max_tokens_ * h);
     SY_RETURN_IF_ERROR(L.moe->Forward(s, L.mp, L.rs, n2, x_next, training ? jitter : 0));
     SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, mid, 1.0f, x_next, x_next));
+    SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: MoE layer"));
     if (micro >= 0) {
       const int64_t n_moe = c.num_moe_layers(), e = c.moe.router.num_experts;
       SY_RETURN_IF_ERROR(
@@ -582,6 +589,7 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
     SY_RETURN_IF_ERROR(kernels::SwigluForward(s, hh, Tensor(), Tensor(), a));
     SY_RETURN_IF_ERROR(CopyAsync(s, mid, x_next));
     SY_RETURN_IF_ERROR(Gemm(s, a, false, L.w_fc2, true, x_next, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: dense MLP"));
   }
   return absl::OkStatus();
 }
@@ -615,6 +623,7 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
   tokens_ = t;
   ++step_counter_;
   SY_RETURN_IF_ERROR(kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], t)));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: embedding"));
   for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), t), P("final_norm.weight"),
                                              static_cast<float>(config_.norm_epsilon),
@@ -655,6 +664,7 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   // MLP: dn = d(loss)/d(n2), then through the post-attention norm into g.
   if (L.is_moe) {
     SY_RETURN_IF_ERROR(L.moe->Backward(s, L.mp, L.mg, g, dn, aux_grad_scale));
+    SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: MoE layer"));
   } else {
     const Tensor hh = Rows(L.h, t), a = Rows(L.a, t), dh = Rows(dh_, t), da = Rows(da_, t);
     SY_RETURN_IF_ERROR(Gemm(s, g, false, L.w_fc2, false, da));
@@ -662,6 +672,7 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
     SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, da, hh, Tensor(), Tensor(), dh, Tensor()));
     SY_RETURN_IF_ERROR(Gemm(s, dh, true, n2, false, L.g_fc1, 1.0f, 1.0f));
     SY_RETURN_IF_ERROR(Gemm(s, dh, false, L.w_fc1, false, dn));
+    SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: dense MLP"));
   }
   SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, t), dn, L.g_post,
                                               true, rms_ws_));
@@ -672,10 +683,12 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   const Tensor d_o = Rows(d_o_, t), dq = Rows(dq_, t), dk = Rows(dk_, t), dv = Rows(dv_, t);
   SY_RETURN_IF_ERROR(Gemm(s, g, false, L.wo, false, Reshape(d_o, {t, hq * d})));
   SY_RETURN_IF_ERROR(Gemm(s, g, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: norm, o-proj"));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   SY_RETURN_IF_ERROR(kernels::AttentionBackward(s, q, k, v, o, Reshape(L.lse, {b, hq, seq_len}),
                                                 d_o, seq_len, scale,
                                                 Reshape(delta_, {b, hq, seq_len}), dq, dk, dv));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: attention core"));
   SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq));
   SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk));
   if (c.qk_layernorm) {
@@ -697,6 +710,7 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   SY_RETURN_IF_ERROR(
       kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, t), dn, L.g_in, true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: rope, qkv, norm"));
   return absl::OkStatus();
 }
 
@@ -704,23 +718,40 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
                                        int64_t seq_len, float ce_scale, double aux_grad_scale,
                                        int micro) {
   if (micro < 0) return absl::InvalidArgumentError("GptModel: micro-batch slot must be >= 0");
+  if (timer_.enabled()) SY_RETURN_IF_ERROR(timer_.Start(s));
   SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: final norm"));
   const int64_t t = tokens_;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
   const Tensor fn = Rows(final_n_, t), lse = Rows(ce_lse_, t);
   SY_RETURN_IF_ERROR(
       ce_->Forward(s, fn, w_out, targets, Slice(stat_ce_, micro, {1}), ce_num_valid_, lse));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: LM head + loss"));
   // Backward: LM head and final norm, then the layers in reverse, then the embedding.
   const Tensor dn = Rows(dn_, t), g = Rows(g_, t);
   SY_RETURN_IF_ERROR(ce_->Backward(s, fn, w_out, targets, lse, ce_scale, dn, dw_out));
   SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), t), P("final_norm.weight"),
                                               Rows(final_rstd_, t), g, G("final_norm.weight"), true,
                                               rms_ws_));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: LM head + final norm"));
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     SY_RETURN_IF_ERROR(LayerBackward(s, layers_[l], seq_len, aux_grad_scale));
   }
   SY_RETURN_IF_ERROR(kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: embedding"));
+  if (timer_.enabled()) {
+    SY_ASSIGN_OR_RETURN(auto phases, timer_.Collect());
+    for (const auto& [name, ms] : phases) {
+      auto it = std::find_if(phase_totals_.begin(), phase_totals_.end(),
+                             [&](const auto& e) { return e.first == name; });
+      if (it == phase_totals_.end()) {
+        phase_totals_.emplace_back(name, ms);
+      } else {
+        it->second += ms;
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

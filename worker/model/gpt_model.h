@@ -13,8 +13,8 @@
 //   logits = RMSNorm(x_L)·Woutᵀ         (Wout = the embedding when tied)
 //   loss   = mean cross-entropy (+ the MoE aux / z losses, seeded into the routers' gradients)
 //
-// Parameters live in ONE flat buffer (dtype: bf16 on CUDA; f32 or f64 on the CPU) and gradients
-// in one flat buffer (f32 on CUDA; the parameter dtype on the CPU), laid out by GptParamLayout:
+// Parameters live in ONE flat buffer (dtype: bf16 on CUDA; bf16, f32 or f64 on the CPU) and
+// gradients in one flat buffer (f32; f64 for an f64 model), laid out by GptParamLayout:
 // weights with weight decay first (rank >= 2), then the norm weights (rank 1, no decay, as
 // Megatron's param groups), each tensor at a 64-element-aligned offset. The optimizer and the
 // checkpoint work on these flat buffers; layers see views.
@@ -63,6 +63,7 @@
 #include "kernels/loss/cross_entropy.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/moe_layer.h"
+#include "worker/model/phase_timer.h"
 
 namespace switchyard::model {
 
@@ -89,7 +90,8 @@ struct GptConfig {
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
   absl::Status Validate() const;
   int64_t num_moe_layers() const;
-  // Gradient dtype on `device`: f32 on CUDA, the parameter dtype on the CPU.
+  // Gradient dtype: f32 (fp32 accumulation, also for bf16 parameters on the CPU, so the CPU
+  // reference of a bf16 model accumulates like the GPU), f64 for an f64 model.
   DType GradDType(Device device) const;
 };
 
@@ -184,6 +186,13 @@ class GptModel {
   uint64_t forward_counter() const { return step_counter_; }
   void set_forward_counter(uint64_t n) { step_counter_ = n; }
 
+  // Optional CUDA-event timing of ForwardBackward by phase (attention core, GEMMs, MoE layers,
+  // LM head, ...): when on, every ForwardBackward synchronises at its end and adds its phase times
+  // to phase_totals() (milliseconds, summed over layers and calls, in first-seen order).
+  void EnablePhaseTiming(bool on) { timer_.Enable(on); }
+  const std::vector<std::pair<std::string, double>>& phase_totals() const { return phase_totals_; }
+  void ResetPhaseTotals() { phase_totals_.clear(); }
+
   // The MoE layer of layer l (nullptr for a dense layer): for timers and routing inspection.
   MoELayer* moe_layer(int64_t l) const;
 
@@ -212,6 +221,8 @@ class GptModel {
   std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
   std::vector<Layer> layers_;
   std::unique_ptr<kernels::FusedLinearCrossEntropy> ce_;
+  PhaseTimer timer_;
+  std::vector<std::pair<std::string, double>> phase_totals_;
   // Residual stream x_0 .. x_L, final norm output and its rstd, CE lse, scratch.
   std::vector<Tensor> resid_;
   Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;
