@@ -243,7 +243,10 @@ absl::StatusOr<v1::ModelConfig> HfConfigToModelConfig(const std::string& text,
   SY_ASSIGN_OR_RETURN(int64_t moe_inter, qwen ? r.Int("moe_intermediate_size") : inter);
   SY_RETURN_IF_ERROR(
       CheckInt32(qwen ? "moe_intermediate_size" : "intermediate_size", moe_inter, 1));
-  const char* experts_key = qwen ? "num_experts" : "num_local_experts";
+  // transformers 4.x writes Qwen3-MoE's expert count as "num_experts", 5.x as
+  // "num_local_experts" (Mixtral's name); accept either.
+  const char* experts_key =
+      qwen && !r.Present("num_local_experts") ? "num_experts" : "num_local_experts";
   SY_ASSIGN_OR_RETURN(int64_t experts, r.Int(experts_key));
   SY_RETURN_IF_ERROR(CheckInt32(experts_key, experts, 1));
   SY_ASSIGN_OR_RETURN(int64_t topk, r.Int("num_experts_per_tok"));
