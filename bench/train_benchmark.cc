@@ -235,7 +235,8 @@ int Main() {
   train::TrainerOptions opt;
   opt.device = Device::Cuda(0);
   opt.peak_tflops = peak;
-  auto trainer = train::Trainer::Create(MakeSpec(name, *bm, warmup + steps), opt);
+  auto trainer = train::Trainer::Create(
+      MakeSpec(name, *bm, warmup + steps + (absl::GetFlag(FLAGS_breakdown) ? 1 : 0)), opt);
   if (!trainer.ok()) {
     std::fprintf(stderr, "Trainer::Create: %s\n", trainer.status().ToString().c_str());
     return 1;

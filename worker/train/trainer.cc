@@ -345,6 +345,19 @@ absl::StatusOr<StepResult> Trainer::Step() {
   return r;
 }
 
+absl::StatusOr<double> Trainer::EvalLoss() {
+  const Stream& s = stream_;
+  for (int64_t m = 0; m < num_micro_; ++m) {
+    SY_RETURN_IF_ERROR(LoadMicroBatch(m * micro_batch_, micro_batch_));
+    const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
+    const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
+    SY_RETURN_IF_ERROR(model_->Forward(s, ids, targets, seq_, static_cast<int>(m), Tensor()));
+  }
+  SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
+                      model_->ReadStepStats(s, static_cast<int>(num_micro_)));
+  return stats.loss_sum / static_cast<double>(num_micro_ * micro_batch_ * seq_);
+}
+
 std::string Trainer::FormatLogLine(const StepResult& r) const {
   std::string line = absl::StrFormat(
       "step %d/%d | loss %.4f | aux %.4g | z %.4g | lr %.3e | grad_norm %.3f | %.1f ms | %s tok/s "

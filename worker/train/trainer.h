@@ -86,6 +86,9 @@ class Trainer {
 
   // Runs one optimizer step.
   absl::StatusOr<StepResult> Step();
+  // Mean cross-entropy of the current parameters on the first global batch of the run (forward
+  // only; nothing changes). For comparing the same weights across devices.
+  absl::StatusOr<double> EvalLoss();
   // Completed optimizer steps.
   int64_t step() const { return step_; }
   int64_t train_iters() const { return spec_.training().train_iters(); }

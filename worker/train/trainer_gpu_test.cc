@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <memory>
 
 #include "common/config.h"
 #include "kernels/testing/gpu.h"
@@ -19,27 +21,26 @@
 namespace switchyard::train {
 namespace {
 
-std::vector<double> TrainLosses(const v1::JobSpec& spec, Device device, DType dtype,
-                                double* seconds) {
+std::unique_ptr<Trainer> Train(const v1::JobSpec& spec, Device device, DType dtype,
+                               std::vector<double>* losses, double* seconds) {
   TrainerOptions opt;
   opt.device = device;
   opt.force_dtype = true;
   opt.dtype = dtype;
   auto t = Trainer::Create(spec, opt);
   EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return {};
+  if (!t.ok()) return nullptr;
   std::printf("%s\n", (*t)->Describe().c_str());
-  std::vector<double> losses;
   *seconds = 0;
   while ((*t)->step() < (*t)->train_iters()) {
     auto r = (*t)->Step();
     EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return losses;
-    losses.push_back(r->loss);
+    if (!r.ok()) return nullptr;
+    losses->push_back(r->loss);
     *seconds += r->step_ms / 1e3;
     if (r->step % 100 == 0) std::printf("  %s\n", (*t)->FormatLogLine(*r).c_str());
   }
-  return losses;
+  return *std::move(t);
 }
 
 TEST(TrainerGpuTest, ThreeHundredStepsTrackTheCpuLossCurve) {
@@ -77,9 +78,34 @@ training:
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->mutable_data()->add_data_path(corpus->prefix);
   double gpu_s = 0, cpu_s = 0, f32_s = 0;
-  const std::vector<double> gpu = TrainLosses(*spec, Device::Cuda(0), DType::kBF16, &gpu_s);
-  const std::vector<double> cpu = TrainLosses(*spec, Device::Cpu(), DType::kBF16, &cpu_s);
-  const std::vector<double> f32 = TrainLosses(*spec, Device::Cpu(), DType::kF32, &f32_s);
+  std::vector<double> gpu, cpu, f32;
+  std::unique_ptr<Trainer> gpu_trainer = Train(*spec, Device::Cuda(0), DType::kBF16, &gpu, &gpu_s);
+  ASSERT_NE(gpu_trainer, nullptr);
+  std::unique_ptr<Trainer> cpu_trainer = Train(*spec, Device::Cpu(), DType::kBF16, &cpu, &cpu_s);
+  ASSERT_NE(cpu_trainer, nullptr);
+  std::unique_ptr<Trainer> f32_trainer = Train(*spec, Device::Cpu(), DType::kF32, &f32, &f32_s);
+  ASSERT_NE(f32_trainer, nullptr);
+
+  // The same weights give the same loss on both devices: the GPU's trained weights, evaluated by
+  // the GPU and by the fp32 CPU model, on the first global batch. (A GPU forward that leaked
+  // information, e.g. from later tokens, would score lower on the GPU than on the CPU.)
+  auto gpu_eval = gpu_trainer->EvalLoss();
+  ASSERT_TRUE(gpu_eval.ok()) << gpu_eval.status();
+  std::map<std::string, kernels::Buffer> weights;
+  ASSERT_TRUE(f32_trainer
+                  ->SetParameters([&](const std::string& name) -> absl::StatusOr<Tensor> {
+                    auto b = gpu_trainer->MasterToHost(name);
+                    if (!b.ok()) return b.status();
+                    return weights.emplace(name, *std::move(b)).first->second.View();
+                  })
+                  .ok());
+  auto cpu_eval = f32_trainer->EvalLoss();
+  ASSERT_TRUE(cpu_eval.ok()) << cpu_eval.status();
+  std::printf(
+      "GPU-trained weights on the first batch: loss %.5f on the GPU (bf16), %.5f on the "
+      "CPU (fp32); relative difference %.2e (tolerance 1e-2)\n",
+      *gpu_eval, *cpu_eval, std::abs(*gpu_eval - *cpu_eval) / *cpu_eval);
+  EXPECT_LT(std::abs(*gpu_eval - *cpu_eval) / *cpu_eval, 1e-2);
   ASSERT_EQ(gpu.size(), 300u);
   ASSERT_EQ(cpu.size(), 300u);
   ASSERT_EQ(f32.size(), 300u);
