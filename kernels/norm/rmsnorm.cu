@@ -1,8 +1,9 @@
 // CUDA path of RMSNorm: one block per row in the forward; in the backward a fixed grid of
-// RmsNormBackwardBlocks(T) blocks walks rows with stride gridDim.x, reducing each row's dot
-// product with a fixed-order block reduction and keeping the block's dw partial sums (fp32) in
-// shared memory (or, when H does not fit, in its own slice of the workspace); a second kernel
-// sums the partials over blocks in ascending order. Deterministic, no atomics.
+// RmsNormBackwardBlocks(T) blocks walks rows (one warp per row for rows of at most 32 vectors,
+// see RmsNormBackwardWarpKernel; otherwise one block per row) with stride gridDim.x, reducing each
+// row's dot product with a fixed-order block reduction and keeping the block's dw partial sums
+// (fp32) in shared memory (or, when H does not fit, in its own slice of the workspace); a second
+// kernel sums the partials over blocks in ascending order. Deterministic, no atomics.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -113,6 +114,66 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
   }
 }
 
+// Short rows (at most 32 vectors, e.g. the per-head QK-norm rows of D = 128): one WARP per row,
+// kRowWarps warps per block, so a block works on kRowWarps rows at once with warp-level
+// reductions only (the block-per-row kernel above would run one warp per block and serialise
+// hundreds of rows behind __syncthreads). Warp j of block b handles rows b * kRowWarps + j, then
+// every gridDim.x * kRowWarps further; lane i owns vector i of every row and keeps its dw partial
+// sums in registers; at the end the block adds its warps' partials in warp order into
+// partial[b, :]. The row-to-(block, warp) map depends on T only: deterministic.
+constexpr int kRowWarps = 8;
+constexpr int kMaxWarpRowFloats = 256;  // 32 lanes x at most 8 elements
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    RmsNormBackwardWarpKernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
+                              float* partial, int64_t t_n, int64_t h_n) {
+  using P = Pack<T, kVec>;
+  __shared__ float warp_acc[kRowWarps][kMaxWarpRowFloats];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t nv = h_n / kVec;
+  const bool owns = lane < nv;
+  float acc[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
+  P wv;
+  if (owns) wv = reinterpret_cast<const P*>(w)[lane];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t < t_n; t += stride) {
+    const float r = rstd[t];
+    P d, xv;
+    float dot = 0.0f;
+    if (owns) {
+      d = reinterpret_cast<const P*>(dy + t * h_n)[lane];
+      xv = reinterpret_cast<const P*>(x + t * h_n)[lane];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dot += ToFloat(d.v[k]) * ToFloat(wv.v[k]) * ToFloat(xv.v[k]);
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float c = r * r * dot / static_cast<float>(h_n);
+    if (owns) {  // each lane wrote nothing before reading its own dy vector: dx may alias dy
+      P o;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float df = ToFloat(d.v[k]), xf = ToFloat(xv.v[k]);
+        acc[k] += df * xf * r;
+        o.v[k] = FromFloat<T>(r * (df * ToFloat(wv.v[k]) - xf * c));
+      }
+      reinterpret_cast<P*>(dx + t * h_n)[lane] = o;
+    }
+  }
+  if (owns) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) warp_acc[warp][lane * kVec + k] = acc[k];
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < h_n; h += blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < kRowWarps; ++j) sum += warp_acc[j][h];
+    partial[static_cast<int64_t>(blockIdx.x) * h_n + h] = sum;
+  }
+}
+
 // dw[h] = (accumulate ? dw[h] : 0) + sum_b partial[b, h], b ascending.
 template <typename DW>
 __global__ void RmsNormDwReduceKernel(const float* partial, int64_t blocks, int64_t h_n, DW* dw,
@@ -139,10 +200,47 @@ bool Aligned16(std::initializer_list<const void*> ps) {
   return true;
 }
 
+// Forward for short rows (at most 32 vectors): one warp per row, kRowWarps rows per block.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    RmsNormForwardWarpKernel(const T* x, const T* w, float eps, T* y, float* rstd, int64_t t_n,
+                             int64_t h_n) {
+  using P = Pack<T, kVec>;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (t >= t_n) return;  // whole warps leave together
+  const int64_t nv = h_n / kVec;
+  const bool owns = lane < nv;
+  P p;
+  float ss = 0.0f;
+  if (owns) {
+    p = reinterpret_cast<const P*>(x + t * h_n)[lane];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) ss += ToFloat(p.v[k]) * ToFloat(p.v[k]);
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(h_n) + eps);
+  if (owns) {
+    const P q = reinterpret_cast<const P*>(w)[lane];
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) o.v[k] = FromFloat<T>(ToFloat(p.v[k]) * r * ToFloat(q.v[k]));
+    reinterpret_cast<P*>(y + t * h_n)[lane] = o;
+  }
+  if (lane == 0) rstd[t] = r;
+}
+
 template <typename T, int kVec>
 absl::Status LaunchForward(const Stream& stream, const Tensor& x, const Tensor& w, float eps,
                            const Tensor& y, const Tensor& rstd) {
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
+  if (h_n / kVec <= 32) {
+    RmsNormForwardWarpKernel<T, kVec><<<static_cast<unsigned>((t_n + kRowWarps - 1) / kRowWarps),
+                                        kRowWarps * 32, 0, S(stream)>>>(
+        x.as<const T>(), w.as<const T>(), eps, y.as<T>(), rstd.as<float>(), t_n, h_n);
+    SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
   RmsNormForwardKernel<T, kVec>
       <<<static_cast<unsigned>(t_n), RowThreads(h_n / kVec, 256), 0, S(stream)>>>(
           x.as<const T>(), w.as<const T>(), eps, y.as<T>(), rstd.as<float>(), h_n);
@@ -156,8 +254,16 @@ absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor
                             const Tensor& workspace) {
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
   const int64_t blocks = RmsNormBackwardBlocks(t_n);
-  const int threads = RowThreads(h_n / kVec, 512);
   float* partial = workspace.as<float>();
+  if (h_n / kVec <= 32 && h_n <= kMaxWarpRowFloats) {
+    RmsNormBackwardWarpKernel<T, kVec>
+        <<<static_cast<unsigned>(blocks), kRowWarps * 32, 0, S(stream)>>>(
+            dy.as<const T>(), x.as<const T>(), w.as<const T>(), rstd.as<const float>(), dx.as<T>(),
+            partial, t_n, h_n);
+    SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return absl::OkStatus();
+  }
+  const int threads = RowThreads(h_n / kVec, 512);
   int max_smem = 0;
   SY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                  stream.device.index));

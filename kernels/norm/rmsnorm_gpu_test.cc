@@ -27,7 +27,7 @@ TEST(RmsNormGpuTest, MatchesCpuReference) {
   const Stream gpu{Device::Cuda(0), nullptr};
   const Stream cpu = Stream::Cpu();
   const float eps = 1e-6f;
-  for (int64_t h_n : {64, 129, 1000, 4096}) {
+  for (int64_t h_n : {64, 128, 129, 256, 1000, 4096}) {
     for (int64_t t_n : {1, 37, 4096}) {
       for (DType dt : {DType::kBF16, DType::kF32}) {
         const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;

