@@ -81,53 +81,55 @@ void RunFirstStep(bool qk_norm, bool untie) {
   ASSERT_TRUE(kernels::CopyTensor((*gpu)->params(), host_bf16.View()).ok());
   ASSERT_TRUE(kernels::CopyTensor(host_bf16.View(), (*cpu)->params()).ok());
 
+  // Fresh random batches until both devices route every slot alike: a token whose k-th and
+  // (k+1)-th router logits are within bf16 noise may pick a different expert on each device (about
+  // one slot in 512 here), and one flipped slot moves the gradients of everything the MoE layer
+  // feeds back into (norm weights by ~5 %), which is not an error of either side. At most 20
+  // draws; the flips seen are printed and must be rare.
   const int64_t t = batch * gc.seq_length;
   Buffer ids = *Buffer::ForTensor(DType::kI32, {t}, Device::Cpu());
   Buffer targets = *Buffer::ForTensor(DType::kI32, {t}, Device::Cpu());
   std::mt19937_64 rng(seed);
-  for (int64_t i = 0; i < t; ++i) {
-    ids.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % gc.vocab_size);
-    targets.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % gc.vocab_size);
-  }
-  Buffer ids_d = testing::Upload(ids), targets_d = testing::Upload(targets);
-
-  ASSERT_TRUE(kernels::FillBytes((*gpu)->grads(), 0xFF).ok());  // poison, then zero explicitly
-  ASSERT_TRUE((*gpu)->ZeroGrads(gs).ok());
-  ASSERT_TRUE((*cpu)->ZeroGrads(cs).ok());
   const float ce_scale = 1.0f / static_cast<float>(t);
-  absl::Status st =
-      (*gpu)->ForwardBackward(gs, ids_d.View(), targets_d.View(), gc.seq_length, ce_scale, 1.0, 0);
-  ASSERT_TRUE(st.ok()) << st;
-  st = (*cpu)->ForwardBackward(cs, ids.View(), targets.View(), cc.seq_length, ce_scale, 1.0, 0);
-  ASSERT_TRUE(st.ok()) << st;
-  auto g_stats = (*gpu)->ReadStepStats(gs, 1);
-  auto c_stats = (*cpu)->ReadStepStats(cs, 1);
-  ASSERT_TRUE(g_stats.ok() && c_stats.ok());
-  const double g_loss = g_stats->loss_sum / t, c_loss = c_stats->loss_sum / t;
-  std::printf(
-      "qk_norm=%d untie=%d: loss gpu %.6f cpu %.6f (rel %.2e); moe losses gpu %.6f cpu "
-      "%.6f\n",
-      qk_norm, untie, g_loss, c_loss, std::abs(g_loss - c_loss) / c_loss, g_stats->moe_losses[0][0],
-      c_stats->moe_losses[0][0]);
-  EXPECT_LT(std::abs(g_loss - c_loss) / c_loss, 1e-2);
-  EXPECT_LT(std::abs(g_stats->moe_losses[0][0] - c_stats->moe_losses[0][0]) /
-                std::abs(c_stats->moe_losses[0][0]),
-            1e-2);
-
-  // Routing of the MoE layer on both devices. A token whose k-th and (k+1)-th router logits are
-  // within bf16 noise can pick a different expert on each; then that layer's router and expert
-  // gradients legitimately differ by more than rounding. Count the flipped slots (they must be
-  // rare) and, if any, leave that layer's routed tensors out of the gradient bound.
-  const Tensor gi = (*gpu)->moe_layer(0)->topk_idx(), ci = (*cpu)->moe_layer(0)->topk_idx();
-  Buffer gi_host = *Buffer::ForTensor(DType::kI32, gi.shape, Device::Cpu());
-  ASSERT_TRUE(kernels::CopyTensor(gi, gi_host.View()).ok());
-  int64_t flipped = 0;
-  for (int64_t i = 0; i < ci.numel(); ++i) {
-    flipped += gi_host.View().as<int32_t>()[i] != ci.as<int32_t>()[i];
+  int64_t flipped = -1;
+  for (int draw = 0; draw < 20 && flipped != 0; ++draw) {
+    for (int64_t i = 0; i < t; ++i) {
+      ids.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % gc.vocab_size);
+      targets.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % gc.vocab_size);
+    }
+    Buffer ids_d = testing::Upload(ids), targets_d = testing::Upload(targets);
+    ASSERT_TRUE(kernels::FillBytes((*gpu)->grads(), 0xFF).ok());  // poison, then zero explicitly
+    ASSERT_TRUE((*gpu)->ZeroGrads(gs).ok());
+    ASSERT_TRUE((*cpu)->ZeroGrads(cs).ok());
+    absl::Status st = (*gpu)->ForwardBackward(gs, ids_d.View(), targets_d.View(), gc.seq_length,
+                                              ce_scale, 1.0, 0);
+    ASSERT_TRUE(st.ok()) << st;
+    st = (*cpu)->ForwardBackward(cs, ids.View(), targets.View(), cc.seq_length, ce_scale, 1.0, 0);
+    ASSERT_TRUE(st.ok()) << st;
+    auto g_stats = (*gpu)->ReadStepStats(gs, 1);
+    auto c_stats = (*cpu)->ReadStepStats(cs, 1);
+    ASSERT_TRUE(g_stats.ok() && c_stats.ok());
+    const double g_loss = g_stats->loss_sum / t, c_loss = c_stats->loss_sum / t;
+    const Tensor gi = (*gpu)->moe_layer(0)->topk_idx(), ci = (*cpu)->moe_layer(0)->topk_idx();
+    Buffer gi_host = *Buffer::ForTensor(DType::kI32, gi.shape, Device::Cpu());
+    ASSERT_TRUE(kernels::CopyTensor(gi, gi_host.View()).ok());
+    flipped = 0;
+    for (int64_t i = 0; i < ci.numel(); ++i) {
+      flipped += gi_host.View().as<int32_t>()[i] != ci.as<int32_t>()[i];
+    }
+    std::printf(
+        "qk_norm=%d untie=%d draw %d: loss gpu %.6f cpu %.6f (rel %.2e); moe losses gpu %.6f "
+        "cpu %.6f; routing: %ld of %ld slots differ\n",
+        qk_norm, untie, draw, g_loss, c_loss, std::abs(g_loss - c_loss) / c_loss,
+        g_stats->moe_losses[0][0], c_stats->moe_losses[0][0], static_cast<long>(flipped),
+        static_cast<long>(ci.numel()));
+    EXPECT_LT(std::abs(g_loss - c_loss) / c_loss, 1e-2);
+    EXPECT_LT(std::abs(g_stats->moe_losses[0][0] - c_stats->moe_losses[0][0]) /
+                  std::abs(c_stats->moe_losses[0][0]),
+              1e-2);
+    EXPECT_LE(flipped, ci.numel() / 100) << "more than 1% of routing slots differ";
   }
-  std::printf("  routing: %ld of %ld slots differ between GPU and CPU\n",
-              static_cast<long>(flipped), static_cast<long>(ci.numel()));
-  EXPECT_LE(flipped, ci.numel() / 100) << "more than 1% of routing slots differ";
+  ASSERT_EQ(flipped, 0) << "20 random batches all routed differently on GPU and CPU";
 
   Buffer g_host = *Buffer::ForTensor(DType::kF32, {n}, Device::Cpu());
   ASSERT_TRUE(kernels::CopyTensor((*gpu)->grads(), g_host.View()).ok());
@@ -140,13 +142,6 @@ void RunFirstStep(bool qk_norm, bool untie) {
     const Tensor cv(DType::kF32, {p.numel}, Device::Cpu(), c_host.View().as<float>() + p.offset);
     const double err =
         testing::RelativeError(testing::ToFloatVector(gv), testing::ToFloatVector(cv));
-    const bool routed = p.name.find(".moe.router.") != std::string::npos ||
-                        p.name.find(".moe.experts.") != std::string::npos;
-    if (routed && flipped > 0) {
-      std::printf("  %s: relative error %.3e (not bounded: routing differs)\n", p.name.c_str(),
-                  err);
-      continue;
-    }
     EXPECT_LT(err, kGradTolerance) << p.name;
     if (err > worst) {
       worst = err;
