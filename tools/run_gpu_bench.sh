@@ -7,7 +7,8 @@
 #   run_gpu_bench.sh <moe configs>   (the old form: a first argument that is not a list of
 #                                     sections runs only the MoE-layer section on those configs)
 # Environment: OUT (where the PyTorch JSON files go, default /tmp); TRAIN_ARGS (extra flags for
-# both training benchmarks, e.g. "--model small" or "--steps 10"; default none).
+# both training benchmarks, e.g. "--model small" or "--steps 10"; default none); SY_TRAIN_ARGS
+# (extra flags for Switchyard's only, e.g. "--breakdown").
 #   moe:       torch_moe_baseline.py --json torch_moe.json, then
 #              bench_moe_layer_benchmark --torch_json torch_moe.json
 #   attention: bench_attention_benchmark (no PyTorch counterpart)
@@ -27,6 +28,7 @@ if [[ ! $sections =~ ^(moe|attention|train)(,(moe|attention|train))*$ ]]; then
 fi
 out=${OUT:-/tmp}
 read -r -a train_args <<<"${TRAIN_ARGS:-}"
+read -r -a sy_train_args <<<"${SY_TRAIN_ARGS:-}"
 status=0
 want() { [[ ,$sections, == *",$1,"* ]]; }
 
@@ -49,7 +51,7 @@ if want train; then
   rm -f "$out/torch_train.json"
   python3 "$here/torch_train_baseline.py" "${train_args[@]}" --json "$out/torch_train.json" ||
     echo "torch train baseline failed (see its JSON 'error')"
-  echo "== Switchyard train_benchmark ${train_args[*]}"
-  "$here/bench_train_benchmark" "${train_args[@]}" --torch_json "$out/torch_train.json" || status=1
+  echo "== Switchyard train_benchmark ${train_args[*]} ${sy_train_args[*]}"
+  "$here/bench_train_benchmark" "${train_args[@]}" "${sy_train_args[@]}" --torch_json "$out/torch_train.json" || status=1
 fi
 exit $status
