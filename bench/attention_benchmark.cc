@@ -13,6 +13,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/bench_util.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/attention/attention.h"
@@ -30,29 +31,6 @@ using kernels::Buffer;
 struct Shape {
   int64_t b, s, hq, hkv, d;
 };
-
-template <typename Fn>
-absl::StatusOr<double> MedianMs(Fn fn, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) SY_RETURN_IF_ERROR(fn());
-  SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  std::vector<double> ms;
-  cudaEvent_t a, b;
-  SY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&a));
-  SY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&b));
-  for (int i = 0; i < iters; ++i) {
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(a));
-    SY_RETURN_IF_ERROR(fn());
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(b));
-    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(b));
-    float t = 0;
-    SY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 struct Row {
   Shape shape;

@@ -406,24 +406,20 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     L.index = l;
     L.is_moe = c.moe_layers[l];
     const std::string pre = absl::StrCat("layers.", l, ".");
-    L.w_in = P(pre + "input_norm.weight");
-    L.g_in = G(pre + "input_norm.weight");
-    L.wq = P(pre + "attention.q.weight");
-    L.gq = G(pre + "attention.q.weight");
-    L.wk = P(pre + "attention.k.weight");
-    L.gk = G(pre + "attention.k.weight");
-    L.wv = P(pre + "attention.v.weight");
-    L.gv = G(pre + "attention.v.weight");
-    L.wo = P(pre + "attention.o.weight");
-    L.go = G(pre + "attention.o.weight");
+    auto bind = [&](const std::string& name, Tensor* w, Tensor* g) {
+      *w = P(pre + name);
+      *g = G(pre + name);
+    };
+    bind("input_norm.weight", &L.w_in, &L.g_in);
+    bind("attention.q.weight", &L.wq, &L.gq);
+    bind("attention.k.weight", &L.wk, &L.gk);
+    bind("attention.v.weight", &L.wv, &L.gv);
+    bind("attention.o.weight", &L.wo, &L.go);
     if (c.qk_layernorm) {
-      L.w_qn = P(pre + "attention.q_norm.weight");
-      L.g_qn = G(pre + "attention.q_norm.weight");
-      L.w_kn = P(pre + "attention.k_norm.weight");
-      L.g_kn = G(pre + "attention.k_norm.weight");
+      bind("attention.q_norm.weight", &L.w_qn, &L.g_qn);
+      bind("attention.k_norm.weight", &L.w_kn, &L.g_kn);
     }
-    L.w_post = P(pre + "post_attention_norm.weight");
-    L.g_post = G(pre + "post_attention_norm.weight");
+    bind("post_attention_norm.weight", &L.w_post, &L.g_post);
     SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {t, h}));
     SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {t}));
     if (c.qk_layernorm) {
@@ -457,10 +453,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
       L.rs.expert_bias = Slice(expert_bias_.View(), L.moe_index * e, {e});
       L.rs.local_tokens_per_expert = Slice(local_counts_.View(), L.moe_index * e, {e});
     } else {
-      L.w_fc1 = P(pre + "mlp.fc1.weight");
-      L.g_fc1 = G(pre + "mlp.fc1.weight");
-      L.w_fc2 = P(pre + "mlp.fc2.weight");
-      L.g_fc2 = G(pre + "mlp.fc2.weight");
+      bind("mlp.fc1.weight", &L.w_fc1, &L.g_fc1);
+      bind("mlp.fc2.weight", &L.w_fc2, &L.g_fc2);
       SY_ASSIGN_OR_RETURN(L.h, Alloc(dt, {t, 2 * f}));
       SY_ASSIGN_OR_RETURN(L.a, Alloc(dt, {t, f}));
     }
