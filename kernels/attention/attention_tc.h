@@ -29,6 +29,20 @@ absl::Status AttentionBackwardTc(const Stream& stream, const Tensor& q, const Te
                                  const Tensor& delta, const Tensor& dq, const Tensor& dk,
                                  const Tensor& dv);
 
+// Which bf16 backward AttentionBackwardTc runs: 1 (v1: dK/dV blocks of 128 keys, 8 warps of 16
+// keys each with the whole head dimension, 32 queries per step at D = 128) or 2 (v2: dK/dV blocks
+// of 64 keys, 64 queries per step, P^T and dS^T exchanged through shared memory so each warp
+// accumulates half the head dimension; two blocks per SM). Both use the same delta and dQ
+// kernels, are deterministic and agree to bf16 rounding (their summation orders differ, so not
+// bitwise). Chosen by the environment variable SWITCHYARD_ATTN_BWD ("v2" selects 2, anything else
+// or unset 1), read once per process, unless SetAttentionBackwardVariantForTest forced one.
+int AttentionBackwardVariant();
+
+// Test and benchmark hook: 1 or 2 forces that variant for every later call in the process; 0 (or
+// any other value) returns to the environment variable. Not synchronised with calls in flight on
+// other threads beyond an atomic store.
+void SetAttentionBackwardVariantForTest(int variant);
+
 }  // namespace switchyard::kernels::internal
 
 #endif  // SWITCHYARD_KERNELS_ATTENTION_ATTENTION_TC_H_
