@@ -48,9 +48,7 @@ absl::Status CheckRows(const Stream& stream, absl::string_view op, const Tensor&
 }  // namespace
 
 int64_t RmsNormBackwardBlocks(int64_t num_tokens) {
-  // 1024: enough blocks to fill an H100/H200 (a block walks its rows one after another, so with
-  // 256 blocks a 1536-wide row took ~3 us x 32 rows per block at 8192 tokens).
-  return num_tokens < 1 ? 1 : (num_tokens < 1024 ? num_tokens : 1024);
+  return num_tokens < 1 ? 1 : (num_tokens < 256 ? num_tokens : 256);
 }
 
 int64_t RmsNormBackwardWorkspaceBytes(int64_t num_tokens, int64_t hidden) {

@@ -34,7 +34,7 @@
 namespace switchyard::kernels {
 
 // Number of row blocks of the CUDA backward (a function of T only, so the partial sums and hence
-// dw do not depend on the GPU model): min(T, 1024), at least 1.
+// dw do not depend on the GPU model): min(T, 256), at least 1.
 int64_t RmsNormBackwardBlocks(int64_t num_tokens);
 
 // Bytes of CUDA workspace RmsNormBackward needs: RmsNormBackwardBlocks(T) * H * 4. The CPU path
