@@ -5,7 +5,7 @@
 // the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
 // future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
 // Every bf16 backward check runs for both backward variants (internal::
-// SetAttentionBackwardVariantForTest: v1, v2 and v3 of attention_tc.h).
+// SetAttentionBackwardVariantForTest: v1 and v2 of attention_tc.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,7 +29,7 @@ Buffer Host(DType dt, std::vector<int64_t> shape) {
   return Buffer::ForTensor(dt, std::move(shape), Device::Cpu()).value();
 }
 
-constexpr int kVariants[] = {1, 2, 3};
+constexpr int kVariants[] = {1, 2};
 
 // Forces a backward variant for the scope; restores the environment's choice on exit.
 class ScopedBackwardVariant {

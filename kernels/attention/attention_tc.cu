@@ -18,9 +18,10 @@
 //             per step; P^T and dS^T go through smem so each warp accumulates half of the head
 //             dimension (see AttentionDkDvV2TcKernel). Same loop order, no atomics.
 //   dQ:       block (query tile of 128, q head, sequence); key tiles of 64 up to the diagonal;
-//             dQ += dS K. Used with both dK/dV variants by SWITCHYARD_ATTN_BWD v1 and v2.
-//   dQ v3:    (SWITCHYARD_ATTN_BWD=v3, with dK/dV v2) block (query tile of 64, q head, sequence);
-//             dS goes through smem so each warp accumulates half of the head dimension.
+//             dQ += dS K. Used with both dK/dV variants.
+// Measured on an H200 (2026-11-22, bench/attention_benchmark): v2 gives bit-identical results to
+// v1, 3 % faster at D = 128 with GQA, 10 % slower at D = 64, 1 % on the training benchmark, so v1
+// stays the default. (A v3 with a 64-row dQ kernel was 1-15 % slower and was removed.)
 // Rows past the sequence are zero-filled in smem (never read from global memory) and never
 // written; causal and ragged positions are masked to probability 0.
 #include <cuda_bf16.h>
@@ -722,105 +723,6 @@ __global__ void __launch_bounds__(kThreads, kV2BlocksPerSm)
   StoreRowsPart<kD, kHalf>(dv_acc, 1.0f, dv, base, key_lo, g.s_n, g.hkv, kvh, half * kHalf, lane);
 }
 
-// ---- dQ v3 (SWITCHYARD_ATTN_BWD=v3, with the v2 dK/dV kernel): block (query tile of 64, q head,
-// sequence), key tiles of 64 up to the diagonal, double buffered. Phase 1: warp w computes S and dP
-// for rows [16 (w % 4), +16) x keys [32 (w / 4), +32) of the tile and writes dS (bf16) to smem.
-// Phase 2: warp w accumulates dQ for the same 16 rows and head-dimension columns
-// [kD / 2 (w / 4), +kD / 2) from the whole 16 x 64 rows of dS. kD / 4 accumulators per thread.
-template <int kD>
-struct DqV3Smem {
-  static constexpr int kQ = TileBytes<kV2Step, kD>(), kKv = TileBytes<kV2Keys, kD>();
-  static constexpr int kDs = TileBytes<kV2Step, kV2Keys>();  // dS, bf16 [queries][keys]
-  static constexpr int kBytes = 2 * kQ + 2 * 2 * kKv + kDs;  // Q, dO + 2 stages of (K, V) + dS
-  static_assert(kBytes <= kMaxSmem, "dq v3 smem budget");
-};
-
-template <int kD>
-__global__ void __launch_bounds__(kThreads, 2)
-    AttentionDqV3TcKernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                          const bf16* __restrict__ v, const bf16* __restrict__ d_o,
-                          const float* __restrict__ lse, const float* __restrict__ delta,
-                          bf16* __restrict__ dq, TcGeometry g) {
-  using L = DqV3Smem<kD>;
-  constexpr int kHalf = kD / 2;
-  static_assert(kWarps == 8 && kV2Step == 4 * kWarpRows && kV2Keys == 2 * kV2SCols,
-                "v3 warp layout: 4 row groups x 2 halves");
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t q_s = SmemAddr(smem), do_s = q_s + L::kQ, kv_s = do_s + L::kQ;
-  const uint32_t ds_s = kv_s + 2 * 2 * L::kKv;
-  const int n_qt = (g.s_n + kV2Step - 1) / kV2Step;
-  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x);  // longest rows first
-  const int h = blockIdx.y, kvh = h / g.group;
-  const int64_t b = blockIdx.z, base = b * g.s_n, stat = (b * g.hq + h) * g.s_n;
-  const int q0 = qt * kV2Step, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int qr = (warp % 4) * kWarpRows;  // this warp's first row within the tile
-  const int half = warp / 4;              // phase 1: key half; phase 2: head-dim half
-  const int kc = half * kV2SCols;         // phase 1: first key column within the key tile
-  const int row_w = q0 + qr, r_lo = row_w + lane / 4;
-  const int n_kt = (min(q0 + kV2Step, g.s_n) - 1) / kV2Keys + 1;
-
-  LoadTile<kV2Step, kD>(q, base, q0, g.s_n, g.hq, h, q_s);
-  LoadTile<kV2Step, kD>(d_o, base, q0, g.s_n, g.hq, h, do_s);
-  LoadTile<kV2Keys, kD>(k, base, 0, g.s_n, g.hkv, kvh, kv_s);
-  LoadTile<kV2Keys, kD>(v, base, 0, g.s_n, g.hkv, kvh, kv_s + L::kKv);
-  CpAsyncCommit();
-  float l2[2], dl[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = r_lo + 8 * i;
-    l2[i] = row < g.s_n ? lse[stat + row] * kLog2e : 0.0f;
-    dl[i] = row < g.s_n ? delta[stat + row] : 0.0f;
-  }
-
-  float acc[kHalf / 8][4];
-  Zero(acc);
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const uint32_t k_s = kv_s + 2 * (kt & 1) * L::kKv, v_s = k_s + L::kKv;
-    if (kt + 1 < n_kt) {
-      const uint32_t nk_s = kv_s + 2 * ((kt + 1) & 1) * L::kKv;
-      LoadTile<kV2Keys, kD>(k, base, (kt + 1) * kV2Keys, g.s_n, g.hkv, kvh, nk_s);
-      LoadTile<kV2Keys, kD>(v, base, (kt + 1) * kV2Keys, g.s_n, g.hkv, kvh, nk_s + L::kKv);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    const int k0 = kt * kV2Keys;
-    // Phase 1: dS for rows [row_w, +16) x keys [k0 + kc, +32) into smem; masked entries (key >
-    // row, key or row past the sequence) are 0; a fully masked warp skips the products.
-    {
-      const bool live = row_w < g.s_n && k0 + kc <= row_w + kWarpRows - 1;  // warp-uniform
-      const uint32_t row_off = static_cast<uint32_t>(kc * kD * 2);  // kc % 8 == 0: same swizzle
-      float s[kV2SCols / 8][4], dp[kV2SCols / 8][4];
-      Zero(s);
-      Zero(dp);
-      if (live) {
-        MmaABt<kD, kV2SCols>(q_s, qr, k_s + row_off, s, lane);
-        MmaABt<kD, kV2SCols>(do_s, qr, v_s + row_off, dp, lane);
-      }
-#pragma unroll
-      for (int nb = 0; nb < kV2SCols / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + kc + nb * 8 + 2 * (lane % 4) + (e & 1), row = r_lo + 8 * (e / 2);
-          const float p = key <= row && key < g.s_n && row < g.s_n
-                              ? FastExp2(s[nb][e] * g.scale_log2 - l2[e / 2])
-                              : 0.0f;
-          s[nb][e] = p * (dp[nb][e] - dl[e / 2]);  // dS without the scale
-        }
-      }
-      V2StorePairs(s, ds_s, qr, kc, lane);
-    }
-    __syncthreads();                                     // dS complete
-    if (row_w < g.s_n && k0 <= row_w + kWarpRows - 1) {  // warp-uniform: any visible key
-      MmaSmemAB<kV2Keys, kD, kHalf>(ds_s, qr, k_s, half * kHalf / 8, acc, lane);
-    }
-    __syncthreads();  // the stage and dS are consumed before they are refilled
-  }
-  StoreRowsPart<kD, kHalf>(acc, g.scale, dq, base, r_lo, g.s_n, g.hq, h, half * kHalf, lane);
-}
-
 template <typename Kernel>
 absl::Status AllowSmem(Kernel kernel, int bytes) {
   SY_CUDA_RETURN_IF_ERROR(
@@ -872,7 +774,6 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
   const int64_t q_tiles = (seq_len + kRowTile - 1) / kRowTile;
   const int64_t k_tiles = (seq_len + kRowTile - 1) / kRowTile;
   const int64_t k_tiles_v2 = (seq_len + kV2Keys - 1) / kV2Keys;
-  const int64_t q_tiles_v3 = (seq_len + kV2Step - 1) / kV2Step;
   SY_RETURN_IF_ERROR(CheckGrid(k_tiles_v2, g.hq, batches));
   const auto cs = static_cast<cudaStream_t>(stream.cuda_stream);
 
@@ -903,20 +804,6 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
         lse.as<const float>(), delta.as<const float>(), dk.as<bf16>(), dv.as<bf16>(), g);
   }
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  if (variant == 3) {
-    constexpr int kQSmem = DqV3Smem<kD>::kBytes;
-    SY_RETURN_IF_ERROR(AllowSmem(AttentionDqV3TcKernel<kD>, kQSmem));
-    SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionDqV3TcKernel<kD>,
-                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 cudaSharedmemCarveoutMaxShared));
-    const dim3 q_grid(static_cast<unsigned>(q_tiles_v3), static_cast<unsigned>(g.hq),
-                      static_cast<unsigned>(batches));
-    AttentionDqV3TcKernel<kD><<<q_grid, kThreads, kQSmem, cs>>>(
-        q.as<const bf16>(), k.as<const bf16>(), v.as<const bf16>(), d_o.as<const bf16>(),
-        lse.as<const float>(), delta.as<const float>(), dq.as<bf16>(), g);
-    SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
-  }
   constexpr int kQSmem = DqSmem<kD>::kBytes;
   SY_RETURN_IF_ERROR(AllowSmem(AttentionDqTcKernel<kD>, kQSmem));
   const dim3 q_grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(g.hq),
@@ -928,7 +815,7 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
   return absl::OkStatus();
 }
 
-// 0: follow SWITCHYARD_ATTN_BWD; 1, 2 or 3: forced by SetAttentionBackwardVariantForTest.
+// 0: follow SWITCHYARD_ATTN_BWD; 1 or 2: forced by SetAttentionBackwardVariantForTest.
 std::atomic<int> g_backward_variant_for_test{0};
 
 }  // namespace
@@ -966,14 +853,13 @@ int AttentionBackwardVariant() {
   static const int from_env = [] {
     const char* env = std::getenv("SWITCHYARD_ATTN_BWD");
     if (env != nullptr && std::strcmp(env, "v2") == 0) return 2;
-    if (env != nullptr && std::strcmp(env, "v3") == 0) return 3;
     return 1;
   }();
   return from_env;
 }
 
 void SetAttentionBackwardVariantForTest(int variant) {
-  g_backward_variant_for_test.store(variant >= 1 && variant <= 3 ? variant : 0,
+  g_backward_variant_for_test.store(variant >= 1 && variant <= 2 ? variant : 0,
                                     std::memory_order_relaxed);
 }
 

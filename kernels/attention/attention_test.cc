@@ -245,19 +245,16 @@ TEST(AttentionTest, RejectsBadArguments) {
   EXPECT_TRUE(ok.Forward().ok());
 }
 
-// SWITCHYARD_ATTN_BWD picks the bf16 backward ("v2" -> 2, "v3" -> 3, otherwise 1) unless the test
+// SWITCHYARD_ATTN_BWD picks the bf16 backward ("v2" -> 2, otherwise 1) unless the test
 // hook forces one; 0 or an unknown value returns to the environment's choice.
 TEST(AttentionTest, BackwardVariantSelection) {
   const char* env = std::getenv("SWITCHYARD_ATTN_BWD");
-  const int from_env = env == nullptr                ? 1
-                       : std::strcmp(env, "v2") == 0 ? 2
-                       : std::strcmp(env, "v3") == 0 ? 3
-                                                     : 1;
+  const int from_env = env != nullptr && std::strcmp(env, "v2") == 0 ? 2 : 1;
   EXPECT_EQ(internal::AttentionBackwardVariant(), from_env);
   internal::SetAttentionBackwardVariantForTest(2);
   EXPECT_EQ(internal::AttentionBackwardVariant(), 2);
-  internal::SetAttentionBackwardVariantForTest(3);
-  EXPECT_EQ(internal::AttentionBackwardVariant(), 3);
+  internal::SetAttentionBackwardVariantForTest(3);  // v3 was removed: back to the environment
+  EXPECT_EQ(internal::AttentionBackwardVariant(), from_env);
   internal::SetAttentionBackwardVariantForTest(1);
   EXPECT_EQ(internal::AttentionBackwardVariant(), 1);
   internal::SetAttentionBackwardVariantForTest(7);
