@@ -2,20 +2,13 @@
 // inputs (N(0, 1)), scale 1/sqrt(D), median of --iters timed iterations after --warmup warm-ups,
 // CUDA events. TFLOP/s counts causal FLOPs: forward 2 * 2 * B * Hq * S^2 / 2 * D (QK^T and PV over
 // the lower triangle), backward 2.5x that (five products, the delta pass not counted).
-// The backward is timed for each bf16 variant (kernels/attention/attention_tc.h: v1 = dK/dV
-// blocks of 128 keys, v2 = 64 keys with P/dS through smem), forced per run through the test hook
-// (the environment variable SWITCHYARD_ATTN_BWD only sets the default the library uses); "vs v1
-// err" is the largest relative L2 difference of dq, dk, dv of v2 against v1 (0 measured: both
-// accumulate in the same order).
 //
 //   attention_benchmark [--iters 20] [--warmup 3]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -24,7 +17,6 @@
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/attention/attention.h"
-#include "kernels/attention/attention_tc.h"
 #include "kernels/buffer.h"
 #include "kernels/elementwise/elementwise.h"
 
@@ -40,37 +32,10 @@ struct Shape {
   int64_t b, s, hq, hkv, d;
 };
 
-constexpr int kBwdVariants = 2;  // v1, v2
-
 struct Row {
   Shape shape;
-  double fwd_ms = 0, fwd_tflops = 0;
-  double bwd_ms[kBwdVariants] = {}, bwd_tflops[kBwdVariants] = {};
-  double vs_v1 = 0;  // max over dq, dk, dv of v2's relative L2 difference to v1
+  double fwd_ms = 0, bwd_ms = 0, fwd_tflops = 0, bwd_tflops = 0;
 };
-
-// A bf16 device tensor as floats on the host.
-absl::StatusOr<std::vector<float>> DownloadBf16(const Buffer& b) {
-  const Tensor t = b.View();
-  std::vector<uint16_t> raw(static_cast<size_t>(t.numel()));
-  SY_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(raw.data(), t.data, raw.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-  std::vector<float> out(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(raw[i]) << 16;
-    std::memcpy(&out[i], &bits, sizeof(float));
-  }
-  return out;
-}
-
-double RelL2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
 
 absl::StatusOr<Row> RunOne(const Shape& c, int warmup, int iters) {
   const Device dev = Device::Cuda(0);
@@ -105,25 +70,10 @@ absl::StatusOr<Row> RunOne(const Shape& c, int warmup, int iters) {
   };
   Row row{c};
   SY_ASSIGN_OR_RETURN(row.fwd_ms, MedianMs(forward, warmup, iters));
+  SY_ASSIGN_OR_RETURN(row.bwd_ms, MedianMs(backward, warmup, iters));
   const double fwd_flops = 2.0 * 2.0 * c.b * c.hq * (static_cast<double>(c.s) * c.s / 2) * c.d;
   row.fwd_tflops = fwd_flops / row.fwd_ms / 1e9;
-  std::vector<float> grads[kBwdVariants][3];
-  for (int vi = 0; vi < kBwdVariants; ++vi) {
-    kernels::internal::SetAttentionBackwardVariantForTest(vi + 1);
-    absl::StatusOr<double> ms = MedianMs(backward, warmup, iters);
-    kernels::internal::SetAttentionBackwardVariantForTest(0);
-    if (!ms.ok()) return ms.status();
-    row.bwd_ms[vi] = *ms;
-    row.bwd_tflops[vi] = 2.5 * fwd_flops / row.bwd_ms[vi] / 1e9;
-    SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    const Buffer* outs[3] = {&dq, &dk, &dv};
-    for (int i = 0; i < 3; ++i) {
-      SY_ASSIGN_OR_RETURN(grads[vi][i], DownloadBf16(*outs[i]));
-    }
-  }
-  for (int vi = 1; vi < kBwdVariants; ++vi) {
-    for (int i = 0; i < 3; ++i) row.vs_v1 = std::max(row.vs_v1, RelL2(grads[vi][i], grads[0][i]));
-  }
+  row.bwd_tflops = 2.5 * fwd_flops / row.bwd_ms / 1e9;
   return row;
 }
 
@@ -151,20 +101,13 @@ int Main() {
     }
     rows.push_back(*row);
   }
-  std::printf("%3s %6s %4s %4s %4s %9s %9s", "B", "S", "Hq", "Hkv", "D", "fwd ms", "fwd TF/s");
-  for (int vi = 0; vi < kBwdVariants; ++vi) {
-    std::printf(" %7s%d ms %6s%d TF/s", "bwd v", vi + 1, "v", vi + 1);
-  }
-  std::printf(" %10s\n", "vs v1 err");
+  std::printf("%3s %6s %4s %4s %4s %10s %10s %10s %10s\n", "B", "S", "Hq", "Hkv", "D", "fwd ms",
+              "fwd TF/s", "bwd ms", "bwd TF/s");
   for (const Row& r : rows) {
-    std::printf("%3lld %6lld %4lld %4lld %4lld %9.3f %9.0f", static_cast<long long>(r.shape.b),
-                static_cast<long long>(r.shape.s), static_cast<long long>(r.shape.hq),
-                static_cast<long long>(r.shape.hkv), static_cast<long long>(r.shape.d), r.fwd_ms,
-                r.fwd_tflops);
-    for (int vi = 0; vi < kBwdVariants; ++vi) {
-      std::printf(" %11.3f %12.0f", r.bwd_ms[vi], r.bwd_tflops[vi]);
-    }
-    std::printf(" %10.1e\n", r.vs_v1);
+    std::printf("%3lld %6lld %4lld %4lld %4lld %10.3f %10.0f %10.3f %10.0f\n",
+                static_cast<long long>(r.shape.b), static_cast<long long>(r.shape.s),
+                static_cast<long long>(r.shape.hq), static_cast<long long>(r.shape.hkv),
+                static_cast<long long>(r.shape.d), r.fwd_ms, r.fwd_tflops, r.bwd_ms, r.bwd_tflops);
   }
   return rc;
 }

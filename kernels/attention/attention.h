@@ -23,11 +23,9 @@
 // CUDA path: bf16 runs FlashAttention-2 style kernels on tensor cores (mma.sync m16n8k16 with
 // fp32 accumulation, ldmatrix, cp.async double buffering; attention_tc.cu): forward with an
 // online softmax in registers, backward as a dk/dv kernel per key tile (looping over the group's
-// query heads) and a dq kernel per query tile, both recomputing P from lse (the environment
-// variable SWITCHYARD_ATTN_BWD=v2 selects an alternative dK/dV kernel, attention_tc.h; default
-// v1). P and dS are rounded to bf16 before their products, as in FlashAttention. f32 (and bf16
-// tensors that are not 16-byte aligned) runs simple tiled kernels with fp32 math on CUDA cores:
-// correct but slow.
+// query heads) and a dq kernel per query tile, both recomputing P from lse. P and dS are rounded
+// to bf16 before their products, as in FlashAttention. f32 (and bf16 tensors that are not 16-byte
+// aligned) runs simple tiled kernels with fp32 math on CUDA cores: correct but slow.
 //
 // Why our own kernels and not cuDNN's fused attention (the alternative): cuDNN's runtime
 // (libcudnn plus its engine libraries, hundreds of MB) cannot travel in the 64 MiB GPU bundle and

@@ -4,8 +4,6 @@
 // (S = 37, 200, 1000), GQA groups, several sequences, S = 2048 and 4096 (bf16 only, few heads:
 // the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
 // future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
-// Every bf16 backward check runs for both backward variants (internal::
-// SetAttentionBackwardVariantForTest: v1 and v2 of attention_tc.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +12,6 @@
 #include <random>
 
 #include "kernels/attention/attention.h"
-#include "kernels/attention/attention_tc.h"
 #include "kernels/buffer.h"
 #include "kernels/testing/gpu.h"
 
@@ -28,19 +25,6 @@ using testing::Upload;
 Buffer Host(DType dt, std::vector<int64_t> shape) {
   return Buffer::ForTensor(dt, std::move(shape), Device::Cpu()).value();
 }
-
-constexpr int kVariants[] = {1, 2};
-
-// Forces a backward variant for the scope; restores the environment's choice on exit.
-class ScopedBackwardVariant {
- public:
-  explicit ScopedBackwardVariant(int variant) {
-    internal::SetAttentionBackwardVariantForTest(variant);
-  }
-  ~ScopedBackwardVariant() { internal::SetAttentionBackwardVariantForTest(0); }
-  ScopedBackwardVariant(const ScopedBackwardVariant&) = delete;
-  ScopedBackwardVariant& operator=(const ScopedBackwardVariant&) = delete;
-};
 
 TEST(AttentionGpuTest, MatchesCpuReference) {
   SY_REQUIRE_GPU();
@@ -80,28 +64,23 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
                       .ok());
 
       Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-      for (int variant : kVariants) {
-        if (dt != DType::kBF16 && variant != 1) continue;  // variants differ only on bf16
-        std::printf("  backward variant v%d\n", variant);
-        ScopedBackwardVariant scoped(variant);
-        Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
-               g_delta = Poisoned(DType::kF32, ls);
-        Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
-        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, scale,
-                                           g_o.View(), g_lse.View());
-        ASSERT_TRUE(st.ok()) << st;
-        st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                               g_do.View(), c.s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
-                               g_dv.View());
-        ASSERT_TRUE(st.ok()) << st;
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ExpectClose(g_o.View(), o.View(), tol, "o");
-        ExpectClose(g_lse.View(), lse.View(), tol, "lse");
-        ExpectClose(g_delta.View(), delta.View(), tol, "delta");
-        ExpectClose(g_dq.View(), dq.View(), tol, "dq");
-        ExpectClose(g_dk.View(), dk.View(), tol, "dk");
-        ExpectClose(g_dv.View(), dv.View(), tol, "dv");
-      }
+      Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
+             g_delta = Poisoned(DType::kF32, ls);
+      Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
+      absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, scale,
+                                         g_o.View(), g_lse.View());
+      ASSERT_TRUE(st.ok()) << st;
+      st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                             g_do.View(), c.s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
+                             g_dv.View());
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ExpectClose(g_o.View(), o.View(), tol, "o");
+      ExpectClose(g_lse.View(), lse.View(), tol, "lse");
+      ExpectClose(g_delta.View(), delta.View(), tol, "delta");
+      ExpectClose(g_dq.View(), dq.View(), tol, "dq");
+      ExpectClose(g_dk.View(), dk.View(), tol, "dk");
+      ExpectClose(g_dv.View(), dv.View(), tol, "dv");
     }
   }
 }
@@ -123,30 +102,26 @@ TEST(AttentionGpuTest, BackwardIsDeterministic) {
   ASSERT_TRUE(
       AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(), g_lse.View())
           .ok());
-  for (int variant : kVariants) {
-    ScopedBackwardVariant scoped(variant);
-    std::vector<float> first[3];
-    for (int run = 0; run < 2; ++run) {
-      Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-             g_dv = Poisoned(DType::kBF16, ks);
-      ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
-                                    g_lse.View(), g_do.View(), s, scale, g_delta.View(),
-                                    g_dq.View(), g_dk.View(), g_dv.View())
-                      .ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const Tensor outs[3] = {g_dq.View(), g_dk.View(), g_dv.View()};
-      for (int i = 0; i < 3; ++i) {
-        std::vector<float> now = testing::ToFloatVector(outs[i]);
-        if (run == 0) {
-          first[i] = std::move(now);
-        } else {
-          EXPECT_EQ(now, first[i]) << "gradient " << i << " differs between runs";
-        }
+  std::vector<float> first[3];
+  for (int run = 0; run < 2; ++run) {
+    Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+           g_dv = Poisoned(DType::kBF16, ks);
+    ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                                  g_do.View(), s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
+                                  g_dv.View())
+                    .ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor outs[3] = {g_dq.View(), g_dk.View(), g_dv.View()};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> now = testing::ToFloatVector(outs[i]);
+      if (run == 0) {
+        first[i] = std::move(now);
+      } else {
+        EXPECT_EQ(now, first[i]) << "gradient " << i << " differs between runs";
       }
     }
-    std::printf("backward v%d deterministic over 2 runs (B=2 S=100 Hq=8 Hkv=2 D=128 bf16)\n",
-                variant);
   }
+  std::printf("backward deterministic over 2 runs (B=2 S=100 Hq=8 Hkv=2 D=128 bf16)\n");
 }
 
 // Changing key/value row j of sequence 0 must not change o or dq of its rows < j, nor anything of
@@ -155,59 +130,55 @@ TEST(AttentionGpuTest, FutureKeysAndOtherSequencesDoNotLeak) {
   SY_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
   const Stream gpu{Device::Cuda(0), nullptr};
-  for (int variant : kVariants) {
-    for (int64_t d : {64, 128}) {
-      ScopedBackwardVariant scoped(variant);
-      const int64_t b = 2, s = 300, hq = 4, hkv = 2, t_n = b * s, j = 150;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-      const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
-      Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
-             d_o = Host(DType::kBF16, qs);
-      for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
-      std::vector<float> o_run[2], dq_run[2], dk_run[2];
-      for (int run = 0; run < 2; ++run) {
-        if (run == 1) {  // perturb key and value row j of sequence 0
-          Buffer noise = Host(DType::kBF16, {1, hkv, d});
-          testing::FillRandom(noise.View(), rng);
-          const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
-          std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
-                      row_bytes);
-          testing::FillRandom(noise.View(), rng);
-          std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
-                      row_bytes);
-        }
-        Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-        Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
-               g_delta = Poisoned(DType::kF32, ls);
-        Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-               g_dv = Poisoned(DType::kBF16, ks);
-        ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
-                                     g_lse.View())
-                        .ok());
-        ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
-                                      g_lse.View(), g_do.View(), s, scale, g_delta.View(),
-                                      g_dq.View(), g_dk.View(), g_dv.View())
-                        .ok());
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        o_run[run] = testing::ToFloatVector(g_o.View());
-        dq_run[run] = testing::ToFloatVector(g_dq.View());
-        dk_run[run] = testing::ToFloatVector(g_dk.View());
+  for (int64_t d : {64, 128}) {
+    const int64_t b = 2, s = 300, hq = 4, hkv = 2, t_n = b * s, j = 150;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
+    Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
+           d_o = Host(DType::kBF16, qs);
+    for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+    std::vector<float> o_run[2], dq_run[2], dk_run[2];
+    for (int run = 0; run < 2; ++run) {
+      if (run == 1) {  // perturb key and value row j of sequence 0
+        Buffer noise = Host(DType::kBF16, {1, hkv, d});
+        testing::FillRandom(noise.View(), rng);
+        const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
+        std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
+                    row_bytes);
+        testing::FillRandom(noise.View(), rng);
+        std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
+                    row_bytes);
       }
-      const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
-      auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
-                     size_t to) {
-        return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
-      };
-      EXPECT_TRUE(same(o_run[0], o_run[1], 0, j * q_row)) << "o of rows before the changed key";
-      EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, j * q_row)) << "dq of rows before the changed key";
-      EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, t_n * q_row)) << "o of the other sequence";
-      EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, t_n * q_row)) << "dq of the other sequence";
-      EXPECT_TRUE(same(dk_run[0], dk_run[1], s * k_row, t_n * k_row)) << "dk of the other sequence";
-      EXPECT_FALSE(same(o_run[0], o_run[1], j * q_row, s * q_row)) << "o ignored the changed key";
-      std::printf(
-          "causal/sequence isolation holds (B=2 S=300 Hq=4 Hkv=2 D=%lld bf16, key %lld, v%d)\n",
-          static_cast<long long>(d), static_cast<long long>(j), variant);
+      Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+      Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
+             g_delta = Poisoned(DType::kF32, ls);
+      Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+             g_dv = Poisoned(DType::kBF16, ks);
+      ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
+                                   g_lse.View())
+                      .ok());
+      ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
+                                    g_lse.View(), g_do.View(), s, scale, g_delta.View(),
+                                    g_dq.View(), g_dk.View(), g_dv.View())
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      o_run[run] = testing::ToFloatVector(g_o.View());
+      dq_run[run] = testing::ToFloatVector(g_dq.View());
+      dk_run[run] = testing::ToFloatVector(g_dk.View());
     }
+    const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
+                   size_t to) {
+      return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
+    };
+    EXPECT_TRUE(same(o_run[0], o_run[1], 0, j * q_row)) << "o of rows before the changed key";
+    EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, j * q_row)) << "dq of rows before the changed key";
+    EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, t_n * q_row)) << "o of the other sequence";
+    EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, t_n * q_row)) << "dq of the other sequence";
+    EXPECT_TRUE(same(dk_run[0], dk_run[1], s * k_row, t_n * k_row)) << "dk of the other sequence";
+    EXPECT_FALSE(same(o_run[0], o_run[1], j * q_row, s * q_row)) << "o ignored the changed key";
+    std::printf("causal/sequence isolation holds (B=2 S=300 Hq=4 Hkv=2 D=%lld bf16, key %lld)\n",
+                static_cast<long long>(d), static_cast<long long>(j));
   }
 }
 

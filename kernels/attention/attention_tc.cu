@@ -14,24 +14,15 @@
 //             order, over the group's query heads and the query tiles (64 rows at D = 64, 32 at
 //             D = 128) at or after the key tile, computing S^T = K Q^T and dP^T = V dO^T, then dV
 //             += P^T dO and dK += dS^T Q in registers. No atomics: deterministic.
-//   dK/dV v2: (SWITCHYARD_ATTN_BWD=v2) block (key tile of 64, kv head, sequence), 64 queries
-//             per step; P^T and dS^T go through smem so each warp accumulates half of the head
-//             dimension (see AttentionDkDvV2TcKernel). Same loop order, no atomics.
 //   dQ:       block (query tile of 128, q head, sequence); key tiles of 64 up to the diagonal;
-//             dQ += dS K. Used with both dK/dV variants.
-// Measured on an H200 (2026-11-22, bench/attention_benchmark): v2 gives bit-identical results to
-// v1, 3 % faster at D = 128 with GQA, 10 % slower at D = 64, 1 % on the training benchmark, so v1
-// stays the default. (A v3 with a 64-row dQ kernel was 1-15 % slower and was removed.)
+//             dQ += dS K.
 // Rows past the sequence are zero-filled in smem (never read from global memory) and never
 // written; causal and ragged positions are masked to probability 0.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "common/cuda_status.h"
 #include "kernels/attention/attention_tc.h"
@@ -535,194 +526,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   StoreRows<kD>(dv_acc, 1.0f, dv, base, key_lo, g.s_n, g.hkv, kvh, lane);
 }
 
-// ---- Backward v2 (SWITCHYARD_ATTN_BWD=v2): dK/dV with 64 keys per block and 64 queries per step.
-// The 8 warps split each step twice. Phase 1: warp w computes S^T and dP^T for keys
-// [16 (w % 4), +16) x queries [32 (w / 4), +32) of the step, turns them into P^T and dS^T (bf16)
-// and writes them to smem. Phase 2: warp w accumulates dV and dK for the same 16 keys but only
-// head-dimension columns [kD / 2 (w / 4), +kD / 2), reading the whole 16 x 64 rows of P^T and
-// dS^T (its own half and its partner warp's) from smem as A fragments. Per thread that is
-// 2 x kD / 4 accumulators (64 at D = 128) instead of 2 x kD / 2, so 64 queries per step fit and
-// two blocks share an SM. Same fixed loop order and no atomics: deterministic.
-constexpr int kV2Keys = 64;   // keys per block
-constexpr int kV2Step = 64;   // queries per step
-constexpr int kV2SCols = 32;  // phase 1: queries per warp
-// Two blocks per SM: 128 registers per thread (ptxas at D = 128: 40 bytes of spill, loop-invariant
-// values reloaded once per step; 176 registers and no spill with 1 block per SM) and 113 KB of
-// smem per block at D = 128 (2 x (113 KB + 1 KB reserved) = the SM's 228 KB).
-constexpr int kV2BlocksPerSm = 2;
-
-template <int kD>
-struct DkDvV2Smem {
-  static constexpr int kKv = TileBytes<kV2Keys, kD>(), kQ = TileBytes<kV2Step, kD>();
-  static constexpr int kStat = kV2Step * 4;
-  static constexpr int kStage = 2 * kQ + 2 * kStat;         // Q, dO, lse, delta
-  static constexpr int kP = TileBytes<kV2Keys, kV2Step>();  // P^T or dS^T, bf16 [keys][queries]
-  static constexpr int kBytes = 2 * kKv + 2 * kStage + 2 * kP;
-  static_assert(kBytes <= kMaxSmem, "dk/dv v2 smem budget");
-};
-
-// acc[16 x kN] += A[a_row0, +16) x B[0, kK) columns [16 b_chunk0 / 2 ..) where A is a swizzled
-// smem tile [rows][kK] (non-transposed ldmatrix) and B a swizzled smem tile [kK rows][kD]
-// (transposed ldmatrix); b_chunk0 is the first 16-byte chunk (8 columns) of B used.
-template <int kK, int kD, int kN>
-__device__ __forceinline__ void MmaSmemAB(uint32_t a_tile, int a_row0, uint32_t b_tile,
-                                          int b_chunk0, float (&acc)[kN / 8][4], int lane) {
-#pragma unroll
-  for (int kk = 0; kk < kK / 16; ++kk) {
-    uint32_t a[4];
-    LdMatrixX4(a_tile + Swz<kK>(a_row0 + lane % 16, kk * 2 + lane / 16), a);
-#pragma unroll
-    for (int db2 = 0; db2 < kN / 16; ++db2) {
-      uint32_t b[4];
-      LdMatrixX4Trans(b_tile + Swz<kD>(kk * 16 + lane % 8 + 8 * ((lane / 8) % 2),
-                                       b_chunk0 + db2 * 2 + lane / 16),
-                      b);
-      Mma(acc[2 * db2], a, b[0], b[1]);
-      Mma(acc[2 * db2 + 1], a, b[2], b[3]);
-    }
-  }
-}
-
-// Writes the warp's accumulator tile [16 x kN] times `mul` to columns [col0, col0 + kN) of rows
-// row_lo = first + lane / 4 and row_lo + 8 (those < s_n) of head `head` of a [T, heads, kD] tensor.
-template <int kD, int kN>
-__device__ __forceinline__ void StoreRowsPart(const float (&acc)[kN / 8][4], float mul, bf16* dst,
-                                              int64_t base, int row_lo, int s_n, int heads,
-                                              int head, int col0, int lane) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = row_lo + 8 * half;
-    if (row >= s_n) continue;
-    bf16* out = dst + ((base + row) * heads + head) * kD + col0 + 2 * (lane % 4);
-#pragma unroll
-    for (int db = 0; db < kN / 8; ++db) {
-      *reinterpret_cast<__nv_bfloat162*>(out + db * 8) =
-          __floats2bfloat162_rn(acc[db][2 * half] * mul, acc[db][2 * half + 1] * mul);
-    }
-  }
-}
-
-// Stores a warp's fp32 accumulator tile [16 x kV2SCols] (rows r0 + lane / 4 and + 8, columns c0
-// + ...) as bf16 into a swizzled smem tile [kV2Keys][kV2Step].
-__device__ __forceinline__ void V2StorePairs(const float (&x)[kV2SCols / 8][4], uint32_t tile,
-                                             int r0, int c0, int lane) {
-#pragma unroll
-  for (int nb = 0; nb < kV2SCols / 8; ++nb) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {  // rows lane / 4 and lane / 4 + 8
-      const uint32_t off = Swz<kV2Step>(r0 + lane / 4 + 8 * hr, (c0 + nb * 8) / 8) +
-                           static_cast<uint32_t>(4 * (lane % 4));
-      const uint32_t val = PackBf16(x[nb][2 * hr], x[nb][2 * hr + 1]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile + off), "r"(val));
-    }
-  }
-}
-
-template <int kD>
-__global__ void __launch_bounds__(kThreads, kV2BlocksPerSm)
-    AttentionDkDvV2TcKernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                            const bf16* __restrict__ v, const bf16* __restrict__ d_o,
-                            const float* __restrict__ lse, const float* __restrict__ delta,
-                            bf16* __restrict__ dk, bf16* __restrict__ dv, TcGeometry g) {
-  using L = DkDvV2Smem<kD>;
-  constexpr int kHalf = kD / 2;  // phase-2 output columns per warp
-  static_assert(kWarps == 8 && kV2Keys == 4 * kWarpRows && kV2Step == 2 * kV2SCols,
-                "v2 warp layout: 4 key groups x 2 halves");
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t k_s = SmemAddr(smem), v_s = k_s + L::kKv, st_s = v_s + L::kKv;
-  const uint32_t p_s = st_s + 2 * L::kStage, ds_s = p_s + L::kP;
-  const int kt = blockIdx.x, kvh = blockIdx.y;
-  const int64_t b = blockIdx.z, base = b * g.s_n;
-  const int k0 = kt * kV2Keys, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kr = (warp % 4) * kWarpRows;  // this warp's first key row within the block
-  const int half = warp / 4;              // phase 1: query half; phase 2: head-dim half
-  const int qc = half * kV2SCols;         // phase 1: first query column within the step
-  const int kw0 = k0 + kr;                // this warp's first key
-  const int n_qt = (g.s_n + kV2Step - 1) / kV2Step, qt_begin = k0 / kV2Step;
-  const int n_local = n_qt - qt_begin, n_items = g.group * n_local;
-  // Item `it`: query head kvh * group + it / n_local, query tile qt_begin + it % n_local.
-  auto load_item = [&](int it, int st) {
-    const int h = kvh * g.group + it / n_local, q0 = (qt_begin + it % n_local) * kV2Step;
-    const uint32_t s = st_s + st * L::kStage;
-    const int64_t stat = (b * g.hq + h) * g.s_n;
-    LoadTile<kV2Step, kD>(q, base, q0, g.s_n, g.hq, h, s);
-    LoadTile<kV2Step, kD>(d_o, base, q0, g.s_n, g.hq, h, s + L::kQ);
-    LoadStat<kV2Step>(lse + stat, q0, g.s_n, s + 2 * L::kQ);
-    LoadStat<kV2Step>(delta + stat, q0, g.s_n, s + 2 * L::kQ + L::kStat);
-  };
-
-  LoadTile<kV2Keys, kD>(k, base, k0, g.s_n, g.hkv, kvh, k_s);
-  LoadTile<kV2Keys, kD>(v, base, k0, g.s_n, g.hkv, kvh, v_s);
-  load_item(0, 0);
-  CpAsyncCommit();
-
-  float dk_acc[kHalf / 8][4], dv_acc[kHalf / 8][4];
-  Zero(dk_acc);
-  Zero(dv_acc);
-  for (int it = 0; it < n_items; ++it) {
-    const int st = it & 1;
-    const uint32_t q_s = st_s + st * L::kStage, do_s = q_s + L::kQ;
-    const float* lse_s =
-        reinterpret_cast<const float*>(smem + (q_s - k_s) + 2 * L::kQ);  // generic pointer
-    const float* dl_s = lse_s + kV2Step;
-    if (it + 1 < n_items) {
-      load_item(it + 1, st ^ 1);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-    const int q0 = (qt_begin + it % n_local) * kV2Step;
-    // Phase 1: P^T and dS^T for keys [kw0, +16) x queries [q0 + qc, +32) into smem. Masked
-    // entries (query < key, query or key past the sequence) are 0; a warp whose whole block is
-    // masked skips the products and writes zeros.
-    {
-      const bool live = kw0 < g.s_n && q0 + qc + kV2SCols - 1 >= kw0;  // warp-uniform
-      const uint32_t row_off = static_cast<uint32_t>(qc * kD * 2);     // qc % 8 == 0: same swizzle
-      float s[kV2SCols / 8][4];
-      Zero(s);
-      if (live) MmaABt<kD, kV2SCols>(k_s, kr, q_s + row_off, s, lane);  // S^T [keys x queries]
-#pragma unroll
-      for (int nb = 0; nb < kV2SCols / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = qc + nb * 8 + 2 * (lane % 4) + (e & 1), query = q0 + col;
-          const int key = kw0 + lane / 4 + 8 * (e / 2);
-          s[nb][e] = query >= key && query < g.s_n
-                         ? FastExp2(s[nb][e] * g.scale_log2 - lse_s[col] * kLog2e)
-                         : 0.0f;
-        }
-      }
-      V2StorePairs(s, p_s, kr, qc, lane);
-      float dp[kV2SCols / 8][4];
-      Zero(dp);
-      if (live) MmaABt<kD, kV2SCols>(v_s, kr, do_s + row_off, dp, lane);  // dP^T
-#pragma unroll
-      for (int nb = 0; nb < kV2SCols / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = qc + nb * 8 + 2 * (lane % 4) + (e & 1);
-          s[nb][e] *= dp[nb][e] - dl_s[col];  // dS^T without the scale (s holds P)
-        }
-      }
-      V2StorePairs(s, ds_s, kr, qc, lane);
-    }
-    __syncthreads();  // P^T and dS^T complete
-    // Phase 2: dV[keys, cols] += P^T dO[:, cols], dK[keys, cols] += dS^T Q[:, cols] over the 64
-    // queries of the step; skipped when every query of the step precedes the warp's keys.
-    if (kw0 < g.s_n && q0 + kV2Step - 1 >= kw0) {  // warp-uniform
-      MmaSmemAB<kV2Step, kD, kHalf>(p_s, kr, do_s, half * kHalf / 8, dv_acc, lane);
-      MmaSmemAB<kV2Step, kD, kHalf>(ds_s, kr, q_s, half * kHalf / 8, dk_acc, lane);
-    }
-    __syncthreads();  // the stage and P^T / dS^T are consumed before they are refilled
-  }
-  const int key_lo = kw0 + lane / 4;
-  StoreRowsPart<kD, kHalf>(dk_acc, g.scale, dk, base, key_lo, g.s_n, g.hkv, kvh, half * kHalf,
-                           lane);
-  StoreRowsPart<kD, kHalf>(dv_acc, 1.0f, dv, base, key_lo, g.s_n, g.hkv, kvh, half * kHalf, lane);
-}
-
 template <typename Kernel>
 absl::Status AllowSmem(Kernel kernel, int bytes) {
   SY_CUDA_RETURN_IF_ERROR(
@@ -768,13 +571,12 @@ template <int kD>
 absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& o, const Tensor& lse, const Tensor& d_o, int64_t seq_len,
                       float scale, const Tensor& delta, const Tensor& dq, const Tensor& dk,
-                      const Tensor& dv, int variant) {
+                      const Tensor& dv) {
   const TcGeometry g = MakeGeometry(q, k, seq_len, scale);
   const int64_t t_n = q.dim(0), batches = t_n / seq_len;
   const int64_t q_tiles = (seq_len + kRowTile - 1) / kRowTile;
   const int64_t k_tiles = (seq_len + kRowTile - 1) / kRowTile;
-  const int64_t k_tiles_v2 = (seq_len + kV2Keys - 1) / kV2Keys;
-  SY_RETURN_IF_ERROR(CheckGrid(k_tiles_v2, g.hq, batches));
+  SY_RETURN_IF_ERROR(CheckGrid(q_tiles, g.hq, batches));
   const auto cs = static_cast<cudaStream_t>(stream.cuda_stream);
 
   const int64_t rows = t_n * g.hq, delta_blocks = (rows + kWarps - 1) / kWarps;
@@ -783,29 +585,15 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
       o.as<const bf16>(), d_o.as<const bf16>(), delta.as<float>(), rows, g);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
-  if (variant >= 2) {
-    constexpr int kKvSmem = DkDvV2Smem<kD>::kBytes;
-    SY_RETURN_IF_ERROR(AllowSmem(AttentionDkDvV2TcKernel<kD>, kKvSmem));
-    SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionDkDvV2TcKernel<kD>,
-                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 cudaSharedmemCarveoutMaxShared));
-    const dim3 kv_grid(static_cast<unsigned>(k_tiles_v2), static_cast<unsigned>(g.hkv),
-                       static_cast<unsigned>(batches));
-    AttentionDkDvV2TcKernel<kD><<<kv_grid, kThreads, kKvSmem, cs>>>(
-        q.as<const bf16>(), k.as<const bf16>(), v.as<const bf16>(), d_o.as<const bf16>(),
-        lse.as<const float>(), delta.as<const float>(), dk.as<bf16>(), dv.as<bf16>(), g);
-  } else {
-    constexpr int kKvSmem = DkDvSmem<kD>::kBytes;
-    SY_RETURN_IF_ERROR(AllowSmem(AttentionDkDvTcKernel<kD>, kKvSmem));
-    const dim3 kv_grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(g.hkv),
-                       static_cast<unsigned>(batches));
-    AttentionDkDvTcKernel<kD><<<kv_grid, kThreads, kKvSmem, cs>>>(
-        q.as<const bf16>(), k.as<const bf16>(), v.as<const bf16>(), d_o.as<const bf16>(),
-        lse.as<const float>(), delta.as<const float>(), dk.as<bf16>(), dv.as<bf16>(), g);
-  }
-  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  constexpr int kQSmem = DqSmem<kD>::kBytes;
+  constexpr int kKvSmem = DkDvSmem<kD>::kBytes, kQSmem = DqSmem<kD>::kBytes;
+  SY_RETURN_IF_ERROR(AllowSmem(AttentionDkDvTcKernel<kD>, kKvSmem));
   SY_RETURN_IF_ERROR(AllowSmem(AttentionDqTcKernel<kD>, kQSmem));
+  const dim3 kv_grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(g.hkv),
+                     static_cast<unsigned>(batches));
+  AttentionDkDvTcKernel<kD><<<kv_grid, kThreads, kKvSmem, cs>>>(
+      q.as<const bf16>(), k.as<const bf16>(), v.as<const bf16>(), d_o.as<const bf16>(),
+      lse.as<const float>(), delta.as<const float>(), dk.as<bf16>(), dv.as<bf16>(), g);
+  SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   const dim3 q_grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(g.hq),
                     static_cast<unsigned>(batches));
   AttentionDqTcKernel<kD><<<q_grid, kThreads, kQSmem, cs>>>(
@@ -814,9 +602,6 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
-
-// 0: follow SWITCHYARD_ATTN_BWD; 1 or 2: forced by SetAttentionBackwardVariantForTest.
-std::atomic<int> g_backward_variant_for_test{0};
 
 }  // namespace
 
@@ -840,27 +625,10 @@ absl::Status AttentionBackwardTc(const Stream& stream, const Tensor& q, const Te
                                  const Tensor& d_o, int64_t seq_len, float scale,
                                  const Tensor& delta, const Tensor& dq, const Tensor& dk,
                                  const Tensor& dv) {
-  const int variant = AttentionBackwardVariant();
   if (q.dim(2) == 64) {
-    return Backward<64>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv, variant);
+    return Backward<64>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv);
   }
-  return Backward<128>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv, variant);
-}
-
-int AttentionBackwardVariant() {
-  const int forced = g_backward_variant_for_test.load(std::memory_order_relaxed);
-  if (forced != 0) return forced;
-  static const int from_env = [] {
-    const char* env = std::getenv("SWITCHYARD_ATTN_BWD");
-    if (env != nullptr && std::strcmp(env, "v2") == 0) return 2;
-    return 1;
-  }();
-  return from_env;
-}
-
-void SetAttentionBackwardVariantForTest(int variant) {
-  g_backward_variant_for_test.store(variant >= 1 && variant <= 2 ? variant : 0,
-                                    std::memory_order_relaxed);
+  return Backward<128>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv);
 }
 
 }  // namespace switchyard::kernels::internal

@@ -29,21 +29,6 @@ absl::Status AttentionBackwardTc(const Stream& stream, const Tensor& q, const Te
                                  const Tensor& delta, const Tensor& dq, const Tensor& dk,
                                  const Tensor& dv);
 
-// Which bf16 backward AttentionBackwardTc runs (all share the delta kernel, are deterministic
-// with a fixed summation order and no atomics; measured bit-identical on an H200):
-//   1 (v1): dK/dV blocks of 128 keys, each warp 16 keys x the whole head dimension, 32 queries
-//           per step at D = 128; dQ blocks of 128 query rows. One block per SM.
-//   2 (v2): dK/dV blocks of 64 keys, 64 queries per step, P^T and dS^T exchanged through shared
-//           memory so each warp accumulates half of the head dimension (two blocks per SM); v1 dQ.
-// Chosen by the environment variable SWITCHYARD_ATTN_BWD ("v2" -> 2, anything else or unset -> 1),
-// read once per process, unless SetAttentionBackwardVariantForTest forced one.
-int AttentionBackwardVariant();
-
-// Test and benchmark hook: 1 or 2 forces that variant for every later call in the process; 0
-// (or any other value) returns to the environment variable. An atomic store, not synchronised
-// with calls already in flight on other threads.
-void SetAttentionBackwardVariantForTest(int variant);
-
 }  // namespace switchyard::kernels::internal
 
 #endif  // SWITCHYARD_KERNELS_ATTENTION_ATTENTION_TC_H_

@@ -1,18 +1,15 @@
 // CPU tests of causal GQA attention: the fp64 reference against a naive S x S formula written
 // out here, an fp64 central finite-difference check of the backward, causality and sequence
-// isolation, argument validation, and the bf16 backward variant selection (attention_tc.h).
+// isolation, and argument validation.
 #include "kernels/attention/attention.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
-#include "kernels/attention/attention_tc.h"
 #include "kernels/buffer.h"
 #include "kernels/testing/gpu.h"
 
@@ -243,25 +240,6 @@ TEST(AttentionTest, RejectsBadArguments) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ok.Forward().ok());
-}
-
-// SWITCHYARD_ATTN_BWD picks the bf16 backward ("v2" -> 2, otherwise 1) unless the test
-// hook forces one; 0 or an unknown value returns to the environment's choice.
-TEST(AttentionTest, BackwardVariantSelection) {
-  const char* env = std::getenv("SWITCHYARD_ATTN_BWD");
-  const int from_env = env != nullptr && std::strcmp(env, "v2") == 0 ? 2 : 1;
-  EXPECT_EQ(internal::AttentionBackwardVariant(), from_env);
-  internal::SetAttentionBackwardVariantForTest(2);
-  EXPECT_EQ(internal::AttentionBackwardVariant(), 2);
-  internal::SetAttentionBackwardVariantForTest(3);  // v3 was removed: back to the environment
-  EXPECT_EQ(internal::AttentionBackwardVariant(), from_env);
-  internal::SetAttentionBackwardVariantForTest(1);
-  EXPECT_EQ(internal::AttentionBackwardVariant(), 1);
-  internal::SetAttentionBackwardVariantForTest(7);
-  EXPECT_EQ(internal::AttentionBackwardVariant(), from_env);
-  internal::SetAttentionBackwardVariantForTest(2);
-  internal::SetAttentionBackwardVariantForTest(0);
-  EXPECT_EQ(internal::AttentionBackwardVariant(), from_env);
 }
 
 }  // namespace
