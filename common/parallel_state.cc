@@ -189,17 +189,12 @@ absl::StatusOr<ParallelLayout> ParallelLayout::Create(const ParallelDims& d) {
         pp, ") > 1, so the expert data-parallel size (", l.edp(),
         ") must equal the data-parallel size (", l.dp(), ")"));
   }
-  // parallel_state.py:904-907. Holds by construction for orders ending in "pp"; checked anyway.
-  const unsigned pp_bit = 1u << kPp;
-  for (int r = 0; r < l.world_; ++r) {
-    if (l.Members(l.attn_, pp_bit, r - l.attn_.coord(r)[kPp] * l.attn_.stride[kPp]) !=
-        l.Members(l.expert_, pp_bit, r - l.expert_.coord(r)[kPp] * l.expert_.stride[kPp])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("order (\"", l.order_,
-                       "\"): the attention and expert pipeline groups of "
-                       "rank ",
-                       r, " differ; they must be identical"));
-    }
+  // parallel_state.py:904-907. A rank's PP group is {r + (p - pp(r)) * stride : p < PP} in each
+  // grid, and pp(r) = (r / stride) % PP, so the groups agree for every rank iff the strides do.
+  if (pp > 1 && l.attn_.stride[kPp] != l.expert_.stride[kPp]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "order (\"", l.order_, "\"): the attention and expert pipeline groups differ (pp stride ",
+        l.attn_.stride[kPp], " vs ", l.expert_.stride[kPp], "); they must be identical"));
   }
   return l;
 }

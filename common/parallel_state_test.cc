@@ -8,7 +8,6 @@
 #include <array>
 #include <chrono>
 #include <iostream>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -154,6 +153,10 @@ TEST(ParallelStateValidation, Rules) {
   d.order = "tp-cp-ep-pp-dp";
   ExpectInvalid(d, "expert data-parallel size (8) must equal the data-parallel size (4)");
   d = Dims(8, 2, 1, 1, 1, 1);
+  d = Dims(8, 2, 1, 2, 2, 1);  // DP = EDP = 2, but PP strides 2 (attention) and 1 (expert)
+  d.order = "tp-pp-cp-ep-dp";
+  ExpectInvalid(d, "the attention and expert pipeline groups differ (pp stride 2 vs 1)");
+  d = Dims(8, 2, 1, 1, 1, 1);
   d.order = "tp-cp-xp-dp-pp";
   ExpectInvalid(d, "unknown axis \"xp\"");
   d.order = "tp-cp-tp-dp-pp";
@@ -172,9 +175,7 @@ TEST(ParallelStateValidation, DivisibilityMessagesTakeAPrefix) {
 // Axes of a group kind, as coordinate getters: two ranks share a group iff they agree on every
 // axis not in the group (in the group's grid).
 using Key = std::array<int, 4>;
-Key Outside(const ParallelLayout& l, ParallelGroup g, int r) {
-  const AttentionCoord a = l.AttentionCoordOf(r);
-  const ExpertCoord e = l.ExpertCoordOf(r);
+Key Outside(ParallelGroup g, const AttentionCoord& a, const ExpertCoord& e) {
   switch (g) {
     case G::kTensor:
       return {a.cp, a.dp, a.pp, 0};
@@ -206,21 +207,16 @@ Key Outside(const ParallelLayout& l, ParallelGroup g, int r) {
   return {};
 }
 
-int CountIntersection(const std::vector<int>& a, const std::vector<int>& b) {
-  std::set<int> s(a.begin(), a.end());
-  int n = 0;
-  for (int x : b) n += s.count(x);
-  return n;
-}
-
 // Checks one layout with ASSERTs (the caller stops at the first fatal failure).
 void CheckLayout(const ParallelLayout& l, bool default_order) {
   const int w = l.world_size();
   ASSERT_EQ(l.tp() * l.cp() * l.dp() * l.pp(), w);
   ASSERT_EQ(l.etp() * l.ep() * l.edp() * l.pp(), w);
+  std::vector<AttentionCoord> ac(w);
+  std::vector<ExpertCoord> ec(w);
   for (int r = 0; r < w; ++r) {
-    const AttentionCoord a = l.AttentionCoordOf(r);
-    const ExpertCoord e = l.ExpertCoordOf(r);
+    const AttentionCoord a = ac[r] = l.AttentionCoordOf(r);
+    const ExpertCoord e = ec[r] = l.ExpertCoordOf(r);
     ASSERT_EQ(l.AttentionRank(a), r);
     ASSERT_EQ(l.ExpertRank(e), r);
     ASSERT_EQ(a.pp, e.pp) << "rank " << r;
@@ -229,25 +225,28 @@ void CheckLayout(const ParallelLayout& l, bool default_order) {
       ASSERT_EQ(r, e.etp + l.etp() * (e.ep + l.ep() * (e.edp + l.edp() * e.pp)));
     }
   }
+  std::vector<Groups> all;  // indexed by static_cast<int>(ParallelGroup)
   for (ParallelGroup g : kAllParallelGroups) {
-    const Groups all = l.AllGroups(g);
-    ASSERT_EQ(static_cast<int>(all.size()), l.NumGroups(g)) << ParallelGroupName(g);
+    ASSERT_EQ(static_cast<int>(all.size()), static_cast<int>(g));
+    all.push_back(l.AllGroups(g));
+    const Groups& groups = all.back();
+    ASSERT_EQ(static_cast<int>(groups.size()), l.NumGroups(g)) << ParallelGroupName(g);
     std::vector<int> seen(w, 0);
-    for (int gi = 0; gi < static_cast<int>(all.size()); ++gi) {
-      const std::vector<int>& members = all[gi];
+    for (int gi = 0; gi < static_cast<int>(groups.size()); ++gi) {
+      const std::vector<int>& members = groups[gi];
       ASSERT_EQ(static_cast<int>(members.size()), l.GroupSize(g));
-      const Key key = Outside(l, g, members[0]);
+      const Key key = Outside(g, ac[members[0]], ec[members[0]]);
       for (int i = 0; i < static_cast<int>(members.size()); ++i) {
         const int r = members[i];
         ASSERT_TRUE(r >= 0 && r < w);
         ++seen[r];
-        ASSERT_EQ(Outside(l, g, r), key) << ParallelGroupName(g) << " rank " << r;
+        ASSERT_EQ(Outside(g, ac[r], ec[r]), key) << ParallelGroupName(g) << " rank " << r;
         ASSERT_EQ(l.GroupIndex(g, r), gi);
         ASSERT_EQ(l.RankInGroup(g, r), i);
         ASSERT_EQ(l.Group(g, r), members);
         if (default_order && i > 0) ASSERT_LT(members[i - 1], r);
       }
-      if (default_order && gi > 0) ASSERT_LT(all[gi - 1][0], members[0]);
+      if (default_order && gi > 0) ASSERT_LT(groups[gi - 1][0], members[0]);
     }
     for (int r = 0; r < w; ++r) ASSERT_EQ(seen[r], 1) << ParallelGroupName(g) << " rank " << r;
   }
@@ -255,11 +254,20 @@ void CheckLayout(const ParallelLayout& l, bool default_order) {
   const std::vector<std::vector<ParallelGroup>> grids = {
       {G::kTensor, G::kContext, G::kData, G::kPipeline},
       {G::kExpertTensor, G::kExpert, G::kExpertData, G::kPipeline}};
+  std::vector<int> mark(w, -1);
+  int stamp = 0;
+  auto intersection = [&](ParallelGroup a, ParallelGroup b, int r) {
+    ++stamp;
+    for (int x : all[static_cast<int>(a)][l.GroupIndex(a, r)]) mark[x] = stamp;
+    int n = 0;
+    for (int x : all[static_cast<int>(b)][l.GroupIndex(b, r)]) n += mark[x] == stamp;
+    return n;
+  };
   for (int r = 0; r < w; ++r) {
     for (const auto& kinds : grids) {
       for (size_t i = 0; i < kinds.size(); ++i) {
         for (size_t j = i + 1; j < kinds.size(); ++j) {
-          ASSERT_EQ(CountIntersection(l.Group(kinds[i], r), l.Group(kinds[j], r)), 1)
+          ASSERT_EQ(intersection(kinds[i], kinds[j], r), 1)
               << ParallelGroupName(kinds[i]) << " x " << ParallelGroupName(kinds[j]) << " rank "
               << r;
         }
@@ -270,17 +278,18 @@ void CheckLayout(const ParallelLayout& l, bool default_order) {
     const ExpertCoord e = l.ExpertCoordOf(r);
     for (int p = 0; p < l.pp(); ++p) expert_pp.push_back(l.ExpertRank({e.etp, e.ep, e.edp, p}));
     ASSERT_EQ(expert_pp, l.Group(G::kPipeline, r));
-    // Composite groups are products: |dp-cp| = |dp|*|cp| and it contains both.
-    ASSERT_EQ(CountIntersection(l.Group(G::kDataContext, r), l.Group(G::kData, r)), l.dp());
-    ASSERT_EQ(CountIntersection(l.Group(G::kDataContext, r), l.Group(G::kContext, r)), l.cp());
-    ASSERT_EQ(CountIntersection(l.Group(G::kExpertTensorExpert, r), l.Group(G::kExpert, r)),
-              l.ep());
-    // Folding: the TP x CP x DP block and the ETP x EP x EDP block of a rank are its PP stage.
-    ASSERT_EQ(l.Group(G::kTensorDataContext, r).size(), static_cast<size_t>(w / l.pp()));
-    std::vector<int> stage_a = l.Group(G::kTensorDataContext, r);
+    // Composite groups are products: dp-cp contains the rank's whole DP and CP groups, etp-ep its
+    // whole EP group.
+    ASSERT_EQ(intersection(G::kDataContext, G::kData, r), l.dp());
+    ASSERT_EQ(intersection(G::kDataContext, G::kContext, r), l.cp());
+    ASSERT_EQ(intersection(G::kExpertTensorExpert, G::kExpert, r), l.ep());
+  }
+  // Folding: each PP stage is one TP x CP x DP block and one ETP x EP x EDP block.
+  for (int p = 0; p < l.pp(); ++p) {
+    std::vector<int> stage_a = all[static_cast<int>(G::kTensorDataContext)][p];
     std::vector<int> stage_e;
     for (int x = 0; x < w; ++x) {
-      if (l.ExpertCoordOf(x).pp == e.pp) stage_e.push_back(x);
+      if (ec[x].pp == p) stage_e.push_back(x);
     }
     std::sort(stage_a.begin(), stage_a.end());
     ASSERT_EQ(stage_a, stage_e);
@@ -302,6 +311,9 @@ TEST(ParallelStateProperty, AllFactorisationsUpTo64) {
             for (int ep = 1; ep <= w / (pp * etp); ++ep) {
               if ((w / (pp * etp)) % ep) continue;
               for (const char* order : {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"}) {
+                // With PP = 1 the second order is the same layout; keep the second order to
+                // W <= 32 so that the test stays fast.
+                if ((pp == 1 || w > 32) && order != std::string("tp-cp-ep-dp-pp")) continue;
                 ParallelDims d = Dims(w, tp, cp, pp, ep, etp);
                 d.order = order;
                 const bool default_order = order == std::string("tp-cp-ep-dp-pp");
