@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/parallel_state.h"
 #include "common/validate_internal.h"
 
 namespace switchyard {
@@ -54,31 +55,11 @@ void CheckParallel(const v1::JobSpec& spec, Violations* v) {
            ") > 1 requires parallel.use_distributed_optimizer");
   }
   if (p.world <= 0) return;  // the rules below need the world size
-  // parallel_state.py:823 and :881-884.
-  if (p.world % (p.tp * p.pp * p.cp) != 0) {
-    v->Add("parallel.world_size (", p.world,
-           ") must be divisible by parallel.tensor_model_parallel_size * "
-           "parallel.pipeline_model_parallel_size * parallel.context_parallel_size (",
-           p.tp, " * ", p.pp, " * ", p.cp, " = ", p.tp * p.pp * p.cp, ")");
-  }
-  if (p.world % (p.etp * p.ep * p.pp) != 0) {
-    v->Add("parallel.world_size (", p.world,
-           ") must be divisible by parallel.expert_tensor_parallel_size * "
-           "parallel.expert_model_parallel_size * parallel.pipeline_model_parallel_size (",
-           p.etp, " * ", p.ep, " * ", p.pp, " = ", p.etp * p.ep * p.pp, ")");
-  }
-  // parallel_state.py:922-926 and :1447-1449.
-  const int64_t dp = p.DataParallel();
-  if (dp > 0 && (dp * p.cp) % p.instances != 0) {
-    v->Add("data-parallel size * parallel.context_parallel_size (", dp, " * ", p.cp, " = ",
-           dp * p.cp, ") must be divisible by parallel.num_distributed_optimizer_instances (",
-           p.instances, ")");
-  }
-  const int64_t edp = p.ExpertDataParallel();
-  if (edp > 0 && edp % p.instances != 0) {
-    v->Add("expert data-parallel size (", edp,
-           ") must be divisible by parallel.num_distributed_optimizer_instances (", p.instances,
-           ")");
+  // parallel_state.py:823, :881-884, :922-926 and :1447-1449: the same rules ParallelLayout
+  // enforces, with the job spec's field paths.
+  for (std::string& message : ParallelDivisibilityViolations("parallel.", p.world, p.tp, p.cp, p.pp,
+                                                             p.ep, p.etp, p.instances)) {
+    v->Add(message);
   }
 }
 
