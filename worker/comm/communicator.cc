@@ -1,0 +1,206 @@
+// File: worker/comm/communicator.cc
+#include "worker/comm/communicator.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace switchyard::comm {
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+namespace internal {
+
+bool IsReducible(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kBF16 ||
+         dtype == DType::kI32 || dtype == DType::kI64;
+}
+
+absl::Status CheckSameDType(const std::string& where, const Tensor& a, const Tensor& b) {
+  if (a.dtype != b.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dtypes differ: ", a.DebugString(), " vs ", b.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNumel(const std::string& where, const char* what, const Tensor& t,
+                        int64_t expected) {
+  if (t.numel() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what, " ", t.DebugString(), " has ",
+                                                   t.numel(), " elements, expected ", expected));
+  }
+  if (t.numel() > 0 && t.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what, " has no data"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CheckCounts(const std::string& where, const char* what,
+                                    absl::Span<const int64_t> counts, int size) {
+  if (static_cast<int>(counts.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what, " has ", counts.size(),
+                                                   " entries, expected the group size ", size));
+  }
+  int64_t sum = 0;
+  for (int64_t c : counts) {
+    if (c < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", what, " [", absl::StrJoin(counts, ","), "] has a negative entry"));
+    }
+    sum += c;
+  }
+  return sum;
+}
+
+absl::Status CheckPeer(const std::string& where, int peer, int rank, int size) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": peer ", peer, " must be in [0, ", size,
+                                                   ") and differ from this rank ", rank));
+  }
+  return absl::OkStatus();
+}
+
+void CopyElements(const Tensor& from, int64_t from_offset, const Tensor& to, int64_t to_offset,
+                  int64_t n) {
+  const size_t es = DTypeSize(from.dtype);
+  const char* src = static_cast<const char*>(from.data) + from_offset * es;
+  char* dst = static_cast<char*>(to.data) + to_offset * es;
+  if (n > 0 && src != dst) std::memmove(dst, src, static_cast<size_t>(n) * es);
+}
+
+}  // namespace internal
+
+namespace {
+
+// A copy is needed unless in and out are the same memory; copies are CPU memmoves.
+absl::Status CheckCopyable(const std::string& where, const Tensor& in, const Tensor& out) {
+  if (in.data != out.data && (in.device.is_cuda() || out.device.is_cuda())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": copies need CPU tensors, got ",
+                                                   in.DebugString(), " -> ", out.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SingleRankCommunicator>> SingleRankCommunicator::Create(
+    std::string name) {
+  return std::unique_ptr<SingleRankCommunicator>(new SingleRankCommunicator(std::move(name)));
+}
+
+absl::Status SingleRankCommunicator::Check(const char* op) const {
+  if (aborted_) {
+    return absl::AbortedError(absl::StrCat("group '", name_, "' rank 0/1 ", op, ": aborted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) {
+  SY_RETURN_IF_ERROR(Check("AllReduce"));
+  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllReduce");
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  if (!internal::IsReducible(in.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
+  }
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
+  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
+  internal::CopyElements(in, 0, out, 0, in.numel());
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::ReduceScatter(const Tensor& in, const Tensor& out,
+                                                   ReduceOp op) {
+  SY_RETURN_IF_ERROR(Check("ReduceScatter"));
+  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 ReduceScatter");
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  if (!internal::IsReducible(in.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
+  }
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
+  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
+  internal::CopyElements(in, 0, out, 0, in.numel());
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::AllGather(const Tensor& in, const Tensor& out) {
+  SY_RETURN_IF_ERROR(Check("AllGather"));
+  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllGather");
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
+  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
+  internal::CopyElements(in, 0, out, 0, in.numel());
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::AllGatherV(const Tensor& in, const Tensor& out,
+                                                absl::Span<const int64_t> counts) {
+  SY_RETURN_IF_ERROR(Check("AllGatherV"));
+  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllGatherV");
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  SY_ASSIGN_OR_RETURN(int64_t total, internal::CheckCounts(where, "counts", counts, 1));
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in", in, counts[0]));
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, total));
+  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
+  internal::CopyElements(in, 0, out, 0, in.numel());
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::AllToAllV(const Tensor& in,
+                                               absl::Span<const int64_t> send_counts,
+                                               const Tensor& out,
+                                               absl::Span<const int64_t> recv_counts) {
+  SY_RETURN_IF_ERROR(Check("AllToAllV"));
+  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllToAllV");
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  SY_ASSIGN_OR_RETURN(int64_t send_total,
+                      internal::CheckCounts(where, "send_counts", send_counts, 1));
+  SY_ASSIGN_OR_RETURN(int64_t recv_total,
+                      internal::CheckCounts(where, "recv_counts", recv_counts, 1));
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in", in, send_total));
+  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, recv_total));
+  if (send_total != recv_total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": send_counts[0] ", send_total, " != recv_counts[0] ", recv_total));
+  }
+  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
+  internal::CopyElements(in, 0, out, 0, in.numel());
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::Send(const Tensor& t, int peer, uint32_t tag) {
+  SY_RETURN_IF_ERROR(Check("Send"));
+  return internal::CheckPeer(absl::StrCat("group '", name_, "' rank 0/1 Send"), peer, 0, 1);
+}
+
+absl::Status SingleRankCommunicator::Recv(const Tensor& t, int peer, uint32_t tag) {
+  SY_RETURN_IF_ERROR(Check("Recv"));
+  return internal::CheckPeer(absl::StrCat("group '", name_, "' rank 0/1 Recv"), peer, 0, 1);
+}
+
+absl::Status SingleRankCommunicator::Broadcast(const Tensor& t, int root) {
+  SY_RETURN_IF_ERROR(Check("Broadcast"));
+  if (root != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", name_, "' rank 0/1 Broadcast: root ", root, " must be 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SingleRankCommunicator::Barrier() { return Check("Barrier"); }
+
+}  // namespace switchyard::comm

@@ -1,0 +1,133 @@
+// File: worker/comm/communicator.h
+//
+// `Communicator`: the collectives a worker needs over one process group (a list of world ranks),
+// whatever carries them: NCCL on GPU, Gloo over TCP on CPU (gloo_communicator.h), or a single
+// rank (SingleRankCommunicator below, exact copies and no-ops).
+//
+// Conventions shared by every implementation:
+// - Tensors are dense views (common/tensor.h); counts and sizes are in ELEMENTS of the flattened
+//   tensor, never bytes, and the shape beyond numel() is not interpreted.
+// - Reductions support f32, f64, bf16, i32, i64 (bf16 adds in fp32 and rounds to nearest even
+//   after each pairwise step). Pure data movement (gathers, all-to-all, broadcast, send/recv)
+//   accepts any dtype. All tensors of one call have the same dtype.
+// - `in` and `out` may be the same tensor (in place) where stated; otherwise they must not
+//   overlap.
+// - Every rank of the group makes the same sequence of collective calls with matching sizes.
+// - Errors are absl::Status whose message names the group ("group 'ep[0,1]' rank 1/2") and the
+//   peer when it is known: INVALID_ARGUMENT for bad arguments (before any communication),
+//   DEADLINE_EXCEEDED when a peer did not take part within the timeout, UNAVAILABLE when a peer
+//   connection failed (peer died), ABORTED after Abort(). After a communication error the
+//   communicator is broken: every later call returns that first error.
+// - Created by a factory returning StatusOr<std::unique_ptr<...>>; not copyable or movable; used
+//   from one thread, except Abort(), which any thread may call.
+#ifndef SWITCHYARD_WORKER_COMM_COMMUNICATOR_H_
+#define SWITCHYARD_WORKER_COMM_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/tensor.h"
+
+namespace switchyard::comm {
+
+enum class ReduceOp { kSum, kMax, kMin };
+const char* ReduceOpName(ReduceOp op);
+
+class Communicator {
+ public:
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
+
+  // This process's rank in the group, in [0, size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's name as errors print it (e.g. "world", "ep[0,1]").
+  virtual const std::string& name() const = 0;
+
+  // out[i] = op over ranks of in[i]. in.numel() == out.numel(); in may be out.
+  virtual absl::Status AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) = 0;
+  // in.numel() == size() * out.numel(); out = op over ranks of in's chunk number rank().
+  virtual absl::Status ReduceScatter(const Tensor& in, const Tensor& out, ReduceOp op) = 0;
+  // out.numel() == size() * in.numel(); out's chunk r is rank r's in.
+  virtual absl::Status AllGather(const Tensor& in, const Tensor& out) = 0;
+  // counts[r] elements come from rank r (counts.size() == size(), counts[rank()] == in.numel(),
+  // sum(counts) == out.numel()); out is their rank-ordered concatenation.
+  virtual absl::Status AllGatherV(const Tensor& in, const Tensor& out,
+                                  absl::Span<const int64_t> counts) = 0;
+  // in is the concatenation of send_counts[r] elements for each rank r; out receives
+  // recv_counts[r] elements from each rank r, concatenated in rank order. Both count vectors have
+  // size() entries, sum to in.numel() / out.numel(), and recv_counts[r] on this rank must equal
+  // send_counts[rank()] on rank r. Zero counts are allowed.
+  virtual absl::Status AllToAllV(const Tensor& in, absl::Span<const int64_t> send_counts,
+                                 const Tensor& out, absl::Span<const int64_t> recv_counts) = 0;
+  // Point to point with `peer` (a group rank != rank()). Send returns once `t` may be reused; Recv
+  // once `t` holds the data. `tag` distinguishes concurrent streams of messages between the same
+  // pair; the receiver's numel must equal the sender's.
+  virtual absl::Status Send(const Tensor& t, int peer, uint32_t tag) = 0;
+  virtual absl::Status Recv(const Tensor& t, int peer, uint32_t tag) = 0;
+  // In place: every rank's t becomes root's t.
+  virtual absl::Status Broadcast(const Tensor& t, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+  // Tears the group down: later calls return ABORTED; a call blocked in another thread fails as
+  // soon as the transport notices (Gloo: the connections are closed). Idempotent.
+  virtual void Abort() = 0;
+};
+
+// A group of one. Every collective is an exact copy (or nothing, in place); Send/Recv have no
+// valid peer and return INVALID_ARGUMENT; Broadcast requires root 0.
+class SingleRankCommunicator final : public Communicator {
+ public:
+  static absl::StatusOr<std::unique_ptr<SingleRankCommunicator>> Create(
+      std::string name = "single");
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+
+  absl::Status AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) override;
+  absl::Status ReduceScatter(const Tensor& in, const Tensor& out, ReduceOp op) override;
+  absl::Status AllGather(const Tensor& in, const Tensor& out) override;
+  absl::Status AllGatherV(const Tensor& in, const Tensor& out,
+                          absl::Span<const int64_t> counts) override;
+  absl::Status AllToAllV(const Tensor& in, absl::Span<const int64_t> send_counts, const Tensor& out,
+                         absl::Span<const int64_t> recv_counts) override;
+  absl::Status Send(const Tensor& t, int peer, uint32_t tag) override;
+  absl::Status Recv(const Tensor& t, int peer, uint32_t tag) override;
+  absl::Status Broadcast(const Tensor& t, int root) override;
+  absl::Status Barrier() override;
+  void Abort() override { aborted_ = true; }
+
+ private:
+  explicit SingleRankCommunicator(std::string name) : name_(std::move(name)) {}
+  absl::Status Check(const char* op) const;
+  const std::string name_;
+  bool aborted_ = false;
+};
+
+// Argument checks shared by the implementations (CPU-side, before any communication). Each
+// returns INVALID_ARGUMENT whose message starts with `where` ("group 'x' rank 0/2 AllReduce").
+namespace internal {
+// Reduction dtypes: f32, f64, bf16, i32, i64.
+bool IsReducible(DType dtype);
+absl::Status CheckSameDType(const std::string& where, const Tensor& a, const Tensor& b);
+absl::Status CheckNumel(const std::string& where, const char* what, const Tensor& t,
+                        int64_t expected);
+// counts: size() entries, each >= 0; returns their sum.
+absl::StatusOr<int64_t> CheckCounts(const std::string& where, const char* what,
+                                    absl::Span<const int64_t> counts, int size);
+absl::Status CheckPeer(const std::string& where, int peer, int rank, int size);
+// Copies `n` elements' bytes of `from` into `to` (memmove; no-op when they are the same memory).
+void CopyElements(const Tensor& from, int64_t from_offset, const Tensor& to, int64_t to_offset,
+                  int64_t n);
+}  // namespace internal
+
+}  // namespace switchyard::comm
+
+#endif  // SWITCHYARD_WORKER_COMM_COMMUNICATOR_H_
