@@ -238,7 +238,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateSubgro
       group_name, my_rank, group_size, options_, store_, device_, std::move(context)));
 }
 
-std::string GlooCommunicator::Where(const char* op) const {
+std::string GlooCommunicator::Where(absl::string_view op) const {
   return absl::StrCat("group '", name_, "' rank ", rank_, "/", size_, " ", op);
 }
 
@@ -265,7 +265,7 @@ absl::Status GlooCommunicator::CheckCpu(const char* op,
 }
 
 template <typename Fn>
-absl::Status GlooCommunicator::Run(const char* op, Fn&& body) {
+absl::Status GlooCommunicator::Run(absl::string_view op, Fn&& body) {
   absl::Status status;
   try {
     body();
@@ -450,15 +450,11 @@ absl::Status GlooCommunicator::Send(const Tensor& t, int peer, uint32_t tag) {
   SY_RETURN_IF_ERROR(internal::CheckPeer(where, peer, rank_, size_));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "t", t, t.numel()));
   if (t.numel() == 0) return absl::OkStatus();
-  return Annotate(Run(kOp,
-                      [&] {
-                        auto buf = context_->createUnboundBuffer(t.data, t.bytes());
-                        buf->send(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
-                        if (!buf->waitSend(ToChrono(options_.timeout))) {
-                          throw std::runtime_error("send aborted");
-                        }
-                      }),
-                  absl::StrCat("peer ", peer));
+  return Run(absl::StrCat(kOp, " to peer ", peer, " tag ", tag), [&] {
+    auto buf = context_->createUnboundBuffer(t.data, t.bytes());
+    buf->send(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+    if (!buf->waitSend(ToChrono(options_.timeout))) throw std::runtime_error("send aborted");
+  });
 }
 
 absl::Status GlooCommunicator::Recv(const Tensor& t, int peer, uint32_t tag) {
@@ -469,15 +465,11 @@ absl::Status GlooCommunicator::Recv(const Tensor& t, int peer, uint32_t tag) {
   SY_RETURN_IF_ERROR(internal::CheckPeer(where, peer, rank_, size_));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "t", t, t.numel()));
   if (t.numel() == 0) return absl::OkStatus();
-  return Annotate(Run(kOp,
-                      [&] {
-                        auto buf = context_->createUnboundBuffer(t.data, t.bytes());
-                        buf->recv(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
-                        if (!buf->waitRecv(ToChrono(options_.timeout))) {
-                          throw std::runtime_error("recv aborted");
-                        }
-                      }),
-                  absl::StrCat("peer ", peer));
+  return Run(absl::StrCat(kOp, " from peer ", peer, " tag ", tag), [&] {
+    auto buf = context_->createUnboundBuffer(t.data, t.bytes());
+    buf->recv(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+    if (!buf->waitRecv(ToChrono(options_.timeout))) throw std::runtime_error("recv aborted");
+  });
 }
 
 absl::Status GlooCommunicator::Broadcast(const Tensor& t, int root) {

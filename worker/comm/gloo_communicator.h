@@ -107,13 +107,13 @@ class GlooCommunicator final : public Communicator {
       std::shared_ptr<gloo::transport::Device> device);
 
   // "group 'x' rank r/n <op>"
-  std::string Where(const char* op) const;
+  std::string Where(absl::string_view op) const;
   // ABORTED after Abort(), the first error once broken, OK otherwise.
   absl::Status Usable(const char* op) const;
   absl::Status CheckCpu(const char* op, std::initializer_list<const Tensor*> tensors) const;
   // Runs `body` (which calls Gloo), converting exceptions to Status and recording the first error.
   template <typename Fn>
-  absl::Status Run(const char* op, Fn&& body);
+  absl::Status Run(absl::string_view op, Fn&& body);
   uint32_t NextTag() { return next_tag_++; }
 
   const std::string name_;

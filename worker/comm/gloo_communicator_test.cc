@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -410,6 +411,33 @@ TEST(GlooCommunicatorTest, RendezvousTimeoutNamesTheKey) {
     CHILD_CHECK(comm.status().code() == absl::StatusCode::kDeadlineExceeded);
     CHILD_CHECK(absl::StrContains(comm.status().message(), "group 'lonely'"));
     CHILD_CHECK(absl::StrContains(comm.status().message(), "gloo/lonely/"));
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>{0});
+}
+
+// Threads of one process (inside one forked child, so the parent stays thread-free) rendezvous
+// through an InMemoryKvStore.
+TEST(GlooCommunicatorTest, ThreadsWithInMemoryStore) {
+  std::vector<int> codes = RunProcesses(1, absl::Seconds(30), [&](int) -> int {
+    constexpr int kWorld = 3;
+    auto store = std::make_shared<InMemoryKvStore>();
+    std::vector<int> results(kWorld, -1);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        GlooOptions options;
+        options.timeout = absl::Seconds(10);
+        auto comm = GlooCommunicator::Create(store, r, kWorld, options, "threads");
+        if (!comm.ok()) return;
+        std::vector<int32_t> v = {r + 1};
+        if ((*comm)->AllReduce(View(DType::kI32, v), View(DType::kI32, v), ReduceOp::kSum).ok()) {
+          results[r] = v[0];
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    CHILD_CHECK(results == std::vector<int>(kWorld, 6));
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>{0});
