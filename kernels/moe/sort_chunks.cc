@@ -15,6 +15,12 @@ absl::Status Invalid(absl::string_view op, absl::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", msg));
 }
 
+bool Overlap(const Tensor& x, const Tensor& y) {
+  const char* a = static_cast<const char*>(x.data);
+  const char* b = static_cast<const char*>(y.data);
+  return a < b + y.bytes() && b < a + x.bytes();
+}
+
 bool IsRowDType(DType d) { return d == DType::kBF16 || d == DType::kF32 || d == DType::kF64; }
 
 absl::Status Validate(const Stream& stream, absl::string_view op, const Tensor& input,
@@ -36,12 +42,8 @@ absl::Status Validate(const Stream& stream, absl::string_view op, const Tensor& 
   if (input.numel() > 0 && (input.data == nullptr || output.data == nullptr)) {
     return Invalid(op, "input and output must have non-null data");
   }
-  if (input.numel() > 0) {
-    const char* a = static_cast<const char*>(input.data);
-    const char* b = static_cast<const char*>(output.data);
-    if (a < b + output.bytes() && b < a + input.bytes()) {
-      return Invalid(op, "output must not overlap input (the op is out of place)");
-    }
+  if (input.numel() > 0 && Overlap(input, output)) {
+    return Invalid(op, "output must not overlap input (the op is out of place)");
   }
   const int64_t c = static_cast<int64_t>(sorted_order.size());
   if (c < 1 || c > kMaxSortChunks) {
@@ -78,8 +80,8 @@ absl::Status Validate(const Stream& stream, absl::string_view op, const Tensor& 
     if (n > 0 && (probs.data == nullptr || probs_out.data == nullptr)) {
       return Invalid(op, "probs and probs_out must have non-null data");
     }
-    if (n > 0 && probs.data == probs_out.data) {
-      return Invalid(op, "probs_out must not alias probs (the op is out of place)");
+    if (n > 0 && Overlap(probs, probs_out)) {
+      return Invalid(op, "probs_out must not overlap probs (the op is out of place)");
     }
   }
   return absl::OkStatus();
