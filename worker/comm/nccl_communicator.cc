@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
       stream = s;
     }
     SY_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, sizeof(int32_t)));
+    SY_CUDA_RETURN_IF_ERROR(cudaMemset(scratch, 0, sizeof(int32_t)));
 
     // Rendezvous on the unique id.
     ncclUniqueId id;
@@ -268,7 +269,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateSubgro
   void* scratch = nullptr;
   ncclComm_t child = nullptr;
   absl::Status status = [&]() -> absl::Status {
-    if (group_size > 0) SY_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, sizeof(int32_t)));
+    if (group_size > 0) {
+      SY_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, sizeof(int32_t)));
+      SY_CUDA_RETURN_IF_ERROR(cudaMemset(scratch, 0, sizeof(int32_t)));
+    }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     SY_NCCL_RETURN_IF_ERROR(ncclCommSplit(parent, color, my_rank, &child, &config));
@@ -427,8 +431,11 @@ absl::Status NcclCommunicator::Wait(absl::string_view op) {
       return Fail(op, NcclErrorToStatus(query, "ncclCommGetAsyncError", __FILE__, __LINE__));
     }
     if (state != ncclSuccess && state != ncclInProgress) {
-      return Fail(
-          op, NcclErrorToStatus(state, "NCCL asynchronous error (peer lost?)", __FILE__, __LINE__));
+      // Work that was enqueued fine and then failed is a communication failure (a lost peer or
+      // link), whatever NCCL's code: UNAVAILABLE, keeping NCCL's message.
+      const absl::Status nccl =
+          NcclErrorToStatus(state, "NCCL asynchronous error", __FILE__, __LINE__);
+      return Fail(op, absl::UnavailableError(nccl.message()));
     }
     // Only once NCCL has finished enqueueing (state ncclSuccess) does the stream hold the work.
     if (state == ncclSuccess) {

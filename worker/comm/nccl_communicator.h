@@ -16,10 +16,10 @@
 //
 // Waiting and failure: after enqueueing, the call polls ncclCommGetAsyncError and cudaStreamQuery
 // (no blocking cudaStreamSynchronize), bounded by NcclOptions::timeout. A peer that died shows up
-// as an NCCL asynchronous error (UNAVAILABLE) or, when NCCL does not notice, as the timeout
-// (DEADLINE_EXCEEDED, naming the group, this rank, the operation and the timeout). Either way the
-// communicator aborts its NCCL communicator (ncclCommAbort, which also ends the stuck kernels) and
-// is broken: every later call returns the first error.
+// as an NCCL asynchronous error (UNAVAILABLE whatever NCCL's code, with its message) or, when NCCL
+// does not notice, as the timeout (DEADLINE_EXCEEDED, naming the group, this rank, the operation
+// and the timeout). Either way the communicator aborts its NCCL communicator (ncclCommAbort, which
+// also ends the stuck kernels) and is broken: every later call returns the first error.
 //
 // The communicator is created non-blocking (ncclConfig_t::blocking = 0): init and split poll
 // ncclCommGetAsyncError until ncclSuccess or the timeout (then ncclCommAbort and
