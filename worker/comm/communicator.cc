@@ -73,6 +73,22 @@ absl::Status CheckPeer(const std::string& where, int peer, int rank, int size) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::pair<int64_t, int64_t>> CheckAllToAllV(
+    const std::string& where, const Tensor& in, absl::Span<const int64_t> send_counts,
+    const Tensor& out, absl::Span<const int64_t> recv_counts, int rank, int size) {
+  SY_RETURN_IF_ERROR(CheckSameDType(where, in, out));
+  SY_ASSIGN_OR_RETURN(int64_t send_total, CheckCounts(where, "send_counts", send_counts, size));
+  SY_ASSIGN_OR_RETURN(int64_t recv_total, CheckCounts(where, "recv_counts", recv_counts, size));
+  SY_RETURN_IF_ERROR(CheckNumel(where, "in (sum of send_counts)", in, send_total));
+  SY_RETURN_IF_ERROR(CheckNumel(where, "out (sum of recv_counts)", out, recv_total));
+  if (send_counts[rank] != recv_counts[rank]) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": send_counts[", rank, "] ",
+                                                   send_counts[rank], " != recv_counts[", rank,
+                                                   "] ", recv_counts[rank]));
+  }
+  return std::make_pair(send_total, recv_total);
+}
+
 void CopyElements(const Tensor& from, int64_t from_offset, const Tensor& to, int64_t to_offset,
                   int64_t n) {
   const size_t es = DTypeSize(from.dtype);
@@ -166,17 +182,8 @@ absl::Status SingleRankCommunicator::AllToAllV(const Tensor& in,
                                                absl::Span<const int64_t> recv_counts) {
   SY_RETURN_IF_ERROR(Check("AllToAllV"));
   const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllToAllV");
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  SY_ASSIGN_OR_RETURN(int64_t send_total,
-                      internal::CheckCounts(where, "send_counts", send_counts, 1));
-  SY_ASSIGN_OR_RETURN(int64_t recv_total,
-                      internal::CheckCounts(where, "recv_counts", recv_counts, 1));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in", in, send_total));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, recv_total));
-  if (send_total != recv_total) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": send_counts[0] ", send_total, " != recv_counts[0] ", recv_total));
-  }
+  SY_RETURN_IF_ERROR(
+      internal::CheckAllToAllV(where, in, send_counts, out, recv_counts, 0, 1).status());
   SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
   internal::CopyElements(in, 0, out, 0, in.numel());
   return absl::OkStatus();

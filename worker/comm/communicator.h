@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -123,6 +124,12 @@ absl::Status CheckNumel(const std::string& where, const char* what, const Tensor
 absl::StatusOr<int64_t> CheckCounts(const std::string& where, const char* what,
                                     absl::Span<const int64_t> counts, int size);
 absl::Status CheckPeer(const std::string& where, int peer, int rank, int size);
+// The argument rules of AllToAllV shared by every implementation: same dtype, one count per
+// rank, element counts that match the tensors, and this rank's own chunk equal on both sides.
+// Returns {sum of send_counts, sum of recv_counts}.
+absl::StatusOr<std::pair<int64_t, int64_t>> CheckAllToAllV(
+    const std::string& where, const Tensor& in, absl::Span<const int64_t> send_counts,
+    const Tensor& out, absl::Span<const int64_t> recv_counts, int rank, int size);
 // Copies `n` elements' bytes of `from` into `to` (memmove; no-op when they are the same memory).
 void CopyElements(const Tensor& from, int64_t from_offset, const Tensor& to, int64_t to_offset,
                   int64_t n);

@@ -410,18 +410,9 @@ absl::Status GlooCommunicator::AllToAllV(const Tensor& in, absl::Span<const int6
   SY_RETURN_IF_ERROR(Usable(kOp));
   const std::string where = Where(kOp);
   SY_RETURN_IF_ERROR(CheckCpu(kOp, {&in, &out}));
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  SY_ASSIGN_OR_RETURN(int64_t send_total,
-                      internal::CheckCounts(where, "send_counts", send_counts, size_));
-  SY_ASSIGN_OR_RETURN(int64_t recv_total,
-                      internal::CheckCounts(where, "recv_counts", recv_counts, size_));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in (sum of send_counts)", in, send_total));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out (sum of recv_counts)", out, recv_total));
-  if (send_counts[rank_] != recv_counts[rank_]) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": send_counts[", rank_, "] ",
-                                                   send_counts[rank_], " != recv_counts[", rank_,
-                                                   "] ", recv_counts[rank_]));
-  }
+  SY_ASSIGN_OR_RETURN(const auto totals, internal::CheckAllToAllV(where, in, send_counts, out,
+                                                                  recv_counts, rank_, size_));
+  const int64_t send_total = totals.first, recv_total = totals.second;
   const int64_t es = static_cast<int64_t>(DTypeSize(in.dtype));
   std::vector<int64_t> send_bytes(send_counts.begin(), send_counts.end());
   std::vector<int64_t> recv_bytes(recv_counts.begin(), recv_counts.end());

@@ -568,18 +568,9 @@ absl::Status NcclCommunicator::AllToAllV(const Tensor& in, absl::Span<const int6
   const char* kOp = "AllToAllV";
   SY_RETURN_IF_ERROR(Usable(kOp));
   const std::string where = Where(kOp);
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  SY_ASSIGN_OR_RETURN(int64_t send_total,
-                      internal::CheckCounts(where, "send_counts", send_counts, size_));
-  SY_ASSIGN_OR_RETURN(int64_t recv_total,
-                      internal::CheckCounts(where, "recv_counts", recv_counts, size_));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in (sum of send_counts)", in, send_total));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out (sum of recv_counts)", out, recv_total));
-  if (send_counts[rank_] != recv_counts[rank_]) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": send_counts[", rank_, "] ",
-                                                   send_counts[rank_], " != recv_counts[", rank_,
-                                                   "] ", recv_counts[rank_]));
-  }
+  SY_ASSIGN_OR_RETURN(const auto totals, internal::CheckAllToAllV(where, in, send_counts, out,
+                                                                  recv_counts, rank_, size_));
+  const int64_t send_total = totals.first, recv_total = totals.second;
   if (send_total == 0 && recv_total == 0) return absl::OkStatus();
   SY_RETURN_IF_ERROR(CheckCuda(kOp, {&in, &out}));
   const size_t es = DTypeSize(in.dtype);
