@@ -1,0 +1,266 @@
+#include "worker/model/alltoall_dispatcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/moe/permute.h"
+
+namespace switchyard::model {
+
+using kernels::Buffer;
+
+namespace {
+
+absl::Status OutOfOrder(const char* phase, const char* needs) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("AllToAllDispatcher::", phase, " must follow ", needs));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
+    comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
+    int64_t hidden, int num_experts, int ep_size, int topk) {
+  if (ep_group == nullptr) {
+    return absl::InvalidArgumentError("AllToAllDispatcher: ep_group must not be null");
+  }
+  if (max_tokens <= 0 || hidden <= 0 || num_experts <= 0 || topk <= 0 || ep_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllToAllDispatcher: max_tokens (", max_tokens, "), hidden (", hidden, "), num_experts (",
+        num_experts, "), ep_size (", ep_size, ") and topk (", topk, ") must be positive"));
+  }
+  if (ep_size != ep_group->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: ep_size (", ep_size,
+                                                   ") must equal the size of group '",
+                                                   ep_group->name(), "' (", ep_group->size(), ")"));
+  }
+  if (num_experts % ep_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
+                                                   ") must be divisible by ep_size (", ep_size,
+                                                   ")"));
+  }
+  if (topk > num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: topk (", topk,
+                                                   ") must be <= num_experts (", num_experts, ")"));
+  }
+  if (num_experts > kernels::kMaxSortChunks) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
+                                                   ") must be <= ", kernels::kMaxSortChunks));
+  }
+  if (device.is_cuda()) {
+    // TODO(cuda): the CUDA path needs (spec §3.2 "host synchronisation design") ONE non-blocking
+    // D2H copy of the split sizes (this rank's counts_ and the all-gathered counts, [E] + [EP*E]
+    // i32) into pinned memory on a side stream, recorded with an event at the permutation, and a
+    // single event sync right before the EP all-to-all (cuda_sync_point before_ep_alltoall); the
+    // device-side split_sizes_ for SortChunks can then be filled by a small kernel from the
+    // gathered counts (no H2D copy). The all-gather and all-to-alls go through NcclCommunicator on
+    // `stream`. Until then only the CPU (Gloo) path exists.
+    return absl::UnimplementedError(
+        "AllToAllDispatcher: only the CPU path exists (CUDA needs the async D2H split copy and "
+        "NCCL all-to-all; see the TODO in alltoall_dispatcher.cc)");
+  }
+  std::unique_ptr<AllToAllDispatcher> d(new AllToAllDispatcher());
+  d->ep_ = ep_group;
+  d->ep_size_ = ep_size;
+  d->ep_rank_ = ep_group->rank();
+  d->num_experts_ = num_experts;
+  d->num_local_ = num_experts / ep_size;
+  d->topk_ = topk;
+  d->hidden_ = hidden;
+  d->max_tokens_ = max_tokens;
+  d->dtype_ = dtype;
+  d->probs_dtype_ = probs_dtype;
+  d->rows_ = ep_size * max_tokens * std::min(topk, d->num_local_);
+  SY_ASSIGN_OR_RETURN(d->order_, kernels::LocalExpertChunkOrder(ep_size, d->num_local_));
+
+  const int64_t sent = max_tokens * topk, r = d->rows_;
+  SY_ASSIGN_OR_RETURN(d->permuted_x_, Buffer::ForTensor(dtype, {sent, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->permuted_probs_, Buffer::ForTensor(probs_dtype, {sent}, device));
+  SY_ASSIGN_OR_RETURN(d->row_map_, Buffer::ForTensor(DType::kI32, {max_tokens, topk}, device));
+  SY_ASSIGN_OR_RETURN(d->counts_, Buffer::ForTensor(DType::kI32, {num_experts}, device));
+  SY_ASSIGN_OR_RETURN(d->gathered_counts_,
+                      Buffer::ForTensor(DType::kI32, {ep_size, num_experts}, device));
+  SY_ASSIGN_OR_RETURN(d->combined_, Buffer::ForTensor(dtype, {sent, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_permuted_x_, Buffer::ForTensor(dtype, {sent, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_permuted_probs_, Buffer::ForTensor(probs_dtype, {sent}, device));
+  SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {0}, device));
+
+  SY_ASSIGN_OR_RETURN(d->recv_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->recv_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  SY_ASSIGN_OR_RETURN(d->tokens_per_expert_,
+                      Buffer::ForTensor(DType::kI32, {d->num_local_}, device));
+  SY_ASSIGN_OR_RETURN(d->split_sizes_,
+                      Buffer::ForTensor(DType::kI32, {ep_size * d->num_local_}, device));
+  SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  d->input_splits_.assign(ep_size, 0);
+  d->output_splits_.assign(ep_size, 0);
+  d->chunk_rows_.assign(ep_size * d->num_local_, 0);
+  return d;
+}
+
+std::vector<int64_t> AllToAllDispatcher::Elements(const std::vector<int64_t>& rows,
+                                                  int64_t per_row) const {
+  std::vector<int64_t> e(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) e[i] = rows[i] * per_row;
+  return e;
+}
+
+absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
+  phase_ = Phase::kIdle;
+  have_forward_ = false;
+  const int64_t t = state->x.dim(0);
+  if (state->x.rank() != 2 || state->x.dim(1) != hidden_ || t > max_tokens_ ||
+      state->topk_idx.rank() != 2 || state->topk_idx.dim(0) != t ||
+      state->topk_idx.dim(1) != topk_) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: x ", state->x.DebugString(),
+                                                   " / topk_idx ", state->topk_idx.DebugString(),
+                                                   " must be [T <= ", max_tokens_, ", ", hidden_,
+                                                   "] / [T, ", topk_, "]"));
+  }
+  num_tokens_ = t;
+  row_map_view_ = row_map_.View(DType::kI32, {t, topk_});
+  state->expert_x = expert_x_.View();
+  state->expert_probs = expert_probs_.View();
+  state->tokens_per_expert = tokens_per_expert_.View();
+  state->expert_out = expert_out_.View();
+  // Permutation 1, over the E global experts: the rows for EP rank j (experts [j*L, (j+1)*L))
+  // are contiguous, in expert-major, token-ascending order.
+  SY_RETURN_IF_ERROR(kernels::Permute(stream, state->x, state->topk_idx, state->topk_probs,
+                                      num_experts_, 0, permuted_x_.View(), permuted_probs_.View(),
+                                      row_map_view_, counts_.View(), workspace_.View()));
+  // CPU: the counts are host memory (see the CUDA TODO in Create).
+  const int32_t* n = counts_.View().as<int32_t>();
+  sent_rows_ = 0;
+  for (int j = 0; j < ep_size_; ++j) {
+    int64_t s = 0;
+    for (int l = 0; l < num_local_; ++l) s += n[j * num_local_ + l];
+    input_splits_[j] = s;
+    sent_rows_ += s;
+  }
+  phase_ = Phase::kPreprocessed;
+  return absl::OkStatus();
+}
+
+absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* state) {
+  (void)stream;
+  if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
+  // G[j, e] = rows EP rank j routes to global expert e.
+  SY_RETURN_IF_ERROR(ep_->AllGather(counts_.View(), gathered_counts_.View()));
+  const int32_t* g = gathered_counts_.View().as<int32_t>();
+  recv_rows_ = 0;
+  for (int j = 0; j < ep_size_; ++j) {
+    int64_t s = 0;
+    for (int l = 0; l < num_local_; ++l) {
+      const int32_t c = g[j * num_experts_ + ep_rank_ * num_local_ + l];
+      chunk_rows_[j * num_local_ + l] = c;
+      s += c;
+    }
+    output_splits_[j] = s;
+    recv_rows_ += s;
+  }
+  if (recv_rows_ > rows_) {  // impossible unless a peer broke the top-k contract
+    return absl::InternalError(absl::StrCat("AllToAllDispatcher: ", recv_rows_,
+                                            " rows to receive exceed the capacity ", rows_));
+  }
+  std::memcpy(split_sizes_.data(), chunk_rows_.data(), chunk_rows_.size() * sizeof(int32_t));
+  // The EP all-to-all of the rows, then of the probs (same splits, separate tensor, as Megatron).
+  SY_RETURN_IF_ERROR(ep_->AllToAllV(
+      permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
+      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
+  SY_RETURN_IF_ERROR(ep_->AllToAllV(permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_,
+                                    recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_));
+  (void)state;
+  phase_ = Phase::kDispatched;
+  return absl::OkStatus();
+}
+
+absl::Status AllToAllDispatcher::DispatchPostprocess(const Stream& stream, DispatchState* state) {
+  if (phase_ != Phase::kDispatched) return OutOfOrder("DispatchPostprocess", "Dispatch");
+  // (src, local e) -> (local e, src).
+  SY_RETURN_IF_ERROR(kernels::SortChunks(stream, recv_x_.View(), split_sizes_.View(), order_.sort,
+                                         expert_x_.View(), recv_probs_.View(), expert_probs_.View(),
+                                         workspace_.View()));
+  int32_t* tpe = tokens_per_expert_.View().as<int32_t>();
+  for (int l = 0; l < num_local_; ++l) {
+    int32_t s = 0;
+    for (int j = 0; j < ep_size_; ++j) s += chunk_rows_[j * num_local_ + l];
+    tpe[l] = s;
+  }
+  (void)state;
+  phase_ = Phase::kPostprocessed;
+  have_forward_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status AllToAllDispatcher::CombinePreprocess(const Stream& stream, DispatchState* state) {
+  if (phase_ != Phase::kPostprocessed) {
+    return OutOfOrder("CombinePreprocess", "DispatchPostprocess");
+  }
+  // (local e, src) -> (src, local e); recv_x_ is free again once the experts have their input.
+  SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->expert_out, split_sizes_.View(),
+                                           order_.sort, recv_x_.View(), Tensor(), Tensor(),
+                                           workspace_.View()));
+  phase_ = Phase::kCombinePre;
+  return absl::OkStatus();
+}
+
+absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* state) {
+  (void)stream;
+  (void)state;
+  if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
+  SY_RETURN_IF_ERROR(ep_->AllToAllV(
+      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
+      combined_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));
+  phase_ = Phase::kCombined;
+  return absl::OkStatus();
+}
+
+absl::Status AllToAllDispatcher::CombinePostprocess(const Stream& stream, DispatchState* state,
+                                                    const Tensor& out) {
+  (void)state;
+  if (phase_ != Phase::kCombined) return OutOfOrder("CombinePostprocess", "Combine");
+  phase_ = Phase::kIdle;
+  return kernels::Unpermute(stream, combined_.View(), row_map_view_, out);
+}
+
+absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
+                                                 DispatchState* state) {
+  if (!have_forward_) return OutOfOrder("CombineBackward", "a forward DispatchPostprocess");
+  state->d_expert_out = d_expert_out_.View();
+  state->d_expert_x = d_expert_x_.View();
+  state->d_expert_probs = d_expert_probs_.View();
+  // Adjoint of Unpermute (every permuted row is mapped: dropless), of the combine all-to-all (the
+  // dispatch direction) and of UnsortChunks (SortChunks).
+  SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(stream, dout, row_map_view_, d_permuted_x_.View(),
+                                                /*zero_unmapped_rows=*/false));
+  SY_RETURN_IF_ERROR(ep_->AllToAllV(
+      d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
+      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
+  return kernels::SortChunks(stream, recv_x_.View(), split_sizes_.View(), order_.sort,
+                             state->d_expert_out, Tensor(), Tensor(), workspace_.View());
+}
+
+absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, DispatchState* state,
+                                                  const Tensor& dx, const Tensor& d_topk_probs) {
+  if (!have_forward_) return OutOfOrder("DispatchBackward", "a forward DispatchPostprocess");
+  SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->d_expert_x, split_sizes_.View(),
+                                           order_.sort, recv_x_.View(), state->d_expert_probs,
+                                           recv_probs_.View(), workspace_.View()));
+  SY_RETURN_IF_ERROR(ep_->AllToAllV(
+      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
+      d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));
+  SY_RETURN_IF_ERROR(ep_->AllToAllV(recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_,
+                                    d_permuted_probs_.View(probs_dtype_, {sent_rows_}),
+                                    input_splits_));
+  return kernels::PermuteBackward(stream, d_permuted_x_.View(), d_permuted_probs_.View(),
+                                  row_map_view_, dx, d_topk_probs);
+}
+
+}  // namespace switchyard::model
