@@ -115,10 +115,9 @@ std::vector<int64_t> AllToAllDispatcher::Elements(const std::vector<int64_t>& ro
 absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
   phase_ = Phase::kIdle;
   have_forward_ = false;
-  const int64_t t = state->x.dim(0);
-  if (state->x.rank() != 2 || state->x.dim(1) != hidden_ || t > max_tokens_ ||
-      state->topk_idx.rank() != 2 || state->topk_idx.dim(0) != t ||
-      state->topk_idx.dim(1) != topk_) {
+  const int64_t t = state->x.rank() == 2 ? state->x.dim(0) : -1;
+  if (t < 0 || state->x.dim(1) != hidden_ || t > max_tokens_ || state->topk_idx.rank() != 2 ||
+      state->topk_idx.dim(0) != t || state->topk_idx.dim(1) != topk_) {
     return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: x ", state->x.DebugString(),
                                                    " / topk_idx ", state->topk_idx.DebugString(),
                                                    " must be [T <= ", max_tokens_, ", ", hidden_,
