@@ -1,0 +1,244 @@
+// ZeRO-1 AdamW (reduce-scatter, sharded AdamW, all-gather) and its replicated reference.
+#include "worker/train/distributed_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status.h"
+#include "cuda_runtime.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/optim/grad_norm.h"
+
+namespace switchyard::train {
+namespace {
+
+Tensor Slice(const Tensor& flat, int64_t offset, int64_t count) {
+  return Tensor(flat.dtype, {count}, flat.device,
+                static_cast<char*>(flat.data) + offset * DTypeSize(flat.dtype));
+}
+
+Tensor Flat(const Tensor& t) { return Tensor(t.dtype, {t.numel()}, t.device, t.data); }
+
+absl::Status CheckCommon(const char* who, comm::Communicator* dp, int64_t n, int64_t decay_end,
+                         const kernels::AdamWHyperParams& hp) {
+  if (dp == nullptr) return absl::InvalidArgumentError(absl::StrCat(who, ": dp_group is null"));
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat(who, ": n must be >= 1, got ", n));
+  if (decay_end < 0 || decay_end > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": decay_end must be in [0, n = ", n, "], got ", decay_end));
+  }
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1 && hp.beta2 >= 0 && hp.beta2 < 1 && hp.eps > 0 &&
+        hp.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": hyper-parameters need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStepArgs(const std::string& who, const Stream& stream, Device device,
+                           const Tensor& grads, const Tensor& params, int64_t expected, double lr,
+                           int64_t step) {
+  if (stream.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": stream is on ", stream.device.ToString(),
+                                                   ", the state on ", device.ToString()));
+  }
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&grads, &params}));
+  if (grads.dtype != DType::kF32 || grads.numel() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": grads must be f32 with ", expected,
+                                                   " elements, got ", grads.DebugString()));
+  }
+  if ((params.dtype != DType::kF32 && params.dtype != DType::kBF16) || params.numel() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": params must be f32 or bf16 with ",
+                                                   expected, " elements, got ",
+                                                   params.DebugString()));
+  }
+  if (!(lr >= 0) || step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": need lr >= 0 and step >= 1, got lr ", lr, ", step ", step));
+  }
+  return absl::OkStatus();
+}
+
+// Allocates the small norm scratch (workspace, sum_sq, norm, coef).
+absl::Status AllocNormScratch(Device device, kernels::Buffer* ws, kernels::Buffer* sum_sq,
+                              kernels::Buffer* norm, kernels::Buffer* coef) {
+  SY_ASSIGN_OR_RETURN(
+      *ws, kernels::Buffer::ForTensor(DType::kF64, {kernels::kGradNormWorkspace}, device));
+  SY_ASSIGN_OR_RETURN(*sum_sq, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
+  SY_ASSIGN_OR_RETURN(*norm, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
+  SY_ASSIGN_OR_RETURN(*coef, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
+  return absl::OkStatus();
+}
+
+// Reads an f32 [1] device value on the host (the one synchronisation of a step).
+absl::StatusOr<float> ReadScalar(const Stream& stream, const Tensor& t) {
+  float v = 0;
+  if (stream.is_cuda()) {
+    cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&v, t.data, sizeof(float), cudaMemcpyDeviceToHost, cs));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+  } else {
+    v = t.as<float>()[0];
+  }
+  return v;
+}
+
+// AdamW over the elements [begin, begin + count) of the global flat buffer, held in the local
+// views (each of `count` elements), split at the global decay boundary: at most two launches.
+absl::Status AdamWRange(const Stream& stream, kernels::AdamWHyperParams hp, int64_t begin,
+                        int64_t count, int64_t decay_end, const Tensor& grads, const Tensor& coef,
+                        const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                        const Tensor& params) {
+  const double weight_decay = hp.weight_decay;
+  const int64_t split = std::min(std::max(decay_end - begin, int64_t{0}), count);  // local
+  for (int group = 0; group < 2; ++group) {
+    const int64_t lo = group == 0 ? 0 : split, hi = group == 0 ? split : count;
+    if (hi == lo) continue;
+    hp.weight_decay = group == 0 ? weight_decay : 0.0;
+    SY_RETURN_IF_ERROR(kernels::AdamW(stream, hp, Slice(grads, lo, hi - lo), 1.0f, &coef,
+                                      Slice(master, lo, hi - lo), Slice(exp_avg, lo, hi - lo),
+                                      Slice(exp_avg_sq, lo, hi - lo), Slice(params, lo, hi - lo)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::Buffer> Zeros(Device device, int64_t count) {
+  SY_ASSIGN_OR_RETURN(kernels::Buffer b, kernels::Buffer::ForTensor(DType::kF32, {count}, device));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(b.View(), 0));
+  return b;
+}
+
+}  // namespace
+
+int64_t PaddedSize(int64_t n, int dp) { return (n + dp - 1) / dp * dp; }
+
+absl::StatusOr<std::unique_ptr<DistributedAdamW>> DistributedAdamW::Create(
+    comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
+    const Tensor& master_init, const kernels::AdamWHyperParams& hp) {
+  SY_RETURN_IF_ERROR(CheckCommon("DistributedAdamW::Create", dp_group, n, decay_end, hp));
+  const int dp = dp_group->size();
+  const int64_t padded = PaddedSize(n, dp);
+  if (master_init.dtype != DType::kF32 ||
+      (master_init.numel() != n && master_init.numel() != padded)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedAdamW::Create: master_init must be f32 with n = ", n,
+                     " or padded ", padded, " elements, got ", master_init.DebugString()));
+  }
+  std::unique_ptr<DistributedAdamW> o(new DistributedAdamW());
+  o->dp_ = dp_group;
+  o->device_ = device;
+  o->n_ = n;
+  o->padded_n_ = padded;
+  o->decay_end_ = decay_end;
+  o->shard_ = padded / dp;
+  o->hp_ = hp;
+  const int64_t s = o->shard_;
+  SY_ASSIGN_OR_RETURN(o->master_, Zeros(device, s));
+  SY_ASSIGN_OR_RETURN(o->exp_avg_, Zeros(device, s));
+  SY_ASSIGN_OR_RETURN(o->exp_avg_sq_, Zeros(device, s));
+  SY_ASSIGN_OR_RETURN(o->grad_shard_, Zeros(device, s));
+  SY_ASSIGN_OR_RETURN(o->param_shard_, kernels::Buffer::Allocate(device, s * sizeof(float)));
+  SY_RETURN_IF_ERROR(AllocNormScratch(device, &o->norm_ws_, &o->sum_sq_, &o->norm_, &o->coef_));
+  // This rank's shard of the master values; the padding stays 0.
+  const int64_t begin = o->shard_begin();
+  const int64_t real = std::min(std::max(n - begin, int64_t{0}), s);
+  if (real > 0) {
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(Flat(master_init), begin, real),
+                                           Slice(o->master_.View(), 0, real)));
+  }
+  return o;
+}
+
+absl::StatusOr<OptimizerStepResult> DistributedAdamW::Step(const Stream& stream,
+                                                           const Tensor& grads,
+                                                           const Tensor& params, double lr,
+                                                           int64_t step, float clip_grad) {
+  const std::string who = absl::StrCat("DistributedAdamW::Step (", dp_->name(), " rank ",
+                                       dp_->rank(), "/", dp_->size(), ")");
+  SY_RETURN_IF_ERROR(CheckStepArgs(who, stream, device_, grads, params, padded_n_, lr, step));
+  const Tensor g = grad_shard_.View();
+  // (1) Sum over the group of this rank's shard, then the data-parallel mean.
+  SY_RETURN_IF_ERROR(dp_->ReduceScatter(Flat(grads), g, comm::ReduceOp::kSum));
+  if (dp_->size() > 1) {
+    SY_RETURN_IF_ERROR(
+        kernels::Axpby(stream, 1.0f / static_cast<float>(dp_->size()), g, 0.0f, g, g));
+  }
+  // (2) Global norm: local sum of squares, summed over the group, then the clip coefficient.
+  SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(stream, g, norm_ws_.View(), sum_sq_.View()));
+  SY_RETURN_IF_ERROR(dp_->AllReduce(sum_sq_.View(), sum_sq_.View(), comm::ReduceOp::kSum));
+  SY_RETURN_IF_ERROR(
+      kernels::ClipCoefficient(stream, sum_sq_.View(), clip_grad, norm_.View(), coef_.View()));
+  OptimizerStepResult r;
+  SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View()));
+  r.skipped = !std::isfinite(r.grad_norm);  // the same value on every rank (all-reduced)
+  if (r.skipped) return r;
+  // (3) AdamW on the shard, split at the decay boundary.
+  kernels::AdamWHyperParams hp = hp_;
+  hp.lr = lr;
+  hp.step = step;
+  const Tensor shard_params = param_shard_.View(params.dtype, {shard_});
+  SY_RETURN_IF_ERROR(AdamWRange(stream, hp, shard_begin(), shard_, decay_end_, g, coef_.View(),
+                                master_.View(), exp_avg_.View(), exp_avg_sq_.View(), shard_params));
+  // (4) Every rank gets every updated shard.
+  SY_RETURN_IF_ERROR(dp_->AllGather(shard_params, Flat(params)));
+  SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View()));
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<ReplicatedAdamW>> ReplicatedAdamW::Create(
+    comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
+    const Tensor& master_init, const kernels::AdamWHyperParams& hp) {
+  SY_RETURN_IF_ERROR(CheckCommon("ReplicatedAdamW::Create", dp_group, n, decay_end, hp));
+  if (master_init.dtype != DType::kF32 || master_init.numel() < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReplicatedAdamW::Create: master_init must be f32 with at least n = ", n,
+                     " elements, got ", master_init.DebugString()));
+  }
+  std::unique_ptr<ReplicatedAdamW> o(new ReplicatedAdamW());
+  o->dp_ = dp_group;
+  o->device_ = device;
+  o->n_ = n;
+  o->decay_end_ = decay_end;
+  o->hp_ = hp;
+  SY_ASSIGN_OR_RETURN(o->master_, Zeros(device, n));
+  SY_ASSIGN_OR_RETURN(o->exp_avg_, Zeros(device, n));
+  SY_ASSIGN_OR_RETURN(o->exp_avg_sq_, Zeros(device, n));
+  SY_ASSIGN_OR_RETURN(o->reduced_, Zeros(device, n));
+  SY_RETURN_IF_ERROR(AllocNormScratch(device, &o->norm_ws_, &o->sum_sq_, &o->norm_, &o->coef_));
+  SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(Flat(master_init), 0, n), o->master_.View()));
+  return o;
+}
+
+absl::StatusOr<OptimizerStepResult> ReplicatedAdamW::Step(const Stream& stream, const Tensor& grads,
+                                                          const Tensor& params, double lr,
+                                                          int64_t step, float clip_grad) {
+  const std::string who = absl::StrCat("ReplicatedAdamW::Step (", dp_->name(), " rank ",
+                                       dp_->rank(), "/", dp_->size(), ")");
+  SY_RETURN_IF_ERROR(CheckStepArgs(who, stream, device_, grads, params, n_, lr, step));
+  const Tensor g = reduced_.View();
+  SY_RETURN_IF_ERROR(dp_->AllReduce(Flat(grads), g, comm::ReduceOp::kSum));
+  if (dp_->size() > 1) {
+    SY_RETURN_IF_ERROR(
+        kernels::Axpby(stream, 1.0f / static_cast<float>(dp_->size()), g, 0.0f, g, g));
+  }
+  SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(stream, g, norm_ws_.View(), sum_sq_.View()));
+  SY_RETURN_IF_ERROR(
+      kernels::ClipCoefficient(stream, sum_sq_.View(), clip_grad, norm_.View(), coef_.View()));
+  OptimizerStepResult r;
+  SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View()));
+  r.skipped = !std::isfinite(r.grad_norm);
+  if (r.skipped) return r;
+  kernels::AdamWHyperParams hp = hp_;
+  hp.lr = lr;
+  hp.step = step;
+  SY_RETURN_IF_ERROR(AdamWRange(stream, hp, 0, n_, decay_end_, g, coef_.View(), master_.View(),
+                                exp_avg_.View(), exp_avg_sq_.View(), Flat(params)));
+  SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View()));
+  return r;
+}
+
+}  // namespace switchyard::train

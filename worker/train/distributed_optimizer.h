@@ -1,0 +1,151 @@
+// File: worker/train/distributed_optimizer.h
+//
+// ZeRO-1 AdamW over the data-parallel group (Megatron's DistributedOptimizer, without bucketing):
+// every rank keeps the fp32 master weights and the two Adam moments of ONE shard of the flat
+// parameter buffer only (1/dp of the optimizer memory), and one Step is
+//   (1) ReduceScatter(sum) of the full local gradients: each rank receives the sum over the group
+//       of its shard, then multiplies it by 1/dp (the data-parallel mean, Megatron's default
+//       gradient_scaling_factor = 1/size(DP));
+//   (2) the global gradient norm: sum of squares of the local shard (kernels::GradSquaredNorm),
+//       AllReduce(sum) of that f32 [1] over the group, then kernels::ClipCoefficient (Megatron's
+//       clip_coeff = max_norm / (norm + 1e-6), applied when < 1);
+//   (3) kernels::AdamW on the local shard only, split into the decay part and the no-decay part
+//       when the layout's decay boundary (layout().decay_end) falls inside the shard (at most two
+//       launches per rank, as the single-process trainer makes over the whole buffer);
+//   (4) AllGather of the updated parameter shards (master rounded to the param dtype) into the
+//       full params buffer, so every rank again holds all parameters.
+// A step whose norm is NaN/Inf is skipped (nothing is updated, params keep their values), as the
+// trainer does; the caller then does not advance its bias-correction step.
+//
+// Flat layout and padding rule: the model's flat buffers have N = layout().total elements with the
+// decay group first ([0, decay_end) with weight decay, [decay_end, N) without). The optimizer
+// works on the PADDED length Np = PaddedSize(N, dp) = ceil(N / dp) * dp, so shard r is
+// [r * S, (r + 1) * S) with S = Np / dp; only the last shard(s) contain the Np - N < dp padding
+// elements, which lie in the no-decay group. Step's grads and params buffers have Np elements:
+// the caller allocates the model's flat buffers with Np elements (Megatron pads its grad buffer
+// the same way). The padding elements of grads must be ZERO on every rank (they then add nothing
+// to the norm, their master stays 0 and their params are written 0).
+//
+// ReplicatedAdamW is the plain data-parallel reference: AllReduce(sum) of the full gradients,
+// times 1/dp, full-buffer norm and clip, two AdamW launches over all N elements, every rank
+// holding the full optimizer state. It is here for the equivalence test and as a fallback.
+//
+// Numerics: the two classes give the same result up to float reduction order. The ReduceScatter
+// sums each element over ranks in one order and the AllReduce in another (Gloo: rank order vs
+// ring order; NCCL: its own), and the distributed norm adds dp per-shard f32 partial sums where
+// the replicated one sums the whole buffer in fp64 then rounds once. Each reduced gradient may
+// differ by a few ulp (dp >= 3; for dp = 2 fp32 addition is commutative so they agree), which
+// moves a parameter by about lr * 1e-7 relative: equal within rel 1e-6, not bitwise. With one
+// rank (SingleRankCommunicator) DistributedAdamW is bit-identical to the trainer's path
+// (GradSquaredNorm + ClipCoefficient + two AdamW launches over the whole buffer).
+//
+// Devices: all state lives on `device`. CPU: works with GlooCommunicator (the tested path) and
+// SingleRankCommunicator. CUDA: nothing new is needed beyond an NcclCommunicator whose stream is
+// the `stream` passed to Step (or synchronised with it): every buffer is already a device buffer,
+// the kernels (GradSquaredNorm, ClipCoefficient, AdamW, elementwise Axpby for the 1/dp mean) have
+// CUDA paths, and NCCL reduces f32 on the device. The only host synchronisation per Step is the
+// 4-byte norm read (to report it and to skip non-finite steps), as in the trainer. Not yet run on
+// a GPU.
+//
+// Not thread-safe; one instance per (rank, parameter buffer). Every rank of the group calls Step
+// with the same arguments except the gradients.
+#ifndef SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
+#define SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "kernels/buffer.h"
+#include "kernels/optim/adamw.h"
+#include "worker/comm/communicator.h"
+
+namespace switchyard::train {
+
+// What one optimizer step reports.
+struct OptimizerStepResult {
+  float grad_norm = 0;   // global L2 norm of the DP-mean gradients, before clipping
+  float clip_coef = 1;   // the factor applied to the gradients (1 = not clipped)
+  bool skipped = false;  // the norm was NaN/Inf: nothing was updated
+};
+
+// ceil(n / dp) * dp: the padded flat length (see the padding rule above). n >= 0, dp >= 1.
+int64_t PaddedSize(int64_t n, int dp);
+
+class DistributedAdamW {
+ public:
+  // dp_group: the data-parallel group (borrowed; outlives this object). device: where the state
+  // lives. n: the unpadded flat length N (>= 1). decay_end: in [0, n]. master_init: the FULL fp32
+  // master values, f32 with n or PaddedSize(n, dp) elements (padding taken as 0), on any device;
+  // this rank copies only its shard. hp: beta1, beta2, eps, weight_decay (its lr and step are
+  // ignored: Step takes them). Allocates the shard state (4 * S f32 + small scratch).
+  static absl::StatusOr<std::unique_ptr<DistributedAdamW>> Create(
+      comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
+      const Tensor& master_init, const kernels::AdamWHyperParams& hp);
+
+  // grads:  f32 [Np] (any shape with Np elements), this rank's full local gradients (padding
+  //         elements zero); read only.
+  // params: bf16 or f32 [Np]; written: every element, the AllGather of the updated shards.
+  // lr >= 0; step >= 1 is the bias-correction count (PyTorch's state.step); clip_grad is the max
+  // norm (<= 0: no clipping). All tensors on `stream`'s device == the state's device. Collective:
+  // every rank of the group calls it. INVALID_ARGUMENT names the argument and rule.
+  absl::StatusOr<OptimizerStepResult> Step(const Stream& stream, const Tensor& grads,
+                                           const Tensor& params, double lr, int64_t step,
+                                           float clip_grad);
+
+  int64_t n() const { return n_; }
+  int64_t padded_n() const { return padded_n_; }
+  int64_t decay_end() const { return decay_end_; }
+  int64_t shard_size() const { return shard_; }
+  // First element of this rank's shard in the flat buffer (rank * shard_size()).
+  int64_t shard_begin() const { return shard_ * dp_->rank(); }
+  // This rank's state, f32 [shard_size()] on the device (for checkpoints and tests).
+  Tensor master_shard() const { return master_.View(); }
+  Tensor exp_avg_shard() const { return exp_avg_.View(); }
+  Tensor exp_avg_sq_shard() const { return exp_avg_sq_.View(); }
+
+ private:
+  DistributedAdamW() = default;
+
+  comm::Communicator* dp_ = nullptr;
+  Device device_;
+  int64_t n_ = 0, padded_n_ = 0, decay_end_ = 0, shard_ = 0;
+  kernels::AdamWHyperParams hp_;
+  kernels::Buffer master_, exp_avg_, exp_avg_sq_;  // f32 [S]
+  kernels::Buffer grad_shard_;                     // f32 [S]: reduced, averaged gradients
+  kernels::Buffer param_shard_;                    // 4 * S bytes: the updated shard, param dtype
+  kernels::Buffer norm_ws_;                        // f64 [kGradNormWorkspace]
+  kernels::Buffer sum_sq_, norm_, coef_;           // f32 [1]
+};
+
+class ReplicatedAdamW {
+ public:
+  // As DistributedAdamW::Create, but every rank keeps the full state and there is no padding:
+  // master_init is f32 with n elements (or more: the first n are used).
+  static absl::StatusOr<std::unique_ptr<ReplicatedAdamW>> Create(
+      comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
+      const Tensor& master_init, const kernels::AdamWHyperParams& hp);
+
+  // grads: f32 [n]; params: bf16 or f32 [n]. Otherwise as DistributedAdamW::Step.
+  absl::StatusOr<OptimizerStepResult> Step(const Stream& stream, const Tensor& grads,
+                                           const Tensor& params, double lr, int64_t step,
+                                           float clip_grad);
+
+  Tensor master() const { return master_.View(); }
+
+ private:
+  ReplicatedAdamW() = default;
+
+  comm::Communicator* dp_ = nullptr;
+  Device device_;
+  int64_t n_ = 0, decay_end_ = 0;
+  kernels::AdamWHyperParams hp_;
+  kernels::Buffer master_, exp_avg_, exp_avg_sq_, reduced_;  // f32 [n]
+  kernels::Buffer norm_ws_, sum_sq_, norm_, coef_;
+};
+
+}  // namespace switchyard::train
+
+#endif  // SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
