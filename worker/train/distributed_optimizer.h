@@ -34,8 +34,9 @@
 // sums each element over ranks in one order and the AllReduce in another (Gloo: rank order vs
 // ring order; NCCL: its own), and the distributed norm adds dp per-shard f32 partial sums where
 // the replicated one sums the whole buffer in fp64 then rounds once. Each reduced gradient may
-// differ by a few ulp (dp >= 3; for dp = 2 fp32 addition is commutative so they agree), which
-// moves a parameter by about lr * 1e-7 relative: equal within rel 1e-6, not bitwise. With one
+// differ by a few ulp (dp >= 3; for dp = 2 fp32 addition is commutative so they agree) and the
+// norm, hence the clip coefficient, by ~1e-7 relative; each parameter's update then moves by
+// ~1e-7 of its size: equal within a tight fp32 tolerance (the test: 1e-6), not bitwise. With one
 // rank (SingleRankCommunicator) DistributedAdamW is bit-identical to the trainer's path
 // (GradSquaredNorm + ClipCoefficient + two AdamW launches over the whole buffer).
 //

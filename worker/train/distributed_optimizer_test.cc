@@ -6,12 +6,16 @@
 // master init and its own per-rank gradients (deterministic from a seed), and checks params and
 // grad norms; it reports through its exit code.
 //
-// Tolerance: rel 1e-6 on every parameter and on the norm. The two paths differ only in float
-// reduction order (ReduceScatter sums in rank order, Gloo's ring AllReduce in ring order; the
-// distributed norm adds per-shard f32 partials, the replicated one sums in fp64 once), so each
-// averaged gradient may differ by a few ulp (rel ~1e-7), which moves an Adam update of size ~lr
-// by ~lr * 1e-7: far below 1e-6 relative to parameters of size ~1. A real bug (wrong shard, wrong
-// decay split, missing mean, missing clip) moves parameters by ~lr = 1e-2 relative.
+// Tolerance: |a - b| <= 1e-6 * max(|a|, |b|, 0.5) on every parameter (0.5 = the init's std, a
+// floor for parameters near zero), rel 1e-6 on the norm and the clip coefficient. Bitwise equality
+// is not guaranteed: the two paths differ in float reduction order only (ReduceScatter sums in
+// rank order, Gloo's ring AllReduce in ring order; the distributed norm adds dp per-shard f32
+// partials, the replicated one sums the whole buffer in fp64 once), so an averaged gradient or
+// the clip coefficient may differ by ~1e-7 relative. Adam's update is scale-free per element but
+// mixes steps with different clip factors, so the update moves by ~1e-7 of its size; here updates
+// reach ~0.3 (lr up to 5e-2 over the bias correction 1 - 0.9^t, times m/sqrt(v) of order 1), so a
+// few 1e-8 absolute is expected (observed: <= 7e-8), several times below the bound. A real bug (a
+// wrong shard, decay split, mean or clip) moves parameters by ~lr = 1e-2.
 #include "worker/train/distributed_optimizer.h"
 
 #include <signal.h>
@@ -127,11 +131,9 @@ std::vector<float> Grads(int64_t n, int64_t padded, int rank, int step) {
   return g;
 }
 
-// |a - b| <= rel * max(|a|, |b|, 0.1): relative for parameters of the init's size (~0.5), with a
-// floor so that a parameter crossing zero is held to an absolute 1e-7 (an order of magnitude above
-// the expected reduction-order noise lr * 1e-7 <= 5e-9).
+// |a - b| <= rel * max(|a|, |b|, 0.5) (see the tolerance note at the top).
 bool Close(double a, double b, double rel) {
-  return std::fabs(a - b) <= rel * std::max({std::fabs(a), std::fabs(b), 0.1});
+  return std::fabs(a - b) <= rel * std::max({std::fabs(a), std::fabs(b), 0.5});
 }
 
 kernels::AdamWHyperParams Hp() {
@@ -173,6 +175,7 @@ int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int
 
   std::vector<float> params_d(padded, -1.0f), params_r(n, -2.0f);
   double worst = 0, worst_norm = 0;
+  float worst_d = 0, worst_r = 0;
   int clipped = 0;
   for (int step = 1; step <= kSteps; ++step) {
     std::vector<float> g = Grads(n, padded, rank, step);
@@ -195,8 +198,13 @@ int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int
                      step, static_cast<long long>(i), params_d[i], params_r[i]);
         return 1;
       }
-      worst = std::max(worst, double{std::fabs(params_d[i] - params_r[i])} /
-                                  std::max(std::fabs(params_r[i]), 0.1f));
+      const double diff =
+          double{std::fabs(params_d[i] - params_r[i])} / std::max(std::fabs(params_r[i]), 0.5f);
+      if (diff > worst) {
+        worst = diff;
+        worst_d = params_d[i];
+        worst_r = params_r[i];
+      }
     }
     for (int64_t i = n; i < padded; ++i) CHILD_CHECK(params_d[i] == 0.0f);
     // The step really moved the parameters (the check above is not vacuous).
@@ -214,10 +222,10 @@ int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int
   if (rank == 0) {
     std::printf(
         "dp=%d n=%lld padded=%lld shard=%lld decay_end=%lld: %d steps (%d clipped), max rel "
-        "param diff %.3g, max rel norm diff %.3g, tolerance %.0e\n",
+        "param diff %.3g (%.9g vs %.9g), max rel norm diff %.3g, tolerance %.0e\n",
         world, static_cast<long long>(n), static_cast<long long>(padded),
         static_cast<long long>((*dist)->shard_size()), static_cast<long long>(decay_end), kSteps,
-        clipped, worst, worst_norm, kRelTol);
+        clipped, worst, worst_d, worst_r, worst_norm, kRelTol);
   }
   return 0;
 }
