@@ -21,80 +21,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/parallel_state.h"
 #include "gtest/gtest.h"
+#include "worker/comm/testing/forked_ranks.h"
 
 namespace switchyard::comm {
 namespace {
-
-int g_rank = -1;
-
-#define CHILD_CHECK(cond)                                                                    \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, \
-                   #cond);                                                                   \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
-#define CHILD_OK(expr)                                                                    \
-  do {                                                                                    \
-    absl::Status s_ = (expr);                                                             \
-    if (!s_.ok()) {                                                                       \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #expr, \
-                   s_.ToString().c_str());                                                \
-      return 1;                                                                           \
-    }                                                                                     \
-  } while (0)
-
-// A fresh store directory per run.
-std::string StoreDir(const std::string& name) {
-  static int counter = 0;
-  const char* t = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(t ? t : "/tmp", "/gloo_test_", name, "_", getpid(), "_", counter++);
-}
-
-// Forks `world` children running body(rank) and returns their exit codes (128 + signal when
-// killed). Children still running after `limit` are killed with SIGKILL.
-std::vector<int> RunProcesses(int world, absl::Duration limit,
-                              const std::function<int(int rank)>& body) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids(world);
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      g_rank = r;
-      int code = body(r);
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids[r] = pid;
-  }
-  std::vector<int> codes(world, -1);
-  const absl::Time deadline = absl::Now() + limit;
-  int remaining = world;
-  while (remaining > 0) {
-    for (int r = 0; r < world; ++r) {
-      if (codes[r] != -1) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --remaining;
-      }
-    }
-    if (remaining > 0 && absl::Now() > deadline) {
-      for (int r = 0; r < world; ++r) {
-        if (codes[r] == -1) kill(pids[r], SIGKILL);
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return codes;
-}
-
-std::shared_ptr<KvStore> OpenStore(const std::string& dir) {
-  absl::StatusOr<std::unique_ptr<FileKvStore>> s = FileKvStore::Create(dir);
-  if (!s.ok()) return nullptr;
-  return std::shared_ptr<KvStore>(std::move(*s));
-}
 
 template <typename T>
 Tensor View(DType dtype, std::vector<T>& v) {
@@ -103,15 +33,15 @@ Tensor View(DType dtype, std::vector<T>& v) {
 
 // Every collective with known integer-valued inputs; results must be exact.
 int CollectivesChild(const std::string& dir, int rank, int world) {
-  std::shared_ptr<KvStore> store = OpenStore(dir);
-  CHILD_CHECK(store != nullptr);
+  std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+  SY_CHILD_CHECK(store != nullptr);
   GlooOptions options;
   options.timeout = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> made =
       GlooCommunicator::Create(store, rank, world, options);
-  CHILD_OK(made.status());
+  SY_CHILD_OK(made.status());
   GlooCommunicator& comm = **made;
-  CHILD_CHECK(comm.rank() == rank && comm.size() == world && comm.name() == "world");
+  SY_CHILD_CHECK(comm.rank() == rank && comm.size() == world && comm.name() == "world");
   const int tri = world * (world - 1) / 2;
 
   // AllReduce: f32, f64, i32, i64, bf16; sum/max/min; out-of-place and in place.
@@ -119,32 +49,32 @@ int CollectivesChild(const std::string& dir, int rank, int world) {
     const int n = 5;
     std::vector<float> in(n), out(n, -7.0f);
     for (int i = 0; i < n; ++i) in[i] = static_cast<float>(rank * 10 + i) + 0.5f;
-    CHILD_OK(comm.AllReduce(View(DType::kF32, in), View(DType::kF32, out), ReduceOp::kSum));
-    for (int i = 0; i < n; ++i) CHILD_CHECK(out[i] == 10.0f * tri + world * (i + 0.5f));
-    CHILD_OK(comm.AllReduce(View(DType::kF32, in), View(DType::kF32, out), ReduceOp::kMax));
-    for (int i = 0; i < n; ++i) CHILD_CHECK(out[i] == 10.0f * (world - 1) + i + 0.5f);
-    CHILD_OK(comm.AllReduce(View(DType::kF32, in), View(DType::kF32, in), ReduceOp::kMin));
-    for (int i = 0; i < n; ++i) CHILD_CHECK(in[i] == i + 0.5f);
+    SY_CHILD_OK(comm.AllReduce(View(DType::kF32, in), View(DType::kF32, out), ReduceOp::kSum));
+    for (int i = 0; i < n; ++i) SY_CHILD_CHECK(out[i] == 10.0f * tri + world * (i + 0.5f));
+    SY_CHILD_OK(comm.AllReduce(View(DType::kF32, in), View(DType::kF32, out), ReduceOp::kMax));
+    for (int i = 0; i < n; ++i) SY_CHILD_CHECK(out[i] == 10.0f * (world - 1) + i + 0.5f);
+    SY_CHILD_OK(comm.AllReduce(View(DType::kF32, in), View(DType::kF32, in), ReduceOp::kMin));
+    for (int i = 0; i < n; ++i) SY_CHILD_CHECK(in[i] == i + 0.5f);
 
     std::vector<double> d = {static_cast<double>(rank), -1.0 * rank};
-    CHILD_OK(comm.AllReduce(View(DType::kF64, d), View(DType::kF64, d), ReduceOp::kSum));
-    CHILD_CHECK(d[0] == tri && d[1] == -tri);
+    SY_CHILD_OK(comm.AllReduce(View(DType::kF64, d), View(DType::kF64, d), ReduceOp::kSum));
+    SY_CHILD_CHECK(d[0] == tri && d[1] == -tri);
 
     // Large enough for several ring segments per rank.
     std::vector<int32_t> big(300000);
     for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<int32_t>(i % 1000) * (rank + 1);
-    CHILD_OK(comm.AllReduce(View(DType::kI32, big), View(DType::kI32, big), ReduceOp::kSum));
+    SY_CHILD_OK(comm.AllReduce(View(DType::kI32, big), View(DType::kI32, big), ReduceOp::kSum));
     for (size_t i = 0; i < big.size(); ++i) {
-      CHILD_CHECK(big[i] == static_cast<int32_t>(i % 1000) * (tri + world));
+      SY_CHILD_CHECK(big[i] == static_cast<int32_t>(i % 1000) * (tri + world));
     }
 
     std::vector<int64_t> l = {int64_t{1} << 40, rank - 100};
-    CHILD_OK(comm.AllReduce(View(DType::kI64, l), View(DType::kI64, l), ReduceOp::kSum));
-    CHILD_CHECK(l[0] == (int64_t{1} << 40) * world && l[1] == tri - 100 * world);
+    SY_CHILD_OK(comm.AllReduce(View(DType::kI64, l), View(DType::kI64, l), ReduceOp::kSum));
+    SY_CHILD_CHECK(l[0] == (int64_t{1} << 40) * world && l[1] == tri - 100 * world);
 
     std::vector<BF16> b = {BF16::FromFloat(rank + 1.0f), BF16::FromFloat(-2.0f * rank)};
-    CHILD_OK(comm.AllReduce(View(DType::kBF16, b), View(DType::kBF16, b), ReduceOp::kSum));
-    CHILD_CHECK(b[0].ToFloat() == tri + world && b[1].ToFloat() == -2.0f * tri);
+    SY_CHILD_OK(comm.AllReduce(View(DType::kBF16, b), View(DType::kBF16, b), ReduceOp::kSum));
+    SY_CHILD_CHECK(b[0].ToFloat() == tri + world && b[1].ToFloat() == -2.0f * tri);
   }
 
   // ReduceScatter (rank-ordered local reduction): in[j] = 1000 * rank + j.
@@ -152,30 +82,31 @@ int CollectivesChild(const std::string& dir, int rank, int world) {
     const int n = 3;
     std::vector<int32_t> in(n * world), out(n, -1);
     for (int j = 0; j < n * world; ++j) in[j] = 1000 * rank + j;
-    CHILD_OK(comm.ReduceScatter(View(DType::kI32, in), View(DType::kI32, out), ReduceOp::kSum));
-    for (int k = 0; k < n; ++k) CHILD_CHECK(out[k] == 1000 * tri + world * (rank * n + k));
-    CHILD_OK(comm.ReduceScatter(View(DType::kI32, in), View(DType::kI32, out), ReduceOp::kMax));
-    for (int k = 0; k < n; ++k) CHILD_CHECK(out[k] == 1000 * (world - 1) + rank * n + k);
+    SY_CHILD_OK(comm.ReduceScatter(View(DType::kI32, in), View(DType::kI32, out), ReduceOp::kSum));
+    for (int k = 0; k < n; ++k) SY_CHILD_CHECK(out[k] == 1000 * tri + world * (rank * n + k));
+    SY_CHILD_OK(comm.ReduceScatter(View(DType::kI32, in), View(DType::kI32, out), ReduceOp::kMax));
+    for (int k = 0; k < n; ++k) SY_CHILD_CHECK(out[k] == 1000 * (world - 1) + rank * n + k);
     std::vector<float> fin(2 * world), fout(2);
     for (int j = 0; j < 2 * world; ++j) fin[j] = 0.25f * rank + j;
-    CHILD_OK(comm.ReduceScatter(View(DType::kF32, fin), View(DType::kF32, fout), ReduceOp::kSum));
-    for (int k = 0; k < 2; ++k) CHILD_CHECK(fout[k] == 0.25f * tri + world * (2 * rank + k));
+    SY_CHILD_OK(
+        comm.ReduceScatter(View(DType::kF32, fin), View(DType::kF32, fout), ReduceOp::kSum));
+    for (int k = 0; k < 2; ++k) SY_CHILD_CHECK(fout[k] == 0.25f * tri + world * (2 * rank + k));
   }
 
   // AllGather / AllGatherV (rank 0 contributes nothing to the V variant).
   {
     std::vector<float> in = {static_cast<float>(rank), rank + 0.5f}, out(2 * world, -1.0f);
-    CHILD_OK(comm.AllGather(View(DType::kF32, in), View(DType::kF32, out)));
-    for (int r = 0; r < world; ++r) CHILD_CHECK(out[2 * r] == r && out[2 * r + 1] == r + 0.5f);
+    SY_CHILD_OK(comm.AllGather(View(DType::kF32, in), View(DType::kF32, out)));
+    for (int r = 0; r < world; ++r) SY_CHILD_CHECK(out[2 * r] == r && out[2 * r + 1] == r + 0.5f);
 
     std::vector<int64_t> counts(world);
     for (int r = 0; r < world; ++r) counts[r] = r;
     std::vector<int64_t> vin(rank), vout(tri, -1);
     for (int j = 0; j < rank; ++j) vin[j] = 100 * rank + j;
-    CHILD_OK(comm.AllGatherV(View(DType::kI64, vin), View(DType::kI64, vout), counts));
+    SY_CHILD_OK(comm.AllGatherV(View(DType::kI64, vin), View(DType::kI64, vout), counts));
     int pos = 0;
     for (int r = 0; r < world; ++r) {
-      for (int j = 0; j < r; ++j) CHILD_CHECK(vout[pos++] == 100 * r + j);
+      for (int j = 0; j < r; ++j) SY_CHILD_CHECK(vout[pos++] == 100 * r + j);
     }
   }
 
@@ -191,11 +122,12 @@ int CollectivesChild(const std::string& dir, int rank, int world) {
     int64_t recv_total = 0;
     for (int64_t c : recv_counts) recv_total += c;
     out.assign(recv_total, -1);
-    CHILD_OK(
+    SY_CHILD_OK(
         comm.AllToAllV(View(DType::kI32, in), send_counts, View(DType::kI32, out), recv_counts));
     int pos = 0;
     for (int s = 0; s < world; ++s) {
-      for (int j = 0; j < recv_counts[s]; ++j) CHILD_CHECK(out[pos++] == 1000 * s + 10 * rank + j);
+      for (int j = 0; j < recv_counts[s]; ++j)
+        SY_CHILD_CHECK(out[pos++] == 1000 * s + 10 * rank + j);
     }
   }
 
@@ -203,8 +135,8 @@ int CollectivesChild(const std::string& dir, int rank, int world) {
   {
     std::vector<int64_t> t = {-1, -2, -3};
     if (rank == world - 1) t = {7, 8, 9};
-    CHILD_OK(comm.Broadcast(View(DType::kI64, t), world - 1));
-    CHILD_CHECK(t == (std::vector<int64_t>{7, 8, 9}));
+    SY_CHILD_OK(comm.Broadcast(View(DType::kI64, t), world - 1));
+    SY_CHILD_CHECK(t == (std::vector<int64_t>{7, 8, 9}));
   }
 
   // Send/Recv: rank 0 sends a distinct message to every other rank, which answers with its rank.
@@ -212,45 +144,46 @@ int CollectivesChild(const std::string& dir, int rank, int world) {
     if (rank == 0) {
       for (int r = 1; r < world; ++r) {
         std::vector<float> msg = {r * 1.5f, -r * 1.0f};
-        CHILD_OK(comm.Send(View(DType::kF32, msg), r, 3));
+        SY_CHILD_OK(comm.Send(View(DType::kF32, msg), r, 3));
       }
       for (int r = 1; r < world; ++r) {
         std::vector<int32_t> reply(1, -1);
-        CHILD_OK(comm.Recv(View(DType::kI32, reply), r, 4));
-        CHILD_CHECK(reply[0] == r * r);
+        SY_CHILD_OK(comm.Recv(View(DType::kI32, reply), r, 4));
+        SY_CHILD_CHECK(reply[0] == r * r);
       }
     } else {
       std::vector<float> msg(2, 0.0f);
-      CHILD_OK(comm.Recv(View(DType::kF32, msg), 0, 3));
-      CHILD_CHECK(msg[0] == rank * 1.5f && msg[1] == -rank * 1.0f);
+      SY_CHILD_OK(comm.Recv(View(DType::kF32, msg), 0, 3));
+      SY_CHILD_CHECK(msg[0] == rank * 1.5f && msg[1] == -rank * 1.0f);
       std::vector<int32_t> reply = {rank * rank};
-      CHILD_OK(comm.Send(View(DType::kI32, reply), 0, 4));
+      SY_CHILD_OK(comm.Send(View(DType::kI32, reply), 0, 4));
     }
   }
 
-  CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Barrier());
 
   // Bad arguments fail locally with INVALID_ARGUMENT naming the group; the group stays usable.
   {
     std::vector<float> a(3), b(4);
     absl::Status s = comm.AllReduce(View(DType::kF32, a), View(DType::kF32, b), ReduceOp::kSum);
-    CHILD_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
-    CHILD_CHECK(comm.Send(View(DType::kF32, a), rank, 0).code() ==
-                absl::StatusCode::kInvalidArgument);
+    SY_CHILD_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
+    SY_CHILD_CHECK(comm.Send(View(DType::kF32, a), rank, 0).code() ==
+                   absl::StatusCode::kInvalidArgument);
     std::vector<uint8_t> u(2);
-    CHILD_CHECK(comm.AllReduce(View(DType::kU8, u), View(DType::kU8, u), ReduceOp::kSum).code() ==
-                absl::StatusCode::kInvalidArgument);
-    CHILD_OK(comm.Barrier());
+    SY_CHILD_CHECK(
+        comm.AllReduce(View(DType::kU8, u), View(DType::kU8, u), ReduceOp::kSum).code() ==
+        absl::StatusCode::kInvalidArgument);
+    SY_CHILD_OK(comm.Barrier());
   }
   return 0;
 }
 
 TEST(GlooCommunicatorTest, AllCollectivesExact) {
   for (int world : {2, 3, 4}) {
-    const std::string dir = StoreDir(absl::StrCat("collectives_w", world));
+    const std::string dir = testing::UniqueStoreDir(absl::StrCat("collectives_w", world));
     const absl::Time start = absl::Now();
-    std::vector<int> codes = RunProcesses(
+    std::vector<int> codes = testing::RunProcesses(
         world, absl::Seconds(30), [&](int rank) { return CollectivesChild(dir, rank, world); });
     std::printf("W=%d: all collectives in %s\n", world,
                 absl::FormatDuration(absl::Now() - start).c_str());
@@ -266,39 +199,39 @@ TEST(GlooCommunicatorTest, ParallelLayoutSubgroups) {
   dims.expert_model_parallel_size = 2;
   absl::StatusOr<ParallelLayout> layout = ParallelLayout::Create(dims);
   ASSERT_TRUE(layout.ok()) << layout.status();
-  const std::string dir = StoreDir("subgroups");
-  std::vector<int> codes = RunProcesses(4, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = OpenStore(dir);
-    CHILD_CHECK(store != nullptr);
+  const std::string dir = testing::UniqueStoreDir("subgroups");
+  std::vector<int> codes = testing::RunProcesses(4, absl::Seconds(30), [&](int rank) -> int {
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
     GlooOptions options;
     options.timeout = absl::Seconds(10);
     auto world = GlooCommunicator::Create(store, rank, 4, options);
-    CHILD_OK(world.status());
+    SY_CHILD_OK(world.status());
     for (ParallelGroup kind :
          {ParallelGroup::kExpert, ParallelGroup::kExpertData, ParallelGroup::kData}) {
       const std::vector<int> members = layout->Group(kind, rank);
       auto group = (*world)->CreateSubgroup(members, std::string(ParallelGroupName(kind)));
-      CHILD_OK(group.status());
-      CHILD_CHECK((*group)->size() == static_cast<int>(members.size()));
-      CHILD_CHECK((*group)->rank() == layout->RankInGroup(kind, rank));
+      SY_CHILD_OK(group.status());
+      SY_CHILD_CHECK((*group)->size() == static_cast<int>(members.size()));
+      SY_CHILD_CHECK((*group)->rank() == layout->RankInGroup(kind, rank));
       std::vector<int32_t> v = {rank + 1};
-      CHILD_OK((*group)->AllReduce(View(DType::kI32, v), View(DType::kI32, v), ReduceOp::kSum));
+      SY_CHILD_OK((*group)->AllReduce(View(DType::kI32, v), View(DType::kI32, v), ReduceOp::kSum));
       int expected = 0;
       for (int m : members) expected += m + 1;
-      CHILD_CHECK(v[0] == expected);
+      SY_CHILD_CHECK(v[0] == expected);
       std::vector<int32_t> me = {rank}, all(members.size(), -1);
-      CHILD_OK((*group)->AllGather(View(DType::kI32, me), View(DType::kI32, all)));
-      CHILD_CHECK(all == std::vector<int32_t>(members.begin(), members.end()));
+      SY_CHILD_OK((*group)->AllGather(View(DType::kI32, me), View(DType::kI32, all)));
+      SY_CHILD_CHECK(all == std::vector<int32_t>(members.begin(), members.end()));
     }
     // The world group still works after the sub-groups.
-    CHILD_OK((*world)->Barrier());
+    SY_CHILD_OK((*world)->Barrier());
     // Not a member: INVALID_ARGUMENT naming the rank.
     std::vector<int> others;
     for (int r = 0; r < 4; ++r) {
       if (r != rank) others.push_back(r);
     }
-    CHILD_CHECK((*world)->CreateSubgroup(others, "x").status().code() ==
-                absl::StatusCode::kInvalidArgument);
+    SY_CHILD_CHECK((*world)->CreateSubgroup(others, "x").status().code() ==
+                   absl::StatusCode::kInvalidArgument);
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>(4, 0));
@@ -309,17 +242,17 @@ TEST(GlooCommunicatorTest, ParallelLayoutSubgroups) {
 // One child exits abruptly after the first barrier; the others' next collective must fail within
 // a bounded time with an error naming the group, and every later call must fail too.
 TEST(GlooCommunicatorTest, KilledPeerFailsCollectivesWithinTimeout) {
-  const std::string dir = StoreDir("killed");
+  const std::string dir = testing::UniqueStoreDir("killed");
   constexpr int kWorld = 3;
   constexpr int kDeadCode = 42;
-  std::vector<int> codes = RunProcesses(kWorld, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = OpenStore(dir);
-    CHILD_CHECK(store != nullptr);
+  std::vector<int> codes = testing::RunProcesses(kWorld, absl::Seconds(30), [&](int rank) -> int {
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
     GlooOptions options;
     options.timeout = absl::Seconds(5);
     auto comm = GlooCommunicator::Create(store, rank, kWorld, options);
-    CHILD_OK(comm.status());
-    CHILD_OK((*comm)->Barrier());
+    SY_CHILD_OK(comm.status());
+    SY_CHILD_OK((*comm)->Barrier());
     if (rank == kWorld - 1) _exit(kDeadCode);  // no cleanup: the sockets just close
     const absl::Time start = absl::Now();
     std::vector<float> v(1000, 1.0f);
@@ -327,14 +260,14 @@ TEST(GlooCommunicatorTest, KilledPeerFailsCollectivesWithinTimeout) {
     const absl::Duration took = absl::Now() - start;
     std::fprintf(stderr, "rank %d: after the peer died, AllReduce failed in %s: %s\n", rank,
                  absl::FormatDuration(took).c_str(), s.ToString().c_str());
-    CHILD_CHECK(!s.ok());
-    CHILD_CHECK(s.code() == absl::StatusCode::kUnavailable ||
-                s.code() == absl::StatusCode::kDeadlineExceeded);
-    CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
-    CHILD_CHECK(took < absl::Seconds(8));
+    SY_CHILD_CHECK(!s.ok());
+    SY_CHILD_CHECK(s.code() == absl::StatusCode::kUnavailable ||
+                   s.code() == absl::StatusCode::kDeadlineExceeded);
+    SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
+    SY_CHILD_CHECK(took < absl::Seconds(8));
     absl::Status later = (*comm)->Barrier();
-    CHILD_CHECK(later.code() == s.code());
-    CHILD_CHECK(absl::StrContains(later.message(), "group 'world'"));
+    SY_CHILD_CHECK(later.code() == s.code());
+    SY_CHILD_CHECK(absl::StrContains(later.message(), "group 'world'"));
     return 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0, kDeadCode}));
@@ -342,14 +275,14 @@ TEST(GlooCommunicatorTest, KilledPeerFailsCollectivesWithinTimeout) {
 
 // A peer that is alive but never joins the collective: DEADLINE_EXCEEDED after the timeout.
 TEST(GlooCommunicatorTest, HungPeerTimesOut) {
-  const std::string dir = StoreDir("hung");
-  std::vector<int> codes = RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = OpenStore(dir);
-    CHILD_CHECK(store != nullptr);
+  const std::string dir = testing::UniqueStoreDir("hung");
+  std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
     GlooOptions options;
     options.timeout = absl::Seconds(1);
     auto comm = GlooCommunicator::Create(store, rank, 2, options);
-    CHILD_OK(comm.status());
+    SY_CHILD_OK(comm.status());
     if (rank == 1) {
       absl::SleepFor(absl::Seconds(3));
       return 0;
@@ -360,9 +293,9 @@ TEST(GlooCommunicatorTest, HungPeerTimesOut) {
     const absl::Duration took = absl::Now() - start;
     std::fprintf(stderr, "rank 0: with a hung peer, AllReduce failed in %s: %s\n",
                  absl::FormatDuration(took).c_str(), s.ToString().c_str());
-    CHILD_CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
-    CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
-    CHILD_CHECK(took >= absl::Milliseconds(900) && took < absl::Seconds(3));
+    SY_CHILD_CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+    SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
+    SY_CHILD_CHECK(took >= absl::Milliseconds(900) && took < absl::Seconds(3));
     return 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
@@ -370,20 +303,20 @@ TEST(GlooCommunicatorTest, HungPeerTimesOut) {
 
 // Abort on one rank: its later calls return ABORTED, the peer's pending barrier fails.
 TEST(GlooCommunicatorTest, AbortFailsLaterCallsAndPeers) {
-  const std::string dir = StoreDir("abort");
-  std::vector<int> codes = RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = OpenStore(dir);
-    CHILD_CHECK(store != nullptr);
+  const std::string dir = testing::UniqueStoreDir("abort");
+  std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
     GlooOptions options;
     options.timeout = absl::Seconds(5);
     auto comm = GlooCommunicator::Create(store, rank, 2, options);
-    CHILD_OK(comm.status());
-    CHILD_OK((*comm)->Barrier());
+    SY_CHILD_OK(comm.status());
+    SY_CHILD_OK((*comm)->Barrier());
     if (rank == 0) {
       (*comm)->Abort();
       absl::Status s = (*comm)->Barrier();
-      CHILD_CHECK(s.code() == absl::StatusCode::kAborted);
-      CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
+      SY_CHILD_CHECK(s.code() == absl::StatusCode::kAborted);
+      SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
       absl::SleepFor(absl::Milliseconds(500));  // stay alive: rank 1 must see the close itself
       return 0;
     }
@@ -391,8 +324,8 @@ TEST(GlooCommunicatorTest, AbortFailsLaterCallsAndPeers) {
     absl::Status s = (*comm)->Barrier();
     std::fprintf(stderr, "rank 1: peer aborted, Barrier failed in %s: %s\n",
                  absl::FormatDuration(absl::Now() - start).c_str(), s.ToString().c_str());
-    CHILD_CHECK(!s.ok());
-    CHILD_CHECK(absl::Now() - start < absl::Seconds(6));
+    SY_CHILD_CHECK(!s.ok());
+    SY_CHILD_CHECK(absl::Now() - start < absl::Seconds(6));
     return 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
@@ -400,17 +333,17 @@ TEST(GlooCommunicatorTest, AbortFailsLaterCallsAndPeers) {
 
 // A member that never shows up: Create fails with DEADLINE_EXCEEDED naming the missing key.
 TEST(GlooCommunicatorTest, RendezvousTimeoutNamesTheKey) {
-  const std::string dir = StoreDir("rendezvous");
-  std::vector<int> codes = RunProcesses(1, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = OpenStore(dir);
-    CHILD_CHECK(store != nullptr);
+  const std::string dir = testing::UniqueStoreDir("rendezvous");
+  std::vector<int> codes = testing::RunProcesses(1, absl::Seconds(30), [&](int rank) -> int {
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
     GlooOptions options;
     options.timeout = absl::Milliseconds(300);
     auto comm = GlooCommunicator::Create(store, 0, 2, options, "lonely");
     std::fprintf(stderr, "rank 0: %s\n", comm.status().ToString().c_str());
-    CHILD_CHECK(comm.status().code() == absl::StatusCode::kDeadlineExceeded);
-    CHILD_CHECK(absl::StrContains(comm.status().message(), "group 'lonely'"));
-    CHILD_CHECK(absl::StrContains(comm.status().message(), "gloo/lonely/"));
+    SY_CHILD_CHECK(comm.status().code() == absl::StatusCode::kDeadlineExceeded);
+    SY_CHILD_CHECK(absl::StrContains(comm.status().message(), "group 'lonely'"));
+    SY_CHILD_CHECK(absl::StrContains(comm.status().message(), "gloo/lonely/"));
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>{0});
@@ -419,7 +352,7 @@ TEST(GlooCommunicatorTest, RendezvousTimeoutNamesTheKey) {
 // Threads of one process (inside one forked child, so the parent stays thread-free) rendezvous
 // through an InMemoryKvStore.
 TEST(GlooCommunicatorTest, ThreadsWithInMemoryStore) {
-  std::vector<int> codes = RunProcesses(1, absl::Seconds(30), [&](int) -> int {
+  std::vector<int> codes = testing::RunProcesses(1, absl::Seconds(30), [&](int) -> int {
     constexpr int kWorld = 3;
     auto store = std::make_shared<InMemoryKvStore>();
     std::vector<int> results(kWorld, -1);
@@ -437,7 +370,7 @@ TEST(GlooCommunicatorTest, ThreadsWithInMemoryStore) {
       });
     }
     for (auto& t : threads) t.join();
-    CHILD_CHECK(results == std::vector<int>(kWorld, 6));
+    SY_CHILD_CHECK(results == std::vector<int>(kWorld, 6));
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>{0});

@@ -39,75 +39,13 @@
 #include "kernels/optim/grad_norm.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/kv_store.h"
+#include "worker/comm/testing/forked_ranks.h"
 
 namespace switchyard::train {
 namespace {
 
-int g_rank = -1;
-
-#define CHILD_CHECK(cond)                                                                    \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, \
-                   #cond);                                                                   \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
-#define CHILD_OK(expr)                                                                    \
-  do {                                                                                    \
-    absl::Status s_ = (expr);                                                             \
-    if (!s_.ok()) {                                                                       \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #expr, \
-                   s_.ToString().c_str());                                                \
-      return 1;                                                                           \
-    }                                                                                     \
-  } while (0)
-
 constexpr int kSteps = 5;
 constexpr double kRelTol = 1e-6;
-
-std::string StoreDir(const std::string& name) {
-  static int counter = 0;
-  const char* t = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(t ? t : "/tmp", "/dist_opt_test_", name, "_", getpid(), "_", counter++);
-}
-
-// Forks `world` children running body(rank); returns their exit codes (128 + signal if killed).
-std::vector<int> RunProcesses(int world, absl::Duration limit,
-                              const std::function<int(int rank)>& body) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids(world);
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      g_rank = r;
-      int code = body(r);
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids[r] = pid;
-  }
-  std::vector<int> codes(world, -1);
-  const absl::Time deadline = absl::Now() + limit;
-  int remaining = world;
-  while (remaining > 0) {
-    for (int r = 0; r < world; ++r) {
-      if (codes[r] != -1) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --remaining;
-      }
-    }
-    if (remaining > 0 && absl::Now() > deadline) {
-      for (int r = 0; r < world; ++r) {
-        if (codes[r] == -1) kill(pids[r], SIGKILL);
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return codes;
-}
 
 Tensor View(std::vector<float>& v) {
   return Tensor(DType::kF32, {static_cast<int64_t>(v.size())}, Device::Cpu(), v.data());
@@ -154,24 +92,24 @@ float ClipAt(int step, int64_t n) {
 // One rank: distributed vs replicated for kSteps steps.
 int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int64_t decay_end) {
   absl::StatusOr<std::unique_ptr<comm::FileKvStore>> store = comm::FileKvStore::Create(dir);
-  CHILD_OK(store.status());
+  SY_CHILD_OK(store.status());
   comm::GlooOptions options;
   options.timeout = absl::Seconds(20);
   absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> made = comm::GlooCommunicator::Create(
       std::shared_ptr<comm::KvStore>(std::move(*store)), rank, world, options, "dp");
-  CHILD_OK(made.status());
+  SY_CHILD_OK(made.status());
   comm::Communicator* dp = made->get();
 
   const int64_t padded = PaddedSize(n, world);
-  CHILD_CHECK(padded % world == 0 && padded >= n && padded - n < world);
+  SY_CHILD_CHECK(padded % world == 0 && padded >= n && padded - n < world);
   std::vector<float> master = RandomVector(n, 42, 0.5f);
   absl::StatusOr<std::unique_ptr<DistributedAdamW>> dist =
       DistributedAdamW::Create(dp, Device::Cpu(), n, decay_end, View(master), Hp());
-  CHILD_OK(dist.status());
+  SY_CHILD_OK(dist.status());
   absl::StatusOr<std::unique_ptr<ReplicatedAdamW>> repl =
       ReplicatedAdamW::Create(dp, Device::Cpu(), n, decay_end, View(master), Hp());
-  CHILD_OK(repl.status());
-  CHILD_CHECK((*dist)->shard_size() * world == padded);
+  SY_CHILD_OK(repl.status());
+  SY_CHILD_CHECK((*dist)->shard_size() * world == padded);
 
   std::vector<float> params_d(padded, -1.0f), params_r(n, -2.0f);
   double worst = 0, worst_norm = 0;
@@ -182,13 +120,13 @@ int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int
     const double lr = 1e-2 * step;
     absl::StatusOr<OptimizerStepResult> rd =
         (*dist)->Step(Stream::Cpu(), View(g), View(params_d), lr, step, ClipAt(step, n));
-    CHILD_OK(rd.status());
+    SY_CHILD_OK(rd.status());
     absl::StatusOr<OptimizerStepResult> rr =
         (*repl)->Step(Stream::Cpu(), Prefix(g, n), View(params_r), lr, step, ClipAt(step, n));
-    CHILD_OK(rr.status());
-    CHILD_CHECK(!rd->skipped && !rr->skipped);
-    CHILD_CHECK(Close(rd->grad_norm, rr->grad_norm, kRelTol));
-    CHILD_CHECK(Close(rd->clip_coef, rr->clip_coef, kRelTol));
+    SY_CHILD_OK(rr.status());
+    SY_CHILD_CHECK(!rd->skipped && !rr->skipped);
+    SY_CHILD_CHECK(Close(rd->grad_norm, rr->grad_norm, kRelTol));
+    SY_CHILD_CHECK(Close(rd->clip_coef, rr->clip_coef, kRelTol));
     if (rd->clip_coef < 1.0f) ++clipped;
     worst_norm =
         std::max(worst_norm, std::fabs(double{rd->grad_norm} - rr->grad_norm) / rr->grad_norm);
@@ -206,18 +144,18 @@ int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int
         worst_r = params_r[i];
       }
     }
-    for (int64_t i = n; i < padded; ++i) CHILD_CHECK(params_d[i] == 0.0f);
+    for (int64_t i = n; i < padded; ++i) SY_CHILD_CHECK(params_d[i] == 0.0f);
     // The step really moved the parameters (the check above is not vacuous).
-    CHILD_CHECK(std::fabs(params_r[0] - master[0]) > 1e-4);
+    SY_CHILD_CHECK(std::fabs(params_r[0] - master[0]) > 1e-4);
   }
-  CHILD_CHECK(clipped >= 2);
+  SY_CHILD_CHECK(clipped >= 2);
   // Decay split inside the shard: the replicated master matches this rank's shard.
   const Tensor shard = (*dist)->master_shard();
   const Tensor full = (*repl)->master();
   for (int64_t i = 0; i < (*dist)->shard_size(); ++i) {
     const int64_t gi = (*dist)->shard_begin() + i;
     const float want = gi < n ? full.as<float>()[gi] : 0.0f;
-    CHILD_CHECK(Close(shard.as<float>()[i], want, kRelTol));
+    SY_CHILD_CHECK(Close(shard.as<float>()[i], want, kRelTol));
   }
   if (rank == 0) {
     std::printf(
@@ -231,8 +169,8 @@ int EquivalenceChild(const std::string& dir, int rank, int world, int64_t n, int
 }
 
 void RunEquivalence(int world, int64_t n, int64_t decay_end) {
-  const std::string dir = StoreDir(absl::StrCat("dp", world));
-  std::vector<int> codes = RunProcesses(world, absl::Seconds(25), [&](int rank) {
+  const std::string dir = comm::testing::UniqueStoreDir(absl::StrCat("dp", world));
+  std::vector<int> codes = comm::testing::RunProcesses(world, absl::Seconds(25), [&](int rank) {
     return EquivalenceChild(dir, rank, world, n, decay_end);
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
