@@ -1,0 +1,127 @@
+// File: worker/model/allgather_dispatcher.h
+//
+// The `allgather` token dispatcher of megatron_moe.md §3.3 (MoEAllGatherTokenDispatcher), for
+// expert parallelism over one group (ETP = 1, so the spec's ETP×EP group is the EP group),
+// dropless. Experts are sharded in blocks: global expert e lives on EP rank e / L, L = E / EP local
+// experts, local index e % L.
+//
+// Phases (TokenDispatcher, dispatcher.h), per micro-batch of T local tokens:
+//   DispatchPreprocess   Checks the inputs (nothing to permute before the gather).
+//   Dispatch      [comm] AllGather of T over EP -> T_j per rank; AllGatherV of x, topk_idx and
+//                        topk_probs -> the global batch [T' = sum T_j] in rank order.
+//   DispatchPostprocess  Keeps the slots routed to this rank's experts (others become -1, ids
+//                        become local), then Permute over the L local experts -> state.expert_x /
+//                        expert_probs / tokens_per_expert.
+//   CombinePreprocess    Unpermute into the global batch [T', H]: per token, the sum of its slots
+//                        on THIS rank's experts (zeros for tokens with none).
+//   Combine       [comm] ReduceScatter (sum) over EP: each rank gets its own tokens' rows. Uneven
+//                        T_j are handled by laying the global batch out padded, T_max rows per
+//                        rank (padding rows are zero), since ReduceScatter takes equal chunks.
+//   CombinePostprocess   Copies the first T rows of the reduced [T_max, H] chunk to `out`.
+// Inside each local expert, rows come in ascending GLOBAL token order: exactly what
+// LocalDispatcher gives on the concatenated batch (tested, bit for bit). Probabilities travel
+// with the rows and are applied by the experts (as in LocalDispatcher).
+//
+// Numerics: a token whose k slots land on several ranks is summed in two stages (Unpermute's
+// slot-order sum per rank, then the reduce-scatter across ranks), so `out` and `dx` can differ
+// from LocalDispatcher on the same tokens by rounding (a few ulps); d_topk_probs is exact (each
+// slot has exactly one owner, the other ranks contribute 0). EP = 1 is bit-identical to
+// LocalDispatcher.
+//
+// Deliberate differences from Megatron:
+// - Megatron gathers a dense routing map [T', E] and probs [T', E]; here the sparse topk_idx /
+//   topk_probs [T', k] are gathered (k <= E elements per token instead of 2E).
+// - Megatron casts y to the probs dtype for the reduce-scatter; here it is reduced in the
+//   activation dtype (identical for f32; for bf16 the cross-rank sum is rounded to bf16 per step).
+// - The expert-side buffers have a STATIC capacity R = EP * max_tokens * k rows (Permute's dropless
+//   contract for the global batch); rows past sum(tokens_per_expert) are unspecified. Megatron
+//   sizes them dynamically (host sync on tokens_per_expert).
+// - Uneven token counts per rank are supported (AllGatherV + padded reduce-scatter); Megatron's
+//   all-gather needs equal T on every rank.
+// - No ETP > 1, no drop-and-pad, no router padding for FP8.
+//
+// Host synchronisation: the gathered sizes T_j must be known on the host. The CPU path reads them
+// directly. The CUDA path is NOT implemented (Create returns UNIMPLEMENTED for a CUDA device); see
+// the TODO in allgather_dispatcher.cc.
+//
+// Backward: CombineBackward = AllGatherV of dout (adjoint of the reduce-scatter), then
+// UnpermuteBackward; DispatchBackward = PermuteBackward over the global batch, then ReduceScatter
+// (adjoint of the all-gather) of dx and d_topk_probs. They reuse the sizes of the forward call of
+// the same micro-batch.
+//
+// Owns its buffers (sized at Create); borrows the EP communicator, which must outlive it. Used
+// from one thread; every EP rank must run the same sequence of phases.
+#ifndef SWITCHYARD_WORKER_MODEL_ALLGATHER_DISPATCHER_H_
+#define SWITCHYARD_WORKER_MODEL_ALLGATHER_DISPATCHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "kernels/buffer.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/dispatcher.h"
+
+namespace switchyard::model {
+
+class AllGatherDispatcher final : public TokenDispatcher {
+ public:
+  // ep_group: the EP group (rank r holds global experts [r*L, (r+1)*L)), not owned;
+  // ep_size must equal ep_group->size(); num_experts % ep_size == 0; topk <= num_experts.
+  // max_tokens: most tokens per micro-batch on ANY rank of the group. CPU device only for now.
+  static absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> Create(
+      comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
+      int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk);
+
+  int64_t ExpertRowCapacity() const override { return rows_; }
+  int num_local_experts() const override { return num_local_; }
+  bool pads_to_capacity() const override { return false; }
+
+  absl::Status DispatchPreprocess(const Stream& stream, DispatchState* state) override;
+  absl::Status Dispatch(const Stream& stream, DispatchState* state) override;
+  absl::Status DispatchPostprocess(const Stream& stream, DispatchState* state) override;
+  absl::Status CombinePreprocess(const Stream& stream, DispatchState* state) override;
+  absl::Status Combine(const Stream& stream, DispatchState* state) override;
+  absl::Status CombinePostprocess(const Stream& stream, DispatchState* state,
+                                  const Tensor& out) override;
+  absl::Status CombineBackward(const Stream& stream, const Tensor& dout,
+                               DispatchState* state) override;
+  absl::Status DispatchBackward(const Stream& stream, DispatchState* state, const Tensor& dx,
+                                const Tensor& d_topk_probs) override;
+
+  // Tokens of each EP rank in the current micro-batch (valid after Dispatch).
+  const std::vector<int64_t>& tokens_per_rank() const { return tokens_per_rank_; }
+
+ private:
+  AllGatherDispatcher() = default;
+  // Copies the compact global rows [T', width] of `compact` into `padded` [EP * T_max, width]
+  // (rank j's rows at j * T_max, padding rows zeroed).
+  void Spread(const Tensor& compact, const Tensor& padded, int64_t width) const;
+  std::vector<int64_t> Elements(int64_t per_row) const;
+
+  comm::Communicator* ep_ = nullptr;
+  int ep_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
+  int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0;
+  DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
+  // Global (gathered) side: [EP * max_tokens] tokens.
+  kernels::Buffer my_count_, counts_, global_x_, global_idx_, local_idx_, global_probs_, row_map_,
+      global_y_, padded_y_, padded_probs_, global_d_probs_, workspace_;
+  // Local side: [max_tokens] tokens.
+  kernels::Buffer reduced_y_, reduced_probs_;
+  // Expert side: [rows_] rows.
+  kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, d_expert_out_,
+      d_expert_x_, d_expert_probs_;
+  Tensor row_map_view_;   // [T', k] of the current micro-batch
+  DispatchState inputs_;  // x / topk_idx / topk_probs of the current micro-batch
+  int64_t num_tokens_ = 0, global_tokens_ = 0, max_rank_tokens_ = 0;
+  std::vector<int64_t> tokens_per_rank_;
+  enum class Phase { kIdle, kPreprocessed, kDispatched, kPostprocessed, kCombinePre, kCombined };
+  Phase phase_ = Phase::kIdle;
+  bool have_forward_ = false;  // sizes valid for the backward
+};
+
+}  // namespace switchyard::model
+
+#endif  // SWITCHYARD_WORKER_MODEL_ALLGATHER_DISPATCHER_H_
