@@ -30,37 +30,19 @@
 #include "kernels/testing/gpu.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/testing/forked_ranks.h"
 
 namespace switchyard::comm {
 namespace {
 
-int g_rank = -1;
-
-#define CHILD_CHECK(cond)                                                                    \
+#define CHILD_CUDA(expr)                                                                     \
   do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", g_rank, __FILE__, __LINE__, \
-                   #cond);                                                                   \
+    cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", comm::testing::ChildRank(), __FILE__, \
+                   __LINE__, #expr, cudaGetErrorString(e_));                                 \
       return 1;                                                                              \
     }                                                                                        \
-  } while (0)
-#define CHILD_OK(expr)                                                                    \
-  do {                                                                                    \
-    absl::Status s_ = (expr);                                                             \
-    if (!s_.ok()) {                                                                       \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #expr, \
-                   s_.ToString().c_str());                                                \
-      return 1;                                                                           \
-    }                                                                                     \
-  } while (0)
-#define CHILD_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(e_));                                               \
-      return 1;                                                                           \
-    }                                                                                     \
   } while (0)
 
 // Element conversions for the exact checks (all values are small integers).
@@ -147,8 +129,8 @@ bool Exact(const char* what, const std::vector<T>& got, Want want) {
   for (size_t i = 0; i < got.size(); ++i) {
     const double g = Value(got[i]), w = want(static_cast<int64_t>(i));
     if (!(g == w)) {
-      std::fprintf(stderr, "rank %d: %s: element %zu of %zu: got %g, want %g\n", g_rank, what, i,
-                   got.size(), g, w);
+      std::fprintf(stderr, "rank %d: %s: element %zu of %zu: got %g, want %g\n",
+                   comm::testing::ChildRank(), what, i, got.size(), g, w);
       return false;
     }
   }
@@ -166,12 +148,12 @@ int CheckAllReduce(NcclCommunicator& comm, int device) {
     DeviceVec<T> in, out;
     CHILD_CUDA(in.Upload(host, device));
     CHILD_CUDA(out.Poisoned(n, device));
-    CHILD_OK(comm.AllReduce(in.tensor(), out.tensor(), op));
+    SY_CHILD_OK(comm.AllReduce(in.tensor(), out.tensor(), op));
     std::vector<T> got;
     CHILD_CUDA(out.Download(&got));
     const std::string what =
         absl::StrCat("AllReduce ", DTypeName(DTypeOf<T>()), " ", ReduceOpName(op));
-    CHILD_CHECK(Exact(what.c_str(), got, [&](int64_t i) -> double {
+    SY_CHILD_CHECK(Exact(what.c_str(), got, [&](int64_t i) -> double {
       const double v = static_cast<double>(i % 7 - 3);
       switch (op) {
         case ReduceOp::kSum:
@@ -186,24 +168,25 @@ int CheckAllReduce(NcclCommunicator& comm, int device) {
   // In place, sum.
   DeviceVec<T> io;
   CHILD_CUDA(io.Upload(host, device));
-  CHILD_OK(comm.AllReduce(io.tensor(), io.tensor(), ReduceOp::kSum));
+  SY_CHILD_OK(comm.AllReduce(io.tensor(), io.tensor(), ReduceOp::kSum));
   std::vector<T> got;
   CHILD_CUDA(io.Download(&got));
-  CHILD_CHECK(Exact("AllReduce in place", got,
-                    [&](int64_t i) { return w * (w + 1) / 2.0 * static_cast<double>(i % 7 - 3); }));
+  SY_CHILD_CHECK(Exact("AllReduce in place", got, [&](int64_t i) {
+    return w * (w + 1) / 2.0 * static_cast<double>(i % 7 - 3);
+  }));
   return 0;
 }
 
 int RunCollectives(const std::string& dir, int rank, int world) {
   auto store_or = FileKvStore::Create(dir);
-  CHILD_OK(store_or.status());
+  SY_CHILD_OK(store_or.status());
   std::shared_ptr<KvStore> store = std::move(store_or).value();
   NcclOptions options;
   options.timeout = absl::Seconds(60);
   auto comm_or = NcclCommunicator::Create(store, rank, world, rank, nullptr, options, "world");
-  CHILD_OK(comm_or.status());
+  SY_CHILD_OK(comm_or.status());
   NcclCommunicator& comm = **comm_or;
-  CHILD_CHECK(comm.rank() == rank && comm.size() == world && comm.name() == "world");
+  SY_CHILD_CHECK(comm.rank() == rank && comm.size() == world && comm.name() == "world");
   const int dev = rank;
   const int w = world, r = rank;
 
@@ -220,10 +203,10 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     DeviceVec<int32_t> in, out;
     CHILD_CUDA(in.Upload(host, dev));
     CHILD_CUDA(out.Poisoned(n, dev));
-    CHILD_OK(comm.ReduceScatter(in.tensor(), out.tensor(), ReduceOp::kSum));
+    SY_CHILD_OK(comm.ReduceScatter(in.tensor(), out.tensor(), ReduceOp::kSum));
     std::vector<int32_t> got;
     CHILD_CUDA(out.Download(&got));
-    CHILD_CHECK(Exact("ReduceScatter", got, [&](int64_t i) {
+    SY_CHILD_CHECK(Exact("ReduceScatter", got, [&](int64_t i) {
       return w * (w + 1) / 2.0 * static_cast<double>((r * n + i) % 11 - 5);
     }));
   }
@@ -234,10 +217,10 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     DeviceVec<int64_t> in, out;
     CHILD_CUDA(in.Upload(host, dev));
     CHILD_CUDA(out.Poisoned(n * w, dev));
-    CHILD_OK(comm.AllGather(in.tensor(), out.tensor()));
+    SY_CHILD_OK(comm.AllGather(in.tensor(), out.tensor()));
     std::vector<int64_t> got;
     CHILD_CUDA(out.Download(&got));
-    CHILD_CHECK(Exact("AllGather", got, [&](int64_t j) { return (j / n) * 1000.0 + j % n; }));
+    SY_CHILD_CHECK(Exact("AllGather", got, [&](int64_t j) { return (j / n) * 1000.0 + j % n; }));
   }
   {  // AllGatherV (f32): counts[c] = 3c mod 4 (rank 0 contributes nothing), values c*100 + i.
     std::vector<int64_t> counts(w);
@@ -248,14 +231,14 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     DeviceVec<float> in, out;
     CHILD_CUDA(in.Upload(host, dev));
     CHILD_CUDA(out.Poisoned(total, dev));
-    CHILD_OK(comm.AllGatherV(in.tensor(), out.tensor(), counts));
+    SY_CHILD_OK(comm.AllGatherV(in.tensor(), out.tensor(), counts));
     std::vector<float> got;
     CHILD_CUDA(out.Download(&got));
     std::vector<double> want;
     for (int c = 0; c < w; ++c) {
       for (int64_t i = 0; i < counts[c]; ++i) want.push_back(c * 100.0 + i);
     }
-    CHILD_CHECK(Exact("AllGatherV", got, [&](int64_t j) { return want[j]; }));
+    SY_CHILD_CHECK(Exact("AllGatherV", got, [&](int64_t j) { return want[j]; }));
   }
   {  // AllToAllV (i32): r sends (r + 2p) % 3 elements to p: r*10000 + p*100 + k.
     std::vector<int64_t> send(w), recv(w);
@@ -270,10 +253,10 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     DeviceVec<int32_t> in, out;
     CHILD_CUDA(in.Upload(host, dev));
     CHILD_CUDA(out.Poisoned(static_cast<int64_t>(want.size()), dev));
-    CHILD_OK(comm.AllToAllV(in.tensor(), send, out.tensor(), recv));
+    SY_CHILD_OK(comm.AllToAllV(in.tensor(), send, out.tensor(), recv));
     std::vector<int32_t> got;
     CHILD_CUDA(out.Download(&got));
-    CHILD_CHECK(Exact("AllToAllV", got, [&](int64_t j) { return want[j]; }));
+    SY_CHILD_CHECK(Exact("AllToAllV", got, [&](int64_t j) { return want[j]; }));
   }
   {  // Send/Recv around a ring: even ranks send first, odd ranks receive first.
     const int64_t n = 513;
@@ -284,15 +267,15 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(sbuf.Upload(host, dev));
     CHILD_CUDA(rbuf.Poisoned(n, dev));
     if (r % 2 == 0) {
-      CHILD_OK(comm.Send(sbuf.tensor(), next, 5));
-      CHILD_OK(comm.Recv(rbuf.tensor(), prev, 5));
+      SY_CHILD_OK(comm.Send(sbuf.tensor(), next, 5));
+      SY_CHILD_OK(comm.Recv(rbuf.tensor(), prev, 5));
     } else {
-      CHILD_OK(comm.Recv(rbuf.tensor(), prev, 5));
-      CHILD_OK(comm.Send(sbuf.tensor(), next, 5));
+      SY_CHILD_OK(comm.Recv(rbuf.tensor(), prev, 5));
+      SY_CHILD_OK(comm.Send(sbuf.tensor(), next, 5));
     }
     std::vector<int32_t> got;
     CHILD_CUDA(rbuf.Download(&got));
-    CHILD_CHECK(Exact("Recv", got, [&](int64_t i) { return prev * 7.0 + i; }));
+    SY_CHILD_CHECK(Exact("Recv", got, [&](int64_t i) { return prev * 7.0 + i; }));
   }
   {  // Broadcast from the last rank; the others start poisoned.
     const int64_t n = 300;
@@ -305,13 +288,13 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     } else {
       CHILD_CUDA(t.Poisoned(n, dev));
     }
-    CHILD_OK(comm.Broadcast(t.tensor(), root));
+    SY_CHILD_OK(comm.Broadcast(t.tensor(), root));
     std::vector<BF16> got;
     CHILD_CUDA(t.Download(&got));
-    CHILD_CHECK(
+    SY_CHILD_CHECK(
         Exact("Broadcast", got, [](int64_t i) { return static_cast<double>(i % 200 - 100); }));
   }
-  CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Barrier());
 
   // Argument errors come back before any communication and name the group.
   {
@@ -320,50 +303,50 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     DeviceVec<int32_t> b;
     CHILD_CUDA(b.Poisoned(4, dev));
     const absl::Status s = comm.AllReduce(a.tensor(), b.tensor(), ReduceOp::kSum);
-    CHILD_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
-    CHILD_OK(comm.Barrier());  // not broken by an argument error
+    SY_CHILD_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
+    SY_CHILD_OK(comm.Barrier());  // not broken by an argument error
   }
 
   {  // Sub-groups: by parity (NCCL split colors 0 and 1), and all ranks in reverse order.
     std::vector<int> parity;
     for (int q = r % 2; q < w; q += 2) parity.push_back(q);
     auto sub_or = comm.CreateSubgroup(parity, "parity");
-    CHILD_OK(sub_or.status());
-    CHILD_CHECK(*sub_or != nullptr);
+    SY_CHILD_OK(sub_or.status());
+    SY_CHILD_CHECK(*sub_or != nullptr);
     NcclCommunicator& sub = **sub_or;
-    CHILD_CHECK(sub.size() == static_cast<int>(parity.size()) && sub.rank() == r / 2);
-    CHILD_CHECK(absl::StartsWith(sub.name(), "parity["));
+    SY_CHILD_CHECK(sub.size() == static_cast<int>(parity.size()) && sub.rank() == r / 2);
+    SY_CHILD_CHECK(absl::StartsWith(sub.name(), "parity["));
     DeviceVec<int32_t> v;
     CHILD_CUDA(v.Upload({r + 1}, dev));
-    CHILD_OK(sub.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
+    SY_CHILD_OK(sub.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
     std::vector<int32_t> got;
     CHILD_CUDA(v.Download(&got));
     double want = 0;
     for (int q : parity) want += q + 1;
-    CHILD_CHECK(Exact("parity AllReduce", got, [&](int64_t) { return want; }));
+    SY_CHILD_CHECK(Exact("parity AllReduce", got, [&](int64_t) { return want; }));
 
     std::vector<int> reversed;
     for (int q = w - 1; q >= 0; --q) reversed.push_back(q);
     auto rev_or = comm.CreateSubgroup(reversed, "rev");
-    CHILD_OK(rev_or.status());
+    SY_CHILD_OK(rev_or.status());
     NcclCommunicator& rev = **rev_or;
-    CHILD_CHECK(rev.rank() == w - 1 - r && rev.size() == w);
+    SY_CHILD_CHECK(rev.rank() == w - 1 - r && rev.size() == w);
     DeviceVec<int32_t> mine, all;
     CHILD_CUDA(mine.Upload({r}, dev));
     CHILD_CUDA(all.Poisoned(w, dev));
-    CHILD_OK(rev.AllGather(mine.tensor(), all.tensor()));
+    SY_CHILD_OK(rev.AllGather(mine.tensor(), all.tensor()));
     CHILD_CUDA(all.Download(&got));
-    CHILD_CHECK(Exact("reversed AllGather", got, [&](int64_t c) { return w - 1.0 - c; }));
-    CHILD_OK(comm.Barrier());  // the world group still works after the splits
+    SY_CHILD_CHECK(Exact("reversed AllGather", got, [&](int64_t c) { return w - 1.0 - c; }));
+    SY_CHILD_OK(comm.Barrier());  // the world group still works after the splits
   }
 
   // Abort: later calls are ABORTED; idempotent.
   comm.Abort();
   comm.Abort();
   const absl::Status after = comm.Barrier();
-  CHILD_CHECK(after.code() == absl::StatusCode::kAborted);
-  CHILD_CHECK(absl::StrContains(after.message(), "group 'world'"));
+  SY_CHILD_CHECK(after.code() == absl::StatusCode::kAborted);
+  SY_CHILD_CHECK(absl::StrContains(after.message(), "group 'world'"));
   return 0;
 }
 
@@ -372,17 +355,17 @@ int RunCollectives(const std::string& dir, int rank, int world) {
 // communicator must stay broken.
 int RunKilledPeer(const std::string& dir, int rank, int world) {
   auto store_or = FileKvStore::Create(dir);
-  CHILD_OK(store_or.status());
+  SY_CHILD_OK(store_or.status());
   std::shared_ptr<KvStore> store = std::move(store_or).value();
   NcclOptions options;
   options.timeout = absl::Seconds(15);
   auto comm_or = NcclCommunicator::Create(store, rank, world, rank, nullptr, options, "world");
-  CHILD_OK(comm_or.status());
+  SY_CHILD_OK(comm_or.status());
   NcclCommunicator& comm = **comm_or;
   DeviceVec<int32_t> v;
   CHILD_CUDA(v.Upload(std::vector<int32_t>(1024, 1), rank));
-  CHILD_OK(comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
-  CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
+  SY_CHILD_OK(comm.Barrier());
   if (rank == world - 1) {
     std::fflush(nullptr);
     _exit(0);  // dies without tearing NCCL down
@@ -392,69 +375,21 @@ int RunKilledPeer(const std::string& dir, int rank, int world) {
   const absl::Duration took = absl::Now() - start;
   std::fprintf(stderr, "rank %d: after peer death: %s (%s)\n", rank, s.ToString().c_str(),
                absl::FormatDuration(took).c_str());
-  CHILD_CHECK(s.code() == absl::StatusCode::kUnavailable ||
-              s.code() == absl::StatusCode::kDeadlineExceeded);
-  CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
-  CHILD_CHECK(took < options.timeout + absl::Seconds(10));
+  SY_CHILD_CHECK(s.code() == absl::StatusCode::kUnavailable ||
+                 s.code() == absl::StatusCode::kDeadlineExceeded);
+  SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
+  SY_CHILD_CHECK(took < options.timeout + absl::Seconds(10));
   const absl::Status again = comm.Barrier();
-  CHILD_CHECK(again.code() == s.code());
+  SY_CHILD_CHECK(again.code() == s.code());
   return 0;
-}
-
-// A fresh store directory per run.
-std::string StoreDir(const std::string& name) {
-  static int counter = 0;
-  const char* t = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(t ? t : "/tmp", "/nccl_test_", name, "_", getpid(), "_", counter++);
-}
-
-// Forks `n` children running body(i); returns their exit codes (128 + signal when killed);
-// children still running after `limit` are killed.
-std::vector<int> RunProcesses(int n, absl::Duration limit, const std::function<int(int)>& body) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids(n, -1);
-  for (int i = 0; i < n; ++i) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      g_rank = i;
-      const int code = body(i);
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids[i] = pid;
-  }
-  std::vector<int> codes(n, -1);
-  for (int i = 0; i < n; ++i) {
-    if (pids[i] < 0) codes[i] = 255;  // fork failed
-  }
-  const absl::Time deadline = absl::Now() + limit;
-  for (;;) {
-    int remaining = 0;
-    for (int i = 0; i < n; ++i) {
-      if (codes[i] != -1) continue;
-      int status = 0;
-      if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-        codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      } else {
-        ++remaining;
-      }
-    }
-    if (remaining == 0) return codes;
-    if (absl::Now() > deadline) {
-      for (int i = 0; i < n; ++i) {
-        if (codes[i] == -1) kill(pids[i], SIGKILL);
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
 }
 
 // GPU count from a probe child, so the parent itself never initialises CUDA (fork after CUDA
 // init is unsupported in the child).
 int ProbeGpuCount(std::string* why) {
-  std::vector<int> codes = RunProcesses(1, absl::Seconds(60), [](int) {
+  std::vector<int> codes = comm::testing::RunProcesses(1, absl::Seconds(60), [](int) {
     std::string reason;
-    const int n = testing::CudaDeviceCount(&reason);
+    const int n = ::switchyard::testing::CudaDeviceCount(&reason);
     if (n == 0) std::fprintf(stderr, "probe: %s\n", reason.c_str());
     return std::min(n, 100);
   });
@@ -477,8 +412,8 @@ TEST(NcclCommunicatorGpuTest, EveryCollectiveExact) {
   const int world = WorldSize(&why);
   REQUIRE_TWO_GPUS(world, why);
   setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink SHARP is off on the GPU hosts
-  const std::string dir = StoreDir("collectives");
-  const std::vector<int> codes = RunProcesses(
+  const std::string dir = comm::testing::UniqueStoreDir("collectives");
+  const std::vector<int> codes = comm::testing::RunProcesses(
       world, absl::Seconds(300), [&](int rank) { return RunCollectives(dir, rank, world); });
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
   std::printf("nccl communicator: %d ranks, every collective exact, sub-groups, abort OK\n", world);
@@ -489,8 +424,8 @@ TEST(NcclCommunicatorGpuTest, KilledPeerFailsWithinTimeout) {
   const int world = WorldSize(&why);
   REQUIRE_TWO_GPUS(world, why);
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  const std::string dir = StoreDir("killed");
-  const std::vector<int> codes = RunProcesses(
+  const std::string dir = comm::testing::UniqueStoreDir("killed");
+  const std::vector<int> codes = comm::testing::RunProcesses(
       world, absl::Seconds(120), [&](int rank) { return RunKilledPeer(dir, rank, world); });
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
