@@ -1,11 +1,12 @@
 // File: worker/model/allgather_dispatcher_test.cc
 //
-// AllGatherDispatcher with real processes (helpers in testing/ep_fork.h): each multi-rank test
-// forks W children (before any thread exists in the parent), each connects a GlooCommunicator on
-// loopback through a FileKvStore in TEST_TMPDIR, runs two forward + backward micro-batches (the
-// second with other token counts per rank) through the six phases and reports through its exit
-// code. Every child generates the WHOLE global batch from one seed (drawn by the parent from
-// std::random_device and printed) and compares its results with two single-process references:
+// AllGatherDispatcher with real processes (helpers in testing/ep_fork.h and
+// worker/comm/testing/forked_ranks.h): each multi-rank test forks W children (before any thread
+// exists in the parent), each connects a GlooCommunicator on loopback through a FileKvStore in
+// TEST_TMPDIR, runs two forward + backward micro-batches (the second with other token counts per
+// rank) through the six phases and reports through its exit code. Every child generates the WHOLE
+// global batch from one seed (drawn by the parent from std::random_device and printed) and compares
+// its results with two single-process references:
 //   (a) LocalDispatcher on the concatenated global batch (ranks' tokens in rank order): the rows,
 //       probs and counts this rank's experts receive, and the expert-side gradient rows, must
 //       equal that run's rows for the same global experts, bit for bit and in the same order;
@@ -32,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/testing/forked_ranks.h"
 #include "worker/model/testing/ep_fork.h"
 
 namespace switchyard::model {
@@ -41,15 +43,12 @@ using ep_test::Batch;
 using ep_test::CheckExpertSide;
 using ep_test::Config;
 using ep_test::ConnectGloo;
-using ep_test::g_rank;
 using ep_test::MakeGlobal;
 using ep_test::PrintConfig;
 using ep_test::Result;
 using ep_test::RunLocal;
-using ep_test::RunProcesses;
 using ep_test::RunStep;
 using ep_test::SameBits;
-using ep_test::StoreDir;
 
 // |got - want| <= 4 * FLT_EPSILON * scale, element-wise; tracks the worst ratio in *worst.
 bool Close(float got, double want, double scale, double* worst) {
@@ -67,12 +66,12 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
   // (b) this rank's tokens through one LocalDispatcher.
   const Batch& mine = all[rank];
   absl::StatusOr<Result> local = RunLocal(mine, c);
-  CHILD_OK(local.status());
-  CHILD_CHECK(got.d_topk_probs.size() == local->d_topk_probs.size());
+  SY_CHILD_OK(local.status());
+  SY_CHILD_CHECK(got.d_topk_probs.size() == local->d_topk_probs.size());
   for (size_t i = 0; i < got.d_topk_probs.size(); ++i) {
-    CHILD_CHECK(got.d_topk_probs[i] == local->d_topk_probs[i]);
+    SY_CHILD_CHECK(got.d_topk_probs[i] == local->d_topk_probs[i]);
   }
-  CHILD_CHECK(got.out.size() == local->out.size() && got.dx.size() == local->dx.size());
+  SY_CHILD_CHECK(got.out.size() == local->out.size() && got.dx.size() == local->dx.size());
   const int k = c.topk;
   for (int64_t t = 0; t < mine.t; ++t) {
     for (int64_t h = 0; h < c.hidden; ++h) {
@@ -86,9 +85,9 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
         grad_scale += std::fabs(static_cast<double>(mine.dout[i]) * mine.probs[t * k + s]);
       }
       // The identity round trip, and the same output as the local path.
-      CHILD_CHECK(Close(got.out[i], acc, scale, worst));
-      CHILD_CHECK(Close(got.out[i], local->out[i], scale, worst));
-      CHILD_CHECK(Close(got.dx[i], local->dx[i], grad_scale, worst));
+      SY_CHILD_CHECK(Close(got.out[i], acc, scale, worst));
+      SY_CHILD_CHECK(Close(got.out[i], local->out[i], scale, worst));
+      SY_CHILD_CHECK(Close(got.dx[i], local->dx[i], grad_scale, worst));
     }
   }
   return 0;
@@ -96,13 +95,13 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
 
 int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
   absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world = ConnectGloo(dir, rank, c.world);
-  CHILD_OK(world.status());
+  SY_CHILD_OK(world.status());
   int64_t max_tokens = 1;
   for (int64_t t : c.tokens) max_tokens = std::max(max_tokens, t);
   absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> d =
       AllGatherDispatcher::Create(world->get(), Device::Cpu(), DType::kF32, DType::kF32, max_tokens,
                                   c.hidden, c.num_experts, c.world, c.topk);
-  CHILD_OK(d.status());
+  SY_CHILD_OK(d.status());
   // Two micro-batches through the same dispatcher; the second rotates the token counts across
   // ranks, so the gathered sizes must be re-synchronised and nothing of the first may leak.
   double worst = 0;
@@ -111,12 +110,12 @@ int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int
     if (step == 1) std::rotate(cs.tokens.begin(), cs.tokens.begin() + 1, cs.tokens.end());
     const std::vector<Batch> batches = MakeGlobal(cs, seed + step);
     Result got;
-    CHILD_OK(RunStep(**d, batches[rank], cs.hidden, cs.topk, &got));
+    SY_CHILD_OK(RunStep(**d, batches[rank], cs.hidden, cs.topk, &got));
     if (CheckAgainstReferences(cs, batches, rank, got, &worst) != 0) {
       std::fprintf(stderr, "rank %d: step %d failed\n", rank, step);
       return 1;
     }
-    CHILD_CHECK((*d)->tokens_per_rank() == cs.tokens);
+    SY_CHILD_CHECK((*d)->tokens_per_rank() == cs.tokens);
   }
   std::fprintf(stderr,
                "rank %d/%d: T=%ld, expert rows exact, out/dx worst error %.3f of the bound "
@@ -128,8 +127,8 @@ int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int
 void RunDistributed(const Config& c, const std::string& name) {
   const uint32_t seed = std::random_device{}();
   PrintConfig(name, c, seed);
-  const std::string dir = StoreDir(absl::StrCat("ag_", name));
-  std::vector<int> codes = RunProcesses(
+  const std::string dir = comm::testing::UniqueStoreDir(absl::StrCat("ag_", name));
+  std::vector<int> codes = comm::testing::RunProcesses(
       c.world, absl::Seconds(25), [&](int rank) { return DistributedChild(c, seed, dir, rank); });
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " seed " << seed;
 }
@@ -196,7 +195,7 @@ TEST(AllGatherDispatcherTest, SingleRankMatchesLocalDispatcher) {
   EXPECT_TRUE(SameBits(got.dx, ref->dx));
   EXPECT_TRUE(SameBits(got.d_topk_probs, ref->d_topk_probs));
   EXPECT_EQ(got.tokens_per_expert[5], 0);
-  g_rank = 0;
+  comm::testing::ChildRank() = 0;
   double worst = 0;
   EXPECT_EQ(CheckAgainstReferences(c, all, 0, got, &worst), 0);
 }

@@ -1,11 +1,12 @@
 // File: worker/model/alltoall_dispatcher_test.cc
 //
-// AllToAllDispatcher with real processes (helpers in testing/ep_fork.h): each multi-rank test forks
-// W children (before any thread exists in the parent), each connects a GlooCommunicator on loopback
-// through a FileKvStore in TEST_TMPDIR, runs one forward + backward micro-batch through the six
-// phases and reports through its exit code. Every child generates the WHOLE global batch from one
-// seed (drawn by the parent from std::random_device and printed), so it can compare its own results
-// with two single-process references:
+// AllToAllDispatcher with real processes (helpers in testing/ep_fork.h and
+// worker/comm/testing/forked_ranks.h): each multi-rank test forks W children (before any thread
+// exists in the parent), each connects a GlooCommunicator on loopback through a FileKvStore in
+// TEST_TMPDIR, runs one forward + backward micro-batch through the six phases and reports through
+// its exit code. Every child generates the WHOLE global batch from one seed (drawn by the parent
+// from std::random_device and printed), so it can compare its own results with two single-process
+// references:
 //   (a) LocalDispatcher on the concatenated global batch (ranks' tokens in rank order): the rows,
 //       probs and counts this rank's experts receive, and the expert-side gradient rows, must
 //       equal that run's rows for the same global experts, bit for bit and in the same order;
@@ -31,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/testing/forked_ranks.h"
 #include "worker/model/testing/ep_fork.h"
 
 namespace switchyard::model {
@@ -40,15 +42,12 @@ using ep_test::Batch;
 using ep_test::CheckExpertSide;
 using ep_test::Config;
 using ep_test::ConnectGloo;
-using ep_test::g_rank;
 using ep_test::MakeGlobal;
 using ep_test::PrintConfig;
 using ep_test::Result;
 using ep_test::RunLocal;
-using ep_test::RunProcesses;
 using ep_test::RunStep;
 using ep_test::SameBits;
-using ep_test::StoreDir;
 
 // Checks a dispatcher's result for `rank` against both references (see the file comment).
 int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int rank,
@@ -58,10 +57,10 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
   if (CheckExpertSide(c, all, rank, got) != 0) return 1;
   // (b) this rank's tokens through one LocalDispatcher: bit-identical output and gradients.
   absl::StatusOr<Result> local = RunLocal(mine, c);
-  CHILD_OK(local.status());
-  CHILD_CHECK(SameBits(got.out, local->out));
-  CHILD_CHECK(SameBits(got.dx, local->dx));
-  CHILD_CHECK(SameBits(got.d_topk_probs, local->d_topk_probs));
+  SY_CHILD_OK(local.status());
+  SY_CHILD_CHECK(SameBits(got.out, local->out));
+  SY_CHILD_CHECK(SameBits(got.dx, local->dx));
+  SY_CHILD_CHECK(SameBits(got.d_topk_probs, local->d_topk_probs));
   // The round trip is x * (sum of the kept probs), summed in slot order in fp64, rounded once.
   for (int64_t t = 0; t < mine.t; ++t) {
     for (int64_t h = 0; h < c.hidden; ++h) {
@@ -70,7 +69,7 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
         if (mine.idx[t * c.topk + s] < 0) continue;
         acc += mine.x[t * c.hidden + h] * mine.probs[t * c.topk + s];
       }
-      CHILD_CHECK(got.out[t * c.hidden + h] == static_cast<float>(acc));
+      SY_CHILD_CHECK(got.out[t * c.hidden + h] == static_cast<float>(acc));
     }
   }
   return 0;
@@ -78,19 +77,19 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
 
 int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
   absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world = ConnectGloo(dir, rank, c.world);
-  CHILD_OK(world.status());
+  SY_CHILD_OK(world.status());
   const std::vector<Batch> all = MakeGlobal(c, seed);
   int64_t max_tokens = 1;
   for (int64_t t : c.tokens) max_tokens = std::max(max_tokens, t);
   absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> d =
       AllToAllDispatcher::Create(world->get(), Device::Cpu(), DType::kF32, DType::kF32, max_tokens,
                                  c.hidden, c.num_experts, c.world, c.topk);
-  CHILD_OK(d.status());
+  SY_CHILD_OK(d.status());
   // Two micro-batches through the same dispatcher: the second one must not see the first's state.
   for (int step = 0; step < 2; ++step) {
     const std::vector<Batch> batches = step == 0 ? all : MakeGlobal(c, seed + 1);
     Result got;
-    CHILD_OK(RunStep(**d, batches[rank], c.hidden, c.topk, &got));
+    SY_CHILD_OK(RunStep(**d, batches[rank], c.hidden, c.topk, &got));
     if (CheckAgainstReferences(c, batches, rank, got) != 0) return 1;
   }
   int64_t sent = 0, recv = 0;
@@ -106,8 +105,8 @@ int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int
 void RunDistributed(const Config& c, const std::string& name) {
   const uint32_t seed = std::random_device{}();
   PrintConfig(name, c, seed);
-  const std::string dir = StoreDir(absl::StrCat("a2a_", name));
-  std::vector<int> codes = RunProcesses(
+  const std::string dir = comm::testing::UniqueStoreDir(absl::StrCat("a2a_", name));
+  std::vector<int> codes = comm::testing::RunProcesses(
       c.world, absl::Seconds(25), [&](int rank) { return DistributedChild(c, seed, dir, rank); });
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " seed " << seed;
 }
@@ -173,7 +172,7 @@ TEST(AllToAllDispatcherTest, SingleRankMatchesLocalDispatcher) {
   EXPECT_TRUE(SameBits(got.dx, ref->dx));
   EXPECT_TRUE(SameBits(got.d_topk_probs, ref->d_topk_probs));
   EXPECT_EQ(got.tokens_per_expert[5], 0);
-  g_rank = 0;
+  comm::testing::ChildRank() = 0;
   EXPECT_EQ(CheckAgainstReferences(c, all, 0, got), 0);
 }
 

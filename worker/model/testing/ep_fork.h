@@ -1,30 +1,22 @@
 // File: worker/model/testing/ep_fork.h
 //
 // Test-only helpers shared by the expert-parallel dispatcher tests (alltoall_dispatcher_test.cc,
-// allgather_dispatcher_test.cc): fork W real processes that each connect a GlooCommunicator on
-// loopback through a FileKvStore in TEST_TMPDIR, a deterministic uneven global batch, one forward
-// + backward micro-batch through the six TokenDispatcher phases with identity-prob experts, and the
-// expert-side comparison against LocalDispatcher on the concatenated global batch.
+// allgather_dispatcher_test.cc), on top of worker/comm/testing/forked_ranks.h (fork one process
+// per rank, SY_CHILD_CHECK / SY_CHILD_OK): connecting a GlooCommunicator on loopback through a
+// FileKvStore, a deterministic uneven global batch, one forward + backward micro-batch through the
+// six TokenDispatcher phases with identity-prob experts, and the expert-side comparison against
+// LocalDispatcher on the concatenated global batch.
 //
 // The "experts" are identity experts that apply the routing prob (expert_out = expert_x * prob;
 // backward d_expert_x = d_expert_out * prob, d_prob = <d_expert_out, expert_x>), so the round trip
 // returns out[t] = x[t] times the sum of the token's kept routing probs.
-//
-// Child processes report through their exit code; CHILD_CHECK / CHILD_OK print the failing rank,
-// line and expression and `return 1` from the enclosing int function.
 #ifndef SWITCHYARD_WORKER_MODEL_TESTING_EP_FORK_H_
 #define SWITCHYARD_WORKER_MODEL_TESTING_EP_FORK_H_
-
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -32,35 +24,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/kv_store.h"
+#include "worker/comm/testing/forked_ranks.h"
 #include "worker/model/dispatcher.h"
 
 namespace switchyard::model::ep_test {
-
-// This process's rank in a forked test (-1 in the parent), for the CHILD_* messages.
-inline int g_rank = -1;
-
-#define CHILD_CHECK(cond)                                                            \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n",                     \
-                   ::switchyard::model::ep_test::g_rank, __FILE__, __LINE__, #cond); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
-#define CHILD_OK(expr)                                                                       \
-  do {                                                                                       \
-    absl::Status s_ = (expr);                                                                \
-    if (!s_.ok()) {                                                                          \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", ::switchyard::model::ep_test::g_rank, \
-                   __FILE__, __LINE__, #expr, s_.ToString().c_str());                        \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
 
 struct Config {
   int world = 2;
@@ -198,33 +170,26 @@ inline int CheckExpertSide(const Config& c, const std::vector<Batch>& all, int r
                            const Result& got) {
   const int nl = c.num_experts / c.world;
   absl::StatusOr<Result> global = RunLocal(Concat(all), c);
-  CHILD_OK(global.status());
+  SY_CHILD_OK(global.status());
   std::vector<int64_t> start(c.num_experts + 1, 0);
   for (int e = 0; e < c.num_experts; ++e) start[e + 1] = start[e] + global->tokens_per_expert[e];
-  CHILD_CHECK(static_cast<int>(got.tokens_per_expert.size()) == nl);
+  SY_CHILD_CHECK(static_cast<int>(got.tokens_per_expert.size()) == nl);
   int64_t row = 0;
   for (int l = 0; l < nl; ++l) {
     const int e = rank * nl + l;
-    CHILD_CHECK(got.tokens_per_expert[l] == global->tokens_per_expert[e]);
-    if (e == c.dead_expert) CHILD_CHECK(got.tokens_per_expert[l] == 0);
+    SY_CHILD_CHECK(got.tokens_per_expert[l] == global->tokens_per_expert[e]);
+    if (e == c.dead_expert) SY_CHILD_CHECK(got.tokens_per_expert[l] == 0);
     const int64_t n = got.tokens_per_expert[l], h = c.hidden;
     for (int64_t i = 0; i < n * h; ++i) {
-      CHILD_CHECK(got.expert_x[row * h + i] == global->expert_x[start[e] * h + i]);
-      CHILD_CHECK(got.d_expert_out[row * h + i] == global->d_expert_out[start[e] * h + i]);
+      SY_CHILD_CHECK(got.expert_x[row * h + i] == global->expert_x[start[e] * h + i]);
+      SY_CHILD_CHECK(got.d_expert_out[row * h + i] == global->d_expert_out[start[e] * h + i]);
     }
     for (int64_t i = 0; i < n; ++i) {
-      CHILD_CHECK(got.expert_probs[row + i] == global->expert_probs[start[e] + i]);
+      SY_CHILD_CHECK(got.expert_probs[row + i] == global->expert_probs[start[e] + i]);
     }
     row += n;
   }
   return 0;
-}
-
-// A fresh FileKvStore directory under TEST_TMPDIR.
-inline std::string StoreDir(const std::string& name) {
-  static int counter = 0;
-  const char* t = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(t ? t : "/tmp", "/ep_test_", name, "_", getpid(), "_", counter++);
 }
 
 // Connects rank `rank` of `world` through a FileKvStore in `dir` (10 s Gloo timeout).
@@ -235,45 +200,6 @@ inline absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> ConnectGloo(const
   options.timeout = absl::Seconds(10);
   return comm::GlooCommunicator::Create(std::shared_ptr<comm::KvStore>(std::move(store)), rank,
                                         world, options);
-}
-
-// Forks `world` children running body(rank) (call before any thread exists in the parent);
-// returns their exit codes (128 + signal if killed; children still running at `limit` are
-// SIGKILLed).
-inline std::vector<int> RunProcesses(int world, absl::Duration limit,
-                                     const std::function<int(int rank)>& body) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids(world);
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      g_rank = r;
-      int code = body(r);
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids[r] = pid;
-  }
-  std::vector<int> codes(world, -1);
-  const absl::Time deadline = absl::Now() + limit;
-  int remaining = world;
-  while (remaining > 0) {
-    for (int r = 0; r < world; ++r) {
-      if (codes[r] != -1) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --remaining;
-      }
-    }
-    if (remaining > 0 && absl::Now() > deadline) {
-      for (int r = 0; r < world; ++r) {
-        if (codes[r] == -1) kill(pids[r], SIGKILL);
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return codes;
 }
 
 // Prints the test's configuration and seed (one line).
