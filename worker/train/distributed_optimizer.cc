@@ -39,18 +39,27 @@ absl::Status CheckCommon(const char* who, comm::Communicator* dp, int64_t n, int
   return absl::OkStatus();
 }
 
-absl::Status CheckStepArgs(const std::string& who, const Stream& stream, Device device,
-                           const Tensor& grads, const Tensor& params, int64_t expected, double lr,
-                           int64_t step) {
+absl::Status CheckGrads(const std::string& who, const Stream& stream, Device device,
+                        const Tensor& grads, int64_t expected) {
   if (stream.device != device) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": stream is on ", stream.device.ToString(),
                                                    ", the state on ", device.ToString()));
   }
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&grads, &params}));
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&grads}));
   if (grads.dtype != DType::kF32 || grads.numel() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": grads must be f32 with ", expected,
                                                    " elements, got ", grads.DebugString()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckParams(const std::string& who, const Stream& stream, Device device,
+                         const Tensor& params, int64_t expected, double lr, int64_t step) {
+  if (stream.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": stream is on ", stream.device.ToString(),
+                                                   ", the state on ", device.ToString()));
+  }
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&params}));
   if ((params.dtype != DType::kF32 && params.dtype != DType::kBF16) || params.numel() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": params must be f32 or bf16 with ",
                                                    expected, " elements, got ",
@@ -61,6 +70,13 @@ absl::Status CheckStepArgs(const std::string& who, const Stream& stream, Device 
         absl::StrCat(who, ": need lr >= 0 and step >= 1, got lr ", lr, ", step ", step));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckStepArgs(const std::string& who, const Stream& stream, Device device,
+                           const Tensor& grads, const Tensor& params, int64_t expected, double lr,
+                           int64_t step) {
+  SY_RETURN_IF_ERROR(CheckGrads(who, stream, device, grads, expected));
+  return CheckParams(who, stream, device, params, expected, lr, step);
 }
 
 // Allocates the small norm scratch (workspace, sum_sq, norm, coef).
@@ -85,6 +101,19 @@ absl::StatusOr<float> ReadScalar(const Stream& stream, const Tensor& t) {
     v = t.as<float>()[0];
   }
   return v;
+}
+
+// Writes a host float into an f32 [1] device value.
+absl::Status WriteScalar(const Stream& stream, float v, const Tensor& t) {
+  if (stream.is_cuda()) {
+    cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data, &v, sizeof(float), cudaMemcpyHostToDevice, cs));
+    // &v is pageable stack memory: wait before it goes out of scope.
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+  } else {
+    t.as<float>()[0] = v;
+  }
+  return absl::OkStatus();
 }
 
 // AdamW over the elements [begin, begin + count) of the global flat buffer, held in the local
@@ -118,8 +147,13 @@ int64_t PaddedSize(int64_t n, int dp) { return (n + dp - 1) / dp * dp; }
 
 absl::StatusOr<std::unique_ptr<DistributedAdamW>> DistributedAdamW::Create(
     comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
-    const Tensor& master_init, const kernels::AdamWHyperParams& hp) {
+    const Tensor& master_init, const kernels::AdamWHyperParams& hp,
+    std::optional<float> grad_scale) {
   SY_RETURN_IF_ERROR(CheckCommon("DistributedAdamW::Create", dp_group, n, decay_end, hp));
+  if (grad_scale.has_value() && !(std::isfinite(*grad_scale) && *grad_scale > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedAdamW::Create: grad_scale must be finite and > 0, got ", *grad_scale));
+  }
   const int dp = dp_group->size();
   const int64_t padded = PaddedSize(n, dp);
   if (master_init.dtype != DType::kF32 ||
@@ -136,6 +170,7 @@ absl::StatusOr<std::unique_ptr<DistributedAdamW>> DistributedAdamW::Create(
   o->decay_end_ = decay_end;
   o->shard_ = padded / dp;
   o->hp_ = hp;
+  o->grad_scale_ = grad_scale.value_or(1.0f / static_cast<float>(dp));
   const int64_t s = o->shard_;
   SY_ASSIGN_OR_RETURN(o->master_, Zeros(device, s));
   SY_ASSIGN_OR_RETURN(o->exp_avg_, Zeros(device, s));
@@ -159,22 +194,52 @@ absl::StatusOr<OptimizerStepResult> DistributedAdamW::Step(const Stream& stream,
                                                            int64_t step, float clip_grad) {
   const std::string who = absl::StrCat("DistributedAdamW::Step (", dp_->name(), " rank ",
                                        dp_->rank(), "/", dp_->size(), ")");
+  // Check everything before the first collective, so a bad call fails on every rank alike.
   SY_RETURN_IF_ERROR(CheckStepArgs(who, stream, device_, grads, params, padded_n_, lr, step));
+  SY_ASSIGN_OR_RETURN(const float sq, PrepareStep(stream, grads));
+  return FinishStep(stream, params, sq, lr, step, clip_grad);
+}
+
+absl::StatusOr<float> DistributedAdamW::PrepareStep(const Stream& stream, const Tensor& grads) {
+  const std::string who = absl::StrCat("DistributedAdamW::PrepareStep (", dp_->name(), " rank ",
+                                       dp_->rank(), "/", dp_->size(), ")");
+  prepared_ = false;
+  SY_RETURN_IF_ERROR(CheckGrads(who, stream, device_, grads, padded_n_));
   const Tensor g = grad_shard_.View();
-  // (1) Sum over the group of this rank's shard, then the data-parallel mean.
+  // (1) Sum over the group of this rank's shard, then the scale (default: the data-parallel mean;
+  // skipped when 1 so that one rank stays bit-identical to the trainer's path).
   SY_RETURN_IF_ERROR(dp_->ReduceScatter(Flat(grads), g, comm::ReduceOp::kSum));
-  if (dp_->size() > 1) {
-    SY_RETURN_IF_ERROR(
-        kernels::Axpby(stream, 1.0f / static_cast<float>(dp_->size()), g, 0.0f, g, g));
+  if (grad_scale_ != 1.0f) {
+    SY_RETURN_IF_ERROR(kernels::Axpby(stream, grad_scale_, g, 0.0f, g, g));
   }
-  // (2) Global norm: local sum of squares, summed over the group, then the clip coefficient.
+  // (2) This instance's squared norm: local sum of squares, summed over the group.
   SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(stream, g, norm_ws_.View(), sum_sq_.View()));
   SY_RETURN_IF_ERROR(dp_->AllReduce(sum_sq_.View(), sum_sq_.View(), comm::ReduceOp::kSum));
+  SY_ASSIGN_OR_RETURN(const float sq, ReadScalar(stream, sum_sq_.View()));
+  prepared_ = true;
+  return sq;
+}
+
+absl::StatusOr<OptimizerStepResult> DistributedAdamW::FinishStep(const Stream& stream,
+                                                                 const Tensor& params,
+                                                                 float total_sq_norm, double lr,
+                                                                 int64_t step, float clip_grad) {
+  const std::string who = absl::StrCat("DistributedAdamW::FinishStep (", dp_->name(), " rank ",
+                                       dp_->rank(), "/", dp_->size(), ")");
+  if (!prepared_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": FinishStep needs a successful PrepareStep before it"));
+  }
+  SY_RETURN_IF_ERROR(CheckParams(who, stream, device_, params, padded_n_, lr, step));
+  prepared_ = false;
+  const Tensor g = grad_shard_.View();
+  // The clip coefficient from the combined squared norm.
+  SY_RETURN_IF_ERROR(WriteScalar(stream, total_sq_norm, sum_sq_.View()));
   SY_RETURN_IF_ERROR(
       kernels::ClipCoefficient(stream, sum_sq_.View(), clip_grad, norm_.View(), coef_.View()));
   OptimizerStepResult r;
   SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View()));
-  r.skipped = !std::isfinite(r.grad_norm);  // the same value on every rank (all-reduced)
+  r.skipped = !std::isfinite(r.grad_norm);  // the same on every rank (total_sq_norm is)
   if (r.skipped) return r;
   // (3) AdamW on the shard, split at the decay boundary.
   kernels::AdamWHyperParams hp = hp_;

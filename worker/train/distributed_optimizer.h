@@ -4,8 +4,8 @@
 // every rank keeps the fp32 master weights and the two Adam moments of ONE shard of the flat
 // parameter buffer only (1/dp of the optimizer memory), and one Step is
 //   (1) ReduceScatter(sum) of the full local gradients: each rank receives the sum over the group
-//       of its shard, then multiplies it by 1/dp (the data-parallel mean, Megatron's default
-//       gradient_scaling_factor = 1/size(DP));
+//       of its shard, then multiplies it by grad_scale (default 1/dp: the data-parallel mean,
+//       Megatron's default gradient_scaling_factor = 1/size(DP); see "Two instances" below);
 //   (2) the global gradient norm: sum of squares of the local shard (kernels::GradSquaredNorm),
 //       AllReduce(sum) of that f32 [1] over the group, then kernels::ClipCoefficient (Megatron's
 //       clip_coeff = max_norm / (norm + 1e-6), applied when < 1);
@@ -48,13 +48,39 @@
 // 4-byte norm read (to report it and to skip non-finite steps), as in the trainer. Not yet run on
 // a GPU.
 //
+// Two instances, one global norm (megatron_moe.md §2.4, §5; Megatron's ChainedOptimizer over the
+// dense and the expert DistributedOptimizer): with MoE the dense parameters and the expert
+// parameters have one instance each, on different groups and with different gradient scales:
+//   dense:  group = DP x CP (ParallelGroup::kDataContext), grad_scale = 1 / size(DP x CP) (the
+//           default when the group is DP x CP): the mean over the replicas;
+//   expert: group = EDP (ParallelGroup::kExpertData), grad_scale = 1 / size(DP x CP) as well,
+//           NOT 1 / size(EDP): expert gradients are summed over EDP and scaled by the dense
+//           factor (distributed_data_parallel.py:255-278).
+// Clipping uses ONE norm over all parameters, so the step is split in two:
+//   sq_d = dense->PrepareStep(stream, dense_grads);   // sum over DP x CP of the shards' squares
+//   sq_e = expert->PrepareStep(stream, expert_grads); // sum over EDP: THIS EP rank's experts only
+//   total = sq_d + AllReduce(sum, sq_e, over the expert-model-parallel group ETP x EP (x PP))
+//   dense->FinishStep(stream, dense_params, total, lr, step, clip);
+//   expert->FinishStep(stream, expert_params, total, lr, step, clip);
+// Why this is Megatron's global norm: every dense element (replicated over DP x CP) is counted
+// exactly once, by its shard owner in the DP x CP group; every expert element is counted exactly
+// once, by its shard owner in its EDP group, and the distinct experts of different EP ranks are
+// added by the sum over EP (with ETP > 1 or PP > 1 the distinct TP/PP slices are added the same
+// way: sq_d over the model-parallel group TP x PP, sq_e over ETP x EP x PP; only TP = PP = ETP = 1
+// is tested). Do NOT sum sq_e over the world or over DP: the EDP replicas of one expert would
+// then be counted EDP times; and do not leave out the EP sum: it is what adds the other EP ranks'
+// experts. total is then
+// the same float on every rank (the caller must make it so: every rank of both groups must see
+// the same skip decision). Step = PrepareStep + FinishStep(own squared norm).
+//
 // Not thread-safe; one instance per (rank, parameter buffer). Every rank of the group calls Step
-// with the same arguments except the gradients.
+// (or PrepareStep then FinishStep) with the same arguments except the gradients.
 #ifndef SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
 #define SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -81,10 +107,14 @@ class DistributedAdamW {
   // lives. n: the unpadded flat length N (>= 1). decay_end: in [0, n]. master_init: the FULL fp32
   // master values, f32 with n or PaddedSize(n, dp) elements (padding taken as 0), on any device;
   // this rank copies only its shard. hp: beta1, beta2, eps, weight_decay (its lr and step are
-  // ignored: Step takes them). Allocates the shard state (4 * S f32 + small scratch).
+  // ignored: Step takes them). grad_scale: the factor applied to the group-summed gradients
+  // (finite, > 0); nullopt = 1 / dp_group->size() (the data-parallel mean; for the expert
+  // instance pass 1 / size(DP x CP), see above). Allocates the shard state (4 * S f32 + small
+  // scratch).
   static absl::StatusOr<std::unique_ptr<DistributedAdamW>> Create(
       comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
-      const Tensor& master_init, const kernels::AdamWHyperParams& hp);
+      const Tensor& master_init, const kernels::AdamWHyperParams& hp,
+      std::optional<float> grad_scale = std::nullopt);
 
   // grads:  f32 [Np] (any shape with Np elements), this rank's full local gradients (padding
   //         elements zero); read only.
@@ -96,6 +126,21 @@ class DistributedAdamW {
                                            const Tensor& params, double lr, int64_t step,
                                            float clip_grad);
 
+  // First half of Step (collective over the group): ReduceScatter(sum) of grads (as Step's),
+  // times grad_scale, then this instance's squared norm: the shard's sum of squares AllReduce'd
+  // over the group. Returns it (host float; NaN/Inf when a gradient is). Must be followed by
+  // FinishStep before the next PrepareStep.
+  absl::StatusOr<float> PrepareStep(const Stream& stream, const Tensor& grads);
+  // Second half (collective): norm = sqrt(total_sq_norm), clip coefficient from it, AdamW on the
+  // shard, AllGather into params (as Step's). total_sq_norm: the squared norm of ALL parameters
+  // that share the clip (see "Two instances" above); must be equal on every rank. A non-finite
+  // total skips the step (nothing updated, params untouched). FAILED_PRECONDITION without a
+  // preceding PrepareStep (also after a failed or skipped one the prepared gradients are dropped).
+  absl::StatusOr<OptimizerStepResult> FinishStep(const Stream& stream, const Tensor& params,
+                                                 float total_sq_norm, double lr, int64_t step,
+                                                 float clip_grad);
+
+  float grad_scale() const { return grad_scale_; }
   int64_t n() const { return n_; }
   int64_t padded_n() const { return padded_n_; }
   int64_t decay_end() const { return decay_end_; }
@@ -114,6 +159,8 @@ class DistributedAdamW {
   Device device_;
   int64_t n_ = 0, padded_n_ = 0, decay_end_ = 0, shard_ = 0;
   kernels::AdamWHyperParams hp_;
+  float grad_scale_ = 1;
+  bool prepared_ = false;                          // PrepareStep done, FinishStep pending
   kernels::Buffer master_, exp_avg_, exp_avg_sq_;  // f32 [S]
   kernels::Buffer grad_shard_;                     // f32 [S]: reduced, averaged gradients
   kernels::Buffer param_shard_;                    // 4 * S bytes: the updated shard, param dtype

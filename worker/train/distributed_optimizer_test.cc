@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/parallel_state.h"
 #include "gtest/gtest.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
@@ -286,6 +287,214 @@ TEST(DistributedAdamWTest, NonFiniteNormSkips) {
   EXPECT_TRUE(r->skipped);
   for (float x : p) EXPECT_EQ(x, 7.0f);
   EXPECT_EQ(std::memcmp((*dist)->master_shard().data, master.data(), 16 * sizeof(float)), 0);
+}
+
+// ---- Dense + expert instances with one global norm (megatron_moe.md §2.4, §5) ----
+//
+// W = 4, EP = 2 (TP = CP = PP = ETP = 1): dense DP x CP = 4 (kDataContext), expert EDP = 2
+// (kExpertData, {0, 2} and {1, 3}), EP groups {0, 1} and {2, 3}; all from ParallelLayout and made
+// with GlooCommunicator::CreateSubgroup. Each EP rank holds its own experts (ne elements, its own
+// init); every rank has its own dense and expert gradients. Per step the ranks AllGather all
+// gradients over the world and each computes the single-process reference on the CPU:
+//   dense  g = (sum over the 4 ranks) * 1/4,
+//   expert g[ep] = (sum over the 2 ranks of EDP group ep) * 1/4   (1/size(DP x CP), not 1/EDP),
+//   total_sq = |g_dense|^2 + sum_ep |g[ep]|^2 (fp64, rounded once), ClipCoefficient, then the
+//   plain kernels::AdamW launches (split at the decay boundaries) over the whole buffers.
+// Tolerance: rel 1e-6 (floor 0.5, as above) on params, squared norms, the norm and the clip
+// coefficient. The differences are float reduction order only: the dense 4-term sums may be
+// added in another order by Gloo's ReduceScatter (a few ulp), the expert 2-term sums are exact
+// (fp32 addition is commutative), and the distributed squared norms add f32 per-shard partials
+// (each rounded from fp64) where the reference rounds one fp64 sum: ~1e-7 relative; Adam then
+// moves each parameter by ~1e-7 of its update (observed: norm 1.1e-7, params equal). A wrong scale
+// (1/EDP) doubles the expert norm (caught by the norm checks: tried); a wrong group or a missing EP
+// sum changes the clip coefficient.
+constexpr int64_t kDenseN = 1001, kDenseDecay = 700;   // padded 1004 over 4, boundary in shard 2
+constexpr int64_t kExpertN = 333, kExpertDecay = 200;  // padded 334 over 2, boundary in shard 1
+
+std::vector<float> ExpertGrads(int64_t padded, int rank, int step) {
+  std::vector<float> g = RandomVector(kExpertN, 2000003ull * step + 104729ull * rank + 5, 1.0f);
+  g.resize(padded, 0.0f);
+  return g;
+}
+
+// Plain AdamW over a whole buffer, two launches split at decay_end.
+bool RefAdamW(std::vector<float>& g, std::vector<float>& coef, int64_t decay_end,
+              std::vector<float>& master, std::vector<float>& m, std::vector<float>& v,
+              std::vector<float>& params, double lr, int step) {
+  const int64_t n = static_cast<int64_t>(master.size());
+  const Tensor c = View(coef);
+  for (int group = 0; group < 2; ++group) {
+    const int64_t lo = group == 0 ? 0 : decay_end, hi = group == 0 ? decay_end : n;
+    if (hi == lo) continue;
+    kernels::AdamWHyperParams hp = Hp();
+    hp.lr = lr;
+    hp.step = step;
+    hp.weight_decay = group == 0 ? hp.weight_decay : 0.0;
+    auto sl = [&](std::vector<float>& x) {
+      return Tensor(DType::kF32, {hi - lo}, Device::Cpu(), x.data() + lo);
+    };
+    if (!kernels::AdamW(Stream::Cpu(), hp, sl(g), 1.0f, &c, sl(master), sl(m), sl(v), sl(params))
+             .ok()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int DenseExpertChild(const std::string& dir, int rank) {
+  constexpr int kWorld = 4;
+  ParallelDims dims;
+  dims.world_size = kWorld;
+  dims.expert_model_parallel_size = 2;
+  absl::StatusOr<ParallelLayout> layout = ParallelLayout::Create(dims);
+  SY_CHILD_OK(layout.status());
+  SY_CHILD_CHECK(layout->dp() * layout->cp() == 4 && layout->edp() == 2 && layout->ep() == 2);
+  comm::GlooOptions options;
+  options.timeout = absl::Seconds(15);
+  std::shared_ptr<comm::KvStore> store = comm::testing::OpenFileStore(dir);
+  SY_CHILD_CHECK(store != nullptr);
+  absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world =
+      comm::GlooCommunicator::Create(store, rank, kWorld, options, "world");
+  SY_CHILD_OK(world.status());
+  auto dense_group =
+      (*world)->CreateSubgroup(layout->Group(ParallelGroup::kDataContext, rank), "dpcp");
+  SY_CHILD_OK(dense_group.status());
+  auto edp_group = (*world)->CreateSubgroup(layout->Group(ParallelGroup::kExpertData, rank), "edp");
+  SY_CHILD_OK(edp_group.status());
+  auto ep_group = (*world)->CreateSubgroup(layout->Group(ParallelGroup::kExpert, rank), "ep");
+  SY_CHILD_OK(ep_group.status());
+  SY_CHILD_CHECK((*dense_group)->size() == 4 && (*edp_group)->size() == 2);
+  const int my_ep = layout->ExpertCoordOf(rank).ep;
+
+  const int64_t pd = PaddedSize(kDenseN, 4), pe = PaddedSize(kExpertN, 2);
+  std::vector<float> dense_init = RandomVector(kDenseN, 42, 0.5f);
+  std::vector<float> expert_init[2] = {RandomVector(kExpertN, 100, 0.5f),
+                                       RandomVector(kExpertN, 101, 0.5f)};
+  const float scale = 1.0f / static_cast<float>(layout->dp() * layout->cp());
+  auto dense = DistributedAdamW::Create(dense_group->get(), Device::Cpu(), kDenseN, kDenseDecay,
+                                        View(dense_init), Hp());
+  SY_CHILD_OK(dense.status());
+  auto expert = DistributedAdamW::Create(edp_group->get(), Device::Cpu(), kExpertN, kExpertDecay,
+                                         View(expert_init[my_ep]), Hp(), scale);
+  SY_CHILD_OK(expert.status());
+  SY_CHILD_CHECK((*dense)->grad_scale() == 0.25f && (*expert)->grad_scale() == 0.25f);
+
+  // The reference state (dense, and this rank's EP experts).
+  std::vector<float> rd_master = dense_init, rd_m(kDenseN, 0.0f), rd_v(kDenseN, 0.0f);
+  std::vector<float> re_master = expert_init[my_ep], re_m(kExpertN, 0.0f), re_v(kExpertN, 0.0f);
+  std::vector<float> rd_params(kDenseN), re_params(kExpertN);
+  std::vector<float> params_d(pd, -1.0f), params_e(pe, -1.0f);
+  double worst = 0, worst_norm = 0;
+  int clipped = 0;
+  for (int step = 1; step <= kSteps; ++step) {
+    std::vector<float> gd = Grads(kDenseN, pd, rank, step), ge = ExpertGrads(pe, rank, step);
+    const double lr = 1e-2 * step;
+    const float clip = step % 2 == 1 ? 5.0f : 0.0f;  // the total norm is ~18
+
+    absl::StatusOr<float> sq_d = (*dense)->PrepareStep(Stream::Cpu(), View(gd));
+    SY_CHILD_OK(sq_d.status());
+    absl::StatusOr<float> sq_e = (*expert)->PrepareStep(Stream::Cpu(), View(ge));
+    SY_CHILD_OK(sq_e.status());
+    std::vector<float> sq_e_all = {*sq_e};  // + the other EP ranks' experts
+    SY_CHILD_OK((*ep_group)->AllReduce(View(sq_e_all), View(sq_e_all), comm::ReduceOp::kSum));
+    const float total = *sq_d + sq_e_all[0];
+    auto rd = (*dense)->FinishStep(Stream::Cpu(), View(params_d), total, lr, step, clip);
+    SY_CHILD_OK(rd.status());
+    auto re = (*expert)->FinishStep(Stream::Cpu(), View(params_e), total, lr, step, clip);
+    SY_CHILD_OK(re.status());
+    SY_CHILD_CHECK(!rd->skipped && !re->skipped);
+
+    // The single-process reference from every rank's gradients.
+    std::vector<float> all_d(kWorld * pd), all_e(kWorld * pe);
+    SY_CHILD_OK((*world)->AllGather(View(gd), View(all_d)));
+    SY_CHILD_OK((*world)->AllGather(View(ge), View(all_e)));
+    std::vector<float> ref_gd(kDenseN, 0.0f), ref_ge[2];
+    for (int e = 0; e < 2; ++e) ref_ge[e].assign(kExpertN, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      const int e = layout->ExpertCoordOf(r).ep;
+      for (int64_t i = 0; i < kDenseN; ++i) ref_gd[i] += all_d[r * pd + i];
+      for (int64_t i = 0; i < kExpertN; ++i) ref_ge[e][i] += all_e[r * pe + i];
+    }
+    double want_d = 0, want_e = 0;
+    for (float& x : ref_gd) {
+      x *= 0.25f;
+      want_d += double{x} * x;
+    }
+    for (int e = 0; e < 2; ++e) {
+      for (float& x : ref_ge[e]) {
+        x *= 0.25f;
+        want_e += double{x} * x;
+      }
+    }
+    std::vector<float> sum_sq = {static_cast<float>(want_d + want_e)}, norm(1), coef(1);
+    SY_CHILD_OK(
+        kernels::ClipCoefficient(Stream::Cpu(), View(sum_sq), clip, View(norm), View(coef)));
+    SY_CHILD_CHECK(Close(*sq_d, want_d, kRelTol) && Close(sq_e_all[0], want_e, kRelTol));
+    SY_CHILD_CHECK(Close(rd->grad_norm, norm[0], kRelTol) && rd->grad_norm == re->grad_norm);
+    SY_CHILD_CHECK(Close(rd->clip_coef, coef[0], kRelTol) && rd->clip_coef == re->clip_coef);
+    worst_norm = std::max(worst_norm, std::fabs(double{rd->grad_norm} - norm[0]) / norm[0]);
+    if (coef[0] < 1.0f) ++clipped;
+    SY_CHILD_CHECK(RefAdamW(ref_gd, coef, kDenseDecay, rd_master, rd_m, rd_v, rd_params, lr, step));
+    SY_CHILD_CHECK(
+        RefAdamW(ref_ge[my_ep], coef, kExpertDecay, re_master, re_m, re_v, re_params, lr, step));
+    auto compare = [&](const std::vector<float>& got, const std::vector<float>& want,
+                       const char* what) {
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (!Close(got[i], want[i], kRelTol)) {
+          std::fprintf(stderr, "rank %d step %d: %s params[%zu] = %.9g vs reference %.9g\n", rank,
+                       step, what, i, got[i], want[i]);
+          return false;
+        }
+        worst = std::max(worst, double{std::fabs(got[i] - want[i])} /
+                                    std::max({std::fabs(got[i]), std::fabs(want[i]), 0.5f}));
+      }
+      return true;
+    };
+    SY_CHILD_CHECK(compare(params_d, rd_params, "dense"));
+    SY_CHILD_CHECK(compare(params_e, re_params, "expert"));
+    for (int64_t i = kDenseN; i < pd; ++i) SY_CHILD_CHECK(params_d[i] == 0.0f);
+    for (int64_t i = kExpertN; i < pe; ++i) SY_CHILD_CHECK(params_e[i] == 0.0f);
+    SY_CHILD_CHECK(std::fabs(params_e[0] - expert_init[my_ep][0]) > 1e-4);
+  }
+  SY_CHILD_CHECK(clipped >= 2);
+  if (rank == 0) {
+    std::printf(
+        "W=4 EP=2: dense DP=4 n=%lld, expert EDP=2 n=%lld scale 1/4, %d steps (%d clipped): max "
+        "rel param diff %.3g, max rel norm diff %.3g vs the single-process reference, tolerance "
+        "%.0e\n",
+        static_cast<long long>(kDenseN), static_cast<long long>(kExpertN), kSteps, clipped, worst,
+        worst_norm, kRelTol);
+  }
+  return 0;
+}
+
+TEST(DistributedAdamWTest, DenseAndExpertInstancesShareTheGlobalNorm) {
+  const std::string dir = comm::testing::UniqueStoreDir("dense_expert");
+  std::vector<int> codes = comm::testing::RunProcesses(
+      4, absl::Seconds(25), [&](int rank) { return DenseExpertChild(dir, rank); });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(DistributedAdamWTest, FinishStepNeedsPrepareStep) {
+  auto comm = comm::SingleRankCommunicator::Create();
+  ASSERT_TRUE(comm.ok());
+  std::vector<float> master = RandomVector(16, 3, 1.0f), g(16, 1.0f), p(16, 0.0f);
+  EXPECT_EQ(DistributedAdamW::Create(comm->get(), Device::Cpu(), 16, 8, View(master), Hp(), 0.0f)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto dist = DistributedAdamW::Create(comm->get(), Device::Cpu(), 16, 8, View(master), Hp(), 0.5f);
+  ASSERT_TRUE(dist.ok());
+  EXPECT_EQ((*dist)->FinishStep(Stream::Cpu(), View(p), 1.0f, 1e-3, 1, 0.0f).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<float> sq = (*dist)->PrepareStep(Stream::Cpu(), View(g));
+  ASSERT_TRUE(sq.ok()) << sq.status();
+  EXPECT_EQ(*sq, 16 * 0.25f);  // scale 0.5 applied before the norm
+  auto r = (*dist)->FinishStep(Stream::Cpu(), View(p), 100.0f, 1e-3, 1, 1.0f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->grad_norm, 10.0f);  // the given total, not the own norm
+  EXPECT_EQ((*dist)->FinishStep(Stream::Cpu(), View(p), 1.0f, 1e-3, 2, 0.0f).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
