@@ -69,9 +69,9 @@
 // way: sq_d over the model-parallel group TP x PP, sq_e over ETP x EP x PP; only TP = PP = ETP = 1
 // is tested). Do NOT sum sq_e over the world or over DP: the EDP replicas of one expert would
 // then be counted EDP times; and do not leave out the EP sum: it is what adds the other EP ranks'
-// experts. total is then
-// the same float on every rank (the caller must make it so: every rank of both groups must see
-// the same skip decision). Step = PrepareStep + FinishStep(own squared norm).
+// experts. total must be the same float on every rank (sq_d and the EP sum are, since fp32
+// addition of two values commutes), so that every rank of both groups makes the same skip
+// decision. Step = PrepareStep + FinishStep(own squared norm).
 //
 // Not thread-safe; one instance per (rank, parameter buffer). Every rank of the group calls Step
 // (or PrepareStep then FinishStep) with the same arguments except the gradients.
