@@ -23,28 +23,9 @@ absl::Status OutOfOrder(const char* phase, const char* needs) {
 absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
     int64_t hidden, int num_experts, int ep_size, int topk) {
-  if (ep_group == nullptr) {
-    return absl::InvalidArgumentError("AllToAllDispatcher: ep_group must not be null");
-  }
-  if (max_tokens <= 0 || hidden <= 0 || num_experts <= 0 || topk <= 0 || ep_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AllToAllDispatcher: max_tokens (", max_tokens, "), hidden (", hidden, "), num_experts (",
-        num_experts, "), ep_size (", ep_size, ") and topk (", topk, ") must be positive"));
-  }
-  if (ep_size != ep_group->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: ep_size (", ep_size,
-                                                   ") must equal the size of group '",
-                                                   ep_group->name(), "' (", ep_group->size(), ")"));
-  }
-  if (num_experts % ep_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
-                                                   ") must be divisible by ep_size (", ep_size,
-                                                   ")"));
-  }
-  if (topk > num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: topk (", topk,
-                                                   ") must be <= num_experts (", num_experts, ")"));
-  }
+  SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
+      "AllToAllDispatcher", ep_group, ep_group ? ep_group->size() : 0,
+      ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
   if (num_experts > kernels::kMaxSortChunks) {
     return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
                                                    ") must be <= ", kernels::kMaxSortChunks));

@@ -72,4 +72,31 @@ absl::Status LocalDispatcher::DispatchBackward(const Stream& stream, DispatchSta
                                   dx, d_topk_probs);
 }
 
+absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int group_size,
+                                     const std::string& group_name, int64_t max_tokens,
+                                     int64_t hidden, int num_experts, int ep_size, int topk) {
+  if (ep_group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ep_group must not be null"));
+  }
+  if (max_tokens <= 0 || hidden <= 0 || num_experts <= 0 || topk <= 0 || ep_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": max_tokens (", max_tokens, "), hidden (", hidden, "), num_experts (", num_experts,
+        "), ep_size (", ep_size, ") and topk (", topk, ") must be positive"));
+  }
+  if (ep_size != group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ep_size (", ep_size,
+                                                   ") must equal the size of group '", group_name,
+                                                   "' (", group_size, ")"));
+  }
+  if (num_experts % ep_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": num_experts (", num_experts, ") must be divisible by ep_size (", ep_size, ")"));
+  }
+  if (topk > num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": topk (", topk, ") must be <= num_experts (", num_experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace switchyard::model

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -115,6 +116,13 @@ class LocalDispatcher final : public TokenDispatcher {
       d_expert_out_, d_expert_x_, d_expert_probs_, workspace_;
   Tensor row_map_view_;  // [T, k] of the current micro-batch
 };
+
+// The argument rules shared by the expert-parallel dispatchers (AllToAllDispatcher,
+// AllGatherDispatcher): positive sizes, ep_size equal to the EP group's size, num_experts
+// divisible by ep_size, topk <= num_experts. `who` prefixes the message (the class name).
+absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int group_size,
+                                     const std::string& group_name, int64_t max_tokens,
+                                     int64_t hidden, int num_experts, int ep_size, int topk);
 
 }  // namespace switchyard::model
 
