@@ -1,9 +1,12 @@
 #include "worker/model/alltoall_dispatcher.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/moe/permute.h"
 
@@ -30,20 +33,25 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
                                                    ") must be <= ", kernels::kMaxSortChunks));
   }
+  comm::NcclCommunicator* nccl = nullptr;
   if (device.is_cuda()) {
-    // TODO(cuda): the CUDA path needs (spec §3.2 "host synchronisation design") ONE non-blocking
-    // D2H copy of the split sizes (this rank's counts_ and the all-gathered counts, [E] + [EP*E]
-    // i32) into pinned memory on a side stream, recorded with an event at the permutation, and a
-    // single event sync right before the EP all-to-all (cuda_sync_point before_ep_alltoall); the
-    // device-side split_sizes_ for SortChunks can then be filled by a small kernel from the
-    // gathered counts (no H2D copy). The all-gather and all-to-alls go through NcclCommunicator on
-    // `stream`. Until then only the CPU (Gloo) path exists.
-    return absl::UnimplementedError(
-        "AllToAllDispatcher: only the CPU path exists (CUDA needs the async D2H split copy and "
-        "NCCL all-to-all; see the TODO in alltoall_dispatcher.cc)");
+    nccl = dynamic_cast<comm::NcclCommunicator*>(ep_group);
+    if (nccl == nullptr || nccl->device() != device.index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllToAllDispatcher: ep_group '", ep_group->name(),
+          "' must be an NcclCommunicator on the dispatcher's device cuda:", device.index,
+          " for a CUDA dispatcher (its stream orders the collectives after the kernels)"));
+    }
+    if (num_experts > kernels::kMaxExpertsCuda) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
+                       ") must be <= ", kernels::kMaxExpertsCuda, " on CUDA"));
+    }
   }
   std::unique_ptr<AllToAllDispatcher> d(new AllToAllDispatcher());
   d->ep_ = ep_group;
+  d->nccl_ = nccl;
+  d->device_ = device;
   d->ep_size_ = ep_size;
   d->ep_rank_ = ep_group->rank();
   d->num_experts_ = num_experts;
@@ -66,16 +74,18 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   SY_ASSIGN_OR_RETURN(d->combined_, Buffer::ForTensor(dtype, {sent, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_permuted_x_, Buffer::ForTensor(dtype, {sent, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_permuted_probs_, Buffer::ForTensor(probs_dtype, {sent}, device));
-  SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {0}, device));
+  const int64_t ws = device.is_cuda()
+                         ? std::max(kernels::PermuteWorkspaceBytes(max_tokens, num_experts),
+                                    kernels::SortChunksWorkspaceBytes(ep_size * d->num_local_))
+                         : 0;
+  SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
 
   SY_ASSIGN_OR_RETURN(d->recv_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->recv_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
   SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
-  SY_ASSIGN_OR_RETURN(d->tokens_per_expert_,
-                      Buffer::ForTensor(DType::kI32, {d->num_local_}, device));
-  SY_ASSIGN_OR_RETURN(d->split_sizes_,
-                      Buffer::ForTensor(DType::kI32, {ep_size * d->num_local_}, device));
+  const int64_t num_sizes = ep_size * d->num_local_ + d->num_local_;
+  SY_ASSIGN_OR_RETURN(d->local_sizes_, Buffer::ForTensor(DType::kI32, {num_sizes}, device));
   SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
@@ -83,7 +93,48 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   d->input_splits_.assign(ep_size, 0);
   d->output_splits_.assign(ep_size, 0);
   d->chunk_rows_.assign(ep_size * d->num_local_, 0);
+  if (device.is_cuda()) {
+    int previous = 0;
+    SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+    void* pinned = nullptr;
+    const size_t pinned_bytes = (ep_size * num_experts + num_sizes) * sizeof(int32_t);
+    cudaError_t e = cudaMallocHost(&pinned, pinned_bytes);
+    if (e == cudaSuccess)
+      d->pinned_ = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
+    cudaEvent_t event = nullptr;
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      d->event_ = std::shared_ptr<void>(
+          event, [](void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); });
+    }
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+    SY_CUDA_RETURN_IF_ERROR(e);
+  }
   return d;
+}
+
+Tensor AllToAllDispatcher::SplitSizes() const {
+  return local_sizes_.View(DType::kI32, {ep_size_ * num_local_});
+}
+
+Tensor AllToAllDispatcher::TokensPerExpert() const {
+  return Tensor(DType::kI32, {num_local_}, device_,
+                static_cast<int32_t*>(local_sizes_.data()) + ep_size_ * num_local_);
+}
+
+absl::Status AllToAllDispatcher::CheckStream(const Stream& stream, const char* phase) const {
+  if (!(stream.device == device_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllDispatcher::", phase, ": stream of ", stream.device.ToString(),
+                     " must be on the dispatcher's device ", device_.ToString()));
+  }
+  if (nccl_ != nullptr && static_cast<cudaStream_t>(stream.cuda_stream) != nccl_->stream()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllToAllDispatcher::", phase, ": stream must be the EP communicator's stream (group '",
+        nccl_->name(), "'): create the NcclCommunicator with the stream the phases run on"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> AllToAllDispatcher::Elements(const std::vector<int64_t>& rows,
@@ -96,6 +147,7 @@ std::vector<int64_t> AllToAllDispatcher::Elements(const std::vector<int64_t>& ro
 absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
   phase_ = Phase::kIdle;
   have_forward_ = false;
+  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPreprocess"));
   const int64_t t = state->x.rank() == 2 ? state->x.dim(0) : -1;
   if (t < 0 || state->x.dim(1) != hidden_ || t > max_tokens_ || state->topk_idx.rank() != 2 ||
       state->topk_idx.dim(0) != t || state->topk_idx.dim(1) != topk_) {
@@ -108,72 +160,95 @@ absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, Dispat
   row_map_view_ = row_map_.View(DType::kI32, {t, topk_});
   state->expert_x = expert_x_.View();
   state->expert_probs = expert_probs_.View();
-  state->tokens_per_expert = tokens_per_expert_.View();
+  state->tokens_per_expert = TokensPerExpert();
   state->expert_out = expert_out_.View();
   // Permutation 1, over the E global experts: the rows for EP rank j (experts [j*L, (j+1)*L))
-  // are contiguous, in expert-major, token-ascending order.
+  // are contiguous, in expert-major, token-ascending order. counts_ = n stays on the device.
   SY_RETURN_IF_ERROR(kernels::Permute(stream, state->x, state->topk_idx, state->topk_probs,
                                       num_experts_, 0, permuted_x_.View(), permuted_probs_.View(),
                                       row_map_view_, counts_.View(), workspace_.View()));
-  // CPU: the counts are host memory (see the CUDA TODO in Create).
-  const int32_t* n = counts_.View().as<int32_t>();
-  sent_rows_ = 0;
-  for (int j = 0; j < ep_size_; ++j) {
-    int64_t s = 0;
-    for (int l = 0; l < num_local_; ++l) s += n[j * num_local_ + l];
-    input_splits_[j] = s;
-    sent_rows_ += s;
-  }
   phase_ = Phase::kPreprocessed;
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* state) {
-  (void)stream;
+  (void)state;
   if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
-  // G[j, e] = rows EP rank j routes to global expert e.
+  SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
+  // G[j, e] = rows EP rank j routes to global expert e (on the device for CUDA).
   SY_RETURN_IF_ERROR(ep_->AllGather(counts_.View(), gathered_counts_.View()));
   const int32_t* g = gathered_counts_.View().as<int32_t>();
+  int32_t* staged = nullptr;  // [EP*L + L] host values of local_sizes_
+  std::vector<int32_t> cpu_staged;
+  if (device_.is_cuda()) {
+    // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
+    const cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+    const cudaEvent_t done = static_cast<cudaEvent_t>(event_.get());
+    int32_t* host_g = static_cast<int32_t*>(pinned_.get());
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_g, gathered_counts_.data(),
+                                            gathered_counts_.bytes(), cudaMemcpyDeviceToHost, s));
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, s));
+    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
+    g = host_g;
+    staged = host_g + ep_size_ * num_experts_;
+  } else {
+    cpu_staged.assign(ep_size_ * num_local_ + num_local_, 0);
+    staged = cpu_staged.data();
+  }
+  // Row ep_rank of G is this rank's own n: input_splits[j] = rows for EP rank j's experts.
+  sent_rows_ = 0;
   recv_rows_ = 0;
   for (int j = 0; j < ep_size_; ++j) {
-    int64_t s = 0;
+    int64_t in = 0, out = 0;
     for (int l = 0; l < num_local_; ++l) {
+      in += g[ep_rank_ * num_experts_ + j * num_local_ + l];
       const int32_t c = g[j * num_experts_ + ep_rank_ * num_local_ + l];
       chunk_rows_[j * num_local_ + l] = c;
-      s += c;
+      out += c;
     }
-    output_splits_[j] = s;
-    recv_rows_ += s;
+    input_splits_[j] = in;
+    output_splits_[j] = out;
+    sent_rows_ += in;
+    recv_rows_ += out;
   }
-  if (recv_rows_ > rows_) {  // impossible unless a peer broke the top-k contract
-    return absl::InternalError(absl::StrCat("AllToAllDispatcher: ", recv_rows_,
-                                            " rows to receive exceed the capacity ", rows_));
+  if (sent_rows_ > max_tokens_ * topk_ || recv_rows_ > rows_) {
+    // impossible unless a peer broke the top-k contract or the counts were corrupted
+    return absl::InternalError(absl::StrCat("AllToAllDispatcher: ", sent_rows_, " rows to send / ",
+                                            recv_rows_, " to receive exceed the capacity ",
+                                            max_tokens_ * topk_, " / ", rows_));
   }
-  std::memcpy(split_sizes_.data(), chunk_rows_.data(), chunk_rows_.size() * sizeof(int32_t));
+  for (int l = 0; l < num_local_; ++l) {
+    int32_t sum = 0;
+    for (int j = 0; j < ep_size_; ++j) sum += chunk_rows_[j * num_local_ + l];
+    staged[ep_size_ * num_local_ + l] = sum;
+  }
+  std::memcpy(staged, chunk_rows_.data(), chunk_rows_.size() * sizeof(int32_t));
+  const size_t sizes_bytes = (ep_size_ * num_local_ + num_local_) * sizeof(int32_t);
+  if (device_.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(local_sizes_.data(), staged, sizes_bytes,
+                                            cudaMemcpyHostToDevice,
+                                            static_cast<cudaStream_t>(stream.cuda_stream)));
+  } else {
+    std::memcpy(local_sizes_.data(), staged, sizes_bytes);
+  }
   // The EP all-to-all of the rows, then of the probs (same splits, separate tensor, as Megatron).
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
   SY_RETURN_IF_ERROR(ep_->AllToAllV(permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_,
                                     recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_));
-  (void)state;
   phase_ = Phase::kDispatched;
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::DispatchPostprocess(const Stream& stream, DispatchState* state) {
+  (void)state;
   if (phase_ != Phase::kDispatched) return OutOfOrder("DispatchPostprocess", "Dispatch");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPostprocess"));
   // (src, local e) -> (local e, src).
-  SY_RETURN_IF_ERROR(kernels::SortChunks(stream, recv_x_.View(), split_sizes_.View(), order_.sort,
+  SY_RETURN_IF_ERROR(kernels::SortChunks(stream, recv_x_.View(), SplitSizes(), order_.sort,
                                          expert_x_.View(), recv_probs_.View(), expert_probs_.View(),
                                          workspace_.View()));
-  int32_t* tpe = tokens_per_expert_.View().as<int32_t>();
-  for (int l = 0; l < num_local_; ++l) {
-    int32_t s = 0;
-    for (int j = 0; j < ep_size_; ++j) s += chunk_rows_[j * num_local_ + l];
-    tpe[l] = s;
-  }
-  (void)state;
   phase_ = Phase::kPostprocessed;
   have_forward_ = true;
   return absl::OkStatus();
@@ -183,18 +258,18 @@ absl::Status AllToAllDispatcher::CombinePreprocess(const Stream& stream, Dispatc
   if (phase_ != Phase::kPostprocessed) {
     return OutOfOrder("CombinePreprocess", "DispatchPostprocess");
   }
+  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePreprocess"));
   // (local e, src) -> (src, local e); recv_x_ is free again once the experts have their input.
-  SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->expert_out, split_sizes_.View(),
-                                           order_.sort, recv_x_.View(), Tensor(), Tensor(),
-                                           workspace_.View()));
+  SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->expert_out, SplitSizes(), order_.sort,
+                                           recv_x_.View(), Tensor(), Tensor(), workspace_.View()));
   phase_ = Phase::kCombinePre;
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* state) {
-  (void)stream;
   (void)state;
   if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
       combined_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));
@@ -206,6 +281,7 @@ absl::Status AllToAllDispatcher::CombinePostprocess(const Stream& stream, Dispat
                                                     const Tensor& out) {
   (void)state;
   if (phase_ != Phase::kCombined) return OutOfOrder("CombinePostprocess", "Combine");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePostprocess"));
   phase_ = Phase::kIdle;
   return kernels::Unpermute(stream, combined_.View(), row_map_view_, out);
 }
@@ -213,6 +289,7 @@ absl::Status AllToAllDispatcher::CombinePostprocess(const Stream& stream, Dispat
 absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                                  DispatchState* state) {
   if (!have_forward_) return OutOfOrder("CombineBackward", "a forward DispatchPostprocess");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "CombineBackward"));
   state->d_expert_out = d_expert_out_.View();
   state->d_expert_x = d_expert_x_.View();
   state->d_expert_probs = d_expert_probs_.View();
@@ -223,15 +300,16 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
-  return kernels::SortChunks(stream, recv_x_.View(), split_sizes_.View(), order_.sort,
-                             state->d_expert_out, Tensor(), Tensor(), workspace_.View());
+  return kernels::SortChunks(stream, recv_x_.View(), SplitSizes(), order_.sort, state->d_expert_out,
+                             Tensor(), Tensor(), workspace_.View());
 }
 
 absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, DispatchState* state,
                                                   const Tensor& dx, const Tensor& d_topk_probs) {
   if (!have_forward_) return OutOfOrder("DispatchBackward", "a forward DispatchPostprocess");
-  SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->d_expert_x, split_sizes_.View(),
-                                           order_.sort, recv_x_.View(), state->d_expert_probs,
+  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchBackward"));
+  SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->d_expert_x, SplitSizes(), order_.sort,
+                                           recv_x_.View(), state->d_expert_probs,
                                            recv_probs_.View(), workspace_.View()));
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
