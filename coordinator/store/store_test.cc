@@ -1,0 +1,435 @@
+// File: coordinator/store/store_test.cc
+//
+// Real SQLite files in the test's temporary directory; reopened to check durability and read back
+// through a second, raw sqlite3 connection to check what is actually in the file.
+#include "coordinator/store/store.h"
+
+#include <sqlite3.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace switchyard::store {
+namespace {
+
+std::string TempFile(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  return path;
+}
+
+// A fake clock that advances one second per reading.
+struct FakeClock {
+  std::atomic<int64_t> seconds{1'700'000'000};
+  StoreOptions Options() {
+    StoreOptions options;
+    options.now = [this] { return absl::FromUnixSeconds(seconds.fetch_add(1)); };
+    return options;
+  }
+};
+
+// One scalar answer of `sql` over a separate raw connection to `path`.
+std::string RawQuery(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  std::string out;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    const unsigned char* text = sqlite3_column_text(stmt, 0);
+    out = text != nullptr ? reinterpret_cast<const char*>(text) : "";
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return out;
+}
+
+// Runs `sql` on a raw connection; returns SQLite's error message, or "" on success.
+std::string RawExec(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  char* error = nullptr;
+  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+  std::string out = rc == SQLITE_OK ? "" : (error != nullptr ? error : "error");
+  sqlite3_free(error);
+  sqlite3_close(db);
+  return out;
+}
+
+v1::JobSpec Spec(const std::string& name, int hidden) {
+  v1::JobSpec spec;
+  spec.set_display_name(name);
+  spec.mutable_model()->set_hidden_size(hidden);
+  spec.mutable_model()->set_num_attention_heads(8);
+  spec.mutable_model()->set_num_experts(8);
+  spec.mutable_training()->set_train_iters(100);
+  spec.set_max_restarts(2);
+  return spec;
+}
+
+JobRow NewJob(const std::string& name, const std::string& request_id = "") {
+  JobRow job;
+  job.spec = Spec(name, 512);
+  job.request_id = request_id;
+  job.state = v1::Job::PENDING;
+  return job;
+}
+
+JobEventRow Created() {
+  JobEventRow e;
+  e.state = v1::Job::PENDING;
+  e.reason = "CREATED";
+  e.message = "job created";
+  return e;
+}
+
+TEST(StoreTest, RoundTripJobAndEvents) {
+  FakeClock clock;
+  std::string path = TempFile("round_trip.db");
+  auto store = Store::Open(path, clock.Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+
+  JobRow job = NewJob("a");
+  job.last_checkpoint_step = std::nullopt;
+  auto inserted = (*store)->InsertJob(job, Created());
+  ASSERT_TRUE(inserted.ok()) << inserted.status();
+  EXPECT_TRUE(inserted->created);
+  EXPECT_GT(inserted->job.id, 0);
+
+  auto got = (*store)->GetJob(inserted->job.id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->spec.SerializeAsString(), job.spec.SerializeAsString());
+  EXPECT_EQ(got->state, v1::Job::PENDING);
+  EXPECT_FALSE(got->last_checkpoint_step.has_value());
+  EXPECT_EQ(got->create_time, got->update_time);
+
+  auto updated = (*store)->UpdateJob(got->id, [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+    j.state = v1::Job::STARTING;
+    j.generation = 1;
+    j.last_checkpoint_step = 40;
+    j.failure_reason = "none";
+    j.id = 999;  // ignored: identity is not the mutation's to change
+    JobEventRow e;
+    e.state = j.state;
+    e.generation = j.generation;
+    e.reason = "SCHEDULED";
+    return e;
+  });
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  got = (*store)->GetJob(inserted->job.id);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state, v1::Job::STARTING);
+  EXPECT_EQ(got->generation, 1);
+  EXPECT_EQ(got->last_checkpoint_step, 40);
+  EXPECT_EQ(got->failure_reason, "none");
+  EXPECT_GT(got->update_time, got->create_time);
+
+  auto events = (*store)->ListJobEvents(got->id);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].sequence, 1);
+  EXPECT_EQ((*events)[0].reason, "CREATED");
+  EXPECT_EQ((*events)[1].sequence, 2);
+  EXPECT_EQ((*events)[1].state, v1::Job::STARTING);
+  EXPECT_EQ((*events)[1].generation, 1);
+  EXPECT_LT((*events)[0].time, (*events)[1].time);
+
+  EXPECT_EQ((*store)->GetJob(12345).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->UpdateJob(12345, [](JobRow&) { return JobEventRow(); }).status().code(),
+            absl::StatusCode::kNotFound);
+  std::printf("job %lld: %zu events, state %s\n", static_cast<long long>(got->id), events->size(),
+              v1::Job::State_Name(got->state).c_str());
+}
+
+TEST(StoreTest, FailedMutationWritesNothing) {
+  FakeClock clock;
+  std::string path = TempFile("rollback.db");
+  auto store = Store::Open(path, clock.Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto inserted = (*store)->InsertJob(NewJob("a"), Created());
+  ASSERT_TRUE(inserted.ok());
+  auto result = (*store)->UpdateJob(inserted->job.id, [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+    j.state = v1::Job::FAILED;
+    return absl::FailedPreconditionError("refused");
+  });
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->GetJob(inserted->job.id)->state, v1::Job::PENDING);
+  EXPECT_EQ(*(*store)->CountJobEvents(), 1);
+  // A mutation that leaves no state is refused too.
+  result = (*store)->UpdateJob(inserted->job.id, [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+    j.state = v1::Job::STATE_UNSPECIFIED;
+    return JobEventRow();
+  });
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*(*store)->CountJobEvents(), 1);
+}
+
+TEST(StoreTest, RequestIdReturnsExistingJob) {
+  FakeClock clock;
+  std::string path = TempFile("request_id.db");
+  auto store = Store::Open(path, clock.Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto first = (*store)->InsertJob(NewJob("a", "req-1"), Created());
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->created);
+  auto second = (*store)->InsertJob(NewJob("b", "req-1"), Created());
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->created);
+  EXPECT_EQ(second->job.id, first->job.id);
+  EXPECT_EQ(second->job.spec.display_name(), "a");
+  auto third = (*store)->InsertJob(NewJob("c", "req-2"), Created());
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(third->created);
+  // Jobs without a request id never collide.
+  ASSERT_TRUE((*store)->InsertJob(NewJob("d"), Created()).ok());
+  ASSERT_TRUE((*store)->InsertJob(NewJob("e"), Created()).ok());
+  EXPECT_EQ(*(*store)->CountJobs(), 4);
+  EXPECT_EQ(*(*store)->CountJobEvents(), 4);
+}
+
+TEST(StoreTest, ListJobsFiltersAndPages) {
+  FakeClock clock;
+  std::string path = TempFile("list.db");
+  auto store = Store::Open(path, clock.Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 10; ++i) {
+    JobRow job = NewJob(absl::StrCat("j", i));
+    if (i % 3 == 0) job.state = v1::Job::RUNNING;
+    ASSERT_TRUE((*store)->InsertJob(job, Created()).ok());
+  }
+  auto all = (*store)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 100);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 10u);
+  auto running = (*store)->ListJobs(v1::Job::RUNNING, 0, 100);
+  ASSERT_TRUE(running.ok());
+  EXPECT_EQ(running->size(), 4u);
+  auto page = (*store)->ListJobs(v1::Job::STATE_UNSPECIFIED, (*all)[3].id, 2);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->size(), 2u);
+  EXPECT_EQ((*page)[0].id, (*all)[4].id);
+  EXPECT_EQ((*page)[1].id, (*all)[5].id);
+  EXPECT_EQ((*store)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StoreTest, ReopenKeepsJobsEventsAndWorkers) {
+  FakeClock clock;
+  std::string path = TempFile("reopen.db");
+  int64_t id = 0;
+  {
+    auto store = Store::Open(path, clock.Options());
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto inserted = (*store)->InsertJob(NewJob("durable", "req-durable"), Created());
+    ASSERT_TRUE(inserted.ok());
+    id = inserted->job.id;
+    ASSERT_TRUE((*store)
+                    ->UpdateJob(id,
+                                [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+                                  j.state = v1::Job::RUNNING;
+                                  j.generation = 3;
+                                  j.restart_count = 2;
+                                  j.last_checkpoint_step = 700;
+                                  JobEventRow e;
+                                  e.state = j.state;
+                                  e.generation = 3;
+                                  e.reason = "ALL_WORKERS_READY";
+                                  return e;
+                                })
+                    .ok());
+    WorkerRow gpu_worker;
+    gpu_worker.id = "w-gpu";
+    gpu_worker.host = "node-1";
+    gpu_worker.version = "0.1";
+    gpu_worker.gpu.emplace();
+    gpu_worker.gpu->set_name("NVIDIA H100");
+    gpu_worker.gpu->set_memory_bytes(int64_t{80} << 30);
+    gpu_worker.gpu->set_compute_capability_major(9);
+    ASSERT_TRUE((*store)->UpsertWorker(gpu_worker).ok());
+    WorkerRow cpu_worker;
+    cpu_worker.id = "w-cpu";
+    cpu_worker.host = "node-2";
+    ASSERT_TRUE((*store)->UpsertWorker(cpu_worker).ok());
+    ASSERT_TRUE((*store)->SetWorkerState("w-gpu", WorkerState::kAssigned, "jobs/1").ok());
+    ASSERT_TRUE((*store)->RecordHeartbeat("w-gpu").ok());
+  }  // closed here
+  auto store = Store::Open(path, clock.Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.display_name(), "durable");
+  EXPECT_EQ(job->request_id, "req-durable");
+  EXPECT_EQ(job->state, v1::Job::RUNNING);
+  EXPECT_EQ(job->generation, 3);
+  EXPECT_EQ(job->restart_count, 2);
+  EXPECT_EQ(job->last_checkpoint_step, 700);
+  auto events = (*store)->ListJobEvents(id);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].reason, "ALL_WORKERS_READY");
+  auto workers = (*store)->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 2u);
+  EXPECT_EQ((*workers)[0].id, "w-cpu");
+  EXPECT_FALSE((*workers)[0].gpu.has_value());
+  EXPECT_EQ((*workers)[0].state, WorkerState::kIdle);
+  EXPECT_EQ((*workers)[1].id, "w-gpu");
+  ASSERT_TRUE((*workers)[1].gpu.has_value());
+  EXPECT_EQ((*workers)[1].gpu->name(), "NVIDIA H100");
+  EXPECT_EQ((*workers)[1].gpu->memory_bytes(), int64_t{80} << 30);
+  EXPECT_EQ((*workers)[1].state, WorkerState::kAssigned);
+  EXPECT_EQ((*workers)[1].job, "jobs/1");
+  EXPECT_GT((*workers)[1].last_heartbeat, absl::FromUnixSeconds(1'700'000'000));
+  // The next event continues the sequence after the reopen.
+  ASSERT_TRUE((*store)
+                  ->UpdateJob(id,
+                              [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+                                j.state = v1::Job::SUCCEEDED;
+                                JobEventRow e;
+                                e.state = j.state;
+                                e.reason = "DONE";
+                                return e;
+                              })
+                  .ok());
+  events = (*store)->ListJobEvents(id);
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[2].sequence, 3);
+  EXPECT_EQ((*store)->GetWorker("nobody").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->RecordHeartbeat("nobody").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->SetWorkerState("nobody", WorkerState::kLost, "").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->UpsertWorker(WorkerRow()).code(), absl::StatusCode::kInvalidArgument);
+  std::printf("reopened %s: job %lld %s gen %lld, %zu events, %zu workers\n", path.c_str(),
+              static_cast<long long>(id), v1::Job::State_Name(job->state).c_str(),
+              static_cast<long long>(job->generation), events->size(), workers->size());
+}
+
+TEST(StoreTest, WalModeAndSchemaVersionAreInTheFile) {
+  std::string path = TempFile("wal.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->InsertJob(NewJob("a"), Created()).ok());
+  EXPECT_EQ(*(*store)->JournalMode(), "wal");
+  EXPECT_EQ(*(*store)->SchemaVersion(), kSchemaVersion);
+  // A second connection sees the persistent WAL mode and the version in the file header.
+  std::string mode = RawQuery(path, "PRAGMA journal_mode");
+  std::string version = RawQuery(path, "PRAGMA user_version");
+  EXPECT_EQ(mode, "wal");
+  EXPECT_EQ(version, absl::StrCat(kSchemaVersion));
+  std::ifstream wal(path + "-wal");
+  EXPECT_TRUE(wal.good()) << "no write-ahead log next to " << path;
+  std::printf("journal_mode=%s user_version=%s (-wal file present: %d)\n", mode.c_str(),
+              version.c_str(), wal.good());
+}
+
+TEST(StoreTest, EventsAreAppendOnly) {
+  std::string path = TempFile("append_only.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->InsertJob(NewJob("a"), Created()).ok());
+  std::string update_error = RawExec(path, "UPDATE job_events SET reason = 'X'");
+  std::string delete_error = RawExec(path, "DELETE FROM job_events");
+  EXPECT_NE(update_error.find("append-only"), std::string::npos) << update_error;
+  EXPECT_NE(delete_error.find("append-only"), std::string::npos) << delete_error;
+  EXPECT_EQ(*(*store)->CountJobEvents(), 1);
+  std::printf("UPDATE refused: %s; DELETE refused: %s\n", update_error.c_str(),
+              delete_error.c_str());
+}
+
+TEST(StoreTest, RefusesNewerSchemaForeignDatabasesAndGarbage) {
+  std::string newer = TempFile("newer.db");
+  ASSERT_TRUE(Store::Open(newer).ok());
+  EXPECT_EQ(RawExec(newer, absl::StrCat("PRAGMA user_version=", kSchemaVersion + 1)), "");
+  auto opened = Store::Open(newer);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition) << opened.status();
+  std::printf("newer: %s\n", opened.status().ToString().c_str());
+
+  std::string foreign = TempFile("foreign.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  EXPECT_EQ(RawExec(foreign, "CREATE TABLE other (x INTEGER)"), "");
+  opened = Store::Open(foreign);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition) << opened.status();
+  EXPECT_EQ(RawQuery(foreign, "SELECT count(*) FROM sqlite_master WHERE name = 'jobs'"), "0");
+  std::printf("foreign: %s\n", opened.status().ToString().c_str());
+
+  std::string garbage = TempFile("garbage.db");
+  {
+    std::ofstream out(garbage);
+    out << std::string(4096, 'x');
+  }
+  opened = Store::Open(garbage);
+  EXPECT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition) << opened.status();
+  std::printf("garbage: %s\n", opened.status().ToString().c_str());
+
+  EXPECT_EQ(Store::Open("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(Store::Open("/nonexistent-dir/x/y.db").ok());
+}
+
+// Two connections (as two coordinator processes would have) and two threads sharing one
+// connection insert concurrently; every job and event must land exactly once.
+TEST(StoreTest, ConcurrentInsertsDoNotCorrupt) {
+  std::string path = TempFile("concurrent.db");
+  auto a = Store::Open(path);
+  auto b = Store::Open(path);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  constexpr int kPerThread = 100;
+  std::atomic<int> failures{0};
+  auto work = [&](Store* store, const std::string& prefix) {
+    for (int i = 0; i < kPerThread; ++i) {
+      // Every other job carries a request id, and both sides race on the shared ones.
+      std::string request_id = i % 2 == 0 ? absl::StrCat("shared-", i) : "";
+      auto r = store->InsertJob(NewJob(absl::StrCat(prefix, i), request_id), Created());
+      if (!r.ok()) {
+        ++failures;
+        std::printf("insert failed: %s\n", r.status().ToString().c_str());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(work, a->get(), "a");
+  threads.emplace_back(work, a->get(), "a2");
+  threads.emplace_back(work, b->get(), "b");
+  threads.emplace_back(work, b->get(), "b2");
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // 4 threads x 50 jobs without request id + 50 shared request ids, each created once.
+  const int64_t expected = 4 * kPerThread / 2 + kPerThread / 2;
+  auto jobs = (*a)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 1000);
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(static_cast<int64_t>(jobs->size()), expected);
+  EXPECT_EQ(*(*b)->CountJobEvents(), expected);
+  std::set<int64_t> ids;
+  std::set<std::string> request_ids;
+  for (const JobRow& j : *jobs) {
+    ids.insert(j.id);
+    if (!j.request_id.empty()) {
+      EXPECT_TRUE(request_ids.insert(j.request_id).second);
+    }
+    auto events = (*b)->ListJobEvents(j.id);
+    ASSERT_TRUE(events.ok());
+    EXPECT_EQ(events->size(), 1u);
+  }
+  EXPECT_EQ(static_cast<int64_t>(ids.size()), expected);
+  EXPECT_EQ(request_ids.size(), static_cast<size_t>(kPerThread / 2));
+  EXPECT_EQ(RawQuery(path, "PRAGMA integrity_check"), "ok");
+  std::printf("%lld jobs, %zu distinct request ids, integrity_check ok\n",
+              static_cast<long long>(expected), request_ids.size());
+}
+
+}  // namespace
+}  // namespace switchyard::store
