@@ -1,9 +1,12 @@
 #include "worker/model/allgather_dispatcher.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/moe/permute.h"
 
@@ -26,22 +29,25 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
       "AllGatherDispatcher", ep_group, ep_group ? ep_group->size() : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
+  comm::NcclCommunicator* nccl = nullptr;
   if (device.is_cuda()) {
-    // TODO(cuda): the CUDA path needs the gathered token counts T_j on the host before the
-    // AllGatherV of the rows (spec §3.2 "host synchronisation design"): one small non-blocking D2H
-    // copy of the all-gathered [EP] i32 counts into pinned memory and one event sync (or, when
-    // every rank is known to hold max_tokens, a plain AllGather with no sync at all). The
-    // local-expert filter of topk_idx needs a small kernel (ids outside [r*L, (r+1)*L) -> -1,
-    // others -= r*L), Spread becomes one cudaMemcpy2DAsync per rank + a memset of the padding,
-    // and the gathers / reduce-scatters go through NcclCommunicator on `stream`. Until then only
-    // the CPU (Gloo) path exists.
-    return absl::UnimplementedError(
-        "AllGatherDispatcher: only the CPU path exists (CUDA needs the D2H count copy, a "
-        "local-expert filter kernel and NCCL collectives; see the TODO in "
-        "allgather_dispatcher.cc)");
+    nccl = dynamic_cast<comm::NcclCommunicator*>(ep_group);
+    if (nccl == nullptr || nccl->device() != device.index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllGatherDispatcher: ep_group '", ep_group->name(),
+          "' must be an NcclCommunicator on the dispatcher's device cuda:", device.index,
+          " for a CUDA dispatcher (its stream orders the collectives after the kernels)"));
+    }
+    if (num_experts / ep_size > kernels::kMaxExpertsCuda) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllGatherDispatcher: num_experts / ep_size (", num_experts / ep_size,
+                       ") must be <= ", kernels::kMaxExpertsCuda, " on CUDA"));
+    }
   }
   std::unique_ptr<AllGatherDispatcher> d(new AllGatherDispatcher());
   d->ep_ = ep_group;
+  d->nccl_ = nccl;
+  d->device_ = device;
   d->ep_size_ = ep_size;
   d->ep_rank_ = ep_group->rank();
   d->num_experts_ = num_experts;
@@ -66,7 +72,8 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_ASSIGN_OR_RETURN(d->padded_y_, Buffer::ForTensor(dtype, {g, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->padded_probs_, Buffer::ForTensor(probs_dtype, {g, topk}, device));
   SY_ASSIGN_OR_RETURN(d->global_d_probs_, Buffer::ForTensor(probs_dtype, {g, topk}, device));
-  SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {0}, device));
+  const int64_t ws = device.is_cuda() ? kernels::PermuteWorkspaceBytes(g, d->num_local_) : 0;
+  SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
   SY_ASSIGN_OR_RETURN(d->reduced_y_, Buffer::ForTensor(dtype, {max_tokens, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->reduced_probs_,
                       Buffer::ForTensor(probs_dtype, {max_tokens, topk}, device));
@@ -80,7 +87,54 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
   d->tokens_per_rank_.assign(ep_size, 0);
+  if (device.is_cuda()) {
+    int previous = 0;
+    SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+    void* pinned = nullptr;
+    cudaError_t e = cudaMallocHost(&pinned, (ep_size + 1) * sizeof(int32_t));
+    if (e == cudaSuccess) {
+      d->pinned_ = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
+    }
+    cudaEvent_t event = nullptr;
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      d->event_ = std::shared_ptr<void>(
+          event, [](void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); });
+    }
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+    SY_CUDA_RETURN_IF_ERROR(e);
+  }
   return d;
+}
+
+absl::Status AllGatherDispatcher::CheckStream(const Stream& stream, const char* phase) const {
+  if (stream.device != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllGatherDispatcher::", phase, ": stream of ", stream.device.ToString(),
+                     " must be on the dispatcher's device ", device_.ToString()));
+  }
+  if (nccl_ != nullptr && static_cast<cudaStream_t>(stream.cuda_stream) != nccl_->stream()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllGatherDispatcher::", phase, ": stream must be the EP communicator's stream (group '",
+        nccl_->name(), "'): create the NcclCommunicator with the stream the phases run on"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllGatherDispatcher::CopyOnStream(const Stream& stream, const Tensor& src,
+                                               const Tensor& dst, const char* what) const {
+  if (src.dtype != dst.dtype || src.numel() != dst.numel() ||
+      (src.bytes() > 0 && dst.device != device_)) {
+    return absl::InvalidArgumentError(absl::StrCat("AllGatherDispatcher: ", what, " ",
+                                                   dst.DebugString(), " must match ",
+                                                   src.DebugString(), " on ", device_.ToString()));
+  }
+  if (src.bytes() == 0) return absl::OkStatus();
+  if (!device_.is_cuda()) return kernels::CopyTensor(src, dst);
+  SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice,
+                                          static_cast<cudaStream_t>(stream.cuda_stream)));
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> AllGatherDispatcher::Elements(int64_t per_row) const {
@@ -89,25 +143,38 @@ std::vector<int64_t> AllGatherDispatcher::Elements(int64_t per_row) const {
   return e;
 }
 
-void AllGatherDispatcher::Spread(const Tensor& compact, const Tensor& padded, int64_t width) const {
+absl::Status AllGatherDispatcher::Spread(const Stream& stream, const Tensor& compact,
+                                         const Tensor& padded, int64_t width) const {
   const int64_t row_bytes = width * DTypeSize(compact.dtype);
   const char* src = static_cast<const char*>(compact.data);
   char* dst = static_cast<char*>(padded.data);
+  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
   int64_t first = 0;
   for (int j = 0; j < ep_size_; ++j) {
     const int64_t n = tokens_per_rank_[j];
     char* chunk = dst + j * max_rank_tokens_ * row_bytes;
-    if (n > 0) std::memcpy(chunk, src + first * row_bytes, n * row_bytes);
-    if (n < max_rank_tokens_)
-      std::memset(chunk + n * row_bytes, 0, (max_rank_tokens_ - n) * row_bytes);
+    const size_t pad_bytes = (max_rank_tokens_ - n) * row_bytes;
+    if (device_.is_cuda()) {
+      if (n > 0) {
+        SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(chunk, src + first * row_bytes, n * row_bytes,
+                                                cudaMemcpyDeviceToDevice, cs));
+      }
+      if (pad_bytes > 0) {
+        SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(chunk + n * row_bytes, 0, pad_bytes, cs));
+      }
+    } else {
+      if (n > 0) std::memcpy(chunk, src + first * row_bytes, n * row_bytes);
+      if (pad_bytes > 0) std::memset(chunk + n * row_bytes, 0, pad_bytes);
+    }
     first += n;
   }
+  return absl::OkStatus();
 }
 
 absl::Status AllGatherDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
-  (void)stream;
   phase_ = Phase::kIdle;
   have_forward_ = false;
+  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPreprocess"));
   const int64_t t = state->x.rank() == 2 ? state->x.dim(0) : -1;
   if (t < 0 || state->x.dim(1) != hidden_ || t > max_tokens_ || state->x.dtype != dtype_ ||
       state->topk_idx.rank() != 2 || state->topk_idx.dim(0) != t ||
@@ -119,6 +186,12 @@ absl::Status AllGatherDispatcher::DispatchPreprocess(const Stream& stream, Dispa
         state->topk_idx.DebugString(), " / topk_probs ", state->topk_probs.DebugString(),
         " must be [T <= ", max_tokens_, ", ", hidden_, "] of the activation dtype / [T, ", topk_,
         "] i32 / [T, ", topk_, "] of the probs dtype"));
+  }
+  if ((t > 0 && state->x.device != device_) ||
+      (t > 0 && (state->topk_idx.device != device_ || state->topk_probs.device != device_))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllGatherDispatcher: x / topk_idx / topk_probs (", state->x.DebugString(),
+                     ") must be on the dispatcher's device ", device_.ToString()));
   }
   num_tokens_ = t;
   inputs_.x = state->x;
@@ -133,13 +206,31 @@ absl::Status AllGatherDispatcher::DispatchPreprocess(const Stream& stream, Dispa
 }
 
 absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* state) {
-  (void)stream;
   (void)state;
   if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
-  my_count_.View().as<int32_t>()[0] = static_cast<int32_t>(num_tokens_);
+  SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
+  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  int32_t* host_counts = static_cast<int32_t*>(pinned_.get());  // CUDA only
+  if (device_.is_cuda()) {
+    // The pinned word is free: the previous H2D from it finished before the previous AllGather
+    // returned (host-synchronous, same stream).
+    host_counts[ep_size_] = static_cast<int32_t>(num_tokens_);
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(my_count_.data(), host_counts + ep_size_,
+                                            sizeof(int32_t), cudaMemcpyHostToDevice, cs));
+  } else {
+    my_count_.View().as<int32_t>()[0] = static_cast<int32_t>(num_tokens_);
+  }
   SY_RETURN_IF_ERROR(ep_->AllGather(my_count_.View(), counts_.View()));
-  // CPU: the counts are host memory (see the CUDA TODO in Create).
   const int32_t* c = counts_.View().as<int32_t>();
+  if (device_.is_cuda()) {
+    // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
+    const cudaEvent_t done = static_cast<cudaEvent_t>(event_.get());
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_counts, counts_.data(), ep_size_ * sizeof(int32_t),
+                                            cudaMemcpyDeviceToHost, cs));
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, cs));
+    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
+    c = host_counts;
+  }
   global_tokens_ = 0;
   max_rank_tokens_ = 0;
   for (int j = 0; j < ep_size_; ++j) {
@@ -165,14 +256,21 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
 absl::Status AllGatherDispatcher::DispatchPostprocess(const Stream& stream, DispatchState* state) {
   (void)state;
   if (phase_ != Phase::kDispatched) return OutOfOrder("DispatchPostprocess", "Dispatch");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPostprocess"));
   const int64_t g = global_tokens_;
   // Keep the slots routed to this rank's experts, renumbered to local ids (spec: routing_map[:,
   // local experts]).
-  const int32_t* gi = global_idx_.View().as<int32_t>();
-  int32_t* li = local_idx_.View().as<int32_t>();
   const int32_t first = ep_rank_ * num_local_;
-  for (int64_t i = 0; i < g * topk_; ++i) {
-    li[i] = gi[i] >= first && gi[i] < first + num_local_ ? gi[i] - first : -1;
+  if (device_.is_cuda()) {
+    SY_RETURN_IF_ERROR(
+        internal::LocalExpertIdsCuda(stream, global_idx_.View(DType::kI32, {g, topk_}), first,
+                                     num_local_, local_idx_.View(DType::kI32, {g, topk_})));
+  } else {
+    const int32_t* gi = global_idx_.View().as<int32_t>();
+    int32_t* li = local_idx_.View().as<int32_t>();
+    for (int64_t i = 0; i < g * topk_; ++i) {
+      li[i] = gi[i] >= first && gi[i] < first + num_local_ ? gi[i] - first : -1;
+    }
   }
   row_map_view_ = row_map_.View(DType::kI32, {g, topk_});
   SY_RETURN_IF_ERROR(kernels::Permute(
@@ -188,6 +286,7 @@ absl::Status AllGatherDispatcher::CombinePreprocess(const Stream& stream, Dispat
   if (phase_ != Phase::kPostprocessed) {
     return OutOfOrder("CombinePreprocess", "DispatchPostprocess");
   }
+  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePreprocess"));
   // Per global token, the sum of its slots on this rank's experts (zeros when it has none).
   SY_RETURN_IF_ERROR(kernels::Unpermute(stream, state->expert_out, row_map_view_,
                                         global_y_.View(dtype_, {global_tokens_, hidden_})));
@@ -196,11 +295,11 @@ absl::Status AllGatherDispatcher::CombinePreprocess(const Stream& stream, Dispat
 }
 
 absl::Status AllGatherDispatcher::Combine(const Stream& stream, DispatchState* state) {
-  (void)stream;
   (void)state;
   if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
   const Tensor padded = padded_y_.View(dtype_, {ep_size_ * max_rank_tokens_, hidden_});
-  Spread(global_y_.View(), padded, hidden_);
+  SY_RETURN_IF_ERROR(Spread(stream, global_y_.View(), padded, hidden_));
   SY_RETURN_IF_ERROR(ep_->ReduceScatter(
       padded, reduced_y_.View(dtype_, {max_rank_tokens_, hidden_}), comm::ReduceOp::kSum));
   phase_ = Phase::kCombined;
@@ -209,17 +308,18 @@ absl::Status AllGatherDispatcher::Combine(const Stream& stream, DispatchState* s
 
 absl::Status AllGatherDispatcher::CombinePostprocess(const Stream& stream, DispatchState* state,
                                                      const Tensor& out) {
-  (void)stream;
   (void)state;
   if (phase_ != Phase::kCombined) return OutOfOrder("CombinePostprocess", "Combine");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePostprocess"));
   phase_ = Phase::kIdle;
-  return Annotate(kernels::CopyTensor(reduced_y_.View(dtype_, {num_tokens_, hidden_}), out),
-                  "AllGatherDispatcher::CombinePostprocess (out)");
+  return CopyOnStream(stream, reduced_y_.View(dtype_, {num_tokens_, hidden_}), out,
+                      "CombinePostprocess: out");
 }
 
 absl::Status AllGatherDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                                   DispatchState* state) {
   if (!have_forward_) return OutOfOrder("CombineBackward", "a forward DispatchPostprocess");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "CombineBackward"));
   if (dout.rank() != 2 || dout.dim(0) != num_tokens_ || dout.dim(1) != hidden_ ||
       dout.dtype != dtype_) {
     return absl::InvalidArgumentError(absl::StrCat("AllGatherDispatcher: dout ", dout.DebugString(),
@@ -239,6 +339,7 @@ absl::Status AllGatherDispatcher::CombineBackward(const Stream& stream, const Te
 absl::Status AllGatherDispatcher::DispatchBackward(const Stream& stream, DispatchState* state,
                                                    const Tensor& dx, const Tensor& d_topk_probs) {
   if (!have_forward_) return OutOfOrder("DispatchBackward", "a forward DispatchPostprocess");
+  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchBackward"));
   const int64_t g = global_tokens_, tm = max_rank_tokens_;
   // Adjoint of Permute over the global batch: this rank's share of every token's gradient (slots
   // on other ranks' experts contribute 0), then of the all-gathers (reduce-scatter).
@@ -248,18 +349,16 @@ absl::Status AllGatherDispatcher::DispatchBackward(const Stream& stream, Dispatc
                                               row_map_view_, global_dx, global_dp));
   const Tensor padded_x = padded_y_.View(dtype_, {ep_size_ * tm, hidden_});
   const Tensor padded_p = padded_probs_.View(probs_dtype_, {ep_size_ * tm, topk_});
-  Spread(global_dx, padded_x, hidden_);
-  Spread(global_dp, padded_p, topk_);
+  SY_RETURN_IF_ERROR(Spread(stream, global_dx, padded_x, hidden_));
+  SY_RETURN_IF_ERROR(Spread(stream, global_dp, padded_p, topk_));
   SY_RETURN_IF_ERROR(
       ep_->ReduceScatter(padded_x, reduced_y_.View(dtype_, {tm, hidden_}), comm::ReduceOp::kSum));
   SY_RETURN_IF_ERROR(ep_->ReduceScatter(padded_p, reduced_probs_.View(probs_dtype_, {tm, topk_}),
                                         comm::ReduceOp::kSum));
-  SY_RETURN_IF_ERROR(
-      Annotate(kernels::CopyTensor(reduced_y_.View(dtype_, {num_tokens_, hidden_}), dx),
-               "AllGatherDispatcher::DispatchBackward (dx)"));
-  return Annotate(
-      kernels::CopyTensor(reduced_probs_.View(probs_dtype_, {num_tokens_, topk_}), d_topk_probs),
-      "AllGatherDispatcher::DispatchBackward (d_topk_probs)");
+  SY_RETURN_IF_ERROR(CopyOnStream(stream, reduced_y_.View(dtype_, {num_tokens_, hidden_}), dx,
+                                  "DispatchBackward: dx"));
+  return CopyOnStream(stream, reduced_probs_.View(probs_dtype_, {num_tokens_, topk_}), d_topk_probs,
+                      "DispatchBackward: d_topk_probs");
 }
 
 }  // namespace switchyard::model

@@ -40,9 +40,24 @@
 //   all-gather needs equal T on every rank.
 // - No ETP > 1, no drop-and-pad, no router padding for FP8.
 //
-// Host synchronisation: the gathered sizes T_j must be known on the host. The CPU path reads them
-// directly. The CUDA path is NOT implemented (Create returns UNIMPLEMENTED for a CUDA device); see
-// the TODO in allgather_dispatcher.cc.
+// Host synchronisation: the gathered sizes T_j must be known on the host (they size the AllGatherV
+// and the padded reduce-scatter).
+//   CPU:  the counts are host memory and are read directly.
+//   CUDA: T goes to the device with one cudaMemcpyAsync from pinned memory, the AllGather of the
+//         counts runs on the device (NCCL), then ONE cudaMemcpyAsync of the [EP] gathered counts
+//         into pinned host memory, an event recorded after it and one cudaEventSynchronize. That
+//         is the only host sync of the micro-batch; the backward reuses the sizes. The
+//         local-expert filter of topk_idx is a small kernel (allgather_dispatcher.cu); the padded
+//         layout of the reduce-scatter is one cudaMemcpyAsync + one cudaMemsetAsync per rank.
+//
+// Stream contract (CUDA): the EP communicator must be a comm::NcclCommunicator created with the
+// SAME cudaStream_t as the `stream` passed to every phase (and on the same device). Its calls are
+// host-synchronous and run on that stream, so the collectives are ordered after the kernels that
+// produce their inputs, and the kernels after them, with no extra events. The inputs set in
+// DispatchState before DispatchPreprocess (x, topk_idx, topk_probs) must be ready on that stream
+// and stay valid until Dispatch. Create checks that the group is an NcclCommunicator on `device`;
+// every phase checks that `stream` is on `device` and, on CUDA, that stream.cuda_stream == the
+// communicator's stream (INVALID_ARGUMENT otherwise).
 //
 // Backward: CombineBackward = AllGatherV of dout (adjoint of the reduce-scatter), then
 // UnpermuteBackward; DispatchBackward = PermuteBackward over the global batch, then ReduceScatter
@@ -62,6 +77,7 @@
 #include "common/tensor.h"
 #include "kernels/buffer.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/model/dispatcher.h"
 
 namespace switchyard::model {
@@ -70,7 +86,9 @@ class AllGatherDispatcher final : public TokenDispatcher {
  public:
   // ep_group: the EP group (rank r holds global experts [r*L, (r+1)*L)), not owned;
   // ep_size must equal ep_group->size(); num_experts % ep_size == 0; topk <= num_experts.
-  // max_tokens: most tokens per micro-batch on ANY rank of the group. CPU device only for now.
+  // max_tokens: most tokens per micro-batch on ANY rank of the group. On a CUDA device ep_group
+  // must be a comm::NcclCommunicator on that device (see the stream contract in the file comment);
+  // dtype bf16/f32, probs_dtype f32 (Permute's CUDA limits).
   static absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
       int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk);
@@ -97,11 +115,19 @@ class AllGatherDispatcher final : public TokenDispatcher {
  private:
   AllGatherDispatcher() = default;
   // Copies the compact global rows [T', width] of `compact` into `padded` [EP * T_max, width]
-  // (rank j's rows at j * T_max, padding rows zeroed).
-  void Spread(const Tensor& compact, const Tensor& padded, int64_t width) const;
+  // (rank j's rows at j * T_max, padding rows zeroed), on `stream`.
+  absl::Status Spread(const Stream& stream, const Tensor& compact, const Tensor& padded,
+                      int64_t width) const;
+  // dst = src (same dtype and numel), on `stream` (asynchronous on CUDA).
+  absl::Status CopyOnStream(const Stream& stream, const Tensor& src, const Tensor& dst,
+                            const char* what) const;
+  // The stream rules of every phase (see the stream contract in the file comment).
+  absl::Status CheckStream(const Stream& stream, const char* phase) const;
   std::vector<int64_t> Elements(int64_t per_row) const;
 
   comm::Communicator* ep_ = nullptr;
+  comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
+  Device device_;
   int ep_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
   int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0;
   DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
@@ -113,6 +139,9 @@ class AllGatherDispatcher final : public TokenDispatcher {
   // Expert side: [rows_] rows.
   kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, d_expert_out_,
       d_expert_x_, d_expert_probs_;
+  // CUDA only: pinned host memory, [EP] i32 (D2H target of the gathered counts) then one i32 (H2D
+  // staging of this rank's T), and the event that the D2H copy is waited on with.
+  std::shared_ptr<void> pinned_, event_;
   Tensor row_map_view_;   // [T', k] of the current micro-batch
   DispatchState inputs_;  // x / topk_idx / topk_probs of the current micro-batch
   int64_t num_tokens_ = 0, global_tokens_ = 0, max_rank_tokens_ = 0;
@@ -121,6 +150,13 @@ class AllGatherDispatcher final : public TokenDispatcher {
   Phase phase_ = Phase::kIdle;
   bool have_forward_ = false;  // sizes valid for the backward
 };
+
+namespace internal {
+// CUDA (allgather_dispatcher.cu): local_idx[i] = global_idx[i] - first when it is in
+// [first, first + num_local), else -1. Both i32 of one shape on the stream's device.
+absl::Status LocalExpertIdsCuda(const Stream& stream, const Tensor& global_idx, int first,
+                                int num_local, const Tensor& local_idx);
+}  // namespace internal
 
 }  // namespace switchyard::model
 

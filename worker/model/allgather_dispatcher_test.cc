@@ -219,15 +219,19 @@ TEST(AllGatherDispatcherTest, RejectsBadArgumentsAndPhaseOrder) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);  // topk > num_experts
-  EXPECT_EQ(AllGatherDispatcher::Create(ep->get(), Device::Cuda(0), DType::kF32, DType::kF32, 4, 4,
-                                        4, 1, 2)
-                .status()
-                .code(),
-            absl::StatusCode::kUnimplemented);
+  // CUDA needs an NcclCommunicator on the device (its stream orders the collectives).
+  const absl::Status cuda = AllGatherDispatcher::Create(ep->get(), Device::Cuda(0), DType::kF32,
+                                                        DType::kF32, 4, 4, 4, 1, 2)
+                                .status();
+  EXPECT_EQ(cuda.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cuda.message().find("NcclCommunicator"), std::string::npos) << cuda;
   absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> d = AllGatherDispatcher::Create(
       ep->get(), Device::Cpu(), DType::kF32, DType::kF32, 4, 4, 4, 1, 2);
   ASSERT_TRUE(d.ok());
   DispatchState st;
+  // A stream on another device than the dispatcher's.
+  EXPECT_EQ((*d)->DispatchPreprocess(Stream{Device::Cuda(0), nullptr}, &st).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*d)->Dispatch(Stream::Cpu(), &st).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*d)->Combine(Stream::Cpu(), &st).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*d)->CombineBackward(Stream::Cpu(), Tensor(), &st).code(),
