@@ -1,0 +1,64 @@
+// File: coordinator/planner/planner.h
+//
+// The coordinator's planner: picks the parallel mapping of a job (DESIGN.md "Plan once, run
+// many"). PlanJob enumerates every folding of the world into the attention grid TP×CP×DP×PP and
+// the expert grid ETP×EP×EDP×PP (megatron_moe.md §5.1), rejects those that break a rule or do not
+// fit in GPU memory, estimates the step time of the rest (coordinator/planner/cost_model.h holds
+// every formula and constant) and returns the fastest with the ranked alternatives.
+//
+// Rules come from the shared code, so the planner and the job validator agree by construction:
+// each candidate is written into a copy of the job spec (parallel sizes, world size,
+// sequence_parallel = TP > 1, use_distributed_optimizer, the global batch) and checked by
+// common/validate.h (§5.2 divisibility, heads and query groups by TP, experts by EP, layers by
+// PP, global batch by micro-batch × DP, ...) and common/parallel_state.h (ParallelLayout::Create).
+// One planner rule is added: context parallelism splits each sequence into 2·CP chunks (causal
+// load balancing), so model.seq_length must be divisible by 2 * CP when CP > 1.
+//
+// What the request fixes and what the planner chooses:
+// - World size: parallel.world_size when set (at most cluster.num_gpus). Otherwise the largest
+//   W <= min(cluster.num_gpus, max_workers) is tried first; only when no mapping of W is
+//   feasible are smaller worlds tried, down to min_workers (default: no smaller world).
+// - Parallel sizes set in the spec (tensor/context/pipeline/expert-model/expert-tensor parallel
+//   size) restrict the enumeration to that value; unset ones are enumerated (ETP independently
+//   of TP). For a dense model (no model.num_experts) the expert grid is not enumerated: EP = 1,
+//   ETP = TP. use_distributed_optimizer = true restricts to the distributed optimizer; false lets
+//   the planner try both (proto3 bools cannot say "unset").
+// - parallel.sequence_parallel is decided by the planner: on exactly when TP > 1 (Megatron
+//   requires it for MoE with TP > 1 and forbids it with TP = 1); the spec's flag is ignored.
+// - micro_batch_size from the spec (default 1). The global batch from the spec; when unset it is
+//   micro_batch_size × W (what pure data parallelism would run), so every candidate trains the
+//   same number of sequences per step and step times compare. num_micro_batches = GBS / (mbs·DP).
+// - Virtual pipeline stages and multiple distributed-optimizer instances are not modelled.
+//
+// Ranking: feasible candidates by TimeEstimate.total, ties by MemoryEstimate.total, then by the
+// mapping's sizes (TP, CP, DP, PP, ETP, EP, EDP, distributed optimizer last) so plans are
+// deterministic. Plan.best is the first, Plan.alternatives the rest, Plan.rejected every
+// rejected candidate with its rule text; each list holds at most kMaxListedCandidates entries.
+#ifndef SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
+#define SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "switchyard/v1/plan.pb.h"
+
+namespace switchyard::planner {
+
+inline constexpr int kMaxListedCandidates = 1000;
+
+// The plan for `request`, or
+// - INVALID_ARGUMENT naming the field and the rule for a bad request: a cluster field that is
+//   not positive (cluster.num_gpus, gpu_memory_bytes, gpus_per_node, the two bandwidths,
+//   peak_flops), a job spec that fails ValidateJobSpec after ApplyDefaults, a missing
+//   model.vocab_size, parallel.world_size or min_workers above cluster.num_gpus; or when no
+//   mapping of any allowed world size satisfies the rules (the message quotes one rejection);
+// - RESOURCE_EXHAUSTED when mappings satisfy the rules but none fits in
+//   cluster.gpu_memory_bytes; the message gives the smallest per-rank estimate and its mapping.
+absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request);
+
+// "TP2 CP1 DP4 PP1 | ETP1 EP8 EDP1 | dist-opt | mbs 1 x 4": for messages and logs.
+std::string MappingToString(const v1::Mapping& mapping);
+
+}  // namespace switchyard::planner
+
+#endif  // SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
