@@ -1,0 +1,98 @@
+// File: coordinator/jobs/job_registry.h
+//
+// The coordinator's jobs: create (validated, idempotent), get, list (filtered, paginated),
+// cancel, and every lifecycle transition, each persisted with an event in one store transaction.
+// The gRPC JobService and the REST gateway are thin layers over this class.
+//
+// Contracts:
+// - Resource names are "jobs/{id}", id a positive decimal integer without leading zeros, assigned
+//   in creation order and never reused. A malformed name is INVALID_ARGUMENT naming `name`; a
+//   well-formed name of no job is NOT_FOUND.
+// - CreateJob applies defaults (common/config_defaults.h) and validates (common/validate.h); a bad
+//   spec is INVALID_ARGUMENT with the validator's message (field path and rule) and nothing is
+//   written. The stored spec is the defaulted one, so Get returns what the job will run with.
+// - request_id (AIP-155) makes CreateJob idempotent: the same request_id with an equal effective
+//   spec (after defaults) returns the existing job unchanged, in whatever state it is now; with a
+//   different spec it is ALREADY_EXISTS naming request_id and the existing job. Empty: no key.
+// - ListJobs (AIP-158): ascending id order; state STATE_UNSPECIFIED lists all; page_size 0 means
+//   kDefaultPageSize, larger than kMaxPageSize is lowered to it, negative is INVALID_ARGUMENT;
+//   next_page_token is opaque, empty on the last page, and bound to the state filter (reusing it
+//   with another filter is INVALID_ARGUMENT). Pages are keyset-based (id > last id), so jobs
+//   created between pages appear later and no job is listed twice; a job that changes state
+//   between pages may be missed by a state-filtered listing.
+// - Transitions follow coordinator/jobs/job_state.h (FAILED_PRECONDITION naming from/to states)
+//   and append exactly one event each; a refused transition writes nothing.
+//
+// Thread safety: any thread may call any method (the Store serializes; each read-modify-write is
+// one transaction, so concurrent transitions of one job apply one after the other).
+#ifndef SWITCHYARD_COORDINATOR_JOBS_JOB_REGISTRY_H_
+#define SWITCHYARD_COORDINATOR_JOBS_JOB_REGISTRY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/jobs/job_state.h"
+#include "coordinator/store/store.h"
+#include "switchyard/v1/job.pb.h"
+
+namespace switchyard::jobs {
+
+inline constexpr int kDefaultPageSize = 50;
+inline constexpr int kMaxPageSize = 1000;
+inline constexpr size_t kMaxRequestIdLength = 128;
+
+// "jobs/{id}".
+std::string JobName(int64_t id);
+// The id of a job name; INVALID_ARGUMENT naming `name` when malformed.
+absl::StatusOr<int64_t> ParseJobName(absl::string_view name);
+
+class JobRegistry {
+ public:
+  // `store` must outlive the registry.
+  explicit JobRegistry(store::Store* store);
+
+  // Validates request.spec (after defaults) and request.request_id, then creates the job in
+  // PENDING with event CREATED, or returns the job the request_id already names.
+  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
+  // The same for a spec in JSON or YAML text (common/config.h): parse errors are INVALID_ARGUMENT
+  // naming the field, and nothing is written.
+  absl::StatusOr<v1::Job> CreateJobFromJson(absl::string_view spec_json,
+                                            absl::string_view request_id);
+  absl::StatusOr<v1::Job> CreateJobFromYaml(absl::string_view spec_yaml,
+                                            absl::string_view request_id);
+
+  absl::StatusOr<v1::Job> GetJob(absl::string_view name);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+
+  // Moves the job to CANCELLED (reason CANCELLED_BY_USER); FAILED_PRECONDITION when terminal.
+  absl::StatusOr<v1::Job> CancelJob(absl::string_view name, absl::string_view message = "");
+
+  // Moves the job to `to` under job_state.h's rules and logs an event with `reason` (UPPER_SNAKE,
+  // e.g. "WORKER_LOST") and `message`. Returns the job as written: a RESTARTING request beyond
+  // max_restarts returns it FAILED.
+  absl::StatusOr<v1::Job> Transition(absl::string_view name, State to, absl::string_view reason,
+                                     absl::string_view message = "");
+
+  // Records a saved checkpoint (event CHECKPOINT_SAVED, state unchanged). The job must be RUNNING
+  // and `step` must be >= 0 and greater than the last recorded step.
+  absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
+  // The last recorded checkpoint step, if any.
+  absl::StatusOr<std::optional<int64_t>> LastCheckpointStep(absl::string_view name);
+
+  // The job's event log in sequence order.
+  absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
+
+ private:
+  absl::StatusOr<store::JobRow> Row(absl::string_view name);
+
+  store::Store* const store_;
+};
+
+}  // namespace switchyard::jobs
+
+#endif  // SWITCHYARD_COORDINATOR_JOBS_JOB_REGISTRY_H_

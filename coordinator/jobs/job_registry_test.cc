@@ -1,0 +1,623 @@
+// File: coordinator/jobs/job_registry_test.cc
+//
+// The registry over a real SQLite file in the test's temporary directory.
+#include "coordinator/jobs/job_registry.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "coordinator/store/store.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace switchyard::jobs {
+namespace {
+
+using Json = nlohmann::json;
+
+// A valid MoE spec (8 experts top-2 over TP 2 x EP 4, world 8), as a user would submit it.
+constexpr const char* kValidSpec = R"json({
+  "display_name": "mixtral-small",
+  "model": {
+    "num_layers": 4,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_query_groups": 2,
+    "ffn_hidden_size": 1792,
+    "seq_length": 1024,
+    "vocab_size": 32000,
+    "normalization": "RMSNorm",
+    "num_experts": 8,
+    "moe_router_topk": 2,
+    "moe_router_load_balancing_type": ["aux_loss"],
+    "moe_aux_loss_coeff": [0.02],
+    "moe_token_dispatcher_type": "alltoall"
+  },
+  "parallel": {
+    "tensor_model_parallel_size": 2,
+    "expert_model_parallel_size": 4,
+    "sequence_parallel": true,
+    "world_size": 8
+  },
+  "training": {
+    "micro_batch_size": 2,
+    "global_batch_size": 32,
+    "train_iters": 500,
+    "lr": 1.0e-4,
+    "min_lr": 1.0e-5,
+    "lr_warmup_iters": 50,
+    "lr_decay_style": "cosine"
+  },
+  "data": {
+    "data_path": ["0.7", "/data/wiki_text_document", "0.3", "/data/code_text_document"],
+    "split": "969,30,1"
+  },
+  "max_restarts": 2
+})json";
+
+std::string TempFile(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  return path;
+}
+
+v1::JobSpec ValidSpec(const std::string& display_name = "mixtral-small") {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(kValidSpec);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->set_display_name(display_name);
+  return *spec;
+}
+
+v1::CreateJobRequest Request(const std::string& display_name, const std::string& request_id = "") {
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = ValidSpec(display_name);
+  request.set_request_id(request_id);
+  return request;
+}
+
+class JobRegistryTest : public ::testing::Test {
+ protected:
+  void OpenAt(const std::string& name) {
+    path_ = TempFile(name);
+    Reopen();
+  }
+  void Reopen() {
+    registry_.reset();
+    store_.reset();
+    auto store = store::Store::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    registry_ = std::make_unique<JobRegistry>(store_.get());
+  }
+  int64_t Jobs() { return *store_->CountJobs(); }
+  int64_t Events() { return *store_->CountJobEvents(); }
+
+  std::string path_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<JobRegistry> registry_;
+};
+
+TEST_F(JobRegistryTest, CreateGetRoundTripAndReopen) {
+  OpenAt("registry_round_trip.db");
+  auto job = registry_->CreateJob(Request("first"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name(), "jobs/1");
+  EXPECT_EQ(job->state(), v1::Job::PENDING);
+  EXPECT_EQ(job->generation(), 0);
+  EXPECT_GT(job->create_time().seconds(), 1'600'000'000);
+  // Stored with defaults applied: fields the user left out are filled.
+  EXPECT_TRUE(job->spec().model().has_kv_channels());
+  EXPECT_EQ(job->spec().model().kv_channels(), 64);
+  EXPECT_EQ(job->spec().min_workers(), 8);
+
+  auto got = registry_->GetJob("jobs/1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->SerializeAsString(), job->SerializeAsString());
+
+  Reopen();
+  got = registry_->GetJob("jobs/1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->SerializeAsString(), job->SerializeAsString());
+  auto events = registry_->ListEvents("jobs/1");
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].reason(), "CREATED");
+  EXPECT_EQ((*events)[0].state(), v1::Job::PENDING);
+  EXPECT_EQ((*events)[0].sequence(), 1);
+
+  EXPECT_EQ(registry_->GetJob("jobs/2").status().code(), absl::StatusCode::kNotFound);
+  for (const char* bad : {"", "jobs/", "jobs/0", "jobs/01", "jobs/-1", "jobs/x", "job/1", "jobs/1/",
+                          "jobs/99999999999999999999", "/jobs/1"}) {
+    auto s = registry_->GetJob(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("name"), absl::string_view::npos) << s;
+  }
+  std::printf("created %s (%s), reopened, 1 event; bad name: %s\n", job->name().c_str(),
+              v1::Job::State_Name(job->state()).c_str(),
+              registry_->GetJob("jobs/x").status().ToString().c_str());
+}
+
+TEST_F(JobRegistryTest, CreateIsIdempotentPerRequestId) {
+  OpenAt("registry_idempotent.db");
+  auto first = registry_->CreateJob(Request("a", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Same request id, same spec: the same job, nothing written.
+  auto again = registry_->CreateJob(Request("a", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->name(), first->name());
+  EXPECT_EQ(Jobs(), 1);
+  EXPECT_EQ(Events(), 1);
+
+  // Same effective spec written differently (a default made explicit) is still the same request.
+  v1::CreateJobRequest explicit_default = Request("a", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b");
+  explicit_default.mutable_spec()->mutable_model()->set_kv_channels(64);
+  again = registry_->CreateJob(explicit_default);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->name(), first->name());
+
+  // The job moved on; a retry still returns it, in its current state.
+  ASSERT_TRUE(registry_->Transition(first->name(), v1::Job::STARTING, "SCHEDULED").ok());
+  again = registry_->CreateJob(Request("a", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->state(), v1::Job::STARTING);
+
+  // Same request id, different spec.
+  auto conflict = registry_->CreateJob(Request("b", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b"));
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists) << conflict.status();
+  EXPECT_NE(conflict.status().message().find("request_id"), absl::string_view::npos);
+  EXPECT_NE(conflict.status().message().find("jobs/1"), absl::string_view::npos);
+  std::printf("conflict: %s\n", conflict.status().ToString().c_str());
+
+  // Survives a restart of the coordinator.
+  Reopen();
+  again = registry_->CreateJob(Request("a", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->name(), first->name());
+  // Without a request id every call creates a job.
+  ASSERT_TRUE(registry_->CreateJob(Request("a")).ok());
+  ASSERT_TRUE(registry_->CreateJob(Request("a")).ok());
+  EXPECT_EQ(Jobs(), 3);
+
+  for (const std::string& bad : {std::string("has space"), std::string(129, 'a'),
+                                 std::string("quote\""), std::string("nul\0x", 5)}) {
+    auto s = registry_->CreateJob(Request("a", bad)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("request_id"), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(Jobs(), 3);
+}
+
+TEST_F(JobRegistryTest, PaginatesOver120JobsWithAndWithoutFilter) {
+  OpenAt("registry_pages.db");
+  for (int i = 0; i < 120; ++i) {
+    auto job = registry_->CreateJob(Request(absl::StrCat("job", i)));
+    ASSERT_TRUE(job.ok()) << job.status();
+    if (i % 3 == 0) {
+      ASSERT_TRUE(registry_->Transition(job->name(), v1::Job::STARTING, "SCHEDULED").ok());
+    }
+  }
+  auto collect = [&](State state, int page_size, int* pages) {
+    std::vector<std::string> names;
+    v1::ListJobsRequest request;
+    request.set_state(state);
+    request.set_page_size(page_size);
+    *pages = 0;
+    while (true) {
+      auto page = registry_->ListJobs(request);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok()) break;
+      ++*pages;
+      EXPECT_LE(page->jobs_size(), page_size == 0 ? kDefaultPageSize : page_size);
+      for (const v1::Job& job : page->jobs()) {
+        names.push_back(job.name());
+        EXPECT_TRUE(state == v1::Job::STATE_UNSPECIFIED || job.state() == state) << job.name();
+      }
+      if (page->next_page_token().empty()) break;
+      request.set_page_token(page->next_page_token());
+    }
+    return names;
+  };
+  int pages = 0;
+  std::vector<std::string> all = collect(v1::Job::STATE_UNSPECIFIED, 7, &pages);
+  ASSERT_EQ(all.size(), 120u);
+  EXPECT_EQ(pages, 18);  // 17 full pages of 7 and one of 1
+  for (int i = 0; i < 120; ++i) EXPECT_EQ(all[i], absl::StrCat("jobs/", i + 1));
+  std::vector<std::string> starting = collect(v1::Job::STARTING, 10, &pages);
+  EXPECT_EQ(starting.size(), 40u);
+  EXPECT_EQ(pages, 4);
+  EXPECT_EQ(starting.front(), "jobs/1");
+  EXPECT_EQ(starting.back(), "jobs/118");
+  std::vector<std::string> pending = collect(v1::Job::PENDING, 0, &pages);  // default page size
+  EXPECT_EQ(pending.size(), 80u);
+  EXPECT_EQ(pages, 2);
+  std::set<std::string> unique(all.begin(), all.end());
+  EXPECT_EQ(unique.size(), 120u);
+  EXPECT_TRUE(collect(v1::Job::SUCCEEDED, 10, &pages).empty());
+  EXPECT_EQ(pages, 1);
+  std::printf(
+      "120 jobs: all in 18 pages of 7; STARTING 40 in 4 pages of 10; PENDING 80 in 2 "
+      "default pages\n");
+
+  // A token is bound to its filter, and must be one of ours.
+  v1::ListJobsRequest request;
+  request.set_state(v1::Job::STARTING);
+  request.set_page_size(5);
+  auto page = registry_->ListJobs(request);
+  ASSERT_TRUE(page.ok());
+  request.set_state(v1::Job::PENDING);
+  request.set_page_token(page->next_page_token());
+  auto mismatch = registry_->ListJobs(request);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatch.status().message().find("page_token"), absl::string_view::npos);
+  std::printf("mismatch: %s\n", mismatch.status().ToString().c_str());
+  for (const char* bad : {"garbage!", "cDE6MzoxMA", "eHg6MTox", "%%%"}) {
+    request.set_page_token(bad);
+    auto s = registry_->ListJobs(request).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("page_token"), absl::string_view::npos) << s;
+  }
+  request.set_page_token("");
+  request.set_page_size(-1);
+  auto negative = registry_->ListJobs(request).status();
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.message().find("page_size"), absl::string_view::npos);
+  request.set_page_size(0);
+  request.set_state(static_cast<State>(42));
+  EXPECT_EQ(registry_->ListJobs(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobRegistryTest, PageSizeIsCappedAt1000) {
+  OpenAt("registry_cap.db");
+  for (int i = 0; i < 1005; ++i) ASSERT_TRUE(registry_->CreateJob(Request("j")).ok());
+  v1::ListJobsRequest request;
+  request.set_page_size(5000);
+  auto page = registry_->ListJobs(request);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->jobs_size(), kMaxPageSize);
+  EXPECT_FALSE(page->next_page_token().empty());
+  request.set_page_token(page->next_page_token());
+  auto rest = registry_->ListJobs(request);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest->jobs_size(), 5);
+  EXPECT_TRUE(rest->next_page_token().empty());
+  std::printf("page_size 5000 over 1005 jobs: pages of %d and %d\n", page->jobs_size(),
+              rest->jobs_size());
+}
+
+// Drives jobs along every allowed edge of the table and checks each refused one leaves the
+// store unchanged.
+TEST_F(JobRegistryTest, EveryAllowedTransitionAndRefusedOnesWriteNothing) {
+  OpenAt("registry_transitions.db");
+  const std::vector<std::vector<State>> paths = {
+      {v1::Job::STARTING, v1::Job::RUNNING, v1::Job::SUCCEEDED},
+      {v1::Job::FAILED},
+      {v1::Job::CANCELLED},
+      {v1::Job::STARTING, v1::Job::RESTARTING, v1::Job::STARTING, v1::Job::FAILED},
+      {v1::Job::STARTING, v1::Job::CANCELLED},
+      {v1::Job::STARTING, v1::Job::RUNNING, v1::Job::RESTARTING, v1::Job::FAILED},
+      {v1::Job::STARTING, v1::Job::RUNNING, v1::Job::RESTARTING, v1::Job::CANCELLED},
+      {v1::Job::STARTING, v1::Job::RUNNING, v1::Job::FAILED},
+      {v1::Job::STARTING, v1::Job::RUNNING, v1::Job::CANCELLED},
+  };
+  std::set<std::pair<State, State>> covered;
+  for (const auto& path : paths) {
+    auto job = registry_->CreateJob(Request("t"));
+    ASSERT_TRUE(job.ok());
+    State from = v1::Job::PENDING;
+    for (State to : path) {
+      auto moved = registry_->Transition(job->name(), to, "TEST_STEP", "driven by the test");
+      ASSERT_TRUE(moved.ok()) << v1::Job::State_Name(from) << " -> " << v1::Job::State_Name(to)
+                              << ": " << moved.status();
+      EXPECT_EQ(moved->state(), to);
+      covered.insert({from, to});
+      from = to;
+    }
+    auto events = registry_->ListEvents(job->name());
+    ASSERT_TRUE(events.ok());
+    ASSERT_EQ(events->size(), path.size() + 1);
+    for (size_t i = 0; i < path.size(); ++i) {
+      EXPECT_EQ((*events)[i + 1].state(), path[i]);
+      EXPECT_EQ((*events)[i + 1].sequence(), static_cast<int64_t>(i + 2));
+      EXPECT_EQ((*events)[i + 1].reason(), "TEST_STEP");
+    }
+  }
+  EXPECT_EQ(covered.size(), 14u) << "every allowed edge of job_state.h is exercised";
+
+  // Refused transitions: FAILED_PRECONDITION naming both states, nothing written.
+  auto pending = registry_->CreateJob(Request("p"));
+  auto running = registry_->CreateJob(Request("r"));
+  ASSERT_TRUE(running.ok() && pending.ok());
+  ASSERT_TRUE(registry_->Transition(running->name(), v1::Job::STARTING, "GO").ok());
+  ASSERT_TRUE(registry_->Transition(running->name(), v1::Job::RUNNING, "GO").ok());
+  const struct {
+    std::string name;
+    State to;
+    const char* needle;
+  } refused[] = {
+      {pending->name(), v1::Job::RUNNING, "from PENDING to RUNNING"},
+      {pending->name(), v1::Job::SUCCEEDED, "from PENDING to SUCCEEDED"},
+      {pending->name(), v1::Job::RESTARTING, "from PENDING to RESTARTING"},
+      {pending->name(), v1::Job::PENDING, "from PENDING to PENDING"},
+      {running->name(), v1::Job::STARTING, "from RUNNING to STARTING"},
+      {running->name(), v1::Job::PENDING, "from RUNNING to PENDING"},
+      {running->name(), v1::Job::STATE_UNSPECIFIED, "from RUNNING to STATE_UNSPECIFIED"},
+      {"jobs/1", v1::Job::RUNNING, "from SUCCEEDED to RUNNING"},
+      {"jobs/2", v1::Job::STARTING, "from FAILED to STARTING"},
+      {"jobs/3", v1::Job::CANCELLED, "from CANCELLED to CANCELLED"},
+  };
+  const int64_t events_before = Events();
+  for (const auto& r : refused) {
+    auto before = registry_->GetJob(r.name);
+    auto s = registry_->Transition(r.name, r.to, "TEST_STEP").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << r.needle;
+    EXPECT_NE(s.message().find(r.needle), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find(r.name), absl::string_view::npos) << s;
+    EXPECT_EQ(registry_->GetJob(r.name)->SerializeAsString(), before->SerializeAsString());
+    std::printf("  refused: %s\n", std::string(s.message()).c_str());
+  }
+  EXPECT_EQ(Events(), events_before);
+  // Cancel of a terminal job is refused the same way; of an active one it works.
+  EXPECT_EQ(registry_->CancelJob("jobs/1").status().code(), absl::StatusCode::kFailedPrecondition);
+  auto cancelled = registry_->CancelJob(running->name(), "user asked");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::Job::CANCELLED);
+  EXPECT_EQ(registry_->ListEvents(running->name())->back().reason(), "CANCELLED_BY_USER");
+  // Bad reason and unknown job.
+  EXPECT_EQ(registry_->Transition(pending->name(), v1::Job::STARTING, "lower case").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_->Transition("jobs/9999", v1::Job::STARTING, "GO").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobRegistryTest, RestartsAreBoundedByMaxRestarts) {
+  OpenAt("registry_restarts.db");
+  auto job = registry_->CreateJob(Request("elastic"));  // max_restarts 2 in the spec
+  ASSERT_TRUE(job.ok());
+  const std::string name = job->name();
+  auto go = [&](State to, const char* reason) {
+    auto r = registry_->Transition(name, to, reason);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::Job();
+  };
+  go(v1::Job::STARTING, "SCHEDULED");
+  go(v1::Job::RUNNING, "ALL_WORKERS_READY");
+  for (int restart = 1; restart <= 2; ++restart) {
+    v1::Job j = go(v1::Job::RESTARTING, "WORKER_LOST");
+    EXPECT_EQ(j.state(), v1::Job::RESTARTING);
+    EXPECT_EQ(j.restart_count(), restart);
+    j = go(v1::Job::STARTING, "RENDEZVOUS");
+    EXPECT_EQ(j.generation(), restart + 1);
+    go(v1::Job::RUNNING, "ALL_WORKERS_READY");
+  }
+  v1::Job last = go(v1::Job::RESTARTING, "WORKER_LOST");
+  EXPECT_EQ(last.state(), v1::Job::FAILED);
+  EXPECT_EQ(last.restart_count(), 2);
+  EXPECT_EQ(last.generation(), 3);
+  EXPECT_NE(last.failure_reason().find("RESTART_LIMIT_EXCEEDED"), std::string::npos);
+  auto events = registry_->ListEvents(name);
+  ASSERT_TRUE(events.ok());
+  EXPECT_EQ(events->back().reason(), "RESTART_LIMIT_EXCEEDED");
+  EXPECT_EQ(events->back().state(), v1::Job::FAILED);
+  EXPECT_EQ(events->size(), 10u);
+  std::printf("after 2 restarts: %s, generation %lld, failure_reason \"%s\"\n",
+              v1::Job::State_Name(last.state()).c_str(), static_cast<long long>(last.generation()),
+              last.failure_reason().c_str());
+  // The restart count survives a coordinator restart too.
+  Reopen();
+  EXPECT_EQ(registry_->GetJob(name)->restart_count(), 2);
+}
+
+TEST_F(JobRegistryTest, CheckpointSteps) {
+  OpenAt("registry_checkpoints.db");
+  auto job = registry_->CreateJob(Request("ckpt"));
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(registry_->RecordCheckpoint(job->name(), 10).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // not RUNNING
+  ASSERT_TRUE(registry_->Transition(job->name(), v1::Job::STARTING, "GO").ok());
+  ASSERT_TRUE(registry_->Transition(job->name(), v1::Job::RUNNING, "GO").ok());
+  ASSERT_TRUE(registry_->RecordCheckpoint(job->name(), 100).ok());
+  ASSERT_TRUE(registry_->RecordCheckpoint(job->name(), 200).ok());
+  EXPECT_EQ(registry_->RecordCheckpoint(job->name(), 200).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_->RecordCheckpoint(job->name(), -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Reopen();
+  auto step = registry_->LastCheckpointStep(job->name());
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(*step, 200);
+  EXPECT_EQ(registry_->ListEvents(job->name())->back().reason(), "CHECKPOINT_SAVED");
+  EXPECT_EQ(registry_->GetJob(job->name())->state(), v1::Job::RUNNING);
+}
+
+// --- invalid specs -----------------------------------------------------------------------------
+
+struct Mutation {
+  const char* pointer;  // JSON pointer into the valid spec; "" with `text` set: raw text
+  const char* value;    // JSON text of the new value; nullptr: remove the key
+  const char* needle;   // the field path (and rule) the error must name
+  const char* text = nullptr;
+};
+
+const Mutation kMutations[] = {
+    // Wrong types.
+    {"/model/hidden_size", R"("512")", "model.hidden_size"},
+    {"/model/num_layers", "4.5", "model.num_layers"},
+    {"/model/num_attention_heads", "true", "model.num_attention_heads"},
+    {"/model/moe_router_topk", "[2]", "model.moe_router_topk"},
+    {"/model/moe_router_load_balancing_type", "5", "model.moe_router_load_balancing_type"},
+    {"/model/normalization", "1", "model.normalization"},
+    {"/parallel", R"("tp2")", "parallel"},
+    {"/training/lr", R"("fast")", "training.lr"},
+    {"/training/train_iters", "null", "training.train_iters"},
+    {"/data/data_path", R"({"a": 1})", "data.data_path"},
+    {"/parallel/sequence_parallel", R"("yes")", "parallel.sequence_parallel"},
+    {"/max_restarts", R"("3")", "max_restarts"},
+    {"/model", "[]", "model"},
+    {"/training/seed", "1.5", "training.seed"},
+    {"/model/moe_aux_loss_coeff", R"(["x"])", "model.moe_aux_loss_coeff"},
+    {"/display_name", "7", "display_name"},
+    // Unknown fields.
+    {"/model/moe_routr_topk", "2", "model.moe_routr_topk"},
+    {"/parallel/tensor_parallel", "2", "parallel.tensor_parallel"},
+    {"/trainig", "{}", "trainig"},
+    {"/training/learning_rate", "0.0001", "training.learning_rate"},
+    {"/data/path", R"("x")", "data.path"},
+    {"/model/num_experts_per_tok", "2", "model.num_experts_per_tok"},
+    // Required fields missing.
+    {"/model/hidden_size", nullptr, "model.hidden_size"},
+    {"/training/train_iters", nullptr, "training.train_iters"},
+    // Divisibility and cross-field rules.
+    {"/model/num_experts", "6",
+     "model.num_experts (6) must be divisible by "
+     "parallel.expert_model_parallel_size (4)"},
+    {"/model/hidden_size", "500", "model.hidden_size"},
+    {"/model/num_query_groups", "3", "model.num_query_groups"},
+    {"/parallel/world_size", "6", "parallel.world_size"},
+    {"/training/global_batch_size", "30", "training.global_batch_size"},
+    {"/parallel/tensor_model_parallel_size", "3", "parallel.tensor_model_parallel_size"},
+    {"/model/moe_router_topk", "9", "model.moe_router_topk"},
+    {"/parallel/pipeline_model_parallel_size", "3", "parallel.pipeline_model_parallel_size"},
+    {"/model/moe_aux_loss_coeff", "[0.02, 0.01]", "model.moe_aux_loss_coeff"},
+    {"/min_workers", "16", "min_workers"},
+    {"/training/lr_warmup_iters", "600", "training.lr_warmup_iters"},
+    // Negative and zero sizes.
+    {"/model/hidden_size", "-512", "model.hidden_size"},
+    {"/model/num_layers", "-1", "model.num_layers"},
+    {"/parallel/tensor_model_parallel_size", "-2", "parallel.tensor_model_parallel_size"},
+    {"/parallel/expert_model_parallel_size", "0", "parallel.expert_model_parallel_size"},
+    {"/training/micro_batch_size", "-2", "training.micro_batch_size"},
+    {"/training/train_iters", "-500", "training.train_iters"},
+    {"/training/lr", "-1", "training.lr"},
+    {"/max_restarts", "-1", "max_restarts"},
+    {"/min_workers", "-1", "min_workers"},
+    {"/model/seq_length", "0", "model.seq_length"},
+    {"/model/num_experts", "-8", "model.num_experts"},
+    {"/model/moe_aux_loss_coeff", "[-0.02]", "model.moe_aux_loss_coeff"},
+    // Huge values.
+    {"/model/hidden_size", "3000000000", "model.hidden_size"},
+    {"/parallel/world_size", "1e12", "parallel.world_size"},
+    {"/training/train_iters", "1e30", "training.train_iters"},
+    {"/model/num_layers", "100000000", "model.num_layers"},
+    {"/model/vocab_size", "99999999999", "model.vocab_size"},
+    {"/max_restarts", "2000000", "max_restarts"},
+    {"/parallel/expert_model_parallel_size", "1048576", "parallel.expert_model_parallel_size"},
+    {"/model/seq_length", "2147483647", "model.seq_length"},
+    // Bad enumerations and strings.
+    {"/model/moe_router_score_function", R"("softmx")", "model.moe_router_score_function"},
+    {"/model/moe_token_dispatcher_type", R"("alltoallv")", "model.moe_token_dispatcher_type"},
+    {"/training/lr_decay_style", R"("exp")", "training.lr_decay_style"},
+    {"/model/normalization", R"("BatchNorm")", "model.normalization"},
+    {"/data/split", R"("a,b,c")", "data.split"},
+    {"/data/data_path", R"(["0.7", "/a", "0.3"])", "data.data_path"},
+    {"/model/moe_router_load_balancing_type", R"(["aux_loss", "bogus"])",
+     "model.moe_router_load_balancing_type"},
+    {"/model/norm_epsilon", R"("NaN")", "model.norm_epsilon"},
+    // Not a spec at all.
+    {"", nullptr, "job spec", "[]"},
+    {"", nullptr, "invalid JSON", R"({"model": {"hidden_size": 512)"},
+    {"", nullptr, "model.hidden_size: duplicate key",
+     R"({"model": {"hidden_size": 512, "hidden_size": 512}})"},
+};
+
+TEST_F(JobRegistryTest, InvalidSpecsAreRejectedNamingTheFieldAndWriteNothing) {
+  OpenAt("registry_invalid.db");
+  ASSERT_TRUE(registry_->CreateJob(Request("baseline")).ok());  // the store is not empty
+  const int64_t jobs_before = Jobs();
+  const int64_t events_before = Events();
+  const Json base = Json::parse(kValidSpec);
+  int count = 0;
+  for (const Mutation& m : kMutations) {
+    std::string text;
+    if (m.text != nullptr) {
+      text = m.text;
+    } else {
+      Json doc = base;
+      Json::json_pointer pointer(m.pointer);
+      if (m.value == nullptr) {
+        doc[pointer.parent_pointer()].erase(pointer.back());
+      } else {
+        doc[pointer] = Json::parse(m.value);
+      }
+      text = doc.dump();
+    }
+    // Every case also carries a request id, which must not be consumed by a rejected request.
+    std::string request_id = absl::StrCat("req-invalid-", count);
+    auto job = registry_->CreateJobFromJson(text, request_id);
+    ++count;
+    ASSERT_FALSE(job.ok()) << m.pointer << " = " << (m.value ? m.value : "(removed)")
+                           << " was accepted";
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    EXPECT_NE(job.status().message().find(m.needle), absl::string_view::npos)
+        << m.pointer << " = " << (m.value ? m.value : "(removed)")
+        << "\n  message: " << job.status().message() << "\n  expected to name: " << m.needle;
+    EXPECT_EQ(Jobs(), jobs_before);
+    EXPECT_EQ(Events(), events_before);
+    std::printf("  %-40s %-12s -> %s\n", m.text ? "(raw text)" : m.pointer,
+                m.value ? std::string(m.value).substr(0, 12).c_str() : "(removed)",
+                std::string(job.status().message()).c_str());
+  }
+  EXPECT_GE(count, 50);
+  // The request ids of rejected requests stay free.
+  auto later = registry_->CreateJobFromJson(kValidSpec, "req-invalid-0");
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(Jobs(), jobs_before + 1);
+  // The unmodified text is valid (so each case above fails for its mutation alone), in YAML too.
+  auto yaml = registry_->CreateJobFromYaml(JobSpecToYaml(ValidSpec()), "");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  std::printf(
+      "%d invalid specs rejected; store unchanged by each (%lld jobs, %lld events before)\n", count,
+      static_cast<long long>(jobs_before), static_cast<long long>(events_before));
+}
+
+// Two threads on one registry and two more on a second connection create jobs at once; the
+// store stays consistent (ids unique and dense, one event per job, integrity intact).
+TEST_F(JobRegistryTest, ConcurrentCreatesDoNotCorruptTheStore) {
+  OpenAt("registry_concurrent.db");
+  auto second_store = store::Store::Open(path_);
+  ASSERT_TRUE(second_store.ok());
+  JobRegistry second(second_store->get());
+  constexpr int kPerThread = 40;
+  std::atomic<int> failures{0};
+  auto work = [&](JobRegistry* registry, int thread) {
+    for (int i = 0; i < kPerThread; ++i) {
+      // Half the requests use a request id shared by all threads: exactly one job each.
+      std::string request_id = i % 2 == 0 ? absl::StrCat("shared-", i) : "";
+      auto job = registry->CreateJob(Request(absl::StrCat("t", i), request_id));
+      if (!job.ok()) {
+        ++failures;
+        std::printf("thread %d: %s\n", thread, job.status().ToString().c_str());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(work, registry_.get(), 0);
+  threads.emplace_back(work, registry_.get(), 1);
+  threads.emplace_back(work, &second, 2);
+  threads.emplace_back(work, &second, 3);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const int64_t expected = 4 * kPerThread / 2 + kPerThread / 2;
+  EXPECT_EQ(Jobs(), expected);
+  EXPECT_EQ(Events(), expected);
+  v1::ListJobsRequest request;
+  request.set_page_size(1000);
+  auto all = registry_->ListJobs(request);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->jobs_size(), expected);
+  for (int i = 0; i < expected; ++i) EXPECT_EQ(all->jobs(i).name(), absl::StrCat("jobs/", i + 1));
+  std::printf("4 threads x %d creates over 2 connections: %lld jobs, %lld events\n", kPerThread,
+              static_cast<long long>(Jobs()), static_cast<long long>(Events()));
+}
+
+}  // namespace
+}  // namespace switchyard::jobs
