@@ -4,6 +4,7 @@
 // the comments), its rule rejections, ranking, the no-fit error and bad input.
 #include "coordinator/planner/planner.h"
 
+#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -436,6 +437,50 @@ TEST(PlannerTest, InvalidRequestsNameTheField) {
   ExpectInvalid(r,
                 "model.num_attention_heads (8) must be divisible by "
                 "parallel.tensor_model_parallel_size (3)");
+}
+
+// Mixtral 8x7B on 64 H100s (8 per node; 80 GiB, NVLink ~450 GB/s, IB ~50 GB/s per GPU, 989
+// TFLOP/s bf16), GBS 256, seq 4096: the plan must fit, keep its EP group inside a node, and
+// planning must stay fast. Megatron's README reference mapping is TP1 EP8 PP4 (VP8).
+TEST(PlannerTest, MixtralOn64Gpus) {
+  v1::PlanRequest req;
+  v1::JobSpec* spec = req.mutable_spec();
+  v1::ModelConfig* m = spec->mutable_model();
+  m->set_num_layers(32);
+  m->set_hidden_size(4096);
+  m->set_num_attention_heads(32);
+  m->set_num_query_groups(8);
+  m->set_ffn_hidden_size(14336);
+  m->set_vocab_size(32000);
+  m->set_seq_length(4096);
+  m->set_num_experts(8);
+  m->set_moe_router_topk(2);
+  m->set_moe_token_dispatcher_type("alltoall");
+  spec->mutable_training()->set_train_iters(100);
+  spec->mutable_training()->set_global_batch_size(256);
+  v1::Cluster* c = req.mutable_cluster();
+  c->set_num_gpus(64);
+  c->set_gpus_per_node(8);
+  c->set_gpu_memory_bytes(80 * kGiB);
+  c->set_intra_node_bandwidth_bytes_per_second(450e9);
+  c->set_inter_node_bandwidth_bytes_per_second(50e9);
+  c->set_peak_flops(989e12);
+  const auto start = std::chrono::steady_clock::now();
+  auto plan = PlanJob(req);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("Mixtral best", plan->best());
+  for (int i = 0; i < 4 && i < plan->alternatives_size(); ++i) {
+    Print("Mixtral alternative", plan->alternatives(i));
+  }
+  std::cout << "planned in " << seconds << " s: " << plan->alternatives_size() + 1 << " feasible, "
+            << plan->rejected_size() << " rejected\n";
+  const v1::Mapping& best = plan->best().mapping();
+  EXPECT_LE(plan->best().memory().total(), 80 * kGiB);
+  EXPECT_LE(best.expert_model_parallel_size() * best.expert_tensor_parallel_size(), 8)
+      << MappingToString(best);
+  EXPECT_LT(seconds, 30.0);
 }
 
 }  // namespace
