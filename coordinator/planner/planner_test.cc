@@ -258,6 +258,78 @@ TEST(PlannerTest, HandComputedDenseContextParallel) {
   ExpectRel(t.total(), 0.0396037644288, "time total");
 }
 
+// Case D: expert tensor parallelism, a shared expert with gate, MoE every other layer, untied
+// embeddings, pipeline stages with one MoE and one dense layer each. Model: L 4 (layers 0 and 2
+// MoE), H 1024, 8 heads (D 128, Hkv 8), F 2048, V 32768, S 1024, E 4, top-2, Fe 512, shared
+// 1024 + gate. 8 GPUs in one node: TP2 CP1 PP2 DP2, experts ETP2 EP2 EDP1, distributed
+// optimizer, mbs 1, global batch 4 -> m = 4 / (1 * 2) = 2.
+TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
+  v1::PlanRequest req;
+  v1::JobSpec* spec = req.mutable_spec();
+  *spec = SmallMoeSpec();
+  v1::ModelConfig* m = spec->mutable_model();
+  m->set_num_layers(4);
+  m->set_ffn_hidden_size(2048);
+  m->set_num_experts(4);
+  m->set_moe_ffn_hidden_size(512);
+  m->set_moe_shared_expert_intermediate_size(1024);
+  m->set_moe_shared_expert_gate(true);
+  m->set_moe_layer_freq(2);
+  m->set_untie_embeddings_and_output_weights(true);
+  spec->mutable_training()->set_global_batch_size(4);
+  spec->mutable_parallel()->set_use_distributed_optimizer(true);
+  FixMapping(spec, 2, 1, 2, 2, 2);
+  *req.mutable_cluster() = Cluster8(8);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("D best", plan->best());
+  EXPECT_EQ(plan->alternatives_size(), 0);
+  EXPECT_EQ(plan->best().mapping().expert_data_parallel_size(), 1);
+  EXPECT_EQ(plan->best().mapping().num_micro_batches(), 2);
+  // Per layer: attention 4 * 1024*1024 / TP 2 = 2,097,152; norms 2048; dense MLP
+  // 3*2048*1024 / 2 = 3,145,728; router 4*1024 = 4096; shared 3*1024*1024 / 2 = 1,572,864,
+  // gate 1024 (replicated); routed 3*4*1024*512 / EP 2 / ETP 2 = 1,572,864.
+  // MoE layer dense part 2,097,152 + 2048 + 4096 + 1,572,864 + 1024 = 3,677,184; dense layer
+  // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 1: 3,677,184 + 5,244,928 + output
+  // 32768*1024/2 = 16,777,216 + final norm 1024 -> P_d = 25,700,352; P_x = 1,572,864;
+  // P = 27,273,216. (Stage 0: P_d = 25,699,328 with the embedding, no final norm.)
+  // Activations per token: attention 12,320; dense MLP 4096 + 6*2048 = 16,384; MoE 4096 + 8*4
+  //   + 2*2*(2*2*1024 + 3*512) + 6*1024 = 4096 + 32 + 22,528 + 6144 = 32,800; stage 1 adds
+  //   4096 + 4*32768 = 135,168: (2*12,320 + 16,384 + 32,800 + 135,168) / 2 = 104,496 per token,
+  //   1024 tokens, 1 in flight -> 107,003,904. (Stage 0: 73,824 / 2 = 36,912, 2 in flight
+  //   -> 75,595,776; its sum 412,299,264 is below stage 1's.)
+  // weights 2P = 54,546,432; gradients 4P = 109,092,864;
+  // optimizer 12 * (25,700,352 / 2 + 1,572,864 / 1) = 12 * 14,423,040 = 173,076,480.
+  // total = 54,546,432 + 109,092,864 + 173,076,480 + 107,003,904 + 2 GiB = 2,591,203,328.
+  const v1::MemoryEstimate& mem = plan->best().memory();
+  ExpectRel(mem.weights(), 54546432, "weights");
+  ExpectRel(mem.gradients(), 109092864, "gradients");
+  ExpectRel(mem.optimizer_states(), 173076480, "optimizer");
+  ExpectRel(mem.activations(), 107003904, "activations");
+  ExpectRel(mem.total(), 2591203328.0, "memory total");
+  // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
+  // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
+  // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
+  // 25,186,304; head 67,108,864. Sum 159,404,032, x3 = 478,212,096.
+  // compute = 478,212,096 * 4 * 1024 / (8 * 1e14 * 0.5) = 0.00489689186304.
+  // All groups in one node (1e11). L_s = 2, Lm_s = 1, t = 1024.
+  // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
+  // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
+  // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
+  // DP: 2 * 1/2 * 4 * 25,700,352 / 1e11 = 0.00102801408; EDP 1: none.
+  // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
+  //       = 0.00544215138304 / 2 = 0.00272107569152.
+  // total = 0.00544215138304 + 0.00102801408 + 0.00272107569152 = 0.00919124115456.
+  const v1::TimeEstimate& t = plan->best().time();
+  ExpectRel(t.compute(), 0.00489689186304, "compute");
+  ExpectRel(t.tp_communication(), 0.00025165824, "tp");
+  ExpectRel(t.ep_communication(), 0.00025165824, "ep");
+  ExpectRel(t.pp_communication(), 4.194304e-05, "pp");
+  ExpectRel(t.dp_communication(), 0.00102801408, "dp");
+  ExpectRel(t.pipeline_bubble(), 0.00272107569152, "bubble");
+  ExpectRel(t.total(), 0.00919124115456, "time total");
+}
+
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {
   for (const v1::PlanCandidate& c : plan.rejected()) {
     if ((tp == 0 || c.mapping().tensor_model_parallel_size() == tp) &&
