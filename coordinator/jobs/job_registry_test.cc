@@ -619,5 +619,63 @@ TEST_F(JobRegistryTest, ConcurrentCreatesDoNotCorruptTheStore) {
               static_cast<long long>(Jobs()), static_cast<long long>(Events()));
 }
 
+// Racing transitions of one job apply one after the other: of 8 threads cancelling the same
+// job exactly one wins; of 8 threads failing a running job with restarts, the restart budget is
+// never overspent.
+TEST_F(JobRegistryTest, ConcurrentTransitionsOfOneJobSerialize) {
+  OpenAt("registry_race.db");
+  auto job = registry_->CreateJob(Request("race"));
+  ASSERT_TRUE(job.ok());
+  std::atomic<int> won{0};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      auto r = registry_->CancelJob(job->name());
+      if (r.ok()) {
+        ++won;
+      } else if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+        ++refused;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(refused.load(), 7);
+  EXPECT_EQ(registry_->ListEvents(job->name())->size(), 2u);
+
+  auto elastic = registry_->CreateJob(Request("elastic"));  // max_restarts 2
+  ASSERT_TRUE(elastic.ok());
+  ASSERT_TRUE(registry_->Transition(elastic->name(), v1::Job::STARTING, "GO").ok());
+  ASSERT_TRUE(registry_->Transition(elastic->name(), v1::Job::RUNNING, "GO").ok());
+  threads.clear();
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 3; ++i) {
+        // Each thread tries to push the job around the restart loop; most attempts are refused.
+        (void)registry_->Transition(elastic->name(), v1::Job::RESTARTING, "WORKER_LOST");
+        (void)registry_->Transition(elastic->name(), v1::Job::STARTING, "RENDEZVOUS");
+        (void)registry_->Transition(elastic->name(), v1::Job::RUNNING, "READY");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto final_job = registry_->GetJob(elastic->name());
+  ASSERT_TRUE(final_job.ok());
+  EXPECT_EQ(final_job->state(), v1::Job::FAILED);
+  EXPECT_EQ(final_job->restart_count(), 2);
+  EXPECT_EQ(final_job->generation(), 3);
+  auto events = registry_->ListEvents(elastic->name());
+  ASSERT_TRUE(events.ok());
+  // CREATED, STARTING, RUNNING, then 2 x (RESTARTING, STARTING, RUNNING), then FAILED.
+  EXPECT_EQ(events->size(), 10u);
+  for (size_t i = 0; i < events->size(); ++i) EXPECT_EQ((*events)[i].sequence(), int64_t(i + 1));
+  std::printf(
+      "8 racing cancels: %d won, %d refused; racing restarts: %s after %d restarts, %zu "
+      "events\n",
+      won.load(), refused.load(), v1::Job::State_Name(final_job->state()).c_str(),
+      final_job->restart_count(), events->size());
+}
+
 }  // namespace
 }  // namespace switchyard::jobs

@@ -137,7 +137,8 @@ class Store {
   // in `state` unless it is STATE_UNSPECIFIED.
   absl::StatusOr<std::vector<JobRow>> ListJobs(v1::Job::State state, int64_t after_id, int limit);
 
-  // Called with the current row; returns the event to append or an error.
+  // Called with the current row, under the store's lock and inside its transaction: it must not
+  // call back into the Store. Returns the event to append or an error.
   using JobMutation = std::function<absl::StatusOr<JobEventRow>(JobRow& job)>;
 
   // Read-modify-write of one job in one IMMEDIATE transaction: reads job `id` (NOT_FOUND if

@@ -174,6 +174,75 @@ TEST(StoreTest, FailedMutationWritesNothing) {
   EXPECT_EQ(*(*store)->CountJobEvents(), 1);
 }
 
+// A failure after the first write of a transaction (here: a trigger that aborts the event insert)
+// must undo the whole change: no job row without its event, no state change without its event.
+TEST(StoreTest, FailureInsideATransactionUndoesEveryRow) {
+  FakeClock clock;
+  std::string path = TempFile("atomic.db");
+  auto store = Store::Open(path, clock.Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawExec(path,
+                    "CREATE TRIGGER boom BEFORE INSERT ON job_events WHEN NEW.reason = 'BOOM' "
+                    "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"),
+            "");
+  JobEventRow boom = Created();
+  boom.reason = "BOOM";
+  auto inserted = (*store)->InsertJob(NewJob("a", "req-boom"), boom);
+  EXPECT_FALSE(inserted.ok());
+  std::printf("insert with failing event: %s\n", inserted.status().ToString().c_str());
+  EXPECT_EQ(*(*store)->CountJobs(), 0);
+  EXPECT_EQ(*(*store)->CountJobEvents(), 0);
+
+  auto ok = (*store)->InsertJob(NewJob("a", "req-boom"), Created());  // the request id is free
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->created);
+  auto updated = (*store)->UpdateJob(ok->job.id, [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+    j.state = v1::Job::STARTING;
+    j.generation = 1;
+    JobEventRow e;
+    e.state = j.state;
+    e.reason = "BOOM";
+    return e;
+  });
+  EXPECT_FALSE(updated.ok());
+  std::printf("update with failing event: %s\n", updated.status().ToString().c_str());
+  auto job = (*store)->GetJob(ok->job.id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state, v1::Job::PENDING);
+  EXPECT_EQ(job->generation, 0);
+  EXPECT_EQ(job->update_time, ok->job.update_time);
+  EXPECT_EQ(*(*store)->CountJobEvents(), 1);
+  // The connection is usable afterwards (no transaction left open).
+  ASSERT_TRUE((*store)->InsertJob(NewJob("b"), Created()).ok());
+  EXPECT_EQ(*(*store)->CountJobs(), 2);
+}
+
+// Another connection holding the write lock past busy_timeout makes writes UNAVAILABLE (retryable)
+// without writing anything; reads still work under WAL.
+TEST(StoreTest, LockedDatabaseIsUnavailable) {
+  std::string path = TempFile("locked.db");
+  StoreOptions options;
+  options.busy_timeout = absl::Milliseconds(200);
+  auto store = Store::Open(path, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->InsertJob(NewJob("a"), Created()).ok());
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  absl::Time start = absl::Now();
+  auto blocked = (*store)->InsertJob(NewJob("b"), Created());
+  absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(blocked.status().code(), absl::StatusCode::kUnavailable) << blocked.status();
+  EXPECT_GE(waited, absl::Milliseconds(150));
+  EXPECT_EQ((*store)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 10)->size(), 1u);
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  EXPECT_TRUE((*store)->InsertJob(NewJob("b"), Created()).ok());
+  EXPECT_EQ(*(*store)->CountJobs(), 2);
+  std::printf("locked for %s: %s\n", absl::FormatDuration(waited).c_str(),
+              blocked.status().ToString().c_str());
+}
+
 TEST(StoreTest, RequestIdReturnsExistingJob) {
   FakeClock clock;
   std::string path = TempFile("request_id.db");
