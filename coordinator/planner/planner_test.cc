@@ -555,5 +555,46 @@ TEST(PlannerTest, MixtralOn64Gpus) {
   EXPECT_LT(seconds, 30.0);
 }
 
+// A DeepSeek-V3-sized MoE (61 layers -> 60 here so PP has choices; 256 experts top-8) on 1024
+// GPUs: thousands of candidates; the plan must come back quickly with capped lists.
+TEST(PlannerTest, LargeClusterPlansQuickly) {
+  v1::PlanRequest req;
+  v1::JobSpec* spec = req.mutable_spec();
+  v1::ModelConfig* m = spec->mutable_model();
+  m->set_num_layers(60);
+  m->set_hidden_size(7168);
+  m->set_num_attention_heads(128);
+  m->set_kv_channels(128);
+  m->set_ffn_hidden_size(18432);
+  m->set_vocab_size(129280);
+  m->set_seq_length(4096);
+  m->set_num_experts(256);
+  m->set_moe_router_topk(8);
+  m->set_moe_ffn_hidden_size(2048);
+  m->set_moe_shared_expert_intermediate_size(2048);
+  m->set_moe_token_dispatcher_type("alltoall");
+  spec->mutable_training()->set_train_iters(100);
+  spec->mutable_training()->set_global_batch_size(2048);
+  v1::Cluster* c = req.mutable_cluster();
+  c->set_num_gpus(1024);
+  c->set_gpus_per_node(8);
+  c->set_gpu_memory_bytes(80 * kGiB);
+  c->set_intra_node_bandwidth_bytes_per_second(450e9);
+  c->set_inter_node_bandwidth_bytes_per_second(50e9);
+  c->set_peak_flops(989e12);
+  const auto start = std::chrono::steady_clock::now();
+  auto plan = PlanJob(req);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("DeepSeek-sized best", plan->best());
+  std::cout << "planned in " << seconds << " s: " << plan->alternatives_size() + 1
+            << " feasible listed, " << plan->rejected_size() << " rejected listed\n";
+  EXPECT_LE(plan->alternatives_size(), kMaxListedCandidates);
+  EXPECT_LE(plan->rejected_size(), kMaxListedCandidates);
+  EXPECT_LE(plan->best().memory().total(), 80 * kGiB);
+  EXPECT_LT(seconds, 60.0);
+}
+
 }  // namespace
 }  // namespace switchyard::planner
