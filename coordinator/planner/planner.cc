@@ -229,6 +229,29 @@ void SearchWorld(const v1::PlanRequest& request, const ModelShape& model, const 
   }
 }
 
+// Why no candidate exists at all: the sizes the spec fixes do not factor the world.
+std::string FixedSizesText(const v1::ParallelConfig& p) {
+  std::vector<std::string> fixed;
+  if (p.has_tensor_model_parallel_size()) {
+    fixed.push_back(absl::StrCat("tensor_model_parallel_size ", p.tensor_model_parallel_size()));
+  }
+  if (p.has_context_parallel_size()) {
+    fixed.push_back(absl::StrCat("context_parallel_size ", p.context_parallel_size()));
+  }
+  if (p.has_pipeline_model_parallel_size()) {
+    fixed.push_back(
+        absl::StrCat("pipeline_model_parallel_size ", p.pipeline_model_parallel_size()));
+  }
+  if (p.has_expert_tensor_parallel_size()) {
+    fixed.push_back(absl::StrCat("expert_tensor_parallel_size ", p.expert_tensor_parallel_size()));
+  }
+  if (p.has_expert_model_parallel_size()) {
+    fixed.push_back(absl::StrCat("expert_model_parallel_size ", p.expert_model_parallel_size()));
+  }
+  return absl::StrCat("the sizes fixed in parallel (", absl::StrJoin(fixed, ", "),
+                      ") do not divide the world size (TP * CP * PP and ETP * EP * PP must)");
+}
+
 }  // namespace
 
 std::string MappingToString(const v1::Mapping& m) {
@@ -290,7 +313,7 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
           c.memory().activations() / kGiB, TotalParams(model)));
     }
     std::string example = search.rejected.empty()
-                              ? std::string("the spec fixes sizes that do not divide the world")
+                              ? FixedSizesText(raw.parallel())
                               : absl::StrCat(MappingToString(search.rejected.front().mapping()),
                                              ": ", search.rejected.front().rejection());
     return absl::InvalidArgumentError(

@@ -505,6 +505,13 @@ TEST(PlannerTest, InvalidRequestsNameTheField) {
   r.mutable_spec()->mutable_parallel()->set_world_size(16);
   ExpectInvalid(r, "parallel.world_size (16) must be at most cluster.num_gpus (8)");
   r = good;
+  r.mutable_spec()->mutable_model()->set_num_layers(8);
+  r.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(2);
+  r.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(8);  // 2 * 8 > 8 GPUs
+  ExpectInvalid(r,
+                "the sizes fixed in parallel (tensor_model_parallel_size 2, "
+                "pipeline_model_parallel_size 8) do not divide the world size");
+  r = good;
   r.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(3);
   ExpectInvalid(r,
                 "model.num_attention_heads (8) must be divisible by "
