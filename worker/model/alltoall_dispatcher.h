@@ -7,15 +7,18 @@
 //
 // Phases (TokenDispatcher, dispatcher.h), per micro-batch of T local tokens:
 //   DispatchPreprocess   Permute x into expert-major order over the E GLOBAL experts (permute.h);
-//                        n[e] = this rank's rows per global expert; input_splits[j] = rows of EP
-//                        rank j's experts (contiguous in the permuted buffer).
-//   Dispatch      [comm] AllGather of n over EP -> G [EP, E]; num_global_tokens_per_local_expert
-//                        [EP, L] = G[:, my experts]; output_splits[j] = its row sums. Then
-//                        AllToAllV of the permuted rows and (separately, same splits) of the
-//                        probs. Received layout: [src 0: (local e0, e1, ...), src 1: ...].
+//                        n[e] = this rank's rows per global expert (on the device; rows for EP
+//                        rank j's experts are contiguous in the permuted buffer).
+//   Dispatch      [comm] AllGather of n over EP -> G [EP, E]; the host reads G (see "Host
+//                        synchronisation"): input_splits[j] = sum of G[ep_rank, j's experts],
+//                        num_global_tokens_per_local_expert [EP, L] = G[:, my experts],
+//                        output_splits[j] = its row sums, tokens_per_expert[l] = its column sums
+//                        (written to the device here, stream-ordered). Then AllToAllV of the
+//                        permuted rows and (separately, same splits) of the probs. Received
+//                        layout: [src 0: (local e0, e1, ...), src 1: ...].
 //   DispatchPostprocess  SortChunks by local expert with LocalExpertChunkOrder(EP, L).sort
 //                        (sort_chunks.h) -> state.expert_x/expert_probs grouped [e0: src 0, src 1,
-//                        ...][e1: ...]; state.tokens_per_expert[l] = sum over sources.
+//                        ...][e1: ...].
 //   CombinePreprocess    UnsortChunks of state.expert_out (back to source-major).
 //   Combine       [comm] AllToAllV back (splits swapped).
 //   CombinePostprocess   Unpermute: out[t] = sum of its k expert outputs, in slot order.
@@ -31,6 +34,9 @@
 //   one rank can receive: every token of every rank routed to this rank's experts); rows past
 //   sum(tokens_per_expert) are unspecified. Megatron sizes them dynamically.
 // - No drop-and-pad, no ETP > 1 (Megatron's AG/RS over ETP), no router padding for FP8.
+// - Megatron copies the split tensors D2H on a side stream; here the one copy is on the phases'
+//   stream right after the count all-gather (which is host-synchronous anyway), so no side stream
+//   and no cross-stream event are needed.
 //
 // Host synchronisation: the split sizes of the all-to-alls must be known on the host. Everything
 // the host needs (input splits, output splits, num_global_tokens_per_local_expert) is derived from
