@@ -193,6 +193,10 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
 
 }  // namespace
 
+std::string CheckpointStepDir(const std::string& root, int64_t step) {
+  return absl::StrCat(root, "/", StepDirName(step));
+}
+
 // ---------------------------------------------------------------------------------------------
 // CheckpointWriter
 

@@ -128,6 +128,9 @@ class Checkpoint {
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& root,
                                           std::optional<int64_t> step = std::nullopt);
 
+// <root>/step_<N>: the directory CheckpointWriter::Commit(root, step) creates.
+std::string CheckpointStepDir(const std::string& root, int64_t step);
+
 // Opens and verifies one step directory (`expected_step`, if given, must match the manifest).
 absl::StatusOr<Checkpoint> OpenCheckpointDir(const std::string& dir,
                                              std::optional<int64_t> expected_step = std::nullopt);

@@ -64,11 +64,12 @@ absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float bet
   return absl::OkStatus();
 }
 
-absl::Status FillNormal(const Stream& stream, const Tensor& t, uint64_t seed, float std) {
+absl::Status FillNormal(const Stream& stream, const Tensor& t, uint64_t seed, float std,
+                        uint64_t offset) {
   SY_RETURN_IF_ERROR(CheckFloat(stream, "FillNormal", {&t}));
-  if (stream.is_cuda()) return internal::FillNormalCuda(stream, t, seed, std);
+  if (stream.is_cuda()) return internal::FillNormalCuda(stream, t, seed, std, offset);
   for (int64_t i = 0; i < t.numel(); ++i)
-    StoreFromDouble(t, i, std * internal::HashNormal(seed, i));
+    StoreFromDouble(t, i, std * internal::HashNormal(seed, offset + static_cast<uint64_t>(i)));
   return absl::OkStatus();
 }
 

@@ -39,10 +39,11 @@ __global__ void GateForwardKernel(const void* y, DType dt, const float* g, void*
   }
 }
 
-__global__ void FillNormalKernel(void* p, DType dt, int64_t n, uint64_t seed, float std) {
+__global__ void FillNormalKernel(void* p, DType dt, int64_t n, uint64_t seed, float std,
+                                 uint64_t offset) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    StoreF(p, dt, i, std * HashNormal(seed, static_cast<uint64_t>(i)));
+    StoreF(p, dt, i, std * HashNormal(seed, offset + static_cast<uint64_t>(i)));
   }
 }
 
@@ -102,9 +103,11 @@ absl::Status AxpbyCuda(const Stream& stream, float alpha, const Tensor& a, float
   return absl::OkStatus();
 }
 
-absl::Status FillNormalCuda(const Stream& stream, const Tensor& t, uint64_t seed, float std) {
+absl::Status FillNormalCuda(const Stream& stream, const Tensor& t, uint64_t seed, float std,
+                            uint64_t offset) {
   if (t.numel() == 0) return absl::OkStatus();
-  FillNormalKernel<<<Blocks(t.numel()), 256, 0, S(stream)>>>(t.data, t.dtype, t.numel(), seed, std);
+  FillNormalKernel<<<Blocks(t.numel()), 256, 0, S(stream)>>>(t.data, t.dtype, t.numel(), seed, std,
+                                                             offset);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -22,9 +22,12 @@ absl::Status Cast(const Stream& stream, const Tensor& src, const Tensor& dst);
 absl::Status Axpby(const Stream& stream, float alpha, const Tensor& a, float beta, const Tensor& b,
                    const Tensor& out);
 
-// t[i] = std * N(0, 1) from a counter-based hash of (seed, i): the same values on the CPU and
-// the GPU for a given seed (Box-Muller on two 32-bit hashes). f32, bf16 (f64 on the CPU).
-absl::Status FillNormal(const Stream& stream, const Tensor& t, uint64_t seed, float std);
+// t[i] = std * N(0, 1) from a counter-based hash of (seed, offset + i): the same values on the
+// CPU and the GPU for a given seed (Box-Muller on two 32-bit hashes). f32, bf16 (f64 on the CPU).
+// `offset` fills a slice exactly as the same elements of a larger tensor filled from 0 (a shard of
+// an expert-parallel weight initialises as its part of the global weight).
+absl::Status FillNormal(const Stream& stream, const Tensor& t, uint64_t seed, float std,
+                        uint64_t offset = 0);
 
 // out[j] += sum_i x[i, j] in a fixed order (i ascending). x [B, E], out [E]; f32 (f64 on the CPU).
 // Used to accumulate per-sequence expert counts into a global-batch count.
@@ -63,7 +66,8 @@ __host__ __device__
 absl::Status CastCuda(const Stream& stream, const Tensor& src, const Tensor& dst);
 absl::Status AxpbyCuda(const Stream& stream, float alpha, const Tensor& a, float beta,
                        const Tensor& b, const Tensor& out);
-absl::Status FillNormalCuda(const Stream& stream, const Tensor& t, uint64_t seed, float std);
+absl::Status FillNormalCuda(const Stream& stream, const Tensor& t, uint64_t seed, float std,
+                            uint64_t offset);
 absl::Status AddColumnSumsCuda(const Stream& stream, const Tensor& x, const Tensor& out);
 absl::Status SigmoidGateForwardCuda(const Stream& stream, const Tensor& y, const Tensor& g,
                                     const Tensor& out);

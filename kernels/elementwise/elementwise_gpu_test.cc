@@ -57,8 +57,8 @@ TEST(ElementwiseGpuTest, MatchesCpuReference) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       Buffer rnd = Buffer::ForTensor(dt, {t_n, h_n}, Device::Cpu()).value();
       Buffer d_rnd = Poisoned(dt, {t_n, h_n});
-      ASSERT_TRUE(FillNormal(Stream::Cpu(), rnd.View(), 77, 0.5f).ok());
-      ASSERT_TRUE(FillNormal(gpu, Dev(d_rnd), 77, 0.5f).ok());
+      ASSERT_TRUE(FillNormal(Stream::Cpu(), rnd.View(), 77, 0.5f, 1000003).ok());
+      ASSERT_TRUE(FillNormal(gpu, Dev(d_rnd), 77, 0.5f, 1000003).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       ExpectClose(Dev(d_rnd), rnd.View(), dt == DType::kBF16 ? 1e-2 : 1e-5, "fill normal");
       ExpectClose(Dev(d_colsum), colsum.View(), 1e-5, "column sums");

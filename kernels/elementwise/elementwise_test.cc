@@ -48,6 +48,11 @@ TEST(ElementwiseCpuTest, FillNormalHasUnitMomentsAndIsSeeded) {
   EXPECT_NEAR(m, 0.0, 0.03);
   EXPECT_NEAR(v, 4.0, 0.1);
   EXPECT_NE(a, b);
+  // A slice filled with an offset equals the same elements of the whole tensor.
+  std::vector<float> part(1000);
+  Tensor tp(DType::kF32, {1000}, Device::Cpu(), part.data());
+  ASSERT_TRUE(FillNormal(Stream::Cpu(), tp, 42, 2.0f, /*offset=*/12345).ok());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(part[i], a[12345 + i]) << i;
 }
 
 TEST(ElementwiseCpuTest, AddColumnSumsAccumulates) {

@@ -31,6 +31,7 @@ using kernels::Gemm;
 constexpr int64_t kAlign = 64;  // elements; every tensor of the flat layout starts aligned
 
 int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // The first `rows` rows of `t` (same trailing dims).
 Tensor Rows(const Tensor& t, int64_t rows) {
@@ -213,11 +214,19 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
     ParamInfo p;
     p.name = std::move(name);
     p.shape = std::move(shape);
+    p.global_shape = p.shape;
     p.numel = 1;
     for (int64_t s : p.shape) p.numel *= s;
     p.weight_decay = p.shape.size() >= 2;
     p.ones_init = p.shape.size() == 1;
     p.scaled_init = scaled;
+    p.seed_index = all.size();
+    if (absl::StrContains(p.name, ".moe.experts.")) {
+      // shape[0] is the local expert count L; the global tensor has E rows.
+      p.expert = true;
+      p.global_shape[0] = c.moe.router.num_experts;
+      p.global_offset = static_cast<int64_t>(c.moe.ep_rank) * p.numel;
+    }
     all.push_back(std::move(p));
   };
   add("embedding.weight", {c.vocab_size, h});
@@ -248,17 +257,24 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
 
   GptParamLayout layout;
   int64_t offset = 0;
-  for (int pass = 0; pass < 2; ++pass) {  // decayed tensors first, then the rest
+  // Expert tensors, dense decayed tensors, the rest (see GptParamLayout).
+  for (int pass = 0; pass < 3; ++pass) {
     for (const ParamInfo& p : all) {
-      if (p.weight_decay != (pass == 0)) continue;
+      const int pass_of = p.expert ? 0 : (p.weight_decay ? 1 : 2);
+      if (pass_of != pass) continue;
       ParamInfo q = p;
       q.offset = offset;
       offset += AlignUp(q.numel);
       layout.params.push_back(std::move(q));
     }
-    if (pass == 0) layout.decay_end = offset;
+    if (pass == 0) {
+      offset = RoundUp(offset, 64 * std::max<int64_t>(1, c.expert_shard_multiple));
+      layout.expert_end = offset;
+    }
+    if (pass == 1) layout.decay_end = offset;
   }
-  layout.total = offset;
+  layout.total = layout.expert_end + RoundUp(offset - layout.expert_end,
+                                             64 * std::max<int64_t>(1, c.dense_shard_multiple));
   return layout;
 }
 
@@ -284,16 +300,25 @@ double GptTrainingFlopsPerToken(const GptConfig& c) {
   return 3 * total;
 }
 
+namespace {
+// The whole model's layout (every expert), whatever shard `c` describes.
+GptParamLayout GlobalLayout(GptConfig c) {
+  c.moe.ep_size = 1;
+  c.moe.ep_rank = 0;
+  return MakeGptParamLayout(c);
+}
+}  // namespace
+
 int64_t GptTotalParams(const GptConfig& c) {
   int64_t n = 0;
-  for (const ParamInfo& p : MakeGptParamLayout(c).params) n += p.numel;
+  for (const ParamInfo& p : GlobalLayout(c).params) n += p.numel;
   return n;
 }
 
 int64_t GptActiveParams(const GptConfig& c) {
   int64_t n = 0;
-  for (const ParamInfo& p : MakeGptParamLayout(c).params) {
-    const bool routed = absl::StrContains(p.name, ".moe.experts.");
+  for (const ParamInfo& p : GlobalLayout(c).params) {
+    const bool routed = p.expert;
     n += routed ? p.numel / c.moe.router.num_experts * c.moe.router.topk : p.numel;
   }
   return n;
@@ -322,7 +347,8 @@ MoELayer* GptModel::moe_layer(int64_t l) const { return layers_[l].moe.get(); }
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, Device device,
                                                            int64_t max_micro_batch,
-                                                           int64_t max_micro_batches) {
+                                                           int64_t max_micro_batches,
+                                                           const GptParallelGroups& groups) {
   SY_RETURN_IF_ERROR(config.Validate());
   if (max_micro_batch < 1 || max_micro_batches < 1) {
     return absl::InvalidArgumentError(absl::StrCat("GptModel: max_micro_batch (", max_micro_batch,
@@ -336,6 +362,7 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
   m->config_ = config;
   m->device_ = device;
   m->layout_ = MakeGptParamLayout(config);
+  m->groups_ = groups;
   SY_RETURN_IF_ERROR(m->Build(max_micro_batch, max_micro_batches));
   return m;
 }
@@ -438,7 +465,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {t}));
     if (L.is_moe) {
       L.moe_index = moe_index++;
-      SY_ASSIGN_OR_RETURN(L.moe, MoELayer::Create(c.moe, device_, t));
+      SY_ASSIGN_OR_RETURN(
+          L.moe, MoELayer::Create(c.moe, device_, t, MoEParallelGroups{groups_.ep, groups_.tdc}));
       auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
         if (layout_.Find(pre + "moe." + name) == nullptr) return;
         *p = P(pre + "moe." + name);
@@ -516,8 +544,9 @@ absl::Status GptModel::InitMaster(const Stream& stream, uint64_t seed, const Ten
       continue;
     }
     const double std = p.scaled_init ? scaled_std : config_.init_method_std;
-    SY_RETURN_IF_ERROR(
-        kernels::FillNormal(stream, view, MixSeed(seed, i), static_cast<float>(std)));
+    SY_RETURN_IF_ERROR(kernels::FillNormal(stream, view, MixSeed(seed, p.seed_index),
+                                           static_cast<float>(std),
+                                           static_cast<uint64_t>(p.global_offset)));
   }
   return absl::OkStatus();
 }
@@ -791,6 +820,12 @@ absl::StatusOr<GptStepStats> GptModel::ReadStepStats(const Stream& stream, int n
 }
 
 absl::Status GptModel::EndGlobalBatch(const Stream& stream) {
+  if (config_.moe.router.use_expert_bias && groups_.tdc != nullptr &&
+      local_counts_.View().numel() > 0) {
+    // Global token counts per expert (spec §1.5): one all-reduce for every MoE layer.
+    SY_RETURN_IF_ERROR(
+        groups_.tdc->AllReduce(local_counts_.View(), local_counts_.View(), comm::ReduceOp::kSum));
+  }
   for (Layer& L : layers_) {
     if (!L.is_moe) continue;
     if (config_.moe.router.use_expert_bias) {

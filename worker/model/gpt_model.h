@@ -84,7 +84,13 @@ struct GptConfig {
   std::vector<bool> moe_layers;           // one entry per layer: true = MoE, false = dense SwiGLU
   double expert_bias_update_rate = 1e-3;  // moe_router_bias_update_rate
   MoELayerConfig moe;                     // used by the MoE layers (hidden_size etc. filled in)
+                                          // moe.ep_size/ep_rank: this rank's expert shard
   DType dtype = DType::kBF16;             // parameters and activations
+  // Padding of the flat layout for the distributed optimizer: the expert region is padded to a
+  // multiple of 64·expert_shard_multiple elements (the EDP size) and the dense region to a
+  // multiple of 64·dense_shard_multiple (the DP×CP size), so each divides into equal shards.
+  int64_t expert_shard_multiple = 1;
+  int64_t dense_shard_multiple = 1;
 
   // From a defaulted and validated ModelConfig (common/config_defaults.h, validate.h).
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
@@ -104,12 +110,24 @@ struct ParamInfo {
   bool weight_decay = true;
   bool scaled_init = false;  // output projection: std / sqrt(2 * num_layers)
   bool ones_init = false;    // norm weight
+  // Expert-parallel tensor (layers.{l}.moe.experts.*): this rank holds experts
+  // [ep_rank·L, (ep_rank+1)·L) of global_shape[0] = E; shape[0] = L. Reduced over EDP.
+  bool expert = false;
+  std::vector<int64_t> global_shape;  // == shape for a dense tensor
+  int64_t global_offset = 0;          // first element of this shard in the global tensor
+  uint64_t seed_index = 0;            // per-tensor init seed (definition order; layout-independent)
 };
 
+// Regions of the flat buffer, in this order (each tensor 64-element aligned, padding zero):
+//   [0, expert_end)          expert tensors (weight decay; reduced over EDP)
+//   [expert_end, decay_end)  dense tensors with weight decay (reduced over DP×CP)
+//   [decay_end, total)       dense tensors without weight decay (norm weights)
+// so [0, decay_end) takes weight decay and [expert_end, total) is the dense region.
 struct GptParamLayout {
   std::vector<ParamInfo> params;
-  int64_t total = 0;      // elements of the flat buffer (padding included)
-  int64_t decay_end = 0;  // [0, decay_end) takes weight decay, [decay_end, total) does not
+  int64_t total = 0;       // elements of the flat buffer (padding included)
+  int64_t decay_end = 0;   // [0, decay_end) takes weight decay, [decay_end, total) does not
+  int64_t expert_end = 0;  // [0, expert_end): expert tensors (0 without MoE layers)
   const ParamInfo* Find(const std::string& name) const;
 };
 GptParamLayout MakeGptParamLayout(const GptConfig& config);
@@ -119,7 +137,8 @@ GptParamLayout MakeGptParamLayout(const GptConfig& config);
 // attention score and value products counted causally (half of the S×S square), and the LM
 // head. Embedding lookups, norms and elementwise ops are not counted. Used for TFLOP/s and MFU.
 double GptTrainingFlopsPerToken(const GptConfig& config);
-// Parameter counts: total, and active per token (top-k experts instead of all).
+// Parameter counts of the whole model (all experts, whatever this rank's shard): total, and
+// active per token (top-k experts instead of all).
 int64_t GptTotalParams(const GptConfig& config);
 int64_t GptActiveParams(const GptConfig& config);
 
@@ -133,6 +152,15 @@ struct GptStepStats {
   std::vector<std::vector<int64_t>> expert_tokens;  // [moe layers][E]
 };
 
+// Process groups of a distributed model (borrowed; outlive the model). None for one process.
+//   ep:  the EP group (config.moe.ep_size ranks): the MoE layers' all-to-all dispatch.
+//   tdc: TP×DP×CP: global_aux_loss counts per micro-batch and the expert-bias token counts per
+//        global batch are all-reduced over it (megatron_moe.md §1.5, §2.3).
+struct GptParallelGroups {
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* tdc = nullptr;
+};
+
 class GptModel {
  public:
   // Plans the model on `device` for micro-batches of up to `max_micro_batch` sequences of
@@ -141,7 +169,8 @@ class GptModel {
   // (call InitMaster, then LoadParams or the optimizer's cast).
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config, Device device,
                                                           int64_t max_micro_batch,
-                                                          int64_t max_micro_batches);
+                                                          int64_t max_micro_batches,
+                                                          const GptParallelGroups& groups = {});
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
   ~GptModel();
@@ -175,7 +204,8 @@ class GptModel {
   absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                        int64_t seq_len, int micro, const Tensor& logits);
 
-  // Synchronises the stream and reads the statistics of slots [0, num_micro).
+  // Synchronises the stream and reads the statistics of slots [0, num_micro). In a distributed
+  // model they are this rank's (its micro-batches' tokens); the trainer reduces them.
   absl::StatusOr<GptStepStats> ReadStepStats(const Stream& stream, int num_micro) const;
   // Once per global batch, after the optimizer step: aux-loss-free expert-bias update (when
   // enabled) and the global_aux_loss reset of every MoE layer.
@@ -223,6 +253,7 @@ class GptModel {
   std::unique_ptr<kernels::FusedLinearCrossEntropy> ce_;
   PhaseTimer timer_;
   std::vector<std::pair<std::string, double>> phase_totals_;
+  GptParallelGroups groups_;
   // Residual stream x_0 .. x_L, final norm output and its rstd, CE lse, scratch.
   std::vector<Tensor> resid_;
   Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;

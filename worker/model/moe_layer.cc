@@ -9,6 +9,7 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/moe/aux_loss.h"
 #include "kernels/moe/swiglu.h"
+#include "worker/model/alltoall_dispatcher.h"
 
 namespace switchyard::model {
 
@@ -27,6 +28,17 @@ absl::Status MoELayerConfig::Validate() const {
   if (shared_expert_gate && shared_ffn_size == 0) {
     return absl::InvalidArgumentError(
         "moe layer: moe_shared_expert_gate requires moe_shared_expert_intermediate_size > 0");
+  }
+  if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size || router.num_experts % ep_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe layer: num_experts (", router.num_experts,
+                     ") must be divisible by expert_model_parallel_size (", ep_size,
+                     ") and ep_rank (", ep_rank, ") in [0, ", ep_size, ")"));
+  }
+  if (ep_size > 1 && pad_to_capacity) {
+    return absl::InvalidArgumentError(
+        "moe layer: moe_pad_expert_input_to_capacity is not supported with "
+        "expert_model_parallel_size > 1 (the alltoall dispatcher is dropless)");
   }
   if (pad_to_capacity && router.capacity_factor <= 0) {
     return absl::InvalidArgumentError(
@@ -88,7 +100,8 @@ MoELayer::~MoELayer() {
 }
 
 absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig& config,
-                                                           Device device, int64_t max_tokens) {
+                                                           Device device, int64_t max_tokens,
+                                                           const MoEParallelGroups& groups) {
   SY_RETURN_IF_ERROR(config.Validate());
   if (max_tokens <= 0) return absl::InvalidArgumentError("MoELayer: max_tokens must be positive");
   if (device.is_cuda() && config.dtype == DType::kF64) {
@@ -112,11 +125,29 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   // padding is T rows per expert, which keeps the shapes static.
   const int64_t capacity = kernels::ExpertCapacity(rc, t);
   const int64_t pad_rows = config.pad_to_capacity ? (capacity > 0 ? capacity : t) : 0;
-  SY_ASSIGN_OR_RETURN(l->dispatcher_,
-                      LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows));
+  if (config.ep_size > 1) {
+    if (groups.ep == nullptr || groups.ep->size() != config.ep_size ||
+        groups.ep->rank() != config.ep_rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MoELayer: expert_model_parallel_size ", config.ep_size, " (ep_rank ",
+                       config.ep_rank, ") needs the EP group of that size and rank, got ",
+                       groups.ep ? absl::StrCat("'", groups.ep->name(), "' rank ",
+                                                groups.ep->rank(), "/", groups.ep->size())
+                                 : std::string("none")));
+    }
+    SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
+                                            groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
+                                            config.ep_size, static_cast<int>(k)));
+  } else {
+    SY_ASSIGN_OR_RETURN(l->dispatcher_,
+                        LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows));
+  }
+  l->tdc_ = groups.tdc;
+  if (groups.tdc != nullptr) l->dp_size_ = groups.tdc->size();
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
   SY_ASSIGN_OR_RETURN(
-      l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(e), config.gemm_options));
+      l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
+                                             config.gemm_options));
 
   auto alloc = [&](DType d, std::vector<int64_t> shape, Tensor* view) -> absl::Status {
     SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(d, std::move(shape), device));
@@ -143,6 +174,7 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_RETURN_IF_ERROR(alloc(rdt, {static_cast<int64_t>(rc.aux_losses.size()) + 1}, &l->losses_));
   SY_RETURN_IF_ERROR(alloc(DType::kF32, {e}, &l->global_counts_));
   SY_RETURN_IF_ERROR(alloc(DType::kF32, {e}, &l->global_mean_counts_));
+  SY_RETURN_IF_ERROR(alloc(DType::kF32, {l->tdc_ ? e : 0}, &l->global_step_counts_));
   SY_RETURN_IF_ERROR(kernels::FillBytes(l->global_counts_, 0));
   SY_RETURN_IF_ERROR(kernels::FillBytes(l->losses_, 0));
   SY_RETURN_IF_ERROR(alloc(dt, {r, 2 * f}, &l->h_));
@@ -266,8 +298,18 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     kernels::AuxLossNorms norms;
     norms.dp_size = dp_size_;
     if (has_global_aux_) {
-      // Running mean of the counts over the micro-batches of this global batch (spec §2.3).
-      SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, global_counts_));
+      // Running mean of the counts over the micro-batches of this global batch (spec §2.3),
+      // each micro-batch's counts summed over TP x DP x CP first.
+      if (tdc_ != nullptr) {
+        SY_RETURN_IF_ERROR(kernels::FillBytes(global_step_counts_, 0));
+        SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, global_step_counts_));
+        SY_RETURN_IF_ERROR(
+            tdc_->AllReduce(global_step_counts_, global_step_counts_, comm::ReduceOp::kSum));
+        SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, global_counts_, 1.0f, global_step_counts_,
+                                          global_counts_));
+      } else {
+        SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, global_counts_));
+      }
       ++global_steps_;
       SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f / global_steps_, global_counts_, 0.0f,
                                         global_counts_, global_mean_counts_));

@@ -34,6 +34,7 @@
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/moe/router.h"
 #include "switchyard/v1/config.pb.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/dispatcher.h"
 #include "worker/model/phase_timer.h"
 
@@ -50,6 +51,12 @@ struct MoELayerConfig {
   DType dtype = DType::kBF16;
   // Grouped-GEMM path and tile (kernels/gemm/grouped_gemm.h); the defaults choose per device.
   kernels::GroupedGemmOptions gemm_options;
+  // Expert parallelism (megatron_moe.md §3.2, ETP = 1): this rank holds the L = E / ep_size
+  // experts [ep_rank * L, (ep_rank + 1) * L); the expert weights (fc1, fc2) have L rows, the
+  // router stays [E, H]. ep_size > 1 needs an EP communicator at Create (MoEParallelGroups).
+  int ep_size = 1;
+  int ep_rank = 0;
+  int64_t num_local_experts() const { return router.num_experts / ep_size; }
 
   // From a defaulted and validated ModelConfig (common/config_defaults.h, common/validate.h).
   static absl::StatusOr<MoELayerConfig> FromProto(const v1::ModelConfig& model, DType dtype);
@@ -59,12 +66,23 @@ struct MoELayerConfig {
 };
 
 // Parameter (or gradient) views of one layer. Weight layouts ("x·W" form):
-//   router_weight [E, H], fc1 [E, H, 2F] (gate columns first), fc2 [E, F, H],
+//   router_weight [E, H], fc1 [L, H, 2F] (gate columns first), fc2 [L, F, H] (L = local experts,
+//   E without expert parallelism),
 //   shared_fc1 [H, 2S], shared_fc2 [S, H], shared_gate [H, 1] (empty when absent).
 // Parameters have the layer dtype; gradients are f32 on CUDA (fp32 accumulation, DESIGN.md) or
 // the layer dtype on the CPU, and are ACCUMULATED into by Backward.
 struct MoELayerParams {
   Tensor router_weight, fc1, fc2, shared_fc1, shared_fc2, shared_gate;
+};
+
+// The process groups of an expert-parallel / data-parallel layer (borrowed; they outlive the
+// layer). All optional: with none the layer is the single-process layer.
+//   ep:  the EP group (size config.ep_size; the alltoall dispatcher's all-to-alls).
+//   tdc: TP x DP x CP, over which global_aux_loss counts are all-reduced per micro-batch
+//        (megatron_moe.md §2.3); the layer's dp_size (the N scaling) becomes its size.
+struct MoEParallelGroups {
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* tdc = nullptr;
 };
 
 // Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
@@ -78,8 +96,11 @@ class MoELayer {
  public:
   // Plans the layer for at most `max_tokens` tokens per micro-batch on `device`: allocates the
   // activation buffers, the dispatcher and the grouped-GEMM plan.
+  // With config.ep_size > 1, groups.ep must be the EP group of that size, and the layer uses the
+  // alltoall dispatcher (no pad-to-capacity).
   static absl::StatusOr<std::unique_ptr<MoELayer>> Create(const MoELayerConfig& config,
-                                                          Device device, int64_t max_tokens);
+                                                          Device device, int64_t max_tokens,
+                                                          const MoEParallelGroups& groups = {});
   MoELayer(const MoELayer&) = delete;
   MoELayer& operator=(const MoELayer&) = delete;
   ~MoELayer();
@@ -140,6 +161,8 @@ class MoELayer {
   PhaseTimer timer_;
   int64_t max_tokens_ = 0;
   int dp_size_ = 1;
+  comm::Communicator* tdc_ = nullptr;  // global_aux_loss counts (may be null)
+  Tensor global_step_counts_;          // [E] f32: this micro-batch's counts, all-reduced
   bool has_aux_ = false, has_global_aux_ = false;
   int64_t global_steps_ = 0;
   uint64_t jitter_offset_ = 0;

@@ -31,9 +31,9 @@ void FillNormal(const Tensor& t, std::mt19937_64& rng, float std) {
 std::vector<std::pair<std::string, std::vector<int64_t>>> MoELayerTensors::ParamShapes(
     const MoELayerConfig& c) {
   const int64_t e = c.router.num_experts, h = c.hidden_size, f = c.ffn_hidden_size;
-  const int64_t s = c.shared_ffn_size;
+  const int64_t s = c.shared_ffn_size, l = c.num_local_experts();
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
-      {"router.weight", {e, h}}, {"experts.fc1", {e, h, 2 * f}}, {"experts.fc2", {e, f, h}}};
+      {"router.weight", {e, h}}, {"experts.fc1", {l, h, 2 * f}}, {"experts.fc2", {l, f, h}}};
   if (s > 0) {
     out.push_back({"shared_expert.fc1", {h, 2 * s}});
     out.push_back({"shared_expert.fc2", {s, h}});

@@ -112,25 +112,39 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   } else {
     data_description_ = "mock data (random tokens)";
   }
-  if (spec.parallel().has_world_size() && spec.parallel().world_size() != 1) {
+  groups_ = options.groups;
+  const int world = groups_ ? groups_->layout.world_size() : 1;
+  if (spec.parallel().has_world_size() && spec.parallel().world_size() != world) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.world_size (", spec.parallel().world_size(),
-        ") must be 1 for a standalone worker (multi-worker jobs need the coordinator)"));
+        "parallel.world_size (", spec.parallel().world_size(), ") must be ", world,
+        groups_ ? " (the number of ranks this job was launched with)"
+                : " for a standalone worker (multi-worker jobs need --world-size or the "
+                  "coordinator)"));
   }
-  spec.mutable_parallel()->set_world_size(1);
+  spec.mutable_parallel()->set_world_size(world);
   ApplyDefaults(&spec);
   SY_RETURN_IF_ERROR(ValidateJobSpec(spec));
   if (!spec.model().has_vocab_size()) {
     return absl::InvalidArgumentError(
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
-  for (const char* unsupported : {"tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                  "context_parallel_size", "expert_model_parallel_size"}) {
+  for (const char* unsupported :
+       {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+        "expert_model_parallel_size", "expert_tensor_parallel_size"}) {
     const auto* field = v1::ParallelConfig::descriptor()->FindFieldByName(unsupported);
     const auto* refl = v1::ParallelConfig::GetReflection();
-    if (refl->HasField(spec.parallel(), field) && refl->GetInt32(spec.parallel(), field) != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parallel.", unsupported, " must be 1 for a standalone worker"));
+    if (!refl->HasField(spec.parallel(), field)) continue;
+    const int64_t value = refl->GetInt32(spec.parallel(), field);
+    int64_t expected = 1;
+    if (groups_ != nullptr && std::string(unsupported) == "expert_model_parallel_size") {
+      expected = groups_->layout.ep();
+    }
+    if (value != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallel.", unsupported, " (", value, ") must be ", expected,
+          groups_ ? " (the launched layout; tensor, context and pipeline parallelism are not "
+                    "supported yet)"
+                  : " for a standalone worker"));
     }
   }
 
@@ -142,7 +156,15 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   }
   if (options.force_dtype) dtype = options.dtype;
   stream_ = Stream{device, nullptr};
-  if (device.is_cuda()) {
+  if (device.is_cuda() && options.cuda_stream != nullptr) {
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+    stream_.cuda_stream = options.cuda_stream;
+  } else if (device.is_cuda()) {
+    if (groups_ != nullptr) {
+      return absl::InvalidArgumentError(
+          "TrainerOptions.cuda_stream: required on CUDA with process groups (the stream the "
+          "NCCL communicators run on)");
+    }
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
     cudaStream_t s;
     SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -159,10 +181,32 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         absl::StrCat("training.global_batch_size (", gbs,
                      ") must be divisible by training.micro_batch_size (", micro_batch_, ")"));
   }
-  num_micro_ = gbs / micro_batch_;
+  num_micro_global_ = gbs / micro_batch_;
   SY_ASSIGN_OR_RETURN(GptConfig config, GptConfig::FromProto(spec.model(), dtype));
+  model::GptParallelGroups model_groups;
+  if (groups_ != nullptr) {
+    const ParallelLayout& pl = groups_->layout;
+    dp_ = pl.GroupSize(ParallelGroup::kDataContext);
+    dp_rank_ = pl.RankInGroup(ParallelGroup::kDataContext, groups_->rank);
+    if (gbs % (micro_batch_ * dp_) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "training.global_batch_size (", gbs, ") must be divisible by micro_batch_size (",
+          micro_batch_, ") x data-parallel size (", dp_, ")"));
+    }
+    if (dtype == DType::kF64) {
+      return absl::InvalidArgumentError(
+          "distributed training keeps fp32 master weights: the model dtype must be f32 or bf16");
+    }
+    config.moe.ep_size = pl.ep();
+    config.moe.ep_rank = pl.RankInGroup(ParallelGroup::kExpert, groups_->rank);
+    config.expert_shard_multiple = pl.GroupSize(ParallelGroup::kExpertData);
+    config.dense_shard_multiple = dp_;
+    model_groups = {groups_->expert, groups_->tdc};
+  }
+  num_micro_ = num_micro_global_ / dp_;
   seq_ = config.seq_length;
-  SY_ASSIGN_OR_RETURN(model_, GptModel::Create(config, device, micro_batch_, num_micro_));
+  SY_ASSIGN_OR_RETURN(model_,
+                      GptModel::Create(config, device, micro_batch_, num_micro_, model_groups));
   flops_per_token_ = model::GptTrainingFlopsPerToken(config);
 
   // Optimizer state: master (f32, or f64 for an f64 CPU model), exp_avg, exp_avg_sq.
@@ -181,6 +225,13 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   const uint64_t seed = static_cast<uint64_t>(tr.seed());
   SY_RETURN_IF_ERROR(model_->InitMaster(stream_, seed, master_.View()));
   SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
+  if (distributed()) {
+    // The optimizers keep their shards; the full local copies are not needed any more.
+    SY_RETURN_IF_ERROR(InitDistributedOptimizer(master_.View()));
+    master_ = Buffer();
+    exp_avg_ = Buffer();
+    exp_avg_sq_ = Buffer();
+  }
 
   // LR schedule.
   LrScheduleConfig lc;
@@ -215,7 +266,7 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   return absl::OkStatus();
 }
 
-int64_t Trainer::tokens_per_step() const { return num_micro_ * micro_batch_ * seq_; }
+int64_t Trainer::tokens_per_step() const { return num_micro_global_ * micro_batch_ * seq_; }
 
 absl::Status Trainer::CastMasterToParams(const Stream& stream) {
   return kernels::Cast(stream, master_.View(), model_->params());
@@ -259,7 +310,7 @@ absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count) {
 absl::StatusOr<StepResult> Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   const v1::TrainingConfig& tr = spec_.training();
-  const int64_t gbs = num_micro_ * micro_batch_;
+  const int64_t gbs = num_micro_global_ * micro_batch_;
   if (consumed_samples_ + gbs > tr.train_iters() * gbs) {
     return absl::OutOfRangeError(
         absl::StrCat("training finished: ", step_, " of ", tr.train_iters(), " steps done"));
@@ -267,14 +318,38 @@ absl::StatusOr<StepResult> Trainer::Step() {
   const Stream& s = stream_;
   SY_RETURN_IF_ERROR(model_->ZeroGrads(s));
   const float ce_scale = static_cast<float>(1.0 / static_cast<double>(gbs * seq_));
-  const double aux_scale = 1.0 / static_cast<double>(num_micro_);
+  const double aux_scale = 1.0 / static_cast<double>(num_micro_global_);
+  const uint64_t counter0 = model_->forward_counter();
   for (int64_t m = 0; m < num_micro_; ++m) {
-    SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + m * micro_batch_, micro_batch_));
+    // Micro-batch j of the global batch (this rank's m-th; j = m with one process).
+    const int64_t j = m * dp_ + dp_rank_;
+    SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + j * micro_batch_, micro_batch_));
+    if (distributed()) model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
     const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
     const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
     SY_RETURN_IF_ERROR(
         model_->ForwardBackward(s, ids, targets, seq_, ce_scale, aux_scale, static_cast<int>(m)));
   }
+  StepResult r;
+  if (distributed()) {
+    model_->set_forward_counter(counter0 + static_cast<uint64_t>(num_micro_global_));
+    SY_RETURN_IF_ERROR(DistributedUpdate(&r));
+  } else {
+    SY_RETURN_IF_ERROR(SingleProcessUpdate(&r));
+  }
+  SY_RETURN_IF_ERROR(model_->EndGlobalBatch(s));
+  SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
+                      model_->ReadStepStats(s, static_cast<int>(num_micro_)));
+  if (distributed()) SY_RETURN_IF_ERROR(ReduceStats(&stats));
+  consumed_samples_ += gbs;
+  ++step_;
+  return FinishStepResult(r, stats, start);
+}
+
+absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
+  const Stream& s = stream_;
+  const v1::TrainingConfig& tr = spec_.training();
+  StepResult& r = *result;
   // Clip and update.
   SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(s, model_->grads(), norm_ws_.View(), sum_sq_.View()));
   SY_RETURN_IF_ERROR(kernels::ClipCoefficient(s, sum_sq_.View(), static_cast<float>(tr.clip_grad()),
@@ -288,7 +363,6 @@ absl::StatusOr<StepResult> Trainer::Step() {
   } else {
     norm = norm_.View().as<float>()[0];
   }
-  StepResult r;
   r.lr = lr_->LrAt(step_);
   r.grad_norm = norm;
   r.skipped = !std::isfinite(norm);
@@ -313,12 +387,13 @@ absl::StatusOr<StepResult> Trainer::Step() {
   } else {
     ++skipped_steps_;
   }
-  SY_RETURN_IF_ERROR(model_->EndGlobalBatch(s));
-  SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
-                      model_->ReadStepStats(s, static_cast<int>(num_micro_)));
-  consumed_samples_ += gbs;
-  ++step_;
+  return absl::OkStatus();
+}
 
+StepResult Trainer::FinishStepResult(StepResult r, const model::GptStepStats& stats,
+                                     std::chrono::steady_clock::time_point start) const {
+  const Stream& s = stream_;
+  const int64_t gbs = num_micro_global_ * micro_batch_;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(gbs * seq_);
@@ -329,6 +404,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
     for (size_t j = 0; j + 1 < layer.size(); ++j) r.aux_loss += layer[j] / n_moe;
     r.z_loss += layer.back() / n_moe;
   }
+  r.expert_tokens = stats.expert_tokens;
   for (const auto& counts : stats.expert_tokens) {
     double sum = 0, mx = 0;
     for (int64_t c : counts) {
@@ -340,22 +416,126 @@ absl::StatusOr<StepResult> Trainer::Step() {
   }
   r.step_ms = seconds * 1e3;
   r.tokens_per_s = tokens / seconds;
-  r.tflops = flops_per_token_ * tokens / seconds / 1e12;
+  // Per GPU (per rank) in a distributed run, as BASELINES.md reports it.
+  const double ranks = groups_ ? static_cast<double>(groups_->layout.world_size()) : 1.0;
+  r.tflops = flops_per_token_ * tokens / seconds / 1e12 / ranks;
   if (s.is_cuda() && options_.peak_tflops > 0) r.mfu = r.tflops / options_.peak_tflops;
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distributed
+
+namespace {
+Tensor Region(const Tensor& flat, int64_t begin, int64_t end) {
+  return Slice(flat, begin, {end - begin});
+}
+}  // namespace
+
+absl::Status Trainer::InitDistributedOptimizer(const Tensor& master_init) {
+  const v1::TrainingConfig& tr = spec_.training();
+  const model::GptParamLayout& lay = model_->layout();
+  kernels::AdamWHyperParams hp;
+  hp.beta1 = tr.adam_beta1();
+  hp.beta2 = tr.adam_beta2();
+  hp.eps = tr.adam_eps();
+  hp.weight_decay = tr.weight_decay();
+  const Device device = options_.device;
+  // grad_scale 1: ce_scale and aux_grad_scale already divide by the global batch, so the SUM over
+  // the group is the gradient (see the file comment).
+  SY_ASSIGN_OR_RETURN(dense_opt_, DistributedAdamW::Create(
+                                      groups_->data, device, lay.total - lay.expert_end,
+                                      lay.decay_end - lay.expert_end,
+                                      Region(master_init, lay.expert_end, lay.total), hp, 1.0f));
+  if (lay.expert_end > 0) {
+    SY_ASSIGN_OR_RETURN(
+        expert_opt_,
+        DistributedAdamW::Create(groups_->expert_data, device, lay.expert_end, lay.expert_end,
+                                 Region(master_init, 0, lay.expert_end), hp, 1.0f));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<double>* v) {
+  const int64_t n = static_cast<int64_t>(v->size());
+  if (n == 0 || group->size() == 1) return absl::OkStatus();
+  Tensor host(DType::kF64, {n}, Device::Cpu(), v->data());
+  if (!stream_.is_cuda()) return group->AllReduce(host, host, comm::ReduceOp::kSum);
+  if (scalar_ws_.View().numel() < n) {
+    SY_ASSIGN_OR_RETURN(scalar_ws_, Buffer::ForTensor(DType::kF64, {n}, options_.device));
+  }
+  const Tensor dev = Slice(scalar_ws_.View(), 0, {n});
+  SY_RETURN_IF_ERROR(kernels::CopyTensor(host, dev));
+  SY_RETURN_IF_ERROR(group->AllReduce(dev, dev, comm::ReduceOp::kSum));
+  return kernels::CopyTensor(dev, host);
+}
+
+absl::Status Trainer::DistributedUpdate(StepResult* result) {
+  const Stream& s = stream_;
+  const v1::TrainingConfig& tr = spec_.training();
+  const model::GptParamLayout& lay = model_->layout();
+  const Tensor grads = model_->grads(), params = model_->params();
+  // Squared norms: dense over DP×CP (every dense element once), expert over EDP, then the
+  // distinct experts of the EP ranks added over ETP×EP×PP.
+  SY_ASSIGN_OR_RETURN(float sq_dense,
+                      dense_opt_->PrepareStep(s, Region(grads, lay.expert_end, lay.total)));
+  std::vector<double> sq_expert = {0.0};
+  if (expert_opt_ != nullptr) {
+    SY_ASSIGN_OR_RETURN(float sq, expert_opt_->PrepareStep(s, Region(grads, 0, lay.expert_end)));
+    sq_expert[0] = sq;
+    SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->expert_model, &sq_expert));
+  }
+  const float total = sq_dense + static_cast<float>(sq_expert[0]);
+  StepResult& r = *result;
+  r.lr = lr_->LrAt(step_);
+  const int64_t adam_step = step_ - skipped_steps_ + 1;
+  const float clip = static_cast<float>(tr.clip_grad());
+  SY_ASSIGN_OR_RETURN(OptimizerStepResult dense,
+                      dense_opt_->FinishStep(s, Region(params, lay.expert_end, lay.total), total,
+                                             r.lr, adam_step, clip));
+  if (expert_opt_ != nullptr) {
+    SY_RETURN_IF_ERROR(
+        expert_opt_->FinishStep(s, Region(params, 0, lay.expert_end), total, r.lr, adam_step, clip)
+            .status());
+  }
+  r.grad_norm = dense.grad_norm;
+  r.skipped = dense.skipped;
+  if (r.skipped) ++skipped_steps_;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
+  // One all-reduce: [loss_sum, aux/z terms..., expert counts...] over DP×CP (= TP×DP×CP here).
+  std::vector<double> v = {stats->loss_sum, static_cast<double>(stats->tokens)};
+  for (const auto& layer : stats->moe_losses) v.insert(v.end(), layer.begin(), layer.end());
+  for (const auto& counts : stats->expert_tokens) {
+    for (int64_t c : counts) v.push_back(static_cast<double>(c));
+  }
+  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->data, &v));
+  size_t i = 0;
+  stats->loss_sum = v[i++];
+  stats->tokens = static_cast<int64_t>(v[i++]);
+  for (auto& layer : stats->moe_losses) {
+    for (double& x : layer) x = v[i++] / dp_;  // mean over the replicas' micro-batch means
+  }
+  for (auto& counts : stats->expert_tokens) {
+    for (int64_t& c : counts) c = static_cast<int64_t>(v[i++]);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> Trainer::EvalLoss() {
   const Stream& s = stream_;
   for (int64_t m = 0; m < num_micro_; ++m) {
-    SY_RETURN_IF_ERROR(LoadMicroBatch(m * micro_batch_, micro_batch_));
+    SY_RETURN_IF_ERROR(LoadMicroBatch((m * dp_ + dp_rank_) * micro_batch_, micro_batch_));
     const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
     const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
     SY_RETURN_IF_ERROR(model_->Forward(s, ids, targets, seq_, static_cast<int>(m), Tensor()));
   }
   SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
                       model_->ReadStepStats(s, static_cast<int>(num_micro_)));
-  return stats.loss_sum / static_cast<double>(num_micro_ * micro_batch_ * seq_);
+  if (distributed()) SY_RETURN_IF_ERROR(ReduceStats(&stats));
+  return stats.loss_sum / static_cast<double>(num_micro_global_ * micro_batch_ * seq_);
 }
 
 std::string Trainer::FormatLogLine(const StepResult& r) const {
@@ -382,7 +562,7 @@ std::string Trainer::Describe() const {
       c.num_layers, c.num_moe_layers(), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
       c.vocab_size, c.seq_length, FormatCount(static_cast<double>(model::GptTotalParams(c))),
       FormatCount(static_cast<double>(model::GptActiveParams(c))), DTypeName(c.dtype),
-      options_.device.ToString(), num_micro_ * micro_batch_, num_micro_, micro_batch_,
+      options_.device.ToString(), num_micro_global_ * micro_batch_, num_micro_global_, micro_batch_,
       flops_per_token_ / 1e9, data_description_);
 }
 
@@ -390,6 +570,11 @@ std::string Trainer::Describe() const {
 // Checkpoints
 
 absl::StatusOr<Buffer> Trainer::MasterToHost(const std::string& name) const {
+  if (distributed()) {
+    return absl::UnimplementedError(
+        "MasterToHost: not available in a distributed run (the master weights are sharded); "
+        "export from a checkpoint with a standalone worker");
+  }
   const ParamInfo* p = model_->layout().Find(name);
   if (p == nullptr) return absl::NotFoundError(absl::StrCat("no parameter \"", name, "\""));
   SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(master_.View().dtype, p->shape, Device::Cpu()));
@@ -398,6 +583,7 @@ absl::StatusOr<Buffer> Trainer::MasterToHost(const std::string& name) const {
 }
 
 absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
+  if (distributed()) return SaveDistributed(root);
   if (stream_.is_cuda()) {
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
   }
@@ -432,13 +618,14 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
 }
 
 absl::Status Trainer::Load(const std::string& root, int64_t step) {
+  if (distributed()) return LoadDistributed(root, step);
   SY_ASSIGN_OR_RETURN(Checkpoint ckpt,
                       step >= 0 ? LoadCheckpoint(root, step) : LoadCheckpoint(root));
   SY_ASSIGN_OR_RETURN(int64_t ck_step, ckpt.GetInt("step"));
   SY_ASSIGN_OR_RETURN(int64_t consumed, ckpt.GetInt("consumed_samples"));
   SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
   SY_ASSIGN_OR_RETURN(std::string counter, ckpt.GetString("forward_counter"));
-  const int64_t gbs = num_micro_ * micro_batch_;
+  const int64_t gbs = num_micro_global_ * micro_batch_;
   if (consumed != ck_step * gbs) {
     return absl::FailedPreconditionError(
         absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
@@ -483,6 +670,11 @@ absl::Status Trainer::Load(const std::string& root, int64_t step) {
 
 absl::Status Trainer::SetParameters(
     const std::function<absl::StatusOr<Tensor>(const std::string&)>& get) {
+  if (distributed()) {
+    return absl::UnimplementedError(
+        "SetParameters (--init-from-hf): not available in a distributed run yet; convert with a "
+        "standalone worker, save a checkpoint, and load that");
+  }
   for (const ParamInfo& p : model_->layout().params) {
     SY_ASSIGN_OR_RETURN(Tensor t, get(p.name));
     if (t.shape != p.shape) {
@@ -501,6 +693,164 @@ absl::Status Trainer::SetParameters(
   SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_.View(), 0));
   SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_sq_.View(), 0));
   return CastMasterToParams(stream_);
+}
+
+absl::StatusOr<std::vector<Buffer>> Trainer::GatherLocalState() {
+  const model::GptParamLayout& lay = model_->layout();
+  std::vector<Buffer> out;
+  for (int which = 0; which < 3; ++which) {
+    SY_ASSIGN_OR_RETURN(Buffer full, Buffer::ForTensor(DType::kF32, {lay.total}, options_.device));
+    SY_RETURN_IF_ERROR(kernels::FillBytes(full.View(), 0));
+    auto shard = [which](const DistributedAdamW& o) {
+      return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
+    };
+    SY_RETURN_IF_ERROR(groups_->data->AllGather(shard(*dense_opt_),
+                                                Region(full.View(), lay.expert_end, lay.total)));
+    if (expert_opt_ != nullptr) {
+      SY_RETURN_IF_ERROR(groups_->expert_data->AllGather(shard(*expert_opt_),
+                                                         Region(full.View(), 0, lay.expert_end)));
+    }
+    out.push_back(std::move(full));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> Trainer::SaveDistributed(const std::string& root) {
+  if (stream_.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
+  }
+  SY_ASSIGN_OR_RETURN(std::vector<Buffer> state, GatherLocalState());
+  const bool writer = groups_->rank == 0;
+  const int ep = model_->config().moe.ep_size;
+  CheckpointWriter w;
+  std::vector<Buffer> keep;  // host copies stay alive until Commit
+  static constexpr const char* kPrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
+  for (const ParamInfo& p : model_->layout().params) {
+    for (int which = 0; which < 3; ++which) {
+      Tensor local = Slice(state[which].View(), p.offset, {p.numel});
+      Buffer gathered;
+      if (p.expert && ep > 1) {
+        // Every EP rank's experts, in EP-rank order: the global tensor.
+        SY_ASSIGN_OR_RETURN(gathered,
+                            Buffer::ForTensor(DType::kF32, {p.numel * ep}, options_.device));
+        SY_RETURN_IF_ERROR(groups_->expert->AllGather(local, gathered.View()));
+        local = gathered.View();
+      }
+      if (!writer) continue;
+      SY_ASSIGN_OR_RETURN(Buffer host,
+                          Buffer::ForTensor(DType::kF32, p.global_shape, Device::Cpu()));
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(
+          local,
+          Tensor(DType::kF32, {p.numel * (p.expert ? ep : 1)}, host.View().device, host.data())));
+      w.AddTensor(which == 0 ? kModelFile : kOptimizerFile, kPrefix[which] + p.name, host.View());
+      keep.push_back(std::move(host));
+    }
+  }
+  std::string dir;
+  absl::Status commit = absl::OkStatus();
+  if (writer) {
+    if (model_->config().num_moe_layers() > 0) {
+      SY_ASSIGN_OR_RETURN(
+          Buffer bias, Buffer::ForTensor(DType::kF32, model_->expert_bias().shape, Device::Cpu()));
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(model_->expert_bias(), bias.View()));
+      w.AddTensor(kRouterFile, "expert_bias", bias.View());
+      keep.push_back(std::move(bias));
+    }
+    w.SetMetadata("step", step_);
+    w.SetMetadata("consumed_samples", consumed_samples_);
+    w.SetMetadata("skipped_steps", skipped_steps_);
+    w.SetMetadata("forward_counter", absl::StrCat(model_->forward_counter()));
+    w.SetMetadata("seed", static_cast<int64_t>(spec_.training().seed()));
+    w.SetMetadata("job_spec", JobSpecToJson(spec_));
+    absl::StatusOr<std::string> committed = w.Commit(root, step_);
+    if (committed.ok()) {
+      dir = *committed;
+    } else {
+      commit = committed.status();
+    }
+  }
+  // Every rank learns whether rank 0's commit succeeded.
+  std::vector<double> ok = {commit.ok() ? 0.0 : 1.0};
+  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->world, &ok));
+  if (!commit.ok()) return commit;
+  if (ok[0] != 0) {
+    return absl::InternalError(absl::StrCat("checkpoint step ", step_, " under ", root,
+                                            ": rank 0 failed to write it (see its log)"));
+  }
+  if (!writer) dir = CheckpointStepDir(root, step_);
+  return dir;
+}
+
+absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
+  SY_ASSIGN_OR_RETURN(Checkpoint ckpt,
+                      step >= 0 ? LoadCheckpoint(root, step) : LoadCheckpoint(root));
+  SY_ASSIGN_OR_RETURN(int64_t ck_step, ckpt.GetInt("step"));
+  SY_ASSIGN_OR_RETURN(int64_t consumed, ckpt.GetInt("consumed_samples"));
+  SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
+  SY_ASSIGN_OR_RETURN(std::string counter, ckpt.GetString("forward_counter"));
+  const int64_t gbs = num_micro_global_ * micro_batch_;
+  if (consumed != ck_step * gbs) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
+                     ") x training.global_batch_size (", gbs, "): the global batch size changed"));
+  }
+  static constexpr const char* kPrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
+  auto get = [&](int which, const ParamInfo& p) -> absl::StatusOr<Tensor> {
+    const char* file = which == 0 ? kModelFile : kOptimizerFile;
+    const std::string name = kPrefix[which] + p.name;
+    SY_ASSIGN_OR_RETURN(Tensor t, ckpt.Get(file, name));
+    if (t.shape != p.global_shape || t.dtype != DType::kF32) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(ckpt.dir(), "/", file, ": tensor \"", name, "\" is ", t.DebugString(),
+                       ", the model needs f32 of shape [", absl::StrJoin(p.global_shape, ","),
+                       "] (was the checkpoint written for another model?)"));
+    }
+    return t;
+  };
+  // Check every tensor before writing any, so a mismatched checkpoint changes nothing.
+  for (const ParamInfo& p : model_->layout().params) {
+    for (int which = 0; which < 3; ++which) SY_RETURN_IF_ERROR(get(which, p).status());
+  }
+  // This rank's part of every tensor (its experts' rows), in the local layout, then its shards.
+  const model::GptParamLayout& lay = model_->layout();
+  for (int which = 0; which < 3; ++which) {
+    SY_ASSIGN_OR_RETURN(Buffer full, Buffer::ForTensor(DType::kF32, {lay.total}, Device::Cpu()));
+    SY_RETURN_IF_ERROR(kernels::FillBytes(full.View(), 0));
+    for (const ParamInfo& p : lay.params) {
+      SY_ASSIGN_OR_RETURN(Tensor t, get(which, p));
+      const Tensor part(DType::kF32, {p.numel}, Device::Cpu(),
+                        static_cast<char*>(t.data) + p.global_offset * sizeof(float));
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(part, Slice(full.View(), p.offset, {p.numel})));
+    }
+    auto shard = [which](const DistributedAdamW& o) {
+      return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
+    };
+    const int64_t d0 = lay.expert_end + dense_opt_->shard_begin();
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(full.View(), d0, {dense_opt_->shard_size()}),
+                                           shard(*dense_opt_)));
+    if (expert_opt_ != nullptr) {
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(
+          Slice(full.View(), expert_opt_->shard_begin(), {expert_opt_->shard_size()}),
+          shard(*expert_opt_)));
+    }
+    if (which == 0) {
+      SY_ASSIGN_OR_RETURN(Buffer dev, Buffer::ForTensor(DType::kF32, {lay.total}, options_.device));
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(full.View(), dev.View()));
+      SY_RETURN_IF_ERROR(kernels::Cast(stream_, dev.View(), model_->params()));
+    }
+  }
+  if (model_->config().num_moe_layers() > 0) {
+    SY_ASSIGN_OR_RETURN(Tensor bias, ckpt.Get(kRouterFile, "expert_bias"));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(bias, model_->expert_bias()));
+  }
+  if (stream_.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
+  }
+  step_ = ck_step;
+  consumed_samples_ = consumed;
+  skipped_steps_ = skipped;
+  model_->set_forward_counter(std::stoull(counter));
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,6 +27,22 @@
 // (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
 // metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
 //
+// Distributed (TrainerOptions::groups; data and expert parallelism, TP = CP = PP = 1): every
+// rank holds the dense parameters and its EP rank's experts (megatron_moe.md §3.2, §5). With
+// DP = size(DP×CP) data-parallel ranks and M = GBS / MBS micro-batches per global batch, rank
+// d runs micro-batches j = m·DP + d (m < M / DP) — sample ranges as Megatron's pretraining
+// sampler gives them — with the single-process scales (ce_scale = 1 / global batch tokens,
+// aux_grad_scale = 1 / M) and the jitter counter of micro-batch j, so the SUM over ranks of the
+// gradients is exactly the single-process gradient. Optimizer: two DistributedAdamW (ZeRO-1)
+// instances with grad_scale 1 (the sum): dense parameters over DP×CP, expert parameters over
+// EDP, one global norm (distributed_optimizer.h, "Two instances"). Loss, aux losses and expert
+// counts are all-reduced for the log line; expert-bias and global_aux_loss counts over TP×DP×CP
+// inside the model. Gradients are reduced after the backward pass, not overlapped with it.
+// Checkpoints stay in the single-process format (full tensors, every expert): the state is
+// gathered and rank 0 writes it; every rank loads the full files and keeps its part, so a run
+// resumes with another DP or EP size (resharding). The checkpoint directory must be visible to
+// every rank (one machine, or a shared file system).
+//
 // FLOPs, TFLOP/s and MFU: model FLOPs per token from GptTrainingFlopsPerToken (Megatron-style:
 // active-parameter GEMMs, causal attention, LM head; fwd + bwd = 3 × fwd), divided by the step's
 // wall time; MFU divides by the peak (default 989.4 TFLOP/s: H100/H200 dense bf16, as
@@ -34,6 +50,7 @@
 #ifndef SWITCHYARD_WORKER_TRAIN_TRAINER_H_
 #define SWITCHYARD_WORKER_TRAIN_TRAINER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -47,7 +64,9 @@
 #include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/gpt_model.h"
+#include "worker/train/distributed_optimizer.h"
 #include "worker/train/lr_schedule.h"
+#include "worker/train/process_groups.h"
 
 namespace switchyard::train {
 
@@ -58,6 +77,12 @@ struct TrainerOptions {
   bool force_dtype = false;
   DType dtype = DType::kF32;
   double peak_tflops = 989.4;  // for MFU; <= 0: no MFU
+  // Distributed run: this process is rank `groups->rank` of the job (see "Distributed" above).
+  // Borrowed; outlives the trainer. nullptr: one process.
+  ProcessGroups* groups = nullptr;
+  // CUDA only: the compute stream (borrowed). Required with NCCL groups (it must be the stream
+  // their communicators run on); nullptr otherwise makes the trainer create its own.
+  void* cuda_stream = nullptr;
 };
 
 struct StepResult {
@@ -73,6 +98,8 @@ struct StepResult {
   double tflops = 0;                     // model TFLOP/s
   double mfu = -1;                       // fraction of peak; < 0 when unknown (CPU)
   std::vector<double> expert_imbalance;  // per MoE layer: max / mean tokens per expert
+  // Per MoE layer: tokens routed to each expert over the whole global batch (all ranks).
+  std::vector<std::vector<int64_t>> expert_tokens;
 };
 
 class Trainer {
@@ -119,9 +146,31 @@ class Trainer {
   absl::Status Init(const TrainerOptions& options);
   absl::Status LoadMicroBatch(int64_t first_sample, int64_t count);
   absl::Status CastMasterToParams(const Stream& stream);
+  bool distributed() const { return groups_ != nullptr; }
+  // One process: norm, clip and two AdamW launches over the whole flat buffer.
+  absl::Status SingleProcessUpdate(StepResult* r);
+  // Fills the statistics, timing and throughput fields of a finished step.
+  StepResult FinishStepResult(StepResult r, const model::GptStepStats& stats,
+                              std::chrono::steady_clock::time_point start) const;
+  absl::Status InitDistributedOptimizer(const Tensor& master_init);
+  // Distributed: gradient reduction, global norm, AdamW on the shards, parameter all-gather.
+  absl::Status DistributedUpdate(StepResult* r);
+  // Sums `v` over `group` (staged through the device on CUDA).
+  absl::Status AllReduceDoubles(comm::Communicator* group, std::vector<double>* v);
+  // Distributed stats: sums over the data-parallel group (loss, counts; aux losses averaged).
+  absl::Status ReduceStats(model::GptStepStats* stats);
+  // Distributed: master, exp_avg, exp_avg_sq of the full LOCAL layout, gathered from the shards.
+  absl::StatusOr<std::vector<kernels::Buffer>> GatherLocalState();
+  absl::StatusOr<std::string> SaveDistributed(const std::string& root);
+  absl::Status LoadDistributed(const std::string& root, int64_t step);
 
   v1::JobSpec spec_;
   TrainerOptions options_;
+  ProcessGroups* groups_ = nullptr;
+  int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
+  int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
+  std::unique_ptr<DistributedAdamW> dense_opt_, expert_opt_;
+  kernels::Buffer scalar_ws_;  // device f64 staging for AllReduceDoubles
   Stream stream_;
   void* cuda_stream_ = nullptr;
   std::unique_ptr<model::GptModel> model_;

@@ -1,0 +1,125 @@
+// The communicators of one rank: world + one sub-group per role, shared where members coincide.
+#include "worker/train/process_groups.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace switchyard::train {
+namespace {
+
+struct Role {
+  ParallelGroup group;
+  const char* name;
+  comm::Communicator* ProcessGroups::*slot;
+};
+
+constexpr Role kRoles[] = {
+    {ParallelGroup::kDataContext, "dp_cp", &ProcessGroups::data},
+    {ParallelGroup::kTensorDataContext, "tp_dp_cp", &ProcessGroups::tdc},
+    {ParallelGroup::kExpert, "ep", &ProcessGroups::expert},
+    {ParallelGroup::kExpertData, "edp", &ProcessGroups::expert_data},
+    {ParallelGroup::kExpertTensorExpertPipeline, "etp_ep_pp", &ProcessGroups::expert_model},
+};
+
+absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank) {
+  SY_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Create(dims));
+  const std::pair<const char*, int> unsupported[] = {
+      {"tensor_model_parallel_size", layout.tp()},
+      {"context_parallel_size", layout.cp()},
+      {"pipeline_model_parallel_size", layout.pp()},
+      {"expert_tensor_parallel_size", layout.etp()},
+  };
+  for (const auto& [field, size] : unsupported) {
+    if (size != 1) {
+      return absl::UnimplementedError(
+          absl::StrCat("parallel.", field, " = ", size,
+                       ": only 1 is supported (the model has no tensor, context or pipeline "
+                       "parallelism yet); use data and expert parallelism"));
+    }
+  }
+  if (rank < 0 || rank >= layout.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside [0, world_size ", layout.world_size(), ")"));
+  }
+  return layout;
+}
+
+// Fills every role: reuses the world or an earlier role with the same members, else makes a new
+// sub-group with `make(members, name)`.
+template <typename Make>
+absl::Status FillRoles(ProcessGroups& g, Make&& make) {
+  std::vector<std::pair<std::vector<int>, comm::Communicator*>> made;
+  std::vector<int> everyone(g.layout.world_size());
+  for (int r = 0; r < g.layout.world_size(); ++r) everyone[r] = r;
+  made.push_back({everyone, g.world});
+  for (const Role& role : kRoles) {
+    const std::vector<int> members = g.layout.Group(role.group, g.rank);
+    comm::Communicator* found = nullptr;
+    for (const auto& [m, c] : made) {
+      if (m == members) found = c;
+    }
+    if (found == nullptr) {
+      SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, make(members, role.name));
+      found = c.get();
+      g.owned.push_back(std::move(c));
+      made.push_back({members, found});
+    }
+    g.*(role.slot) = found;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ProcessGroups::AbortAll() {
+  for (auto& c : owned) c->Abort();
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
+    std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
+    const comm::GlooOptions& options) {
+  SY_ASSIGN_OR_RETURN(ParallelLayout layout, CheckedLayout(dims, rank));
+  auto g = std::make_unique<ProcessGroups>(std::move(layout), rank);
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> world,
+                      comm::GlooCommunicator::Create(std::move(store), rank, g->layout.world_size(),
+                                                     options, "world"));
+  comm::GlooCommunicator* w = world.get();
+  g->world = w;
+  g->owned.push_back(std::move(world));
+  SY_RETURN_IF_ERROR(FillRoles(*g,
+                               [&](const std::vector<int>& members, const char* name)
+                                   -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+                                 SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> c,
+                                                     w->CreateSubgroup(members, name));
+                                 return std::unique_ptr<comm::Communicator>(std::move(c));
+                               }));
+  return g;
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
+    std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims, int device,
+    cudaStream_t stream, const comm::NcclOptions& options) {
+  SY_ASSIGN_OR_RETURN(ParallelLayout layout, CheckedLayout(dims, rank));
+  auto g = std::make_unique<ProcessGroups>(std::move(layout), rank);
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> world,
+                      comm::NcclCommunicator::Create(std::move(store), rank, g->layout.world_size(),
+                                                     device, stream, options, "world"));
+  comm::NcclCommunicator* w = world.get();
+  g->world = w;
+  g->owned.push_back(std::move(world));
+  // ncclCommSplit is collective over the world: every rank splits for every role in the same
+  // order (FillRoles visits the roles in a fixed order and a role is skipped on every rank or on
+  // none, since "same members as an earlier group" holds for all ranks of a layout alike).
+  SY_RETURN_IF_ERROR(FillRoles(*g,
+                               [&](const std::vector<int>& members, const char* name)
+                                   -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+                                 SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> c,
+                                                     w->CreateSubgroup(members, name));
+                                 return std::unique_ptr<comm::Communicator>(std::move(c));
+                               }));
+  return g;
+}
+
+}  // namespace switchyard::train

@@ -1,0 +1,64 @@
+// File: worker/train/process_groups.h
+//
+// The communicators one rank of a distributed job needs, made from a ParallelLayout
+// (common/parallel_state.h) and a rendezvous store: the world group, then one sub-group per
+// role below (Gloo over TCP for CPU ranks, NCCL for GPU ranks). Roles whose members coincide
+// share one communicator (with TP = CP = PP = 1, DP×CP, TP×DP×CP and the world are the same ranks),
+// so a role's pointer may equal another's; all are owned here.
+//
+//   data          DP×CP  (ParallelGroup::kDataContext): dense gradients, loss statistics
+//   tdc           TP×DP×CP (kTensorDataContext): expert-bias and global_aux_loss token counts
+//   expert        EP     (kExpert): the MoE dispatch all-to-alls
+//   expert_data   EDP    (kExpertData): expert gradients
+//   expert_model  ETP×EP×PP (kExpertTensorExpertPipeline): the expert part of the global norm
+//
+// Creation is collective over the world: every rank calls the same factory with the same dims
+// and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only layouts with
+// TP = CP = PP = ETP = 1 are accepted for now (UNIMPLEMENTED naming the field otherwise): the
+// model has no tensor, context or pipeline parallelism yet.
+#ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
+#define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/parallel_state.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/kv_store.h"
+#include "worker/comm/nccl_communicator.h"
+
+namespace switchyard::train {
+
+struct ProcessGroups {
+  ProcessGroups(ParallelLayout l, int r) : layout(std::move(l)), rank(r) {}
+  ParallelLayout layout;
+  int rank = 0;  // world rank
+  comm::Communicator* world = nullptr;
+  comm::Communicator* data = nullptr;
+  comm::Communicator* tdc = nullptr;
+  comm::Communicator* expert = nullptr;
+  comm::Communicator* expert_data = nullptr;
+  comm::Communicator* expert_model = nullptr;
+  // Aborts every communicator (unblocks a rank stuck in a collective). Any thread.
+  void AbortAll();
+  std::vector<std::unique_ptr<comm::Communicator>> owned;
+};
+
+// INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
+// TP/CP/PP/ETP > 1; the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer does not
+// show up within the options' timeout).
+absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
+    std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
+    const comm::GlooOptions& options);
+// One GPU per rank: `device`; `stream` is the compute stream every communicator runs on
+// (NcclCommunicator's stream contract), borrowed.
+absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
+    std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims, int device,
+    cudaStream_t stream, const comm::NcclOptions& options);
+
+}  // namespace switchyard::train
+
+#endif  // SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
