@@ -9,6 +9,15 @@
 //                  steps; --init-from-hf DIR / --export-hf DIR import and export HuggingFace
 //                  Mixtral / Qwen3-MoE checkpoints. Exit 0 when training completes, 1 on an error
 //                  (the message names the field or file).
+//   --rank R --world-size W --rendezvous DIR --config job.yaml
+//                  run rank R of a W-process job (data and expert parallelism: parallel.
+//                  expert_model_parallel_size of the spec; world_size must be W or unset). The
+//                  ranks meet through a file key-value store in DIR (a directory every rank can
+//                  reach; use a fresh one per run). --device auto picks cuda:(R mod GPUs) and NCCL
+//                  when GPUs are visible, else the CPU and Gloo over TCP (--gloo-host, default
+//                  127.0.0.1). Rank 0 prints the log; every rank exits 1 with the error when the
+//                  job fails (a lost peer included: --comm-timeout bounds every collective).
+//                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
 // A later issue adds --coordinator. Without a mode the usage goes to stderr and the
 // exit status is 2. Flags may be spelled with '-' or '_' (--self-check == --self_check).
 #include <cuda_runtime.h>
@@ -25,7 +34,9 @@
 #include "absl/strings/numbers.h"
 #include "common/config.h"
 #include "common/version.h"
+#include "worker/comm/kv_store.h"
 #include "worker/self_check.h"
+#include "worker/train/process_groups.h"
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(bool, self_check, false,
@@ -39,6 +50,13 @@ ABSL_FLAG(std::string, init_from_hf, "",
 ABSL_FLAG(std::string, export_hf, "", "Export the trained model as a HuggingFace directory.");
 ABSL_FLAG(std::string, hf_architecture, "",
           "MixtralForCausalLM | Qwen3MoeForCausalLM for --export-hf without --init-from-hf.");
+ABSL_FLAG(int, rank, -1, "This process's rank in a multi-process job (with --world-size).");
+ABSL_FLAG(int, world_size, 0, "Number of processes of the job (with --rank and --rendezvous).");
+ABSL_FLAG(std::string, rendezvous, "",
+          "Directory of the file key-value store where the ranks meet (fresh per run).");
+ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
+          "Address this rank's Gloo transport listens on and advertises (CPU jobs).");
+ABSL_FLAG(int, comm_timeout, 60, "Seconds: bound on rendezvous and on every collective.");
 ABSL_FLAG(double, peak_tflops, 989.4, "Peak TFLOP/s of the GPU for MFU (H100/H200 dense bf16).");
 
 namespace {
@@ -49,6 +67,8 @@ constexpr char kUsage[] =
     "  switchyard-worker --self-check   print version and backend (CUDA devices or CPU only)\n"
     "  switchyard-worker --standalone --config job.yaml [--device auto|cpu|cuda:N] [--steps N]\n"
     "                    [--init-from-hf DIR] [--export-hf DIR]   train in this process\n"
+    "  switchyard-worker --rank R --world-size W --rendezvous DIR --config job.yaml\n"
+    "                    [--device ...] [--steps N]   run rank R of a W-process job\n"
     "  switchyard-worker --help         list the worker's flags\n"
     "  switchyard-worker --version      print the version";
 
@@ -96,6 +116,90 @@ absl::StatusOr<switchyard::Device> ParseDevice(const std::string& name) {
                                       " CUDA device(s) visible");
   }
   return switchyard::Device::Cuda(index);
+}
+
+// One rank of a multi-process job: process groups from the rendezvous directory, then the
+// standalone loop with them.
+int Distributed() {
+  const int rank = absl::GetFlag(FLAGS_rank), world = absl::GetFlag(FLAGS_world_size);
+  const std::string rdzv = absl::GetFlag(FLAGS_rendezvous), path = absl::GetFlag(FLAGS_config);
+  if (world < 1 || rank < 0 || rank >= world || rdzv.empty() || path.empty()) {
+    std::fprintf(stderr,
+                 "switchyard-worker: a multi-process job needs --rank R (0 <= R < W), "
+                 "--world-size W (>= 1), --rendezvous DIR and --config job.yaml\n");
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_export_hf).empty() || !absl::GetFlag(FLAGS_init_from_hf).empty()) {
+    std::fprintf(stderr,
+                 "switchyard-worker: --export-hf / --init-from-hf work with --standalone only "
+                 "(export a checkpoint of this job with a standalone worker)\n");
+    return 2;
+  }
+  absl::StatusOr<switchyard::v1::JobSpec> spec = switchyard::LoadJobSpecFile(path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "switchyard-worker: rank %d: %s\n", rank,
+                 spec.status().ToString().c_str());
+    return 1;
+  }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  std::string device_name = absl::GetFlag(FLAGS_device);
+  if (device_name == "auto") device_name = gpus > 0 ? "cuda:" + std::to_string(rank % gpus) : "cpu";
+  absl::StatusOr<switchyard::Device> device = ParseDevice(device_name);
+  if (!device.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", device.status().ToString().c_str());
+    return 2;
+  }
+  auto fail = [rank](const absl::Status& st) {
+    std::fprintf(stderr, "switchyard-worker: rank %d: %s\n", rank, st.ToString().c_str());
+    return 1;
+  };
+  absl::StatusOr<std::unique_ptr<switchyard::comm::FileKvStore>> store =
+      switchyard::comm::FileKvStore::Create(rdzv);
+  if (!store.ok()) return fail(store.status());
+  std::shared_ptr<switchyard::comm::KvStore> shared(std::move(*store));
+  switchyard::ParallelDims dims;
+  dims.world_size = world;
+  const switchyard::v1::ParallelConfig& par = spec->parallel();
+  if (par.has_expert_model_parallel_size()) {
+    dims.expert_model_parallel_size = par.expert_model_parallel_size();
+  }
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
+  absl::StatusOr<std::unique_ptr<switchyard::train::ProcessGroups>> groups;
+  cudaStream_t stream = nullptr;
+  if (device->is_cuda()) {
+    if (cudaSetDevice(device->index) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+      return fail(absl::InternalError("cannot create a CUDA stream on " + device->ToString()));
+    }
+    switchyard::comm::NcclOptions nopt;
+    nopt.timeout = timeout;
+    groups =
+        switchyard::train::CreateNcclProcessGroups(shared, rank, dims, device->index, stream, nopt);
+  } else {
+    switchyard::comm::GlooOptions gopt;
+    gopt.hostname = absl::GetFlag(FLAGS_gloo_host);
+    gopt.timeout = timeout;
+    groups = switchyard::train::CreateGlooProcessGroups(shared, rank, dims, gopt);
+  }
+  if (!groups.ok()) return fail(groups.status());
+  switchyard::train::TrainerOptions options;
+  options.device = *device;
+  options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  options.groups = groups->get();
+  options.cuda_stream = stream;
+  switchyard::train::StandaloneOptions standalone;
+  standalone.max_steps = absl::GetFlag(FLAGS_steps);
+  standalone.progress_bar = rank == 0;
+  std::FILE* out = rank == 0 ? stdout : std::fopen("/dev/null", "w");
+  absl::Status st = switchyard::train::RunStandalone(*spec, options, standalone, out);
+  if (out != stdout && out != nullptr) std::fclose(out);
+  if (!st.ok()) {
+    // Unblock the peers still inside a collective with us, then report.
+    (*groups)->AbortAll();
+    return fail(st);
+  }
+  return 0;
 }
 
 int Standalone() {
@@ -155,6 +259,7 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_self_check)) return SelfCheck();
   if (absl::GetFlag(FLAGS_standalone)) return Standalone();
+  if (absl::GetFlag(FLAGS_world_size) > 0 || absl::GetFlag(FLAGS_rank) >= 0) return Distributed();
   std::fprintf(stderr, "switchyard-worker: %s\n", kUsage);
   return 2;
 }

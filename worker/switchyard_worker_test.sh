@@ -65,4 +65,38 @@ rc=$?
 grep -q 'num_query_groups' "$TEST_TMPDIR/err" || fail "bad spec: field not named: $(cat "$TEST_TMPDIR/err")"
 "$bin" --standalone >/dev/null 2>&1; rc=$?
 [[ $rc -eq 2 ]] || fail "--standalone without --config: exit $rc, want 2"
+
+# A 2-rank job (EP = 2, DP = 2) over Gloo on the CPU, launched by hand as the coordinator will:
+# rank 0 logs, both save at step 2 and at the end; then one standalone process resumes the
+# 2-rank checkpoint (resharded to EP = 1) and finishes.
+sed -e "s|^training:|training:\n  save: $TEST_TMPDIR/dist_ckpt\n  save_interval: 2|" \
+  -e "s|^data:|parallel:\n  expert_model_parallel_size: 2\ndata:|" \
+  -e "s|micro_batch_size: 2|micro_batch_size: 1|" "$TEST_TMPDIR/job.yaml" >"$TEST_TMPDIR/dist.yaml"
+rdzv="$TEST_TMPDIR/rdzv1"
+"$bin" --rank 1 --world-size 2 --rendezvous "$rdzv" --config "$TEST_TMPDIR/dist.yaml" \
+  --device cpu --steps 4 >"$TEST_TMPDIR/r1.out" 2>"$TEST_TMPDIR/r1.err" &
+pid1=$!
+out=$("$bin" --rank 0 --world-size 2 --rendezvous "$rdzv" --config "$TEST_TMPDIR/dist.yaml" \
+  --device cpu --steps 4) || fail "rank 0 exited $?"
+wait $pid1 || fail "rank 1 exited $?: $(cat "$TEST_TMPDIR/r1.err")"
+echo "$out"
+[[ ! -s "$TEST_TMPDIR/r1.out" ]] || fail "rank 1 printed a log: $(cat "$TEST_TMPDIR/r1.out")"
+grep -Eq '^step 4/6 \| loss [0-9.]+ .* \| imbalance' <<<"$out" || fail "2 ranks: no step 4 line"
+grep -q "saved checkpoint .*dist_ckpt/step_4" <<<"$out" || fail "2 ranks: no checkpoint at step 4"
+sed -e "s|expert_model_parallel_size: 2|expert_model_parallel_size: 1|" "$TEST_TMPDIR/dist.yaml" \
+  >"$TEST_TMPDIR/dist1.yaml"
+out=$("$bin" --standalone --config "$TEST_TMPDIR/dist1.yaml" --device cpu) ||
+  fail "resuming the 2-rank checkpoint in one process exited $?"
+echo "$out"
+grep -q "resumed from .*dist_ckpt at step 4" <<<"$out" || fail "did not resume the 2-rank checkpoint"
+grep -q "^step 6/6 " <<<"$out" || fail "resumed 2-rank job did not finish"
+# A rank whose peer never comes: the rendezvous times out with an error, exit 1, no hang.
+"$bin" --rank 0 --world-size 2 --rendezvous "$TEST_TMPDIR/rdzv2" --config "$TEST_TMPDIR/dist.yaml" \
+  --device cpu --comm-timeout 2 >/dev/null 2>"$TEST_TMPDIR/err"; rc=$?
+[[ $rc -eq 1 ]] || fail "missing peer: exit $rc, want 1"
+cat "$TEST_TMPDIR/err"
+grep -qi 'deadline\|timed out\|timeout' "$TEST_TMPDIR/err" || fail "missing peer: no timeout error"
+"$bin" --rank 2 --world-size 2 --rendezvous "$rdzv" --config "$TEST_TMPDIR/dist.yaml" \
+  >/dev/null 2>&1; rc=$?
+[[ $rc -eq 2 ]] || fail "--rank outside the world: exit $rc, want 2"
 echo "switchyard-worker command line OK"

@@ -887,7 +887,7 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
     std::fprintf(out, "resumed from %s at step %lld\n", resume.c_str(),
                  static_cast<long long>(trainer->step()));
   }
-  const bool bar = isatty(fileno(stderr)) != 0;
+  const bool bar = standalone.progress_bar && isatty(fileno(stderr)) != 0;
   const int64_t log_interval = std::max<int64_t>(1, tr.log_interval());
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = trainer->step();

@@ -195,6 +195,7 @@ struct StandaloneOptions {
   std::string init_from_hf;     // HF Mixtral/Qwen3-MoE directory: its config.json replaces
                                 // spec.model (seq_length kept) and its weights initialise the model
   std::string export_hf;        // write the trained model as an HF directory at the end
+  bool progress_bar = true;     // on stderr when it is a terminal (off for ranks other than 0)
   std::string hf_architecture;  // for export_hf without init_from_hf: MixtralForCausalLM or
                                 // Qwen3MoeForCausalLM (default: Qwen3MoeForCausalLM)
 };
