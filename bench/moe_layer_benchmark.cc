@@ -8,9 +8,12 @@
 //
 //   moe_layer_benchmark [--configs a,b] [--torch_json torch.json] [--iters 10] [--warmup 3]
 #include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "common/cuda_status.h"
@@ -26,11 +30,16 @@
 #include "kernels/buffer.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
+#include "worker/comm/kv_store.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/model/moe_layer.h"
 #include "worker/model/moe_layer_tensors.h"
 
 ABSL_FLAG(std::string, configs, "mixtral8x7b,qwen3_30b_a3b,dsv3_layer", "configs to run");
 ABSL_FLAG(std::string, torch_json, "", "results of torch_moe_baseline.py --json, for the ratio");
+ABSL_FLAG(int, ep, 1,
+          "expert parallelism: fork this many ranks, one GPU each, NCCL all-to-all dispatch; "
+          "tokens per GPU as in BASELINES.md, experts split E/ep per GPU");
 ABSL_FLAG(int, iters, 10, "timed iterations (median reported)");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations");
 ABSL_FLAG(bool, breakdown, false, "also print CUDA-event times of the layer's phases");
@@ -83,7 +92,11 @@ struct Row {
   double ms = 0, tflops = 0;
 };
 
-absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int warmup, int iters) {
+// ep > 1: this process is EP rank `rank` (one GPU each) and `ep_group` its NCCL group, created on
+// `stream` (a blocking stream, so MedianMs's default-stream events order with it).
+absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int warmup, int iters,
+                           int ep = 1, int rank = 0, comm::Communicator* ep_group = nullptr,
+                           cudaStream_t stream = nullptr) {
   model::MoELayerConfig c;
   c.dtype = DType::kBF16;
   c.hidden_size = b.h;
@@ -97,20 +110,23 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   if (tile == "pingpong") c.gemm_options.tile = kernels::GroupedGemmTile::kPingpong128x128;
   if (tile == "cooperative") c.gemm_options.tile = kernels::GroupedGemmTile::kCooperative256x128;
   const DType grad_dtype = absl::GetFlag(FLAGS_grad_dtype) == "bf16" ? DType::kBF16 : DType::kF32;
-  const Device dev = Device::Cuda(0);
-  const Stream s{dev, nullptr};
+  c.ep_size = ep;
+  c.ep_rank = rank;
+  const Device dev = Device::Cuda(ep > 1 ? rank : 0);
+  const Stream s{dev, stream};
   SY_ASSIGN_OR_RETURN(auto w, model::MoELayerTensors::Create(c, dev, DType::kBF16, grad_dtype));
   uint64_t seed = 100;
   for (auto& [pname, shape] : model::MoELayerTensors::ParamShapes(c)) {
     SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.Param(pname), ++seed, 0.02f));
   }
-  SY_ASSIGN_OR_RETURN(auto layer, model::MoELayer::Create(c, dev, b.t));
+  SY_ASSIGN_OR_RETURN(auto layer,
+                      model::MoELayer::Create(c, dev, b.t, model::MoEParallelGroups{ep_group}));
   SY_ASSIGN_OR_RETURN(Buffer x, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer y, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer dy, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer dx, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
-  SY_RETURN_IF_ERROR(kernels::FillNormal(s, x.View(), 7, 1.0f));
-  SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 8, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, x.View(), 7 + 1000 * rank, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 8 + 1000 * rank, 1.0f));
   auto step = [&]() -> absl::Status {
     SY_RETURN_IF_ERROR(layer->Forward(s, w.params(), w.router_state(), x.View(), y.View()));
     // One micro-batch per step: the first micro-batch overwrites the fp32 gradients.
@@ -142,7 +158,84 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   return Row{name, ms, Flops(b) / ms / 1e9};
 }
 
+// --ep N: one forked rank per GPU; rank 0 prints the rows (per-GPU numbers: every rank has
+// b.t tokens and E/N experts, so the per-GPU FLOPs are those of the EP = 1 layer).
+int MainEp(int ep) {
+  const std::string dir = absl::StrCat("/tmp/sy_moe_bench_", getpid());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < ep; ++rank) {
+    const pid_t pid = fork();
+    if (pid != 0) {
+      pids.push_back(pid);
+      continue;
+    }
+    auto child = [&]() -> int {
+      if (cudaSetDevice(rank) != cudaSuccess) {
+        std::fprintf(stderr, "rank %d: no CUDA device %d\n", rank, rank);
+        return 1;
+      }
+      cudaStream_t stream;
+      if (cudaStreamCreate(&stream) != cudaSuccess) return 1;
+      auto store = comm::FileKvStore::Create(dir);
+      if (!store.ok()) {
+        std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+        return 1;
+      }
+      auto group =
+          comm::NcclCommunicator::Create(std::shared_ptr<comm::KvStore>(std::move(*store)), rank,
+                                         ep, rank, stream, comm::NcclOptions{}, "ep");
+      if (!group.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, group.status().ToString().c_str());
+        return 1;
+      }
+      int rc = 0;
+      for (const std::string& name :
+           std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_configs), ','))) {
+        auto it = Configs().find(name);
+        if (it == Configs().end() || it->second.e % ep != 0) {
+          std::fprintf(stderr, "config %s: unknown or E not divisible by %d\n", name.c_str(), ep);
+          return 2;
+        }
+        absl::StatusOr<Row> row =
+            RunOne(name, it->second, absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_iters), ep,
+                   rank, group->get(), stream);
+        if (!row.ok()) {
+          std::fprintf(stderr, "rank %d %s: %s\n", rank, name.c_str(),
+                       row.status().ToString().c_str());
+          return 1;
+        }
+        if (rank == 0) {
+          std::printf("%-16s %-12s %4d %9.2f %14.0f\n", name.c_str(), "switchyard", ep, row->ms,
+                      row->tflops);
+          std::printf(
+              "JSON {\"bench\":\"moe_layer_ep\",\"config\":\"%s\",\"ep\":%d,"
+              "\"ms\":%.3f,\"tflops_per_gpu\":%.1f}\n",
+              name.c_str(), ep, row->ms, row->tflops);
+          std::fflush(stdout);
+        }
+      }
+      return rc;
+    };
+    if (rank == 0) {
+      std::printf("%-16s %-12s %4s %9s %14s\n", "config", "impl", "EP", "ms", "TFLOP/s/GPU");
+      std::fflush(stdout);
+    }
+    const int code = child();
+    std::fflush(nullptr);
+    _exit(code);
+  }
+  int rc = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
+  std::filesystem::remove_all(dir);
+  return rc;
+}
+
 int Main() {
+  if (absl::GetFlag(FLAGS_ep) > 1) return MainEp(absl::GetFlag(FLAGS_ep));
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
     std::fprintf(stderr, "moe_layer_benchmark: no CUDA device\n");
