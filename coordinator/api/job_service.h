@@ -1,0 +1,59 @@
+// File: coordinator/api/job_service.h
+//
+// switchyard.v1.JobService (proto/switchyard/v1/job.proto) over a JobHub. Each method
+// authenticates and records metrics through RunApiCall (api_call.h); errors are the registry's
+// (job_registry.h: INVALID_ARGUMENT naming the field and rule, NOT_FOUND, ALREADY_EXISTS for a
+// reused request_id with another spec, FAILED_PRECONDITION for a refused transition) with a
+// reason attached (api_status.h), mapped 1:1 onto gRPC codes.
+//
+// WatchJob: first replays the job's whole event log, then streams each new event as it is
+// written (the hub wakes the stream on every mutation; it also re-reads the store every
+// kWatchRefresh to see writers outside the hub). The stream ends OK right after the event that
+// made the job terminal (SUCCEEDED, FAILED, CANCELLED); a watch of a job already terminal replays
+// and ends. It ends CANCELLED when the client cancels (noticed within kCancelPoll) and UNAVAILABLE
+// when the coordinator shuts down. Step reports (WatchJobResponse.step) are not streamed yet: no
+// component produces them before the WorkerService exists.
+//
+// Thread safety: gRPC calls the methods concurrently; the class holds no mutable state.
+#ifndef SWITCHYARD_COORDINATOR_API_JOB_SERVICE_H_
+#define SWITCHYARD_COORDINATOR_API_JOB_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "coordinator/api/auth.h"
+#include "coordinator/api/job_hub.h"
+#include "coordinator/metrics/coordinator_metrics.h"
+#include "switchyard/v1/job.grpc.pb.h"
+
+namespace switchyard::api {
+
+// How often a blocked WatchJob checks whether its client went away.
+inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  // All three must outlive the service; `metrics` may be null.
+  JobServiceImpl(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics);
+
+  grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::WatchJobResponse>* writer) override;
+
+ private:
+  absl::Status Watch(grpc::ServerContext* context, const std::string& name,
+                     grpc::ServerWriter<v1::WatchJobResponse>* writer);
+
+  JobHub* const hub_;
+  const TokenAuth* const auth_;
+  metrics::CoordinatorMetrics* const metrics_;
+};
+
+}  // namespace switchyard::api
+
+#endif  // SWITCHYARD_COORDINATOR_API_JOB_SERVICE_H_

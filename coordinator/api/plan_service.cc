@@ -1,0 +1,24 @@
+#include "coordinator/api/plan_service.h"
+
+#include <string>
+
+#include "common/grpc_status.h"
+#include "common/status.h"
+#include "coordinator/api/api_call.h"
+#include "coordinator/planner/planner.h"
+
+namespace switchyard::api {
+
+PlanServiceImpl::PlanServiceImpl(const TokenAuth* auth, metrics::CoordinatorMetrics* metrics)
+    : auth_(auth), metrics_(metrics) {}
+
+grpc::Status PlanServiceImpl::Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
+                                   v1::Plan* response) {
+  return ToGrpcStatus(
+      RunApiCall(*auth_, metrics_, "Plan", AuthorizationOf(*context), [&]() -> absl::Status {
+        SY_ASSIGN_OR_RETURN(*response, planner::PlanJob(*request));
+        return absl::OkStatus();
+      }));
+}
+
+}  // namespace switchyard::api

@@ -1,0 +1,78 @@
+// File: coordinator/api/rest_gateway.h
+//
+// The REST/JSON face of JobService and PlanService on its own port (cpp-httplib), hand-written
+// after the AIP-127 mapping the methods would have (ecosystem.md §2.3, "thin hand-written REST"):
+//
+//   POST /v1/jobs                  body CreateJobRequest          -> 200 Job
+//   GET  /v1/jobs/{id}                                            -> 200 Job
+//   GET  /v1/jobs?state=RUNNING&page_size=N&page_token=T          -> 200 ListJobsResponse
+//   POST /v1/jobs/{id}:cancel      body ignored (AIP-136 "*")     -> 200 Job
+//   POST /v1/plans                 body PlanRequest               -> 200 Plan
+//   GET  /metrics                  Prometheus text exposition (no token, see auth.h)
+//   GET  /healthz                  "ok" while serving (no token)
+//
+// JSON is the proto3 JSON mapping with the proto field names (the Megatron argument names, as in
+// job spec files): responses are written by MessageToJsonString with preserve_proto_field_names;
+// request bodies are read by common/config.h's ParseMessageJson, which accepts the same proto3
+// JSON but is strict and names the field path in every error ("spec.model.hidden_size: expected
+// an integer, got string") where JsonStringToMessage would not. State names in `state` are the
+// enum names. Unknown query parameters are INVALID_ARGUMENT naming them.
+//
+// Errors: {"error": {"code": <http>, "status": "<CANONICAL_CODE>", "message": "...", "reason":
+// "..."}} with the HTTP status of api_status.h (400, 401, 404, 409, 429, 500, 503, ...); unknown
+// routes are 404 NOT_FOUND in the same shape. Every API route authenticates and records metrics
+// through RunApiCall, under the same method names as gRPC.
+//
+// Thread safety: the server's own threads serve requests; Create/Stop from one owner thread.
+#ifndef SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_
+#define SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "coordinator/api/auth.h"
+#include "coordinator/api/job_hub.h"
+#include "coordinator/metrics/coordinator_metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace switchyard::api {
+
+// Request bodies larger than this are refused (413) before parsing.
+inline constexpr size_t kMaxRestBodyBytes = 8 << 20;
+
+class RestGateway {
+ public:
+  // Binds `host`:`port` (0: a free port) and starts serving on a background thread. `hub`,
+  // `auth` and `metrics` must outlive the gateway. UNAVAILABLE when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<RestGateway>> Create(JobHub* hub, const TokenAuth* auth,
+                                                             metrics::CoordinatorMetrics* metrics,
+                                                             const std::string& host, int port);
+  ~RestGateway();  // Stop()s.
+  RestGateway(const RestGateway&) = delete;
+  RestGateway& operator=(const RestGateway&) = delete;
+
+  // The bound port.
+  int port() const { return port_; }
+  // Stops accepting, finishes the requests in flight, joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics);
+  void Route();
+
+  JobHub* const hub_;
+  const TokenAuth* const auth_;
+  metrics::CoordinatorMetrics* const metrics_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace switchyard::api
+
+#endif  // SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_

@@ -1,0 +1,125 @@
+#include "coordinator/api/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+
+namespace switchyard::api {
+namespace {
+
+constexpr const char* kServices[] = {"", "switchyard.v1.JobService", "switchyard.v1.PlanService"};
+
+absl::StatusOr<std::string> ReadFile(const std::string& option, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(option, ": cannot read ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty())
+    return absl::InvalidArgumentError(absl::StrCat(option, ": ", path, " is empty"));
+  return text.str();
+}
+
+absl::Status CheckPort(const char* option, int port) {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(option, ": ", port, " is not in [0, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
+void SetServing(grpc::Server* server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  for (const char* service : kServices) health->SetServingStatus(service, serving);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
+    const ServerOptions& options) {
+  if (options.store_path.empty()) return absl::InvalidArgumentError("store: must be set");
+  if (options.token_file.empty()) return absl::InvalidArgumentError("token-file: must be set");
+  SY_RETURN_IF_ERROR(CheckPort("grpc-port", options.grpc_port));
+  SY_RETURN_IF_ERROR(CheckPort("http-port", options.http_port));
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls-cert, tls-key: give both or neither");
+  }
+
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  SY_ASSIGN_OR_RETURN(s->auth_, TokenAuth::FromFile(options.token_file));
+  SY_ASSIGN_OR_RETURN(s->store_, store::Store::Open(options.store_path));
+  s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get());
+  s->metrics_ = std::make_unique<metrics::CoordinatorMetrics>();
+  metrics::CoordinatorMetrics* metrics = s->metrics_.get();
+  s->hub_ =
+      std::make_unique<JobHub>(s->registry_.get(), [metrics] { metrics->IncrementJobRestarts(); });
+  JobHub* hub = s->hub_.get();
+  s->metrics_->SetJobCounter([hub]() -> absl::StatusOr<std::map<v1::Job::State, int64_t>> {
+    std::map<v1::Job::State, int64_t> counts;
+    v1::ListJobsRequest request;
+    request.set_page_size(jobs::kMaxPageSize);
+    do {
+      SY_ASSIGN_OR_RETURN(v1::ListJobsResponse page, hub->ListJobs(request));
+      for (const v1::Job& job : page.jobs()) ++counts[job.state()];
+      request.set_page_token(page.next_page_token());
+    } while (!request.page_token().empty());
+    return counts;
+  });
+  s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics);
+  s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics);
+
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (!options.tls_cert_file.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    SY_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile("tls-cert", options.tls_cert_file));
+    SY_ASSIGN_OR_RETURN(pair.private_key, ReadFile("tls-key", options.tls_key_file));
+    ssl.pem_key_cert_pairs.push_back(std::move(pair));
+    credentials = grpc::SslServerCredentials(ssl);
+    s->tls_ = true;
+  } else {
+    credentials = grpc::InsecureServerCredentials();
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.grpc_port);
+  builder.AddListeningPort(address, credentials, &s->grpc_port_);
+  builder.RegisterService(s->job_service_.get());
+  builder.RegisterService(s->plan_service_.get());
+  s->grpc_server_ = builder.BuildAndStart();
+  if (s->grpc_server_ == nullptr || s->grpc_port_ == 0) {
+    s->grpc_server_.reset();
+    return absl::UnavailableError(absl::StrCat("grpc: cannot listen on ", address));
+  }
+  SetServing(s->grpc_server_.get(), true);
+
+  SY_ASSIGN_OR_RETURN(
+      s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port));
+  return s;
+}
+
+void CoordinatorServer::Shutdown(absl::Time deadline) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false);
+  if (hub_ != nullptr) hub_->Close();
+  if (rest_ != nullptr) rest_->Stop();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(absl::ToChronoTime(deadline));
+    grpc_server_->Wait();
+  }
+}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Now() + absl::Seconds(5)); }
+
+}  // namespace switchyard::api

@@ -1,0 +1,87 @@
+// File: coordinator/api/server.h
+//
+// The coordinator's API process in one object: opens the store, builds the registry, the hub,
+// the metrics, the gRPC server (JobService, PlanService, grpc.health.v1.Health, server
+// reflection; TLS when a certificate and key are given) and the REST gateway. main.cc is flag
+// parsing and signal handling around it; tests run it in-process on loopback.
+//
+// Health: the overall status ("") and each service ("switchyard.v1.JobService",
+// "switchyard.v1.PlanService") are SERVING from Create until Shutdown, NOT_SERVING during it.
+//
+// Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the REST
+// gateway stops, then the gRPC server stops accepting and waits for the calls in flight until
+// `deadline`, cancelling the rest. Idempotent.
+//
+// Thread safety: Create, Shutdown and the destructor from one owner thread; the accessors from
+// any.
+#ifndef SWITCHYARD_COORDINATOR_API_SERVER_H_
+#define SWITCHYARD_COORDINATOR_API_SERVER_H_
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/api/auth.h"
+#include "coordinator/api/job_hub.h"
+#include "coordinator/api/job_service.h"
+#include "coordinator/api/plan_service.h"
+#include "coordinator/api/rest_gateway.h"
+#include "coordinator/jobs/job_registry.h"
+#include "coordinator/metrics/coordinator_metrics.h"
+#include "coordinator/store/store.h"
+
+namespace switchyard::api {
+
+struct ServerOptions {
+  std::string store_path;  // SQLite file, created if absent
+  std::string host = "0.0.0.0";
+  int grpc_port = 0;  // 0: pick a free port (see grpc_port())
+  int http_port = 0;  // 0: pick a free port (see http_port())
+  std::string token_file;
+  // Both or neither: PEM files of the server certificate (chain) and its private key.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+};
+
+class CoordinatorServer {
+ public:
+  // INVALID_ARGUMENT naming the option for bad options (empty store_path or token_file, a port
+  // outside [0, 65535], only one of the TLS files, an unreadable or empty token), the store's
+  // errors for the store, UNAVAILABLE when a port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Create(const ServerOptions& options);
+  ~CoordinatorServer();  // Shutdown(now + 5 s) if not yet shut down.
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+
+  int grpc_port() const { return grpc_port_; }
+  int http_port() const { return rest_->port(); }
+  bool tls() const { return tls_; }
+
+  void Shutdown(absl::Time deadline);
+
+  JobHub* hub() { return hub_.get(); }
+  metrics::CoordinatorMetrics* metrics() { return metrics_.get(); }
+
+ private:
+  CoordinatorServer() = default;
+
+  bool tls_ = false;
+  bool shut_down_ = false;
+  int grpc_port_ = 0;
+  std::unique_ptr<TokenAuth> auth_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<jobs::JobRegistry> registry_;
+  std::unique_ptr<metrics::CoordinatorMetrics> metrics_;
+  std::unique_ptr<JobHub> hub_;
+  std::unique_ptr<JobServiceImpl> job_service_;
+  std::unique_ptr<PlanServiceImpl> plan_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<RestGateway> rest_;
+};
+
+}  // namespace switchyard::api
+
+#endif  // SWITCHYARD_COORDINATOR_API_SERVER_H_

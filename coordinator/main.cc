@@ -1,0 +1,136 @@
+// switchyard-coordinator: the Switchyard control plane (JobService, PlanService, REST gateway,
+// health, reflection, /metrics) over one SQLite store.
+//
+//   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
+//                          [--host ADDR] [--tls-cert PEM --tls-key PEM]
+//
+// Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
+// scripts and tests can read the ports:
+//
+//   switchyard-coordinator listening grpc=127.0.0.1:41234 http=127.0.0.1:41235 tls=false
+//
+// SIGTERM or SIGINT shut down gracefully: health goes NOT_SERVING, watch streams end, calls in
+// flight get up to --shutdown-grace seconds, then the process exits.
+//
+// Exit status: 0 after a signal-initiated shutdown, --help or --version; 1 when the coordinator
+// cannot start (store, token file, TLS files, a port in use); 2 for a usage error (unknown flag,
+// missing required flag, positional arguments). Flags may be spelled with '-' or '_'.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/version.h"
+#include "coordinator/api/server.h"
+
+ABSL_FLAG(std::string, store, "", "SQLite store file (created if absent). Required.");
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address both servers listen on.");
+ABSL_FLAG(int, grpc_port, 50051, "gRPC port (0: pick a free one).");
+ABSL_FLAG(int, http_port, 8080, "REST and /metrics port (0: pick a free one).");
+ABSL_FLAG(std::string, token_file, "", "File holding the API bearer token. Required.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve gRPC over TLS (with --tls-key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
+
+namespace {
+
+// Abseil flag names are identifiers; accept "--grpc-port" as "--grpc_port" (name part only).
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> out(argv, argv + argc);
+  for (size_t i = 1; i < out.size(); ++i) {
+    std::string& a = out[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    const size_t end = a.find('=');
+    for (size_t j = 2; j < a.size() && j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  return out;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "switchyard-coordinator: %s\n%s\n", message.c_str(),
+               std::string(absl::ProgramUsageMessage()).c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
+      "[--host ADDR] [--tls-cert PEM --tls-key PEM]");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return std::string("switchyard-coordinator ") + switchyard::kVersion + "\n";
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+
+  // Block the shutdown signals before any thread starts, so every thread inherits the mask and
+  // only sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::vector<std::string> args = NormalizeFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  // ParseCommandLine exits 1 on an unknown flag; find those first so they are usage errors (2).
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    const std::string& a = args[i];
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    std::string name = a.substr(2, a.find('=') - 2);
+    if (absl::FindCommandLineFlag(name) == nullptr &&
+        !(name.rfind("no", 0) == 0 && absl::FindCommandLineFlag(name.substr(2)) != nullptr)) {
+      return Usage("unknown flag --" + name);
+    }
+  }
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (positional.size() > 1) return Usage(std::string("unexpected argument ") + positional[1]);
+
+  switchyard::api::ServerOptions options;
+  options.store_path = absl::GetFlag(FLAGS_store);
+  options.host = absl::GetFlag(FLAGS_host);
+  options.grpc_port = absl::GetFlag(FLAGS_grpc_port);
+  options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  if (options.store_path.empty()) return Usage("--store is required");
+  if (options.token_file.empty()) return Usage("--token-file is required");
+
+  auto server = switchyard::api::CoordinatorServer::Create(options);
+  if (!server.ok()) {
+    SY_LOG(ERROR) << "cannot start: " << server.status();
+    return 1;
+  }
+  const std::string shown_host = options.host == "0.0.0.0" ? "127.0.0.1" : options.host;
+  std::printf("switchyard-coordinator listening grpc=%s:%d http=%s:%d tls=%s\n", shown_host.c_str(),
+              (*server)->grpc_port(), shown_host.c_str(), (*server)->http_port(),
+              (*server)->tls() ? "true" : "false");
+  std::fflush(stdout);
+  SY_LOG(INFO) << "switchyard-coordinator " << switchyard::kVersion << " store "
+               << options.store_path << " grpc port " << (*server)->grpc_port() << " http port "
+               << (*server)->http_port();
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  SY_LOG(INFO) << "signal " << signal_number << ": shutting down";
+  (*server)->Shutdown(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace)));
+  server->reset();
+  SY_LOG(INFO) << "stopped";
+  return 0;
+}

@@ -1,0 +1,99 @@
+#include "coordinator/metrics/coordinator_metrics.h"
+
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "prometheus/text_serializer.h"
+
+namespace switchyard::metrics {
+namespace {
+
+// 1 ms .. ~16 s: unary calls take milliseconds, Plan of a large cluster up to seconds.
+prometheus::Histogram::BucketBoundaries RpcBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20};
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      jobs_(prometheus::BuildGauge()
+                .Name(std::string(kJobsMetric))
+                .Help("Jobs in the coordinator's store, by lifecycle state.")
+                .Register(*registry_)),
+      workers_attached_(prometheus::BuildGauge()
+                            .Name(std::string(kWorkersAttachedMetric))
+                            .Help("Workers attached to the coordinator.")
+                            .Register(*registry_)
+                            .Add({})),
+      rpc_duration_(prometheus::BuildHistogram()
+                        .Name(std::string(kRpcDurationMetric))
+                        .Help("Duration of API calls (gRPC and REST), by method and status code.")
+                        .Register(*registry_)),
+      job_restarts_(
+          prometheus::BuildCounter()
+              .Name(std::string(kJobRestartsMetric))
+              .Help("Job restarts (entries into RESTARTING) since the coordinator started.")
+              .Register(*registry_)
+              .Add({})) {
+  absl::MutexLock lock(&mu_);
+  const google::protobuf::EnumDescriptor* states = v1::Job::State_descriptor();
+  for (int i = 0; i < states->value_count(); ++i) {
+    const auto state = static_cast<v1::Job::State>(states->value(i)->number());
+    if (state == v1::Job::STATE_UNSPECIFIED) continue;
+    job_gauges_[state] = &jobs_.Add({{"state", states->value(i)->name()}});
+  }
+}
+
+void CoordinatorMetrics::ObserveRpc(absl::string_view method, absl::string_view code,
+                                    double seconds) {
+  prometheus::Histogram* child = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto key = std::make_pair(std::string(method), std::string(code));
+    auto it = rpc_children_.find(key);
+    if (it == rpc_children_.end()) {
+      prometheus::Histogram& h =
+          rpc_duration_.Add({{"method", key.first}, {"code", key.second}}, RpcBuckets());
+      it = rpc_children_.emplace(std::move(key), &h).first;
+    }
+    child = it->second;
+  }
+  child->Observe(seconds);
+}
+
+void CoordinatorMetrics::IncrementJobRestarts() { job_restarts_.Increment(); }
+
+void CoordinatorMetrics::SetWorkersAttached(int64_t count) {
+  workers_attached_.Set(static_cast<double>(count));
+}
+
+void CoordinatorMetrics::SetJobCounter(JobCounter counter) {
+  absl::MutexLock lock(&mu_);
+  job_counter_ = std::move(counter);
+}
+
+std::string CoordinatorMetrics::Scrape() {
+  JobCounter counter;
+  {
+    absl::MutexLock lock(&mu_);
+    counter = job_counter_;
+  }
+  if (counter) {
+    absl::StatusOr<std::map<v1::Job::State, int64_t>> counts = counter();
+    if (counts.ok()) {
+      absl::MutexLock lock(&mu_);
+      for (auto& [state, gauge] : job_gauges_) {
+        auto it = counts->find(state);
+        gauge->Set(it == counts->end() ? 0.0 : static_cast<double>(it->second));
+      }
+    }
+  }
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+}  // namespace switchyard::metrics
