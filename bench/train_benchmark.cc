@@ -22,17 +22,39 @@
 //
 //   train_benchmark [--model benchmark|small] [--steps 5] [--warmup 2] [--micro_batch N]
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
-//                   [--peak_tflops 989.4]
+//                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--dry_run] [--breakdown]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
+//
+// MULTI-GPU (--world N --ep E, N > 1; one host, one GPU per rank): the parent forks N rank
+// processes (it never initialises CUDA itself; the GPU count comes from a probe child); rank r
+// drives CUDA device r with a non-blocking stream that its NCCL process groups
+// (train::CreateNcclProcessGroups, rendezvous through a FileKvStore in a fresh /tmp directory)
+// and its Trainer (TrainerOptions.cuda_stream) share. Layout DP = N (TP = CP = PP = 1), EP = E,
+// EDP = N / E (worker/train/trainer.h, "Distributed"). The global batch is the model's (or
+// --global_batch) times N, so every GPU runs the single-GPU benchmark's micro-batches and tokens
+// per step. Each rank runs the same warm-up and timed steps and writes its per-step wall times
+// (the trainer's step_ms: the step ends with a host sync) to a file; the parent reports, per
+// timed step, the slowest rank's time, and over steps the median: step ms, total tokens/s,
+// per-GPU TFLOP/s (FLOPs of all tokens / step time / N), MFU per GPU, the largest per-rank memory
+// footprint; table + "RESULT_JSON {...}". Rank 0 prints the per-step log lines.
+// --torch_json and --breakdown are single-GPU only. --dry_run --world N --ep E validates the
+// arguments, the distributed JobSpec and the parallel layout and prints the plan, without a GPU.
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,12 +63,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/config_defaults.h"
+#include "common/cuda_status.h"
+#include "common/parallel_state.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "common/validate.h"
 #include "switchyard/v1/config.pb.h"
+#include "worker/comm/kv_store.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/model/gpt_model.h"
+#include "worker/train/process_groups.h"
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, model, "benchmark", "benchmark (~1.5B Qwen3-MoE-like) or small (~100M)");
@@ -63,6 +92,11 @@ ABSL_FLAG(bool, breakdown, false,
           "after the timed steps, run one more step with per-phase CUDA-event timing and print "
           "where the step's time goes (the timing itself synchronises once per micro-batch)");
 ABSL_FLAG(double, peak_tflops, 989.4, "peak bf16 TFLOP/s for MFU (BASELINES.md: 989.4)");
+ABSL_FLAG(int, world, 1,
+          "GPUs (ranks, one forked process per GPU of this host); > 1: data x expert parallel, "
+          "global batch scaled by the world so tokens per GPU stay the single-GPU benchmark's");
+ABSL_FLAG(int, ep, 1, "expert-parallel size (divides --world and the model's num_experts)");
+ABSL_FLAG(int, rank_timeout_s, 1200, "--world > 1: ranks still running after this are killed");
 
 namespace switchyard::bench {
 namespace {
@@ -183,7 +217,330 @@ int DryRun(const std::string& name, const BenchModel& b) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Multi-GPU (--world > 1)
+
+// The distributed run's arguments, validated without CUDA.
+struct DistPlan {
+  std::string name;
+  BenchModel per_gpu;  // the single-GPU benchmark's batch (tokens per GPU)
+  BenchModel global;   // global_batch = per_gpu.global * world
+  int world = 1, ep = 1, edp = 1;
+  int steps = 1, warmup = 0;
+  double peak = 0;
+  v1::JobSpec
+      spec;  // defaulted and validated, parallel.world_size / expert_model_parallel_size set
+  ParallelDims dims;
+  double flops_per_token = 0;
+  int64_t params_total = 0, params_active = 0, tokens_per_step = 0;
+};
+
+// INVALID_ARGUMENT naming the flag and the rule; the spec's own validation for the rest.
+absl::StatusOr<DistPlan> MakeDistPlan() {
+  DistPlan p;
+  p.name = absl::GetFlag(FLAGS_model);
+  p.world = absl::GetFlag(FLAGS_world);
+  p.ep = absl::GetFlag(FLAGS_ep);
+  if (p.world < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--world (", p.world, ") must be >= 1"));
+  }
+  if (p.ep < 1) return absl::InvalidArgumentError(absl::StrCat("--ep (", p.ep, ") must be >= 1"));
+  if (p.world % p.ep != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ep (", p.ep, ") must divide --world (", p.world, ")"));
+  }
+  if (!absl::GetFlag(FLAGS_torch_json).empty()) {
+    return absl::InvalidArgumentError(
+        "--torch_json: only with --world 1 (the PyTorch reference runs on one GPU)");
+  }
+  if (absl::GetFlag(FLAGS_breakdown)) {
+    return absl::InvalidArgumentError("--breakdown: only with --world 1");
+  }
+  SY_ASSIGN_OR_RETURN(p.per_gpu, SelectModel(p.name));
+  if (p.per_gpu.experts % p.ep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep (", p.ep, ") must divide num_experts (",
+                                                   p.per_gpu.experts, ") of --model ", p.name));
+  }
+  p.edp = p.world / p.ep;
+  p.global = p.per_gpu;
+  p.global.global = p.per_gpu.global * p.world;
+  p.steps = std::max(1, absl::GetFlag(FLAGS_steps));
+  p.warmup = std::max(0, absl::GetFlag(FLAGS_warmup));
+  p.peak = absl::GetFlag(FLAGS_peak_tflops);
+  p.spec = MakeSpec(p.name, p.global, p.warmup + p.steps);
+  p.spec.mutable_parallel()->set_world_size(p.world);
+  p.spec.mutable_parallel()->set_expert_model_parallel_size(p.ep);
+  ApplyDefaults(&p.spec);
+  SY_RETURN_IF_ERROR(Annotate(ValidateJobSpec(p.spec), "distributed benchmark spec"));
+  p.dims.world_size = p.world;
+  p.dims.expert_model_parallel_size = p.ep;
+  SY_RETURN_IF_ERROR(Annotate(ParallelLayout::Create(p.dims).status(), "parallel layout"));
+  SY_ASSIGN_OR_RETURN(model::GptConfig cfg,
+                      model::GptConfig::FromProto(p.spec.model(), DType::kBF16));
+  p.flops_per_token = model::GptTrainingFlopsPerToken(cfg);
+  p.params_total = model::GptTotalParams(cfg);
+  p.params_active = model::GptActiveParams(cfg);
+  p.tokens_per_step = static_cast<int64_t>(p.global.global) * p.global.seq;
+  return p;
+}
+
+void PrintDistPlan(const DistPlan& p) {
+  const int micro_per_gpu = p.per_gpu.global / p.per_gpu.micro;
+  std::printf(
+      "train_benchmark plan: model %s (%s total / %s active, %.4f GFLOP/token), world %d = "
+      "DP %d; EP %d x EDP %d (%d experts per GPU); global batch %d x seq %d = %lld tokens/step, "
+      "%d micro-batches of %d per GPU (%lld tokens per GPU, as on one GPU); %d warm-up + %d "
+      "timed steps\n",
+      p.name.c_str(), Human(p.params_total).c_str(), Human(p.params_active).c_str(),
+      p.flops_per_token / 1e9, p.world, p.world, p.ep, p.edp, p.per_gpu.experts / p.ep,
+      p.global.global, p.global.seq, static_cast<long long>(p.tokens_per_step), micro_per_gpu,
+      p.per_gpu.micro, static_cast<long long>(p.tokens_per_step / p.world), p.warmup, p.steps);
+  const nlohmann::json plan = {{"bench", "train"},
+                               {"dry_run", true},
+                               {"model", p.name},
+                               {"world", p.world},
+                               {"ep", p.ep},
+                               {"edp", p.edp},
+                               {"global_batch", p.global.global},
+                               {"micro_batch", p.global.micro},
+                               {"seq_length", p.global.seq},
+                               {"tokens_per_step", p.tokens_per_step},
+                               {"flops_per_token", p.flops_per_token},
+                               {"params_total", p.params_total},
+                               {"params_active", p.params_active}};
+  std::printf("PLAN_JSON %s\n", plan.dump().c_str());
+}
+
+// One rank: device `rank`, one non-blocking stream for the NCCL groups and the trainer. Writes
+// {"device", "step_ms": [...], "mem_used_gb", "final_loss"} to <dir>/rank_<rank>.json.
+absl::Status RankMain(const DistPlan& p, const std::string& dir, int rank) {
+  int count = 0;
+  SY_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (count < p.world) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--world ", p.world, " needs ", p.world, " GPUs; ", count, " visible"));
+  }
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank));
+  cudaDeviceProp prop;
+  SY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, rank));
+  cudaStream_t cs = nullptr;
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  nlohmann::json result;
+  {
+    SY_ASSIGN_OR_RETURN(const size_t mem_before, MemUsed());
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::FileKvStore> store,
+                        comm::FileKvStore::Create(dir + "/store"));
+    comm::NcclOptions nopt;
+    nopt.timeout = absl::Seconds(300);  // a slow rank's first step (allocation, warm-up)
+    SY_ASSIGN_OR_RETURN(
+        std::unique_ptr<train::ProcessGroups> groups,
+        train::CreateNcclProcessGroups(std::shared_ptr<comm::KvStore>(std::move(store)), rank,
+                                       p.dims, rank, cs, nopt));
+    train::TrainerOptions opt;
+    opt.device = Device::Cuda(rank);
+    opt.peak_tflops = p.peak;
+    opt.groups = groups.get();
+    opt.cuda_stream = cs;
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> tr, train::Trainer::Create(p.spec, opt));
+    if (rank == 0) std::printf("device: %s x %d\n%s\n", prop.name, p.world, tr->Describe().c_str());
+    std::vector<double> ms;
+    double last_loss = 0;
+    size_t mem_max = mem_before;
+    for (int i = 0; i < p.warmup + p.steps; ++i) {
+      absl::StatusOr<train::StepResult> r = tr->Step();
+      SY_RETURN_IF_ERROR(Annotate(r.status(), absl::StrCat("step ", i + 1)));
+      if (rank == 0) {
+        std::printf("%s%s\n", tr->FormatLogLine(*r).c_str(), i < p.warmup ? "  (warm-up)" : "");
+        std::fflush(stdout);
+      }
+      if (i >= p.warmup) ms.push_back(r->step_ms);
+      last_loss = r->loss;
+      SY_ASSIGN_OR_RETURN(const size_t used, MemUsed());
+      mem_max = std::max(mem_max, used);
+    }
+    result = {{"device", prop.name},
+              {"step_ms", ms},
+              {"mem_used_gb", static_cast<double>(mem_max - mem_before) / (1024.0 * 1024 * 1024)},
+              {"final_loss", last_loss}};
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+  }  // the trainer, then the communicators, go before the stream
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamDestroy(cs));
+  const std::string path = absl::StrCat(dir, "/rank_", rank, ".json");
+  std::ofstream f(path);
+  f << result.dump();
+  if (!f.good()) return absl::InternalError(absl::StrCat("writing ", path));
+  return absl::OkStatus();
+}
+
+// Forks `n` children running body(rank) (exit code 0 on OK) and returns their exit codes (128 +
+// signal when killed); children still running after `limit` are killed.
+std::vector<int> ForkRanks(int n, absl::Duration limit, const std::function<int(int)>& body) {
+  std::fflush(nullptr);
+  std::vector<pid_t> pids(n, -1);
+  std::vector<int> codes(n, -1);
+  int remaining = 0;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int code = body(r);
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    if (pid < 0) {
+      std::perror("fork");
+      codes[r] = 1;
+      continue;
+    }
+    pids[r] = pid;
+    ++remaining;
+  }
+  const absl::Time deadline = absl::Now() + limit;
+  bool killed = false;
+  while (remaining > 0) {
+    for (int r = 0; r < n; ++r) {
+      int status = 0;
+      if (codes[r] == -1 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --remaining;
+      }
+    }
+    if (remaining > 0 && !killed && absl::Now() > deadline) {
+      for (int r = 0; r < n; ++r) {
+        if (codes[r] == -1) kill(pids[r], SIGKILL);
+      }
+      killed = true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return codes;
+}
+
+int DistributedMain(const DistPlan& p) {
+  // GPU count from a probe child: the parent must not initialise CUDA before forking the ranks.
+  const int gpus = ForkRanks(1, absl::Seconds(60), [](int) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    return std::min(n, 100);
+  })[0];
+  if (gpus == 0 || gpus > 100) {
+    std::printf("train_benchmark: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  if (gpus < p.world) {
+    std::fprintf(stderr, "train_benchmark: --world %d needs %d GPUs; %d visible\n", p.world,
+                 p.world, gpus);
+    return 1;
+  }
+  char tmpl[] = "/tmp/train_benchmark_XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const std::string dir = tmpl;
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP is off on the GPU hosts (KINDS.md)
+  const std::vector<int> codes =
+      ForkRanks(p.world, absl::Seconds(absl::GetFlag(FLAGS_rank_timeout_s)), [&](int rank) {
+        const absl::Status s = RankMain(p, dir, rank);
+        if (!s.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+        return s.ok() ? 0 : 1;
+      });
+  for (int r = 0; r < p.world; ++r) {
+    if (codes[r] != 0) {
+      std::fprintf(stderr, "train_benchmark: rank %d exited with %d (files in %s)\n", r, codes[r],
+                   dir.c_str());
+      return 1;
+    }
+  }
+  std::vector<nlohmann::json> ranks(p.world);
+  for (int r = 0; r < p.world; ++r) {
+    std::ifstream f(absl::StrCat(dir, "/rank_", r, ".json"));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ranks[r] = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (ranks[r].is_discarded() || !ranks[r].contains("step_ms") ||
+        ranks[r]["step_ms"].size() != static_cast<size_t>(p.steps)) {
+      std::fprintf(stderr, "train_benchmark: bad results of rank %d in %s\n", r, dir.c_str());
+      return 1;
+    }
+  }
+  // Per timed step the slowest rank (the ranks meet in every step's collectives), then the median.
+  std::vector<double> slowest(p.steps, 0.0);
+  double spread = 0, mem_gb = 0;
+  for (int i = 0; i < p.steps; ++i) {
+    double fastest = 1e300;
+    for (const nlohmann::json& rj : ranks) {
+      const double v = rj["step_ms"][i].get<double>();
+      slowest[i] = std::max(slowest[i], v);
+      fastest = std::min(fastest, v);
+    }
+    spread = std::max(spread, slowest[i] - fastest);
+  }
+  for (const nlohmann::json& rj : ranks) mem_gb = std::max(mem_gb, rj["mem_used_gb"].get<double>());
+  const double step_ms = Median(slowest);
+  const double tok_s = static_cast<double>(p.tokens_per_step) / (step_ms / 1e3);
+  const double tflops_gpu = p.flops_per_token * tok_s / 1e12 / p.world;
+  const double mfu = p.peak > 0 ? tflops_gpu / p.peak : -1;
+  const double last_loss = ranks[0]["final_loss"].get<double>();
+  const std::string device = ranks[0]["device"].get<std::string>();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+
+  std::printf("\n%-26s %s\n", "model", p.name.c_str());
+  std::printf("%-26s %s total / %s active\n", "parameters", Human(p.params_total).c_str(),
+              Human(p.params_active).c_str());
+  std::printf("%-26s %d x %s: DP %d, EP %d x EDP %d\n", "layout", p.world, device.c_str(), p.world,
+              p.ep, p.edp);
+  std::printf("%-26s %lld (%d GPUs x %d micro-batches x %d x %d)\n", "tokens/step",
+              static_cast<long long>(p.tokens_per_step), p.world,
+              p.per_gpu.global / p.per_gpu.micro, p.per_gpu.micro, p.global.seq);
+  std::printf("%-26s %.3f GFLOP\n", "model FLOPs/token", p.flops_per_token / 1e9);
+  std::printf("%-26s %d timed after %d warm-up; final loss %.4f\n", "steps", p.steps, p.warmup,
+              last_loss);
+  std::printf("%-12s %5s %4s %12s %14s %14s %12s %8s %10s\n", "impl", "GPUs", "EP", "step ms",
+              "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "mem GiB");
+  std::printf("%-12s %5d %4d %12.1f %14.0f %14.0f %12.1f %7.1f%% %10.1f\n", "switchyard", p.world,
+              p.ep, step_ms, tok_s, tok_s / p.world, tflops_gpu, 100 * mfu, mem_gb);
+  std::printf(
+      "(step ms: median over timed steps of the slowest rank; largest rank spread %.1f ms)\n",
+      spread);
+  const nlohmann::json out = {
+      {"model", p.name},
+      {"device", device},
+      {"world", p.world},
+      {"ep", p.ep},
+      {"edp", p.edp},
+      {"params_total", p.params_total},
+      {"params_active", p.params_active},
+      {"global_batch", p.global.global},
+      {"tokens_per_step", p.tokens_per_step},
+      {"flops_per_token", p.flops_per_token},
+      {"steps", p.steps},
+      {"warmup", p.warmup},
+      {"step_ms_median", step_ms},
+      {"step_ms_slowest_rank", slowest},
+      {"rank_spread_ms_max", spread},
+      {"tokens_per_s", tok_s},
+      {"tokens_per_s_per_gpu", tok_s / p.world},
+      {"tflops_per_gpu", tflops_gpu},
+      {"mfu", mfu},
+      {"mem_used_gb_max_rank", mem_gb},
+      {"final_loss", last_loss},
+  };
+  std::printf("RESULT_JSON %s\n", out.dump().c_str());
+  return 0;
+}
+
 int Main() {
+  if (absl::GetFlag(FLAGS_world) != 1 || absl::GetFlag(FLAGS_ep) != 1) {
+    absl::StatusOr<DistPlan> plan = MakeDistPlan();
+    if (!plan.ok()) {
+      std::fprintf(stderr, "train_benchmark: %s\n", plan.status().ToString().c_str());
+      return 2;
+    }
+    PrintDistPlan(*plan);
+    if (absl::GetFlag(FLAGS_dry_run)) return 0;
+    return DistributedMain(*plan);
+  }
   if (absl::GetFlag(FLAGS_dry_run)) {
     absl::StatusOr<BenchModel> bm = SelectModel(absl::GetFlag(FLAGS_model));
     if (!bm.ok()) {
