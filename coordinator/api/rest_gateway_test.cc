@@ -1,0 +1,269 @@
+// REST gateway tests against a real CoordinatorServer on loopback (httplib client): every route,
+// the error mapping and body shape, authentication on every API route, and a /metrics scrape
+// parsed from the text exposition.
+#include <httplib.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "coordinator/api/api_test_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace switchyard::api {
+namespace {
+
+using Json = nlohmann::json;
+
+class RestGatewayTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& name) {
+    server_ = testing::StartServer(name);
+    ASSERT_NE(server_, nullptr);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->http_port());
+    client_->set_read_timeout(30, 0);
+  }
+
+  httplib::Headers Auth(const char* token = testing::kToken) {
+    if (token == nullptr) return {};
+    return {{"Authorization", absl::StrCat("Bearer ", token)}};
+  }
+
+  // Sends the request and returns (status, parsed JSON body); prints both as evidence.
+  std::pair<int, Json> Call(const std::string& method, const std::string& path,
+                            const std::string& body = "", const char* token = testing::kToken) {
+    httplib::Result r = method == "GET" ? client_->Get(path.c_str(), Auth(token))
+                        : method == "POST"
+                            ? client_->Post(path.c_str(), Auth(token), body, "application/json")
+                            : client_->Delete(path.c_str(), Auth(token));
+    EXPECT_TRUE(r) << method << " " << path << ": " << httplib::to_string(r.error());
+    if (!r) return {0, Json()};
+    std::printf("  %-4s %-40s -> %d %s\n", method.c_str(), path.c_str(), r->status,
+                r->body.substr(0, 160).c_str());
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/json") << path;
+    Json json = Json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(json.is_discarded()) << r->body;
+    return {r->status, json};
+  }
+
+  std::string CreateBody(const std::string& display_name, const std::string& request_id = "") {
+    Json body = {{"spec", Json::parse(JobSpecToJson(testing::ValidSpec(display_name)))}};
+    if (!request_id.empty()) body["request_id"] = request_id;
+    return body.dump();
+  }
+
+  static void ExpectError(const std::pair<int, Json>& r, int http, const std::string& status,
+                          const std::string& needle = "") {
+    EXPECT_EQ(r.first, http);
+    ASSERT_TRUE(r.second.contains("error")) << r.second.dump();
+    const Json& e = r.second["error"];
+    EXPECT_EQ(e["code"], http);
+    EXPECT_EQ(e["status"], status);
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e["reason"].is_string() && !e["reason"].get<std::string>().empty());
+    if (!needle.empty()) {
+      EXPECT_TRUE(absl::StrContains(e["message"].get<std::string>(), needle))
+          << e["message"] << " should name " << needle;
+    }
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(RestGatewayTest, JobRoutes) {
+  Start("rest_jobs.db");
+  auto created = Call("POST", "/v1/jobs", CreateBody("rest-1", "r-1"));
+  ASSERT_EQ(created.first, 200);
+  const Json& job = created.second;
+  EXPECT_EQ(job["name"], "jobs/1");
+  EXPECT_EQ(job["state"], "PENDING");
+  EXPECT_EQ(job["spec"]["display_name"], "rest-1");
+  EXPECT_EQ(job["spec"]["model"]["hidden_size"], 1024);  // proto field names
+  EXPECT_EQ(job["spec"]["model"]["moe_router_topk"], 2);
+  EXPECT_EQ(job["spec"]["training"]["train_iters"], "1000");  // int64 as a string (proto3)
+  EXPECT_TRUE(job["create_time"].is_string());                // RFC 3339
+
+  // Idempotent per request_id; another spec under it is 409.
+  EXPECT_EQ(Call("POST", "/v1/jobs", CreateBody("rest-1", "r-1")).second["name"], "jobs/1");
+  ExpectError(Call("POST", "/v1/jobs", CreateBody("other", "r-1")), 409, "ALREADY_EXISTS",
+              "request_id");
+  ASSERT_EQ(Call("POST", "/v1/jobs", CreateBody("rest-2")).first, 200);
+  ASSERT_EQ(Call("POST", "/v1/jobs", CreateBody("rest-3")).first, 200);
+
+  auto got = Call("GET", "/v1/jobs/1");
+  ASSERT_EQ(got.first, 200);
+  EXPECT_EQ(got.second, job);
+  ExpectError(Call("GET", "/v1/jobs/99"), 404, "NOT_FOUND", "jobs/99");
+  ExpectError(Call("GET", "/v1/jobs/abc"), 400, "INVALID_ARGUMENT", "name");
+
+  // List: all, filtered, paginated.
+  auto all = Call("GET", "/v1/jobs");
+  ASSERT_EQ(all.first, 200);
+  EXPECT_EQ(all.second["jobs"].size(), 3u);
+  EXPECT_FALSE(all.second.contains("next_page_token"));
+  std::vector<std::string> names;
+  std::string token;
+  int pages = 0;
+  do {
+    std::string path = "/v1/jobs?state=PENDING&page_size=2";
+    if (!token.empty()) path += "&page_token=" + httplib::detail::encode_query_param(token);
+    auto page = Call("GET", path);
+    ASSERT_EQ(page.first, 200);
+    for (const Json& j : page.second["jobs"]) names.push_back(j["name"]);
+    token = page.second.value("next_page_token", "");
+    ++pages;
+  } while (!token.empty() && pages < 5);
+  EXPECT_EQ(names, (std::vector<std::string>{"jobs/1", "jobs/2", "jobs/3"}));
+  EXPECT_EQ(pages, 2);
+  ExpectError(Call("GET", "/v1/jobs?state=BOGUS"), 400, "INVALID_ARGUMENT", "state");
+  ExpectError(Call("GET", "/v1/jobs?page_size=ten"), 400, "INVALID_ARGUMENT", "page_size");
+  ExpectError(Call("GET", "/v1/jobs?page_size=-1"), 400, "INVALID_ARGUMENT", "page_size");
+  ExpectError(Call("GET", "/v1/jobs?colour=red"), 400, "INVALID_ARGUMENT", "colour");
+  ExpectError(Call("GET", "/v1/jobs?page_token=garbage"), 400, "INVALID_ARGUMENT", "page_token");
+
+  // Cancel, then the refused second cancel (FAILED_PRECONDITION -> 400).
+  auto cancelled = Call("POST", "/v1/jobs/2:cancel");
+  ASSERT_EQ(cancelled.first, 200);
+  EXPECT_EQ(cancelled.second["state"], "CANCELLED");
+  ExpectError(Call("POST", "/v1/jobs/2:cancel"), 400, "FAILED_PRECONDITION", "CANCELLED");
+  ExpectError(Call("POST", "/v1/jobs/77:cancel"), 404, "NOT_FOUND");
+  auto cancelled_list = Call("GET", "/v1/jobs?state=CANCELLED");
+  ASSERT_EQ(cancelled_list.second["jobs"].size(), 1u);
+  EXPECT_EQ(cancelled_list.second["jobs"][0]["name"], "jobs/2");
+}
+
+TEST_F(RestGatewayTest, BadBodiesNameTheField) {
+  Start("rest_bad.db");
+  ExpectError(Call("POST", "/v1/jobs", "{not json"), 400, "INVALID_ARGUMENT", "request body");
+  ExpectError(Call("POST", "/v1/jobs", R"({"spec": {"model": {"hidden_size": "big"}}})"), 400,
+              "INVALID_ARGUMENT", "spec.model.hidden_size");
+  ExpectError(Call("POST", "/v1/jobs", R"({"spek": {}})"), 400, "INVALID_ARGUMENT", "spek");
+  Json spec = Json::parse(JobSpecToJson(testing::ValidSpec()));
+  spec["model"]["num_experts"] = 6;
+  ExpectError(Call("POST", "/v1/jobs", Json({{"spec", spec}}).dump()), 400, "INVALID_ARGUMENT",
+              "model.num_experts (6) must be divisible by parallel.expert_model_parallel_size (4)");
+  ExpectError(Call("POST", "/v1/jobs", ""), 400, "INVALID_ARGUMENT", "spec: required");
+  // Nothing was written; the server still serves.
+  auto list = Call("GET", "/v1/jobs");
+  ASSERT_EQ(list.first, 200);
+  EXPECT_FALSE(list.second.contains("jobs"));
+  // Unknown routes and methods keep the error shape.
+  ExpectError(Call("GET", "/v2/jobs"), 404, "NOT_FOUND", "/v2/jobs");
+  ExpectError(Call("DELETE", "/v1/jobs/1"), 404, "NOT_FOUND");
+}
+
+TEST_F(RestGatewayTest, PlanRoute) {
+  Start("rest_plan.db");
+  v1::PlanRequest request;
+  *request.mutable_spec() = testing::ValidSpec();
+  *request.mutable_cluster() = testing::Cluster32();
+  Json body = {{"spec", Json::parse(JobSpecToJson(request.spec()))},
+               {"cluster", Json::parse(MessageToJsonText(request.cluster()))}};
+  auto plan = Call("POST", "/v1/plans", body.dump());
+  ASSERT_EQ(plan.first, 200);
+  EXPECT_TRUE(plan.second["best"]["mapping"].contains("tensor_model_parallel_size"));
+  EXPECT_GT(plan.second["best"]["time"]["total"].get<double>(), 0);
+  body["cluster"]["num_gpus"] = 0;
+  ExpectError(Call("POST", "/v1/plans", body.dump()), 400, "INVALID_ARGUMENT", "cluster.num_gpus");
+  body["cluster"]["num_gpus"] = 32;
+  body["cluster"]["gpu_memory_bytes"] = 1e6;  // nothing fits: RESOURCE_EXHAUSTED -> 429
+  ExpectError(Call("POST", "/v1/plans", body.dump()), 429, "RESOURCE_EXHAUSTED",
+              "gpu_memory_bytes");
+}
+
+TEST_F(RestGatewayTest, EveryApiRouteRequiresTheToken) {
+  Start("rest_auth.db");
+  ASSERT_EQ(Call("POST", "/v1/jobs", CreateBody("kept")).first, 200);
+  struct Route {
+    const char* method;
+    const char* path;
+  };
+  const Route routes[] = {{"POST", "/v1/jobs"},
+                          {"GET", "/v1/jobs"},
+                          {"GET", "/v1/jobs/1"},
+                          {"POST", "/v1/jobs/1:cancel"},
+                          {"POST", "/v1/plans"}};
+  int checked = 0;
+  for (const char* token : {static_cast<const char*>(nullptr), "nope"}) {
+    for (const Route& r : routes) {
+      auto result = Call(r.method, r.path, CreateBody("intruder"), token);
+      ExpectError(result, 401, "UNAUTHENTICATED");
+      EXPECT_EQ(result.second["error"]["reason"], token ? "INVALID_TOKEN" : "MISSING_TOKEN");
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 10);
+  auto job = Call("GET", "/v1/jobs/1");
+  EXPECT_EQ(job.second["state"], "PENDING");             // the refused cancel did nothing
+  EXPECT_FALSE(Call("GET", "/v1/jobs/2").first == 200);  // the refused create did nothing
+  // /metrics and /healthz need no token.
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  auto health = client_->Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(health->body, "ok\n");
+}
+
+// "name{labels} value" samples of a text exposition.
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+TEST_F(RestGatewayTest, MetricsScrape) {
+  Start("rest_metrics.db");
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(Call("POST", "/v1/jobs", CreateBody("m")).first, 200);
+  ASSERT_EQ(Call("POST", "/v1/jobs/1:cancel").first, 200);
+  Call("GET", "/v1/jobs/9");
+  Call("GET", "/v1/jobs", "", "bad");
+  JobHub* hub = server_->hub();
+  ASSERT_TRUE(hub->Transition("jobs/2", v1::Job::STARTING, "TEST").ok());
+  ASSERT_TRUE(hub->Transition("jobs/2", v1::Job::RESTARTING, "WORKER_LOST").ok());
+  ASSERT_TRUE(hub->Transition("jobs/3", v1::Job::STARTING, "TEST").ok());
+  ASSERT_TRUE(hub->Transition("jobs/3", v1::Job::RUNNING, "TEST").ok());
+  server_->metrics()->SetWorkersAttached(3);
+
+  auto r = client_->Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_TRUE(absl::StartsWith(r->get_header_value("Content-Type"), "text/plain; version=0.0.4"));
+  std::printf("%s", r->body.c_str());
+  std::map<std::string, double> s = Samples(r->body);
+  EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"PENDING\"}"], 1);
+  EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"CANCELLED\"}"], 1);
+  EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"RESTARTING\"}"], 1);
+  EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"RUNNING\"}"], 1);
+  EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"SUCCEEDED\"}"], 0);
+  EXPECT_EQ(s["switchyard_coordinator_job_restarts_total"], 1);
+  EXPECT_EQ(s["switchyard_coordinator_workers_attached"], 3);
+  EXPECT_EQ(
+      s["switchyard_coordinator_rpc_duration_seconds_count{code=\"OK\",method=\"CreateJob\"}"], 4);
+  EXPECT_EQ(
+      s["switchyard_coordinator_rpc_duration_seconds_count{code=\"OK\",method=\"CancelJob\"}"], 1);
+  EXPECT_EQ(s["switchyard_coordinator_rpc_duration_seconds_count{code=\"NOT_FOUND\",method="
+              "\"GetJob\"}"],
+            1);
+  EXPECT_EQ(s["switchyard_coordinator_rpc_duration_seconds_count{code=\"UNAUTHENTICATED\","
+              "method=\"ListJobs\"}"],
+            1);
+  EXPECT_GT(s["switchyard_coordinator_rpc_duration_seconds_sum{code=\"OK\",method=\"CreateJob\"}"],
+            0);
+}
+
+}  // namespace
+}  // namespace switchyard::api
