@@ -29,10 +29,17 @@
 //   ...
 //   monitor->Stop();                                              // normal end: "exited"
 //
-// Bounded failure (the watchdog): with `on_lost` set (e.g. to ProcessGroups::AbortAll), the
-// monitor thread calls it once, as soon as it sees a lost peer. Every rank blocked in a
-// collective then fails within about grace + interval of the death, whatever transport it uses
-// and whichever group it is blocked in, instead of waiting for the collective's own timeout.
+// Bounded failure (the watchdog): with `on_lost` set, the monitor thread calls it once, as soon as
+// it sees a lost peer (about grace + interval after the death), whatever the transport is doing.
+// What the callback can achieve depends on the transport's Abort():
+// - NcclCommunicator::Abort is documented to make a blocked call fail (ncclCommAbort); not
+//   verified here (no GPU on the build machine).
+// - GlooCommunicator::Abort closes the connections, which makes the PEERS' operations on them fail
+//   at once, but with our Gloo (2022-05-18) it does NOT wake a collective blocked in the aborting
+//   process itself: measured in worker/train/killed_peer_test (a SIGSTOPped peer, 10 min Gloo
+//   timeout): two of three survivors were still blocked 5 s after AbortAll. A worker should
+//   therefore, after Abort, give the step a few seconds and then end the process with a
+//   retryable exit code (DESIGN.md: 128-255), which is what that test's callback does.
 // A live rank whose heartbeat thread is starved for longer than `grace` is declared lost as well
 // (there is no way to tell it from a hung one), so keep `grace` well above scheduling hiccups;
 // the default 3 x 250 ms suits processes that own their cores.
