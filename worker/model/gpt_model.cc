@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
@@ -758,11 +759,14 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
                                               Rows(final_rstd_, t), g, G("final_norm.weight"), true,
                                               rms_ws_));
   SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: LM head + final norm"));
+  if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     SY_RETURN_IF_ERROR(LayerBackward(s, layers_[l], seq_len, aux_grad_scale));
+    if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(l));
   }
   SY_RETURN_IF_ERROR(kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
   SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: embedding"));
+  if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(-1));
   if (timer_.enabled()) {
     SY_ASSIGN_OR_RETURN(auto phases, timer_.Collect());
     for (const auto& [name, ms] : phases) {
@@ -817,6 +821,16 @@ absl::StatusOr<GptStepStats> GptModel::ReadStepStats(const Stream& stream, int n
     }
   }
   return out;
+}
+
+int64_t GptModel::GradReadyIndex(const ParamInfo& p) const {
+  if (p.name == "embedding.weight") return -1;
+  if (absl::StartsWith(p.name, "layers.")) {
+    int64_t l = 0;
+    const size_t dot = p.name.find('.', 7);
+    if (absl::SimpleAtoi(p.name.substr(7, dot - 7), &l)) return l;
+  }
+  return config_.num_layers;  // output.weight, final_norm.weight
 }
 
 absl::Status GptModel::EndGlobalBatch(const Stream& stream) {

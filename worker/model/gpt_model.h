@@ -52,6 +52,7 @@
 #define SWITCHYARD_WORKER_MODEL_GPT_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -223,6 +224,17 @@ class GptModel {
   const std::vector<std::pair<std::string, double>>& phase_totals() const { return phase_totals_; }
   void ResetPhaseTotals() { phase_totals_.clear(); }
 
+  // Called during ForwardBackward's backward pass each time a set of gradients is final for this
+  // micro-batch: with num_layers after the LM head and final norm (output.weight, final_norm),
+  // with l after layer l's backward (every layers.{l}.* gradient), and with -1 after the
+  // embedding (embedding.weight). The kernels are enqueued, not finished, when it is called (on
+  // CUDA: record an event on the stream to wait for them). An error aborts the pass. Empty: none.
+  void SetBackwardHook(std::function<absl::Status(int64_t layer)> hook) {
+    backward_hook_ = std::move(hook);
+  }
+  // The hook index after which the gradient of `p` is final: see SetBackwardHook.
+  int64_t GradReadyIndex(const ParamInfo& p) const;
+
   // The MoE layer of layer l (nullptr for a dense layer): for timers and routing inspection.
   MoELayer* moe_layer(int64_t l) const;
 
@@ -254,6 +266,7 @@ class GptModel {
   PhaseTimer timer_;
   std::vector<std::pair<std::string, double>> phase_totals_;
   GptParallelGroups groups_;
+  std::function<absl::Status(int64_t)> backward_hook_;
   // Residual stream x_0 .. x_L, final norm output and its rstd, CE lse, scratch.
   std::vector<Tensor> resid_;
   Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;

@@ -147,8 +147,8 @@ int64_t PaddedSize(int64_t n, int dp) { return (n + dp - 1) / dp * dp; }
 
 absl::StatusOr<std::unique_ptr<DistributedAdamW>> DistributedAdamW::Create(
     comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
-    const Tensor& master_init, const kernels::AdamWHyperParams& hp,
-    std::optional<float> grad_scale) {
+    const Tensor& master_init, const kernels::AdamWHyperParams& hp, std::optional<float> grad_scale,
+    std::vector<int64_t> bucket_ends) {
   SY_RETURN_IF_ERROR(CheckCommon("DistributedAdamW::Create", dp_group, n, decay_end, hp));
   if (grad_scale.has_value() && !(std::isfinite(*grad_scale) && *grad_scale > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -162,7 +162,21 @@ absl::StatusOr<std::unique_ptr<DistributedAdamW>> DistributedAdamW::Create(
         absl::StrCat("DistributedAdamW::Create: master_init must be f32 with n = ", n,
                      " or padded ", padded, " elements, got ", master_init.DebugString()));
   }
+  if (bucket_ends.empty()) bucket_ends.push_back(padded);
   std::unique_ptr<DistributedAdamW> o(new DistributedAdamW());
+  int64_t begin = 0;
+  for (size_t i = 0; i < bucket_ends.size(); ++i) {
+    const int64_t end = bucket_ends[i];
+    if (end <= begin || (end - begin) % dp != 0 || end > padded ||
+        (i + 1 == bucket_ends.size() && end != padded)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedAdamW::Create: bucket_ends[", i, "] = ", end,
+          ": buckets must increase, be multiples of dp = ", dp, " long and end at ", padded));
+    }
+    o->buckets_.push_back(Bucket{begin, end, begin / dp});
+    begin = end;
+  }
+  o->reduced_.assign(o->buckets_.size(), false);
   o->dp_ = dp_group;
   o->device_ = device;
   o->n_ = n;
@@ -179,11 +193,15 @@ absl::StatusOr<std::unique_ptr<DistributedAdamW>> DistributedAdamW::Create(
   SY_ASSIGN_OR_RETURN(o->param_shard_, kernels::Buffer::Allocate(device, s * sizeof(float)));
   SY_RETURN_IF_ERROR(AllocNormScratch(device, &o->norm_ws_, &o->sum_sq_, &o->norm_, &o->coef_));
   // This rank's shard of the master values; the padding stays 0.
-  const int64_t begin = o->shard_begin();
-  const int64_t real = std::min(std::max(n - begin, int64_t{0}), s);
-  if (real > 0) {
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(Flat(master_init), begin, real),
-                                           Slice(o->master_.View(), 0, real)));
+  const int r = dp_group->rank();
+  for (const Bucket& b : o->buckets_) {
+    const int64_t chunk = b.chunk() / dp;
+    const int64_t first = b.begin + r * chunk;
+    const int64_t real = std::min(std::max(n - first, int64_t{0}), chunk);
+    if (real > 0) {
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(Flat(master_init), first, real),
+                                             Slice(o->master_.View(), b.shard_offset, real)));
+    }
   }
   return o;
 }
@@ -206,9 +224,13 @@ absl::StatusOr<float> DistributedAdamW::PrepareStep(const Stream& stream, const 
   prepared_ = false;
   SY_RETURN_IF_ERROR(CheckGrads(who, stream, device_, grads, padded_n_));
   const Tensor g = grad_shard_.View();
-  // (1) Sum over the group of this rank's shard, then the scale (default: the data-parallel mean;
-  // skipped when 1 so that one rank stays bit-identical to the trainer's path).
-  SY_RETURN_IF_ERROR(dp_->ReduceScatter(Flat(grads), g, comm::ReduceOp::kSum));
+  // (1) Sum over the group of this rank's shard (the buckets not reduced yet), then the scale
+  // (default: the data-parallel mean; skipped when 1 so that one rank stays bit-identical to the
+  // trainer's path).
+  for (int b = 0; b < num_buckets(); ++b) {
+    if (!reduced_[b]) SY_RETURN_IF_ERROR(ReduceBucket(stream, grads, b));
+  }
+  reduced_.assign(buckets_.size(), false);
   if (grad_scale_ != 1.0f) {
     SY_RETURN_IF_ERROR(kernels::Axpby(stream, grad_scale_, g, 0.0f, g, g));
   }
@@ -246,12 +268,74 @@ absl::StatusOr<OptimizerStepResult> DistributedAdamW::FinishStep(const Stream& s
   hp.lr = lr;
   hp.step = step;
   const Tensor shard_params = param_shard_.View(params.dtype, {shard_});
-  SY_RETURN_IF_ERROR(AdamWRange(stream, hp, shard_begin(), shard_, decay_end_, g, coef_.View(),
-                                master_.View(), exp_avg_.View(), exp_avg_sq_.View(), shard_params));
-  // (4) Every rank gets every updated shard.
-  SY_RETURN_IF_ERROR(dp_->AllGather(shard_params, Flat(params)));
+  for (const Bucket& b : buckets_) {
+    const int64_t chunk = Chunk(b), off = b.shard_offset;
+    SY_RETURN_IF_ERROR(AdamWRange(
+        stream, hp, b.begin + dp_->rank() * chunk, chunk, decay_end_, Slice(g, off, chunk),
+        coef_.View(), Slice(master_.View(), off, chunk), Slice(exp_avg_.View(), off, chunk),
+        Slice(exp_avg_sq_.View(), off, chunk), Slice(shard_params, off, chunk)));
+  }
+  // (4) Every rank gets every updated shard, bucket by bucket.
+  for (const Bucket& b : buckets_) {
+    SY_RETURN_IF_ERROR(dp_->AllGather(Slice(shard_params, b.shard_offset, Chunk(b)),
+                                      Slice(Flat(params), b.begin, b.chunk())));
+  }
   SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View()));
   return r;
+}
+
+absl::Status DistributedAdamW::ReduceBucket(const Stream& stream, const Tensor& grads, int b,
+                                            comm::Communicator* group) {
+  if (b < 0 || b >= num_buckets()) {
+    return absl::InvalidArgumentError(absl::StrCat("DistributedAdamW::ReduceBucket: bucket ", b,
+                                                   " outside [0, ", num_buckets(), ")"));
+  }
+  comm::Communicator* c = group != nullptr ? group : dp_;
+  if (c->size() != dp_->size() || c->rank() != dp_->rank()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedAdamW::ReduceBucket: group '", c->name(), "' (rank ", c->rank(), "/", c->size(),
+        ") is not the data-parallel group's ranks (", dp_->rank(), "/", dp_->size(), ")"));
+  }
+  if (grads.numel() != padded_n_ || grads.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedAdamW::ReduceBucket: grads must be f32 with ", padded_n_,
+                     " elements, got ", grads.DebugString()));
+  }
+  const Bucket& k = buckets_[b];
+  SY_RETURN_IF_ERROR(c->ReduceScatter(Slice(Flat(grads), k.begin, k.chunk()),
+                                      Slice(grad_shard_.View(), k.shard_offset, Chunk(k)),
+                                      comm::ReduceOp::kSum));
+  reduced_[b] = true;
+  return absl::OkStatus();
+}
+
+absl::Status DistributedAdamW::ScatterFull(const Tensor& full, const Tensor& shard) const {
+  if (full.numel() != padded_n_ || shard.numel() != shard_ || full.dtype != DType::kF32 ||
+      shard.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedAdamW::ScatterFull: need f32 full [", padded_n_, "] and shard [",
+                     shard_, "], got ", full.DebugString(), " and ", shard.DebugString()));
+  }
+  for (const Bucket& b : buckets_) {
+    SY_RETURN_IF_ERROR(
+        kernels::CopyTensor(Slice(Flat(full), b.begin + dp_->rank() * Chunk(b), Chunk(b)),
+                            Slice(Flat(shard), b.shard_offset, Chunk(b))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedAdamW::GatherFull(const Tensor& shard, const Tensor& full) const {
+  if (full.numel() != padded_n_ || shard.numel() != shard_ || full.dtype != DType::kF32 ||
+      shard.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedAdamW::GatherFull: need f32 full [", padded_n_, "] and shard [",
+                     shard_, "], got ", full.DebugString(), " and ", shard.DebugString()));
+  }
+  for (const Bucket& b : buckets_) {
+    SY_RETURN_IF_ERROR(dp_->AllGather(Slice(Flat(shard), b.shard_offset, Chunk(b)),
+                                      Slice(Flat(full), b.begin, b.chunk())));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ReplicatedAdamW>> ReplicatedAdamW::Create(

@@ -73,14 +73,27 @@
 // addition of two values commutes), so that every rank of both groups makes the same skip
 // decision. Step = PrepareStep + FinishStep(own squared norm).
 //
-// Not thread-safe; one instance per (rank, parameter buffer). Every rank of the group calls Step
-// (or PrepareStep then FinishStep) with the same arguments except the gradients.
+// Buckets (gradient reduction overlapped with the backward pass, as Megatron's DDP buckets): the
+// padded flat range may be split into buckets [b_0 = 0, b_1), [b_1, b_2), ..., [.., Np), each a
+// multiple of dp long. Every bucket is sharded on its own: rank r holds chunk r of every bucket,
+// and its shard is the concatenation of those chunks (with one bucket this is the contiguous
+// shard [r*S, (r+1)*S) described above). ReduceBucket reduce-scatters one bucket as soon as its
+// gradients are final (from another thread, on its own communicator and stream: see
+// ReduceBucket); PrepareStep reduces only the buckets not reduced yet. AdamW and the final
+// all-gather work bucket by bucket (at most two AdamW launches per bucket). GatherFull and
+// ScatterFull convert between a shard-shaped state and the full flat layout (checkpoints).
+//
+// Not thread-safe (except ReduceBucket as stated); one instance per (rank, parameter buffer). Every
+// rank of the group calls Step (or PrepareStep then FinishStep) with the same arguments except the
+// gradients.
 #ifndef SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
 #define SWITCHYARD_WORKER_TRAIN_DISTRIBUTED_OPTIMIZER_H_
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -111,10 +124,26 @@ class DistributedAdamW {
   // (finite, > 0); nullopt = 1 / dp_group->size() (the data-parallel mean; for the expert
   // instance pass 1 / size(DP x CP), see above). Allocates the shard state (4 * S f32 + small
   // scratch).
+  // bucket_ends: the end of every bucket, increasing, the last == PaddedSize(n, dp), every bucket
+  // a multiple of dp long; empty = one bucket.
   static absl::StatusOr<std::unique_ptr<DistributedAdamW>> Create(
       comm::Communicator* dp_group, Device device, int64_t n, int64_t decay_end,
       const Tensor& master_init, const kernels::AdamWHyperParams& hp,
-      std::optional<float> grad_scale = std::nullopt);
+      std::optional<float> grad_scale = std::nullopt, std::vector<int64_t> bucket_ends = {});
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // [begin, end) of bucket b in the padded flat buffer.
+  std::pair<int64_t, int64_t> bucket_range(int b) const {
+    return {buckets_[b].begin, buckets_[b].end};
+  }
+  // Reduce-scatters bucket b of `grads` (f32 [Np], read only in that range) into this rank's
+  // shard of the summed gradients, over `group` (the same ranks as the dp group, in the same
+  // order; nullptr = the dp group). May run on another thread than the other calls, while the
+  // caller computes, as long as only this thread uses `group` and the bucket's gradients are
+  // final; `stream` is the stream `group` runs on. Each bucket at most once per step; PrepareStep
+  // then reduces the others.
+  absl::Status ReduceBucket(const Stream& stream, const Tensor& grads, int b,
+                            comm::Communicator* group = nullptr);
 
   // grads:  f32 [Np] (any shape with Np elements), this rank's full local gradients (padding
   //         elements zero); read only.
@@ -145,8 +174,15 @@ class DistributedAdamW {
   int64_t padded_n() const { return padded_n_; }
   int64_t decay_end() const { return decay_end_; }
   int64_t shard_size() const { return shard_; }
-  // First element of this rank's shard in the flat buffer (rank * shard_size()).
-  int64_t shard_begin() const { return shard_ * dp_->rank(); }
+  // First element of this rank's shard in the flat buffer (rank * shard_size()); with one bucket
+  // only (FAILED_PRECONDITION-free accessor: -1 with several buckets, use ScatterFull/GatherFull).
+  int64_t shard_begin() const { return buckets_.size() == 1 ? shard_ * dp_->rank() : -1; }
+  // full (f32 [Np] on any device) -> shard-shaped `shard` (f32 [shard_size()], e.g. one of the
+  // state views below): copies this rank's chunk of every bucket. Local, no communication.
+  absl::Status ScatterFull(const Tensor& full, const Tensor& shard) const;
+  // shard-shaped `shard` -> full (f32 [Np] on the state's device), every rank's chunks:
+  // collective (one AllGather per bucket over the dp group).
+  absl::Status GatherFull(const Tensor& shard, const Tensor& full) const;
   // This rank's state, f32 [shard_size()] on the device (for checkpoints and tests).
   Tensor master_shard() const { return master_.View(); }
   Tensor exp_avg_shard() const { return exp_avg_.View(); }
@@ -155,12 +191,21 @@ class DistributedAdamW {
  private:
   DistributedAdamW() = default;
 
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // in the padded flat buffer
+    int64_t shard_offset = 0;    // where its chunk starts in the shard
+    int64_t chunk() const { return end - begin; }
+  };
+  int64_t Chunk(const Bucket& b) const { return b.chunk() / dp_->size(); }
+
   comm::Communicator* dp_ = nullptr;
   Device device_;
   int64_t n_ = 0, padded_n_ = 0, decay_end_ = 0, shard_ = 0;
   kernels::AdamWHyperParams hp_;
   float grad_scale_ = 1;
-  bool prepared_ = false;                          // PrepareStep done, FinishStep pending
+  std::vector<Bucket> buckets_;
+  std::vector<char> reduced_;  // bucket reduced this step (written by ReduceBucket's thread)
+  bool prepared_ = false;      // PrepareStep done, FinishStep pending
   kernels::Buffer master_, exp_avg_, exp_avg_sq_;  // f32 [S]
   kernels::Buffer grad_shard_;                     // f32 [S]: reduced, averaged gradients
   kernels::Buffer param_shard_;                    // 4 * S bytes: the updated shard, param dtype

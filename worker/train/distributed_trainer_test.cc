@@ -131,8 +131,16 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
   SY_CHILD_OK(groups.status());
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();
+  // One gradient bucket per layer (and one for the LM head, one for the embedding), reduced on
+  // the background thread during the backward pass.
+  opt.grad_bucket_elements = 1;
   auto t = Trainer::Create(Spec(world, ep), opt);
   SY_CHILD_OK(t.status());
+  if (rank == 0) {
+    std::printf("rank 0: %d gradient buckets overlapped with the backward pass\n",
+                (*t)->num_overlapped_buckets());
+  }
+  SY_CHILD_CHECK((*t)->num_overlapped_buckets() >= 6);
   if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
   std::ofstream f;
   if (rank == 0) f.open(out, std::ios::app);

@@ -1,9 +1,11 @@
 // The communicators of one rank: world + one sub-group per role, shared where members coincide.
 #include "worker/train/process_groups.h"
 
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 
 namespace switchyard::train {
@@ -73,6 +75,11 @@ absl::Status FillRoles(ProcessGroups& g, Make&& make) {
 
 }  // namespace
 
+ProcessGroups::~ProcessGroups() {
+  owned.clear();  // the communicators first: they run on grad_stream
+  if (grad_stream != nullptr) cudaStreamDestroy(grad_stream);
+}
+
 void ProcessGroups::AbortAll() {
   for (auto& c : owned) c->Abort();
 }
@@ -95,6 +102,16 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
                                                      w->CreateSubgroup(members, name));
                                  return std::unique_ptr<comm::Communicator>(std::move(c));
                                }));
+  // Dedicated gradient-reduction groups (used by another thread than the roles above).
+  for (auto [group, name, slot] :
+       {std::make_tuple(ParallelGroup::kDataContext, "grad_dp_cp", &ProcessGroups::grad_data),
+        std::make_tuple(ParallelGroup::kExpertData, "grad_edp",
+                        &ProcessGroups::grad_expert_data)}) {
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> c,
+                        w->CreateSubgroup(g->layout.Group(group, rank), name));
+    (*g).*slot = c.get();
+    g->owned.push_back(std::move(c));
+  }
   return g;
 }
 
@@ -104,8 +121,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
   SY_ASSIGN_OR_RETURN(ParallelLayout layout, CheckedLayout(dims, rank));
   auto g = std::make_unique<ProcessGroups>(std::move(layout), rank);
   SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> world,
-                      comm::NcclCommunicator::Create(std::move(store), rank, g->layout.world_size(),
-                                                     device, stream, options, "world"));
+                      comm::NcclCommunicator::Create(store, rank, g->layout.world_size(), device,
+                                                     stream, options, "world"));
   comm::NcclCommunicator* w = world.get();
   g->world = w;
   g->owned.push_back(std::move(world));
@@ -119,6 +136,24 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
                                                      w->CreateSubgroup(members, name));
                                  return std::unique_ptr<comm::Communicator>(std::move(c));
                                }));
+  // Dedicated gradient-reduction groups on a stream of their own: a second world communicator
+  // (its own unique id) and its splits, in the same order on every rank.
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&g->grad_stream, cudaStreamNonBlocking));
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> gw,
+                      comm::NcclCommunicator::Create(store, rank, g->layout.world_size(), device,
+                                                     g->grad_stream, options, "grad_world"));
+  comm::NcclCommunicator* gwp = gw.get();
+  g->owned.push_back(std::move(gw));
+  for (auto [group, name, slot] :
+       {std::make_tuple(ParallelGroup::kDataContext, "grad_dp_cp", &ProcessGroups::grad_data),
+        std::make_tuple(ParallelGroup::kExpertData, "grad_edp",
+                        &ProcessGroups::grad_expert_data)}) {
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> c,
+                        gwp->CreateSubgroup(g->layout.Group(group, rank), name));
+    (*g).*slot = c.get();
+    g->owned.push_back(std::move(c));
+  }
   return g;
 }
 

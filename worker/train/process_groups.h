@@ -11,6 +11,10 @@
 //   expert        EP     (kExpert): the MoE dispatch all-to-alls
 //   expert_data   EDP    (kExpertData): expert gradients
 //   expert_model  ETP×EP×PP (kExpertTensorExpertPipeline): the expert part of the global norm
+//   grad_data, grad_expert_data: DP×CP and EDP again, as communicators of their own (never shared
+//                 with another role), for the gradient reduce-scatters that a background thread
+//                 runs during the backward pass; on NCCL they run on `grad_stream`, a stream of
+//                 their own made here (the compute stream keeps computing meanwhile).
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only layouts with
@@ -42,6 +46,10 @@ struct ProcessGroups {
   comm::Communicator* expert = nullptr;
   comm::Communicator* expert_data = nullptr;
   comm::Communicator* expert_model = nullptr;
+  comm::Communicator* grad_data = nullptr;
+  comm::Communicator* grad_expert_data = nullptr;
+  cudaStream_t grad_stream = nullptr;  // NCCL only; destroyed with the groups
+  ~ProcessGroups();
   // Aborts every communicator (unblocks a rank stuck in a collective). Any thread.
   void AbortAll();
   std::vector<std::unique_ptr<comm::Communicator>> owned;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -320,6 +321,15 @@ absl::StatusOr<StepResult> Trainer::Step() {
   const float ce_scale = static_cast<float>(1.0 / static_cast<double>(gbs * seq_));
   const double aux_scale = 1.0 / static_cast<double>(num_micro_global_);
   const uint64_t counter0 = model_->forward_counter();
+  // The last micro-batch's backward launches each gradient bucket as soon as it is final.
+  auto hook = [this](int64_t index) -> absl::Status {
+    for (PlannedBucket& b : bucket_plan_) {
+      if (b.launched || index > b.ready) continue;
+      SY_RETURN_IF_ERROR(reducer_->Launch(stream_, {b.optimizer, b.index, b.grads, b.group}));
+      b.launched = true;
+    }
+    return absl::OkStatus();
+  };
   for (int64_t m = 0; m < num_micro_; ++m) {
     // Micro-batch j of the global batch (this rank's m-th; j = m with one process).
     const int64_t j = m * dp_ + dp_rank_;
@@ -327,8 +337,17 @@ absl::StatusOr<StepResult> Trainer::Step() {
     if (distributed()) model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
     const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
     const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
-    SY_RETURN_IF_ERROR(
-        model_->ForwardBackward(s, ids, targets, seq_, ce_scale, aux_scale, static_cast<int>(m)));
+    if (reducer_ != nullptr && m + 1 == num_micro_) model_->SetBackwardHook(hook);
+    absl::Status st =
+        model_->ForwardBackward(s, ids, targets, seq_, ce_scale, aux_scale, static_cast<int>(m));
+    model_->SetBackwardHook(nullptr);
+    if (reducer_ != nullptr && m + 1 == num_micro_) {
+      // Every launched reduction must finish before anything touches the gradients again.
+      const absl::Status reduced = reducer_->Wait();
+      for (PlannedBucket& pb : bucket_plan_) pb.launched = false;
+      if (st.ok()) st = reduced;
+    }
+    SY_RETURN_IF_ERROR(st);
   }
   StepResult r;
   if (distributed()) {
@@ -443,17 +462,64 @@ absl::Status Trainer::InitDistributedOptimizer(const Tensor& master_init) {
   const Device device = options_.device;
   // grad_scale 1: ce_scale and aux_grad_scale already divide by the global batch, so the SUM over
   // the group is the gradient (see the file comment).
-  SY_ASSIGN_OR_RETURN(dense_opt_, DistributedAdamW::Create(
-                                      groups_->data, device, lay.total - lay.expert_end,
-                                      lay.decay_end - lay.expert_end,
-                                      Region(master_init, lay.expert_end, lay.total), hp, 1.0f));
+  std::vector<int64_t> dense_ends, dense_ready, expert_ends, expert_ready;
+  PlanBuckets(lay.expert_end, lay.total - lay.expert_end, groups_->data->size(), &dense_ends,
+              &dense_ready);
+  SY_ASSIGN_OR_RETURN(
+      dense_opt_, DistributedAdamW::Create(groups_->data, device, lay.total - lay.expert_end,
+                                           lay.decay_end - lay.expert_end,
+                                           Region(master_init, lay.expert_end, lay.total), hp, 1.0f,
+                                           dense_ends));
   if (lay.expert_end > 0) {
+    PlanBuckets(0, lay.expert_end, groups_->expert_data->size(), &expert_ends, &expert_ready);
     SY_ASSIGN_OR_RETURN(
         expert_opt_,
         DistributedAdamW::Create(groups_->expert_data, device, lay.expert_end, lay.expert_end,
-                                 Region(master_init, 0, lay.expert_end), hp, 1.0f));
+                                 Region(master_init, 0, lay.expert_end), hp, 1.0f, expert_ends));
+  }
+  if (options_.overlap_grad_reduce) {
+    const Tensor grads = model_->grads();
+    for (int b = 0; b < dense_opt_->num_buckets(); ++b) {
+      bucket_plan_.push_back({dense_opt_.get(), b, dense_ready[b],
+                              Region(grads, lay.expert_end, lay.total), groups_->grad_data});
+    }
+    for (int b = 0; expert_opt_ && b < expert_opt_->num_buckets(); ++b) {
+      bucket_plan_.push_back({expert_opt_.get(), b, expert_ready[b],
+                              Region(grads, 0, lay.expert_end), groups_->grad_expert_data});
+    }
+    SY_ASSIGN_OR_RETURN(reducer_, GradReducer::Create(device, groups_->grad_stream));
   }
   return absl::OkStatus();
+}
+
+void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64_t>* ends,
+                          std::vector<int64_t>* ready) const {
+  std::vector<const ParamInfo*> in;
+  for (const ParamInfo& p : model_->layout().params) {
+    if (p.offset >= begin && p.offset < begin + size) in.push_back(&p);
+  }
+  std::sort(in.begin(), in.end(),
+            [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
+  ends->clear();
+  ready->clear();
+  // Cuts only at tensor starts (64-element aligned), so every bucket is a multiple of dp long
+  // when dp divides 64; otherwise one bucket.
+  const bool can_cut = options_.overlap_grad_reduce && 64 % dp == 0;
+  int64_t start = 0, min_ready = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < in.size(); ++i) {
+    const int64_t r = model_->GradReadyIndex(*in[i]);
+    min_ready = std::min(min_ready, r);
+    if (!can_cut || i + 1 == in.size()) continue;
+    const int64_t next = in[i + 1]->offset - begin;
+    if (model_->GradReadyIndex(*in[i + 1]) != r && next - start >= options_.grad_bucket_elements) {
+      ends->push_back(next);
+      ready->push_back(min_ready);
+      start = next;
+      min_ready = std::numeric_limits<int64_t>::max();
+    }
+  }
+  ends->push_back(size);
+  ready->push_back(min_ready);
 }
 
 absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<double>* v) {
@@ -704,11 +770,11 @@ absl::StatusOr<std::vector<Buffer>> Trainer::GatherLocalState() {
     auto shard = [which](const DistributedAdamW& o) {
       return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
     };
-    SY_RETURN_IF_ERROR(groups_->data->AllGather(shard(*dense_opt_),
-                                                Region(full.View(), lay.expert_end, lay.total)));
+    SY_RETURN_IF_ERROR(
+        dense_opt_->GatherFull(shard(*dense_opt_), Region(full.View(), lay.expert_end, lay.total)));
     if (expert_opt_ != nullptr) {
-      SY_RETURN_IF_ERROR(groups_->expert_data->AllGather(shard(*expert_opt_),
-                                                         Region(full.View(), 0, lay.expert_end)));
+      SY_RETURN_IF_ERROR(
+          expert_opt_->GatherFull(shard(*expert_opt_), Region(full.View(), 0, lay.expert_end)));
     }
     out.push_back(std::move(full));
   }
@@ -825,13 +891,11 @@ absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
     auto shard = [which](const DistributedAdamW& o) {
       return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
     };
-    const int64_t d0 = lay.expert_end + dense_opt_->shard_begin();
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(Slice(full.View(), d0, {dense_opt_->shard_size()}),
-                                           shard(*dense_opt_)));
+    SY_RETURN_IF_ERROR(dense_opt_->ScatterFull(Region(full.View(), lay.expert_end, lay.total),
+                                               shard(*dense_opt_)));
     if (expert_opt_ != nullptr) {
-      SY_RETURN_IF_ERROR(kernels::CopyTensor(
-          Slice(full.View(), expert_opt_->shard_begin(), {expert_opt_->shard_size()}),
-          shard(*expert_opt_)));
+      SY_RETURN_IF_ERROR(
+          expert_opt_->ScatterFull(Region(full.View(), 0, lay.expert_end), shard(*expert_opt_)));
     }
     if (which == 0) {
       SY_ASSIGN_OR_RETURN(Buffer dev, Buffer::ForTensor(DType::kF32, {lay.total}, options_.device));

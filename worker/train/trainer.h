@@ -37,7 +37,8 @@
 // instances with grad_scale 1 (the sum): dense parameters over DP×CP, expert parameters over
 // EDP, one global norm (distributed_optimizer.h, "Two instances"). Loss, aux losses and expert
 // counts are all-reduced for the log line; expert-bias and global_aux_loss counts over TP×DP×CP
-// inside the model. Gradients are reduced after the backward pass, not overlapped with it.
+// inside the model. Gradient buckets are reduce-scattered during the backward pass of the last
+// micro-batch (TrainerOptions::overlap_grad_reduce; worker/train/grad_reducer.h).
 // Checkpoints stay in the single-process format (full tensors, every expert): the state is
 // gathered and rank 0 writes it; every rank loads the full files and keeps its part, so a run
 // resumes with another DP or EP size (resharding). The checkpoint directory must be visible to
@@ -65,6 +66,7 @@
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/gpt_model.h"
 #include "worker/train/distributed_optimizer.h"
+#include "worker/train/grad_reducer.h"
 #include "worker/train/lr_schedule.h"
 #include "worker/train/process_groups.h"
 
@@ -83,6 +85,14 @@ struct TrainerOptions {
   // CUDA only: the compute stream (borrowed). Required with NCCL groups (it must be the stream
   // their communicators run on); nullptr otherwise makes the trainer create its own.
   void* cuda_stream = nullptr;
+  // Distributed: reduce-scatter gradient buckets on a background thread during the last
+  // micro-batch's backward pass (ProcessGroups::grad_* groups), as Megatron's
+  // --overlap-grad-reduce. Buckets are cut at layer boundaries once they hold at least
+  // grad_bucket_elements (Megatron's default bucket size: 40M); only when the data-parallel
+  // sizes divide 64 (the layout's alignment), else one bucket per optimizer, reduced after the
+  // backward pass.
+  bool overlap_grad_reduce = true;
+  int64_t grad_bucket_elements = 40'000'000;
 };
 
 struct StepResult {
@@ -140,6 +150,8 @@ class Trainer {
   const v1::JobSpec& spec() const { return spec_; }
   const model::GptConfig& model_config() const { return model_->config(); }
   int64_t tokens_per_step() const;
+  // Gradient buckets reduced during the backward pass (0 without overlap or with one process).
+  int num_overlapped_buckets() const { return static_cast<int>(bucket_plan_.size()); }
 
  private:
   Trainer() = default;
@@ -170,6 +182,21 @@ class Trainer {
   int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   std::unique_ptr<DistributedAdamW> dense_opt_, expert_opt_;
+  // Overlapped gradient reduction: the buckets of both optimizers with the backward-hook index
+  // after which each is final (GptModel::GradReadyIndex).
+  struct PlannedBucket {
+    DistributedAdamW* optimizer = nullptr;
+    int index = 0;
+    int64_t ready = 0;
+    Tensor grads;
+    comm::Communicator* group = nullptr;
+    bool launched = false;
+  };
+  std::vector<PlannedBucket> bucket_plan_;
+  std::unique_ptr<GradReducer> reducer_;
+  // Bucket ends of the region [begin, begin + size) and the ready index of each bucket.
+  void PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64_t>* ends,
+                   std::vector<int64_t>* ready) const;
   kernels::Buffer scalar_ws_;  // device f64 staging for AllReduceDoubles
   Stream stream_;
   void* cuda_stream_ = nullptr;

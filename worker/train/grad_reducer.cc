@@ -1,0 +1,96 @@
+// Background gradient reduce-scatters overlapped with the backward pass.
+#include "worker/train/grad_reducer.h"
+
+#include <cuda_runtime.h>
+
+#include "common/cuda_status.h"
+#include "common/status.h"
+
+namespace switchyard::train {
+namespace {
+constexpr int kEvents = 64;  // more than the buckets of one step
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(Device device, void* grad_stream) {
+  if (device.is_cuda() && grad_stream == nullptr) {
+    return absl::InvalidArgumentError("GradReducer: a CUDA device needs the reducer's stream");
+  }
+  std::unique_ptr<GradReducer> r(new GradReducer());
+  r->device_ = device;
+  r->grad_stream_ = grad_stream;
+  if (device.is_cuda()) {
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+    for (int i = 0; i < kEvents; ++i) {
+      cudaEvent_t e;
+      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      r->events_.push_back(e);
+    }
+  }
+  r->thread_ = std::thread([p = r.get()] { p->Loop(); });
+  return r;
+}
+
+GradReducer::~GradReducer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    queue_.clear();
+  }
+  if (thread_.joinable()) thread_.join();
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+absl::Status GradReducer::Launch(const Stream& compute, const Job& job) {
+  if (job.optimizer == nullptr) return absl::InvalidArgumentError("GradReducer: no optimizer");
+  if (device_.is_cuda()) {
+    // The reducer's stream waits for the kernels enqueued so far on the compute stream. Events
+    // are reused round robin: Wait() runs every step, long before kEvents launches are pending.
+    auto e = static_cast<cudaEvent_t>(events_[next_event_++ % events_.size()]);
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, static_cast<cudaStream_t>(compute.cuda_stream)));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(grad_stream_), e, 0));
+  }
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(job);
+  ++launched_;
+  return absl::OkStatus();
+}
+
+absl::Status GradReducer::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](GradReducer* r)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->queue_.empty() && r->running_ == 0; },
+      this));
+  absl::Status st = error_;
+  error_ = absl::OkStatus();
+  return st;
+}
+
+void GradReducer::Loop() {
+  if (device_.is_cuda()) cudaSetDevice(device_.index);
+  const Stream stream{device_, grad_stream_};
+  while (true) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](GradReducer* r)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->stop_ || !r->queue_.empty(); },
+          this));
+      if (stop_) return;
+      job = queue_.front();
+      queue_.pop_front();
+      ++running_;
+      if (!error_.ok()) {  // a failed communicator stays failed: skip the rest
+        --running_;
+        continue;
+      }
+    }
+    absl::Status st = job.optimizer->ReduceBucket(stream, job.grads, job.bucket, job.group);
+    absl::MutexLock lock(&mu_);
+    --running_;
+    if (!st.ok() && error_.ok()) error_ = st;
+  }
+}
+
+}  // namespace switchyard::train
