@@ -2,7 +2,8 @@
 # Runs inside the GPU bundle: each PyTorch reference and the matching Switchyard benchmark in the
 # same command on the same GPU, then Switchyard's table with the ratio.
 #   run_gpu_bench.sh [sections] [moe configs]
-#     sections: comma-separated from moe,attention,train (default: all three)
+#     sections: comma-separated from moe,attention,train,ep (default: moe,attention,train;
+#               ep needs >= 2 GPUs)
 #     moe configs: for the MoE-layer section (default: all three BASELINES.md configs)
 #   run_gpu_bench.sh <moe configs>   (the old form: a first argument that is not a list of
 #                                     sections runs only the MoE-layer section on those configs)
@@ -14,6 +15,11 @@
 #   attention: bench_attention_benchmark (no PyTorch counterpart)
 #   train:     torch_train_baseline.py --json torch_train.json, then
 #              bench_train_benchmark --torch_json torch_train.json (its last line: RESULT_JSON {...})
+#   ep:        with N = min(visible GPUs, 4) >= 2 (EP_SIZES overrides, e.g. "2 4"): the MoE layer
+#              at EP = 1 and EP = N on qwen3_30b_a3b and dsv3_layer (per-GPU TFLOP/s, tokens per
+#              GPU as BASELINES.md), then bench_ep_dispatch_benchmark --ep N (dispatch + combine
+#              bandwidth next to a plain NCCL all-to-all of the same bytes), then
+#              bench_train_benchmark --world N --ep N (DP x EP training of the benchmark model).
 # Exit status: non-zero when a Switchyard benchmark failed (a failed PyTorch reference is reported
 # but does not fail the run).
 set -uo pipefail
@@ -22,7 +28,7 @@ export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gn
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 sections=${1:-moe,attention,train}
 configs=${2:-mixtral8x7b,qwen3_30b_a3b,dsv3_layer}
-if [[ ! $sections =~ ^(moe|attention|train)(,(moe|attention|train))*$ ]]; then
+if [[ ! $sections =~ ^(moe|attention|train|ep)(,(moe|attention|train|ep))*$ ]]; then
   configs=$sections
   sections=moe
 fi
@@ -53,5 +59,24 @@ if want train; then
     echo "torch train baseline failed (see its JSON 'error')"
   echo "== Switchyard train_benchmark ${train_args[*]} ${sy_train_args[*]}"
   "$here/bench_train_benchmark" "${train_args[@]}" "${sy_train_args[@]}" --torch_json "$out/torch_train.json" || status=1
+fi
+if want ep; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  sizes=${EP_SIZES:-$((gpus > 4 ? 4 : gpus))}
+  ep_configs=qwen3_30b_a3b,dsv3_layer
+  echo "== Switchyard moe_layer_benchmark, EP = 1 ($ep_configs)"
+  "$here/bench_moe_layer_benchmark" --configs "$ep_configs" || status=1
+  for n in $sizes; do
+    if [[ $n -lt 2 || $n -gt $gpus ]]; then
+      echo "ep: EP = $n needs $n GPUs, $gpus visible: skipped"
+      continue
+    fi
+    echo "== Switchyard moe_layer_benchmark --ep $n ($ep_configs)"
+    "$here/bench_moe_layer_benchmark" --ep "$n" --configs "$ep_configs" || status=1
+    echo "== Switchyard ep_dispatch_benchmark --ep $n"
+    "$here/bench_ep_dispatch_benchmark" --ep "$n" || status=1
+    echo "== Switchyard train_benchmark --world $n --ep $n ${train_args[*]}"
+    "$here/bench_train_benchmark" --world "$n" --ep "$n" "${train_args[@]}" || status=1
+  done
 fi
 exit $status
