@@ -296,7 +296,7 @@ void PrintDistPlan(const DistPlan& p) {
       p.global.global, p.global.seq, static_cast<long long>(p.tokens_per_step), micro_per_gpu,
       p.per_gpu.micro, static_cast<long long>(p.tokens_per_step / p.world), p.warmup, p.steps);
   const nlohmann::json plan = {{"bench", "train"},
-                               {"dry_run", true},
+                               {"dry_run", absl::GetFlag(FLAGS_dry_run)},
                                {"model", p.name},
                                {"world", p.world},
                                {"ep", p.ep},
