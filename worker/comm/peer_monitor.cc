@@ -81,9 +81,26 @@ absl::StatusOr<std::unique_ptr<PeerMonitor>> PeerMonitor::Create(std::shared_ptr
                                                    ") must be >= 0"));
   }
 
+  std::vector<int> watched;
+  for (size_t i = 0; i < options.watch.size(); ++i) {
+    const int r = options.watch[i];
+    if (r < 0 || r >= world) {
+      return absl::InvalidArgumentError(absl::StrCat("PeerMonitorOptions.watch[", i, "] (", r,
+                                                     ") must be in [0, world ", world, ")"));
+    }
+    if (r != rank) watched.push_back(r);
+  }
+  if (options.watch.empty()) {
+    for (int r = 0; r < world; ++r) {
+      if (r != rank) watched.push_back(r);
+    }
+  }
+  std::sort(watched.begin(), watched.end());
+  watched.erase(std::unique(watched.begin(), watched.end()), watched.end());
+
   const absl::Time deadline = absl::Now() + options.startup_timeout;
   std::unique_ptr<PeerMonitor> m(
-      new PeerMonitor(std::move(store), rank, world, std::move(options)));
+      new PeerMonitor(std::move(store), rank, world, std::move(options), std::move(watched)));
   {
     absl::MutexLock lock(&m->mu_);
     absl::Status s = m->Publish(/*exited=*/false);
@@ -95,8 +112,7 @@ absl::StatusOr<std::unique_ptr<PeerMonitor>> PeerMonitor::Create(std::shared_ptr
 
   std::vector<int> missing;
   absl::Status first_error;
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) continue;
+  for (int r : m->watched_) {
     absl::StatusOr<std::string> v =
         m->store_->Get(m->Key(r), std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (v.ok()) continue;
@@ -123,11 +139,12 @@ absl::StatusOr<std::unique_ptr<PeerMonitor>> PeerMonitor::Create(std::shared_ptr
 }
 
 PeerMonitor::PeerMonitor(std::shared_ptr<KvStore> store, int rank, int world,
-                         PeerMonitorOptions options)
+                         PeerMonitorOptions options, std::vector<int> watched)
     : store_(std::move(store)),
       rank_(rank),
       world_(world),
       options_(std::move(options)),
+      watched_(std::move(watched)),
       pid_(static_cast<int64_t>(getpid())),
       hostname_(HostName()),
       peers_(world) {
@@ -152,8 +169,7 @@ absl::Status PeerMonitor::Publish(bool exited) {
 
 void PeerMonitor::Poll() {
   const absl::Time now = absl::Now();
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+  for (int r : watched_) {
     absl::StatusOr<bool> present = store_->Check(Key(r));
     if (!present.ok()) {
       last_store_error_ = present.status();
@@ -188,8 +204,7 @@ void PeerMonitor::Poll() {
 std::vector<LostPeer> PeerMonitor::Lost(absl::Time now) const {
   std::vector<LostPeer> lost;
   if (!ready_) return lost;
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+  for (int r : watched_) {
     const Peer& p = peers_[r];
     if (p.exited) continue;
     const absl::Duration silent = now - p.last_change;

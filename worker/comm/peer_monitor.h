@@ -37,7 +37,7 @@
 // - GlooCommunicator::Abort closes the connections, which makes the PEERS' operations on them fail
 //   at once, but with our Gloo (2022-05-18) it does NOT wake a collective blocked in the aborting
 //   process itself: measured in worker/train/killed_peer_test (a SIGSTOPped peer, 10 min Gloo
-//   timeout): two of three survivors were still blocked 5 s after AbortAll. A worker should
+//   timeout): two or all three survivors were still blocked 5 s after AbortAll. A worker should
 //   therefore, after Abort, give the step a few seconds and then end the process with a
 //   retryable exit code (DESIGN.md: 128-255), which is what that test's callback does.
 // A live rank whose heartbeat thread is starved for longer than `grace` is declared lost as well
@@ -77,7 +77,12 @@ struct PeerMonitorOptions {
   // interval of publishing delay plus one of polling delay must not look like a death.
   // Zero selects 3 x interval.
   absl::Duration grace = absl::ZeroDuration();
-  // Create waits this long for every peer's first heartbeat (the monitor's own rendezvous).
+  // The ranks this monitor reads and may report (each in [0, world); this rank may be listed and
+  // is skipped, so a group's member list can be passed). Empty: every other rank. Every rank
+  // publishes regardless. Reading is one store read per watched rank per interval, so in a large
+  // job watch the members of this rank's groups (or ring neighbours), not the whole world.
+  std::vector<int> watch;
+  // Create waits this long for every watched peer's first heartbeat (the monitor's rendezvous).
   absl::Duration startup_timeout = absl::Seconds(60);
   // Called once, from the monitor thread, when a peer is first seen lost (the lost peers are
   // described in the argument, as AnnotateFailure would append it). Must be thread-safe and
@@ -97,9 +102,10 @@ struct LostPeer {
 class PeerMonitor {
  public:
   // Publishes the first heartbeat of `rank` in a world of `world` ranks, waits up to
-  // options.startup_timeout for every peer's first heartbeat, and starts the thread. Collective:
-  // every rank calls it with the same store, prefix and world. INVALID_ARGUMENT naming the field
-  // and the rule for bad arguments; DEADLINE_EXCEEDED naming the ranks that never showed up.
+  // options.startup_timeout for every watched peer's first heartbeat, and starts the thread.
+  // Collective: every rank calls it with the same store, prefix and world. INVALID_ARGUMENT naming
+  // the field and the rule for bad arguments; DEADLINE_EXCEEDED naming the ranks that never showed
+  // up.
   static absl::StatusOr<std::unique_ptr<PeerMonitor>> Create(std::shared_ptr<KvStore> store,
                                                              int rank, int world,
                                                              PeerMonitorOptions options = {});
@@ -108,7 +114,7 @@ class PeerMonitor {
   // Stop()s (so a rank that ends normally, by error or not, is "exited" to its peers).
   ~PeerMonitor();
 
-  // Reads every peer's heartbeat once and returns the lost ones, in rank order.
+  // Reads every watched peer's heartbeat once and returns the lost ones, in rank order.
   std::vector<LostPeer> LostPeers();
   // Ranks of LostPeers().
   std::vector<int> LostRanks();
@@ -140,11 +146,12 @@ class PeerMonitor {
     absl::Time last_change;  // local clock: when `counter` was last seen to advance
   };
 
-  PeerMonitor(std::shared_ptr<KvStore> store, int rank, int world, PeerMonitorOptions options);
+  PeerMonitor(std::shared_ptr<KvStore> store, int rank, int world, PeerMonitorOptions options,
+              std::vector<int> watched);
   std::string Key(int rank) const;
   std::string Value(bool exited) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Publish(bool exited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reads every peer's key once (no waiting) and updates `peers_`.
+  // Reads every watched peer's key once (no waiting) and updates `peers_`.
   void Poll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<LostPeer> Lost(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Verdict(const std::vector<LostPeer>& lost) const;
@@ -154,6 +161,7 @@ class PeerMonitor {
   const int rank_;
   const int world_;
   const PeerMonitorOptions options_;
+  const std::vector<int> watched_;  // sorted, distinct, without rank_
   const int64_t pid_;
   const std::string hostname_;
 

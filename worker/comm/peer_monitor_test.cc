@@ -239,6 +239,37 @@ TEST(PeerMonitorTest, WatchdogCallsOnLostOnce) {
   PrintResults(dir, {0});
 }
 
+// Rank 0 watches only {0, 1} (its own group's members): the death of rank 2 is rank 1's to
+// report, not rank 0's.
+TEST(PeerMonitorTest, WatchLimitsWhatIsReported) {
+  const std::string dir = ct::UniqueStoreDir("peer_watch");
+  const std::vector<int> codes = ct::RunProcesses(3, absl::Minutes(2), [&](int rank) {
+    std::shared_ptr<KvStore> store = ct::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
+    PeerMonitorOptions o = FastOptions();
+    if (rank == 0) o.watch = {0, 1, 1};
+    auto m = PeerMonitor::Create(store, rank, 3, o);
+    SY_CHILD_OK(m.status());
+    SY_CHILD_OK(Barrier(*store, "healthy", 3));
+    if (rank == 2) {
+      SetNow(*store, "victim_at");
+      kill(getpid(), SIGKILL);
+    }
+    if (rank == 1) return Observe(*store, **m, 2, 1);
+    SY_CHILD_OK(store->Get("result/1", kBarrierTimeout).status());
+    absl::SleepFor(2 * (*m)->grace());
+    SY_CHILD_CHECK((*m)->LostRanks().empty());
+    const absl::Status err = absl::UnavailableError("Connection closed by peer");
+    SY_CHILD_CHECK((*m)->AnnotateFailure(err) == err);
+    SY_CHILD_OK(store->Set("result/0",
+                           "rank 0 (watching {0, 1}): LostRanks() = {} after rank 2 "
+                           "died; error unchanged"));
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 128 + SIGKILL}));
+  PrintResults(dir, {0, 1});
+}
+
 TEST(PeerMonitorTest, ArgumentRules) {
   auto store = std::make_shared<InMemoryKvStore>();
   struct Case {
@@ -262,6 +293,9 @@ TEST(PeerMonitorTest, ArgumentRules) {
   o.grace = absl::Milliseconds(400);
   cases.push_back(
       {store, 0, 1, o, "PeerMonitorOptions.grace (400ms) must be at least 2 x interval"});
+  o = {};
+  o.watch = {0, 3};
+  cases.push_back({store, 0, 3, o, "PeerMonitorOptions.watch[1] (3) must be in [0, world 3)"});
   o = {};
   o.startup_timeout = absl::Seconds(-1);
   cases.push_back({store, 0, 1, o, "PeerMonitorOptions.startup_timeout (-1s) must be >= 0"});
