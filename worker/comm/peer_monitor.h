@@ -37,7 +37,10 @@
 // - GlooCommunicator::Abort closes the connections, which makes the PEERS' operations on them fail
 //   at once, but with our Gloo (2022-05-18) it does NOT wake a collective blocked in the aborting
 //   process itself: measured in worker/train/killed_peer_test (a SIGSTOPped peer, 10 min Gloo
-//   timeout): two or all three survivors were still blocked 5 s after AbortAll. A worker should
+//   timeout): two or all three survivors were still blocked 5 s after AbortAll. (Measured with
+//   plain Gloo too: after Context::closeConnections the blocked allreduce waits for its timeout;
+//   gloo::transport::tcp::Pair::signalExceptionExternal on every pair wakes it within 10 ms, a
+//   possible fix for GlooCommunicator::Abort.) Until Abort wakes its own caller, a worker should
 //   therefore, after Abort, give the step a few seconds and then end the process with a
 //   retryable exit code (DESIGN.md: 128-255), which is what that test's callback does.
 // A live rank whose heartbeat thread is starved for longer than `grace` is declared lost as well
