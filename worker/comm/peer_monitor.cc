@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<PeerMonitor>> PeerMonitor::Create(std::shared_ptr
     absl::MutexLock lock(&m->mu_);
     m->Poll();
     // Every peer was just seen: silence is counted from here.
-    const absl::Time now = absl::Now();
+    const Clock::time_point now = Clock::now();
     for (Peer& p : m->peers_) p.last_change = now;
     m->ready_ = true;
   }
@@ -148,7 +148,7 @@ PeerMonitor::PeerMonitor(std::shared_ptr<KvStore> store, int rank, int world,
       pid_(static_cast<int64_t>(getpid())),
       hostname_(HostName()),
       peers_(world) {
-  const absl::Time now = absl::Now();
+  const Clock::time_point now = Clock::now();
   for (Peer& p : peers_) p.last_change = now;
 }
 
@@ -168,7 +168,7 @@ absl::Status PeerMonitor::Publish(bool exited) {
 }
 
 void PeerMonitor::Poll() {
-  const absl::Time now = absl::Now();
+  const Clock::time_point now = Clock::now();
   for (int r : watched_) {
     absl::StatusOr<bool> present = store_->Check(Key(r));
     if (!present.ok()) {
@@ -201,13 +201,13 @@ void PeerMonitor::Poll() {
   }
 }
 
-std::vector<LostPeer> PeerMonitor::Lost(absl::Time now) const {
+std::vector<LostPeer> PeerMonitor::Lost(Clock::time_point now) const {
   std::vector<LostPeer> lost;
   if (!ready_) return lost;
   for (int r : watched_) {
     const Peer& p = peers_[r];
     if (p.exited) continue;
-    const absl::Duration silent = now - p.last_change;
+    const absl::Duration silent = absl::FromChrono(now - p.last_change);
     if (silent < options_.grace) continue;
     lost.push_back(LostPeer{r, p.pid, p.hostname, silent});
   }
@@ -229,7 +229,7 @@ std::string PeerMonitor::Verdict(const std::vector<LostPeer>& lost) const {
 std::vector<LostPeer> PeerMonitor::LostPeers() {
   absl::MutexLock lock(&mu_);
   Poll();
-  return Lost(absl::Now());
+  return Lost(Clock::now());
 }
 
 std::vector<int> PeerMonitor::LostRanks() {
@@ -243,7 +243,7 @@ absl::Status PeerMonitor::AnnotateFailure(const absl::Status& status) {
   const absl::Duration wait = IsCommunicationCode(status.code())
                                   ? options_.grace + 2 * options_.interval
                                   : absl::ZeroDuration();
-  const absl::Time deadline = absl::Now() + wait;
+  const Clock::time_point deadline = Clock::now() + absl::ToChronoNanoseconds(wait);
   const absl::Duration poll = std::max(options_.interval / 5, absl::Milliseconds(1));
   while (true) {
     std::vector<LostPeer> lost;
@@ -251,19 +251,20 @@ absl::Status PeerMonitor::AnnotateFailure(const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
       Poll();
-      lost = Lost(absl::Now());
+      lost = Lost(Clock::now());
       store_error = last_store_error_;
     }
     if (!lost.empty()) {
       std::string msg = absl::StrCat(status.message(), " (", Verdict(lost));
-      if (!store_error.ok())
+      if (!store_error.ok()) {
         absl::StrAppend(&msg, "; heartbeat store error: ", store_error.message());
+      }
       msg += ")";
       return absl::UnavailableError(msg);
     }
-    const absl::Time now = absl::Now();
+    const Clock::time_point now = Clock::now();
     if (now >= deadline) return status;
-    absl::SleepFor(std::min(poll, deadline - now));
+    absl::SleepFor(std::min(poll, absl::FromChrono(deadline - now)));
   }
 }
 
@@ -292,7 +293,7 @@ void PeerMonitor::Loop() {
     if (ready_) {
       Poll();
       if (options_.on_lost && !on_lost_called_) {
-        const std::vector<LostPeer> lost = Lost(absl::Now());
+        const std::vector<LostPeer> lost = Lost(Clock::now());
         if (!lost.empty()) {
           on_lost_called_ = true;
           const std::string verdict = Verdict(lost);

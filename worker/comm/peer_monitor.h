@@ -55,6 +55,7 @@
 #ifndef SWITCHYARD_WORKER_COMM_PEER_MONITOR_H_
 #define SWITCHYARD_WORKER_COMM_PEER_MONITOR_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -88,8 +89,9 @@ struct PeerMonitorOptions {
   // Create waits this long for every watched peer's first heartbeat (the monitor's rendezvous).
   absl::Duration startup_timeout = absl::Seconds(60);
   // Called once, from the monitor thread, when a peer is first seen lost (the lost peers are
-  // described in the argument, as AnnotateFailure would append it). Must be thread-safe and
-  // quick, e.g. ProcessGroups::AbortAll. Empty: nothing is called.
+  // described in the argument, as AnnotateFailure would append it), e.g. ProcessGroups::AbortAll.
+  // Must be thread-safe and must not call Stop() or destroy the monitor (it runs on the thread
+  // they join); heartbeats pause while it runs. Empty: nothing is called.
   std::function<void(const std::string& verdict)> on_lost;
 };
 
@@ -140,13 +142,15 @@ class PeerMonitor {
   absl::Duration grace() const { return options_.grace; }
 
  private:
+  // Silence is measured on the monotonic clock, so a wall-clock step (NTP) cannot fake a death.
+  using Clock = std::chrono::steady_clock;
   struct Peer {
     std::string value;  // last value read ("" = never read)
     int64_t counter = -1;
     int64_t pid = -1;
     std::string hostname;
     bool exited = false;
-    absl::Time last_change;  // local clock: when `counter` was last seen to advance
+    Clock::time_point last_change;  // when `counter` was last seen to advance
   };
 
   PeerMonitor(std::shared_ptr<KvStore> store, int rank, int world, PeerMonitorOptions options,
@@ -156,7 +160,7 @@ class PeerMonitor {
   absl::Status Publish(bool exited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads every watched peer's key once (no waiting) and updates `peers_`.
   void Poll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<LostPeer> Lost(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<LostPeer> Lost(Clock::time_point now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Verdict(const std::vector<LostPeer>& lost) const;
   void Loop();
 
