@@ -92,7 +92,12 @@ int main(int argc, char** argv) {
     const std::string& a = args[i];
     if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
     std::string name = a.substr(2, a.find('=') - 2);
-    if (absl::FindCommandLineFlag(name) == nullptr &&
+    static const char* const kUsageFlags[] = {"help",        "helpfull",       "helpshort",
+                                              "helppackage", "helpon",         "helpmatch",
+                                              "version",     "only_check_args"};
+    bool usage_flag = false;
+    for (const char* f : kUsageFlags) usage_flag = usage_flag || name == f;
+    if (!usage_flag && absl::FindCommandLineFlag(name) == nullptr &&
         !(name.rfind("no", 0) == 0 && absl::FindCommandLineFlag(name.substr(2)) != nullptr)) {
       return Usage("unknown flag --" + name);
     }

@@ -81,30 +81,43 @@ absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const httplib::Request& req) 
 
 }  // namespace
 
-RestGateway::RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics)
-    : hub_(hub), auth_(auth), metrics_(metrics), server_(std::make_unique<httplib::Server>()) {}
+RestGateway::RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+                         std::unique_ptr<httplib::Server> server)
+    : hub_(hub), auth_(auth), metrics_(metrics), server_(std::move(server)) {}
 
 absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
     JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-    const std::string& host, int port) {
+    const std::string& host, int port, const std::string& tls_cert_file,
+    const std::string& tls_key_file) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("http port: ", port, " is not in [0, 65535]"));
   }
-  std::unique_ptr<RestGateway> gateway(new RestGateway(hub, auth, metrics));
+  std::unique_ptr<httplib::Server> server;
+  if (!tls_cert_file.empty() || !tls_key_file.empty()) {
+    auto ssl = std::make_unique<httplib::SSLServer>(tls_cert_file.c_str(), tls_key_file.c_str());
+    if (!ssl->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("tls-cert, tls-key: OpenSSL cannot load ",
+                                                     tls_cert_file, " and ", tls_key_file));
+    }
+    server = std::move(ssl);
+  } else {
+    server = std::make_unique<httplib::Server>();
+  }
+  std::unique_ptr<RestGateway> gateway(new RestGateway(hub, auth, metrics, std::move(server)));
   gateway->Route();
-  httplib::Server& server = *gateway->server_;
+  httplib::Server& listener = *gateway->server_;
   if (port == 0) {
-    gateway->port_ = server.bind_to_any_port(host);
+    gateway->port_ = listener.bind_to_any_port(host);
     if (gateway->port_ < 0) {
       return absl::UnavailableError(absl::StrCat("http: cannot bind a free port on ", host));
     }
   } else {
-    if (!server.bind_to_port(host, port)) {
+    if (!listener.bind_to_port(host, port)) {
       return absl::UnavailableError(absl::StrCat("http: cannot bind ", host, ":", port));
     }
     gateway->port_ = port;
   }
-  gateway->thread_ = std::thread([&server] { server.listen_after_bind(); });
+  gateway->thread_ = std::thread([&listener] { listener.listen_after_bind(); });
   return gateway;
 }
 
@@ -118,6 +131,14 @@ void RestGateway::Stop() {
 void RestGateway::Route() {
   httplib::Server& s = *server_;
   s.set_payload_max_length(kMaxRestBodyBytes);
+  // httplib's default sets SO_REUSEPORT, which lets a second process bind the same port and take
+  // part of the traffic; keep only SO_REUSEADDR (fast restarts), so a clash fails to bind.
+  s.set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  // Stop() waits for idle keep-alive connections to time out; keep that short.
+  s.set_keep_alive_timeout(kKeepAliveSeconds);
 
   // Runs one API method: authentication, metrics and error mapping, then `body` produces the
   // response JSON.

@@ -23,6 +23,8 @@
 // routes are 404 NOT_FOUND in the same shape. Every API route authenticates and records metrics
 // through RunApiCall, under the same method names as gRPC.
 //
+// TLS: with a certificate and key the gateway serves HTTPS only (httplib::SSLServer).
+//
 // Thread safety: the server's own threads serve requests; Create/Stop from one owner thread.
 #ifndef SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_
 #define SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_
@@ -44,14 +46,20 @@ namespace switchyard::api {
 
 // Request bodies larger than this are refused (413) before parsing.
 inline constexpr size_t kMaxRestBodyBytes = 8 << 20;
+// Idle keep-alive connections are closed after this; it also bounds how long Stop() waits.
+inline constexpr int kKeepAliveSeconds = 1;
 
 class RestGateway {
  public:
-  // Binds `host`:`port` (0: a free port) and starts serving on a background thread. `hub`,
-  // `auth` and `metrics` must outlive the gateway. UNAVAILABLE when the port cannot be bound.
+  // Binds `host`:`port` (0: a free port) and starts serving on a background thread; HTTPS when
+  // `tls_cert_file` and `tls_key_file` (PEM) are given. `hub`, `auth` and `metrics` must outlive
+  // the gateway. UNAVAILABLE when the port cannot be bound, INVALID_ARGUMENT naming tls-cert /
+  // tls-key when OpenSSL cannot load them.
   static absl::StatusOr<std::unique_ptr<RestGateway>> Create(JobHub* hub, const TokenAuth* auth,
                                                              metrics::CoordinatorMetrics* metrics,
-                                                             const std::string& host, int port);
+                                                             const std::string& host, int port,
+                                                             const std::string& tls_cert_file = "",
+                                                             const std::string& tls_key_file = "");
   ~RestGateway();  // Stop()s.
   RestGateway(const RestGateway&) = delete;
   RestGateway& operator=(const RestGateway&) = delete;
@@ -62,7 +70,8 @@ class RestGateway {
   void Stop();
 
  private:
-  RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics);
+  RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+              std::unique_ptr<httplib::Server> server);
   void Route();
 
   JobHub* const hub_;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace switchyard::api {
@@ -93,6 +94,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.grpc_port);
+  // gRPC sets SO_REUSEPORT by default, which would let a second coordinator bind the same port
+  // and split the traffic; refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, credentials, &s->grpc_port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->plan_service_.get());
@@ -104,20 +108,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   SetServing(s->grpc_server_.get(), true);
 
   SY_ASSIGN_OR_RETURN(
-      s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port));
+      s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
+                                    options.tls_cert_file, options.tls_key_file));
   return s;
 }
 
 void CoordinatorServer::Shutdown(absl::Time deadline) {
   if (shut_down_) return;
   shut_down_ = true;
+  const absl::Time start = absl::Now();
   if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false);
   if (hub_ != nullptr) hub_->Close();
   if (rest_ != nullptr) rest_->Stop();
+  const absl::Time rest_stopped = absl::Now();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
     grpc_server_->Wait();
   }
+  if (rest_ == nullptr) return;  // Create failed: nothing was serving
+  SY_LOG(INFO) << "shutdown: REST stopped in " << absl::FormatDuration(rest_stopped - start)
+               << ", gRPC in " << absl::FormatDuration(absl::Now() - rest_stopped);
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::Now() + absl::Seconds(5)); }

@@ -2,15 +2,19 @@
 //
 // The coordinator's API process in one object: opens the store, builds the registry, the hub,
 // the metrics, the gRPC server (JobService, PlanService, grpc.health.v1.Health, server
-// reflection; TLS when a certificate and key are given) and the REST gateway. main.cc is flag
+// reflection) and the REST gateway; when a certificate and key are given both serve TLS only
+// (gRPC through grpc::SslServerCredentials, REST as HTTPS). main.cc is flag
 // parsing and signal handling around it; tests run it in-process on loopback.
 //
 // Health: the overall status ("") and each service ("switchyard.v1.JobService",
 // "switchyard.v1.PlanService") are SERVING from Create until Shutdown, NOT_SERVING during it.
 //
 // Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the REST
-// gateway stops, then the gRPC server stops accepting and waits for the calls in flight until
-// `deadline`, cancelling the rest. Idempotent.
+// gateway stops (idle keep-alive connections close within kKeepAliveSeconds), then the gRPC
+// server stops accepting and waits for the calls in flight until `deadline`, cancelling the rest.
+// gRPC core also waits for clients to close their connections after its GOAWAY, so with a client
+// still connected Shutdown often takes until `deadline` even when no call is in flight (seen in
+// coordinator_binary_test); it never takes longer. Idempotent.
 //
 // Thread safety: Create, Shutdown and the destructor from one owner thread; the accessors from
 // any.

@@ -1,0 +1,339 @@
+// The real switchyard-coordinator binary, fork/exec'ed: reads the ports it prints, submits a job
+// over REST, is stopped with SIGTERM (exit 0, an open WatchJob ends UNAVAILABLE), restarts on the
+// same store and finds the job; SIGINT; the documented exit codes for bad flags and failed
+// starts; TLS on both ports with a self-signed certificate (when openssl is installed).
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "coordinator/api/api_test_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "switchyard/v1/job.grpc.pb.h"
+
+namespace switchyard {
+namespace {
+
+using api::testing::FreshPath;
+using api::testing::kToken;
+using api::testing::WriteFile;
+using Json = nlohmann::json;
+
+std::string g_binary;  // argv[1]
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// One child process of the binary; its stdout is a pipe, its stderr a file.
+class Coordinator {
+ public:
+  explicit Coordinator(std::vector<std::string> args, const std::string& log_name) {
+    log_ = FreshPath(log_name);
+    int out[2];
+    EXPECT_EQ(pipe(out), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      int err = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(err, 2);
+      close(out[0]);
+      std::vector<char*> argv;
+      args.insert(args.begin(), g_binary);
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    out_ = out[0];
+  }
+  ~Coordinator() {
+    if (pid_ > 0 && !waited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+  }
+
+  // The first stdout line, or "" after `seconds` or at EOF.
+  std::string ReadLine(int seconds = 20) {
+    std::string line;
+    const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
+    while (absl::Now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char c;
+      if (read(out_, &c, 1) != 1) break;
+      if (c == '\n') return line;
+      line.push_back(c);
+    }
+    return line;
+  }
+
+  // Parses "... grpc=HOST:P http=HOST:Q tls=..." into the ports.
+  bool ReadPorts() {
+    const std::string line = ReadLine();
+    std::printf("coordinator stdout: %s\n", line.c_str());
+    auto port_after = [&](const std::string& key) {
+      size_t at = line.find(key);
+      if (at == std::string::npos) return 0;
+      at = line.find(':', at);
+      int port = 0;
+      absl::SimpleAtoi(line.substr(at + 1, line.find(' ', at) - at - 1), &port);
+      return port;
+    };
+    grpc_port_ = port_after("grpc=");
+    http_port_ = port_after("http=");
+    return grpc_port_ > 0 && http_port_ > 0;
+  }
+
+  void Signal(int sig) { kill(pid_, sig); }
+
+  // The exit status (or 128 + signal), waiting at most `seconds`; -1 on timeout.
+  int Wait(int seconds = 20) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
+    int status = 0;
+    while (absl::Now() < deadline) {
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        waited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+  std::string Log() const { return ReadAll(log_); }
+  int grpc_port() const { return grpc_port_; }
+  int http_port() const { return http_port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool waited_ = false;
+  std::string log_;
+  int grpc_port_ = 0;
+  int http_port_ = 0;
+};
+
+std::vector<std::string> Args(const std::string& store, const std::string& token_file) {
+  return {"--store", store,          "--grpc-port", "0",      "--http-port",
+          "0",       "--token-file", token_file,    "--host", "127.0.0.1"};
+}
+
+std::string CreateBody(const std::string& name) {
+  return Json({{"spec", Json::parse(JobSpecToJson(api::testing::ValidSpec(name)))},
+               {"request_id", name}})
+      .dump();
+}
+
+httplib::Headers Auth() { return {{"Authorization", absl::StrCat("Bearer ", kToken)}}; }
+
+TEST(CoordinatorBinaryTest, SubmitSigtermRestartFindsTheJob) {
+  const std::string store = FreshPath("binary.db");
+  const std::string token = WriteFile("binary.token", absl::StrCat(kToken, "\n"));
+  std::string job_json;
+  {
+    std::vector<std::string> args = Args(store, token);
+    args.insert(args.end(), {"--shutdown-grace", "2"});
+    Coordinator c(args, "binary_run1.log");
+    ASSERT_TRUE(c.ReadPorts()) << c.Log();
+    httplib::Client http("127.0.0.1", c.http_port());
+    auto r = http.Post("/v1/jobs", Auth(), CreateBody("survivor"), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    job_json = r->body;
+    EXPECT_EQ(Json::parse(job_json)["name"], "jobs/1");
+
+    // An open WatchJob over gRPC ends UNAVAILABLE when the process is told to stop.
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", c.grpc_port()),
+                                       grpc::InsecureChannelCredentials());
+    auto stub = v1::JobService::NewStub(channel);
+    auto context = api::testing::Context();
+    v1::WatchJobRequest watch;
+    watch.set_name("jobs/1");
+    auto stream = stub->WatchJob(context.get(), watch);
+    v1::WatchJobResponse event;
+    ASSERT_TRUE(stream->Read(&event));
+    EXPECT_EQ(event.event().state(), v1::Job::PENDING);
+
+    const absl::Time start = absl::Now();
+    c.Signal(SIGTERM);
+    while (stream->Read(&event)) {
+    }
+    grpc::Status ended = stream->Finish();
+    const double watch_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    const int code = c.Wait();
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    std::printf("SIGTERM: watch ended after %.1f ms (%d %s); exit %d after %.1f ms\n", watch_ms,
+                ended.error_code(), ended.error_message().c_str(), code, ms);
+    EXPECT_EQ(code, 0) << c.Log();
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_LT(watch_ms, 1000.0);
+    // Calls in flight get --shutdown-grace (2 s); gRPC core also waits for the clients to close
+    // their connections after its GOAWAY, at most until that deadline, so the exit comes within
+    // 2 s plus process teardown whatever the client does.
+    EXPECT_LT(ms, 4000.0);
+    EXPECT_TRUE(absl::StrContains(c.Log(), "shutting down")) << c.Log();
+    std::printf("coordinator log:\n%s", c.Log().c_str());
+  }
+  {
+    Coordinator c(Args(store, token), "binary_run2.log");
+    ASSERT_TRUE(c.ReadPorts()) << c.Log();
+    httplib::Client http("127.0.0.1", c.http_port());
+    auto r = http.Get("/v1/jobs/1", Auth());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(Json::parse(r->body), Json::parse(job_json));
+    std::printf("after restart GET /v1/jobs/1 -> %d, the same job\n", r->status);
+    // Same request id: the same job, not a new one; a new one gets the next id.
+    auto again = http.Post("/v1/jobs", Auth(), CreateBody("survivor"), "application/json");
+    ASSERT_TRUE(again);
+    EXPECT_EQ(Json::parse(again->body)["name"], "jobs/1");
+    auto next = http.Post("/v1/jobs", Auth(), CreateBody("second"), "application/json");
+    ASSERT_TRUE(next);
+    EXPECT_EQ(Json::parse(next->body)["name"], "jobs/2");
+
+    // A second coordinator cannot take the same gRPC or HTTP port: exit 1 (cannot start).
+    for (int which : {3, 5}) {
+      std::vector<std::string> args = Args(FreshPath("binary_other.db"), token);
+      args[which] = std::to_string(which == 3 ? c.grpc_port() : c.http_port());
+      Coordinator clash(args, "binary_clash.log");
+      const int code = clash.Wait();
+      EXPECT_EQ(code, 1) << clash.Log();
+      std::printf("%s port clash: exit %d: %s", which == 3 ? "grpc" : "http", code,
+                  clash.Log().c_str());
+    }
+
+    c.Signal(SIGINT);
+    EXPECT_EQ(c.Wait(), 0) << c.Log();
+  }
+}
+
+TEST(CoordinatorBinaryTest, ExitCodes) {
+  const std::string token = WriteFile("codes.token", "tok\n");
+  struct Case {
+    const char* label;
+    std::vector<std::string> args;
+    int code;
+  };
+  const std::string garbage = WriteFile("not_a_store.db", "this is not an SQLite database file");
+  const std::vector<Case> cases = {
+      {"unknown flag", {"--store", "x.db", "--token-file", token, "--bogus"}, 2},
+      {"missing --store", {"--token-file", token}, 2},
+      {"missing --token-file", {"--store", FreshPath("codes.db")}, 2},
+      {"positional argument",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "extra"},
+       2},
+      {"unreadable token file",
+       {"--store", FreshPath("codes.db"), "--token-file", FreshPath("missing.token"), "--grpc-port",
+        "0", "--http-port", "0"},
+       1},
+      {"not a store",
+       {"--store", garbage, "--token-file", token, "--grpc-port", "0", "--http-port", "0"},
+       1},
+      {"port out of range",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "70000"},
+       1},
+      {"only --tls-cert",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--tls-cert", token},
+       1},
+      {"--version", {"--version"}, 0},
+  };
+  for (const Case& c : cases) {
+    Coordinator p(c.args, "codes.log");
+    const int code = p.Wait();
+    EXPECT_EQ(code, c.code) << c.label << "\n" << p.Log();
+    std::string log = p.Log();
+    std::printf("  %-22s -> exit %d  %s", c.label, code, log.substr(0, log.find('\n') + 1).c_str());
+    if (log.empty()) std::printf("\n");
+  }
+}
+
+TEST(CoordinatorBinaryTest, TlsOnBothPorts) {
+  if (std::system("command -v openssl > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "openssl is not installed: cannot make a test certificate";
+  }
+  const std::string cert = FreshPath("tls_cert.pem");
+  const std::string key = FreshPath("tls_key.pem");
+  const std::string cmd =
+      absl::StrCat("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost ",
+                   "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout ", key, " -out ",
+                   cert, " > /dev/null 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<std::string> args = Args(FreshPath("tls.db"), WriteFile("tls.token", kToken));
+  args.insert(args.end(), {"--tls-cert", cert, "--tls-key", key});
+  Coordinator c(args, "tls.log");
+  ASSERT_TRUE(c.ReadPorts()) << c.Log();
+
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadAll(cert);
+  auto secure = v1::JobService::NewStub(
+      grpc::CreateChannel(absl::StrCat("localhost:", c.grpc_port()), grpc::SslCredentials(ssl)));
+  v1::ListJobsResponse list;
+  grpc::Status ok = secure->ListJobs(api::testing::Context().get(), v1::ListJobsRequest(), &list);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  grpc::Status no_token =
+      secure->ListJobs(api::testing::Context(nullptr).get(), v1::ListJobsRequest(), &list);
+  EXPECT_EQ(no_token.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  auto plain = v1::JobService::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", c.grpc_port()), grpc::InsecureChannelCredentials()));
+  grpc::Status refused =
+      plain->ListJobs(api::testing::Context(kToken, 3).get(), v1::ListJobsRequest(), &list);
+  EXPECT_FALSE(refused.ok());
+  std::printf("gRPC over TLS: %s; without token: %d; plaintext client: %d %s\n",
+              ok.ok() ? "OK" : ok.error_message().c_str(), no_token.error_code(),
+              refused.error_code(), refused.error_message().c_str());
+
+  httplib::SSLClient https("localhost", c.http_port());
+  https.set_ca_cert_path(cert.c_str());
+  https.enable_server_certificate_verification(true);
+  auto r = https.Post("/v1/jobs", Auth(), CreateBody("over-tls"), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  httplib::Client http("127.0.0.1", c.http_port());
+  http.set_read_timeout(3, 0);
+  auto plain_http = http.Get("/v1/jobs", Auth());
+  EXPECT_TRUE(!plain_http || plain_http->status != 200);
+  std::printf("HTTPS POST /v1/jobs -> %d; plain HTTP -> %s\n", r->status,
+              plain_http ? std::to_string(plain_http->status).c_str() : "connection failed");
+  c.Signal(SIGTERM);
+  EXPECT_EQ(c.Wait(), 0) << c.Log();
+}
+
+}  // namespace
+}  // namespace switchyard
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: coordinator_binary_test PATH_TO_switchyard-coordinator\n");
+    return 2;
+  }
+  switchyard::g_binary = argv[1];
+  signal(SIGPIPE, SIG_IGN);
+  return RUN_ALL_TESTS();
+}
