@@ -77,10 +77,10 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
-std::string ErrorJson(const absl::Status& status) {
+std::string ErrorJson(const absl::Status& status, int http) {
   const absl::Status s = WithDefaultReason(status);
   nlohmann::json body = {{"error",
-                          {{"code", HttpStatusFor(s.code())},
+                          {{"code", http != 0 ? http : HttpStatusFor(s.code())},
                            {"status", CodeName(s.code())},
                            {"message", std::string(s.message())},
                            {"reason", ReasonOf(s.message())}}}};

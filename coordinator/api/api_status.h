@@ -42,8 +42,10 @@ std::string ReasonOf(absl::string_view message);
 // HTTP status for a canonical code (google/rpc/code.proto's HTTP mapping).
 int HttpStatusFor(absl::StatusCode code);
 
-// The REST error body of a non-OK status (its reason added if missing).
-std::string ErrorJson(const absl::Status& status);
+// The REST error body of a non-OK status (its reason added if missing). `http` is the body's
+// "code": HttpStatusFor(status.code()) when 0 (the gateway passes the HTTP status httplib chose
+// for transport-level errors such as 413).
+std::string ErrorJson(const absl::Status& status, int http = 0);
 
 }  // namespace switchyard::api
 

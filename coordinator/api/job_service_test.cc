@@ -263,6 +263,68 @@ TEST_F(JobServiceTest, WatchEndsWhenTheClientCancelsAndOnShutdown) {
   EXPECT_LT(ms, 3000.0);
 }
 
+// 16 watchers on 4 jobs while two threads drive the jobs and create more: every watcher sees its
+// job's whole log, in order, and its stream ends after the terminal event.
+TEST_F(JobServiceTest, ManyConcurrentWatchersEachSeeTheirJobsWholeLog) {
+  Start("svc_watch_many.db");
+  constexpr int kJobs = 4;
+  constexpr int kWatchersPerJob = 4;
+  std::vector<std::string> names;
+  for (int j = 0; j < kJobs; ++j) names.push_back(Create(absl::StrCat("many-", j)).name());
+  std::vector<std::vector<int64_t>> sequences(kJobs * kWatchersPerJob);
+  std::vector<std::vector<v1::Job::State>> states(kJobs * kWatchersPerJob);
+  std::vector<grpc::Status> finals(kJobs * kWatchersPerJob);
+  std::atomic<int> started{0};
+  std::vector<std::thread> watchers;
+  for (int w = 0; w < kJobs * kWatchersPerJob; ++w) {
+    watchers.emplace_back([&, w] {
+      auto context = Context();
+      v1::WatchJobRequest request;
+      request.set_name(names[w % kJobs]);
+      auto stream = jobs_->WatchJob(context.get(), request);
+      v1::WatchJobResponse response;
+      bool counted = false;
+      while (stream->Read(&response)) {
+        if (!counted) {
+          ++started;
+          counted = true;
+        }
+        sequences[w].push_back(response.event().sequence());
+        states[w].push_back(response.event().state());
+      }
+      finals[w] = stream->Finish();
+    });
+  }
+  while (started < kJobs * kWatchersPerJob)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::vector<v1::Job::State> path = {v1::Job::STARTING,   v1::Job::RUNNING,
+                                            v1::Job::RESTARTING, v1::Job::STARTING,
+                                            v1::Job::RUNNING,    v1::Job::SUCCEEDED};
+  auto drive = [&](int first) {
+    for (v1::Job::State to : path) {
+      for (int j = first; j < kJobs; j += 2) {
+        auto moved = server_->hub()->Transition(names[j], to, "TEST_STEP");
+        EXPECT_TRUE(moved.ok()) << moved.status();
+      }
+      Create(absl::StrCat("noise-", first));  // unrelated mutations wake every watcher too
+    }
+  };
+  std::thread a(drive, 0);
+  std::thread b(drive, 1);
+  a.join();
+  b.join();
+  for (std::thread& t : watchers) t.join();
+  const std::vector<int64_t> want_sequences = {1, 2, 3, 4, 5, 6, 7};
+  for (int w = 0; w < kJobs * kWatchersPerJob; ++w) {
+    EXPECT_TRUE(finals[w].ok()) << w << ": " << finals[w].error_message();
+    EXPECT_EQ(sequences[w], want_sequences) << "watcher " << w;
+    ASSERT_EQ(states[w].size(), 7u);
+    EXPECT_EQ(states[w].back(), v1::Job::SUCCEEDED);
+  }
+  std::printf("%d watchers on %d jobs: each saw 7 events in order and ended OK\n",
+              kJobs * kWatchersPerJob, kJobs);
+}
+
 TEST_F(JobServiceTest, EveryMethodRequiresTheToken) {
   Start("svc_auth.db");
   v1::Job job = Create("guarded");

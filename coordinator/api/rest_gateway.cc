@@ -213,7 +213,7 @@ void RestGateway::Route() {
               absl::StrCat("HTTP ", res.status, " for ", req.method, " ", req.path));
         }
         const int http = res.status;
-        res.set_content(ErrorJson(status), kJsonType);
+        res.set_content(ErrorJson(status, http), kJsonType);
         res.status = http;  // keep the HTTP status httplib chose (404, 413, 400, ...)
         return httplib::Server::HandlerResponse::Handled;
       }));

@@ -153,6 +153,9 @@ TEST_F(RestGatewayTest, BadBodiesNameTheField) {
   auto list = Call("GET", "/v1/jobs");
   ASSERT_EQ(list.first, 200);
   EXPECT_FALSE(list.second.contains("jobs"));
+  // A body over kMaxRestBodyBytes is refused before parsing.
+  auto huge = Call("POST", "/v1/jobs", std::string(kMaxRestBodyBytes + 1024, ' '));
+  ExpectError(huge, 413, "INVALID_ARGUMENT", "larger than");
   // Unknown routes and methods keep the error shape.
   ExpectError(Call("GET", "/v2/jobs"), 404, "NOT_FOUND", "/v2/jobs");
   ExpectError(Call("DELETE", "/v1/jobs/1"), 404, "NOT_FOUND");
