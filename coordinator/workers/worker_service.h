@@ -1,0 +1,72 @@
+// File: coordinator/workers/worker_service.h
+//
+// switchyard.v1.WorkerService.Attach (WORKER_PROTOCOL.md) on gRPC's callback API: one bidi stream
+// per worker, no thread per stream, so one coordinator holds thousands of attached workers.
+//
+// Per stream:
+// - The call must carry the API token (coordinator/api/auth.h) when an auth is given; otherwise
+//   it ends UNAUTHENTICATED before any message is read.
+// - The first WorkerMessage must be a Registration (else FAILED_PRECONDITION); a bad one
+//   (WorkerRegistry::Register's rules) ends the stream INVALID_ARGUMENT naming the field. A
+//   second Registration is FAILED_PRECONDITION. A message with no field set is INVALID_ARGUMENT.
+// - Every message counts as a heartbeat (WorkerRegistry::Touch); Heartbeat also records its
+//   generation. StepReport and WorkerExit go to the scheduler.
+// - CoordinatorMessages queued by Send are written in order, one write in flight at a time.
+// - A stream that ends (the worker closed it, the connection broke, or the call was cancelled)
+//   marks its worker LOST at once. A new stream registering the same worker_id replaces the old
+//   one, which ends ABORTED. A worker the registry marks LOST (missed heartbeats) gets its stream
+//   ended UNAVAILABLE by Kick, so it must attach and register again to get work.
+//
+// Thread safety: gRPC runs the reactors on its threads; Send and Kick from any thread.
+#ifndef SWITCHYARD_COORDINATOR_WORKERS_WORKER_SERVICE_H_
+#define SWITCHYARD_COORDINATOR_WORKERS_WORKER_SERVICE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/api/auth.h"
+#include "coordinator/workers/scheduler.h"
+#include "coordinator/workers/worker_registry.h"
+#include "switchyard/v1/worker.grpc.pb.h"
+
+namespace switchyard::workers {
+
+class WorkerServiceImpl final : public v1::WorkerService::CallbackService, public WorkerSink {
+ public:
+  // The pointers must outlive the service; `auth` may be null (no authentication).
+  WorkerServiceImpl(WorkerRegistry* workers, Scheduler* scheduler, const api::TokenAuth* auth);
+  ~WorkerServiceImpl() override;
+
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Attach(
+      grpc::CallbackServerContext* context) override;
+
+  bool Send(const std::string& worker_id, const v1::CoordinatorMessage& message) override;
+  // Ends the worker's stream UNAVAILABLE with `why` (it was marked LOST).
+  void Kick(const std::string& worker_id, const std::string& why);
+  // Ends every stream UNAVAILABLE (coordinator shutdown), before the gRPC server shuts down.
+  void Shutdown();
+
+  int open_streams() const;
+
+ private:
+  class AttachReactor;
+  // Makes `reactor` the stream of `worker_id`, ending the one it replaces.
+  void Bind(const std::string& worker_id, AttachReactor* reactor);
+  // Forgets `reactor` (its OnDone); true when it was still the stream of its worker.
+  bool Unbind(const std::string& worker_id, AttachReactor* reactor);
+  bool IsCurrent(const std::string& worker_id, const AttachReactor* reactor) const;
+
+  WorkerRegistry* const workers_;
+  Scheduler* const scheduler_;
+  const api::TokenAuth* const auth_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, AttachReactor*> streams_ ABSL_GUARDED_BY(mu_);  // by worker id
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace switchyard::workers
+
+#endif  // SWITCHYARD_COORDINATOR_WORKERS_WORKER_SERVICE_H_
