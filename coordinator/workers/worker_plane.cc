@@ -52,6 +52,7 @@ void WorkerPlane::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   scheduler_->Stop();
+  registry_->StopMonitor();
   worker_service_->Shutdown();
 }
 

@@ -69,7 +69,9 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(
   return registry;
 }
 
-WorkerRegistry::~WorkerRegistry() {
+WorkerRegistry::~WorkerRegistry() { StopMonitor(); }
+
+void WorkerRegistry::StopMonitor() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;

@@ -86,6 +86,8 @@ class WorkerRegistry {
   static absl::StatusOr<std::unique_ptr<WorkerRegistry>> Create(store::Store* store,
                                                                 WorkerRegistryOptions options);
   ~WorkerRegistry();  // Stops the monitor.
+  // Stops the monitor thread (coordinator shutdown: nobody is marked LOST afterwards).
+  void StopMonitor();
   WorkerRegistry(const WorkerRegistry&) = delete;
   WorkerRegistry& operator=(const WorkerRegistry&) = delete;
 

@@ -57,14 +57,15 @@ class WorkerServiceImpl::AttachReactor
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Ended("its stream ended");
+      // End first: Ended's LOST notice ends the stream too, with another status.
       End(grpc::Status::OK);
+      Ended("its stream ended");
       return;
     }
     absl::Status status = Handle(in_);
     if (!status.ok()) {
-      Ended(absl::StrCat("its stream was refused: ", status.message()));
       End(ToGrpcStatus(status));
+      Ended(absl::StrCat("its stream was refused: ", status.message()));
       return;
     }
     StartRead(&in_);
@@ -108,7 +109,7 @@ class WorkerServiceImpl::AttachReactor
  private:
   // The worker's stream is gone: mark it LOST unless a newer stream replaced this one.
   void Ended(const std::string& why) {
-    if (id_.empty()) return;
+    if (id_.empty() || service_->shutting_down()) return;
     if (service_->IsCurrent(id_, this)) service_->workers_->MarkLost(id_, why);
   }
 
@@ -233,6 +234,11 @@ void WorkerServiceImpl::Shutdown() {
   for (auto& [id, reactor] : streams_) {
     reactor->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down"));
   }
+}
+
+bool WorkerServiceImpl::shutting_down() const {
+  absl::MutexLock lock(&mu_);
+  return shut_down_;
 }
 
 int WorkerServiceImpl::open_streams() const {

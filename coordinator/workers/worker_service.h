@@ -16,6 +16,8 @@
 //   marks its worker LOST at once. A new stream registering the same worker_id replaces the old
 //   one, which ends ABORTED. A worker the registry marks LOST (missed heartbeats) gets its stream
 //   ended UNAVAILABLE by Kick, so it must attach and register again to get work.
+// - Shutdown ends every stream UNAVAILABLE without marking the workers LOST: their store rows
+//   keep their job, so a restarted coordinator can re-adopt them (scheduler.h).
 //
 // Thread safety: gRPC runs the reactors on its threads; Send and Kick from any thread.
 #ifndef SWITCHYARD_COORDINATOR_WORKERS_WORKER_SERVICE_H_
@@ -49,6 +51,7 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService, publi
   void Shutdown();
 
   int open_streams() const;
+  bool shutting_down() const;
 
  private:
   class AttachReactor;

@@ -148,7 +148,12 @@ FakeWorker::~FakeWorker() {
   if (reader_.joinable()) reader_.join();
 }
 
-void FakeWorker::Attach(const char* token) {
+void FakeWorker::set_assignment(const v1::Assignment& assignment) {
+  absl::MutexLock lock(&mu_);
+  assignment_ = assignment;
+}
+
+void FakeWorker::Attach(const char* token, bool register_first) {
   if (token != nullptr) context_.AddMetadata("authorization", absl::StrCat("Bearer ", token));
   attach_started_ = absl::Now();
   stream_ = stub_->Attach(&context_);
@@ -161,7 +166,7 @@ void FakeWorker::Attach(const char* token) {
   r->set_worker_id(id_);
   r->set_host(host_);
   r->set_version("fake-0");
-  Write(message);
+  if (register_first) Write(message);
   reader_ = std::thread([this] { ReadLoop(); });
 }
 

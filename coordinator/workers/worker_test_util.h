@@ -93,8 +93,11 @@ class FakeWorker {
   FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string id, std::string host = "host-a");
   ~FakeWorker();
 
-  // Opens the stream (with the token unless `token` is null) and sends the registration.
-  void Attach(const char* token = kToken);
+  // Opens the stream (with the token unless `token` is null) and sends the registration unless
+  // `register_first` is false.
+  void Attach(const char* token = kToken, bool register_first = true);
+  // Pretends to be running `assignment` (a worker re-attaching after a coordinator restart).
+  void set_assignment(const v1::Assignment& assignment);
   // Sends a heartbeat with the current generation (0 when idle).
   void Heartbeat();
   void SendStep(int64_t step, double loss);
