@@ -1,0 +1,543 @@
+#include "worker/agent/agent.h"
+
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/version.h"
+#include "worker/agent/coordinator_channel.h"
+
+namespace switchyard::agent {
+namespace {
+
+absl::StatusOr<Device> PickDevice(const std::string& name) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (name == "cpu") return Device::Cpu();
+  if (name == "auto") return count > 0 ? Device::Cuda(0) : Device::Cpu();
+  int index = 0;
+  if (name != "cuda" && !(absl::StartsWith(name, "cuda:") &&
+                          absl::SimpleAtoi(name.substr(5), &index) && index >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: expected auto, cpu, cuda or cuda:N, got \"", name, "\""));
+  }
+  if (index >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", name, ": only ", count, " CUDA device(s) visible"));
+  }
+  return Device::Cuda(index);
+}
+
+absl::StatusOr<v1::GpuInfo> QueryGpu(int index) {
+  cudaDeviceProp prop;
+  const cudaError_t err = cudaGetDeviceProperties(&prop, index);
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaGetDeviceProperties(", index, "): ", cudaGetErrorString(err)));
+  }
+  v1::GpuInfo gpu;
+  gpu.set_name(prop.name);
+  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    absl::StrAppendFormat(&uuid, "%02x", b[i]);
+  }
+  gpu.set_uuid(uuid);
+  gpu.set_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+  gpu.set_compute_capability_major(prop.major);
+  gpu.set_compute_capability_minor(prop.minor);
+  return gpu;
+}
+
+// Rejections that a reconnect cannot fix.
+bool Permanent(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnauthenticated ||
+         code == absl::StatusCode::kPermissionDenied || code == absl::StatusCode::kUnimplemented ||
+         code == absl::StatusCode::kInvalidArgument;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("coordinator: required (host:port of the coordinator)");
+  }
+  if (options.heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat_interval must be > 0");
+  }
+  if (options.comm_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("comm_timeout must be > 0");
+  }
+  if (options.stop_report_after <= absl::ZeroDuration() ||
+      options.stop_grace < options.stop_report_after) {
+    return absl::InvalidArgumentError("stop_report_after must be > 0 and <= stop_grace");
+  }
+  if (options.reconnect_initial_backoff <= absl::ZeroDuration() ||
+      options.reconnect_max_backoff < options.reconnect_initial_backoff) {
+    return absl::InvalidArgumentError(
+        "reconnect_initial_backoff must be > 0 and <= reconnect_max_backoff");
+  }
+  std::unique_ptr<Agent> agent(new Agent(std::move(options)));
+  const AgentOptions& o = agent->options_;
+  if (!o.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(o.token_file);
+    if (!token.ok()) return token.status();
+    agent->token_ = *token;
+  }
+  absl::StatusOr<Device> device = PickDevice(o.device);
+  if (!device.ok()) return device.status();
+  agent->device_ = *device;
+  if (device->is_cuda()) {
+    absl::StatusOr<v1::GpuInfo> gpu = QueryGpu(device->index);
+    if (!gpu.ok()) return gpu.status();
+    agent->gpu_ = *gpu;
+    agent->has_gpu_ = true;
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  agent->host_ = host;
+  agent->worker_id_ = o.worker_id.empty() ? absl::StrCat(agent->host_, ":", getpid(), ":",
+                                                         absl::ToUnixMillis(absl::Now()))
+                                          : o.worker_id;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeCoordinatorChannel(o.coordinator, o.tls_root_cert);
+  if (!channel.ok()) return channel.status();
+  agent->channel_ = *channel;
+  agent->stub_ = v1::WorkerService::NewStub(agent->channel_);
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics =
+      WorkerMetrics::Create(o.metrics_bind_address, o.metrics_port);
+  if (!metrics.ok()) return metrics.status();
+  agent->metrics_ = std::move(*metrics);
+  agent->metrics_->SetGeneration(0);
+  return agent;
+}
+
+Agent::~Agent() {
+  Shutdown();
+  absl::MutexLock g(&gen_mu_);
+  EndGeneration("worker shutting down");
+  ReapStopping();
+}
+
+void Agent::Log(const std::string& line) const {
+  if (options_.log)
+    std::fprintf(stderr, "switchyard-worker %s: %s\n", worker_id_.c_str(), line.c_str());
+}
+
+v1::WorkerMessage Agent::RegistrationMessage() const {
+  v1::WorkerMessage msg;
+  v1::Registration* r = msg.mutable_registration();
+  r->set_worker_id(worker_id_);
+  r->set_host(host_);
+  if (has_gpu_) *r->mutable_gpu() = gpu_;
+  r->set_version(kVersion);
+  return msg;
+}
+
+void Agent::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+void Agent::Fatal(absl::Status status) {
+  Log(absl::StrCat("fatal: ", status.ToString()));
+  absl::MutexLock lock(&mu_);
+  if (fatal_.ok()) fatal_ = std::move(status);
+  shutdown_ = true;
+}
+
+bool Agent::WaitShutdown(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&shutdown_), d);
+  return shutdown_;
+}
+
+void Agent::Enqueue(v1::WorkerMessage msg) {
+  absl::MutexLock lock(&mu_);
+  if (msg.has_step()) {
+    int reports = 0;
+    for (const v1::WorkerMessage& m : outbox_) reports += m.has_step() ? 1 : 0;
+    if (reports >= kMaxQueuedReports) {
+      for (auto it = outbox_.begin(); it != outbox_.end(); ++it) {
+        if (it->has_step()) {
+          outbox_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+  outbox_.push_back(std::move(msg));
+}
+
+void Agent::SendExit(const v1::Assignment& a, int code, const std::string& message) {
+  v1::WorkerMessage msg;
+  v1::WorkerExit* e = msg.mutable_exit();
+  e->set_job(a.job());
+  e->set_generation(a.generation());
+  e->set_exit_code(code);
+  e->set_message(message);
+  Log(absl::StrCat("job ", a.job(), " generation ", a.generation(), " rank ", a.rank(), ": exit ",
+                   code, message.empty() ? "" : " (" + message + ")"));
+  Enqueue(std::move(msg));
+}
+
+absl::Status Agent::Run() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (running_) return absl::FailedPreconditionError("Agent::Run: called twice");
+    running_ = true;
+  }
+  absl::Duration backoff = options_.reconnect_initial_backoff;
+  while (!WaitShutdown(absl::ZeroDuration())) {
+    const absl::Time began = absl::Now();
+    absl::Status st = RunSession();
+    sessions_.fetch_add(1);
+    if (WaitShutdown(absl::ZeroDuration())) break;
+    if (Permanent(st.code())) {
+      Fatal(absl::Status(
+          st.code(),
+          absl::StrCat("the coordinator at ", options_.coordinator,
+                       " rejected this worker: ", st.message(),
+                       st.code() == absl::StatusCode::kUnauthenticated
+                           ? (options_.token_file.empty()
+                                  ? " (no token was sent: pass the coordinator's token file)"
+                                  : absl::StrCat(" (check the token in ", options_.token_file, ")"))
+                           : "")));
+      break;
+    }
+    if (absl::Now() - began > 2 * options_.reconnect_max_backoff) {
+      backoff = options_.reconnect_initial_backoff;  // the last session was a healthy one
+    }
+    Log(absl::StrCat("stream to ", options_.coordinator, " ended (", st.ToString(),
+                     "); reconnecting in ", absl::FormatDuration(backoff)));
+    if (WaitShutdown(backoff)) break;
+    backoff = std::min(backoff * 2, options_.reconnect_max_backoff);
+  }
+  {
+    absl::MutexLock g(&gen_mu_);
+    EndGeneration("worker shutting down");
+    ReapStopping();
+  }
+  absl::MutexLock lock(&mu_);
+  return fatal_;
+}
+
+absl::Status Agent::RunSession() {
+  grpc::ClientContext context;
+  AddBearerToken(token_, &context);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream =
+      stub_->Attach(&context);
+  absl::Notification reader_done;
+  std::thread writer;
+  // Registration goes first; if it cannot be written the stream is already broken and Read
+  // below returns false at once.
+  if (stream->Write(RegistrationMessage())) {
+    Log(absl::StrCat("attached to ", options_.coordinator, " (", device_.ToString(), ")"));
+    writer = std::thread([&] { WriterLoop(stream.get(), &context, &reader_done); });
+  }
+  v1::CoordinatorMessage msg;
+  while (stream->Read(&msg)) Handle(msg);
+  reader_done.Notify();
+  if (writer.joinable()) writer.join();
+  absl::Status st = FromGrpcStatus(stream->Finish());
+  if (st.ok() && !WaitShutdown(absl::ZeroDuration())) {
+    st = absl::UnavailableError("the coordinator closed the stream");
+  }
+  return st;
+}
+
+void Agent::WriterLoop(grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream,
+                       grpc::ClientContext* context, absl::Notification* reader_done) {
+  // A failed Write means the call is over (the reader's Read fails as well, and Finish carries
+  // the server's status, e.g. UNAUTHENTICATED: cancelling here would replace it by CANCELLED).
+  // Cancel only if the reader is still blocked after a while.
+  auto broken = [&] {
+    if (!reader_done->WaitForNotificationWithTimeout(absl::Seconds(5))) {
+      context->TryCancel();
+      reader_done->WaitForNotification();
+    }
+  };
+  absl::Time next_heartbeat = absl::Now();
+  while (true) {
+    bool shutting_down = false;
+    bool have = false;
+    v1::WorkerMessage msg;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shutdown_ || !outbox_.empty() || reader_done->HasBeenNotified();
+      };
+      // reader_done is not under mu_: bound the wait so its notification is seen within 50 ms.
+      mu_.AwaitWithDeadline(absl::Condition(&ready),
+                            std::min(next_heartbeat, absl::Now() + absl::Milliseconds(50)));
+      if (reader_done->HasBeenNotified()) return;
+      shutting_down = shutdown_;
+      if (!shutting_down && !outbox_.empty()) {
+        msg = std::move(outbox_.front());
+        outbox_.pop_front();
+        have = true;
+      }
+    }
+    if (shutting_down) {
+      {
+        absl::MutexLock g(&gen_mu_);
+        EndGeneration("worker shutting down");
+      }
+      std::deque<v1::WorkerMessage> rest;
+      {
+        absl::MutexLock lock(&mu_);
+        rest.swap(outbox_);
+      }
+      for (const v1::WorkerMessage& m : rest) {
+        if (!stream->Write(m)) break;
+      }
+      stream->WritesDone();
+      if (!reader_done->WaitForNotificationWithTimeout(absl::Seconds(2))) broken();
+      return;
+    }
+    if (have) {
+      if (!stream->Write(msg)) {
+        {
+          absl::MutexLock lock(&mu_);
+          outbox_.push_front(std::move(msg));  // sent again after the reconnect
+        }
+        broken();
+        return;
+      }
+      continue;
+    }
+    if (absl::Now() >= next_heartbeat) {
+      v1::WorkerMessage hb;
+      hb.mutable_heartbeat()->set_generation(generation_.load());
+      if (!stream->Write(hb)) {
+        broken();
+        return;
+      }
+      next_heartbeat = absl::Now() + options_.heartbeat_interval;
+    }
+  }
+}
+
+void Agent::Handle(const v1::CoordinatorMessage& msg) {
+  absl::MutexLock g(&gen_mu_);
+  switch (msg.msg_case()) {
+    case v1::CoordinatorMessage::kAssignment:
+      OnAssignment(msg.assignment());
+      break;
+    case v1::CoordinatorMessage::kStart:
+      OnStart();
+      break;
+    case v1::CoordinatorMessage::kCheckpoint:
+      if (gen_ != nullptr && gen_->started && !gen_->done.HasBeenNotified()) {
+        gen_->control.RequestCheckpoint();
+      } else {
+        Log("CheckpointNow ignored: no generation is running");
+      }
+      break;
+    case v1::CoordinatorMessage::kStop:
+      if (gen_ != nullptr && !gen_->done.HasBeenNotified()) {
+        EndGeneration(absl::StrCat("Stop: ", msg.stop().reason()));
+      } else {
+        Log("Stop ignored: no generation is running");
+      }
+      break;
+    default:
+      Log("ignored an empty or unknown coordinator message");
+  }
+}
+
+void Agent::OnAssignment(const v1::Assignment& a) {
+  if (gen_ != nullptr) {
+    const v1::Assignment& cur = gen_->prepared.assignment;
+    if (cur.job() == a.job() && cur.generation() == a.generation() && cur.rank() == a.rank() &&
+        !gen_->done.HasBeenNotified()) {
+      Log(absl::StrCat("Assignment of job ", a.job(), " generation ", a.generation(),
+                       " repeated: kept the current one"));
+      return;
+    }
+    EndGeneration(absl::StrCat("new assignment: job ", a.job(), " generation ", a.generation()));
+  }
+  absl::StatusOr<PreparedGeneration> prepared = PrepareGeneration(a, device_);
+  if (!prepared.ok()) {
+    SendExit(a, ExitCodeFor(prepared.status()), prepared.status().ToString());
+    return;
+  }
+  gen_ = std::make_unique<Generation>();
+  gen_->prepared = std::move(*prepared);
+  generation_.store(a.generation());
+  metrics_->SetGeneration(a.generation());
+  Log(absl::StrCat("assigned job ", a.job(), " generation ", a.generation(), " rank ", a.rank(),
+                   "/", a.world_size()));
+}
+
+void Agent::OnStart() {
+  if (gen_ == nullptr || gen_->started) {
+    Log("Start ignored: no prepared assignment");
+    return;
+  }
+  if (!ReapStopping()) {
+    SendExit(gen_->prepared.assignment, ExitCodeFor(absl::UnavailableError("")),
+             "the previous generation's training thread did not stop; restarting the worker");
+    gen_->exit_sent.store(true);
+    gen_.reset();
+    generation_.store(0);
+    return;
+  }
+  gen_->started = true;
+  Generation* g = gen_.get();
+  g->thread = std::thread([this, g] { TrainingThread(g); });
+}
+
+void Agent::EndGeneration(const std::string& reason) {
+  if (gen_ == nullptr) return;
+  Generation* g = gen_.get();
+  const v1::Assignment& a = g->prepared.assignment;
+  if (!g->started) {
+    generation_.store(0);
+    metrics_->SetGeneration(0);
+    if (!g->exit_sent.exchange(true)) SendExit(a, kStoppedExitCode, reason + " (before Start)");
+    gen_.reset();
+    return;
+  }
+  g->control.RequestStop();
+  g->stop_requested_at = absl::Now();
+  if (g->done.WaitForNotificationWithTimeout(options_.stop_report_after)) {
+    g->thread.join();
+    gen_.reset();
+    return;
+  }
+  // The communicators are aborted but the thread is still inside a collective that the transport
+  // does not interrupt at once: report the end of the generation now, and let the thread unwind
+  // in the background (ReapStopping waits for it before anything else starts).
+  if (!g->exit_sent.exchange(true)) {
+    generation_.store(0);
+    metrics_->SetGeneration(0);
+    SendExit(a, kStoppedExitCode,
+             absl::StrCat(reason,
+                          " (communicators aborted; the training thread is still "
+                          "unwinding)"));
+  }
+  ReapStopping();  // at most one generation unwinds at a time
+  stopping_ = std::move(gen_);
+}
+
+bool Agent::ReapStopping() {
+  if (stopping_ == nullptr) return true;
+  Generation* g = stopping_.get();
+  const absl::Duration left = g->stop_requested_at + options_.stop_grace - absl::Now();
+  if (g->done.WaitForNotificationWithTimeout(std::max(left, absl::ZeroDuration()))) {
+    g->thread.join();
+    stopping_.reset();
+    return true;
+  }
+  const v1::Assignment& a = g->prepared.assignment;
+  Fatal(absl::UnavailableError(absl::StrCat(
+      "job ", a.job(), " generation ", a.generation(), ": the training thread did not stop within ",
+      absl::FormatDuration(options_.stop_grace),
+      " after aborting its communicators; the process must be restarted")));
+  // The thread still uses the generation: leave both to the process exit.
+  g->thread.detach();
+  (void)stopping_.release();
+  return false;
+}
+
+void Agent::TrainingThread(Generation* g) {
+  const v1::Assignment& a = g->prepared.assignment;
+  GenerationEnv env;
+  env.rendezvous_address =
+      a.rendezvous_address().empty() ? options_.coordinator : a.rendezvous_address();
+  absl::Status st;
+  if (env.rendezvous_address == options_.coordinator) {
+    env.rendezvous_channel = channel_;
+  } else {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeCoordinatorChannel(env.rendezvous_address, options_.tls_root_cert);
+    if (channel.ok()) {
+      env.rendezvous_channel = *channel;
+    } else {
+      st = channel.status();
+    }
+  }
+  env.token = token_;
+  env.gloo_host = options_.gloo_host;
+  env.comm_timeout = options_.comm_timeout;
+  env.peak_tflops = options_.peak_tflops;
+  env.on_step = [this, g, &a](const v1::StepMetrics& m) {
+    if (g->exit_sent.load()) return;  // stopped and reported: nothing more from it
+    metrics_->Record(m);
+    v1::WorkerMessage msg;
+    v1::StepReport* r = msg.mutable_step();
+    r->set_job(a.job());
+    r->set_generation(a.generation());
+    r->set_rank(a.rank());
+    *r->mutable_metrics() = m;
+    Enqueue(std::move(msg));
+  };
+  env.log = [this, &a](const std::string& line) {
+    Log(absl::StrCat("job ", a.job(), " generation ", a.generation(), " rank ", a.rank(), ": ",
+                     line));
+  };
+  if (st.ok()) st = RunGeneration(g->prepared, env, &g->control);
+  int code = 0;
+  std::string message = "finished";
+  if (g->control.stop_requested()) {
+    code = kStoppedExitCode;
+    message = st.ok() ? "stopped on request" : "stopped on request: " + st.ToString();
+  } else if (!st.ok()) {
+    code = ExitCodeFor(st);
+    message = st.ToString();
+  }
+  if (!g->exit_sent.exchange(true)) {
+    generation_.store(0);
+    metrics_->SetGeneration(0);
+    SendExit(a, code, message);
+  }
+  g->done.Notify();
+}
+
+absl::Status RunAgent(const AgentOptions& options) {
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(options);
+  if (!agent.ok()) return agent.status();
+  return (*agent)->Run();
+}
+
+int AgentMain(const AgentOptions& options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(options);
+  if (!agent.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", agent.status().ToString().c_str());
+    return 1;
+  }
+  std::atomic<bool> finished{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (!finished.load()) (*agent)->Shutdown();
+  });
+  absl::Status st = (*agent)->Run();
+  finished.store(true);
+  // Wake the waiter (the signals are blocked in every thread, so this goes to sigwait).
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  if (st.ok()) return 0;
+  std::fprintf(stderr, "switchyard-worker: %s\n", st.ToString().c_str());
+  return st.code() == absl::StatusCode::kUnavailable ? 75 : 1;
+}
+
+}  // namespace switchyard::agent

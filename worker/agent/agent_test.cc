@@ -1,0 +1,562 @@
+// The worker agent against a real gRPC fake coordinator on loopback (testing/fake_coordinator.h):
+// two agents (threads of this process, each with its own channel, Gloo transport and trainer)
+// train a tiny CPU MoE job over Gloo through Assignment -> Start -> StepReports -> WorkerExit(0);
+// a Stop mid-training ends the generation with 143 on both and they go idle; a second
+// assignment (world 1) resumes from the CheckpointNow checkpoint and finishes; the agent's
+// /metrics is scraped over HTTP; a stream cut by the coordinator is re-attached with the same
+// worker_id while training goes on; a missing or wrong token is rejected with a clear error.
+#include "worker/agent/agent.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/checkpoint.h"
+#include "common/config.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "worker/agent/testing/fake_coordinator.h"
+
+namespace switchyard::agent {
+namespace {
+
+using testing::FakeCoordinator;
+using testing::WorkerRecord;
+using Workers = std::map<std::string, WorkerRecord>;
+
+// worker/train/distributed_trainer_test.cc's model: two MoE layers (0 and 2) and a dense one,
+// 8 experts (EP = 2 holds 4 per rank), 8 micro-batches of one 16-token sequence per step.
+constexpr char kSpec[] = R"(
+model:
+  num_layers: 3
+  hidden_size: 32
+  num_attention_heads: 4
+  num_query_groups: 2
+  ffn_hidden_size: 48
+  seq_length: 16
+  vocab_size: 64
+  qk_layernorm: true
+  num_experts: 8
+  moe_router_topk: 2
+  moe_ffn_hidden_size: 24
+  moe_shared_expert_intermediate_size: 16
+  moe_router_score_function: sigmoid
+  moe_router_enable_expert_bias: true
+  moe_router_bias_update_rate: 0.01
+  moe_router_load_balancing_type: aux_loss
+  moe_aux_loss_coeff: 0.01
+  moe_z_loss_coeff: 0.001
+  moe_layer_pattern: [1, 0, 1]
+  init_method_std: 0.2
+training:
+  micro_batch_size: 1
+  global_batch_size: 8
+  train_iters: 6
+  lr: 0.003
+  lr_warmup_iters: 2
+  seed: 11
+data:
+  mock_data: true
+)";
+constexpr int64_t kTokensPerStep = 8 * 16;
+constexpr char kToken[] = "s3cret-token";
+
+std::string TmpDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+std::string WriteTokenFile(const std::string& name, const std::string& token) {
+  const std::string path = TmpDir(name);
+  std::ofstream(path) << token << "\n";
+  return path;
+}
+
+v1::CoordinatorMessage AssignmentMsg(const std::string& job, int64_t generation, int rank,
+                                     int world, int64_t train_iters, const std::string& ckpt,
+                                     const std::string& rendezvous) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kSpec);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_parallel()->set_world_size(world);
+  spec->mutable_parallel()->set_expert_model_parallel_size(world);
+  spec->mutable_training()->set_train_iters(train_iters);
+  spec->mutable_training()->set_save(ckpt);
+  spec->mutable_training()->set_load(ckpt);
+  v1::CoordinatorMessage msg;
+  v1::Assignment* a = msg.mutable_assignment();
+  a->set_job(job);
+  a->set_generation(generation);
+  a->set_rank(rank);
+  a->set_world_size(world);
+  *a->mutable_spec() = *spec;
+  a->mutable_mapping()->set_expert_model_parallel_size(world);
+  a->mutable_mapping()->set_data_parallel_size(world);
+  a->set_rendezvous_address(rendezvous);
+  return msg;
+}
+
+v1::CoordinatorMessage StartMsg() {
+  v1::CoordinatorMessage m;
+  m.mutable_start();
+  return m;
+}
+v1::CoordinatorMessage StopMsg(const std::string& reason) {
+  v1::CoordinatorMessage m;
+  m.mutable_stop()->set_reason(reason);
+  return m;
+}
+v1::CoordinatorMessage CheckpointMsg() {
+  v1::CoordinatorMessage m;
+  m.mutable_checkpoint();
+  return m;
+}
+
+// Step reports of (job, generation) from one worker.
+std::vector<v1::StepReport> StepsOf(const WorkerRecord& w, const std::string& job, int64_t gen) {
+  std::vector<v1::StepReport> out;
+  for (const v1::StepReport& s : w.steps) {
+    if (s.job() == job && s.generation() == gen) out.push_back(s);
+  }
+  return out;
+}
+const v1::WorkerExit* ExitOf(const WorkerRecord& w, const std::string& job, int64_t gen) {
+  for (const v1::WorkerExit& e : w.exits) {
+    if (e.job() == job && e.generation() == gen) return &e;
+  }
+  return nullptr;
+}
+bool HasExit(const Workers& ws, const std::string& id, const std::string& job, int64_t gen) {
+  auto it = ws.find(id);
+  return it != ws.end() && ExitOf(it->second, job, gen) != nullptr;
+}
+size_t NumSteps(const Workers& ws, const std::string& id, const std::string& job, int64_t gen) {
+  auto it = ws.find(id);
+  return it == ws.end() ? 0 : StepsOf(it->second, job, gen).size();
+}
+// Idle again: a heartbeat with generation 0 after the last exit.
+bool Idle(const Workers& ws, const std::string& id) {
+  auto it = ws.find(id);
+  return it != ws.end() && it->second.heartbeats_since_last_exit > 0 &&
+         it->second.last_heartbeat_generation == 0;
+}
+
+// An agent running on a thread of its own.
+struct RunningAgent {
+  std::unique_ptr<Agent> agent;
+  std::thread thread;
+  absl::Status result;
+  void Start() {
+    thread = std::thread([this] { result = agent->Run(); });
+  }
+  void Stop() {
+    agent->Shutdown();
+    if (thread.joinable()) thread.join();
+  }
+  ~RunningAgent() { Stop(); }
+};
+
+std::unique_ptr<RunningAgent> StartAgent(const FakeCoordinator& fake, const std::string& id,
+                                         const std::string& token_file, int metrics_port) {
+  AgentOptions o;
+  o.coordinator = fake.address();
+  o.token_file = token_file;
+  o.device = "cpu";
+  o.heartbeat_interval = absl::Milliseconds(100);
+  o.metrics_port = metrics_port;
+  o.metrics_bind_address = "127.0.0.1";
+  // Bounds how long a rank stuck in a Gloo collective after a Stop unwinds in the background.
+  o.comm_timeout = absl::Seconds(10);
+  o.worker_id = id;
+  o.reconnect_initial_backoff = absl::Milliseconds(50);
+  o.reconnect_max_backoff = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  if (!agent.ok()) return nullptr;
+  auto r = std::make_unique<RunningAgent>();
+  r->agent = std::move(*agent);
+  r->Start();
+  return r;
+}
+
+void ExpectSane(const v1::StepReport& s, int rank) {
+  const v1::StepMetrics& m = s.metrics();
+  EXPECT_EQ(s.rank(), rank);
+  EXPECT_TRUE(std::isfinite(m.loss()) && m.loss() > 0) << m.ShortDebugString();
+  EXPECT_GT(m.step_ms(), 0);
+  EXPECT_GT(m.tokens_per_second(), 0);
+  EXPECT_GT(m.tflops(), 0);
+  // Warm-up starts from lr 0 (Megatron's schedule at step 0).
+  if (m.step() > 1) EXPECT_GT(m.lr(), 0);
+  EXPECT_GE(m.lr(), 0);
+  EXPECT_GT(m.grad_norm(), 0);
+  ASSERT_EQ(m.expert_load_size(), 2) << "one summary per MoE layer";
+  EXPECT_EQ(m.expert_load(0).layer(), 0);
+  EXPECT_EQ(m.expert_load(1).layer(), 2);
+  for (const v1::ExpertLoad& l : m.expert_load()) {
+    ASSERT_EQ(l.tokens_per_expert_size(), 8);
+    int64_t sum = 0;
+    for (int64_t t : l.tokens_per_expert()) sum += t;
+    EXPECT_EQ(sum, kTokensPerStep * 2) << "top-2 over the whole global batch";
+    EXPECT_DOUBLE_EQ(l.mean_tokens(), kTokensPerStep * 2 / 8.0);
+    EXPECT_LE(l.min_tokens(), l.mean_tokens());
+    EXPECT_GE(l.max_tokens(), l.mean_tokens());
+    EXPECT_NEAR(l.imbalance(), l.max_tokens() / l.mean_tokens(), 1e-12);
+  }
+}
+
+// Values of the series `name` (with labels) in a text exposition: "name{labels}" -> value.
+std::map<std::string, double> Series(const std::string& text, const std::string& name) {
+  std::map<std::string, double> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == absl::string_view::npos) continue;
+    const std::string series(line.substr(0, space));
+    if (series != name && !absl::StartsWith(series, name + "{")) continue;
+    out[series] = std::strtod(std::string(line.substr(space + 1)).c_str(), nullptr);
+  }
+  return out;
+}
+
+TEST(AgentTest, TrainStopResumeMetrics) {
+  FakeCoordinator fake(kToken);
+  const std::string token_file = WriteTokenFile("token", kToken);
+  auto a0 = StartAgent(fake, "w0", token_file, /*metrics_port=*/0);
+  auto a1 = StartAgent(fake, "w1", token_file, /*metrics_port=*/-1);
+  ASSERT_TRUE(a0 && a1);
+  ASSERT_TRUE(fake.WaitUntil(
+      [](const Workers& ws) {
+        return ws.count("w0") && ws.count("w1") && ws.at("w0").heartbeats > 0 &&
+               ws.at("w1").heartbeats > 0;
+      },
+      absl::Seconds(20)));
+  {
+    Workers ws = fake.Workers();
+    ASSERT_EQ(ws.size(), 2u);
+    for (const auto& [id, w] : ws) {
+      std::printf("registered %s: host %s version %s gpu %s, heartbeat generation %lld\n",
+                  id.c_str(), w.registration.host().c_str(), w.registration.version().c_str(),
+                  w.registration.has_gpu() ? w.registration.gpu().name().c_str() : "(none: CPU)",
+                  static_cast<long long>(w.last_heartbeat_generation));
+      EXPECT_FALSE(w.registration.host().empty());
+      EXPECT_FALSE(w.registration.version().empty());
+      EXPECT_FALSE(w.registration.has_gpu());
+      EXPECT_EQ(w.last_heartbeat_generation, 0);
+    }
+  }
+
+  // Job A: world 2, EP 2, to completion.
+  const std::string ckpt_a = TmpDir("ckpt_a");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(fake.Send(absl::StrCat("w", r),
+                          AssignmentMsg("job-a", 1, r, 2, 6, ckpt_a, fake.address())));
+  }
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(fake.Send(absl::StrCat("w", r), StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil(
+      [](const Workers& ws) {
+        return HasExit(ws, "w0", "job-a", 1) && HasExit(ws, "w1", "job-a", 1);
+      },
+      absl::Seconds(120)));
+  {
+    Workers ws = fake.Workers();
+    std::vector<std::vector<v1::StepReport>> steps;
+    for (int r = 0; r < 2; ++r) {
+      const WorkerRecord& w = ws.at(absl::StrCat("w", r));
+      const v1::WorkerExit* e = ExitOf(w, "job-a", 1);
+      std::printf("job-a rank %d: exit %d (%s), %zu step reports\n", r, e->exit_code(),
+                  e->message().c_str(), StepsOf(w, "job-a", 1).size());
+      EXPECT_EQ(e->exit_code(), 0) << e->message();
+      steps.push_back(StepsOf(w, "job-a", 1));
+      ASSERT_EQ(steps[r].size(), 6u);
+      for (int i = 0; i < 6; ++i) {
+        EXPECT_EQ(steps[r][i].metrics().step(), i + 1);
+        ExpectSane(steps[r][i], r);
+      }
+    }
+    for (int i = 0; i < 6; ++i) {
+      const v1::StepMetrics &m0 = steps[0][i].metrics(), &m1 = steps[1][i].metrics();
+      std::printf("  step %lld loss %.6f / %.6f  grad norm %.5f  imbalance L0 %.3f L2 %.3f\n",
+                  static_cast<long long>(m0.step()), m0.loss(), m1.loss(), m0.grad_norm(),
+                  m0.expert_load(0).imbalance(), m0.expert_load(1).imbalance());
+      // The loss and the expert counts are all-reduced over the ranks: identical reports.
+      EXPECT_EQ(m0.loss(), m1.loss());
+      EXPECT_EQ(m0.expert_load(0).tokens_per_expert(3), m1.expert_load(0).tokens_per_expert(3));
+    }
+    EXPECT_LT(steps[0][5].metrics().loss(), steps[0][0].metrics().loss()) << "it learns";
+    absl::StatusOr<Checkpoint> ck = LoadCheckpoint(ckpt_a);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    EXPECT_EQ(ck->step(), 6) << "final checkpoint";
+    std::vector<std::string> keys = fake.RendezvousKeys();
+    std::printf("rendezvous keys through the coordinator: %zu (e.g. %s)\n", keys.size(),
+                keys.empty() ? "-" : keys.front().c_str());
+    EXPECT_FALSE(keys.empty());
+    for (const std::string& k : keys) EXPECT_TRUE(absl::StartsWith(k, "job-a/1/")) << k;
+  }
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return Idle(ws, "w0") && Idle(ws, "w1"); },
+                             absl::Seconds(10)))
+      << "heartbeats with generation 0 after WorkerExit";
+
+  // The agent's /metrics, over HTTP.
+  {
+    const int port = a0->agent->metrics_port();
+    ASSERT_GT(port, 0);
+    httplib::Client client("127.0.0.1", port);
+    httplib::Result res = client.Get("/metrics");
+    ASSERT_TRUE(res) << "scrape failed: " << httplib::to_string(res.error());
+    ASSERT_EQ(res->status, 200);
+    const std::string& text = res->body;
+    std::printf("scraped http://127.0.0.1:%d/metrics (%zu bytes)\n", port, text.size());
+    for (const char* name : {"switchyard_worker_step", "switchyard_worker_step_seconds",
+                             "switchyard_worker_tokens_per_second", "switchyard_worker_tflops",
+                             "switchyard_worker_loss", "switchyard_worker_generation"}) {
+      std::map<std::string, double> s = Series(text, name);
+      ASSERT_EQ(s.size(), 1u) << name << "\n" << text;
+      std::printf("  %s %g\n", name, s.begin()->second);
+    }
+    EXPECT_EQ(Series(text, "switchyard_worker_step").begin()->second, 6);
+    EXPECT_GT(Series(text, "switchyard_worker_step_seconds").begin()->second, 0);
+    EXPECT_GT(Series(text, "switchyard_worker_tokens_per_second").begin()->second, 0);
+    EXPECT_EQ(Series(text, "switchyard_worker_generation").begin()->second, 0);
+    EXPECT_TRUE(Series(text, "switchyard_worker_mfu").empty()) << "no MFU on the CPU";
+    for (const char* name :
+         {"switchyard_worker_expert_tokens_min", "switchyard_worker_expert_tokens_max",
+          "switchyard_worker_expert_tokens_mean", "switchyard_worker_expert_load_imbalance"}) {
+      std::map<std::string, double> s = Series(text, name);
+      ASSERT_EQ(s.size(), 2u) << name << ": one series per MoE layer, not per expert\n" << text;
+      for (const auto& [series, value] : s) std::printf("  %s %g\n", series.c_str(), value);
+      EXPECT_TRUE(s.count(absl::StrCat(name, "{layer=\"0\"}"))) << text;
+      EXPECT_TRUE(s.count(absl::StrCat(name, "{layer=\"2\"}"))) << text;
+    }
+    EXPECT_DOUBLE_EQ(Series(text, "switchyard_worker_expert_tokens_mean")
+                         .at("switchyard_worker_expert_tokens_mean{layer=\"0\"}"),
+                     kTokensPerStep * 2 / 8.0);
+    EXPECT_FALSE(absl::StrContains(text, "expert=\"")) << "no per-expert series";
+  }
+
+  // Job B: long, CheckpointNow, then Stop mid-training.
+  const std::string ckpt_b = TmpDir("ckpt_b");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(fake.Send(absl::StrCat("w", r),
+                          AssignmentMsg("job-b", 1, r, 2, 1000000, ckpt_b, fake.address())));
+  }
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(fake.Send(absl::StrCat("w", r), StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil(
+      [](const Workers& ws) {
+        return NumSteps(ws, "w0", "job-b", 1) >= 3 && NumSteps(ws, "w1", "job-b", 1) >= 3;
+      },
+      absl::Seconds(120)));
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(fake.Send(absl::StrCat("w", r), CheckpointMsg()));
+  const absl::Time wait_ckpt = absl::Now() + absl::Seconds(60);
+  while (!LoadCheckpoint(ckpt_b).ok() && absl::Now() < wait_ckpt) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(LoadCheckpoint(ckpt_b).ok()) << "CheckpointNow wrote nothing in " << ckpt_b;
+  const size_t at_checkpoint = NumSteps(fake.Workers(), "w0", "job-b", 1);
+  ASSERT_TRUE(fake.WaitUntil(
+      [&](const Workers& ws) { return NumSteps(ws, "w0", "job-b", 1) >= at_checkpoint + 2; },
+      absl::Seconds(60)));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(fake.Send(absl::StrCat("w", r), StopMsg("test: stop mid-training")));
+  }
+  const absl::Time stop_sent = absl::Now();
+  ASSERT_TRUE(fake.WaitUntil(
+      [](const Workers& ws) {
+        return HasExit(ws, "w0", "job-b", 1) && HasExit(ws, "w1", "job-b", 1);
+      },
+      absl::Seconds(60)));
+  const absl::Duration stop_latency = absl::Now() - stop_sent;
+  std::printf("job-b: both exits %.0f ms after Stop\n", absl::ToDoubleMilliseconds(stop_latency));
+  EXPECT_LT(stop_latency, absl::Seconds(5)) << "stop_report_after is 2 s";
+  int64_t stopped_at = 0;
+  {
+    Workers ws = fake.Workers();
+    for (int r = 0; r < 2; ++r) {
+      const WorkerRecord& w = ws.at(absl::StrCat("w", r));
+      const v1::WorkerExit* e = ExitOf(w, "job-b", 1);
+      std::printf("job-b rank %d: exit %d (%s) after %zu steps\n", r, e->exit_code(),
+                  e->message().c_str(), StepsOf(w, "job-b", 1).size());
+      EXPECT_EQ(e->exit_code(), 143) << e->message();
+      stopped_at = std::max<int64_t>(stopped_at, StepsOf(w, "job-b", 1).back().metrics().step());
+    }
+  }
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return Idle(ws, "w0") && Idle(ws, "w1"); },
+                             absl::Seconds(10)));
+  EXPECT_EQ(a0->agent->generation(), 0);
+  EXPECT_EQ(a1->agent->generation(), 0);
+  absl::StatusOr<Checkpoint> saved = LoadCheckpoint(ckpt_b);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const int64_t resume_step = saved->step();
+  std::printf("job-b: latest checkpoint step %lld (CheckpointNow), stopped at step %lld\n",
+              static_cast<long long>(resume_step), static_cast<long long>(stopped_at));
+  EXPECT_LT(resume_step, stopped_at);
+
+  // Job B generation 2: world 1 on w1, resumes from the checkpoint and finishes.
+  ASSERT_TRUE(
+      fake.Send("w1", AssignmentMsg("job-b", 2, 0, 1, resume_step + 3, ckpt_b, fake.address())));
+  ASSERT_TRUE(fake.Send("w1", StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return HasExit(ws, "w1", "job-b", 2); },
+                             absl::Seconds(120)));
+  {
+    const WorkerRecord w = fake.Workers().at("w1");
+    const v1::WorkerExit* e = ExitOf(w, "job-b", 2);
+    std::vector<v1::StepReport> steps = StepsOf(w, "job-b", 2);
+    std::printf("job-b generation 2 (world 1): exit %d (%s), steps", e->exit_code(),
+                e->message().c_str());
+    for (const auto& s : steps) std::printf(" %lld", static_cast<long long>(s.metrics().step()));
+    std::printf("\n");
+    EXPECT_EQ(e->exit_code(), 0) << e->message();
+    ASSERT_EQ(steps.size(), 3u);
+    EXPECT_EQ(steps.front().metrics().step(), resume_step + 1) << "resumed from the checkpoint";
+    EXPECT_EQ(steps.back().metrics().step(), resume_step + 3);
+    for (const auto& s : steps) ExpectSane(s, 0);
+  }
+  // w0 saw nothing of generation 2 and stayed idle.
+  EXPECT_EQ(NumSteps(fake.Workers(), "w0", "job-b", 2), 0u);
+  a0->Stop();
+  a1->Stop();
+  EXPECT_TRUE(a0->result.ok()) << a0->result;
+  EXPECT_TRUE(a1->result.ok()) << a1->result;
+  EXPECT_EQ(fake.Workers().at("w0").registrations, 1) << "one stream all along";
+}
+
+TEST(AgentTest, ReattachesWithTheSameIdAndKeepsTraining) {
+  FakeCoordinator fake(kToken);
+  auto a = StartAgent(fake, "", WriteTokenFile("token_r", kToken), -1);
+  ASSERT_TRUE(a);
+  const std::string id = a->agent->worker_id();
+  std::printf("default worker_id: %s\n", id.c_str());
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(id, ':')).size(), 3u) << "host:pid:start";
+  ASSERT_TRUE(
+      fake.WaitUntil([&](const Workers& ws) { return ws.count(id) > 0; }, absl::Seconds(20)));
+  ASSERT_TRUE(fake.Send(id, AssignmentMsg("job-r", 1, 0, 1, 1000000, TmpDir("ckpt_r"), "")));
+  ASSERT_TRUE(fake.Send(id, StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil([&](const Workers& ws) { return NumSteps(ws, id, "job-r", 1) >= 2; },
+                             absl::Seconds(60)));
+  fake.Kick(id);
+  const absl::Time kicked = absl::Now();
+  ASSERT_TRUE(fake.WaitUntil(
+      [&](const Workers& ws) { return ws.at(id).registrations == 2 && ws.at(id).connected; },
+      absl::Seconds(20)));
+  std::printf("re-attached %.0f ms after the stream was cut\n",
+              absl::ToDoubleMilliseconds(absl::Now() - kicked));
+  ASSERT_TRUE(fake.WaitUntil(
+      [&](const Workers& ws) {
+        const WorkerRecord& w = ws.at(id);
+        int later = 0;
+        for (int s : w.steps_session) later += s == 2 ? 1 : 0;
+        return later >= 2;
+      },
+      absl::Seconds(60)))
+      << "step reports on the new stream";
+  ASSERT_TRUE(fake.Send(id, StopMsg("test done")));
+  ASSERT_TRUE(fake.WaitUntil([&](const Workers& ws) { return HasExit(ws, id, "job-r", 1); },
+                             absl::Seconds(30)));
+  const WorkerRecord w = fake.Workers().at(id);
+  int64_t before = 0, after = 0, last = 0;
+  bool increasing = true;
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    (w.steps_session[i] == 1 ? before : after)++;
+    increasing &= w.steps[i].metrics().step() > last;
+    last = w.steps[i].metrics().step();
+  }
+  std::printf(
+      "step reports: %lld on the first stream, %lld on the second (last step %lld); "
+      "exit %d\n",
+      static_cast<long long>(before), static_cast<long long>(after), static_cast<long long>(last),
+      ExitOf(w, "job-r", 1)->exit_code());
+  EXPECT_TRUE(increasing) << "no step reported twice or out of order";
+  EXPECT_EQ(ExitOf(w, "job-r", 1)->exit_code(), 143);
+  EXPECT_EQ(w.registration.worker_id(), id);
+  a->Stop();
+  EXPECT_TRUE(a->result.ok()) << a->result;
+}
+
+TEST(AgentTest, BadAssignmentIsAPermanentExit) {
+  FakeCoordinator fake("");
+  auto a = StartAgent(fake, "wb", "", -1);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(
+      fake.WaitUntil([](const Workers& ws) { return ws.count("wb") > 0; }, absl::Seconds(20)));
+  v1::CoordinatorMessage bad = AssignmentMsg("job-x", 1, 2, 2, 5, TmpDir("ckpt_x"), "");
+  ASSERT_TRUE(fake.Send("wb", bad));
+  v1::CoordinatorMessage bad_spec = AssignmentMsg("job-x", 2, 0, 1, 5, TmpDir("ckpt_x"), "");
+  bad_spec.mutable_assignment()->mutable_spec()->mutable_model()->set_moe_router_topk(9);
+  ASSERT_TRUE(fake.Send("wb", bad_spec));
+  ASSERT_TRUE(fake.WaitUntil(
+      [](const Workers& ws) {
+        return HasExit(ws, "wb", "job-x", 1) && HasExit(ws, "wb", "job-x", 2);
+      },
+      absl::Seconds(20)));
+  const WorkerRecord w = fake.Workers().at("wb");
+  for (int g = 1; g <= 2; ++g) {
+    const v1::WorkerExit* e = ExitOf(w, "job-x", g);
+    std::printf("bad assignment %d: exit %d (%s)\n", g, e->exit_code(), e->message().c_str());
+    EXPECT_EQ(e->exit_code(), 1);
+  }
+  EXPECT_TRUE(absl::StrContains(ExitOf(w, "job-x", 1)->message(), "assignment.rank"));
+  EXPECT_TRUE(absl::StrContains(ExitOf(w, "job-x", 2)->message(), "assignment.spec"));
+  // A Stop while idle is ignored: no exit.
+  ASSERT_TRUE(fake.Send("wb", StopMsg("nothing to stop")));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(fake.Workers().at("wb").exits.size(), 2u);
+}
+
+TEST(AgentTest, MissingOrWrongTokenIsRejectedWithAClearError) {
+  FakeCoordinator fake(kToken);
+  struct Case {
+    const char* name;
+    std::string token_file;
+    const char* hint;
+  } cases[] = {
+      {"missing", "", "no token was sent"},
+      {"wrong", WriteTokenFile("wrong_token", "not-the-token"), "check the token in"},
+  };
+  for (const Case& c : cases) {
+    AgentOptions o;
+    o.coordinator = fake.address();
+    o.token_file = c.token_file;
+    o.device = "cpu";
+    o.worker_id = std::string("w-") + c.name;
+    absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    const absl::Time t0 = absl::Now();
+    absl::Status st = (*agent)->Run();
+    std::printf("%s token: Run returned after %.0f ms: %s\n", c.name,
+                absl::ToDoubleMilliseconds(absl::Now() - t0), st.ToString().c_str());
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_TRUE(absl::StrContains(st.message(), c.hint)) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), fake.address())) << st;
+  }
+  EXPECT_EQ(fake.rejected(), 2);
+  EXPECT_TRUE(fake.Workers().empty());
+}
+
+TEST(AgentTest, OptionsAreChecked) {
+  AgentOptions o;
+  EXPECT_EQ(Agent::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.coordinator = "127.0.0.1:1";
+  o.device = "tpu";
+  absl::Status st = Agent::Create(o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "device")) << st;
+  o.device = "cpu";
+  o.token_file = TmpDir("no_such_token_file");
+  EXPECT_EQ(Agent::Create(o).status().code(), absl::StatusCode::kNotFound);
+  o.token_file = WriteTokenFile("empty_token", "  ");
+  EXPECT_EQ(Agent::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.token_file.clear();
+  o.heartbeat_interval = absl::ZeroDuration();
+  st = Agent::Create(o).status();
+  EXPECT_TRUE(absl::StrContains(st.message(), "heartbeat_interval")) << st;
+}
+
+}  // namespace
+}  // namespace switchyard::agent

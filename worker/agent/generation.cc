@@ -1,0 +1,280 @@
+#include "worker/agent/generation.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint.h"
+#include "common/config_defaults.h"
+#include "common/cuda_status.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "kernels/buffer.h"
+
+namespace switchyard::agent {
+namespace {
+
+absl::Status Field(absl::string_view field, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat("assignment.", field, " ", rule));
+}
+
+// Whether `mine` holds on any rank of the world (one f32 max all-reduce; through the device on
+// NCCL, synchronised on `stream`).
+absl::StatusOr<bool> AnyRank(train::ProcessGroups* groups, bool mine, const Device& device,
+                             cudaStream_t stream) {
+  float flag = mine ? 1.0f : 0.0f;
+  Tensor host(DType::kF32, {1}, Device::Cpu(), &flag);
+  if (!device.is_cuda()) {
+    SY_RETURN_IF_ERROR(groups->world->AllReduce(host, host, comm::ReduceOp::kMax));
+    return flag > 0;
+  }
+  SY_ASSIGN_OR_RETURN(kernels::Buffer buf, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
+  SY_RETURN_IF_ERROR(kernels::CopyTensor(host, buf.View()));
+  SY_RETURN_IF_ERROR(groups->world->AllReduce(buf.View(), buf.View(), comm::ReduceOp::kMax));
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  SY_RETURN_IF_ERROR(kernels::CopyTensor(buf.View(), host));
+  return flag > 0;
+}
+
+// Owns what a generation creates, destroyed in reverse order after withdrawing it from the
+// control (so a late Stop never aborts a destroyed communicator).
+struct Resources {
+  GenerationControl* control = nullptr;
+  std::shared_ptr<RendezvousKvStore> store;
+  std::unique_ptr<train::ProcessGroups> groups;
+  cudaStream_t stream = nullptr;
+  ~Resources() {
+    control->SetGroups(nullptr);
+    control->SetStore(nullptr);
+    groups.reset();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a,
+                                                     const Device& device) {
+  if (a.job().empty()) return Field("job", "must not be empty");
+  if (a.generation() < 1) {
+    return Field("generation", absl::StrCat("(", a.generation(), ") must be >= 1"));
+  }
+  if (a.world_size() < 1) {
+    return Field("world_size", absl::StrCat("(", a.world_size(), ") must be >= 1"));
+  }
+  if (a.rank() < 0 || a.rank() >= a.world_size()) {
+    return Field(
+        "rank", absl::StrCat("(", a.rank(), ") must be in [0, world_size = ", a.world_size(), ")"));
+  }
+  if (!a.has_spec()) return Field("spec", "is required");
+  PreparedGeneration p;
+  p.assignment = a;
+  p.device = device;
+  p.spec = a.spec();
+  v1::ParallelConfig* par = p.spec.mutable_parallel();
+  if (par->has_world_size() && par->world_size() != a.world_size()) {
+    return Field("spec.parallel.world_size",
+                 absl::StrCat("(", par->world_size(), ") must equal assignment.world_size (",
+                              a.world_size(), ")"));
+  }
+  par->set_world_size(a.world_size());
+  const v1::Mapping& m = a.mapping();
+  const std::pair<const char*, int> unsupported[] = {
+      {"tensor_model_parallel_size", m.tensor_model_parallel_size()},
+      {"context_parallel_size", m.context_parallel_size()},
+      {"pipeline_model_parallel_size", m.pipeline_model_parallel_size()},
+      {"expert_tensor_parallel_size", m.expert_tensor_parallel_size()},
+  };
+  for (const auto& [field, size] : unsupported) {
+    if (size > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "assignment.mapping.", field, " = ", size,
+          ": this worker supports data and expert parallelism only (TP = CP = PP = ETP = 1)"));
+    }
+  }
+  int ep = par->has_expert_model_parallel_size() ? par->expert_model_parallel_size() : 1;
+  if (m.expert_model_parallel_size() > 0) {
+    if (par->has_expert_model_parallel_size() && par->expert_model_parallel_size() != ep) {
+      return Field("spec.parallel.expert_model_parallel_size",
+                   absl::StrCat("(", par->expert_model_parallel_size(),
+                                ") must equal assignment.mapping.expert_model_parallel_size (",
+                                m.expert_model_parallel_size(), ")"));
+    }
+    ep = m.expert_model_parallel_size();
+  }
+  if (a.world_size() > 1 || ep > 1) par->set_expert_model_parallel_size(ep);
+  v1::JobSpec checked = p.spec;
+  ApplyDefaults(&checked);
+  absl::Status valid = ValidateJobSpec(checked);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment.spec: ", valid.message()));
+  }
+  p.dims.world_size = a.world_size();
+  p.dims.expert_model_parallel_size = ep;
+  return p;
+}
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kDataLoss:
+      return 1;
+    default:
+      return 128 + static_cast<int>(status.code());
+  }
+}
+
+v1::StepMetrics ToStepMetrics(const train::StepResult& r, const std::vector<bool>& moe_layers) {
+  v1::StepMetrics m;
+  m.set_step(r.step);
+  m.set_loss(r.loss);
+  m.set_aux_loss(r.aux_loss);
+  m.set_z_loss(r.z_loss);
+  m.set_lr(r.lr);
+  m.set_grad_norm(r.grad_norm);
+  m.set_step_ms(r.step_ms);
+  m.set_tokens_per_second(r.tokens_per_s);
+  m.set_tflops(r.tflops);
+  m.set_mfu(r.mfu);
+  std::vector<int> layer_of;
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    if (moe_layers[l]) layer_of.push_back(static_cast<int>(l));
+  }
+  for (size_t i = 0; i < r.expert_tokens.size(); ++i) {
+    const std::vector<int64_t>& tokens = r.expert_tokens[i];
+    if (tokens.empty()) continue;
+    v1::ExpertLoad* load = m.add_expert_load();
+    load->set_layer(i < layer_of.size() ? layer_of[i] : static_cast<int>(i));
+    int64_t lo = tokens[0], hi = tokens[0], sum = 0;
+    for (int64_t t : tokens) {
+      lo = std::min(lo, t);
+      hi = std::max(hi, t);
+      sum += t;
+      load->add_tokens_per_expert(t);
+    }
+    const double mean = static_cast<double>(sum) / static_cast<double>(tokens.size());
+    load->set_min_tokens(static_cast<double>(lo));
+    load->set_max_tokens(static_cast<double>(hi));
+    load->set_mean_tokens(mean);
+    load->set_imbalance(mean > 0 ? static_cast<double>(hi) / mean : 0.0);
+  }
+  return m;
+}
+
+void GenerationControl::RequestStop() {
+  stop_.store(true);
+  absl::MutexLock lock(&mu_);
+  if (store_ != nullptr) store_->Cancel();
+  if (groups_ != nullptr) groups_->AbortAll();
+}
+
+void GenerationControl::SetStore(RendezvousKvStore* store) {
+  absl::MutexLock lock(&mu_);
+  store_ = store;
+  if (store_ != nullptr && stop_.load()) store_->Cancel();
+}
+
+void GenerationControl::SetGroups(train::ProcessGroups* groups) {
+  absl::MutexLock lock(&mu_);
+  groups_ = groups;
+  if (groups_ != nullptr && stop_.load()) groups_->AbortAll();
+}
+
+absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env,
+                           GenerationControl* control) {
+  const v1::Assignment& a = p.assignment;
+  const int rank = a.rank();
+  auto log = [&](const std::string& line) {
+    if (env.log) env.log(line);
+  };
+  Resources res;
+  res.control = control;
+  if (p.device.is_cuda()) {
+    // The current device is per thread: this is the training thread.
+    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(p.device.index));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&res.stream, cudaStreamNonBlocking));
+  }
+  if (a.world_size() > 1) {
+    SY_ASSIGN_OR_RETURN(res.store,
+                        RendezvousKvStore::Create(env.rendezvous_channel, env.token,
+                                                  env.rendezvous_address, a.job(), a.generation()));
+    control->SetStore(res.store.get());
+    absl::StatusOr<std::unique_ptr<train::ProcessGroups>> groups;
+    if (p.device.is_cuda()) {
+      comm::NcclOptions nopt;
+      nopt.timeout = env.comm_timeout;
+      groups =
+          train::CreateNcclProcessGroups(res.store, rank, p.dims, p.device.index, res.stream, nopt);
+    } else {
+      comm::GlooOptions gopt;
+      gopt.hostname = env.gloo_host;
+      gopt.timeout = env.comm_timeout;
+      groups = train::CreateGlooProcessGroups(res.store, rank, p.dims, gopt);
+    }
+    if (!groups.ok()) return Annotate(groups.status(), "rendezvous");
+    res.groups = std::move(*groups);
+    control->SetGroups(res.groups.get());
+    if (control->stop_requested()) return absl::OkStatus();
+  }
+  train::TrainerOptions options;
+  options.device = p.device;
+  options.peak_tflops = env.peak_tflops;
+  options.groups = res.groups.get();
+  options.cuda_stream = res.stream;
+  absl::StatusOr<std::unique_ptr<train::Trainer>> created = train::Trainer::Create(p.spec, options);
+  if (!created.ok()) return Annotate(created.status(), "creating the trainer");
+  std::unique_ptr<train::Trainer> trainer = std::move(*created);
+  const v1::TrainingConfig& tr = trainer->spec().training();
+  std::string resume = tr.load();
+  if (!resume.empty() && !LoadCheckpoint(resume).ok()) resume.clear();  // first generation
+  if (resume.empty() && !tr.save().empty() && LoadCheckpoint(tr.save()).ok()) resume = tr.save();
+  if (!resume.empty()) {
+    SY_RETURN_IF_ERROR(Annotate(trainer->Load(resume), absl::StrCat("resuming from ", resume)));
+    log(absl::StrCat("resumed from ", resume, " at step ", trainer->step()));
+  }
+  const std::vector<bool> moe_layers = trainer->model_config().moe_layers;
+  int64_t last_saved = -1;
+  while (trainer->step() < trainer->train_iters() && !control->stop_requested()) {
+    absl::StatusOr<train::StepResult> r = trainer->Step();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", trainer->step() + 1));
+    if (env.on_step) env.on_step(ToStepMetrics(*r, moe_layers));
+    bool save = tr.save_interval() > 0 && r->step % tr.save_interval() == 0;
+    bool requested = control->TakeCheckpointRequest();
+    if (res.groups != nullptr) {
+      absl::StatusOr<bool> any = AnyRank(res.groups.get(), requested, p.device, res.stream);
+      if (!any.ok()) return Annotate(any.status(), "agreeing on CheckpointNow");
+      requested = *any;
+    }
+    if ((save || requested) && !tr.save().empty()) {
+      absl::StatusOr<std::string> dir = trainer->Save(tr.save());
+      if (!dir.ok()) return Annotate(dir.status(), absl::StrCat("saving step ", r->step));
+      last_saved = r->step;
+      log(absl::StrCat("saved checkpoint ", *dir, requested ? " (CheckpointNow)" : ""));
+    } else if (requested) {
+      log("CheckpointNow ignored: the spec has no training.save directory");
+    }
+  }
+  if (control->stop_requested()) return absl::OkStatus();
+  if (!tr.save().empty() && last_saved != trainer->step() &&
+      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
+    absl::StatusOr<std::string> dir = trainer->Save(tr.save());
+    if (!dir.ok()) return Annotate(dir.status(), "saving the final checkpoint");
+    log(absl::StrCat("saved checkpoint ", *dir));
+  }
+  log(absl::StrCat("finished at step ", trainer->step()));
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::agent

@@ -1,0 +1,153 @@
+#include "worker/agent/rendezvous_kv_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "worker/agent/coordinator_channel.h"
+
+namespace switchyard::agent {
+namespace {
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// Codes that mean "the coordinator is not reachable right now" (restart, network blip).
+bool Transient(absl::StatusCode code) { return code == absl::StatusCode::kUnavailable; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RendezvousKvStore>> RendezvousKvStore::Create(
+    std::shared_ptr<grpc::Channel> channel, std::string token, std::string address, std::string job,
+    int64_t generation, Options options) {
+  if (channel == nullptr) return absl::InvalidArgumentError("RendezvousKvStore: channel is null");
+  if (job.empty()) return absl::InvalidArgumentError("RendezvousKvStore: job must not be empty");
+  if (generation < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RendezvousKvStore: generation (", generation, ") must be >= 1"));
+  }
+  if (options.get_slice <= absl::ZeroDuration() || options.rpc_slack <= absl::ZeroDuration() ||
+      options.set_retry_for < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "RendezvousKvStore: options.get_slice and options.rpc_slack must be > 0, "
+        "options.set_retry_for >= 0");
+  }
+  return std::unique_ptr<RendezvousKvStore>(
+      new RendezvousKvStore(std::move(channel), std::move(token), std::move(address),
+                            std::move(job), generation, options));
+}
+
+RendezvousKvStore::RendezvousKvStore(std::shared_ptr<grpc::Channel> channel, std::string token,
+                                     std::string address, std::string job, int64_t generation,
+                                     Options options)
+    : stub_(v1::RendezvousService::NewStub(channel)),
+      token_(std::move(token)),
+      address_(std::move(address)),
+      job_(std::move(job)),
+      generation_(generation),
+      options_(options) {}
+
+std::string RendezvousKvStore::Describe() const {
+  return absl::StrCat("rendezvous store at ", address_, " (job ", job_, ", generation ",
+                      generation_, ")");
+}
+
+absl::Status RendezvousKvStore::CancelledError(absl::string_view op, absl::string_view key) const {
+  return absl::CancelledError(
+      absl::StrCat(op, " '", key, "' on the ", Describe(), ": the generation was stopped"));
+}
+
+absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view value) {
+  v1::RendezvousSetRequest request;
+  request.set_job(job_);
+  request.set_generation(generation_);
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  const absl::Time give_up = absl::Now() + options_.set_retry_for;
+  absl::Duration backoff = absl::Milliseconds(50);
+  while (true) {
+    if (cancelled()) return CancelledError("Set", key);
+    grpc::ClientContext context;
+    AddBearerToken(token_, &context);
+    context.set_deadline(Deadline(options_.rpc_slack));
+    v1::RendezvousSetResponse response;
+    absl::Status st = FromGrpcStatus(stub_->Set(&context, request, &response));
+    if (st.ok()) return st;
+    if (!Transient(st.code()) || absl::Now() + backoff > give_up) {
+      return absl::Status(st.code(),
+                          absl::StrCat("Set '", key, "' on the ", Describe(), ": ", st.message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::StatusOr<std::string> RendezvousKvStore::GetOnce(absl::string_view key, absl::Duration wait) {
+  v1::RendezvousGetRequest request;
+  request.set_job(job_);
+  request.set_generation(generation_);
+  request.set_key(std::string(key));
+  request.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+  grpc::ClientContext context;
+  AddBearerToken(token_, &context);
+  context.set_deadline(Deadline(wait + options_.rpc_slack));
+  v1::RendezvousGetResponse response;
+  absl::Status st = FromGrpcStatus(stub_->Get(&context, request, &response));
+  if (!st.ok()) return st;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<std::string> RendezvousKvStore::Get(absl::string_view key, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + std::max(timeout, absl::ZeroDuration());
+  absl::Status last;
+  while (true) {
+    if (cancelled()) return CancelledError("Get", key);
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    const absl::Duration wait = std::min(left, options_.get_slice);
+    absl::StatusOr<std::string> value = GetOnce(key, wait);
+    if (value.ok()) return value;
+    last = value.status();
+    const bool absent = last.code() == absl::StatusCode::kDeadlineExceeded ||
+                        last.code() == absl::StatusCode::kNotFound;
+    if (!absent && !Transient(last.code())) {
+      return absl::Status(
+          last.code(), absl::StrCat("Get '", key, "' on the ", Describe(), ": ", last.message()));
+    }
+    if (absl::Now() >= deadline) break;
+    // UNAVAILABLE answers at once; do not spin on a coordinator that is down.
+    if (Transient(last.code())) {
+      absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "key '", key, "' still absent after ", absl::FormatDuration(timeout), " on the ", Describe(),
+      Transient(last.code()) ? absl::StrCat(" (", last.message(), ")") : std::string()));
+}
+
+absl::StatusOr<bool> RendezvousKvStore::Check(absl::string_view key) {
+  if (cancelled()) return CancelledError("Check", key);
+  absl::StatusOr<std::string> value = GetOnce(key, absl::ZeroDuration());
+  if (value.ok()) return true;
+  if (value.status().code() == absl::StatusCode::kDeadlineExceeded ||
+      value.status().code() == absl::StatusCode::kNotFound) {
+    return false;
+  }
+  return absl::Status(value.status().code(), absl::StrCat("Check '", key, "' on the ", Describe(),
+                                                          ": ", value.status().message()));
+}
+
+absl::StatusOr<int64_t> RendezvousKvStore::Increment(absl::string_view key) {
+  return absl::UnimplementedError(
+      absl::StrCat("Increment '", key, "': the ", Describe(),
+                   " has Set/Get only (RendezvousService), no atomic counter"));
+}
+
+absl::StatusOr<int64_t> RendezvousKvStore::Count(absl::string_view key) {
+  return absl::UnimplementedError(
+      absl::StrCat("Count '", key, "': the ", Describe(),
+                   " has Set/Get only (RendezvousService), no atomic counter"));
+}
+
+}  // namespace switchyard::agent

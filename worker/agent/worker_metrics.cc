@@ -1,0 +1,137 @@
+#include "worker/agent/worker_metrics.h"
+
+#include <exception>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+#include "prometheus/text_serializer.h"
+
+namespace switchyard::agent {
+namespace {
+
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const char* name,
+                                                   const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      step_(GaugeFamily(*registry_, "switchyard_worker_step",
+                        "Completed optimizer steps of the running generation")
+                .Add({})),
+      step_seconds_(GaugeFamily(*registry_, "switchyard_worker_step_seconds",
+                                "Wall time of the last optimizer step")
+                        .Add({})),
+      tokens_per_second_(GaugeFamily(*registry_, "switchyard_worker_tokens_per_second",
+                                     "Tokens of the global batch per second of the last step")
+                             .Add({})),
+      tflops_(GaugeFamily(*registry_, "switchyard_worker_tflops",
+                          "Model TFLOP/s per GPU of the last step")
+                  .Add({})),
+      mfu_family_(GaugeFamily(*registry_, "switchyard_worker_mfu",
+                              "Model FLOPs utilisation of the last step (fraction of peak)")),
+      loss_(GaugeFamily(*registry_, "switchyard_worker_loss",
+                        "Mean cross-entropy of the last step (nats/token)")
+                .Add({})),
+      aux_loss_(GaugeFamily(*registry_, "switchyard_worker_aux_loss",
+                            "Load-balancing loss of the last step (coefficients included)")
+                    .Add({})),
+      grad_norm_(GaugeFamily(*registry_, "switchyard_worker_grad_norm",
+                             "Global gradient norm of the last step, before clipping")
+                     .Add({})),
+      lr_(GaugeFamily(*registry_, "switchyard_worker_lr", "Learning rate of the last step")
+              .Add({})),
+      generation_(GaugeFamily(*registry_, "switchyard_worker_generation",
+                              "Generation of the job this worker runs (0: idle)")
+                      .Add({})),
+      expert_min_(GaugeFamily(*registry_, "switchyard_worker_expert_tokens_min",
+                              "Fewest tokens routed to one expert of the MoE layer, last step")),
+      expert_max_(GaugeFamily(*registry_, "switchyard_worker_expert_tokens_max",
+                              "Most tokens routed to one expert of the MoE layer, last step")),
+      expert_mean_(GaugeFamily(*registry_, "switchyard_worker_expert_tokens_mean",
+                               "Mean tokens per expert of the MoE layer, last step")),
+      expert_imbalance_(GaugeFamily(*registry_, "switchyard_worker_expert_load_imbalance",
+                                    "Max / mean tokens per expert of the MoE layer, last step")) {}
+
+WorkerMetrics::~WorkerMetrics() {
+  if (server_ != nullptr) {
+    server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
+    const std::string& bind_address, int port) {
+  if (port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics port (", port, ") must be <= 65535 (0: any free port)"));
+  }
+  std::unique_ptr<WorkerMetrics> m(new WorkerMetrics());
+  if (port < 0) return m;
+  m->server_ = std::make_unique<httplib::Server>();
+  WorkerMetrics* self = m.get();
+  m->server_->Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
+    res.set_content(self->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (port == 0) {
+    m->port_ = m->server_->bind_to_any_port(bind_address);
+  } else if (m->server_->bind_to_port(bind_address, port)) {
+    m->port_ = port;
+  }
+  if (m->port_ <= 0) {
+    m->server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve /metrics on ", bind_address, ":", port, " (bind failed)"));
+  }
+  httplib::Server* server = m->server_.get();
+  m->thread_ = std::thread([server] { server->listen_after_bind(); });
+  return m;
+}
+
+void WorkerMetrics::Record(const v1::StepMetrics& m) {
+  step_.Set(static_cast<double>(m.step()));
+  step_seconds_.Set(m.step_ms() / 1000.0);
+  tokens_per_second_.Set(m.tokens_per_second());
+  tflops_.Set(m.tflops());
+  loss_.Set(m.loss());
+  aux_loss_.Set(m.aux_loss());
+  grad_norm_.Set(m.grad_norm());
+  lr_.Set(m.lr());
+  absl::MutexLock lock(&mu_);
+  if (m.mfu() >= 0) {
+    if (mfu_ == nullptr) mfu_ = &mfu_family_.Add({});
+    mfu_->Set(m.mfu());
+  }
+  for (const v1::ExpertLoad& load : m.expert_load()) {
+    auto it = layers_.find(load.layer());
+    if (it == layers_.end()) {
+      const std::map<std::string, std::string> labels = {{"layer", std::to_string(load.layer())}};
+      Layer l;
+      l.min = &expert_min_.Add(labels);
+      l.max = &expert_max_.Add(labels);
+      l.mean = &expert_mean_.Add(labels);
+      l.imbalance = &expert_imbalance_.Add(labels);
+      it = layers_.emplace(load.layer(), l).first;
+    }
+    it->second.min->Set(load.min_tokens());
+    it->second.max->Set(load.max_tokens());
+    it->second.mean->Set(load.mean_tokens());
+    it->second.imbalance->Set(load.imbalance());
+  }
+}
+
+void WorkerMetrics::SetGeneration(int64_t generation) {
+  generation_.Set(static_cast<double>(generation));
+}
+
+std::string WorkerMetrics::Serialize() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace switchyard::agent
