@@ -17,6 +17,16 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 // Codes that mean "the coordinator is not reachable right now" (restart, network blip).
 bool Transient(absl::StatusCode code) { return code == absl::StatusCode::kUnavailable; }
 
+// The coordinator answers FAILED_PRECONDITION when the generation was superseded (a newer one of
+// the job started, or the job ended): for this rank that is the end of its generation, a
+// retryable condition (ABORTED), not a permanent error of the job.
+absl::Status Final(const absl::Status& st, absl::string_view op, absl::string_view key,
+                   const std::string& where) {
+  const absl::StatusCode code =
+      st.code() == absl::StatusCode::kFailedPrecondition ? absl::StatusCode::kAborted : st.code();
+  return absl::Status(code, absl::StrCat(op, " '", key, "' on the ", where, ": ", st.message()));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RendezvousKvStore>> RendezvousKvStore::Create(
@@ -76,8 +86,7 @@ absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view val
     absl::Status st = FromGrpcStatus(stub_->Set(&context, request, &response));
     if (st.ok()) return st;
     if (!Transient(st.code()) || absl::Now() + backoff > give_up) {
-      return absl::Status(st.code(),
-                          absl::StrCat("Set '", key, "' on the ", Describe(), ": ", st.message()));
+      return Final(st, "Set", key, Describe());
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
@@ -112,8 +121,7 @@ absl::StatusOr<std::string> RendezvousKvStore::Get(absl::string_view key, absl::
     const bool absent = last.code() == absl::StatusCode::kDeadlineExceeded ||
                         last.code() == absl::StatusCode::kNotFound;
     if (!absent && !Transient(last.code())) {
-      return absl::Status(
-          last.code(), absl::StrCat("Get '", key, "' on the ", Describe(), ": ", last.message()));
+      return Final(last, "Get", key, Describe());
     }
     if (absl::Now() >= deadline) break;
     // UNAVAILABLE answers at once; do not spin on a coordinator that is down.
@@ -134,8 +142,7 @@ absl::StatusOr<bool> RendezvousKvStore::Check(absl::string_view key) {
       value.status().code() == absl::StatusCode::kNotFound) {
     return false;
   }
-  return absl::Status(value.status().code(), absl::StrCat("Check '", key, "' on the ", Describe(),
-                                                          ": ", value.status().message()));
+  return Final(value.status(), "Check", key, Describe());
 }
 
 absl::StatusOr<int64_t> RendezvousKvStore::Increment(absl::string_view key) {

@@ -17,6 +17,10 @@
 //                        (comm/gloo_communicator.cc) uses set/get/wait, the NCCL factory Set/Get
 //                        of the unique id, comm::PeerMonitor Set/Get/Check.
 //
+// FAILED_PRECONDITION from the coordinator (the generation was superseded: a newer one started
+// or the job ended) becomes ABORTED, so that the rank exits retryable (128+), not as a
+// permanent error of the job.
+//
 // Errors name the key, the job and generation, and the coordinator ("rendezvous store at
 // host:port (job j, generation 3)"). Get's DEADLINE_EXCEEDED names the key, as KvStore requires.
 // Thread-safe (a gRPC stub is); Cancel() from any thread.
