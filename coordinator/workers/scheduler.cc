@@ -192,6 +192,21 @@ std::vector<RunSnapshot> Scheduler::Runs() const {
   return out;
 }
 
+absl::Status Scheduler::RequestCheckpoint(const std::string& job) {
+  absl::MutexLock lock(&runs_mu_);
+  auto it = runs_.find(job);
+  if (it == runs_.end() || it->second.draining || it->second.adopting) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job, " has no generation running on this coordinator"));
+  }
+  v1::CoordinatorMessage message;
+  message.mutable_checkpoint();
+  for (const auto& [id, rank] : it->second.rank_of) {
+    if (it->second.exit_code.count(id) == 0) Send(id, message);
+  }
+  return absl::OkStatus();
+}
+
 void Scheduler::Loop() {
   while (true) {
     std::deque<Event> events;

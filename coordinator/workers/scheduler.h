@@ -134,6 +134,10 @@ class Scheduler {
   void OnLost(const WorkerInfo& worker, const std::string& why);
   void OnJobChanged();
 
+  // Sends CheckpointNow to every rank of the job's running generation (a collective: all ranks
+  // get it). FAILED_PRECONDITION naming the job when no generation of it is running here.
+  absl::Status RequestCheckpoint(const std::string& job);
+
   std::vector<RunSnapshot> Runs() const;
 
  private:

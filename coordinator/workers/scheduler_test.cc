@@ -145,6 +145,14 @@ TEST(SchedulerTest, AssignsRunsSucceeds) {
   EXPECT_EQ(step->step(), 2);
   std::printf("WatchJob subscription got steps 1 and 2 with rank 0's loss %.1f\n", step->loss());
 
+  // CheckpointNow reaches every rank; a job without a running generation is refused.
+  ASSERT_TRUE(h->plane()->scheduler()->RequestCheckpoint(job).ok());
+  for (auto& [rank, w] : ranks) {
+    EXPECT_TRUE(w->WaitFor(CoordinatorMessage::kCheckpoint).has_value()) << "rank " << rank;
+  }
+  EXPECT_EQ(h->plane()->scheduler()->RequestCheckpoint("jobs/999").code(),
+            absl::StatusCode::kFailedPrecondition);
+
   // Workers report BUSY in the store while running.
   auto row = h->store()->GetWorker(ranks[1]->id());
   ASSERT_TRUE(row.ok());
@@ -322,6 +330,43 @@ TEST(SchedulerTest, WaitsForMinWorkersAndFailsUnsupportedParallelism) {
   fleet.ticker->Add(&second);
   auto ranks = ExpectGeneration({fleet.workers[0].get(), &second}, job, 1, 2);
   EXPECT_EQ(ranks.size(), 2u);
+}
+
+TEST(SchedulerTest, NoFeasiblePlanFails) {
+  auto h = Harness::Start("sched_noplan.db");
+  ASSERT_NE(h, nullptr);
+  Fleet fleet(h.get(), 2);
+  v1::JobSpec spec = testing::SmallSpec(2, 2);
+  spec.mutable_training()->set_global_batch_size(3);  // not divisible by 1 x 2
+  const std::string job = h->Submit(spec);
+  Job failed = h->WaitForState(job, Job::FAILED);
+  std::printf("failure_reason: %s\n", failed.failure_reason().c_str());
+  EXPECT_NE(failed.failure_reason().find("NO_FEASIBLE_PLAN"), std::string::npos);
+  EXPECT_NE(failed.failure_reason().find("global_batch_size"), std::string::npos);
+  for (auto& w : fleet.workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kAssignment), 0);
+}
+
+TEST(SchedulerTest, UnacknowledgedStopMarksWorkerLostThenRestarts) {
+  auto h = Harness::Start("sched_stuck.db");
+  ASSERT_NE(h, nullptr);
+  Fleet fleet(h.get(), 3);
+  const std::string job = h->Submit(testing::SmallSpec(2, 3));
+  auto ranks = ExpectGeneration(Raw(fleet), job, 1, 3);
+  ASSERT_EQ(ranks.size(), 3u);
+  FakeWorker* stuck = ranks[1];
+  stuck->set_ack_stop(false);  // heartbeats on, but never answers the Stop (stuck collective)
+  const absl::Time failed_at = absl::Now();
+  ranks[0]->SendExit(139, "CUDA error");
+  ASSERT_TRUE(stuck->WaitFor(CoordinatorMessage::kStop).has_value());
+  auto end = stuck->WaitForEnd(absl::Seconds(10));
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->error_code(), grpc::StatusCode::UNAVAILABLE);
+  std::printf("stuck worker's stream ended after %s (stop_timeout 3s): %s\n",
+              absl::FormatDuration(absl::Now() - failed_at).c_str(), end->error_message().c_str());
+  EXPECT_NE(end->error_message().find("did not acknowledge Stop"), std::string::npos);
+  auto ranks2 = ExpectGeneration({ranks[0], ranks[2]}, job, 2, 2);
+  EXPECT_EQ(ranks2.size(), 2u);
+  PrintEvents(h.get(), job);
 }
 
 }  // namespace
