@@ -140,8 +140,19 @@ class Coordinator {
 };
 
 std::vector<std::string> Args(const std::string& store, const std::string& token_file) {
-  return {"--store", store,          "--grpc-port", "0",      "--http-port",
-          "0",       "--token-file", token_file,    "--host", "127.0.0.1"};
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return {"--store",
+          store,
+          "--grpc-port",
+          "0",
+          "--http-port",
+          "0",
+          "--token-file",
+          token_file,
+          "--host",
+          "127.0.0.1",
+          "--checkpoint-root",
+          absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints")};
 }
 
 std::string CreateBody(const std::string& name) {

@@ -3,6 +3,7 @@
 //
 //   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
 //                          [--host ADDR] [--tls-cert PEM --tls-key PEM]
+//                          [--checkpoint-root DIR] [--advertise-address HOST:PORT] [--noworkers]
 //
 // Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
 // scripts and tests can read the ports:
@@ -40,6 +41,13 @@ ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve gRPC over TLS (with --tls-key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
 ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
+ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
+          "Directory (shared with the workers) where jobs checkpoint, one subdirectory per job.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port workers dial for rendezvous (default: this host name and the gRPC port).");
+ABSL_FLAG(bool, workers, true,
+          "Serve the worker side (WorkerService, RendezvousService, scheduler); --noworkers "
+          "serves the API only.");
 
 namespace {
 
@@ -69,7 +77,8 @@ int Usage(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
-      "[--host ADDR] [--tls-cert PEM --tls-key PEM]");
+      "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--checkpoint-root DIR] "
+      "[--advertise-address HOST:PORT] [--noworkers] [--shutdown-grace S]");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
     return std::string("switchyard-coordinator ") + switchyard::kVersion + "\n";
@@ -114,6 +123,9 @@ int main(int argc, char** argv) {
   options.token_file = absl::GetFlag(FLAGS_token_file);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.workers = absl::GetFlag(FLAGS_workers);
   if (options.store_path.empty()) return Usage("--store is required");
   if (options.token_file.empty()) return Usage("--token-file is required");
 

@@ -135,16 +135,21 @@ std::vector<InvalidSpec> InvalidSpecs() {
   return out;
 }
 
-std::unique_ptr<CoordinatorServer> StartServer(const std::string& store_name) {
+std::unique_ptr<CoordinatorServer> StartServer(const std::string& store_name,
+                                               const std::function<void(ServerOptions&)>& adjust) {
   ServerOptions options;
   options.store_path = FreshPath(store_name);
   options.host = "127.0.0.1";
   options.token_file = WriteFile(store_name + ".token", absl::StrCat(kToken, "\n"));
+  const char* dir = std::getenv("TEST_TMPDIR");
+  options.checkpoint_root = absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints");
+  if (adjust) adjust(options);
   auto server = CoordinatorServer::Create(options);
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return nullptr;
-  std::printf("coordinator on 127.0.0.1 grpc %d http %d store %s\n", (*server)->grpc_port(),
-              (*server)->http_port(), options.store_path.c_str());
+  std::printf("coordinator on 127.0.0.1 grpc %d http %d store %s rendezvous %s\n",
+              (*server)->grpc_port(), (*server)->http_port(), options.store_path.c_str(),
+              (*server)->advertise_address().c_str());
   return std::move(*server);
 }
 

@@ -9,6 +9,7 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,8 +41,10 @@ struct InvalidSpec {
 // At least 50 specs, each breaking one rule of common/validate (or the parser's range checks).
 std::vector<InvalidSpec> InvalidSpecs();
 
-// A CoordinatorServer on 127.0.0.1 with free ports over FreshPath(store_name).
-std::unique_ptr<CoordinatorServer> StartServer(const std::string& store_name);
+// A CoordinatorServer on 127.0.0.1 with free ports over FreshPath(store_name), the worker side
+// on with checkpoints under TEST_TMPDIR/checkpoints; `adjust` may change the options first.
+std::unique_ptr<CoordinatorServer> StartServer(
+    const std::string& store_name, const std::function<void(ServerOptions&)>& adjust = {});
 
 std::shared_ptr<grpc::Channel> Channel(int port);
 // A context with "authorization: Bearer `token`" (no header when `token` is null) and a deadline

@@ -1,5 +1,7 @@
 #include "coordinator/api/job_service.h"
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,9 +12,15 @@
 #include "coordinator/jobs/job_state.h"
 
 namespace switchyard::api {
+void AttachLastStep(const workers::StepHub* steps, v1::Job* job) {
+  if (steps == nullptr) return;
+  std::optional<v1::StepMetrics> step = steps->LastStep(job->name());
+  if (step.has_value()) *job->mutable_last_step() = *std::move(step);
+}
+
 JobServiceImpl::JobServiceImpl(JobHub* hub, const TokenAuth* auth,
-                               metrics::CoordinatorMetrics* metrics)
-    : hub_(hub), auth_(auth), metrics_(metrics) {}
+                               metrics::CoordinatorMetrics* metrics, workers::StepHub* steps)
+    : hub_(hub), auth_(auth), metrics_(metrics), steps_(steps) {}
 
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context,
                                        const v1::CreateJobRequest* request, v1::Job* response) {
@@ -28,6 +36,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJ
   return ToGrpcStatus(
       RunApiCall(*auth_, metrics_, "GetJob", AuthorizationOf(*context), [&]() -> absl::Status {
         SY_ASSIGN_OR_RETURN(*response, hub_->GetJob(request->name()));
+        AttachLastStep(steps_, response);
         return absl::OkStatus();
       }));
 }
@@ -38,6 +47,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
   return ToGrpcStatus(
       RunApiCall(*auth_, metrics_, "ListJobs", AuthorizationOf(*context), [&]() -> absl::Status {
         SY_ASSIGN_OR_RETURN(*response, hub_->ListJobs(*request));
+        for (v1::Job& job : *response->mutable_jobs()) AttachLastStep(steps_, &job);
         return absl::OkStatus();
       }));
 }
@@ -47,6 +57,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
   return ToGrpcStatus(
       RunApiCall(*auth_, metrics_, "CancelJob", AuthorizationOf(*context), [&]() -> absl::Status {
         SY_ASSIGN_OR_RETURN(*response, hub_->CancelJob(request->name()));
+        AttachLastStep(steps_, response);
         return absl::OkStatus();
       }));
 }
@@ -60,6 +71,21 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
 
 absl::Status JobServiceImpl::Watch(grpc::ServerContext* context, const std::string& name,
                                    grpc::ServerWriter<v1::WatchJobResponse>* writer) {
+  // Validates the name (INVALID_ARGUMENT / NOT_FOUND) before subscribing to its steps.
+  SY_RETURN_IF_ERROR(hub_->GetJob(name).status());
+  std::shared_ptr<workers::StepSubscription> steps =
+      steps_ != nullptr ? steps_->Subscribe(name) : nullptr;
+  auto drain_steps = [&]() -> absl::Status {
+    if (steps == nullptr) return absl::OkStatus();
+    while (std::optional<v1::StepMetrics> step = steps->Next(absl::ZeroDuration())) {
+      v1::WatchJobResponse response;
+      *response.mutable_step() = *std::move(step);
+      if (!writer->Write(response)) {
+        return absl::CancelledError("WatchJob: the client stopped reading");
+      }
+    }
+    return absl::OkStatus();
+  };
   int64_t last_sequence = 0;
   while (true) {
     // Read the version first: a mutation after this point wakes the wait below.
@@ -69,6 +95,7 @@ absl::Status JobServiceImpl::Watch(grpc::ServerContext* context, const std::stri
     // terminal one.
     SY_ASSIGN_OR_RETURN(v1::Job job, hub_->GetJob(name));
     SY_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, hub_->ListEvents(name));
+    SY_RETURN_IF_ERROR(drain_steps());
     for (v1::JobEvent& event : events) {
       if (event.sequence() <= last_sequence) continue;
       last_sequence = event.sequence();
@@ -78,12 +105,15 @@ absl::Status JobServiceImpl::Watch(grpc::ServerContext* context, const std::stri
         return absl::CancelledError("WatchJob: the client stopped reading");
       }
     }
-    if (jobs::IsTerminal(job.state())) return absl::OkStatus();
+    if (jobs::IsTerminal(job.state())) return drain_steps();
     while (true) {
       if (context->IsCancelled()) return absl::CancelledError("WatchJob: cancelled by the client");
-      if (hub_->closed())
+      if (hub_->closed()) {
         return absl::UnavailableError("WatchJob: the coordinator is shutting down");
-      if (hub_->WaitForChange(version, kCancelPoll) != version) break;
+      }
+      SY_RETURN_IF_ERROR(drain_steps());
+      const absl::Duration wait = steps != nullptr ? kStepPoll : kCancelPoll;
+      if (hub_->WaitForChange(version, wait) != version) break;
       if (absl::Now() - read_time >= kWatchRefresh) break;
     }
   }

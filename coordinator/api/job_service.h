@@ -11,8 +11,11 @@
 // kWatchRefresh to see writers outside the hub). The stream ends OK right after the event that
 // made the job terminal (SUCCEEDED, FAILED, CANCELLED); a watch of a job already terminal replays
 // and ends. It ends CANCELLED when the client cancels (noticed within kCancelPoll) and UNAVAILABLE
-// when the coordinator shuts down. Step reports (WatchJobResponse.step) are not streamed yet: no
-// component produces them before the WorkerService exists.
+// when the coordinator shuts down. With a StepHub (the worker side's rank-0 step reports), step
+// reports published after the watch started are streamed too (WatchJobResponse.step; a slow
+// watcher loses the oldest, see workers/step_hub.h); they reach the client within kStepPoll and
+// are ordered among themselves, not against the events. Job.last_step (GetJob, ListJobs,
+// CancelJob) comes from the same hub: it is in memory only, empty after a coordinator restart.
 //
 // Thread safety: gRPC calls the methods concurrently; the class holds no mutable state.
 #ifndef SWITCHYARD_COORDINATOR_API_JOB_SERVICE_H_
@@ -22,17 +25,24 @@
 #include "coordinator/api/auth.h"
 #include "coordinator/api/job_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
+#include "coordinator/workers/step_hub.h"
 #include "switchyard/v1/job.grpc.pb.h"
 
 namespace switchyard::api {
 
 // How often a blocked WatchJob checks whether its client went away.
 inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+// How often a WatchJob with a step subscription drains it.
+inline constexpr absl::Duration kStepPoll = absl::Milliseconds(10);
+
+// Sets job->last_step from `steps` (no-op when `steps` is null or has no step for the job).
+void AttachLastStep(const workers::StepHub* steps, v1::Job* job);
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  // All three must outlive the service; `metrics` may be null.
-  JobServiceImpl(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics);
+  // All must outlive the service; `metrics` and `steps` may be null.
+  JobServiceImpl(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+                 workers::StepHub* steps = nullptr);
 
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::Job* response) override;
@@ -52,6 +62,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   JobHub* const hub_;
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
+  workers::StepHub* const steps_;
 };
 
 }  // namespace switchyard::api

@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"
+#include "coordinator/api/job_service.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -82,13 +83,13 @@ absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const httplib::Request& req) 
 }  // namespace
 
 RestGateway::RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-                         std::unique_ptr<httplib::Server> server)
-    : hub_(hub), auth_(auth), metrics_(metrics), server_(std::move(server)) {}
+                         workers::StepHub* steps, std::unique_ptr<httplib::Server> server)
+    : hub_(hub), auth_(auth), metrics_(metrics), steps_(steps), server_(std::move(server)) {}
 
 absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
     JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
     const std::string& host, int port, const std::string& tls_cert_file,
-    const std::string& tls_key_file) {
+    const std::string& tls_key_file, workers::StepHub* steps) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("http port: ", port, " is not in [0, 65535]"));
   }
@@ -103,7 +104,8 @@ absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
   } else {
     server = std::make_unique<httplib::Server>();
   }
-  std::unique_ptr<RestGateway> gateway(new RestGateway(hub, auth, metrics, std::move(server)));
+  std::unique_ptr<RestGateway> gateway(
+      new RestGateway(hub, auth, metrics, steps, std::move(server)));
   gateway->Route();
   httplib::Server& listener = *gateway->server_;
   if (port == 0) {
@@ -166,18 +168,21 @@ void RestGateway::Route() {
         api("ListJobs", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
           SY_ASSIGN_OR_RETURN(v1::ListJobsRequest request, ParseListQuery(req));
           SY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, hub_->ListJobs(request));
+          for (v1::Job& job : *response.mutable_jobs()) AttachLastStep(steps_, &job);
           return ToJson(response);
         }));
   s.Get(R"(/v1/jobs/([^/:]+))",
         api("GetJob", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
           SY_ASSIGN_OR_RETURN(v1::Job job,
                               hub_->GetJob(absl::StrCat("jobs/", req.matches[1].str())));
+          AttachLastStep(steps_, &job);
           return ToJson(job);
         }));
   s.Post(R"(/v1/jobs/([^/:]+):cancel)",
          api("CancelJob", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
            SY_ASSIGN_OR_RETURN(v1::Job job,
                                hub_->CancelJob(absl::StrCat("jobs/", req.matches[1].str())));
+           AttachLastStep(steps_, &job);
            return ToJson(job);
          }));
   s.Post("/v1/plans", api("Plan", [](const httplib::Request& req) -> absl::StatusOr<std::string> {

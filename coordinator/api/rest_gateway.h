@@ -37,6 +37,7 @@
 #include "coordinator/api/auth.h"
 #include "coordinator/api/job_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
+#include "coordinator/workers/step_hub.h"
 
 namespace httplib {
 class Server;
@@ -53,13 +54,15 @@ class RestGateway {
  public:
   // Binds `host`:`port` (0: a free port) and starts serving on a background thread; HTTPS when
   // `tls_cert_file` and `tls_key_file` (PEM) are given. `hub`, `auth` and `metrics` must outlive
-  // the gateway. UNAVAILABLE when the port cannot be bound, INVALID_ARGUMENT naming tls-cert /
-  // tls-key when OpenSSL cannot load them.
+  // the gateway; `steps` (may be null) fills Job.last_step as JobService does. UNAVAILABLE when
+  // the port cannot be bound, INVALID_ARGUMENT naming tls-cert / tls-key when OpenSSL cannot load
+  // them.
   static absl::StatusOr<std::unique_ptr<RestGateway>> Create(JobHub* hub, const TokenAuth* auth,
                                                              metrics::CoordinatorMetrics* metrics,
                                                              const std::string& host, int port,
                                                              const std::string& tls_cert_file = "",
-                                                             const std::string& tls_key_file = "");
+                                                             const std::string& tls_key_file = "",
+                                                             workers::StepHub* steps = nullptr);
   ~RestGateway();  // Stop()s.
   RestGateway(const RestGateway&) = delete;
   RestGateway& operator=(const RestGateway&) = delete;
@@ -71,12 +74,13 @@ class RestGateway {
 
  private:
   RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-              std::unique_ptr<httplib::Server> server);
+              workers::StepHub* steps, std::unique_ptr<httplib::Server> server);
   void Route();
 
   JobHub* const hub_;
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
+  workers::StepHub* const steps_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

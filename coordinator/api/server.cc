@@ -1,9 +1,13 @@
 #include "coordinator/api/server.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -34,6 +38,32 @@ absl::Status CheckPort(const char* option, int port) {
     return absl::InvalidArgumentError(absl::StrCat(option, ": ", port, " is not in [0, 65535]"));
   }
   return absl::OkStatus();
+}
+
+// A port that is free on `host` now: bind port 0, read it back, close.
+absl::StatusOr<int> ProbeFreePort(const std::string& host) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (host.empty() || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::UnavailableError("grpc-port: socket() failed probing for a free port");
+  socklen_t len = sizeof(addr);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  if (!ok) return absl::UnavailableError(absl::StrCat("grpc-port: no free port on ", host));
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+// The host part of the default advertise address.
+std::string AdvertisedHost(const std::string& host) {
+  if (!host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]") return host;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') return name;
+  return "127.0.0.1";
 }
 
 void SetServing(grpc::Server* server, bool serving) {
@@ -74,7 +104,31 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     } while (!request.page_token().empty());
     return counts;
   });
-  s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics);
+  int grpc_port = options.grpc_port;
+  workers::StepHub* steps = nullptr;
+  if (options.workers) {
+    if (options.checkpoint_root.empty()) {
+      return absl::InvalidArgumentError("checkpoint-root: must be set when workers are served");
+    }
+    if (grpc_port == 0) {
+      SY_ASSIGN_OR_RETURN(grpc_port, ProbeFreePort(options.host));
+    }
+    s->advertise_address_ = options.advertise_address.empty()
+                                ? absl::StrCat(AdvertisedHost(options.host), ":", grpc_port)
+                                : options.advertise_address;
+    workers::WorkerPlaneOptions plane_options = options.worker_options;
+    plane_options.scheduler.checkpoint_root = options.checkpoint_root;
+    plane_options.scheduler.rendezvous_address = s->advertise_address_;
+    SY_ASSIGN_OR_RETURN(s->plane_, workers::WorkerPlane::Create(s->store_.get(), hub,
+                                                                s->auth_.get(), plane_options));
+    steps = s->plane_->steps();
+    workers::WorkerRegistry* registry = s->plane_->registry();
+    s->metrics_->SetWorkerCounter([registry]() -> int64_t {
+      return registry->CountInState(workers::WorkerState::kIdle) +
+             registry->CountInState(workers::WorkerState::kBusy);
+    });
+  }
+  s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics, steps);
   s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics);
 
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -93,23 +147,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  const std::string address = absl::StrCat(options.host, ":", options.grpc_port);
+  const std::string address = absl::StrCat(options.host, ":", grpc_port);
   // gRPC sets SO_REUSEPORT by default, which would let a second coordinator bind the same port
   // and split the traffic; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, credentials, &s->grpc_port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->plan_service_.get());
+  if (s->plane_ != nullptr) s->plane_->RegisterServices(&builder);
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr || s->grpc_port_ == 0) {
     s->grpc_server_.reset();
     return absl::UnavailableError(absl::StrCat("grpc: cannot listen on ", address));
   }
+  if (s->plane_ != nullptr) SY_RETURN_IF_ERROR(s->plane_->Start());
   SetServing(s->grpc_server_.get(), true);
 
   SY_ASSIGN_OR_RETURN(
       s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
-                                    options.tls_cert_file, options.tls_key_file));
+                                    options.tls_cert_file, options.tls_key_file, steps));
   return s;
 }
 
@@ -119,6 +175,7 @@ void CoordinatorServer::Shutdown(absl::Time deadline) {
   const absl::Time start = absl::Now();
   if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false);
   if (hub_ != nullptr) hub_->Close();
+  if (plane_ != nullptr) plane_->Shutdown();
   if (rest_ != nullptr) rest_->Stop();
   const absl::Time rest_stopped = absl::Now();
   if (grpc_server_ != nullptr) {

@@ -2,14 +2,16 @@
 //
 // The coordinator's API process in one object: opens the store, builds the registry, the hub,
 // the metrics, the gRPC server (JobService, PlanService, grpc.health.v1.Health, server
-// reflection) and the REST gateway; when a certificate and key are given both serve TLS only
+// reflection, and the worker side's WorkerService and RendezvousService with its scheduler thread)
+// and the REST gateway; when a certificate and key are given both serve TLS only
 // (gRPC through grpc::SslServerCredentials, REST as HTTPS). main.cc is flag
 // parsing and signal handling around it; tests run it in-process on loopback.
 //
 // Health: the overall status ("") and each service ("switchyard.v1.JobService",
 // "switchyard.v1.PlanService") are SERVING from Create until Shutdown, NOT_SERVING during it.
 //
-// Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the REST
+// Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the scheduler
+// stops and the workers' Attach streams end (workers/worker_plane.h), the REST
 // gateway stops (idle keep-alive connections close within kKeepAliveSeconds), then the gRPC
 // server stops accepting and waits for the calls in flight until `deadline`, cancelling the rest.
 // gRPC core also waits for clients to close their connections after its GOAWAY, so with a client
@@ -36,6 +38,7 @@
 #include "coordinator/jobs/job_registry.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/store/store.h"
+#include "coordinator/workers/worker_plane.h"
 
 namespace switchyard::api {
 
@@ -48,13 +51,29 @@ struct ServerOptions {
   // Both or neither: PEM files of the server certificate (chain) and its private key.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // The worker side (coordinator/workers: WorkerService, RendezvousService, scheduler). Off, the
+  // coordinator serves the API only (jobs stay PENDING).
+  bool workers = true;
+  // Where jobs checkpoint (<root>/<job id>), as the workers see it (shared storage). Required
+  // with `workers`.
+  std::string checkpoint_root;
+  // host:port the workers dial for rendezvous (sent in every Assignment). Empty: `host` (the
+  // machine's host name when `host` is a wildcard) and the gRPC port.
+  std::string advertise_address;
+  // Timeouts of the worker registry and scheduler; checkpoint_root and rendezvous_address are
+  // filled from the fields above.
+  workers::WorkerPlaneOptions worker_options;
 };
 
 class CoordinatorServer {
  public:
   // INVALID_ARGUMENT naming the option for bad options (empty store_path or token_file, a port
   // outside [0, 65535], only one of the TLS files, an unreadable or empty token), the store's
-  // errors for the store, UNAVAILABLE when a port cannot be bound.
+  // errors for the store, UNAVAILABLE when a port cannot be bound; with `workers`, an empty
+  // checkpoint_root is INVALID_ARGUMENT and the worker side's errors are returned. With grpc_port
+  // 0 and the worker side on, the free port is found by binding a probe socket first (the
+  // rendezvous address must be known before the server starts), so another process could take it
+  // in between; the bind then fails with UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Create(const ServerOptions& options);
   ~CoordinatorServer();  // Shutdown(now + 5 s) if not yet shut down.
   CoordinatorServer(const CoordinatorServer&) = delete;
@@ -67,6 +86,10 @@ class CoordinatorServer {
   void Shutdown(absl::Time deadline);
 
   JobHub* hub() { return hub_.get(); }
+  // Null when ServerOptions.workers is false.
+  workers::WorkerPlane* worker_plane() { return plane_.get(); }
+  // The rendezvous address sent to workers ("" without the worker side).
+  const std::string& advertise_address() const { return advertise_address_; }
   metrics::CoordinatorMetrics* metrics() { return metrics_.get(); }
 
  private:
@@ -80,6 +103,10 @@ class CoordinatorServer {
   std::unique_ptr<jobs::JobRegistry> registry_;
   std::unique_ptr<metrics::CoordinatorMetrics> metrics_;
   std::unique_ptr<JobHub> hub_;
+  std::string advertise_address_;
+  // After the hub and the store (destroyed before them), before the gRPC server (destroyed after
+  // it: the server holds the plane's services).
+  std::unique_ptr<workers::WorkerPlane> plane_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<PlanServiceImpl> plan_service_;
   std::unique_ptr<grpc::Server> grpc_server_;

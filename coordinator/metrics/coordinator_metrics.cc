@@ -74,12 +74,20 @@ void CoordinatorMetrics::SetJobCounter(JobCounter counter) {
   job_counter_ = std::move(counter);
 }
 
+void CoordinatorMetrics::SetWorkerCounter(std::function<int64_t()> counter) {
+  absl::MutexLock lock(&mu_);
+  worker_counter_ = std::move(counter);
+}
+
 std::string CoordinatorMetrics::Scrape() {
   JobCounter counter;
+  std::function<int64_t()> workers;
   {
     absl::MutexLock lock(&mu_);
     counter = job_counter_;
+    workers = worker_counter_;
   }
+  if (workers) SetWorkersAttached(workers());
   if (counter) {
     absl::StatusOr<std::map<v1::Job::State, int64_t>> counts = counter();
     if (counts.ok()) {

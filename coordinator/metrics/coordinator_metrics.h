@@ -12,7 +12,8 @@
 // record the same names, so a dashboard sees one API), `code` the canonical status code name
 // ("OK", "INVALID_ARGUMENT", ...). Both sets are closed, so the label cardinality stays bounded.
 //
-// The job gauge is refreshed at scrape time by the callback given to SetJobCounter (the store is
+// The job gauge (and the workers gauge, when SetWorkerCounter was called) is refreshed at scrape
+// time by the callback given to SetJobCounter (the store is
 // the source of truth; counting there cannot drift from it). Scrape() renders the text exposition
 // format (version 0.0.4) that the REST gateway serves on GET /metrics.
 //
@@ -58,9 +59,12 @@ class CoordinatorMetrics {
   // Records one finished API call. `seconds` >= 0.
   void ObserveRpc(absl::string_view method, absl::string_view code, double seconds);
   void IncrementJobRestarts();
-  // Until the WorkerService exists nothing calls this and the gauge reads 0.
+  // Sets the workers gauge now (0 until something sets it).
   void SetWorkersAttached(int64_t count);
   void SetJobCounter(JobCounter counter);
+  // When set, the workers gauge is refreshed from it at every scrape (the coordinator binds it to
+  // the worker registry's attached count).
+  void SetWorkerCounter(std::function<int64_t()> counter);
 
   // Refreshes the job gauge, then renders every metric in the text exposition format.
   std::string Scrape();
@@ -80,6 +84,7 @@ class CoordinatorMetrics {
   std::map<std::pair<std::string, std::string>, prometheus::Histogram*> rpc_children_
       ABSL_GUARDED_BY(mu_);
   JobCounter job_counter_ ABSL_GUARDED_BY(mu_);
+  std::function<int64_t()> worker_counter_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace switchyard::metrics

@@ -1,0 +1,149 @@
+// The API together with the worker side in one CoordinatorServer (as the binary runs it): fake
+// workers (coordinator/workers/worker_test_util.h: real gRPC Attach streams) attach with the API
+// token, the workers gauge counts them, a job submitted through JobService is assigned, its step
+// reports reach WatchJob and Job.last_step (gRPC and REST), and the job succeeds when the ranks
+// exit 0.
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/api/api_test_util.h"
+#include "coordinator/workers/worker_test_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "switchyard/v1/job.grpc.pb.h"
+
+namespace switchyard::api {
+namespace {
+
+using v1::CoordinatorMessage;
+
+double Sample(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, name + " ")) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
+  auto server = testing::StartServer("workers_api.db", [](ServerOptions& options) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    options.worker_options =
+        workers::testing::FastOptions(absl::StrCat(dir != nullptr ? dir : "/tmp", "/ckpt"));
+  });
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(absl::EndsWith(server->advertise_address(), absl::StrCat(":", server->grpc_port())));
+
+  // A worker with the wrong token is refused; two with the API token attach.
+  workers::testing::FakeWorker intruder(workers::testing::MakeChannel(server->grpc_port(), 9),
+                                        "intruder");
+  intruder.Attach("wrong");
+  auto refused = intruder.WaitForEnd(absl::Seconds(10));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  std::vector<std::unique_ptr<workers::testing::FakeWorker>> fleet;
+  for (int i = 0; i < 2; ++i) {
+    fleet.push_back(std::make_unique<workers::testing::FakeWorker>(
+        workers::testing::MakeChannel(server->grpc_port(), i), absl::StrCat("w", i)));
+    fleet.back()->Attach(testing::kToken);
+  }
+  httplib::Client http("127.0.0.1", server->http_port());
+  double attached = -1;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    auto r = http.Get("/metrics");
+    ASSERT_TRUE(r);
+    attached = Sample(r->body, "switchyard_coordinator_workers_attached");
+    if (attached == 2) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(attached, 2);
+  std::printf("workers attached (gauge): %.0f; wrong-token worker: %s\n", attached,
+              refused->error_message().c_str());
+
+  auto jobs = v1::JobService::NewStub(testing::Channel(server->grpc_port()));
+  v1::CreateJobRequest create;
+  *create.mutable_spec() = workers::testing::SmallSpec(2, 2);
+  v1::Job job;
+  grpc::Status created = jobs->CreateJob(testing::Context().get(), create, &job);
+  ASSERT_TRUE(created.ok()) << created.error_message();
+
+  std::vector<v1::WatchJobResponse> updates;
+  grpc::Status watch_status;
+  auto watch_context = testing::Context(testing::kToken, 60);
+  std::thread watcher([&] {
+    v1::WatchJobRequest request;
+    request.set_name(job.name());
+    auto stream = jobs->WatchJob(watch_context.get(), request);
+    v1::WatchJobResponse response;
+    while (stream->Read(&response)) updates.push_back(response);
+    watch_status = stream->Finish();
+  });
+
+  std::map<int, workers::testing::FakeWorker*> ranks;
+  for (auto& w : fleet) {
+    auto a = w->WaitFor(CoordinatorMessage::kAssignment);
+    ASSERT_TRUE(a.has_value()) << w->id();
+    EXPECT_EQ(a->message.assignment().job(), job.name());
+    EXPECT_EQ(a->message.assignment().rendezvous_address(), server->advertise_address());
+    ranks[a->message.assignment().rank()] = w.get();
+    ASSERT_TRUE(w->WaitFor(CoordinatorMessage::kStart).has_value()) << w->id();
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  // Steps are published once the job runs; give the watch time to subscribe first.
+  absl::SleepFor(absl::Milliseconds(200));
+  for (int step = 1; step <= 3; ++step) {
+    for (auto& [rank, w] : ranks) w->SendStep(step, 10.0 - step + 0.5 * rank);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  v1::Job got;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    v1::GetJobRequest get;
+    get.set_name(job.name());
+    ASSERT_TRUE(jobs->GetJob(testing::Context().get(), get, &got).ok());
+    if (got.last_step().step() == 3) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(got.state(), v1::Job::RUNNING);
+  EXPECT_EQ(got.last_step().step(), 3);
+  EXPECT_DOUBLE_EQ(got.last_step().loss(), 7.0);  // rank 0's report
+  auto rest =
+      http.Get(absl::StrCat("/v1/", job.name()).c_str(),
+               httplib::Headers{{"Authorization", absl::StrCat("Bearer ", testing::kToken)}});
+  ASSERT_TRUE(rest);
+  nlohmann::json rest_job = nlohmann::json::parse(rest->body);
+  EXPECT_EQ(rest_job["last_step"]["step"], "3") << rest->body;  // int64 as a string
+
+  for (auto& [rank, w] : ranks) w->SendExit(0);
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status.error_message();
+  std::vector<v1::Job::State> states;
+  std::vector<int64_t> steps;
+  for (const v1::WatchJobResponse& u : updates) {
+    if (u.has_event()) states.push_back(u.event().state());
+    if (u.has_step()) steps.push_back(u.step().step());
+  }
+  std::printf("watch: %zu updates; states:", updates.size());
+  for (v1::Job::State s : states) std::printf(" %s", v1::Job::State_Name(s).c_str());
+  std::printf("; steps:");
+  for (int64_t s : steps) std::printf(" %lld", static_cast<long long>(s));
+  std::printf("\n");
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.front(), v1::Job::PENDING);
+  EXPECT_EQ(states.back(), v1::Job::SUCCEEDED);
+  EXPECT_NE(std::find(states.begin(), states.end(), v1::Job::RUNNING), states.end());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace switchyard::api
