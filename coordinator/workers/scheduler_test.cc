@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config_defaults.h"
+#include "common/validate.h"
 #include "coordinator/workers/worker_test_util.h"
 #include "gtest/gtest.h"
 
@@ -72,6 +74,11 @@ std::map<int, FakeWorker*> ExpectGeneration(const std::vector<FakeWorker*>& work
     EXPECT_EQ(as.rendezvous_address(), "coordinator.test:7070");
     EXPECT_FALSE(as.spec().training().save().empty());
     EXPECT_EQ(as.spec().training().save(), as.spec().training().load());
+    // The worker validates the assigned spec as the coordinator does.
+    v1::JobSpec defaulted = as.spec();
+    ApplyDefaults(&defaulted);
+    absl::Status valid = ValidateJobSpec(defaulted);
+    EXPECT_TRUE(valid.ok()) << valid;
     EXPECT_TRUE(by_rank.emplace(as.rank(), w).second) << "rank " << as.rank() << " twice";
     auto s = w->WaitFor(CoordinatorMessage::kStart);
     EXPECT_TRUE(s.has_value()) << w->id() << " got no Start";

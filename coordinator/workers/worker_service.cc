@@ -109,8 +109,13 @@ class WorkerServiceImpl::AttachReactor
  private:
   // The worker's stream is gone: mark it LOST unless a newer stream replaced this one.
   void Ended(const std::string& why) {
-    if (id_.empty() || service_->shutting_down()) return;
-    if (service_->IsCurrent(id_, this)) service_->workers_->MarkLost(id_, why);
+    std::string id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = bound_id_;
+    }
+    if (id.empty() || service_->shutting_down()) return;
+    if (service_->IsCurrent(id, this)) service_->workers_->MarkLost(id, why);
   }
 
   absl::Status Handle(const v1::WorkerMessage& message) {
@@ -122,6 +127,10 @@ class WorkerServiceImpl::AttachReactor
       absl::StatusOr<Registered> registered = service_->workers_->Register(message.registration());
       if (!registered.ok()) return registered.status();
       id_ = registered->worker.id;
+      {
+        absl::MutexLock lock(&mu_);
+        bound_id_ = id_;
+      }
       service_->Bind(id_, this);
       service_->scheduler_->OnRegistered(*registered);
       return absl::OkStatus();
@@ -157,10 +166,13 @@ class WorkerServiceImpl::AttachReactor
 
   WorkerServiceImpl* const service_;
   v1::WorkerMessage in_;
-  std::string id_;  // set by the registration; read and written by gRPC's reaction threads only
+  // Set by the registration. id_ is used by the read path only (reads are serialized); other
+  // reactions (a failed write) read the copy bound_id_ under mu_.
+  std::string id_;
 
   absl::Mutex mu_;
   std::deque<v1::CoordinatorMessage> queue_ ABSL_GUARDED_BY(mu_);
+  std::string bound_id_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
