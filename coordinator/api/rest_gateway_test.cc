@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -159,6 +160,52 @@ TEST_F(RestGatewayTest, BadBodiesNameTheField) {
   // Unknown routes and methods keep the error shape.
   ExpectError(Call("GET", "/v2/jobs"), 404, "NOT_FOUND", "/v2/jobs");
   ExpectError(Call("DELETE", "/v1/jobs/1"), 404, "NOT_FOUND");
+}
+
+// Malformed bodies of every kind (random bytes, truncated valid JSON, deep nesting, wrong
+// types, huge numbers) each get 400 with the JSON error body; nothing is written and the server
+// keeps serving.
+TEST_F(RestGatewayTest, MalformedBodiesAreRejectedAndTheServerKeepsServing) {
+  Start("rest_malformed.db");
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  std::printf("seed %u\n", seed);
+  const std::string valid = CreateBody("valid");
+  std::vector<std::string> bodies;
+  for (int i = 0; i < 20; ++i) {  // random bytes
+    std::string b(1 + rng() % 200, '\0');
+    for (char& c : b) c = static_cast<char>(rng() % 256);
+    bodies.push_back(b);
+  }
+  for (int i = 0; i < 20; ++i) bodies.push_back(valid.substr(0, 1 + rng() % (valid.size() - 2)));
+  bodies.push_back(std::string(5000, '[') + std::string(5000, ']'));
+  bodies.push_back(std::string(100, '{') + std::string(100, '}'));
+  for (const char* b :
+       {"null", "[]", "42", "\"spec\"", "{\"spec\": null}", "{\"spec\": []}",
+        "{\"spec\": {\"model\": 1}}", "{\"request_id\": 7}",
+        "{\"spec\": {\"model\": {\"hidden_size\": 1e400}}}",
+        "{\"spec\": {\"model\": {\"hidden_size\": 99999999999999999999}}}",
+        "{\"spec\": {\"training\": {\"train_iters\": \"12x\"}}}", "{\"spec\": {}, \"spec\": {}}",
+        "{\"spec\": {\"display_name\": \"\\ud800\"}}", "\xef\xbb\xbf{}",
+        "{\"spec\": {\"model\": {\"num_layers\": -1}}}"}) {
+    bodies.push_back(b);
+  }
+  int rejected = 0;
+  for (const std::string& body : bodies) {
+    httplib::Result r = client_->Post("/v1/jobs", Auth(), body, "application/json");
+    ASSERT_TRUE(r) << "server stopped answering";
+    EXPECT_EQ(r->status, 400) << body.substr(0, 80) << " -> " << r->body;
+    Json json = Json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(json.is_discarded()) << r->body;
+    EXPECT_EQ(json["error"]["status"], "INVALID_ARGUMENT") << r->body;
+    rejected += r->status == 400;
+  }
+  auto list = Call("GET", "/v1/jobs");
+  ASSERT_EQ(list.first, 200);
+  EXPECT_FALSE(list.second.contains("jobs"));
+  ASSERT_EQ(Call("POST", "/v1/jobs", valid).first, 200);
+  std::printf("%d of %zu malformed bodies rejected with 400; store still empty, server serving\n",
+              rejected, bodies.size());
 }
 
 TEST_F(RestGatewayTest, PlanRoute) {
