@@ -259,19 +259,19 @@ void Scheduler::Send(const std::string& worker, const v1::CoordinatorMessage& me
 
 void Scheduler::Handle(const RegisteredEvent& e) {
   const Registered& r = e.registered;
-  // The same id attached again while this process had it in a generation: its old stream is
-  // gone, so its rank is lost (the process may have restarted).
+  // The same id attached again while this process had it in a generation (a reconnect): it keeps
+  // its rank if its next heartbeat reports the generation (CheckAdoptions), else it restarts.
   if (r.before && r.before->state == WorkerState::kBusy) {
     Run* run = FindRun(r.before->job, r.before->generation);
-    if (run != nullptr && !run->adopting && run->rank_of.count(r.worker.id) > 0) {
-      if (run->draining) {
-        run->awaiting_stop.erase(r.worker.id);
-      } else {
-        Restart(*run, kWorkerLost,
-                absl::StrCat("rank ", run->rank_of[r.worker.id], " (worker ", r.worker.id,
-                             ") attached again while running generation ", run->generation));
-      }
+    if (run != nullptr && run->rank_of.count(r.worker.id) > 0) {
+      if (!run->draining && !run->adopting) run->reattached.insert(r.worker.id);
+      return;  // a draining run still waits for its WorkerExit (the Stop was queued for it)
     }
+    // Its generation ended here meanwhile: free it, and stop whatever it may still run.
+    (void)workers_->SetIdle(r.worker.id);
+    Send(r.worker.id, StopMessage("your generation is no longer running"));
+    workers_changed_ = true;
+    return;
   }
   // A worker of a previous coordinator process: reserve it for the job being re-adopted.
   if (r.previous && r.previous->state == store::WorkerState::kAssigned) {
@@ -468,6 +468,36 @@ void Scheduler::CheckDrains() {
 
 void Scheduler::CheckAdoptions() {
   const absl::Time now = absl::Now();
+  // Reconnected ranks: keep them if they still run the generation.
+  for (auto& [name, run] : runs_) {
+    if (run.draining || run.reattached.empty()) continue;
+    std::string refused;
+    for (auto it = run.reattached.begin(); it != run.reattached.end();) {
+      std::optional<WorkerInfo> w = workers_->Get(*it);
+      if (!w || w->state == WorkerState::kLost) {
+        it = run.reattached.erase(it);  // the Lost event decides
+        continue;
+      }
+      if (w->heartbeats == 0) {
+        ++it;
+        continue;
+      }
+      if (w->reported_generation == run.generation) {
+        SY_LOG(INFO) << "scheduler: rank " << run.rank_of[*it] << " (worker " << *it
+                     << ") reconnected and keeps running " << name << " generation "
+                     << run.generation;
+      } else if (run.exit_code.count(*it) == 0) {
+        refused = absl::StrCat("rank ", run.rank_of[*it], " (worker ", *it,
+                               ") reconnected running generation ", w->reported_generation,
+                               " instead of ", run.generation);
+        // It no longer runs this generation: nothing to stop, and it is free for the next.
+        run.exit_code[*it] = kStoppedOnRequest;
+        (void)workers_->SetIdle(*it);
+      }
+      it = run.reattached.erase(it);
+    }
+    if (!refused.empty()) Restart(run, kWorkerLost, refused);
+  }
   for (auto& [name, run] : runs_) {
     if (!run.adopting) continue;
     size_t ready = 0;

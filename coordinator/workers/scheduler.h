@@ -39,6 +39,10 @@
 //   next tick (it re-reads its jobs whenever the hub's version changes, and every
 //   rescan_interval for writers outside the hub) and sends Stop to every rank. OnJobChanged() is
 //   the hook to call after such a mutation to skip the wait for the tick.
+// - Reconnect: a rank whose stream breaks is LOST only after heartbeat_timeout. If it attaches
+//   again with the same worker_id before that, it keeps its rank when its first heartbeat
+//   reports the generation; another generation restarts the job (WORKER_LOST). A worker that
+//   re-attaches after its generation ended here gets Stop and is idle.
 // - Coordinator restart: jobs that were STARTING or RUNNING when this process started are
 //   re-adopted when every worker the store listed as assigned to the job re-attaches (same
 //   worker_id) and heartbeats the job's generation within adopt_grace; otherwise they restart
@@ -150,6 +154,7 @@ class Scheduler {
     bool draining = false;
     std::set<std::string> awaiting_stop;
     absl::Time drain_deadline = absl::InfiniteFuture();
+    std::set<std::string> reattached;  // reconnected ranks whose generation is not heard yet
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
   };

@@ -376,5 +376,60 @@ TEST(SchedulerTest, UnacknowledgedStopMarksWorkerLostThenRestarts) {
   PrintEvents(h.get(), job);
 }
 
+TEST(SchedulerTest, ReconnectWithinTimeoutKeepsTheRank) {
+  auto h = Harness::Start("sched_reconnect.db");
+  ASSERT_NE(h, nullptr);
+  Fleet fleet(h.get(), 2);
+  const std::string job = h->Submit(testing::SmallSpec(2, 2));
+  auto ranks = ExpectGeneration(Raw(fleet), job, 1, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (auto& [rank, w] : ranks) w->SendStep(1, 1.0);
+  h->WaitForState(job, Job::RUNNING);
+
+  // Rank 1's connection breaks; a CheckpointNow sent meanwhile waits in its queue.
+  FakeWorker* old = ranks[1];
+  const v1::Assignment assignment = *old->assignment();
+  old->set_heartbeating(false);
+  EXPECT_TRUE(old->Close().ok());
+  ASSERT_TRUE(h->plane()->scheduler()->RequestCheckpoint(job).ok());
+  FakeWorker again(testing::MakeChannel(h->port(), 7), old->id(), "host-a");
+  again.set_assignment(assignment);
+  again.Attach();
+  fleet.ticker->Add(&again);
+  auto checkpoint = again.WaitFor(CoordinatorMessage::kCheckpoint);
+  ASSERT_TRUE(checkpoint.has_value()) << "the queued CheckpointNow was not delivered";
+  absl::SleepFor(absl::Milliseconds(1500));  // past heartbeat_timeout: nobody is LOST
+  EXPECT_EQ(h->plane()->registry()->Get(old->id())->state, WorkerState::kBusy);
+  again.SendStep(2, 0.5);
+  ranks[0]->SendStep(2, 0.5);
+  ranks[0]->SendExit(0);
+  again.SendExit(0);
+  Job done = h->WaitForState(job, Job::SUCCEEDED);
+  EXPECT_EQ(done.generation(), 1);
+  EXPECT_EQ(done.restart_count(), 0);
+  EXPECT_EQ(ranks[0]->CountReceived(CoordinatorMessage::kStop), 0);
+  std::printf("rank 1 reconnected on a new stream, got the queued CheckpointNow, kept its rank\n");
+}
+
+TEST(SchedulerTest, ReconnectWithAnotherGenerationRestarts) {
+  auto h = Harness::Start("sched_reconnect_other.db");
+  ASSERT_NE(h, nullptr);
+  Fleet fleet(h.get(), 2);
+  const std::string job = h->Submit(testing::SmallSpec(1, 2));
+  auto ranks = ExpectGeneration(Raw(fleet), job, 1, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  FakeWorker* old = ranks[1];
+  old->set_heartbeating(false);
+  EXPECT_TRUE(old->Close().ok());
+  FakeWorker again(testing::MakeChannel(h->port(), 8), old->id(), "host-a");
+  again.Attach();  // a restarted process: idle, heartbeats generation 0
+  fleet.ticker->Add(&again);
+  ASSERT_TRUE(ranks[0]->WaitFor(CoordinatorMessage::kStop).has_value());
+  auto ranks2 = ExpectGeneration({ranks[0], &again}, job, 2, 2);
+  EXPECT_EQ(ranks2.size(), 2u);
+  PrintEvents(h.get(), job);
+  EXPECT_TRUE(HasEvent(h.get(), job, Job::RESTARTING, "WORKER_LOST"));
+}
+
 }  // namespace
 }  // namespace switchyard::workers

@@ -112,29 +112,49 @@ absl::StatusOr<Registered> WorkerRegistry::Register(const v1::Registration& regi
   Registered result;
   WorkerInfo& info = result.worker;
   info.id = registration.worker_id();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(info.id);
+    if (it != workers_.end()) {
+      result.before = it->second;
+      // A busy worker that re-attaches keeps its rank until the scheduler hears its generation.
+      if (it->second.state == WorkerState::kBusy) {
+        info.state = WorkerState::kBusy;
+        info.job = it->second.job;
+        info.generation = it->second.generation;
+        info.rank = it->second.rank;
+      }
+    }
+    auto prev = previous_.find(info.id);
+    if (prev != previous_.end()) result.previous = prev->second;
+  }
   info.host = registration.host();
   if (registration.has_gpu()) info.gpu = registration.gpu();
   info.version = registration.version();
   info.registered_at = now;
   info.last_heartbeat = now;
+  info.connected = true;
 
   store::WorkerRow row;
   row.id = info.id;
   row.host = info.host;
   row.gpu = info.gpu;
   row.version = info.version;
-  row.state = store::WorkerState::kIdle;
+  row.state = StoreState(info.state);
+  row.job = info.job;
   row.last_heartbeat = now;
   if (absl::Status s = store_->UpsertWorker(row); !s.ok()) return s;
 
   absl::MutexLock lock(&mu_);
-  auto it = workers_.find(info.id);
-  if (it != workers_.end()) result.before = it->second;
-  auto prev = previous_.find(info.id);
-  if (prev != previous_.end()) result.previous = prev->second;
   workers_[info.id] = info;
   persisted_heartbeat_[info.id] = now;
   return result;
+}
+
+void WorkerRegistry::SetDisconnected(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it != workers_.end()) it->second.connected = false;
 }
 
 absl::Status WorkerRegistry::Touch(const std::string& id, int64_t generation) {
@@ -255,7 +275,7 @@ std::vector<WorkerInfo> WorkerRegistry::Idle() const {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, info] : workers_) {
-      if (info.state == WorkerState::kIdle) out.push_back(info);
+      if (info.state == WorkerState::kIdle && info.connected) out.push_back(info);
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const WorkerInfo& a, const WorkerInfo& b) {

@@ -8,7 +8,12 @@
 // Contracts:
 // - Register(registration) adds the worker as IDLE, or re-registers a known id (a reconnect, or
 //   a worker re-attaching after a coordinator restart); the result says what was known before:
-//   the in-memory entry, else the store's row from a previous coordinator process.
+//   the in-memory entry, else the store's row from a previous coordinator process. A BUSY worker
+//   that registers again stays BUSY with its job, generation and rank (a reconnect: the scheduler
+//   checks the generation of its next heartbeat); a LOST or IDLE one becomes IDLE.
+// - A worker whose stream ended is disconnected (SetDisconnected) but not LOST: WORKER_PROTOCOL.md
+//   marks it LOST only after heartbeat_timeout without a message, so a worker that reconnects in
+//   time keeps its rank. Idle() lists connected workers only.
 // - Touch(id, generation) records a message from the worker (any message counts as a heartbeat)
 //   and the generation its heartbeat reported.
 // - A monitor thread marks every non-LOST worker whose last message is older than
@@ -60,6 +65,7 @@ struct WorkerInfo {
   int32_t rank = -1;                // in `generation` while busy
   int64_t reported_generation = 0;  // from the worker's last heartbeat
   int64_t heartbeats = 0;           // heartbeats since registration
+  bool connected = false;           // has an open stream
   absl::Time registered_at = absl::InfinitePast();
   absl::Time last_heartbeat = absl::InfinitePast();
 };
@@ -105,13 +111,15 @@ class WorkerRegistry {
   absl::Status SetBusy(const std::string& id, const std::string& job, int64_t generation,
                        int32_t rank);
   absl::Status SetIdle(const std::string& id);
+  // Its stream ended (LOST follows after heartbeat_timeout unless it registers again).
+  void SetDisconnected(const std::string& id);
   // Marks the worker LOST now (stream broke) and calls on_lost; false when unknown or already LOST.
   bool MarkLost(const std::string& id, const std::string& why);
 
   std::optional<WorkerInfo> Get(const std::string& id) const;
   // Every worker, id order.
   std::vector<WorkerInfo> List() const;
-  // IDLE workers ordered by host, then id (ranks of one host stay adjacent).
+  // Connected IDLE workers ordered by host, then id (ranks of one host stay adjacent).
   std::vector<WorkerInfo> Idle() const;
   int CountInState(WorkerState state) const;
 

@@ -107,7 +107,8 @@ class WorkerServiceImpl::AttachReactor
   }
 
  private:
-  // The worker's stream is gone: mark it LOST unless a newer stream replaced this one.
+  // The worker's stream is gone: it is disconnected (LOST follows after heartbeat_timeout unless
+  // it attaches again), unless a newer stream replaced this one.
   void Ended(const std::string& why) {
     std::string id;
     {
@@ -115,7 +116,10 @@ class WorkerServiceImpl::AttachReactor
       id = bound_id_;
     }
     if (id.empty() || service_->shutting_down()) return;
-    if (service_->IsCurrent(id, this)) service_->workers_->MarkLost(id, why);
+    if (service_->IsCurrent(id, this)) {
+      service_->workers_->SetDisconnected(id);
+      SY_LOG(INFO) << "worker " << id << " disconnected: " << why;
+    }
   }
 
   absl::Status Handle(const v1::WorkerMessage& message) {
@@ -204,6 +208,12 @@ void WorkerServiceImpl::Bind(const std::string& worker_id, AttachReactor* reacto
                                   " attached again on a new stream, which replaces this one")));
   }
   slot = reactor;
+  // Messages sent while the worker had no stream, in order.
+  auto pending = pending_.find(worker_id);
+  if (pending != pending_.end()) {
+    for (const v1::CoordinatorMessage& message : pending->second) reactor->Enqueue(message);
+    pending_.erase(pending);
+  }
   if (shut_down_) {
     reactor->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down"));
   }
@@ -228,12 +238,19 @@ bool WorkerServiceImpl::IsCurrent(const std::string& worker_id,
 bool WorkerServiceImpl::Send(const std::string& worker_id, const v1::CoordinatorMessage& message) {
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(worker_id);
-  if (it == streams_.end()) return false;
-  return it->second->Enqueue(message);
+  if (it != streams_.end() && it->second->Enqueue(message)) return true;
+  // No open stream: keep the message for the worker's next stream unless it is gone for good.
+  std::optional<WorkerInfo> worker = workers_->Get(worker_id);
+  if (!worker || worker->state == WorkerState::kLost) return false;
+  std::deque<v1::CoordinatorMessage>& queue = pending_[worker_id];
+  if (queue.size() >= kMaxPendingMessages) queue.pop_front();
+  queue.push_back(message);
+  return true;
 }
 
 void WorkerServiceImpl::Kick(const std::string& worker_id, const std::string& why) {
   absl::MutexLock lock(&mu_);
+  pending_.erase(worker_id);
   auto it = streams_.find(worker_id);
   if (it == streams_.end()) return;
   it->second->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,

@@ -13,9 +13,13 @@
 //   generation. StepReport and WorkerExit go to the scheduler.
 // - CoordinatorMessages queued by Send are written in order, one write in flight at a time.
 // - A stream that ends (the worker closed it, the connection broke, or the call was cancelled)
-//   marks its worker LOST at once. A new stream registering the same worker_id replaces the old
-//   one, which ends ABORTED. A worker the registry marks LOST (missed heartbeats) gets its stream
-//   ended UNAVAILABLE by Kick, so it must attach and register again to get work.
+//   disconnects its worker; it becomes LOST only after heartbeat_timeout without a message
+//   (WORKER_PROTOCOL.md), so a worker that reconnects with the same worker_id in time keeps its
+//   rank. Messages sent while it has no stream wait in its per-worker queue (at most
+//   kMaxPendingMessages, oldest dropped) and go out first on its next stream. A new stream
+//   registering the same worker_id replaces the old one, which ends ABORTED. A worker the
+//   registry marks LOST gets its stream ended UNAVAILABLE and its queue dropped by Kick, so it
+//   must attach and register again to get work.
 // - Shutdown ends every stream UNAVAILABLE without marking the workers LOST: their store rows
 //   keep their job, so a restarted coordinator can re-adopt them (scheduler.h).
 //
@@ -23,6 +27,7 @@
 #ifndef SWITCHYARD_COORDINATOR_WORKERS_WORKER_SERVICE_H_
 #define SWITCHYARD_COORDINATOR_WORKERS_WORKER_SERVICE_H_
 
+#include <deque>
 #include <map>
 #include <string>
 
@@ -34,6 +39,8 @@
 #include "switchyard/v1/worker.grpc.pb.h"
 
 namespace switchyard::workers {
+
+inline constexpr size_t kMaxPendingMessages = 64;
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService, public WorkerSink {
  public:
@@ -66,6 +73,7 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService, publi
   const api::TokenAuth* const auth_;
   mutable absl::Mutex mu_;
   std::map<std::string, AttachReactor*> streams_ ABSL_GUARDED_BY(mu_);  // by worker id
+  std::map<std::string, std::deque<v1::CoordinatorMessage>> pending_ ABSL_GUARDED_BY(mu_);
   int open_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };

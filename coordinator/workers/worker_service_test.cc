@@ -1,8 +1,8 @@
 // File: coordinator/workers/worker_service_test.cc
 //
 // WorkerService.Attach over a real gRPC server on loopback: authentication, the registration
-// rules, stream replacement, LOST on a closed stream or missed heartbeats (mirrored in the
-// SQLite store), and re-adoption of a running job by a restarted coordinator.
+// rules, stream replacement, LOST after heartbeat_timeout on a closed or silent stream (mirrored in
+// the SQLite store), and re-adoption of a running job by a restarted coordinator.
 #include "coordinator/workers/worker_service.h"
 
 #include <memory>
@@ -105,6 +105,10 @@ TEST(WorkerServiceTest, ClosedStreamAndMissedHeartbeatsMarkLost) {
 
   grpc::Status closed = closing.Close();
   EXPECT_TRUE(closed.ok()) << closed.error_message();
+  // Disconnected at once (no longer offered to jobs), LOST only after heartbeat_timeout.
+  WaitUntil([&] { return !registry->Get("closing")->connected; });
+  EXPECT_NE(registry->Get("closing")->state, WorkerState::kLost);
+  EXPECT_EQ(registry->Idle().size(), 1u);
   WaitUntil([&] { return registry->Get("closing")->state == WorkerState::kLost; });
 
   // "silent" never heartbeats: LOST after heartbeat_timeout (1 s), its stream ended.
