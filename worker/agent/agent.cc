@@ -291,17 +291,34 @@ void Agent::WriterLoop(grpc::ClientReaderWriter<v1::WorkerMessage, v1::Coordinat
       }
     }
     if (shutting_down) {
-      {
-        absl::MutexLock g(&gen_mu_);
-        EndGeneration("worker shutting down");
+      // End the generation on a helper thread (it may wait stop_report_after for the training
+      // thread) while this one keeps heartbeating, so the coordinator does not see a silent
+      // worker meanwhile; then send what is queued (its WorkerExit(143)) and close.
+      absl::Notification ended;
+      std::thread ender([this, &ended] {
+        {
+          absl::MutexLock g(&gen_mu_);
+          EndGeneration("worker shutting down");
+        }
+        ended.Notify();
+      });
+      bool alive = true;
+      while (!ended.WaitForNotificationWithTimeout(
+          std::max(next_heartbeat - absl::Now(), absl::ZeroDuration()))) {
+        if (!alive) continue;
+        v1::WorkerMessage hb;
+        hb.mutable_heartbeat()->set_generation(generation_.load());
+        alive = stream->Write(hb);
+        next_heartbeat = absl::Now() + options_.heartbeat_interval;
       }
+      ender.join();
       std::deque<v1::WorkerMessage> rest;
       {
         absl::MutexLock lock(&mu_);
         rest.swap(outbox_);
       }
       for (const v1::WorkerMessage& m : rest) {
-        if (!stream->Write(m)) break;
+        if (!alive || !stream->Write(m)) break;
       }
       stream->WritesDone();
       if (!reader_done->WaitForNotificationWithTimeout(absl::Seconds(2))) broken();
@@ -331,6 +348,15 @@ void Agent::WriterLoop(grpc::ClientReaderWriter<v1::WorkerMessage, v1::Coordinat
 }
 
 void Agent::Handle(const v1::CoordinatorMessage& msg) {
+  if (WaitShutdown(absl::ZeroDuration())) {
+    // Going away: take no new work (the stream closes once the current generation has ended).
+    if (msg.has_assignment()) {
+      SendExit(msg.assignment(), kStoppedExitCode, "worker shutting down");
+    } else {
+      Log("ignored a command: the worker is shutting down");
+    }
+    return;
+  }
   absl::MutexLock g(&gen_mu_);
   switch (msg.msg_case()) {
     case v1::CoordinatorMessage::kAssignment:

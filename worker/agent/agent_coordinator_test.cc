@@ -1,0 +1,225 @@
+// Two real agents against the coordinator's real worker side (coordinator/workers: WorkerPlane
+// with its registry, scheduler, planner, Attach service and rendezvous over a real SQLite store,
+// through workers::testing::Harness on loopback gRPC): a submitted 2-worker MoE job is planned,
+// assigned, started, trained over Gloo with the rendezvous through the coordinator, and reaches
+// SUCCEEDED from the agents' WorkerExit(0). Then one agent is shut down mid-job and the job goes
+// through RESTARTING onto the remaining worker, resuming from the job's checkpoint.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/api/auth.h"
+#include "coordinator/workers/rendezvous_service.h"
+#include "coordinator/workers/worker_test_util.h"
+#include "gtest/gtest.h"
+#include "worker/agent/agent.h"
+
+namespace switchyard::agent {
+namespace {
+
+namespace wt = workers::testing;
+
+std::string TmpDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+// A port that was free a moment ago (the scheduler needs the rendezvous address before the
+// harness picks its own port).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct RunningAgent {
+  std::unique_ptr<Agent> agent;
+  std::thread thread;
+  absl::Status result;
+  void Stop() {
+    if (agent) agent->Shutdown();
+    if (thread.joinable()) thread.join();
+  }
+  ~RunningAgent() { Stop(); }
+};
+
+std::unique_ptr<RunningAgent> StartAgent(const std::string& coordinator, const std::string& id,
+                                         const std::string& token_file) {
+  AgentOptions o;
+  o.coordinator = coordinator;
+  o.token_file = token_file;
+  o.device = "cpu";
+  o.worker_id = id;
+  o.heartbeat_interval = absl::Milliseconds(200);
+  o.comm_timeout = absl::Seconds(10);
+  auto agent = Agent::Create(o);
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  if (!agent.ok()) return nullptr;
+  auto r = std::make_unique<RunningAgent>();
+  r->agent = std::move(*agent);
+  r->thread = std::thread([p = r.get()] { p->result = p->agent->Run(); });
+  return r;
+}
+
+// A tiny version of the harness's SmallSpec (2 MoE layers, 12 experts) that trains in well under
+// a second per step on a 2-core machine.
+v1::JobSpec TinySpec(int min_workers, int max_workers, int64_t train_iters) {
+  v1::JobSpec spec = wt::SmallSpec(min_workers, max_workers, /*max_restarts=*/2);
+  v1::ModelConfig* m = spec.mutable_model();
+  m->set_hidden_size(32);
+  m->set_num_attention_heads(4);
+  m->set_ffn_hidden_size(64);
+  m->set_moe_ffn_hidden_size(16);
+  m->set_vocab_size(64);
+  m->set_seq_length(16);
+  spec.mutable_training()->set_train_iters(train_iters);
+  spec.mutable_training()->set_lr(0.003);
+  return spec;
+}
+
+class AgentCoordinatorTest : public ::testing::Test {
+ protected:
+  // Waits until `n` workers are registered and idle (so the scheduler sees all of them).
+  bool WaitForIdleWorkers(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline) {
+      if (harness_->plane()->registry()->Idle().size() >= n) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  void SetUp() override {
+    rendezvous_port_ = FreePort();
+    workers::WorkerPlaneOptions options = wt::FastOptions(TmpDir("checkpoints"));
+    options.scheduler.rendezvous_address = absl::StrCat("127.0.0.1:", rendezvous_port_);
+    harness_ = wt::Harness::Start("agent_e2e.db", /*fresh=*/true, options);
+    ASSERT_NE(harness_, nullptr);
+    // The coordinator's RendezvousService over the plane's store, on the advertised port.
+    auth_ = *api::TokenAuth::FromToken(wt::kToken);
+    rendezvous_ = std::make_unique<workers::RendezvousServiceImpl>(harness_->plane()->rendezvous(),
+                                                                   auth_.get());
+    grpc::ServerBuilder b;
+    int bound = 0;
+    b.AddListeningPort(options.scheduler.rendezvous_address, grpc::InsecureServerCredentials(),
+                       &bound);
+    b.RegisterService(rendezvous_.get());
+    rendezvous_server_ = b.BuildAndStart();
+    ASSERT_EQ(bound, rendezvous_port_);
+    token_file_ = TmpDir("e2e_token");
+    std::ofstream(token_file_) << wt::kToken << "\n";
+  }
+  void TearDown() override {
+    for (auto& a : agents_) a->Stop();
+    if (rendezvous_server_) rendezvous_server_->Shutdown(std::chrono::system_clock::now());
+    if (harness_) harness_->Stop();
+  }
+
+  int rendezvous_port_ = 0;
+  std::unique_ptr<wt::Harness> harness_;
+  std::unique_ptr<api::TokenAuth> auth_;
+  std::unique_ptr<workers::RendezvousServiceImpl> rendezvous_;
+  std::unique_ptr<grpc::Server> rendezvous_server_;
+  std::string token_file_;
+  std::vector<std::unique_ptr<RunningAgent>> agents_;
+};
+
+TEST_F(AgentCoordinatorTest, TwoAgentsRunAJobToSucceeded) {
+  for (int i = 0; i < 2; ++i) {
+    agents_.push_back(StartAgent(harness_->address(), absl::StrCat("agent-", i), token_file_));
+    ASSERT_NE(agents_.back(), nullptr);
+  }
+  ASSERT_TRUE(WaitForIdleWorkers(2));
+  const std::string name = harness_->Submit(TinySpec(2, 2, 5));
+  const absl::Time t0 = absl::Now();
+  v1::Job job = harness_->WaitForState(name, v1::Job::SUCCEEDED, absl::Seconds(120));
+  std::printf("job %s: %s after %.1f s, generation %lld, last step %lld loss %.4f, reason '%s'\n",
+              name.c_str(), v1::Job::State_Name(job.state()).c_str(),
+              absl::ToDoubleSeconds(absl::Now() - t0), static_cast<long long>(job.generation()),
+              static_cast<long long>(job.last_step().step()), job.last_step().loss(),
+              job.failure_reason().c_str());
+  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << job.ShortDebugString();
+  EXPECT_EQ(job.generation(), 1);
+  for (auto& a : agents_) {
+    EXPECT_EQ(a->agent->generation(), 0) << "idle after the job";
+  }
+}
+
+TEST_F(AgentCoordinatorTest, ALostAgentRestartsTheJobOnTheOther) {
+  for (int i = 0; i < 2; ++i) {
+    agents_.push_back(StartAgent(harness_->address(), absl::StrCat("agent-", i), token_file_));
+    ASSERT_NE(agents_.back(), nullptr);
+  }
+  // Elastic 1..2 workers, long enough to be interrupted, a checkpoint every 2 steps.
+  v1::JobSpec spec = TinySpec(1, 2, 100000);
+  spec.mutable_training()->set_save(TmpDir("ckpt_e2e"));
+  spec.mutable_training()->set_save_interval(2);
+  ASSERT_TRUE(WaitForIdleWorkers(2));
+  const std::string name = harness_->Submit(spec);
+  auto get = [&] {
+    absl::StatusOr<v1::Job> job = harness_->registry()->GetJob(name);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  };
+  auto last_step = [&] {
+    std::optional<v1::StepMetrics> s = harness_->plane()->steps()->LastStep(name);
+    return s.has_value() ? s->step() : int64_t{0};
+  };
+  // Let it pass a checkpoint (step 2), then take agent-1 away (its process ends).
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && last_step() < 4) absl::SleepFor(absl::Milliseconds(20));
+  v1::Job job = get();
+  ASSERT_GE(last_step(), 4) << job.ShortDebugString();
+  ASSERT_EQ(job.state(), v1::Job::RUNNING) << job.ShortDebugString();
+  const int64_t generation = job.generation();
+  std::printf("generation %lld running at step %lld: shutting agent-1 down\n",
+              static_cast<long long>(generation), static_cast<long long>(last_step()));
+  agents_[1]->Stop();
+  EXPECT_TRUE(agents_[1]->result.ok()) << agents_[1]->result;
+  // The coordinator restarts the job on agent-0 alone; it resumes from a checkpoint.
+  const absl::Time t0 = absl::Now();
+  deadline = t0 + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    job = get();
+    if (job.generation() > generation && job.state() == v1::Job::RUNNING &&
+        agents_[0]->agent->generation() == job.generation()) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const int64_t at_restart = last_step();
+  // The new generation trains: the job's last step moves on.
+  const absl::Time t1 = absl::Now();
+  while (absl::Now() - t1 < absl::Seconds(30) && last_step() < at_restart + 4) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::printf(
+      "after the loss: %s, generation %lld on agent-0 alone (%.1f s after the stop), "
+      "last step %lld -> %lld\n",
+      v1::Job::State_Name(job.state()).c_str(), static_cast<long long>(job.generation()),
+      absl::ToDoubleSeconds(t1 - t0), static_cast<long long>(at_restart),
+      static_cast<long long>(last_step()));
+  EXPECT_GT(job.generation(), generation);
+  EXPECT_EQ(job.state(), v1::Job::RUNNING) << job.ShortDebugString();
+  EXPECT_EQ(agents_[0]->agent->generation(), job.generation());
+  EXPECT_GE(last_step(), at_restart + 4) << "the new generation makes progress";
+}
+
+}  // namespace
+}  // namespace switchyard::agent
