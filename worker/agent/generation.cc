@@ -96,7 +96,8 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a,
   }
   int ep = par->has_expert_model_parallel_size() ? par->expert_model_parallel_size() : 1;
   if (m.expert_model_parallel_size() > 0) {
-    if (par->has_expert_model_parallel_size() && par->expert_model_parallel_size() != ep) {
+    if (par->has_expert_model_parallel_size() &&
+        par->expert_model_parallel_size() != m.expert_model_parallel_size()) {
       return Field("spec.parallel.expert_model_parallel_size",
                    absl::StrCat("(", par->expert_model_parallel_size(),
                                 ") must equal assignment.mapping.expert_model_parallel_size (",
