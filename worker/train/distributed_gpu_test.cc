@@ -79,6 +79,7 @@ model:
   num_layers: 3
   hidden_size: 32
   num_attention_heads: 4
+  kv_channels: 64
   num_query_groups: 2
   ffn_hidden_size: 48
   seq_length: 16

@@ -527,7 +527,8 @@ absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<do
   if (n == 0 || group->size() == 1) return absl::OkStatus();
   Tensor host(DType::kF64, {n}, Device::Cpu(), v->data());
   if (!stream_.is_cuda()) return group->AllReduce(host, host, comm::ReduceOp::kSum);
-  if (scalar_ws_.View().numel() < n) {
+  // (A default Buffer views as a u8 scalar: test the memory, not numel.)
+  if (scalar_ws_.data() == nullptr || scalar_ws_.View().numel() < n) {
     SY_ASSIGN_OR_RETURN(scalar_ws_, Buffer::ForTensor(DType::kF64, {n}, options_.device));
   }
   const Tensor dev = Slice(scalar_ws_.View(), 0, {n});
