@@ -20,21 +20,27 @@ absl::Status Field(absl::string_view field, absl::string_view rule) {
   return absl::InvalidArgumentError(absl::StrCat("assignment.", field, " ", rule));
 }
 
-// Whether `mine` holds on any rank of the world (one f32 max all-reduce; through the device on
-// NCCL, synchronised on `stream`).
+// Whether `mine` holds on any rank of the world (one f32 max all-reduce). On NCCL through
+// `device_flag` (one f32 on the GPU, allocated once), copied on `stream`, the communicators'
+// stream, so the copies are ordered with the collective.
 absl::StatusOr<bool> AnyRank(train::ProcessGroups* groups, bool mine, const Device& device,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, kernels::Buffer* device_flag) {
   float flag = mine ? 1.0f : 0.0f;
   Tensor host(DType::kF32, {1}, Device::Cpu(), &flag);
   if (!device.is_cuda()) {
     SY_RETURN_IF_ERROR(groups->world->AllReduce(host, host, comm::ReduceOp::kMax));
     return flag > 0;
   }
-  SY_ASSIGN_OR_RETURN(kernels::Buffer buf, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
-  SY_RETURN_IF_ERROR(kernels::CopyTensor(host, buf.View()));
-  SY_RETURN_IF_ERROR(groups->world->AllReduce(buf.View(), buf.View(), comm::ReduceOp::kMax));
+  if (device_flag->data() == nullptr) {
+    SY_ASSIGN_OR_RETURN(*device_flag, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
+  }
+  const Tensor dev = device_flag->View();
+  SY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dev.data, &flag, sizeof(float), cudaMemcpyHostToDevice, stream));
+  SY_RETURN_IF_ERROR(groups->world->AllReduce(dev, dev, comm::ReduceOp::kMax));
+  SY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&flag, dev.data, sizeof(float), cudaMemcpyDeviceToHost, stream));
   SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  SY_RETURN_IF_ERROR(kernels::CopyTensor(buf.View(), host));
   return flag > 0;
 }
 
@@ -247,6 +253,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   }
   const std::vector<bool> moe_layers = trainer->model_config().moe_layers;
   int64_t last_saved = -1;
+  kernels::Buffer device_flag;  // CheckpointNow agreement on NCCL
   while (trainer->step() < trainer->train_iters() && !control->stop_requested()) {
     absl::StatusOr<train::StepResult> r = trainer->Step();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", trainer->step() + 1));
@@ -254,7 +261,8 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
     bool save = tr.save_interval() > 0 && r->step % tr.save_interval() == 0;
     bool requested = control->TakeCheckpointRequest();
     if (res.groups != nullptr) {
-      absl::StatusOr<bool> any = AnyRank(res.groups.get(), requested, p.device, res.stream);
+      absl::StatusOr<bool> any =
+          AnyRank(res.groups.get(), requested, p.device, res.stream, &device_flag);
       if (!any.ok()) return Annotate(any.status(), "agreeing on CheckpointNow");
       requested = *any;
     }
