@@ -233,6 +233,7 @@ void Scheduler::Loop() {
       seen_hub_version_ = version;
       last_rescan_ = now;
       CheckRunStates();
+      StopZombies();
       workers_changed_ = true;
     }
     if (workers_changed_) {
@@ -438,6 +439,17 @@ void Scheduler::CheckRunStates() {
       Drain(run, absl::StrCat("job is ", Job::State_Name(job->state())));
       if (jobs::IsTerminal(job->state())) Finish(name);
     }
+  }
+}
+
+void Scheduler::StopZombies() {
+  for (const WorkerInfo& w : workers_->Idle()) {
+    if (w.heartbeats == 0 || w.reported_generation == 0) continue;
+    if (!zombies_stopped_.insert({w.id, w.reported_generation}).second) continue;
+    SY_LOG(INFO) << "scheduler: idle worker " << w.id << " reports generation "
+                 << w.reported_generation << "; sending Stop";
+    Send(w.id, StopMessage(absl::StrCat("generation ", w.reported_generation,
+                                        " is not running on this coordinator")));
   }
 }
 

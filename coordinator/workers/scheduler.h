@@ -43,6 +43,9 @@
 //   again with the same worker_id before that, it keeps its rank when its first heartbeat
 //   reports the generation; another generation restarts the job (WORKER_LOST). A worker that
 //   re-attaches after its generation ended here gets Stop and is idle.
+// - Zombies: an idle worker whose heartbeats report a generation (it still runs one this
+//   coordinator ended or does not know) gets one Stop per generation, checked every
+//   rescan_interval.
 // - Coordinator restart: jobs that were STARTING or RUNNING when this process started are
 //   re-adopted when every worker the store listed as assigned to the job re-attaches (same
 //   worker_id) and heartbeats the job's generation within adopt_grace; otherwise they restart
@@ -191,6 +194,10 @@ class Scheduler {
   void CheckRunStates();
   void CheckDrains();
   void CheckAdoptions();
+  // Sends Stop (once per worker and generation) to idle workers whose heartbeats report a
+  // generation: they run something this coordinator ended or never started (a generation
+  // restarted while they were away, or one a previous coordinator process left behind).
+  void StopZombies();
 
   // Ends `run`'s generation with a RESTARTING request (which may come back FAILED).
   void Restart(Run& run, const std::string& reason, const std::string& message);
@@ -222,6 +229,7 @@ class Scheduler {
   absl::Time last_rescan_ = absl::InfinitePast();
   bool workers_changed_ = true;
   std::set<std::pair<std::string, size_t>> waiting_logged_;
+  std::set<std::pair<std::string, int64_t>> zombies_stopped_;
 };
 
 }  // namespace switchyard::workers

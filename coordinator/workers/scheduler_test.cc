@@ -431,5 +431,24 @@ TEST(SchedulerTest, ReconnectWithAnotherGenerationRestarts) {
   EXPECT_TRUE(HasEvent(h.get(), job, Job::RESTARTING, "WORKER_LOST"));
 }
 
+TEST(SchedulerTest, IdleWorkerRunningAnUnknownGenerationGetsOneStop) {
+  auto h = Harness::Start("sched_zombie.db");
+  ASSERT_NE(h, nullptr);
+  FakeWorker zombie(testing::MakeChannel(h->port()), "zombie");
+  v1::Assignment stale;
+  stale.set_job("jobs/99");
+  stale.set_generation(5);
+  zombie.set_assignment(stale);
+  zombie.set_ack_stop(false);
+  zombie.Attach();
+  HeartbeatTicker ticker({&zombie}, absl::Milliseconds(100));
+  auto stop = zombie.WaitFor(CoordinatorMessage::kStop, absl::Seconds(5));
+  ASSERT_TRUE(stop.has_value());
+  std::printf("zombie got Stop: %s\n", stop->message.stop().reason().c_str());
+  EXPECT_NE(stop->message.stop().reason().find("generation 5"), std::string::npos);
+  absl::SleepFor(absl::Milliseconds(1200));  // two more rescans: no second Stop
+  EXPECT_EQ(zombie.CountReceived(CoordinatorMessage::kStop), 1);
+}
+
 }  // namespace
 }  // namespace switchyard::workers

@@ -213,6 +213,7 @@ absl::Status WorkerRegistry::SetIdle(const std::string& id) {
     it->second.job.clear();
     it->second.generation = 0;
     it->second.rank = -1;
+    it->second.reported_generation = 0;  // until its next heartbeat says otherwise
   }
   Persist(id);
   return absl::OkStatus();
