@@ -437,7 +437,7 @@ void Agent::EndGeneration(const std::string& reason) {
     gen_.reset();
     return;
   }
-  g->control.RequestStop();
+  g->control.RequestStop(reason);
   g->stop_requested_at = absl::Now();
   if (g->done.WaitForNotificationWithTimeout(options_.stop_report_after)) {
     g->thread.join();
@@ -520,7 +520,9 @@ void Agent::TrainingThread(Generation* g) {
   std::string message = "finished";
   if (g->control.stop_requested()) {
     code = kStoppedExitCode;
-    message = st.ok() ? "stopped on request" : "stopped on request: " + st.ToString();
+    std::string reason = g->control.stop_reason();
+    if (reason.empty()) reason = "stopped on request";
+    message = st.ok() ? reason : absl::StrCat(reason, " (", st.ToString(), ")");
   } else if (!st.ok()) {
     code = ExitCodeFor(st);
     message = st.ToString();

@@ -180,9 +180,15 @@ v1::StepMetrics ToStepMetrics(const train::StepResult& r, const std::vector<bool
   return m;
 }
 
-void GenerationControl::RequestStop() {
-  stop_.store(true);
+std::string GenerationControl::stop_reason() {
   absl::MutexLock lock(&mu_);
+  return reason_;
+}
+
+void GenerationControl::RequestStop(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (!stop_.load()) reason_ = reason;
+  stop_.store(true);
   if (store_ != nullptr) store_->Cancel();
   if (groups_ != nullptr) groups_->AbortAll();
 }

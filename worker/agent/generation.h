@@ -80,8 +80,11 @@ class GenerationControl {
  public:
   // Ends the generation: marks it stopped, cancels a pending rendezvous and aborts the
   // communicators (unblocking a collective). Idempotent.
-  void RequestStop();
+  // `reason` ("Stop: <coordinator's reason>", "worker shutting down") is kept for the exit
+  // message (the first one given wins).
+  void RequestStop(const std::string& reason = "");
   bool stop_requested() const { return stop_.load(); }
+  std::string stop_reason();
   void RequestCheckpoint() { checkpoint_.store(true); }
   // Returns and clears the pending CheckpointNow.
   bool TakeCheckpointRequest() { return checkpoint_.exchange(false); }
@@ -95,6 +98,7 @@ class GenerationControl {
   std::atomic<bool> stop_{false};
   std::atomic<bool> checkpoint_{false};
   absl::Mutex mu_;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
   RendezvousKvStore* store_ ABSL_GUARDED_BY(mu_) = nullptr;
   train::ProcessGroups* groups_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
