@@ -509,6 +509,36 @@ TEST(AgentTest, BadAssignmentIsAPermanentExit) {
   EXPECT_EQ(fake.Workers().at("wb").exits.size(), 2u);
 }
 
+TEST(AgentTest, NewAssignmentEndsTheRunningGeneration) {
+  FakeCoordinator fake("");
+  auto a = StartAgent(fake, "wn", "", -1);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(
+      fake.WaitUntil([](const Workers& ws) { return ws.count("wn") > 0; }, absl::Seconds(20)));
+  ASSERT_TRUE(fake.Send("wn", AssignmentMsg("job-n", 1, 0, 1, 1000000, TmpDir("ckpt_n1"), "")));
+  // The same Assignment again (e.g. re-sent after a reconnect) is kept, not restarted.
+  ASSERT_TRUE(fake.Send("wn", AssignmentMsg("job-n", 1, 0, 1, 1000000, TmpDir("ckpt_n1"), "")));
+  ASSERT_TRUE(fake.Send("wn", StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return NumSteps(ws, "wn", "job-n", 1) >= 2; },
+                             absl::Seconds(60)));
+  ASSERT_TRUE(fake.Send("wn", AssignmentMsg("job-n", 2, 0, 1, 3, TmpDir("ckpt_n2"), "")));
+  ASSERT_TRUE(fake.Send("wn", StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return HasExit(ws, "wn", "job-n", 2); },
+                             absl::Seconds(60)));
+  const WorkerRecord w = fake.Workers().at("wn");
+  ASSERT_EQ(w.exits.size(), 2u);
+  for (const v1::WorkerExit& e : w.exits) {
+    std::printf("generation %lld: exit %d (%s)\n", static_cast<long long>(e.generation()),
+                e.exit_code(), e.message().c_str());
+  }
+  EXPECT_EQ(w.exits[0].generation(), 1);
+  EXPECT_EQ(w.exits[0].exit_code(), 143);
+  EXPECT_TRUE(absl::StrContains(w.exits[0].message(), "new assignment")) << w.exits[0].message();
+  EXPECT_EQ(w.exits[1].generation(), 2);
+  EXPECT_EQ(w.exits[1].exit_code(), 0);
+  EXPECT_EQ(NumSteps(fake.Workers(), "wn", "job-n", 2), 3u);
+}
+
 TEST(AgentTest, MissingOrWrongTokenIsRejectedWithAClearError) {
   FakeCoordinator fake(kToken);
   struct Case {
