@@ -175,7 +175,6 @@ class Agent {
   std::deque<v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext* session_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
 };
 
