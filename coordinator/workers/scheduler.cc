@@ -242,6 +242,9 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
   const int32_t k = static_cast<int32_t>(std::min<size_t>(idle->size(), max_workers));
   if (k < min_workers) return false;
 
+  // Specs never change, so a plan that failed for k workers fails again: wait for another k.
+  auto failed_before = plan_failed_for_.find(job.name());
+  if (failed_before != plan_failed_for_.end() && failed_before->second == k) return false;
   const std::vector<WorkerInfo> chosen(idle->begin(), idle->begin() + k);
   ClusterDefaults defaults;
   defaults.cpu_worker_memory_bytes = options_.cpu_worker_memory_bytes;
@@ -259,10 +262,9 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
       Finish(job.name());
       return true;
     }
-    if (waiting_logged_.insert({job.name(), static_cast<size_t>(k)}).second) {
-      SY_LOG(INFO) << "scheduler: " << job.name() << " waits for more workers; with " << k << ": "
-                   << plan.status();
-    }
+    plan_failed_for_[job.name()] = k;
+    SY_LOG(INFO) << "scheduler: " << job.name() << " waits for more workers; with " << k << ": "
+                 << plan.status();
     return false;
   }
   const v1::Mapping& mapping = plan->best().mapping();

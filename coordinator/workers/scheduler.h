@@ -228,7 +228,7 @@ class Scheduler {
   uint64_t seen_hub_version_ = ~uint64_t{0};
   absl::Time last_rescan_ = absl::InfinitePast();
   bool workers_changed_ = true;
-  std::set<std::pair<std::string, size_t>> waiting_logged_;
+  std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
   std::set<std::pair<std::string, int64_t>> zombies_stopped_;
 };
 

@@ -431,6 +431,28 @@ TEST(SchedulerTest, ReconnectWithAnotherGenerationRestarts) {
   EXPECT_TRUE(HasEvent(h.get(), job, Job::RESTARTING, "WORKER_LOST"));
 }
 
+TEST(SchedulerTest, WaitsWhenMoreWorkersCouldMakeAPlan) {
+  auto h = Harness::Start("sched_wait_plan.db");
+  ASSERT_NE(h, nullptr);
+  Fleet fleet(h.get(), 3);
+  v1::JobSpec spec = testing::SmallSpec(2, 6);
+  spec.mutable_training()->set_global_batch_size(5);  // only a world of 5 (or 1) divides it
+  const std::string job = h->Submit(spec);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(h->hub()->GetJob(job)->state(), Job::PENDING) << "3 workers < 5: wait, not FAILED";
+  std::vector<std::unique_ptr<FakeWorker>> more;
+  std::vector<FakeWorker*> all = Raw(fleet);
+  for (int i = 0; i < 2; ++i) {
+    more.push_back(std::make_unique<FakeWorker>(testing::MakeChannel(h->port()),
+                                                absl::StrCat("more", i), "host-b"));
+    more.back()->Attach();
+    fleet.ticker->Add(more.back().get());
+    all.push_back(more.back().get());
+  }
+  auto ranks = ExpectGeneration(all, job, 1, 5);
+  EXPECT_EQ(ranks.size(), 5u);
+}
+
 TEST(SchedulerTest, IdleWorkerRunningAnUnknownGenerationGetsOneStop) {
   auto h = Harness::Start("sched_zombie.db");
   ASSERT_NE(h, nullptr);
