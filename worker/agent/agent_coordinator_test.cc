@@ -3,7 +3,8 @@
 // through workers::testing::Harness on loopback gRPC): a submitted 2-worker MoE job is planned,
 // assigned, started, trained over Gloo with the rendezvous through the coordinator, and reaches
 // SUCCEEDED from the agents' WorkerExit(0). Then one agent is shut down mid-job and the job goes
-// through RESTARTING onto the remaining worker, resuming from the job's checkpoint.
+// through RESTARTING onto the remaining worker, resuming from the job's checkpoint. A stream the
+// coordinator cuts is re-attached with the same worker_id and the job goes on.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -219,6 +220,54 @@ TEST_F(AgentCoordinatorTest, ALostAgentRestartsTheJobOnTheOther) {
   EXPECT_EQ(job.state(), v1::Job::RUNNING) << job.ShortDebugString();
   EXPECT_EQ(agents_[0]->agent->generation(), job.generation());
   EXPECT_GE(last_step(), at_restart + 4) << "the new generation makes progress";
+}
+
+TEST_F(AgentCoordinatorTest, ACutStreamReattachesAndTheJobContinues) {
+  agents_.push_back(StartAgent(harness_->address(), "agent-k", token_file_));
+  ASSERT_NE(agents_.back(), nullptr);
+  ASSERT_TRUE(WaitForIdleWorkers(1));
+  v1::JobSpec spec = TinySpec(1, 1, 100000);
+  spec.mutable_training()->set_save(TmpDir("ckpt_k"));
+  spec.mutable_training()->set_save_interval(2);
+  const std::string name = harness_->Submit(spec);
+  auto last_step = [&] {
+    std::optional<v1::StepMetrics> s = harness_->plane()->steps()->LastStep(name);
+    return s.has_value() ? s->step() : int64_t{0};
+  };
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && last_step() < 4) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_GE(last_step(), 4);
+  // The coordinator ends the stream (as for a worker it marked LOST).
+  harness_->plane()->worker_service()->Kick("agent-k", "test: stream cut");
+  const absl::Time t0 = absl::Now();
+  v1::Job job;
+  deadline = t0 + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    absl::StatusOr<v1::Job> j = harness_->registry()->GetJob(name);
+    ASSERT_TRUE(j.ok()) << j.status();
+    job = *j;
+    // Either re-adopted (same generation) or restarted (a new one) on the re-attached agent.
+    if (agents_[0]->agent->sessions() >= 1 && job.state() == v1::Job::RUNNING &&
+        agents_[0]->agent->generation() == job.generation()) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const int64_t at = last_step();
+  deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline && last_step() < at + 4) absl::SleepFor(absl::Milliseconds(20));
+  std::printf(
+      "after the cut: %s generation %lld on agent-k (sessions %lld) after %.1f s, last "
+      "step %lld -> %lld\n",
+      v1::Job::State_Name(job.state()).c_str(), static_cast<long long>(job.generation()),
+      static_cast<long long>(agents_[0]->agent->sessions()),
+      absl::ToDoubleSeconds(absl::Now() - t0), static_cast<long long>(at),
+      static_cast<long long>(last_step()));
+  EXPECT_EQ(job.state(), v1::Job::RUNNING) << job.ShortDebugString();
+  EXPECT_EQ(agents_[0]->agent->generation(), job.generation());
+  EXPECT_GE(agents_[0]->agent->sessions(), 1) << "the first stream ended, a second one runs";
+  EXPECT_EQ(harness_->plane()->worker_service()->open_streams(), 1);
+  EXPECT_GE(last_step(), at + 4);
 }
 
 }  // namespace
