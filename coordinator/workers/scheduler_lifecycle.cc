@@ -275,6 +275,10 @@ void Scheduler::CheckAdoptions() {
     size_t ready = 0;
     std::string refused;
     for (const auto& [id, rank] : run.rank_of) {
+      if (run.exit_code.count(id) > 0) {  // it finished its part while the coordinator was away
+        ++ready;
+        continue;
+      }
       std::optional<WorkerInfo> w = workers_->Get(id);
       if (!w || w->state == WorkerState::kLost || w->heartbeats == 0) continue;
       if (w->reported_generation == run.generation) {

@@ -204,6 +204,49 @@ TEST(WorkerServiceTest, RestartedCoordinatorReadoptsRunningJob) {
               job.c_str(), static_cast<long long>(done.generation()));
 }
 
+TEST(WorkerServiceTest, RestartedCoordinatorAcceptsExitsSentOnReattach) {
+  std::string job;
+  v1::Assignment a0, a1;
+  {
+    auto h = Harness::Start("service_queued_exit.db");
+    ASSERT_NE(h, nullptr);
+    FakeWorker w0(testing::MakeChannel(h->port()), "q-0");
+    FakeWorker w1(testing::MakeChannel(h->port()), "q-1");
+    w0.Attach();
+    w1.Attach();
+    HeartbeatTicker ticker({&w0, &w1}, absl::Milliseconds(200));
+    WaitUntil([&] { return h->plane()->registry()->CountInState(WorkerState::kIdle) == 2; });
+    job = h->Submit(testing::SmallSpec(2, 2));
+    ASSERT_TRUE(w0.WaitFor(CoordinatorMessage::kStart).has_value());
+    ASSERT_TRUE(w1.WaitFor(CoordinatorMessage::kStart).has_value());
+    w0.SendStep(1, 1.0);
+    h->WaitForState(job, Job::RUNNING);
+    a0 = RunningAssignment(w0);
+    a1 = RunningAssignment(w1);
+    h->Stop();
+  }
+  // Training finished during the outage: each worker re-attaches and sends its queued
+  // WorkerExit(0) right after the registration, before any heartbeat.
+  auto h = Harness::Start("service_queued_exit.db", /*fresh=*/false);
+  ASSERT_NE(h, nullptr);
+  FakeWorker w0(testing::MakeChannel(h->port()), "q-0");
+  FakeWorker w1(testing::MakeChannel(h->port()), "q-1");
+  w0.set_assignment(a0);
+  w0.Attach();
+  w0.SendExit(0, "train_iters reached while the coordinator was away");
+  HeartbeatTicker ticker({&w0}, absl::Milliseconds(100));
+  // w0 now heartbeats generation 0 while w1 is still away: the job must not restart for that.
+  absl::SleepFor(absl::Milliseconds(700));
+  w1.set_assignment(a1);
+  w1.Attach();
+  w1.SendExit(0, "train_iters reached while the coordinator was away");
+  ticker.Add(&w1);
+  Job done = h->WaitForState(job, Job::SUCCEEDED);
+  EXPECT_EQ(done.generation(), 1);
+  EXPECT_EQ(done.restart_count(), 0);
+  EXPECT_EQ(w0.CountReceived(CoordinatorMessage::kStop), 0);
+}
+
 TEST(WorkerServiceTest, RestartedCoordinatorRestartsJobWhenAWorkerIsMissing) {
   std::string job;
   v1::Assignment a0;
