@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -567,6 +568,66 @@ TEST(AgentTest, MissingOrWrongTokenIsRejectedWithAClearError) {
   }
   EXPECT_EQ(fake.rejected(), 2);
   EXPECT_TRUE(fake.Workers().empty());
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(AgentTest, TlsCoordinator) {
+  if (std::system("command -v openssl > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "openssl is not installed: cannot make a test certificate";
+  }
+  const std::string cert = TmpDir("tls_cert.pem"), key = TmpDir("tls_key.pem");
+  const std::string cmd =
+      absl::StrCat("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost ",
+                   "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout ", key, " -out ",
+                   cert, " > /dev/null 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  FakeCoordinator fake(kToken, ReadAll(cert), ReadAll(key));
+  const std::string token_file = WriteTokenFile("tls_token", kToken);
+  std::vector<std::unique_ptr<RunningAgent>> agents;
+  for (int r = 0; r < 2; ++r) {
+    AgentOptions o;
+    o.coordinator = fake.address();
+    o.token_file = token_file;
+    o.tls_root_cert = cert;
+    o.device = "cpu";
+    o.worker_id = absl::StrCat("tls-", r);
+    o.heartbeat_interval = absl::Milliseconds(100);
+    absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agents.push_back(std::make_unique<RunningAgent>());
+    agents.back()->agent = std::move(*agent);
+    agents.back()->Start();
+  }
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return ws.size() == 2; }, absl::Seconds(20)));
+  // World 2: the rendezvous goes over TLS too.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(
+        fake.Send(absl::StrCat("tls-", r),
+                  AssignmentMsg("job-tls", 1, r, 2, 3, TmpDir("ckpt_tls"), fake.address())));
+  }
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(fake.Send(absl::StrCat("tls-", r), StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil(
+      [](const Workers& ws) {
+        return HasExit(ws, "tls-0", "job-tls", 1) && HasExit(ws, "tls-1", "job-tls", 1);
+      },
+      absl::Seconds(60)));
+  for (int r = 0; r < 2; ++r) {
+    const WorkerRecord w = fake.Workers().at(absl::StrCat("tls-", r));
+    std::printf("TLS rank %d: exit %d, %zu steps\n", r, ExitOf(w, "job-tls", 1)->exit_code(),
+                StepsOf(w, "job-tls", 1).size());
+    EXPECT_EQ(ExitOf(w, "job-tls", 1)->exit_code(), 0);
+    EXPECT_EQ(StepsOf(w, "job-tls", 1).size(), 3u);
+  }
+  for (auto& a : agents) {
+    a->Stop();
+    EXPECT_TRUE(a->result.ok()) << a->result;
+  }
 }
 
 TEST(AgentTest, OptionsAreChecked) {

@@ -97,12 +97,19 @@ class FakeCoordinator::RendezvousServiceImpl final : public v1::RendezvousServic
   FakeCoordinator* c_;
 };
 
-FakeCoordinator::FakeCoordinator(std::string token)
+FakeCoordinator::FakeCoordinator(std::string token, const std::string& tls_cert_pem,
+                                 const std::string& tls_key_pem)
     : token_(std::move(token)),
       worker_service_(std::make_unique<WorkerServiceImpl>(this)),
       rendezvous_service_(std::make_unique<RendezvousServiceImpl>(this)) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!tls_cert_pem.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({tls_key_pem, tls_cert_pem});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort("127.0.0.1:0", creds, &port_);
   builder.RegisterService(worker_service_.get());
   builder.RegisterService(rendezvous_service_.get());
   server_ = builder.BuildAndStart();

@@ -40,8 +40,10 @@ struct WorkerRecord {
 
 class FakeCoordinator {
  public:
-  // `token` empty: no authentication.
-  explicit FakeCoordinator(std::string token);
+  // `token` empty: no authentication. With `tls_cert_pem` and `tls_key_pem` (PEM text) the
+  // server speaks TLS only.
+  explicit FakeCoordinator(std::string token, const std::string& tls_cert_pem = "",
+                           const std::string& tls_key_pem = "");
   ~FakeCoordinator();
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
