@@ -273,6 +273,7 @@ TEST(CoordinatorBinaryTest, ExitCodes) {
        {"--store", FreshPath("codes.db"), "--token-file", token, "--tls-cert", token},
        1},
       {"--version", {"--version"}, 0},
+      {"--help", {"--help"}, 0},
   };
   for (const Case& c : cases) {
     Coordinator p(c.args, "codes.log");

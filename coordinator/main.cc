@@ -13,11 +13,13 @@
 // SIGTERM or SIGINT shut down gracefully: health goes NOT_SERVING, watch streams end, calls in
 // flight get up to --shutdown-grace seconds, then the process exits.
 //
-// Exit status: 0 after a signal-initiated shutdown, --help or --version; 1 when the coordinator
-// cannot start (store, token file, TLS files, a port in use); 2 for a usage error (unknown flag,
-// missing required flag, positional arguments). Flags may be spelled with '-' or '_'.
+// Exit status: 0 after a signal-initiated shutdown, --help (-h) or --version; 1 when the
+// coordinator cannot start (store, token file, TLS files, a port in use); 2 for a usage error
+// (unknown flag, missing required flag, positional arguments). Flags may be spelled with '-' or
+// '_'.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -27,6 +29,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/version.h"
@@ -38,7 +41,7 @@ ABSL_FLAG(int, grpc_port, 50051, "gRPC port (0: pick a free one).");
 ABSL_FLAG(int, http_port, 8080, "REST and /metrics port (0: pick a free one).");
 ABSL_FLAG(std::string, token_file, "", "File holding the API bearer token. Required.");
 ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate chain: serve gRPC over TLS (with --tls-key).");
+          "PEM certificate chain: serve gRPC and REST over TLS only (with --tls-key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
 ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
 ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
@@ -64,6 +67,26 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
     }
   }
   return out;
+}
+
+// --help: the usage line and this binary's flags (sorted) on stdout.
+int Help() {
+  std::printf("%s\n\nflags:\n", std::string(absl::ProgramUsageMessage()).c_str());
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::StrContains(flag->Filename(), "coordinator/main.cc")) flags.push_back(flag);
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
+              return a->Name() < b->Name();
+            });
+  for (const absl::CommandLineFlag* f : flags) {
+    std::string name(f->Name());
+    std::replace(name.begin(), name.end(), '_', '-');
+    std::printf("  --%-20s %s (default: \"%s\")\n", name.c_str(), f->Help().c_str(),
+                f->DefaultValue().c_str());
+  }
+  return 0;
 }
 
 int Usage(const std::string& message) {
@@ -96,6 +119,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--help" || args[i] == "-h" || args[i] == "--helpfull") return Help();
+  }
   // ParseCommandLine exits 1 on an unknown flag; find those first so they are usage errors (2).
   for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
     const std::string& a = args[i];
