@@ -1,6 +1,7 @@
 #include "coordinator/api/api_test_util.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
 #include <chrono>
@@ -162,6 +163,45 @@ std::unique_ptr<grpc::ClientContext> Context(const char* token, int seconds) {
   if (token != nullptr) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
   context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
   return context;
+}
+
+grpc::Status RawUnary(grpc::Channel* channel, const std::string& method, const std::string& bytes,
+                      std::string* out, const char* token) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  if (token != nullptr) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag;
+  bool ok;
+  EXPECT_TRUE(cq.Next(&tag, &ok));
+  std::vector<grpc::Slice> slices;
+  out->clear();
+  if (status.ok() && response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices)
+      out->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+std::string HealthRequest(const std::string& service) {
+  std::string bytes;
+  if (!service.empty()) {
+    bytes.push_back(0x0a);  // field 1, length-delimited
+    bytes.push_back(static_cast<char>(service.size()));
+    bytes += service;
+  }
+  return bytes;
 }
 
 }  // namespace switchyard::api::testing

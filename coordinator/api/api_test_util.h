@@ -51,6 +51,16 @@ std::shared_ptr<grpc::Channel> Channel(int port);
 // of `seconds`.
 std::unique_ptr<grpc::ClientContext> Context(const char* token = kToken, int seconds = 30);
 
+// A unary call of `method` with `bytes` as the serialized request through a generic stub (for
+// services without generated stubs here: health, or deliberately undecodable payloads); the
+// response bytes go to `out`. Sends the token when `token` is set.
+grpc::Status RawUnary(grpc::Channel* channel, const std::string& method, const std::string& bytes,
+                      std::string* out, const char* token = nullptr);
+// A serialized grpc.health.v1.HealthCheckRequest for `service`.
+std::string HealthRequest(const std::string& service);
+// grpc.health.v1 SERVING as a serialized HealthCheckResponse.
+inline const std::string kServingResponse("\x08\x01", 2);
+
 }  // namespace switchyard::api::testing
 
 #endif  // SWITCHYARD_COORDINATOR_API_API_TEST_UTIL_H_

@@ -433,45 +433,6 @@ TEST_F(JobServiceTest, PlanReturnsTheBestMappingAndRejectsBadRequests) {
 
 // --- health and reflection, through raw calls (no generated stubs for their protos here) -----
 
-grpc::Status RawUnary(grpc::Channel* channel, const std::string& method, const std::string& bytes,
-                      std::string* out, const char* token = nullptr) {
-  grpc::GenericStub stub(channel->shared_from_this());
-  grpc::CompletionQueue cq;
-  grpc::ClientContext context;
-  if (token != nullptr) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  auto call = stub.PrepareUnaryCall(&context, method, request, &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag;
-  bool ok;
-  EXPECT_TRUE(cq.Next(&tag, &ok));
-  std::vector<grpc::Slice> slices;
-  out->clear();
-  if (status.ok() && response.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices)
-      out->append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return status;
-}
-
-std::string HealthRequest(const std::string& service) {
-  std::string bytes;
-  if (!service.empty()) {
-    bytes.push_back(0x0a);  // field 1, length-delimited
-    bytes.push_back(static_cast<char>(service.size()));
-    bytes += service;
-  }
-  return bytes;
-}
-
 // Bytes that are not a CreateJobRequest never reach the handler: gRPC answers them itself.
 TEST_F(JobServiceTest, UndecodableRequestsAreRefusedAndTheServerKeepsServing) {
   Start("svc_garbage.db");
@@ -481,8 +442,8 @@ TEST_F(JobServiceTest, UndecodableRequestsAreRefusedAndTheServerKeepsServing) {
     std::string bytes(1 + rng() % 64, '\0');
     for (char& c : bytes) c = static_cast<char>(rng() % 256);
     std::string out;
-    grpc::Status s = RawUnary(channel_.get(), "/switchyard.v1.JobService/CreateJob", bytes, &out,
-                              testing::kToken);
+    grpc::Status s = testing::RawUnary(channel_.get(), "/switchyard.v1.JobService/CreateJob", bytes,
+                                       &out, testing::kToken);
     if (!s.ok()) {
       // gRPC's sync server answers an undecodable message INTERNAL before the handler runs; one
       // that decodes (unknown fields only) has no spec: INVALID_ARGUMENT from the registry.
@@ -510,13 +471,15 @@ TEST_F(JobServiceTest, HealthIsServingAndReflectionListsTheServices) {
   const std::string kCheck = "/grpc.health.v1.Health/Check";
   for (const std::string service : {"", "switchyard.v1.JobService", "switchyard.v1.PlanService"}) {
     std::string out;
-    grpc::Status s = RawUnary(channel_.get(), kCheck, HealthRequest(service), &out);
+    grpc::Status s =
+        testing::RawUnary(channel_.get(), kCheck, testing::HealthRequest(service), &out);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(out, std::string("\x08\x01", 2)) << service;  // status: SERVING
     std::printf("health '%s': SERVING (no token needed)\n", service.c_str());
   }
   std::string out;
-  EXPECT_EQ(RawUnary(channel_.get(), kCheck, HealthRequest("nope.Service"), &out).error_code(),
+  EXPECT_EQ(testing::RawUnary(channel_.get(), kCheck, testing::HealthRequest("nope.Service"), &out)
+                .error_code(),
             grpc::StatusCode::NOT_FOUND);
 
   // Reflection: ServerReflectionRequest{list_services: ""} over the bidi stream.

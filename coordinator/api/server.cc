@@ -21,7 +21,10 @@
 namespace switchyard::api {
 namespace {
 
-constexpr const char* kServices[] = {"", "switchyard.v1.JobService", "switchyard.v1.PlanService"};
+constexpr const char* kApiServices[] = {"", "switchyard.v1.JobService",
+                                        "switchyard.v1.PlanService"};
+constexpr const char* kWorkerServices[] = {"switchyard.v1.WorkerService",
+                                           "switchyard.v1.RendezvousService"};
 
 absl::StatusOr<std::string> ReadFile(const std::string& option, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -66,10 +69,12 @@ std::string AdvertisedHost(const std::string& host) {
   return "127.0.0.1";
 }
 
-void SetServing(grpc::Server* server, bool serving) {
+void SetServing(grpc::Server* server, bool serving, bool workers) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health == nullptr) return;
-  for (const char* service : kServices) health->SetServingStatus(service, serving);
+  for (const char* service : kApiServices) health->SetServingStatus(service, serving);
+  if (!workers) return;
+  for (const char* service : kWorkerServices) health->SetServingStatus(service, serving);
 }
 
 }  // namespace
@@ -161,7 +166,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     return absl::UnavailableError(absl::StrCat("grpc: cannot listen on ", address));
   }
   if (s->plane_ != nullptr) SY_RETURN_IF_ERROR(s->plane_->Start());
-  SetServing(s->grpc_server_.get(), true);
+  SetServing(s->grpc_server_.get(), true, s->plane_ != nullptr);
 
   SY_ASSIGN_OR_RETURN(
       s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
@@ -173,7 +178,7 @@ void CoordinatorServer::Shutdown(absl::Time deadline) {
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time start = absl::Now();
-  if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false);
+  if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false, plane_ != nullptr);
   if (hub_ != nullptr) hub_->Close();
   if (plane_ != nullptr) plane_->Shutdown();
   if (rest_ != nullptr) rest_->Stop();

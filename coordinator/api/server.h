@@ -8,7 +8,9 @@
 // parsing and signal handling around it; tests run it in-process on loopback.
 //
 // Health: the overall status ("") and each service ("switchyard.v1.JobService",
-// "switchyard.v1.PlanService") are SERVING from Create until Shutdown, NOT_SERVING during it.
+// "switchyard.v1.PlanService", and with the worker side "switchyard.v1.WorkerService",
+// "switchyard.v1.RendezvousService") are SERVING from Create until Shutdown, NOT_SERVING during
+// it.
 //
 // Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the scheduler
 // stops and the workers' Attach streams end (workers/worker_plane.h), the REST

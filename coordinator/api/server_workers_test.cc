@@ -45,6 +45,17 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
   ASSERT_NE(server, nullptr);
   EXPECT_TRUE(absl::EndsWith(server->advertise_address(), absl::StrCat(":", server->grpc_port())));
 
+  // Health covers the worker side's services too (no token needed).
+  auto channel = testing::Channel(server->grpc_port());
+  for (const std::string service :
+       {"", "switchyard.v1.WorkerService", "switchyard.v1.RendezvousService"}) {
+    std::string out;
+    grpc::Status s = testing::RawUnary(channel.get(), "/grpc.health.v1.Health/Check",
+                                       testing::HealthRequest(service), &out);
+    ASSERT_TRUE(s.ok()) << service << ": " << s.error_message();
+    EXPECT_EQ(out, testing::kServingResponse) << service;
+  }
+
   // A worker with the wrong token is refused; two with the API token attach.
   workers::testing::FakeWorker intruder(workers::testing::MakeChannel(server->grpc_port(), 9),
                                         "intruder");
