@@ -18,8 +18,13 @@
 //                  127.0.0.1). Rank 0 prints the log; every rank exits 1 with the error when the
 //                  job fails (a lost peer included: --comm-timeout bounds every collective).
 //                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
-// A later issue adds --coordinator. Without a mode the usage goes to stderr and the
-// exit status is 2. Flags may be spelled with '-' or '_' (--self-check == --self_check).
+//   --coordinator host:port [--token-file F] [--tls-root-cert PEM] [--metrics-port P]
+//                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
+//                  attach to the coordinator, run the generations it assigns, report steps; exit 0
+//                  after SIGTERM/SIGINT, 1 for a permanent error (bad options, rejected token), 75
+//                  when the process must be restarted.
+// Without a mode the usage goes to stderr and the exit status is 2. Flags may be spelled with '-'
+// or '_' (--self-check == --self_check).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -34,7 +39,9 @@
 #include "absl/strings/numbers.h"
 #include "common/config.h"
 #include "common/version.h"
+#include "worker/agent/agent.h"
 #include "worker/comm/kv_store.h"
+#include "worker/comm/peer_monitor.h"
 #include "worker/self_check.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/trainer.h"
@@ -57,6 +64,12 @@ ABSL_FLAG(std::string, rendezvous, "",
 ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
           "Address this rank's Gloo transport listens on and advertises (CPU jobs).");
 ABSL_FLAG(int, comm_timeout, 60, "Seconds: bound on rendezvous and on every collective.");
+ABSL_FLAG(std::string, coordinator, "",
+          "Run as a worker agent of the coordinator at host:port (gRPC).");
+ABSL_FLAG(std::string, token_file, "", "File holding the coordinator's bearer token.");
+ABSL_FLAG(std::string, tls_root_cert, "", "PEM root certificate of a TLS coordinator.");
+ABSL_FLAG(int, metrics_port, -1, "Agent: serve /metrics on this port (0 any, -1 none).");
+ABSL_FLAG(int, heartbeat_ms, 1000, "Agent: heartbeat period in milliseconds.");
 ABSL_FLAG(double, peak_tflops, 989.4, "Peak TFLOP/s of the GPU for MFU (H100/H200 dense bf16).");
 
 namespace {
@@ -69,6 +82,8 @@ constexpr char kUsage[] =
     "                    [--init-from-hf DIR] [--export-hf DIR]   train in this process\n"
     "  switchyard-worker --rank R --world-size W --rendezvous DIR --config job.yaml\n"
     "                    [--device ...] [--steps N]   run rank R of a W-process job\n"
+    "  switchyard-worker --coordinator HOST:PORT [--token-file F] [--device ...]\n"
+    "                    [--metrics-port P]   attach to a coordinator and run its jobs\n"
     "  switchyard-worker --help         list the worker's flags\n"
     "  switchyard-worker --version      print the version";
 
@@ -183,6 +198,16 @@ int Distributed() {
     groups = switchyard::train::CreateGlooProcessGroups(shared, rank, dims, gopt);
   }
   if (!groups.ok()) return fail(groups.status());
+  // Heartbeats through the same store: an error caused by a dead peer names it, and a peer lost
+  // while this rank waits in a collective aborts the communicators instead of waiting for the
+  // full timeout.
+  switchyard::comm::PeerMonitorOptions mopt;
+  mopt.startup_timeout = timeout;
+  switchyard::train::ProcessGroups* raw_groups = groups->get();
+  mopt.on_lost = [raw_groups](const std::string&) { raw_groups->AbortAll(); };
+  absl::StatusOr<std::unique_ptr<switchyard::comm::PeerMonitor>> monitor =
+      switchyard::comm::PeerMonitor::Create(shared, rank, world, mopt);
+  if (!monitor.ok()) return fail(monitor.status());
   switchyard::train::TrainerOptions options;
   options.device = *device;
   options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
@@ -195,11 +220,26 @@ int Distributed() {
   absl::Status st = switchyard::train::RunStandalone(*spec, options, standalone, out);
   if (out != stdout && out != nullptr) std::fclose(out);
   if (!st.ok()) {
+    st = (*monitor)->AnnotateFailure(st);
     // Unblock the peers still inside a collective with us, then report.
     (*groups)->AbortAll();
     return fail(st);
   }
   return 0;
+}
+
+int Agent() {
+  switchyard::agent::AgentOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.token_file = absl::GetFlag(FLAGS_token_file);
+  o.tls_root_cert = absl::GetFlag(FLAGS_tls_root_cert);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.gloo_host = absl::GetFlag(FLAGS_gloo_host);
+  o.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
+  o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  o.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  return switchyard::agent::AgentMain(o);  // before any other thread starts
 }
 
 int Standalone() {
@@ -259,6 +299,7 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_self_check)) return SelfCheck();
   if (absl::GetFlag(FLAGS_standalone)) return Standalone();
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) return Agent();
   if (absl::GetFlag(FLAGS_world_size) > 0 || absl::GetFlag(FLAGS_rank) >= 0) return Distributed();
   std::fprintf(stderr, "switchyard-worker: %s\n", kUsage);
   return 2;

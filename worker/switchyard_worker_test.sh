@@ -96,6 +96,30 @@ grep -q "^step 6/6 " <<<"$out" || fail "resumed 2-rank job did not finish"
 [[ $rc -eq 1 ]] || fail "missing peer: exit $rc, want 1"
 cat "$TEST_TMPDIR/err"
 grep -qi 'deadline\|timed out\|timeout' "$TEST_TMPDIR/err" || fail "missing peer: no timeout error"
+# A killed peer: rank 1 is SIGKILLed after rank 0 logged step 3; rank 0 must exit 1 within a
+# bounded time (not the 60 s communicator timeout) with an error naming rank 1.
+sed -e "s|train_iters: 6|train_iters: 100000|" -e "/save/d" "$TEST_TMPDIR/dist.yaml" \
+  >"$TEST_TMPDIR/long.yaml"
+rdzv3="$TEST_TMPDIR/rdzv3"
+"$bin" --rank 1 --world-size 2 --rendezvous "$rdzv3" --config "$TEST_TMPDIR/long.yaml" \
+  --device cpu >/dev/null 2>&1 &
+pid1=$!
+"$bin" --rank 0 --world-size 2 --rendezvous "$rdzv3" --config "$TEST_TMPDIR/long.yaml" \
+  --device cpu >"$TEST_TMPDIR/k0.out" 2>"$TEST_TMPDIR/k0.err" &
+pid0=$!
+for _ in $(seq 600); do
+  grep -q "^step 3/" "$TEST_TMPDIR/k0.out" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q "^step 3/" "$TEST_TMPDIR/k0.out" || fail "killed peer: rank 0 never reached step 3"
+kill -9 $pid1
+t0=$(date +%s.%N)
+wait $pid0; rc=$?
+elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+echo "killed peer: rank 0 exited $rc after ${elapsed} s: $(cat "$TEST_TMPDIR/k0.err")"
+[[ $rc -eq 1 ]] || fail "killed peer: rank 0 exit $rc, want 1"
+grep -q "lost rank(s): 1" "$TEST_TMPDIR/k0.err" || fail "killed peer: the error does not name rank 1"
+awk -v e="$elapsed" 'BEGIN { exit !(e < 20) }' || fail "killed peer: rank 0 took ${elapsed} s"
 "$bin" --rank 2 --world-size 2 --rendezvous "$rdzv" --config "$TEST_TMPDIR/dist.yaml" \
   >/dev/null 2>&1; rc=$?
 [[ $rc -eq 2 ]] || fail "--rank outside the world: exit $rc, want 2"
