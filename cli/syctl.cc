@@ -1,76 +1,102 @@
-// syctl: the Switchyard command-line client.
+// syctl: the Switchyard command-line client (kubectl style: `syctl <verb> [args]`).
 //
-//   syctl [-o text|json] <verb> [args...]
-//
-// Data goes to stdout, messages to stderr. Exit status: 0 success, 2 usage error (unknown verb or
-// flag, or a verb this build does not implement yet), 1 any other failure. Only `version` and
-// `help` exist in this build; the others are reserved (plan, submit, get, list, cancel, watch,
-// workers, quickstart) and answer "not available yet".
+// Global flags may appear anywhere on the line; the usage text below is the manual. Data goes to
+// stdout, messages to stderr; exit codes are in cli/client.h (0 ok, 1 failure, 2 usage,
+// 3 cannot connect / not authenticated).
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cli/commands.h"
 #include "common/version.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
-struct Verb {
-  const char* name;
-  const char* summary;
-};
+using switchyard::cli::Globals;
+using switchyard::cli::Output;
+using switchyard::cli::UsageError;
 
-constexpr Verb kVerbs[] = {
-    {"plan", "plan a job spec: parallel mapping, memory and step-time estimate"},
-    {"submit", "submit a job spec to the coordinator"},
-    {"get", "show one job"},
-    {"list", "list jobs"},
-    {"cancel", "cancel a job"},
-    {"watch", "follow a job's events and step reports"},
-    {"workers", "list the workers attached to the coordinator"},
-    {"quickstart", "run a small MoE job end to end"},
-    {"version", "print the syctl version"},
-    {"help", "print this help"},
-};
+constexpr char kUsage[] =
+    R"(syctl: command-line client for the Switchyard coordinator.
+usage: syctl [global flags] <verb> [args...]
 
-enum class Output { kText, kJson };
+verbs:
+  plan -f SPEC | --megatron-args "..."   plan a job: best parallel mapping, memory and step-time
+       [--gpus N] [--gpu-memory-gib M]   breakdown, top alternatives (defaults: 8 GPUs of 80 GiB,
+       [--gpus-per-node G]               8 per node, --intra-node-gbps 450 --inter-node-gbps 50
+       [--alternatives K]                GB/s per GPU, --peak-tflops 989; --gpus defaults to the
+                                         spec's parallel.world_size when set)
+  submit -f SPEC | --megatron-args "..."  submit a job (both: the Megatron flags override the file)
+       [--name NAME] [--request-id ID]   ID makes the submit idempotent; --wait follows the job as
+       [--wait]                          watch does and exits like it
+  get jobs/ID | ID                       show one job
+  list [--state STATE] [--page-size N]   list jobs (one page; --all follows every page)
+       [--page-token T] [--all]
+  cancel jobs/ID | ID                    cancel a job
+  watch jobs/ID | ID                     follow a job's events and step metrics until it ends: one
+                                         line per step, or a progress bar with ETA on stderr when
+                                         stderr and stdout are terminals; exit 0 when the job
+                                         SUCCEEDED, 1 when it ended FAILED or CANCELLED
+  workers                                not available: the coordinator has no listing API
+  version                                print the syctl version
+  help                                   print this help
 
-void PrintUsage(FILE* f) {
-  std::fprintf(f,
-               "syctl: command-line client for Switchyard.\n"
-               "usage: syctl [-o text|json] <verb> [args...]\n"
-               "verbs:\n");
-  for (const Verb& v : kVerbs) std::fprintf(f, "  %-11s %s\n", v.name, v.summary);
-  std::fprintf(f,
-               "flags:\n"
-               "  -o, --output text|json   output format (default text)\n");
-}
+SPEC is a YAML or JSON job spec file (examples/quickstart.yaml; '-' reads stdin).
+--megatron-args takes Megatron-LM pretrain flags in one string, e.g.
+  --megatron-args "--num-layers 4 --hidden-size 128 --num-attention-heads 2 --num-experts 8
+                   --moe-router-topk 2 --train-iters 100 --bf16"
+Every flag that names a config.proto field is accepted (--moe-aux-loss-coeff, --data-path, ...);
+an unknown flag is a usage error naming it.
 
-int Usage(const std::string& message) {
-  std::fprintf(stderr, "syctl: %s\n", message.c_str());
-  PrintUsage(stderr);
-  return 2;
-}
+global flags:
+  --coordinator HOST:PORT   gRPC address (default $SYCTL_COORDINATOR, else localhost:50051)
+  --token-file FILE         file holding the API bearer token (default $SYCTL_TOKEN_FILE)
+  --tls-root-cert PEM       connect with TLS, trusting these roots (default $SYCTL_TLS_ROOT_CERT)
+  -o, --output FORMAT       table (default; also 'text'), json, yaml, or name (resource names)
+
+exit codes:
+  0  success
+  1  failure: the server answered an error (printed as 'CODE: message'), the watched job ended
+     FAILED or CANCELLED, a spec file that cannot be read or parsed, 'workers'
+  2  usage error: unknown verb or flag (Megatron flags included), bad or missing argument
+  3  cannot connect or not authenticated: no token given, unreadable or empty token file,
+     unreadable TLS root certificate, coordinator unreachable (UNAVAILABLE), or the token refused
+     (UNAUTHENTICATED, PERMISSION_DENIED)
+)";
 
 int Version(Output output) {
   if (output == Output::kJson) {
     nlohmann::json j = {{"version", switchyard::kVersion}};
     std::printf("%s\n", j.dump().c_str());
+  } else if (output == Output::kYaml) {
+    std::printf("version: \"%s\"\n", switchyard::kVersion);
   } else {
     std::printf("syctl %s\n", switchyard::kVersion);
   }
   return 0;
 }
 
-// Parses "-o json", "-o=json", "--output json", "--output=json". Returns false on a bad value.
-bool ParseOutput(const std::string& value, Output* out) {
-  if (value == "text") {
-    *out = Output::kText;
-    return true;
-  }
-  if (value == "json") {
-    *out = Output::kJson;
-    return true;
+// Splits "--flag=value" / "--flag value" for the global flag `name` (and `alias`) at argv[*i].
+// Returns true when argv[*i] is that flag; *value gets its value (advancing *i), *missing is set
+// when the value is absent.
+bool GlobalFlag(int argc, char** argv, int* i, const std::string& name, const std::string& alias,
+                std::string* value, bool* missing) {
+  const std::string a = argv[*i];
+  for (const std::string& n : {name, alias}) {
+    if (n.empty()) continue;
+    if (a == n) {
+      if (*i + 1 >= argc) {
+        *missing = true;
+      } else {
+        *value = argv[++*i];
+      }
+      return true;
+    }
+    if (a.rfind(n + "=", 0) == 0) {
+      *value = a.substr(n.size() + 1);
+      return true;
+    }
   }
   return false;
 }
@@ -78,46 +104,50 @@ bool ParseOutput(const std::string& value, Output* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // -o/--output may appear anywhere (kubectl style); other flags before the verb are errors and
-  // flags after it belong to the verb.
-  Output output = Output::kText;
+  Globals globals;
   std::vector<std::string> args;  // the verb and its arguments
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "-o" || a == "--output") {
-      if (i + 1 >= argc) return Usage(a + " needs a value (text or json)");
-      if (!ParseOutput(argv[++i], &output)) {
-        return Usage("unknown output format '" + std::string(argv[i]) + "' (want text or json)");
+    std::string value;
+    bool missing = false;
+    if (GlobalFlag(argc, argv, &i, "--output", "-o", &value, &missing)) {
+      if (missing) return UsageError(a + " needs a value (table, json, yaml or name)");
+      if (!switchyard::cli::ParseOutput(value, &globals.output)) {
+        return UsageError("unknown output format '" + value + "' (want table, json, yaml or name)");
       }
-    } else if (a.rfind("-o=", 0) == 0 || a.rfind("--output=", 0) == 0) {
-      const std::string value = a.substr(a.find('=') + 1);
-      if (!ParseOutput(value, &output)) {
-        return Usage("unknown output format '" + value + "' (want text or json)");
-      }
+    } else if (GlobalFlag(argc, argv, &i, "--coordinator", "", &globals.client.coordinator,
+                          &missing) ||
+               GlobalFlag(argc, argv, &i, "--token-file", "", &globals.client.token_file,
+                          &missing) ||
+               GlobalFlag(argc, argv, &i, "--tls-root-cert", "", &globals.client.tls_root_cert,
+                          &missing)) {
+      if (missing) return UsageError(a + " needs a value");
     } else if (args.empty() && (a == "-h" || a == "--help")) {
       args.push_back("help");
     } else if (args.empty() && !a.empty() && a[0] == '-') {
-      return Usage("unknown flag '" + a + "'");
+      return UsageError("unknown flag '" + a + "'");
     } else {
       args.push_back(a);
     }
   }
 
-  if (args.empty()) return Usage("missing verb");
-  const std::string& verb = args[0];
+  if (args.empty()) return UsageError("missing verb");
+  const std::string verb = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (verb == "help") {
-    PrintUsage(stdout);
+    std::fputs(kUsage, stdout);
     return 0;
   }
   if (verb == "version") {
-    if (args.size() > 1) return Usage("version takes no arguments");
-    return Version(output);
+    if (!rest.empty()) return UsageError("version takes no arguments");
+    return Version(globals.output);
   }
-  for (const Verb& v : kVerbs) {
-    if (verb == v.name) {
-      std::fprintf(stderr, "syctl %s: not available yet in this build\n", v.name);
-      return 2;
-    }
-  }
-  return Usage("unknown verb '" + verb + "'");
+  if (verb == "plan") return switchyard::cli::PlanCommand(globals, rest);
+  if (verb == "submit") return switchyard::cli::SubmitCommand(globals, rest);
+  if (verb == "get") return switchyard::cli::GetCommand(globals, rest);
+  if (verb == "list") return switchyard::cli::ListCommand(globals, rest);
+  if (verb == "cancel") return switchyard::cli::CancelCommand(globals, rest);
+  if (verb == "watch") return switchyard::cli::WatchCommand(globals, rest);
+  if (verb == "workers") return switchyard::cli::WorkersCommand(globals, rest);
+  return UsageError("unknown verb '" + verb + "'");
 }

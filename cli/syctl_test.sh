@@ -1,38 +1,208 @@
 #!/usr/bin/env bash
-# Command-line contract of syctl (see cli/syctl.cc).
+# Command-line contract of syctl (cli/syctl.cc, cli/client.h) against the REAL coordinator binary
+# on loopback (temp SQLite store, token file, --noworkers so jobs stay PENDING until cancelled):
+# every verb, -o table/json/yaml/name, stdout vs stderr, and the exit codes 0/1/2/3.
 set -u
 bin="$1"
-err="$TEST_TMPDIR/err"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# expect <exit code> <stdout regex> <stderr regex> -- args...
+coordinator="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+err="$tmp/err"
+fail() {
+  echo "FAIL: $*" >&2
+  [[ -f $tmp/coordinator.err ]] && { echo "--- coordinator stderr:" >&2; cat "$tmp/coordinator.err" >&2; }
+  exit 1
+}
+# expect <exit code> <stdout regex> <stderr regex> -- args...   ('^$' for stderr: must be empty)
 expect() {
   local want_rc=$1 want_out=$2 want_err=$3
   shift 4
-  local out rc
+  local rc
   out=$("$bin" "$@" 2>"$err"); rc=$?
-  [[ $rc -eq $want_rc ]] || fail "syctl $*: exit $rc, want $want_rc"
+  [[ $rc -eq $want_rc ]] || fail "syctl $*: exit $rc, want $want_rc; stderr: $(cat "$err")"
   grep -Eq -- "$want_out" <<<"$out" || fail "syctl $*: stdout '$out' !~ /$want_out/"
   if [[ $want_err == '^$' ]]; then
     [[ ! -s $err ]] || fail "syctl $*: unexpected stderr '$(cat "$err")'"
   else
     grep -Eq -- "$want_err" "$err" || fail "syctl $*: stderr '$(cat "$err")' !~ /$want_err/"
   fi
-  echo "ok: syctl $*"
+  echo "ok: exit $rc: syctl $*"
+}
+# json <filter> <want>: checks a jq filter over the last stdout.
+json() {
+  local got
+  got=$(jq -r "$1" <<<"$out") || fail "stdout is not JSON: '$out'"
+  [[ $got == "$2" ]] || fail "jq '$1' = '$got', want '$2'"
+  echo "   jq $1 = $got"
 }
 
+# --- no coordinator needed -----------------------------------------------------------------------
 expect 0 '^syctl 0\.1\.0$' '^$' -- version
 expect 0 '^\{"version":"0\.1\.0"\}$' '^$' -- -o json version
 expect 0 '^\{"version":"0\.1\.0"\}$' '^$' -- version -o json
 expect 0 '^\{"version":"0\.1\.0"\}$' '^$' -- --output=json version
 expect 0 '^syctl 0\.1\.0$' '^$' -- -o text version
-expect 0 'quickstart' '^$' -- help
+expect 0 '^version: "0\.1\.0"$' '^$' -- -o yaml version
+expect 0 'exit codes' '^$' -- help
 expect 0 'submit' '^$' -- --help
 expect 2 '^$' 'missing verb' --
 expect 2 '^$' "unknown verb 'frobnicate'" -- frobnicate
-expect 2 '^$' "unknown output format 'yaml'" -- -o yaml version
+expect 2 '^$' "unknown output format 'wide'" -- -o wide version
 expect 2 '^$' "unknown flag '--bogus'" -- --bogus version
 expect 2 '^$' 'version takes no arguments' -- version extra
-for verb in plan submit get list cancel watch workers quickstart; do
-  expect 2 '^$' "^syctl $verb: not available yet in this build$" -- "$verb"
+expect 2 '^$' "get: unknown flag '--bogus'" -- get --bogus 1
+expect 2 '^$' 'get takes one job' -- get
+expect 2 '^$' 'submit: give the job spec with -f' -- submit
+expect 2 '^$' "list: --state 'sleeping' is not one of" -- list --state sleeping
+expect 2 '^$' 'list: --page-size must be an integer >= 1' -- list --page-size 0
+expect 2 '^$' 'plan: --gpus must be an integer >= 1' -- plan -f x.yaml --gpus zero
+expect 1 '^$' 'not available' -- workers
+# A missing token is exit 3 with the way to give one, before any connection is tried.
+unset SYCTL_TOKEN_FILE SYCTL_COORDINATOR SYCTL_TLS_ROOT_CERT
+expect 3 '^$' 'no API token: pass --token-file FILE or set SYCTL_TOKEN_FILE' -- list
+expect 3 '^$' "cannot read the token file '$tmp/absent'" -- --token-file "$tmp/absent" list
+: >"$tmp/empty_token"
+expect 3 '^$' 'is empty' -- --token-file "$tmp/empty_token" get 1
+
+# --- the real coordinator --------------------------------------------------------------------------
+printf '  s3cr3t-cli-token\n' >"$tmp/token"
+rm -f "$tmp/store.db"
+"$coordinator" --store "$tmp/store.db" --token-file "$tmp/token" --host 127.0.0.1 \
+  --grpc-port 0 --http-port 0 --noworkers >"$tmp/coordinator.out" 2>"$tmp/coordinator.err" &
+coordinator_pid=$!
+trap 'kill $coordinator_pid 2>/dev/null; wait $coordinator_pid 2>/dev/null' EXIT
+for _ in $(seq 200); do
+  grep -q listening "$tmp/coordinator.out" 2>/dev/null && break
+  sleep 0.1
 done
+echo "coordinator: $(cat "$tmp/coordinator.out")"
+address=$(sed -n 's/.* grpc=\([^ ]*\) .*/\1/p' "$tmp/coordinator.out")
+[[ -n $address ]] || fail "the coordinator did not print its ports"
+export SYCTL_COORDINATOR=$address SYCTL_TOKEN_FILE=$tmp/token
+
+cat >"$tmp/spec.yaml" <<'EOF'
+display_name: cli-test
+model:
+  num_layers: 4
+  hidden_size: 128
+  num_attention_heads: 2
+  num_query_groups: 1
+  kv_channels: 64
+  ffn_hidden_size: 256
+  seq_length: 64
+  vocab_size: 4096
+  num_experts: 8
+  moe_router_topk: 2
+  moe_ffn_hidden_size: 128
+  moe_layer_freq: 2
+training:
+  micro_batch_size: 4
+  global_batch_size: 32
+  train_iters: 100
+data:
+  mock_data: true
+EOF
+
+# plan: table and json; an impossible memory budget is the server's RESOURCE_EXHAUSTED, exit 1.
+expect 0 '^Best mapping: TP[0-9]+ CP[0-9]+ DP[0-9]+ PP[0-9]+ \| ETP[0-9]+ EP[0-9]+' '^$' -- \
+  plan -f "$tmp/spec.yaml" --gpus 8
+grep -q 'Memory per rank' <<<"$out" && grep -q 'Step time' <<<"$out" && grep -q 'Alternatives' <<<"$out" ||
+  fail "plan table lacks a section: $out"
+expect 0 '"best"' '^$' -- plan -f "$tmp/spec.yaml" --gpus 4 -o json
+json '[.best.mapping.tensor_model_parallel_size, .best.mapping.context_parallel_size, .best.mapping.data_parallel_size, .best.mapping.pipeline_model_parallel_size] | map(. // 1) | .[0]*.[1]*.[2]*.[3]' 4
+json '.best.memory.total > 0' true
+expect 1 '^$' 'RESOURCE_EXHAUSTED: no parallel mapping fits' -- \
+  plan -f "$tmp/spec.yaml" --gpus 2 --gpu-memory-gib 0.001
+
+# submit -f: json, table, name; the request id makes it idempotent.
+expect 0 '"name": "jobs/1"' '^$' -- submit -f "$tmp/spec.yaml" -o json --request-id r-1
+json .state PENDING
+json .spec.display_name cli-test
+json .spec.model.num_experts 8
+expect 0 '"name": "jobs/1"' '^$' -- submit -f "$tmp/spec.yaml" -o json --request-id r-1
+expect 0 '^NAME +DISPLAY-NAME +STATE' '^$' -- submit -f "$tmp/spec.yaml" --name second
+grep -Eq '^jobs/2 +second +PENDING' <<<"$out" || fail "submit table row: $out"
+expect 1 '^$' 'ALREADY_EXISTS' -- submit -f "$tmp/spec.yaml" --name other --request-id r-1
+expect 1 '^$' "spec-missing.yaml" -- submit -f "$tmp/spec-missing.yaml"
+
+# submit --megatron-args, over nothing and over a file; an unknown flag is exit 2 naming it.
+megatron="--num-layers 2 --hidden-size 64 --num-attention-heads 2 --num-query-groups 1
+  --ffn-hidden-size 128 --seq-length 32 --max-position-embeddings 32 --vocab-size 512
+  --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 0.01
+  --moe-router-load-balancing-type aux_loss --expert-model-parallel-size 2
+  --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-4 --min-lr 3e-5
+  --lr-warmup-iters 2 --lr-decay-style cosine --bf16 --seed 7 --mock-data --qk-layernorm
+  --untie-embeddings-and-output-weights --moe-router-score-function sigmoid
+  --moe-router-enable-expert-bias --save /tmp/ckpt --save-interval 10 --swiglu"
+expect 0 '"name": "jobs/3"' '^$' -- submit --megatron-args "$megatron" -o json
+json .spec.model.num_experts 4
+json .spec.model.moe_router_score_function sigmoid
+json .spec.parallel.expert_model_parallel_size 2
+json .spec.training.train_iters 20
+json .spec.training.bf16 true
+json .spec.training.seed 7
+json '.spec.model.moe_aux_loss_coeff[0]' 0.01
+expect 0 '^jobs/4$' '^$' -- submit -f "$tmp/spec.yaml" --megatron-args "--train-iters 7" -o name
+expect 0 '"7"' '^$' -- get jobs/4 -o json
+json .spec.training.train_iters 7
+json .spec.model.hidden_size 128
+expect 2 '^$' "unknown Megatron flag '--frobnicate'" -- \
+  submit --megatron-args "--num-layers 2 --frobnicate 3"
+expect 2 '^$' "--num-layers: expected an integer, got 'two'" -- \
+  submit --megatron-args "--num-layers two"
+# The coordinator's validation names the field: exit 1, INVALID_ARGUMENT.
+expect 1 '^$' 'INVALID_ARGUMENT: model.hidden_size \(64\) must be divisible by model.num_attention_heads \(3\)' -- \
+  submit --megatron-args "--num-layers 2 --hidden-size 64 --num-attention-heads 3 --train-iters 5"
+expect 0 '^jobs/1$' 'more jobs' -- list -o name --state pending --page-size 1
+n_jobs=$("$bin" list --all -o name | wc -l)
+[[ $n_jobs -eq 4 ]] || fail "the rejected submits created jobs: $n_jobs jobs, want 4"
+echo "ok: 4 jobs in the store after the rejected submits"
+
+# get: jobs/ID or ID, detail table, yaml that parses; a missing job is NOT_FOUND, exit 1.
+expect 0 '^Name: +jobs/2$' '^$' -- get jobs/2
+grep -Eq '^State: +PENDING$' <<<"$out" || fail "get table: $out"
+expect 0 'name: jobs/2' '^$' -- get 2 -o yaml
+python3 -c 'import sys, yaml; d = yaml.safe_load(sys.stdin); assert d["name"] == "jobs/2", d; assert d["state"] == "PENDING"; assert d["spec"]["model"]["num_experts"] == 8; assert d["spec"]["training"]["train_iters"] == "100"; print("   yaml parses:", d["name"], d["state"], "num_experts", d["spec"]["model"]["num_experts"])' <<<"$out" ||
+  fail "get -o yaml does not parse: $out"
+expect 0 'jobs:' '^$' -- list -o yaml --all
+python3 -c 'import sys, yaml; d = yaml.safe_load(sys.stdin); assert [j["name"] for j in d["jobs"]] == ["jobs/1", "jobs/2", "jobs/3", "jobs/4"], d; print("   yaml list parses:", len(d["jobs"]), "jobs")' <<<"$out" ||
+  fail "list -o yaml does not parse: $out"
+expect 1 '^$' 'NOT_FOUND: jobs/99 does not exist' -- get 99
+
+# cancel, list with a state filter, pagination.
+expect 0 '^jobs/2 +second +CANCELLED' '^$' -- cancel 2 -o table
+expect 0 '"CANCELLED"' '^$' -- list --state CANCELLED -o json
+json '.jobs | length' 1
+json '.jobs[0].name' jobs/2
+expect 0 '^NAME' '^$' -- list --state pending
+[[ $(grep -c PENDING <<<"$out") -eq 3 ]] || fail "list --state pending: $out"
+expect 0 '^NAME' 'more jobs: --page-token [^ ]+, or --all' -- list --page-size 2
+[[ $(wc -l <<<"$out") -eq 3 ]] || fail "list --page-size 2: $out"
+expect 0 'jobs/4' '^$' -- list --page-size 1 --all -o json
+json '.jobs | length' 4
+expect 1 '^$' 'FAILED_PRECONDITION' -- cancel jobs/2
+
+# watch: a cancelled job replays its events and exits 1; json is one update per line.
+expect 1 'CANCELLED gen 0' 'jobs/2 ended CANCELLED' -- watch jobs/2
+grep -q 'PENDING gen 0 CREATED' <<<"$out" || fail "watch lacks the CREATED event: $out"
+expect 1 '"state":"CANCELLED"' 'ended CANCELLED' -- watch 2 -o json
+[[ $(wc -l <<<"$out") -eq 2 ]] || fail "watch -o json: want 2 lines, got: $out"
+expect 1 '^$' 'NOT_FOUND' -- watch 77
+# A watch that is open when the job is cancelled ends at once with exit 1.
+"$bin" watch 3 >"$tmp/watch.out" 2>"$tmp/watch.err" &
+watch_pid=$!
+sleep 1
+expect 0 'CANCELLED' '^$' -- cancel jobs/3
+wait $watch_pid
+watch_rc=$?
+[[ $watch_rc -eq 1 ]] || fail "watch of a job cancelled meanwhile: exit $watch_rc"
+grep -q 'CANCELLED gen 0' "$tmp/watch.out" || fail "live watch: $(cat "$tmp/watch.out")"
+echo "ok: a live watch ended with exit 1 when the job was cancelled"
+
+# Connection and token failures: exit 3.
+printf 'wrong\n' >"$tmp/bad_token"
+expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file "$tmp/bad_token" get 1
+expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file="$tmp/bad_token" plan -f "$tmp/spec.yaml"
+(unset SYCTL_TOKEN_FILE; expect 3 '^$' 'no API token' -- list) || exit 1
+expect 3 '^$' 'cannot reach the coordinator at 127.0.0.1:1' -- --coordinator 127.0.0.1:1 list
+expect 3 '^$' "cannot read the TLS root certificate" -- --tls-root-cert "$tmp/absent.pem" list
 echo "syctl command line OK"

@@ -1,0 +1,252 @@
+#include "cli/render.h"
+
+#include <cstdio>
+#include <ctime>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+
+namespace switchyard::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// A plain YAML scalar only when it cannot read back as anything but this string.
+bool NeedsQuotes(const std::string& s) {
+  if (s.empty()) return true;
+  const char first = s[0];
+  if (!(absl::ascii_isalpha(static_cast<unsigned char>(first)) || first == '_' || first == '/')) {
+    return true;
+  }
+  for (char c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (!(absl::ascii_isalnum(u) || c == '_' || c == '.' || c == '/' || c == '-' || c == ' ')) {
+      return true;
+    }
+  }
+  if (s.back() == ' ') return true;
+  const std::string lower = absl::AsciiStrToLower(s);
+  for (const char* keyword : {"true", "false", "yes", "no", "on", "off", "null", "y", "n"}) {
+    if (lower == keyword) return true;
+  }
+  return false;
+}
+
+std::string Scalar(const Json& v) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    return NeedsQuotes(s) ? v.dump() : s;  // JSON string escapes are YAML double-quoted escapes
+  }
+  return v.dump();
+}
+
+bool IsEmptyContainer(const Json& v) { return (v.is_object() || v.is_array()) && v.empty(); }
+
+void EmitYaml(const Json& v, int indent, std::string* out);
+
+// The value of a mapping key or sequence item: inline scalars, nested blocks on new lines.
+void EmitValue(const Json& v, int indent, std::string* out) {
+  if (IsEmptyContainer(v)) {
+    absl::StrAppend(out, v.is_object() ? " {}\n" : " []\n");
+  } else if (v.is_object() || v.is_array()) {
+    absl::StrAppend(out, "\n");
+    EmitYaml(v, indent + 2, out);
+  } else {
+    absl::StrAppend(out, " ", Scalar(v), "\n");
+  }
+}
+
+void EmitYaml(const Json& v, int indent, std::string* out) {
+  const std::string pad(indent, ' ');
+  if (v.is_object()) {
+    for (const auto& [key, value] : v.items()) {
+      absl::StrAppend(out, pad, NeedsQuotes(key) ? Json(key).dump() : key, ":");
+      EmitValue(value, indent, out);
+    }
+  } else if (v.is_array()) {
+    for (const Json& item : v) {
+      if (item.is_object() && !item.empty()) {
+        // "- first: 1\n  second: 2"
+        std::string block;
+        EmitYaml(item, indent + 2, &block);
+        absl::StrAppend(out, pad, "- ", block.substr(indent + 2));
+      } else {
+        absl::StrAppend(out, pad, "-");
+        EmitValue(item, indent, out);
+      }
+    }
+  } else {
+    absl::StrAppend(out, pad, Scalar(v), "\n");
+  }
+}
+
+std::string Gib(double bytes) { return absl::StrFormat("%.2f", bytes / kGiB); }
+std::string Ms(double seconds) { return absl::StrFormat("%.3f", seconds * 1e3); }
+
+// Left-aligned columns separated by two spaces.
+std::string Columns(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (width.size() <= i) width.push_back(0);
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      absl::StrAppend(&line, row[i]);
+      if (i + 1 < row.size()) line.append(width[i] - row[i].size() + 2, ' ');
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+}  // namespace
+
+bool ParseOutput(absl::string_view text, Output* out) {
+  if (text == "table" || text == "text") {
+    *out = Output::kTable;
+  } else if (text == "json") {
+    *out = Output::kJson;
+  } else if (text == "yaml") {
+    *out = Output::kYaml;
+  } else if (text == "name") {
+    *out = Output::kName;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  // Printing a valid in-memory message cannot fail (no Any fields in the API).
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!pretty) return out;
+  return Json::parse(out).dump(2);
+}
+
+std::string JsonToYaml(const std::string& json) {
+  const Json v = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return json + "\n";
+  if (IsEmptyContainer(v)) return v.is_object() ? "{}\n" : "[]\n";
+  std::string out;
+  EmitYaml(v, 0, &out);
+  return out;
+}
+
+std::string Structured(const google::protobuf::Message& message, Output output) {
+  if (output == Output::kYaml) return JsonToYaml(ToJson(message, /*pretty=*/false));
+  return ToJson(message, /*pretty=*/true) + "\n";
+}
+
+std::string FormatTime(const google::protobuf::Timestamp& time) {
+  if (time.seconds() == 0 && time.nanos() == 0) return "-";
+  const std::time_t t = static_cast<std::time_t>(time.seconds());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string MappingText(const v1::Mapping& m) {
+  return absl::StrFormat(
+      "TP%d CP%d DP%d PP%d | ETP%d EP%d EDP%d |%s mbs %d x %d", m.tensor_model_parallel_size(),
+      m.context_parallel_size(), m.data_parallel_size(), m.pipeline_model_parallel_size(),
+      m.expert_tensor_parallel_size(), m.expert_model_parallel_size(),
+      m.expert_data_parallel_size(), m.use_distributed_optimizer() ? " dist-opt |" : "",
+      m.micro_batch_size(), m.num_micro_batches());
+}
+
+std::string JobsTable(const std::vector<v1::Job>& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "DISPLAY-NAME", "STATE", "GEN", "RESTARTS", "STEP", "CREATED"}};
+  for (const v1::Job& job : jobs) {
+    rows.push_back({job.name(), job.spec().display_name().empty() ? "-" : job.spec().display_name(),
+                    v1::Job::State_Name(job.state()), absl::StrCat(job.generation()),
+                    absl::StrCat(job.restart_count()),
+                    job.has_last_step() ? absl::StrCat(job.last_step().step()) : "-",
+                    FormatTime(job.create_time())});
+  }
+  return Columns(rows);
+}
+
+std::string JobDetail(const v1::Job& job) {
+  std::vector<std::vector<std::string>> rows = {
+      {"Name:", job.name()},
+      {"Display name:", job.spec().display_name().empty() ? "-" : job.spec().display_name()},
+      {"State:", v1::Job::State_Name(job.state())},
+      {"Generation:", absl::StrCat(job.generation())},
+      {"Restarts:", absl::StrCat(job.restart_count())},
+      {"Created:", FormatTime(job.create_time())},
+      {"Updated:", FormatTime(job.update_time())},
+      {"Train iters:", job.spec().training().has_train_iters()
+                           ? absl::StrCat(job.spec().training().train_iters())
+                           : "-"},
+      {"Mapping:", job.plan().has_best() ? MappingText(job.plan().best().mapping()) : "-"},
+      {"Last step:", job.has_last_step() ? StepLine(job.last_step()) : "-"},
+  };
+  if (!job.failure_reason().empty()) rows.push_back({"Failure:", job.failure_reason()});
+  return Columns(rows);
+}
+
+std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alternatives) {
+  const v1::PlanCandidate& best = plan.best();
+  const v1::MemoryEstimate& mem = best.memory();
+  const v1::TimeEstimate& time = best.time();
+  std::string out = absl::StrCat("Best mapping: ", MappingText(best.mapping()), "\n\n");
+  absl::StrAppend(
+      &out, "Memory per rank (GiB):\n",
+      Columns({{"  weights", "gradients", "optimizer", "activations", "total", "of"},
+               {"  " + Gib(mem.weights()), Gib(mem.gradients()), Gib(mem.optimizer_states()),
+                Gib(mem.activations()), Gib(mem.total()), Gib(gpu_memory_bytes)}}),
+      "\n");
+  absl::StrAppend(
+      &out, "Step time (ms):\n",
+      Columns({{"  compute", "tp-comm", "ep-comm", "dp-comm", "pp-comm", "bubble", "total"},
+               {"  " + Ms(time.compute()), Ms(time.tp_communication()), Ms(time.ep_communication()),
+                Ms(time.dp_communication()), Ms(time.pp_communication()),
+                Ms(time.pipeline_bubble()), Ms(time.total())}}));
+  if (plan.alternatives_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {{"  #", "MAPPING", "MEMORY-GIB", "STEP-MS"}};
+    for (int i = 0; i < plan.alternatives_size() && i < alternatives; ++i) {
+      const v1::PlanCandidate& c = plan.alternatives(i);
+      rows.push_back({absl::StrCat("  ", i + 2), MappingText(c.mapping()), Gib(c.memory().total()),
+                      Ms(c.time().total())});
+    }
+    absl::StrAppend(&out, "\nAlternatives (", plan.alternatives_size(), " feasible, top ",
+                    std::min(alternatives, plan.alternatives_size()), "):\n", Columns(rows));
+  }
+  absl::StrAppend(&out, "\nRejected: ", plan.rejected_size(),
+                  plan.rejected_size() > 0 ? " mappings (-o json lists each rule)" : "", "\n");
+  return out;
+}
+
+std::string StepLine(const v1::StepMetrics& s) {
+  return absl::StrFormat(
+      "step %d loss %.4f aux %.4f lr %.2e gnorm %.3f %.1f ms %.0f tok/s mfu %.1f%%", s.step(),
+      s.loss(), s.aux_loss(), s.lr(), s.grad_norm(), s.step_ms(), s.tokens_per_second(),
+      s.mfu() * 100.0);
+}
+
+std::string EventLine(const v1::JobEvent& e) {
+  std::string line = absl::StrCat(FormatTime(e.time()), " ", v1::Job::State_Name(e.state()),
+                                  " gen ", e.generation());
+  if (!e.reason().empty()) absl::StrAppend(&line, " ", e.reason());
+  if (!e.message().empty()) absl::StrAppend(&line, e.reason().empty() ? " " : ": ", e.message());
+  return line;
+}
+
+}  // namespace switchyard::cli

@@ -1,0 +1,61 @@
+// File: cli/render.h
+//
+// How syctl prints API messages on stdout: `-o json` is the proto3 JSON mapping with the proto
+// field names (the coordinator's REST bodies: int64 as strings, enums by name, timestamps RFC
+// 3339), `-o yaml` the same document as block YAML, `-o table` (also spelled `text`) aligned
+// columns for people, `-o name` the resource names only (`jobs/7`), for scripts.
+//
+// Thread-safe: no shared state.
+#ifndef SWITCHYARD_CLI_RENDER_H_
+#define SWITCHYARD_CLI_RENDER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
+#include "switchyard/v1/job.pb.h"
+#include "switchyard/v1/plan.pb.h"
+
+namespace switchyard::cli {
+
+enum class Output { kTable, kJson, kYaml, kName };
+
+// "table" | "text" | "json" | "yaml" | "name"; false for anything else.
+bool ParseOutput(absl::string_view text, Output* out);
+
+// The message as proto3 JSON (proto field names), indented when `pretty`, one line otherwise.
+std::string ToJson(const google::protobuf::Message& message, bool pretty);
+
+// JSON text as block YAML. Strings that YAML would read as another type ("12", "true", "") are
+// quoted, so the YAML reads back to the same JSON document.
+std::string JsonToYaml(const std::string& json);
+
+// The message in `output` (json or yaml); the table form is per type, below.
+std::string Structured(const google::protobuf::Message& message, Output output);
+
+// "2026-11-22T18:20:39Z", or "-" when unset.
+std::string FormatTime(const google::protobuf::Timestamp& time);
+
+// "TP2 CP1 DP4 PP1 | ETP1 EP8 EDP1 | dist-opt | mbs 1 x 4".
+std::string MappingText(const v1::Mapping& mapping);
+
+// NAME DISPLAY-NAME STATE GEN RESTARTS STEP CREATED, one row per job, with a header.
+std::string JobsTable(const std::vector<v1::Job>& jobs);
+
+// One job as "Key: value" lines (state, plan mapping, last step, failure reason).
+std::string JobDetail(const v1::Job& job);
+
+// The best mapping with its memory and time breakdown, then the top `alternatives` others, then
+// the number rejected. `gpu_memory_bytes` is the cluster's, for the "of N GiB" column.
+std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alternatives);
+
+// "step 12 loss 3.2100 aux 0.0123 lr 3.00e-04 gnorm 1.23 123.4 ms 12345 tok/s mfu 31.0%".
+std::string StepLine(const v1::StepMetrics& step);
+
+// "2026-11-22T18:20:39Z RUNNING gen 1 STARTED: all 8 workers attached".
+std::string EventLine(const v1::JobEvent& event);
+
+}  // namespace switchyard::cli
+
+#endif  // SWITCHYARD_CLI_RENDER_H_

@@ -1,0 +1,120 @@
+// Output formats: the YAML of a job reads back (yaml-cpp) to the same document as its JSON, with
+// ambiguous strings quoted; tables carry the fields people look for.
+#include "cli/render.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace switchyard::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// YAML node -> JSON, strings staying strings only when yaml-cpp would not read them otherwise:
+// the test checks types by asking yaml-cpp which tag the scalar resolves to.
+Json FromYaml(const YAML::Node& n) {
+  if (n.IsMap()) {
+    Json j = Json::object();
+    for (const auto& kv : n) j[kv.first.as<std::string>()] = FromYaml(kv.second);
+    return j;
+  }
+  if (n.IsSequence()) {
+    Json j = Json::array();
+    for (const auto& item : n) j.push_back(FromYaml(item));
+    return j;
+  }
+  const std::string s = n.Scalar();
+  if (n.Tag() == "!") return s;  // quoted: a string
+  if (s == "true" || s == "false") return s == "true";
+  try {
+    size_t used = 0;
+    long long i = std::stoll(s, &used);
+    if (used == s.size()) return i;
+    double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (...) {
+  }
+  return s;
+}
+
+v1::Job SampleJob() {
+  v1::Job job;
+  job.set_name("jobs/12");
+  job.set_state(v1::Job::RUNNING);
+  job.set_generation(3);
+  job.mutable_spec()->set_display_name("true");  // would read as a boolean unquoted
+  job.mutable_spec()->mutable_model()->set_hidden_size(128);
+  job.mutable_spec()->mutable_model()->add_moe_router_load_balancing_type("aux_loss");
+  job.mutable_spec()->mutable_model()->add_moe_aux_loss_coeff(0.01);
+  job.mutable_spec()->mutable_data()->add_data_path("0.7");  // would read as a number
+  job.mutable_spec()->mutable_data()->add_data_path("a: b #c");
+  job.mutable_spec()->mutable_training()->set_train_iters(100);  // int64: a JSON string
+  job.mutable_create_time()->set_seconds(1795000000);
+  job.mutable_last_step()->set_step(7);
+  job.mutable_last_step()->set_loss(3.25);
+  auto* load = job.mutable_last_step()->add_expert_load();
+  load->set_layer(1);
+  load->add_tokens_per_expert(5);
+  load->add_tokens_per_expert(9);
+  job.mutable_plan()->mutable_best()->mutable_mapping()->set_expert_model_parallel_size(2);
+  return job;
+}
+
+TEST(Render, YamlReadsBackToTheJson) {
+  const v1::Job job = SampleJob();
+  const std::string json = ToJson(job, /*pretty=*/false);
+  const std::string yaml = Structured(job, Output::kYaml);
+  std::printf("json: %s\nyaml:\n%s", json.c_str(), yaml.c_str());
+  const Json from_yaml = FromYaml(YAML::Load(yaml));
+  EXPECT_EQ(from_yaml, Json::parse(json)) << from_yaml.dump();
+}
+
+TEST(Render, EmptyAndNested) {
+  EXPECT_EQ(JsonToYaml("{}"), "{}\n");
+  EXPECT_EQ(JsonToYaml(R"({"a":[],"b":{},"c":[{"d":1,"e":[2,3]}]})"),
+            "a: []\nb: {}\nc:\n  - d: 1\n    e:\n      - 2\n      - 3\n");
+}
+
+TEST(Render, Tables) {
+  const v1::Job job = SampleJob();
+  const std::string table = JobsTable({job});
+  std::printf("%s", table.c_str());
+  EXPECT_NE(table.find("NAME"), std::string::npos);
+  EXPECT_NE(table.find("jobs/12"), std::string::npos);
+  EXPECT_NE(table.find("RUNNING"), std::string::npos);
+  EXPECT_NE(table.find("2026-11-18T"), std::string::npos);
+  const std::string detail = JobDetail(job);
+  std::printf("%s", detail.c_str());
+  EXPECT_NE(detail.find("EP2"), std::string::npos);
+  EXPECT_NE(detail.find("step 7 loss 3.2500"), std::string::npos);
+
+  v1::Plan plan;
+  plan.mutable_best()->mutable_mapping()->set_data_parallel_size(8);
+  plan.mutable_best()->mutable_memory()->set_total(10.0 * (1 << 30));
+  plan.mutable_best()->mutable_time()->set_total(0.125);
+  plan.add_alternatives()->mutable_mapping()->set_tensor_model_parallel_size(2);
+  plan.add_rejected()->set_rejection("rule");
+  const std::string text = PlanTable(plan, 80.0 * (1 << 30), 5);
+  std::printf("%s", text.c_str());
+  EXPECT_NE(text.find("Best mapping: TP0 CP0 DP8"), std::string::npos);
+  EXPECT_NE(text.find("10.00"), std::string::npos);
+  EXPECT_NE(text.find("80.00"), std::string::npos);
+  EXPECT_NE(text.find("125.000"), std::string::npos);
+  EXPECT_NE(text.find("Rejected: 1"), std::string::npos);
+}
+
+TEST(Render, ParseOutput) {
+  Output o;
+  EXPECT_TRUE(ParseOutput("text", &o));
+  EXPECT_EQ(o, Output::kTable);
+  EXPECT_TRUE(ParseOutput("yaml", &o));
+  EXPECT_EQ(o, Output::kYaml);
+  EXPECT_FALSE(ParseOutput("wide", &o));
+}
+
+}  // namespace
+}  // namespace switchyard::cli
