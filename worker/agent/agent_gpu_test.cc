@@ -20,38 +20,15 @@
 #include "kernels/testing/gpu.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/testing/fake_coordinator.h"
+#include "worker/train/testing/tiny_moe_spec.h"
 
 namespace switchyard::agent {
 namespace {
 
 using Workers = std::map<std::string, testing::WorkerRecord>;
 
-constexpr char kSpec[] = R"(
-model:
-  num_layers: 3
-  hidden_size: 32
-  num_attention_heads: 4
-  kv_channels: 64
-  num_query_groups: 2
-  ffn_hidden_size: 48
-  seq_length: 16
-  vocab_size: 64
-  qk_layernorm: true
-  num_experts: 8
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 24
-  moe_shared_expert_intermediate_size: 16
-  moe_layer_pattern: [1, 0, 1]
-  init_method_std: 0.2
-training:
-  micro_batch_size: 1
-  global_batch_size: 8
-  lr: 0.003
-  lr_warmup_iters: 2
-  seed: 11
-data:
-  mock_data: true
-)";
+const std::string kSpec =
+    switchyard::test_specs::TinyMoeSpecYaml(0, /*jitter=*/false, /*kv_channels=*/64);
 
 std::string TmpDir(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");

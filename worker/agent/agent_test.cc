@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "worker/agent/testing/fake_coordinator.h"
+#include "worker/train/testing/tiny_moe_spec.h"
 
 namespace switchyard::agent {
 namespace {
@@ -35,38 +36,7 @@ using Workers = std::map<std::string, WorkerRecord>;
 
 // worker/train/distributed_trainer_test.cc's model: two MoE layers (0 and 2) and a dense one,
 // 8 experts (EP = 2 holds 4 per rank), 8 micro-batches of one 16-token sequence per step.
-constexpr char kSpec[] = R"(
-model:
-  num_layers: 3
-  hidden_size: 32
-  num_attention_heads: 4
-  num_query_groups: 2
-  ffn_hidden_size: 48
-  seq_length: 16
-  vocab_size: 64
-  qk_layernorm: true
-  num_experts: 8
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 24
-  moe_shared_expert_intermediate_size: 16
-  moe_router_score_function: sigmoid
-  moe_router_enable_expert_bias: true
-  moe_router_bias_update_rate: 0.01
-  moe_router_load_balancing_type: aux_loss
-  moe_aux_loss_coeff: 0.01
-  moe_z_loss_coeff: 0.001
-  moe_layer_pattern: [1, 0, 1]
-  init_method_std: 0.2
-training:
-  micro_batch_size: 1
-  global_batch_size: 8
-  train_iters: 6
-  lr: 0.003
-  lr_warmup_iters: 2
-  seed: 11
-data:
-  mock_data: true
-)";
+const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(6, /*jitter=*/false);
 constexpr int64_t kTokensPerStep = 8 * 16;
 constexpr char kToken[] = "s3cret-token";
 

@@ -53,6 +53,7 @@
 #include "worker/comm/nccl_communicator.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
 namespace switchyard::train {
@@ -74,40 +75,8 @@ namespace ct = ::switchyard::comm::testing;
 // and a dense one, sigmoid routing with expert bias, aux and z losses, input jitter, a shared
 // expert; 8 experts (EP = 4 holds 2 per rank), 8 micro-batches per global batch (DP = 4 runs 2
 // per rank).
-constexpr char kSpec[] = R"(
-model:
-  num_layers: 3
-  hidden_size: 32
-  num_attention_heads: 4
-  kv_channels: 64
-  num_query_groups: 2
-  ffn_hidden_size: 48
-  seq_length: 16
-  vocab_size: 64
-  qk_layernorm: true
-  num_experts: 8
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 24
-  moe_shared_expert_intermediate_size: 16
-  moe_router_score_function: sigmoid
-  moe_router_enable_expert_bias: true
-  moe_router_bias_update_rate: 0.01
-  moe_router_load_balancing_type: aux_loss
-  moe_aux_loss_coeff: 0.01
-  moe_z_loss_coeff: 0.001
-  moe_input_jitter_eps: 0.01
-  moe_layer_pattern: [1, 0, 1]
-  init_method_std: 0.2
-training:
-  micro_batch_size: 1
-  global_batch_size: 8
-  train_iters: 20
-  lr: 0.003
-  lr_warmup_iters: 2
-  seed: 11
-data:
-  mock_data: true
-)";
+const std::string kSpec =
+    switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true, /*kv_channels=*/64);
 constexpr int kSteps = 20;
 constexpr double kFirstStepRelTol = 1e-2;  // same weights, same batch (trainer_gpu_test)
 constexpr double kCurveTolNats = 0.25;     // loss-curve tolerance (trainer_gpu_test)

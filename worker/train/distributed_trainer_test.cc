@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
 namespace switchyard::train {
@@ -25,48 +26,11 @@ namespace {
 
 namespace ct = ::switchyard::comm::testing;
 
-// init_method_std 0.2 (not Megatron's 0.02): at 0.02 the router logits of this tiny freshly
-// initialised model are ~1e-3 apart, so the top-k margins of some tokens are below the 1e-7
-// float differences that a different reduction order (gradients summed over ranks instead of
-// over micro-batches) legitimately makes; one flipped token then changes the expert-bias signs and
-// the curves part by chaos, not by a semantic difference (measured: identical to 1e-8 for 8
-// steps, then apart). With decisive routing the test checks the semantics.
+// The shared tiny MoE job (worker/train/testing/tiny_moe_spec.h explains its init_method_std).
 // Two MoE layers and a dense one; sigmoid routing with expert bias (counts all-reduced), aux and
 // z losses, input jitter (per-micro-batch counter), a shared expert. 8 experts so that EP = 4
 // holds 2 per rank; 8 micro-batches per global batch so that DP = 4 runs 2 per rank.
-constexpr char kSpec[] = R"(
-model:
-  num_layers: 3
-  hidden_size: 32
-  num_attention_heads: 4
-  num_query_groups: 2
-  ffn_hidden_size: 48
-  seq_length: 16
-  vocab_size: 64
-  qk_layernorm: true
-  num_experts: 8
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 24
-  moe_shared_expert_intermediate_size: 16
-  moe_router_score_function: sigmoid
-  moe_router_enable_expert_bias: true
-  moe_router_bias_update_rate: 0.01
-  moe_router_load_balancing_type: aux_loss
-  moe_aux_loss_coeff: 0.01
-  moe_z_loss_coeff: 0.001
-  moe_input_jitter_eps: 0.01
-  moe_layer_pattern: [1, 0, 1]
-  init_method_std: 0.2
-training:
-  micro_batch_size: 1
-  global_batch_size: 8
-  train_iters: 20
-  lr: 0.003
-  lr_warmup_iters: 2
-  seed: 11
-data:
-  mock_data: true
-)";
+const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true);
 constexpr int kSteps = 20;
 
 struct Curve {

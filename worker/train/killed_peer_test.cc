@@ -31,6 +31,7 @@
 #include "worker/comm/peer_monitor.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
 namespace switchyard::train {
@@ -40,39 +41,7 @@ namespace ct = ::switchyard::comm::testing;
 
 // The model of distributed_trainer_test (two MoE layers of 8 experts and a dense one, shared
 // expert, sigmoid routing with expert bias, aux and z losses).
-constexpr char kSpec[] = R"(
-model:
-  num_layers: 3
-  hidden_size: 32
-  num_attention_heads: 4
-  num_query_groups: 2
-  ffn_hidden_size: 48
-  seq_length: 16
-  vocab_size: 64
-  qk_layernorm: true
-  num_experts: 8
-  moe_router_topk: 2
-  moe_ffn_hidden_size: 24
-  moe_shared_expert_intermediate_size: 16
-  moe_router_score_function: sigmoid
-  moe_router_enable_expert_bias: true
-  moe_router_bias_update_rate: 0.01
-  moe_router_load_balancing_type: aux_loss
-  moe_aux_loss_coeff: 0.01
-  moe_z_loss_coeff: 0.001
-  moe_input_jitter_eps: 0.01
-  moe_layer_pattern: [1, 0, 1]
-  init_method_std: 0.2
-training:
-  micro_batch_size: 1
-  global_batch_size: 8
-  train_iters: 6
-  lr: 0.003
-  lr_warmup_iters: 2
-  seed: 11
-data:
-  mock_data: true
-)";
+const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(6, /*jitter=*/true);
 
 constexpr int kVictim = 1;
 constexpr int64_t kDieBeforeStep = 3;  // the victim completes steps 1 and 2, then dies
