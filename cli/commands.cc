@@ -178,6 +178,7 @@ int Follow(Client& client, const Globals& g, const std::string& verb, const std:
   std::string last_message;
   std::optional<std::pair<int64_t, std::chrono::steady_clock::time_point>> first_step;
   bool bar_shown = false;
+  std::chrono::steady_clock::time_point last_draw;
   auto clear_bar = [&]() {
     if (bar_shown) std::fprintf(stderr, "\r\033[K");
     bar_shown = false;
@@ -209,8 +210,14 @@ int Follow(Client& client, const Globals& g, const std::string& verb, const std:
       std::fflush(stdout);
     }
     if (!bar) continue;
+    // Redraw at most every 100 ms, and always at the last step.
     const auto now = std::chrono::steady_clock::now();
     if (!first_step) first_step.emplace(step.step(), now);
+    if (bar_shown && now - last_draw < std::chrono::milliseconds(100) &&
+        step.step() < train_iters) {
+      continue;
+    }
+    last_draw = now;
     std::string eta = "?";
     const double elapsed = std::chrono::duration<double>(now - first_step->second).count();
     const int64_t done = step.step() - first_step->first;
@@ -221,10 +228,10 @@ int Follow(Client& client, const Globals& g, const std::string& verb, const std:
     const double frac =
         train_iters > 0 ? std::min(1.0, static_cast<double>(step.step()) / train_iters) : 0.0;
     const int filled = static_cast<int>(frac * width);
-    std::fprintf(stderr, "\r\033[K[%s%s] %lld/%lld %3.0f%% loss %.4f ETA %s",
+    std::fprintf(stderr, "\r\033[K[%s%s] %lld/%lld %3d%% loss %.4f ETA %s",
                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                  static_cast<long long>(step.step()), static_cast<long long>(train_iters),
-                 frac * 100.0, step.loss(), eta.c_str());
+                 static_cast<int>(frac * 100.0), step.loss(), eta.c_str());
     bar_shown = true;
   }
   clear_bar();

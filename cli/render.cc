@@ -235,10 +235,11 @@ std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alterna
 }
 
 std::string StepLine(const v1::StepMetrics& s) {
-  return absl::StrFormat(
-      "step %d loss %.4f aux %.4f lr %.2e gnorm %.3f %.1f ms %.0f tok/s mfu %.1f%%", s.step(),
-      s.loss(), s.aux_loss(), s.lr(), s.grad_norm(), s.step_ms(), s.tokens_per_second(),
-      s.mfu() * 100.0);
+  // Workers without a known peak (CPU) report a negative MFU.
+  const std::string mfu = s.mfu() < 0 ? "-" : absl::StrFormat("%.1f%%", s.mfu() * 100.0);
+  return absl::StrFormat("step %d loss %.4f aux %.4f lr %.2e gnorm %.3f %.1f ms %.0f tok/s mfu %s",
+                         s.step(), s.loss(), s.aux_loss(), s.lr(), s.grad_norm(), s.step_ms(),
+                         s.tokens_per_second(), mfu);
 }
 
 std::string EventLine(const v1::JobEvent& e) {

@@ -5,6 +5,7 @@
 set -u
 bin="$1"
 coordinator="$2"
+worker="$3"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 err="$tmp/err"
 fail() {
@@ -65,18 +66,26 @@ expect 3 '^$' 'is empty' -- --token-file "$tmp/empty_token" get 1
 
 # --- the real coordinator --------------------------------------------------------------------------
 printf '  s3cr3t-cli-token\n' >"$tmp/token"
-rm -f "$tmp/store.db"
-"$coordinator" --store "$tmp/store.db" --token-file "$tmp/token" --host 127.0.0.1 \
-  --grpc-port 0 --http-port 0 --noworkers >"$tmp/coordinator.out" 2>"$tmp/coordinator.err" &
-coordinator_pid=$!
-trap 'kill $coordinator_pid 2>/dev/null; wait $coordinator_pid 2>/dev/null' EXIT
-for _ in $(seq 200); do
-  grep -q listening "$tmp/coordinator.out" 2>/dev/null && break
-  sleep 0.1
-done
-echo "coordinator: $(cat "$tmp/coordinator.out")"
-address=$(sed -n 's/.* grpc=\([^ ]*\) .*/\1/p' "$tmp/coordinator.out")
-[[ -n $address ]] || fail "the coordinator did not print its ports"
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
+# start_coordinator <name> [flags...]: starts one on loopback, sets $address to its gRPC address.
+start_coordinator() {
+  local name=$1
+  shift
+  rm -f "$tmp/$name.db"
+  "$coordinator" --store "$tmp/$name.db" --token-file "$tmp/token" --host 127.0.0.1 \
+    --grpc-port 0 --http-port 0 "$@" >"$tmp/$name.out" 2>"$tmp/coordinator.err" &
+  pids+=($!)
+  for _ in $(seq 200); do
+    grep -q listening "$tmp/$name.out" 2>/dev/null && break
+    sleep 0.1
+  done
+  echo "coordinator $name: $(cat "$tmp/$name.out")"
+  address=$(sed -n 's/.* grpc=\([^ ]*\) .*/\1/p' "$tmp/$name.out")
+  [[ -n $address ]] || fail "the coordinator did not print its ports"
+}
+# Without workers jobs stay PENDING: cancel and watch have a stable subject.
+start_coordinator api --noworkers
 export SYCTL_COORDINATOR=$address SYCTL_TOKEN_FILE=$tmp/token
 
 cat >"$tmp/spec.yaml" <<'EOF'
@@ -205,4 +214,53 @@ expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file="$tmp/bad_token
 (unset SYCTL_TOKEN_FILE; expect 3 '^$' 'no API token' -- list) || exit 1
 expect 3 '^$' 'cannot reach the coordinator at 127.0.0.1:1' -- --coordinator 127.0.0.1:1 list
 expect 3 '^$' "cannot read the TLS root certificate" -- --tls-root-cert "$tmp/absent.pem" list
+
+# --- one real CPU worker: a job runs to SUCCEEDED ------------------------------------------------
+start_coordinator run --checkpoint-root "$tmp/checkpoints"
+export SYCTL_COORDINATOR=$address
+"$worker" --coordinator "$address" --token-file "$tmp/token" --device cpu --heartbeat-ms 200 \
+  >"$tmp/worker.out" 2>"$tmp/worker.err" &
+pids+=($!)
+cat >"$tmp/tiny.yaml" <<'EOF'
+display_name: tiny
+model: {num_layers: 2, hidden_size: 32, num_attention_heads: 2, seq_length: 16, vocab_size: 64,
+        ffn_hidden_size: 64, num_experts: 4, moe_router_topk: 2}
+training: {micro_batch_size: 2, global_batch_size: 2, train_iters: 30}
+data: {mock_data: true}
+EOF
+# The worker attaches asynchronously; the job waits PENDING until it does.
+expect 0 'SUCCEEDED gen 1' 'jobs/1 SUCCEEDED' -- submit -f "$tmp/tiny.yaml" --wait
+grep -Eq '^step [0-9]+ loss [0-9.]+ ' <<<"$out" || fail "submit --wait printed no step line: $out"
+grep -q 'RUNNING gen 1' <<<"$out" || fail "submit --wait printed no RUNNING event: $out"
+echo "   $(grep -c '^step ' <<<"$out") step lines, last: $(grep '^step ' <<<"$out" | tail -1)"
+expect 0 'SUCCEEDED gen 1 ALL_RANKS_FINISHED' 'jobs/1 SUCCEEDED' -- watch 1
+expect 0 '^State: +SUCCEEDED$' '^$' -- get jobs/1
+grep -Eq '^Last step: +step 30 loss' <<<"$out" || fail "get: last step is not 30: $out"
+expect 0 '"step"' 'jobs/2 SUCCEEDED' -- submit -f "$tmp/tiny.yaml" --wait -o json
+jq -se '[.[] | select(.step)] | length > 0' <<<"$out" >/dev/null ||
+  fail "submit --wait -o json: no step object among the lines: $out"
+jq -se '.[-1].event.state == "SUCCEEDED"' <<<"$out" >/dev/null ||
+  fail "submit --wait -o json: the last line is not the SUCCEEDED event: $out"
+echo "   json values: $(jq -s length <<<"$out")"
+# On a terminal (script(1) makes one): a progress bar with ETA on stderr instead of step lines.
+if command -v script >/dev/null; then
+  script -qec "$bin submit -f $tmp/tiny.yaml --wait" /dev/null >"$tmp/tty.out" ||
+    fail "submit --wait on a terminal failed: $(cat -A "$tmp/tty.out")"
+  grep -aq 'ETA' "$tmp/tty.out" && grep -aq '30/30 100%' "$tmp/tty.out" ||
+    fail "no progress bar on a terminal: $(cat -A "$tmp/tty.out")"
+  ! grep -aq '^step ' "$tmp/tty.out" || fail "step lines printed on a terminal"
+  echo "ok: progress bar on a terminal: $(tr '\r' '\n' <"$tmp/tty.out" | grep -a ETA | tail -1)"
+fi
+
+# --- TLS: both ports serve TLS; syctl trusts the self-signed certificate -------------------------
+if command -v openssl >/dev/null; then
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$tmp/key.pem" -out "$tmp/cert.pem" -days 1 \
+    -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null ||
+    fail "openssl could not make a certificate"
+  start_coordinator tls --noworkers --tls-cert "$tmp/cert.pem" --tls-key "$tmp/key.pem"
+  export SYCTL_COORDINATOR=$address
+  expect 0 '^jobs/1$' '^$' -- --tls-root-cert "$tmp/cert.pem" submit -f "$tmp/tiny.yaml" -o name
+  SYCTL_TLS_ROOT_CERT=$tmp/cert.pem expect 0 '^jobs/1$' '^$' -- list -o name
+  expect 3 '^$' 'cannot reach the coordinator' -- list
+fi
 echo "syctl command line OK"
