@@ -1,5 +1,6 @@
 #include "cli/render.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
