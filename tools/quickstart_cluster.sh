@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The cluster quickstart: starts a switchyard-coordinator (SQLite store, bearer token, checkpoints
+# in a fresh run directory) and one switchyard-worker agent per visible GPU, or two CPU workers
+# when there is none, submits the example MoE job (examples/quickstart.yaml on the default corpus;
+# expert parallelism over the workers when the expert count allows it), follows it with
+# `syctl submit --wait` (progress on stderr, one line per step) and exits with syctl's status:
+# 0 when the job SUCCEEDED. Every process is stopped on exit; logs stay in the run directory.
+#
+# Usage: tools/quickstart_cluster.sh BIN_DIR [SPEC]   (BIN_DIR: `bazel info bazel-bin`)
+# Environment: QUICKSTART_DIR (run directory, default /tmp/switchyard-quickstart, emptied first),
+#              QUICKSTART_WORKERS (worker count override).
+set -euo pipefail
+bin=$1
+spec=${2:-examples/quickstart.yaml}
+run=${QUICKSTART_DIR:-/tmp/switchyard-quickstart}
+rm -rf "$run"
+mkdir -p "$run"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
+"$bin/coordinator/switchyard-coordinator" --store "$run/store.db" --host 127.0.0.1 \
+  --grpc-port 0 --http-port 0 --token-file "$run/token" --checkpoint-root "$run/checkpoints" \
+  >"$run/coordinator.log" 2>&1 &
+pids+=($!)
+grpc=""
+for _ in $(seq 300); do
+  grpc=$(sed -n 's/.*listening grpc=\([^ ]*\) http=.*/\1/p' "$run/coordinator.log" | head -1)
+  [[ -n $grpc ]] && break
+  kill -0 "${pids[0]}" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ -z $grpc ]]; then
+  echo "quickstart: the coordinator did not start:" >&2
+  cat "$run/coordinator.log" >&2
+  exit 1
+fi
+echo "quickstart: coordinator at $grpc (store $run/store.db, logs in $run)" >&2
+
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+n=${QUICKSTART_WORKERS:-$((gpus > 0 ? gpus : 2))}
+for ((i = 0; i < n; i++)); do
+  device=cpu
+  [[ $gpus -gt 0 ]] && device="cuda:$((i % gpus))"
+  "$bin/worker/switchyard-worker" --coordinator "$grpc" --token-file "$run/token" \
+    --device "$device" >"$run/worker$i.log" 2>&1 &
+  pids+=($!)
+done
+echo "quickstart: $n worker(s) on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU")" >&2
+
+# The job: the example spec, checkpointing in the run directory (not the standalone path), on exactly n workers, with expert parallelism n when it divides the experts.
+# The coordinator plans before any worker reads the data, so the spec names the vocabulary of
+# the default corpus (tools/prepare_corpus.sh writes it to corpus.json) when it does not.
+vocab=""
+if ! grep -q '^  vocab_size:' "$spec"; then
+  manifest=${SWITCHYARD_DATA_DIR:-$HOME/.cache/switchyard/data}/kjv/corpus.json
+  vocab=$(grep -o '"vocab_size": *[0-9]*' "$manifest" 2>/dev/null | grep -o '[0-9]*$' || true)
+  if [[ -z $vocab ]]; then
+    echo "quickstart: no default corpus at $manifest (run tools/setup.sh)" >&2
+    exit 1
+  fi
+fi
+experts=$(sed -n 's/^  num_experts: *\([0-9]*\).*/\1/p' "$spec")
+gbs=$(sed -n 's/^  global_batch_size: *\([0-9]*\).*/\1/p' "$spec")
+mbs=$(sed -n 's/^  micro_batch_size: *\([0-9]*\).*/\1/p' "$spec")
+if [[ -n $gbs && -n $mbs && $((gbs % (mbs * n))) -ne 0 && $((gbs % n)) -eq 0 ]]; then
+  mbs=$((gbs / n))  # keep the global batch; every worker gets whole micro-batches
+fi
+{
+  vocab_line=()
+  [[ -z $vocab ]] || vocab_line=(-e "/^model:/a\\  vocab_size: $vocab")
+  sed -e "s|^  save: .*|  save: $run/checkpoints/quickstart|" \
+    -e "s/^  micro_batch_size: .*/  micro_batch_size: $mbs/" "${vocab_line[@]}" "$spec"
+  echo "min_workers: $n"
+  echo "max_workers: $n"
+  if [[ -n $experts && $((experts % n)) -eq 0 ]]; then
+    printf 'parallel:\n  expert_model_parallel_size: %d\n' "$n"
+  fi
+} >"$run/job.yaml"
+"$bin/cli/syctl" --coordinator "$grpc" --token-file "$run/token" submit -f "$run/job.yaml" --wait
