@@ -8,7 +8,8 @@
 #     copied as real files under their soname, stripped;
 #   - torch_moe_baseline.py (the PyTorch MoE-layer reference, from /work/shared/bench),
 #     torch_train_baseline.py (the PyTorch training-step reference, from bench/),
-#     run_gpu_tests.sh, run_gpu_bench.sh and MANIFEST.
+#     run_gpu_tests.sh, run_gpu_bench.sh, quickstart_cluster.sh (+ quickstart.yaml: the cluster
+#     quickstart, `./quickstart_cluster.sh . quickstart.yaml`) and MANIFEST.
 # The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
 # the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
 # those are never bundled. The script checks with ldd that every other dependency resolves inside
@@ -70,7 +71,7 @@ if [[ $universe == *//bench/...* ]]; then
   txt=$(query 'kind("cc_binary rule", //bench/...)' | sort)
   if [[ -n $txt ]]; then mapfile -t bench <<<"$txt"; fi
 fi
-tools=(//worker:switchyard-worker //cli:syctl)
+tools=(//worker:switchyard-worker //cli:syctl //coordinator:switchyard-coordinator)
 targets=("${gpu_tests[@]}" "${bench[@]}" "${tools[@]}")
 log "${#gpu_tests[@]} gpu test(s), ${#bench[@]} bench binar(ies), ${#tools[@]} tools"
 
@@ -86,6 +87,7 @@ bundle_name() {
   case $1 in
     //worker:switchyard-worker) echo switchyard-worker ;;
     //cli:syctl) echo syctl ;;
+    //coordinator:switchyard-coordinator) echo switchyard-coordinator ;;
     *)
       local pkg=${1#//}
       pkg=${pkg%%:*}
@@ -164,7 +166,9 @@ else
 fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
-chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh"
+cp tools/quickstart_cluster.sh "$bundle/quickstart_cluster.sh"
+cp examples/quickstart.yaml "$bundle/quickstart.yaml"
+chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/quickstart_cluster.sh"
 
 {
   echo "Switchyard GPU bundle"

@@ -12,6 +12,13 @@
 set -euo pipefail
 bin=$1
 spec=${2:-examples/quickstart.yaml}
+# BIN_DIR is bazel-bin (coordinator/, worker/, cli/ subfolders) or a flat folder (the GPU bundle).
+exe() {
+  if [[ -x $bin/$1/$2 ]]; then echo "$bin/$1/$2"; else echo "$bin/$2"; fi
+}
+coordinator_bin=$(exe coordinator switchyard-coordinator)
+worker_bin=$(exe worker switchyard-worker)
+syctl_bin=$(exe cli syctl)
 run=${QUICKSTART_DIR:-/tmp/switchyard-quickstart}
 rm -rf "$run"
 mkdir -p "$run"
@@ -23,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
-"$bin/coordinator/switchyard-coordinator" --store "$run/store.db" --host 127.0.0.1 \
+"$coordinator_bin" --store "$run/store.db" --host 127.0.0.1 \
   --grpc-port 0 --http-port 0 --token-file "$run/token" --checkpoint-root "$run/checkpoints" \
   >"$run/coordinator.log" 2>&1 &
 pids+=($!)
@@ -46,7 +53,7 @@ n=${QUICKSTART_WORKERS:-$((gpus > 0 ? gpus : 2))}
 for ((i = 0; i < n; i++)); do
   device=cpu
   [[ $gpus -gt 0 ]] && device="cuda:$((i % gpus))"
-  "$bin/worker/switchyard-worker" --coordinator "$grpc" --token-file "$run/token" \
+  "$worker_bin" --coordinator "$grpc" --token-file "$run/token" \
     --device "$device" >"$run/worker$i.log" 2>&1 &
   pids+=($!)
 done
@@ -81,4 +88,4 @@ fi
     printf 'parallel:\n  expert_model_parallel_size: %d\n' "$n"
   fi
 } >"$run/job.yaml"
-"$bin/cli/syctl" --coordinator "$grpc" --token-file "$run/token" submit -f "$run/job.yaml" --wait
+"$syctl_bin" --coordinator "$grpc" --token-file "$run/token" submit -f "$run/job.yaml" --wait
