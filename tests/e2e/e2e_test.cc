@@ -398,6 +398,32 @@ void StartTwoWorkers(Cluster& c) {
   ASSERT_TRUE(c.WaitForAttached(2, 30)) << (c.PrintLogs(), "");
 }
 
+// The last step generation 1 reported, and the first of generation 2: it resumed right after a
+// checkpoint (a multiple of save_interval, present on disk) and redid at most one interval.
+void ExpectResumedFromCheckpoint(const JobWatcher& watch, Cluster& c,
+                                 const std::string& request_id) {
+  int64_t last_gen1 = 0, first_gen2 = -1;
+  for (const SeenStep& s : watch.Steps()) {
+    if (s.generation <= 1) last_gen1 = std::max(last_gen1, s.metrics.step());
+    if (s.generation >= 2 && first_gen2 < 0) first_gen2 = s.metrics.step();
+  }
+  const int64_t resumed_from = first_gen2 - 1;
+  std::printf(
+      "generation 1 reached step %lld; generation 2 started at step %lld (checkpoint "
+      "step %lld); steps redone: %lld (save_interval %lld)\n",
+      static_cast<long long>(last_gen1), static_cast<long long>(first_gen2),
+      static_cast<long long>(resumed_from), static_cast<long long>(last_gen1 - resumed_from),
+      static_cast<long long>(kSaveInterval));
+  ASSERT_GT(first_gen2, 0);
+  EXPECT_EQ(resumed_from % kSaveInterval, 0);
+  EXPECT_GE(resumed_from, 10);
+  EXPECT_LE(last_gen1 - resumed_from, kSaveInterval);
+  EXPECT_EQ(watch.Steps().back().metrics.step(), kTrainIters);
+  const std::string checkpoint =
+      absl::StrCat(c.checkpoint_root(), "/", request_id, "/step_", resumed_from);
+  EXPECT_EQ(access(checkpoint.c_str(), F_OK), 0) << checkpoint;
+}
+
 TEST(E2eTest, SubmitTrainsOnTwoWorkersToSucceeded) {
   Cluster c("succeed");
   ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c));
@@ -474,29 +500,43 @@ TEST(E2eTest, KilledWorkerRestartsTheJobOnTheSurvivorFromTheLastCheckpoint) {
   const Job final_job = c.Get(job);
   EXPECT_EQ(final_job.restart_count(), 1);
 
-  // The last step generation 1 reported, and the first of generation 2: it resumed right after
-  // a checkpoint (a multiple of save_interval) and lost at most one interval.
-  int64_t last_gen1 = 0, first_gen2 = -1;
-  for (const SeenStep& s : watch.Steps()) {
-    if (s.generation <= 1) last_gen1 = std::max(last_gen1, s.metrics.step());
-    if (s.generation >= 2 && first_gen2 < 0) first_gen2 = s.metrics.step();
-  }
-  const int64_t resumed_from = first_gen2 - 1;
-  std::printf(
-      "generation 1 reached step %lld; generation 2 started at step %lld (checkpoint "
-      "step %lld); steps redone: %lld (save_interval %lld)\n",
-      static_cast<long long>(last_gen1), static_cast<long long>(first_gen2),
-      static_cast<long long>(resumed_from), static_cast<long long>(last_gen1 - resumed_from),
-      static_cast<long long>(kSaveInterval));
-  ASSERT_GT(first_gen2, 0);
-  EXPECT_EQ(resumed_from % kSaveInterval, 0);
-  EXPECT_GE(resumed_from, 10);
-  EXPECT_LE(last_gen1 - resumed_from, kSaveInterval);
-  EXPECT_EQ(watch.Steps().back().metrics.step(), kTrainIters);
-  const std::string checkpoint =
-      absl::StrCat(c.checkpoint_root(), "/kill-worker-1/step_", resumed_from);
-  EXPECT_EQ(access(checkpoint.c_str(), F_OK), 0) << checkpoint;
+  ExpectResumedFromCheckpoint(watch, c, "kill-worker-1");
   EXPECT_EQ(c.Attached(), 1);  // the killed worker is gone from the registry
+}
+
+// A hung worker (SIGSTOP: sockets open, no heartbeats) is marked LOST after the coordinator's
+// heartbeat_timeout (5 s): RESTARTING with reason WORKER_LOST, then the survivor resumes alone.
+TEST(E2eTest, HungWorkerIsLostAndTheJobRestartsOnTheSurvivor) {
+  Cluster c("hung_worker");
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c));
+  const std::string job = c.Submit("hung-worker-1");
+  ASSERT_FALSE(job.empty());
+  JobWatcher watch(c.coordinator()->grpc_address(), job);
+  ASSERT_TRUE(watch.WaitForStep(12, 60)) << (watch.Print(), c.PrintLogs(), "");
+  const absl::Time stopped = absl::Now();
+  c.worker(1).Signal(SIGSTOP);
+  std::printf("SIGSTOP worker 1 (pid %d) after step %lld\n", c.worker(1).pid(),
+              static_cast<long long>(watch.Steps().back().metrics.step()));
+  const bool restarting = watch.WaitForState(Job::RESTARTING, 30);
+  const double to_restarting = Seconds(stopped);
+  c.worker(1).Signal(SIGKILL);  // it must not come back in this test
+  ASSERT_TRUE(restarting) << (watch.Print(), c.PrintLogs(), "");
+  const Job::State end = watch.WaitForEnd(120);
+  std::printf("SIGSTOP -> RESTARTING %.2f s -> %s %.2f s\n", to_restarting,
+              Job::State_Name(end).c_str(), Seconds(stopped));
+  watch.Print();
+  if (end != Job::SUCCEEDED) c.PrintLogs();
+  ASSERT_EQ(end, Job::SUCCEEDED);
+  const std::vector<SeenEvent> events = watch.Events();
+  const v1::JobEvent* lost = FindEvent(events, Job::RESTARTING, 1);
+  ASSERT_NE(lost, nullptr);
+  EXPECT_EQ(lost->reason(), "WORKER_LOST") << lost->message();
+  EXPECT_GE(to_restarting, 4.0);  // not before the 5 s heartbeat timeout (1 s heartbeats)
+  EXPECT_LT(to_restarting, 15.0);
+  const v1::JobEvent* second = FindEvent(events, Job::STARTING, 2);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(WorldOf(*second), 1) << second->message();
+  ExpectResumedFromCheckpoint(watch, c, "hung-worker-1");
 }
 
 TEST(E2eTest, KilledCoordinatorRestartsOnTheSameStoreAndTheJobCompletes) {
@@ -514,6 +554,9 @@ TEST(E2eTest, KilledCoordinatorRestartsOnTheSameStoreAndTheJobCompletes) {
               static_cast<long long>(watch->Steps().back().metrics.step()), before.size());
   ASSERT_TRUE(c.StartCoordinator()) << (c.PrintLogs(), "");
   std::printf("coordinator restarted on the same ports after %.2f s\n", Seconds(killed));
+  const bool reattached = c.WaitForAttached(2, 30);
+  std::printf("both workers re-attached %.2f s after the kill\n", Seconds(killed));
+  EXPECT_TRUE(reattached);
 
   const Job::State end = watch->WaitForEnd(120);
   std::printf("-> %s %.2f s after the kill (watch streams opened: %d)\n",
@@ -535,13 +578,18 @@ TEST(E2eTest, KilledCoordinatorRestartsOnTheSameStoreAndTheJobCompletes) {
   std::printf("replayed log after restart: %zu events, the %zu from before the kill intact\n",
               log.size(), before.size());
   EXPECT_EQ(log.back().state(), Job::SUCCEEDED);
-  // Both workers are attached to the new process again, and it took over the running generation
-  // instead of restarting the job.
+  // Both workers are attached to the new process again, and the job finished in generation 1:
+  // the new coordinator re-adopted the running generation (or, when the workers re-attached only
+  // after finishing, counted their WorkerExit(0)) instead of restarting the job.
   EXPECT_TRUE(c.WaitForAttached(2, 20));
-  EXPECT_NE(c.coordinator()->process().Log().find(
-                absl::StrCat("re-adopted ", job, " generation 1 on 2 worker(s)")),
-            std::string::npos)
-      << c.coordinator()->process().Log();
+  for (const v1::JobEvent& e : log) {
+    EXPECT_EQ(e.generation(), e.state() == Job::PENDING ? 0 : 1) << e.ShortDebugString();
+  }
+  std::printf("new coordinator log %s 're-adopted %s generation 1'\n",
+              c.coordinator()->process().Log().find("re-adopted " + job) != std::string::npos
+                  ? "says"
+                  : "does not say (the workers' WorkerExit(0) came first)",
+              job.c_str());
   EXPECT_EQ(c.Get(job).restart_count(), 0);
 }
 
