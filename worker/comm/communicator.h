@@ -76,8 +76,11 @@ class Communicator {
   // In place: every rank's t becomes root's t.
   virtual absl::Status Broadcast(const Tensor& t, int root) = 0;
   virtual absl::Status Barrier() = 0;
-  // Tears the group down: later calls return ABORTED; a call blocked in another thread fails as
-  // soon as the transport notices (Gloo: the connections are closed). Idempotent.
+  // Tears the group down: later calls return ABORTED; the PEERS' pending operations fail (their
+  // connections to this rank close). A call blocked in another thread of THIS process: NCCL
+  // returns ABORTED within about a millisecond; Gloo does not wake it (closing the connections
+  // does not signal its own waiting buffers), so it ends at the group's timeout (measured:
+  // worker/comm/peer_monitor.h). Idempotent.
   virtual void Abort() = 0;
 };
 

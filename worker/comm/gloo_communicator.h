@@ -25,7 +25,10 @@
 //   operation (Gloo's own message names the peer address when it knows it). The communicator is
 //   then broken and every later call returns the first error.
 // - Abort: closes the context's connections (peers see their pending operations fail) and makes
-//   later calls return ABORTED.
+//   later calls return ABORTED. A collective already blocked in another thread of this process is
+//   NOT woken (Gloo's closeConnections does not signal its waiting buffers; the packaged headers
+//   lack gloo/common/memory.h, so tcp::Pair::signalExceptionExternal, which would, cannot be
+//   reached cleanly): it fails at GlooOptions::timeout.
 // Tensors must be CPU tensors. Ranks of a group must make the same sequence of calls.
 #ifndef SWITCHYARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define SWITCHYARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
