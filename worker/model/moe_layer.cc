@@ -314,7 +314,8 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
       SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f / global_steps_, global_counts_, 0.0f,
                                         global_counts_, global_mean_counts_));
       norms.global_counts = global_mean_counts_;
-      norms.global_num_tokens = static_cast<double>(t);
+      // N = T · size(TP×DP×CP): the tokens the all-reduced counts were taken over (§2.3).
+      norms.global_num_tokens = static_cast<double>(t) * dp_size_;
     }
     SY_RETURN_IF_ERROR(
         kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));
