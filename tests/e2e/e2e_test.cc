@@ -17,8 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
@@ -557,6 +559,13 @@ TEST(E2eTest, KilledCoordinatorRestartsOnTheSameStoreAndTheJobCompletes) {
   const bool reattached = c.WaitForAttached(2, 30);
   std::printf("both workers re-attached %.2f s after the kill\n", Seconds(killed));
   EXPECT_TRUE(reattached);
+  for (int i = 0; i < 2; ++i) {
+    for (absl::string_view line : absl::StrSplit(c.worker(i).Log(), '\n')) {
+      if (absl::StrContains(line, "attached") || absl::StrContains(line, "reconnect")) {
+        std::printf("worker %d: %s\n", i, std::string(line).c_str());
+      }
+    }
+  }
 
   const Job::State end = watch->WaitForEnd(120);
   std::printf("-> %s %.2f s after the kill (watch streams opened: %d)\n",
