@@ -70,6 +70,7 @@ std::unique_ptr<Client> Client::Create(const ClientOptions& options, int* exit_c
   client->channel_ = grpc::CreateChannel(client->target_, credentials);
   client->jobs_ = v1::JobService::NewStub(client->channel_);
   client->plans_ = v1::PlanService::NewStub(client->channel_);
+  client->workers_ = v1::WorkerAdminService::NewStub(client->channel_);
   *exit_code = kExitOk;
   return client;
 }

@@ -22,6 +22,7 @@
 
 #include "switchyard/v1/job.grpc.pb.h"
 #include "switchyard/v1/plan.grpc.pb.h"
+#include "switchyard/v1/worker.grpc.pb.h"
 
 namespace switchyard::cli {
 
@@ -52,6 +53,7 @@ class Client {
 
   v1::JobService::Stub& jobs() { return *jobs_; }
   v1::PlanService::Stub& plans() { return *plans_; }
+  v1::WorkerAdminService::Stub& workers() { return *workers_; }
   const std::string& target() const { return target_; }
 
   // Prints "syctl <verb>: <CODE>: <message>" (with a hint for connection and token failures) on
@@ -66,6 +68,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::PlanService::Stub> plans_;
+  std::unique_ptr<v1::WorkerAdminService::Stub> workers_;
 };
 
 }  // namespace switchyard::cli

@@ -364,13 +364,27 @@ int WatchCommand(const Globals& g, const Args& args) {
 }
 
 int WorkersCommand(const Globals& g, const Args& args) {
-  (void)g;
   if (!args.empty()) return UsageError("workers takes no arguments");
-  std::fprintf(stderr,
-               "syctl workers: not available: the coordinator's API (JobService, PlanService) has "
-               "no worker-listing method; the number of attached workers is the gauge "
-               "switchyard_coordinator_workers_attached on the coordinator's HTTP /metrics\n");
-  return kExitFailure;
+  int rc = 0;
+  auto client = Connect(g, &rc);
+  if (!client) return rc;
+  v1::ListWorkersResponse response;
+  auto context = client->Context();
+  grpc::Status status =
+      client->workers().ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
+  if (!status.ok()) return client->Fail("workers", status);
+  switch (g.output) {
+    case Output::kTable:
+      std::fputs(WorkersTable(response).c_str(), stdout);
+      break;
+    case Output::kName:
+      for (const v1::WorkerStatus& w : response.workers())
+        std::printf("%s\n", w.worker_id().c_str());
+      break;
+    default:
+      std::fputs(Structured(response, g.output).c_str(), stdout);
+  }
+  return kExitOk;
 }
 
 }  // namespace switchyard::cli

@@ -184,6 +184,20 @@ std::string JobsTable(const std::vector<v1::Job>& jobs) {
   return Columns(rows);
 }
 
+std::string WorkersTable(const v1::ListWorkersResponse& workers) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "HOST", "GPU", "STATE", "JOB", "GEN", "RANK", "CONNECTED", "LAST-HEARTBEAT"}};
+  for (const v1::WorkerStatus& w : workers.workers()) {
+    const bool busy = w.state() == v1::WorkerStatus::BUSY;
+    rows.push_back({w.worker_id(), w.host().empty() ? "-" : w.host(),
+                    w.has_gpu() ? w.gpu().name() : "cpu", v1::WorkerStatus::State_Name(w.state()),
+                    busy ? w.job() : "-", busy ? absl::StrCat(w.generation()) : "-",
+                    busy ? absl::StrCat(w.rank()) : "-", w.connected() ? "yes" : "no",
+                    FormatTime(w.last_heartbeat_time())});
+  }
+  return Columns(rows);
+}
+
 std::string JobDetail(const v1::Job& job) {
   std::vector<std::vector<std::string>> rows = {
       {"Name:", job.name()},

@@ -16,6 +16,7 @@
 #include "google/protobuf/message.h"
 #include "switchyard/v1/job.pb.h"
 #include "switchyard/v1/plan.pb.h"
+#include "switchyard/v1/worker.pb.h"
 
 namespace switchyard::cli {
 
@@ -42,6 +43,9 @@ std::string MappingText(const v1::Mapping& mapping);
 
 // NAME DISPLAY-NAME STATE GEN RESTARTS STEP CREATED, one row per job, with a header.
 std::string JobsTable(const std::vector<v1::Job>& jobs);
+
+// ID HOST GPU STATE JOB GEN RANK CONNECTED LAST-HEARTBEAT, one row per worker, with a header.
+std::string WorkersTable(const v1::ListWorkersResponse& workers);
 
 // One job as "Key: value" lines (state, plan mapping, last step, failure reason).
 std::string JobDetail(const v1::Job& job);

@@ -38,7 +38,7 @@ verbs:
                                          line per step, or a progress bar with ETA on stderr when
                                          stderr and stdout are terminals; exit 0 when the job
                                          SUCCEEDED, 1 when it ended FAILED or CANCELLED
-  workers                                not available: the coordinator has no listing API
+  workers                                list the attached workers (state, job, rank, heartbeat)
   version                                print the syctl version
   help                                   print this help
 
@@ -58,7 +58,7 @@ global flags:
 exit codes:
   0  success
   1  failure: the server answered an error (printed as 'CODE: message'), the watched job ended
-     FAILED or CANCELLED, a spec file that cannot be read or parsed, 'workers'
+     FAILED or CANCELLED, a spec file that cannot be read or parsed
   2  usage error: unknown verb or flag (Megatron flags included), bad or missing argument
   3  cannot connect or not authenticated: no token given, unreadable or empty token file,
      unreadable TLS root certificate, coordinator unreachable (UNAVAILABLE), or the token refused

@@ -56,7 +56,6 @@ expect 2 '^$' 'submit: give the job spec with -f' -- submit
 expect 2 '^$' "list: --state 'sleeping' is not one of" -- list --state sleeping
 expect 2 '^$' 'list: --page-size must be an integer >= 1' -- list --page-size 0
 expect 2 '^$' 'plan: --gpus must be an integer >= 1' -- plan -f x.yaml --gpus zero
-expect 1 '^$' 'not available' -- workers
 # A missing token is exit 3 with the way to give one, before any connection is tried.
 unset SYCTL_TOKEN_FILE SYCTL_COORDINATOR SYCTL_TLS_ROOT_CERT
 expect 3 '^$' 'no API token: pass --token-file FILE or set SYCTL_TOKEN_FILE' -- list
@@ -236,6 +235,12 @@ echo "   $(grep -c '^step ' <<<"$out") step lines, last: $(grep '^step ' <<<"$ou
 expect 0 'SUCCEEDED gen 1 ALL_RANKS_FINISHED' 'jobs/1 SUCCEEDED' -- watch 1
 expect 0 '^State: +SUCCEEDED$' '^$' -- get jobs/1
 grep -Eq '^Last step: +step 30 loss' <<<"$out" || fail "get: last step is not 30: $out"
+# The attached worker, idle again after the job.
+expect 0 'IDLE' '^$' -- workers
+grep -Eq '^ID +HOST +GPU +STATE' <<<"$out" || fail "workers: no table header: $out"
+grep -Eq ' cpu +IDLE +- ' <<<"$out" || fail "workers: the CPU worker is not listed idle: $out"
+expect 0 '"state": "IDLE"' '^$' -- -o json workers
+expect 2 '^$' 'workers takes no arguments' -- workers extra
 expect 0 '"step"' 'jobs/2 SUCCEEDED' -- submit -f "$tmp/tiny.yaml" --wait -o json
 jq -se '[.[] | select(.step)] | length > 0' <<<"$out" >/dev/null ||
   fail "submit --wait -o json: no step object among the lines: $out"

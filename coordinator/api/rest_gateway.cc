@@ -12,6 +12,7 @@
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"
 #include "coordinator/api/job_service.h"
+#include "coordinator/api/worker_admin_service.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -83,13 +84,20 @@ absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const httplib::Request& req) 
 }  // namespace
 
 RestGateway::RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-                         workers::StepHub* steps, std::unique_ptr<httplib::Server> server)
-    : hub_(hub), auth_(auth), metrics_(metrics), steps_(steps), server_(std::move(server)) {}
+                         workers::StepHub* steps, const workers::WorkerRegistry* registry,
+                         std::unique_ptr<httplib::Server> server)
+    : hub_(hub),
+      auth_(auth),
+      metrics_(metrics),
+      steps_(steps),
+      registry_(registry),
+      server_(std::move(server)) {}
 
 absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
     JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
     const std::string& host, int port, const std::string& tls_cert_file,
-    const std::string& tls_key_file, workers::StepHub* steps) {
+    const std::string& tls_key_file, workers::StepHub* steps,
+    const workers::WorkerRegistry* registry) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("http port: ", port, " is not in [0, 65535]"));
   }
@@ -105,7 +113,7 @@ absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
     server = std::make_unique<httplib::Server>();
   }
   std::unique_ptr<RestGateway> gateway(
-      new RestGateway(hub, auth, metrics, steps, std::move(server)));
+      new RestGateway(hub, auth, metrics, steps, registry, std::move(server)));
   gateway->Route();
   httplib::Server& listener = *gateway->server_;
   if (port == 0) {
@@ -190,6 +198,14 @@ void RestGateway::Route() {
            SY_ASSIGN_OR_RETURN(v1::Plan plan, planner::PlanJob(request));
            return ToJson(plan);
          }));
+  s.Get("/v1/workers",
+        api("ListWorkers", [this](const httplib::Request&) -> absl::StatusOr<std::string> {
+          if (registry_ == nullptr) {
+            return absl::FailedPreconditionError(
+                "the coordinator runs without its worker side (--noworkers): no workers");
+          }
+          return ToJson(ListAllWorkers(*registry_));
+        }));
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_ != nullptr ? metrics_->Scrape() : "",
                     "text/plain; version=0.0.4; charset=utf-8");

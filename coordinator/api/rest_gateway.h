@@ -38,6 +38,7 @@
 #include "coordinator/api/job_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/workers/step_hub.h"
+#include "coordinator/workers/worker_registry.h"
 
 namespace httplib {
 class Server;
@@ -57,12 +58,11 @@ class RestGateway {
   // the gateway; `steps` (may be null) fills Job.last_step as JobService does. UNAVAILABLE when
   // the port cannot be bound, INVALID_ARGUMENT naming tls-cert / tls-key when OpenSSL cannot load
   // them.
-  static absl::StatusOr<std::unique_ptr<RestGateway>> Create(JobHub* hub, const TokenAuth* auth,
-                                                             metrics::CoordinatorMetrics* metrics,
-                                                             const std::string& host, int port,
-                                                             const std::string& tls_cert_file = "",
-                                                             const std::string& tls_key_file = "",
-                                                             workers::StepHub* steps = nullptr);
+  static absl::StatusOr<std::unique_ptr<RestGateway>> Create(
+      JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+      const std::string& host, int port, const std::string& tls_cert_file = "",
+      const std::string& tls_key_file = "", workers::StepHub* steps = nullptr,
+      const workers::WorkerRegistry* registry = nullptr);
   ~RestGateway();  // Stop()s.
   RestGateway(const RestGateway&) = delete;
   RestGateway& operator=(const RestGateway&) = delete;
@@ -74,13 +74,15 @@ class RestGateway {
 
  private:
   RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-              workers::StepHub* steps, std::unique_ptr<httplib::Server> server);
+              workers::StepHub* steps, const workers::WorkerRegistry* registry,
+              std::unique_ptr<httplib::Server> server);
   void Route();
 
   JobHub* const hub_;
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
   workers::StepHub* const steps_;
+  const workers::WorkerRegistry* const registry_;  // null without the worker side
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

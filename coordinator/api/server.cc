@@ -24,7 +24,8 @@ namespace {
 constexpr const char* kApiServices[] = {"", "switchyard.v1.JobService",
                                         "switchyard.v1.PlanService"};
 constexpr const char* kWorkerServices[] = {"switchyard.v1.WorkerService",
-                                           "switchyard.v1.RendezvousService"};
+                                           "switchyard.v1.RendezvousService",
+                                           "switchyard.v1.WorkerAdminService"};
 
 absl::StatusOr<std::string> ReadFile(const std::string& option, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -135,6 +136,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   }
   s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics, steps);
   s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics);
+  const workers::WorkerRegistry* registry = s->plane_ != nullptr ? s->plane_->registry() : nullptr;
+  if (registry != nullptr) {
+    s->worker_admin_service_ =
+        std::make_unique<WorkerAdminServiceImpl>(s->auth_.get(), metrics, registry);
+  }
 
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (!options.tls_cert_file.empty()) {
@@ -159,6 +165,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   builder.AddListeningPort(address, credentials, &s->grpc_port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->plan_service_.get());
+  if (s->worker_admin_service_ != nullptr) {
+    builder.RegisterService(s->worker_admin_service_.get());
+  }
   if (s->plane_ != nullptr) s->plane_->RegisterServices(&builder);
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr || s->grpc_port_ == 0) {
@@ -170,7 +179,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
 
   SY_ASSIGN_OR_RETURN(
       s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
-                                    options.tls_cert_file, options.tls_key_file, steps));
+                                    options.tls_cert_file, options.tls_key_file, steps, registry));
   return s;
 }
 

@@ -37,6 +37,7 @@
 #include "coordinator/api/job_service.h"
 #include "coordinator/api/plan_service.h"
 #include "coordinator/api/rest_gateway.h"
+#include "coordinator/api/worker_admin_service.h"
 #include "coordinator/jobs/job_registry.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/store/store.h"
@@ -111,6 +112,7 @@ class CoordinatorServer {
   std::unique_ptr<workers::WorkerPlane> plane_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<PlanServiceImpl> plan_service_;
+  std::unique_ptr<WorkerAdminServiceImpl> worker_admin_service_;  // with the worker side only
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<RestGateway> rest_;
 };

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -134,6 +135,36 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
   ASSERT_TRUE(rest);
   nlohmann::json rest_job = nlohmann::json::parse(rest->body);
   EXPECT_EQ(rest_job["last_step"]["step"], "3") << rest->body;  // int64 as a string
+
+  // WorkerAdminService.ListWorkers (and GET /v1/workers): both workers busy on this job with
+  // ranks 0 and 1, the wrong-token one absent; no token -> UNAUTHENTICATED.
+  auto admin = v1::WorkerAdminService::NewStub(testing::Channel(server->grpc_port()));
+  v1::ListWorkersResponse listed;
+  grpc::Status list_status = admin->ListWorkers(testing::Context().get(), {}, &listed);
+  ASSERT_TRUE(list_status.ok()) << list_status.error_message();
+  ASSERT_EQ(listed.workers_size(), 2) << listed.DebugString();
+  std::set<int> listed_ranks;
+  for (const v1::WorkerStatus& w : listed.workers()) {
+    std::printf("ListWorkers: %s host %s state %s job %s gen %lld rank %d connected %d\n",
+                w.worker_id().c_str(), w.host().c_str(),
+                v1::WorkerStatus::State_Name(w.state()).c_str(), w.job().c_str(),
+                static_cast<long long>(w.generation()), w.rank(), w.connected());
+    EXPECT_EQ(w.state(), v1::WorkerStatus::BUSY);
+    EXPECT_EQ(w.job(), job.name());
+    EXPECT_TRUE(w.connected());
+    EXPECT_GT(w.last_heartbeat_time().seconds(), 0);
+    listed_ranks.insert(w.rank());
+  }
+  EXPECT_EQ(listed_ranks, (std::set<int>{0, 1}));
+  v1::ListWorkersResponse unauth;
+  EXPECT_EQ(admin->ListWorkers(testing::Context("").get(), {}, &unauth).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  auto rest_workers = http.Get(
+      "/v1/workers", httplib::Headers{{"Authorization", absl::StrCat("Bearer ", testing::kToken)}});
+  ASSERT_TRUE(rest_workers);
+  EXPECT_EQ(rest_workers->status, 200) << rest_workers->body;
+  EXPECT_EQ(nlohmann::json::parse(rest_workers->body)["workers"].size(), 2u) << rest_workers->body;
+  EXPECT_EQ(http.Get("/v1/workers")->status, 401);
 
   for (auto& [rank, w] : ranks) w->SendExit(0);
   watcher.join();
