@@ -298,6 +298,17 @@ int Run() {
 }  // namespace switchyard::e2e
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  // Accept --idle-seconds as --idle_seconds (the name part only), like the binaries.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> ptrs;
+  for (std::string& a : args) {
+    if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
+      for (size_t i = 2; i < a.size() && a[i] != '='; ++i) {
+        if (a[i] == '-') a[i] = '_';
+      }
+    }
+    ptrs.push_back(a.data());
+  }
+  absl::ParseCommandLine(static_cast<int>(ptrs.size()), ptrs.data());
   return switchyard::e2e::Run();
 }
