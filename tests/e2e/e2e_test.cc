@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -299,11 +300,13 @@ class Cluster {
   }
 
   // POST /v1/jobs; the job's name, "" on failure (printed).
-  std::string Submit(const std::string& request_id, int min_workers = 1) {
+  std::string Submit(const std::string& request_id, int min_workers = 1,
+                     const std::function<void(v1::JobSpec&)>& adjust = {}) {
     auto spec = ParseJobSpecYaml(kSpec);
     EXPECT_TRUE(spec.ok()) << spec.status();
     if (!spec.ok()) return "";
     spec->set_min_workers(min_workers);
+    if (adjust) adjust(*spec);
     spec->mutable_training()->set_save(absl::StrCat(flags_.checkpoint_root, "/", request_id));
     const std::string body =
         Json({{"spec", Json::parse(JobSpecToJson(*spec))}, {"request_id", request_id}}).dump();
@@ -574,6 +577,60 @@ TEST(E2eTest, HungWorkerIsLostAndTheJobRestartsOnTheSurvivor) {
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(WorldOf(*second), 1) << second->message();
   ExpectResumedFromCheckpoint(watch, c, "hung-worker-1");
+}
+
+// max_restarts 0: the first lost worker fails the job (RESTART_LIMIT_EXCEEDED) instead of
+// restarting it.
+TEST(E2eTest, LostWorkerPastMaxRestartsFailsTheJob) {
+  Cluster c("restart_limit");
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c));
+  const std::string job =
+      c.Submit("restart-limit-1", 1, [](v1::JobSpec& spec) { spec.set_max_restarts(0); });
+  ASSERT_FALSE(job.empty());
+  JobWatcher watch(c.coordinator()->grpc_address(), job);
+  ASSERT_TRUE(watch.WaitForStep(6, 60)) << (watch.Print(), c.PrintLogs(), "");
+  const absl::Time killed = absl::Now();
+  c.worker(1).Signal(SIGKILL);
+  const Job::State end = watch.WaitForEnd(60);
+  std::printf("SIGKILL worker 1 with max_restarts 0 -> %s after %.2f s\n",
+              Job::State_Name(end).c_str(), Seconds(killed));
+  watch.Print();
+  ASSERT_EQ(end, Job::FAILED) << (c.PrintLogs(), "");
+  const std::vector<SeenEvent> events = watch.Events();
+  EXPECT_EQ(events.back().event.reason(), "RESTART_LIMIT_EXCEEDED")
+      << events.back().event.message();
+  EXPECT_EQ(FindEvent(events, Job::STARTING, 2), nullptr);
+  const Job final_job = c.Get(job);
+  std::printf("failure_reason: %s\n", final_job.failure_reason().c_str());
+  EXPECT_FALSE(final_job.failure_reason().empty());
+}
+
+// A spec the coordinator accepts but the workers cannot run (its data file does not exist): the
+// ranks exit with a permanent code and the job FAILS at once with their message, no restart.
+TEST(E2eTest, PermanentWorkerErrorFailsTheJobWithoutRestart) {
+  Cluster c("permanent");
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c));
+  const std::string missing = TmpPath("permanent_no_such_dataset");
+  const std::string job = c.Submit("permanent-1", 2, [&](v1::JobSpec& spec) {
+    spec.mutable_data()->set_mock_data(false);
+    spec.mutable_data()->add_data_path(missing);
+  });
+  ASSERT_FALSE(job.empty());
+  const absl::Time t0 = absl::Now();
+  JobWatcher watch(c.coordinator()->grpc_address(), job);
+  const Job::State end = watch.WaitForEnd(60);
+  std::printf("%s -> %s after %.2f s\n", job.c_str(), Job::State_Name(end).c_str(), Seconds(t0));
+  watch.Print();
+  ASSERT_EQ(end, Job::FAILED) << (c.PrintLogs(), "");
+  const std::vector<SeenEvent> events = watch.Events();
+  const v1::JobEvent& failed = events.back().event;
+  EXPECT_EQ(failed.reason(), "WORKER_EXIT_PERMANENT") << failed.message();
+  EXPECT_NE(failed.message().find("permanent_no_such_dataset"), std::string::npos)
+      << failed.message();
+  EXPECT_EQ(FindEvent(events, Job::RESTARTING, 1), nullptr);
+  EXPECT_TRUE(watch.Steps().empty());
+  EXPECT_TRUE(c.WaitForAttached(2, 10));  // both workers survive and are idle again
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(c.worker(i).Running());
 }
 
 TEST(E2eTest, KilledCoordinatorRestartsOnTheSameStoreAndTheJobCompletes) {
