@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,6 +64,8 @@ Process::Process(const std::vector<std::string>& argv, const std::string& log_pa
   if (pipe_stdout && pipe(out) != 0) return;
   pid_ = fork();
   if (pid_ == 0) {
+    // The child dies with the test process, even when that one crashes or is killed.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(pipe_stdout ? out[1] : log, 1);
     dup2(log, 2);

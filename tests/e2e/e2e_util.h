@@ -28,7 +28,9 @@ std::string ReadText(const std::string& path);
 int FreePort();
 
 // One child process. stderr (and stdout unless piped) go to `log_path`. The destructor SIGKILLs
-// and reaps a child still running. Not thread-safe; one owner.
+// and reaps a child still running; a child also gets SIGKILL when the thread that forked it
+// exits (PR_SET_PDEATHSIG), so a crashed test leaves no processes behind. Not thread-safe; one
+// owner.
 class Process {
  public:
   // Starts argv[0] with `argv`; `pipe_stdout` keeps stdout readable through ReadLine.
