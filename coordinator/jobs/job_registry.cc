@@ -132,7 +132,16 @@ absl::StatusOr<v1::Job> JobRegistry::CreateJob(const v1::CreateJobRequest& reque
   store::JobRow row;
   row.spec = request.spec();
   ApplyDefaults(&row.spec);
-  SY_RETURN_IF_ERROR(ValidateJobSpec(row.spec));
+  {
+    // An empty training.save is the scheduler's to fill (<checkpoint root>/<job id>, see
+    // coordinator/workers/scheduler.h), so rules that need a checkpoint directory (save_interval)
+    // are checked as if it were set; the stored spec keeps it empty.
+    v1::JobSpec checked = row.spec;
+    if (checked.training().save().empty()) {
+      checked.mutable_training()->set_save("<checkpoint root>/<job id>");
+    }
+    SY_RETURN_IF_ERROR(ValidateJobSpec(checked));
+  }
   row.request_id = request.request_id();
   row.state = v1::Job::PENDING;
   store::JobEventRow created;

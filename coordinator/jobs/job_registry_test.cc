@@ -197,6 +197,21 @@ TEST_F(JobRegistryTest, CreateIsIdempotentPerRequestId) {
   EXPECT_EQ(Jobs(), 3);
 }
 
+// save_interval without training.save: the scheduler fills the directory (<root>/<job id>), so
+// the spec is accepted and stored with save empty; two such jobs never share a directory.
+TEST_F(JobRegistryTest, SaveIntervalWithoutSaveIsLeftToTheScheduler) {
+  OpenAt("save_interval.db");
+  v1::CreateJobRequest request = Request("ckpt");
+  request.mutable_spec()->mutable_training()->clear_save();
+  request.mutable_spec()->mutable_training()->set_save_interval(5);
+  auto job = registry_->CreateJob(request);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec().training().save().empty());
+  EXPECT_EQ(job->spec().training().save_interval(), 5);
+  std::printf("save_interval 5 without save: %s accepted, save left to the scheduler\n",
+              job->name().c_str());
+}
+
 TEST_F(JobRegistryTest, PaginatesOver120JobsWithAndWithoutFilter) {
   OpenAt("registry_pages.db");
   for (int i = 0; i < 120; ++i) {
