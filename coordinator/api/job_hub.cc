@@ -30,8 +30,9 @@ absl::StatusOr<v1::Job> JobHub::CancelJob(absl::string_view name) {
 }
 
 absl::StatusOr<v1::Job> JobHub::Transition(absl::string_view name, jobs::State to,
-                                           absl::string_view reason, absl::string_view message) {
-  absl::StatusOr<v1::Job> job = Notify(registry_->Transition(name, to, reason, message));
+                                           absl::string_view reason, absl::string_view message,
+                                           const v1::Plan* plan) {
+  absl::StatusOr<v1::Job> job = Notify(registry_->Transition(name, to, reason, message, plan));
   if (job.ok() && job->state() == v1::Job::RESTARTING && on_restart_) on_restart_();
   return job;
 }

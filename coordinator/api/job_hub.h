@@ -49,7 +49,8 @@ class JobHub {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(absl::string_view name);
   absl::StatusOr<v1::Job> Transition(absl::string_view name, jobs::State to,
-                                     absl::string_view reason, absl::string_view message = "");
+                                     absl::string_view reason, absl::string_view message = "",
+                                     const v1::Plan* plan = nullptr);
   absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
 

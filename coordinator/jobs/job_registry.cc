@@ -41,6 +41,7 @@ v1::Job ToJob(const store::JobRow& row) {
   SetTimestamp(row.create_time, job.mutable_create_time());
   SetTimestamp(row.update_time, job.mutable_update_time());
   job.set_failure_reason(row.failure_reason);
+  if (row.plan) *job.mutable_plan() = *row.plan;
   return job;
 }
 
@@ -214,10 +215,14 @@ absl::StatusOr<v1::Job> JobRegistry::CancelJob(absl::string_view name, absl::str
 }
 
 absl::StatusOr<v1::Job> JobRegistry::Transition(absl::string_view name, State to,
-                                                absl::string_view reason,
-                                                absl::string_view message) {
+                                                absl::string_view reason, absl::string_view message,
+                                                const v1::Plan* plan) {
   SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
   SY_RETURN_IF_ERROR(CheckReason(reason));
+  if (plan != nullptr && to != v1::Job::STARTING) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": a plan goes with a transition to STARTING only"));
+  }
   absl::StatusOr<store::JobRow> row =
       store_->UpdateJob(id, [&](store::JobRow& job) -> absl::StatusOr<store::JobEventRow> {
         Lifecycle before{job.state, job.generation, job.restart_count, job.failure_reason};
@@ -230,6 +235,7 @@ absl::StatusOr<v1::Job> JobRegistry::Transition(absl::string_view name, State to
         job.generation = result->after.generation;
         job.restart_count = result->after.restart_count;
         job.failure_reason = result->after.failure_reason;
+        if (plan != nullptr && job.state == v1::Job::STARTING) job.plan = *plan;
         store::JobEventRow event;
         event.state = job.state;
         event.generation = job.generation;

@@ -75,8 +75,10 @@ class JobRegistry {
   // Moves the job to `to` under job_state.h's rules and logs an event with `reason` (UPPER_SNAKE,
   // e.g. "WORKER_LOST") and `message`. Returns the job as written: a RESTARTING request beyond
   // max_restarts returns it FAILED.
+  // `plan` (STARTING only): the plan the new generation runs, stored as Job.plan.
   absl::StatusOr<v1::Job> Transition(absl::string_view name, State to, absl::string_view reason,
-                                     absl::string_view message = "");
+                                     absl::string_view message = "",
+                                     const v1::Plan* plan = nullptr);
 
   // Records a saved checkpoint (event CHECKPOINT_SAVED, state unchanged). The job must be RUNNING
   // and `step` must be >= 0 and greater than the last recorded step.

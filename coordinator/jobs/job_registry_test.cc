@@ -212,6 +212,33 @@ TEST_F(JobRegistryTest, SaveIntervalWithoutSaveIsLeftToTheScheduler) {
               job->name().c_str());
 }
 
+// The plan a generation starts with is stored with the STARTING transition and survives a
+// reopen; a plan with any other transition is refused and writes nothing.
+TEST_F(JobRegistryTest, StartingStoresThePlan) {
+  OpenAt("registry_plan.db");
+  auto job = registry_->CreateJob(Request("planned"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::Plan plan;
+  v1::Mapping* m = plan.mutable_best()->mutable_mapping();
+  m->set_data_parallel_size(2);
+  m->set_expert_model_parallel_size(2);
+  const int64_t events = Events();
+  EXPECT_EQ(registry_->Transition(job->name(), v1::Job::RUNNING, "BAD", "", &plan).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Events(), events);
+  auto started = registry_->Transition(job->name(), v1::Job::STARTING, "SCHEDULED", "", &plan);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ(started->plan().best().mapping().expert_model_parallel_size(), 2);
+  Reopen();
+  auto got = registry_->GetJob(job->name());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->plan().best().mapping().data_parallel_size(), 2);
+  EXPECT_EQ(got->plan().best().mapping().expert_model_parallel_size(), 2);
+  std::printf("plan stored with STARTING and read back after a reopen: DP %d EP %d\n",
+              got->plan().best().mapping().data_parallel_size(),
+              got->plan().best().mapping().expert_model_parallel_size());
+}
+
 TEST_F(JobRegistryTest, PaginatesOver120JobsWithAndWithoutFilter) {
   OpenAt("registry_pages.db");
   for (int i = 0; i < 120; ++i) {

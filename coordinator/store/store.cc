@@ -55,6 +55,10 @@ CREATE TABLE workers (
   last_heartbeat_us INTEGER NOT NULL
 );
 )sql",
+    // 1 -> 2: the plan the scheduler started the current generation with.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN plan BLOB;
+)sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,
               "one migration per schema version");
@@ -173,7 +177,7 @@ absl::StatusOr<v1::Job::State> StateFromColumn(int64_t value, absl::string_view 
 
 constexpr const char* kJobColumns =
     "id, request_id, spec, state, generation, restart_count, failure_reason, "
-    "last_checkpoint_step, create_time_us, update_time_us";
+    "last_checkpoint_step, create_time_us, update_time_us, plan";
 
 absl::StatusOr<JobRow> JobFromRow(Statement& s) {
   JobRow job;
@@ -190,6 +194,13 @@ absl::StatusOr<JobRow> JobFromRow(Statement& s) {
   if (!s.IsNull(7)) job.last_checkpoint_step = s.Int(7);
   job.create_time = FromMicros(s.Int(8));
   job.update_time = FromMicros(s.Int(9));
+  if (!s.IsNull(10)) {
+    v1::Plan plan;
+    if (!plan.ParseFromString(s.Text(10))) {
+      return absl::DataLossError(absl::StrCat("jobs.plan of job ", job.id, " does not parse"));
+    }
+    job.plan = std::move(plan);
+  }
   return job;
 }
 
@@ -461,7 +472,7 @@ absl::StatusOr<JobRow> Store::UpdateJob(int64_t id, const JobMutation& mutate) {
         Statement::Prepare(db_,
                            "UPDATE jobs SET spec = ?2, state = ?3, generation = ?4, "
                            "restart_count = ?5, failure_reason = ?6, last_checkpoint_step = ?7, "
-                           "update_time_us = ?8 WHERE id = ?1"));
+                           "update_time_us = ?8, plan = ?9 WHERE id = ?1"));
     SY_RETURN_IF_ERROR(s.Bind(1, id));
     SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
     SY_RETURN_IF_ERROR(s.Bind(3, job.state));
@@ -474,6 +485,11 @@ absl::StatusOr<JobRow> Store::UpdateJob(int64_t id, const JobMutation& mutate) {
       SY_RETURN_IF_ERROR(s.BindNull(7));
     }
     SY_RETURN_IF_ERROR(s.Bind(8, Micros(job.update_time)));
+    if (job.plan) {
+      SY_RETURN_IF_ERROR(s.BindBlob(9, job.plan->SerializeAsString()));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindNull(9));
+    }
     SY_RETURN_IF_ERROR(s.Run());
     event.job_id = id;
     SY_RETURN_IF_ERROR(AppendEvent(event));

@@ -9,7 +9,8 @@
 //   jobs        id INTEGER PRIMARY KEY AUTOINCREMENT (ids never reused; resource "jobs/{id}"),
 //               request_id TEXT UNIQUE (NULL: none), spec BLOB (serialized v1::JobSpec), state,
 //               generation, restart_count, failure_reason, last_checkpoint_step (NULL: none),
-//               create_time_us, update_time_us (microseconds since the Unix epoch)
+//               create_time_us, update_time_us (microseconds since the Unix epoch),
+//               plan BLOB (serialized v1::Plan of the current generation; NULL: none; v2)
 //   job_events  (job_id, sequence) primary key, sequence 1, 2, ... per job; time_us, state,
 //               generation, reason, message. Append-only: triggers abort UPDATE and DELETE.
 //   workers     id TEXT PRIMARY KEY, host, gpu BLOB (serialized v1::GpuInfo, NULL on CPU
@@ -51,7 +52,7 @@ struct sqlite3;
 
 namespace switchyard::store {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;
 
 // One row of `jobs`.
 struct JobRow {
@@ -63,6 +64,7 @@ struct JobRow {
   int32_t restart_count = 0;
   std::string failure_reason;
   std::optional<int64_t> last_checkpoint_step;
+  std::optional<v1::Plan> plan;                // the current generation's plan (set when it starts)
   absl::Time create_time = absl::UnixEpoch();  // set by InsertJob
   absl::Time update_time = absl::UnixEpoch();  // set by InsertJob and UpdateJob
 };

@@ -276,9 +276,9 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
     return false;
   }
 
-  absl::StatusOr<Job> started =
-      hub_->Transition(job.name(), Job::STARTING, kScheduled,
-                       absl::StrCat(world, " worker(s): ", planner::MappingToString(mapping)));
+  absl::StatusOr<Job> started = hub_->Transition(
+      job.name(), Job::STARTING, kScheduled,
+      absl::StrCat(world, " worker(s): ", planner::MappingToString(mapping)), &*plan);
   if (!started.ok()) {
     SY_LOG(WARNING) << "scheduler: " << job.name() << " -> STARTING: " << started.status();
     return false;
