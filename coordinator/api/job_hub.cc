@@ -37,6 +37,10 @@ absl::StatusOr<v1::Job> JobHub::Transition(absl::string_view name, jobs::State t
   return job;
 }
 
+absl::Status JobHub::RecordLastStep(absl::string_view name, const v1::StepMetrics& step) {
+  return registry_->RecordLastStep(name, step);
+}
+
 absl::StatusOr<v1::Job> JobHub::RecordCheckpoint(absl::string_view name, int64_t step) {
   return Notify(registry_->RecordCheckpoint(name, step));
 }

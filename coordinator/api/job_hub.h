@@ -52,6 +52,8 @@ class JobHub {
                                      absl::string_view reason, absl::string_view message = "",
                                      const v1::Plan* plan = nullptr);
   absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
+  // Not a job change: watchers are not woken (they get steps from the StepHub).
+  absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
 
   // The number of successful mutations so far.

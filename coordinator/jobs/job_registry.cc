@@ -42,6 +42,7 @@ v1::Job ToJob(const store::JobRow& row) {
   SetTimestamp(row.update_time, job.mutable_update_time());
   job.set_failure_reason(row.failure_reason);
   if (row.plan) *job.mutable_plan() = *row.plan;
+  if (row.last_step) *job.mutable_last_step() = *row.last_step;
   return job;
 }
 
@@ -248,6 +249,15 @@ absl::StatusOr<v1::Job> JobRegistry::Transition(absl::string_view name, State to
   }
   if (!row.ok()) return row.status();
   return ToJob(*row);
+}
+
+absl::Status JobRegistry::RecordLastStep(absl::string_view name, const v1::StepMetrics& step) {
+  SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
+  absl::Status st = store_->SetLastStep(id, step);
+  if (st.code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(name, " does not exist"));
+  }
+  return st;
 }
 
 absl::StatusOr<v1::Job> JobRegistry::RecordCheckpoint(absl::string_view name, int64_t step) {

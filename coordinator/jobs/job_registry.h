@@ -83,6 +83,8 @@ class JobRegistry {
   // Records a saved checkpoint (event CHECKPOINT_SAVED, state unchanged). The job must be RUNNING
   // and `step` must be >= 0 and greater than the last recorded step.
   absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
+  // Saves rank 0's latest step report as Job.last_step (no event; survives a restart).
+  absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
   // The last recorded checkpoint step, if any.
   absl::StatusOr<std::optional<int64_t>> LastCheckpointStep(absl::string_view name);
 

@@ -239,6 +239,30 @@ TEST_F(JobRegistryTest, StartingStoresThePlan) {
               got->plan().best().mapping().expert_model_parallel_size());
 }
 
+// Job.last_step: saved without an event and read back after a reopen (a coordinator restart).
+TEST_F(JobRegistryTest, LastStepIsStoredWithoutAnEvent) {
+  OpenAt("registry_last_step.db");
+  auto job = registry_->CreateJob(Request("stepped"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const int64_t events = Events();
+  v1::StepMetrics step;
+  step.set_step(17);
+  step.set_loss(3.25);
+  ASSERT_TRUE(registry_->RecordLastStep(job->name(), step).ok());
+  step.set_step(18);
+  ASSERT_TRUE(registry_->RecordLastStep(job->name(), step).ok());
+  EXPECT_EQ(Events(), events);
+  EXPECT_EQ(registry_->RecordLastStep("jobs/999", step).code(), absl::StatusCode::kNotFound);
+  Reopen();
+  auto got = registry_->GetJob(job->name());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->last_step().step(), 18);
+  EXPECT_DOUBLE_EQ(got->last_step().loss(), 3.25);
+  std::printf("last step after a reopen: %lld (loss %.2f), events unchanged (%lld)\n",
+              static_cast<long long>(got->last_step().step()), got->last_step().loss(),
+              static_cast<long long>(Events()));
+}
+
 TEST_F(JobRegistryTest, PaginatesOver120JobsWithAndWithoutFilter) {
   OpenAt("registry_pages.db");
   for (int i = 0; i < 120; ++i) {

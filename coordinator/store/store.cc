@@ -59,6 +59,10 @@ CREATE TABLE workers (
     R"sql(
 ALTER TABLE jobs ADD COLUMN plan BLOB;
 )sql",
+    // 2 -> 3: rank 0's latest step report, saved by the scheduler (rate-limited).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN last_step BLOB;
+)sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,
               "one migration per schema version");
@@ -177,7 +181,7 @@ absl::StatusOr<v1::Job::State> StateFromColumn(int64_t value, absl::string_view 
 
 constexpr const char* kJobColumns =
     "id, request_id, spec, state, generation, restart_count, failure_reason, "
-    "last_checkpoint_step, create_time_us, update_time_us, plan";
+    "last_checkpoint_step, create_time_us, update_time_us, plan, last_step";
 
 absl::StatusOr<JobRow> JobFromRow(Statement& s) {
   JobRow job;
@@ -200,6 +204,13 @@ absl::StatusOr<JobRow> JobFromRow(Statement& s) {
       return absl::DataLossError(absl::StrCat("jobs.plan of job ", job.id, " does not parse"));
     }
     job.plan = std::move(plan);
+  }
+  if (!s.IsNull(11)) {
+    v1::StepMetrics step;
+    if (!step.ParseFromString(s.Text(11))) {
+      return absl::DataLossError(absl::StrCat("jobs.last_step of job ", job.id, " does not parse"));
+    }
+    job.last_step = std::move(step);
   }
   return job;
 }
@@ -604,6 +615,19 @@ absl::Status Store::RecordHeartbeat(const std::string& id) {
   SY_RETURN_IF_ERROR(s.Run());
   if (sqlite3_changes(db_) == 0) {
     return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::SetLastStep(int64_t id, const v1::StepMetrics& step) {
+  absl::MutexLock lock(&mu_);
+  SY_ASSIGN_OR_RETURN(Statement s,
+                      Statement::Prepare(db_, "UPDATE jobs SET last_step = ?2 WHERE id = ?1"));
+  SY_RETURN_IF_ERROR(s.Bind(1, id));
+  SY_RETURN_IF_ERROR(s.BindBlob(2, step.SerializeAsString()));
+  SY_RETURN_IF_ERROR(s.Run());
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
   }
   return absl::OkStatus();
 }

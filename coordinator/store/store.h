@@ -10,7 +10,8 @@
 //               request_id TEXT UNIQUE (NULL: none), spec BLOB (serialized v1::JobSpec), state,
 //               generation, restart_count, failure_reason, last_checkpoint_step (NULL: none),
 //               create_time_us, update_time_us (microseconds since the Unix epoch),
-//               plan BLOB (serialized v1::Plan of the current generation; NULL: none; v2)
+//               plan BLOB (serialized v1::Plan of the current generation; NULL: none; v2),
+//               last_step BLOB (serialized v1::StepMetrics, rank 0's latest saved; NULL: none; v3)
 //   job_events  (job_id, sequence) primary key, sequence 1, 2, ... per job; time_us, state,
 //               generation, reason, message. Append-only: triggers abort UPDATE and DELETE.
 //   workers     id TEXT PRIMARY KEY, host, gpu BLOB (serialized v1::GpuInfo, NULL on CPU
@@ -52,7 +53,7 @@ struct sqlite3;
 
 namespace switchyard::store {
 
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 // One row of `jobs`.
 struct JobRow {
@@ -65,6 +66,7 @@ struct JobRow {
   std::string failure_reason;
   std::optional<int64_t> last_checkpoint_step;
   std::optional<v1::Plan> plan;                // the current generation's plan (set when it starts)
+  std::optional<v1::StepMetrics> last_step;    // SetLastStep's latest (no event, no update_time)
   absl::Time create_time = absl::UnixEpoch();  // set by InsertJob
   absl::Time update_time = absl::UnixEpoch();  // set by InsertJob and UpdateJob
 };
@@ -166,6 +168,9 @@ class Store {
   absl::StatusOr<std::vector<WorkerRow>> ListWorkers();
   // Sets last_heartbeat to now; NOT_FOUND when absent.
   absl::Status RecordHeartbeat(const std::string& id);
+  // Overwrites job `id`'s last_step (one-row UPDATE, no event, update_time unchanged: step
+  // progress is not a state change). NOT_FOUND for an unknown job.
+  absl::Status SetLastStep(int64_t id, const v1::StepMetrics& step);
   // Sets state and job; NOT_FOUND when absent.
   absl::Status SetWorkerState(const std::string& id, WorkerState state, const std::string& job);
 

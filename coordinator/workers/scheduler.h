@@ -160,6 +160,7 @@ class Scheduler {
     std::set<std::string> reattached;  // reconnected ranks whose generation is not heard yet
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
+    absl::Time last_step_saved = absl::InfinitePast();  // rank 0's step, to the store
   };
   struct RegisteredEvent {
     Registered registered;

@@ -68,7 +68,17 @@ void Scheduler::Handle(const StepEvent& e) {
     }
     run->running = true;
   }
-  if (it->second == 0) steps_->Publish(run->job, e.report.metrics());
+  if (it->second == 0) {
+    steps_->Publish(run->job, e.report.metrics());
+    // Job.last_step survives a coordinator restart: saved at most once a second per job (one
+    // SQLite write), and once more when the job succeeds.
+    const absl::Time now = absl::Now();
+    if (now - run->last_step_saved >= absl::Seconds(1)) {
+      run->last_step_saved = now;
+      absl::Status saved = hub_->RecordLastStep(run->job, e.report.metrics());
+      if (!saved.ok()) SY_LOG(WARNING) << "scheduler: " << run->job << " last step: " << saved;
+    }
+  }
 }
 
 void Scheduler::Handle(const ExitEvent& e) {
@@ -103,6 +113,10 @@ void Scheduler::Handle(const ExitEvent& e) {
       absl::StatusOr<Job> job = hub_->Transition(run->job, Job::RUNNING, kFirstStep,
                                                  "every rank finished before a step report");
       if (!job.ok()) SY_LOG(WARNING) << "scheduler: " << run->job << ": " << job.status();
+    }
+    if (std::optional<v1::StepMetrics> last = steps_->LastStep(run->job)) {
+      absl::Status saved = hub_->RecordLastStep(run->job, *last);
+      if (!saved.ok()) SY_LOG(WARNING) << "scheduler: " << run->job << " last step: " << saved;
     }
     absl::StatusOr<Job> job =
         hub_->Transition(run->job, Job::SUCCEEDED, kAllRanksFinished,

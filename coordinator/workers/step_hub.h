@@ -2,8 +2,8 @@
 //
 // Per-job fan-out of step reports for JobService.WatchJob: the scheduler publishes rank 0's
 // StepMetrics of each job's current generation; every subscriber of the job gets its own queue.
-// The hub also remembers each job's last step (Job.last_step; the store has no column for it, so
-// it is in memory only and lost on a coordinator restart).
+// The hub also remembers each job's last step (Job.last_step, fresher than the store's copy, which
+// the scheduler saves at most once a second and when the job succeeds, so it survives a restart).
 //
 // Contracts:
 // - Subscribe(job) returns a queue that receives every step published after the call. A queue
