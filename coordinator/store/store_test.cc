@@ -382,6 +382,45 @@ TEST(StoreTest, ReopenKeepsJobsEventsAndWorkers) {
               static_cast<long long>(job->generation), events->size(), workers->size());
 }
 
+// A file of schema version 1 (made here by dropping the v2 and v3 columns from a current one,
+// the exact v1 table) opens, is upgraded to kSchemaVersion, keeps its job, and takes a plan and
+// a last step again.
+TEST(StoreTest, UpgradesAVersion1File) {
+  std::string path = TempFile("v1.db");
+  int64_t id = 0;
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto inserted = (*store)->InsertJob(NewJob("old"), Created());
+    ASSERT_TRUE(inserted.ok()) << inserted.status();
+    id = inserted->job.id;
+  }
+  ASSERT_EQ(RawExec(path,
+                    "ALTER TABLE jobs DROP COLUMN last_step; ALTER TABLE jobs DROP COLUMN plan; "
+                    "PRAGMA user_version=1;"),
+            "");
+  ASSERT_EQ(RawQuery(path, "PRAGMA user_version"), "1");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto version = (*store)->SchemaVersion();
+  ASSERT_TRUE(version.ok());
+  EXPECT_EQ(*version, kSchemaVersion);
+  auto job = (*store)->GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.display_name(), "old");
+  EXPECT_FALSE(job->plan.has_value());
+  EXPECT_FALSE(job->last_step.has_value());
+  v1::StepMetrics step;
+  step.set_step(5);
+  ASSERT_TRUE((*store)->SetLastStep(id, step).ok());
+  job = (*store)->GetJob(id);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(job->last_step.has_value());
+  EXPECT_EQ(job->last_step->step(), 5);
+  std::printf("v1 file upgraded to v%d; job %lld kept; last step %lld stored after the upgrade\n",
+              *version, static_cast<long long>(id), static_cast<long long>(job->last_step->step()));
+}
+
 TEST(StoreTest, WalModeAndSchemaVersionAreInTheFile) {
   std::string path = TempFile("wal.db");
   auto store = Store::Open(path);
