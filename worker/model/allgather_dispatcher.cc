@@ -29,15 +29,9 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
       "AllGatherDispatcher", ep_group, ep_group ? ep_group->size() : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
-  comm::NcclCommunicator* nccl = nullptr;
+  SY_ASSIGN_OR_RETURN(comm::NcclCommunicator * nccl,
+                      NcclGroupForDevice("AllGatherDispatcher", ep_group, device));
   if (device.is_cuda()) {
-    nccl = dynamic_cast<comm::NcclCommunicator*>(ep_group);
-    if (nccl == nullptr || nccl->device() != device.index) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AllGatherDispatcher: ep_group '", ep_group->name(),
-          "' must be an NcclCommunicator on the dispatcher's device cuda:", device.index,
-          " for a CUDA dispatcher (its stream orders the collectives after the kernels)"));
-    }
     if (num_experts / ep_size > kernels::kMaxExpertsCuda) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllGatherDispatcher: num_experts / ep_size (", num_experts / ep_size,
@@ -109,17 +103,7 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
 }
 
 absl::Status AllGatherDispatcher::CheckStream(const Stream& stream, const char* phase) const {
-  if (stream.device != device_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AllGatherDispatcher::", phase, ": stream of ", stream.device.ToString(),
-                     " must be on the dispatcher's device ", device_.ToString()));
-  }
-  if (nccl_ != nullptr && static_cast<cudaStream_t>(stream.cuda_stream) != nccl_->stream()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AllGatherDispatcher::", phase, ": stream must be the EP communicator's stream (group '",
-        nccl_->name(), "'): create the NcclCommunicator with the stream the phases run on"));
-  }
-  return absl::OkStatus();
+  return CheckPhaseStream("AllGatherDispatcher", phase, stream, device_, nccl_);
 }
 
 absl::Status AllGatherDispatcher::CopyOnStream(const Stream& stream, const Tensor& src,

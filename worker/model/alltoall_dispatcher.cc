@@ -33,15 +33,9 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
                                                    ") must be <= ", kernels::kMaxSortChunks));
   }
-  comm::NcclCommunicator* nccl = nullptr;
+  SY_ASSIGN_OR_RETURN(comm::NcclCommunicator * nccl,
+                      NcclGroupForDevice("AllToAllDispatcher", ep_group, device));
   if (device.is_cuda()) {
-    nccl = dynamic_cast<comm::NcclCommunicator*>(ep_group);
-    if (nccl == nullptr || nccl->device() != device.index) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AllToAllDispatcher: ep_group '", ep_group->name(),
-          "' must be an NcclCommunicator on the dispatcher's device cuda:", device.index,
-          " for a CUDA dispatcher (its stream orders the collectives after the kernels)"));
-    }
     if (num_experts > kernels::kMaxExpertsCuda) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
@@ -124,17 +118,7 @@ Tensor AllToAllDispatcher::TokensPerExpert() const {
 }
 
 absl::Status AllToAllDispatcher::CheckStream(const Stream& stream, const char* phase) const {
-  if (!(stream.device == device_)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AllToAllDispatcher::", phase, ": stream of ", stream.device.ToString(),
-                     " must be on the dispatcher's device ", device_.ToString()));
-  }
-  if (nccl_ != nullptr && static_cast<cudaStream_t>(stream.cuda_stream) != nccl_->stream()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AllToAllDispatcher::", phase, ": stream must be the EP communicator's stream (group '",
-        nccl_->name(), "'): create the NcclCommunicator with the stream the phases run on"));
-  }
-  return absl::OkStatus();
+  return CheckPhaseStream("AllToAllDispatcher", phase, stream, device_, nccl_);
 }
 
 std::vector<int64_t> AllToAllDispatcher::Elements(const std::vector<int64_t>& rows,

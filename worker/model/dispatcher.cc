@@ -99,4 +99,33 @@ absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int 
   return absl::OkStatus();
 }
 
+absl::StatusOr<comm::NcclCommunicator*> NcclGroupForDevice(const char* who,
+                                                           comm::Communicator* ep_group,
+                                                           Device device) {
+  if (!device.is_cuda()) return nullptr;
+  auto* nccl = dynamic_cast<comm::NcclCommunicator*>(ep_group);
+  if (nccl == nullptr || nccl->device() != device.index) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": ep_group '", ep_group->name(),
+        "' must be an NcclCommunicator on the dispatcher's device cuda:", device.index,
+        " for a CUDA dispatcher (its stream orders the collectives after the kernels)"));
+  }
+  return nccl;
+}
+
+absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,
+                              Device device, const comm::NcclCommunicator* nccl) {
+  if (!(stream.device == device)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, "::", phase, ": stream of ", stream.device.ToString(),
+                     " must be on the dispatcher's device ", device.ToString()));
+  }
+  if (nccl != nullptr && static_cast<cudaStream_t>(stream.cuda_stream) != nccl->stream()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "::", phase, ": stream must be the EP communicator's stream (group '", nccl->name(),
+        "'): create the NcclCommunicator with the stream the phases run on"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace switchyard::model

@@ -27,6 +27,8 @@
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "kernels/buffer.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/nccl_communicator.h"
 
 namespace switchyard::model {
 
@@ -123,6 +125,16 @@ class LocalDispatcher final : public TokenDispatcher {
 absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int group_size,
                                      const std::string& group_name, int64_t max_tokens,
                                      int64_t hidden, int num_experts, int ep_size, int topk);
+
+// The CUDA rule shared by the expert-parallel dispatchers: on a CUDA device the EP group must be
+// an NcclCommunicator on that device (its stream orders the collectives after the kernels).
+// Returns it; nullptr on the CPU. INVALID_ARGUMENT prefixed with `who` otherwise.
+absl::StatusOr<comm::NcclCommunicator*> NcclGroupForDevice(const char* who,
+                                                           comm::Communicator* ep_group,
+                                                           Device device);
+// A phase's stream: on the dispatcher's device and, with an NCCL group, the group's own stream.
+absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,
+                              Device device, const comm::NcclCommunicator* nccl);
 
 }  // namespace switchyard::model
 
