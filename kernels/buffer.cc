@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,6 +10,46 @@
 #include "common/cuda_status.h"
 
 namespace switchyard::kernels {
+namespace {
+
+struct Counters {
+  std::atomic<int64_t> current{0}, peak{0}, allocations{0};
+};
+
+Counters& CountersOf(DeviceType type) {
+  static Counters cpu, cuda;
+  return type == DeviceType::kCuda ? cuda : cpu;
+}
+
+void CountAllocation(DeviceType type, size_t bytes) {
+  Counters& c = CountersOf(type);
+  const int64_t now = c.current.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) +
+                      static_cast<int64_t>(bytes);
+  c.allocations.fetch_add(1, std::memory_order_relaxed);
+  int64_t peak = c.peak.load(std::memory_order_relaxed);
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void CountRelease(DeviceType type, size_t bytes) {
+  CountersOf(type).current.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+}
+
+}  // namespace
+
+BufferMemoryStats BufferMemory(DeviceType type) {
+  const Counters& c = CountersOf(type);
+  BufferMemoryStats s;
+  s.current_bytes = c.current.load(std::memory_order_relaxed);
+  s.peak_bytes = c.peak.load(std::memory_order_relaxed);
+  s.allocations = c.allocations.load(std::memory_order_relaxed);
+  return s;
+}
+
+void ResetBufferPeak(DeviceType type) {
+  Counters& c = CountersOf(type);
+  c.peak.store(c.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
 
 absl::StatusOr<Buffer> Buffer::Allocate(Device device, size_t bytes) {
   Buffer b;
@@ -25,6 +66,7 @@ absl::StatusOr<Buffer> Buffer::Allocate(Device device, size_t bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " bytes"));
     }
   }
+  CountAllocation(device.type, bytes);
   return b;
 }
 
@@ -63,6 +105,7 @@ void Buffer::Release() {
     } else {
       std::free(data_);
     }
+    CountRelease(device_.type, bytes_);
   }
   data_ = nullptr;
   bytes_ = 0;

@@ -50,6 +50,20 @@ absl::Status CopyTensor(const Tensor& src, const Tensor& dst);
 // Fills `t` with `byte` in every byte (used to poison outputs in tests). Synchronous.
 absl::Status FillBytes(const Tensor& t, uint8_t byte);
 
+// Process-wide accounting of the memory Buffers hold, so a test can see what the engine
+// allocates without a GPU (the planner's memory model is checked against it). Bytes are the
+// requested sizes (not the allocator's rounding), CPU and CUDA apart, all CUDA devices together;
+// memory allocated outside Buffer (cuBLAS, NCCL, cudaMallocHost) is not seen. Updated with
+// relaxed atomics on every allocation and release: cheap, any thread.
+struct BufferMemoryStats {
+  int64_t current_bytes = 0;  // held now
+  int64_t peak_bytes = 0;     // most held at once since the start or the last ResetBufferPeak
+  int64_t allocations = 0;    // successful non-empty allocations since the start
+};
+BufferMemoryStats BufferMemory(DeviceType type);
+// Sets the peak of `type` to its current value (start of a measured phase).
+void ResetBufferPeak(DeviceType type);
+
 }  // namespace switchyard::kernels
 
 #endif  // SWITCHYARD_KERNELS_BUFFER_H_

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <utility>
 
 namespace switchyard::kernels {
@@ -34,6 +35,32 @@ TEST(BufferTest, CopyAndFillOnTheCpu) {
   EXPECT_EQ(b.View().as<float>()[1], 0.0f);
   Buffer wrong = Buffer::ForTensor(DType::kF32, {2}, Device::Cpu()).value();
   EXPECT_EQ(CopyTensor(a.View(), wrong.View()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The process-wide counters follow allocations, moves and releases exactly.
+TEST(BufferTest, MemoryCountersTrackCurrentAndPeak) {
+  const BufferMemoryStats start = BufferMemory(DeviceType::kCpu);
+  ResetBufferPeak(DeviceType::kCpu);
+  {
+    Buffer a = Buffer::ForTensor(DType::kF32, {1000}, Device::Cpu()).value();  // 4000 bytes
+    Buffer b = Buffer::Allocate(Device::Cpu(), 96).value();
+    EXPECT_EQ(BufferMemory(DeviceType::kCpu).current_bytes, start.current_bytes + 4096);
+    Buffer c(std::move(a));  // a move neither allocates nor frees
+    b = Buffer();            // frees 96
+    EXPECT_EQ(BufferMemory(DeviceType::kCpu).current_bytes, start.current_bytes + 4000);
+    Buffer empty = Buffer::Allocate(Device::Cpu(), 0).value();
+  }
+  const BufferMemoryStats end = BufferMemory(DeviceType::kCpu);
+  std::printf("CPU buffer bytes: current %lld -> %lld, peak %lld, allocations +%lld\n",
+              static_cast<long long>(start.current_bytes),
+              static_cast<long long>(end.current_bytes), static_cast<long long>(end.peak_bytes),
+              static_cast<long long>(end.allocations - start.allocations));
+  EXPECT_EQ(end.current_bytes, start.current_bytes);
+  EXPECT_EQ(end.peak_bytes, start.current_bytes + 4096);
+  EXPECT_EQ(end.allocations - start.allocations, 2);  // the empty buffer is not counted
+  ResetBufferPeak(DeviceType::kCpu);
+  EXPECT_EQ(BufferMemory(DeviceType::kCpu).peak_bytes, end.current_bytes);
+  EXPECT_EQ(BufferMemory(DeviceType::kCuda).current_bytes, 0);  // no CUDA buffer in this test
 }
 
 }  // namespace
