@@ -5,6 +5,9 @@
 #include <cassert>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 namespace switchyard::planner {
 namespace {
 
@@ -24,86 +27,71 @@ Sizes SizesOf(const v1::Mapping& p) {
                static_cast<double>(p.num_micro_batches())};
 }
 
-int64_t LayersPerStage(const ModelShape& model, const v1::Mapping& p) {
-  return model.num_layers / p.pipeline_model_parallel_size();
-}
-
-// Activation bytes per token of the rank's sequence shard for one micro-batch of `stage`.
-double ActivationBytesPerToken(const ModelShape& model, const v1::Mapping& p, int64_t stage) {
-  const Sizes z = SizesOf(p);
-  const double h = model.hidden_size, hq = model.num_heads, hkv = model.num_kv_heads,
-               d = model.head_dim, f = model.ffn_hidden_size, e = model.num_experts,
-               k = model.moe_topk, fe = model.moe_ffn_hidden_size, ssh = model.shared_ffn_size;
-  const double attention = 2 * 2 * h + 2 * (2 * hq + 2 * hkv) * d + 4 * hq;
-  const double dense = 2 * 2 * h + 2 * 3 * f;
-  const double moe = 2 * 2 * h + 4 * 2 * e + 2 * k * (2 * z.etp * h + 3 * fe) + 2 * 3 * ssh;
-  const int64_t per_stage = LayersPerStage(model, p);
-  double bytes = 0;
-  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
-    bytes += attention + (model.is_moe(l) ? moe : dense);
-  }
-  if (stage == p.pipeline_model_parallel_size() - 1) bytes += 2 * 2 * h + 4.0 * model.vocab_size;
-  return bytes / z.tp;
-}
-
 double Ring(double n) { return (n - 1) / n; }
 
 }  // namespace
 
 StageParams ParamsOfStage(const ModelShape& model, const v1::Mapping& p, int64_t stage) {
-  const Sizes z = SizesOf(p);
-  const int64_t pp = p.pipeline_model_parallel_size();
-  const int64_t per_stage = LayersPerStage(model, p);
-  StageParams s;
-  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
-    s.dense += AttentionMatrixParams(model) / z.tp + LayerNormParams(model);
-    if (model.is_moe(l)) {
-      const double shared_gate = model.shared_expert_gate ? model.hidden_size : 0;
-      s.dense +=
-          RouterParams(model) + (SharedExpertParams(model) - shared_gate) / z.tp + shared_gate;
-      s.expert += RoutedExpertParams(model) / z.ep / z.etp;
-    } else {
-      s.dense += DenseMlpParams(model) / z.tp;
-    }
-  }
-  const double vocab = EmbeddingParams(model) / z.tp;
-  if (pp == 1) {
-    s.dense += vocab * (model.untie_embeddings ? 2 : 1) + model.hidden_size;
-  } else if (stage == 0) {
-    s.dense += vocab;
-  } else if (stage == pp - 1) {
-    s.dense += vocab + model.hidden_size;
-  }
-  return s;
+  const StageParamElements e = StageLayoutElements(model, p, stage);
+  return StageParams{static_cast<double>(e.dense), static_cast<double>(e.expert)};
 }
 
-v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& p,
-                                  int64_t* stage_out) {
-  const Sizes z = SizesOf(p);
-  const int64_t pp = p.pipeline_model_parallel_size();
-  const double tokens = z.mbs * model.seq_length / z.cp;
+v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& p, int64_t* stage_out,
+                                  const EngineMemoryOptions& options, EngineMemory* detail) {
   v1::MemoryEstimate best;
+  EngineMemory best_detail;
   int64_t best_stage = -1;
-  for (int64_t s = 0; s < pp; ++s) {
-    const StageParams params = ParamsOfStage(model, p, s);
-    const double n = params.dense + params.expert;
-    v1::MemoryEstimate e;
-    e.set_weights(kWeightBytesPerParam * n);
-    e.set_gradients(kGradBytesPerParam * n);
-    e.set_optimizer_states(
-        kOptimizerBytesPerParam *
-        (p.use_distributed_optimizer() ? params.dense / (z.dp * z.cp) + params.expert / z.edp : n));
-    const double in_flight = std::min<double>(static_cast<double>(pp - s), z.m);
-    e.set_activations(tokens * ActivationBytesPerToken(model, p, s) * in_flight);
-    e.set_total(e.weights() + e.gradients() + e.optimizer_states() + e.activations() +
-                kWorkspaceBytes);
-    if (best_stage < 0 || e.total() > best.total()) {
-      best = e;
+  for (int64_t s = 0; s < p.pipeline_model_parallel_size(); ++s) {
+    const EngineMemory m = EstimateEngineMemory(model, p, s, options);
+    if (best_stage < 0 || m.total() > best_detail.total()) {
+      best_detail = m;
       best_stage = s;
     }
   }
+  best.set_weights(best_detail.weights);
+  best.set_gradients(best_detail.gradients);
+  best.set_optimizer_states(best_detail.optimizer_states);
+  best.set_activations(best_detail.activations());
+  best.set_total(best_detail.total());
   if (stage_out != nullptr) *stage_out = best_stage;
+  if (detail != nullptr) *detail = best_detail;
   return best;
+}
+
+absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec) {
+  const v1::ParallelConfig& p = spec.parallel();
+  auto size = [](int64_t v) { return v > 0 ? v : int64_t{1}; };
+  const int64_t world = size(p.world_size()), tp = size(p.tensor_model_parallel_size());
+  const int64_t cp = size(p.context_parallel_size()), pp = size(p.pipeline_model_parallel_size());
+  const int64_t ep = size(p.expert_model_parallel_size());
+  const int64_t etp =
+      p.has_expert_tensor_parallel_size() ? size(p.expert_tensor_parallel_size()) : tp;
+  if (world % (tp * cp * pp) != 0 || world % (etp * ep * pp) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.world_size (", world, ") must be divisible by TP*CP*PP (",
+                     tp * cp * pp, ") and by ETP*EP*PP (", etp * ep * pp, ")"));
+  }
+  const int64_t dp = world / (tp * cp * pp);
+  const int64_t mbs = size(spec.training().micro_batch_size());
+  const int64_t gbs =
+      spec.training().has_global_batch_size() ? spec.training().global_batch_size() : mbs * dp;
+  if (gbs <= 0 || gbs % (mbs * dp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("training.global_batch_size (", gbs,
+                                                   ") must be divisible by micro_batch_size (", mbs,
+                                                   ") x data-parallel size (", dp, ")"));
+  }
+  v1::Mapping m;
+  m.set_tensor_model_parallel_size(static_cast<int32_t>(tp));
+  m.set_context_parallel_size(static_cast<int32_t>(cp));
+  m.set_data_parallel_size(static_cast<int32_t>(dp));
+  m.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
+  m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
+  m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
+  m.set_expert_data_parallel_size(static_cast<int32_t>(world / (etp * ep * pp)));
+  m.set_use_distributed_optimizer(world > 1 || p.use_distributed_optimizer());
+  m.set_micro_batch_size(static_cast<int32_t>(mbs));
+  m.set_num_micro_batches(static_cast<int32_t>(gbs / (mbs * dp)));
+  return m;
 }
 
 double GroupBandwidth(const v1::Cluster& cluster, const ParallelLayout& layout,

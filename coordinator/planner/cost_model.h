@@ -10,35 +10,34 @@
 // m micro-batches per step, GBS = mbs·m·DP global batch (sequences), W = TP·CP·DP·PP ranks.
 // Sequence parallelism is on whenever TP > 1 (required for MoE, megatron_moe.md §5.2).
 //
-// MEMORY (bytes per rank; the estimate is that of the pipeline stage with the largest total).
-// Stage s holds layers [s·L/PP, (s+1)·L/PP). Its parameters split into
-//   dense  P_d = Σ_layers [ (q,k,v,o)/TP + norms + (dense MLP 3FH/TP | router EH + shared 3H·Ssh/TP
-//               + gate H) ] + V·H/TP on the first stage + (V·H/TP + H) on the last stage
-//               (PP = 1: one V·H/TP, two when untied; PP > 1: the last stage holds the output
-//               layer, or the tied copy, as Megatron does). Router and norms are replicated.
-//   expert P_x = Σ_MoE layers (E/EP)·3·H·Fe/ETP
-//   weights    = kWeightBytesPerParam · (P_d + P_x)            bf16
-//   gradients  = kGradBytesPerParam · (P_d + P_x)              fp32 main grads
-//   optimizer  = kOptimizerBytesPerParam · (P_d + P_x)         fp32 master + Adam m, v
-//                or, with the distributed optimizer, kOptimizerBytesPerParam · (P_d/(DP·CP) +
-//                P_x/EDP): dense states shard over the DP×CP gradient group, expert states over
-//                EDP (megatron_moe.md §5.1; worker/train/distributed_optimizer.h).
-//   activations = t · a_stage · min(PP − s, m), t = mbs·S/CP tokens per micro-batch on the rank,
-//                min(PP − s, m) micro-batches in flight on stage s under 1F1B. a_stage, bytes per
-//                token, sums over the stage's layers (bf16 = 2 bytes, fp32 = 4; all divided by
-//                TP because sequence parallelism shards the token dimension of what TP does not
-//                shard by heads or features):
-//     attention  [2·2H + 2·(2Hq + 2Hkv)·D + 4·Hq] / TP : layer input and norm output; q, k, v
-//                and the attention output; the fp32 log-sum-exp per head. Flash attention keeps
-//                no S×S score matrix (it is recomputed in the backward pass).
-//     dense MLP  [2·2H + 2·3F] / TP : residual and norm output; fc1 (2F) and SwiGLU (F) outputs.
-//     MoE        [2·2H + 4·2E + 2·k·(2·ETP·H + 3·Fe) + 2·3·Ssh] / TP : residual and norm output;
-//                fp32 router logits and probabilities; per routed copy (balanced routing: k·ETP
-//                copies per local token on each rank of an ETP group) the permuted input and the
-//                expert output (2H) and the fc1/SwiGLU outputs (3·Fe/ETP); the shared expert's
-//                fc1/SwiGLU outputs.
-//     last stage [2·2H + 4·V] / TP : final norm input/output and the fp32 logits of the loss.
-//   total = weights + gradients + optimizer + activations + kWorkspaceBytes.
+// MEMORY (bytes per rank; the estimate is that of the pipeline stage with the largest total):
+// what the worker's engine allocates, buffer by buffer: EstimateEngineMemory in
+// common/model_math.h holds the formula (checked against the engine's Buffer counters by
+// bench/memory_estimate_test.cc on the CPU and bench/memory_estimate_gpu_test.cc on a GPU).
+// In short, with N the stage's flat-layout elements (StageLayoutElements: tensors padded to 64,
+// matrices / TP, E/EP experts of width Fe/ETP) and t = mbs·S/CP tokens per micro-batch:
+//   weights    = 2·N                         bf16 flat parameter buffer
+//   gradients  = 4·N                         fp32 main grads
+//   optimizer  = 12·N (fp32 master, Adam m, v) for one process or a replicated optimizer, or,
+//                distributed (worker/train/distributed_optimizer.h), 20 bytes per shard element
+//                (master, m, v, gradient and parameter shards): 20·(P_d/(DP·CP) + P_x/EDP) with
+//                the padded dense and expert regions. (The worker shards whenever W > 1, so a
+//                use_distributed_optimizer = false candidate of W > 1 describes Megatron's
+//                replicated optimizer, not the worker; with EDP = 1 sharding costs more than
+//                replicating: 20 vs 12 bytes per expert parameter.)
+//   activations = ONE micro-batch in flight (the engine runs forward and backward of a
+//                micro-batch before the next; under PP > 1 the per-layer terms are multiplied by
+//                min(PP − s, m) micro-batches in flight, an extrapolation): per-layer saved
+//                activations and scratch (residual, norms, q/k/v/o, lse; dense SwiGLU), the MoE
+//                layers' router, dispatcher and expert buffers — the alltoall dispatcher sizes
+//                its receive side for the worst case, EP·t·min(k, E/EP) rows of width H (5 such
+//                buffers) plus 6·Fe bytes·2 per row for fc1/SwiGLU outputs and gradients —, the
+//                LM head's fp32 logits chunk (≤ 512 MiB) and bf16 gradient chunk, backward
+//                scratch and statistics.
+//   total = weights + gradients + optimizer + activations + runtime, runtime = kCudaRuntimeBytes
+//           (cuBLAS, kernel code) + kNcclCommunicatorBytes per NCCL communicator of > 1 rank.
+// A distributed run holds 12·N more during Trainer::Create (full fp32 copies before sharding);
+// EngineMemory::create_transient reports it, the estimate's total is the steady state.
 //
 // STEP TIME (seconds; communication is not overlapped with compute, a conservative bound).
 //   compute   = TrainingFlopsPerToken · GBS · S / (W · peak_flops · kComputeEfficiency)
@@ -74,21 +73,18 @@
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "common/model_math.h"
 #include "common/parallel_state.h"
 #include "switchyard/v1/plan.pb.h"
 
 namespace switchyard::planner {
 
-inline constexpr double kWeightBytesPerParam = 2.0;      // bf16 weights
-inline constexpr double kGradBytesPerParam = 4.0;        // fp32 gradients
-inline constexpr double kOptimizerBytesPerParam = 12.0;  // fp32 master, Adam m and v
-// CUDA context, cuBLAS/NCCL workspaces and allocator fragmentation, per rank.
-inline constexpr double kWorkspaceBytes = 2.0 * 1024 * 1024 * 1024;
 // Fraction of peak_flops the GEMMs reach (Megatron-Core reports ~40-47% MFU at scale).
 inline constexpr double kComputeEfficiency = 0.5;
 
-// Parameters held by one rank of pipeline stage `stage` (see the file comment).
+// Parameters held by one rank of pipeline stage `stage`: StageLayoutElements without the
+// regions' shard padding (each tensor padded to 64 elements, as the worker's flat layout).
 struct StageParams {
   double dense = 0;   // P_d: replicated over DP×CP
   double expert = 0;  // P_x: replicated over EDP
@@ -96,10 +92,21 @@ struct StageParams {
 // Preconditions: the mapping's sizes are positive, L % PP == 0, 0 <= stage < PP.
 StageParams ParamsOfStage(const ModelShape& model, const v1::Mapping& mapping, int64_t stage);
 
-// Per-rank memory of the largest stage. Preconditions as ParamsOfStage; mbs, m > 0.
-// `stage_out` (optional) receives the stage reported.
+// Per-rank memory of the largest stage (EstimateEngineMemory of each stage; activations =
+// EngineMemory::activations(), total = EngineMemory::total()). Preconditions as ParamsOfStage;
+// mbs, m > 0. `stage_out` and `detail` (optional) receive the stage reported and its breakdown.
+// `options`: the planner plans the CUDA bf16 engine (the default); tests pass the CPU engine's.
 v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& mapping,
-                                  int64_t* stage_out = nullptr);
+                                  int64_t* stage_out = nullptr,
+                                  const EngineMemoryOptions& options = {},
+                                  EngineMemory* detail = nullptr);
+
+// The mapping that a job spec with fixed parallel sizes runs (parallel.world_size, TP, CP, PP,
+// EP, ETP; unset sizes count as 1): DP = W / (TP·CP·PP), EDP = W / (ETP·EP·PP), mbs and
+// m = GBS / (mbs·DP) from training, use_distributed_optimizer when W > 1 (the worker always
+// shards then) or when the spec asks for it. For comparing EstimateMemory with a run of that
+// spec. INVALID_ARGUMENT naming the field when a size does not divide.
+absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec);
 
 // Step time. `layout` is the mapping's ParallelLayout (for the node placement of groups);
 // cluster fields are positive (checked by PlanJob).

@@ -178,12 +178,15 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
     const v1::MemoryEstimate& e = c.memory();
     return Reject(
         s, std::move(c),
-        absl::StrFormat("memory: per-rank estimate %.2f GiB (weights %.2f, gradients %.2f, "
-                        "optimizer states %.2f, activations %.2f, workspace %.2f GiB) exceeds "
-                        "cluster.gpu_memory_bytes (%.2f GiB)",
-                        e.total() / kGiB, e.weights() / kGiB, e.gradients() / kGiB,
-                        e.optimizer_states() / kGiB, e.activations() / kGiB, kWorkspaceBytes / kGiB,
-                        limit / kGiB));
+        absl::StrFormat(
+            "memory: per-rank estimate %.2f GiB (weights %.2f, gradients %.2f, "
+            "optimizer states %.2f, activations %.2f, runtime %.2f GiB) exceeds "
+            "cluster.gpu_memory_bytes (%.2f GiB)",
+            e.total() / kGiB, e.weights() / kGiB, e.gradients() / kGiB, e.optimizer_states() / kGiB,
+            e.activations() / kGiB,
+            (e.total() - e.weights() - e.gradients() - e.optimizer_states() - e.activations()) /
+                kGiB,
+            limit / kGiB));
   }
   *c.mutable_time() = EstimateTime(model, request.cluster(), mapping, *layout);
   s->feasible.push_back(std::move(c));
@@ -274,7 +277,7 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
       raw.parallel().tensor_model_parallel_size() > 1);
   ApplyDefaults(&defaulted);
   SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
-  SY_ASSIGN_OR_RETURN(const ModelShape model, ModelShape::FromProto(raw.model()));
+  SY_ASSIGN_OR_RETURN(const ModelShape model, ModelShape::FromProto(defaulted.model()));
 
   const int64_t gpus = request.cluster().num_gpus();
   int64_t max_world = gpus, min_world = gpus;
