@@ -95,6 +95,38 @@ cc_library(
 
 cutlass_headers = repository_rule(implementation = _cutlass_impl, local = True)
 
+def _cudnn_frontend_impl(ctx):
+    """Links the headers of the pinned nvidia-cudnn-frontend wheel into @cudnn_frontend//:headers.
+
+    The frontend is header-only. It is built in its dynamic-loading mode: nothing links against
+    libcudnn; kernels/attention/attention_cudnn.cc dlopens libcudnn.so.9 at run time and falls
+    back to Switchyard's own attention kernels when it is absent. JSON serialisation (which would
+    pull in the wheel's own copy of nlohmann/json) is compiled out.
+    """
+    res = ctx.execute([
+        "python3",
+        "-c",
+        "import importlib.metadata as m; print(m.distribution('nvidia-cudnn-frontend').locate_file('include'))",
+    ])
+    if res.return_code != 0:
+        fail("nvidia-cudnn-frontend is not installed (run tools/setup.sh):\n" + res.stderr)
+    inc = res.stdout.strip()
+    if not ctx.path(inc + "/cudnn_frontend.h").exists:
+        fail("nvidia-cudnn-frontend has no %s/cudnn_frontend.h (run tools/setup.sh)" % inc)
+    ctx.symlink(inc, "include")
+    ctx.file("WORKSPACE", 'workspace(name = "cudnn_frontend")\n')
+    ctx.file("BUILD", """package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "headers",
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp"]),
+    includes = ["include"],
+    defines = ["NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", "CUDNN_FRONTEND_SKIP_JSON_LIB"],
+)
+""")
+
+cudnn_frontend_headers = repository_rule(implementation = _cudnn_frontend_impl, local = True)
+
 def _cuda_toolkit_impl(ctx):
     """Links the CUDA toolkit (headers, cuBLAS, NCCL, cudart) into @cuda."""
     root = ctx.os.environ.get("CUDA_PATH", "/usr/local/cuda")

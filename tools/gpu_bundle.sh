@@ -154,6 +154,8 @@ else
 fi
 cp bench/torch_train_baseline.py "$bundle/torch_train_baseline.py"
 chmod 644 "$bundle/torch_train_baseline.py"
+cp bench/torch_attention_baseline.py "$bundle/torch_attention_baseline.py"
+chmod 644 "$bundle/torch_attention_baseline.py"
 # The default corpus (tools/prepare_corpus.sh) for the trainer's GPU test; the extracted JSONL is
 # left out (only the dataset, tokenizer and manifest are read).
 corpus_dir="${SWITCHYARD_DATA_DIR:-$HOME/.cache/switchyard/data}/kjv"

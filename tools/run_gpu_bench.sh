@@ -12,7 +12,8 @@
 # (extra flags for Switchyard's only, e.g. "--breakdown").
 #   moe:       torch_moe_baseline.py --json torch_moe.json, then
 #              bench_moe_layer_benchmark --torch_json torch_moe.json
-#   attention: bench_attention_benchmark (no PyTorch counterpart)
+#   attention: torch_attention_baseline.py (SDPA on its cuDNN and FlashAttention-2 backends), then
+#              bench_attention_benchmark (native, cuDNN deterministic, cuDNN default)
 #   train:     torch_train_baseline.py --json torch_train.json, then
 #              bench_train_benchmark --torch_json torch_train.json (its last line: RESULT_JSON {...})
 #   ep:        with N = min(visible GPUs, 4) >= 2 (EP_SIZES overrides, e.g. "2 4"): the MoE layer
@@ -24,7 +25,11 @@
 # but does not fail the run).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN (attention's cuDNN backend, loaded at run time): the nvidia-cudnn-cu13 wheel's folder
+# first when python3 has it (one consistent cuDNN 9; the host's own may be older), else whatever
+# libcudnn.so.9 the search path finds.
+cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${cudnn_lib:+$cudnn_lib:}$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 sections=${1:-moe,attention,train}
 configs=${2:-mixtral8x7b,qwen3_30b_a3b,dsv3_layer}
@@ -48,6 +53,8 @@ if want moe; then
 fi
 
 if want attention; then
+  echo "== PyTorch reference (torch_attention_baseline.py)"
+  python3 "$here/torch_attention_baseline.py" || echo "torch attention baseline failed"
   echo "== Switchyard attention_benchmark"
   "$here/bench_attention_benchmark" || status=1
 fi

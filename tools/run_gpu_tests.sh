@@ -15,7 +15,11 @@
 # one failed test of that binary).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN (attention's cuDNN backend, loaded at run time): the nvidia-cudnn-cu13 wheel's folder
+# first when python3 has it (one consistent cuDNN 9; the host's own may be older), else whatever
+# libcudnn.so.9 the search path finds.
+cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${cudnn_lib:+$cudnn_lib:}$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0  # NVLink SHARP stays off on the GPU hosts
 # The default corpus travels in the bundle (tools/gpu_bundle.sh).
 [[ -d $here/data ]] && export SWITCHYARD_DATA_DIR=${SWITCHYARD_DATA_DIR:-$here/data}

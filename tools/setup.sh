@@ -25,6 +25,7 @@ DEBIAN_PACKAGES=(
 )
 PYPI_PACKAGES=(
   "nvidia-cutlass==4.2.0.0"  # CUTLASS 4.2 C++ headers (cutlass_library/source/include)
+  "nvidia-cudnn-frontend==1.32.0"  # cuDNN frontend C++ headers (fused attention; libcudnn loaded at run time)
 )
 
 log() { echo "[setup] $*" >&2; }

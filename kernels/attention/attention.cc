@@ -2,12 +2,16 @@
 #include "kernels/attention/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/attention/attention_cudnn.h"
 
 namespace switchyard::kernels {
 namespace {
@@ -104,7 +108,107 @@ double SoftmaxRow(const Dims& dm, const std::vector<double>& q, const std::vecto
   return m + std::log(sum);
 }
 
+struct SettingsState {
+  std::mutex mu;
+  absl::StatusOr<AttentionSettings> settings = AttentionSettings{};
+};
+
+SettingsState& State() {
+  static SettingsState* state = [] {
+    auto* st = new SettingsState();
+    st->settings = AttentionSettingsFromEnvironment();
+    return st;
+  }();
+  return *state;
+}
+
+// bf16 on CUDA through cuDNN when the settings allow it. Returns true in *ran when cuDNN ran (or
+// failed for a reason other than "cannot run this": that error is returned).
+template <typename Fn>
+absl::Status TryCudnn(const AttentionSettings& s, DType dtype, Fn&& fn, bool* ran) {
+  *ran = false;
+  if (s.backend == AttentionBackend::kNative) return absl::OkStatus();
+  if (dtype != DType::kBF16) {
+    if (s.backend == AttentionBackend::kCudnn) {
+      return absl::FailedPreconditionError(
+          "attention backend cudnn needs bf16 tensors (set SWITCHYARD_ATTENTION_BACKEND=auto or "
+          "native for f32)");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status st = fn();
+  if (st.ok() || s.backend == AttentionBackend::kCudnn || !absl::IsFailedPrecondition(st)) {
+    *ran = true;
+    return st;
+  }
+  return absl::OkStatus();  // auto: cuDNN cannot run this; the native kernels will
+}
+
 }  // namespace
+
+absl::StatusOr<AttentionBackend> ParseAttentionBackend(absl::string_view name) {
+  if (name == "auto") return AttentionBackend::kAuto;
+  if (name == "cudnn") return AttentionBackend::kCudnn;
+  if (name == "native") return AttentionBackend::kNative;
+  return absl::InvalidArgumentError(
+      absl::StrCat("attention backend must be one of auto, cudnn, native; got \"", name, "\""));
+}
+
+const char* AttentionBackendName(AttentionBackend backend) {
+  switch (backend) {
+    case AttentionBackend::kAuto:
+      return "auto";
+    case AttentionBackend::kCudnn:
+      return "cudnn";
+    case AttentionBackend::kNative:
+      return "native";
+  }
+  return "?";
+}
+
+absl::StatusOr<AttentionSettings> AttentionSettingsFromEnvironment() {
+  AttentionSettings s;
+  if (const char* b = std::getenv("SWITCHYARD_ATTENTION_BACKEND"); b != nullptr && *b != 0) {
+    absl::StatusOr<AttentionBackend> parsed = ParseAttentionBackend(b);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SWITCHYARD_ATTENTION_BACKEND: ", parsed.status().message()));
+    }
+    s.backend = *parsed;
+  }
+  if (const char* d = std::getenv("SWITCHYARD_ATTENTION_DETERMINISTIC"); d != nullptr && *d) {
+    const std::string v = d;
+    if (v != "0" && v != "1") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SWITCHYARD_ATTENTION_DETERMINISTIC must be 1 or 0, got \"", v, "\""));
+    }
+    s.deterministic = v == "1";
+  }
+  return s;
+}
+
+absl::StatusOr<AttentionSettings> GetAttentionSettings() {
+  SettingsState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.settings;
+}
+
+void SetAttentionSettings(const AttentionSettings& settings) {
+  SettingsState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.settings = settings;
+}
+
+std::string DescribeAttentionBackend() {
+  absl::StatusOr<AttentionSettings> s = GetAttentionSettings();
+  if (!s.ok()) return std::string(s.status().message());
+  std::string out = absl::StrCat(AttentionBackendName(s->backend),
+                                 s->deterministic ? ", deterministic" : ", non-deterministic");
+  if (s->backend == AttentionBackend::kNative) return absl::StrCat(out, " (native kernels)");
+  absl::StatusOr<std::string> cudnn = internal::LoadCudnn();
+  if (cudnn.ok()) return absl::StrCat(out, " (", *cudnn, ")");
+  return absl::StrCat(out, " (native: ", cudnn.status().message(), ")");
+}
 
 absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
                               const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
@@ -115,6 +219,13 @@ absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tenso
   SY_RETURN_IF_ERROR(CheckLike(kOp, o, q, "o"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
   if (stream.is_cuda()) {
+    SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
+    bool ran = false;
+    absl::Status st = TryCudnn(
+        settings, q.dtype,
+        [&] { return internal::AttentionForwardCudnn(stream, q, k, v, seq_len, scale, o, lse); },
+        &ran);
+    if (ran || !st.ok()) return st;
     return internal::AttentionForwardCuda(stream, q, k, v, seq_len, scale, o, lse);
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v);
@@ -153,6 +264,16 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, delta, dm, "delta"));
   if (stream.is_cuda()) {
+    SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
+    bool ran = false;
+    absl::Status st = TryCudnn(
+        settings, q.dtype,
+        [&] {
+          return internal::AttentionBackwardCudnn(stream, q, k, v, o, lse, d_o, seq_len, scale,
+                                                  settings.deterministic, dq, dk, dv);
+        },
+        &ran);
+    if (ran || !st.ok()) return st;
     return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq,
                                            dk, dv);
   }

@@ -15,7 +15,7 @@
 // Dtypes: activations (q, k, v, o, dO, dq, dk, dv) share one dtype: bf16 or f32 (f64 too on the
 // CPU); lse and delta are f32 (f64 allowed on the CPU). CUDA needs D in {64, 128}.
 // All tensors of one call live on the stream's device. No allocation, no host synchronisation.
-// Deterministic: dk and dv are summed over the query heads of a group in a fixed order, no
+// Native kernels: dk and dv are summed over the query heads of a group in a fixed order, no
 // floating-point atomics. Outputs must not alias inputs.
 //
 // CPU path: a straightforward fp64 reference (it materialises one score row at a time); its
@@ -27,20 +27,61 @@
 // to bf16 before their products, as in FlashAttention. f32 (and bf16 tensors that are not 16-byte
 // aligned) runs simple tiled kernels with fp32 math on CUDA cores: correct but slow.
 //
-// Why our own kernels and not cuDNN's fused attention (the issue's alternative): cuDNN's runtime
-// (libcudnn plus its engine libraries, hundreds of MB) cannot travel in the 64 MiB GPU bundle and
-// the GPU hosts have no system cuDNN (only PyTorch's private copy); our kernels also keep the
-// deterministic, atomic-free backward this header promises and exactly the CPU reference's
-// semantics. Measured (bench/README.md): ~180-200 TFLOP/s forward, ~125-150 backward on an H200.
+// Two CUDA backends for bf16 (AttentionBackend below):
+//   cuDNN: cuDNN 9's fused flash attention through the frontend graph API of the pinned
+//          nvidia-cudnn-frontend package (attention_cudnn.h). libcudnn is loaded at run time, so
+//          a host without cuDNN still runs (on the native kernels). Measured on an H200 at the
+//          benchmark model's shape: ~500 TFLOP/s forward, ~430 backward (bench/README.md).
+//   native: our own FlashAttention-2-style mma.sync kernels (attention_tc.cu), ~180-200 TFLOP/s
+//          forward, ~125-150 backward; they need nothing beyond the CUDA runtime.
+// Why cuDNN first: on Hopper its kernels use wgmma/TMA and run 2.5-3.4x faster than ours, and
+// attention is the largest item of a training step at sequence 4096 (bench/README.md). Why the
+// native kernels stay: hosts without cuDNN, f32, and a reference that is ours.
+// Both write the same lse (natural-log logsumexp of the scaled logits), so a forward on one
+// backend and a backward on the other agree. `delta` is scratch: the native backward writes
+// rowsum(dO * O) there, the cuDNN backward leaves it untouched (its contents are unspecified).
+// Determinism: the native backward is always bitwise deterministic; the cuDNN backward is when
+// AttentionSettings::deterministic is set (cuDNN's deterministic dQ algorithm), else it
+// accumulates dQ with atomics.
 #ifndef SWITCHYARD_KERNELS_ATTENTION_ATTENTION_H_
 #define SWITCHYARD_KERNELS_ATTENTION_ATTENTION_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/tensor.h"
 
 namespace switchyard::kernels {
+
+// Which implementation runs bf16 attention on CUDA (the CPU always runs the fp64 reference):
+//   kAuto:   cuDNN when libcudnn loads and supports the shape, else the native kernels;
+//   kCudnn:  cuDNN only; FAILED_PRECONDITION (naming the reason) when it cannot run;
+//   kNative: the native kernels.
+enum class AttentionBackend { kAuto, kCudnn, kNative };
+
+struct AttentionSettings {
+  AttentionBackend backend = AttentionBackend::kAuto;
+  bool deterministic = true;  // cuDNN backward: deterministic dQ (the native one always is)
+};
+
+// Process-wide settings. Initially read from the environment: SWITCHYARD_ATTENTION_BACKEND
+// (auto | cudnn | native; default auto) and SWITCHYARD_ATTENTION_DETERMINISTIC (1 | 0; default
+// 1). An invalid value makes every CUDA attention call fail with INVALID_ARGUMENT naming the
+// variable and the allowed values. SetAttentionSettings overrides both (tests, benchmarks).
+absl::StatusOr<AttentionSettings> GetAttentionSettings();
+// Reads the two variables now (GetAttentionSettings reads them once, at its first call).
+absl::StatusOr<AttentionSettings> AttentionSettingsFromEnvironment();
+void SetAttentionSettings(const AttentionSettings& settings);
+absl::StatusOr<AttentionBackend> ParseAttentionBackend(absl::string_view name);
+const char* AttentionBackendName(AttentionBackend backend);
+
+// One line for logs: the settings and whether cuDNN loaded, e.g.
+// "auto, deterministic (cuDNN 91900 from libcudnn.so.9)" or "auto (native: cuDNN is not
+// available: dlopen(libcudnn.so.9) failed: ...)". Needs no GPU.
+std::string DescribeAttentionBackend();
 
 // o = softmax(scale * q k^T + causal mask) v per (sequence, query head); also writes lse.
 absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
@@ -48,7 +89,8 @@ absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tenso
                               const Tensor& lse);
 
 // Gradients of AttentionForward given d_o = dLoss/do. `o` and `lse` are the forward's outputs;
-// `delta` [B, Hq, S] (f32) is scratch the call overwrites with rowsum(d_o * o). dq, dk, dv are
+// `delta` [B, Hq, S] (f32) is scratch (the CPU and native paths leave rowsum(d_o * o) there; the
+// cuDNN path does not touch it). dq, dk, dv are
 // overwritten (not accumulated); dk and dv hold the sum over the query heads of each group.
 absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& o, const Tensor& lse,

@@ -1,5 +1,7 @@
 // CUDA attention against the CPU reference: fresh random inputs, poisoned outputs (and scratch),
-// tolerance 1e-2 for bf16 (tensor-core kernels) and 1e-5 for f32 (SIMT kernels) (DESIGN.md),
+// tolerance 1e-2 for bf16 (tensor-core kernels and cuDNN) and 1e-5 for f32 (SIMT kernels)
+// (DESIGN.md). bf16 runs every pairing of the two backends (native and cuDNN forward, each with
+// native and cuDNN backward: the lse of one must drive the other),
 // forward (o, lse) and backward (dq, dk, dv): D = 64 and 128, a one-token sequence, ragged tiles
 // (S = 37, 200, 1000), GQA groups, several sequences, S = 2048 and 4096 (bf16 only, few heads:
 // the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
@@ -10,8 +12,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_cudnn.h"
 #include "kernels/buffer.h"
 #include "kernels/testing/gpu.h"
 
@@ -26,8 +32,24 @@ Buffer Host(DType dt, std::vector<int64_t> shape) {
   return Buffer::ForTensor(dt, std::move(shape), Device::Cpu()).value();
 }
 
+constexpr AttentionSettings kNative{AttentionBackend::kNative, true};
+constexpr AttentionSettings kCudnn{AttentionBackend::kCudnn, true};
+
+// Restores the default settings when a test ends.
+struct SettingsGuard {
+  ~SettingsGuard() { SetAttentionSettings(AttentionSettings{}); }
+};
+
+TEST(AttentionGpuTest, CudnnLoads) {
+  SY_REQUIRE_GPU();
+  absl::StatusOr<std::string> loaded = internal::LoadCudnn();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::printf("%s; default backend: %s\n", loaded->c_str(), DescribeAttentionBackend().c_str());
+}
+
 TEST(AttentionGpuTest, MatchesCpuReference) {
   SY_REQUIRE_GPU();
+  SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
   const Stream gpu{Device::Cuda(0), nullptr};
   const Stream cpu = Stream::Cpu();
@@ -64,122 +86,162 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
                       .ok());
 
       Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-      Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
-             g_delta = Poisoned(DType::kF32, ls);
-      Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
-      absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, scale,
-                                         g_o.View(), g_lse.View());
-      ASSERT_TRUE(st.ok()) << st;
-      st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                             g_do.View(), c.s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
-                             g_dv.View());
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ExpectClose(g_o.View(), o.View(), tol, "o");
-      ExpectClose(g_lse.View(), lse.View(), tol, "lse");
-      ExpectClose(g_delta.View(), delta.View(), tol, "delta");
-      ExpectClose(g_dq.View(), dq.View(), tol, "dq");
-      ExpectClose(g_dk.View(), dk.View(), tol, "dk");
-      ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+      const std::vector<std::pair<AttentionSettings, AttentionSettings>> pairs =
+          dt == DType::kBF16
+              ? std::vector<std::pair<AttentionSettings, AttentionSettings>>{{kNative, kNative},
+                                                                             {kCudnn, kCudnn},
+                                                                             {kCudnn, kNative},
+                                                                             {kNative, kCudnn}}
+              : std::vector<std::pair<AttentionSettings, AttentionSettings>>{{kNative, kNative}};
+      for (const auto& [fwd, bwd] : pairs) {
+        std::printf("  forward %s, backward %s\n", AttentionBackendName(fwd.backend),
+                    AttentionBackendName(bwd.backend));
+        Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
+               g_delta = Poisoned(DType::kF32, ls);
+        Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
+        SetAttentionSettings(fwd);
+        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, scale,
+                                           g_o.View(), g_lse.View());
+        if (fwd.backend == AttentionBackend::kCudnn && absl::IsFailedPrecondition(st) &&
+            c.s < 512) {
+          // cuDNN may decline a small or odd shape (auto then runs the native kernels); the
+          // model's shapes (S >= 512, D = 128, GQA) must run on it.
+          std::printf("  cuDNN declined this case: %s\n", std::string(st.message()).c_str());
+          continue;
+        }
+        ASSERT_TRUE(st.ok()) << st;
+        SetAttentionSettings(bwd);
+        st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                               g_do.View(), c.s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
+                               g_dv.View());
+        if (bwd.backend == AttentionBackend::kCudnn && absl::IsFailedPrecondition(st) &&
+            c.s < 512) {
+          std::printf("  cuDNN declined this case: %s\n", std::string(st.message()).c_str());
+          continue;
+        }
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ExpectClose(g_o.View(), o.View(), tol, "o");
+        ExpectClose(g_lse.View(), lse.View(), tol, "lse");
+        // delta is scratch: only the native backward leaves rowsum(dO * O) in it.
+        if (bwd.backend == AttentionBackend::kNative) {
+          ExpectClose(g_delta.View(), delta.View(), tol, "delta");
+        }
+        ExpectClose(g_dq.View(), dq.View(), tol, "dq");
+        ExpectClose(g_dk.View(), dk.View(), tol, "dk");
+        ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+      }
+      SetAttentionSettings(AttentionSettings{});
     }
   }
 }
 
-// Same inputs twice: bitwise identical gradients (no atomics).
+// Same inputs twice: bitwise identical gradients (native: no atomics; cuDNN: its deterministic
+// algorithm, AttentionSettings::deterministic).
 TEST(AttentionGpuTest, BackwardIsDeterministic) {
   SY_REQUIRE_GPU();
-  std::mt19937_64 rng(std::random_device{}());
-  const Stream gpu{Device::Cuda(0), nullptr};
-  const int64_t b = 2, s = 100, hq = 8, hkv = 2, d = 128, t_n = b * s;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
-  Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
-         d_o = Host(DType::kBF16, qs);
-  for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
-  Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-  Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
-         g_delta = Poisoned(DType::kF32, ls);
-  ASSERT_TRUE(
-      AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(), g_lse.View())
-          .ok());
-  std::vector<float> first[3];
-  for (int run = 0; run < 2; ++run) {
-    Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-           g_dv = Poisoned(DType::kBF16, ks);
-    ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                                  g_do.View(), s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
-                                  g_dv.View())
+  SettingsGuard guard;
+  for (const AttentionSettings& settings : {kNative, kCudnn}) {
+    SetAttentionSettings(settings);
+    std::mt19937_64 rng(std::random_device{}());
+    const Stream gpu{Device::Cuda(0), nullptr};
+    const int64_t b = 2, s = 100, hq = 8, hkv = 2, d = 128, t_n = b * s;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
+    Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
+           d_o = Host(DType::kBF16, qs);
+    for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+    Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+    Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
+           g_delta = Poisoned(DType::kF32, ls);
+    ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
+                                 g_lse.View())
                     .ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const Tensor outs[3] = {g_dq.View(), g_dk.View(), g_dv.View()};
-    for (int i = 0; i < 3; ++i) {
-      std::vector<float> now = testing::ToFloatVector(outs[i]);
-      if (run == 0) {
-        first[i] = std::move(now);
-      } else {
-        EXPECT_EQ(now, first[i]) << "gradient " << i << " differs between runs";
+    std::vector<float> first[3];
+    for (int run = 0; run < 2; ++run) {
+      Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+             g_dv = Poisoned(DType::kBF16, ks);
+      ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
+                                    g_lse.View(), g_do.View(), s, scale, g_delta.View(),
+                                    g_dq.View(), g_dk.View(), g_dv.View())
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Tensor outs[3] = {g_dq.View(), g_dk.View(), g_dv.View()};
+      for (int i = 0; i < 3; ++i) {
+        std::vector<float> now = testing::ToFloatVector(outs[i]);
+        if (run == 0) {
+          first[i] = std::move(now);
+        } else {
+          EXPECT_EQ(now, first[i]) << "gradient " << i << " differs between runs";
+        }
       }
     }
+    std::printf("%s backward deterministic over 2 runs (B=2 S=100 Hq=8 Hkv=2 D=128 bf16)\n",
+                AttentionBackendName(settings.backend));
   }
-  std::printf("backward deterministic over 2 runs (B=2 S=100 Hq=8 Hkv=2 D=128 bf16)\n");
 }
 
 // Changing key/value row j of sequence 0 must not change o or dq of its rows < j, nor anything of
 // sequence 1 (bitwise), and must change some later row of sequence 0.
 TEST(AttentionGpuTest, FutureKeysAndOtherSequencesDoNotLeak) {
   SY_REQUIRE_GPU();
+  SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
   const Stream gpu{Device::Cuda(0), nullptr};
-  for (int64_t d : {64, 128}) {
-    const int64_t b = 2, s = 300, hq = 4, hkv = 2, t_n = b * s, j = 150;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
-    Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
-           d_o = Host(DType::kBF16, qs);
-    for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
-    std::vector<float> o_run[2], dq_run[2], dk_run[2];
-    for (int run = 0; run < 2; ++run) {
-      if (run == 1) {  // perturb key and value row j of sequence 0
-        Buffer noise = Host(DType::kBF16, {1, hkv, d});
-        testing::FillRandom(noise.View(), rng);
-        const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
-        std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
-                    row_bytes);
-        testing::FillRandom(noise.View(), rng);
-        std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
-                    row_bytes);
+  for (const AttentionSettings& settings : {kNative, kCudnn})
+    for (int64_t d : {64, 128}) {
+      SetAttentionSettings(settings);
+      const int64_t b = 2, s = 300, hq = 4, hkv = 2, t_n = b * s, j = 150;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
+      Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
+             d_o = Host(DType::kBF16, qs);
+      for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+      std::vector<float> o_run[2], dq_run[2], dk_run[2];
+      for (int run = 0; run < 2; ++run) {
+        if (run == 1) {  // perturb key and value row j of sequence 0
+          Buffer noise = Host(DType::kBF16, {1, hkv, d});
+          testing::FillRandom(noise.View(), rng);
+          const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
+          std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
+                      row_bytes);
+          testing::FillRandom(noise.View(), rng);
+          std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
+                      row_bytes);
+        }
+        Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+        Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
+               g_delta = Poisoned(DType::kF32, ls);
+        Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+               g_dv = Poisoned(DType::kBF16, ks);
+        ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
+                                     g_lse.View())
+                        .ok());
+        ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
+                                      g_lse.View(), g_do.View(), s, scale, g_delta.View(),
+                                      g_dq.View(), g_dk.View(), g_dv.View())
+                        .ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        o_run[run] = testing::ToFloatVector(g_o.View());
+        dq_run[run] = testing::ToFloatVector(g_dq.View());
+        dk_run[run] = testing::ToFloatVector(g_dk.View());
       }
-      Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-      Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
-             g_delta = Poisoned(DType::kF32, ls);
-      Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-             g_dv = Poisoned(DType::kBF16, ks);
-      ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
-                                   g_lse.View())
-                      .ok());
-      ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
-                                    g_lse.View(), g_do.View(), s, scale, g_delta.View(),
-                                    g_dq.View(), g_dk.View(), g_dv.View())
-                      .ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      o_run[run] = testing::ToFloatVector(g_o.View());
-      dq_run[run] = testing::ToFloatVector(g_dq.View());
-      dk_run[run] = testing::ToFloatVector(g_dk.View());
+      const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
+      auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
+                     size_t to) {
+        return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
+      };
+      EXPECT_TRUE(same(o_run[0], o_run[1], 0, j * q_row)) << "o of rows before the changed key";
+      EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, j * q_row)) << "dq of rows before the changed key";
+      EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, t_n * q_row)) << "o of the other sequence";
+      EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, t_n * q_row)) << "dq of the other sequence";
+      EXPECT_TRUE(same(dk_run[0], dk_run[1], s * k_row, t_n * k_row)) << "dk of the other sequence";
+      EXPECT_FALSE(same(o_run[0], o_run[1], j * q_row, s * q_row)) << "o ignored the changed key";
+      std::printf(
+          "%s: causal/sequence isolation holds (B=2 S=300 Hq=4 Hkv=2 D=%lld bf16, key %lld)\n",
+          AttentionBackendName(settings.backend), static_cast<long long>(d),
+          static_cast<long long>(j));
     }
-    const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
-    auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
-                   size_t to) {
-      return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
-    };
-    EXPECT_TRUE(same(o_run[0], o_run[1], 0, j * q_row)) << "o of rows before the changed key";
-    EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, j * q_row)) << "dq of rows before the changed key";
-    EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, t_n * q_row)) << "o of the other sequence";
-    EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, t_n * q_row)) << "dq of the other sequence";
-    EXPECT_TRUE(same(dk_run[0], dk_run[1], s * k_row, t_n * k_row)) << "dk of the other sequence";
-    EXPECT_FALSE(same(o_run[0], o_run[1], j * q_row, s * q_row)) << "o ignored the changed key";
-    std::printf("causal/sequence isolation holds (B=2 S=300 Hq=4 Hkv=2 D=%lld bf16, key %lld)\n",
-                static_cast<long long>(d), static_cast<long long>(j));
-  }
 }
 
 TEST(AttentionGpuTest, RejectsUnsupportedHeadDim) {

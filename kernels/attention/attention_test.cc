@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "kernels/attention/attention_cudnn.h"
 #include "kernels/buffer.h"
 #include "kernels/testing/gpu.h"
 
@@ -240,6 +243,67 @@ TEST(AttentionTest, RejectsBadArguments) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ok.Forward().ok());
+}
+
+TEST(AttentionBackendTest, SettingsFromEnvironment) {
+  unsetenv("SWITCHYARD_ATTENTION_BACKEND");
+  unsetenv("SWITCHYARD_ATTENTION_DETERMINISTIC");
+  absl::StatusOr<AttentionSettings> s = AttentionSettingsFromEnvironment();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->backend, AttentionBackend::kAuto);
+  EXPECT_TRUE(s->deterministic);
+
+  setenv("SWITCHYARD_ATTENTION_BACKEND", "native", 1);
+  setenv("SWITCHYARD_ATTENTION_DETERMINISTIC", "0", 1);
+  s = AttentionSettingsFromEnvironment();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->backend, AttentionBackend::kNative);
+  EXPECT_FALSE(s->deterministic);
+
+  setenv("SWITCHYARD_ATTENTION_BACKEND", "flash", 1);
+  s = AttentionSettingsFromEnvironment();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("SWITCHYARD_ATTENTION_BACKEND"), std::string::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find("auto, cudnn, native"), std::string::npos) << s.status();
+  std::printf("bad backend: %s\n", std::string(s.status().message()).c_str());
+
+  setenv("SWITCHYARD_ATTENTION_BACKEND", "cudnn", 1);
+  setenv("SWITCHYARD_ATTENTION_DETERMINISTIC", "yes", 1);
+  s = AttentionSettingsFromEnvironment();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("SWITCHYARD_ATTENTION_DETERMINISTIC"), std::string::npos);
+  unsetenv("SWITCHYARD_ATTENTION_BACKEND");
+  unsetenv("SWITCHYARD_ATTENTION_DETERMINISTIC");
+}
+
+// The CPU path is the fp64 reference whatever the backend setting says.
+TEST(AttentionBackendTest, CpuIgnoresBackend) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Shape sh{1, 9, 2, 1, 8};
+  Problem a(sh, DType::kF64, rng);
+  Buffer o2 = Make(DType::kF64, {sh.t(), sh.hq, sh.d}), lse2 = Make(DType::kF64, {1, 2, 9});
+  SetAttentionSettings({AttentionBackend::kCudnn, true});
+  ASSERT_TRUE(AttentionForward(Stream::Cpu(), a.q.View(), a.k.View(), a.v.View(), sh.s, a.scale,
+                               a.o.View(), a.lse.View())
+                  .ok());
+  SetAttentionSettings({AttentionBackend::kNative, true});
+  ASSERT_TRUE(AttentionForward(Stream::Cpu(), a.q.View(), a.k.View(), a.v.View(), sh.s, a.scale,
+                               o2.View(), lse2.View())
+                  .ok());
+  SetAttentionSettings(AttentionSettings{});
+  EXPECT_EQ(testing::ToFloatVector(a.o.View()), testing::ToFloatVector(o2.View()));
+}
+
+// libcudnn is found through the loader's path (the CUDA toolkit's cuDNN 9 here) without a GPU.
+TEST(AttentionBackendTest, LoadsCudnnWithoutGpu) {
+  absl::StatusOr<std::string> loaded = internal::LoadCudnn();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_NE(loaded->find("cuDNN 9"), std::string::npos) << *loaded;
+  const std::string described = DescribeAttentionBackend();
+  std::printf("LoadCudnn: %s\nDescribeAttentionBackend: %s\n", loaded->c_str(), described.c_str());
+  EXPECT_NE(described.find("cuDNN 9"), std::string::npos) << described;
 }
 
 }  // namespace

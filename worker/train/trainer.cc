@@ -25,6 +25,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "kernels/attention/attention.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
@@ -623,14 +624,19 @@ std::string Trainer::FormatLogLine(const StepResult& r) const {
 std::string Trainer::Describe() const {
   const GptConfig& c = model_->config();
   return absl::StrFormat(
-      "model: %d layers (%d MoE), hidden %d, heads %d/%d x %d, vocab %d, seq %d; %s parameters "
-      "(%s active); %s on %s; global batch %d = %d micro-batches of %d; %.3g GFLOP/token; "
-      "data: %s",
-      c.num_layers, c.num_moe_layers(), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-      c.vocab_size, c.seq_length, FormatCount(static_cast<double>(model::GptTotalParams(c))),
-      FormatCount(static_cast<double>(model::GptActiveParams(c))), DTypeName(c.dtype),
-      options_.device.ToString(), num_micro_global_ * micro_batch_, num_micro_global_, micro_batch_,
-      flops_per_token_ / 1e9, data_description_);
+             "model: %d layers (%d MoE), hidden %d, heads %d/%d x %d, vocab %d, seq %d; %s "
+             "parameters "
+             "(%s active); %s on %s; global batch %d = %d micro-batches of %d; %.3g GFLOP/token; "
+             "data: %s",
+             c.num_layers, c.num_moe_layers(), c.hidden_size, c.num_heads, c.num_kv_heads,
+             c.head_dim, c.vocab_size, c.seq_length,
+             FormatCount(static_cast<double>(model::GptTotalParams(c))),
+             FormatCount(static_cast<double>(model::GptActiveParams(c))), DTypeName(c.dtype),
+             options_.device.ToString(), num_micro_global_ * micro_batch_, num_micro_global_,
+             micro_batch_, flops_per_token_ / 1e9, data_description_) +
+         (options_.device.is_cuda()
+              ? absl::StrCat("; attention: ", kernels::DescribeAttentionBackend())
+              : std::string());
 }
 
 // ---------------------------------------------------------------------------------------------
