@@ -26,6 +26,12 @@
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
+// Memory: the measured footprint (cudaMemGetInfo used after the steps minus before
+// Trainer::Create; per rank, the largest) next to the planner's per-rank estimate for the same
+// model, mapping, micro-batch and world (coordinator/planner/cost_model.h EstimateMemory; CUDA
+// bf16 engine): table columns "est GiB" and "est/meas", RESULT_JSON "mem_est_gib" and
+// "mem_ratio" (estimate / measured), and a line with the estimate's components. --dry_run
+// prints the estimate too.
 //
 // MULTI-GPU (--world N --ep E, N > 1; one host, one GPU per rank): the parent forks N rank
 // processes (it never initialises CUDA itself; the GPU count comes from a probe child); rank r
@@ -63,14 +69,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config_defaults.h"
 #include "common/cuda_status.h"
+#include "common/model_math.h"
 #include "common/parallel_state.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "common/validate.h"
+#include "coordinator/planner/cost_model.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
@@ -195,6 +204,31 @@ std::string Human(double n) {
   return buf;
 }
 
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// The planner's per-rank memory estimate of `spec` as this benchmark runs it (the largest
+// pipeline stage; the CUDA bf16 engine with the default runtime term).
+absl::StatusOr<EngineMemory> PlannerEstimate(v1::JobSpec spec) {
+  ApplyDefaults(&spec);
+  SY_ASSIGN_OR_RETURN(const ModelShape shape, ModelShape::FromProto(spec.model()));
+  SY_ASSIGN_OR_RETURN(const v1::Mapping mapping, planner::MappingOfSpec(spec));
+  EngineMemory e;
+  planner::EstimateMemory(shape, mapping, nullptr, EngineMemoryOptions{}, &e);
+  return e;
+}
+
+void PrintEstimate(const EngineMemory& e) {
+  std::printf(
+      "planner memory estimate per GPU: %.2f GiB = weights %.2f + gradients %.2f + optimizer "
+      "%.2f + layer activations %.2f + MoE buffers %.2f + head %.2f + runtime %.2f GiB%s\n",
+      e.total() / kGiB, e.weights / kGiB, e.gradients / kGiB, e.optimizer_states / kGiB,
+      e.layer_activations / kGiB, e.moe_buffers / kGiB, e.head_buffers / kGiB, e.runtime / kGiB,
+      e.create_transient > 0 ? absl::StrFormat(" (peak during Trainer::Create %.2f GiB)",
+                                               (e.total() + e.create_transient) / kGiB)
+                                   .c_str()
+                             : "");
+}
+
 // --dry_run: the spec the trainer would get, defaulted and validated, and its counts.
 int DryRun(const std::string& name, const BenchModel& b) {
   v1::JobSpec spec = MakeSpec(name, b, 1);
@@ -214,6 +248,12 @@ int DryRun(const std::string& name, const BenchModel& b) {
               Human(model::GptActiveParams(*cfg)).c_str(),
               model::GptTrainingFlopsPerToken(*cfg) / 1e9,
               static_cast<long long>(b.global) * b.seq);
+  absl::StatusOr<EngineMemory> est = PlannerEstimate(spec);
+  if (!est.ok()) {
+    std::fprintf(stderr, "memory estimate: %s\n", est.status().ToString().c_str());
+    return 1;
+  }
+  PrintEstimate(*est);
   return 0;
 }
 
@@ -233,6 +273,7 @@ struct DistPlan {
   ParallelDims dims;
   double flops_per_token = 0;
   int64_t params_total = 0, params_active = 0, tokens_per_step = 0;
+  EngineMemory mem_est;  // the planner's per-rank estimate
 };
 
 // INVALID_ARGUMENT naming the flag and the rule; the spec's own validation for the rest.
@@ -281,6 +322,7 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
   p.params_total = model::GptTotalParams(cfg);
   p.params_active = model::GptActiveParams(cfg);
   p.tokens_per_step = static_cast<int64_t>(p.global.global) * p.global.seq;
+  SY_ASSIGN_OR_RETURN(p.mem_est, PlannerEstimate(p.spec));
   return p;
 }
 
@@ -307,7 +349,9 @@ void PrintDistPlan(const DistPlan& p) {
                                {"tokens_per_step", p.tokens_per_step},
                                {"flops_per_token", p.flops_per_token},
                                {"params_total", p.params_total},
-                               {"params_active", p.params_active}};
+                               {"params_active", p.params_active},
+                               {"mem_est_gib", p.mem_est.total() / kGiB}};
+  PrintEstimate(p.mem_est);
   std::printf("PLAN_JSON %s\n", plan.dump().c_str());
 }
 
@@ -496,10 +540,15 @@ int DistributedMain(const DistPlan& p) {
   std::printf("%-26s %.3f GFLOP\n", "model FLOPs/token", p.flops_per_token / 1e9);
   std::printf("%-26s %d timed after %d warm-up; final loss %.4f\n", "steps", p.steps, p.warmup,
               last_loss);
-  std::printf("%-12s %5s %4s %12s %14s %14s %12s %8s %10s\n", "impl", "GPUs", "EP", "step ms",
-              "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "mem GiB");
-  std::printf("%-12s %5d %4d %12.1f %14.0f %14.0f %12.1f %7.1f%% %10.1f\n", "switchyard", p.world,
-              p.ep, step_ms, tok_s, tok_s / p.world, tflops_gpu, 100 * mfu, mem_gb);
+  const double est_gb = p.mem_est.total() / kGiB;
+  const double mem_ratio = mem_gb > 0 ? est_gb / mem_gb : 0;
+  std::printf("%-12s %5s %4s %12s %14s %14s %12s %8s %10s %8s %9s\n", "impl", "GPUs", "EP",
+              "step ms", "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU", "mem GiB", "est GiB",
+              "est/meas");
+  std::printf("%-12s %5d %4d %12.1f %14.0f %14.0f %12.1f %7.1f%% %10.1f %8.1f %9.3f\n",
+              "switchyard", p.world, p.ep, step_ms, tok_s, tok_s / p.world, tflops_gpu, 100 * mfu,
+              mem_gb, est_gb, mem_ratio);
+  PrintEstimate(p.mem_est);
   std::printf(
       "(step ms: median over timed steps of the slowest rank; largest rank spread %.1f ms)\n",
       spread);
@@ -524,6 +573,9 @@ int DistributedMain(const DistPlan& p) {
       {"tflops_per_gpu", tflops_gpu},
       {"mfu", mfu},
       {"mem_used_gb_max_rank", mem_gb},
+      {"mem_est_gib", est_gb},
+      {"mem_ratio", mem_ratio},
+      {"mem_est_create_peak_gib", (p.mem_est.total() + p.mem_est.create_transient) / kGiB},
       {"final_loss", last_loss},
   };
   std::printf("RESULT_JSON %s\n", out.dump().c_str());
@@ -589,11 +641,17 @@ int Main() {
     std::fprintf(stderr, "%s\n", mem_before.status().ToString().c_str());
     return 1;
   }
+  const v1::JobSpec spec =
+      MakeSpec(name, *bm, warmup + steps + (absl::GetFlag(FLAGS_breakdown) ? 1 : 0));
+  absl::StatusOr<EngineMemory> mem_est = PlannerEstimate(spec);
+  if (!mem_est.ok()) {
+    std::fprintf(stderr, "memory estimate: %s\n", mem_est.status().ToString().c_str());
+    return 1;
+  }
   train::TrainerOptions opt;
   opt.device = Device::Cuda(0);
   opt.peak_tflops = peak;
-  auto trainer = train::Trainer::Create(
-      MakeSpec(name, *bm, warmup + steps + (absl::GetFlag(FLAGS_breakdown) ? 1 : 0)), opt);
+  auto trainer = train::Trainer::Create(spec, opt);
   if (!trainer.ok()) {
     std::fprintf(stderr, "Trainer::Create: %s\n", trainer.status().ToString().c_str());
     return 1;
@@ -681,10 +739,13 @@ int Main() {
   std::printf("%-26s %.3f GFLOP\n", "model FLOPs/token", flops_per_token / 1e9);
   std::printf("%-26s %d timed after %d warm-up; final loss %.4f\n", "steps", steps, warmup,
               last_loss);
-  std::printf("%-12s %12s %12s %10s %8s %10s\n", "impl", "step ms", "tokens/s", "TFLOP/s", "MFU",
-              "mem GiB");
-  std::printf("%-12s %12.1f %12.0f %10.1f %7.1f%% %10.1f\n", "switchyard", step_ms, tok_s, tflops,
-              100 * mfu, mem_gb);
+  const double est_gb = mem_est->total() / kGiB;
+  const double mem_ratio = mem_gb > 0 ? est_gb / mem_gb : 0;
+  std::printf("%-12s %12s %12s %10s %8s %10s %8s %9s\n", "impl", "step ms", "tokens/s", "TFLOP/s",
+              "MFU", "mem GiB", "est GiB", "est/meas");
+  std::printf("%-12s %12.1f %12.0f %10.1f %7.1f%% %10.1f %8.1f %9.3f\n", "switchyard", step_ms,
+              tok_s, tflops, 100 * mfu, mem_gb, est_gb, mem_ratio);
+  PrintEstimate(*mem_est);
   double speedup = 0;
   if (have_torch && t_ms > 0) {
     speedup = t_ms / step_ms;
@@ -710,6 +771,8 @@ int Main() {
       {"tflops", tflops},
       {"mfu", mfu},
       {"mem_used_gb", mem_gb},
+      {"mem_est_gib", est_gb},
+      {"mem_ratio", mem_ratio},
       {"final_loss", last_loss},
   };
   if (have_torch) {
