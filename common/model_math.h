@@ -114,7 +114,7 @@ struct EngineMemoryOptions {
 };
 
 // CUDA, measured on one H200 with the benchmark model (bench/train_benchmark.cc): one GPU used
-// 41.4 GiB where the buffers below sum to 41.31 GiB, so cuBLAS handles, lazily loaded kernel code
+// 41.4 GiB where the buffers below sum to 41.29 GiB, so cuBLAS handles, lazily loaded kernel code
 // and the CUDA allocator's rounding take ~0.1 GiB.
 inline constexpr double kCudaRuntimeBytes = 128.0 * 1024 * 1024;
 // NCCL's buffers per communicator (channels × peers × protocol buffers). Calibrated on the
