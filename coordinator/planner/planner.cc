@@ -168,25 +168,28 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
   std::string why = RuleViolations(request.spec(), model, world, global_batch, mapping, &layout);
   if (!why.empty()) return Reject(s, std::move(c), std::move(why));
 
-  *c.mutable_memory() = EstimateMemory(model, mapping);
+  EngineMemory detail;
+  *c.mutable_memory() = EstimateMemory(model, mapping, nullptr, EngineMemoryOptions{}, &detail);
   const double limit = request.cluster().gpu_memory_bytes();
-  if (c.memory().total() > limit) {
+  // A distributed worker briefly holds the full fp32 master and Adam copies in Trainer::Create:
+  // the mapping must fit at that peak too.
+  const double peak = c.memory().total() + detail.create_transient;
+  if (c.memory().total() > limit || peak > limit) {
     ++s->fit_failures;
     if (!s->smallest_unfit || c.memory().total() < s->smallest_unfit->memory().total()) {
       s->smallest_unfit = c;
     }
     const v1::MemoryEstimate& e = c.memory();
+    const std::string at_create =
+        peak > e.total() ? absl::StrFormat(", %.2f GiB during Trainer::Create", peak / kGiB) : "";
     return Reject(
         s, std::move(c),
-        absl::StrFormat(
-            "memory: per-rank estimate %.2f GiB (weights %.2f, gradients %.2f, "
-            "optimizer states %.2f, activations %.2f, runtime %.2f GiB) exceeds "
-            "cluster.gpu_memory_bytes (%.2f GiB)",
-            e.total() / kGiB, e.weights() / kGiB, e.gradients() / kGiB, e.optimizer_states() / kGiB,
-            e.activations() / kGiB,
-            (e.total() - e.weights() - e.gradients() - e.optimizer_states() - e.activations()) /
-                kGiB,
-            limit / kGiB));
+        absl::StrFormat("memory: per-rank estimate %.2f GiB (weights %.2f, gradients %.2f, "
+                        "optimizer states %.2f, activations %.2f, runtime %.2f GiB%s) exceeds "
+                        "cluster.gpu_memory_bytes (%.2f GiB)",
+                        e.total() / kGiB, e.weights() / kGiB, e.gradients() / kGiB,
+                        e.optimizer_states() / kGiB, e.activations() / kGiB, detail.runtime / kGiB,
+                        at_create, limit / kGiB));
   }
   *c.mutable_time() = EstimateTime(model, request.cluster(), mapping, *layout);
   s->feasible.push_back(std::move(c));

@@ -30,6 +30,11 @@
 //   same number of sequences per step and step times compare. num_micro_batches = GBS / (mbs·DP).
 // - Virtual pipeline stages and multiple distributed-optimizer instances are not modelled.
 //
+// Fit: a mapping fits when its per-rank estimate (cost_model.h EstimateMemory: the steady state
+// of the worker's buffers plus the runtime term) and, for a distributed optimizer, the peak
+// during Trainer::Create (+ the full fp32 master and Adam copies it frees after sharding) are
+// both within cluster.gpu_memory_bytes.
+//
 // Ranking: feasible candidates by TimeEstimate.total, ties by MemoryEstimate.total, then by the
 // mapping's sizes (TP, CP, DP, PP, ETP, EP, EDP, distributed optimizer last) so plans are
 // deterministic. Plan.best is the first, Plan.alternatives the rest, Plan.rejected every

@@ -432,6 +432,32 @@ TEST(PlannerTest, RejectsMappingsThatBreakARuleWithTheRuleText) {
             << ": " << plan->rejected(0).rejection() << "\n";
 }
 
+// Case A's mapping on 4.6 GiB GPUs (4,939,212,390 bytes): the distributed optimizer's steady
+// state fits (4,527,803,304, case A) but not its peak during Trainer::Create, which adds the full
+// fp32 master and Adam copies 12 N = 579,072,000 -> 5,106,875,304 (4.76 GiB); the replicated
+// optimizer (12 N + 8,204 = 579,080,204 instead of 230,765,092 -> 4,876,118,416, no transient)
+// fits and is the plan.
+TEST(PlannerTest, RejectsAMappingThatOnlyOverflowsDuringCreate) {
+  v1::PlanRequest req;
+  *req.mutable_spec() = SmallMoeSpec();
+  FixMapping(req.mutable_spec(), 1, 1, 1, 1, 8);
+  *req.mutable_cluster() = Cluster8(8);
+  req.mutable_cluster()->set_gpu_memory_bytes(4.6 * kGiB);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("create-peak best", plan->best());
+  EXPECT_FALSE(plan->best().mapping().use_distributed_optimizer());
+  ExpectRel(plan->best().memory().total(), 4876118416.0, "replicated total");
+  bool found = false;
+  for (const v1::PlanCandidate& c : plan->rejected()) {
+    if (!c.mapping().use_distributed_optimizer()) continue;
+    std::cout << "rejected: " << c.rejection() << "\n";
+    found = absl::StrContains(c.rejection(), "4.76 GiB during Trainer::Create") &&
+            absl::StrContains(c.rejection(), "per-rank estimate 4.22 GiB");
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(PlannerTest, RanksByStepTimeThenMemory) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
