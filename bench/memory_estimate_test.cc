@@ -1,7 +1,8 @@
 // The planner's memory estimate (coordinator/planner/cost_model.h, EstimateEngineMemory in
 // common/model_math.h) against what the engine really allocates, on the CPU: real Trainers of
-// four small configurations (dense; MoE top-2 with a shared expert; MoE top-4 with dense layers,
-// input jitter and seq_aux_loss; the MoE model over 2 forked Gloo ranks with EP = 2) run 2
+// small configurations (dense; MoE top-2 with a shared expert, at two micro-batch sizes and with
+// pad-to-capacity; MoE top-4 with dense layers, input jitter and seq_aux_loss; the MoE model over
+// 2 forked Gloo ranks with EP = 2) run 2
 // optimizer steps, and the process-wide Buffer counters (kernels/buffer.h) give the bytes held
 // after the steps (the steady state) and the peak. The estimate of the CPU engine (f32
 // parameters and activations, fp64 statistics, no runtime term) must be within 15 % of the
@@ -198,6 +199,17 @@ TEST(MemoryEstimateTest, MoeTop2LargerMicroBatch) {
   const std::string from = "  micro_batch_size: 2\n";
   yaml.replace(yaml.find(from), from.size(), "  micro_batch_size: 8\n");
   CheckSingleProcess("MoE E8 top-2 + shared, mbs 8", yaml);
+}
+
+// Token dropping with pad-to-capacity: the expert rows are E * C (C = ceil(T*k/E * 1.5)), not
+// T * k.
+TEST(MemoryEstimateTest, MoeTop2PadToCapacity) {
+  std::string yaml = MoeTop2(1, 1);
+  const std::string at = "  moe_z_loss_coeff: 0.001\n";
+  yaml.replace(
+      yaml.find(at), at.size(),
+      at + "  moe_expert_capacity_factor: 1.5\n  moe_pad_expert_input_to_capacity: true\n");
+  CheckSingleProcess("MoE E8 top-2, capacity 1.5, padded", yaml);
 }
 
 // 2 forked ranks over Gloo, EP = 2 (DP 2, EDP 1): each rank writes its counters to a file.
