@@ -64,12 +64,16 @@ enum class AttentionBackend { kAuto, kCudnn, kNative };
 
 struct AttentionSettings {
   AttentionBackend backend = AttentionBackend::kAuto;
-  bool deterministic = true;  // cuDNN backward: deterministic dQ (the native one always is)
+  // cuDNN backward: deterministic dQ algorithm (the native backward always is deterministic).
+  // Off by default, as in Megatron-Core / TransformerEngine (NVTE_ALLOW_NONDETERMINISTIC_ALGO=1):
+  // the deterministic algorithm costs ~10 % of the attention backward on an H200
+  // (bench/README.md); set it for bitwise-reproducible GPU runs.
+  bool deterministic = false;
 };
 
 // Process-wide settings. Initially read from the environment: SWITCHYARD_ATTENTION_BACKEND
 // (auto | cudnn | native; default auto) and SWITCHYARD_ATTENTION_DETERMINISTIC (1 | 0; default
-// 1). An invalid value makes every CUDA attention call fail with INVALID_ARGUMENT naming the
+// 0). An invalid value makes every CUDA attention call fail with INVALID_ARGUMENT naming the
 // variable and the allowed values. SetAttentionSettings overrides both (tests, benchmarks).
 absl::StatusOr<AttentionSettings> GetAttentionSettings();
 // Reads the two variables now (GetAttentionSettings reads them once, at its first call).

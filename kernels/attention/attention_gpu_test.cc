@@ -34,6 +34,7 @@ Buffer Host(DType dt, std::vector<int64_t> shape) {
 
 constexpr AttentionSettings kNative{AttentionBackend::kNative, true};
 constexpr AttentionSettings kCudnn{AttentionBackend::kCudnn, true};
+constexpr AttentionSettings kCudnnAtomic{AttentionBackend::kCudnn, false};  // the default
 
 // Restores the default settings when a test ends.
 struct SettingsGuard {
@@ -90,12 +91,16 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
           dt == DType::kBF16
               ? std::vector<std::pair<AttentionSettings, AttentionSettings>>{{kNative, kNative},
                                                                              {kCudnn, kCudnn},
+                                                                             {kCudnnAtomic,
+                                                                              kCudnnAtomic},
                                                                              {kCudnn, kNative},
                                                                              {kNative, kCudnn}}
               : std::vector<std::pair<AttentionSettings, AttentionSettings>>{{kNative, kNative}};
       for (const auto& [fwd, bwd] : pairs) {
-        std::printf("  forward %s, backward %s\n", AttentionBackendName(fwd.backend),
-                    AttentionBackendName(bwd.backend));
+        std::printf(
+            "  forward %s, backward %s%s\n", AttentionBackendName(fwd.backend),
+            AttentionBackendName(bwd.backend),
+            bwd.backend == AttentionBackend::kCudnn && !bwd.deterministic ? " (atomic dQ)" : "");
         Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
                g_delta = Poisoned(DType::kF32, ls);
         Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);

@@ -251,14 +251,14 @@ TEST(AttentionBackendTest, SettingsFromEnvironment) {
   absl::StatusOr<AttentionSettings> s = AttentionSettingsFromEnvironment();
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->backend, AttentionBackend::kAuto);
-  EXPECT_TRUE(s->deterministic);
+  EXPECT_FALSE(s->deterministic);
 
   setenv("SWITCHYARD_ATTENTION_BACKEND", "native", 1);
-  setenv("SWITCHYARD_ATTENTION_DETERMINISTIC", "0", 1);
+  setenv("SWITCHYARD_ATTENTION_DETERMINISTIC", "1", 1);
   s = AttentionSettingsFromEnvironment();
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->backend, AttentionBackend::kNative);
-  EXPECT_FALSE(s->deterministic);
+  EXPECT_TRUE(s->deterministic);
 
   setenv("SWITCHYARD_ATTENTION_BACKEND", "flash", 1);
   s = AttentionSettingsFromEnvironment();
