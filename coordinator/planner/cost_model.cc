@@ -36,8 +36,14 @@ StageParams ParamsOfStage(const ModelShape& model, const v1::Mapping& p, int64_t
   return StageParams{static_cast<double>(e.dense), static_cast<double>(e.expert)};
 }
 
-v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& p, int64_t* stage_out,
-                                  const EngineMemoryOptions& options, EngineMemory* detail) {
+v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& mapping,
+                                  int64_t* stage_out, const EngineMemoryOptions& options,
+                                  EngineMemory* detail) {
+  // The worker shards its optimizer exactly when it runs more than one rank.
+  v1::Mapping p = mapping;
+  p.set_use_distributed_optimizer(p.tensor_model_parallel_size() * p.context_parallel_size() *
+                                      p.data_parallel_size() * p.pipeline_model_parallel_size() >
+                                  1);
   v1::MemoryEstimate best;
   EngineMemory best_detail;
   int64_t best_stage = -1;
@@ -88,7 +94,7 @@ absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec) {
   m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
   m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
   m.set_expert_data_parallel_size(static_cast<int32_t>(world / (etp * ep * pp)));
-  m.set_use_distributed_optimizer(world > 1 || p.use_distributed_optimizer());
+  m.set_use_distributed_optimizer(world > 1);
   m.set_micro_batch_size(static_cast<int32_t>(mbs));
   m.set_num_micro_batches(static_cast<int32_t>(gbs / (mbs * dp)));
   return m;

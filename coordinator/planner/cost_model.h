@@ -18,13 +18,15 @@
 // matrices / TP, E/EP experts of width Fe/ETP) and t = mbs·S/CP tokens per micro-batch:
 //   weights    = 2·N                         bf16 flat parameter buffer
 //   gradients  = 4·N                         fp32 main grads
-//   optimizer  = 12·N (fp32 master, Adam m, v) for one process or a replicated optimizer, or,
-//                distributed (worker/train/distributed_optimizer.h), 20 bytes per shard element
-//                (master, m, v, gradient and parameter shards): 20·(P_d/(DP·CP) + P_x/EDP) with
-//                the padded dense and expert regions. (The worker shards whenever W > 1, so a
-//                use_distributed_optimizer = false candidate of W > 1 describes Megatron's
-//                replicated optimizer, not the worker; with EDP = 1 sharding costs more than
-//                replicating: 20 vs 12 bytes per expert parameter.)
+//   optimizer  = what the worker runs, which depends on W alone (the worker shards whenever
+//                W > 1, whatever parallel.use_distributed_optimizer says): W = 1, one process,
+//                12·N (fp32 master, Adam m, v); W > 1, DistributedAdamW (worker/train/
+//                distributed_optimizer.h), 20 bytes per shard element (master, m, v, gradient
+//                and parameter shards): 20·(P_d/(DP·CP) + P_x/EDP) with the padded dense and
+//                expert regions. With EDP = 1 sharding costs more than replicating would (20 vs
+//                12 bytes per expert parameter), but replication is not what runs. PlanJob and
+//                MappingOfSpec set Mapping.use_distributed_optimizer = (W > 1), and
+//                EstimateMemory estimates with that value whatever the mapping it is given says.
 //   activations = ONE micro-batch in flight (the engine runs forward and backward of a
 //                micro-batch before the next; under PP > 1 the per-layer terms are multiplied by
 //                min(PP − s, m) micro-batches in flight, an extrapolation): per-layer saved
@@ -36,8 +38,8 @@
 //                scratch and statistics.
 //   total = weights + gradients + optimizer + activations + runtime, runtime = kCudaRuntimeBytes
 //           (cuBLAS, kernel code) + kNcclCommunicatorBytes per NCCL communicator of > 1 rank.
-// A distributed run holds 12·N more during Trainer::Create (full fp32 copies before sharding);
-// EngineMemory::create_transient reports it, the estimate's total is the steady state.
+// A distributed (W > 1) run holds 12·N more during Trainer::Create (full fp32 copies before
+// sharding); EngineMemory::create_transient reports it, the estimate's total is the steady state.
 //
 // STEP TIME (seconds; communication is not overlapped with compute, a conservative bound).
 //   compute   = TrainingFlopsPerToken · GBS · S / (W · peak_flops · kComputeEfficiency)
@@ -93,9 +95,11 @@ struct StageParams {
 StageParams ParamsOfStage(const ModelShape& model, const v1::Mapping& mapping, int64_t stage);
 
 // Per-rank memory of the largest stage (EstimateEngineMemory of each stage; activations =
-// EngineMemory::activations(), total = EngineMemory::total()). Preconditions as ParamsOfStage;
-// mbs, m > 0. `stage_out` and `detail` (optional) receive the stage reported and its breakdown.
-// `options`: the planner plans the CUDA bf16 engine (the default); tests pass the CPU engine's.
+// EngineMemory::activations(), total = EngineMemory::total()), of the optimizer the worker runs:
+// the mapping's use_distributed_optimizer is taken as W > 1 whatever it says. Preconditions as
+// ParamsOfStage; mbs, m > 0. `stage_out` and `detail` (optional) receive the stage reported and its
+// breakdown. `options`: the planner plans the CUDA bf16 engine (the default); tests pass the CPU
+// engine's.
 v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& mapping,
                                   int64_t* stage_out = nullptr,
                                   const EngineMemoryOptions& options = {},
@@ -103,9 +107,10 @@ v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& ma
 
 // The mapping that a job spec with fixed parallel sizes runs (parallel.world_size, TP, CP, PP,
 // EP, ETP; unset sizes count as 1): DP = W / (TP·CP·PP), EDP = W / (ETP·EP·PP), mbs and
-// m = GBS / (mbs·DP) from training, use_distributed_optimizer when W > 1 (the worker always
-// shards then) or when the spec asks for it. For comparing EstimateMemory with a run of that
-// spec. INVALID_ARGUMENT naming the field when a size does not divide.
+// m = GBS / (mbs·DP) from training, use_distributed_optimizer exactly when W > 1 (the worker
+// always shards then and never with one process; parallel.use_distributed_optimizer is ignored).
+// For comparing EstimateMemory with a run of that spec. INVALID_ARGUMENT naming the field when a
+// size does not divide.
 absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec);
 
 // Step time. `layout` is the mapping's ParallelLayout (for the node placement of groups);

@@ -68,7 +68,6 @@ std::vector<int64_t> Choices(bool fixed, int64_t value, int64_t n) {
 // What the request fixes (see planner.h).
 struct Constraints {
   std::optional<int64_t> tp, cp, pp, ep, etp;
-  bool force_distributed_optimizer = false;
   bool moe = false;
   int64_t mbs = 1;
   std::optional<int64_t> global_batch;
@@ -82,7 +81,6 @@ Constraints ConstraintsOf(const v1::JobSpec& raw, const ModelShape& model) {
   if (p.has_pipeline_model_parallel_size()) c.pp = p.pipeline_model_parallel_size();
   if (p.has_expert_model_parallel_size()) c.ep = p.expert_model_parallel_size();
   if (p.has_expert_tensor_parallel_size()) c.etp = p.expert_tensor_parallel_size();
-  c.force_distributed_optimizer = p.use_distributed_optimizer();
   c.moe = model.num_moe_layers() > 0;
   if (raw.training().has_micro_batch_size()) c.mbs = raw.training().micro_batch_size();
   if (raw.training().has_global_batch_size()) c.global_batch = raw.training().global_batch_size();
@@ -136,15 +134,15 @@ auto RankKey(const v1::PlanCandidate& c) {
   return std::make_tuple(c.time().total(), c.memory().total(), m.tensor_model_parallel_size(),
                          m.context_parallel_size(), m.data_parallel_size(),
                          m.pipeline_model_parallel_size(), m.expert_tensor_parallel_size(),
-                         m.expert_model_parallel_size(), m.expert_data_parallel_size(),
-                         m.use_distributed_optimizer());
+                         m.expert_model_parallel_size(), m.expert_data_parallel_size());
 }
 
 struct Search {
   std::vector<v1::PlanCandidate> feasible;
   std::vector<v1::PlanCandidate> rejected;
   int64_t fit_failures = 0;  // candidates that passed the rules but not the memory check
-  std::optional<v1::PlanCandidate> smallest_unfit;
+  std::optional<v1::PlanCandidate> smallest_unfit;  // by peak (steady state or during Create)
+  double smallest_unfit_peak = 0;
 };
 
 void Reject(Search* s, v1::PlanCandidate c, std::string why) {
@@ -176,20 +174,20 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
   const double peak = c.memory().total() + detail.create_transient;
   if (c.memory().total() > limit || peak > limit) {
     ++s->fit_failures;
-    if (!s->smallest_unfit || c.memory().total() < s->smallest_unfit->memory().total()) {
-      s->smallest_unfit = c;
-    }
     const v1::MemoryEstimate& e = c.memory();
     const std::string at_create =
         peak > e.total() ? absl::StrFormat(", %.2f GiB during Trainer::Create", peak / kGiB) : "";
-    return Reject(
-        s, std::move(c),
-        absl::StrFormat("memory: per-rank estimate %.2f GiB (weights %.2f, gradients %.2f, "
-                        "optimizer states %.2f, activations %.2f, runtime %.2f GiB%s) exceeds "
-                        "cluster.gpu_memory_bytes (%.2f GiB)",
-                        e.total() / kGiB, e.weights() / kGiB, e.gradients() / kGiB,
-                        e.optimizer_states() / kGiB, e.activations() / kGiB, detail.runtime / kGiB,
-                        at_create, limit / kGiB));
+    c.set_rejection(absl::StrFormat(
+        "memory: per-rank estimate %.2f GiB (weights %.2f, gradients %.2f, optimizer states "
+        "%.2f, activations %.2f, runtime %.2f GiB%s) exceeds cluster.gpu_memory_bytes (%.2f GiB)",
+        e.total() / kGiB, e.weights() / kGiB, e.gradients() / kGiB, e.optimizer_states() / kGiB,
+        e.activations() / kGiB, detail.runtime / kGiB, at_create, limit / kGiB));
+    if (!s->smallest_unfit || peak < s->smallest_unfit_peak) {
+      s->smallest_unfit = c;
+      s->smallest_unfit_peak = peak;
+    }
+    std::string why = c.rejection();
+    return Reject(s, std::move(c), std::move(why));
   }
   *c.mutable_time() = EstimateTime(model, request.cluster(), mapping, *layout);
   s->feasible.push_back(std::move(c));
@@ -199,8 +197,10 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
 void SearchWorld(const v1::PlanRequest& request, const ModelShape& model, const Constraints& k,
                  int64_t world, Search* s) {
   const int64_t global_batch = k.global_batch.value_or(k.mbs * world);
-  std::vector<bool> dist_opt = {true};
-  if (!k.force_distributed_optimizer) dist_opt = {false, true};
+  // What the worker runs (worker/agent/generation.cc creates process groups exactly when W > 1,
+  // and Trainer shards its optimizer whenever it has them): DistributedAdamW for W > 1 whatever
+  // parallel.use_distributed_optimizer says, one process's replicated AdamW for W = 1.
+  const bool distributed = world > 1;
   for (int64_t tp : Choices(k.tp.has_value(), k.tp.value_or(0), world)) {
     for (int64_t cp : Choices(k.cp.has_value(), k.cp.value_or(0), world / tp)) {
       for (int64_t pp : Choices(k.pp.has_value(), k.pp.value_or(0), world / tp / cp)) {
@@ -217,18 +217,16 @@ void SearchWorld(const v1::PlanRequest& request, const ModelShape& model, const 
           }
         }
         for (const auto& [etp, ep, edp] : experts) {
-          for (bool distributed : dist_opt) {
-            v1::Mapping m;
-            m.set_tensor_model_parallel_size(static_cast<int32_t>(tp));
-            m.set_context_parallel_size(static_cast<int32_t>(cp));
-            m.set_data_parallel_size(static_cast<int32_t>(dp));
-            m.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
-            m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
-            m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
-            m.set_expert_data_parallel_size(static_cast<int32_t>(edp));
-            m.set_use_distributed_optimizer(distributed);
-            Evaluate(request, model, k, world, global_batch, std::move(m), s);
-          }
+          v1::Mapping m;
+          m.set_tensor_model_parallel_size(static_cast<int32_t>(tp));
+          m.set_context_parallel_size(static_cast<int32_t>(cp));
+          m.set_data_parallel_size(static_cast<int32_t>(dp));
+          m.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
+          m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
+          m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
+          m.set_expert_data_parallel_size(static_cast<int32_t>(edp));
+          m.set_use_distributed_optimizer(distributed);
+          Evaluate(request, model, k, world, global_batch, std::move(m), s);
         }
       }
     }
@@ -311,12 +309,10 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
       const v1::PlanCandidate& c = *search.smallest_unfit;
       return absl::ResourceExhaustedError(absl::StrFormat(
           "no parallel mapping fits in cluster.gpu_memory_bytes (%.2f GiB): %d mapping(s) pass "
-          "the rules, the smallest per-rank estimate is %.2f GiB (%s; weights %.2f, gradients "
-          "%.2f, optimizer states %.2f, activations %.2f GiB) for a model of %d parameters",
+          "the rules; the smallest peak is %.2f GiB, %s for a model of %d parameters: %s",
           request.cluster().gpu_memory_bytes() / kGiB, search.fit_failures,
-          c.memory().total() / kGiB, MappingToString(c.mapping()), c.memory().weights() / kGiB,
-          c.memory().gradients() / kGiB, c.memory().optimizer_states() / kGiB,
-          c.memory().activations() / kGiB, TotalParams(model)));
+          search.smallest_unfit_peak / kGiB, MappingToString(c.mapping()), TotalParams(model),
+          c.rejection()));
     }
     std::string example = search.rejected.empty()
                               ? FixedSizesText(raw.parallel())

@@ -21,8 +21,16 @@
 // - Parallel sizes set in the spec (tensor/context/pipeline/expert-model/expert-tensor parallel
 //   size) restrict the enumeration to that value; unset ones are enumerated (ETP independently
 //   of TP). For a dense model (no model.num_experts) the expert grid is not enumerated: EP = 1,
-//   ETP = TP. use_distributed_optimizer = true restricts to the distributed optimizer; false lets
-//   the planner try both (proto3 bools cannot say "unset").
+//   ETP = TP.
+// - The optimizer is the engine's, not the request's: every candidate of W > 1 ranks has
+//   use_distributed_optimizer = true and is estimated with DistributedAdamW's shards, because the
+//   worker shards its optimizer whenever it runs more than one rank (worker/agent/generation.cc
+//   creates process groups exactly when W > 1; Trainer then always uses DistributedAdamW); a
+//   world of 1 is one process with replicated AdamW (use_distributed_optimizer = false, 12 bytes
+//   per parameter). parallel.use_distributed_optimizer in the request is therefore IGNORED, not
+//   rejected: it is a plain proto3 bool, so an explicit false cannot be told from the default
+//   (rejecting false with W > 1 would reject every request that leaves it unset), and Plan has
+//   no notes field to carry a per-plan remark; the returned mappings say what will run.
 // - parallel.sequence_parallel is decided by the planner: on exactly when TP > 1 (Megatron
 //   requires it for MoE with TP > 1 and forbids it with TP = 1); the spec's flag is ignored.
 // - micro_batch_size from the spec (default 1). The global batch from the spec; when unset it is
@@ -31,14 +39,14 @@
 // - Virtual pipeline stages and multiple distributed-optimizer instances are not modelled.
 //
 // Fit: a mapping fits when its per-rank estimate (cost_model.h EstimateMemory: the steady state
-// of the worker's buffers plus the runtime term) and, for a distributed optimizer, the peak
-// during Trainer::Create (+ the full fp32 master and Adam copies it frees after sharding) are
-// both within cluster.gpu_memory_bytes.
+// of the worker's buffers plus the runtime term) and, for W > 1 (distributed optimizer), the
+// peak during Trainer::Create (+ the full fp32 master and Adam copies it frees after sharding)
+// are both within cluster.gpu_memory_bytes.
 //
 // Ranking: feasible candidates by TimeEstimate.total, ties by MemoryEstimate.total, then by the
-// mapping's sizes (TP, CP, DP, PP, ETP, EP, EDP, distributed optimizer last) so plans are
-// deterministic. Plan.best is the first, Plan.alternatives the rest, Plan.rejected every
-// rejected candidate with its rule text; each list holds at most kMaxListedCandidates entries.
+// mapping's sizes (TP, CP, DP, PP, ETP, EP, EDP) so plans are deterministic. Plan.best is the
+// first, Plan.alternatives the rest, Plan.rejected every rejected candidate with its rule text;
+// each list holds at most kMaxListedCandidates entries.
 #ifndef SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
 #define SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
 
@@ -58,7 +66,8 @@ inline constexpr int kMaxListedCandidates = 1000;
 //   model.vocab_size, parallel.world_size or min_workers above cluster.num_gpus; or when no
 //   mapping of any allowed world size satisfies the rules (the message quotes one rejection);
 // - RESOURCE_EXHAUSTED when mappings satisfy the rules but none fits in
-//   cluster.gpu_memory_bytes; the message gives the smallest per-rank estimate and its mapping.
+//   cluster.gpu_memory_bytes; the message gives the smallest peak (steady state, or during
+//   Trainer::Create for W > 1), its mapping and its breakdown.
 absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request);
 
 // "TP2 CP1 DP4 PP1 | ETP1 EP8 EDP1 | dist-opt | mbs 1 x 4": for messages and logs.

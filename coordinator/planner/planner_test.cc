@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "common/model_math.h"
 #include "coordinator/planner/cost_model.h"
 #include "gtest/gtest.h"
 
@@ -151,10 +152,10 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
 }
 
 // Case B: 8 GPUs, 4 per node (two nodes); TP2 CP1 PP2 DP2, experts ETP1 EP4 EDP1; mbs 1,
-// global batch 16 -> m = 16 / (1 * 2) = 8. The spec leaves use_distributed_optimizer false, so
-// both optimizers are candidates with equal time; the replicated one wins on memory here (12
-// bytes per parameter against the shards' 20 / DP = 10 per dense and 20 per expert parameter,
-// EDP = 1).
+// global batch 16 -> m = 16 / (1 * 2) = 8. The spec leaves use_distributed_optimizer false, but
+// the worker shards its optimizer whenever W > 1, so the only candidate is the distributed one,
+// although a replicated optimizer would need less here (12 bytes per parameter against the
+// shards' 20 / DP = 10 per dense and 20 per expert parameter, EDP = 1).
 TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
@@ -164,10 +165,8 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   auto plan = PlanJob(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
   Print("B best", plan->best());
-  ASSERT_EQ(plan->alternatives_size(), 1);
-  Print("B alternative", plan->alternatives(0));
-  EXPECT_FALSE(plan->best().mapping().use_distributed_optimizer());
-  EXPECT_TRUE(plan->alternatives(0).mapping().use_distributed_optimizer());
+  EXPECT_EQ(plan->alternatives_size(), 0);
+  EXPECT_TRUE(plan->best().mapping().use_distributed_optimizer());
   EXPECT_EQ(plan->best().mapping().num_micro_batches(), 8);
   // Stage 1 (last; layer 1): attention 4,194,304/2 + norms 2048 + router 8192 = 2,107,392;
   // + output (tied copy) 33,554,432/2 = 16,777,216 + final norm 1024 -> P_d = 18,885,632;
@@ -188,20 +187,18 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //   (Stage 1: 9,457,664 + 99,737,176 + head 59,018,024 with the 512-row LM-head chunk of
   //   V/TP = 16,384 columns, 50,333,696 = 168,212,864, a smaller sum.)
   // weights 2N = 50,352,128; gradients 4N = 100,704,256.
-  // Replicated: optimizer 12N + 8,204 = 302,120,972. Distributed: 20 * (18,884,608/2 +
-  //   6,291,456/1) + 24,612 = 314,699,812.
+  // optimizer (distributed): 20 * (18,884,608 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 15,733,760 + 24,612 = 314,699,812. (A replicated optimizer,
+  //   12N + 8,204 = 302,120,972, would be 12,578,840 bytes less: not what the worker runs.)
   // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total replicated = 50,352,128 + 100,704,256 + 302,120,972 + 227,074,008 + 8,187,281,408
-  //   = 8,867,532,772; distributed 8,880,111,612.
-  const v1::MemoryEstimate& rep = plan->best().memory();
-  ExpectRel(rep.weights(), 50352128, "weights");
-  ExpectRel(rep.gradients(), 100704256, "gradients");
-  ExpectRel(rep.optimizer_states(), 302120972, "optimizer (replicated)");
-  ExpectRel(rep.activations(), 227074008, "activations");
-  ExpectRel(rep.total(), 8867532772.0, "memory total (replicated)");
-  ExpectRel(plan->alternatives(0).memory().optimizer_states(), 314699812,
-            "optimizer (distributed)");
-  ExpectRel(plan->alternatives(0).memory().total(), 8880111612.0, "memory total (distributed)");
+  // total = 50,352,128 + 100,704,256 + 314,699,812 + 227,074,008 + 8,187,281,408
+  //   = 8,880,111,612 (peak during Create + 12N 302,112,768 = 9,182,224,380, fits 80 GiB).
+  const v1::MemoryEstimate& mem = plan->best().memory();
+  ExpectRel(mem.weights(), 50352128, "weights");
+  ExpectRel(mem.gradients(), 100704256, "gradients");
+  ExpectRel(mem.optimizer_states(), 314699812, "optimizer (distributed)");
+  ExpectRel(mem.activations(), 227074008, "activations");
+  ExpectRel(mem.total(), 8880111612.0, "memory total");
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
@@ -213,16 +210,14 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
   //       = 0.01643630297088 / 8 = 0.00205453787136.
   // total = 0.01643630297088 + 0.00075538432 + 0.00205453787136 = 0.01924622516224.
-  for (const v1::PlanCandidate* c : {&plan->best(), &plan->alternatives(0)}) {
-    const v1::TimeEstimate& t = c->time();
-    ExpectRel(t.compute(), 0.01391972057088, "compute");
-    ExpectRel(t.tp_communication(), 0.00033554432, "tp");
-    ExpectRel(t.ep_communication(), 0.00050331648, "ep");
-    ExpectRel(t.pp_communication(), 0.0016777216, "pp");
-    ExpectRel(t.dp_communication(), 0.00075538432, "dp");
-    ExpectRel(t.pipeline_bubble(), 0.00205453787136, "bubble");
-    ExpectRel(t.total(), 0.01924622516224, "time total");
-  }
+  const v1::TimeEstimate& t = plan->best().time();
+  ExpectRel(t.compute(), 0.01391972057088, "compute");
+  ExpectRel(t.tp_communication(), 0.00033554432, "tp");
+  ExpectRel(t.ep_communication(), 0.00050331648, "ep");
+  ExpectRel(t.pp_communication(), 0.0016777216, "pp");
+  ExpectRel(t.dp_communication(), 0.00075538432, "dp");
+  ExpectRel(t.pipeline_bubble(), 0.00205453787136, "bubble");
+  ExpectRel(t.total(), 0.01924622516224, "time total");
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -433,10 +428,11 @@ TEST(PlannerTest, RejectsMappingsThatBreakARuleWithTheRuleText) {
 }
 
 // Case A's mapping on 4.6 GiB GPUs (4,939,212,390 bytes): the distributed optimizer's steady
-// state fits (4,527,803,304, case A) but not its peak during Trainer::Create, which adds the full
-// fp32 master and Adam copies 12 N = 579,072,000 -> 5,106,875,304 (4.76 GiB); the replicated
-// optimizer (12 N + 8,204 = 579,080,204 instead of 230,765,092 -> 4,876,118,416, no transient)
-// fits and is the plan.
+// state fits (4,527,803,304, case A: 4.22 GiB) but not its peak during Trainer::Create, which
+// adds the full fp32 master and Adam copies 12 N = 579,072,000 -> 5,106,875,304 (4.76 GiB). The
+// worker always shards with W = 8, so there is no replicated fallback (it would have fitted:
+// 12 N + 8,204 instead of 230,765,092 -> 4,876,118,416): RESOURCE_EXHAUSTED naming the Create
+// peak. On 4.8 GiB GPUs (5,153,960,755 bytes) the same mapping fits at its peak and is the plan.
 TEST(PlannerTest, RejectsAMappingThatOnlyOverflowsDuringCreate) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
@@ -444,18 +440,67 @@ TEST(PlannerTest, RejectsAMappingThatOnlyOverflowsDuringCreate) {
   *req.mutable_cluster() = Cluster8(8);
   req.mutable_cluster()->set_gpu_memory_bytes(4.6 * kGiB);
   auto plan = PlanJob(req);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  std::cout << "4.6 GiB: " << plan.status() << "\n";
+  const std::string message(plan.status().message());
+  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 4.76 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "dist-opt")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 4.22 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "4.76 GiB during Trainer::Create")) << message;
+
+  req.mutable_cluster()->set_gpu_memory_bytes(4.8 * kGiB);
+  plan = PlanJob(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  Print("create-peak best", plan->best());
+  Print("4.8 GiB best", plan->best());
+  EXPECT_TRUE(plan->best().mapping().use_distributed_optimizer());
+  ExpectRel(plan->best().memory().total(), 4527803304.0, "distributed total");
+}
+
+// The optimizer of every candidate is the worker's: sharded for W > 1 even though the request
+// leaves parallel.use_distributed_optimizer false (ignored: a proto3 bool cannot say "unset"),
+// replicated for W = 1 even when the request asks for the distributed optimizer.
+TEST(PlannerTest, OptimizerIsTheWorkersWhateverTheRequestSays) {
+  v1::PlanRequest req;
+  *req.mutable_spec() = SmallMoeSpec();
+  req.mutable_spec()->mutable_parallel()->set_use_distributed_optimizer(false);
+  *req.mutable_cluster() = Cluster8(8);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int candidates = 0;
+  auto check = [&](const v1::PlanCandidate& c) {
+    ++candidates;
+    EXPECT_TRUE(c.mapping().use_distributed_optimizer()) << MappingToString(c.mapping());
+  };
+  check(plan->best());
+  for (const v1::PlanCandidate& c : plan->alternatives()) check(c);
+  for (const v1::PlanCandidate& c : plan->rejected()) check(c);
+  std::cout << "W 8, use_distributed_optimizer false in the request: " << candidates
+            << " candidates, all dist-opt; best " << MappingToString(plan->best().mapping())
+            << "\n";
+
+  // W = 1: N = P_d 41,964,544 (case A) + P_x 2 layers * 8 experts * 3*1024*1024 = 50,331,648
+  // = 92,296,192. weights 2N = 184,592,384; gradients 4N = 369,184,768; optimizer 12N + 8,204 =
+  // 1,107,562,508; runtime 134,217,728 (no communicator): total - activations = 1,795,557,388.
+  req.mutable_spec()->mutable_parallel()->set_world_size(1);
+  req.mutable_spec()->mutable_parallel()->set_use_distributed_optimizer(true);
+  plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("W 1 best", plan->best());
+  EXPECT_EQ(plan->alternatives_size(), 0);
   EXPECT_FALSE(plan->best().mapping().use_distributed_optimizer());
-  ExpectRel(plan->best().memory().total(), 4876118416.0, "replicated total");
-  bool found = false;
-  for (const v1::PlanCandidate& c : plan->rejected()) {
-    if (!c.mapping().use_distributed_optimizer()) continue;
-    std::cout << "rejected: " << c.rejection() << "\n";
-    found = absl::StrContains(c.rejection(), "4.76 GiB during Trainer::Create") &&
-            absl::StrContains(c.rejection(), "per-rank estimate 4.22 GiB");
-  }
-  EXPECT_TRUE(found);
+  const v1::MemoryEstimate& mem = plan->best().memory();
+  ExpectRel(mem.weights(), 184592384, "weights (W 1)");
+  ExpectRel(mem.gradients(), 369184768, "gradients (W 1)");
+  ExpectRel(mem.optimizer_states(), 1107562508, "optimizer (W 1, replicated)");
+  ExpectRel(mem.total() - mem.activations(), 1795557388, "total - activations (W 1)");
+
+  // EstimateMemory takes the worker's optimizer whatever the mapping it is given says.
+  v1::Mapping marked = plan->best().mapping();
+  marked.set_use_distributed_optimizer(true);
+  auto shape = ModelShape::FromProto(req.spec().model());
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  ExpectRel(EstimateMemory(*shape, marked).optimizer_states(), 1107562508,
+            "EstimateMemory, W 1 mapping marked distributed");
 }
 
 TEST(PlannerTest, RanksByStepTimeThenMemory) {
