@@ -127,7 +127,11 @@ void RunFirstStep(bool qk_norm, bool untie) {
     EXPECT_LT(std::abs(g_stats->moe_losses[0][0] - c_stats->moe_losses[0][0]) /
                   std::abs(c_stats->moe_losses[0][0]),
               1e-2);
-    EXPECT_LE(flipped, ci.numel() / 100) << "more than 1% of routing slots differ";
+    // bf16 GPU against fp32 CPU: router inputs within rounding of a tie pick another expert.
+    // Measured 0-5 of 512 with the native attention kernels and 0-8 with cuDNN's (2026-11-22,
+    // same attention error against the reference, another rounding pattern), so allow 2 %; the
+    // gradient check below still needs a draw with no difference at all.
+    EXPECT_LE(flipped, ci.numel() / 50) << "more than 2% of routing slots differ";
   }
   ASSERT_EQ(flipped, 0) << "20 random batches all routed differently on GPU and CPU";
 
