@@ -62,6 +62,9 @@ const std::map<std::string, BenchConfig>& Configs() {
       {"mixtral8x7b", {4096, 14336, 8, 2, 8192, 0}},
       {"qwen3_30b_a3b", {2048, 768, 128, 8, 8192, 0}},
       {"dsv3_layer", {7168, 2048, 256, 8, 4096, 2048}},
+      // Not a BASELINES.md config: one MoE layer of train_benchmark's benchmark model (H 1536,
+      // 64 experts of F 384, top-8) at micro-batch 8 x seq 4096 tokens, to see where its time goes.
+      {"bench_model_mb8", {1536, 384, 64, 8, 32768, 0}},
   };
   return *m;
 }
