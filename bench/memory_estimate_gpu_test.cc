@@ -1,6 +1,6 @@
 // The planner's memory estimate (coordinator/planner/cost_model.h; EstimateEngineMemory in
 // common/model_math.h, CUDA bf16 engine, default runtime term) against a real training run on
-// GPU 0: the benchmark model of bench/train_benchmark.cc cut to 2 layers (seq 4096, micro-batch
+// GPU 0: the benchmark model of bench/bench_model.h cut to 2 layers (seq 4096, micro-batch
 // 2, global batch 16: ~9 GiB) and the benchmark's "small" model at seq 4096 (~4 GiB) train 2
 // optimizer steps. Measured as the benchmark measures: cudaMemGetInfo used after the steps
 // minus used before Trainer::Create (the CUDA context exists before), and the CUDA Buffer
@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/bench_model.h"
 #include "common/config_defaults.h"
 #include "common/model_math.h"
 #include "coordinator/planner/cost_model.h"
@@ -30,48 +31,10 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 struct Shape {
   const char* name;
-  int layers, hidden, heads, groups, experts, topk, moe_ffn, seq, micro, global;
+  bench::BenchModel model;
 };
 
-// bench/train_benchmark.cc MakeSpec: Qwen3-MoE-like, head dim 128, qk_layernorm, untied,
-// softmax top-k with aux loss, vocab 32768, bf16, mock data.
-v1::JobSpec Spec(const Shape& b) {
-  v1::JobSpec spec;
-  v1::ModelConfig* m = spec.mutable_model();
-  m->set_num_layers(b.layers);
-  m->set_hidden_size(b.hidden);
-  m->set_num_attention_heads(b.heads);
-  m->set_kv_channels(128);
-  m->set_num_query_groups(b.groups);
-  m->set_ffn_hidden_size(4 * b.hidden);
-  m->set_seq_length(b.seq);
-  m->set_max_position_embeddings(b.seq);
-  m->set_vocab_size(32768);
-  m->set_normalization("RMSNorm");
-  m->set_norm_epsilon(1e-6);
-  m->set_rotary_base(1e6);
-  m->set_qk_layernorm(true);
-  m->set_untie_embeddings_and_output_weights(true);
-  m->set_num_experts(b.experts);
-  m->set_moe_router_topk(b.topk);
-  m->set_moe_ffn_hidden_size(b.moe_ffn);
-  m->set_moe_router_score_function("softmax");
-  m->add_moe_router_load_balancing_type("aux_loss");
-  m->add_moe_aux_loss_coeff(1e-3);
-  m->set_moe_grouped_gemm(true);
-  v1::TrainingConfig* t = spec.mutable_training();
-  t->set_micro_batch_size(b.micro);
-  t->set_global_batch_size(b.global);
-  t->set_train_iters(2);
-  t->set_lr(1e-4);
-  t->set_lr_warmup_iters(0);
-  t->set_lr_decay_style("constant");
-  t->set_clip_grad(1.0);
-  t->set_seed(1234);
-  t->set_bf16(true);
-  spec.mutable_data()->set_mock_data(true);
-  return spec;
-}
+v1::JobSpec Spec(const Shape& b) { return bench::MakeBenchSpec(b.name, b.model, 2); }
 
 double MemUsed() {
   size_t free_b = 0, total_b = 0;
@@ -126,12 +89,16 @@ void CheckOnGpu(const Shape& shape) {
 
 TEST(MemoryEstimateGpuTest, BenchmarkModelTwoLayers) {
   SY_REQUIRE_GPU();
-  CheckOnGpu({"benchmark model, 2 layers", 2, 1536, 12, 4, 64, 8, 384, 4096, 2, 16});
+  bench::BenchModel m = *bench::BenchModelByName("benchmark");
+  m.layers = 2;
+  CheckOnGpu({"benchmark model, 2 layers", m});
 }
 
 TEST(MemoryEstimateGpuTest, SmallModelLongSequence) {
   SY_REQUIRE_GPU();
-  CheckOnGpu({"small model, seq 4096", 4, 768, 6, 2, 32, 4, 192, 4096, 2, 8});
+  bench::BenchModel m = *bench::BenchModelByName("small");
+  m.seq = 4096;
+  CheckOnGpu({"small model, seq 4096", m});
 }
 
 }  // namespace
