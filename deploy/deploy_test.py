@@ -1,0 +1,895 @@
+#!/usr/bin/env python3
+"""//deploy:deploy_test: checks deploy/ against the real binaries.
+
+Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes both)
+
+1. Every YAML file (all documents) and the dashboard JSON parse; kustomization resources exist.
+2. Manifests hang together: namespaces, Service selectors and named ports, Secret and PVC
+   references, StatefulSet serviceName, the workers' --coordinator = Service:grpc port, the
+   coordinator's --advertise-address, --metrics-port = the container's metrics port, the probe
+   ports, the shared /dev/shm and /checkpoints mounts, NCCL_NVLS_ENABLE=0.
+3. GPUs: nvidia.com/gpu only in limits, exactly 1 per worker container, none on the coordinator.
+4. Every --flag in the containers' args (base and with the tls component's patches applied) is
+   one the binary lists in --help.
+5. The real coordinator is started with the manifest's args (paths and ports replaced by temp
+   ones); the gRPC health services the probes name answer SERVING (grpc.health.v1.Health/Check,
+   as the kubelet calls it), a bogus one does not; /healthz; /metrics scraped.
+6. A real worker is started with gpu-0's args (--device cpu, temp token, free metrics port),
+   attaches, trains a tiny mock-data job submitted over REST; its /metrics is scraped.
+7. Every metric the dashboard's PromQL uses is one the scrapes saw (or, for series that only
+   exist on GPU such as MFU, one worker/agent/worker_metrics.cc registers); every label the
+   dashboard groups by, matches on or prints is one the series carry or prometheus.yml adds.
+8. prometheus.yml keeps exactly the coordinator's http port and the workers' metrics ports.
+9. Grafana provisioning matches the dashboard (datasource uid); Dockerfile: Debian 12 base,
+   non-root uid = the manifests' runAsUser, the Debian packages it installs own every shared
+   library `ldd` resolves for both binaries here (Debian 12), CUDA sonames are the ones its
+   CUDA packages provide.
+Prints every check; exits 1 if any failed.
+"""
+import copy
+import glob
+import json
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TMP = os.environ.get("TEST_TMPDIR") or "/tmp/deploy_test"
+os.makedirs(TMP, exist_ok=True)
+FAILURES = []
+CHECKS = [0]
+
+
+def check(cond, what):
+    CHECKS[0] += 1
+    print(("ok:   " if cond else "FAIL: ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+    return cond
+
+
+def section(title):
+    print("\n=== " + title, flush=True)
+
+
+def rel(path):
+    return os.path.relpath(path, HERE)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Parse everything.
+# --------------------------------------------------------------------------------------------
+def load_all():
+    section("parse YAML and JSON")
+    docs = {}
+    files = sorted(glob.glob(os.path.join(HERE, "**", "*.y*ml"), recursive=True))
+    check(len(files) >= 8, "found %d YAML files under deploy/" % len(files))
+    for f in files:
+        try:
+            with open(f) as fh:
+                d = [x for x in yaml.safe_load_all(fh) if x is not None]
+            docs[rel(f)] = d
+            kinds = ", ".join(str(x.get("kind", "-")) for x in d if isinstance(x, dict))
+            check(len(d) >= 1, "%s: %d document(s) [%s]" % (rel(f), len(d), kinds))
+        except yaml.YAMLError as e:
+            check(False, "%s does not parse: %s" % (rel(f), e))
+    dashboards = {}
+    for f in sorted(glob.glob(os.path.join(HERE, "grafana", "**", "*.json"), recursive=True)):
+        try:
+            with open(f) as fh:
+                dashboards[rel(f)] = json.load(fh)
+            check(True, "%s parses (%d panels)" % (rel(f), len(dashboards[rel(f)]["panels"])))
+        except (ValueError, KeyError) as e:
+            check(False, "%s does not parse: %s" % (rel(f), e))
+    check(len(dashboards) >= 1, "found %d dashboard(s)" % len(dashboards))
+    return docs, dashboards
+
+
+# --------------------------------------------------------------------------------------------
+# JSON patch (RFC 6902 add/replace/remove), enough for the tls component.
+# --------------------------------------------------------------------------------------------
+def json_patch(obj, ops):
+    obj = copy.deepcopy(obj)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = obj
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        if op["op"] == "add":
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                else:
+                    parent.insert(int(last), op["value"])
+            else:
+                parent[last] = op["value"]
+        elif op["op"] == "replace":
+            if isinstance(parent, list):
+                parent[int(last)] = op["value"]
+            else:
+                if last not in parent:
+                    raise KeyError("replace of missing " + op["path"])
+                parent[last] = op["value"]
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        else:
+            raise ValueError("unsupported op " + op["op"])
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# 2./3. The manifests.
+# --------------------------------------------------------------------------------------------
+def manifests(docs):
+    section("kustomization and manifests")
+    kpath = "kubernetes/kustomization.yaml"
+    kust = docs[kpath][0]
+    ns = kust.get("namespace")
+    check(ns == "switchyard", "kustomization namespace is %r" % ns)
+    objects = []
+    listed = set()
+    for r in kust.get("resources", []):
+        p = os.path.join("kubernetes", r)
+        listed.add(p)
+        if check(p in docs, "resource %s exists and parses" % p):
+            objects.extend(docs[p])
+    for p in docs:
+        if p.startswith("kubernetes/") and p.count("/") == 1 and p != kpath:
+            check(p in listed, "%s is listed in kustomization resources" % p)
+    for img in kust.get("images", []):
+        check(img.get("name") == "switchyard", "kustomization images rewrites %r" % img.get("name"))
+    by = {}
+    for o in objects:
+        k = (o["kind"], o["metadata"]["name"])
+        check(k not in by, "%s/%s defined once" % k)
+        by[k] = o
+        if o["kind"] != "Namespace":
+            check(o["metadata"].get("namespace") == ns,
+                  "%s/%s in namespace %s" % (k[0], k[1], o["metadata"].get("namespace")))
+    check(("Namespace", ns) in by, "Namespace %s defined" % ns)
+
+    # tls component: a kustomize Component whose JSON patches apply to the base objects.
+    tls = docs.get("kubernetes/tls/kustomization.yaml", [None])[0]
+    tls_by = dict(by)
+    if check(tls is not None and tls.get("kind") == "Component", "tls/ is a kustomize Component"):
+        for p in tls.get("patches", []):
+            key = (p["target"]["kind"], p["target"]["name"])
+            if not check(key in by, "tls patch target %s/%s exists" % key):
+                continue
+            try:
+                tls_by[key] = json_patch(tls_by[key], yaml.safe_load(p["patch"]))
+                check(True, "tls patch applies to %s/%s" % key)
+            except (KeyError, IndexError, ValueError) as e:
+                check(False, "tls patch on %s/%s: %s" % (key[0], key[1], e))
+    return by, tls_by
+
+
+def container_args(c):
+    out = {}
+    for a in c.get("args", []):
+        if a.startswith("--"):
+            name, _, value = a[2:].partition("=")
+            out[name.replace("-", "_")] = value
+    return out
+
+
+def pod_spec(o):
+    return o["spec"]["template"]["spec"]
+
+
+def coordinator_and_workers(by):
+    coord = [o for o in by.values() if o["kind"] == "StatefulSet" and
+             o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") ==
+             "coordinator"]
+    workers = [o for o in by.values() if o["kind"] in ("StatefulSet", "Job", "DaemonSet") and
+               o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") ==
+               "worker"]
+    return coord, workers
+
+
+def check_manifests(by):
+    section("manifest consistency and GPU requests")
+    coord_list, worker_list = coordinator_and_workers(by)
+    check(len(coord_list) == 1, "one coordinator StatefulSet")
+    check(len(worker_list) >= 1, "a worker workload")
+    coord = coord_list[0]
+    check(coord["spec"].get("replicas") == 1, "coordinator replicas = 1 (one SQLite writer)")
+    cspec = pod_spec(coord)
+    cc = cspec["containers"][0]
+    cargs = container_args(cc)
+    cports = {p["name"]: p["containerPort"] for p in cc.get("ports", [])}
+    check(cargs.get("grpc_port") == str(cports.get("grpc")),
+          "--grpc-port %s = containerPort grpc %s" % (cargs.get("grpc_port"), cports.get("grpc")))
+    check(cargs.get("http_port") == str(cports.get("http")),
+          "--http-port %s = containerPort http %s" % (cargs.get("http_port"), cports.get("http")))
+    check(all(c["image"].startswith("switchyard:") for o in by.values()
+              if o["kind"] in ("StatefulSet", "Job", "DaemonSet")
+              for c in pod_spec(o)["containers"]), "every container image is switchyard:<version>")
+
+    # Services: selectors match a pod template, targetPorts are named ports of it.
+    svc = {}
+    for (kind, name), o in by.items():
+        if kind != "Service":
+            continue
+        svc[name] = o
+        sel = o["spec"].get("selector", {})
+        pods = [w for w in by.values() if w["kind"] in ("StatefulSet", "Job", "DaemonSet") and
+                all(w["spec"]["template"]["metadata"]["labels"].get(k) == v
+                    for k, v in sel.items())]
+        check(len(pods) >= 1, "Service %s selects %d workload(s)" % (name, len(pods)))
+        for port in o["spec"].get("ports", []):
+            tp = port.get("targetPort", port["port"])
+            names = {p["name"]: p["containerPort"] for w in pods for c in pod_spec(w)["containers"]
+                     for p in c.get("ports", [])}
+            check(tp in names or tp in names.values(),
+                  "Service %s port %s targets container port %s" % (name, port["name"], tp))
+    for o in by.values():
+        if o["kind"] == "StatefulSet":
+            check(o["spec"]["serviceName"] in svc,
+                  "StatefulSet %s serviceName %s exists" % (o["metadata"]["name"],
+                                                            o["spec"]["serviceName"]))
+            sel = o["spec"]["selector"]["matchLabels"]
+            labels = o["spec"]["template"]["metadata"]["labels"]
+            check(all(labels.get(k) == v for k, v in sel.items()),
+                  "StatefulSet %s selector matches its template" % o["metadata"]["name"])
+    coord_svc = [s for s in svc.values() if s["spec"].get("clusterIP") != "None" and
+                 s["spec"]["selector"].get("app.kubernetes.io/component") == "coordinator"]
+    check(len(coord_svc) == 1, "one ClusterIP Service for the coordinator")
+    cs = coord_svc[0]
+    cs_grpc = [p["port"] for p in cs["spec"]["ports"] if p["name"] == "grpc"]
+    coord_addr = "%s:%s" % (cs["metadata"]["name"], cs_grpc[0] if cs_grpc else "?")
+    check(cargs.get("advertise_address") == coord_addr,
+          "coordinator --advertise-address %s = Service %s" % (cargs.get("advertise_address"),
+                                                               coord_addr))
+
+    # Probes: native grpc on the gRPC port.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        p = cc.get(probe, {})
+        check("grpc" in p and str(p["grpc"].get("port")) == cargs.get("grpc_port"),
+              "coordinator %s is a grpc probe on --grpc-port (%s)" % (probe, p.get("grpc")))
+
+    # Secrets, PVCs, mounts.
+    def volume_sources(spec):
+        return {v["name"]: v for v in spec.get("volumes", [])}
+
+    def mount_for(c, spec, path):
+        """The volume (and sub-path) that holds `path` in container c."""
+        best = None
+        for m in c.get("volumeMounts", []):
+            mp = m["mountPath"].rstrip("/")
+            if path == mp or path.startswith(mp + "/"):
+                if best is None or len(mp) > len(best[0]):
+                    best = (mp, m)
+        if best is None:
+            return None, None
+        vols = volume_sources(spec)
+        return vols.get(best[1]["name"]), path[len(best[0]):].lstrip("/")
+
+    def check_token(c, spec, who):
+        vol, sub = mount_for(c, spec, container_args(c).get("token_file", ""))
+        ok = vol is not None and "secret" in vol
+        if ok:
+            secret = by.get(("Secret", vol["secret"]["secretName"]))
+            ok = secret is not None and sub in (secret.get("stringData") or {}) | (
+                secret.get("data") or {})
+        check(ok, "%s --token-file %s is key %r of Secret %s" % (
+            who, container_args(c).get("token_file"), sub,
+            vol["secret"]["secretName"] if vol and "secret" in vol else None))
+
+    check_token(cc, cspec, "coordinator")
+    vct = {t["metadata"]["name"]: t for t in coord["spec"].get("volumeClaimTemplates", [])}
+    store_mount = [m for m in cc.get("volumeMounts", []) if m["name"] in vct and
+                   cargs.get("store", "").startswith(m["mountPath"].rstrip("/") + "/")]
+    check(len(store_mount) == 1 and
+          vct[store_mount[0]["name"]]["spec"]["accessModes"] == ["ReadWriteOnce"],
+          "coordinator --store %s is on its ReadWriteOnce volumeClaimTemplate" % cargs.get("store"))
+    check(not any("nvidia.com/gpu" in (cc.get("resources", {}).get(s) or {})
+                  for s in ("limits", "requests")), "coordinator asks for no GPU")
+
+    worker_containers = 0
+    for w in worker_list:
+        spec = pod_spec(w)
+        vols = volume_sources(spec)
+        wname = w["metadata"]["name"]
+        ann = w["spec"]["template"]["metadata"].get("annotations", {})
+        check(ann.get("prometheus.io/scrape") == "true", "%s pods annotated prometheus.io/scrape"
+              % wname)
+        all_ports = [p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])]
+        check(len(all_ports) == len(set(all_ports)),
+              "%s: container ports unique within the pod (shared network namespace): %s"
+              % (wname, all_ports))
+        for v in vols.values():
+            if "persistentVolumeClaim" in v:
+                claim = by.get(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]))
+                check(claim is not None and "ReadWriteMany" in claim["spec"]["accessModes"],
+                      "%s volume %s -> ReadWriteMany PVC %s" %
+                      (wname, v["name"], v["persistentVolumeClaim"]["claimName"]))
+        for c in spec["containers"]:
+            who = "%s/%s" % (wname, c["name"])
+            worker_containers += 1
+            a = container_args(c)
+            res = c.get("resources", {})
+            lim = (res.get("limits") or {}).get("nvidia.com/gpu")
+            check(str(lim) == "1", "%s: limits nvidia.com/gpu = %s (want 1)" % (who, lim))
+            check("nvidia.com/gpu" not in (res.get("requests") or {}),
+                  "%s: nvidia.com/gpu not in requests" % who)
+            check(a.get("coordinator") == coord_addr,
+                  "%s: --coordinator %s = %s" % (who, a.get("coordinator"), coord_addr))
+            check_token(c, spec, who)
+            ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+            mports = [v for k, v in ports.items() if k.startswith("metrics")]
+            check(len(mports) == 1 and a.get("metrics_port") == str(mports[0]),
+                  "%s: --metrics-port %s = its metrics containerPort %s" %
+                  (who, a.get("metrics_port"), mports))
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            check(env.get("NCCL_NVLS_ENABLE") == "0", "%s: NCCL_NVLS_ENABLE=0" % who)
+            shm, _ = mount_for(c, spec, "/dev/shm")
+            check(shm is not None and shm.get("emptyDir", {}).get("medium") == "Memory",
+                  "%s: /dev/shm is a memory-backed emptyDir" % who)
+            ck, _ = mount_for(c, spec, cargs.get("checkpoint_root", "/checkpoints") + "/x")
+            check(ck is not None and "persistentVolumeClaim" in ck,
+                  "%s: the coordinator's --checkpoint-root %s is a shared PVC here" %
+                  (who, cargs.get("checkpoint_root")))
+            for ref in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", []))):
+                check(ref in env or any(e["name"] == ref for e in c.get("env", [])),
+                      "%s: $(%s) in args is an env var of the container" % (who, ref))
+    check(worker_containers >= 1, "%d worker containers, each one GPU" % worker_containers)
+    return coord, worker_list, coord_addr
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Flags against --help.
+# --------------------------------------------------------------------------------------------
+def help_flags(binary):
+    p = subprocess.run([binary, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=60)
+    names = set(re.findall(r"^\s+--([a-z][a-z0-9_-]*)", p.stdout, re.M))
+    return {n.replace("-", "_") for n in names}
+
+
+def check_flags(by, tls_by, coordinator_bin, worker_bin):
+    section("container args are flags the binaries accept (--help)")
+    known = {"switchyard-coordinator": help_flags(coordinator_bin),
+             "switchyard-worker": help_flags(worker_bin)}
+    for b, f in known.items():
+        check(len(f) >= 8, "%s --help lists %d flags" % (b, len(f)))
+    for label, objs in (("base", by), ("tls", tls_by)):
+        for o in objs.values():
+            if o["kind"] not in ("StatefulSet", "Job", "DaemonSet"):
+                continue
+            for c in pod_spec(o)["containers"]:
+                binary = os.path.basename(c.get("command", ["?"])[0])
+                if not check(binary in known, "%s %s/%s runs %s" %
+                             (label, o["metadata"]["name"], c["name"], binary)):
+                    continue
+                bad = []
+                for name in container_args(c):
+                    if name not in known[binary] and not (
+                            name.startswith("no") and name[2:] in known[binary]):
+                        bad.append(name)
+                check(not bad, "%s %s/%s: %d flags known to %s%s" % (
+                    label, o["metadata"]["name"], c["name"], len(container_args(c)), binary,
+                    (", unknown: " + ", ".join(bad)) if bad else ""))
+    # A flag that does not exist must fail the same check (the check can fail).
+    check("no_such_flag" not in known["switchyard-worker"], "a bogus flag is not accepted")
+
+
+# --------------------------------------------------------------------------------------------
+# gRPC health check over cleartext HTTP/2, as the kubelet's grpc probe sends it.
+# --------------------------------------------------------------------------------------------
+def _frame(ftype, flags, stream, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(
+        ">I", stream) + payload
+
+
+def _hpack_literal(name, value):
+    name, value = name.encode(), value.encode()
+    assert len(name) < 127 and len(value) < 127
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def grpc_health_check(host, port, service, timeout=5.0):
+    """Returns the ServingStatus (1 SERVING, 2 NOT_SERVING) or None when there is no response
+    message (e.g. NOT_FOUND for an unknown service)."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    try:
+        msg = b""
+        if service:
+            sb = service.encode()
+            msg = b"\x0a" + bytes([len(sb)]) + sb
+        headers = b"".join(_hpack_literal(k, v) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+            (":authority", "%s:%d" % (host, port)), ("content-type", "application/grpc"),
+            ("te", "trailers")))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0, b"") +
+                  _frame(1, 4, 1, headers) +
+                  _frame(0, 1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+        buf, data = b"", b""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            while len(buf) >= 9:
+                length = struct.unpack(">I", b"\x00" + buf[:3])[0]
+                if len(buf) < 9 + length:
+                    break
+                ftype, flags = buf[3], buf[4]
+                stream = struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF
+                payload, buf = buf[9:9 + length], buf[9 + length:]
+                if ftype == 4 and not flags & 1:
+                    s.sendall(_frame(4, 1, 0, b""))  # ACK the server's SETTINGS
+                elif ftype == 0 and stream == 1:
+                    data += payload
+                elif ftype in (3, 7):  # RST_STREAM, GOAWAY
+                    return None
+                if ftype in (0, 1) and stream == 1 and flags & 1:  # END_STREAM
+                    if len(data) >= 5:
+                        body = data[5:]
+                        if body[:1] == b"\x08":
+                            return body[1]
+                        return 0  # UNKNOWN (field absent)
+                    return None
+            r, _, _ = select.select([s], [], [], 0.2)
+            if r:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                buf += chunk
+        return None
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------------------------------
+# 5.-6. Run the binaries with the manifests' args.
+# --------------------------------------------------------------------------------------------
+PROCS = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def http_get(url, token=None, timeout=5):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def http_post(url, body, token):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("authorization", "Bearer " + token)
+    req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def parse_exposition(text):
+    """{sample name: set of label names}, and {family: type}."""
+    samples, types = {}, {}
+    for line in text.splitlines():
+        m = re.match(r"# TYPE (\S+) (\S+)", line)
+        if m:
+            types[m.group(1)] = m.group(2)
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s", line)
+        if m:
+            labels = set(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="', m.group(3) or ""))
+            samples.setdefault(m.group(1), set()).update(labels)
+    return samples, types
+
+
+def substituted(args, repl):
+    """args with --name=value replaced for the names in repl; returns (args, changed names)."""
+    out, changed = [], []
+    for a in args:
+        name = a[2:].partition("=")[0].replace("-", "_") if a.startswith("--") else None
+        if name in repl:
+            out.append("--%s=%s" % (a[2:].partition("=")[0], repl[name]))
+            changed.append(name)
+        else:
+            out.append(a)
+    return out, changed
+
+
+def run_binaries(coord, workers, coordinator_bin, worker_bin):
+    section("the real coordinator with the manifest's args")
+    token = "deploy-test-" + os.urandom(8).hex()
+    token_file = os.path.join(TMP, "token")
+    with open(token_file, "w") as f:
+        f.write(token + "\n")
+    cc = pod_spec(coord)["containers"][0]
+    grpc_port, http_port = free_port(), free_port()
+    args, changed = substituted(cc["args"], {
+        "store": os.path.join(TMP, "store.db"), "token_file": token_file, "host": "127.0.0.1",
+        "grpc_port": grpc_port, "http_port": http_port,
+        "advertise_address": "127.0.0.1:%d" % grpc_port,
+        "checkpoint_root": os.path.join(TMP, "checkpoints")})
+    kept = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in changed]
+    print("replaced for this machine: %s; kept as in the manifest: %s" % (changed, kept))
+    log = open(os.path.join(TMP, "coordinator.log"), "w+")
+    p = subprocess.Popen([coordinator_bin] + args, stdout=log, stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    up = False
+    for _ in range(300):
+        log.seek(0)
+        if "listening grpc=" in log.read():
+            up = True
+            break
+        if p.poll() is not None:
+            break
+        time.sleep(0.1)
+    log.seek(0)
+    if not check(up, "coordinator starts with the manifest's args"):
+        print(log.read())
+        return None
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        service = cc[probe]["grpc"].get("service", "")
+        st = grpc_health_check("127.0.0.1", grpc_port, service)
+        check(st == 1, "%s: Health/Check(%r) = %s (1 = SERVING)" % (probe, service, st))
+    st = grpc_health_check("127.0.0.1", grpc_port, "switchyard.v1.NoSuchService")
+    check(st != 1, "Health/Check('switchyard.v1.NoSuchService') is not SERVING (%s)" % st)
+    status, body = http_get("http://127.0.0.1:%d/healthz" % http_port)
+    check(status == 200 and body.strip() == "ok", "GET /healthz: %d %r" % (status, body.strip()))
+    status, body = http_get("http://127.0.0.1:%d/v1/jobs" % http_port, token)
+    check(status == 200, "GET /v1/jobs with the token file's token: %d" % status)
+
+    section("a real CPU worker with gpu-0's args, one training job")
+    w = workers[0]
+    wc = pod_spec(w)["containers"][0]
+    metrics_port = free_port()
+    wargs, wchanged = substituted(wc["args"], {
+        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": token_file, "device": "cpu",
+        "metrics_port": metrics_port, "gloo_host": "127.0.0.1"})
+    wkept = [a for a in wargs if a[2:].partition("=")[0].replace("-", "_") not in wchanged]
+    print("replaced for this machine: %s; kept as in the manifest: %s" % (wchanged, wkept))
+    wlog = open(os.path.join(TMP, "worker.log"), "w+")
+    env = dict(os.environ)
+    env.update({e["name"]: e["value"] for e in wc.get("env", []) if "value" in e})
+    wp = subprocess.Popen([worker_bin] + wargs, stdout=wlog, stderr=subprocess.STDOUT, env=env)
+    PROCS.append(wp)
+    coord_url = "http://127.0.0.1:%d" % http_port
+    attached = False
+    for _ in range(300):
+        _, text = http_get(coord_url + "/metrics")
+        m = re.search(r"^switchyard_coordinator_workers_attached (\S+)", text, re.M)
+        if m and float(m.group(1)) >= 1:
+            attached = True
+            break
+        if wp.poll() is not None:
+            break
+        time.sleep(0.1)
+    if not check(attached, "worker attaches (switchyard_coordinator_workers_attached >= 1)"):
+        wlog.seek(0)
+        print(wlog.read())
+        return [http_get(coord_url + "/metrics")[1]]
+    spec = {
+        "display_name": "deploy-test",
+        "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                  "num_query_groups": 2, "ffn_hidden_size": 48, "seq_length": 16,
+                  "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
+                  "moe_ffn_hidden_size": 24, "moe_router_load_balancing_type": "aux_loss",
+                  "moe_aux_loss_coeff": 0.01},
+        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_iters": 3,
+                     "lr": 0.003},
+        "data": {"mock_data": True},
+        "min_workers": 1, "max_workers": 1}
+    status, body = http_post(coord_url + "/v1/jobs", {"spec": spec, "request_id": "deploy-1"},
+                             token)
+    if not check(status == 200, "POST /v1/jobs: %d" % status):
+        print(body)
+        return [http_get(coord_url + "/metrics")[1]]
+    job = json.loads(body)
+    print("job %s state %s" % (job.get("name"), job.get("state")))
+    worker_text, state = "", ""
+    for _ in range(1200):
+        _, worker_text = http_get("http://127.0.0.1:%d/metrics" % metrics_port)
+        _, jb = http_get(coord_url + "/v1/" + job["name"], token)
+        state = json.loads(jb).get("state")
+        if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            break
+        time.sleep(0.1)
+    _, worker_text = http_get("http://127.0.0.1:%d/metrics" % metrics_port)
+    check(state == "SUCCEEDED", "the job ran on the worker: %s" % state)
+    _, coord_text = http_get(coord_url + "/metrics")
+    wlog.seek(0)
+    log_lines = [l for l in wlog.read().splitlines() if l.strip()]
+    print("worker log (last lines):\n  " + "\n  ".join(log_lines[-4:]))
+    return [coord_text, worker_text]
+
+
+def stop_all():
+    for p in PROCS:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in PROCS:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Dashboard metrics and labels.
+# --------------------------------------------------------------------------------------------
+def check_dashboard(dashboards, scraped, docs):
+    section("dashboard: structure, metric names and labels")
+    samples = {}
+    for text in scraped:
+        s, types = parse_exposition(text)
+        for k, v in s.items():
+            samples.setdefault(k, set()).update(v)
+        for fam, t in types.items():
+            samples.setdefault(fam, set())
+            if t == "histogram":
+                for suffix in ("_bucket", "_sum", "_count"):
+                    samples.setdefault(fam + suffix, set()).update({"le"} if suffix == "_bucket"
+                                                                   else set())
+    print("scraped %d metric names: %s" % (len(samples), ", ".join(sorted(
+        n for n in samples if n.startswith("switchyard_")))))
+    with open(os.path.join(HERE, "..", "worker", "agent", "worker_metrics.cc")) as f:
+        source_names = set(re.findall(r'"(switchyard_worker_[a-z0-9_]+)"', f.read()))
+    check(len(source_names) >= 10, "worker_metrics.cc registers %d metric names" %
+          len(source_names))
+    target_labels = {"job", "instance"}
+    prom = docs.get("prometheus/prometheus.yml", [{}])[0]
+    for sc in prom.get("scrape_configs", []):
+        for r in sc.get("relabel_configs", []):
+            if "target_label" in r and not r["target_label"].startswith("__"):
+                target_labels.add(r["target_label"])
+    for path, d in dashboards.items():
+        uid = d.get("uid") or ""
+        check(8 <= len(uid) <= 40, "%s: uid %r (8-40 chars)" % (path, uid))
+        check(bool(d.get("title")), "%s: title %r" % (path, d.get("title")))
+        names = [v["name"] for v in d.get("templating", {}).get("list", [])]
+        check("job" in names and "instance" in names, "%s: variables %s" % (path, names))
+        ids = [p["id"] for p in d["panels"]]
+        check(len(ids) == len(set(ids)), "%s: panel ids unique" % path)
+        used, exprs = set(), []
+        for p in d["panels"]:
+            g = p["gridPos"]
+            check(g["x"] + g["w"] <= 24, "%s: panel %r fits the 24-column grid" % (path,
+                                                                                   p["title"]))
+            if p["type"] == "row":
+                continue
+            check(bool(p.get("targets")) and p.get("datasource"),
+                  "%s: panel %r has a datasource and %d queries" % (path, p["title"],
+                                                                     len(p.get("targets", []))))
+            for t in p.get("targets", []):
+                exprs.append((p["title"], t["expr"], t.get("legendFormat", "")))
+        for v in d["templating"]["list"]:
+            q = v.get("query")
+            if isinstance(q, dict):
+                exprs.append(("variable " + v["name"], q.get("query", ""), ""))
+        for title, expr, legend in exprs:
+            metrics = set(re.findall(r"\b(switchyard_[a-z0-9_]+)", expr))
+            check(bool(metrics) or "up{" in expr,
+                  "%r queries a Switchyard metric: %s" % (title, sorted(metrics) or expr))
+            for m in sorted(metrics):
+                used.add(m)
+                labels = samples.get(m)
+                if labels is None and m in source_names:
+                    check(True, "%s (in %r): registered in worker_metrics.cc (not scraped: no "
+                          "value on a CPU worker)" % (m, title))
+                    labels = {"layer"} if "expert" in m else set()
+                else:
+                    check(labels is not None, "%s (in %r): scraped from the running binaries" %
+                          (m, title))
+                    labels = labels or set()
+            # Labels: by (...), matchers {l=..}, legend {{l}}.
+            allowed = set(target_labels) | {"le", "__name__"}
+            for m in metrics:
+                allowed |= samples.get(m, set())
+                if m in source_names and "expert" in m:
+                    allowed.add("layer")
+            wanted = set()
+            for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+                wanted |= {x.strip() for x in group.split(",") if x.strip()}
+            for sel in re.findall(r"\{([^}]*)\}", expr):
+                wanted |= set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", sel))
+            wanted |= set(re.findall(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}", legend))
+            if metrics:
+                bad = sorted(wanted - allowed)
+                check(not bad, "%r: labels %s exist on the series or are added by "
+                      "prometheus.yml%s" % (title, sorted(wanted), (" (missing: %s)" % bad)
+                                           if bad else ""))
+        for want in ("switchyard_coordinator_jobs", "switchyard_coordinator_workers_attached",
+                     "switchyard_coordinator_rpc_duration_seconds_bucket",
+                     "switchyard_coordinator_job_restarts_total", "switchyard_worker_step_seconds",
+                     "switchyard_worker_tokens_per_second", "switchyard_worker_tflops",
+                     "switchyard_worker_mfu", "switchyard_worker_loss",
+                     "switchyard_worker_expert_load_imbalance",
+                     "switchyard_worker_expert_tokens_min", "switchyard_worker_expert_tokens_max",
+                     "switchyard_worker_expert_tokens_mean"):
+            check(want in used, "%s: a panel shows %s" % (path, want))
+        check("switchyard_worker_no_such_metric" not in samples and
+              "switchyard_worker_no_such_metric" not in source_names,
+              "a made-up metric name would not pass")
+    return samples
+
+
+# --------------------------------------------------------------------------------------------
+# 8.-9. Prometheus, Grafana provisioning, Dockerfile.
+# --------------------------------------------------------------------------------------------
+def check_prometheus(docs, by, dashboards):
+    section("prometheus.yml against the pods")
+    prom = docs["prometheus/prometheus.yml"][0]
+    jobs = {sc["job_name"]: sc for sc in prom.get("scrape_configs", [])}
+    check(set(jobs) >= {"switchyard-coordinator", "switchyard-worker"},
+          "scrape jobs %s" % sorted(jobs))
+    pods = [o for o in by.values() if o["kind"] in ("StatefulSet", "Job", "DaemonSet")]
+    for name, sc in jobs.items():
+        check(any("role" in k and k["role"] == "pod" for k in sc.get("kubernetes_sd_configs", [])),
+              "%s: kubernetes_sd role pod" % name)
+        selected = []
+        for o in pods:
+            meta = o["spec"]["template"]["metadata"]
+            for c in pod_spec(o)["containers"]:
+                for p in c.get("ports", []):
+                    lbl = {
+                        "__meta_kubernetes_pod_annotation_prometheus_io_scrape":
+                            meta.get("annotations", {}).get("prometheus.io/scrape", ""),
+                        "__meta_kubernetes_pod_label_app_kubernetes_io_component":
+                            meta["labels"].get("app.kubernetes.io/component", ""),
+                        "__meta_kubernetes_pod_container_port_name": p.get("name", ""),
+                        "__meta_kubernetes_namespace": o["metadata"]["namespace"],
+                    }
+                    keep = True
+                    for r in sc.get("relabel_configs", []):
+                        if r.get("action") in ("keep", "drop"):
+                            val = ";".join(lbl.get(s, "") for s in r["source_labels"])
+                            hit = re.fullmatch(r.get("regex", "(.*)"), val) is not None
+                            keep = keep and (hit if r["action"] == "keep" else not hit)
+                    if keep:
+                        selected.append((o["metadata"]["name"], c, p))
+        ports = sorted(p["containerPort"] for _, _, p in selected)
+        if name == "switchyard-coordinator":
+            want = [int(container_args(c).get("http_port", 0)) for o in pods for c in
+                    pod_spec(o)["containers"] if "http_port" in container_args(c)]
+            check(ports == want, "%s scrapes ports %s = the coordinator's --http-port %s" %
+                  (name, ports, want))
+        else:
+            want = sorted(int(container_args(c).get("metrics_port", 0)) for o in pods for c in
+                          pod_spec(o)["containers"] if "metrics_port" in container_args(c))
+            check(ports == want and len(ports) > 0,
+                  "%s scrapes ports %s = the workers' --metrics-port %s" % (name, ports, want))
+    for d in dashboards.values():
+        jv = [v for v in d["templating"]["list"] if v["name"] == "job"][0]
+        rx = re.search(r'job=~"([^"]+)"', jv["query"]["query"]).group(1)
+        check(all(re.fullmatch(rx, j) for j in jobs if j.startswith("switchyard")),
+              "dashboard job variable %r matches the scrape jobs" % rx)
+
+
+def check_grafana(docs, dashboards):
+    section("grafana provisioning")
+    ds = docs["grafana/provisioning/datasources/prometheus.yaml"][0]
+    pv = docs["grafana/provisioning/dashboards/switchyard.yaml"][0]
+    check(ds.get("apiVersion") == 1 and pv.get("apiVersion") == 1, "apiVersion 1 in both")
+    uids = {d.get("uid") for d in ds.get("datasources", []) if d.get("type") == "prometheus"}
+    for path, d in dashboards.items():
+        dv = [v for v in d["templating"]["list"] if v["type"] == "datasource"]
+        check(len(dv) == 1 and dv[0]["current"]["value"] in uids,
+              "%s: datasource variable defaults to the provisioned uid %s" % (path, uids))
+    check(all(p.get("type") == "file" and p.get("options", {}).get("path")
+              for p in pv.get("providers", [])), "dashboard provider is type file with a path")
+
+
+def check_docker(coordinator_bin, worker_bin, by):
+    section("Dockerfile")
+    with open(os.path.join(HERE, "docker", "Dockerfile")) as f:
+        text = f.read()
+    joined = re.sub(r"\\\n", " ", text)
+    check(re.search(r"^FROM debian:12", text, re.M) is not None, "base image Debian 12")
+    user = re.search(r"^USER (\d+)", text, re.M)
+    uids = {pod_spec(o)["securityContext"].get("runAsUser") for o in by.values()
+            if o["kind"] in ("StatefulSet", "Job", "DaemonSet")}
+    check(user is not None and int(user.group(1)) != 0 and uids == {int(user.group(1))},
+          "USER %s (non-root) = runAsUser of the pods %s" % (user and user.group(1), uids))
+    copied = re.findall(r"bin/(switchyard-[a-z]+)", " ".join(
+        l for l in joined.splitlines() if l.startswith("COPY")))
+    commands = {os.path.basename(c["command"][0]) for o in by.values()
+                if o["kind"] in ("StatefulSet", "Job", "DaemonSet")
+                for c in pod_spec(o)["containers"]}
+    check(commands <= set(copied), "the image holds the binaries the pods run %s" %
+          sorted(commands))
+    pk = re.search(r'ARG DEBIAN_PACKAGES="([^"]*)"', joined)
+    packages = set(pk.group(1).split()) if pk else set()
+    check(len(packages) >= 10, "DEBIAN_PACKAGES lists %d packages" % len(packages))
+    cuda = re.search(r'ARG CUDA_PACKAGES="([^"]*)"', joined)
+    check(cuda is not None, "CUDA_PACKAGES: %s" % (cuda and cuda.group(1)))
+    if subprocess.run(["sh", "-c", "command -v dpkg-query"], stdout=subprocess.DEVNULL).returncode:
+        print("SKIP: no dpkg here: the package list is not checked against ldd")
+        return
+    osr = open("/etc/os-release").read()
+    if 'VERSION_ID="12"' not in osr or "debian" not in osr:
+        print("SKIP: not Debian 12 here: the package list is not checked against ldd")
+        return
+    for pkg in sorted(packages):
+        r = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+        check("install ok installed" in r.stdout, "package %s exists (installed here)" % pkg)
+    essential = {"libc6", "libgcc-s1"}  # Essential in every Debian image
+    cuda_sonames = {"libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2"}
+    for binary in (coordinator_bin, worker_bin):
+        out = subprocess.run(["ldd", binary], stdout=subprocess.PIPE, text=True).stdout
+        owners, unowned, unresolved, cuda_seen = set(), [], [], set()
+        for soname, path in re.findall(r"^\s*(\S+) => (\S+)", out, re.M):
+            if soname in cuda_sonames or soname.startswith("libcud"):
+                cuda_seen.add(soname)
+                continue
+            if path == "not":
+                unresolved.append(soname)
+                continue
+            real = os.path.realpath(path)
+            r = subprocess.run(["dpkg", "-S", real], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+            if r.returncode != 0:  # /usr-merge: dpkg knows the /lib path
+                r = subprocess.run(["dpkg", "-S", re.sub(r"^/usr", "", real)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            pkg = r.stdout.split(":")[0] if r.returncode == 0 else None
+            if pkg is None:
+                unowned.append(soname)
+            else:
+                owners.add(pkg)
+        check(not unresolved, "%s: every shared library resolves here%s" % (
+            os.path.basename(binary), (" (not: %s)" % unresolved) if unresolved else ""))
+        missing = sorted(owners - packages - essential)
+        check(not missing and not unowned,
+              "%s: the %d packages owning its shared libraries are in DEBIAN_PACKAGES%s" % (
+                  os.path.basename(binary), len(owners),
+                  (" (missing: %s, unowned: %s)" % (missing, unowned)) if missing or unowned
+                  else ""))
+        check(cuda_seen <= cuda_sonames, "%s: CUDA libraries %s are cuBLAS 13 / NCCL 2 "
+              "(CUDA_PACKAGES)" % (os.path.basename(binary), sorted(cuda_seen)))
+
+
+def main():
+    if len(sys.argv) != 3:
+        print("usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER", file=sys.stderr)
+        return 2
+    coordinator_bin, worker_bin = (os.path.abspath(a) for a in sys.argv[1:3])
+    docs, dashboards = load_all()
+    by, tls_by = manifests(docs)
+    coord, workers, _ = check_manifests(by)
+    check_flags(by, tls_by, coordinator_bin, worker_bin)
+    scraped = []
+    try:
+        r = run_binaries(coord, workers, coordinator_bin, worker_bin)
+        if r is not None:
+            scraped = r
+    finally:
+        stop_all()
+    check(len(scraped) == 2, "scraped the coordinator's and the worker's /metrics")
+    check_dashboard(dashboards, scraped, docs)
+    check_prometheus(docs, by, dashboards)
+    check_grafana(docs, dashboards)
+    check_docker(coordinator_bin, worker_bin, by)
+    print("\n%d checks, %d failed" % (CHECKS[0], len(FAILURES)))
+    for f in FAILURES:
+        print("FAILED: " + f)
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
