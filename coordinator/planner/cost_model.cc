@@ -64,6 +64,20 @@ v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& ma
   return best;
 }
 
+v1::Mapping MakeMapping(int64_t tp, int64_t cp, int64_t dp, int64_t pp, int64_t etp, int64_t ep,
+                        int64_t edp) {
+  v1::Mapping m;
+  m.set_tensor_model_parallel_size(static_cast<int32_t>(tp));
+  m.set_context_parallel_size(static_cast<int32_t>(cp));
+  m.set_data_parallel_size(static_cast<int32_t>(dp));
+  m.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
+  m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
+  m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
+  m.set_expert_data_parallel_size(static_cast<int32_t>(edp));
+  m.set_use_distributed_optimizer(tp * cp * dp * pp > 1);
+  return m;
+}
+
 absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec) {
   const v1::ParallelConfig& p = spec.parallel();
   auto size = [](int64_t v) { return v > 0 ? v : int64_t{1}; };
@@ -86,15 +100,7 @@ absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec) {
                                                    ") must be divisible by micro_batch_size (", mbs,
                                                    ") x data-parallel size (", dp, ")"));
   }
-  v1::Mapping m;
-  m.set_tensor_model_parallel_size(static_cast<int32_t>(tp));
-  m.set_context_parallel_size(static_cast<int32_t>(cp));
-  m.set_data_parallel_size(static_cast<int32_t>(dp));
-  m.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
-  m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
-  m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
-  m.set_expert_data_parallel_size(static_cast<int32_t>(world / (etp * ep * pp)));
-  m.set_use_distributed_optimizer(world > 1);
+  v1::Mapping m = MakeMapping(tp, cp, dp, pp, etp, ep, world / (etp * ep * pp));
   m.set_micro_batch_size(static_cast<int32_t>(mbs));
   m.set_num_micro_batches(static_cast<int32_t>(gbs / (mbs * dp)));
   return m;

@@ -113,6 +113,11 @@ v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& ma
 // size does not divide.
 absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec);
 
+// The mapping of one folding: attention TP x CP x DP x PP, experts ETP x EP x EDP, and the
+// optimizer the worker runs for it (distributed exactly when the world has more than one rank).
+v1::Mapping MakeMapping(int64_t tp, int64_t cp, int64_t dp, int64_t pp, int64_t etp, int64_t ep,
+                        int64_t edp);
+
 // Step time. `layout` is the mapping's ParallelLayout (for the node placement of groups);
 // cluster fields are positive (checked by PlanJob).
 v1::TimeEstimate EstimateTime(const ModelShape& model, const v1::Cluster& cluster,

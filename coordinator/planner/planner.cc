@@ -197,10 +197,10 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
 void SearchWorld(const v1::PlanRequest& request, const ModelShape& model, const Constraints& k,
                  int64_t world, Search* s) {
   const int64_t global_batch = k.global_batch.value_or(k.mbs * world);
-  // What the worker runs (worker/agent/generation.cc creates process groups exactly when W > 1,
-  // and Trainer shards its optimizer whenever it has them): DistributedAdamW for W > 1 whatever
-  // parallel.use_distributed_optimizer says, one process's replicated AdamW for W = 1.
-  const bool distributed = world > 1;
+  // The optimizer is what the worker runs (worker/agent/generation.cc creates process groups
+  // exactly when W > 1, and Trainer shards its optimizer whenever it has them): DistributedAdamW
+  // for W > 1 whatever parallel.use_distributed_optimizer says, replicated AdamW for W = 1
+  // (MakeMapping).
   for (int64_t tp : Choices(k.tp.has_value(), k.tp.value_or(0), world)) {
     for (int64_t cp : Choices(k.cp.has_value(), k.cp.value_or(0), world / tp)) {
       for (int64_t pp : Choices(k.pp.has_value(), k.pp.value_or(0), world / tp / cp)) {
@@ -217,16 +217,8 @@ void SearchWorld(const v1::PlanRequest& request, const ModelShape& model, const 
           }
         }
         for (const auto& [etp, ep, edp] : experts) {
-          v1::Mapping m;
-          m.set_tensor_model_parallel_size(static_cast<int32_t>(tp));
-          m.set_context_parallel_size(static_cast<int32_t>(cp));
-          m.set_data_parallel_size(static_cast<int32_t>(dp));
-          m.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
-          m.set_expert_tensor_parallel_size(static_cast<int32_t>(etp));
-          m.set_expert_model_parallel_size(static_cast<int32_t>(ep));
-          m.set_expert_data_parallel_size(static_cast<int32_t>(edp));
-          m.set_use_distributed_optimizer(distributed);
-          Evaluate(request, model, k, world, global_batch, std::move(m), s);
+          Evaluate(request, model, k, world, global_batch,
+                   MakeMapping(tp, cp, dp, pp, etp, ep, edp), s);
         }
       }
     }
