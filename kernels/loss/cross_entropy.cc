@@ -193,18 +193,38 @@ absl::Status FusedLinearCrossEntropy::Check(const Stream& stream, const Tensor& 
   return absl::OkStatus();
 }
 
+absl::Status FusedLinearCrossEntropy::CheckLossOutputs(const Stream& stream, const Tensor& loss_sum,
+                                                       const Tensor& num_valid, const Tensor& lse,
+                                                       absl::string_view op) const {
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&loss_sum, &num_valid}));
+  SY_RETURN_IF_ERROR(CheckTensor(loss_sum, absl::StrCat(op, ".loss_sum"), lse.dtype, {1}));
+  return CheckTensor(num_valid, absl::StrCat(op, ".num_valid"), DType::kI32, {1});
+}
+
+absl::Status FusedLinearCrossEntropy::CheckGradOutputs(const Stream& stream, const Tensor& h,
+                                                       const Tensor& w, const Tensor& dh,
+                                                       const Tensor& dw,
+                                                       absl::string_view op) const {
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&dh, &dw}));
+  SY_RETURN_IF_ERROR(CheckTensor(dh, absl::StrCat(op, ".dh"), h.dtype, {h.dim(0), hidden_}));
+  if (dw.dtype != DType::kF32 && dw.dtype != w.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": dw must be f32 or the dtype of w, got ", dw.DebugString()));
+  }
+  return CheckTensor(dw, absl::StrCat(op, ".dw"), dw.dtype, {vocab_, hidden_});
+}
+
 absl::Status FusedLinearCrossEntropy::Forward(const Stream& stream, const Tensor& h,
                                               const Tensor& w, const Tensor& targets,
                                               const Tensor& loss_sum, const Tensor& num_valid,
                                               const Tensor& lse) const {
   constexpr absl::string_view kOp = "FusedLinearCrossEntropy::Forward";
   SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp));
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&loss_sum, &num_valid}));
-  SY_RETURN_IF_ERROR(
-      CheckTensor(loss_sum, "FusedLinearCrossEntropy::Forward.loss_sum", lse.dtype, {1}));
-  SY_RETURN_IF_ERROR(
-      CheckTensor(num_valid, "FusedLinearCrossEntropy::Forward.num_valid", DType::kI32, {1}));
-  if (stream.is_cuda()) return ForwardCuda(stream, h, w, targets, loss_sum, num_valid, lse);
+  SY_RETURN_IF_ERROR(CheckLossOutputs(stream, loss_sum, num_valid, lse, kOp));
+  if (stream.is_cuda()) {
+    return RunCuda(stream, h, w, targets, lse, true, false, 0.0f, loss_sum, num_valid, Tensor(),
+                   Tensor());
+  }
   return ForwardCpu(h, w, targets, loss_sum, num_valid, lse);
 }
 
@@ -214,16 +234,27 @@ absl::Status FusedLinearCrossEntropy::Backward(const Stream& stream, const Tenso
                                                const Tensor& dw) const {
   constexpr absl::string_view kOp = "FusedLinearCrossEntropy::Backward";
   SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp));
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&dh, &dw}));
-  SY_RETURN_IF_ERROR(
-      CheckTensor(dh, "FusedLinearCrossEntropy::Backward.dh", h.dtype, {h.dim(0), hidden_}));
-  if (dw.dtype != DType::kF32 && dw.dtype != w.dtype) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": dw must be f32 or the dtype of w, got ", dw.DebugString()));
+  SY_RETURN_IF_ERROR(CheckGradOutputs(stream, h, w, dh, dw, kOp));
+  if (stream.is_cuda()) {
+    return RunCuda(stream, h, w, targets, lse, false, true, dloss, Tensor(), Tensor(), dh, dw);
   }
-  SY_RETURN_IF_ERROR(
-      CheckTensor(dw, "FusedLinearCrossEntropy::Backward.dw", dw.dtype, {vocab_, hidden_}));
-  if (stream.is_cuda()) return BackwardCuda(stream, h, w, targets, lse, dloss, dh, dw);
+  return BackwardCpu(h, w, targets, lse, dloss, dh, dw);
+}
+
+absl::Status FusedLinearCrossEntropy::ForwardBackward(const Stream& stream, const Tensor& h,
+                                                      const Tensor& w, const Tensor& targets,
+                                                      float dloss, const Tensor& loss_sum,
+                                                      const Tensor& num_valid, const Tensor& lse,
+                                                      const Tensor& dh, const Tensor& dw) const {
+  constexpr absl::string_view kOp = "FusedLinearCrossEntropy::ForwardBackward";
+  SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp));
+  SY_RETURN_IF_ERROR(CheckLossOutputs(stream, loss_sum, num_valid, lse, kOp));
+  SY_RETURN_IF_ERROR(CheckGradOutputs(stream, h, w, dh, dw, kOp));
+  if (stream.is_cuda()) {
+    return RunCuda(stream, h, w, targets, lse, true, true, dloss, loss_sum, num_valid, dh, dw);
+  }
+  // The CPU reference: literally Forward then Backward.
+  SY_RETURN_IF_ERROR(ForwardCpu(h, w, targets, loss_sum, num_valid, lse));
   return BackwardCpu(h, w, targets, lse, dloss, dh, dw);
 }
 
@@ -282,43 +313,44 @@ absl::Status FusedLinearCrossEntropy::BackwardCpu(const Tensor& h, const Tensor&
   return absl::OkStatus();
 }
 
-absl::Status FusedLinearCrossEntropy::ForwardCuda(const Stream& stream, const Tensor& h,
-                                                  const Tensor& w, const Tensor& targets,
-                                                  const Tensor& loss_sum, const Tensor& num_valid,
-                                                  const Tensor& lse) const {
-  const int64_t t_n = h.dim(0);
-  for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
-    const int64_t rows = std::min(chunk_, t_n - t0);
-    const Tensor z(DType::kF32, {rows, vocab_}, device_, logits_.data());
-    SY_RETURN_IF_ERROR(Gemm(stream, Rows(h, t0, rows), false, w, true, z));
+absl::Status FusedLinearCrossEntropy::ChunkCuda(const Stream& stream, const Tensor& h,
+                                                const Tensor& w, const Tensor& targets,
+                                                const Tensor& lse, int64_t t0, int64_t rows,
+                                                bool with_loss, bool with_grad, float dloss,
+                                                const Tensor& dh, const Tensor& dw) const {
+  const Tensor z(DType::kF32, {rows, vocab_}, device_, logits_.data());
+  const Tensor hc = Rows(h, t0, rows);
+  SY_RETURN_IF_ERROR(Gemm(stream, hc, false, w, true, z));
+  if (with_loss) {
     SY_RETURN_IF_ERROR(internal::CrossEntropyRowsCuda(
         stream, z.as<float>(), rows, vocab_, targets.as<int32_t>() + t0, lse.as<float>() + t0,
         row_loss_.View().as<float>() + t0));
   }
-  return internal::ReduceLossCuda(stream, row_loss_.View().as<float>(), targets.as<int32_t>(), t_n,
-                                  loss_sum.as<float>(), num_valid.as<int32_t>());
+  if (!with_grad) return absl::OkStatus();
+  // g must share w's dtype for the Gemms: in place over the f32 logits, or the bf16 buffer.
+  void* g_data = w.dtype == DType::kBF16 ? grad_bf16_.data() : logits_.data();
+  SY_RETURN_IF_ERROR(internal::SoftmaxGradRowsCuda(stream, z.as<float>(), rows, vocab_,
+                                                   targets.as<int32_t>() + t0, lse.as<float>() + t0,
+                                                   dloss, g_data, w.dtype));
+  const Tensor g(w.dtype, {rows, vocab_}, device_, g_data);
+  SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, Rows(dh, t0, rows)));
+  return Gemm(stream, g, true, hc, false, dw, 1.0f, 1.0f);
 }
 
-absl::Status FusedLinearCrossEntropy::BackwardCuda(const Stream& stream, const Tensor& h,
-                                                   const Tensor& w, const Tensor& targets,
-                                                   const Tensor& lse, float dloss, const Tensor& dh,
-                                                   const Tensor& dw) const {
+absl::Status FusedLinearCrossEntropy::RunCuda(const Stream& stream, const Tensor& h,
+                                              const Tensor& w, const Tensor& targets,
+                                              const Tensor& lse, bool with_loss, bool with_grad,
+                                              float dloss, const Tensor& loss_sum,
+                                              const Tensor& num_valid, const Tensor& dh,
+                                              const Tensor& dw) const {
   const int64_t t_n = h.dim(0);
   for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
-    const int64_t rows = std::min(chunk_, t_n - t0);
-    const Tensor z(DType::kF32, {rows, vocab_}, device_, logits_.data());
-    const Tensor hc = Rows(h, t0, rows);
-    SY_RETURN_IF_ERROR(Gemm(stream, hc, false, w, true, z));
-    // g must share w's dtype for the Gemms: in place over the f32 logits, or the bf16 buffer.
-    void* g_data = w.dtype == DType::kBF16 ? grad_bf16_.data() : logits_.data();
-    SY_RETURN_IF_ERROR(internal::SoftmaxGradRowsCuda(stream, z.as<float>(), rows, vocab_,
-                                                     targets.as<int32_t>() + t0,
-                                                     lse.as<float>() + t0, dloss, g_data, w.dtype));
-    const Tensor g(w.dtype, {rows, vocab_}, device_, g_data);
-    SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, Rows(dh, t0, rows)));
-    SY_RETURN_IF_ERROR(Gemm(stream, g, true, hc, false, dw, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(ChunkCuda(stream, h, w, targets, lse, t0, std::min(chunk_, t_n - t0),
+                                 with_loss, with_grad, dloss, dh, dw));
   }
-  return absl::OkStatus();
+  if (!with_loss) return absl::OkStatus();
+  return internal::ReduceLossCuda(stream, row_loss_.View().as<float>(), targets.as<int32_t>(), t_n,
+                                  loss_sum.as<float>(), num_valid.as<int32_t>());
 }
 
 }  // namespace switchyard::kernels

@@ -63,6 +63,17 @@ class FusedLinearCrossEntropy {
                         const Tensor& targets, const Tensor& lse, float dloss, const Tensor& dh,
                         const Tensor& dw) const;
 
+  // Forward and Backward in one pass over the chunks, for a caller that knows dloss before the
+  // forward (a training step: dloss = the micro-batch's loss scale): per chunk the logits are
+  // computed once, their lse and loss terms taken, then turned into the gradient, which saves
+  // Backward's recomputation of the logits (one [T, H] x [H, V] GEMM, a third of the LM head's
+  // work). Same arguments and the same results as Forward then Backward (bitwise on CUDA and on
+  // the CPU: the same kernels and GEMMs in the same order).
+  absl::Status ForwardBackward(const Stream& stream, const Tensor& h, const Tensor& w,
+                               const Tensor& targets, float dloss, const Tensor& loss_sum,
+                               const Tensor& num_valid, const Tensor& lse, const Tensor& dh,
+                               const Tensor& dw) const;
+
   int64_t chunk_tokens() const { return chunk_; }
 
  private:
@@ -72,17 +83,26 @@ class FusedLinearCrossEntropy {
 
   absl::Status Check(const Stream& stream, const Tensor& h, const Tensor& w, const Tensor& targets,
                      const Tensor& lse, absl::string_view op) const;
+  absl::Status CheckLossOutputs(const Stream& stream, const Tensor& loss_sum,
+                                const Tensor& num_valid, const Tensor& lse,
+                                absl::string_view op) const;
+  absl::Status CheckGradOutputs(const Stream& stream, const Tensor& h, const Tensor& w,
+                                const Tensor& dh, const Tensor& dw, absl::string_view op) const;
+  // CUDA, one chunk of `rows` tokens from t0: logits, then (with_loss) lse and loss terms, then
+  // (with_grad) g and its two GEMMs. Forward, Backward and ForwardBackward are loops over it.
+  absl::Status ChunkCuda(const Stream& stream, const Tensor& h, const Tensor& w,
+                         const Tensor& targets, const Tensor& lse, int64_t t0, int64_t rows,
+                         bool with_loss, bool with_grad, float dloss, const Tensor& dh,
+                         const Tensor& dw) const;
   absl::Status ForwardCpu(const Tensor& h, const Tensor& w, const Tensor& targets,
                           const Tensor& loss_sum, const Tensor& num_valid, const Tensor& lse) const;
   absl::Status BackwardCpu(const Tensor& h, const Tensor& w, const Tensor& targets,
                            const Tensor& lse, float dloss, const Tensor& dh,
                            const Tensor& dw) const;
-  absl::Status ForwardCuda(const Stream& stream, const Tensor& h, const Tensor& w,
-                           const Tensor& targets, const Tensor& loss_sum, const Tensor& num_valid,
-                           const Tensor& lse) const;
-  absl::Status BackwardCuda(const Stream& stream, const Tensor& h, const Tensor& w,
-                            const Tensor& targets, const Tensor& lse, float dloss, const Tensor& dh,
-                            const Tensor& dw) const;
+  absl::Status RunCuda(const Stream& stream, const Tensor& h, const Tensor& w,
+                       const Tensor& targets, const Tensor& lse, bool with_loss, bool with_grad,
+                       float dloss, const Tensor& loss_sum, const Tensor& num_valid,
+                       const Tensor& dh, const Tensor& dw) const;
 
   const Device device_;
   const int64_t max_tokens_, hidden_, vocab_, chunk_;

@@ -161,6 +161,56 @@ TEST(CrossEntropyCpuTest, AllIgnoredGivesZeroLossAndGradients) {
   for (float x : dw) EXPECT_EQ(x, 2.0f);
 }
 
+// ForwardBackward gives exactly what Forward then Backward give (the CPU reference runs both).
+TEST(CrossEntropyCpuTest, ForwardBackwardEqualsForwardThenBackward) {
+  const int64_t t_n = 7, h_n = 6, v_n = 13;
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> h(t_n * h_n), w(v_n * h_n), dw0(v_n * h_n);
+  for (float& x : h) x = nd(rng);
+  for (float& x : w) x = nd(rng);
+  for (float& x : dw0) x = 0.1f * nd(rng);
+  std::vector<int32_t> tg = {3, kIgnoreTarget, 0, 12, 5, 5, kIgnoreTarget};
+  auto plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, v_n, 3).value();
+  const Device cpu = Device::Cpu();
+  Tensor th(DType::kF32, {t_n, h_n}, cpu, h.data()), tw(DType::kF32, {v_n, h_n}, cpu, w.data());
+  Tensor ttg(DType::kI32, {t_n}, cpu, tg.data());
+  struct Out {
+    std::vector<float> lse, loss, dh, dw;
+    std::vector<int32_t> valid;
+  };
+  Out a{std::vector<float>(t_n), {0}, std::vector<float>(t_n * h_n), dw0, {0}}, b = a;
+  auto t = [&](std::vector<float>& v, std::vector<int64_t> shape) {
+    return Tensor(DType::kF32, std::move(shape), cpu, v.data());
+  };
+  ASSERT_TRUE(plan->Forward(Stream::Cpu(), th, tw, ttg, t(a.loss, {1}),
+                            Tensor(DType::kI32, {1}, cpu, a.valid.data()), t(a.lse, {t_n}))
+                  .ok());
+  ASSERT_TRUE(plan->Backward(Stream::Cpu(), th, tw, ttg, t(a.lse, {t_n}), 0.2f, t(a.dh, {t_n, h_n}),
+                             t(a.dw, {v_n, h_n}))
+                  .ok());
+  ASSERT_TRUE(plan->ForwardBackward(Stream::Cpu(), th, tw, ttg, 0.2f, t(b.loss, {1}),
+                                    Tensor(DType::kI32, {1}, cpu, b.valid.data()), t(b.lse, {t_n}),
+                                    t(b.dh, {t_n, h_n}), t(b.dw, {v_n, h_n}))
+                  .ok());
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.valid, b.valid);
+  EXPECT_EQ(b.valid[0], 5);
+  EXPECT_EQ(a.lse, b.lse);
+  EXPECT_EQ(a.dh, b.dh);
+  EXPECT_EQ(a.dw, b.dw);
+  EXPECT_NE(b.dw, dw0);
+  // Bad gradient output: named, nothing run.
+  std::vector<float> small(3);
+  absl::Status st = plan->ForwardBackward(Stream::Cpu(), th, tw, ttg, 0.2f, t(b.loss, {1}),
+                                          Tensor(DType::kI32, {1}, cpu, b.valid.data()),
+                                          t(b.lse, {t_n}), t(small, {3}), t(b.dw, {v_n, h_n}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("ForwardBackward.dh"), std::string::npos) << st;
+  std::printf("ForwardBackward = Forward + Backward on the CPU (loss %.6f over %d tokens); %s\n",
+              b.loss[0], b.valid[0], std::string(st.message()).c_str());
+}
+
 TEST(CrossEntropyCpuTest, GradientsMatchFiniteDifferences) {
   const int64_t t_n = 5, h_n = 4, v_n = 11;
   std::mt19937_64 rng(11);

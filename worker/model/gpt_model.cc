@@ -749,16 +749,17 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
   const Tensor fn = Rows(final_n_, t), lse = Rows(ce_lse_, t);
-  SY_RETURN_IF_ERROR(
-      ce_->Forward(s, fn, w_out, targets, Slice(stat_ce_, micro, {1}), ce_num_valid_, lse));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: LM head + loss"));
-  // Backward: LM head and final norm, then the layers in reverse, then the embedding.
   const Tensor dn = Rows(dn_, t), g = Rows(g_, t);
-  SY_RETURN_IF_ERROR(ce_->Backward(s, fn, w_out, targets, lse, ce_scale, dn, dw_out));
+  // LM head loss and its gradient in one pass (the logits of each chunk computed once).
+  SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, targets, ce_scale,
+                                          Slice(stat_ce_, micro, {1}), ce_num_valid_, lse, dn,
+                                          dw_out));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd+bwd: LM head + loss"));
+  // Backward: final norm, then the layers in reverse, then the embedding.
   SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), t), P("final_norm.weight"),
                                               Rows(final_rstd_, t), g, G("final_norm.weight"), true,
                                               rms_ws_));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: LM head + final norm"));
+  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: final norm"));
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     SY_RETURN_IF_ERROR(LayerBackward(s, layers_[l], seq_len, aux_grad_scale));
