@@ -39,7 +39,9 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import shutil
 
 import yaml
 
@@ -172,7 +174,46 @@ def manifests(docs):
                 check(True, "tls patch applies to %s/%s" % key)
             except (KeyError, IndexError, ValueError) as e:
                 check(False, "tls patch on %s/%s: %s" % (key[0], key[1], e))
-    return by, tls_by
+    return kustomize_render(by, tls_by)
+
+
+def kustomize_render(by, tls_by):
+    """`kubectl kustomize` (kustomize built into kubectl), when installed: the base must render to
+    exactly the objects of the files, and base + tls component to what the patches above gave;
+    the rendered tls objects are then the ones checked."""
+    section("kubectl kustomize")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("SKIP: no kubectl: the kustomization is checked by this test's own reading only")
+        return by, tls_by
+    work = os.path.join(TMP, "kustomize")
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(os.path.join(HERE, "kubernetes"), os.path.join(work, "kubernetes"))
+    os.makedirs(os.path.join(work, "overlay"))
+    with open(os.path.join(work, "overlay", "kustomization.yaml"), "w") as f:
+        f.write("resources: [../kubernetes]\ncomponents: [../kubernetes/tls]\n")
+    rendered = {}
+    for name, path in (("base", "kubernetes"), ("tls", "overlay")):
+        r = subprocess.run([kubectl, "kustomize", os.path.join(work, path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not check(r.returncode == 0, "kubectl kustomize %s: exit %d %s" %
+                     (name, r.returncode, r.stderr.strip()[-500:])):
+            return by, tls_by
+        rendered[name] = {(o["kind"], o["metadata"]["name"]): o
+                          for o in yaml.safe_load_all(r.stdout) if o}
+        print("%s renders %d objects" % (name, len(rendered[name])))
+
+    def norm(o):  # kustomize writes 0440 as 288 and sorts keys; compare as JSON
+        return json.dumps(o, sort_keys=True)
+
+    for name, mine in (("base", by), ("tls", tls_by)):
+        got = rendered[name]
+        check(set(got) == set(mine), "%s: kustomize renders the same objects %s" %
+              (name, sorted("%s/%s" % k for k in got)))
+        diff = [k for k in mine if k in got and norm(got[k]) != norm(mine[k])]
+        check(not diff, "%s: every rendered object equals this test's reading%s" %
+              (name, (" (differs: %s)" % diff) if diff else ""))
+    return rendered["base"], rendered["tls"]
 
 
 def container_args(c):
@@ -615,7 +656,85 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     wlog.seek(0)
     log_lines = [l for l in wlog.read().splitlines() if l.strip()]
     print("worker log (last lines):\n  " + "\n  ".join(log_lines[-4:]))
+    DASHBOARD_QUERIES_RUN.append(prometheus_queries(http_port, metrics_port))
     return [coord_text, worker_text]
+
+
+DASHBOARDS = {}
+DASHBOARD_QUERIES_RUN = []
+
+
+def dashboard_exprs(d):
+    """(title, expr with the Grafana variables replaced) of every panel query."""
+    out = []
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            e = (t["expr"].replace("$__rate_interval", "1m").replace("$__range", "5m")
+                 .replace("$job", "switchyard-.*").replace("$instance", ".*"))
+            out.append((p["title"], e))
+    return out
+
+
+def prometheus_queries(coord_http_port, worker_metrics_port):
+    """A real Prometheus (Debian's package, when installed) scrapes the running coordinator and
+    worker under the scrape job names of prometheus.yml; every dashboard query must evaluate, and
+    return series unless it is on a metric a CPU worker does not export."""
+    section("dashboard queries in a real Prometheus")
+    prom = shutil.which("prometheus")
+    if prom is None:
+        print("SKIP: no prometheus binary (Debian package prometheus): queries not evaluated")
+        return False
+    port = free_port()
+    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+           "scrape_configs": [
+               {"job_name": "switchyard-coordinator",
+                "static_configs": [{"targets": ["127.0.0.1:%d" % coord_http_port]}]},
+               {"job_name": "switchyard-worker",
+                "static_configs": [{"targets": ["127.0.0.1:%d" % worker_metrics_port]}]}]}
+    cfg_path = os.path.join(TMP, "prometheus-test.yml")
+    with open(cfg_path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    log = open(os.path.join(TMP, "prometheus.log"), "w+")
+    p = subprocess.Popen([prom, "--config.file=" + cfg_path,
+                          "--storage.tsdb.path=" + os.path.join(TMP, "prometheus-data"),
+                          "--web.listen-address=127.0.0.1:%d" % port],
+                         stdout=log, stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    base = "http://127.0.0.1:%d" % port
+
+    def query(q):
+        url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.loads(r.read().decode())
+        except urllib.error.HTTPError as e:
+            return json.loads(e.read().decode())
+        except (urllib.error.URLError, ConnectionError, ValueError) as e:
+            return {"status": "error", "error": str(e)}
+
+    ready = False
+    for _ in range(300):
+        r = query('count_over_time(up{job=~"switchyard-.*"}[1m]) >= 4')
+        if r.get("status") == "success" and len(r["data"]["result"]) == 2:
+            ready = True
+            break
+        if p.poll() is not None:
+            break
+        time.sleep(0.1)
+    if not check(ready, "Prometheus %s scraped both targets 4 times" % prom):
+        log.seek(0)
+        print(log.read()[-3000:])
+        return False
+    for d in DASHBOARDS.values():
+        for title, e in dashboard_exprs(d):
+            r = query(e)
+            ok = r.get("status") == "success"
+            n = len(r["data"]["result"]) if ok else 0
+            cpu_absent = "switchyard_worker_mfu" in e
+            check(ok and (n > 0 or cpu_absent), "%r: %s -> %s, %d series%s" % (
+                title, e, r.get("status"), n, r.get("error", "") and " " + r.get("error") or
+                (" (MFU: none on a CPU worker)" if cpu_absent else "")))
+    return True
 
 
 def stop_all():
@@ -781,6 +900,38 @@ def check_prometheus(docs, by, dashboards):
               "dashboard job variable %r matches the scrape jobs" % rx)
 
 
+def check_promtool(docs, dashboards):
+    """promtool (Debian package prometheus), when installed: the dashboard's PromQL as recording
+    rules, and prometheus.yml with its kubernetes_sd_configs swapped for a static target (Debian
+    builds Prometheus without Kubernetes discovery) so the relabel rules are checked."""
+    section("promtool")
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        print("SKIP: no promtool (Debian package prometheus): PromQL syntax not checked here "
+              "(the dashboard queries still run in Prometheus if it is installed)")
+        return
+    rules = [{"record": "dashboard:q%d" % i, "expr": e} for d in dashboards.values()
+             for i, (_, e) in enumerate(dashboard_exprs(d))]
+    path = os.path.join(TMP, "dashboard-rules.yml")
+    with open(path, "w") as f:
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+    r = subprocess.run([promtool, "check", "rules", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    check(r.returncode == 0, "promtool check rules: the dashboard's %d queries parse: %s" %
+          (len(rules), r.stdout.strip().replace("\n", " | ")))
+    cfg = copy.deepcopy(docs["prometheus/prometheus.yml"][0])
+    for sc in cfg.get("scrape_configs", []):
+        if sc.pop("kubernetes_sd_configs", None) is not None:
+            sc["static_configs"] = [{"targets": ["127.0.0.1:1"]}]
+    path = os.path.join(TMP, "prometheus-static.yml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    r = subprocess.run([promtool, "check", "config", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    check(r.returncode == 0, "promtool check config (kubernetes_sd swapped for a static "
+          "target): %s" % r.stdout.strip().replace("\n", " | "))
+
+
 def check_grafana(docs, dashboards):
     section("grafana provisioning")
     ds = docs["grafana/provisioning/datasources/prometheus.yaml"][0]
@@ -873,6 +1024,8 @@ def main():
     by, tls_by = manifests(docs)
     coord, workers, _ = check_manifests(by)
     check_flags(by, tls_by, coordinator_bin, worker_bin)
+    DASHBOARDS.update(dashboards)
+    check_promtool(docs, dashboards)
     scraped = []
     try:
         r = run_binaries(coord, workers, coordinator_bin, worker_bin)
