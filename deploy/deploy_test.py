@@ -737,6 +737,113 @@ def prometheus_queries(coord_http_port, worker_metrics_port):
     return True
 
 
+def start_coordinator(args, name):
+    """Starts the coordinator; returns the process, or None (log printed) if it did not come up."""
+    log = open(os.path.join(TMP, name + ".log"), "w+")
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    for _ in range(300):
+        log.seek(0)
+        if "listening grpc=" in log.read():
+            return p
+        if p.poll() is not None:
+            break
+        time.sleep(0.1)
+    log.seek(0)
+    print(log.read()[-3000:])
+    return None
+
+
+def run_tls(tls_by, coordinator_bin, worker_bin):
+    """The tls component for real: a self-signed certificate (openssl) for 127.0.0.1; the
+    coordinator with the rendered tls args; the HTTPS /healthz the rewritten probes call; a worker
+    with gpu-0's rendered args (--tls-root-cert) attaching over TLS."""
+    section("the tls component: coordinator and worker over TLS")
+    if shutil.which("openssl") is None:
+        print("SKIP: no openssl: cannot make a test certificate")
+        return
+    coord, workers = coordinator_and_workers(tls_by)
+    cc = pod_spec(coord[0])["containers"][0]
+    wc = pod_spec(workers[0])["containers"][0]
+    cert, key = os.path.join(TMP, "tls.crt"), os.path.join(TMP, "tls.key")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=switchyard-coordinator", "-addext",
+                        "subjectAltName=DNS:switchyard-coordinator,DNS:localhost,IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if not check(r.returncode == 0, "openssl made a self-signed certificate"):
+        print(r.stdout)
+        return
+    for c, flags in ((cc, ("tls_cert", "tls_key")), (wc, ("tls_root_cert",))):
+        for flag in flags:
+            path = container_args(c).get(flag, "")
+            mounts = [m for m in c.get("volumeMounts", [])
+                      if path.startswith(m["mountPath"].rstrip("/") + "/")]
+            spec = pod_spec(coord[0] if c is cc else workers[0])
+            vols = {v["name"]: v for v in spec.get("volumes", [])}
+            secret = [vols[m["name"]].get("secret", {}).get("secretName") for m in mounts
+                      if m["name"] in vols]
+            check(secret == ["switchyard-tls"], "tls: %s --%s %s is in Secret %s" %
+                  (c["name"], flag.replace("_", "-"), path, secret))
+    token = "deploy-test-tls-" + os.urandom(8).hex()
+    token_file = os.path.join(TMP, "tls-token")
+    with open(token_file, "w") as f:
+        f.write(token)
+    grpc_port, http_port = free_port(), free_port()
+    args, changed = substituted(cc["args"], {
+        "store": os.path.join(TMP, "tls-store.db"), "token_file": token_file,
+        "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
+        "advertise_address": "127.0.0.1:%d" % grpc_port,
+        "checkpoint_root": os.path.join(TMP, "tls-checkpoints"), "tls_cert": cert,
+        "tls_key": key})
+    print("replaced for this machine: %s" % changed)
+    p = start_coordinator([coordinator_bin] + args, "tls-coordinator")
+    if not check(p is not None, "coordinator starts with the tls component's args"):
+        return
+    import ssl
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE  # as the kubelet's HTTPS probes: no verification
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        g = cc[probe].get("httpGet", {})
+        url = "https://127.0.0.1:%d%s" % (http_port, g.get("path", "?"))
+        try:
+            with urllib.request.urlopen(url, timeout=5, context=insecure) as r:
+                status, body = r.status, r.read().decode().strip()
+        except (urllib.error.URLError, ConnectionError) as e:
+            status, body = None, str(e)
+        check(g.get("scheme") == "HTTPS" and g.get("port") == "http" and status == 200,
+              "tls %s: %s GET %s -> %s %r" % (probe, g.get("scheme"), url, status, body))
+    metrics_port = free_port()
+    wargs, wchanged = substituted(wc["args"], {
+        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": token_file, "device": "cpu",
+        "metrics_port": metrics_port, "gloo_host": "127.0.0.1", "tls_root_cert": cert})
+    print("replaced for this machine: %s" % wchanged)
+    wlog = open(os.path.join(TMP, "tls-worker.log"), "w+")
+    wp = subprocess.Popen([worker_bin] + wargs, stdout=wlog, stderr=subprocess.STDOUT)
+    PROCS.append(wp)
+    verified = ssl.create_default_context(cafile=cert)
+    attached = False
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % http_port, timeout=5,
+                                        context=verified) as r:
+                text = r.read().decode()
+            m = re.search(r"^switchyard_coordinator_workers_attached (\S+)", text, re.M)
+            if m and float(m.group(1)) >= 1:
+                attached = True
+                break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        if wp.poll() is not None:
+            break
+        time.sleep(0.1)
+    wlog.seek(0)
+    if not check(attached, "tls: the worker attaches with --tls-root-cert (verified HTTPS "
+                 "/metrics of the coordinator reads workers_attached >= 1)"):
+        print(wlog.read()[-3000:])
+
+
 def stop_all():
     for p in PROCS:
         if p.poll() is None:
@@ -1031,6 +1138,11 @@ def main():
         r = run_binaries(coord, workers, coordinator_bin, worker_bin)
         if r is not None:
             scraped = r
+    finally:
+        stop_all()
+    PROCS.clear()
+    try:
+        run_tls(tls_by, coordinator_bin, worker_bin)
     finally:
         stop_all()
     check(len(scraped) == 2, "scraped the coordinator's and the worker's /metrics")
