@@ -3,7 +3,9 @@
 
 Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes both)
 
-1. Every YAML file (all documents) and the dashboard JSON parse; kustomization resources exist.
+1. Every YAML file (all documents, duplicate keys rejected) and the dashboard JSON parse;
+   kustomization resources exist; `kubectl kustomize` (when installed) renders the base and
+   base + tls component to exactly what this test reads.
 2. Manifests hang together: namespaces, Service selectors and named ports, Secret and PVC
    references, StatefulSet serviceName, the workers' --coordinator = Service:grpc port, the
    coordinator's --advertise-address, --metrics-port = the container's metrics port, the probe
@@ -16,6 +18,10 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
    as the kubelet calls it), a bogus one does not; /healthz; /metrics scraped.
 6. A real worker is started with gpu-0's args (--device cpu, temp token, free metrics port),
    attaches, trains a tiny mock-data job submitted over REST; its /metrics is scraped.
+   With the tls component: the coordinator over TLS, its HTTPS /healthz probes, a worker
+   attaching with --tls-root-cert (self-signed certificate from openssl).
+   With Debian's prometheus package: promtool checks the dashboard PromQL and prometheus.yml, and a
+   real Prometheus scrapes both processes and evaluates every dashboard query.
 7. Every metric the dashboard's PromQL uses is one the scrapes saw (or, for series that only
    exist on GPU such as MFU, one worker/agent/worker_metrics.cc registers); every label the
    dashboard groups by, matches on or prints is one the series carry or prometheus.yml adds.
@@ -24,7 +30,7 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
    non-root uid = the manifests' runAsUser, the Debian packages it installs own every shared
    library `ldd` resolves for both binaries here (Debian 12), CUDA sonames are the ones its
    CUDA packages provide.
-Prints every check; exits 1 if any failed.
+Prints every check ("ok:" / "FAIL:" / "SKIP:") and a summary; exits 1 if any failed.
 """
 import copy
 import glob
@@ -32,16 +38,17 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
+import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
-import shutil
 
 import yaml
 
@@ -64,6 +71,25 @@ def section(title):
     print("\n=== " + title, flush=True)
 
 
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently;
+    kubectl and kustomize reject it)."""
+
+
+def _strict_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, "key %r defined twice" % (key,), key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _strict_mapping)
+
+
 def rel(path):
     return os.path.relpath(path, HERE)
 
@@ -79,7 +105,7 @@ def load_all():
     for f in files:
         try:
             with open(f) as fh:
-                d = [x for x in yaml.safe_load_all(fh) if x is not None]
+                d = [x for x in yaml.load_all(fh, Loader=StrictLoader) if x is not None]
             docs[rel(f)] = d
             kinds = ", ".join(str(x.get("kind", "-")) for x in d if isinstance(x, dict))
             check(len(d) >= 1, "%s: %d document(s) [%s]" % (rel(f), len(d), kinds))
@@ -1122,11 +1148,7 @@ def check_docker(coordinator_bin, worker_bin, by):
               "(CUDA_PACKAGES)" % (os.path.basename(binary), sorted(cuda_seen)))
 
 
-def main():
-    if len(sys.argv) != 3:
-        print("usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER", file=sys.stderr)
-        return 2
-    coordinator_bin, worker_bin = (os.path.abspath(a) for a in sys.argv[1:3])
+def run_checks(coordinator_bin, worker_bin):
     docs, dashboards = load_all()
     by, tls_by = manifests(docs)
     coord, workers, _ = check_manifests(by)
@@ -1150,6 +1172,18 @@ def main():
     check_prometheus(docs, by, dashboards)
     check_grafana(docs, dashboards)
     check_docker(coordinator_bin, worker_bin, by)
+
+
+def main():
+    if len(sys.argv) != 3:
+        print("usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER", file=sys.stderr)
+        return 2
+    coordinator_bin, worker_bin = (os.path.abspath(a) for a in sys.argv[1:3])
+    try:
+        run_checks(coordinator_bin, worker_bin)
+    except Exception as e:  # a malformed file can break a later step: report it as a failure
+        traceback.print_exc()
+        check(False, "the test stopped early: %s: %s" % (type(e).__name__, e))
     print("\n%d checks, %d failed" % (CHECKS[0], len(FAILURES)))
     for f in FAILURES:
         print("FAILED: " + f)
