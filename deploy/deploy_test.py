@@ -173,8 +173,15 @@ def manifests(docs):
         if check(p in docs, "resource %s exists and parses" % p):
             objects.extend(docs[p])
     for p in docs:
-        if p.startswith("kubernetes/") and p.count("/") == 1 and p != kpath:
+        if p.startswith("kubernetes/") and p.count("/") == 1 and p not in (kpath, TOKEN_TEMPLATE):
             check(p in listed, "%s is listed in kustomization resources" % p)
+    # The token Secret template must stay out: a re-apply would reset the real token to it.
+    check(TOKEN_TEMPLATE in docs and TOKEN_TEMPLATE not in listed,
+          "%s exists and is not a kustomization resource" % TOKEN_TEMPLATE)
+    for o in docs.get(TOKEN_TEMPLATE, []):
+        check(o["kind"] == "Secret" and o["metadata"].get("namespace") == ns,
+              "%s: %s/%s in namespace %s" % (TOKEN_TEMPLATE, o["kind"], o["metadata"]["name"],
+                                             o["metadata"].get("namespace")))
     for img in kust.get("images", []):
         check(img.get("name") == "switchyard", "kustomization images rewrites %r" % img.get("name"))
     by = {}
@@ -240,6 +247,17 @@ def kustomize_render(by, tls_by):
         check(not diff, "%s: every rendered object equals this test's reading%s" %
               (name, (" (differs: %s)" % diff) if diff else ""))
     return rendered["base"], rendered["tls"]
+
+
+TOKEN_TEMPLATE = "kubernetes/token-secret.yaml"
+
+
+def with_token_secret(by, docs):
+    """The objects plus the token Secret of the template (created by hand in a cluster)."""
+    out = dict(by)
+    for o in docs.get(TOKEN_TEMPLATE, []):
+        out[(o["kind"], o["metadata"]["name"])] = o
+    return out
 
 
 def container_args(c):
@@ -1016,6 +1034,13 @@ def check_prometheus(docs, by, dashboards):
                     if keep:
                         selected.append((o["metadata"]["name"], c, p))
         ports = sorted(p["containerPort"] for _, _, p in selected)
+        for o in pods:
+            ann = o["spec"]["template"]["metadata"].get("annotations", {})
+            if "prometheus.io/port" in ann and any(n == o["metadata"]["name"]
+                                                   for n, _, _ in selected):
+                check([int(ann["prometheus.io/port"])] == ports,
+                      "%s: annotation prometheus.io/port %s = the scraped port %s" %
+                      (o["metadata"]["name"], ann["prometheus.io/port"], ports))
         if name == "switchyard-coordinator":
             want = [int(container_args(c).get("http_port", 0)) for o in pods for c in
                     pod_spec(o)["containers"] if "http_port" in container_args(c)]
@@ -1151,7 +1176,7 @@ def check_docker(coordinator_bin, worker_bin, by):
 def run_checks(coordinator_bin, worker_bin):
     docs, dashboards = load_all()
     by, tls_by = manifests(docs)
-    coord, workers, _ = check_manifests(by)
+    coord, workers, _ = check_manifests(with_token_secret(by, docs))
     check_flags(by, tls_by, coordinator_bin, worker_bin)
     DASHBOARDS.update(dashboards)
     check_promtool(docs, dashboards)
