@@ -163,7 +163,7 @@ TEST(AgentGpuTest, TrainsOnEveryVisibleGpuAndStops) {
   std::printf("stop: all ranks reported after %.0f ms\n",
               absl::ToDoubleMilliseconds(absl::Now() - t0));
   for (int r = 0; r < gpus; ++r) {
-    const v1::WorkerExit& e = fake.Workers().at(absl::StrCat("gpu-", r)).exits[1];
+    const v1::WorkerExit e = fake.Workers().at(absl::StrCat("gpu-", r)).exits[1];
     std::printf("rank %d: exit %d (%s)\n", r, e.exit_code(), e.message().c_str());
     EXPECT_EQ(e.exit_code(), 143);
   }

@@ -92,7 +92,9 @@ void RunFirstStep(bool qk_norm, bool untie) {
   std::mt19937_64 rng(seed);
   const float ce_scale = 1.0f / static_cast<float>(t);
   int64_t flipped = -1;
-  for (int draw = 0; draw < 20 && flipped != 0; ++draw) {
+  // About one draw in ten routes identically in bf16 (measured with cuDNN attention: the first
+  // flip-free draw was draw 0 to 10), so up to 60 draws (~0.3 s each).
+  for (int draw = 0; draw < 60 && flipped != 0; ++draw) {
     for (int64_t i = 0; i < t; ++i) {
       ids.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % gc.vocab_size);
       targets.View().as<int32_t>()[i] = static_cast<int32_t>(rng() % gc.vocab_size);
@@ -133,7 +135,7 @@ void RunFirstStep(bool qk_norm, bool untie) {
     // gradient check below still needs a draw with no difference at all.
     EXPECT_LE(flipped, ci.numel() / 50) << "more than 2% of routing slots differ";
   }
-  ASSERT_EQ(flipped, 0) << "20 random batches all routed differently on GPU and CPU";
+  ASSERT_EQ(flipped, 0) << "60 random batches all routed differently on GPU and CPU";
 
   Buffer g_host = *Buffer::ForTensor(DType::kF32, {n}, Device::Cpu());
   ASSERT_TRUE(kernels::CopyTensor((*gpu)->grads(), g_host.View()).ok());

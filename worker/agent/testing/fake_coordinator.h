@@ -55,7 +55,7 @@ class FakeCoordinator {
   // Waits until `pred(workers)` holds, up to `timeout`.
   bool WaitUntil(const std::function<bool(const std::map<std::string, WorkerRecord>&)>& pred,
                  absl::Duration timeout);
-  // A copy of the records.
+  // A copy of the records (taken under the lock): bind its parts by value, not by reference.
   std::map<std::string, WorkerRecord> Workers();
   // Number of Attach calls rejected for authentication.
   int rejected() const;
