@@ -6,6 +6,8 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -127,8 +129,11 @@ std::string JobName(const std::string& arg) {
   return absl::StartsWith(arg, "jobs/") ? arg : "jobs/" + arg;
 }
 
-// Exactly one positional: the job. Returns 0 or the exit code.
-int OneJob(const std::string& verb, const Parsed& p, std::string* name) {
+// The arguments of get, cancel and watch: no flags, exactly one positional, the job. Returns 0 or
+// the exit code.
+int OneJobArgs(const std::string& verb, const Args& args, std::string* name) {
+  Parsed p;
+  if (int rc = ParseVerbArgs(verb, args, {}, &p)) return rc;
   if (p.positional.size() != 1) {
     return UsageError(absl::StrCat(verb, " takes one job (jobs/ID or ID), got ",
                                    p.positional.size(), " arguments"));
@@ -137,21 +142,41 @@ int OneJob(const std::string& verb, const Parsed& p, std::string* name) {
   return kExitOk;
 }
 
-void PrintJob(const v1::Job& job, Output output, bool detail) {
+// Prints an answer in `output`: `table` as is, `names` one per line, or the message as JSON/YAML.
+void Print(const google::protobuf::Message& message, Output output, const std::string& table,
+           const std::vector<std::string>& names) {
   switch (output) {
-    case Output::kName:
-      std::printf("%s\n", job.name().c_str());
-      break;
     case Output::kTable:
-      std::fputs(detail ? JobDetail(job).c_str() : JobsTable({job}).c_str(), stdout);
+      std::fputs(table.c_str(), stdout);
+      break;
+    case Output::kName:
+      for (const std::string& name : names) std::printf("%s\n", name.c_str());
       break;
     default:
-      std::fputs(Structured(job, output).c_str(), stdout);
+      std::fputs(Structured(message, output).c_str(), stdout);
   }
 }
 
-std::unique_ptr<Client> Connect(const Globals& g, int* exit_code) {
-  return Client::Create(g.client, exit_code);
+void PrintJob(const v1::Job& job, Output output, bool detail) {
+  Print(job, output, detail ? JobDetail(job) : JobsTable({job}), {job.name()});
+}
+
+// Creates the client into *client. Returns 0 or the exit code (the reason is printed).
+int Connect(const Globals& g, std::unique_ptr<Client>* client) {
+  int rc = 0;
+  *client = Client::Create(g.client, &rc);
+  return *client ? kExitOk : rc;
+}
+
+// One unary call `stub.*method(request, response)` with the token and the default deadline.
+// Returns 0, or prints the failure as "syctl <verb>: ..." and returns its exit code.
+template <typename Stub, typename Request, typename Response>
+int Call(const Client& client, const std::string& verb, Stub& stub,
+         grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+         const Request& request, Response* response) {
+  auto context = client.Context();
+  grpc::Status status = (stub.*method)(context.get(), request, response);
+  return status.ok() ? kExitOk : client.Fail(verb, status);
 }
 
 }  // namespace
@@ -201,21 +226,17 @@ int PlanCommand(const Globals& g, const Args& args) {
   cluster->set_inter_node_bandwidth_bytes_per_second(inter * 1e9);
   cluster->set_peak_flops(tflops * 1e12);
 
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
   v1::Plan plan;
-  auto context = client->Context();
-  grpc::Status status = client->plans().Plan(context.get(), request, &plan);
-  if (!status.ok()) return client->Fail("plan", status);
-  if (g.output == Output::kTable) {
-    std::fputs(PlanTable(plan, cluster->gpu_memory_bytes(), static_cast<int>(alternatives)).c_str(),
-               stdout);
-  } else if (g.output == Output::kName) {
-    std::printf("%s\n", MappingText(plan.best().mapping()).c_str());
-  } else {
-    std::fputs(Structured(plan, g.output).c_str(), stdout);
+  if (int rc =
+          Call(*client, "plan", client->plans(), &v1::PlanService::Stub::Plan, request, &plan)) {
+    return rc;
   }
+  // -o name prints the best mapping: a plan has no resource name.
+  Print(plan, g.output,
+        PlanTable(plan, cluster->gpu_memory_bytes(), static_cast<int>(alternatives)),
+        {MappingText(plan.best().mapping())});
   return kExitOk;
 }
 
@@ -236,13 +257,13 @@ int SubmitCommand(const Globals& g, const Args& args) {
   if (p.Has("--name")) request.mutable_spec()->set_display_name(p.Get("--name"));
   request.set_request_id(p.Get("--request-id"));
 
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
   v1::Job job;
-  auto context = client->Context();
-  grpc::Status status = client->jobs().CreateJob(context.get(), request, &job);
-  if (!status.ok()) return client->Fail("submit", status);
+  if (int rc = Call(*client, "submit", client->jobs(), &v1::JobService::Stub::CreateJob, request,
+                    &job)) {
+    return rc;
+  }
   PrintJob(job, g.output, /*detail=*/false);
   std::fflush(stdout);
   if (!p.Has("--wait")) return kExitOk;
@@ -250,19 +271,14 @@ int SubmitCommand(const Globals& g, const Args& args) {
 }
 
 int GetCommand(const Globals& g, const Args& args) {
-  Parsed p;
-  if (int rc = ParseVerbArgs("get", args, {}, &p)) return rc;
-  std::string name;
-  if (int rc = OneJob("get", p, &name)) return rc;
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
   v1::GetJobRequest request;
-  request.set_name(name);
+  if (int rc = OneJobArgs("get", args, request.mutable_name())) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
   v1::Job job;
-  auto context = client->Context();
-  grpc::Status status = client->jobs().GetJob(context.get(), request, &job);
-  if (!status.ok()) return client->Fail("get", status);
+  if (int rc = Call(*client, "get", client->jobs(), &v1::JobService::Stub::GetJob, request, &job)) {
+    return rc;
+  }
   PrintJob(job, g.output, /*detail=*/true);
   return kExitOk;
 }
@@ -296,30 +312,23 @@ int ListCommand(const Globals& g, const Args& args) {
   request.set_page_size(static_cast<int32_t>(std::min<int64_t>(page_size, 1 << 30)));
   request.set_page_token(p.Get("--page-token"));
 
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
   v1::ListJobsResponse all;
   while (true) {
     v1::ListJobsResponse page;
-    auto context = client->Context();
-    grpc::Status status = client->jobs().ListJobs(context.get(), request, &page);
-    if (!status.ok()) return client->Fail("list", status);
+    if (int rc = Call(*client, "list", client->jobs(), &v1::JobService::Stub::ListJobs, request,
+                      &page)) {
+      return rc;
+    }
     for (v1::Job& job : *page.mutable_jobs()) *all.add_jobs() = std::move(job);
     all.set_next_page_token(page.next_page_token());
     if (!p.Has("--all") || page.next_page_token().empty()) break;
     request.set_page_token(page.next_page_token());
   }
-  switch (g.output) {
-    case Output::kTable:
-      std::fputs(JobsTable({all.jobs().begin(), all.jobs().end()}).c_str(), stdout);
-      break;
-    case Output::kName:
-      for (const v1::Job& job : all.jobs()) std::printf("%s\n", job.name().c_str());
-      break;
-    default:
-      std::fputs(Structured(all, g.output).c_str(), stdout);
-  }
+  std::vector<std::string> names;
+  for (const v1::Job& job : all.jobs()) names.push_back(job.name());
+  Print(all, g.output, JobsTable({all.jobs().begin(), all.jobs().end()}), names);
   if (!all.next_page_token().empty() && g.output != Output::kJson && g.output != Output::kYaml) {
     std::fprintf(stderr, "syctl list: more jobs: --page-token %s, or --all\n",
                  all.next_page_token().c_str());
@@ -328,62 +337,46 @@ int ListCommand(const Globals& g, const Args& args) {
 }
 
 int CancelCommand(const Globals& g, const Args& args) {
-  Parsed p;
-  if (int rc = ParseVerbArgs("cancel", args, {}, &p)) return rc;
-  std::string name;
-  if (int rc = OneJob("cancel", p, &name)) return rc;
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
   v1::CancelJobRequest request;
-  request.set_name(name);
+  if (int rc = OneJobArgs("cancel", args, request.mutable_name())) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
   v1::Job job;
-  auto context = client->Context();
-  grpc::Status status = client->jobs().CancelJob(context.get(), request, &job);
-  if (!status.ok()) return client->Fail("cancel", status);
+  if (int rc = Call(*client, "cancel", client->jobs(), &v1::JobService::Stub::CancelJob, request,
+                    &job)) {
+    return rc;
+  }
   PrintJob(job, g.output, /*detail=*/false);
   return kExitOk;
 }
 
 int WatchCommand(const Globals& g, const Args& args) {
-  Parsed p;
-  if (int rc = ParseVerbArgs("watch", args, {}, &p)) return rc;
-  std::string name;
-  if (int rc = OneJob("watch", p, &name)) return rc;
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
-  // The job first: a missing job fails fast, and train_iters gives the progress bar its end.
   v1::GetJobRequest request;
-  request.set_name(name);
+  if (int rc = OneJobArgs("watch", args, request.mutable_name())) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
+  // The job first: a missing job fails fast, and train_iters gives the progress bar its end.
   v1::Job job;
-  auto context = client->Context();
-  grpc::Status status = client->jobs().GetJob(context.get(), request, &job);
-  if (!status.ok()) return client->Fail("watch", status);
-  return FollowJob(*client, g.output, "watch", name, job.spec().training().train_iters());
+  if (int rc =
+          Call(*client, "watch", client->jobs(), &v1::JobService::Stub::GetJob, request, &job)) {
+    return rc;
+  }
+  return FollowJob(*client, g.output, "watch", request.name(), job.spec().training().train_iters());
 }
 
 int WorkersCommand(const Globals& g, const Args& args) {
   if (!args.empty()) return UsageError("workers takes no arguments");
-  int rc = 0;
-  auto client = Connect(g, &rc);
-  if (!client) return rc;
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
   v1::ListWorkersResponse response;
-  auto context = client->Context();
-  grpc::Status status =
-      client->workers().ListWorkers(context.get(), v1::ListWorkersRequest(), &response);
-  if (!status.ok()) return client->Fail("workers", status);
-  switch (g.output) {
-    case Output::kTable:
-      std::fputs(WorkersTable(response).c_str(), stdout);
-      break;
-    case Output::kName:
-      for (const v1::WorkerStatus& w : response.workers())
-        std::printf("%s\n", w.worker_id().c_str());
-      break;
-    default:
-      std::fputs(Structured(response, g.output).c_str(), stdout);
+  if (int rc =
+          Call(*client, "workers", client->workers(), &v1::WorkerAdminService::Stub::ListWorkers,
+               v1::ListWorkersRequest(), &response)) {
+    return rc;
   }
+  std::vector<std::string> ids;
+  for (const v1::WorkerStatus& w : response.workers()) ids.push_back(w.worker_id());
+  Print(response, g.output, WorkersTable(response), ids);
   return kExitOk;
 }
 
