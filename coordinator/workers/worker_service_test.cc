@@ -148,35 +148,51 @@ v1::Assignment RunningAssignment(FakeWorker& w) {
   return a ? *a : v1::Assignment();
 }
 
-TEST(WorkerServiceTest, RestartedCoordinatorReadoptsRunningJob) {
+// What the first coordinator leaves for its successor on the same store file.
+struct FirstLife {
   std::string job;
-  v1::Assignment a0, a1;
-  {
-    auto h = Harness::Start("service_readopt.db");
-    ASSERT_NE(h, nullptr);
-    FakeWorker w0(testing::MakeChannel(h->port()), "keep-0");
-    FakeWorker w1(testing::MakeChannel(h->port()), "keep-1");
-    w0.Attach();
-    w1.Attach();
-    HeartbeatTicker ticker({&w0, &w1}, absl::Milliseconds(200));
-    WaitUntil([&] { return h->plane()->registry()->CountInState(WorkerState::kIdle) == 2; });
-    job = h->Submit(testing::SmallSpec(2, 2));
-    ASSERT_TRUE(w0.WaitFor(CoordinatorMessage::kStart).has_value());
-    ASSERT_TRUE(w1.WaitFor(CoordinatorMessage::kStart).has_value());
-    w0.SendStep(1, 1.0);
-    w1.SendStep(1, 1.0);
-    h->WaitForState(job, Job::RUNNING);
-    a0 = RunningAssignment(w0);
-    a1 = RunningAssignment(w1);
-    h->Stop();  // the coordinator exits; the workers keep training
-    ExpectRefused(w0, grpc::StatusCode::UNAVAILABLE, "shutting down");
-  }
+  v1::Assignment a0, a1;  // the running assignments of the workers `id0` and `id1`
+};
+
+// The first coordinator's life over a fresh `store_name`: workers `id0` and `id1` attach,
+// `spec` starts on both, the first `reporting` of them (1 or 2) send step 1, the job is RUNNING
+// and the coordinator exits while the workers keep training. With `check_shutdown`, `id0`'s
+// stream must end UNAVAILABLE "shutting down". ASSERTs: call through ASSERT_NO_FATAL_FAILURE.
+void RunFirstCoordinator(const std::string& store_name, const std::string& id0,
+                         const std::string& id1, const v1::JobSpec& spec, int reporting,
+                         bool check_shutdown, FirstLife* out) {
+  auto h = Harness::Start(store_name);
+  ASSERT_NE(h, nullptr);
+  FakeWorker w0(testing::MakeChannel(h->port()), id0);
+  FakeWorker w1(testing::MakeChannel(h->port()), id1);
+  w0.Attach();
+  w1.Attach();
+  HeartbeatTicker ticker({&w0, &w1}, absl::Milliseconds(200));
+  WaitUntil([&] { return h->plane()->registry()->CountInState(WorkerState::kIdle) == 2; });
+  out->job = h->Submit(spec);
+  ASSERT_TRUE(w0.WaitFor(CoordinatorMessage::kStart).has_value());
+  ASSERT_TRUE(w1.WaitFor(CoordinatorMessage::kStart).has_value());
+  w0.SendStep(1, 1.0);
+  if (reporting > 1) w1.SendStep(1, 1.0);
+  h->WaitForState(out->job, Job::RUNNING);
+  out->a0 = RunningAssignment(w0);
+  out->a1 = RunningAssignment(w1);
+  h->Stop();  // the coordinator exits; the workers keep training
+  if (check_shutdown) ExpectRefused(w0, grpc::StatusCode::UNAVAILABLE, "shutting down");
+}
+
+TEST(WorkerServiceTest, RestartedCoordinatorReadoptsRunningJob) {
+  FirstLife first;
+  ASSERT_NO_FATAL_FAILURE(RunFirstCoordinator("service_readopt.db", "keep-0", "keep-1",
+                                              testing::SmallSpec(2, 2), /*reporting=*/2,
+                                              /*check_shutdown=*/true, &first));
+  const std::string& job = first.job;
   auto h = Harness::Start("service_readopt.db", /*fresh=*/false);
   ASSERT_NE(h, nullptr);
   FakeWorker w0(testing::MakeChannel(h->port()), "keep-0");
   FakeWorker w1(testing::MakeChannel(h->port()), "keep-1");
-  w0.set_assignment(a0);
-  w1.set_assignment(a1);
+  w0.set_assignment(first.a0);
+  w1.set_assignment(first.a1);
   w0.Attach();
   w1.Attach();
   HeartbeatTicker ticker({&w0, &w1}, absl::Milliseconds(200));
@@ -205,72 +221,41 @@ TEST(WorkerServiceTest, RestartedCoordinatorReadoptsRunningJob) {
 }
 
 TEST(WorkerServiceTest, RestartedCoordinatorAcceptsExitsSentOnReattach) {
-  std::string job;
-  v1::Assignment a0, a1;
-  {
-    auto h = Harness::Start("service_queued_exit.db");
-    ASSERT_NE(h, nullptr);
-    FakeWorker w0(testing::MakeChannel(h->port()), "q-0");
-    FakeWorker w1(testing::MakeChannel(h->port()), "q-1");
-    w0.Attach();
-    w1.Attach();
-    HeartbeatTicker ticker({&w0, &w1}, absl::Milliseconds(200));
-    WaitUntil([&] { return h->plane()->registry()->CountInState(WorkerState::kIdle) == 2; });
-    job = h->Submit(testing::SmallSpec(2, 2));
-    ASSERT_TRUE(w0.WaitFor(CoordinatorMessage::kStart).has_value());
-    ASSERT_TRUE(w1.WaitFor(CoordinatorMessage::kStart).has_value());
-    w0.SendStep(1, 1.0);
-    h->WaitForState(job, Job::RUNNING);
-    a0 = RunningAssignment(w0);
-    a1 = RunningAssignment(w1);
-    h->Stop();
-  }
+  FirstLife first;
+  ASSERT_NO_FATAL_FAILURE(RunFirstCoordinator("service_queued_exit.db", "q-0", "q-1",
+                                              testing::SmallSpec(2, 2), /*reporting=*/1,
+                                              /*check_shutdown=*/false, &first));
   // Training finished during the outage: each worker re-attaches and sends its queued
   // WorkerExit(0) right after the registration, before any heartbeat.
   auto h = Harness::Start("service_queued_exit.db", /*fresh=*/false);
   ASSERT_NE(h, nullptr);
   FakeWorker w0(testing::MakeChannel(h->port()), "q-0");
   FakeWorker w1(testing::MakeChannel(h->port()), "q-1");
-  w0.set_assignment(a0);
+  w0.set_assignment(first.a0);
   w0.Attach();
   w0.SendExit(0, "train_iters reached while the coordinator was away");
   HeartbeatTicker ticker({&w0}, absl::Milliseconds(100));
   // w0 now heartbeats generation 0 while w1 is still away: the job must not restart for that.
   absl::SleepFor(absl::Milliseconds(700));
-  w1.set_assignment(a1);
+  w1.set_assignment(first.a1);
   w1.Attach();
   w1.SendExit(0, "train_iters reached while the coordinator was away");
   ticker.Add(&w1);
-  Job done = h->WaitForState(job, Job::SUCCEEDED);
+  Job done = h->WaitForState(first.job, Job::SUCCEEDED);
   EXPECT_EQ(done.generation(), 1);
   EXPECT_EQ(done.restart_count(), 0);
   EXPECT_EQ(w0.CountReceived(CoordinatorMessage::kStop), 0);
 }
 
 TEST(WorkerServiceTest, RestartedCoordinatorRestartsJobWhenAWorkerIsMissing) {
-  std::string job;
-  v1::Assignment a0;
-  {
-    auto h = Harness::Start("service_missing.db");
-    ASSERT_NE(h, nullptr);
-    FakeWorker w0(testing::MakeChannel(h->port()), "back");
-    FakeWorker w1(testing::MakeChannel(h->port()), "gone");
-    w0.Attach();
-    w1.Attach();
-    HeartbeatTicker ticker({&w0, &w1}, absl::Milliseconds(200));
-    WaitUntil([&] { return h->plane()->registry()->CountInState(WorkerState::kIdle) == 2; });
-    job = h->Submit(testing::SmallSpec(1, 2));
-    ASSERT_TRUE(w0.WaitFor(CoordinatorMessage::kStart).has_value());
-    ASSERT_TRUE(w1.WaitFor(CoordinatorMessage::kStart).has_value());
-    w0.SendStep(1, 1.0);
-    h->WaitForState(job, Job::RUNNING);
-    a0 = RunningAssignment(w0);
-    h->Stop();
-  }
+  FirstLife first;
+  ASSERT_NO_FATAL_FAILURE(RunFirstCoordinator("service_missing.db", "back", "gone",
+                                              testing::SmallSpec(1, 2), /*reporting=*/1,
+                                              /*check_shutdown=*/false, &first));
   auto h = Harness::Start("service_missing.db", /*fresh=*/false);
   ASSERT_NE(h, nullptr);
   FakeWorker w0(testing::MakeChannel(h->port()), "back");
-  w0.set_assignment(a0);
+  w0.set_assignment(first.a0);
   w0.Attach();
   HeartbeatTicker ticker({&w0}, absl::Milliseconds(200));
   // After adopt_grace (3 s) without "gone": Stop to "back", then generation 2 on it alone.
@@ -282,7 +267,7 @@ TEST(WorkerServiceTest, RestartedCoordinatorRestartsJobWhenAWorkerIsMissing) {
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->message.assignment().generation(), 2);
   EXPECT_EQ(next->message.assignment().world_size(), 1);
-  Job job_now = h->WaitForState(job, Job::STARTING);
+  Job job_now = h->WaitForState(first.job, Job::STARTING);
   EXPECT_EQ(job_now.restart_count(), 1);
 }
 
