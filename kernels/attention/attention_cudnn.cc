@@ -187,8 +187,17 @@ absl::Status Run(const Stream& stream, PlanKey key, float scale,
     }
     std::unique_ptr<Plan>& plan = cache.plans[key];
     if (plan == nullptr) {
-      plan = std::make_unique<Plan>();
-      plan->status = BuildPlan(h->second, key, scale, plan.get());
+      auto built = std::make_unique<Plan>();
+      try {
+        built->status = BuildPlan(h->second, key, scale, built.get());
+      } catch (const std::exception& ex) {  // the frontend throws when a symbol is missing
+        built->status = absl::FailedPreconditionError(
+            absl::StrCat("cuDNN attention: building the plan threw: ", ex.what()));
+      }
+      if (built->status.ok() && built->graph == nullptr) {
+        built->status = absl::InternalError("cuDNN attention: plan built without a graph");
+      }
+      plan = std::move(built);  // remembered either way: a rejected shape is not rebuilt
     }
     SY_RETURN_IF_ERROR(plan->status);
     const cudnnStatus_t st =
