@@ -24,16 +24,16 @@
 #include "coordinator/workers/worker_test_util.h"
 #include "gtest/gtest.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/testing/running_agent.h"
 
 namespace switchyard::agent {
 namespace {
 
-namespace wt = workers::testing;
+using testing::RunningAgent;
+using testing::StartRunningAgent;
+using testing::TmpDir;
 
-std::string TmpDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-}
+namespace wt = workers::testing;
 
 // A port that was free a moment ago (the scheduler needs the rendezvous address before the
 // harness picks its own port).
@@ -49,17 +49,6 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-struct RunningAgent {
-  std::unique_ptr<Agent> agent;
-  std::thread thread;
-  absl::Status result;
-  void Stop() {
-    if (agent) agent->Shutdown();
-    if (thread.joinable()) thread.join();
-  }
-  ~RunningAgent() { Stop(); }
-};
-
 std::unique_ptr<RunningAgent> StartAgent(const std::string& coordinator, const std::string& id,
                                          const std::string& token_file) {
   AgentOptions o;
@@ -69,13 +58,7 @@ std::unique_ptr<RunningAgent> StartAgent(const std::string& coordinator, const s
   o.worker_id = id;
   o.heartbeat_interval = absl::Milliseconds(200);
   o.comm_timeout = absl::Seconds(10);
-  auto agent = Agent::Create(o);
-  EXPECT_TRUE(agent.ok()) << agent.status();
-  if (!agent.ok()) return nullptr;
-  auto r = std::make_unique<RunningAgent>();
-  r->agent = std::move(*agent);
-  r->thread = std::thread([p = r.get()] { p->result = p->agent->Run(); });
-  return r;
+  return StartRunningAgent(o);
 }
 
 // A tiny version of the harness's SmallSpec (2 MoE layers, 12 experts) that trains in well under

@@ -20,31 +20,20 @@
 #include "kernels/testing/gpu.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/testing/fake_coordinator.h"
+#include "worker/agent/testing/running_agent.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 
 namespace switchyard::agent {
 namespace {
 
+using testing::RunningAgent;
+using testing::StartRunningAgent;
+using testing::TmpDir;
+
 using Workers = std::map<std::string, testing::WorkerRecord>;
 
 const std::string kSpec =
     switchyard::test_specs::TinyMoeSpecYaml(0, /*jitter=*/false, /*kv_channels=*/64);
-
-std::string TmpDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-}
-
-struct RunningAgent {
-  std::unique_ptr<Agent> agent;
-  std::thread thread;
-  absl::Status result;
-  void Stop() {
-    if (agent) agent->Shutdown();
-    if (thread.joinable()) thread.join();
-  }
-  ~RunningAgent() { Stop(); }
-};
 
 v1::CoordinatorMessage Assign(const std::string& job, int rank, int world, int64_t iters,
                               const std::string& address) {
@@ -79,12 +68,8 @@ TEST(AgentGpuTest, TrainsOnEveryVisibleGpuAndStops) {
     o.metrics_port = i == 0 ? 0 : -1;
     o.metrics_bind_address = "127.0.0.1";
     o.comm_timeout = absl::Seconds(60);
-    auto agent = Agent::Create(o);
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    auto r = std::make_unique<RunningAgent>();
-    r->agent = std::move(*agent);
-    r->thread = std::thread([p = r.get()] { p->result = p->agent->Run(); });
-    agents.push_back(std::move(r));
+    agents.push_back(StartRunningAgent(o));
+    ASSERT_NE(agents.back(), nullptr);
   }
   ASSERT_TRUE(fake.WaitUntil([&](const Workers& ws) { return ws.size() == size_t(gpus); },
                              absl::Seconds(30)));

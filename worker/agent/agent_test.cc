@@ -25,10 +25,15 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "worker/agent/testing/fake_coordinator.h"
+#include "worker/agent/testing/running_agent.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 
 namespace switchyard::agent {
 namespace {
+
+using testing::RunningAgent;
+using testing::StartRunningAgent;
+using testing::TmpDir;
 
 using testing::FakeCoordinator;
 using testing::WorkerRecord;
@@ -39,11 +44,6 @@ using Workers = std::map<std::string, WorkerRecord>;
 const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(6, /*jitter=*/false);
 constexpr int64_t kTokensPerStep = 8 * 16;
 constexpr char kToken[] = "s3cret-token";
-
-std::string TmpDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-}
 
 std::string WriteTokenFile(const std::string& name, const std::string& token) {
   const std::string path = TmpDir(name);
@@ -119,21 +119,6 @@ bool Idle(const Workers& ws, const std::string& id) {
          it->second.last_heartbeat_generation == 0;
 }
 
-// An agent running on a thread of its own.
-struct RunningAgent {
-  std::unique_ptr<Agent> agent;
-  std::thread thread;
-  absl::Status result;
-  void Start() {
-    thread = std::thread([this] { result = agent->Run(); });
-  }
-  void Stop() {
-    agent->Shutdown();
-    if (thread.joinable()) thread.join();
-  }
-  ~RunningAgent() { Stop(); }
-};
-
 std::unique_ptr<RunningAgent> StartAgent(const FakeCoordinator& fake, const std::string& id,
                                          const std::string& token_file, int metrics_port) {
   AgentOptions o;
@@ -148,13 +133,7 @@ std::unique_ptr<RunningAgent> StartAgent(const FakeCoordinator& fake, const std:
   o.worker_id = id;
   o.reconnect_initial_backoff = absl::Milliseconds(50);
   o.reconnect_max_backoff = absl::Milliseconds(500);
-  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
-  EXPECT_TRUE(agent.ok()) << agent.status();
-  if (!agent.ok()) return nullptr;
-  auto r = std::make_unique<RunningAgent>();
-  r->agent = std::move(*agent);
-  r->Start();
-  return r;
+  return StartRunningAgent(o);
 }
 
 void ExpectSane(const v1::StepReport& s, int rank) {
@@ -568,11 +547,8 @@ TEST(AgentTest, TlsCoordinator) {
     o.device = "cpu";
     o.worker_id = absl::StrCat("tls-", r);
     o.heartbeat_interval = absl::Milliseconds(100);
-    absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    agents.push_back(std::make_unique<RunningAgent>());
-    agents.back()->agent = std::move(*agent);
-    agents.back()->Start();
+    agents.push_back(StartRunningAgent(o));
+    ASSERT_NE(agents.back(), nullptr);
   }
   ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return ws.size() == 2; }, absl::Seconds(20)));
   // World 2: the rendezvous goes over TLS too.
