@@ -30,7 +30,9 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
    non-root uid = the manifests' runAsUser, the Debian packages it installs own every shared
    library `ldd` resolves for both binaries here (Debian 12), CUDA sonames are the ones its
    CUDA packages provide.
-Prints every check ("ok:" / "FAIL:" / "SKIP:") and a summary; exits 1 if any failed.
+Every check ("ok:" / "FAIL:" / "SKIP:") goes to deploy_test.log in the test's undeclared outputs
+(bazel-testlogs/deploy/deploy_test/test.outputs/); standard output carries everything but the
+"ok:" lines, so a failure is near the top of what CI shows. Exits 1 if any check failed.
 """
 import copy
 import glob
@@ -57,6 +59,29 @@ TMP = os.environ.get("TEST_TMPDIR") or "/tmp/deploy_test"
 os.makedirs(TMP, exist_ok=True)
 FAILURES = []
 CHECKS = [0]
+
+
+class _Log:
+    """Standard output for this test: everything to the full log file, all but "ok:" lines to
+    the real stdout (the passing checks are hundreds of lines; the failures are what CI shows)."""
+
+    def __init__(self, path):
+        self.full = open(path, "w")
+        self.out = sys.__stdout__
+        self.line = ""
+
+    def write(self, text):
+        self.full.write(text)
+        self.line += text
+        while "\n" in self.line:
+            head, self.line = self.line.split("\n", 1)
+            if not head.startswith("ok:   "):
+                self.out.write(head + "\n")
+        return len(text)
+
+    def flush(self):
+        self.full.flush()
+        self.out.flush()
 
 
 def check(cond, what):
@@ -484,7 +509,7 @@ def _hpack_literal(name, value):
     return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
 
 
-def grpc_health_check(host, port, service, timeout=5.0):
+def grpc_health_check(host, port, service, timeout=15.0):
     """Returns the ServingStatus (1 SERVING, 2 NOT_SERVING) or None when there is no response
     message (e.g. NOT_FOUND for an unknown service)."""
     s = socket.create_connection((host, port), timeout=timeout)
@@ -540,20 +565,46 @@ def grpc_health_check(host, port, service, timeout=5.0):
 PROCS = []
 
 
+HANDED_OUT = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A port nothing listens on and this test has not handed out before (the kernel may give the
+    same ephemeral port to two bind(0) calls in a row once the first socket is closed)."""
+    held = []
+    try:
+        while True:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+            p = s.getsockname()[1]
+            if p not in HANDED_OUT:
+                HANDED_OUT.add(p)
+                return p
+    finally:
+        for s in held:
+            s.close()
 
 
-def http_get(url, token=None, timeout=5):
+def http_get(url, token=None, timeout=10, attempts=3):
+    """(status, body); (HTTP error code, body) for an HTTP error; (None, reason) when the server
+    cannot be reached or does not answer in `timeout` s, after `attempts` tries one second apart
+    (a loaded CI machine: the callers' loops and checks decide, never an exception)."""
     req = urllib.request.Request(url)
     if token:
         req.add_header("authorization", "Bearer " + token)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, r.read().decode()
+    reason = ""
+    for i in range(attempts):
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:  # URLError, refused, reset, timed out
+            reason = "%s: %s" % (type(e).__name__, e)
+        if i + 1 < attempts:
+            time.sleep(1)
+    return None, reason
 
 
 def http_post(url, body, token):
@@ -561,10 +612,12 @@ def http_post(url, body, token):
     req.add_header("authorization", "Bearer " + token)
     req.add_header("content-type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+    except OSError as e:
+        return None, "%s: %s" % (type(e).__name__, e)
 
 
 def parse_exposition(text):
@@ -616,7 +669,8 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     p = subprocess.Popen([coordinator_bin] + args, stdout=log, stderr=subprocess.STDOUT)
     PROCS.append(p)
     up = False
-    for _ in range(300):
+    deadline = time.time() + 60
+    while time.time() < deadline:
         log.seek(0)
         if "listening grpc=" in log.read():
             up = True
@@ -635,9 +689,10 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     st = grpc_health_check("127.0.0.1", grpc_port, "switchyard.v1.NoSuchService")
     check(st != 1, "Health/Check('switchyard.v1.NoSuchService') is not SERVING (%s)" % st)
     status, body = http_get("http://127.0.0.1:%d/healthz" % http_port)
-    check(status == 200 and body.strip() == "ok", "GET /healthz: %d %r" % (status, body.strip()))
+    check(status == 200 and body.strip() == "ok", "GET /healthz: %s %r" % (status, body.strip()))
     status, body = http_get("http://127.0.0.1:%d/v1/jobs" % http_port, token)
-    check(status == 200, "GET /v1/jobs with the token file's token: %d" % status)
+    check(status == 200, "GET /v1/jobs with the token file's token: %s %s" % (
+        status, "" if status == 200 else body[:300]))
 
     section("a real CPU worker with gpu-0's args, one training job")
     w = workers[0]
@@ -655,7 +710,8 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     PROCS.append(wp)
     coord_url = "http://127.0.0.1:%d" % http_port
     attached = False
-    for _ in range(300):
+    deadline = time.time() + 60
+    while time.time() < deadline:
         _, text = http_get(coord_url + "/metrics")
         m = re.search(r"^switchyard_coordinator_workers_attached (\S+)", text, re.M)
         if m and float(m.group(1)) >= 1:
@@ -681,21 +737,23 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
         "min_workers": 1, "max_workers": 1}
     status, body = http_post(coord_url + "/v1/jobs", {"spec": spec, "request_id": "deploy-1"},
                              token)
-    if not check(status == 200, "POST /v1/jobs: %d" % status):
+    if not check(status == 200, "POST /v1/jobs: %s" % status):
         print(body)
         return [http_get(coord_url + "/metrics")[1]]
     job = json.loads(body)
     print("job %s state %s" % (job.get("name"), job.get("state")))
     worker_text, state = "", ""
-    for _ in range(1200):
-        _, worker_text = http_get("http://127.0.0.1:%d/metrics" % metrics_port)
-        _, jb = http_get(coord_url + "/v1/" + job["name"], token)
-        state = json.loads(jb).get("state")
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        st, jb = http_get(coord_url + "/v1/" + job["name"], token)
+        state = json.loads(jb).get("state") if st == 200 else "GET %s: %s" % (st, jb[:200])
         if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
             break
         time.sleep(0.1)
     _, worker_text = http_get("http://127.0.0.1:%d/metrics" % metrics_port)
-    check(state == "SUCCEEDED", "the job ran on the worker: %s" % state)
+    if not check(state == "SUCCEEDED", "the job ran on the worker: %s" % state):
+        wlog.seek(0)
+        print(wlog.read()[-3000:])
     _, coord_text = http_get(coord_url + "/metrics")
     wlog.seek(0)
     log_lines = [l for l in wlog.read().splitlines() if l.strip()]
@@ -753,28 +811,38 @@ def prometheus_queries(coord_http_port, worker_metrics_port):
                 return json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
             return json.loads(e.read().decode())
-        except (urllib.error.URLError, ConnectionError, ValueError) as e:
+        except (OSError, ValueError) as e:
             return {"status": "error", "error": str(e)}
 
+    # Ready: 4 samples of `up` per target, and the latest scrape of both succeeded (a scrape that
+    # failed on a loaded machine marks every series of that target stale until the next one).
     ready = False
-    for _ in range(300):
-        r = query('count_over_time(up{job=~"switchyard-.*"}[1m]) >= 4')
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        r = query('count_over_time(up{job=~"switchyard-.*"}[1m]) >= 4 and '
+                  'up{job=~"switchyard-.*"} == 1')
         if r.get("status") == "success" and len(r["data"]["result"]) == 2:
             ready = True
             break
         if p.poll() is not None:
             break
-        time.sleep(0.1)
+        time.sleep(0.2)
     if not check(ready, "Prometheus %s scraped both targets 4 times" % prom):
         log.seek(0)
         print(log.read()[-3000:])
         return False
     for d in DASHBOARDS.values():
         for title, e in dashboard_exprs(d):
-            r = query(e)
-            ok = r.get("status") == "success"
-            n = len(r["data"]["result"]) if ok else 0
             cpu_absent = "switchyard_worker_mfu" in e
+            deadline = time.time() + 20  # an empty answer is retried: a scrape may have failed
+            while True:
+                r = query(e)
+                ok = r.get("status") == "success"
+                n = len(r["data"]["result"]) if ok else 0
+                if ((ok and n > 0) or cpu_absent or r.get("errorType") == "bad_data"
+                        or time.time() > deadline):
+                    break
+                time.sleep(0.5)
             check(ok and (n > 0 or cpu_absent), "%r: %s -> %s, %d series%s" % (
                 title, e, r.get("status"), n, r.get("error", "") and " " + r.get("error") or
                 (" (MFU: none on a CPU worker)" if cpu_absent else "")))
@@ -786,7 +854,8 @@ def start_coordinator(args, name):
     log = open(os.path.join(TMP, name + ".log"), "w+")
     p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     PROCS.append(p)
-    for _ in range(300):
+    deadline = time.time() + 60
+    while time.time() < deadline:
         log.seek(0)
         if "listening grpc=" in log.read():
             return p
@@ -854,7 +923,7 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
         try:
             with urllib.request.urlopen(url, timeout=5, context=insecure) as r:
                 status, body = r.status, r.read().decode().strip()
-        except (urllib.error.URLError, ConnectionError) as e:
+        except OSError as e:
             status, body = None, str(e)
         check(g.get("scheme") == "HTTPS" and g.get("port") == "http" and status == 200,
               "tls %s: %s GET %s -> %s %r" % (probe, g.get("scheme"), url, status, body))
@@ -868,7 +937,8 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     PROCS.append(wp)
     verified = ssl.create_default_context(cafile=cert)
     attached = False
-    for _ in range(300):
+    deadline = time.time() + 60
+    while time.time() < deadline:
         try:
             with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % http_port, timeout=5,
                                         context=verified) as r:
@@ -877,7 +947,7 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
             if m and float(m.group(1)) >= 1:
                 attached = True
                 break
-        except (urllib.error.URLError, ConnectionError):
+        except OSError:  # URLError, refused, reset, timed out: try again until the deadline
             pass
         if wp.poll() is not None:
             break
@@ -1204,10 +1274,14 @@ def main():
         print("usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER", file=sys.stderr)
         return 2
     coordinator_bin, worker_bin = (os.path.abspath(a) for a in sys.argv[1:3])
+    log_path = os.path.join(os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or TMP,
+                            "deploy_test.log")
+    sys.stdout = _Log(log_path)
+    print("every check, passing ones included: %s" % log_path)
     try:
         run_checks(coordinator_bin, worker_bin)
     except Exception as e:  # a malformed file can break a later step: report it as a failure
-        traceback.print_exc()
+        traceback.print_exc(file=sys.stdout)
         check(False, "the test stopped early: %s: %s" % (type(e).__name__, e))
     print("\n%d checks, %d failed" % (CHECKS[0], len(FAILURES)))
     for f in FAILURES:

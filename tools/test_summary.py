@@ -2,11 +2,24 @@
 
 The total line has the form 'tests: N passed, N failed, N skipped' so that CI readers (and
 people) see GPU tests that were skipped on a machine without a GPU, instead of Bazel's PASSED.
+For a target with failures it also repeats the failing lines of its test.log (gtest's
+"[  FAILED  ]", a script's "FAIL:"/"FAILED:"), so they are at the end of a long CI log too.
 """
 import glob
 import os
 import sys
 import xml.etree.ElementTree as ET
+
+FAILURE_MARKS = ("[  FAILED  ]", "FAIL: ", "FAILED: ", "Failure", "Traceback")
+
+
+def failing_lines(test_log: str, limit: int = 20) -> list:
+    try:
+        with open(test_log, errors="replace") as f:
+            lines = [l.rstrip() for l in f if l.lstrip().startswith(FAILURE_MARKS)]
+    except OSError:
+        return []
+    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
 def main(testlogs: str) -> int:
@@ -29,6 +42,9 @@ def main(testlogs: str) -> int:
                 counts[0] += 1
         totals = [a + b for a, b in zip(totals, counts)]
         print(f"{target}: {counts[0]} passed, {counts[1]} failed, {counts[2]} skipped")
+        if counts[1]:
+            for line in failing_lines(os.path.join(os.path.dirname(path), "test.log")):
+                print("    " + line)
     print(f"tests: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
     return 0
 
