@@ -45,8 +45,8 @@
 // the `stream` passed to Step (or synchronised with it): every buffer is already a device buffer,
 // the kernels (GradSquaredNorm, ClipCoefficient, AdamW, elementwise Axpby for the 1/dp mean) have
 // CUDA paths, and NCCL reduces f32 on the device. The only host synchronisation per Step is the
-// 4-byte norm read (to report it and to skip non-finite steps), as in the trainer. Not yet run on
-// a GPU.
+// 4-byte norm read (to report it and to skip non-finite steps), as in the trainer. Run on H200s by
+// //worker/train:distributed_gpu_test (2 and 4 GPUs, NCCL) and every multi-GPU benchmark.
 //
 // Two instances, one global norm (megatron_moe.md §2.4, §5; Megatron's ChainedOptimizer over the
 // dense and the expert DistributedOptimizer): with MoE the dense parameters and the expert
