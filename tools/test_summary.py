@@ -13,12 +13,20 @@ import xml.etree.ElementTree as ET
 FAILURE_MARKS = ("[  FAILED  ]", "FAIL: ", "FAILED: ", "Failure", "Traceback")
 
 
-def failing_lines(test_log: str, limit: int = 20) -> list:
+def failing_lines(test_log: str, limit: int = 40) -> list:
+    """The marked lines, and each gtest assertion ("file:line: Failure") with its next 5 lines."""
     try:
         with open(test_log, errors="replace") as f:
-            lines = [l.rstrip() for l in f if l.lstrip().startswith(FAILURE_MARKS)]
+            log = [l.rstrip() for l in f]
     except OSError:
         return []
+    lines, follow = [], 0
+    for l in log:
+        if l.endswith(": Failure"):
+            follow = 6
+        if follow > 0 or l.lstrip().startswith(FAILURE_MARKS):
+            lines.append(l)
+        follow -= 1
     return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
