@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
     return std::string("switchyard-coordinator ") + switchyard::kVersion + "\n";
   };
   absl::SetFlagsUsageConfig(usage_config);
+  // A client's reset connection is an error for that call, never a reason to die (SIGPIPE).
+  signal(SIGPIPE, SIG_IGN);
 
   // Block the shutdown signals before any thread starts, so every thread inherits the mask and
   // only sigwait below receives them.

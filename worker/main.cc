@@ -26,6 +26,7 @@
 // Without a mode the usage goes to stderr and the exit status is 2. Flags may be spelled with '-'
 // or '_' (--self-check == --self_check).
 #include <cuda_runtime.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <string>
@@ -277,6 +278,9 @@ int Standalone() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A peer's reset connection (Gloo, a metrics scrape, the coordinator) is an error to report, not
+  // a reason to die: without this a write to it would kill the worker with SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   absl::SetProgramUsageMessage(kUsage);
   absl::FlagsUsageConfig usage_config;
   // --help lists the flags defined under worker/ (Abseil's default matches only <program>.cc).

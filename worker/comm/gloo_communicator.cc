@@ -1,6 +1,8 @@
 // File: worker/comm/gloo_communicator.cc
 #include "worker/comm/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -180,9 +182,29 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooCommunicator::Connect(
   return std::shared_ptr<gloo::Context>(std::move(context));
 }
 
+namespace {
+
+// Gloo's TCP pairs write with writev: a write to a peer that reset the connection raises
+// SIGPIPE, whose default action kills the process, where every failure must come back as a
+// Status. Ignore it, as Python (hence PyTorch's ProcessGroupGloo) always does, unless the program
+// installed a handler of its own. Checked on every Create (a forked child may have reset it).
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current = {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore = {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<KvStore> store, int rank, int size, const GlooOptions& options,
     std::string name) {
+  IgnoreSigpipeUnlessHandled();
   if (store == nullptr) return absl::InvalidArgumentError("GlooCommunicator: store is null");
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("GlooCommunicator '", name, "': rank ", rank,

@@ -23,7 +23,10 @@
 //   that hangs makes it fail with DEADLINE_EXCEEDED after the timeout. Gloo reports these as C++
 //   exceptions; they are caught here and converted to Status naming the group, this rank and the
 //   operation (Gloo's own message names the peer address when it knows it). The communicator is
-//   then broken and every later call returns the first error.
+//   then broken and every later call returns the first error. Create sets SIGPIPE to ignored
+//   when the process left it at the default (Gloo writes with writev, and a write to a reset
+//   connection would otherwise kill the process instead of failing the operation), as Python and
+//   so PyTorch's ProcessGroupGloo always run; a handler the program installed is kept.
 // - Abort: closes the context's connections (peers see their pending operations fail) and makes
 //   later calls return ABORTED. A collective already blocked in another thread of this process is
 //   NOT woken (Gloo's closeConnections does not signal its waiting buffers; the packaged headers

@@ -7,11 +7,14 @@
 #include "worker/comm/gloo_communicator.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -271,6 +274,70 @@ TEST(GlooCommunicatorTest, KilledPeerFailsCollectivesWithinTimeout) {
     return 0;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0, kDeadCode}));
+}
+
+// Send to a peer that has died fails with a Status naming the group (Gloo's pair notices the
+// closed connection), and the process lives on.
+TEST(GlooCommunicatorTest, SendToADeadPeerFailsNamingTheGroup) {
+  const std::string dir = testing::UniqueStoreDir("deadsend");
+  constexpr int kDeadCode = 42;
+  std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
+    GlooOptions options;
+    options.timeout = absl::Seconds(5);
+    auto comm = GlooCommunicator::Create(store, rank, 2, options);
+    SY_CHILD_OK(comm.status());
+    SY_CHILD_OK((*comm)->Barrier());
+    if (rank == 1) _exit(kDeadCode);
+    std::vector<float> v(1 << 18, 1.0f);  // 1 MiB
+    absl::Status s;
+    int tries = 0;
+    while (tries < 64 && s.ok()) {
+      s = (*comm)->Send(View(DType::kF32, v), 1, 7);
+      ++tries;
+    }
+    std::fprintf(stderr, "rank 0: Send to the dead peer, try %d: %s\n", tries,
+                 s.ToString().c_str());
+    SY_CHILD_CHECK(!s.ok());
+    SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, kDeadCode})) << "141 = 128 + SIGPIPE";
+}
+
+// Gloo's TCP pairs write with writev, which raises SIGPIPE when the peer has reset the
+// connection; its default action kills the process (seen: a survivor of a killed peer exiting
+// 141 mid-AllReduce instead of returning UNAVAILABLE). Python, hence PyTorch's ProcessGroupGloo,
+// always ignores SIGPIPE; GlooCommunicator::Create does the same for a process that left it at
+// the default. Checked deterministically: in a child with the default disposition, after Create,
+// a write to a socket whose other end is closed returns EPIPE instead of killing the child.
+TEST(GlooCommunicatorTest, CreateMakesAResetConnectionAnErrorNotSigpipe) {
+  const std::string dir = testing::UniqueStoreDir("sigpipe");
+  std::vector<int> codes = testing::RunProcesses(1, absl::Seconds(30), [&](int rank) -> int {
+    signal(SIGPIPE, SIG_DFL);
+    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
+    auto comm = GlooCommunicator::Create(store, rank, 1, GlooOptions{});
+    SY_CHILD_OK(comm.status());
+    int fds[2];
+    SY_CHILD_CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+    close(fds[1]);
+    const char byte = 1;
+    const ssize_t n = write(fds[0], &byte, 1);  // SIGPIPE here unless it is ignored
+    const int err = errno;
+    std::fprintf(stderr, "after Create: write to a closed peer -> %zd, %s\n", n, strerror(err));
+    SY_CHILD_CHECK(n == -1 && err == EPIPE);
+    close(fds[0]);
+    // A program that installed its own SIGPIPE handler keeps it.
+    void (*const mine)(int) = [](int) {};
+    signal(SIGPIPE, mine);
+    auto again = GlooCommunicator::Create(store, rank, 1, GlooOptions{}, "again");
+    SY_CHILD_OK(again.status());
+    SY_CHILD_CHECK(signal(SIGPIPE, mine) == mine);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>{0}) << "141 = 128 + SIGPIPE";
 }
 
 // A peer that is alive but never joins the collective: DEADLINE_EXCEEDED after the timeout.
