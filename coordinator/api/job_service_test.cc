@@ -202,8 +202,10 @@ TEST_F(JobServiceTest, WatchStreamsEventsWhileAnotherThreadTransitions) {
                   received[i].event.reason().c_str(), ms);
     }
   }
-  // Notification-driven: far below the 150 ms between transitions (and the 1 s refresh).
-  EXPECT_LT(worst_ms, 100.0);
+  // Notification-driven, not the 1 s refresh: a poll would deliver some of these 7 events
+  // 150 ms apart hundreds of ms late. Typically < 1 ms here; the bound leaves room for a CI
+  // machine busy with the rest of //... (a functional check, not a latency target).
+  EXPECT_LT(worst_ms, 500.0);
   std::printf("watch: %zu events, worst delivery %.2f ms, stream ended %s\n", received.size(),
               worst_ms, final_status.ok() ? "OK" : final_status.error_message().c_str());
   // The hub counted the one restart.
