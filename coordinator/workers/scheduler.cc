@@ -208,6 +208,15 @@ Scheduler::Run* Scheduler::FindRun(const std::string& job, int64_t generation) {
   return &it->second;
 }
 
+const Scheduler::Run* Scheduler::RunHoldingRank(const std::string& worker) const {
+  for (const auto& [name, run] : runs_) {
+    if (!run.draining && run.rank_of.count(worker) > 0 && run.exit_code.count(worker) == 0) {
+      return &run;
+    }
+  }
+  return nullptr;
+}
+
 void Scheduler::Send(const std::string& worker, const v1::CoordinatorMessage& message) {
   if (!sink_->Send(worker, message)) {
     SY_LOG(WARNING) << "scheduler: worker " << worker << " has no open stream for a "
@@ -219,6 +228,11 @@ void Scheduler::Send(const std::string& worker, const v1::CoordinatorMessage& me
 
 void Scheduler::SchedulePass() {
   std::vector<WorkerInfo> idle = workers_->Idle();
+  // A rank of a live run whose registration is still queued is not free (RunHoldingRank).
+  idle.erase(
+      std::remove_if(idle.begin(), idle.end(),
+                     [this](const WorkerInfo& w) { return RunHoldingRank(w.id) != nullptr; }),
+      idle.end());
   if (idle.empty()) return;
   for (Job::State state : {Job::RESTARTING, Job::PENDING}) {
     for (const Job& job : ListAll(hub_, state)) {

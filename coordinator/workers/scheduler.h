@@ -45,7 +45,9 @@
 //   re-attaches after its generation ended here gets Stop and is idle.
 // - Zombies: an idle worker whose heartbeats report a generation (it still runs one this
 //   coordinator ended or does not know) gets one Stop per generation, checked every
-//   rescan_interval.
+//   rescan_interval. A worker that a live run counts as its rank is never a zombie: the registry
+//   lists a re-attached worker IDLE until the scheduler thread handles its registration, and its
+//   heartbeat can arrive first.
 // - Coordinator restart: jobs that were STARTING or RUNNING when this process started are
 //   re-adopted when every worker the store listed as assigned to the job re-attaches (same
 //   worker_id) and heartbeats the job's generation within adopt_grace; otherwise they restart
@@ -208,6 +210,11 @@ class Scheduler {
   void Finish(const std::string& job);  // terminal: close steps and rendezvous
   void Send(const std::string& worker, const v1::CoordinatorMessage& message);
   Run* FindRun(const std::string& job, int64_t generation);
+  // The run (not draining) that counts `worker` among its ranks and has had no WorkerExit from
+  // it, or nullptr. Such a worker can be IDLE in the registry only between its registration with
+  // this process and the handling of its RegisteredEvent (a worker of a re-adopted job): it must
+  // be neither stopped as a zombie nor scheduled for another job in that window.
+  const Run* RunHoldingRank(const std::string& worker) const;
 
   api::JobHub* const hub_;
   WorkerRegistry* const workers_;

@@ -34,13 +34,14 @@ void Scheduler::Handle(const RegisteredEvent& e) {
     workers_changed_ = true;
     return;
   }
-  // A worker of a previous coordinator process: reserve it for the job being re-adopted.
+  // A worker of a previous coordinator process: reserve it for the job being re-adopted. The
+  // adoption may already be complete (CheckAdoptions counts a worker ready from its heartbeat,
+  // which can be recorded before this event is handled): a rank of a live run is reserved either
+  // way.
   if (r.previous && r.previous->state == store::WorkerState::kAssigned) {
-    auto it = runs_.find(r.previous->job);
-    if (it != runs_.end() && it->second.adopting && it->second.rank_of.count(r.worker.id) > 0) {
-      if (absl::Status s =
-              workers_->SetBusy(r.worker.id, it->second.job, it->second.generation, -1);
-          !s.ok()) {
+    const Run* run = RunHoldingRank(r.worker.id);
+    if (run != nullptr && run->job == r.previous->job) {
+      if (absl::Status s = workers_->SetBusy(r.worker.id, run->job, run->generation, -1); !s.ok()) {
         SY_LOG(WARNING) << "scheduler: reserving " << r.worker.id << ": " << s;
       }
     }
@@ -219,6 +220,10 @@ void Scheduler::CheckRunStates() {
 void Scheduler::StopZombies() {
   for (const WorkerInfo& w : workers_->Idle()) {
     if (w.heartbeats == 0 || w.reported_generation == 0) continue;
+    if (const Run* run = RunHoldingRank(w.id);
+        run != nullptr && run->generation == w.reported_generation) {
+      continue;  // its RegisteredEvent is still queued; the handler reserves it
+    }
     if (!zombies_stopped_.insert({w.id, w.reported_generation}).second) continue;
     SY_LOG(INFO) << "scheduler: idle worker " << w.id << " reports generation "
                  << w.reported_generation << "; sending Stop";
