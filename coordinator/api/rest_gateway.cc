@@ -127,16 +127,13 @@ absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
     }
     gateway->port_ = port;
   }
-  gateway->thread_ = std::thread([&listener] { listener.listen_after_bind(); });
+  gateway->listener_.Start(&listener);
   return gateway;
 }
 
 RestGateway::~RestGateway() { Stop(); }
 
-void RestGateway::Stop() {
-  server_->stop();
-  if (thread_.joinable()) thread_.join();
-}
+void RestGateway::Stop() { listener_.Stop(); }
 
 void RestGateway::Route() {
   httplib::Server& s = *server_;

@@ -31,9 +31,9 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/http_listener.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/api/job_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
@@ -84,7 +84,7 @@ class RestGateway {
   workers::StepHub* const steps_;
   const workers::WorkerRegistry* const registry_;  // null without the worker side
   std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  HttpListener listener_;  // declared after server_: stopped before the server is destroyed
   int port_ = 0;
 };
 

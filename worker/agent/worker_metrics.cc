@@ -57,12 +57,7 @@ WorkerMetrics::WorkerMetrics()
       expert_imbalance_(GaugeFamily(*registry_, "switchyard_worker_expert_load_imbalance",
                                     "Max / mean tokens per expert of the MoE layer, last step")) {}
 
-WorkerMetrics::~WorkerMetrics() {
-  if (server_ != nullptr) {
-    server_->stop();
-    if (thread_.joinable()) thread_.join();
-  }
-}
+WorkerMetrics::~WorkerMetrics() { listener_.Stop(); }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
     const std::string& bind_address, int port) {
@@ -88,7 +83,7 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
         absl::StrCat("cannot serve /metrics on ", bind_address, ":", port, " (bind failed)"));
   }
   httplib::Server* server = m->server_.get();
-  m->thread_ = std::thread([server] { server->listen_after_bind(); });
+  m->listener_.Start(server);
   return m;
 }
 

@@ -28,11 +28,11 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/http_listener.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -74,7 +74,7 @@ class WorkerMetrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  HttpListener listener_;  // declared after server_: stopped before the server is destroyed
   int port_ = -1;
   prometheus::Gauge& step_;
   prometheus::Gauge& step_seconds_;
