@@ -34,14 +34,21 @@ Tensor View(DType dtype, std::vector<T>& v) {
   return Tensor(dtype, {static_cast<int64_t>(v.size())}, Device::Cpu(), v.data());
 }
 
+// In a forked rank: the world group of `size` ranks over the file store in `dir`, every
+// operation under `timeout`.
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> ConnectWorld(const std::string& dir, int rank,
+                                                               int size, absl::Duration timeout) {
+  std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
+  if (store == nullptr) return absl::InternalError("cannot open the file store in " + dir);
+  GlooOptions options;
+  options.timeout = timeout;
+  return GlooCommunicator::Create(store, rank, size, options);
+}
+
 // Every collective with known integer-valued inputs; results must be exact.
 int CollectivesChild(const std::string& dir, int rank, int world) {
-  std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
-  SY_CHILD_CHECK(store != nullptr);
-  GlooOptions options;
-  options.timeout = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> made =
-      GlooCommunicator::Create(store, rank, world, options);
+      ConnectWorld(dir, rank, world, absl::Seconds(10));
   SY_CHILD_OK(made.status());
   GlooCommunicator& comm = **made;
   SY_CHILD_CHECK(comm.rank() == rank && comm.size() == world && comm.name() == "world");
@@ -204,11 +211,7 @@ TEST(GlooCommunicatorTest, ParallelLayoutSubgroups) {
   ASSERT_TRUE(layout.ok()) << layout.status();
   const std::string dir = testing::UniqueStoreDir("subgroups");
   std::vector<int> codes = testing::RunProcesses(4, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
-    SY_CHILD_CHECK(store != nullptr);
-    GlooOptions options;
-    options.timeout = absl::Seconds(10);
-    auto world = GlooCommunicator::Create(store, rank, 4, options);
+    auto world = ConnectWorld(dir, rank, 4, absl::Seconds(10));
     SY_CHILD_OK(world.status());
     for (ParallelGroup kind :
          {ParallelGroup::kExpert, ParallelGroup::kExpertData, ParallelGroup::kData}) {
@@ -249,11 +252,7 @@ TEST(GlooCommunicatorTest, KilledPeerFailsCollectivesWithinTimeout) {
   constexpr int kWorld = 3;
   constexpr int kDeadCode = 42;
   std::vector<int> codes = testing::RunProcesses(kWorld, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
-    SY_CHILD_CHECK(store != nullptr);
-    GlooOptions options;
-    options.timeout = absl::Seconds(5);
-    auto comm = GlooCommunicator::Create(store, rank, kWorld, options);
+    auto comm = ConnectWorld(dir, rank, kWorld, absl::Seconds(5));
     SY_CHILD_OK(comm.status());
     SY_CHILD_OK((*comm)->Barrier());
     if (rank == kWorld - 1) _exit(kDeadCode);  // no cleanup: the sockets just close
@@ -282,11 +281,7 @@ TEST(GlooCommunicatorTest, SendToADeadPeerFailsNamingTheGroup) {
   const std::string dir = testing::UniqueStoreDir("deadsend");
   constexpr int kDeadCode = 42;
   std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
-    SY_CHILD_CHECK(store != nullptr);
-    GlooOptions options;
-    options.timeout = absl::Seconds(5);
-    auto comm = GlooCommunicator::Create(store, rank, 2, options);
+    auto comm = ConnectWorld(dir, rank, 2, absl::Seconds(5));
     SY_CHILD_OK(comm.status());
     SY_CHILD_OK((*comm)->Barrier());
     if (rank == 1) _exit(kDeadCode);
@@ -344,11 +339,7 @@ TEST(GlooCommunicatorTest, CreateMakesAResetConnectionAnErrorNotSigpipe) {
 TEST(GlooCommunicatorTest, HungPeerTimesOut) {
   const std::string dir = testing::UniqueStoreDir("hung");
   std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
-    SY_CHILD_CHECK(store != nullptr);
-    GlooOptions options;
-    options.timeout = absl::Seconds(1);
-    auto comm = GlooCommunicator::Create(store, rank, 2, options);
+    auto comm = ConnectWorld(dir, rank, 2, absl::Seconds(1));
     SY_CHILD_OK(comm.status());
     if (rank == 1) {
       absl::SleepFor(absl::Seconds(3));
@@ -372,11 +363,7 @@ TEST(GlooCommunicatorTest, HungPeerTimesOut) {
 TEST(GlooCommunicatorTest, AbortFailsLaterCallsAndPeers) {
   const std::string dir = testing::UniqueStoreDir("abort");
   std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(30), [&](int rank) -> int {
-    std::shared_ptr<KvStore> store = testing::OpenFileStore(dir);
-    SY_CHILD_CHECK(store != nullptr);
-    GlooOptions options;
-    options.timeout = absl::Seconds(5);
-    auto comm = GlooCommunicator::Create(store, rank, 2, options);
+    auto comm = ConnectWorld(dir, rank, 2, absl::Seconds(5));
     SY_CHILD_OK(comm.status());
     SY_CHILD_OK((*comm)->Barrier());
     if (rank == 0) {
