@@ -29,6 +29,32 @@ void ExpectRel(double actual, double expected, const char* what) {
       << what << ": got " << actual << ", expected " << expected;
 }
 
+// The memory fields of a hand-computed case (bytes), each within 1e-12 relative.
+struct ExpectedMemory {
+  double weights, gradients, optimizer, activations, total;
+};
+void ExpectMemory(const v1::MemoryEstimate& m, const ExpectedMemory& e) {
+  ExpectRel(m.weights(), e.weights, "weights");
+  ExpectRel(m.gradients(), e.gradients, "gradients");
+  ExpectRel(m.optimizer_states(), e.optimizer, "optimizer");
+  ExpectRel(m.activations(), e.activations, "activations");
+  ExpectRel(m.total(), e.total, "memory total");
+}
+
+// The step-time terms of a hand-computed case (seconds); 0 means the term must be exactly 0.
+struct ExpectedTime {
+  double compute, tp, ep, pp, dp, bubble, total;
+};
+void ExpectTime(const v1::TimeEstimate& t, const ExpectedTime& e) {
+  ExpectRel(t.compute(), e.compute, "compute");
+  ExpectRel(t.tp_communication(), e.tp, "tp (and cp)");
+  ExpectRel(t.ep_communication(), e.ep, "ep");
+  ExpectRel(t.pp_communication(), e.pp, "pp");
+  ExpectRel(t.dp_communication(), e.dp, "dp");
+  ExpectRel(t.pipeline_bubble(), e.bubble, "bubble");
+  ExpectRel(t.total(), e.total, "time total");
+}
+
 // A small MoE model: L = 2 (both MoE), H = 1024, 8 heads (D = 128, Hkv = 8), V = 32768,
 // S = 1024, E = 8, top-2, Fe = 1024, tied embeddings, no shared expert.
 v1::JobSpec SmallMoeSpec() {
@@ -126,12 +152,7 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
   // runtime: W 8 = EP 8 = DP 8, EDP 1: world + grad_data = 2 communicators -> 3,355,443,200.
   // total = 96,512,000 + 193,024,000 + 230,765,092 + 652,059,012 + 3,355,443,200
   //       = 4,527,803,304.
-  const v1::MemoryEstimate& mem = plan->best().memory();
-  ExpectRel(mem.weights(), 96512000, "weights");
-  ExpectRel(mem.gradients(), 193024000, "gradients");
-  ExpectRel(mem.optimizer_states(), 230765092, "optimizer");
-  ExpectRel(mem.activations(), 652059012, "activations");
-  ExpectRel(mem.total(), 4527803304.0, "memory total");
+  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 652059012, 4527803304.0});
   // Time. FLOPs/token forward: attention 2*1024*(1024 + 2*1024) + 2*1024*1024 = 8,388,608;
   // core 2*2*8*128*512 = 2,097,152; router 2*1024*8 = 16,384; experts 2*2*3*1024*1024 =
   // 12,582,912; per layer 23,085,056, two layers 46,170,112; head 2*1024*32768 = 67,108,864;
@@ -141,14 +162,8 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
   //   = ranks 0..7, one node) = 29,360,128 / 1e11 = 0.00029360128 s.
   // DP: 2 * 7/8 * 4 * P_d / 1e11 = 7 * 41,964,544 / 1e11 = 0.00293751808 s; EDP 1: none.
   // total = 0.00695986028544 + 0.00029360128 + 0.00293751808 = 0.01019097964544 s.
-  const v1::TimeEstimate& t = plan->best().time();
-  ExpectRel(t.compute(), 0.00695986028544, "compute");
-  EXPECT_EQ(t.tp_communication(), 0);
-  ExpectRel(t.ep_communication(), 0.00029360128, "ep");
-  EXPECT_EQ(t.pp_communication(), 0);
-  ExpectRel(t.dp_communication(), 0.00293751808, "dp");
-  EXPECT_EQ(t.pipeline_bubble(), 0);
-  ExpectRel(t.total(), 0.01019097964544, "time total");
+  ExpectTime(plan->best().time(),
+             {0.00695986028544, 0, 0.00029360128, 0, 0.00293751808, 0, 0.01019097964544});
 }
 
 // Case B: 8 GPUs, 4 per node (two nodes); TP2 CP1 PP2 DP2, experts ETP1 EP4 EDP1; mbs 1,
@@ -193,12 +208,7 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
   // total = 50,352,128 + 100,704,256 + 314,699,812 + 227,074,008 + 8,187,281,408
   //   = 8,880,111,612 (peak during Create + 12N 302,112,768 = 9,182,224,380, fits 80 GiB).
-  const v1::MemoryEstimate& mem = plan->best().memory();
-  ExpectRel(mem.weights(), 50352128, "weights");
-  ExpectRel(mem.gradients(), 100704256, "gradients");
-  ExpectRel(mem.optimizer_states(), 314699812, "optimizer (distributed)");
-  ExpectRel(mem.activations(), 227074008, "activations");
-  ExpectRel(mem.total(), 8880111612.0, "memory total");
+  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 227074008, 8880111612.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
@@ -210,14 +220,8 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
   //       = 0.01643630297088 / 8 = 0.00205453787136.
   // total = 0.01643630297088 + 0.00075538432 + 0.00205453787136 = 0.01924622516224.
-  const v1::TimeEstimate& t = plan->best().time();
-  ExpectRel(t.compute(), 0.01391972057088, "compute");
-  ExpectRel(t.tp_communication(), 0.00033554432, "tp");
-  ExpectRel(t.ep_communication(), 0.00050331648, "ep");
-  ExpectRel(t.pp_communication(), 0.0016777216, "pp");
-  ExpectRel(t.dp_communication(), 0.00075538432, "dp");
-  ExpectRel(t.pipeline_bubble(), 0.00205453787136, "bubble");
-  ExpectRel(t.total(), 0.01924622516224, "time total");
+  ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
+                                   0.00075538432, 0.00205453787136, 0.01924622516224});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -274,12 +278,7 @@ TEST(PlannerTest, HandComputedDenseContextParallel) {
   //   -> 6,576,668,672.
   // total = 195,045,376 + 390,090,752 + 487,629,848 + 637,034,512 + 6,576,668,672
   //       = 8,286,469,160.
-  const v1::MemoryEstimate& mem = plan->best().memory();
-  ExpectRel(mem.weights(), 195045376, "weights");
-  ExpectRel(mem.gradients(), 390090752, "gradients");
-  ExpectRel(mem.optimizer_states(), 487629848, "optimizer");
-  ExpectRel(mem.activations(), 637034512, "activations");
-  ExpectRel(mem.total(), 8286469160.0, "memory total");
+  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 637034512, 8286469160.0});
   // FLOPs/token forward: attention 2*1024*(1024 + 512) + 2*1024*1024 = 5,242,880; core
   // 2*2*8*128*1024 = 4,194,304; MLP 2*3*1024*4096 = 25,165,824; two layers 69,206,016; head
   // 67,108,864; sum 136,314,880, times 3 = 408,944,640.
@@ -288,14 +287,8 @@ TEST(PlannerTest, HandComputedDenseContextParallel) {
   //   * 2*128 / 1 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // DP over DP x CP = 4 ranks: 2 * 3/4 * 4 * 97,522,688 / 1e11 = 0.00585136128.
   // total = 0.0335007449088 + 0.00025165824 + 0.00585136128 = 0.0396037644288.
-  const v1::TimeEstimate& t = plan->best().time();
-  ExpectRel(t.compute(), 0.0335007449088, "compute");
-  ExpectRel(t.tp_communication(), 0.00025165824, "tp (cp)");
-  EXPECT_EQ(t.ep_communication(), 0);
-  EXPECT_EQ(t.pp_communication(), 0);
-  ExpectRel(t.dp_communication(), 0.00585136128, "dp");
-  EXPECT_EQ(t.pipeline_bubble(), 0);
-  ExpectRel(t.total(), 0.0396037644288, "time total");
+  ExpectTime(plan->best().time(),
+             {0.0335007449088, 0.00025165824, 0, 0, 0.00585136128, 0, 0.0396037644288});
 }
 
 // Case D: expert tensor parallelism, a shared expert with gate, MoE every other layer, untied
@@ -353,12 +346,7 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
   // total = 54,544,384 + 109,088,768 + 288,475,172 + 201,915,104 + 8,187,281,408
   //       = 8,841,304,836.
-  const v1::MemoryEstimate& mem = plan->best().memory();
-  ExpectRel(mem.weights(), 54544384, "weights");
-  ExpectRel(mem.gradients(), 109088768, "gradients");
-  ExpectRel(mem.optimizer_states(), 288475172, "optimizer");
-  ExpectRel(mem.activations(), 201915104, "activations");
-  ExpectRel(mem.total(), 8841304836.0, "memory total");
+  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 201915104, 8841304836.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -373,14 +361,8 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
   //       = 0.00544215138304 / 2 = 0.00272107569152.
   // total = 0.00544215138304 + 0.00102797312 + 0.00272107569152 = 0.00919120019456.
-  const v1::TimeEstimate& t = plan->best().time();
-  ExpectRel(t.compute(), 0.00489689186304, "compute");
-  ExpectRel(t.tp_communication(), 0.00025165824, "tp");
-  ExpectRel(t.ep_communication(), 0.00025165824, "ep");
-  ExpectRel(t.pp_communication(), 4.194304e-05, "pp");
-  ExpectRel(t.dp_communication(), 0.00102797312, "dp");
-  ExpectRel(t.pipeline_bubble(), 0.00272107569152, "bubble");
-  ExpectRel(t.total(), 0.00919120019456, "time total");
+  ExpectTime(plan->best().time(), {0.00489689186304, 0.00025165824, 0.00025165824, 4.194304e-05,
+                                   0.00102797312, 0.00272107569152, 0.00919120019456});
 }
 
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {
