@@ -33,6 +33,10 @@ namespace {
 
 // How often the watchdog looks at the deadlines: the resolution of every timeout.
 constexpr absl::Duration kWatchdogTick = absl::Milliseconds(20);
+// After an error response the server reads and discards what the client still sends for at most
+// this long (and at most request_timeout) and this many bytes before it closes.
+constexpr absl::Duration kLingerTimeout = absl::Seconds(2);
+constexpr size_t kLingerBytes = 64 << 20;
 // How often the accept loop wakes to join finished connection threads when idle.
 constexpr int kReapIntervalMs = 500;
 
@@ -576,17 +580,28 @@ void HttpServer::ServeRequests(Connection* conn, Stream& stream) {
   const HttpServerOptions& o = options_;
   std::string buf;
   bool first = true;
+  char chunk[16 << 10];
   // Answers an error the server found itself and ends the connection.
   auto fail = [&](const HttpRequest& request, int status, const std::string& message) {
     HttpResponse response;
     router_.RenderError(request, status, message, &response);
     SetPhase(conn, Phase::kWriting, absl::Now() + o.send_timeout);
-    stream.Write(SerializeResponse(response, /*keep_alive=*/false));
+    if (!stream.Write(SerializeResponse(response, /*keep_alive=*/false))) return;
+    // Lingering close: the client may still be sending (a refused 8 MiB body); closing now would
+    // answer its data with a reset that can destroy the response before it is read. Discard what
+    // arrives for a bounded time and amount, then close.
+    if (ssl_ctx_ == nullptr) shutdown(conn->fd, SHUT_WR);
+    SetPhase(conn, Phase::kReading, absl::Now() + std::min(o.request_timeout, kLingerTimeout));
+    size_t discarded = 0;
+    while (discarded < kLingerBytes) {
+      const long n = stream.Read(chunk, sizeof(chunk));
+      if (n <= 0) break;
+      discarded += static_cast<size_t>(n);
+    }
   };
   const std::string timeout_message =
       absl::StrCat("request not complete within ", absl::FormatDuration(o.request_timeout),
                    " (request_timeout)");
-  char chunk[16 << 10];
   for (;;) {
     HttpRequest request;
     request.client_address = conn->client;

@@ -14,11 +14,11 @@
 //
 // Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the scheduler
 // stops and the workers' Attach streams end (workers/worker_plane.h), the REST
-// gateway stops (idle keep-alive connections close within kKeepAliveSeconds), then the gRPC
-// server stops accepting and waits for the calls in flight until `deadline`, cancelling the rest.
-// gRPC core also waits for clients to close their connections after its GOAWAY, so with a client
-// still connected Shutdown often takes until `deadline` even when no call is in flight (seen in
-// coordinator_binary_test); it never takes longer. Idempotent.
+// gateway stops (reading and idle connections end at once, requests in flight finish), then the
+// gRPC server stops accepting and waits for the calls in flight until `deadline`, cancelling the
+// rest. gRPC core also waits for clients to close their connections after its GOAWAY, so with a
+// client still connected Shutdown often takes until `deadline` even when no call is in flight (seen
+// in coordinator_binary_test); it never takes longer. Idempotent.
 //
 // Thread safety: Create, Shutdown and the destructor from one owner thread; the accessors from
 // any.
@@ -84,6 +84,8 @@ class CoordinatorServer {
 
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return rest_->port(); }
+  // The address the REST gateway is bound to, as the kernel reports it ("0.0.0.0" for all).
+  const std::string& http_address() const { return rest_->bound_address(); }
   bool tls() const { return tls_; }
 
   void Shutdown(absl::Time deadline);
