@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
 ABSL_FLAG(int, health_port, -1,
           "Also serve grpc.health.v1.Health alone, in plaintext, on this port (0: a free one; -1: "
           "off): for Kubernetes' native gRPC probes, which cannot speak TLS, with --tls-cert.");
+ABSL_FLAG(int, http_max_connections_per_client, 16,
+          "REST port: open connections one client address may hold; more get 503 at once. Raise "
+          "it behind a proxy or NAT that hides client addresses.");
 ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
 ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
           "Directory (shared with the workers) where jobs checkpoint, one subdirectory per job.");
@@ -159,6 +162,8 @@ int main(int argc, char** argv) {
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.health_port = absl::GetFlag(FLAGS_health_port);
+  options.http_limits.max_connections_per_client =
+      absl::GetFlag(FLAGS_http_max_connections_per_client);
   options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.workers = absl::GetFlag(FLAGS_workers);

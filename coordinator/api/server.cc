@@ -195,7 +195,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
 
   SY_ASSIGN_OR_RETURN(
       s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
-                                    options.tls_cert_file, options.tls_key_file, steps, registry));
+                                    options.tls_cert_file, options.tls_key_file, steps, registry,
+                                    options.http_limits));
   return s;
 }
 

@@ -63,6 +63,8 @@ struct ServerOptions {
   // host:port the workers dial for rendezvous (sent in every Assignment). Empty: `host` (the
   // machine's host name when `host` is a wildcard) and the gRPC port.
   std::string advertise_address;
+  // The REST port's connection caps, deadlines and size limits (TLS fields ignored: see above).
+  HttpServerOptions http_limits = RestGateway::Limits();
   // -1: none. Otherwise (0: a free port) a second gRPC port on `host`, always plaintext, serving
   // only grpc.health.v1.Health with the statuses of the main port: for the kubelet's native gRPC
   // probes, which cannot speak TLS, when the main port serves TLS. It reveals only whether the
