@@ -22,7 +22,9 @@
 //   - Limits: request line + headers over max_header_bytes -> 431; Content-Length over
 //     max_body_bytes -> 413 (the body is not read); Transfer-Encoding: chunked -> 411 (send a
 //     Content-Length), any other Transfer-Encoding -> 501; a malformed request -> 400. Each of
-//     these closes the connection after the response.
+//     these closes the connection after the response, lingering first (what the client still
+//     sends is read and dropped for up to 2 s / 64 MiB) so that it reads the response instead
+//     of a reset.
 //   - Keep-alive: HTTP/1.1 keeps the connection unless "Connection: close"; HTTP/1.0 closes it
 //     unless "Connection: keep-alive". Pipelined requests are served in order.
 //
