@@ -12,7 +12,9 @@
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"
 #include "coordinator/api/job_service.h"
+#include "coordinator/api/plan_service.h"
 #include "coordinator/api/worker_admin_service.h"
+#include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -190,9 +192,10 @@ void RestGateway::Route() {
            AttachLastStep(steps_, &job);
            return ToJson(job);
          }));
-  s.Post("/v1/plans", api("Plan", [](const httplib::Request& req) -> absl::StatusOr<std::string> {
+  s.Post("/v1/plans",
+         api("Plan", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
            SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
-           SY_ASSIGN_OR_RETURN(v1::Plan plan, planner::PlanJob(request));
+           SY_ASSIGN_OR_RETURN(v1::Plan plan, PlanForUser(request, hub_->context()));
            return ToJson(plan);
          }));
   s.Get("/v1/workers",
