@@ -90,6 +90,10 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   p.set_pipeline_model_parallel_size(1);
   p.set_expert_tensor_parallel_size(1);
   p.set_sequence_parallel(false);
+  // As the scheduler (workers/placement.h WorkerRange): without a world size or min_workers, any
+  // world from the cluster's size down to 1 may run, so smaller worlds are planned too.
+  v1::JobSpec& spec = *resolved.mutable_spec();
+  if (!spec.has_min_workers() && !p.has_world_size()) spec.set_min_workers(1);
   return resolved;
 }
 

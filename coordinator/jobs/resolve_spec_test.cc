@@ -104,6 +104,7 @@ TEST(ResolveSpecTest, PlanRequestIsPinnedToTheWorkersParallelism) {
   EXPECT_EQ(resolved->spec().parallel().tensor_model_parallel_size(), 1);
   EXPECT_EQ(resolved->spec().parallel().pipeline_model_parallel_size(), 1);
   EXPECT_EQ(resolved->spec().model().vocab_size(), 4096);
+  EXPECT_EQ(resolved->spec().min_workers(), 1);  // smaller worlds are planned, as scheduled
   EXPECT_EQ(ResolvePlanRequest(v1::PlanRequest(), CoordinatorContext{}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
