@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "cli/render.h"
 
 namespace switchyard::cli {
 namespace {
@@ -88,7 +89,7 @@ int Client::Fail(const std::string& verb, const grpc::Status& status) const {
   const std::string code =
       absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
   std::fprintf(stderr, "syctl %s: %s: %s\n", verb.c_str(), code.c_str(),
-               status.error_message().c_str());
+               TerminalSafe(status.error_message()).c_str());
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
       std::fprintf(stderr, "syctl: cannot reach the coordinator at %s (--coordinator)\n",

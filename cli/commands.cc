@@ -147,13 +147,13 @@ void Print(const google::protobuf::Message& message, Output output, const std::s
            const std::vector<std::string>& names) {
   switch (output) {
     case Output::kTable:
-      std::fputs(table.c_str(), stdout);
+      std::fputs(TerminalSafeLines(table).c_str(), stdout);
       break;
     case Output::kName:
-      for (const std::string& name : names) std::printf("%s\n", name.c_str());
+      for (const std::string& name : names) std::printf("%s\n", TerminalSafe(name).c_str());
       break;
     default:
-      std::fputs(Structured(message, output).c_str(), stdout);
+      std::fputs(TerminalSafeLines(Structured(message, output)).c_str(), stdout);
   }
 }
 

@@ -46,9 +46,9 @@ int FollowJob(Client& client, Output output, const std::string& verb, const std:
     }
     if (output == Output::kJson || output == Output::kYaml) {
       if (output == Output::kJson) {
-        std::printf("%s\n", ToJson(update, /*pretty=*/false).c_str());
+        std::printf("%s\n", TerminalSafeLines(ToJson(update, /*pretty=*/false)).c_str());
       } else {
-        std::printf("---\n%s", JsonToYaml(ToJson(update, false)).c_str());
+        std::printf("---\n%s", TerminalSafeLines(JsonToYaml(ToJson(update, false))).c_str());
       }
       std::fflush(stdout);
       continue;
@@ -99,7 +99,7 @@ int FollowJob(Client& client, Output output, const std::string& verb, const std:
     return kExitOk;
   }
   std::fprintf(stderr, "syctl %s: %s ended %s%s%s\n", verb.c_str(), name.c_str(), state.c_str(),
-               last_message.empty() ? "" : ": ", last_message.c_str());
+               last_message.empty() ? "" : ": ", TerminalSafe(last_message).c_str());
   return kExitFailure;
 }
 

@@ -87,11 +87,34 @@ void EmitYaml(const Json& v, int indent, std::string* out) {
   }
 }
 
+std::string Escape(absl::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '\n' && keep_newlines) {
+      out.push_back('\n');
+    } else if (c < 0x20 || c == 0x7F) {
+      absl::StrAppend(&out, absl::StrFormat("\\u%04x", c));
+    } else if (c == 0xC2 && i + 1 < text.size() &&
+               static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
+      absl::StrAppend(&out, absl::StrFormat("\\u%04x", static_cast<unsigned char>(text[++i])));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
 std::string Gib(double bytes) { return absl::StrFormat("%.2f", bytes / kGiB); }
 std::string Ms(double seconds) { return absl::StrFormat("%.3f", seconds * 1e3); }
 
-// Left-aligned columns separated by two spaces.
-std::string Columns(const std::vector<std::vector<std::string>>& rows) {
+// Left-aligned columns separated by two spaces; cells are made TerminalSafe.
+std::string Columns(std::vector<std::vector<std::string>> rows) {
+  for (auto& row : rows) {
+    for (std::string& cell : row) cell = Escape(cell, /*keep_newlines=*/false);
+  }
   std::vector<size_t> width;
   for (const auto& row : rows) {
     for (size_t i = 0; i < row.size(); ++i) {
@@ -112,6 +135,9 @@ std::string Columns(const std::vector<std::vector<std::string>>& rows) {
 }
 
 }  // namespace
+
+std::string TerminalSafe(absl::string_view text) { return Escape(text, false); }
+std::string TerminalSafeLines(absl::string_view text) { return Escape(text, true); }
 
 bool ParseOutput(absl::string_view text, Output* out) {
   if (text == "table" || text == "text") {
@@ -214,6 +240,12 @@ std::string JobDetail(const v1::Job& job) {
       {"Last step:", job.has_last_step() ? StepLine(job.last_step()) : "-"},
   };
   if (!job.failure_reason().empty()) rows.push_back({"Failure:", job.failure_reason()});
+  const bool waits = job.state() == v1::Job::PENDING || job.state() == v1::Job::RESTARTING;
+  if (job.has_last_event()) {
+    const v1::JobEvent& e = job.last_event();
+    rows.push_back({waits ? "Waiting:" : "Last event:",
+                    absl::StrCat(e.reason(), e.message().empty() ? "" : ": ", e.message())});
+  }
   return Columns(rows);
 }
 
@@ -260,8 +292,10 @@ std::string StepLine(const v1::StepMetrics& s) {
 std::string EventLine(const v1::JobEvent& e) {
   std::string line = absl::StrCat(FormatTime(e.time()), " ", v1::Job::State_Name(e.state()),
                                   " gen ", e.generation());
-  if (!e.reason().empty()) absl::StrAppend(&line, " ", e.reason());
-  if (!e.message().empty()) absl::StrAppend(&line, e.reason().empty() ? " " : ": ", e.message());
+  if (!e.reason().empty()) absl::StrAppend(&line, " ", TerminalSafe(e.reason()));
+  if (!e.message().empty()) {
+    absl::StrAppend(&line, e.reason().empty() ? " " : ": ", TerminalSafe(e.message()));
+  }
   return line;
 }
 

@@ -5,6 +5,13 @@
 // 3339), `-o yaml` the same document as block YAML, `-o table` (also spelled `text`) aligned
 // columns for people, `-o name` the resource names only (`jobs/7`), for scripts.
 //
+// Nothing the server sends reaches the terminal raw: every printed text goes through
+// TerminalSafe (a value inside a line: table cells, event messages, errors) or TerminalSafeLines
+// (a whole output of ours, whose newlines are kept), which write control characters (C0, DEL,
+// C1) as \u00XX. In JSON and YAML output that escape is the same string (the printers already
+// escape C0 inside strings; DEL and C1 appear only inside strings), so the documents still parse
+// to the server's values.
+//
 // Thread-safe: no shared state.
 #ifndef SWITCHYARD_CLI_RENDER_H_
 #define SWITCHYARD_CLI_RENDER_H_
@@ -21,6 +28,11 @@
 namespace switchyard::cli {
 
 enum class Output { kTable, kJson, kYaml, kName };
+
+// `text` with every control character (C0 including newline and tab, DEL, UTF-8 C1) as \u00XX.
+std::string TerminalSafe(absl::string_view text);
+// The same, but newlines are kept (our own line structure).
+std::string TerminalSafeLines(absl::string_view text);
 
 // "table" | "text" | "json" | "yaml" | "name"; false for anything else.
 bool ParseOutput(absl::string_view text, Output* out);

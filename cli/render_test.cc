@@ -4,7 +4,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -105,6 +107,50 @@ TEST(Render, Tables) {
   EXPECT_NE(text.find("80.00"), std::string::npos);
   EXPECT_NE(text.find("125.000"), std::string::npos);
   EXPECT_NE(text.find("Rejected: 1"), std::string::npos);
+}
+
+// Server strings with control characters (a job stored before the bounds, a hostile server) never
+// reach the terminal raw, in any output form; JSON output still parses to the same strings.
+TEST(Render, ControlCharactersAreEscapedEverywhere) {
+  const std::string evil =
+      "a\x1b[2Jb\nc\x07"
+      "d\x7f e\xc2\x9b f\t";
+  v1::Job job;
+  job.set_name("jobs/1");
+  job.set_state(v1::Job::PENDING);
+  job.mutable_spec()->set_display_name(evil);
+  job.set_failure_reason(evil);
+  job.mutable_last_event()->set_reason("WAITING_FOR_WORKERS");
+  job.mutable_last_event()->set_message(evil);
+  auto raw_control = [](const std::string& text) {
+    for (size_t i = 0; i < text.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(text[i]);
+      if ((c < 0x20 && c != '\n') || c == 0x7F) return true;
+      if (c == 0xC2 && i + 1 < text.size() &&
+          (static_cast<unsigned char>(text[i + 1]) & 0xE0) == 0x80)
+        return true;
+    }
+    return false;
+  };
+  const std::string table = TerminalSafeLines(JobsTable({job}));
+  const std::string detail = TerminalSafeLines(JobDetail(job));
+  const std::string json = TerminalSafeLines(Structured(job, Output::kJson));
+  const std::string yaml = TerminalSafeLines(Structured(job, Output::kYaml));
+  v1::JobEvent event = job.last_event();
+  const std::string line = EventLine(event);
+  for (const std::string* out : {&table, &detail, &json, &yaml, &line}) {
+    EXPECT_FALSE(raw_control(*out)) << *out;
+  }
+  // A newline inside a value is escaped, so the table keeps one line per job.
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2) << table;
+  EXPECT_NE(detail.find("Waiting:"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("a\\u001b[2Jb\\u000ac\\u0007d\\u007f e\\u009b f\\u0009"), std::string::npos)
+      << detail;
+  EXPECT_EQ(Json::parse(json)["spec"]["display_name"].get<std::string>(),
+            "a\x1b[2Jb\nc\x07"
+            "d\x7f e\xc2\x9b f\t");
+  EXPECT_EQ(YAML::Load(yaml)["spec"]["display_name"].as<std::string>(), evil);
+  std::printf("escaped detail line: %s\n", detail.substr(detail.find("Display name:"), 60).c_str());
 }
 
 TEST(Render, ParseOutput) {

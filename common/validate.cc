@@ -232,6 +232,8 @@ void CheckModel(const v1::JobSpec& spec, Violations* v) {
 
 std::vector<std::string> AllViolations(const v1::JobSpec& spec) {
   validate_internal::Violations v;
+  validate_internal::CheckBounds(spec, &v);
+  if (!v.list().empty()) return std::move(v.list());
   validate_internal::CheckRequiredAndRanges(spec, &v);
   validate_internal::CheckModel(spec, &v);
   validate_internal::CheckMoe(spec, &v);

@@ -58,7 +58,8 @@ void CheckDivisible(Violations* v, absl::string_view path_a, int64_t a, absl::st
 void CheckOneOf(Violations* v, absl::string_view path, const std::string& value,
                 std::initializer_list<absl::string_view> allowed);
 
-// Rule groups, in the order ValidateJobSpec runs them.
+// Rule groups, in the order ValidateJobSpec runs them (bounds alone when broken).
+void CheckBounds(const v1::JobSpec& spec, Violations* v);             // validate_bounds.cc
 void CheckRequiredAndRanges(const v1::JobSpec& spec, Violations* v);  // validate.cc
 void CheckModel(const v1::JobSpec& spec, Violations* v);              // validate.cc
 void CheckMoe(const v1::JobSpec& spec, Violations* v);                // validate_moe.cc

@@ -19,8 +19,6 @@ std::string DefaultReason(absl::StatusCode code) {
       return "REQUEST_ID_CONFLICT";
     case absl::StatusCode::kFailedPrecondition:
       return "INVALID_STATE";
-    case absl::StatusCode::kResourceExhausted:
-      return "NO_FEASIBLE_PLAN";
     case absl::StatusCode::kUnauthenticated:
       return "INVALID_TOKEN";
     default:

@@ -27,7 +27,7 @@ std::string CodeName(absl::StatusCode code);
 
 // The reason used when the code chose none: INVALID_ARGUMENT -> INVALID_REQUEST, NOT_FOUND ->
 // NOT_FOUND, ALREADY_EXISTS -> REQUEST_ID_CONFLICT, FAILED_PRECONDITION -> INVALID_STATE,
-// RESOURCE_EXHAUSTED -> NO_FEASIBLE_PLAN, UNAUTHENTICATED -> INVALID_TOKEN, else the code name.
+// UNAUTHENTICATED -> INVALID_TOKEN, else the code name.
 std::string DefaultReason(absl::StatusCode code);
 
 // `status` with " (reason: `reason`)" appended to its message; OK and statuses that already

@@ -31,6 +31,12 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 v1::JobSpec ValidSpec(const std::string& display_name) {
   v1::JobSpec spec = switchyard::testing::RawBaseline();
   spec.set_display_name(display_name);
+  // The workers run data and expert parallelism only (coordinator/jobs/resolve_spec.h), so a
+  // spec with TP or PP above 1 is refused at submit: the baseline's world 32 becomes DP 32.
+  v1::ParallelConfig* p = spec.mutable_parallel();
+  p->clear_tensor_model_parallel_size();
+  p->clear_pipeline_model_parallel_size();
+  p->set_sequence_parallel(false);
   return spec;
 }
 
@@ -103,7 +109,8 @@ std::vector<InvalidSpec> InvalidSpecs() {
   };
   std::vector<InvalidSpec> out;
   for (const IntCase& c : kInts) {
-    v1::JobSpec spec = ValidSpec();
+    // The Megatron baseline (TP 2, PP 2), so the parallel rules have sizes to break.
+    v1::JobSpec spec = switchyard::testing::RawBaseline();
     switchyard::testing::SetIntField(&spec, c.path, c.value);
     out.push_back({absl::StrCat(c.path, " = ", c.value), spec, c.needle ? c.needle : c.path});
   }

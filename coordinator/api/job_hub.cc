@@ -45,6 +45,11 @@ absl::StatusOr<v1::Job> JobHub::RecordCheckpoint(absl::string_view name, int64_t
   return Notify(registry_->RecordCheckpoint(name, step));
 }
 
+absl::StatusOr<v1::Job> JobHub::RecordWaitReason(absl::string_view name, absl::string_view reason,
+                                                 absl::string_view message) {
+  return Notify(registry_->RecordWaitReason(name, reason, message));
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobHub::ListEvents(absl::string_view name) {
   return registry_->ListEvents(name);
 }

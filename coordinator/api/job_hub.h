@@ -52,6 +52,10 @@ class JobHub {
                                      absl::string_view reason, absl::string_view message = "",
                                      const v1::Plan* plan = nullptr);
   absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
+  absl::StatusOr<v1::Job> RecordWaitReason(absl::string_view name, absl::string_view reason,
+                                           absl::string_view message);
+  // What ResolveJobSpec fills on this coordinator (the registry's context).
+  const jobs::CoordinatorContext& context() const { return registry_->context(); }
   // Not a job change: watchers are not woken (they get steps from the StepHub).
   absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);

@@ -1,24 +1,35 @@
 // File: coordinator/api/plan_service.h
 //
-// switchyard.v1.PlanService over the planner (coordinator/planner/planner.h): Plan returns
-// PlanJob's plan, or its INVALID_ARGUMENT (field and rule) / RESOURCE_EXHAUSTED (no mapping fits,
-// reason NO_FEASIBLE_PLAN) with a reason attached. Authenticated and measured like every API call
-// (api_call.h). Planning is pure computation; nothing is stored.
+// switchyard.v1.PlanService over the planner (coordinator/planner/planner.h): Plan resolves the
+// request like a submitted job (jobs::ResolvePlanRequest: defaults, the default corpus's
+// vocabulary, the coordinator's checkpoint directory, the submit rules, the workers' parallelism)
+// and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) / RESOURCE_EXHAUSTED (no
+// mapping fits, reason NO_FEASIBLE_PLAN) with a reason attached. Authenticated and measured like
+// every API call (api_call.h). Planning is pure computation; nothing is stored.
 //
 // Thread safety: stateless; gRPC calls Plan concurrently.
 #ifndef SWITCHYARD_COORDINATOR_API_PLAN_SERVICE_H_
 #define SWITCHYARD_COORDINATOR_API_PLAN_SERVICE_H_
 
+#include "absl/status/statusor.h"
 #include "coordinator/api/auth.h"
+#include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "switchyard/v1/plan.grpc.pb.h"
 
 namespace switchyard::api {
 
+// What Plan (gRPC) and POST /v1/plans (REST) both answer: the request resolved like a submitted
+// job, then PlanJob. The planner's RESOURCE_EXHAUSTED (nothing fits in memory) carries reason
+// NO_FEASIBLE_PLAN; no other error gets that reason (a full disk is RESOURCE_EXHAUSTED too).
+absl::StatusOr<v1::Plan> PlanForUser(const v1::PlanRequest& request,
+                                     const jobs::CoordinatorContext& context);
+
 class PlanServiceImpl final : public v1::PlanService::Service {
  public:
-  // `auth` must outlive the service; `metrics` may be null.
-  PlanServiceImpl(const TokenAuth* auth, metrics::CoordinatorMetrics* metrics);
+  // `auth` must outlive the service; `metrics` may be null; `context` as the JobRegistry's.
+  PlanServiceImpl(const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+                  jobs::CoordinatorContext context = {});
 
   grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                     v1::Plan* response) override;
@@ -26,6 +37,7 @@ class PlanServiceImpl final : public v1::PlanService::Service {
  private:
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
+  const jobs::CoordinatorContext context_;
 };
 
 }  // namespace switchyard::api

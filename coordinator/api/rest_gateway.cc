@@ -10,7 +10,9 @@
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"
 #include "coordinator/api/job_service.h"
+#include "coordinator/api/plan_service.h"
 #include "coordinator/api/worker_admin_service.h"
+#include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -170,9 +172,9 @@ HttpRouter RestGateway::Route() {
                   return ToJson(job);
                 }));
   s.Handle("POST", "/v1/plans",
-           api("Plan", [](const HttpRequest& req) -> absl::StatusOr<std::string> {
+           api("Plan", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
              SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
-             SY_ASSIGN_OR_RETURN(v1::Plan plan, planner::PlanJob(request));
+             SY_ASSIGN_OR_RETURN(v1::Plan plan, PlanForUser(request, hub_->context()));
              return ToJson(plan);
            }));
   s.Handle("GET", "/v1/workers",

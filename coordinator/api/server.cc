@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/corpus.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -94,7 +95,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   SY_ASSIGN_OR_RETURN(s->auth_, TokenAuth::FromFile(options.token_file));
   SY_ASSIGN_OR_RETURN(s->store_, store::Store::Open(options.store_path));
-  s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get());
+  jobs::CoordinatorContext context;
+  context.checkpoint_root = options.checkpoint_root;
+  if (absl::StatusOr<CorpusInfo> corpus = FindDefaultCorpus(); corpus.ok()) {
+    context.default_vocab_size = corpus->vocab_size;
+    SY_LOG(INFO) << "default corpus \"" << corpus->name << "\" in " << corpus->dir
+                 << ": jobs without data.data_path get model.vocab_size " << corpus->vocab_size;
+  } else {
+    SY_LOG(INFO) << "no default corpus (" << corpus.status().message()
+                 << "): jobs reading it must set model.vocab_size";
+  }
+  s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get(), context);
   s->metrics_ = std::make_unique<metrics::CoordinatorMetrics>();
   metrics::CoordinatorMetrics* metrics = s->metrics_.get();
   s->hub_ =
@@ -136,7 +147,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     });
   }
   s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics, steps);
-  s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics);
+  s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics, context);
   const workers::WorkerRegistry* registry = s->plane_ != nullptr ? s->plane_->registry() : nullptr;
   if (registry != nullptr) {
     s->worker_admin_service_ =

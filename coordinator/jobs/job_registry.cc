@@ -117,7 +117,8 @@ absl::StatusOr<int64_t> ParseJobName(absl::string_view name) {
                    "\") must be jobs/{id} with id a positive integer"));
 }
 
-JobRegistry::JobRegistry(store::Store* store) : store_(store) {}
+JobRegistry::JobRegistry(store::Store* store, CoordinatorContext context)
+    : store_(store), context_(std::move(context)) {}
 
 absl::StatusOr<store::JobRow> JobRegistry::Row(absl::string_view name) {
   SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
@@ -131,19 +132,9 @@ absl::StatusOr<store::JobRow> JobRegistry::Row(absl::string_view name) {
 absl::StatusOr<v1::Job> JobRegistry::CreateJob(const v1::CreateJobRequest& request) {
   SY_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
+  SY_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(request.spec(), context_));
   store::JobRow row;
-  row.spec = request.spec();
-  ApplyDefaults(&row.spec);
-  {
-    // An empty training.save is the scheduler's to fill (<checkpoint root>/<job id>, see
-    // coordinator/workers/scheduler.h), so rules that need a checkpoint directory (save_interval)
-    // are checked as if it were set; the stored spec keeps it empty.
-    v1::JobSpec checked = row.spec;
-    if (checked.training().save().empty()) {
-      checked.mutable_training()->set_save("<checkpoint root>/<job id>");
-    }
-    SY_RETURN_IF_ERROR(ValidateJobSpec(checked));
-  }
+  row.spec = StoredSpec(request.spec(), std::move(resolved));
   row.request_id = request.request_id();
   row.state = v1::Job::PENDING;
   store::JobEventRow created;
@@ -181,7 +172,10 @@ absl::StatusOr<v1::Job> JobRegistry::CreateJobFromYaml(absl::string_view spec_ya
 
 absl::StatusOr<v1::Job> JobRegistry::GetJob(absl::string_view name) {
   SY_ASSIGN_OR_RETURN(store::JobRow row, Row(name));
-  return ToJob(row);
+  v1::Job job = ToJob(row);
+  SY_ASSIGN_OR_RETURN(std::vector<store::JobEventRow> events, store_->ListJobEvents(row.id));
+  if (!events.empty()) *job.mutable_last_event() = ToEvent(events.back());
+  return job;
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobRegistry::ListJobs(const v1::ListJobsRequest& request) {
@@ -197,6 +191,11 @@ absl::StatusOr<v1::ListJobsResponse> JobRegistry::ListJobs(const v1::ListJobsReq
   int page_size = request.page_size() == 0 ? kDefaultPageSize : request.page_size();
   if (page_size > kMaxPageSize) page_size = kMaxPageSize;
   int64_t after_id = 0;
+  if (request.page_token().size() > kMaxPageTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token (", request.page_token().size(), " bytes) must be at most ", kMaxPageTokenBytes,
+        " bytes (pass back the next_page_token of a previous response)"));
+  }
   if (!request.page_token().empty()) {
     SY_ASSIGN_OR_RETURN(after_id, DecodePageToken(request.page_token(), state));
   }
@@ -206,8 +205,19 @@ absl::StatusOr<v1::ListJobsResponse> JobRegistry::ListJobs(const v1::ListJobsReq
   v1::ListJobsResponse response;
   bool more = static_cast<int>(rows.size()) > page_size;
   if (more) rows.resize(page_size);
-  for (const store::JobRow& row : rows) *response.add_jobs() = ToJob(row);
-  if (more) response.set_next_page_token(EncodePageToken(state, rows.back().id));
+  size_t bytes = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0 && bytes >= kMaxListPageBytes) {
+      more = true;  // the byte budget ends the page; the next one starts after the last listed
+      break;
+    }
+    v1::Job* job = response.add_jobs();
+    *job = ToJob(rows[i]);
+    bytes += job->ByteSizeLong();
+  }
+  if (more) {
+    response.set_next_page_token(EncodePageToken(state, rows[response.jobs_size() - 1].id));
+  }
   return response;
 }
 
@@ -242,6 +252,32 @@ absl::StatusOr<v1::Job> JobRegistry::Transition(absl::string_view name, State to
         event.generation = job.generation;
         event.reason = result->reason;
         event.message = result->message;
+        return event;
+      });
+  if (row.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(name, " does not exist"));
+  }
+  if (!row.ok()) return row.status();
+  return ToJob(*row);
+}
+
+absl::StatusOr<v1::Job> JobRegistry::RecordWaitReason(absl::string_view name,
+                                                      absl::string_view reason,
+                                                      absl::string_view message) {
+  SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
+  SY_RETURN_IF_ERROR(CheckReason(reason));
+  absl::StatusOr<store::JobRow> row =
+      store_->UpdateJob(id, [&](store::JobRow& job) -> absl::StatusOr<store::JobEventRow> {
+        if (job.state != v1::Job::PENDING && job.state != v1::Job::RESTARTING) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              name, ": a wait reason is recorded only while PENDING or RESTARTING, not ",
+              v1::Job::State_Name(job.state)));
+        }
+        store::JobEventRow event;
+        event.state = job.state;
+        event.generation = job.generation;
+        event.reason = std::string(reason);
+        event.message = std::string(message);
         return event;
       });
   if (row.status().code() == absl::StatusCode::kNotFound) {

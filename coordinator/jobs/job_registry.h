@@ -8,9 +8,12 @@
 // - Resource names are "jobs/{id}", id a positive decimal integer without leading zeros, assigned
 //   in creation order and never reused. A malformed name is INVALID_ARGUMENT naming `name`; a
 //   well-formed name of no job is NOT_FOUND.
-// - CreateJob applies defaults (common/config_defaults.h) and validates (common/validate.h); a bad
-//   spec is INVALID_ARGUMENT with the validator's message (field path and rule) and nothing is
-//   written. The stored spec is the defaulted one, so Get returns what the job will run with.
+// - CreateJob resolves and checks the spec with ResolveJobSpec (coordinator/jobs/resolve_spec.h:
+//   defaults, the coordinator-filled vocabulary and checkpoint directory, then every rule), the
+//   same function PlanService and the scheduler call; a bad spec is INVALID_ARGUMENT with the
+//   rule's message (field path and rule) and nothing is written. The stored spec is the resolved
+//   one except the checkpoint directory the coordinator fills (it depends on the job id: the
+//   scheduler resolves again with the id), so Get returns what the job will run with.
 // - request_id (AIP-155) makes CreateJob idempotent: the same request_id with an equal effective
 //   spec (after defaults) returns the existing job unchanged, in whatever state it is now; with a
 //   different spec it is ALREADY_EXISTS naming request_id and the existing job. Empty: no key.
@@ -19,7 +22,11 @@
 //   next_page_token is opaque, empty on the last page, and bound to the state filter (reusing it
 //   with another filter is INVALID_ARGUMENT). Pages are keyset-based (id > last id), so jobs
 //   created between pages appear later and no job is listed twice; a job that changes state
-//   between pages may be missed by a state-filtered listing.
+//   between pages may be missed by a state-filtered listing. A page is also bounded in bytes: it
+//   ends early, with a next_page_token, once its jobs' serialized size reaches
+//   kMaxListPageBytes (1 MiB, a quarter of gRPC's default 4 MiB message limit); a page always
+//   holds at least one job when one remains.
+// - page_token is at most kMaxPageTokenBytes.
 // - Transitions follow coordinator/jobs/job_state.h (FAILED_PRECONDITION naming from/to states)
 //   and append exactly one event each; a refused transition writes nothing.
 //
@@ -37,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/jobs/job_state.h"
+#include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/store/store.h"
 #include "switchyard/v1/job.pb.h"
 
@@ -45,6 +53,8 @@ namespace switchyard::jobs {
 inline constexpr int kDefaultPageSize = 50;
 inline constexpr int kMaxPageSize = 1000;
 inline constexpr size_t kMaxRequestIdLength = 128;
+inline constexpr size_t kMaxListPageBytes = size_t{1} << 20;
+inline constexpr size_t kMaxPageTokenBytes = 256;
 
 // "jobs/{id}".
 std::string JobName(int64_t id);
@@ -53,8 +63,11 @@ absl::StatusOr<int64_t> ParseJobName(absl::string_view name);
 
 class JobRegistry {
  public:
-  // `store` must outlive the registry.
-  explicit JobRegistry(store::Store* store);
+  // `store` must outlive the registry. `context`: what ResolveJobSpec fills (checkpoint root,
+  // default corpus vocabulary).
+  explicit JobRegistry(store::Store* store, CoordinatorContext context = {});
+
+  const CoordinatorContext& context() const { return context_; }
 
   // Validates request.spec (after defaults) and request.request_id, then creates the job in
   // PENDING with event CREATED, or returns the job the request_id already names.
@@ -66,6 +79,7 @@ class JobRegistry {
   absl::StatusOr<v1::Job> CreateJobFromYaml(absl::string_view spec_yaml,
                                             absl::string_view request_id);
 
+  // The job with Job.last_event (its latest event) filled.
   absl::StatusOr<v1::Job> GetJob(absl::string_view name);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
 
@@ -79,6 +93,12 @@ class JobRegistry {
   absl::StatusOr<v1::Job> Transition(absl::string_view name, State to, absl::string_view reason,
                                      absl::string_view message = "",
                                      const v1::Plan* plan = nullptr);
+
+  // Appends an event saying why a PENDING or RESTARTING job is not running yet (`reason`
+  // UPPER_SNAKE, e.g. "WAITING_FOR_WORKERS", and `message`); the state is unchanged.
+  // FAILED_PRECONDITION naming the state when the job is in another state (it moved on).
+  absl::StatusOr<v1::Job> RecordWaitReason(absl::string_view name, absl::string_view reason,
+                                           absl::string_view message);
 
   // Records a saved checkpoint (event CHECKPOINT_SAVED, state unchanged). The job must be RUNNING
   // and `step` must be >= 0 and greater than the last recorded step.
@@ -95,6 +115,7 @@ class JobRegistry {
   absl::StatusOr<store::JobRow> Row(absl::string_view name);
 
   store::Store* const store_;
+  const CoordinatorContext context_;
 };
 
 }  // namespace switchyard::jobs

@@ -25,7 +25,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-// A valid MoE spec (8 experts top-2 over TP 2 x EP 4, world 8), as a user would submit it.
+// A valid MoE spec (8 experts top-2 over EP 4, world 8), as a user would submit it.
 constexpr const char* kValidSpec = R"json({
   "display_name": "mixtral-small",
   "model": {
@@ -44,9 +44,7 @@ constexpr const char* kValidSpec = R"json({
     "moe_token_dispatcher_type": "alltoall"
   },
   "parallel": {
-    "tensor_model_parallel_size": 2,
     "expert_model_parallel_size": 4,
-    "sequence_parallel": true,
     "world_size": 8
   },
   "training": {
@@ -98,7 +96,9 @@ class JobRegistryTest : public ::testing::Test {
     auto store = store::Store::Open(path_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    registry_ = std::make_unique<JobRegistry>(store_.get());
+    CoordinatorContext context;
+    context.checkpoint_root = "/checkpoints";
+    registry_ = std::make_unique<JobRegistry>(store_.get(), context);
   }
   int64_t Jobs() { return *store_->CountJobs(); }
   int64_t Events() { return *store_->CountJobEvents(); }
@@ -121,13 +121,17 @@ TEST_F(JobRegistryTest, CreateGetRoundTripAndReopen) {
   EXPECT_EQ(job->spec().model().kv_channels(), 64);
   EXPECT_EQ(job->spec().min_workers(), 8);
 
+  // GetJob adds the latest event (CreateJob's answer has none); the rest is identical.
   auto got = registry_->GetJob("jobs/1");
   ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->last_event().reason(), "CREATED");
+  got->clear_last_event();
   EXPECT_EQ(got->SerializeAsString(), job->SerializeAsString());
 
   Reopen();
   got = registry_->GetJob("jobs/1");
   ASSERT_TRUE(got.ok()) << got.status();
+  got->clear_last_event();
   EXPECT_EQ(got->SerializeAsString(), job->SerializeAsString());
   auto events = registry_->ListEvents("jobs/1");
   ASSERT_TRUE(events.ok());
@@ -215,6 +219,87 @@ TEST_F(JobRegistryTest, SaveIntervalWithoutSaveIsLeftToTheScheduler) {
 
 // The plan a generation starts with is stored with the STARTING transition and survives a
 // reopen; a plan with any other transition is refused and writes nothing.
+// Without a checkpoint root the coordinator fills no directory: the same spec is refused at
+// submit, naming the rule (it would otherwise fail later in the scheduler).
+TEST_F(JobRegistryTest, SaveIntervalWithoutSaveOrCheckpointRootIsRejected) {
+  OpenAt("save_interval_no_root.db");
+  JobRegistry bare(store_.get());
+  v1::CreateJobRequest request = Request("ckpt");
+  request.mutable_spec()->mutable_training()->clear_save();
+  request.mutable_spec()->mutable_training()->set_save_interval(5);
+  auto job = bare.CreateJob(request);
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+  EXPECT_NE(job.status().message().find("training.save"), absl::string_view::npos);
+  std::printf("no checkpoint root: %s\n", std::string(job.status().message()).c_str());
+  EXPECT_EQ(Jobs(), 0);
+}
+
+// A wait reason is an event with the state unchanged, only while the job waits.
+TEST_F(JobRegistryTest, WaitReasonsAreEventsOfWaitingJobsOnly) {
+  OpenAt("wait_reason.db");
+  auto job = registry_->CreateJob(Request("waits"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto noted = registry_->RecordWaitReason(job->name(), "WAITING_FOR_WORKERS",
+                                           "needs 8 worker(s), 0 attached");
+  ASSERT_TRUE(noted.ok()) << noted.status();
+  EXPECT_EQ(noted->state(), v1::Job::PENDING);
+  auto got = registry_->GetJob(job->name());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->last_event().reason(), "WAITING_FOR_WORKERS");
+  EXPECT_EQ(got->last_event().message(), "needs 8 worker(s), 0 attached");
+  EXPECT_EQ(got->last_event().state(), v1::Job::PENDING);
+  EXPECT_EQ(registry_->RecordWaitReason(job->name(), "bad reason", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(registry_->CancelJob(job->name()).ok());
+  EXPECT_EQ(registry_->RecordWaitReason(job->name(), "WAITING_FOR_WORKERS", "x").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_->RecordWaitReason("jobs/99", "WAITING_FOR_WORKERS", "x").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Events(), 3);  // CREATED, the wait reason, CANCELLED
+  std::printf("wait reason stored as an event: %s: %s\n", got->last_event().reason().c_str(),
+              got->last_event().message().c_str());
+}
+
+// Pages stop at kMaxListPageBytes: 40 jobs of ~60 KiB each (page_size 1000) come in pages of at
+// most ~1 MiB, every job exactly once, in id order.
+TEST_F(JobRegistryTest, ListPagesAreBoundedInBytes) {
+  OpenAt("list_bytes.db");
+  for (int i = 0; i < 40; ++i) {
+    v1::CreateJobRequest request = Request(absl::StrCat("big-", i));
+    v1::DataConfig* data = request.mutable_spec()->mutable_data();
+    data->clear_data_path();
+    for (int j = 0; j < 15; ++j) data->add_data_path("/" + std::string(3999, 'a' + j));
+    ASSERT_TRUE(registry_->CreateJob(request).ok());
+  }
+  v1::ListJobsRequest list;
+  list.set_page_size(1000);
+  std::vector<std::string> names;
+  int pages = 0;
+  do {
+    auto page = registry_->ListJobs(list);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    size_t bytes = 0;
+    for (const v1::Job& job : page->jobs()) {
+      names.push_back(job.name());
+      bytes += job.ByteSizeLong();
+    }
+    EXPECT_GE(page->jobs_size(), 1);
+    EXPECT_LT(bytes, kMaxListPageBytes + 64 * 1024) << "page " << pages;
+    std::printf("page %d: %d jobs, %zu bytes\n", pages, page->jobs_size(), bytes);
+    list.set_page_token(page->next_page_token());
+  } while (!list.page_token().empty());
+  ASSERT_EQ(names.size(), 40u);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(names[i], absl::StrCat("jobs/", i + 1));
+  EXPECT_GE(pages, 3);
+  list.set_page_token(std::string(kMaxPageTokenBytes + 1, 'A'));
+  auto bad = registry_->ListJobs(list);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("page_token (257 bytes) must be at most 256"),
+            absl::string_view::npos)
+      << bad.status();
+}
+
 TEST_F(JobRegistryTest, StartingStoresThePlan) {
   OpenAt("registry_plan.db");
   auto job = registry_->CreateJob(Request("planned"));

@@ -20,22 +20,6 @@ std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec) {
   return {std::max(min, 1), max};
 }
 
-std::string UnsupportedParallelism(const v1::ParallelConfig& p) {
-  const std::pair<const char*, int32_t> sizes[] = {
-      {"tensor_model_parallel_size", p.tensor_model_parallel_size()},
-      {"context_parallel_size", p.context_parallel_size()},
-      {"pipeline_model_parallel_size", p.pipeline_model_parallel_size()},
-      {"expert_tensor_parallel_size", p.expert_tensor_parallel_size()},
-  };
-  for (const auto& [name, value] : sizes) {
-    if (value > 1) {
-      return absl::StrCat("parallel.", name, " (", value,
-                          ") must be 1: workers run data and expert parallelism only");
-    }
-  }
-  return "";
-}
-
 v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
                                const std::vector<WorkerInfo>& workers,
                                const ClusterDefaults& defaults) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/workers/worker_registry.h"
 #include "switchyard/v1/config.pb.h"
 #include "switchyard/v1/plan.pb.h"
@@ -22,9 +23,8 @@ namespace switchyard::workers {
 // set, else 1; unset max_workers is parallel.world_size if set, else INT32_MAX (unbounded).
 std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec);
 
-// "" when TP, CP, PP and ETP are unset or 1; otherwise the first one that is not, as a rule text
-// naming the field ("parallel.tensor_model_parallel_size (2) must be 1: ...").
-std::string UnsupportedParallelism(const v1::ParallelConfig& parallel);
+// The rule lives with the submit rules (coordinator/jobs/resolve_spec.h).
+using jobs::UnsupportedParallelism;
 
 // What the planner is told about machines that the workers do not report.
 struct ClusterDefaults {

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "coordinator/jobs/job_registry.h"
 #include "coordinator/jobs/job_state.h"
+#include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/workers/placement.h"
 #include "coordinator/workers/scheduler_internal.h"
@@ -233,28 +234,75 @@ void Scheduler::SchedulePass() {
       std::remove_if(idle.begin(), idle.end(),
                      [this](const WorkerInfo& w) { return RunHoldingRank(w.id) != nullptr; }),
       idle.end());
-  if (idle.empty()) return;
+  const int attached =
+      workers_->CountInState(WorkerState::kIdle) + workers_->CountInState(WorkerState::kBusy);
+  std::set<std::string> waiting;
   for (Job::State state : {Job::RESTARTING, Job::PENDING}) {
     for (const Job& job : ListAll(hub_, state)) {
-      if (idle.empty()) return;
       if (runs_.count(job.name()) > 0) continue;
-      TrySchedule(job, &idle);
+      waiting.insert(job.name());
+      TrySchedule(job, &idle, attached);
     }
+  }
+  // Jobs that no longer wait (started, ended) forget their last reason.
+  for (auto it = wait_reason_.begin(); it != wait_reason_.end();) {
+    it = waiting.count(it->first) > 0 ? std::next(it) : wait_reason_.erase(it);
   }
 }
 
-bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
-  const v1::JobSpec& stored = job.spec();
-  if (std::string why = UnsupportedParallelism(stored.parallel()); !why.empty()) {
-    absl::StatusOr<Job> failed =
-        hub_->Transition(job.name(), Job::FAILED, kUnsupportedParallelism, why);
-    if (!failed.ok()) SY_LOG(WARNING) << "scheduler: " << job.name() << ": " << failed.status();
-    Finish(job.name());
+void Scheduler::NoteWaiting(const Job& job, const std::string& reason, const std::string& message) {
+  std::string key = absl::StrCat(reason, ": ", message);
+  auto it = wait_reason_.find(job.name());
+  if (it != wait_reason_.end() && it->second == key) return;
+  absl::StatusOr<Job> noted = hub_->RecordWaitReason(job.name(), reason, message);
+  if (!noted.ok()) {
+    // Moved on meanwhile (cancelled), or the store failed: tried again on a later pass.
+    SY_LOG(WARNING) << "scheduler: " << job.name() << ": recording " << reason << ": "
+                    << noted.status();
+    return;
+  }
+  SY_LOG(INFO) << "scheduler: " << job.name() << " waits: " << key;
+  wait_reason_[job.name()] = std::move(key);
+}
+
+void Scheduler::FailUnstarted(const Job& job, const std::string& reason,
+                              const std::string& message) {
+  absl::StatusOr<Job> failed = hub_->Transition(job.name(), Job::FAILED, reason, message);
+  if (!failed.ok()) {
+    // Not failed (a store error, or the job moved on): it stays schedulable and is retried.
+    SY_LOG(WARNING) << "scheduler: " << job.name() << " -> FAILED (" << reason
+                    << "): " << failed.status();
+    return;
+  }
+  Finish(job.name());
+}
+
+bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int attached) {
+  // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h), now with
+  // the job's id, so training.save is the real <checkpoint root>/<job id>.
+  jobs::CoordinatorContext context = hub_->context();
+  context.checkpoint_root = options_.checkpoint_root;
+  const absl::StatusOr<int64_t> id = jobs::ParseJobName(job.name());
+  absl::StatusOr<v1::JobSpec> resolved =
+      jobs::ResolveJobSpec(job.spec(), context, id.ok() ? *id : jobs::kUnassignedJobId);
+  if (!resolved.ok()) {
+    // Only a spec stored before these rules (or by another coordinator version) gets here.
+    const std::string unsupported = jobs::UnsupportedParallelism(job.spec().parallel());
+    FailUnstarted(job, unsupported.empty() ? kInvalidSpec : kUnsupportedParallelism,
+                  std::string(resolved.status().message()));
     return true;
   }
-  const auto [min_workers, max_workers] = WorkerRange(stored);
+  const v1::JobSpec& spec = *resolved;
+  const auto [min_workers, max_workers] = WorkerRange(spec);
   const int32_t k = static_cast<int32_t>(std::min<size_t>(idle->size(), max_workers));
-  if (k < min_workers) return false;
+  if (k < min_workers) {
+    NoteWaiting(job, kWaitingForWorkers,
+                attached < min_workers
+                    ? absl::StrCat("needs ", min_workers, " worker(s), ", attached, " attached")
+                    : absl::StrCat("needs ", min_workers, " idle worker(s), ", idle->size(), " of ",
+                                   attached, " attached are idle (the others run jobs)"));
+    return false;
+  }
 
   // Specs never change, so a plan that failed for k workers fails again: wait for another k.
   auto failed_before = plan_failed_for_.find(job.name());
@@ -265,20 +313,25 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
   defaults.intra_node_bandwidth_bytes_per_second = options_.intra_node_bandwidth_bytes_per_second;
   defaults.inter_node_bandwidth_bytes_per_second = options_.inter_node_bandwidth_bytes_per_second;
   defaults.peak_flops = options_.peak_flops;
-  const v1::PlanRequest request = PlanRequestFor(stored, min_workers, chosen, defaults);
+  const v1::PlanRequest request = PlanRequestFor(spec, min_workers, chosen, defaults);
   absl::StatusOr<v1::Plan> plan = planner::PlanJob(request);
   if (!plan.ok()) {
+    const absl::StatusCode code = plan.status().code();
+    if (code != absl::StatusCode::kInvalidArgument &&
+        code != absl::StatusCode::kResourceExhausted) {
+      // Not a verdict on the spec: never reported as NO_FEASIBLE_PLAN; retried next pass.
+      SY_LOG(WARNING) << "scheduler: " << job.name() << ": planning: " << plan.status();
+      return false;
+    }
     if (k >= max_workers) {
-      absl::StatusOr<Job> failed =
-          hub_->Transition(job.name(), Job::FAILED, kNoFeasiblePlan,
-                           absl::StrCat("with ", k, " worker(s): ", plan.status().message()));
-      if (!failed.ok()) SY_LOG(WARNING) << "scheduler: " << job.name() << ": " << failed.status();
-      Finish(job.name());
+      FailUnstarted(job, kNoFeasiblePlan,
+                    absl::StrCat("with ", k, " worker(s): ", plan.status().message()));
       return true;
     }
     plan_failed_for_[job.name()] = k;
-    SY_LOG(INFO) << "scheduler: " << job.name() << " waits for more workers; with " << k << ": "
-                 << plan.status();
+    NoteWaiting(
+        job, kNoFeasiblePlan,
+        absl::StrCat("with ", k, " worker(s), waiting for more: ", plan.status().message()));
     return false;
   }
   const v1::Mapping& mapping = plan->best().mapping();
@@ -301,7 +354,7 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
   rendezvous_->DropBefore(job.name(), generation);
 
   const v1::JobSpec assigned =
-      AssignedSpec(stored, mapping, world, job.name(), options_.checkpoint_root);
+      AssignedSpec(spec, mapping, world, job.name(), options_.checkpoint_root);
 
   Run run;
   run.job = job.name();

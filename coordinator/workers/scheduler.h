@@ -13,11 +13,22 @@
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
 //   TP = CP = PP = ETP = 1 (the worker runs data and expert parallelism only); it picks the
-//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP. A job
-//   whose spec sets one of those four sizes to more than 1 FAILS with UNSUPPORTED_PARALLELISM. A
-//   planning failure when k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help);
-//   with fewer the job waits for more workers (a RESTARTING job too: it is never failed for lack
-//   of workers).
+//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
+//   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
+//   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
+//   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
+//   the default corpus's vocab_size). A stored spec that fails them (stored by an older
+//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP above 1) or
+//   INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when
+//   k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help); with fewer the job
+//   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any
+//   other error (a store that cannot write the FAILED transition) is logged and retried, never
+//   reported as NO_FEASIBLE_PLAN.
+// - Wait reasons: a PENDING or RESTARTING job that cannot start gets an event (state unchanged)
+//   saying why, when the reason differs from the last one recorded by this process:
+//   WAITING_FOR_WORKERS ("needs 3 worker(s), 2 attached", or "... idle" when attached workers
+//   run other jobs) or NO_FEASIBLE_PLAN ("with 2 worker(s), waiting for more: <rule>"). A
+//   restarted coordinator records the current reason once more.
 // - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
 //   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
@@ -192,8 +203,13 @@ class Scheduler {
 
   // The schedule pass and the periodic checks.
   void SchedulePass();
-  // True when the job was started or failed (it no longer waits).
-  bool TrySchedule(const v1::Job& job, std::vector<WorkerInfo>* idle);
+  // True when the job was started or failed (it no longer waits). `attached`: idle + busy.
+  bool TrySchedule(const v1::Job& job, std::vector<WorkerInfo>* idle, int attached);
+  // Records why `job` waits (an event, state unchanged) unless it is the reason last recorded.
+  void NoteWaiting(const v1::Job& job, const std::string& reason, const std::string& message);
+  // FAILED with `reason` and Finish; a failed transition (store error) is logged, not finished,
+  // so the job is retried rather than lost.
+  void FailUnstarted(const v1::Job& job, const std::string& reason, const std::string& message);
   void CheckRunStates();
   void CheckDrains();
   void CheckAdoptions();
@@ -237,6 +253,7 @@ class Scheduler {
   absl::Time last_rescan_ = absl::InfinitePast();
   bool workers_changed_ = true;
   std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
+  std::map<std::string, std::string> wait_reason_;  // job -> "REASON: message" last recorded
   std::set<std::pair<std::string, int64_t>> zombies_stopped_;
 };
 

@@ -20,6 +20,8 @@ inline constexpr char kWorkerFailed[] = "WORKER_FAILED";
 inline constexpr char kWorkerLost[] = "WORKER_LOST";
 inline constexpr char kUnsupportedParallelism[] = "UNSUPPORTED_PARALLELISM";
 inline constexpr char kNoFeasiblePlan[] = "NO_FEASIBLE_PLAN";
+inline constexpr char kInvalidSpec[] = "INVALID_SPEC";
+inline constexpr char kWaitingForWorkers[] = "WAITING_FOR_WORKERS";
 inline constexpr char kCoordinatorRestarted[] = "COORDINATOR_RESTARTED";
 inline constexpr int32_t kStoppedOnRequest = 143;
 

@@ -322,28 +322,66 @@ TEST_F(SchedulerTest, CancelStopsEveryRank) {
   EXPECT_EQ(ranks2.size(), 2u);
 }
 
-TEST_F(SchedulerTest, WaitsForMinWorkersAndFailsUnsupportedParallelism) {
+// A job needing more workers than attached waits PENDING with one WAITING_FOR_WORKERS event
+// (not one per scheduler pass); parallelism the workers cannot run never gets that far: it is
+// refused at submit (jobs/resolve_spec.h), naming the field.
+TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallelism) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_wait.db", 1));
   job_ = h_->Submit(testing::SmallSpec(2, 2));
   v1::JobSpec tp2 = testing::SmallSpec(1, 1);
   tp2.mutable_parallel()->set_tensor_model_parallel_size(2);
   tp2.mutable_parallel()->set_sequence_parallel(true);
-  const std::string bad = h_->Submit(tp2);
-  Job failed = h_->WaitForState(bad, Job::FAILED);
-  std::printf("TP=2 job: %s\n", failed.failure_reason().c_str());
-  EXPECT_NE(failed.failure_reason().find("UNSUPPORTED_PARALLELISM"), std::string::npos);
-  EXPECT_NE(failed.failure_reason().find("parallel.tensor_model_parallel_size (2)"),
-            std::string::npos);
-  absl::SleepFor(absl::Milliseconds(500));
-  auto pending = h_->hub()->GetJob(job_);
-  ASSERT_TRUE(pending.ok());
-  EXPECT_EQ(pending->state(), Job::PENDING) << "1 idle worker < min_workers 2";
+  v1::CreateJobRequest bad;
+  *bad.mutable_spec() = tp2;
+  absl::StatusOr<Job> refused = h_->hub()->CreateJob(bad);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  std::printf("TP=2 job refused at submit: %s\n", std::string(refused.status().message()).c_str());
+  EXPECT_NE(refused.status().message().find("parallel.tensor_model_parallel_size (2) must be 1"),
+            absl::string_view::npos);
+  // The wait reason appears once, however many passes run meanwhile (rescan every 1 s here).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  Job pending;
+  while (absl::Now() < deadline) {
+    pending = *h_->hub()->GetJob(job_);
+    if (pending.last_event().reason() == "WAITING_FOR_WORKERS") break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(pending.state(), Job::PENDING) << "1 idle worker < min_workers 2";
+  EXPECT_EQ(pending.last_event().reason(), "WAITING_FOR_WORKERS");
+  EXPECT_EQ(pending.last_event().message(), "needs 2 worker(s), 1 attached");
+  absl::SleepFor(absl::Milliseconds(2500));
+  auto events = h_->hub()->ListEvents(job_);
+  ASSERT_TRUE(events.ok());
+  int waits = 0;
+  for (const v1::JobEvent& e : *events) waits += e.reason() == "WAITING_FOR_WORKERS";
+  EXPECT_EQ(waits, 1) << "the reason did not change, so it is recorded once";
+  std::printf("pending: %s: %s (%d event(s) after 2.5 s of passes)\n",
+              pending.last_event().reason().c_str(), pending.last_event().message().c_str(), waits);
   // A second worker arrives: the job starts on both.
   FakeWorker second(testing::MakeChannel(h_->port()), "late", "host-b");
   second.Attach();
   fleet_->ticker->Add(&second);
   auto ranks = ExpectGeneration({fleet_->workers[0].get(), &second}, job_, 1, 2);
   EXPECT_EQ(ranks.size(), 2u);
+}
+
+// The bug this path fixes: save_interval without save passed CreateJob, then failed at planning
+// (NO_FEASIBLE_PLAN: training.save_interval requires training.save). The scheduler resolves the
+// stored spec with the job id, so it starts, saving to <checkpoint root>/<job id>.
+TEST_F(SchedulerTest, SaveIntervalWithoutSaveStartsWithTheCoordinatorsDirectory) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_save_interval.db", 1));
+  v1::JobSpec spec = testing::SmallSpec(1, 1);
+  spec.mutable_training()->set_save_interval(5);
+  job_ = h_->Submit(spec);
+  auto ranks = ExpectGeneration(Raw(*fleet_), job_, 1, 1);
+  ASSERT_EQ(ranks.size(), 1u);
+  const v1::Assignment a = *ranks[0]->assignment();
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/1");
+  EXPECT_EQ(a.spec().training().save(), dir);
+  EXPECT_EQ(a.spec().training().load(), dir);
+  EXPECT_EQ(a.spec().training().save_interval(), 5);
+  std::printf("assigned save %s every %lld steps\n", a.spec().training().save().c_str(),
+              static_cast<long long>(a.spec().training().save_interval()));
 }
 
 TEST_F(SchedulerTest, NoFeasiblePlanFails) {
@@ -355,6 +393,30 @@ TEST_F(SchedulerTest, NoFeasiblePlanFails) {
   std::printf("failure_reason: %s\n", failed.failure_reason().c_str());
   EXPECT_NE(failed.failure_reason().find("NO_FEASIBLE_PLAN"), std::string::npos);
   EXPECT_NE(failed.failure_reason().find("global_batch_size"), std::string::npos);
+  for (auto& w : fleet_->workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kAssignment), 0);
+}
+
+// Fewer workers than max_workers and no mapping for them: the job waits PENDING, and its event
+// quotes the planner's rule (more workers may help, so it is not failed).
+TEST_F(SchedulerTest, InfeasibleWithTheWorkersAttachedWaitsQuotingTheRule) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_noplan_wait.db", 2));
+  v1::JobSpec spec = testing::SmallSpec(2, 4);
+  spec.mutable_training()->set_global_batch_size(3);  // 2 workers: not divisible by 1 x 2
+  job_ = h_->Submit(spec);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  Job pending;
+  while (absl::Now() < deadline) {
+    pending = *h_->hub()->GetJob(job_);
+    if (pending.last_event().reason() == "NO_FEASIBLE_PLAN") break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::printf("pending: %s: %s\n", pending.last_event().reason().c_str(),
+              pending.last_event().message().c_str());
+  EXPECT_EQ(pending.state(), Job::PENDING);
+  EXPECT_EQ(pending.last_event().reason(), "NO_FEASIBLE_PLAN");
+  EXPECT_NE(pending.last_event().message().find("with 2 worker(s), waiting for more"),
+            std::string::npos);
+  EXPECT_NE(pending.last_event().message().find("global_batch_size"), std::string::npos);
   for (auto& w : fleet_->workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kAssignment), 0);
 }
 

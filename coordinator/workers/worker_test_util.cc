@@ -68,7 +68,9 @@ std::unique_ptr<Harness> Harness::Start(const std::string& store_name, bool fres
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return nullptr;
   h->store_ = *std::move(store);
-  h->registry_ = std::make_unique<jobs::JobRegistry>(h->store_.get());
+  jobs::CoordinatorContext context;
+  context.checkpoint_root = options.scheduler.checkpoint_root;
+  h->registry_ = std::make_unique<jobs::JobRegistry>(h->store_.get(), context);
   h->hub_ = std::make_unique<api::JobHub>(h->registry_.get());
   auto auth = api::TokenAuth::FromToken(kToken);
   EXPECT_TRUE(auth.ok()) << auth.status();

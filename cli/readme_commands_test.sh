@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The syctl commands of cli/README.md's example block, run AS WRITTEN against a real coordinator
+# (temp store, token file, the default corpus) with two real CPU workers. The block is extracted
+# from the README at test time (continuation lines joined), so a README edit is tested too; the
+# only substitutions are the placeholders a user replaces: the coordinator address and token file
+# of the `export` line, `job.yaml` (a tiny job that finishes in seconds) and the job id 7 (the
+# jobs this run created). Then examples/quickstart.yaml, submitted as-is, must start and report
+# steps (the coordinator fills its vocab_size from the default corpus).
+set -u
+syctl="$1"
+coordinator="$2"
+worker="$3"
+readme="$4"
+example="$5"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$tmp"/coordinator.err "$tmp"/worker*.err; do
+    [[ -f $f ]] && { echo "--- $f (tail):" >&2; tail -20 "$f" >&2; }
+  done
+  exit 1
+}
+home=$(getent passwd "$(id -un)" | cut -d: -f6)
+export SWITCHYARD_DATA_DIR="${SWITCHYARD_DATA_DIR:-$home/.cache/switchyard/data}"
+[[ -f $SWITCHYARD_DATA_DIR/kjv/corpus.json ]] ||
+  fail "no default corpus in $SWITCHYARD_DATA_DIR (run tools/setup.sh)"
+
+printf 'readme-token\n' >"$tmp/token"
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
+rm -f "$tmp/readme.db"
+"$coordinator" --store "$tmp/readme.db" --token-file "$tmp/token" --host 127.0.0.1 \
+  --grpc-port 0 --http-port 0 --checkpoint-root "$tmp/checkpoints" \
+  >"$tmp/coordinator.out" 2>"$tmp/coordinator.err" &
+pids+=($!)
+for _ in $(seq 200); do
+  grep -q listening "$tmp/coordinator.out" 2>/dev/null && break
+  sleep 0.1
+done
+address=$(sed -n 's/.* grpc=\([^ ]*\) .*/\1/p' "$tmp/coordinator.out")
+[[ -n $address ]] || fail "the coordinator did not print its ports"
+grep -q 'default corpus "kjv"' "$tmp/coordinator.err" || fail "the coordinator found no corpus"
+for i in 0 1; do
+  "$worker" --coordinator "$address" --token-file "$tmp/token" --device cpu --heartbeat-ms 200 \
+    >"$tmp/worker$i.out" 2>"$tmp/worker$i.err" &
+  pids+=($!)
+done
+
+cat >"$tmp/job.yaml" <<'YAML'
+display_name: readme-tiny
+model: {num_layers: 2, hidden_size: 32, num_attention_heads: 2, seq_length: 16, vocab_size: 64,
+        ffn_hidden_size: 64, num_experts: 4, moe_router_topk: 2}
+training: {micro_batch_size: 2, global_batch_size: 4, train_iters: 10}
+data: {mock_data: true}
+YAML
+
+# The first ``` block of the README, continuation lines joined.
+mapfile -t commands < <(awk '/^```/{n++; next} n==1' "$readme" | sed -e ':a' -e '/\\$/N; s/\\\n//; ta')
+echo "extracted ${#commands[@]} lines from $readme"
+(( ${#commands[@]} >= 8 )) || fail "expected at least 8 command lines in the README block"
+ran=0
+# Job 1: the job.yaml submit (--wait: it SUCCEEDS); job 2: the Megatron-flags job (too big for
+# two workers: it waits). `watch jobs/7` watches job 1, `get 7` and `cancel 7` job 2.
+for line in "${commands[@]}"; do
+  line="${line%%#*}"  # a trailing comment
+  [[ -z ${line// /} ]] && continue
+  case "$line" in
+    export\ *)
+      export SYCTL_COORDINATOR="$address" SYCTL_TOKEN_FILE="$tmp/token"
+      echo "ok: $line (values replaced)"
+      continue
+      ;;
+  esac
+  run="${line//job.yaml/$tmp/job.yaml}"
+  run="${run//watch jobs\/7/watch jobs/1}"
+  run="${run//get 7/get 2}"
+  run="${run//cancel 7/cancel 2}"
+  out=$(cd "$(dirname "$example")/.." && eval "\"$syctl\" ${run#syctl }" 2>"$tmp/err")
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "'$line' exited $rc: $(cat "$tmp/err")"
+  echo "ok: $line"
+  echo "$out" | head -5 | sed 's/^/    /'
+  ran=$((ran + 1))
+  case "$line" in
+    *"plan -f examples/quickstart.yaml"*)
+      grep -q '^Best mapping: TP1 CP1 DP' <<<"$out" || fail "plan: no mapping the workers run: $out" ;;
+    *"get 7 -o yaml"*)
+      grep -q 'state: PENDING' <<<"$out" || fail "get: the Megatron job is not PENDING: $out"
+      grep -Eq 'reason: (WAITING_FOR_WORKERS|NO_FEASIBLE_PLAN)' <<<"$out" ||
+        fail "get: the PENDING job does not say what it waits for: $out" ;;
+    *"submit -f job.yaml"*)
+      grep -q 'SUCCEEDED' "$tmp/err" || fail "submit --wait did not end SUCCEEDED" ;;
+  esac
+done
+(( ran >= 7 )) || fail "only $ran syctl commands ran"
+
+# examples/quickstart.yaml as written: accepted (vocab_size from the corpus), it starts and steps.
+out=$(cd "$(dirname "$example")/.." && "$syctl" submit -f examples/quickstart.yaml -o name 2>"$tmp/err") ||
+  fail "submit examples/quickstart.yaml: $(cat "$tmp/err")"
+job=$out
+echo "ok: syctl submit -f examples/quickstart.yaml -> $job"
+for _ in $(seq 600); do
+  out=$("$syctl" get "$job" 2>&1)
+  grep -Eq '^Last step: +step [0-9]+' <<<"$out" && break
+  grep -Eq '^State: +(FAILED|CANCELLED)' <<<"$out" && fail "quickstart job ended: $out"
+  sleep 0.5
+done
+grep -Eq '^Last step: +step [0-9]+' <<<"$out" || fail "quickstart job reported no step: $out"
+echo "$out" | sed 's/^/    /'
+"$syctl" cancel "$job" >/dev/null || fail "cancel $job"
+echo "PASS: $ran README commands and the quickstart example"

@@ -1,0 +1,79 @@
+// File: coordinator/jobs/resolve_spec.h
+//
+// The coordinator's one validation path for job specs. CreateJob (submit), PlanService.Plan and
+// the scheduler each call ResolveJobSpec, so a spec is defaulted, completed with what the
+// coordinator knows, and checked the same way everywhere: a spec accepted at submit is one the
+// scheduler can plan, and one the scheduler would refuse is refused at submit.
+//
+// Resolution, applied once, in this order:
+//   1. ApplyDefaults (common/config_defaults.h): Megatron's defaults.
+//   2. model.vocab_size, when unset and the job reads the default corpus (no data.mock_data, no
+//      data.data_path): the default corpus's vocabulary, CoordinatorContext.default_vocab_size
+//      (the coordinator reads its manifest at start, common/corpus.h; the worker fills the same
+//      value from the same manifest, worker/train/trainer.cc).
+//   3. training.save, when empty and the coordinator has a checkpoint root:
+//      <checkpoint_root>/<job id>; training.load defaults to training.save.
+// Rules, in this order; the first violation is INVALID_ARGUMENT naming the field and the rule:
+//   a. ValidateJobSpec (common/validate.h): bounds (sizes, control characters), then
+//      Megatron's rules.
+//   b. model.vocab_size is required (the planner sizes the embedding from it).
+//   c. The parallelism the workers run: TP, CP, PP and ETP must be unset or 1.
+//   d. Job-path rules plug in here (CheckJobPathRules in resolve_spec.cc, one call).
+// What the rules cannot know at submit (the world size the workers allow, memory) is the
+// scheduler's and the planner's to report (a PENDING event or NO_FEASIBLE_PLAN).
+//
+// Thread safety: pure functions.
+#ifndef SWITCHYARD_COORDINATOR_JOBS_RESOLVE_SPEC_H_
+#define SWITCHYARD_COORDINATOR_JOBS_RESOLVE_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "switchyard/v1/config.pb.h"
+#include "switchyard/v1/plan.pb.h"
+
+namespace switchyard::jobs {
+
+// What the coordinator fills into a spec.
+struct CoordinatorContext {
+  // Where jobs checkpoint (<checkpoint_root>/<job id>), as the workers see it. Empty: the
+  // coordinator fills no training.save, so rules needing a checkpoint directory
+  // (training.save_interval) need the spec's own.
+  std::string checkpoint_root;
+  // The default corpus's vocabulary; 0 when the coordinator found no default corpus (a job
+  // reading it must then set model.vocab_size).
+  int64_t default_vocab_size = 0;
+};
+
+// The id ResolveJobSpec gets before the job exists (submit, PlanService): training.save becomes
+// "<checkpoint_root>/<job id>" literally, which satisfies the rules and is never run.
+inline constexpr int64_t kUnassignedJobId = 0;
+
+// The resolved spec (steps 1-3) if it passes the rules (a-d), else INVALID_ARGUMENT.
+absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
+                                           const CoordinatorContext& context,
+                                           int64_t job_id = kUnassignedJobId);
+
+// PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
+// job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
+// the stored spec the scheduler plans), TP = CP = PP = ETP = 1 with sequence parallelism off (the
+// parallelism the workers run), and min_workers 1 when neither it nor parallel.world_size is set
+// (the scheduler's worker range), so the largest feasible world up to cluster.num_gpus is
+// planned. `syctl plan` thus shows the mapping the scheduler would start on that many workers;
+// there are no alternatives of other sizes to list. The cluster is the caller's.
+absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
+                                                   const CoordinatorContext& context);
+
+// What CreateJob stores: the resolved spec without the fields step 3 filled (they depend on the
+// id, which the store assigns); the scheduler resolves the stored spec again with the id.
+// `submitted` is the spec as the user sent it.
+v1::JobSpec StoredSpec(const v1::JobSpec& submitted, v1::JobSpec resolved);
+
+// "" when TP, CP, PP and ETP are unset or 1; otherwise the first one that is not, as a rule text
+// naming the field ("parallel.tensor_model_parallel_size (2) must be 1: ...").
+std::string UnsupportedParallelism(const v1::ParallelConfig& parallel);
+
+}  // namespace switchyard::jobs
+
+#endif  // SWITCHYARD_COORDINATOR_JOBS_RESOLVE_SPEC_H_

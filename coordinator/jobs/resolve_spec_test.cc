@@ -1,0 +1,113 @@
+// File: coordinator/jobs/resolve_spec_test.cc
+//
+// ResolveJobSpec, the one validation path of CreateJob, PlanService and the scheduler: what it
+// fills (defaults, the default corpus's vocabulary, the checkpoint directory) and the rules it
+// adds to ValidateJobSpec, each named in its message.
+#include "coordinator/jobs/resolve_spec.h"
+
+#include <cstdio>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace switchyard::jobs {
+namespace {
+
+// A small MoE spec without vocab_size or data: it reads the default corpus.
+v1::JobSpec CorpusSpec() {
+  v1::JobSpec spec;
+  v1::ModelConfig& m = *spec.mutable_model();
+  m.set_num_layers(2);
+  m.set_hidden_size(64);
+  m.set_num_attention_heads(2);
+  m.set_seq_length(32);
+  m.set_num_experts(4);
+  spec.mutable_training()->set_train_iters(10);
+  spec.mutable_training()->set_micro_batch_size(1);
+  return spec;
+}
+
+void ExpectInvalid(const absl::StatusOr<v1::JobSpec>& got, const std::string& needle) {
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find(needle), absl::string_view::npos) << got.status();
+  std::printf("rejected: %s\n", std::string(got.status().message()).c_str());
+}
+
+TEST(ResolveSpecTest, FillsVocabularyAndCheckpointDirectory) {
+  CoordinatorContext context{"/ckpt", 4096};
+  v1::JobSpec spec = CorpusSpec();
+  spec.mutable_training()->set_save_interval(5);
+  auto at_submit = ResolveJobSpec(spec, context);
+  ASSERT_TRUE(at_submit.ok()) << at_submit.status();
+  EXPECT_EQ(at_submit->model().vocab_size(), 4096);
+  EXPECT_EQ(at_submit->training().save(), "/ckpt/<job id>");
+  auto scheduled = ResolveJobSpec(spec, context, 7);
+  ASSERT_TRUE(scheduled.ok()) << scheduled.status();
+  EXPECT_EQ(scheduled->training().save(), "/ckpt/7");
+  EXPECT_EQ(scheduled->training().load(), "/ckpt/7");
+  // What CreateJob stores keeps the id-dependent directory out; resolving it again is the same.
+  v1::JobSpec stored = StoredSpec(spec, *at_submit);
+  EXPECT_TRUE(stored.training().save().empty());
+  EXPECT_TRUE(stored.training().load().empty());
+  EXPECT_EQ(stored.model().vocab_size(), 4096);
+  auto again = ResolveJobSpec(stored, context, 7);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->SerializeAsString(), scheduled->SerializeAsString());
+  std::printf("resolved: vocab %lld, save %s\n",
+              static_cast<long long>(scheduled->model().vocab_size()),
+              scheduled->training().save().c_str());
+}
+
+TEST(ResolveSpecTest, VocabularyRequiredWhenNothingDecidesIt) {
+  ExpectInvalid(ResolveJobSpec(CorpusSpec(), CoordinatorContext{"/ckpt", 0}),
+                "model.vocab_size is required: the job reads the default corpus");
+  v1::JobSpec mock = CorpusSpec();
+  mock.mutable_data()->set_mock_data(true);
+  ExpectInvalid(ResolveJobSpec(mock, CoordinatorContext{"/ckpt", 4096}),
+                "model.vocab_size is required with data.mock_data");
+  v1::JobSpec dataset = CorpusSpec();
+  dataset.mutable_data()->add_data_path("/data/wiki_text_document");
+  ExpectInvalid(ResolveJobSpec(dataset, CoordinatorContext{"/ckpt", 4096}),
+                "model.vocab_size is required with data.data_path");
+  dataset.mutable_model()->set_vocab_size(32000);
+  EXPECT_TRUE(ResolveJobSpec(dataset, CoordinatorContext{"/ckpt", 4096}).ok());
+}
+
+TEST(ResolveSpecTest, SaveIntervalNeedsADirectory) {
+  v1::JobSpec spec = CorpusSpec();
+  spec.mutable_training()->set_save_interval(5);
+  ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"", 4096}), "training.save");
+}
+
+TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
+  v1::JobSpec spec = CorpusSpec();
+  spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
+  ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"/ckpt", 4096}),
+                "parallel.pipeline_model_parallel_size (2) must be 1: workers run data and "
+                "expert parallelism only");
+}
+
+TEST(ResolveSpecTest, BoundsComeFirst) {
+  v1::JobSpec spec = CorpusSpec();
+  spec.set_display_name("evil\x1b[2J");
+  spec.mutable_model()->set_hidden_size(0);
+  ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"/ckpt", 4096}),
+                "display_name must not contain control characters (byte 0x1B at offset 4)");
+}
+
+TEST(ResolveSpecTest, PlanRequestIsPinnedToTheWorkersParallelism) {
+  v1::PlanRequest request;
+  *request.mutable_spec() = CorpusSpec();
+  auto resolved = ResolvePlanRequest(request, CoordinatorContext{"/ckpt", 4096});
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->spec().parallel().tensor_model_parallel_size(), 1);
+  EXPECT_EQ(resolved->spec().parallel().pipeline_model_parallel_size(), 1);
+  EXPECT_EQ(resolved->spec().model().vocab_size(), 4096);
+  EXPECT_EQ(resolved->spec().min_workers(), 1);  // smaller worlds are planned, as scheduled
+  EXPECT_EQ(ResolvePlanRequest(v1::PlanRequest(), CoordinatorContext{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace switchyard::jobs
