@@ -218,6 +218,7 @@ expect 3 '^$' "cannot read the TLS root certificate" -- --tls-root-cert "$tmp/ab
 start_coordinator run --checkpoint-root "$tmp/checkpoints"
 export SYCTL_COORDINATOR=$address
 "$worker" --coordinator "$address" --token-file "$tmp/token" --device cpu --heartbeat-ms 200 \
+  --checkpoint-root "$tmp/checkpoints" \
   >"$tmp/worker.out" 2>"$tmp/worker.err" &
 pids+=($!)
 cat >"$tmp/tiny.yaml" <<'EOF'

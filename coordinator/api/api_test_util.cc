@@ -31,6 +31,11 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 v1::JobSpec ValidSpec(const std::string& display_name) {
   v1::JobSpec spec = switchyard::testing::RawBaseline();
   spec.set_display_name(display_name);
+  // Under a coordinator every path is relative to its roots (common/job_paths.h); the validation
+  // baseline names absolute ones.
+  spec.mutable_training()->set_save("baseline");
+  spec.mutable_data()->set_data_path(1, "a_text_document");
+  spec.mutable_data()->set_data_path(3, "b_text_document");
   return spec;
 }
 

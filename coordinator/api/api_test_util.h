@@ -27,7 +27,8 @@ std::string FreshPath(const std::string& name);
 // Writes `text` to TEST_TMPDIR/`name` and returns the path.
 std::string WriteFile(const std::string& name, const std::string& text);
 
-// A valid MoE spec (common/validate_test_util.h's baseline: world 32) named `display_name`.
+// A valid MoE spec (common/validate_test_util.h's baseline: world 32, its paths made relative
+// as a coordinator requires) named `display_name`.
 v1::JobSpec ValidSpec(const std::string& display_name = "api-test");
 // 32 GPUs, 8 per node, 80 GiB: the baseline plans on it.
 v1::Cluster Cluster32();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/grpc_status.h"
+#include "common/job_paths.h"
 #include "common/status.h"
 #include "coordinator/api/api_call.h"
 #include "coordinator/planner/planner.h"
@@ -16,7 +17,14 @@ grpc::Status PlanServiceImpl::Plan(grpc::ServerContext* context, const v1::PlanR
                                    v1::Plan* response) {
   return ToGrpcStatus(
       RunApiCall(*auth_, metrics_, "Plan", AuthorizationOf(*context), [&]() -> absl::Status {
-        SY_ASSIGN_OR_RETURN(*response, planner::PlanJob(*request));
+        SY_RETURN_IF_ERROR(CheckJobSpecPaths(request->spec()));  // as CreateJob would
+        // An empty training.save is the job's own directory (as in CreateJob), so save_interval
+        // without it is planned, not rejected.
+        v1::PlanRequest planned = *request;
+        if (planned.spec().training().save().empty()) {
+          planned.mutable_spec()->mutable_training()->set_save("<job directory>");
+        }
+        SY_ASSIGN_OR_RETURN(*response, planner::PlanJob(planned));
         return absl::OkStatus();
       }));
 }

@@ -1,6 +1,7 @@
 // File: coordinator/api/plan_service.h
 //
-// switchyard.v1.PlanService over the planner (coordinator/planner/planner.h): Plan returns
+// switchyard.v1.PlanService over the planner (coordinator/planner/planner.h): Plan checks the
+// spec's paths as CreateJob does (common/job_paths.h CheckJobSpecPaths), then returns
 // PlanJob's plan, or its INVALID_ARGUMENT (field and rule) / RESOURCE_EXHAUSTED (no mapping fits,
 // reason NO_FEASIBLE_PLAN) with a reason attached. Authenticated and measured like every API call
 // (api_call.h). Planning is pure computation; nothing is stored.

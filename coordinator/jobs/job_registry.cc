@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/config_defaults.h"
+#include "common/job_paths.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -144,6 +145,7 @@ absl::StatusOr<v1::Job> JobRegistry::CreateJob(const v1::CreateJobRequest& reque
     }
     SY_RETURN_IF_ERROR(ValidateJobSpec(checked));
   }
+  SY_RETURN_IF_ERROR(CheckJobSpecPaths(row.spec));  // relative, under the roots (job_paths.h)
   row.request_id = request.request_id();
   row.state = v1::Job::PENDING;
   store::JobEventRow created;

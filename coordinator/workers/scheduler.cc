@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(api::JobHub* hub,
   if (options.checkpoint_root.empty()) {
     return absl::InvalidArgumentError("checkpoint_root must not be empty");
   }
+  if (options.data_root.empty()) return absl::InvalidArgumentError("data_root must not be empty");
   if (options.rendezvous_address.empty()) {
     return absl::InvalidArgumentError("rendezvous_address must not be empty");
   }
@@ -290,6 +291,16 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
     return false;
   }
 
+  // Paths are checked at CreateJob; a spec stored before those rules is failed here, never sent.
+  const absl::StatusOr<v1::JobSpec> assigned = AssignedSpec(
+      stored, mapping, world, job.name(), {options_.checkpoint_root, options_.data_root});
+  if (!assigned.ok()) {
+    absl::StatusOr<Job> failed = hub_->Transition(job.name(), Job::FAILED, kInvalidPaths,
+                                                  std::string(assigned.status().message()));
+    if (!failed.ok()) SY_LOG(WARNING) << "scheduler: " << job.name() << ": " << failed.status();
+    Finish(job.name());
+    return true;
+  }
   absl::StatusOr<Job> started = hub_->Transition(
       job.name(), Job::STARTING, kScheduled,
       absl::StrCat(world, " worker(s): ", planner::MappingToString(mapping)), &*plan);
@@ -299,9 +310,6 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
   }
   const int64_t generation = started->generation();
   rendezvous_->DropBefore(job.name(), generation);
-
-  const v1::JobSpec assigned =
-      AssignedSpec(stored, mapping, world, job.name(), options_.checkpoint_root);
 
   Run run;
   run.job = job.name();
@@ -324,7 +332,7 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle) {
     a.set_generation(generation);
     a.set_rank(rank);
     a.set_world_size(world);
-    *a.mutable_spec() = assigned;
+    *a.mutable_spec() = *assigned;
     *a.mutable_mapping() = mapping;
     a.set_rendezvous_address(options_.rendezvous_address);
     Send(ranks[rank], message);

@@ -20,6 +20,7 @@ inline constexpr char kWorkerFailed[] = "WORKER_FAILED";
 inline constexpr char kWorkerLost[] = "WORKER_LOST";
 inline constexpr char kUnsupportedParallelism[] = "UNSUPPORTED_PARALLELISM";
 inline constexpr char kNoFeasiblePlan[] = "NO_FEASIBLE_PLAN";
+inline constexpr char kInvalidPaths[] = "INVALID_PATHS";
 inline constexpr char kCoordinatorRestarted[] = "COORDINATOR_RESTARTED";
 inline constexpr int32_t kStoppedOnRequest = 143;
 

@@ -164,7 +164,7 @@ TEST_F(SchedulerTest, AssignsRunsSucceeds) {
   auto ranks = ExpectGeneration(Raw(*fleet_), job_, 1, 4);
   ASSERT_EQ(ranks.size(), 4u);
   EXPECT_EQ(ranks[0]->assignment()->spec().training().save(),
-            absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/1"));
+            absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/jobs/1"));  // <root>/jobs/<id>
   Job starting = h_->WaitForState(job_, Job::STARTING);
   EXPECT_EQ(starting.generation(), 1);
 
