@@ -19,7 +19,7 @@
 //                  job fails (a lost peer included: --comm-timeout bounds every collective).
 //                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
 //   --coordinator host:port [--token-file F] [--tls-root-cert PEM] [--metrics-port P]
-//                 [--checkpoint-root DIR] [--data-root DIR]
+//   [--metrics-bind-address A] [--checkpoint-root DIR] [--data-root DIR]
 //                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
 //                  attach to the coordinator, run the generations it assigns (their paths must
 //                  resolve inside the two roots, common/job_paths.h), report steps; exit 0
@@ -72,6 +72,8 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, token_file, "", "File holding the coordinator's bearer token.");
 ABSL_FLAG(std::string, tls_root_cert, "", "PEM root certificate of a TLS coordinator.");
 ABSL_FLAG(int, metrics_port, -1, "Agent: serve /metrics on this port (0 any, -1 none).");
+ABSL_FLAG(std::string, metrics_bind_address, "0.0.0.0",
+          "Agent: the address /metrics listens on (127.0.0.1: this machine only).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Agent: heartbeat period in milliseconds.");
 ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
           "Agent: the coordinator's --checkpoint-root (same path here); assigned training.save "
@@ -245,6 +247,7 @@ int Agent() {
   o.tls_root_cert = absl::GetFlag(FLAGS_tls_root_cert);
   o.device = absl::GetFlag(FLAGS_device);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_bind_address = absl::GetFlag(FLAGS_metrics_bind_address);
   o.gloo_host = absl::GetFlag(FLAGS_gloo_host);
   o.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
