@@ -142,7 +142,7 @@ megatron="--num-layers 2 --hidden-size 64 --num-attention-heads 2 --num-query-gr
   --micro-batch-size 2 --global-batch-size 8 --train-iters 20 --lr 3e-4 --min-lr 3e-5
   --lr-warmup-iters 2 --lr-decay-style cosine --bf16 --seed 7 --mock-data --qk-layernorm
   --untie-embeddings-and-output-weights --moe-router-score-function sigmoid
-  --moe-router-enable-expert-bias --save /tmp/ckpt --save-interval 10 --swiglu"
+  --moe-router-enable-expert-bias --save ckpt --save-interval 10 --swiglu"
 expect 0 '"name": "jobs/3"' '^$' -- submit --megatron-args "$megatron" -o json
 json .spec.model.num_experts 4
 json .spec.model.moe_router_score_function sigmoid
@@ -159,6 +159,9 @@ expect 2 '^$' "unknown Megatron flag '--frobnicate'" -- \
   submit --megatron-args "--num-layers 2 --frobnicate 3"
 expect 2 '^$' "--num-layers: expected an integer, got 'two'" -- \
   submit --megatron-args "--num-layers two"
+# Paths in a spec are relative to the coordinator's roots (coordinator/README.md "Job paths").
+expect 1 '^$' 'training.save \("/tmp/ckpt"\) must be a relative path' -- \
+  submit -f "$tmp/spec.yaml" --megatron-args "--save /tmp/ckpt"
 # The coordinator's validation names the field: exit 1, INVALID_ARGUMENT.
 expect 1 '^$' 'INVALID_ARGUMENT: model.hidden_size \(64\) must be divisible by model.num_attention_heads \(3\)' -- \
   submit --megatron-args "--num-layers 2 --hidden-size 64 --num-attention-heads 3 --train-iters 5"
@@ -220,6 +223,7 @@ expect 3 '^$' "cannot read the TLS root certificate" -- --tls-root-cert "$tmp/ab
 start_coordinator run --checkpoint-root "$tmp/checkpoints"
 export SYCTL_COORDINATOR=$address
 "$worker" --coordinator "$address" --token-file "$tmp/token" --device cpu --heartbeat-ms 200 \
+  --checkpoint-root "$tmp/checkpoints" \
   >"$tmp/worker.out" 2>"$tmp/worker.err" &
 pids+=($!)
 cat >"$tmp/tiny.yaml" <<'EOF'

@@ -85,10 +85,32 @@ constexpr char kTempPrefix[] = ".tmp_step_";
 
 absl::Status ErrnoError(int err, const std::string& what) { return absl::ErrnoToStatus(err, what); }
 
-// Writes `bytes` to `dir`/`name` atomically (common/file_util.h).
+// Checkpoints are private to the user the workers run as: directories 0700, files 0600.
+constexpr mode_t kDirMode = 0700;
+constexpr mode_t kFileMode = 0600;
+
+// Writes `bytes` to `dir`/`name` atomically (common/file_util.h), mode kFileMode.
 absl::Status WriteFileAtomic(const std::string& dir, const std::string& name,
                              absl::string_view bytes) {
-  return WriteFileAtomically(absl::StrCat(dir, "/", name), bytes);
+  return WriteFileAtomically(absl::StrCat(dir, "/", name), bytes, kFileMode);
+}
+
+// mkdir -p `dir`: each missing directory is created with kDirMode (existing ones keep theirs).
+absl::Status MakeDirectories(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": not a directory"));
+  }
+  const size_t last = dir.find_last_not_of('/');
+  const size_t slash = last == std::string::npos ? std::string::npos : dir.rfind('/', last);
+  if (slash != std::string::npos && slash > 0) {
+    SY_RETURN_IF_ERROR(MakeDirectories(dir.substr(0, slash)));
+  }
+  if (mkdir(dir.c_str(), kDirMode) != 0 && errno != EEXIST) {
+    return ErrnoError(errno, absl::StrCat(dir, ": create checkpoint directory"));
+  }
+  return absl::OkStatus();
 }
 
 // Reads a small file whole. kNotFound if it does not exist.
@@ -237,11 +259,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
         absl::StrCat("CheckpointWriter::Commit: step (", step, ") must be >= 0"));
   }
   if (root.empty()) return absl::InvalidArgumentError("CheckpointWriter::Commit: empty root");
-  {
-    std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    if (ec) return ErrnoError(ec.value(), absl::StrCat(root, ": create checkpoint root"));
-  }
+  SY_RETURN_IF_ERROR(MakeDirectories(root));
   const std::string final_dir = absl::StrCat(root, "/", StepDirName(step));
   if (PathExists(final_dir)) {
     return absl::AlreadyExistsError(
@@ -249,7 +267,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
   }
   const std::string tmp_dir = absl::StrCat(root, "/", kTempPrefix, step, "_", getpid());
   RemoveTreeBestEffort(tmp_dir);  // Left by an earlier failed Commit of this process.
-  if (mkdir(tmp_dir.c_str(), 0755) != 0) {
+  if (mkdir(tmp_dir.c_str(), kDirMode) != 0) {
     return ErrnoError(errno, absl::StrCat(tmp_dir, ": mkdir"));
   }
 
@@ -258,6 +276,10 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
     for (const auto& [file, writer] : files_) {
       const std::string path = absl::StrCat(tmp_dir, "/", file);
       SY_RETURN_IF_ERROR(writer.Write(path));  // temp + fsync + rename + fsync tmp_dir
+      // tmp_dir is 0700, so nobody else could open the file before this.
+      if (chmod(path.c_str(), kFileMode) != 0) {
+        return ErrnoError(errno, absl::StrCat(path, ": chmod"));
+      }
       SY_ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(path));
       files.push_back({{"name", file}, {"size", digest.size}, {"crc32c", digest.crc32c}});
     }

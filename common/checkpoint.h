@@ -11,6 +11,9 @@
 //                         "manifest_crc32c": CRC32C of the compact JSON of all other keys}
 //   <root>/latest         one line "step_<N>", replaced atomically (temp + fsync + rename)
 //
+// Checkpoints are private to the user that writes them: every directory Commit creates (the root
+// and its missing parents included) is 0700, every file 0600.
+//
 // Commit protocol (crash-safe at every point):
 //   1. write every file into <root>/.tmp_step_<N>_<pid>/ (each file fsynced),
 //   2. checksum what is on disk (CRC32C of the bytes read back), write manifest.json, fsync it

@@ -150,6 +150,33 @@ TEST(CheckpointTest, RoundTrip) {
   EXPECT_STATUS(SaveState(root, 12).status(), absl::StatusCode::kAlreadyExists, "step_12");
 }
 
+// Checkpoints are private: every directory Commit creates is 0700, every file 0600, whatever
+// the umask allows (a umask of 0 would otherwise make them world-readable).
+TEST(CheckpointTest, DirectoriesAre0700AndFiles0600) {
+  const std::string base = FreshRoot("modes");
+  const std::string root = base + "/jobs/7/run";  // three levels created by Commit
+  const mode_t old_umask = umask(0);
+  absl::StatusOr<std::string> dir = SaveState(root, 3);
+  umask(old_umask);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto mode_of = [](const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(lstat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  };
+  for (const std::string& d : {base + "/jobs", base + "/jobs/7", root, *dir}) {
+    std::printf("  %-60s %04o\n", d.c_str(), mode_of(d));
+    EXPECT_EQ(mode_of(d), 0700u) << d;
+  }
+  for (const char* f : {"model.safetensors", "optim.safetensors", "manifest.json"}) {
+    const std::string path = *dir + "/" + f;
+    std::printf("  %-60s %04o\n", path.c_str(), mode_of(path));
+    EXPECT_EQ(mode_of(path), 0600u) << path;
+  }
+  std::printf("  %-60s %04o\n", (root + "/latest").c_str(), mode_of(root + "/latest"));
+  EXPECT_EQ(mode_of(root + "/latest"), 0600u);
+}
+
 TEST(CheckpointTest, CorruptedByteIsDetected) {
   const std::string root = FreshRoot("corrupt");
   ASSERT_TRUE(SaveState(root, 1).ok());

@@ -40,9 +40,10 @@ std::string DirectoryOf(const std::string& path) {
 }
 
 absl::Status WriteFileAtomically(
-    const std::string& path, const std::function<absl::Status(int fd, const std::string&)>& fill) {
+    const std::string& path, const std::function<absl::Status(int fd, const std::string&)>& fill,
+    mode_t mode) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(tmp, ": open for writing"));
   absl::Status status = fill(fd, tmp);
   if (status.ok() && fsync(fd) != 0) {
@@ -61,10 +62,11 @@ absl::Status WriteFileAtomically(
   return FsyncDirectory(DirectoryOf(path));
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  return WriteFileAtomically(path, [&](int fd, const std::string& tmp) {
-    return WriteAll(fd, bytes.data(), bytes.size(), tmp);
-  });
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, mode_t mode) {
+  return WriteFileAtomically(
+      path,
+      [&](int fd, const std::string& tmp) { return WriteAll(fd, bytes.data(), bytes.size(), tmp); },
+      mode);
 }
 
 }  // namespace switchyard

@@ -7,6 +7,8 @@
 #ifndef SWITCHYARD_COMMON_FILE_UTIL_H_
 #define SWITCHYARD_COMMON_FILE_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -26,11 +28,14 @@ absl::Status FsyncDirectory(const std::string& dir);
 std::string DirectoryOf(const std::string& path);
 
 // Atomically replaces `path`: `fill(fd, tmp_path)` writes the content into the temporary file
-// `<path>.tmp.<pid>`, which is then fsynced, renamed to `path`, and its directory fsynced. On any
-// error the temporary file is removed and `path` is left as it was.
+// `<path>.tmp.<pid>` (created with permission bits `mode`, less the umask), which is then
+// fsynced, renamed to `path`, and its directory fsynced. On any error the temporary file is
+// removed and `path` is left as it was.
 absl::Status WriteFileAtomically(
-    const std::string& path, const std::function<absl::Status(int fd, const std::string&)>& fill);
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+    const std::string& path, const std::function<absl::Status(int fd, const std::string&)>& fill,
+    mode_t mode = 0644);
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes,
+                                 mode_t mode = 0644);
 
 }  // namespace switchyard
 

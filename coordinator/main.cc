@@ -3,7 +3,8 @@
 //
 //   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
 //                          [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H]
-//                          [--checkpoint-root DIR] [--advertise-address HOST:PORT] [--noworkers]
+//                          [--checkpoint-root DIR] [--data-root DIR]
+//                          [--advertise-address HOST:PORT] [--noworkers]
 //
 // Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
 // scripts and tests can read the ports; it shows the addresses bound (with the default --host
@@ -55,7 +56,11 @@ ABSL_FLAG(int, http_max_connections_per_client, 16,
           "it behind a proxy or NAT that hides client addresses.");
 ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
 ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
-          "Directory (shared with the workers) where jobs checkpoint, one subdirectory per job.");
+          "Directory (shared with the workers) where jobs checkpoint, <root>/jobs/<id> per job; "
+          "training.save and training.load are relative to it (common/job_paths.h).");
+ABSL_FLAG(std::string, data_root, "/data",
+          "Read-only directory (the same path on the workers) that data.data_path and "
+          "data.tokenizer_model are relative to.");
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port workers dial for rendezvous (default: this host name and the gRPC port).");
 ABSL_FLAG(bool, workers, true,
@@ -111,6 +116,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
       "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H] [--checkpoint-root DIR] "
+      "[--data-root DIR] "
       "[--advertise-address HOST:PORT] [--noworkers] [--shutdown-grace S]");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
@@ -165,6 +171,7 @@ int main(int argc, char** argv) {
   options.http_limits.max_connections_per_client =
       absl::GetFlag(FLAGS_http_max_connections_per_client);
   options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.data_root = absl::GetFlag(FLAGS_data_root);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.workers = absl::GetFlag(FLAGS_workers);
   if (options.store_path.empty()) return Usage("--store is required");

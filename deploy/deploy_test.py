@@ -9,14 +9,16 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
 2. Manifests hang together: namespaces, Service selectors and named ports, Secret and PVC
    references, StatefulSet serviceName, the workers' --coordinator = Service:grpc port, the
    coordinator's --advertise-address, --metrics-port = the container's metrics port, the probe
-   ports, the shared /dev/shm and /checkpoints mounts, NCCL_NVLS_ENABLE=0.
+   ports, the shared /dev/shm and /checkpoints mounts, NCCL_NVLS_ENABLE=0, the workers'
+   --checkpoint-root and --data-root equal to the coordinator's, the data root mounted read-only.
 3. GPUs: nvidia.com/gpu only in limits, exactly 1 per worker container, none on the coordinator.
 4. Every --flag in the containers' args (base and with the tls component's patches applied) is
    one the binary lists in --help.
 5. The real coordinator is started with the manifest's args (paths and ports replaced by temp
    ones); the gRPC health services the probes name answer SERVING (grpc.health.v1.Health/Check,
    as the kubelet calls it), a bogus one does not; /healthz; /metrics scraped.
-6. A real worker is started with gpu-0's args (--device cpu, temp token, free metrics port),
+6. A real worker is started with gpu-0's args (--device cpu, temp token, free metrics port,
+   the coordinator's temp roots),
    attaches, trains a tiny mock-data job submitted over REST; its /metrics is scraped.
    With the tls component: the coordinator over TLS, its gRPC probes on the plaintext
    --health-port, a worker
@@ -452,6 +454,21 @@ def check_manifests(by):
             check(ck is not None and "persistentVolumeClaim" in ck,
                   "%s: the coordinator's --checkpoint-root %s is a shared PVC here" %
                   (who, cargs.get("checkpoint_root")))
+            # Job paths (common/job_paths.h): the worker confines each assignment to its own
+            # roots, which must be the coordinator's, and the data root is mounted read-only.
+            for root in ("checkpoint_root", "data_root"):
+                check(cargs.get(root) is not None and a.get(root) == cargs.get(root),
+                      "%s: --%s %s = the coordinator's %s" %
+                      (who, root.replace("_", "-"), a.get(root), cargs.get(root)))
+            data_mounts = [m for m in c.get("volumeMounts", [])
+                           if (cargs.get("data_root") or "/data").rstrip("/") + "/x"
+                           == m["mountPath"].rstrip("/") + "/x"]
+            dv, _ = mount_for(c, spec, (cargs.get("data_root") or "/data") + "/x")
+            check(len(data_mounts) == 1 and data_mounts[0].get("readOnly") is True and
+                  dv is not None and
+                  dv.get("persistentVolumeClaim", {}).get("readOnly") is True,
+                  "%s: the data root %s is a read-only mount of a read-only PVC" %
+                  (who, cargs.get("data_root")))
             for ref in re.findall(r"\$\((\w+)\)", " ".join(c.get("args", []))):
                 check(ref in env or any(e["name"] == ref for e in c.get("env", [])),
                       "%s: $(%s) in args is an env var of the container" % (who, ref))
@@ -663,7 +680,7 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
         "store": os.path.join(TMP, "store.db"), "token_file": token_file, "host": "127.0.0.1",
         "grpc_port": grpc_port, "http_port": http_port,
         "advertise_address": "127.0.0.1:%d" % grpc_port,
-        "checkpoint_root": os.path.join(TMP, "checkpoints")})
+        "checkpoint_root": os.path.join(TMP, "checkpoints"), "data_root": os.path.join(TMP, "data")})
     kept = [a for a in args if a[2:].partition("=")[0].replace("-", "_") not in changed]
     print("replaced for this machine: %s; kept as in the manifest: %s" % (changed, kept))
     log = open(os.path.join(TMP, "coordinator.log"), "w+")
@@ -701,7 +718,8 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     metrics_port = free_port()
     wargs, wchanged = substituted(wc["args"], {
         "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": token_file, "device": "cpu",
-        "metrics_port": metrics_port, "gloo_host": "127.0.0.1"})
+        "metrics_port": metrics_port, "gloo_host": "127.0.0.1",
+        "checkpoint_root": os.path.join(TMP, "checkpoints"), "data_root": os.path.join(TMP, "data")})
     wkept = [a for a in wargs if a[2:].partition("=")[0].replace("-", "_") not in wchanged]
     print("replaced for this machine: %s; kept as in the manifest: %s" % (wchanged, wkept))
     wlog = open(os.path.join(TMP, "worker.log"), "w+")

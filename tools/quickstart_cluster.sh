@@ -24,7 +24,7 @@ worker_bin=$(exe worker switchyard-worker)
 syctl_bin=$(exe cli syctl)
 run=${QUICKSTART_DIR:-/tmp/switchyard-quickstart}
 rm -rf "$run"
-mkdir -p "$run"
+mkdir -p "$run" "$run/checkpoints" "$run/data"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -35,6 +35,7 @@ trap cleanup EXIT
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
 "$coordinator_bin" --store "$run/store.db" --host 127.0.0.1 \
   --grpc-port 0 --http-port 0 --token-file "$run/token" --checkpoint-root "$run/checkpoints" \
+  --data-root "$run/data" \
   >"$run/coordinator.log" 2>&1 &
 pids+=($!)
 grpc=""
@@ -61,12 +62,15 @@ for ((i = 0; i < n; i++)); do
     metrics=(--metrics-port $((QUICKSTART_METRICS_PORT + i)) --metrics-bind-address 127.0.0.1)
   fi
   "$worker_bin" --coordinator "$grpc" --token-file "$run/token" \
+    --checkpoint-root "$run/checkpoints" --data-root "$run/data" \
     --device "$device" "${metrics[@]}" >"$run/worker$i.log" 2>&1 &
   pids+=($!)
 done
 echo "quickstart: $n worker(s) on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU")" >&2
 
-# The job: the example spec, checkpointing in the run directory (not the standalone path), on exactly n workers, with expert parallelism n when it divides the experts.
+# The job: the example spec (its relative training.save lands under the run directory's
+# checkpoint root, jobs/<id>/...), on exactly n workers, with expert parallelism n when it divides
+# the experts.
 # The coordinator plans before any worker reads the data, so the spec names the vocabulary of
 # the default corpus (tools/prepare_corpus.sh writes it to corpus.json) when it does not.
 vocab=""
@@ -87,8 +91,7 @@ fi
 {
   vocab_line=()
   [[ -z $vocab ]] || vocab_line=(-e "/^model:/a\\  vocab_size: $vocab")
-  sed -e "s|^  save: .*|  save: $run/checkpoints/quickstart|" \
-    -e "s/^  micro_batch_size: .*/  micro_batch_size: $mbs/" "${vocab_line[@]}" "$spec"
+  sed -e "s/^  micro_batch_size: .*/  micro_batch_size: $mbs/" "${vocab_line[@]}" "$spec"
   echo "min_workers: $n"
   echo "max_workers: $n"
   if [[ -n $experts && $((experts % n)) -eq 0 ]]; then

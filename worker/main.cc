@@ -19,9 +19,10 @@
 //                  job fails (a lost peer included: --comm-timeout bounds every collective).
 //                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
 //   --coordinator host:port [--token-file F] [--tls-root-cert PEM] [--metrics-port P]
-//   [--metrics-bind-address A]
+//   [--metrics-bind-address A] [--checkpoint-root DIR] [--data-root DIR]
 //                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
-//                  attach to the coordinator, run the generations it assigns, report steps; exit 0
+//                  attach to the coordinator, run the generations it assigns (their paths must
+//                  resolve inside the two roots, common/job_paths.h), report steps; exit 0
 //                  after SIGTERM/SIGINT, 1 for a permanent error (bad options, rejected token), 75
 //                  when the process must be restarted.
 // Without a mode the usage goes to stderr and the exit status is 2. Flags may be spelled with '-'
@@ -74,6 +75,12 @@ ABSL_FLAG(int, metrics_port, -1, "Agent: serve /metrics on this port (0 any, -1 
 ABSL_FLAG(std::string, metrics_bind_address, "0.0.0.0",
           "Agent: the address /metrics listens on (127.0.0.1: this machine only).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Agent: heartbeat period in milliseconds.");
+ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
+          "Agent: the coordinator's --checkpoint-root (same path here); assigned training.save "
+          "and training.load must resolve inside it.");
+ABSL_FLAG(std::string, data_root, "/data",
+          "Agent: the coordinator's --data-root (same path here); assigned data paths and "
+          "tokenizer must resolve inside it.");
 ABSL_FLAG(double, peak_tflops, 989.4, "Peak TFLOP/s of the GPU for MFU (H100/H200 dense bf16).");
 
 namespace {
@@ -87,7 +94,8 @@ constexpr char kUsage[] =
     "  switchyard-worker --rank R --world-size W --rendezvous DIR --config job.yaml\n"
     "                    [--device ...] [--steps N]   run rank R of a W-process job\n"
     "  switchyard-worker --coordinator HOST:PORT [--token-file F] [--device ...]\n"
-    "                    [--metrics-port P]   attach to a coordinator and run its jobs\n"
+    "                    [--metrics-port P] [--checkpoint-root DIR] [--data-root DIR]\n"
+    "                    attach to a coordinator and run its jobs\n"
     "  switchyard-worker --help         list the worker's flags\n"
     "  switchyard-worker --version      print the version";
 
@@ -244,6 +252,8 @@ int Agent() {
   o.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   o.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  o.roots.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  o.roots.data_root = absl::GetFlag(FLAGS_data_root);
   return switchyard::agent::AgentMain(o);  // before any other thread starts
 }
 

@@ -37,6 +37,11 @@ v1::JobSpec ValidSpec(const std::string& display_name) {
   p->clear_tensor_model_parallel_size();
   p->clear_pipeline_model_parallel_size();
   p->set_sequence_parallel(false);
+  // Under a coordinator every path is relative to its roots (common/job_paths.h); the validation
+  // baseline names absolute ones.
+  spec.mutable_training()->set_save("baseline");
+  spec.mutable_data()->set_data_path(1, "a_text_document");
+  spec.mutable_data()->set_data_path(3, "b_text_document");
   return spec;
 }
 

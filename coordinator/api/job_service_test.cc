@@ -436,6 +436,19 @@ TEST_F(JobServiceTest, PlanReturnsTheBestMappingAndRejectsBadRequests) {
   EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(bad.error_message(), "cluster.num_gpus")) << bad.error_message();
   std::printf("bad cluster: %s\n", bad.error_message().c_str());
+  // The path rules of CreateJob apply to Plan too (common/job_paths.h).
+  *request.mutable_cluster() = testing::Cluster32();
+  request.mutable_spec()->mutable_training()->set_save("/etc/cron.d");
+  bad = plans_->Plan(Context().get(), request, &plan);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(bad.error_message(), "training.save (\"/etc/cron.d\")"))
+      << bad.error_message();
+  std::printf("absolute save: %s\n", bad.error_message().c_str());
+  // An empty save is the job's own directory: save_interval without it plans, as CreateJob accepts.
+  request.mutable_spec()->mutable_training()->clear_save();
+  request.mutable_spec()->mutable_training()->set_save_interval(5);
+  s = plans_->Plan(Context().get(), request, &plan);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 // --- health and reflection, through raw calls (no generated stubs for their protos here) -----

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/grpc_status.h"
+#include "common/job_paths.h"
 #include "common/status.h"
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"

@@ -2,10 +2,11 @@
 //
 // switchyard.v1.PlanService over the planner (coordinator/planner/planner.h): Plan resolves the
 // request like a submitted job (jobs::ResolvePlanRequest: defaults, the default corpus's
-// vocabulary, the coordinator's checkpoint directory, the submit rules, the workers' parallelism)
-// and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) / RESOURCE_EXHAUSTED (no
-// mapping fits, reason NO_FEASIBLE_PLAN) with a reason attached. Authenticated and measured like
-// every API call (api_call.h). Planning is pure computation; nothing is stored.
+// vocabulary, the coordinator's checkpoint directory, the submit rules and path rules, the workers'
+// parallelism) and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) /
+// RESOURCE_EXHAUSTED (no mapping fits, reason NO_FEASIBLE_PLAN) with a reason attached.
+// Authenticated and measured like every API call (api_call.h). Planning is pure computation;
+// nothing is stored.
 //
 // Thread safety: stateless; gRPC calls Plan concurrently.
 #ifndef SWITCHYARD_COORDINATOR_API_PLAN_SERVICE_H_

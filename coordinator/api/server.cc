@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -128,6 +129,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     if (options.checkpoint_root.empty()) {
       return absl::InvalidArgumentError("checkpoint-root: must be set when workers are served");
     }
+    for (const auto& [flag, root] :
+         {std::pair<const char*, const std::string*>{"checkpoint-root", &options.checkpoint_root},
+          {"data-root", &options.data_root}}) {
+      if (root->empty() || root->front() != '/') {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, " (\"", *root, "\"): must be an absolute path"));
+      }
+    }
     if (grpc_port == 0) {
       SY_ASSIGN_OR_RETURN(grpc_port, ProbeFreePort(options.host));
     }
@@ -136,6 +145,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
                                 : options.advertise_address;
     workers::WorkerPlaneOptions plane_options = options.worker_options;
     plane_options.scheduler.checkpoint_root = options.checkpoint_root;
+    plane_options.scheduler.data_root = options.data_root;
     plane_options.scheduler.rendezvous_address = s->advertise_address_;
     SY_ASSIGN_OR_RETURN(s->plane_, workers::WorkerPlane::Create(s->store_.get(), hub,
                                                                 s->auth_.get(), plane_options));

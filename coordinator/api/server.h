@@ -57,9 +57,12 @@ struct ServerOptions {
   // The worker side (coordinator/workers: WorkerService, RendezvousService, scheduler). Off, the
   // coordinator serves the API only (jobs stay PENDING).
   bool workers = true;
-  // Where jobs checkpoint (<root>/<job id>), as the workers see it (shared storage). Required
-  // with `workers`.
+  // Where jobs checkpoint (<root>/jobs/<job id>), as the workers see it (shared storage), and
+  // where data.data_path and tokenizer_model are read from (read-only): every path of a job spec
+  // is relative to one of them (common/job_paths.h). Absolute; required with `workers`. The
+  // workers must be started with the same --checkpoint-root and --data-root.
   std::string checkpoint_root;
+  std::string data_root = "/data";
   // host:port the workers dial for rendezvous (sent in every Assignment). Empty: `host` (the
   // machine's host name when `host` is a wildcard) and the gRPC port.
   std::string advertise_address;
@@ -79,11 +82,11 @@ class CoordinatorServer {
  public:
   // INVALID_ARGUMENT naming the option for bad options (empty store_path or token_file, a port
   // outside [0, 65535], only one of the TLS files, an unreadable or empty token), the store's
-  // errors for the store, UNAVAILABLE when a port cannot be bound; with `workers`, an empty
-  // checkpoint_root is INVALID_ARGUMENT and the worker side's errors are returned. With grpc_port
-  // 0 and the worker side on, the free port is found by binding a probe socket first (the
-  // rendezvous address must be known before the server starts), so another process could take it
-  // in between; the bind then fails with UNAVAILABLE.
+  // errors for the store, UNAVAILABLE when a port cannot be bound; with `workers`, an empty or
+  // relative checkpoint_root or data_root is INVALID_ARGUMENT and the worker side's errors are
+  // returned. With grpc_port 0 and the worker side on, the free port is found by binding a probe
+  // socket first (the rendezvous address must be known before the server starts), so another
+  // process could take it in between; the bind then fails with UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Create(const ServerOptions& options);
   ~CoordinatorServer();  // Shutdown(now + 5 s) if not yet shut down.
   CoordinatorServer(const CoordinatorServer&) = delete;

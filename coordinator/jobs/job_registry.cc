@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/config_defaults.h"
+#include "common/job_paths.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -134,7 +135,7 @@ absl::StatusOr<v1::Job> JobRegistry::CreateJob(const v1::CreateJobRequest& reque
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   SY_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(request.spec(), context_));
   store::JobRow row;
-  row.spec = StoredSpec(request.spec(), std::move(resolved));
+  row.spec = std::move(resolved);
   row.request_id = request.request_id();
   row.state = v1::Job::PENDING;
   store::JobEventRow created;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "coordinator/jobs/job_state.h"
@@ -57,7 +58,7 @@ constexpr const char* kValidSpec = R"json({
     "lr_decay_style": "cosine"
   },
   "data": {
-    "data_path": ["0.7", "/data/wiki_text_document", "0.3", "/data/code_text_document"],
+    "data_path": ["0.7", "wiki_text_document", "0.3", "code_text_document"],
     "split": "969,30,1"
   },
   "max_restarts": 2
@@ -217,6 +218,63 @@ TEST_F(JobRegistryTest, SaveIntervalWithoutSaveIsLeftToTheScheduler) {
               job->name().c_str());
 }
 
+// Every path of a spec is relative to a root of the coordinator (common/job_paths.h): each
+// escaping form is INVALID_ARGUMENT naming the field and the rule, and stores nothing (no job,
+// no event); the relative forms are stored as given (the scheduler resolves them).
+TEST_F(JobRegistryTest, EscapingPathsAreRejectedAndNothingIsStored) {
+  OpenAt("paths.db");
+  struct Case {
+    const char* field;
+    std::string value;
+    const char* expected;  // in the message
+  };
+  const Case cases[] = {
+      {"save", "/etc/cron.d",
+       "training.save (\"/etc/cron.d\") must be a relative path under the job's checkpoint "
+       "directory: must not be absolute"},
+      {"save", "../../etc", "training.save (\"../../etc\") must be a relative path"},
+      {"save", "a/../../b", "must not have \"..\" components"},
+      {"save", "a//b", "training.save (\"a//b\")"},
+      {"save", "a\x01b", "control characters"},
+      {"save", std::string("a\0b", 3), "control characters"},
+      {"load", "/etc/shadow",
+       "training.load (\"/etc/shadow\") must be empty (resume this job) or "
+       "name a job's checkpoint"},
+      {"load", "jobs/2/../../x", "training.load"},
+      {"load", "elsewhere/ckpt", "must start with jobs/<id>"},
+      {"data", "/etc/shadow",
+       "data.data_path[1] (\"/etc/shadow\") must be a relative path under the data root"},
+      {"data", "../secrets", "data.data_path[1]"},
+      {"tokenizer", "/models/tok.json", "data.tokenizer_model (\"/models/tok.json\")"},
+  };
+  for (const Case& c : cases) {
+    v1::CreateJobRequest request = Request("escape");
+    v1::JobSpec& spec = *request.mutable_spec();
+    const std::string field = c.field;
+    if (field == "save") spec.mutable_training()->set_save(c.value);
+    if (field == "load") spec.mutable_training()->set_load(c.value);
+    if (field == "data") spec.mutable_data()->set_data_path(1, c.value);
+    if (field == "tokenizer") spec.mutable_data()->set_tokenizer_model(c.value);
+    const absl::Status s = registry_->CreateJob(request).status();
+    std::printf("  %-9s \"%s\" -> %s\n", c.field, absl::CHexEscape(c.value).c_str(),
+                s.ToString().c_str());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.value;
+    EXPECT_NE(s.message().find(c.expected), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(Jobs(), 0);
+  EXPECT_EQ(Events(), 0);
+
+  v1::CreateJobRequest ok = Request("relative");
+  ok.mutable_spec()->mutable_training()->set_save("run1");
+  ok.mutable_spec()->mutable_training()->set_load("jobs/7/run1/step_100");
+  ok.mutable_spec()->mutable_data()->set_tokenizer_model("tokenizers/gpt2.json");
+  auto job = registry_->CreateJob(ok);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().training().save(), "run1");
+  EXPECT_EQ(job->spec().training().load(), "jobs/7/run1/step_100");
+  EXPECT_EQ(Jobs(), 1);
+}
+
 // The plan a generation starts with is stored with the STARTING transition and survives a
 // reopen; a plan with any other transition is refused and writes nothing.
 // Without a checkpoint root the coordinator fills no directory: the same spec is refused at
@@ -268,7 +326,7 @@ TEST_F(JobRegistryTest, ListPagesAreBoundedInBytes) {
     v1::CreateJobRequest request = Request(absl::StrCat("big-", i));
     v1::DataConfig* data = request.mutable_spec()->mutable_data();
     data->clear_data_path();
-    for (int j = 0; j < 15; ++j) data->add_data_path("/" + std::string(3999, 'a' + j));
+    for (int j = 0; j < 15; ++j) data->add_data_path(std::string(4000, 'a' + j));
     ASSERT_TRUE(registry_->CreateJob(request).ok());
   }
   v1::ListJobsRequest list;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config_defaults.h"
+#include "common/job_paths.h"
 #include "common/status.h"
 #include "common/validate.h"
 
@@ -31,11 +32,8 @@ absl::Status CheckVocabSize(const v1::JobSpec& spec) {
       "did not find (run tools/setup.sh on its machine, or set model.vocab_size)");
 }
 
-// Rules on paths (job_paths) plug in here: one call, after the spec rules.
-absl::Status CheckJobPathRules(const v1::JobSpec& /*resolved*/,
-                               const CoordinatorContext& /*context*/) {
-  return absl::OkStatus();
-}
+// The job-path rules (common/job_paths.h): every path relative, under the coordinator's roots.
+absl::Status CheckJobPathRules(const v1::JobSpec& spec) { return CheckJobSpecPaths(spec); }
 
 }  // namespace
 
@@ -63,19 +61,22 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
       context.default_vocab_size > 0) {
     resolved.mutable_model()->set_vocab_size(context.default_vocab_size);
   }
-  v1::TrainingConfig& t = *resolved.mutable_training();
-  if (t.save().empty() && !context.checkpoint_root.empty()) {
-    t.set_save(absl::StrCat(context.checkpoint_root, "/",
-                            job_id == kUnassignedJobId ? "<job id>" : absl::StrCat(job_id)));
+  // Rules that need a checkpoint directory (save_interval) see an empty training.save as the
+  // job's own directory, which the coordinator provides when it has a checkpoint root; the
+  // returned spec keeps the user's (relative) paths, which AssignedSpec resolves under the roots.
+  v1::JobSpec checked = resolved;
+  if (checked.training().save().empty() && !context.checkpoint_root.empty()) {
+    checked.mutable_training()->set_save(job_id == kUnassignedJobId
+                                             ? std::string(kJobDirectoryPlaceholder)
+                                             : JobDirectory(context.checkpoint_root, job_id));
   }
-  if (t.load().empty() && !t.save().empty()) t.set_load(t.save());
 
-  SY_RETURN_IF_ERROR(ValidateJobSpec(resolved));
+  SY_RETURN_IF_ERROR(ValidateJobSpec(checked));
   SY_RETURN_IF_ERROR(CheckVocabSize(resolved));
   if (std::string why = UnsupportedParallelism(resolved.parallel()); !why.empty()) {
     return absl::InvalidArgumentError(why);
   }
-  SY_RETURN_IF_ERROR(CheckJobPathRules(resolved, context));
+  SY_RETURN_IF_ERROR(CheckJobPathRules(resolved));
   return resolved;
 }
 
@@ -94,13 +95,10 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   // world from the cluster's size down to 1 may run, so smaller worlds are planned too.
   v1::JobSpec& spec = *resolved.mutable_spec();
   if (!spec.has_min_workers() && !p.has_world_size()) spec.set_min_workers(1);
-  return resolved;
-}
-
-v1::JobSpec StoredSpec(const v1::JobSpec& submitted, v1::JobSpec resolved) {
-  if (submitted.training().save().empty()) {
-    resolved.mutable_training()->clear_save();
-    if (submitted.training().load().empty()) resolved.mutable_training()->clear_load();
+  // As the scheduler (workers/placement.h PlanRequestFor): an empty training.save is the job's
+  // directory, so a save_interval without it is planned.
+  if (spec.training().save().empty() && !context.checkpoint_root.empty()) {
+    spec.mutable_training()->set_save(kJobDirectoryPlaceholder);
   }
   return resolved;
 }

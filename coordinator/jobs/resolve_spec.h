@@ -11,14 +11,17 @@
 //      data.data_path): the default corpus's vocabulary, CoordinatorContext.default_vocab_size
 //      (the coordinator reads its manifest at start, common/corpus.h; the worker fills the same
 //      value from the same manifest, worker/train/trainer.cc).
-//   3. training.save, when empty and the coordinator has a checkpoint root:
-//      <checkpoint_root>/<job id>; training.load defaults to training.save.
+//   3. Nothing else: paths stay as the user wrote them (relative, common/job_paths.h) and are
+//      resolved under the roots when the assigned spec is built (workers/placement.h
+//      AssignedSpec). Rules that need a checkpoint directory (save_interval) see an empty
+//      training.save as the job's own directory when the coordinator has a checkpoint root.
 // Rules, in this order; the first violation is INVALID_ARGUMENT naming the field and the rule:
 //   a. ValidateJobSpec (common/validate.h): bounds (sizes, control characters), then
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
 //   c. The parallelism the workers run: TP, CP, PP and ETP must be unset or 1.
-//   d. Job-path rules plug in here (CheckJobPathRules in resolve_spec.cc, one call).
+//   d. The job-path rules (common/job_paths.h CheckJobSpecPaths): every path relative, no '..',
+//      load only another job's checkpoint by name.
 // What the rules cannot know at submit (the world size the workers allow, memory) is the
 // scheduler's and the planner's to report (a PENDING event or NO_FEASIBLE_PLAN).
 //
@@ -37,7 +40,7 @@ namespace switchyard::jobs {
 
 // What the coordinator fills into a spec.
 struct CoordinatorContext {
-  // Where jobs checkpoint (<checkpoint_root>/<job id>), as the workers see it. Empty: the
+  // Where jobs checkpoint (<checkpoint_root>/jobs/<job id>), as the workers see it. Empty: the
   // coordinator fills no training.save, so rules needing a checkpoint directory
   // (training.save_interval) need the spec's own.
   std::string checkpoint_root;
@@ -47,7 +50,7 @@ struct CoordinatorContext {
 };
 
 // The id ResolveJobSpec gets before the job exists (submit, PlanService): training.save becomes
-// "<checkpoint_root>/<job id>" literally, which satisfies the rules and is never run.
+// kJobDirectoryPlaceholder for the rules that need a checkpoint directory.
 inline constexpr int64_t kUnassignedJobId = 0;
 
 // The resolved spec (steps 1-3) if it passes the rules (a-d), else INVALID_ARGUMENT.
@@ -64,11 +67,6 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // there are no alternatives of other sizes to list. The cluster is the caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
-
-// What CreateJob stores: the resolved spec without the fields step 3 filled (they depend on the
-// id, which the store assigns); the scheduler resolves the stored spec again with the id.
-// `submitted` is the spec as the user sent it.
-v1::JobSpec StoredSpec(const v1::JobSpec& submitted, v1::JobSpec resolved);
 
 // "" when TP, CP, PP and ETP are unset or 1; otherwise the first one that is not, as a rule text
 // naming the field ("parallel.tensor_model_parallel_size (2) must be 1: ...").

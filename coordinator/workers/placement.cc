@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "coordinator/jobs/job_registry.h"
 
 namespace switchyard::workers {
@@ -36,6 +37,9 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   p.set_sequence_parallel(false);
   spec.set_min_workers(std::min(min_workers, k));
   spec.set_max_workers(k);
+  // An empty training.save is the job's own directory (AssignedSpec), which rules that need a
+  // checkpoint directory (save_interval) must see as set, as CreateJob does.
+  if (spec.training().save().empty()) spec.mutable_training()->set_save(kJobDirectoryPlaceholder);
 
   v1::Cluster& cluster = *request.mutable_cluster();
   cluster.set_num_gpus(k);
@@ -58,8 +62,10 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   return request;
 }
 
-v1::JobSpec AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping, int32_t world,
-                         const std::string& job_name, const std::string& checkpoint_root) {
+absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping,
+                                         int32_t world, const std::string& job_name,
+                                         const JobRoots& roots) {
+  SY_ASSIGN_OR_RETURN(const int64_t id, jobs::ParseJobName(job_name));
   v1::JobSpec assigned = stored;
   v1::ParallelConfig& p = *assigned.mutable_parallel();
   p.set_world_size(world);
@@ -74,15 +80,7 @@ v1::JobSpec AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping, 
   t.set_micro_batch_size(mapping.micro_batch_size());
   t.set_global_batch_size(mapping.micro_batch_size() * mapping.num_micro_batches() *
                           mapping.data_parallel_size());
-  if (t.save().empty()) {
-    absl::StatusOr<int64_t> id = jobs::ParseJobName(job_name);
-    const std::string dir =
-        absl::StrCat(checkpoint_root, "/", id.ok() ? absl::StrCat(*id) : job_name);
-    t.set_save(dir);
-    t.set_load(dir);
-  } else if (t.load().empty()) {
-    t.set_load(t.save());
-  }
+  SY_RETURN_IF_ERROR(ResolveJobSpecPaths(roots, id, &assigned));
   return assigned;
 }
 

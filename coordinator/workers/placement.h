@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "common/job_paths.h"
 #include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/workers/worker_registry.h"
 #include "switchyard/v1/config.pb.h"
@@ -34,22 +36,30 @@ struct ClusterDefaults {
   double peak_flops = 989e12;
 };
 
+// kJobDirectoryPlaceholder (common/job_paths.h) stands for the job's directory in a spec planned
+// before its paths are resolved.
+using ::switchyard::kJobDirectoryPlaceholder;
+
 // The planner request for `stored` on `workers` (k = workers.size() >= 1): the spec with
 // world_size cleared, TP = CP = PP = ETP = 1, sequence parallelism off, min_workers =
-// `min_workers`, max_workers = k; a cluster of k GPUs whose memory is the smallest GpuInfo
-// memory_bytes (cpu_worker_memory_bytes for a worker without one) and whose gpus_per_node is
-// the largest number of the workers on one host.
+// `min_workers`, max_workers = k, an empty training.save set to kJobDirectoryPlaceholder; a cluster
+// of k GPUs whose memory is the smallest GpuInfo memory_bytes (cpu_worker_memory_bytes for a worker
+// without one) and whose gpus_per_node is the largest number of the workers on one host.
 v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
                                const std::vector<WorkerInfo>& workers,
                                const ClusterDefaults& defaults);
 
 // The spec every rank of a generation runs: `stored` with parallel.world_size = `world`,
 // TP = CP = PP = ETP = 1, the mapping's EP, optimizer and micro-batch size, sequence
-// parallelism off, global batch = micro_batch_size × num_micro_batches × DP; training.save =
-// training.load = <checkpoint_root>/<job id> (the id of `job_name` "jobs/{id}") unless the spec
-// sets training.save, which is then kept, with training.load defaulting to it.
-v1::JobSpec AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping, int32_t world,
-                         const std::string& job_name, const std::string& checkpoint_root);
+// parallelism off, global batch = micro_batch_size × num_micro_batches × DP, and its paths
+// resolved under `roots` for the job of `job_name` ("jobs/{id}") by ResolveJobSpecPaths
+// (common/job_paths.h): training.save = <checkpoint_root>/jobs/<id>[/<save>], training.load = the
+// same directory when empty (resume) or <checkpoint_root>/<load>, data paths and
+// tokenizer_model under <data_root>. INVALID_ARGUMENT naming the field when a stored path breaks
+// the rules (a spec stored before they existed) or `job_name` is not a job name.
+absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping,
+                                         int32_t world, const std::string& job_name,
+                                         const JobRoots& roots);
 
 }  // namespace switchyard::workers
 

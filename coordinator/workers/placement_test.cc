@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/config_defaults.h"
 #include "common/validate.h"
 #include "coordinator/planner/planner.h"
@@ -58,6 +59,7 @@ TEST(PlacementTest, PlanRequestDescribesTheChosenWorkers) {
   EXPECT_FALSE(r.spec().parallel().has_world_size());
   EXPECT_EQ(r.spec().min_workers(), 2);
   EXPECT_EQ(r.spec().max_workers(), 4);
+  EXPECT_EQ(r.spec().training().save(), kJobDirectoryPlaceholder);  // save_interval can be planned
   EXPECT_EQ(r.spec().parallel().tensor_model_parallel_size(), 1);
   EXPECT_EQ(r.cluster().num_gpus(), 4);
   EXPECT_EQ(r.cluster().gpu_memory_bytes(), static_cast<double>(40LL << 30));
@@ -86,25 +88,50 @@ TEST(PlacementTest, AssignedSpecCheckpointDirAndValidity) {
   m.set_micro_batch_size(1);
   m.set_num_micro_batches(4);
   m.set_use_distributed_optimizer(true);
-  v1::JobSpec a = AssignedSpec(stored, m, 3, "jobs/42", "/ckpt");
+  const JobRoots roots{"/ckpt", "/data"};
+  absl::StatusOr<v1::JobSpec> assigned = AssignedSpec(stored, m, 3, "jobs/42", roots);
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  v1::JobSpec a = *assigned;
   EXPECT_EQ(a.parallel().world_size(), 3);
   EXPECT_EQ(a.parallel().expert_model_parallel_size(), 3);
   EXPECT_EQ(a.training().global_batch_size(), 12);
-  EXPECT_EQ(a.training().save(), "/ckpt/42");
-  EXPECT_EQ(a.training().load(), "/ckpt/42");
+  EXPECT_EQ(a.training().save(), "/ckpt/jobs/42");
+  EXPECT_EQ(a.training().load(), "/ckpt/jobs/42");
   v1::JobSpec defaulted = a;
   ApplyDefaults(&defaulted);
   absl::Status valid = ValidateJobSpec(defaulted);
   EXPECT_TRUE(valid.ok()) << valid;
 
-  // A spec that sets save keeps it; load defaults to it, or stays when set.
-  stored.mutable_training()->set_save("/shared/run7");
-  a = AssignedSpec(stored, m, 3, "jobs/42", "/ckpt");
-  EXPECT_EQ(a.training().save(), "/shared/run7");
-  EXPECT_EQ(a.training().load(), "/shared/run7");
-  stored.mutable_training()->set_load("/shared/pretrained");
-  a = AssignedSpec(stored, m, 3, "jobs/42", "/ckpt");
-  EXPECT_EQ(a.training().load(), "/shared/pretrained");
+  // save is relative to the job's directory; load defaults to it, or names a job's checkpoint.
+  stored.mutable_training()->set_save("run7");
+  a = *AssignedSpec(stored, m, 3, "jobs/42", roots);
+  EXPECT_EQ(a.training().save(), "/ckpt/jobs/42/run7");
+  EXPECT_EQ(a.training().load(), "/ckpt/jobs/42/run7");
+  stored.mutable_training()->set_load("jobs/7/run7/step_600");
+  stored.mutable_data()->add_data_path("wiki_text_document");
+  stored.mutable_data()->set_tokenizer_model("tok/gpt2.json");
+  a = *AssignedSpec(stored, m, 3, "jobs/42", roots);
+  std::printf("assigned paths: save %s load %s data %s tokenizer %s\n", a.training().save().c_str(),
+              a.training().load().c_str(), a.data().data_path(0).c_str(),
+              a.data().tokenizer_model().c_str());
+  EXPECT_EQ(a.training().load(), "/ckpt/jobs/7/run7/step_600");
+  EXPECT_EQ(a.data().data_path(0), "/data/wiki_text_document");
+  EXPECT_EQ(a.data().tokenizer_model(), "/data/tok/gpt2.json");
+}
+
+// A spec stored before the path rules (an absolute save) is refused, naming the field.
+TEST(PlacementTest, AssignedSpecRefusesAStoredEscapingPath) {
+  v1::JobSpec stored = testing::SmallSpec(2, 4);
+  ApplyDefaults(&stored);
+  stored.mutable_training()->set_save("/etc/cron.d");
+  v1::Mapping m;
+  m.set_data_parallel_size(1);
+  m.set_micro_batch_size(1);
+  m.set_num_micro_batches(1);
+  absl::StatusOr<v1::JobSpec> a = AssignedSpec(stored, m, 1, "jobs/42", JobRoots{"/ckpt", "/d"});
+  std::printf("stored save /etc/cron.d: %s\n", a.status().ToString().c_str());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "training.save (\"/etc/cron.d\")"));
 }
 
 }  // namespace

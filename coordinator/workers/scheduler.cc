@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(api::JobHub* hub,
   if (options.checkpoint_root.empty()) {
     return absl::InvalidArgumentError("checkpoint_root must not be empty");
   }
+  if (options.data_root.empty()) return absl::InvalidArgumentError("data_root must not be empty");
   if (options.rendezvous_address.empty()) {
     return absl::InvalidArgumentError("rendezvous_address must not be empty");
   }
@@ -278,8 +279,8 @@ void Scheduler::FailUnstarted(const Job& job, const std::string& reason,
 }
 
 bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int attached) {
-  // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h), now with
-  // the job's id, so training.save is the real <checkpoint root>/<job id>.
+  // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h); the paths
+  // stay relative until AssignedSpec resolves them under the roots (common/job_paths.h).
   jobs::CoordinatorContext context = hub_->context();
   context.checkpoint_root = options_.checkpoint_root;
   const absl::StatusOr<int64_t> id = jobs::ParseJobName(job.name());
@@ -343,6 +344,14 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int a
     return false;
   }
 
+  // Paths are checked at CreateJob (and by ResolveJobSpec above); a spec that still cannot be
+  // resolved under the roots is failed here, never sent.
+  const absl::StatusOr<v1::JobSpec> assigned = AssignedSpec(
+      spec, mapping, world, job.name(), {options_.checkpoint_root, options_.data_root});
+  if (!assigned.ok()) {
+    FailUnstarted(job, kInvalidPaths, std::string(assigned.status().message()));
+    return true;
+  }
   absl::StatusOr<Job> started = hub_->Transition(
       job.name(), Job::STARTING, kScheduled,
       absl::StrCat(world, " worker(s): ", planner::MappingToString(mapping)), &*plan);
@@ -352,9 +361,6 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int a
   }
   const int64_t generation = started->generation();
   rendezvous_->DropBefore(job.name(), generation);
-
-  const v1::JobSpec assigned =
-      AssignedSpec(spec, mapping, world, job.name(), options_.checkpoint_root);
 
   Run run;
   run.job = job.name();
@@ -377,7 +383,7 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int a
     a.set_generation(generation);
     a.set_rank(rank);
     a.set_world_size(world);
-    *a.mutable_spec() = assigned;
+    *a.mutable_spec() = *assigned;
     *a.mutable_mapping() = mapping;
     a.set_rendezvous_address(options_.rendezvous_address);
     Send(ranks[rank], message);

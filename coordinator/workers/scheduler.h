@@ -34,9 +34,10 @@
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
 //   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP = TP
 //   = CP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
-//   = mbs × num_micro_batches × W, and training.save = training.load =
-//   <checkpoint_root>/<job id> unless the spec sets training.save (then save is kept and load
-//   defaults to it).
+//   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
+//   (placement.h AssignedSpec, common/job_paths.h: save under <checkpoint_root>/jobs/<job id>,
+//   load = save unless it names a job's checkpoint). A stored path that breaks the rules (stored
+//   before they existed) FAILS the job with INVALID_PATHS before anything is sent.
 // - STARTING -> RUNNING (reason FIRST_STEP) at the first StepReport of the current generation.
 //   Rank 0's reports are published to the StepHub (WatchJob, Job.last_step).
 // - Every rank WorkerExit(0) -> SUCCEEDED (ALL_RANKS_FINISHED; via RUNNING if no step was
@@ -105,8 +106,9 @@ class WorkerSink {
 };
 
 struct SchedulerOptions {
-  std::string checkpoint_root;     // required: job checkpoints go to <root>/<job id>
-  std::string rendezvous_address;  // required: sent in every Assignment
+  std::string checkpoint_root;      // required: job checkpoints go to <root>/jobs/<job id>
+  std::string data_root = "/data";  // data.data_path and tokenizer_model are resolved under it
+  std::string rendezvous_address;   // required: sent in every Assignment
   absl::Duration tick = absl::Milliseconds(50);
   absl::Duration rescan_interval = absl::Seconds(1);
   absl::Duration stop_timeout = absl::Seconds(10);

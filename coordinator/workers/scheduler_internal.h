@@ -22,6 +22,7 @@ inline constexpr char kUnsupportedParallelism[] = "UNSUPPORTED_PARALLELISM";
 inline constexpr char kNoFeasiblePlan[] = "NO_FEASIBLE_PLAN";
 inline constexpr char kInvalidSpec[] = "INVALID_SPEC";
 inline constexpr char kWaitingForWorkers[] = "WAITING_FOR_WORKERS";
+inline constexpr char kInvalidPaths[] = "INVALID_PATHS";
 inline constexpr char kCoordinatorRestarted[] = "COORDINATOR_RESTARTED";
 inline constexpr int32_t kStoppedOnRequest = 143;
 

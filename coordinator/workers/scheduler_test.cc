@@ -164,7 +164,7 @@ TEST_F(SchedulerTest, AssignsRunsSucceeds) {
   auto ranks = ExpectGeneration(Raw(*fleet_), job_, 1, 4);
   ASSERT_EQ(ranks.size(), 4u);
   EXPECT_EQ(ranks[0]->assignment()->spec().training().save(),
-            absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/1"));
+            absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/jobs/1"));  // <root>/jobs/<id>
   Job starting = h_->WaitForState(job_, Job::STARTING);
   EXPECT_EQ(starting.generation(), 1);
 
@@ -376,7 +376,7 @@ TEST_F(SchedulerTest, SaveIntervalWithoutSaveStartsWithTheCoordinatorsDirectory)
   auto ranks = ExpectGeneration(Raw(*fleet_), job_, 1, 1);
   ASSERT_EQ(ranks.size(), 1u);
   const v1::Assignment a = *ranks[0]->assignment();
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/1");
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/jobs/1");
   EXPECT_EQ(a.spec().training().save(), dir);
   EXPECT_EQ(a.spec().training().load(), dir);
   EXPECT_EQ(a.spec().training().save_interval(), 5);

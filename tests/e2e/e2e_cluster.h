@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -243,6 +244,8 @@ class Cluster {
     flags_.token_file = TmpPath(name + ".token");
     WriteText(flags_.token_file, absl::StrCat(kToken, "\n"));
     flags_.checkpoint_root = TmpPath(name + "_checkpoints");
+    flags_.data_root = TmpPath(name + "_data");  // read-only for jobs; empty here
+    std::filesystem::create_directories(flags_.data_root);
   }
 
   bool StartCoordinator() {
@@ -265,7 +268,8 @@ class Cluster {
         std::vector<std::string>{g_worker, "--coordinator", coordinator_->grpc_address(),
                                  "--token-file", flags_.token_file, "--device", "cpu",
                                  "--comm-timeout", "10", "--metrics-port",
-                                 std::to_string(metrics_ports_.back())},
+                                 std::to_string(metrics_ports_.back()), "--checkpoint-root",
+                                 flags_.checkpoint_root, "--data-root", flags_.data_root},
         TmpPath(absl::StrCat(name_, "_worker", i, ".log")), false));
     std::printf("worker %d pid %d metrics port %d\n", i, workers_.back()->pid(),
                 metrics_ports_.back());
@@ -306,7 +310,8 @@ class Cluster {
     if (!spec.ok()) return "";
     spec->set_min_workers(min_workers);
     if (adjust) adjust(*spec);
-    spec->mutable_training()->set_save(absl::StrCat(flags_.checkpoint_root, "/", request_id));
+    // Relative to the job's directory: <checkpoint root>/jobs/<id>/<request id>.
+    spec->mutable_training()->set_save(request_id);
     const std::string body =
         Json({{"spec", Json::parse(JobSpecToJson(*spec))}, {"request_id", request_id}}).dump();
     auto r = http_->Post("/v1/jobs", AuthHeaders(), body, "application/json");
@@ -405,7 +410,7 @@ inline void StartTwoWorkers(Cluster& c) {
 
 // The last step generation 1 reported, and the first of generation 2: it resumed right after a
 // checkpoint (a multiple of save_interval, present on disk) and redid at most one interval.
-inline void ExpectResumedFromCheckpoint(const JobWatcher& watch, Cluster& c,
+inline void ExpectResumedFromCheckpoint(const JobWatcher& watch, Cluster& c, const std::string& job,
                                         const std::string& request_id) {
   int64_t last_gen1 = 0, first_gen2 = -1;
   for (const SeenStep& s : watch.Steps()) {
@@ -425,7 +430,7 @@ inline void ExpectResumedFromCheckpoint(const JobWatcher& watch, Cluster& c,
   EXPECT_LE(last_gen1 - resumed_from, kSaveInterval);
   EXPECT_EQ(watch.Steps().back().metrics.step(), kTrainIters);
   const std::string checkpoint =
-      absl::StrCat(c.checkpoint_root(), "/", request_id, "/step_", resumed_from);
+      absl::StrCat(c.checkpoint_root(), "/", job, "/", request_id, "/step_", resumed_from);
   EXPECT_EQ(access(checkpoint.c_str(), F_OK), 0) << checkpoint;
 }
 

@@ -69,7 +69,7 @@ TEST(E2eTest, KilledWorkerRestartsTheJobOnTheSurvivorFromTheLastCheckpoint) {
   const Job final_job = c.Get(job);
   EXPECT_EQ(final_job.restart_count(), 1);
 
-  ExpectResumedFromCheckpoint(watch, c, "kill-worker-1");
+  ExpectResumedFromCheckpoint(watch, c, job, "kill-worker-1");
   EXPECT_EQ(c.Attached(), 1);  // the killed worker is gone from the registry
 }
 
@@ -105,7 +105,7 @@ TEST(E2eTest, HungWorkerIsLostAndTheJobRestartsOnTheSurvivor) {
   const v1::JobEvent* second = FindEvent(events, Job::STARTING, 2);
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(WorldOf(*second), 1) << second->message();
-  ExpectResumedFromCheckpoint(watch, c, "hung-worker-1");
+  ExpectResumedFromCheckpoint(watch, c, job, "hung-worker-1");
 }
 
 // max_restarts 0: the first lost worker fails the job (RESTART_LIMIT_EXCEEDED) instead of
@@ -139,7 +139,7 @@ TEST(E2eTest, LostWorkerPastMaxRestartsFailsTheJob) {
 TEST(E2eTest, PermanentWorkerErrorFailsTheJobWithoutRestart) {
   Cluster c("permanent");
   ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c));
-  const std::string missing = TmpPath("permanent_no_such_dataset");
+  const std::string missing = "permanent_no_such_dataset";  // under the cluster's data root
   const std::string job = c.Submit("permanent-1", 2, [&](v1::JobSpec& spec) {
     spec.mutable_data()->set_mock_data(false);
     spec.mutable_data()->add_data_path(missing);

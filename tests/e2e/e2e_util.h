@@ -62,7 +62,8 @@ struct CoordinatorFlags {
   std::string store;
   std::string token_file;
   std::string checkpoint_root;
-  int grpc_port = 0;  // 0: any
+  std::string data_root;  // empty: the coordinator's default
+  int grpc_port = 0;      // 0: any
   int http_port = 0;
   std::string log_path;
 };

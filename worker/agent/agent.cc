@@ -67,6 +67,14 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (options.heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat_interval must be > 0");
   }
+  for (const auto& [name, root] : {std::pair<const char*, const std::string*>{
+                                       "checkpoint_root", &options.roots.checkpoint_root},
+                                   {"data_root", &options.roots.data_root}}) {
+    if (root->empty() || root->front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " (\"", *root, "\"): must be an absolute path"));
+    }
+  }
   if (options.comm_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("comm_timeout must be > 0");
   }
@@ -184,7 +192,7 @@ void Agent::OnAssignment(const v1::Assignment& a) {
     }
     EndGeneration(absl::StrCat("new assignment: job ", a.job(), " generation ", a.generation()));
   }
-  absl::StatusOr<PreparedGeneration> prepared = PrepareGeneration(a, device_);
+  absl::StatusOr<PreparedGeneration> prepared = PrepareGeneration(a, device_, options_.roots);
   if (!prepared.ok()) {
     SendExit(a, ExitCodeFor(prepared.status()), prepared.status().ToString());
     return;

@@ -81,6 +81,10 @@ struct AgentOptions {
   // Bound on the rendezvous and on every collective. > 0.
   absl::Duration comm_timeout = absl::Seconds(60);
   double peak_tflops = 989.4;  // for MFU (H100/H200 dense bf16)
+  // The coordinator's --checkpoint-root and --data-root as mounted here (absolute): every path
+  // of an assignment must resolve inside them (common/job_paths.h), whatever the assignment
+  // says; defaults as the coordinator's.
+  JobRoots roots;
   // Unique per process; empty: "<host>:<pid>:<start time in unix ms>".
   std::string worker_id;
   absl::Duration reconnect_initial_backoff = absl::Milliseconds(100);

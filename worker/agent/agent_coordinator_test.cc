@@ -4,7 +4,9 @@
 // assigned, started, trained over Gloo with the rendezvous through the coordinator, and reaches
 // SUCCEEDED from the agents' WorkerExit(0). Then one agent is shut down mid-job and the job goes
 // through RESTARTING onto the remaining worker, resuming from the job's checkpoint. A stream the
-// coordinator cuts is re-attached with the same worker_id and the job goes on.
+// coordinator cuts is re-attached with the same worker_id and the job goes on. A job loads another
+// job's checkpoint by naming it (training.load "jobs/<id>"); a named checkpoint that does not
+// exist fails the job with the path and errno instead of training from scratch.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,13 +14,17 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint.h"
+#include "common/job_paths.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/workers/rendezvous_service.h"
 #include "coordinator/workers/worker_test_util.h"
@@ -53,6 +59,7 @@ std::unique_ptr<RunningAgent> StartAgent(const std::string& coordinator, const s
                                          const std::string& token_file) {
   AgentOptions o;
   o.coordinator = coordinator;
+  o.roots = testing::TestRoots();
   o.token_file = token_file;
   o.device = "cpu";
   o.worker_id = id;
@@ -91,7 +98,12 @@ class AgentCoordinatorTest : public ::testing::Test {
 
   void SetUp() override {
     rendezvous_port_ = FreePort();
-    workers::WorkerPlaneOptions options = wt::FastOptions(TmpDir("checkpoints"));
+    // A fresh store numbers jobs from 1 again: each test gets its own checkpoint root, or job 1
+    // of one test would resume from job 1 of the previous one.
+    checkpoint_root_ = TmpDir(absl::StrCat(
+        "checkpoints_", ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    std::filesystem::remove_all(checkpoint_root_);
+    workers::WorkerPlaneOptions options = wt::FastOptions(checkpoint_root_);
     options.scheduler.rendezvous_address = absl::StrCat("127.0.0.1:", rendezvous_port_);
     harness_ = wt::Harness::Start("agent_e2e.db", /*fresh=*/true, options);
     ASSERT_NE(harness_, nullptr);
@@ -115,6 +127,7 @@ class AgentCoordinatorTest : public ::testing::Test {
     if (harness_) harness_->Stop();
   }
 
+  std::string checkpoint_root_;
   int rendezvous_port_ = 0;
   std::unique_ptr<wt::Harness> harness_;
   std::unique_ptr<api::TokenAuth> auth_;
@@ -152,7 +165,7 @@ TEST_F(AgentCoordinatorTest, ALostAgentRestartsTheJobOnTheOther) {
   }
   // Elastic 1..2 workers, long enough to be interrupted, a checkpoint every 2 steps.
   v1::JobSpec spec = TinySpec(1, 2, 100000);
-  spec.mutable_training()->set_save(TmpDir("ckpt_e2e"));
+  spec.mutable_training()->set_save("ckpt_e2e");  // <root>/jobs/<id>/ckpt_e2e
   spec.mutable_training()->set_save_interval(2);
   ASSERT_TRUE(WaitForIdleWorkers(2));
   const std::string name = harness_->Submit(spec);
@@ -210,7 +223,7 @@ TEST_F(AgentCoordinatorTest, ACutStreamReattachesAndTheJobContinues) {
   ASSERT_NE(agents_.back(), nullptr);
   ASSERT_TRUE(WaitForIdleWorkers(1));
   v1::JobSpec spec = TinySpec(1, 1, 100000);
-  spec.mutable_training()->set_save(TmpDir("ckpt_k"));
+  spec.mutable_training()->set_save("ckpt_k");
   spec.mutable_training()->set_save_interval(2);
   const std::string name = harness_->Submit(spec);
   auto last_step = [&] {
@@ -251,6 +264,56 @@ TEST_F(AgentCoordinatorTest, ACutStreamReattachesAndTheJobContinues) {
   EXPECT_GE(agents_[0]->agent->sessions(), 1) << "the first stream ended, a second one runs";
   EXPECT_EQ(harness_->plane()->worker_service()->open_streams(), 1);
   EXPECT_GE(last_step(), at + 4);
+}
+
+// Job A trains 4 steps and checkpoints; job B names A's checkpoint (training.load "jobs/<A>"),
+// resumes at A's step 4 and writes its own checkpoints under its own directory; job C names a
+// checkpoint that does not exist and FAILS naming it, instead of training from scratch.
+TEST_F(AgentCoordinatorTest, AJobLoadsAnotherJobsCheckpointByName) {
+  agents_.push_back(StartAgent(harness_->address(), "agent-l", token_file_));
+  ASSERT_NE(agents_.back(), nullptr);
+  ASSERT_TRUE(WaitForIdleWorkers(1));
+  const std::string& root = checkpoint_root_;
+  v1::JobSpec a_spec = TinySpec(1, 1, 4);
+  a_spec.mutable_training()->set_save_interval(2);
+  const std::string a = harness_->Submit(a_spec);
+  v1::Job job = harness_->WaitForState(a, v1::Job::SUCCEEDED, absl::Seconds(120));
+  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << job.ShortDebugString();
+  const std::string a_dir = absl::StrCat(root, "/", a);  // <root>/jobs/<id>
+  absl::StatusOr<Checkpoint> a_ckpt = LoadCheckpoint(a_dir);
+  ASSERT_TRUE(a_ckpt.ok()) << a_ckpt.status();
+  EXPECT_EQ(a_ckpt->step(), 4);
+
+  v1::JobSpec b_spec = TinySpec(1, 1, 6);
+  b_spec.mutable_training()->set_save_interval(2);
+  b_spec.mutable_training()->set_load(a);  // "jobs/<id of A>"
+  const std::string b = harness_->Submit(b_spec);
+  job = harness_->WaitForState(b, v1::Job::SUCCEEDED, absl::Seconds(120));
+  ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << job.ShortDebugString();
+  const std::string b_dir = absl::StrCat(root, "/", b);
+  absl::StatusOr<Checkpoint> b_ckpt = LoadCheckpoint(b_dir);
+  ASSERT_TRUE(b_ckpt.ok()) << b_ckpt.status();
+  const bool b_has_step_2 = LoadCheckpoint(b_dir, 2).ok();
+  std::printf("%s loaded %s (step %lld): own checkpoint step %lld, own step_2 %s\n", b.c_str(),
+              a.c_str(), static_cast<long long>(a_ckpt->step()),
+              static_cast<long long>(b_ckpt->step()), b_has_step_2 ? "present" : "absent");
+  EXPECT_EQ(b_ckpt->step(), 6);
+  EXPECT_FALSE(b_has_step_2) << "B started at A's step 4, it never was at step 2";
+  EXPECT_TRUE(LoadCheckpoint(a_dir, 4).ok()) << "A's checkpoint is untouched";
+  EXPECT_FALSE(LoadCheckpoint(a_dir, 6).ok()) << "B wrote into its own directory only";
+
+  v1::JobSpec c_spec = TinySpec(1, 1, 4);
+  c_spec.mutable_training()->set_load("jobs/999/step_4");
+  const std::string c = harness_->Submit(c_spec);
+  job = harness_->WaitForState(c, v1::Job::FAILED, absl::Seconds(120));
+  std::printf("%s with load jobs/999/step_4: %s '%s'\n", c.c_str(),
+              v1::Job::State_Name(job.state()).c_str(), job.failure_reason().c_str());
+  ASSERT_EQ(job.state(), v1::Job::FAILED) << job.ShortDebugString();
+  EXPECT_TRUE(absl::StrContains(job.failure_reason(), "training.load")) << job.failure_reason();
+  EXPECT_TRUE(absl::StrContains(job.failure_reason(), root + "/jobs/999/step_4"))
+      << job.failure_reason();
+  EXPECT_TRUE(absl::StrContains(job.failure_reason(), "No such file or directory"))
+      << job.failure_reason();
 }
 
 }  // namespace

@@ -62,6 +62,7 @@ TEST(AgentGpuTest, TrainsOnEveryVisibleGpuAndStops) {
   for (int i = 0; i < gpus; ++i) {
     AgentOptions o;
     o.coordinator = fake.address();
+    o.roots = testing::TestRoots();
     o.device = absl::StrCat("cuda:", i);
     o.worker_id = absl::StrCat("gpu-", i);
     o.heartbeat_interval = absl::Milliseconds(100);

@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -123,6 +125,7 @@ std::unique_ptr<RunningAgent> StartAgent(const FakeCoordinator& fake, const std:
                                          const std::string& token_file, int metrics_port) {
   AgentOptions o;
   o.coordinator = fake.address();
+  o.roots = testing::TestRoots();
   o.token_file = token_file;
   o.device = "cpu";
   o.heartbeat_interval = absl::Milliseconds(100);
@@ -459,6 +462,99 @@ TEST(AgentTest, BadAssignmentIsAPermanentExit) {
   EXPECT_EQ(fake.Workers().at("wb").exits.size(), 2u);
 }
 
+// Forged assignments (a spec that never passed a coordinator's CreateJob) with paths escaping the
+// agent's own roots: each is refused with WorkerExit 1 naming the field, and nothing is created
+// outside the roots. The last one escapes only after the Assignment (a symlink planted before
+// Start): the re-check when the generation opens its files refuses it.
+TEST(AgentTest, ForgedEscapingPathsAreRefusedNamingTheField) {
+  namespace fs = std::filesystem;
+  const std::string base = TmpDir("forged");
+  fs::remove_all(base);
+  const JobRoots roots{base + "/checkpoints", base + "/data"};
+  const std::string outside = base + "/outside";
+  for (const std::string& d : {roots.checkpoint_root + "/jobs", roots.data_root, outside}) {
+    fs::create_directories(d);
+  }
+  fs::create_directory_symlink(outside, roots.checkpoint_root + "/jobs/9");
+  FakeCoordinator fake("");
+  AgentOptions o;
+  o.coordinator = fake.address();
+  o.roots = roots;
+  o.device = "cpu";
+  o.heartbeat_interval = absl::Milliseconds(100);
+  o.worker_id = "wf";
+  auto agent = StartRunningAgent(o);
+  ASSERT_TRUE(agent);
+  ASSERT_TRUE(
+      fake.WaitUntil([](const Workers& ws) { return ws.count("wf") > 0; }, absl::Seconds(20)));
+  const std::string job_dir = roots.checkpoint_root + "/jobs/1";
+  struct Case {
+    std::string what, field;
+    std::function<void(v1::JobSpec*)> forge;
+  };
+  const std::vector<Case> cases = {
+      {"absolute save outside", "assignment.spec.training.save",
+       [&](v1::JobSpec* s) { s->mutable_training()->set_save(outside + "/abs"); }},
+      {"'..' save", "assignment.spec.training.save",
+       [&](v1::JobSpec* s) { s->mutable_training()->set_save(job_dir + "/../../../outside/up"); }},
+      {"relative save", "assignment.spec.training.save",
+       [&](v1::JobSpec* s) { s->mutable_training()->set_save("../../outside/rel"); }},
+      {"symlink out of the root", "assignment.spec.training.save",
+       [&](v1::JobSpec* s) { s->mutable_training()->set_save(roots.checkpoint_root + "/jobs/9"); }},
+      {"load outside (existence oracle)", "assignment.spec.training.load",
+       [&](v1::JobSpec* s) { s->mutable_training()->set_load("/etc/shadow"); }},
+      {"data outside", "assignment.spec.data.data_path[0]",
+       [&](v1::JobSpec* s) { s->mutable_data()->add_data_path("/etc/shadow"); }},
+      {"tokenizer in the checkpoints", "assignment.spec.data.tokenizer_model",
+       [&](v1::JobSpec* s) { s->mutable_data()->set_tokenizer_model(job_dir + "/tok.json"); }},
+  };
+  int64_t generation = 0;
+  for (const Case& c : cases) {
+    ++generation;
+    v1::CoordinatorMessage msg = AssignmentMsg("job-f", generation, 0, 1, 5, job_dir, "");
+    c.forge(msg.mutable_assignment()->mutable_spec());
+    ASSERT_TRUE(fake.Send("wf", msg));
+    ASSERT_TRUE(fake.Send("wf", StartMsg()));  // ignored: nothing was prepared
+    ASSERT_TRUE(
+        fake.WaitUntil([&](const Workers& ws) { return HasExit(ws, "wf", "job-f", generation); },
+                       absl::Seconds(20)));
+    const WorkerRecord w = fake.Workers().at("wf");  // a copy: Workers() returns by value
+    const v1::WorkerExit* e = ExitOf(w, "job-f", generation);
+    std::printf("%-32s exit %d: %s\n", c.what.c_str(), e->exit_code(), e->message().c_str());
+    EXPECT_EQ(e->exit_code(), 1) << c.what;
+    EXPECT_TRUE(absl::StrContains(e->message(), c.field)) << c.what << ": " << e->message();
+  }
+  // Valid at the Assignment; the job directory becomes a symlink out of the root before Start.
+  ++generation;
+  ASSERT_TRUE(fake.Send("wf", AssignmentMsg("job-f", generation, 0, 1, 5, job_dir, "")));
+  ASSERT_TRUE(fake.WaitUntil(
+      [&](const Workers& ws) {
+        auto it = ws.find("wf");
+        return it != ws.end() && it->second.last_heartbeat_generation == generation;
+      },
+      absl::Seconds(20)));
+  fs::create_directory_symlink(outside, job_dir);
+  ASSERT_TRUE(fake.Send("wf", StartMsg()));
+  ASSERT_TRUE(
+      fake.WaitUntil([&](const Workers& ws) { return HasExit(ws, "wf", "job-f", generation); },
+                     absl::Seconds(60)));
+  const WorkerRecord w = fake.Workers().at("wf");
+  const v1::WorkerExit* e = ExitOf(w, "job-f", generation);
+  std::printf("%-32s exit %d: %s\n", "symlink planted before Start", e->exit_code(),
+              e->message().c_str());
+  EXPECT_EQ(e->exit_code(), 1);
+  EXPECT_TRUE(absl::StrContains(e->message(), "training.save")) << e->message();
+  EXPECT_TRUE(absl::StrContains(e->message(), "outside the checkpoint root")) << e->message();
+  // Nothing was written outside the roots.
+  std::vector<std::string> written;
+  for (const auto& entry : fs::recursive_directory_iterator(outside)) {
+    written.push_back(entry.path().string());
+  }
+  std::printf("entries under %s: %zu\n", outside.c_str(), written.size());
+  EXPECT_TRUE(written.empty()) << written.front();
+  EXPECT_FALSE(fs::exists(base + "/outside/up"));
+}
+
 TEST(AgentTest, NewAssignmentEndsTheRunningGeneration) {
   FakeCoordinator fake("");
   auto a = StartAgent(fake, "wn", "", -1);
@@ -502,6 +598,7 @@ TEST(AgentTest, MissingOrWrongTokenIsRejectedWithAClearError) {
   for (const Case& c : cases) {
     AgentOptions o;
     o.coordinator = fake.address();
+    o.roots = testing::TestRoots();
     o.token_file = c.token_file;
     o.device = "cpu";
     o.worker_id = std::string("w-") + c.name;
@@ -542,6 +639,7 @@ TEST(AgentTest, TlsCoordinator) {
   for (int r = 0; r < 2; ++r) {
     AgentOptions o;
     o.coordinator = fake.address();
+    o.roots = testing::TestRoots();
     o.token_file = token_file;
     o.tls_root_cert = cert;
     o.device = "cpu";
@@ -580,6 +678,7 @@ TEST(AgentTest, OptionsAreChecked) {
   AgentOptions o;
   EXPECT_EQ(Agent::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.coordinator = "127.0.0.1:1";
+  o.roots = testing::TestRoots();
   o.device = "tpu";
   absl::Status st = Agent::Create(o).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);

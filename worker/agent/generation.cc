@@ -1,14 +1,19 @@
 #include "worker/agent/generation.h"
 
 #include <cuda_runtime.h>
+#include <dirent.h>
+#include <errno.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
 #include "common/config_defaults.h"
 #include "common/cuda_status.h"
+#include "common/job_paths.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "kernels/buffer.h"
@@ -18,6 +23,59 @@ namespace {
 
 absl::Status Field(absl::string_view field, absl::string_view rule) {
   return absl::InvalidArgumentError(absl::StrCat("assignment.", field, " ", rule));
+}
+
+// CheckAssignedSpecPaths with the field named as part of the assignment.
+absl::Status CheckPaths(const v1::JobSpec& spec, const JobRoots& roots) {
+  absl::Status s = CheckAssignedSpecPaths(spec, roots);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("assignment.spec.", s.message()));
+}
+
+// FAILED_PRECONDITION "training.load (\"<path>\"): <strerror> (errno N)" when `path` cannot be
+// read as a directory.
+absl::Status CheckReadableDirectory(const std::string& path) {
+  DIR* d = opendir(path.c_str());
+  if (d == nullptr) {
+    const int err = errno;
+    return absl::FailedPreconditionError(absl::StrCat("training.load (\"", path,
+                                                      "\"): cannot be read: ", std::strerror(err),
+                                                      " (errno ", err, ")"));
+  }
+  closedir(d);
+  return absl::OkStatus();
+}
+
+// Where this generation resumes from: the job's own checkpoints when there is one, else a named
+// training.load (which must load), else nothing (first generation). See generation.h.
+absl::Status Resume(train::Trainer* trainer, const v1::TrainingConfig& tr,
+                    const std::function<void(const std::string&)>& log) {
+  if (!tr.save().empty()) {
+    absl::StatusOr<Checkpoint> own = LoadCheckpoint(tr.save());
+    if (own.ok()) {
+      SY_RETURN_IF_ERROR(
+          Annotate(trainer->Load(tr.save()), absl::StrCat("resuming from ", tr.save())));
+      log(absl::StrCat("resumed from ", tr.save(), " at step ", trainer->step()));
+      return absl::OkStatus();
+    }
+    // No directory yet, or one without a complete checkpoint: a first generation. Anything else
+    // (no permission, I/O) must not be papered over by training from scratch.
+    if (!absl::IsNotFound(own.status())) {
+      return Annotate(own.status(), absl::StrCat("training.save (\"", tr.save(), "\")"));
+    }
+  }
+  if (tr.load().empty() || tr.load() == tr.save()) return absl::OkStatus();
+  std::string root = tr.load();
+  int64_t step = -1;
+  if (auto split = SplitStepDirectory(tr.load()); split.has_value()) {
+    root = split->first;
+    step = split->second;
+  }
+  SY_RETURN_IF_ERROR(CheckReadableDirectory(tr.load()));
+  SY_RETURN_IF_ERROR(
+      Annotate(trainer->Load(root, step), absl::StrCat("training.load (\"", tr.load(), "\")")));
+  log(absl::StrCat("loaded ", tr.load(), " at step ", trainer->step()));
+  return absl::OkStatus();
 }
 
 // Whether `mine` holds on any rank of the world (one f32 max all-reduce). On NCCL through
@@ -61,8 +119,8 @@ struct Resources {
 
 }  // namespace
 
-absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a,
-                                                     const Device& device) {
+absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, const Device& device,
+                                                     const JobRoots& roots) {
   if (a.job().empty()) return Field("job", "must not be empty");
   if (a.generation() < 1) {
     return Field("generation", absl::StrCat("(", a.generation(), ") must be >= 1"));
@@ -77,6 +135,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a,
   if (!a.has_spec()) return Field("spec", "is required");
   PreparedGeneration p;
   p.assignment = a;
+  p.roots = roots;
   p.device = device;
   p.spec = a.spec();
   v1::ParallelConfig* par = p.spec.mutable_parallel();
@@ -118,6 +177,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a,
   if (!valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("assignment.spec: ", valid.message()));
   }
+  SY_RETURN_IF_ERROR(CheckPaths(p.spec, roots));
   p.dims.world_size = a.world_size();
   p.dims.expert_model_parallel_size = ep;
   return p;
@@ -241,6 +301,9 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
     control->SetGroups(res.groups.get());
     if (control->stop_requested()) return absl::OkStatus();
   }
+  // Defense in depth: the roots are re-checked at open (a symlink may have appeared since the
+  // Assignment).
+  SY_RETURN_IF_ERROR(CheckPaths(p.spec, p.roots));
   train::TrainerOptions options;
   options.device = p.device;
   options.peak_tflops = env.peak_tflops;
@@ -250,13 +313,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   if (!created.ok()) return Annotate(created.status(), "creating the trainer");
   std::unique_ptr<train::Trainer> trainer = std::move(*created);
   const v1::TrainingConfig& tr = trainer->spec().training();
-  std::string resume = tr.load();
-  if (!resume.empty() && !LoadCheckpoint(resume).ok()) resume.clear();  // first generation
-  if (resume.empty() && !tr.save().empty() && LoadCheckpoint(tr.save()).ok()) resume = tr.save();
-  if (!resume.empty()) {
-    SY_RETURN_IF_ERROR(Annotate(trainer->Load(resume), absl::StrCat("resuming from ", resume)));
-    log(absl::StrCat("resumed from ", resume, " at step ", trainer->step()));
-  }
+  SY_RETURN_IF_ERROR(Resume(trainer.get(), tr, log));
   const std::vector<bool> moe_layers = trainer->model_config().moe_layers;
   int64_t last_saved = -1;
   kernels::Buffer device_flag;  // CheckpointNow agreement on NCCL

@@ -2,21 +2,37 @@
 //
 // One generation of a job on this worker, as the agent (agent.h) runs it on its training thread:
 //
-//   PrepareGeneration(assignment)   on Assignment: checks the assignment and the spec (the
-//                                   worker validates before the Start, WORKER_PROTOCOL.md) and
-//                                   fixes the parallel sizes; nothing is started.
+//   PrepareGeneration(assignment, device, roots)
+//                                   on Assignment: checks the assignment and the spec (the
+//                                   worker validates before the Start, WORKER_PROTOCOL.md), that
+//                                   its paths resolve inside the worker's own roots, and fixes the
+//                                   parallel sizes; nothing is started.
 //   RunGeneration(prepared, env, control)
 //                                   on Start, on the training thread: rendezvous through the
 //                                   coordinator (RendezvousKvStore, keys scoped by job and
 //                                   generation), process groups (Gloo on the CPU, NCCL on a GPU;
-//                                   none for world 1), a Trainer, resume from training.load when
-//                                   it holds a checkpoint, then steps until training.train_iters
+//                                   none for world 1), the paths re-checked against the roots
+//                                   just before anything is opened, a Trainer, resume (below),
+//                                   then steps until training.train_iters
 //                                   or a stop, reporting every step through env.on_step,
 //                                   checkpointing every training.save_interval steps, on
 //                                   CheckpointNow, and at the end.
 //   GenerationControl               the agent's handle on a running generation: Stop aborts the
 //                                   communicators (and a rendezvous still waiting), CheckpointNow
 //                                   asks for a save after the current step. Any thread.
+//
+// Paths (common/job_paths.h): the coordinator sends absolute paths under its --checkpoint-root
+// and --data-root; the worker does not trust them. training.save and training.load must resolve
+// (symlinks followed) inside roots.checkpoint_root, the data paths (and their .bin/.idx) and
+// data.tokenizer_model inside roots.data_root; otherwise the generation is refused with
+// INVALID_ARGUMENT naming the field (WorkerExit 1) before a file is opened or created.
+//
+// Resume: the job's own checkpoints (training.save) win when there is one (a restarted
+// generation continues its own progress); otherwise a training.load that names another
+// checkpoint (not training.save) must load: a missing or unreadable one fails the generation
+// with the path and errno (FAILED_PRECONDITION, or the checkpoint's own error), it never trains
+// from scratch in silence. A training.load ending in step_<N> loads that step. An own directory
+// that does not exist yet means a first generation: training starts from scratch.
 //
 // CheckpointNow is collective (Trainer::Save gathers the state), but the message reaches the
 // ranks between different steps; so after every step the ranks all-reduce (max) "has a request"
@@ -37,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/job_paths.h"
 #include "common/parallel_state.h"
 #include "common/tensor.h"
 #include "switchyard/v1/metrics.pb.h"
@@ -50,6 +67,7 @@ namespace switchyard::agent {
 // An assignment checked and ready to start.
 struct PreparedGeneration {
   v1::Assignment assignment;
+  JobRoots roots;    // the worker's own roots, which every path of `spec` must resolve into
   v1::JobSpec spec;  // parallel.world_size and expert_model_parallel_size as assigned
   Device device;
   ParallelDims dims;
@@ -57,9 +75,11 @@ struct PreparedGeneration {
 
 // INVALID_ARGUMENT naming the field and the rule for a bad assignment (empty job, generation
 // < 1, rank outside [0, world_size), a spec world size or EP size that contradicts the assignment,
-// a spec that fails ValidateJobSpec); UNIMPLEMENTED for TP, CP, PP or ETP > 1 in the mapping.
+// a spec that fails ValidateJobSpec, a path of the spec outside `roots`: "assignment.spec.
+// training.save (\"/etc/cron.d\") resolves to /etc/cron.d, outside the checkpoint root ...");
+// UNIMPLEMENTED for TP, CP, PP or ETP > 1 in the mapping.
 absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& assignment,
-                                                     const Device& device);
+                                                     const Device& device, const JobRoots& roots);
 
 // The WorkerExit code for how a generation ended (DESIGN.md, WORKER_PROTOCOL.md): 0 for OK;
 // 1 (permanent) for INVALID_ARGUMENT, FAILED_PRECONDITION, UNIMPLEMENTED, NOT_FOUND,

@@ -42,20 +42,20 @@ v1::Assignment Valid(int rank = 1, int world = 2, int ep = 2) {
 }
 
 void ExpectRejected(const v1::Assignment& a, absl::StatusCode code, const char* names) {
-  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu());
+  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu(), JobRoots{});
   std::printf("%-40s -> %s\n", names, p.status().ToString().c_str());
   EXPECT_EQ(p.status().code(), code) << p.status();
   EXPECT_TRUE(absl::StrContains(p.status().message(), names)) << p.status();
 }
 
 TEST(PrepareGenerationTest, FillsTheParallelSizes) {
-  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(Valid(), Device::Cpu());
+  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(Valid(), Device::Cpu(), JobRoots{});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->dims.world_size, 2);
   EXPECT_EQ(p->dims.expert_model_parallel_size, 2);
   EXPECT_EQ(p->spec.parallel().world_size(), 2);
   EXPECT_EQ(p->spec.parallel().expert_model_parallel_size(), 2);
-  p = PrepareGeneration(Valid(0, 1, 1), Device::Cpu());
+  p = PrepareGeneration(Valid(0, 1, 1), Device::Cpu(), JobRoots{});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->dims.world_size, 1);
   EXPECT_FALSE(p->spec.parallel().has_expert_model_parallel_size()) << "world 1: left unset";

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   o.device = "cpu";
   o.heartbeat_interval = absl::Milliseconds(100);
   o.comm_timeout = absl::Seconds(10);
+  if (const char* tmp = std::getenv("TEST_TMPDIR")) o.roots = {tmp, tmp};  // as TestRoots()
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) -> const char* {

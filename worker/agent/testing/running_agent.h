@@ -1,7 +1,7 @@
 // File: worker/agent/testing/running_agent.h
 //
 // Test helpers shared by the agent tests: an Agent running on a thread of its own, and a path
-// under the test's temporary directory.
+// under the test's temporary directory (the agent's roots in tests).
 #ifndef SWITCHYARD_WORKER_AGENT_TESTING_RUNNING_AGENT_H_
 #define SWITCHYARD_WORKER_AGENT_TESTING_RUNNING_AGENT_H_
 
@@ -23,6 +23,14 @@ namespace switchyard::agent::testing {
 inline std::string TmpDir(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+// The roots of an agent under test: $TEST_TMPDIR (or /tmp) for both, so that the TmpDir paths
+// of hand-made assignments are inside them (common/job_paths.h).
+inline JobRoots TestRoots() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  return JobRoots{dir, dir};
 }
 
 // An agent running Agent::Run on its own thread; Stop (or destruction) shuts it down and joins,
