@@ -29,9 +29,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Two tokens: the API's (syctl) and the workers' own (coordinator/api/auth.h).
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
+od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/worker-token"
 "$coordinator_bin" --store "$run/store.db" --host 127.0.0.1 \
-  --grpc-port 0 --http-port 0 --token-file "$run/token" --checkpoint-root "$run/checkpoints" \
+  --grpc-port 0 --http-port 0 --token-file "$run/token" --worker-token-file "$run/worker-token" \
+  --checkpoint-root "$run/checkpoints" \
   >"$run/coordinator.log" 2>&1 &
 pids+=($!)
 grpc=""
@@ -53,7 +56,7 @@ n=${QUICKSTART_WORKERS:-$((gpus > 0 ? gpus : 2))}
 for ((i = 0; i < n; i++)); do
   device=cpu
   [[ $gpus -gt 0 ]] && device="cuda:$((i % gpus))"
-  "$worker_bin" --coordinator "$grpc" --token-file "$run/token" \
+  "$worker_bin" --coordinator "$grpc" --token-file "$run/worker-token" \
     --device "$device" >"$run/worker$i.log" 2>&1 &
   pids+=($!)
 done

@@ -155,10 +155,13 @@ void RestGateway::Route() {
                                                   httplib::Response& res) {
       absl::StatusOr<std::string> json;
       absl::Status status =
-          RunApiCall(*auth_, metrics_, method, req.get_header_value("Authorization"), [&] {
-            json = body(req);
-            return json.status();
-          });
+          RunApiCall(*auth_, metrics_, method,
+                     Caller(req.get_header_value("Authorization"),
+                            absl::StrCat("http:", req.remote_addr, ":", req.remote_port)),
+                     [&] {
+                       json = body(req);
+                       return json.status();
+                     });
       Reply(status.ok() ? json : absl::StatusOr<std::string>(status), res);
     };
   };

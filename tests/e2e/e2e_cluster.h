@@ -242,6 +242,8 @@ class Cluster {
     std::remove(flags_.store.c_str());
     flags_.token_file = TmpPath(name + ".token");
     WriteText(flags_.token_file, absl::StrCat(kToken, "\n"));
+    flags_.worker_token_file = TmpPath(name + ".worker-token");
+    WriteText(flags_.worker_token_file, absl::StrCat(kWorkerToken, "\n"));
     flags_.checkpoint_root = TmpPath(name + "_checkpoints");
   }
 
@@ -263,7 +265,7 @@ class Cluster {
     metrics_ports_.push_back(FreePort());
     workers_.push_back(std::make_unique<Process>(
         std::vector<std::string>{g_worker, "--coordinator", coordinator_->grpc_address(),
-                                 "--token-file", flags_.token_file, "--device", "cpu",
+                                 "--token-file", flags_.worker_token_file, "--device", "cpu",
                                  "--comm-timeout", "10", "--metrics-port",
                                  std::to_string(metrics_ports_.back())},
         TmpPath(absl::StrCat(name_, "_worker", i, ".log")), false));

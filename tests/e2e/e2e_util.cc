@@ -133,7 +133,8 @@ std::unique_ptr<CoordinatorProcess> CoordinatorProcess::Start(const CoordinatorF
       std::vector<std::string>{f.binary, "--store", f.store, "--token-file", f.token_file, "--host",
                                "127.0.0.1", "--grpc-port", std::to_string(f.grpc_port),
                                "--http-port", std::to_string(f.http_port), "--checkpoint-root",
-                               f.checkpoint_root, "--shutdown-grace", "1"},
+                               f.checkpoint_root, "--shutdown-grace", "1", "--worker-token-file",
+                               f.worker_token_file},
       f.log_path, /*pipe_stdout=*/true);
   const std::string line = c->process_->ReadLine(20);
   std::printf("coordinator pid %d: %s\n", c->pid(), line.c_str());

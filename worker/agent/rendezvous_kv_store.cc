@@ -72,6 +72,7 @@ absl::Status RendezvousKvStore::CancelledError(absl::string_view op, absl::strin
 absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view value) {
   v1::RendezvousSetRequest request;
   request.set_job(job_);
+  request.set_worker_id(options_.worker_id);
   request.set_generation(generation_);
   request.set_key(std::string(key));
   request.set_value(std::string(value));
@@ -96,6 +97,7 @@ absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view val
 absl::StatusOr<std::string> RendezvousKvStore::GetOnce(absl::string_view key, absl::Duration wait) {
   v1::RendezvousGetRequest request;
   request.set_job(job_);
+  request.set_worker_id(options_.worker_id);
   request.set_generation(generation_);
   request.set_key(std::string(key));
   request.set_timeout_ms(absl::ToInt64Milliseconds(wait));

@@ -52,6 +52,9 @@ class RendezvousKvStore final : public comm::KvStore {
     absl::Duration rpc_slack = absl::Seconds(5);
     // Set retries an UNAVAILABLE coordinator (restarting) for this long. >= 0.
     absl::Duration set_retry_for = absl::Seconds(30);
+    // This worker's id, sent with every call: the coordinator serves only the ranks of the
+    // generation (PERMISSION_DENIED otherwise; WORKER_PROTOCOL.md "Rendezvous").
+    std::string worker_id;
   };
 
   // `channel` to the coordinator (coordinator_channel.h), `token` its bearer token (may be

@@ -30,12 +30,17 @@ namespace {
 
 constexpr char kToken[] = "rdzv-token";
 
-// The coordinator's RendezvousService on 127.0.0.1 (`port` 0: any), with the API token.
+// The coordinator's RendezvousService on 127.0.0.1 (`port` 0: any), with the worker token and
+// no rank check (no registry): the generations the tests use are open, as the scheduler opens
+// them (coordinator/workers/rendezvous_service_test.cc checks the rank rule).
 class RealRendezvous {
  public:
   explicit RealRendezvous(int port = 0) {
-    auth_ = *api::TokenAuth::FromToken(kToken);
-    service_ = std::make_unique<workers::RendezvousServiceImpl>(&store_, auth_.get());
+    auth_ = *api::TokenAuth::FromToken(kToken, api::kWorkerRole);
+    for (const char* job : {"job-1", "job-2", "job"}) store_.OpenGeneration(job, 1);
+    store_.OpenGeneration("gloo-job", 3);
+    service_ =
+        std::make_unique<workers::RendezvousServiceImpl>(&store_, auth_.get(), /*workers=*/nullptr);
     grpc::ServerBuilder b;
     b.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(service_.get());
@@ -152,7 +157,7 @@ TEST(RendezvousKvStoreTest, SupersededGenerationIsAborted) {
   // A rank of generation 1 waits while the scheduler starts generation 2.
   std::thread drop([&] {
     absl::SleepFor(absl::Milliseconds(300));
-    real.store().DropBefore("job", 2);
+    real.store().OpenGeneration("job", 2);
   });
   absl::StatusOr<std::string> v = g1->Get("never", absl::Seconds(10));
   drop.join();
