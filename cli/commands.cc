@@ -212,7 +212,8 @@ std::string NewRequestId() {
 // CreateJob with `request` (its request_id set), retrying UNAVAILABLE and DEADLINE_EXCEEDED up to
 // `retries` times with the same request_id, so a retry of a call that did create the job returns
 // that job (never a duplicate). Attempt i (from 0) has a deadline of timeout × 2^i (at most
-// kSubmitMaxTimeoutSeconds) and waits kSubmitBackoffSeconds × 2^(i-1) (at most kSubmitMaxBackoffSeconds) before it.
+// kSubmitMaxTimeoutSeconds) and waits kSubmitBackoffSeconds × 2^(i-1) (at most
+// kSubmitMaxBackoffSeconds) before it.
 int CreateWithRetries(Client& client, const v1::CreateJobRequest& request, double timeout_seconds,
                       int64_t retries, v1::Job* job) {
   double timeout = timeout_seconds;

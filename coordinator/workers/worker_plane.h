@@ -42,8 +42,8 @@ struct WorkerPlaneOptions {
 class WorkerPlane {
  public:
   // `store`, `hub` and `auth` (the worker token, role "worker"; may be null: no authentication)
-  // must outlive the plane. The rendezvous service checks ranks against the plane's registry. Errors of
-  // WorkerRegistry::Create and Scheduler::Create.
+  // must outlive the plane. The rendezvous service checks ranks against the plane's registry.
+  // Errors of WorkerRegistry::Create and Scheduler::Create.
   static absl::StatusOr<std::unique_ptr<WorkerPlane>> Create(store::Store* store, api::JobHub* hub,
                                                              const api::TokenAuth* auth,
                                                              WorkerPlaneOptions options);
