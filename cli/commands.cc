@@ -1,14 +1,19 @@
 #include "cli/commands.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -21,6 +26,13 @@ namespace switchyard::cli {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// syctl submit: the first attempt's deadline, the retries of UNAVAILABLE / DEADLINE_EXCEEDED,
+// the first backoff and the cap on a retry's (doubling) deadline.
+constexpr double kSubmitTimeoutSeconds = 30;
+constexpr int64_t kSubmitRetries = 5;
+constexpr double kSubmitBackoffSeconds = 0.1;
+constexpr double kSubmitMaxBackoffSeconds = 2;
+constexpr double kSubmitMaxTimeoutSeconds = 60;
 
 // A verb's flag: `name` and an optional short `alias` ("-f" for "--file").
 struct FlagSpec {
@@ -179,6 +191,61 @@ int Call(const Client& client, const std::string& verb, Stub& stub,
   return status.ok() ? kExitOk : client.Fail(verb, status);
 }
 
+// A fresh idempotency key: a random (version 4) UUID.
+std::string NewRequestId() {
+  std::random_device random;
+  uint8_t b[16];
+  for (int i = 0; i < 16; i += 4) {
+    const uint32_t r = random();
+    for (int j = 0; j < 4; ++j) b[i + j] = static_cast<uint8_t>(r >> (8 * j));
+  }
+  b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(b[i], absl::kZeroPad2));
+  }
+  return out;
+}
+
+// CreateJob with `request` (its request_id set), retrying UNAVAILABLE and DEADLINE_EXCEEDED up to
+// `retries` times with the same request_id, so a retry of a call that did create the job returns
+// that job (never a duplicate). Attempt i (from 0) has a deadline of timeout × 2^i (at most
+// kSubmitMaxTimeoutSeconds) and waits kSubmitBackoffSeconds × 2^(i-1) (at most
+// kSubmitMaxBackoffSeconds) before it.
+int CreateWithRetries(Client& client, const v1::CreateJobRequest& request, double timeout_seconds,
+                      int64_t retries, v1::Job* job) {
+  double timeout = timeout_seconds;
+  double backoff = kSubmitBackoffSeconds;
+  for (int64_t attempt = 0;; ++attempt) {
+    auto context = client.Context(0);
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6)));
+    grpc::Status status = client.jobs().CreateJob(context.get(), request, job);
+    if (status.ok()) return kExitOk;
+    const bool retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retryable || attempt >= retries) {
+      if (retryable) {
+        std::fprintf(stderr,
+                     "syctl submit: gave up after %lld attempt(s); the job may exist: submit "
+                     "again with --request-id %s to get it (never a duplicate)\n",
+                     static_cast<long long>(attempt + 1), request.request_id().c_str());
+      }
+      return client.Fail("submit", status);
+    }
+    std::fprintf(
+        stderr, "syctl submit: %s: %s; retry %lld of %lld in %.1f s (request_id %s)\n",
+        absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())).c_str(),
+        status.error_message().c_str(), static_cast<long long>(attempt + 1),
+        static_cast<long long>(retries), backoff, request.request_id().c_str());
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)));
+    backoff = std::min(backoff * 2, kSubmitMaxBackoffSeconds);
+    timeout = std::min(timeout * 2, kSubmitMaxTimeoutSeconds);
+  }
+}
+
 }  // namespace
 
 int UsageError(const std::string& message) {
@@ -247,23 +314,29 @@ int SubmitCommand(const Globals& g, const Args& args) {
                               {"--megatron-args", nullptr, true},
                               {"--name", nullptr, true},
                               {"--request-id", nullptr, true},
+                              {"--timeout", nullptr, true},
+                              {"--retries", nullptr, true},
                               {"--wait", nullptr, false}},
                              &p)) {
     return rc;
   }
   if (!p.positional.empty()) return UsageError("submit takes no positional arguments");
+  double timeout_seconds = kSubmitTimeoutSeconds;
+  int64_t retries = kSubmitRetries;
+  if (int rc = DoubleFlag("submit", p, "--timeout", &timeout_seconds)) return rc;
+  if (int rc = IntFlag("submit", p, "--retries", 0, &retries)) return rc;
+  if (p.Has("--request-id") && p.Get("--request-id").empty()) {
+    return UsageError("submit: --request-id must not be empty");
+  }
   v1::CreateJobRequest request;
   if (int rc = BuildSpec("submit", p, request.mutable_spec())) return rc;
   if (p.Has("--name")) request.mutable_spec()->set_display_name(p.Get("--name"));
-  request.set_request_id(p.Get("--request-id"));
+  request.set_request_id(p.Has("--request-id") ? p.Get("--request-id") : NewRequestId());
 
   std::unique_ptr<Client> client;
   if (int rc = Connect(g, &client)) return rc;
   v1::Job job;
-  if (int rc = Call(*client, "submit", client->jobs(), &v1::JobService::Stub::CreateJob, request,
-                    &job)) {
-    return rc;
-  }
+  if (int rc = CreateWithRetries(*client, request, timeout_seconds, retries, &job)) return rc;
   PrintJob(job, g.output, /*detail=*/false);
   std::fflush(stdout);
   if (!p.Has("--wait")) return kExitOk;

@@ -28,8 +28,12 @@ verbs:
        [--alternatives K]                GB/s per GPU, --peak-tflops 989; --gpus defaults to the
                                          spec's parallel.world_size when set)
   submit -f SPEC | --megatron-args "..."  submit a job (both: the Megatron flags override the file)
-       [--name NAME] [--request-id ID]   ID makes the submit idempotent; --wait follows the job as
-       [--wait]                          watch does and exits like it
+       [--name NAME] [--request-id ID]   ID makes the submit idempotent (default: a fresh UUID per
+       [--timeout S] [--retries N]       submit); UNAVAILABLE and DEADLINE_EXCEEDED are retried N
+       [--wait]                          times (default 5) with the same ID, the deadline S
+                                         (default 30 s) doubling each retry, so a retry returns the
+                                         job an earlier attempt created; --wait follows the job as
+                                         watch does and exits like it
   get jobs/ID | ID                       show one job
   list [--state STATE] [--page-size N]   list jobs (one page; --all follows every page)
        [--page-token T] [--all]

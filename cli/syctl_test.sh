@@ -65,6 +65,7 @@ expect 3 '^$' 'is empty' -- --token-file "$tmp/empty_token" get 1
 
 # --- the real coordinator --------------------------------------------------------------------------
 printf '  s3cr3t-cli-token\n' >"$tmp/token"
+printf 'w0rker-cli-token\n' >"$tmp/worker_token"  # the workers' own token (--worker-token-file)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
 # start_coordinator <name> [flags...]: starts one on loopback, sets $address to its gRPC address.
@@ -72,7 +73,8 @@ start_coordinator() {
   local name=$1
   shift
   rm -f "$tmp/$name.db"
-  "$coordinator" --store "$tmp/$name.db" --token-file "$tmp/token" --host 127.0.0.1 \
+  "$coordinator" --store "$tmp/$name.db" --token-file "$tmp/token" \
+    --worker-token-file "$tmp/worker_token" --host 127.0.0.1 \
     --grpc-port 0 --http-port 0 "$@" >"$tmp/$name.out" 2>"$tmp/coordinator.err" &
   pids+=($!)
   for _ in $(seq 200); do
@@ -216,13 +218,33 @@ printf 'wrong\n' >"$tmp/bad_token"
 expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file "$tmp/bad_token" get 1
 expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file="$tmp/bad_token" plan -f "$tmp/spec.yaml"
 (unset SYCTL_TOKEN_FILE; expect 3 '^$' 'no API token' -- list) || exit 1
+# The workers' token is not an API token.
+expect 3 '^$' 'UNAUTHENTICATED: .*worker token.*WRONG_ROLE' -- --token-file "$tmp/worker_token" list
+
+# request_id: every submit gets a fresh one, reused by its own retries. A deadline of 100 us
+# fails (DEADLINE_EXCEEDED, on the client or the server); each retry doubles it, so one attempt
+# finally succeeds, and however many attempts reached the server, exactly one job exists.
+n_before=$("$bin" list --all -o name | wc -l)
+expect 0 '^jobs/[0-9]+$' 'DEADLINE_EXCEEDED: .*retry 1 of 12 .*request_id [0-9a-f]{8}-[0-9a-f]{4}-4' -- \
+  submit -f "$tmp/spec.yaml" --name retried --timeout 0.0001 --retries 12 -o name
+retried_job=$out
+n_after=$("$bin" list --all -o name | wc -l)
+echo "   $(grep -c 'retry' "$err") retries, then $retried_job; jobs $n_before -> $n_after"
+[[ $n_after -eq $((n_before + 1)) ]] || fail "retried submit: $n_before -> $n_after jobs, want +1"
+n_retried=$("$bin" list --all | grep -Ec '^jobs/[0-9]+ +retried ')
+[[ $n_retried -eq 1 ]] || fail "retried submit created $n_retried jobs named 'retried'"
+# Two plain submits of one spec are two jobs (each gets its own request_id).
+expect 0 '^jobs/[0-9]+$' '^$' -- submit -f "$tmp/spec.yaml" --name twice -o name
+expect 0 '^jobs/[0-9]+$' '^$' -- submit -f "$tmp/spec.yaml" --name twice -o name
+expect 2 '^$' 'submit: --request-id must not be empty' -- submit -f "$tmp/spec.yaml" --request-id=
+expect 2 '^$' 'submit: --retries must be an integer >= 0' -- submit -f "$tmp/spec.yaml" --retries x
 expect 3 '^$' 'cannot reach the coordinator at 127.0.0.1:1' -- --coordinator 127.0.0.1:1 list
 expect 3 '^$' "cannot read the TLS root certificate" -- --tls-root-cert "$tmp/absent.pem" list
 
 # --- one real CPU worker: a job runs to SUCCEEDED ------------------------------------------------
 start_coordinator run --checkpoint-root "$tmp/checkpoints"
 export SYCTL_COORDINATOR=$address
-"$worker" --coordinator "$address" --token-file "$tmp/token" --device cpu --heartbeat-ms 200 \
+"$worker" --coordinator "$address" --token-file "$tmp/worker_token" --device cpu --heartbeat-ms 200 \
   --checkpoint-root "$tmp/checkpoints" \
   >"$tmp/worker.out" 2>"$tmp/worker.err" &
 pids+=($!)

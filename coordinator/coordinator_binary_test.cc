@@ -161,7 +161,9 @@ std::vector<std::string> Args(const std::string& store, const std::string& token
           "--host",
           "127.0.0.1",
           "--checkpoint-root",
-          absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints")};
+          absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints"),
+          "--worker-token-file",
+          WriteFile("binary.worker-token", absl::StrCat(api::testing::kWorkerToken, "\n"))};
 }
 
 std::string CreateBody(const std::string& name) {
@@ -314,6 +316,7 @@ TEST(CoordinatorBinaryTest, SubmitSigtermRestartFindsTheJob) {
 
 TEST(CoordinatorBinaryTest, ExitCodes) {
   const std::string token = WriteFile("codes.token", "tok\n");
+  const std::string wtoken = WriteFile("codes.worker-token", "wtok\n");
   struct Case {
     const char* label;
     std::vector<std::string> args;
@@ -327,18 +330,32 @@ TEST(CoordinatorBinaryTest, ExitCodes) {
       {"positional argument",
        {"--store", FreshPath("codes.db"), "--token-file", token, "extra"},
        2},
+      {"missing --worker-token-file",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0"},
+       2},
       {"unreadable token file",
-       {"--store", FreshPath("codes.db"), "--token-file", FreshPath("missing.token"), "--grpc-port",
-        "0", "--http-port", "0"},
+       {"--store", FreshPath("codes.db"), "--token-file", FreshPath("missing.token"),
+        "--worker-token-file", wtoken, "--grpc-port", "0", "--http-port", "0"},
+       1},
+      {"unreadable worker token file",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file",
+        FreshPath("missing.token"), "--grpc-port", "0", "--http-port", "0"},
+       1},
+      {"same token for users and workers",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file", token,
+        "--grpc-port", "0", "--http-port", "0"},
        1},
       {"not a store",
-       {"--store", garbage, "--token-file", token, "--grpc-port", "0", "--http-port", "0"},
+       {"--store", garbage, "--token-file", token, "--worker-token-file", wtoken, "--grpc-port",
+        "0", "--http-port", "0"},
        1},
       {"port out of range",
-       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "70000"},
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file", wtoken,
+        "--grpc-port", "70000"},
        1},
       {"only --tls-cert",
-       {"--store", FreshPath("codes.db"), "--token-file", token, "--tls-cert", token},
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file", wtoken,
+        "--tls-cert", token},
        1},
       {"relative --checkpoint-root",
        {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",

@@ -2,8 +2,8 @@
 // health, reflection, /metrics) over one SQLite store.
 //
 //   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
-//                          [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H]
-//                          [--checkpoint-root DIR] [--data-root DIR]
+//                          --worker-token-file W [--host ADDR] [--tls-cert PEM --tls-key PEM]
+//                          [--health-port H] [--checkpoint-root DIR] [--data-root DIR]
 //                          [--advertise-address HOST:PORT] [--noworkers]
 //
 // Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
@@ -16,6 +16,11 @@
 //
 // SIGTERM or SIGINT shut down gracefully: health goes NOT_SERVING, watch streams end, calls in
 // flight get up to --shutdown-grace seconds, then the process exits.
+//
+// --token-file holds the user (API) token, --worker-token-file the workers' token
+// (coordinator/api/auth.h): each side accepts only its own. --worker-token-file is required
+// unless --noworkers: there is no fallback to one shared token, since then any API user could
+// act as a worker (attach, read and write rendezvous keys).
 //
 // Exit status: 0 after a signal-initiated shutdown, --help (-h) or --version; 1 when the
 // coordinator cannot start (store, token file, TLS files, a port in use); 2 for a usage error
@@ -44,7 +49,10 @@ ABSL_FLAG(std::string, store, "", "SQLite store file (created if absent). Requir
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address both servers listen on.");
 ABSL_FLAG(int, grpc_port, 50051, "gRPC port (0: pick a free one).");
 ABSL_FLAG(int, http_port, 8080, "REST and /metrics port (0: pick a free one).");
-ABSL_FLAG(std::string, token_file, "", "File holding the API bearer token. Required.");
+ABSL_FLAG(std::string, token_file, "", "File holding the API (user) bearer token. Required.");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "File holding the workers' bearer token, distinct from the API token. Required unless "
+          "--noworkers.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve gRPC and REST over TLS only (with --tls-key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
@@ -115,8 +123,8 @@ int Usage(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
-      "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H] [--checkpoint-root DIR] "
-      "[--data-root DIR] "
+      "--worker-token-file W [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H] "
+      "[--checkpoint-root DIR] [--data-root DIR] "
       "[--advertise-address HOST:PORT] [--noworkers] [--shutdown-grace S]");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
@@ -174,8 +182,12 @@ int main(int argc, char** argv) {
   options.data_root = absl::GetFlag(FLAGS_data_root);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.workers = absl::GetFlag(FLAGS_workers);
+  options.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
   if (options.store_path.empty()) return Usage("--store is required");
   if (options.token_file.empty()) return Usage("--token-file is required");
+  if (options.workers && options.worker_token_file.empty()) {
+    return Usage("--worker-token-file is required unless --noworkers");
+  }
 
   auto server = switchyard::api::CoordinatorServer::Create(options);
   if (!server.ok()) {

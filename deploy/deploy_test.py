@@ -389,18 +389,24 @@ def check_manifests(by):
         vols = volume_sources(spec)
         return vols.get(best[1]["name"]), path[len(best[0]):].lstrip("/")
 
-    def check_token(c, spec, who):
-        vol, sub = mount_for(c, spec, container_args(c).get("token_file", ""))
+    def check_token(c, spec, who, flag="token_file", want_secret=None):
+        vol, sub = mount_for(c, spec, container_args(c).get(flag, ""))
         ok = vol is not None and "secret" in vol
+        name = vol["secret"]["secretName"] if ok else None
         if ok:
-            secret = by.get(("Secret", vol["secret"]["secretName"]))
+            secret = by.get(("Secret", name))
             ok = secret is not None and sub in (secret.get("stringData") or {}) | (
                 secret.get("data") or {})
-        check(ok, "%s --token-file %s is key %r of Secret %s" % (
-            who, container_args(c).get("token_file"), sub,
-            vol["secret"]["secretName"] if vol and "secret" in vol else None))
+        if want_secret is not None:
+            ok = ok and name == want_secret
+        check(ok, "%s --%s %s is key %r of Secret %s%s" % (
+            who, flag.replace("_", "-"), container_args(c).get(flag), sub, name,
+            "" if want_secret is None else " (want %s)" % want_secret))
 
-    check_token(cc, cspec, "coordinator")
+    # Users and workers have distinct tokens (coordinator/api/auth.h): the coordinator reads both
+    # Secrets, each worker only the workers' one.
+    check_token(cc, cspec, "coordinator", "token_file", "switchyard-token")
+    check_token(cc, cspec, "coordinator", "worker_token_file", "switchyard-worker-token")
     vct = {t["metadata"]["name"]: t for t in coord["spec"].get("volumeClaimTemplates", [])}
     store_mount = [m for m in cc.get("volumeMounts", []) if m["name"] in vct and
                    cargs.get("store", "").startswith(m["mountPath"].rstrip("/") + "/")]
@@ -439,7 +445,7 @@ def check_manifests(by):
                   "%s: nvidia.com/gpu not in requests" % who)
             check(a.get("coordinator") == coord_addr,
                   "%s: --coordinator %s = %s" % (who, a.get("coordinator"), coord_addr))
-            check_token(c, spec, who)
+            check_token(c, spec, who, "token_file", "switchyard-worker-token")
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
             mports = [v for k, v in ports.items() if k.startswith("metrics")]
             check(len(mports) == 1 and a.get("metrics_port") == str(mports[0]),
@@ -674,10 +680,14 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     token_file = os.path.join(TMP, "token")
     with open(token_file, "w") as f:
         f.write(token + "\n")
+    worker_token_file = os.path.join(TMP, "worker-token")
+    with open(worker_token_file, "w") as f:
+        f.write("deploy-test-worker-" + os.urandom(8).hex() + "\n")
     cc = pod_spec(coord)["containers"][0]
     grpc_port, http_port = free_port(), free_port()
     args, changed = substituted(cc["args"], {
-        "store": os.path.join(TMP, "store.db"), "token_file": token_file, "host": "127.0.0.1",
+        "store": os.path.join(TMP, "store.db"), "token_file": token_file,
+        "worker_token_file": worker_token_file, "host": "127.0.0.1",
         "grpc_port": grpc_port, "http_port": http_port,
         "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "checkpoints"), "data_root": os.path.join(TMP, "data")})
@@ -717,8 +727,8 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     wc = pod_spec(w)["containers"][0]
     metrics_port = free_port()
     wargs, wchanged = substituted(wc["args"], {
-        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": token_file, "device": "cpu",
-        "metrics_port": metrics_port, "gloo_host": "127.0.0.1",
+        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": worker_token_file,
+        "device": "cpu", "metrics_port": metrics_port, "gloo_host": "127.0.0.1",
         "checkpoint_root": os.path.join(TMP, "checkpoints"), "data_root": os.path.join(TMP, "data")})
     wkept = [a for a in wargs if a[2:].partition("=")[0].replace("-", "_") not in wchanged]
     print("replaced for this machine: %s; kept as in the manifest: %s" % (wchanged, wkept))
@@ -922,6 +932,9 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     token_file = os.path.join(TMP, "tls-token")
     with open(token_file, "w") as f:
         f.write(token)
+    worker_token_file = os.path.join(TMP, "tls-worker-token")
+    with open(worker_token_file, "w") as f:
+        f.write("deploy-test-tls-worker-" + os.urandom(8).hex())
     grpc_port, http_port, health_port = free_port(), free_port(), free_port()
     cargs = container_args(cc)
     cports = {p["name"]: p["containerPort"] for p in cc.get("ports", [])}
@@ -934,6 +947,7 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
               "tls %s is a native grpc probe on --health-port (%s)" % (probe, g))
     args, changed = substituted(cc["args"], {
         "store": os.path.join(TMP, "tls-store.db"), "token_file": token_file,
+        "worker_token_file": worker_token_file,
         "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
         "health_port": health_port, "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "tls-checkpoints"), "tls_cert": cert,
@@ -968,8 +982,9 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     check(status == 200, "tls: HTTPS GET /healthz -> %s %r" % (status, body))
     metrics_port = free_port()
     wargs, wchanged = substituted(wc["args"], {
-        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": token_file, "device": "cpu",
-        "metrics_port": metrics_port, "gloo_host": "127.0.0.1", "tls_root_cert": cert})
+        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": worker_token_file,
+        "device": "cpu", "metrics_port": metrics_port, "gloo_host": "127.0.0.1",
+        "tls_root_cert": cert})
     print("replaced for this machine: %s" % wchanged)
     wlog = open(os.path.join(TMP, "tls-worker.log"), "w+")
     wp = subprocess.Popen([worker_bin] + wargs, stdout=wlog, stderr=subprocess.STDOUT)

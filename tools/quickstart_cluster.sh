@@ -32,10 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Two tokens: the API's (syctl) and the workers' own (coordinator/api/auth.h).
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
+od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/worker-token"
 "$coordinator_bin" --store "$run/store.db" --host 127.0.0.1 \
-  --grpc-port 0 --http-port 0 --token-file "$run/token" --checkpoint-root "$run/checkpoints" \
-  --data-root "$run/data" \
+  --grpc-port 0 --http-port 0 --token-file "$run/token" --worker-token-file "$run/worker-token" \
+  --checkpoint-root "$run/checkpoints" --data-root "$run/data" \
   >"$run/coordinator.log" 2>&1 &
 pids+=($!)
 grpc=""
@@ -61,7 +63,7 @@ for ((i = 0; i < n; i++)); do
   if [[ -n ${QUICKSTART_METRICS_PORT:-} ]]; then
     metrics=(--metrics-port $((QUICKSTART_METRICS_PORT + i)) --metrics-bind-address 127.0.0.1)
   fi
-  "$worker_bin" --coordinator "$grpc" --token-file "$run/token" \
+  "$worker_bin" --coordinator "$grpc" --token-file "$run/worker-token" \
     --checkpoint-root "$run/checkpoints" --data-root "$run/data" \
     --device "$device" "${metrics[@]}" >"$run/worker$i.log" 2>&1 &
   pids+=($!)

@@ -69,7 +69,9 @@ ABSL_FLAG(std::string, gloo_host, "127.0.0.1",
 ABSL_FLAG(int, comm_timeout, 60, "Seconds: bound on rendezvous and on every collective.");
 ABSL_FLAG(std::string, coordinator, "",
           "Run as a worker agent of the coordinator at host:port (gRPC).");
-ABSL_FLAG(std::string, token_file, "", "File holding the coordinator's bearer token.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the workers' bearer token (the coordinator's --worker-token-file, not "
+          "the API token).");
 ABSL_FLAG(std::string, tls_root_cert, "", "PEM root certificate of a TLS coordinator.");
 ABSL_FLAG(int, metrics_port, -1, "Agent: serve /metrics on this port (0 any, -1 none).");
 ABSL_FLAG(std::string, metrics_bind_address, "0.0.0.0",

@@ -8,10 +8,10 @@
 namespace switchyard::api {
 
 absl::Status RunApiCall(const TokenAuth& auth, metrics::CoordinatorMetrics* metrics,
-                        absl::string_view method, absl::string_view authorization,
+                        absl::string_view method, const Caller& caller,
                         absl::FunctionRef<absl::Status()> body) {
   const absl::Time start = absl::Now();
-  absl::Status status = auth.Check(authorization);
+  absl::Status status = auth.Check(caller, method);
   if (status.ok()) status = body();
   status = WithDefaultReason(status);
   if (status.code() == absl::StatusCode::kInternal || status.code() == absl::StatusCode::kUnknown) {

@@ -15,10 +15,10 @@
 
 namespace switchyard::api {
 
-// Checks `authorization` with `auth`; when it passes runs `body`. Returns the outcome with a
-// reason attached. `metrics` may be null.
+// Checks `caller` with `auth` (a failure is logged and counted there, auth.h); when it passes
+// runs `body`. Returns the outcome with a reason attached. `metrics` may be null.
 absl::Status RunApiCall(const TokenAuth& auth, metrics::CoordinatorMetrics* metrics,
-                        absl::string_view method, absl::string_view authorization,
+                        absl::string_view method, const Caller& caller,
                         absl::FunctionRef<absl::Status()> body);
 
 }  // namespace switchyard::api

@@ -154,6 +154,8 @@ std::unique_ptr<CoordinatorServer> StartServer(const std::string& store_name,
   options.store_path = FreshPath(store_name);
   options.host = "127.0.0.1";
   options.token_file = WriteFile(store_name + ".token", absl::StrCat(kToken, "\n"));
+  options.worker_token_file =
+      WriteFile(store_name + ".worker-token", absl::StrCat(kWorkerToken, "\n"));
   const char* dir = std::getenv("TEST_TMPDIR");
   options.checkpoint_root = absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints");
   if (adjust) adjust(options);

@@ -20,7 +20,8 @@
 
 namespace switchyard::api::testing {
 
-inline constexpr char kToken[] = "s3cr3t-token-for-tests";
+inline constexpr char kToken[] = "s3cr3t-token-for-tests";        // the API (user) token
+inline constexpr char kWorkerToken[] = "w0rker-token-for-tests";  // the workers' token
 
 // TEST_TMPDIR/`name` (or /tmp), with a SQLite file's -wal and -shm siblings removed.
 std::string FreshPath(const std::string& name);

@@ -26,6 +26,13 @@ grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context,
                                        const v1::CreateJobRequest* request, v1::Job* response) {
   return ToGrpcStatus(
       RunApiCall(*auth_, metrics_, "CreateJob", AuthorizationOf(*context), [&]() -> absl::Status {
+        // A caller that already gave up must not get a job it will never hear of; past this
+        // check the deadline can still expire before the reply, hence request_id (job_service.h).
+        if (context->IsCancelled() || absl::FromChrono(context->deadline()) <= absl::Now()) {
+          return absl::DeadlineExceededError(
+              "CreateJob: the call's deadline expired or it was cancelled before the job was "
+              "created; nothing was created (retry with the same request_id)");
+        }
         SY_ASSIGN_OR_RETURN(*response, hub_->CreateJob(*request));
         return absl::OkStatus();
       }));

@@ -6,6 +6,12 @@
 // reused request_id with another spec, FAILED_PRECONDITION for a refused transition) with a
 // reason attached (api_status.h), mapped 1:1 onto gRPC codes.
 //
+// CreateJob under a deadline: a call whose deadline has already expired (or that was cancelled)
+// when the handler runs is DEADLINE_EXCEEDED and creates nothing. The deadline can still expire
+// between that check and the reply, so a client that got DEADLINE_EXCEEDED cannot know whether
+// the job exists: it must retry with the same request_id, which returns the job already created
+// (AIP-155, job_registry.h) instead of a duplicate. syctl submit does exactly that (cli/README.md).
+//
 // WatchJob: first replays the job's whole event log, then streams each new event as it is
 // written (the hub wakes the stream on every mutation; it also re-reads the store every
 // kWatchRefresh to see writers outside the hub). The stream ends OK right after the event that

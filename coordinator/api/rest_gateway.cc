@@ -135,10 +135,12 @@ HttpRouter RestGateway::Route() {
                     std::function<absl::StatusOr<std::string>(const HttpRequest&)> body) {
     return [this, method, body = std::move(body)](const HttpRequest& req, HttpResponse* res) {
       absl::StatusOr<std::string> json;
-      absl::Status status = RunApiCall(*auth_, metrics_, method, req.Header("Authorization"), [&] {
-        json = body(req);
-        return json.status();
-      });
+      absl::Status status = RunApiCall(
+          *auth_, metrics_, method,
+          Caller(req.Header("Authorization"), absl::StrCat("http:", req.client_address)), [&] {
+            json = body(req);
+            return json.status();
+          });
       Reply(status.ok() ? json : absl::StatusOr<std::string>(status), res);
     };
   };

@@ -19,6 +19,7 @@
 #include "common/corpus.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/api/decode_errors.h"
 
 namespace switchyard::api {
 namespace {
@@ -93,8 +94,36 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     return absl::InvalidArgumentError("tls-cert, tls-key: give both or neither");
   }
 
+  if (options.workers && options.worker_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "worker-token-file: must be set when workers are served (workers authenticate with "
+        "their own token, distinct from the API token; --noworkers serves the API only)");
+  }
+
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  SY_ASSIGN_OR_RETURN(s->auth_, TokenAuth::FromFile(options.token_file));
+  s->metrics_ = std::make_unique<metrics::CoordinatorMetrics>();
+  s->audit_ = std::make_unique<AuthAudit>(s->metrics_->registry().get());
+  SY_ASSIGN_OR_RETURN(s->auth_, TokenAuth::FromFile(options.token_file, kUserRole));
+  s->auth_->SetAudit(s->audit_.get());
+  // A worker token given without the worker side is still read and checked: the API then names
+  // it WRONG_ROLE when a worker token is presented, and a shared token is refused either way.
+  if (options.workers || !options.worker_token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuth>> worker_auth =
+        TokenAuth::FromFile(options.worker_token_file, kWorkerRole);
+    if (!worker_auth.ok()) {
+      return absl::Status(worker_auth.status().code(),
+                          absl::StrCat("worker-token-file: ", worker_auth.status().message()));
+    }
+    s->worker_auth_ = *std::move(worker_auth);
+    if (s->worker_auth_->SameToken(*s->auth_)) {
+      return absl::InvalidArgumentError(
+          "worker-token-file: holds the same token as token-file; the worker token must be "
+          "distinct from the API token");
+    }
+    s->worker_auth_->SetAudit(s->audit_.get());
+    s->worker_auth_->SetOtherRole(s->auth_.get());
+    s->auth_->SetOtherRole(s->worker_auth_.get());
+  }
   SY_ASSIGN_OR_RETURN(s->store_, store::Store::Open(options.store_path));
   jobs::CoordinatorContext context;
   context.checkpoint_root = options.checkpoint_root;
@@ -107,7 +136,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
                  << "): jobs reading it must set model.vocab_size";
   }
   s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get(), context);
-  s->metrics_ = std::make_unique<metrics::CoordinatorMetrics>();
   metrics::CoordinatorMetrics* metrics = s->metrics_.get();
   s->hub_ =
       std::make_unique<JobHub>(s->registry_.get(), [metrics] { metrics->IncrementJobRestarts(); });
@@ -147,8 +175,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     plane_options.scheduler.checkpoint_root = options.checkpoint_root;
     plane_options.scheduler.data_root = options.data_root;
     plane_options.scheduler.rendezvous_address = s->advertise_address_;
-    SY_ASSIGN_OR_RETURN(s->plane_, workers::WorkerPlane::Create(s->store_.get(), hub,
-                                                                s->auth_.get(), plane_options));
+    SY_ASSIGN_OR_RETURN(s->plane_, workers::WorkerPlane::Create(
+                                       s->store_.get(), hub, s->worker_auth_.get(), plane_options));
     steps = s->plane_->steps();
     workers::WorkerRegistry* registry = s->plane_->registry();
     s->metrics_->SetWorkerCounter([registry]() -> int64_t {
@@ -185,6 +213,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   // and split the traffic; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, credentials, &s->grpc_port_);
+  builder.experimental().SetInterceptorCreators(DecodeErrorInterceptors());
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->plan_service_.get());
   if (s->worker_admin_service_ != nullptr) {

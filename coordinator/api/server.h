@@ -48,9 +48,13 @@ namespace switchyard::api {
 struct ServerOptions {
   std::string store_path;  // SQLite file, created if absent
   std::string host = "0.0.0.0";
-  int grpc_port = 0;  // 0: pick a free port (see grpc_port())
-  int http_port = 0;  // 0: pick a free port (see http_port())
-  std::string token_file;
+  int grpc_port = 0;       // 0: pick a free port (see grpc_port())
+  int http_port = 0;       // 0: pick a free port (see http_port())
+  std::string token_file;  // the user (API) token
+  // The worker token (auth.h, role "worker"): the only credential WorkerService and
+  // RendezvousService accept. Required with `workers`; must differ from token_file's token.
+  // Read (and checked) whenever set, also without `workers`.
+  std::string worker_token_file;
   // Both or neither: PEM files of the server certificate (chain) and its private key.
   std::string tls_cert_file;
   std::string tls_key_file;
@@ -81,12 +85,13 @@ struct ServerOptions {
 class CoordinatorServer {
  public:
   // INVALID_ARGUMENT naming the option for bad options (empty store_path or token_file, a port
-  // outside [0, 65535], only one of the TLS files, an unreadable or empty token), the store's
-  // errors for the store, UNAVAILABLE when a port cannot be bound; with `workers`, an empty or
-  // relative checkpoint_root or data_root is INVALID_ARGUMENT and the worker side's errors are
-  // returned. With grpc_port 0 and the worker side on, the free port is found by binding a probe
-  // socket first (the rendezvous address must be known before the server starts), so another
-  // process could take it in between; the bind then fails with UNAVAILABLE.
+  // outside [0, 65535], only one of the TLS files, an unreadable or empty token; with `workers`,
+  // an empty worker_token_file or one holding the user token), the store's errors for the store,
+  // UNAVAILABLE when a port cannot be bound; with `workers`, an empty or relative checkpoint_root
+  // or data_root is INVALID_ARGUMENT and the worker side's errors are returned. With grpc_port 0
+  // and the worker side on, the free port is found by binding a probe socket first (the
+  // rendezvous address must be known before the server starts), so another process could take it
+  // in between; the bind then fails with UNAVAILABLE.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Create(const ServerOptions& options);
   ~CoordinatorServer();  // Shutdown(now + 5 s) if not yet shut down.
   CoordinatorServer(const CoordinatorServer&) = delete;
@@ -108,6 +113,8 @@ class CoordinatorServer {
   // The rendezvous address sent to workers ("" without the worker side).
   const std::string& advertise_address() const { return advertise_address_; }
   metrics::CoordinatorMetrics* metrics() { return metrics_.get(); }
+  // Failed authentications of both roles.
+  const AuthAudit* auth_audit() const { return audit_.get(); }
 
  private:
   CoordinatorServer() = default;
@@ -116,10 +123,12 @@ class CoordinatorServer {
   bool shut_down_ = false;
   int grpc_port_ = 0;
   int health_port_ = -1;
-  std::unique_ptr<TokenAuth> auth_;
+  std::unique_ptr<metrics::CoordinatorMetrics> metrics_;
+  std::unique_ptr<AuthAudit> audit_;        // after metrics_ (its registry)
+  std::unique_ptr<TokenAuth> auth_;         // role "user"
+  std::unique_ptr<TokenAuth> worker_auth_;  // role "worker"; with the worker side only
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<jobs::JobRegistry> registry_;
-  std::unique_ptr<metrics::CoordinatorMetrics> metrics_;
   std::unique_ptr<JobHub> hub_;
   std::string advertise_address_;
   // After the hub and the store (destroyed before them), before the gRPC server (destroyed after

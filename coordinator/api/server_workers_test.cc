@@ -1,8 +1,8 @@
 // The API together with the worker side in one CoordinatorServer (as the binary runs it): fake
-// workers (coordinator/workers/worker_test_util.h: real gRPC Attach streams) attach with the API
-// token, the workers gauge counts them, a job submitted through JobService is assigned, its step
-// reports reach WatchJob and Job.last_step (gRPC and REST), and the job succeeds when the ranks
-// exit 0.
+// workers (coordinator/workers/worker_test_util.h: real gRPC Attach streams) attach with the
+// workers' token (the API token is refused), the workers gauge counts them, a job submitted through
+// JobService is assigned, its step reports reach WatchJob and Job.last_step (gRPC and REST), and
+// the job succeeds when the ranks exit 0.
 #include <httplib.h>
 
 #include <atomic>
@@ -57,18 +57,25 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
     EXPECT_EQ(out, testing::kServingResponse) << service;
   }
 
-  // A worker with the wrong token is refused; two with the API token attach.
+  // A worker with the wrong token or the API token is refused; two with the workers' token attach.
   workers::testing::FakeWorker intruder(workers::testing::MakeChannel(server->grpc_port(), 9),
                                         "intruder");
   intruder.Attach("wrong");
   auto refused = intruder.WaitForEnd(absl::Seconds(10));
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  workers::testing::FakeWorker user(workers::testing::MakeChannel(server->grpc_port(), 8), "user");
+  user.Attach(testing::kToken);
+  refused = user.WaitForEnd(absl::Seconds(10));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(absl::StrContains(refused->error_message(), "WRONG_ROLE"))
+      << refused->error_message();
   std::vector<std::unique_ptr<workers::testing::FakeWorker>> fleet;
   for (int i = 0; i < 2; ++i) {
     fleet.push_back(std::make_unique<workers::testing::FakeWorker>(
         workers::testing::MakeChannel(server->grpc_port(), i), absl::StrCat("w", i)));
-    fleet.back()->Attach(testing::kToken);
+    fleet.back()->Attach(testing::kWorkerToken);
   }
   httplib::Client http("127.0.0.1", server->http_port());
   double attached = -1;

@@ -28,18 +28,39 @@ std::string Scope(absl::string_view job, int64_t generation) {
 
 }  // namespace
 
-absl::Status RendezvousStore::Adopt(const std::string& job, int64_t generation) {
-  JobKeys& keys = jobs_[job];
-  if (generation < keys.generation) {
-    return absl::FailedPreconditionError(absl::StrCat("generation ", generation, " of ", job,
-                                                      " is older than its newest (",
-                                                      keys.generation, "); its keys were dropped"));
+absl::StatusOr<RendezvousStore::JobKeys*> RendezvousStore::Live(absl::string_view job,
+                                                                int64_t generation) {
+  absl::StatusOr<const JobKeys*> keys = LiveConst(job, generation);
+  if (!keys.ok()) return keys.status();
+  return const_cast<JobKeys*>(*keys);
+}
+
+absl::Status RendezvousStore::CheckLive(absl::string_view job, int64_t generation) const {
+  absl::MutexLock lock(&mu_);
+  return LiveConst(job, generation).status();
+}
+
+absl::StatusOr<const RendezvousStore::JobKeys*> RendezvousStore::LiveConst(
+    absl::string_view job, int64_t generation) const {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Scope(job, generation),
+                     " is not running here: rendezvous keys exist only while a generation of "
+                     "the job runs on this coordinator"));
   }
-  if (generation > keys.generation) {
-    keys.generation = generation;
-    keys.values.clear();
+  const JobKeys& keys = it->second;
+  if (!keys.open) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Scope(job, generation), " is not running (the newest generation, ",
+                     keys.generation, ", has ended); its keys were dropped"));
   }
-  return absl::OkStatus();
+  if (generation != keys.generation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Scope(job, generation), " is not the running generation (", keys.generation,
+                     ")", generation < keys.generation ? "; its keys were dropped" : ""));
+  }
+  return &keys;
 }
 
 absl::Status RendezvousStore::Set(const v1::RendezvousSetRequest& request) {
@@ -47,13 +68,36 @@ absl::Status RendezvousStore::Set(const v1::RendezvousSetRequest& request) {
     return status;
   }
   if (request.value().size() > kMaxRendezvousValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("value (", request.value().size(),
-                                                   " bytes) must be at most ",
-                                                   kMaxRendezvousValueBytes, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("value (", request.value().size(), " bytes) exceeds the limit of ",
+                     kMaxRendezvousValueBytes, " bytes per value (kMaxRendezvousValueBytes)"));
   }
   absl::MutexLock lock(&mu_);
-  if (auto status = Adopt(request.job(), request.generation()); !status.ok()) return status;
-  jobs_[request.job()].values[request.key()] = request.value();
+  absl::StatusOr<JobKeys*> live = Live(request.job(), request.generation());
+  if (!live.ok()) return live.status();
+  JobKeys& keys = **live;
+  auto it = keys.values.find(request.key());
+  const int64_t old_bytes =
+      it == keys.values.end() ? 0 : static_cast<int64_t>(it->first.size() + it->second.size());
+  const int64_t new_bytes = static_cast<int64_t>(request.key().size() + request.value().size());
+  if (it == keys.values.end() &&
+      keys.values.size() >= static_cast<size_t>(kMaxRendezvousKeysPerGeneration)) {
+    return absl::ResourceExhaustedError(absl::StrCat(Scope(request.job(), request.generation()),
+                                                     " already holds ",
+                                                     kMaxRendezvousKeysPerGeneration,
+                                                     " keys, the limit per generation "
+                                                     "(kMaxRendezvousKeysPerGeneration); key '",
+                                                     request.key(), "' was not stored"));
+  }
+  if (keys.bytes - old_bytes + new_bytes > static_cast<int64_t>(kMaxRendezvousBytesPerGeneration)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Scope(request.job(), request.generation()), " holds ", keys.bytes, " bytes; key '",
+        request.key(), "' (", new_bytes, " bytes) would exceed the limit of ",
+        kMaxRendezvousBytesPerGeneration,
+        " bytes per generation (kMaxRendezvousBytesPerGeneration); it was not stored"));
+  }
+  keys.bytes += new_bytes - old_bytes;
+  keys.values[request.key()] = request.value();
   return absl::OkStatus();
 }
 
@@ -67,19 +111,21 @@ absl::StatusOr<std::string> RendezvousStore::Get(const v1::RendezvousGetRequest&
   }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(request.timeout_ms());
   absl::MutexLock lock(&mu_);
-  if (auto status = Adopt(request.job(), request.generation()); !status.ok()) return status;
-  // Present, or the generation moved on (the job may also be dropped: then the entry is gone).
+  if (absl::StatusOr<JobKeys*> live = Live(request.job(), request.generation()); !live.ok()) {
+    return live.status();
+  }
+  // Present, or the generation ended or moved on (the job may also be dropped: the entry is gone).
   auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = jobs_.find(request.job());
-    return it == jobs_.end() || it->second.generation != request.generation() ||
+    return it == jobs_.end() || !it->second.open || it->second.generation != request.generation() ||
            it->second.values.count(request.key()) > 0;
   };
   mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
   auto it = jobs_.find(request.job());
-  if (it == jobs_.end() || it->second.generation != request.generation()) {
+  if (it == jobs_.end() || !it->second.open || it->second.generation != request.generation()) {
     return absl::FailedPreconditionError(absl::StrCat(
         Scope(request.job(), request.generation()), " was dropped while waiting for key '",
-        request.key(), "' (a newer generation started or the job ended)"));
+        request.key(), "' (the generation ended, a newer one started or the job ended)"));
   }
   auto value = it->second.values.find(request.key());
   if (value == it->second.values.end()) {
@@ -90,13 +136,25 @@ absl::StatusOr<std::string> RendezvousStore::Get(const v1::RendezvousGetRequest&
   return value->second;
 }
 
-void RendezvousStore::DropBefore(absl::string_view job, int64_t generation) {
+void RendezvousStore::OpenGeneration(absl::string_view job, int64_t generation) {
   absl::MutexLock lock(&mu_);
   JobKeys& keys = jobs_[std::string(job)];
+  if (generation < keys.generation) return;
   if (generation > keys.generation) {
     keys.generation = generation;
     keys.values.clear();
+    keys.bytes = 0;
   }
+  keys.open = true;
+}
+
+void RendezvousStore::EndGeneration(absl::string_view job, int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end() || it->second.generation != generation) return;
+  it->second.open = false;
+  it->second.values.clear();
+  it->second.bytes = 0;
 }
 
 void RendezvousStore::DropJob(absl::string_view job) {
@@ -108,29 +166,90 @@ void RendezvousStore::DropJob(absl::string_view job) {
 int RendezvousStore::KeyCount(absl::string_view job, int64_t generation) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
-  if (it == jobs_.end() || it->second.generation != generation) return 0;
+  if (it == jobs_.end() || !it->second.open || it->second.generation != generation) return 0;
   return static_cast<int>(it->second.values.size());
 }
 
-RendezvousServiceImpl::RendezvousServiceImpl(RendezvousStore* store, const api::TokenAuth* auth)
-    : store_(store), auth_(auth) {}
+RendezvousUsage RendezvousStore::Usage() const {
+  absl::MutexLock lock(&mu_);
+  RendezvousUsage usage;
+  for (const auto& [name, keys] : jobs_) {
+    if (keys.open) ++usage.open_generations;
+    usage.keys += static_cast<int64_t>(keys.values.size());
+    usage.bytes += keys.bytes;
+  }
+  return usage;
+}
 
-absl::Status RendezvousServiceImpl::Authenticate(grpc::ServerContext* context) const {
+RendezvousServiceImpl::RendezvousServiceImpl(RendezvousStore* store, const api::TokenAuth* auth,
+                                             const WorkerRegistry* workers)
+    : store_(store), auth_(auth), workers_(workers) {}
+
+absl::Status RendezvousServiceImpl::Authenticate(grpc::ServerContext* context,
+                                                 absl::string_view method) const {
   if (auth_ == nullptr) return absl::OkStatus();
-  return auth_->Check(api::AuthorizationOf(*context));
+  return auth_->Check(api::AuthorizationOf(*context), method);
+}
+
+absl::Status RendezvousServiceImpl::CheckRank(absl::string_view worker_id, absl::string_view job,
+                                              int64_t generation) const {
+  if (workers_ == nullptr) return absl::OkStatus();
+  if (worker_id.empty()) {
+    return absl::InvalidArgumentError(
+        "worker_id must not be empty: only the ranks of a running generation may rendezvous");
+  }
+  std::optional<WorkerInfo> worker = workers_->Get(std::string(worker_id));
+  if (!worker) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker '", worker_id, "' is not attached to this coordinator"));
+  }
+  if (worker->job != job || worker->generation != generation) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker '", worker_id, "' is not a rank of ", Scope(job, generation),
+        worker->job.empty()
+            ? " (it runs nothing)"
+            : absl::StrCat(" (it runs ", Scope(worker->job, worker->generation), ")")));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status RendezvousServiceImpl::Set(grpc::ServerContext* context,
                                         const v1::RendezvousSetRequest* request,
                                         v1::RendezvousSetResponse* /*response*/) {
-  if (auto status = Authenticate(context); !status.ok()) return ToGrpcStatus(status);
+  if (auto status = Authenticate(context, "RendezvousService.Set"); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  if (auto status = CheckScope(request->job(), request->generation(), request->key());
+      !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  if (auto status = store_->CheckLive(request->job(), request->generation()); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  if (auto status = CheckRank(request->worker_id(), request->job(), request->generation());
+      !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   return ToGrpcStatus(store_->Set(*request));
 }
 
 grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext* context,
                                         const v1::RendezvousGetRequest* request,
                                         v1::RendezvousGetResponse* response) {
-  if (auto status = Authenticate(context); !status.ok()) return ToGrpcStatus(status);
+  if (auto status = Authenticate(context, "RendezvousService.Get"); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  if (auto status = CheckScope(request->job(), request->generation(), request->key());
+      !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  if (auto status = store_->CheckLive(request->job(), request->generation()); !status.ok()) {
+    return ToGrpcStatus(status);
+  }
+  if (auto status = CheckRank(request->worker_id(), request->job(), request->generation());
+      !status.ok()) {
+    return ToGrpcStatus(status);
+  }
   absl::StatusOr<std::string> value = store_->Get(*request);
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*std::move(value));

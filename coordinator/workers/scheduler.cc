@@ -98,6 +98,8 @@ absl::Status Scheduler::Start() {
                      << Job::State_Name(state) << "; waiting up to "
                      << absl::FormatDuration(options_.adopt_grace) << " for its "
                      << run.rank_of.size() << " worker(s) to re-attach";
+        // Its ranks may still need the rendezvous (a generation caught STARTING).
+        rendezvous_->OpenGeneration(job.name(), job.generation());
         runs_[job.name()] = std::move(run);
       }
     }
@@ -360,7 +362,7 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int a
     return false;
   }
   const int64_t generation = started->generation();
-  rendezvous_->DropBefore(job.name(), generation);
+  rendezvous_->OpenGeneration(job.name(), generation);
 
   Run run;
   run.job = job.name();

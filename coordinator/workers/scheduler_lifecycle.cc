@@ -160,6 +160,7 @@ void Scheduler::Handle(const LostEvent& e) {
 
 void Scheduler::Drain(Run& run, const std::string& why) {
   run.draining = true;
+  rendezvous_->EndGeneration(run.job, run.generation);
   run.drain_deadline = absl::Now() + options_.stop_timeout;
   for (const auto& [id, rank] : run.rank_of) {
     if (run.exit_code.count(id) > 0) continue;

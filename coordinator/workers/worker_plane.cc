@@ -28,7 +28,8 @@ absl::StatusOr<std::unique_ptr<WorkerPlane>> WorkerPlane::Create(store::Store* s
   plane->scheduler_ = *std::move(scheduler);
   plane->worker_service_ =
       std::make_unique<WorkerServiceImpl>(plane->registry_.get(), plane->scheduler_.get(), auth);
-  plane->rendezvous_service_ = std::make_unique<RendezvousServiceImpl>(&plane->rendezvous_, auth);
+  plane->rendezvous_service_ =
+      std::make_unique<RendezvousServiceImpl>(&plane->rendezvous_, auth, plane->registry_.get());
   plane->scheduler_->SetSink(plane->worker_service_.get());
   plane->lost_target_ = plane->scheduler_.get();
   plane->kick_target_ = plane->worker_service_.get();

@@ -41,8 +41,9 @@ struct WorkerPlaneOptions {
 
 class WorkerPlane {
  public:
-  // `store`, `hub` and `auth` (may be null: no authentication) must outlive the plane. Errors of
-  // WorkerRegistry::Create and Scheduler::Create.
+  // `store`, `hub` and `auth` (the worker token, role "worker"; may be null: no authentication)
+  // must outlive the plane. The rendezvous service checks ranks against the plane's registry.
+  // Errors of WorkerRegistry::Create and Scheduler::Create.
   static absl::StatusOr<std::unique_ptr<WorkerPlane>> Create(store::Store* store, api::JobHub* hub,
                                                              const api::TokenAuth* auth,
                                                              WorkerPlaneOptions options);

@@ -16,11 +16,9 @@ class WorkerServiceImpl::AttachReactor
   AttachReactor(WorkerServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service) {
     if (service_->auth_ != nullptr) {
-      std::string authorization;
-      const auto& metadata = context->client_metadata();
-      auto it = metadata.find("authorization");
-      if (it != metadata.end()) authorization.assign(it->second.data(), it->second.size());
-      if (absl::Status s = service_->auth_->Check(authorization); !s.ok()) {
+      if (absl::Status s =
+              service_->auth_->Check(api::AuthorizationOf(*context), "WorkerService.Attach");
+          !s.ok()) {
         End(ToGrpcStatus(s));
         return;
       }

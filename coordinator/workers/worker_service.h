@@ -4,8 +4,9 @@
 // per worker, no thread per stream, so one coordinator holds thousands of attached workers.
 //
 // Per stream:
-// - The call must carry the API token (coordinator/api/auth.h) when an auth is given; otherwise
-//   it ends UNAUTHENTICATED before any message is read.
+// - The call must carry the worker token (coordinator/api/auth.h, role "worker") when an auth is
+//   given; otherwise (no token, an unknown one, the API token) it ends UNAUTHENTICATED before any
+//   message is read, and the failure is logged and counted (auth.h).
 // - The first WorkerMessage must be a Registration (else FAILED_PRECONDITION); a bad one
 //   (WorkerRegistry::Register's rules) ends the stream INVALID_ARGUMENT naming the field. A
 //   second Registration is FAILED_PRECONDITION. A message with no field set is INVALID_ARGUMENT.

@@ -72,7 +72,7 @@ std::unique_ptr<Harness> Harness::Start(const std::string& store_name, bool fres
   context.checkpoint_root = options.scheduler.checkpoint_root;
   h->registry_ = std::make_unique<jobs::JobRegistry>(h->store_.get(), context);
   h->hub_ = std::make_unique<api::JobHub>(h->registry_.get());
-  auto auth = api::TokenAuth::FromToken(kToken);
+  auto auth = api::TokenAuth::FromToken(kToken, api::kWorkerRole);
   EXPECT_TRUE(auth.ok()) << auth.status();
   h->auth_ = *std::move(auth);
   auto plane = WorkerPlane::Create(h->store_.get(), h->hub_.get(), h->auth_.get(), options);

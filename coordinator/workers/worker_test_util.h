@@ -30,7 +30,7 @@
 
 namespace switchyard::workers::testing {
 
-inline constexpr char kToken[] = "worker-test-token";
+inline constexpr char kToken[] = "worker-test-token";  // the worker token (role "worker")
 
 // TEST_TMPDIR/`name` with any SQLite file of that name removed.
 std::string FreshPath(const std::string& name);

@@ -128,10 +128,12 @@ int Run() {
   flags.binary = binary;
   flags.store = dir + "/bench.db";
   flags.token_file = dir + "/bench.token";
+  flags.worker_token_file = dir + "/bench.worker-token";
   flags.checkpoint_root = dir + "/checkpoints";
   flags.log_path = dir + "/coordinator.log";
   std::remove(flags.store.c_str());
   WriteText(flags.token_file, kToken);
+  WriteText(flags.worker_token_file, kWorkerToken);
   auto coordinator = CoordinatorProcess::Start(flags);
   if (coordinator == nullptr) return 1;
   const pid_t pid = coordinator->pid();
@@ -153,7 +155,7 @@ int Run() {
   for (int i = 0; i < n_workers; ++i) {
     fakes.push_back(std::make_unique<FakeWorker>(
         channels[i % n_channels], absl::StrCat("bench-", i), absl::StrCat("node-", i / 8)));
-    fakes.back()->Attach(kToken);
+    fakes.back()->Attach(kWorkerToken);
     raw.push_back(fakes.back().get());
   }
   HeartbeatTicker ticker(raw, absl::Seconds(1));

@@ -243,6 +243,8 @@ class Cluster {
     std::remove(flags_.store.c_str());
     flags_.token_file = TmpPath(name + ".token");
     WriteText(flags_.token_file, absl::StrCat(kToken, "\n"));
+    flags_.worker_token_file = TmpPath(name + ".worker-token");
+    WriteText(flags_.worker_token_file, absl::StrCat(kWorkerToken, "\n"));
     flags_.checkpoint_root = TmpPath(name + "_checkpoints");
     flags_.data_root = TmpPath(name + "_data");  // read-only for jobs; empty here
     std::filesystem::create_directories(flags_.data_root);
@@ -266,7 +268,7 @@ class Cluster {
     metrics_ports_.push_back(FreePort());
     workers_.push_back(std::make_unique<Process>(
         std::vector<std::string>{g_worker, "--coordinator", coordinator_->grpc_address(),
-                                 "--token-file", flags_.token_file, "--device", "cpu",
+                                 "--token-file", flags_.worker_token_file, "--device", "cpu",
                                  "--comm-timeout", "10", "--metrics-port",
                                  std::to_string(metrics_ports_.back()), "--checkpoint-root",
                                  flags_.checkpoint_root, "--data-root", flags_.data_root},

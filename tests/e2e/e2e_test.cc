@@ -210,6 +210,23 @@ TEST(E2eTest, CallsWithoutTheTokenAreUnauthenticated) {
   std::printf("worker with a wrong token exited %d; stderr:\n%s\n", code, worker.Log().c_str());
   EXPECT_EQ(code, 1);
   EXPECT_EQ(c.Attached(), 0);
+
+  // The API token is not the workers' token: a worker holding it is refused the same way, and
+  // the workers' token does not open the API.
+  Process user_worker({g_worker, "--coordinator", c.coordinator()->grpc_address(), "--token-file",
+                       TmpPath("token.token"), "--device", "cpu"},
+                      TmpPath("token_user_worker.log"), false);
+  const int user_code = user_worker.Wait(20);
+  std::printf("worker with the API token exited %d; stderr:\n%s\n", user_code,
+              user_worker.Log().c_str());
+  EXPECT_EQ(user_code, 1);
+  EXPECT_TRUE(absl::StrContains(user_worker.Log(), "WRONG_ROLE")) << user_worker.Log();
+  EXPECT_EQ(c.Attached(), 0);
+  r = c.http().Get("/v1/jobs", {{"Authorization", absl::StrCat("Bearer ", kWorkerToken)}});
+  ASSERT_TRUE(r);
+  std::printf("GET /v1/jobs with the workers' token: %d %s\n", r->status, r->body.c_str());
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(Json::parse(r->body)["error"]["reason"], "WRONG_ROLE");
 }
 
 }  // namespace

@@ -143,7 +143,9 @@ std::unique_ptr<CoordinatorProcess> CoordinatorProcess::Start(const CoordinatorF
                                    "--checkpoint-root",
                                    f.checkpoint_root,
                                    "--shutdown-grace",
-                                   "1"};
+                                   "1",
+                                   "--worker-token-file",
+                                   f.worker_token_file};
   if (!f.data_root.empty()) {
     argv.push_back("--data-root");
     argv.push_back(f.data_root);

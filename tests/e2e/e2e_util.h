@@ -16,7 +16,8 @@
 
 namespace switchyard::e2e {
 
-inline constexpr char kToken[] = "e2e-secret-token";
+inline constexpr char kToken[] = "e2e-secret-token";        // the API (user) token
+inline constexpr char kWorkerToken[] = "e2e-worker-token";  // the workers' token
 
 // TEST_TMPDIR/`name` (or /tmp/`name`); nothing is created.
 std::string TmpPath(const std::string& name);
@@ -61,6 +62,7 @@ struct CoordinatorFlags {
   std::string binary;
   std::string store;
   std::string token_file;
+  std::string worker_token_file;  // --worker-token-file
   std::string checkpoint_root;
   std::string data_root;  // empty: the coordinator's default
   int grpc_port = 0;      // 0: any

@@ -294,6 +294,7 @@ void Agent::TrainingThread(Generation* g) {
     }
   }
   env.token = token_;
+  env.worker_id = worker_id_;
   env.gloo_host = options_.gloo_host;
   env.comm_timeout = options_.comm_timeout;
   env.peak_tflops = options_.peak_tflops;

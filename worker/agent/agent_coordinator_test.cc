@@ -108,9 +108,10 @@ class AgentCoordinatorTest : public ::testing::Test {
     harness_ = wt::Harness::Start("agent_e2e.db", /*fresh=*/true, options);
     ASSERT_NE(harness_, nullptr);
     // The coordinator's RendezvousService over the plane's store, on the advertised port.
-    auth_ = *api::TokenAuth::FromToken(wt::kToken);
-    rendezvous_ = std::make_unique<workers::RendezvousServiceImpl>(harness_->plane()->rendezvous(),
-                                                                   auth_.get());
+    // With the plane's registry: the agents' rendezvous calls must name a rank of the generation.
+    auth_ = *api::TokenAuth::FromToken(wt::kToken, api::kWorkerRole);
+    rendezvous_ = std::make_unique<workers::RendezvousServiceImpl>(
+        harness_->plane()->rendezvous(), auth_.get(), harness_->plane()->registry());
     grpc::ServerBuilder b;
     int bound = 0;
     b.AddListeningPort(options.scheduler.rendezvous_address, grpc::InsecureServerCredentials(),

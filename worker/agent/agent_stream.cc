@@ -89,8 +89,11 @@ absl::Status Agent::Run() {
                        " rejected this worker: ", st.message(),
                        st.code() == absl::StatusCode::kUnauthenticated
                            ? (options_.token_file.empty()
-                                  ? " (no token was sent: pass the coordinator's token file)"
-                                  : absl::StrCat(" (check the token in ", options_.token_file, ")"))
+                                  ? " (no token was sent: pass the workers' token file, the "
+                                    "coordinator's --worker-token-file)"
+                                  : absl::StrCat(" (check the token in ", options_.token_file,
+                                                 ": it must be the workers' token, not the API "
+                                                 "token)"))
                            : "")));
       break;
     }

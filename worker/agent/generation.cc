@@ -280,9 +280,11 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
     SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&res.stream, cudaStreamNonBlocking));
   }
   if (a.world_size() > 1) {
-    SY_ASSIGN_OR_RETURN(res.store,
-                        RendezvousKvStore::Create(env.rendezvous_channel, env.token,
-                                                  env.rendezvous_address, a.job(), a.generation()));
+    RendezvousKvStore::Options store_options;
+    store_options.worker_id = env.worker_id;
+    SY_ASSIGN_OR_RETURN(res.store, RendezvousKvStore::Create(env.rendezvous_channel, env.token,
+                                                             env.rendezvous_address, a.job(),
+                                                             a.generation(), store_options));
     control->SetStore(res.store.get());
     absl::StatusOr<std::unique_ptr<train::ProcessGroups>> groups;
     if (p.device.is_cuda()) {

@@ -129,6 +129,7 @@ struct GenerationEnv {
   std::shared_ptr<grpc::Channel> rendezvous_channel;
   std::string rendezvous_address;
   std::string token;
+  std::string worker_id;  // sent with every rendezvous call
   std::string gloo_host = "127.0.0.1";
   absl::Duration comm_timeout = absl::Seconds(60);
   double peak_tflops = 989.4;

@@ -17,13 +17,17 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 // Codes that mean "the coordinator is not reachable right now" (restart, network blip).
 bool Transient(absl::StatusCode code) { return code == absl::StatusCode::kUnavailable; }
 
-// The coordinator answers FAILED_PRECONDITION when the generation was superseded (a newer one of
-// the job started, or the job ended): for this rank that is the end of its generation, a
-// retryable condition (ABORTED), not a permanent error of the job.
+// The coordinator answers FAILED_PRECONDITION when the generation is not running (it ended, a
+// newer one started, or the job ended), and PERMISSION_DENIED when it does not count this worker
+// as a rank of it (e.g. a restarted coordinator this worker has not re-registered with yet): for
+// this rank both are the end of its generation, a retryable condition (ABORTED), not a permanent
+// error of the job.
 absl::Status Final(const absl::Status& st, absl::string_view op, absl::string_view key,
                    const std::string& where) {
-  const absl::StatusCode code =
-      st.code() == absl::StatusCode::kFailedPrecondition ? absl::StatusCode::kAborted : st.code();
+  const absl::StatusCode code = st.code() == absl::StatusCode::kFailedPrecondition ||
+                                        st.code() == absl::StatusCode::kPermissionDenied
+                                    ? absl::StatusCode::kAborted
+                                    : st.code();
   return absl::Status(code, absl::StrCat(op, " '", key, "' on the ", where, ": ", st.message()));
 }
 
@@ -72,6 +76,7 @@ absl::Status RendezvousKvStore::CancelledError(absl::string_view op, absl::strin
 absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view value) {
   v1::RendezvousSetRequest request;
   request.set_job(job_);
+  request.set_worker_id(options_.worker_id);
   request.set_generation(generation_);
   request.set_key(std::string(key));
   request.set_value(std::string(value));
@@ -96,6 +101,7 @@ absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view val
 absl::StatusOr<std::string> RendezvousKvStore::GetOnce(absl::string_view key, absl::Duration wait) {
   v1::RendezvousGetRequest request;
   request.set_job(job_);
+  request.set_worker_id(options_.worker_id);
   request.set_generation(generation_);
   request.set_key(std::string(key));
   request.set_timeout_ms(absl::ToInt64Milliseconds(wait));

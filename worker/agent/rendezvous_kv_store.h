@@ -17,9 +17,10 @@
 //                        (comm/gloo_communicator.cc) uses set/get/wait, the NCCL factory Set/Get
 //                        of the unique id, comm::PeerMonitor Set/Get/Check.
 //
-// FAILED_PRECONDITION from the coordinator (the generation was superseded: a newer one started
-// or the job ended) becomes ABORTED, so that the rank exits retryable (128+), not as a
-// permanent error of the job.
+// FAILED_PRECONDITION from the coordinator (the generation is not running: it ended, a newer one
+// started or the job ended) and PERMISSION_DENIED (the coordinator does not count this worker as
+// a rank of it, e.g. after a coordinator restart before this worker re-registered) become
+// ABORTED, so that the rank exits retryable (128+), not as a permanent error of the job.
 //
 // Errors name the key, the job and generation, and the coordinator ("rendezvous store at
 // host:port (job j, generation 3)"). Get's DEADLINE_EXCEEDED names the key, as KvStore requires.
@@ -52,6 +53,9 @@ class RendezvousKvStore final : public comm::KvStore {
     absl::Duration rpc_slack = absl::Seconds(5);
     // Set retries an UNAVAILABLE coordinator (restarting) for this long. >= 0.
     absl::Duration set_retry_for = absl::Seconds(30);
+    // This worker's id, sent with every call: the coordinator serves only the ranks of the
+    // generation (PERMISSION_DENIED otherwise; WORKER_PROTOCOL.md "Rendezvous").
+    std::string worker_id;
   };
 
   // `channel` to the coordinator (coordinator_channel.h), `token` its bearer token (may be

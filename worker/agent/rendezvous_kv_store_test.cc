@@ -20,6 +20,7 @@
 #include "common/tensor.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/workers/rendezvous_service.h"
+#include "coordinator/workers/worker_test_util.h"
 #include "gtest/gtest.h"
 #include "worker/agent/coordinator_channel.h"
 #include "worker/agent/testing/fake_coordinator.h"
@@ -30,12 +31,17 @@ namespace {
 
 constexpr char kToken[] = "rdzv-token";
 
-// The coordinator's RendezvousService on 127.0.0.1 (`port` 0: any), with the API token.
+// The coordinator's RendezvousService on 127.0.0.1 (`port` 0: any), with the worker token and
+// no rank check (no registry): the generations the tests use are open, as the scheduler opens
+// them (coordinator/workers/rendezvous_service_test.cc checks the rank rule).
 class RealRendezvous {
  public:
   explicit RealRendezvous(int port = 0) {
-    auth_ = *api::TokenAuth::FromToken(kToken);
-    service_ = std::make_unique<workers::RendezvousServiceImpl>(&store_, auth_.get());
+    auth_ = *api::TokenAuth::FromToken(kToken, api::kWorkerRole);
+    for (const char* job : {"job-1", "job-2", "job"}) store_.OpenGeneration(job, 1);
+    store_.OpenGeneration("gloo-job", 3);
+    service_ =
+        std::make_unique<workers::RendezvousServiceImpl>(&store_, auth_.get(), /*workers=*/nullptr);
     grpc::ServerBuilder b;
     b.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(service_.get());
@@ -152,7 +158,7 @@ TEST(RendezvousKvStoreTest, SupersededGenerationIsAborted) {
   // A rank of generation 1 waits while the scheduler starts generation 2.
   std::thread drop([&] {
     absl::SleepFor(absl::Milliseconds(300));
-    real.store().DropBefore("job", 2);
+    real.store().OpenGeneration("job", 2);
   });
   absl::StatusOr<std::string> v = g1->Get("never", absl::Seconds(10));
   drop.join();
@@ -161,6 +167,27 @@ TEST(RendezvousKvStoreTest, SupersededGenerationIsAborted) {
   EXPECT_EQ(g1->Set("k", "v").code(), absl::StatusCode::kAborted);
   auto g2 = Store(real.address(), kToken, "job", 2);
   EXPECT_FALSE(*g2->Check("k")) << "generation 1's keys are gone";
+}
+
+TEST(RendezvousKvStoreTest, NotARankIsAbortedNamingTheWorker) {
+  // The coordinator's service with a real registry (no worker attached): this worker is not a
+  // rank of the running generation.
+  auto harness = workers::testing::Harness::Start("rdzv_not_a_rank.db");
+  ASSERT_NE(harness, nullptr);
+  harness->plane()->rendezvous()->OpenGeneration("job", 1);
+  const std::string address = harness->address();
+  auto channel = MakeCoordinatorChannel(address, "");
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  RendezvousKvStore::Options options;
+  options.worker_id = "stray-worker";
+  auto store =
+      RendezvousKvStore::Create(*channel, workers::testing::kToken, address, "job", 1, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status set = (*store)->Set("k", "v");
+  std::printf("Set by a worker that is not a rank: %s\n", set.ToString().c_str());
+  EXPECT_EQ(set.code(), absl::StatusCode::kAborted) << "retryable for the worker";
+  EXPECT_TRUE(absl::StrContains(set.message(), "worker 'stray-worker' is not attached")) << set;
+  EXPECT_EQ(harness->plane()->rendezvous()->KeyCount("job", 1), 0);
 }
 
 TEST(RendezvousKvStoreTest, SurvivesACoordinatorRestartWhileWaiting) {
