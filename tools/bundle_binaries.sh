@@ -9,14 +9,21 @@
 #      provide (host_lib_re below: glibc, libstdc++, libgcc_s, the NVIDIA driver, the CUDA
 #      runtime, cuBLAS, NCCL), as real files under their soname, stripped, and lists them in
 #      BUNDLE_DIR/LIBRARIES ("soname  <- source path");
-#   2. sets an $ORIGIN-relative RUNPATH with patchelf, so that every binary starts without
-#      LD_LIBRARY_PATH: executables "$ORIGIN/lib:$ORIGIN/../lib:/usr/local/cuda/lib64" (../lib
-#      for a packed binary unpacked into .unpacked/, the CUDA directory for cuBLAS, which the GPU
-#      host keeps outside the loader's default path), libraries "$ORIGIN" (a RUNPATH serves only
-#      its own object's dependencies, so each bundled library needs one for the libraries it
-#      pulls in);
-#   3. checks with ldd, in an empty environment, that every dependency that the host does not
-#      provide resolves inside BUNDLE_DIR/lib (exits 1 naming the binary and library if not);
+#   2. gives every executable an $ORIGIN-relative search path with patchelf, so that it starts
+#      without LD_LIBRARY_PATH: "$ORIGIN/lib:$ORIGIN/../lib:/usr/local/cuda/lib64" (../lib for a
+#      packed binary unpacked into .unpacked/, the CUDA directory for cuBLAS, which the GPU host
+#      keeps outside the loader's default path). It is a DT_RPATH (--force-rpath), not a
+#      DT_RUNPATH: the loader uses an executable's DT_RPATH for every library loaded on its
+#      behalf, the dependencies of the bundled libraries included, whereas a DT_RUNPATH serves
+#      only the executable's direct dependencies and would need patchelf on every bundled library
+#      too (measured: that grows lib/ by several MiB, libgrpc.so.29 alone from 7.09 to 7.88 MB,
+#      which put the GPU bundle over its 60 MiB limit). Neither the bundled libraries nor the
+#      host's have a DT_RUNPATH of their own, which would disable the executable's DT_RPATH for
+#      their dependencies; step 3 would catch it. A DT_RPATH is searched before LD_LIBRARY_PATH:
+#      the bundle's libraries win, which is the point of a bundle;
+#   3. checks with ldd, in an empty environment, that every dependency (ldd lists them
+#      transitively) of every executable that the host does not provide resolves inside
+#      BUNDLE_DIR/lib (exits 1 naming the binary and library if not);
 #   4. stores every binary over 1 MiB xz-compressed under packed/ behind a same-named launcher
 #      that unpacks it on first use (see Packing).
 # Needs patchelf, ldd, strip and xz (tools/setup.sh installs patchelf).
@@ -25,7 +32,7 @@ bundle=$(cd "${1:?usage: bundle_binaries.sh BUNDLE_DIR}" && pwd)
 
 # Libraries the GPU host provides (matched on the soname's stem, before ".so").
 host_lib_re='^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|ld-linux(-x86-64)?|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libcudart|libcublas|libcublasLt|libnccl)$'
-exe_runpath='$ORIGIN/lib:$ORIGIN/../lib:/usr/local/cuda/lib64'
+exe_rpath='$ORIGIN/lib:$ORIGIN/../lib:/usr/local/cuda/lib64'
 
 log() { echo "[bundle_binaries] $*" >&2; }
 die() {
@@ -68,18 +75,16 @@ for soname in "${!lib_src[@]}"; do
   cp "${lib_src[$soname]}" "$bundle/lib/$soname"
   chmod u+w "$bundle/lib/$soname"
   strip --strip-unneeded "$bundle/lib/$soname"
-  patchelf --set-rpath '$ORIGIN' "$bundle/lib/$soname"
 done
-for f in "${binaries[@]}"; do patchelf --set-rpath "$exe_runpath" "$f"; done
+for f in "${binaries[@]}"; do patchelf --force-rpath --set-rpath "$exe_rpath" "$f"; done
 for soname in $(printf '%s\n' "${!lib_src[@]}" | sort); do
   echo "$soname  <- ${lib_src[$soname]}"
 done >"$bundle/LIBRARIES"
-log "${#lib_src[@]} shared libraries bundled; RUNPATH set on ${#binaries[@]} binaries"
+log "${#lib_src[@]} shared libraries bundled; RPATH set on ${#binaries[@]} binaries"
 
 # --- Check: only host-provided libraries resolve outside the bundle, with no environment --------
 bad=()
-for f in "${binaries[@]}" "$bundle"/lib/*; do
-  is_elf "$f" || continue
+for f in "${binaries[@]}"; do
   while read -r soname arrow path _; do
     [[ $arrow == "=>" ]] || continue
     stem=${soname%%.so*}
@@ -100,7 +105,7 @@ fi
 # packed binary <name> becomes packed/<name>.xz plus a small shell launcher <name> that unpacks it
 # once (xz, or python3's lzma when xz is missing) into .unpacked/ next to it (or, when the bundle
 # is read-only, into $TMPDIR) and execs it with the same arguments, so scripts call every binary
-# exactly as before. The unpacked binary finds lib/ through its RUNPATH ($ORIGIN/../lib); the
+# exactly as before. The unpacked binary finds lib/ through its RPATH ($ORIGIN/../lib); the
 # launcher also puts lib/ on LD_LIBRARY_PATH for the $TMPDIR case.
 mkdir -p "$bundle/packed"
 packed=0

@@ -10,11 +10,11 @@
 #   1. <binary> --help exits 0 and prints its usage on stdout (Abseil's --help exits 1; see
 #      common/command_line.h), and --version (or syctl's `version`) exits 0 where it exists.
 #   2. bundle_binaries.sh succeeds on a folder holding copies of the binaries; every executable
-#      got the $ORIGIN-relative RUNPATH and every bundled library the "$ORIGIN" one.
-#   3. Independently of the script's own check: under env -i, ldd resolves every dependency of
-#      every bundled ELF file (the unpacked ones behind launchers included) either inside the
-#      bundle's lib/ or, for the libraries the GPU host provides, anywhere; never "not found".
-#      The negative control runs the same check on an original binary (no RUNPATH): its gRPC and
+#      (the unpacked ones behind launchers included) got the $ORIGIN-relative DT_RPATH.
+#   3. Independently of the script's own check: under env -i, ldd resolves every dependency
+#      (transitively) of every bundled executable either inside the bundle's lib/ or, for the
+#      libraries the GPU host provides, anywhere; never "not found".
+#      The negative control runs the same check on an original binary (no RPATH): its gRPC and
 #      Abseil resolve in this machine's system directories, which the GPU host lacks, and the
 #      check must report that, so it cannot pass vacuously.
 #   4. env -i <bundle>/<name> --help exits 0 for every binary (launchers of packed ones included).
@@ -86,8 +86,8 @@ if ! "$script" "$bundle"; then
 fi
 echo "bundle: $(ls "$bundle" | tr '\n' ' ')"
 echo "lib/ ($(ls "$bundle/lib" | wc -l) libraries): $(ls "$bundle/lib" | head -5 | tr '\n' ' ')..."
-elves=()
-for f in "$bundle"/* "$bundle"/lib/*; do
+elves=()  # the executables
+for f in "$bundle"/*; do
   if is_elf "$f"; then elves+=("$f"); fi
 done
 # Packed binaries: their launcher unpacks them on first use (run it once, with no environment).
@@ -102,12 +102,12 @@ for name in "${names[@]}"; do
     fi
   fi
 done
+want='$ORIGIN/lib:$ORIGIN/../lib:/usr/local/cuda/lib64'
 for f in "${elves[@]}"; do
-  runpath=$(readelf -d "$f" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
-  if [[ $f == "$bundle/lib/"* ]]; then want='$ORIGIN'; else want='$ORIGIN/lib:$ORIGIN/../lib:/usr/local/cuda/lib64'; fi
-  [[ $runpath == "$want" ]] || fail "$(basename "$f"): RUNPATH '$runpath', want '$want'"
+  rpath=$(readelf -d "$f" | sed -n 's/.*(RPATH).*\[\(.*\)\]/\1/p')
+  [[ $rpath == "$want" ]] || fail "$(basename "$f"): RPATH '$rpath', want '$want'"
 done
-echo "RUNPATH checked on ${#elves[@]} ELF files"
+echo "RPATH $want on ${#elves[@]} executables"
 
 # --- 3. ldd with no environment ---------------------------------------------------------------
 for f in "${elves[@]}"; do
@@ -116,12 +116,13 @@ for f in "${elves[@]}"; do
     echo "$report"
   fi
 done
-echo "ldd (env -i): ${#elves[@]} ELF files resolve inside the bundle or to host-provided libraries"
-# Negative control: the original binary, which has no RUNPATH, must be caught by the same check.
+echo "ldd (env -i): the libraries of ${#elves[@]} executables resolve inside the bundle or to" \
+  "host-provided libraries"
+# Negative control: the original binary, which has no RPATH, must be caught by the same check.
 if report=$(outside_bundle "$(readlink -f "$1")" "$bundle"); then
-  fail "negative control: the check accepted $1 (no RUNPATH), so it cannot detect a missing RUNPATH"
+  fail "negative control: the check accepted $1 (no RPATH), so it cannot detect a missing RPATH"
 else
-  echo "negative control: original $(basename "$1") (no RUNPATH) is rejected:"
+  echo "negative control: original $(basename "$1") (no RPATH) is rejected:"
   echo "$report" | head -3
 fi
 

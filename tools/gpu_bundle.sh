@@ -3,7 +3,7 @@
 # with its run_gpu_tests.sh. It holds
 #   - every test tagged `gpu`, named by target (//kernels/gemm:gemm_gpu_test ->
 #     kernels_gemm_gemm_gpu_test), every cc_binary under //bench/... (bench_<pkg>_<name>),
-#     switchyard-worker, switchyard-coordinator and syctl, each with a RUNPATH to lib/;
+#     switchyard-worker, switchyard-coordinator and syctl, each with an $ORIGIN-relative RPATH to lib/;
 #   - lib/: the shared libraries those need that the GPU host lacks (gRPC, Protobuf, Abseil, ...),
 #     copied as real files under their soname, stripped;
 #   - torch_moe_baseline.py (the PyTorch MoE-layer reference, from /work/shared/bench),
@@ -13,7 +13,7 @@
 # The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
 # the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
 # those are never bundled. tools/bundle_binaries.sh does the library half: copies the other
-# libraries into lib/, gives every binary an $ORIGIN-relative RUNPATH (each starts without
+# libraries into lib/, gives every binary an $ORIGIN-relative RPATH (each starts without
 # LD_LIBRARY_PATH or a wrapper), checks with ldd in an empty environment that every other
 # dependency resolves inside the bundle, and stores binaries over 1 MiB xz-compressed under
 # packed/ behind same-named launcher scripts. This script fails if the bundle exceeds 60 MiB.
@@ -107,7 +107,7 @@ for t in "${targets[@]}"; do
   manifest_targets+=("$name  <- $t")
 done
 
-# --- Shared libraries, RUNPATH, check, packing (tools/bundle_binaries.sh) ----------------------
+# --- Shared libraries, RPATH, check, packing (tools/bundle_binaries.sh) ----------------------
 tools/bundle_binaries.sh "$bundle"
 nlibs=$(wc -l <"$bundle/LIBRARIES")
 
