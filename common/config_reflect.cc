@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
@@ -225,6 +226,21 @@ class Walker {
       if (d < lo || d >= hi_exclusive)
         return Error(path, FormatDouble(d), " does not fit in ", type);
       *out = static_cast<T>(d);
+      return absl::OkStatus();
+    }
+    if (v.is_string() && Limits::digits >= 63) {
+      // proto3 JSON writes int64/uint64 as decimal strings ("1000"), so that a value written by
+      // MessageToJsonString (a REST response, `syctl get -o json`) can be sent back.
+      const std::string& s = v.get_ref<const std::string&>();
+      const size_t sign = !s.empty() && s[0] == '-' ? 1 : 0;
+      const bool decimal =
+          s.size() > sign && s.size() - sign <= 20 &&
+          std::all_of(s.begin() + sign, s.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!decimal) {
+        return Error(path, "expected an integer (a number or a decimal string), got ",
+                     DescribeJson(v));
+      }
+      if (!absl::SimpleAtoi(s, out)) return Error(path, "\"", s, "\" does not fit in ", type);
       return absl::OkStatus();
     }
     return Error(path, "expected an integer, got ", DescribeJson(v));

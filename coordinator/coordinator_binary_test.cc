@@ -3,6 +3,7 @@
 // same store and finds the job; SIGINT; the documented exit codes for bad flags and failed
 // starts; TLS on both ports with a self-signed certificate (when openssl is installed).
 #include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -94,7 +96,8 @@ class Coordinator {
 
   // Parses "... grpc=HOST:P http=HOST:Q tls=..." into the ports.
   bool ReadPorts() {
-    const std::string line = ReadLine();
+    line_ = ReadLine();
+    const std::string& line = line_;
     std::printf("coordinator stdout: %s\n", line.c_str());
     auto port_after = [&](const std::string& key) {
       size_t at = line.find(key);
@@ -106,6 +109,7 @@ class Coordinator {
     };
     grpc_port_ = port_after("grpc=");
     http_port_ = port_after("http=");
+    health_port_ = port_after("health=");
     return grpc_port_ > 0 && http_port_ > 0;
   }
 
@@ -129,6 +133,9 @@ class Coordinator {
   std::string Log() const { return ReadAll(log_); }
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return http_port_; }
+  int health_port() const { return health_port_; }
+  // The startup line ReadPorts read.
+  const std::string& line() const { return line_; }
 
  private:
   pid_t pid_ = -1;
@@ -137,6 +144,8 @@ class Coordinator {
   std::string log_;
   int grpc_port_ = 0;
   int http_port_ = 0;
+  int health_port_ = 0;
+  std::string line_;
 };
 
 std::vector<std::string> Args(const std::string& store, const std::string& token_file) {
@@ -162,6 +171,61 @@ std::string CreateBody(const std::string& name) {
 }
 
 httplib::Headers Auth() { return {{"Authorization", absl::StrCat("Bearer ", kToken)}}; }
+
+// The startup line shows the addresses bound: with --host 0.0.0.0 both servers listen on every
+// interface and the line says so (it used to print 127.0.0.1), and the gateway answers there.
+// grpc.health.v1.Health/Check(`service`) over plaintext on 127.0.0.1:`port`, as the kubelet's
+// native gRPC probe calls it (the message encoded by hand: the health proto's C++ stubs are not
+// installed): the ServingStatus (1 SERVING, 2 NOT_SERVING), or -(gRPC status code) on error.
+int HealthCheck(int port, const std::string& service) {
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::string request;
+  if (!service.empty())
+    request = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request_buffer, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  if (!cq.Next(&tag, &ok) || !ok) return -100;
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) return -static_cast<int>(status.error_code());
+  std::vector<grpc::Slice> slices;
+  response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes.size() >= 2 && bytes[0] == '\x08' ? bytes[1] : 0;
+}
+
+TEST(CoordinatorBinaryTest, StartupLineShowsTheBoundAddress) {
+  std::vector<std::string> args =
+      Args(FreshPath("bound.db"), WriteFile("bound.token", absl::StrCat(kToken, "\n")));
+  auto host = std::find(args.begin(), args.end(), "--host");
+  ASSERT_NE(host, args.end());
+  *(host + 1) = "0.0.0.0";
+  Coordinator c(args, "bound.log");
+  ASSERT_TRUE(c.ReadPorts()) << c.Log();
+  EXPECT_TRUE(absl::StrContains(c.line(), absl::StrCat(" grpc=0.0.0.0:", c.grpc_port(), " ")))
+      << c.line();
+  EXPECT_TRUE(absl::StrContains(c.line(), absl::StrCat(" http=0.0.0.0:", c.http_port(), " ")))
+      << c.line();
+  httplib::Client http("127.0.0.1", c.http_port());
+  auto r = http.Get("/healthz");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
 
 TEST(CoordinatorBinaryTest, SubmitSigtermRestartFindsTheJob) {
   const std::string store = FreshPath("binary.db");
@@ -272,6 +336,14 @@ TEST(CoordinatorBinaryTest, ExitCodes) {
       {"only --tls-cert",
        {"--store", FreshPath("codes.db"), "--token-file", token, "--tls-cert", token},
        1},
+      {"per-client cap 0",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",
+        "0", "--http-max-connections-per-client", "0"},
+       1},
+      {"health port out of range",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",
+        "0", "--health-port", "-2"},
+       1},
       {"--version", {"--version"}, 0},
       {"--help", {"--help"}, 0},
   };
@@ -297,9 +369,28 @@ TEST(CoordinatorBinaryTest, TlsOnBothPorts) {
                    cert, " > /dev/null 2>&1");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<std::string> args = Args(FreshPath("tls.db"), WriteFile("tls.token", kToken));
-  args.insert(args.end(), {"--tls-cert", cert, "--tls-key", key});
+  args.insert(args.end(), {"--tls-cert", cert, "--tls-key", key, "--health-port", "0"});
   Coordinator c(args, "tls.log");
   ASSERT_TRUE(c.ReadPorts()) << c.Log();
+
+  // The plaintext health-only port (Kubernetes' native gRPC probes cannot speak TLS): Health
+  // answers SERVING for the overall status and the API; no API method is served there.
+  ASSERT_GT(c.health_port(), 0) << c.line();
+  const int overall = HealthCheck(c.health_port(), "");
+  const int jobs = HealthCheck(c.health_port(), "switchyard.v1.JobService");
+  const int bogus = HealthCheck(c.health_port(), "switchyard.v1.NoSuchService");
+  EXPECT_EQ(overall, 1);
+  EXPECT_EQ(jobs, 1);
+  EXPECT_EQ(bogus, -static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_LT(HealthCheck(c.grpc_port(), ""), 0) << "the TLS port answered plaintext";
+  v1::ListJobsResponse on_health;
+  grpc::Status api_on_health =
+      v1::JobService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", c.health_port()),
+                                                  grpc::InsecureChannelCredentials()))
+          ->ListJobs(api::testing::Context().get(), v1::ListJobsRequest(), &on_health);
+  EXPECT_EQ(api_on_health.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  std::printf("plaintext health port %d: overall %d, JobService %d, unknown %d, ListJobs %d\n",
+              c.health_port(), overall, jobs, bogus, api_on_health.error_code());
 
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = ReadAll(cert);

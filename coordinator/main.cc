@@ -2,13 +2,16 @@
 // health, reflection, /metrics) over one SQLite store.
 //
 //   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
-//                          [--host ADDR] [--tls-cert PEM --tls-key PEM]
+//                          [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H]
 //                          [--checkpoint-root DIR] [--advertise-address HOST:PORT] [--noworkers]
 //
 // Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
-// scripts and tests can read the ports:
+// scripts and tests can read the ports; it shows the addresses bound (with the default --host
+// 0.0.0.0: grpc=0.0.0.0:50051 http=0.0.0.0:8080, every interface):
 //
 //   switchyard-coordinator listening grpc=127.0.0.1:41234 http=127.0.0.1:41235 tls=false
+//
+// (with --health-port, " health=HOST:H" comes before " tls=").
 //
 // SIGTERM or SIGINT shut down gracefully: health goes NOT_SERVING, watch streams end, calls in
 // flight get up to --shutdown-grace seconds, then the process exits.
@@ -29,6 +32,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/command_line.h"
 #include "common/logging.h"
@@ -43,6 +47,12 @@ ABSL_FLAG(std::string, token_file, "", "File holding the API bearer token. Requi
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve gRPC and REST over TLS only (with --tls-key).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(int, health_port, -1,
+          "Also serve grpc.health.v1.Health alone, in plaintext, on this port (0: a free one; -1: "
+          "off): for Kubernetes' native gRPC probes, which cannot speak TLS, with --tls-cert.");
+ABSL_FLAG(int, http_max_connections_per_client, 16,
+          "REST port: open connections one client address may hold; more get 503 at once. Raise "
+          "it behind a proxy or NAT that hides client addresses.");
 ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
 ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
           "Directory (shared with the workers) where jobs checkpoint, one subdirectory per job.");
@@ -100,7 +110,7 @@ int Usage(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
-      "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--checkpoint-root DIR] "
+      "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H] [--checkpoint-root DIR] "
       "[--advertise-address HOST:PORT] [--noworkers] [--shutdown-grace S]");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
@@ -151,6 +161,9 @@ int main(int argc, char** argv) {
   options.token_file = absl::GetFlag(FLAGS_token_file);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.health_port = absl::GetFlag(FLAGS_health_port);
+  options.http_limits.max_connections_per_client =
+      absl::GetFlag(FLAGS_http_max_connections_per_client);
   options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.workers = absl::GetFlag(FLAGS_workers);
@@ -162,9 +175,19 @@ int main(int argc, char** argv) {
     SY_LOG(ERROR) << "cannot start: " << server.status();
     return 1;
   }
-  const std::string shown_host = options.host == "0.0.0.0" ? "127.0.0.1" : options.host;
-  std::printf("switchyard-coordinator listening grpc=%s:%d http=%s:%d tls=%s\n", shown_host.c_str(),
-              (*server)->grpc_port(), shown_host.c_str(), (*server)->http_port(),
+  // The addresses actually bound (0.0.0.0 when listening on every interface), not a guess at
+  // one to dial; IPv6 in brackets.
+  auto host_port = [](const std::string& host, int port) {
+    return absl::StrCat(absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host, ":",
+                        port);
+  };
+  const std::string health =
+      (*server)->health_port() < 0
+          ? ""
+          : absl::StrCat(" health=", host_port(options.host, (*server)->health_port()));
+  std::printf("switchyard-coordinator listening grpc=%s http=%s%s tls=%s\n",
+              host_port(options.host, (*server)->grpc_port()).c_str(),
+              host_port((*server)->http_address(), (*server)->http_port()).c_str(), health.c_str(),
               (*server)->tls() ? "true" : "false");
   std::fflush(stdout);
   SY_LOG(INFO) << "switchyard-coordinator " << switchyard::kVersion << " store "

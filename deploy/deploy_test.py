@@ -20,7 +20,8 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
    attaches, trains a tiny mock-data job submitted over REST; its /metrics is scraped while the
    job trains; after the job is cancelled, the idle worker's step gauges read 0 and its per-layer
    series are gone.
-   With the tls component: the coordinator over TLS, its HTTPS /healthz probes, a worker
+   With the tls component: the coordinator over TLS, its gRPC probes on the plaintext
+   --health-port, a worker
    attaching with --tls-root-cert (self-signed certificate from openssl).
    With Debian's prometheus package: promtool checks the dashboard PromQL and prometheus.yml, and a
    real Prometheus scrapes both processes and evaluates every dashboard query, each of which must
@@ -917,8 +918,9 @@ def start_coordinator(args, name):
 
 def run_tls(tls_by, coordinator_bin, worker_bin):
     """The tls component for real: a self-signed certificate (openssl) for 127.0.0.1; the
-    coordinator with the rendered tls args; the HTTPS /healthz the rewritten probes call; a worker
-    with gpu-0's rendered args (--tls-root-cert) attaching over TLS."""
+    coordinator with the rendered tls args; the native gRPC probes on its plaintext health port
+    (the kubelet's gRPC probe cannot speak TLS); HTTPS /healthz; a worker with gpu-0's rendered
+    args (--tls-root-cert) attaching over TLS."""
     section("the tls component: coordinator and worker over TLS")
     if shutil.which("openssl") is None:
         print("SKIP: no openssl: cannot make a test certificate")
@@ -950,11 +952,20 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     token_file = os.path.join(TMP, "tls-token")
     with open(token_file, "w") as f:
         f.write(token)
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port, health_port = free_port(), free_port(), free_port()
+    cargs = container_args(cc)
+    cports = {p["name"]: p["containerPort"] for p in cc.get("ports", [])}
+    check(cargs.get("health_port") == str(cports.get("health")),
+          "tls: --health-port %s = containerPort health %s" % (cargs.get("health_port"),
+                                                              cports.get("health")))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        g = cc[probe].get("grpc", {})
+        check(str(g.get("port")) == cargs.get("health_port"),
+              "tls %s is a native grpc probe on --health-port (%s)" % (probe, g))
     args, changed = substituted(cc["args"], {
         "store": os.path.join(TMP, "tls-store.db"), "token_file": token_file,
         "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
-        "advertise_address": "127.0.0.1:%d" % grpc_port,
+        "health_port": health_port, "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "tls-checkpoints"), "tls_cert": cert,
         "tls_key": key})
     print("replaced for this machine: %s" % changed)
@@ -962,19 +973,29 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     if not check(p is not None, "coordinator starts with the tls component's args"):
         return
     import ssl
+    # The probes as the kubelet sends them: cleartext gRPC Health/Check on the health port.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        service = cc[probe].get("grpc", {}).get("service", "")
+        st = grpc_health_check("127.0.0.1", health_port, service)
+        check(st == 1, "tls %s: Health/Check(%r) on the plaintext health port = %s "
+              "(1 = SERVING)" % (probe, service, st))
+    st = grpc_health_check("127.0.0.1", health_port, "switchyard.v1.NoSuchService")
+    check(st != 1, "tls: Health/Check('switchyard.v1.NoSuchService') is not SERVING (%s)" % st)
+    try:
+        st = grpc_health_check("127.0.0.1", grpc_port, "", timeout=5.0)
+    except OSError as e:  # reset by the TLS server
+        st = None
+    check(st is None, "tls: the TLS gRPC port does not answer a cleartext Health/Check (%s)" % st)
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE  # as the kubelet's HTTPS probes: no verification
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        g = cc[probe].get("httpGet", {})
-        url = "https://127.0.0.1:%d%s" % (http_port, g.get("path", "?"))
-        try:
-            with urllib.request.urlopen(url, timeout=5, context=insecure) as r:
-                status, body = r.status, r.read().decode().strip()
-        except OSError as e:
-            status, body = None, str(e)
-        check(g.get("scheme") == "HTTPS" and g.get("port") == "http" and status == 200,
-              "tls %s: %s GET %s -> %s %r" % (probe, g.get("scheme"), url, status, body))
+    insecure.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen("https://127.0.0.1:%d/healthz" % http_port, timeout=5,
+                                    context=insecure) as r:
+            status, body = r.status, r.read().decode().strip()
+    except OSError as e:
+        status, body = None, str(e)
+    check(status == 200, "tls: HTTPS GET /healthz -> %s %r" % (status, body))
     metrics_port = free_port()
     wargs, wchanged = substituted(wc["args"], {
         "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": token_file, "device": "cpu",

@@ -27,6 +27,7 @@ _PKG_CONFIG = {
     "json": ["nlohmann_json"],
     "yaml_cpp": ["yaml-cpp"],
     "httplib": ["cpp-httplib"],
+    "openssl": ["openssl"],
     "sqlite3": ["sqlite3"],
     "gtest": ["gtest"],
     "gmock": ["gmock"],

@@ -8,7 +8,10 @@
 #
 # Usage: tools/quickstart_cluster.sh BIN_DIR [SPEC]   (BIN_DIR: `bazel info bazel-bin`)
 # Environment: QUICKSTART_DIR (run directory, default /tmp/switchyard-quickstart, emptied first),
-#              QUICKSTART_WORKERS (worker count override).
+#              QUICKSTART_WORKERS (worker count override), QUICKSTART_METRICS_PORT (worker i
+#              serves /metrics on 127.0.0.1:PORT+i; default: no worker /metrics).
+# Everything listens on 127.0.0.1 only: the coordinator's gRPC and REST ports and the workers'
+# /metrics are not reachable from other machines.
 set -euo pipefail
 bin=$1
 spec=${2:-examples/quickstart.yaml}
@@ -53,8 +56,12 @@ n=${QUICKSTART_WORKERS:-$((gpus > 0 ? gpus : 2))}
 for ((i = 0; i < n; i++)); do
   device=cpu
   [[ $gpus -gt 0 ]] && device="cuda:$((i % gpus))"
+  metrics=()
+  if [[ -n ${QUICKSTART_METRICS_PORT:-} ]]; then
+    metrics=(--metrics-port $((QUICKSTART_METRICS_PORT + i)) --metrics-bind-address 127.0.0.1)
+  fi
   "$worker_bin" --coordinator "$grpc" --token-file "$run/token" \
-    --device "$device" >"$run/worker$i.log" 2>&1 &
+    --device "$device" "${metrics[@]}" >"$run/worker$i.log" 2>&1 &
   pids+=($!)
 done
 echo "quickstart: $n worker(s) on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU")" >&2

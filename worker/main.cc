@@ -19,6 +19,7 @@
 //                  job fails (a lost peer included: --comm-timeout bounds every collective).
 //                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
 //   --coordinator host:port [--token-file F] [--tls-root-cert PEM] [--metrics-port P]
+//   [--metrics-bind-address A]
 //                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
 //                  attach to the coordinator, run the generations it assigns, report steps; exit 0
 //                  after SIGTERM/SIGINT, 1 for a permanent error (bad options, rejected token), 75
@@ -70,6 +71,8 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, token_file, "", "File holding the coordinator's bearer token.");
 ABSL_FLAG(std::string, tls_root_cert, "", "PEM root certificate of a TLS coordinator.");
 ABSL_FLAG(int, metrics_port, -1, "Agent: serve /metrics on this port (0 any, -1 none).");
+ABSL_FLAG(std::string, metrics_bind_address, "0.0.0.0",
+          "Agent: the address /metrics listens on (127.0.0.1: this machine only).");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Agent: heartbeat period in milliseconds.");
 ABSL_FLAG(double, peak_tflops, 989.4, "Peak TFLOP/s of the GPU for MFU (H100/H200 dense bf16).");
 
@@ -236,6 +239,7 @@ int Agent() {
   o.tls_root_cert = absl::GetFlag(FLAGS_tls_root_cert);
   o.device = absl::GetFlag(FLAGS_device);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_bind_address = absl::GetFlag(FLAGS_metrics_bind_address);
   o.gloo_host = absl::GetFlag(FLAGS_gloo_host);
   o.comm_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);

@@ -1,7 +1,5 @@
 #include "coordinator/api/rest_gateway.h"
 
-#include <httplib.h>
-
 #include <functional>
 #include <utility>
 
@@ -33,19 +31,37 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   return out;
 }
 
-void Reply(const absl::StatusOr<std::string>& json, httplib::Response& res) {
+void Reply(const absl::StatusOr<std::string>& json, HttpResponse* res) {
+  res->content_type = kJsonType;
   if (json.ok()) {
-    res.status = 200;
-    res.set_content(*json, kJsonType);
+    res->status = 200;
+    res->body = *json;
   } else {
-    res.status = HttpStatusFor(json.status().code());
-    res.set_content(ErrorJson(json.status()), kJsonType);
+    res->status = HttpStatusFor(json.status().code());
+    res->body = ErrorJson(json.status());
+  }
+}
+
+// The canonical code of an error the HTTP layer answers itself (routing, limits, caps).
+absl::Status TransportError(int http, const std::string& message) {
+  switch (http) {
+    case 404:
+      return absl::NotFoundError(message);
+    case 405:
+    case 501:
+      return absl::UnimplementedError(message);
+    case 408:
+      return absl::DeadlineExceededError(message);
+    case 503:
+      return absl::UnavailableError(message);
+    default:  // 400, 411, 413, 431
+      return absl::InvalidArgumentError(message);
   }
 }
 
 // Parses the request body as `T` (an empty body is an empty message).
 template <typename T>
-absl::StatusOr<T> ParseBody(const httplib::Request& req) {
+absl::StatusOr<T> ParseBody(const HttpRequest& req) {
   T message;
   if (req.body.empty()) return message;
   absl::Status status = ParseMessageJson(req.body, &message);
@@ -53,7 +69,7 @@ absl::StatusOr<T> ParseBody(const httplib::Request& req) {
   return message;
 }
 
-absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const httplib::Request& req) {
+absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const HttpRequest& req) {
   v1::ListJobsRequest request;
   for (const auto& [key, value] : req.params) {
     if (key == "state") {
@@ -84,157 +100,108 @@ absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const httplib::Request& req) 
 }  // namespace
 
 RestGateway::RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-                         workers::StepHub* steps, const workers::WorkerRegistry* registry,
-                         std::unique_ptr<httplib::Server> server)
-    : hub_(hub),
-      auth_(auth),
-      metrics_(metrics),
-      steps_(steps),
-      registry_(registry),
-      server_(std::move(server)) {}
+                         workers::StepHub* steps, const workers::WorkerRegistry* registry)
+    : hub_(hub), auth_(auth), metrics_(metrics), steps_(steps), registry_(registry) {}
 
 absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
     JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
     const std::string& host, int port, const std::string& tls_cert_file,
     const std::string& tls_key_file, workers::StepHub* steps,
-    const workers::WorkerRegistry* registry) {
+    const workers::WorkerRegistry* registry, HttpServerOptions limits) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("http port: ", port, " is not in [0, 65535]"));
   }
-  std::unique_ptr<httplib::Server> server;
-  if (!tls_cert_file.empty() || !tls_key_file.empty()) {
-    auto ssl = std::make_unique<httplib::SSLServer>(tls_cert_file.c_str(), tls_key_file.c_str());
-    if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat("tls-cert, tls-key: OpenSSL cannot load ",
-                                                     tls_cert_file, " and ", tls_key_file));
-    }
-    server = std::move(ssl);
-  } else {
-    server = std::make_unique<httplib::Server>();
-  }
-  std::unique_ptr<RestGateway> gateway(
-      new RestGateway(hub, auth, metrics, steps, registry, std::move(server)));
-  gateway->Route();
-  httplib::Server& listener = *gateway->server_;
-  if (port == 0) {
-    gateway->port_ = listener.bind_to_any_port(host);
-    if (gateway->port_ < 0) {
-      return absl::UnavailableError(absl::StrCat("http: cannot bind a free port on ", host));
-    }
-  } else {
-    if (!listener.bind_to_port(host, port)) {
-      return absl::UnavailableError(absl::StrCat("http: cannot bind ", host, ":", port));
-    }
-    gateway->port_ = port;
-  }
-  gateway->listener_.Start(&listener);
+  std::unique_ptr<RestGateway> gateway(new RestGateway(hub, auth, metrics, steps, registry));
+  limits.tls_cert_file = tls_cert_file;
+  limits.tls_key_file = tls_key_file;
+  SY_ASSIGN_OR_RETURN(gateway->server_,
+                      HttpServer::Create(host, port, std::move(limits), gateway->Route()));
   return gateway;
 }
 
 RestGateway::~RestGateway() { Stop(); }
 
-void RestGateway::Stop() { listener_.Stop(); }
+void RestGateway::Stop() {
+  if (server_ != nullptr) server_->Stop();
+}
 
-void RestGateway::Route() {
-  httplib::Server& s = *server_;
-  s.set_payload_max_length(kMaxRestBodyBytes);
-  // httplib's default sets SO_REUSEPORT, which lets a second process bind the same port and take
-  // part of the traffic; keep only SO_REUSEADDR (fast restarts), so a clash fails to bind.
-  s.set_socket_options([](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  // Stop() waits for idle keep-alive connections to time out; keep that short.
-  s.set_keep_alive_timeout(kKeepAliveSeconds);
-
+HttpRouter RestGateway::Route() {
+  HttpRouter s;
   // Runs one API method: authentication, metrics and error mapping, then `body` produces the
   // response JSON.
   auto api = [this](const char* method,
-                    std::function<absl::StatusOr<std::string>(const httplib::Request&)> body) {
-    return [this, method, body = std::move(body)](const httplib::Request& req,
-                                                  httplib::Response& res) {
+                    std::function<absl::StatusOr<std::string>(const HttpRequest&)> body) {
+    return [this, method, body = std::move(body)](const HttpRequest& req, HttpResponse* res) {
       absl::StatusOr<std::string> json;
-      absl::Status status =
-          RunApiCall(*auth_, metrics_, method, req.get_header_value("Authorization"), [&] {
-            json = body(req);
-            return json.status();
-          });
+      absl::Status status = RunApiCall(*auth_, metrics_, method, req.Header("Authorization"), [&] {
+        json = body(req);
+        return json.status();
+      });
       Reply(status.ok() ? json : absl::StatusOr<std::string>(status), res);
     };
   };
 
-  s.Post("/v1/jobs",
-         api("CreateJob", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
-           SY_ASSIGN_OR_RETURN(v1::CreateJobRequest request, ParseBody<v1::CreateJobRequest>(req));
-           SY_ASSIGN_OR_RETURN(v1::Job job, hub_->CreateJob(request));
-           return ToJson(job);
-         }));
-  s.Get("/v1/jobs",
-        api("ListJobs", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
-          SY_ASSIGN_OR_RETURN(v1::ListJobsRequest request, ParseListQuery(req));
-          SY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, hub_->ListJobs(request));
-          for (v1::Job& job : *response.mutable_jobs()) AttachLastStep(steps_, &job);
-          return ToJson(response);
-        }));
-  s.Get(R"(/v1/jobs/([^/:]+))",
-        api("GetJob", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
-          SY_ASSIGN_OR_RETURN(v1::Job job,
-                              hub_->GetJob(absl::StrCat("jobs/", req.matches[1].str())));
-          AttachLastStep(steps_, &job);
-          return ToJson(job);
-        }));
-  s.Post(R"(/v1/jobs/([^/:]+):cancel)",
-         api("CancelJob", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
-           SY_ASSIGN_OR_RETURN(v1::Job job,
-                               hub_->CancelJob(absl::StrCat("jobs/", req.matches[1].str())));
-           AttachLastStep(steps_, &job);
-           return ToJson(job);
-         }));
-  s.Post("/v1/plans", api("Plan", [](const httplib::Request& req) -> absl::StatusOr<std::string> {
-           SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
-           SY_ASSIGN_OR_RETURN(v1::Plan plan, planner::PlanJob(request));
-           return ToJson(plan);
-         }));
-  s.Get("/v1/workers",
-        api("ListWorkers", [this](const httplib::Request&) -> absl::StatusOr<std::string> {
-          if (registry_ == nullptr) {
-            return absl::FailedPreconditionError(
-                "the coordinator runs without its worker side (--noworkers): no workers");
-          }
-          return ToJson(ListAllWorkers(*registry_));
-        }));
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_ != nullptr ? metrics_->Scrape() : "",
-                    "text/plain; version=0.0.4; charset=utf-8");
+  s.Handle("POST", "/v1/jobs",
+           api("CreateJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
+             SY_ASSIGN_OR_RETURN(v1::CreateJobRequest request,
+                                 ParseBody<v1::CreateJobRequest>(req));
+             SY_ASSIGN_OR_RETURN(v1::Job job, hub_->CreateJob(request));
+             return ToJson(job);
+           }));
+  s.Handle("GET", "/v1/jobs",
+           api("ListJobs", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
+             SY_ASSIGN_OR_RETURN(v1::ListJobsRequest request, ParseListQuery(req));
+             SY_ASSIGN_OR_RETURN(v1::ListJobsResponse response, hub_->ListJobs(request));
+             for (v1::Job& job : *response.mutable_jobs()) AttachLastStep(steps_, &job);
+             return ToJson(response);
+           }));
+  s.HandleRegex("GET", R"(/v1/jobs/([^/:]+))",
+                api("GetJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
+                  SY_ASSIGN_OR_RETURN(v1::Job job,
+                                      hub_->GetJob(absl::StrCat("jobs/", req.matches[1])));
+                  AttachLastStep(steps_, &job);
+                  return ToJson(job);
+                }));
+  s.HandleRegex("POST", R"(/v1/jobs/([^/:]+):cancel)",
+                api("CancelJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
+                  SY_ASSIGN_OR_RETURN(v1::Job job,
+                                      hub_->CancelJob(absl::StrCat("jobs/", req.matches[1])));
+                  AttachLastStep(steps_, &job);
+                  return ToJson(job);
+                }));
+  s.Handle("POST", "/v1/plans",
+           api("Plan", [](const HttpRequest& req) -> absl::StatusOr<std::string> {
+             SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
+             SY_ASSIGN_OR_RETURN(v1::Plan plan, planner::PlanJob(request));
+             return ToJson(plan);
+           }));
+  s.Handle("GET", "/v1/workers",
+           api("ListWorkers", [this](const HttpRequest&) -> absl::StatusOr<std::string> {
+             if (registry_ == nullptr) {
+               return absl::FailedPreconditionError(
+                   "the coordinator runs without its worker side (--noworkers): no workers");
+             }
+             return ToJson(ListAllWorkers(*registry_));
+           }));
+  s.Handle("GET", "/metrics", [this](const HttpRequest&, HttpResponse* res) {
+    res->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res->body = metrics_ != nullptr ? metrics_->Scrape() : "";
   });
-  s.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+  s.Handle("GET", "/healthz", [this](const HttpRequest&, HttpResponse* res) {
     if (hub_->closed()) {
-      res.status = 503;
-      res.set_content("shutting down\n", "text/plain");
+      res->status = 503;
+      res->body = "shutting down\n";
     } else {
-      res.set_content("ok\n", "text/plain");
+      res->body = "ok\n";
     }
   });
-  // Unknown routes, wrong methods, oversized bodies: the JSON error shape, unless a handler
-  // already wrote a body.
-  s.set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        absl::Status status;
-        if (res.status == 404) {
-          status = absl::NotFoundError(absl::StrCat("no route for ", req.method, " ", req.path));
-        } else if (res.status == 413) {
-          status = absl::InvalidArgumentError(
-              absl::StrCat("request body: larger than ", kMaxRestBodyBytes, " bytes"));
-        } else {
-          status = absl::InvalidArgumentError(
-              absl::StrCat("HTTP ", res.status, " for ", req.method, " ", req.path));
-        }
-        const int http = res.status;
-        res.set_content(ErrorJson(status, http), kJsonType);
-        res.status = http;  // keep the HTTP status httplib chose (404, 413, 400, ...)
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  // Unknown routes (404), wrong methods (405 + Allow) and what the HTTP layer refuses itself
+  // (400, 408, 411, 413, 431, 501, 503): the JSON error shape with the HTTP status chosen there.
+  s.SetErrorRenderer([](const HttpRequest&, const std::string& message, HttpResponse* res) {
+    res->content_type = kJsonType;
+    res->body = ErrorJson(TransportError(res->status, message), res->status);
+  });
+  return s;
 }
 
 }  // namespace switchyard::api

@@ -1,6 +1,6 @@
 // File: coordinator/api/rest_gateway.h
 //
-// The REST/JSON face of JobService and PlanService on its own port (cpp-httplib), hand-written
+// The REST/JSON face of JobService and PlanService on its own port (common/http_server.h), written
 // after the AIP-127 mapping the methods would have (ecosystem.md §2.3, "thin hand-written REST"):
 //
 //   POST /v1/jobs                  body CreateJobRequest          -> 200 Job
@@ -20,12 +20,21 @@
 //
 // Errors: {"error": {"code": <http>, "status": "<CANONICAL_CODE>", "message": "...", "reason":
 // "..."}} with the HTTP status of api_status.h (400, 401, 404, 409, 429, 500, 503, ...); unknown
-// routes are 404 NOT_FOUND in the same shape. Every API route authenticates and records metrics
+// paths are 404 NOT_FOUND and a known path with another method is 405 UNIMPLEMENTED with an
+// `Allow` header, both in the same shape. Every API route authenticates and records metrics
 // through RunApiCall, under the same method names as gRPC.
 //
-// TLS: with a certificate and key the gateway serves HTTPS only (httplib::SSLServer).
+// Limits (HttpServerOptions, defaults in http_server.h; the body limit here is kMaxRestBodyBytes):
+// connections per client address and in total (over a cap: 503 UNAVAILABLE at once), a deadline
+// on the whole request (408 DEADLINE_EXCEEDED), idle keep-alive and send timeouts, headers over
+// 16 KiB 431, bodies over kMaxRestBodyBytes 413, chunked bodies 411 (send a Content-Length).
+// Slow clients therefore cannot starve /healthz, /metrics or the API (issue 17).
 //
-// Thread safety: the server's own threads serve requests; Create/Stop from one owner thread.
+// TLS: with a certificate and key the gateway serves HTTPS only; the handshake counts against
+// the request deadline.
+//
+// Thread safety: the server's connection threads serve requests; Create/Stop from one owner
+// thread.
 #ifndef SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_
 #define SWITCHYARD_COORDINATOR_API_REST_GATEWAY_H_
 
@@ -33,23 +42,17 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/http_listener.h"
+#include "common/http_server.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/api/job_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/workers/step_hub.h"
 #include "coordinator/workers/worker_registry.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace switchyard::api {
 
 // Request bodies larger than this are refused (413) before parsing.
 inline constexpr size_t kMaxRestBodyBytes = 8 << 20;
-// Idle keep-alive connections are closed after this; it also bounds how long Stop() waits.
-inline constexpr int kKeepAliveSeconds = 1;
 
 class RestGateway {
  public:
@@ -57,35 +60,40 @@ class RestGateway {
   // `tls_cert_file` and `tls_key_file` (PEM) are given. `hub`, `auth` and `metrics` must outlive
   // the gateway; `steps` (may be null) fills Job.last_step as JobService does. UNAVAILABLE when
   // the port cannot be bound, INVALID_ARGUMENT naming tls-cert / tls-key when OpenSSL cannot load
-  // them.
+  // them. `limits` (its TLS fields are ignored) bounds connections, times and sizes.
   static absl::StatusOr<std::unique_ptr<RestGateway>> Create(
       JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
       const std::string& host, int port, const std::string& tls_cert_file = "",
       const std::string& tls_key_file = "", workers::StepHub* steps = nullptr,
-      const workers::WorkerRegistry* registry = nullptr);
+      const workers::WorkerRegistry* registry = nullptr, HttpServerOptions limits = Limits());
+  // The gateway's defaults: HttpServerOptions' with max_body_bytes = kMaxRestBodyBytes.
+  static HttpServerOptions Limits() {
+    HttpServerOptions o;
+    o.max_body_bytes = kMaxRestBodyBytes;
+    return o;
+  }
   ~RestGateway();  // Stop()s.
   RestGateway(const RestGateway&) = delete;
   RestGateway& operator=(const RestGateway&) = delete;
 
-  // The bound port.
-  int port() const { return port_; }
-  // Stops accepting, finishes the requests in flight, joins the thread. Idempotent.
+  // The bound port and address ("0.0.0.0" when bound to every IPv4 interface).
+  int port() const { return server_->port(); }
+  const std::string& bound_address() const { return server_->bound_address(); }
+  // Stops accepting, ends reading and idle connections, lets the requests in flight finish,
+  // joins the threads. Idempotent.
   void Stop();
 
  private:
   RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-              workers::StepHub* steps, const workers::WorkerRegistry* registry,
-              std::unique_ptr<httplib::Server> server);
-  void Route();
+              workers::StepHub* steps, const workers::WorkerRegistry* registry);
+  HttpRouter Route();
 
   JobHub* const hub_;
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
   workers::StepHub* const steps_;
   const workers::WorkerRegistry* const registry_;  // null without the worker side
-  std::unique_ptr<httplib::Server> server_;
-  HttpListener listener_;  // declared after server_: stopped before the server is destroyed
-  int port_ = 0;
+  std::unique_ptr<HttpServer> server_;             // last: its threads use the members above
 };
 
 }  // namespace switchyard::api

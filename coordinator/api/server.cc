@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   if (options.token_file.empty()) return absl::InvalidArgumentError("token-file: must be set");
   SY_RETURN_IF_ERROR(CheckPort("grpc-port", options.grpc_port));
   SY_RETURN_IF_ERROR(CheckPort("http-port", options.http_port));
+  if (options.health_port != -1) SY_RETURN_IF_ERROR(CheckPort("health-port", options.health_port));
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls-cert, tls-key: give both or neither");
   }
@@ -176,10 +177,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   }
   if (s->plane_ != nullptr) SY_RETURN_IF_ERROR(s->plane_->Start());
   SetServing(s->grpc_server_.get(), true, s->plane_ != nullptr);
+  if (options.health_port != -1) {
+    // Its own server (the default health service is per server): no API service is registered,
+    // so nothing but Health answers here, in plaintext even when the main port serves TLS.
+    grpc::ServerBuilder health_builder;
+    const std::string health_address = absl::StrCat(options.host, ":", options.health_port);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health_builder.AddListeningPort(health_address, grpc::InsecureServerCredentials(),
+                                    &s->health_port_);
+    s->health_server_ = health_builder.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ == 0) {
+      s->health_server_.reset();
+      return absl::UnavailableError(absl::StrCat("health-port: cannot listen on ", health_address));
+    }
+    SetServing(s->health_server_.get(), true, s->plane_ != nullptr);
+  }
 
   SY_ASSIGN_OR_RETURN(
       s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
-                                    options.tls_cert_file, options.tls_key_file, steps, registry));
+                                    options.tls_cert_file, options.tls_key_file, steps, registry,
+                                    options.http_limits));
   return s;
 }
 
@@ -188,6 +205,7 @@ void CoordinatorServer::Shutdown(absl::Time deadline) {
   shut_down_ = true;
   const absl::Time start = absl::Now();
   if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false, plane_ != nullptr);
+  if (health_server_ != nullptr) SetServing(health_server_.get(), false, plane_ != nullptr);
   if (hub_ != nullptr) hub_->Close();
   if (plane_ != nullptr) plane_->Shutdown();
   if (rest_ != nullptr) rest_->Stop();
@@ -195,6 +213,10 @@ void CoordinatorServer::Shutdown(absl::Time deadline) {
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(absl::ToChronoTime(deadline));
     grpc_server_->Wait();
+  }
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(absl::ToChronoTime(deadline));
+    health_server_->Wait();
   }
   if (rest_ == nullptr) return;  // Create failed: nothing was serving
   SY_LOG(INFO) << "shutdown: REST stopped in " << absl::FormatDuration(rest_stopped - start)

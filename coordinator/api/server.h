@@ -14,11 +14,11 @@
 //
 // Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the scheduler
 // stops and the workers' Attach streams end (workers/worker_plane.h), the REST
-// gateway stops (idle keep-alive connections close within kKeepAliveSeconds), then the gRPC
-// server stops accepting and waits for the calls in flight until `deadline`, cancelling the rest.
-// gRPC core also waits for clients to close their connections after its GOAWAY, so with a client
-// still connected Shutdown often takes until `deadline` even when no call is in flight (seen in
-// coordinator_binary_test); it never takes longer. Idempotent.
+// gateway stops (reading and idle connections end at once, requests in flight finish), then the
+// gRPC server stops accepting and waits for the calls in flight until `deadline`, cancelling the
+// rest. gRPC core also waits for clients to close their connections after its GOAWAY, so with a
+// client still connected Shutdown often takes until `deadline` even when no call is in flight (seen
+// in coordinator_binary_test); it never takes longer. Idempotent.
 //
 // Thread safety: Create, Shutdown and the destructor from one owner thread; the accessors from
 // any.
@@ -63,6 +63,13 @@ struct ServerOptions {
   // host:port the workers dial for rendezvous (sent in every Assignment). Empty: `host` (the
   // machine's host name when `host` is a wildcard) and the gRPC port.
   std::string advertise_address;
+  // The REST port's connection caps, deadlines and size limits (TLS fields ignored: see above).
+  HttpServerOptions http_limits = RestGateway::Limits();
+  // -1: none. Otherwise (0: a free port) a second gRPC port on `host`, always plaintext, serving
+  // only grpc.health.v1.Health with the statuses of the main port: for the kubelet's native gRPC
+  // probes, which cannot speak TLS, when the main port serves TLS. It reveals only whether the
+  // coordinator serves; it serves no API.
+  int health_port = -1;
   // Timeouts of the worker registry and scheduler; checkpoint_root and rendezvous_address are
   // filled from the fields above.
   workers::WorkerPlaneOptions worker_options;
@@ -84,6 +91,10 @@ class CoordinatorServer {
 
   int grpc_port() const { return grpc_port_; }
   int http_port() const { return rest_->port(); }
+  // The address the REST gateway is bound to, as the kernel reports it ("0.0.0.0" for all).
+  const std::string& http_address() const { return rest_->bound_address(); }
+  // The plaintext health-only gRPC port; -1 without ServerOptions.health_port.
+  int health_port() const { return health_port_; }
   bool tls() const { return tls_; }
 
   void Shutdown(absl::Time deadline);
@@ -101,6 +112,7 @@ class CoordinatorServer {
   bool tls_ = false;
   bool shut_down_ = false;
   int grpc_port_ = 0;
+  int health_port_ = -1;
   std::unique_ptr<TokenAuth> auth_;
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<jobs::JobRegistry> registry_;
@@ -114,6 +126,7 @@ class CoordinatorServer {
   std::unique_ptr<PlanServiceImpl> plan_service_;
   std::unique_ptr<WorkerAdminServiceImpl> worker_admin_service_;  // with the worker side only
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<grpc::Server> health_server_;  // with ServerOptions.health_port only
   std::unique_ptr<RestGateway> rest_;
 };
 

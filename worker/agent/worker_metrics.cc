@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "httplib.h"
 #include "prometheus/text_serializer.h"
 
 namespace switchyard::agent {
@@ -59,33 +58,32 @@ WorkerMetrics::WorkerMetrics()
       expert_imbalance_(GaugeFamily(*registry_, "switchyard_worker_expert_load_imbalance",
                                     "Max / mean tokens per expert of the MoE layer, last step")) {}
 
-WorkerMetrics::~WorkerMetrics() { listener_.Stop(); }
+WorkerMetrics::~WorkerMetrics() {
+  if (server_ != nullptr) server_->Stop();
+}
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
-    const std::string& bind_address, int port) {
+    const std::string& bind_address, int port, HttpServerOptions limits) {
   if (port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics port (", port, ") must be <= 65535 (0: any free port)"));
   }
   std::unique_ptr<WorkerMetrics> m(new WorkerMetrics());
   if (port < 0) return m;
-  m->server_ = std::make_unique<httplib::Server>();
   WorkerMetrics* self = m.get();
-  m->server_->Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
-    res.set_content(self->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  HttpRouter router;
+  router.Handle("GET", "/metrics", [self](const HttpRequest&, HttpResponse* res) {
+    res->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res->body = self->Serialize();
   });
-  if (port == 0) {
-    m->port_ = m->server_->bind_to_any_port(bind_address);
-  } else if (m->server_->bind_to_port(bind_address, port)) {
-    m->port_ = port;
+  auto server = HttpServer::Create(bind_address, port, std::move(limits), std::move(router));
+  if (!server.ok()) {
+    if (server.status().code() != absl::StatusCode::kUnavailable) return server.status();
+    return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", bind_address, ":", port,
+                                               " (", server.status().message(), ")"));
   }
-  if (m->port_ <= 0) {
-    m->server_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", bind_address, ":", port, " (bind failed)"));
-  }
-  httplib::Server* server = m->server_.get();
-  m->listener_.Start(server);
+  m->server_ = std::move(*server);
+  m->port_ = m->server_->port();
   return m;
 }
 

@@ -1,8 +1,9 @@
 // File: worker/agent/worker_metrics.h
 //
 // The worker's own Prometheus endpoint (GET /metrics; prometheus-cpp gauges in a registry, the
-// text exposition served by cpp-httplib on a thread of its own, as the coordinator serves its
-// /metrics: prometheus-cpp's CivetWeb exposer failed to bind inside our test binaries, which
+// text exposition served by common/http_server.h, as the coordinator serves its /metrics, so slow
+// or hostile clients cannot starve it: connection caps per client and in total, a whole-request
+// deadline; prometheus-cpp's CivetWeb exposer failed to bind inside our test binaries, which
 // link gRPC, with "null context when constructing CivetServer"): the last
 // step's numbers, one gauge each, mapping one-to-one onto the step log line and StepMetrics
 // (proto/switchyard/v1/metrics.proto):
@@ -39,15 +40,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/http_listener.h"
+#include "common/http_server.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "switchyard/v1/metrics.pb.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace switchyard::agent {
 
@@ -55,9 +52,11 @@ class WorkerMetrics {
  public:
   // Serves /metrics on `bind_address`:`port` (port 0: an ephemeral port, see port()); port < 0:
   // records without serving (no exporter). UNAVAILABLE naming the address when it cannot bind;
-  // INVALID_ARGUMENT for a port > 65535.
+  // INVALID_ARGUMENT for a port > 65535. `limits` bounds the exporter's connections and times
+  // (HttpServerOptions' defaults; a scrape is one small GET).
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(const std::string& bind_address,
-                                                               int port);
+                                                               int port,
+                                                               HttpServerOptions limits = {});
   WorkerMetrics(const WorkerMetrics&) = delete;
   WorkerMetrics& operator=(const WorkerMetrics&) = delete;
   ~WorkerMetrics();
@@ -81,8 +80,7 @@ class WorkerMetrics {
   };
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<httplib::Server> server_;
-  HttpListener listener_;  // declared after server_: stopped before the server is destroyed
+  std::unique_ptr<HttpServer> server_;  // stopped first in the destructor: it reads the gauges
   int port_ = -1;
   prometheus::Gauge& step_;
   prometheus::Gauge& step_seconds_;
