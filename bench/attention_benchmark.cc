@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "bench/bench_util.h"
+#include "common/command_line.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/attention/attention.h"
@@ -137,6 +138,9 @@ int Main() {
 }  // namespace switchyard::bench
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "Causal GQA attention benchmark: bf16 forward and backward on one GPU; prints ms and TFLOP/s "
+      "per shape (bench/README.md).");
+  switchyard::ParseCommandLine(argc, argv);
   return switchyard::bench::Main();
 }

@@ -36,12 +36,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
 #include "common/tensor.h"
@@ -355,7 +356,10 @@ void PrintPlan(const Args& a) {
 }
 
 int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "Expert-parallel dispatch benchmark: the alltoall dispatcher over EP = 2|4 GPUs, one process "
+      "per GPU (bench/README.md).");
+  switchyard::ParseCommandLine(argc, argv);
   absl::StatusOr<Args> a = ParseArgs();
   if (!a.ok()) {
     std::fprintf(stderr, "ep_dispatch_benchmark: %s\n", a.status().ToString().c_str());

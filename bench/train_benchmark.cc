@@ -65,7 +65,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -73,6 +73,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_model.h"
+#include "common/command_line.h"
 #include "common/config_defaults.h"
 #include "common/cuda_status.h"
 #include "common/model_math.h"
@@ -737,6 +738,9 @@ int Main() {
 }  // namespace switchyard::bench
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "End-to-end training benchmark of the benchmark model on one GPU or --world N GPUs; prints "
+      "step time, tokens/s, TFLOP/s, MFU (bench/README.md).");
+  switchyard::ParseCommandLine(argc, argv);
   return switchyard::bench::Main();
 }

@@ -34,13 +34,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/command_line.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "coordinator/api/server.h"
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+      switchyard::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   if (positional.size() > 1) return Usage(std::string("unexpected argument ") + positional[1]);
 
   switchyard::api::ServerOptions options;

@@ -18,16 +18,19 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
    ones); the gRPC health services the probes name answer SERVING (grpc.health.v1.Health/Check,
    as the kubelet calls it), a bogus one does not; /healthz; /metrics scraped.
 6. A real worker is started with gpu-0's args (--device cpu, temp token, free metrics port,
-   the coordinator's temp roots),
-   attaches, trains a tiny mock-data job submitted over REST; its /metrics is scraped.
+   the coordinator's temp roots), attaches, trains a tiny mock-data job submitted over REST; its
+   /metrics is scraped while the job trains; after the job is cancelled, the idle worker's step
+   gauges read 0 and its per-layer series are gone.
    With the tls component: the coordinator over TLS, its gRPC probes on the plaintext
    --health-port, a worker
    attaching with --tls-root-cert (self-signed certificate from openssl).
    With Debian's prometheus package: promtool checks the dashboard PromQL and prometheus.yml, and a
-   real Prometheus scrapes both processes and evaluates every dashboard query.
-7. Every metric the dashboard's PromQL uses is one the scrapes saw (or, for series that only
-   exist on GPU such as MFU, one worker/agent/worker_metrics.cc registers); every label the
-   dashboard groups by, matches on or prints is one the series carry or prometheus.yml adds.
+   real Prometheus scrapes both processes and evaluates every dashboard query, each of which must
+   return series (no exception for a CPU worker).
+7. Every metric the dashboard's PromQL uses is one the scrapes saw, and every metric
+   worker/agent/worker_metrics.cc registers is exported by the CPU worker (MFU included: 0 on
+   CPU); every label the dashboard groups by, matches on or prints is one the series carry or
+   prometheus.yml adds.
 8. prometheus.yml keeps exactly the coordinator's http port and the workers' metrics ports.
 9. Grafana provisioning matches the dashboard (datasource uid); Dockerfile: Debian 12 base,
    non-root uid = the manifests' runAsUser, the Debian packages it installs own every shared
@@ -760,7 +763,9 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
                   "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
                   "moe_ffn_hidden_size": 24, "moe_router_load_balancing_type": "aux_loss",
                   "moe_aux_loss_coeff": 0.01},
-        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_iters": 3,
+        # Runs until cancelled: the scrapes and the dashboard queries happen while it trains
+        # (an idle worker exports no job's numbers), the reset is checked after the cancel.
+        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_iters": 10000000,
                      "lr": 0.003},
         "data": {"mock_data": True},
         "min_workers": 1, "max_workers": 1}
@@ -771,16 +776,20 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
         return [http_get(coord_url + "/metrics")[1]]
     job = json.loads(body)
     print("job %s state %s" % (job.get("name"), job.get("state")))
-    worker_text, state = "", ""
+    worker_url = "http://127.0.0.1:%d/metrics" % metrics_port
+    worker_text, state, step = "", "", 0.0
     deadline = time.time() + 180
     while time.time() < deadline:
         st, jb = http_get(coord_url + "/v1/" + job["name"], token)
         state = json.loads(jb).get("state") if st == 200 else "GET %s: %s" % (st, jb[:200])
-        if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        _, worker_text = http_get(worker_url)
+        m = re.search(r"^switchyard_worker_step (\S+)", worker_text, re.M)
+        step = float(m.group(1)) if m else 0.0
+        if state in ("SUCCEEDED", "FAILED", "CANCELLED") or (state == "RUNNING" and step >= 2):
             break
         time.sleep(0.1)
-    _, worker_text = http_get("http://127.0.0.1:%d/metrics" % metrics_port)
-    if not check(state == "SUCCEEDED", "the job ran on the worker: %s" % state):
+    if not check(state == "RUNNING" and step >= 2,
+                 "the job trains on the worker: %s, switchyard_worker_step %g" % (state, step)):
         wlog.seek(0)
         print(wlog.read()[-3000:])
     _, coord_text = http_get(coord_url + "/metrics")
@@ -788,7 +797,43 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     log_lines = [l for l in wlog.read().splitlines() if l.strip()]
     print("worker log (last lines):\n  " + "\n  ".join(log_lines[-4:]))
     DASHBOARD_QUERIES_RUN.append(prometheus_queries(http_port, metrics_port))
+    check_idle_worker_metrics(coord_url, token, job["name"], worker_url)
     return [coord_text, worker_text]
+
+
+def check_idle_worker_metrics(coord_url, token, job_name, worker_url):
+    """Cancels the running job; the idle worker's /metrics then keeps none of its numbers: every
+    step gauge is 0 and the per-layer series are gone (worker/agent/worker_metrics.h)."""
+    section("the worker's /metrics after its job ended")
+    status, body = http_post(coord_url + "/v1/" + job_name + ":cancel", {}, token)
+    check(status == 200, "POST /v1/%s:cancel: %s %s" % (job_name, status,
+                                                       "" if status == 200 else body[:300]))
+    text, generation = "", None
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        _, text = http_get(worker_url)
+        m = re.search(r"^switchyard_worker_generation (\S+)", text, re.M)
+        generation = float(m.group(1)) if m else None
+        if generation == 0:
+            break
+        time.sleep(0.1)
+    if not check(generation == 0, "the worker is idle (switchyard_worker_generation %s)" %
+                 generation):
+        return
+    samples, _ = parse_exposition(text)
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            values[series] = float(value)
+    for name in ("switchyard_worker_step", "switchyard_worker_step_seconds",
+                 "switchyard_worker_tokens_per_second", "switchyard_worker_tflops",
+                 "switchyard_worker_mfu", "switchyard_worker_loss", "switchyard_worker_aux_loss",
+                 "switchyard_worker_grad_norm", "switchyard_worker_lr"):
+        check(values.get(name) == 0, "idle worker: %s = %s (reset to 0)" % (name,
+                                                                          values.get(name)))
+    left = sorted(n for n in values if n.startswith("switchyard_worker_expert_"))
+    check(not left, "idle worker: no per-layer expert series left (%s)" % (left or "none"))
 
 
 DASHBOARDS = {}
@@ -808,8 +853,8 @@ def dashboard_exprs(d):
 
 def prometheus_queries(coord_http_port, worker_metrics_port):
     """A real Prometheus (Debian's package, when installed) scrapes the running coordinator and
-    worker under the scrape job names of prometheus.yml; every dashboard query must evaluate, and
-    return series unless it is on a metric a CPU worker does not export."""
+    worker under the scrape job names of prometheus.yml while the worker trains; every dashboard
+    query must evaluate and return series (a CPU worker exports every dashboard metric)."""
     section("dashboard queries in a real Prometheus")
     prom = shutil.which("prometheus")
     if prom is None:
@@ -839,7 +884,11 @@ def prometheus_queries(coord_http_port, worker_metrics_port):
             with urllib.request.urlopen(url, timeout=10) as r:
                 return json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
-            return json.loads(e.read().decode())
+            body = e.read().decode(errors="replace")
+            try:
+                return json.loads(body)
+            except ValueError:  # e.g. 503 in plain text while Prometheus starts
+                return {"status": "error", "error": "HTTP %d: %s" % (e.code, body[:200])}
         except (OSError, ValueError) as e:
             return {"status": "error", "error": str(e)}
 
@@ -862,19 +911,17 @@ def prometheus_queries(coord_http_port, worker_metrics_port):
         return False
     for d in DASHBOARDS.values():
         for title, e in dashboard_exprs(d):
-            cpu_absent = "switchyard_worker_mfu" in e
             deadline = time.time() + 20  # an empty answer is retried: a scrape may have failed
             while True:
                 r = query(e)
                 ok = r.get("status") == "success"
                 n = len(r["data"]["result"]) if ok else 0
-                if ((ok and n > 0) or cpu_absent or r.get("errorType") == "bad_data"
+                if ((ok and n > 0) or r.get("errorType") == "bad_data"
                         or time.time() > deadline):
                     break
                 time.sleep(0.5)
-            check(ok and (n > 0 or cpu_absent), "%r: %s -> %s, %d series%s" % (
-                title, e, r.get("status"), n, r.get("error", "") and " " + r.get("error") or
-                (" (MFU: none on a CPU worker)" if cpu_absent else "")))
+            check(ok and n > 0, "%r: %s -> %s, %d series%s" % (
+                title, e, r.get("status"), n, r.get("error", "") and " " + r.get("error") or ""))
     return True
 
 
@@ -1046,6 +1093,9 @@ def check_dashboard(dashboards, scraped, docs):
         source_names = set(re.findall(r'"(switchyard_worker_[a-z0-9_]+)"', f.read()))
     check(len(source_names) >= 10, "worker_metrics.cc registers %d metric names" %
           len(source_names))
+    # Every backend exports every worker metric (a dashboard panel never depends on the GPU).
+    for n in sorted(source_names):
+        check(n in samples, "%s (registered in worker_metrics.cc) is exported by the CPU worker" % n)
     target_labels = {"job", "instance"}
     prom = docs.get("prometheus/prometheus.yml", [{}])[0]
     for sc in prom.get("scrape_configs", []):
@@ -1082,21 +1132,11 @@ def check_dashboard(dashboards, scraped, docs):
                   "%r queries a Switchyard metric: %s" % (title, sorted(metrics) or expr))
             for m in sorted(metrics):
                 used.add(m)
-                labels = samples.get(m)
-                if labels is None and m in source_names:
-                    check(True, "%s (in %r): registered in worker_metrics.cc (not scraped: no "
-                          "value on a CPU worker)" % (m, title))
-                    labels = {"layer"} if "expert" in m else set()
-                else:
-                    check(labels is not None, "%s (in %r): scraped from the running binaries" %
-                          (m, title))
-                    labels = labels or set()
+                check(m in samples, "%s (in %r): scraped from the running binaries" % (m, title))
             # Labels: by (...), matchers {l=..}, legend {{l}}.
             allowed = set(target_labels) | {"le", "__name__"}
             for m in metrics:
                 allowed |= samples.get(m, set())
-                if m in source_names and "expert" in m:
-                    allowed.add("layer")
             wanted = set()
             for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
                 wanted |= {x.strip() for x in group.split(",") if x.strip()}

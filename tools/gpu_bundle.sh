@@ -3,7 +3,7 @@
 # with its run_gpu_tests.sh. It holds
 #   - every test tagged `gpu`, named by target (//kernels/gemm:gemm_gpu_test ->
 #     kernels_gemm_gemm_gpu_test), every cc_binary under //bench/... (bench_<pkg>_<name>),
-#     switchyard-worker and syctl;
+#     switchyard-worker, switchyard-coordinator and syctl, each with an $ORIGIN-relative RPATH to lib/;
 #   - lib/: the shared libraries those need that the GPU host lacks (gRPC, Protobuf, Abseil, ...),
 #     copied as real files under their soname, stripped;
 #   - torch_moe_baseline.py (the PyTorch MoE-layer reference, from /work/shared/bench),
@@ -12,9 +12,11 @@
 #     quickstart, `./quickstart_cluster.sh . quickstart.yaml`) and MANIFEST.
 # The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
 # the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
-# those are never bundled. The script checks with ldd that every other dependency resolves inside
-# the bundle and fails if the bundle exceeds 60 MiB. Binaries over 1 MiB are stored xz-compressed
-# under packed/ behind same-named launcher scripts that unpack them on first use (see Packing).
+# those are never bundled. tools/bundle_binaries.sh does the library half: copies the other
+# libraries into lib/, gives every binary an $ORIGIN-relative RPATH (each starts without
+# LD_LIBRARY_PATH or a wrapper), checks with ldd in an empty environment that every other
+# dependency resolves inside the bundle, and stores binaries over 1 MiB xz-compressed under
+# packed/ behind same-named launcher scripts. This script fails if the bundle exceeds 60 MiB.
 #
 # Usage: tools/gpu_bundle.sh            (BAZEL_OUTPUT_BASE=<dir> to use a private output base)
 set -euo pipefail
@@ -22,9 +24,6 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 bundle="$repo/.gpu_bundle"
 max_mib=60
-
-# Libraries the GPU host provides (matched on the soname's stem, before ".so").
-host_lib_re='^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|ld-linux(-x86-64)?|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libcudart|libcublas|libcublasLt|libnccl)$'
 
 log() { echo "[gpu_bundle] $*" >&2; }
 die() {
@@ -105,38 +104,12 @@ for t in "${targets[@]}"; do
   [[ -e $bundle/$name ]] && die "two targets map to bundle name $name"
   cp "$src" "$bundle/$name"
   chmod u+w,a+rx "$bundle/$name"
-  strip "$bundle/$name"
   manifest_targets+=("$name  <- $t")
 done
 
-# --- Shared libraries ----------------------------------------------------------------------------
-declare -A lib_src=()
-missing=()
-for f in "$bundle"/*; do
-  [[ -f $f && -x $f && $f != *.py && $f != *.sh ]] || continue
-  # ldd lists transitive dependencies: "soname => /path (0x...)" or "soname => not found".
-  while read -r soname arrow path _; do
-    [[ $arrow == "=>" ]] || continue
-    stem=${soname%%.so*}
-    [[ $stem =~ $host_lib_re ]] && continue
-    if [[ $path == not ]]; then
-      missing+=("$soname (needed by $(basename "$f"))")
-      continue
-    fi
-    real=$(readlink -f "$path")
-    if [[ -n ${lib_src[$soname]:-} && ${lib_src[$soname]} != "$real" ]]; then
-      die "$soname resolves to both ${lib_src[$soname]} and $real"
-    fi
-    lib_src[$soname]=$real
-  done < <(ldd "$f")
-done
-[[ ${#missing[@]} -eq 0 ]] || die "unresolved libraries on this machine: ${missing[*]}"
-for soname in "${!lib_src[@]}"; do
-  cp "${lib_src[$soname]}" "$bundle/lib/$soname"
-  chmod u+w "$bundle/lib/$soname"
-  strip --strip-unneeded "$bundle/lib/$soname"
-done
-log "${#lib_src[@]} shared libraries bundled"
+# --- Shared libraries, RPATH, check, packing (tools/bundle_binaries.sh) ----------------------
+tools/bundle_binaries.sh "$bundle"
+nlibs=$(wc -l <"$bundle/LIBRARIES")
 
 # --- Scripts and reference -----------------------------------------------------------------------
 baseline=""
@@ -181,69 +154,13 @@ chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/quickst
   echo "binaries:"
   printf '  %s\n' "${manifest_targets[@]}"
   echo "lib/:"
-  for soname in $(printf '%s\n' "${!lib_src[@]}" | sort); do echo "  $soname  <- ${lib_src[$soname]}"; done
+  sed 's/^/  /' "$bundle/LIBRARIES"
 } >"$bundle/MANIFEST"
-
-# --- Check: only host-provided libraries resolve outside the bundle ------------------------------
-bad=()
-for f in "$bundle"/* "$bundle"/lib/*; do
-  [[ -f $f && $f != *.py && $f != *.sh && $f != */MANIFEST ]] || continue
-  while read -r soname arrow path _; do
-    [[ $arrow == "=>" ]] || continue
-    stem=${soname%%.so*}
-    [[ $stem =~ $host_lib_re ]] && continue
-    [[ $path == "$bundle/lib/"* ]] || bad+=("$(basename "$f"): $soname => $path")
-  done < <(LD_LIBRARY_PATH="$bundle/lib" ldd "$f")
-done
-if [[ ${#bad[@]} -gt 0 ]]; then
-  printf '  %s\n' "${bad[@]}" >&2
-  die "the dependencies above resolve outside the bundle and are not provided by the GPU host"
-fi
-
-# --- Packing: binaries over 1 MiB are stored xz-compressed -------------------------------------
-# Their fatbins (cubins of every kernel, not strippable) make the plain bundle ~100 MiB. Each
-# packed binary <name> becomes packed/<name>.xz plus a small shell launcher <name> that unpacks it
-# once (xz, or python3's lzma when xz is missing) into .unpacked/ next to it (or, when the bundle
-# is read-only, into $TMPDIR) and execs it with the same arguments, so run_gpu_tests.sh and
-# run_gpu_bench.sh call every binary exactly as before.
-mkdir -p "$bundle/packed"
-packed=0
-for f in "$bundle"/*; do
-  [[ -f $f && -x $f && $f != *.py && $f != *.sh ]] || continue
-  (($(stat -c %s "$f") > 1048576)) || continue
-  name=$(basename "$f")
-  xz -6 -T0 -c "$f" >"$bundle/packed/$name.xz"
-  chmod 644 "$bundle/packed/$name.xz"
-  cat >"$f" <<'LAUNCHER'
-#!/bin/sh
-# Launcher written by tools/gpu_bundle.sh: unpacks packed/<name>.xz once, then runs it.
-here=$(cd "$(dirname "$0")" && pwd)
-name=$(basename "$0")
-export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-dir="$here/.unpacked"
-mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ] || dir="${TMPDIR:-/tmp}/switchyard_gpu_bundle_$(id -u)"
-mkdir -p "$dir" || exit 127
-bin="$dir/$name"
-if [ ! -x "$bin" ] || [ "$here/packed/$name.xz" -nt "$bin" ]; then
-  tmp="$bin.tmp.$$"
-  if command -v xz >/dev/null 2>&1; then
-    xz -dc "$here/packed/$name.xz" >"$tmp"
-  else
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
-      "$here/packed/$name.xz" >"$tmp"
-  fi || { echo "$name: cannot unpack $here/packed/$name.xz" >&2; rm -f "$tmp"; exit 127; }
-  chmod 755 "$tmp" && mv -f "$tmp" "$bin" || exit 127
-fi
-exec "$bin" "$@"
-LAUNCHER
-  chmod 755 "$f"
-  packed=$((packed + 1))
-done
-log "$packed binaries packed (xz) behind launchers"
+rm "$bundle/LIBRARIES"
 
 bytes=$(du -sb "$bundle" | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
-echo "gpu bundle: $bundle, ${#targets[@]} binaries, ${#lib_src[@]} libraries, $mib MiB (limit $max_mib MiB)"
+echo "gpu bundle: $bundle, ${#targets[@]} binaries, $nlibs libraries, $mib MiB (limit $max_mib MiB)"
 if ((bytes > max_mib * 1048576)); then
   die "bundle is $mib MiB, over the $max_mib MiB limit"
 fi

@@ -12,7 +12,7 @@
 // With --train-vocab-size the tokenizer is trained on all the documents first (they are held in
 // memory, as the dataset writer holds its tokens). Token dtype: uint16 when the vocab has fewer
 // than 65536 ids, else int32. Writes out.bin and out.idx; prints a summary to stderr. Flags take
-// "--name value" or "--name=value".
+// "--name value" or "--name=value". --help (-h) prints the usage on stdout and exits 0.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -190,6 +190,13 @@ absl::Status Run(const Options& opt) {
 }  // namespace switchyard::tools
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "--helpfull") {
+      std::fputs(switchyard::tools::kUsage, stdout);  // asked for: not an error
+      return 0;
+    }
+  }
   absl::StatusOr<switchyard::tools::Options> opt = switchyard::tools::ParseArgs(argc, argv);
   if (!opt.ok()) {
     std::fprintf(stderr, "preprocess: %s\n%s", opt.status().ToString().c_str(),

@@ -23,6 +23,7 @@ DEBIAN_PACKAGES=(
   bible-kjv-text bible-kjv  # default training corpus (KJV text + its decoder); tools/prepare_corpus.sh
   jq python3-yaml openssl bsdutils  # cli/syctl_test.sh: JSON/YAML checks, a TLS cert, `script`
   prometheus  # deploy/deploy_test.py: promtool checks and a real Prometheus scraping the binaries
+  patchelf xz-utils  # tools/bundle_binaries.sh: RUNPATH of bundled binaries; packing
 )
 PYPI_PACKAGES=(
   "nvidia-cutlass==4.2.0.0"  # CUTLASS 4.2 C++ headers (cutlass_library/source/include)

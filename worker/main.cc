@@ -35,11 +35,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "common/version.h"
 #include "worker/agent/agent.h"
@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
   std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+      switchyard::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   if (positional.size() > 1) {
     std::fprintf(stderr, "switchyard-worker: unexpected argument '%s'\nswitchyard-worker: %s\n",
                  positional[1], kUsage);

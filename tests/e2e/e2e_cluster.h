@@ -262,14 +262,15 @@ class Cluster {
     return true;
   }
 
-  // A CPU worker agent serving its own /metrics on a fixed port.
-  void StartWorker() {
+  // A CPU worker agent serving its own /metrics on a fixed port; `comm_timeout_s` bounds its
+  // rendezvous and every collective (the binary's default is 60).
+  void StartWorker(int comm_timeout_s = 10) {
     const int i = static_cast<int>(workers_.size());
     metrics_ports_.push_back(FreePort());
     workers_.push_back(std::make_unique<Process>(
         std::vector<std::string>{g_worker, "--coordinator", coordinator_->grpc_address(),
                                  "--token-file", flags_.worker_token_file, "--device", "cpu",
-                                 "--comm-timeout", "10", "--metrics-port",
+                                 "--comm-timeout", std::to_string(comm_timeout_s), "--metrics-port",
                                  std::to_string(metrics_ports_.back()), "--checkpoint-root",
                                  flags_.checkpoint_root, "--data-root", flags_.data_root},
         TmpPath(absl::StrCat(name_, "_worker", i, ".log")), false));
@@ -403,10 +404,10 @@ inline double MeanLoss(const std::vector<SeenStep>& steps, size_t from, size_t t
 }
 
 // Starts the coordinator and two workers, waits until both are attached.
-inline void StartTwoWorkers(Cluster& c) {
+inline void StartTwoWorkers(Cluster& c, int comm_timeout_s = 10) {
   ASSERT_TRUE(c.StartCoordinator());
-  c.StartWorker();
-  c.StartWorker();
+  c.StartWorker(comm_timeout_s);
+  c.StartWorker(comm_timeout_s);
   ASSERT_TRUE(c.WaitForAttached(2, 30)) << (c.PrintLogs(), "");
 }
 

@@ -74,10 +74,26 @@ TEST(E2eTest, KilledWorkerRestartsTheJobOnTheSurvivorFromTheLastCheckpoint) {
 }
 
 // A hung worker (SIGSTOP: sockets open, no heartbeats) is marked LOST after the coordinator's
-// heartbeat_timeout (5 s): RESTARTING with reason WORKER_LOST, then the survivor resumes alone.
-TEST(E2eTest, HungWorkerIsLostAndTheJobRestartsOnTheSurvivor) {
+// heartbeat_timeout (5 s): RESTARTING with reason WORKER_LOST, and the survivor, blocked in a
+// collective with the hung peer, is stopped at once (Stop aborts its communicators, which wakes
+// the blocked collective) and resumes alone, as for a killed worker. The workers run with the
+// binary's default --comm-timeout (60 s): a survivor that waits for its collective to time out
+// fails the RUNNING bound (measured without the fix in GlooCommunicator::Abort: STARTING of
+// generation 2 after 7.0 s, as the Stop is acknowledged after stop_report_after regardless, but
+// RUNNING only after 60.2 s, the next Start waiting for the blocked thread). Then SIGCONT: the
+// stale worker's old generation is over; it re-attaches, is stopped and idle, and nothing else
+// happens to the job (no third generation, one restart, it still resumes from the checkpoint and
+// succeeds).
+//
+// Bounds, from the coordinator's settings (heartbeat_timeout 5 s, monitor every 250 ms, workers
+// heartbeat every 1 s): LOST is declared 5 to 5.25 s after the last heartbeat, i.e. 4 to 5.3 s
+// after the SIGSTOP; 10 s leaves 4.7 s for a loaded 2-core machine. STARTING of generation 2
+// needs the survivor's WorkerExit(143) (at most stop_report_after = 2 s after the Stop) and a
+// schedule pass, RUNNING its first step at world 1 (measured 5.4 s after the SIGSTOP); 20 s for
+// both is far below the 60 s a timed-out collective takes.
+TEST(E2eTest, HungWorkerIsLostWithinTheHeartbeatTimeoutAndResumedWorkerIsStoppedCleanly) {
   Cluster c("hung_worker");
-  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c));
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers(c, /*comm_timeout_s=*/60));
   const std::string job = c.Submit("hung-worker-1");
   ASSERT_FALSE(job.empty());
   JobWatcher watch(c.coordinator()->grpc_address(), job);
@@ -88,11 +104,45 @@ TEST(E2eTest, HungWorkerIsLostAndTheJobRestartsOnTheSurvivor) {
               static_cast<long long>(watch.Steps().back().metrics.step()));
   const bool restarting = watch.WaitForState(Job::RESTARTING, 30);
   const double to_restarting = Seconds(stopped);
-  c.worker(1).Signal(SIGKILL);  // it must not come back in this test
-  ASSERT_TRUE(restarting) << (watch.Print(), c.PrintLogs(), "");
+  const bool starting = restarting && watch.WaitForState(Job::STARTING, 60, 2);
+  const double to_starting = Seconds(stopped);
+  const bool running = starting && watch.WaitForState(Job::RUNNING, 60, 2);
+  const double to_running = Seconds(stopped);
+  std::printf("SIGSTOP -> RESTARTING %.2f s -> STARTING gen 2 %.2f s -> RUNNING gen 2 %.2f s\n",
+              to_restarting, to_starting, to_running);
+  if (!running) c.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(running) << (watch.Print(), c.PrintLogs(), "");
+  EXPECT_GE(to_restarting, 4.0);  // not before the 5 s heartbeat timeout (1 s heartbeats)
+  EXPECT_LT(to_restarting, 10.0);
+  EXPECT_LT(to_starting, 20.0);
+  EXPECT_LT(to_running, 20.0) << "the survivor waited for its blocked collective to time out";
+
+  // SIGCONT: the stale worker finds its stream gone and its peer's connections closed.
+  const absl::Time resumed = absl::Now();
+  c.worker(1).Signal(SIGCONT);
+  std::printf("SIGCONT worker 1 at step %lld of generation 2\n",
+              static_cast<long long>(watch.Steps().back().metrics.step()));
+  const bool reattached = c.WaitForAttached(2, 30);
+  std::printf("worker 1 re-attached %.2f s after SIGCONT\n", Seconds(resumed));
+  EXPECT_TRUE(reattached) << (c.PrintLogs(), "");
+  bool idle = false;
+  const absl::Time idle_deadline = absl::Now() + absl::Seconds(30);
+  while (!idle && absl::Now() < idle_deadline) {
+    idle = c.WorkerGeneration(1) == 0;
+    if (!idle) absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::printf("worker 1 idle (switchyard_worker_generation 0) %.2f s after SIGCONT: %s\n",
+              Seconds(resumed), idle ? "yes" : "no");
+  EXPECT_TRUE(idle) << "the stale generation must end on the resumed worker";
+  for (absl::string_view line : absl::StrSplit(c.worker(1).Log(), '\n')) {
+    if (absl::StrContains(line, "generation 1") || absl::StrContains(line, "attached") ||
+        absl::StrContains(line, "reconnect")) {
+      std::printf("worker 1: %s\n", std::string(line).c_str());
+    }
+  }
+
   const Job::State end = watch.WaitForEnd(120);
-  std::printf("SIGSTOP -> RESTARTING %.2f s -> %s %.2f s\n", to_restarting,
-              Job::State_Name(end).c_str(), Seconds(stopped));
+  std::printf("-> %s %.2f s after SIGSTOP\n", Job::State_Name(end).c_str(), Seconds(stopped));
   watch.Print();
   if (end != Job::SUCCEEDED) c.PrintLogs();
   ASSERT_EQ(end, Job::SUCCEEDED);
@@ -100,12 +150,16 @@ TEST(E2eTest, HungWorkerIsLostAndTheJobRestartsOnTheSurvivor) {
   const v1::JobEvent* lost = FindEvent(events, Job::RESTARTING, 1);
   ASSERT_NE(lost, nullptr);
   EXPECT_EQ(lost->reason(), "WORKER_LOST") << lost->message();
-  EXPECT_GE(to_restarting, 4.0);  // not before the 5 s heartbeat timeout (1 s heartbeats)
-  EXPECT_LT(to_restarting, 15.0);
   const v1::JobEvent* second = FindEvent(events, Job::STARTING, 2);
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(WorldOf(*second), 1) << second->message();
+  EXPECT_EQ(FindEvent(events, Job::RESTARTING, 2), nullptr) << "the resumed worker disturbed "
+                                                               "generation 2";
+  EXPECT_EQ(FindEvent(events, Job::STARTING, 3), nullptr);
+  EXPECT_EQ(c.Get(job).restart_count(), 1);
   ExpectResumedFromCheckpoint(watch, c, job, "hung-worker-1");
+  EXPECT_TRUE(c.worker(1).Running()) << "the resumed worker stays up, idle";
+  EXPECT_EQ(c.Attached(), 2);
 }
 
 // max_restarts 0: the first lost worker fails the job (RESTART_LIMIT_EXCEEDED) instead of

@@ -142,9 +142,9 @@ TEST(E2eTest, CancelMidJobEndsEveryWorkersGeneration) {
       "cancel -> CANCELLED %.3f s; worker 0 idle (generation 0 on its /metrics) %.3f s, "
       "worker 1 %.3f s; a min_workers=2 job STARTING %.3f s; it ended %s\n",
       to_cancelled, idle_after[0], idle_after[1], to_reused, Job::State_Name(next_end).c_str());
-  // Known limit (worker/agent/README.md): Gloo's Abort does not wake the aborting process's own
-  // collective, so the cancelled generation's training thread unwinds only at --comm-timeout
-  // (10 s here) and the next Start waits for it. Printed, not asserted.
+  // The cancelled generation's training thread unwinds at once (Stop aborts its communicators,
+  // which wakes a blocked collective), so the next Start does not wait for --comm-timeout
+  // (10 s here). Printed, not asserted.
   std::printf(
       "the next job's first step came %.3f s after the cancel (workers' --comm-timeout "
       "10 s)\n",

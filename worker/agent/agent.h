@@ -34,9 +34,9 @@
 // Threads: Run's caller reads the stream and handles commands; one writer thread per stream
 // (heartbeats and the outbox); one training thread per started generation. Shutdown from any
 // thread. If a stopped generation's thread does not end within stop_grace (a collective the
-// transport cannot interrupt: Gloo's Abort does not wake the aborting process's own blocked
-// collective, worker/comm/peer_monitor.h), Run returns UNAVAILABLE so that the process exits
-// with a retryable code and is restarted, which is the only bounded way out.
+// transport fails to interrupt; both Gloo's and NCCL's Abort wake a blocked collective, so this
+// is a last resort), Run returns UNAVAILABLE so that the process exits with a retryable code and
+// is restarted, which is the only bounded way out.
 #ifndef SWITCHYARD_WORKER_AGENT_AGENT_H_
 #define SWITCHYARD_WORKER_AGENT_AGENT_H_
 

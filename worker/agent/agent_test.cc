@@ -179,6 +179,40 @@ std::map<std::string, double> Series(const std::string& text, const std::string&
   return out;
 }
 
+// GET /metrics of the agent on `port`; empty (with a failure) when the scrape fails.
+std::string ScrapeMetrics(int port) {
+  EXPECT_GT(port, 0);
+  httplib::Client client("127.0.0.1", port);
+  httplib::Result res = client.Get("/metrics");
+  EXPECT_TRUE(res) << "scrape failed: " << httplib::to_string(res.error());
+  if (!res) return "";
+  EXPECT_EQ(res->status, 200);
+  std::printf("scraped http://127.0.0.1:%d/metrics (%zu bytes)\n", port, res->body.size());
+  return res->body;
+}
+
+// An idle agent's /metrics: every step gauge is back to 0 and no per-layer series is left, so a
+// dashboard never shows an ended job's numbers as current.
+void ExpectMetricsReset(int port, const char* when) {
+  const std::string text = ScrapeMetrics(port);
+  std::printf("/metrics %s:\n", when);
+  for (const char* name :
+       {"switchyard_worker_step", "switchyard_worker_step_seconds",
+        "switchyard_worker_tokens_per_second", "switchyard_worker_tflops", "switchyard_worker_mfu",
+        "switchyard_worker_loss", "switchyard_worker_aux_loss", "switchyard_worker_grad_norm",
+        "switchyard_worker_lr", "switchyard_worker_generation"}) {
+    std::map<std::string, double> s = Series(text, name);
+    ASSERT_EQ(s.size(), 1u) << name << " " << when << "\n" << text;
+    std::printf("  %s %g\n", name, s.begin()->second);
+    EXPECT_EQ(s.begin()->second, 0) << name << " " << when;
+  }
+  for (const char* name :
+       {"switchyard_worker_expert_tokens_min", "switchyard_worker_expert_tokens_max",
+        "switchyard_worker_expert_tokens_mean", "switchyard_worker_expert_load_imbalance"}) {
+    EXPECT_TRUE(Series(text, name).empty()) << name << " " << when << "\n" << text;
+  }
+}
+
 TEST(AgentTest, TrainStopResumeMetrics) {
   FakeCoordinator fake(kToken);
   const std::string token_file = WriteTokenFile("token", kToken);
@@ -257,42 +291,8 @@ TEST(AgentTest, TrainStopResumeMetrics) {
                              absl::Seconds(10)))
       << "heartbeats with generation 0 after WorkerExit";
 
-  // The agent's /metrics, over HTTP.
-  {
-    const int port = a0->agent->metrics_port();
-    ASSERT_GT(port, 0);
-    httplib::Client client("127.0.0.1", port);
-    httplib::Result res = client.Get("/metrics");
-    ASSERT_TRUE(res) << "scrape failed: " << httplib::to_string(res.error());
-    ASSERT_EQ(res->status, 200);
-    const std::string& text = res->body;
-    std::printf("scraped http://127.0.0.1:%d/metrics (%zu bytes)\n", port, text.size());
-    for (const char* name : {"switchyard_worker_step", "switchyard_worker_step_seconds",
-                             "switchyard_worker_tokens_per_second", "switchyard_worker_tflops",
-                             "switchyard_worker_loss", "switchyard_worker_generation"}) {
-      std::map<std::string, double> s = Series(text, name);
-      ASSERT_EQ(s.size(), 1u) << name << "\n" << text;
-      std::printf("  %s %g\n", name, s.begin()->second);
-    }
-    EXPECT_EQ(Series(text, "switchyard_worker_step").begin()->second, 6);
-    EXPECT_GT(Series(text, "switchyard_worker_step_seconds").begin()->second, 0);
-    EXPECT_GT(Series(text, "switchyard_worker_tokens_per_second").begin()->second, 0);
-    EXPECT_EQ(Series(text, "switchyard_worker_generation").begin()->second, 0);
-    EXPECT_TRUE(Series(text, "switchyard_worker_mfu").empty()) << "no MFU on the CPU";
-    for (const char* name :
-         {"switchyard_worker_expert_tokens_min", "switchyard_worker_expert_tokens_max",
-          "switchyard_worker_expert_tokens_mean", "switchyard_worker_expert_load_imbalance"}) {
-      std::map<std::string, double> s = Series(text, name);
-      ASSERT_EQ(s.size(), 2u) << name << ": one series per MoE layer, not per expert\n" << text;
-      for (const auto& [series, value] : s) std::printf("  %s %g\n", series.c_str(), value);
-      EXPECT_TRUE(s.count(absl::StrCat(name, "{layer=\"0\"}"))) << text;
-      EXPECT_TRUE(s.count(absl::StrCat(name, "{layer=\"2\"}"))) << text;
-    }
-    EXPECT_DOUBLE_EQ(Series(text, "switchyard_worker_expert_tokens_mean")
-                         .at("switchyard_worker_expert_tokens_mean{layer=\"0\"}"),
-                     kTokensPerStep * 2 / 8.0);
-    EXPECT_FALSE(absl::StrContains(text, "expert=\"")) << "no per-expert series";
-  }
+  // The agent's /metrics after the job ended: no series keeps job A's numbers.
+  ExpectMetricsReset(a0->agent->metrics_port(), "after job-a finished");
 
   // Job B: long, CheckpointNow, then Stop mid-training.
   const std::string ckpt_b = TmpDir("ckpt_b");
@@ -316,6 +316,39 @@ TEST(AgentTest, TrainStopResumeMetrics) {
   ASSERT_TRUE(fake.WaitUntil(
       [&](const Workers& ws) { return NumSteps(ws, "w0", "job-b", 1) >= at_checkpoint + 2; },
       absl::Seconds(60)));
+  // The agent's /metrics over HTTP while job B runs: the last step's numbers.
+  {
+    const std::string text = ScrapeMetrics(a0->agent->metrics_port());
+    ASSERT_FALSE(text.empty());
+    for (const char* name :
+         {"switchyard_worker_step", "switchyard_worker_step_seconds",
+          "switchyard_worker_tokens_per_second", "switchyard_worker_tflops",
+          "switchyard_worker_mfu", "switchyard_worker_loss", "switchyard_worker_generation"}) {
+      std::map<std::string, double> s = Series(text, name);
+      ASSERT_EQ(s.size(), 1u) << name << "\n" << text;
+      std::printf("  %s %g\n", name, s.begin()->second);
+    }
+    EXPECT_GE(Series(text, "switchyard_worker_step").begin()->second, at_checkpoint + 2);
+    EXPECT_GT(Series(text, "switchyard_worker_step_seconds").begin()->second, 0);
+    EXPECT_GT(Series(text, "switchyard_worker_tokens_per_second").begin()->second, 0);
+    EXPECT_GT(Series(text, "switchyard_worker_loss").begin()->second, 0);
+    EXPECT_EQ(Series(text, "switchyard_worker_generation").begin()->second, 1);
+    EXPECT_EQ(Series(text, "switchyard_worker_mfu").begin()->second, 0)
+        << "a CPU worker exports MFU as 0 (no peak to divide by)";
+    for (const char* name :
+         {"switchyard_worker_expert_tokens_min", "switchyard_worker_expert_tokens_max",
+          "switchyard_worker_expert_tokens_mean", "switchyard_worker_expert_load_imbalance"}) {
+      std::map<std::string, double> s = Series(text, name);
+      ASSERT_EQ(s.size(), 2u) << name << ": one series per MoE layer, not per expert\n" << text;
+      for (const auto& [series, value] : s) std::printf("  %s %g\n", series.c_str(), value);
+      EXPECT_TRUE(s.count(absl::StrCat(name, "{layer=\"0\"}"))) << text;
+      EXPECT_TRUE(s.count(absl::StrCat(name, "{layer=\"2\"}"))) << text;
+    }
+    EXPECT_DOUBLE_EQ(Series(text, "switchyard_worker_expert_tokens_mean")
+                         .at("switchyard_worker_expert_tokens_mean{layer=\"0\"}"),
+                     kTokensPerStep * 2 / 8.0);
+    EXPECT_FALSE(absl::StrContains(text, "expert=\"")) << "no per-expert series";
+  }
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(fake.Send(absl::StrCat("w", r), StopMsg("test: stop mid-training")));
   }
@@ -344,6 +377,7 @@ TEST(AgentTest, TrainStopResumeMetrics) {
                              absl::Seconds(10)));
   EXPECT_EQ(a0->agent->generation(), 0);
   EXPECT_EQ(a1->agent->generation(), 0);
+  ExpectMetricsReset(a0->agent->metrics_port(), "after job-b was stopped");
   absl::StatusOr<Checkpoint> saved = LoadCheckpoint(ckpt_b);
   ASSERT_TRUE(saved.ok()) << saved.status();
   const int64_t resume_step = saved->step();

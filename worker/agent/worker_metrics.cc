@@ -31,8 +31,10 @@ WorkerMetrics::WorkerMetrics()
       tflops_(GaugeFamily(*registry_, "switchyard_worker_tflops",
                           "Model TFLOP/s per GPU of the last step")
                   .Add({})),
-      mfu_family_(GaugeFamily(*registry_, "switchyard_worker_mfu",
-                              "Model FLOPs utilisation of the last step (fraction of peak)")),
+      mfu_(GaugeFamily(*registry_, "switchyard_worker_mfu",
+                       "Model FLOPs utilisation of the last step (fraction of peak; 0 when "
+                       "unknown: CPU)")
+               .Add({})),
       loss_(GaugeFamily(*registry_, "switchyard_worker_loss",
                         "Mean cross-entropy of the last step (nats/token)")
                 .Add({})),
@@ -86,6 +88,8 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
 }
 
 void WorkerMetrics::Record(const v1::StepMetrics& m) {
+  absl::MutexLock lock(&mu_);
+  if (generation_value_ == 0) return;  // idle: the generation already ended
   step_.Set(static_cast<double>(m.step()));
   step_seconds_.Set(m.step_ms() / 1000.0);
   tokens_per_second_.Set(m.tokens_per_second());
@@ -94,11 +98,7 @@ void WorkerMetrics::Record(const v1::StepMetrics& m) {
   aux_loss_.Set(m.aux_loss());
   grad_norm_.Set(m.grad_norm());
   lr_.Set(m.lr());
-  absl::MutexLock lock(&mu_);
-  if (m.mfu() >= 0) {
-    if (mfu_ == nullptr) mfu_ = &mfu_family_.Add({});
-    mfu_->Set(m.mfu());
-  }
+  mfu_.Set(m.mfu() >= 0 ? m.mfu() : 0.0);
   for (const v1::ExpertLoad& load : m.expert_load()) {
     auto it = layers_.find(load.layer());
     if (it == layers_.end()) {
@@ -118,7 +118,21 @@ void WorkerMetrics::Record(const v1::StepMetrics& m) {
 }
 
 void WorkerMetrics::SetGeneration(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  generation_value_ = generation;
   generation_.Set(static_cast<double>(generation));
+  if (generation != 0) return;
+  for (prometheus::Gauge* g : {&step_, &step_seconds_, &tokens_per_second_, &tflops_, &mfu_, &loss_,
+                               &aux_loss_, &grad_norm_, &lr_}) {
+    g->Set(0);
+  }
+  for (const auto& [layer, l] : layers_) {
+    expert_min_.Remove(l.min);
+    expert_max_.Remove(l.max);
+    expert_mean_.Remove(l.mean);
+    expert_imbalance_.Remove(l.imbalance);
+  }
+  layers_.clear();
 }
 
 std::string WorkerMetrics::Serialize() const {

@@ -12,7 +12,8 @@
 //   switchyard_worker_step_seconds              wall time of the last step
 //   switchyard_worker_tokens_per_second         tokens of the global batch / step time
 //   switchyard_worker_tflops                    model TFLOP/s per GPU
-//   switchyard_worker_mfu                       fraction of the peak (absent until known: CPU)
+//   switchyard_worker_mfu                       fraction of the peak; 0 when the step reports
+//                                               none (a CPU worker: no peak FLOP/s to divide by)
 //   switchyard_worker_loss                      mean cross-entropy (nats/token)
 //   switchyard_worker_aux_loss, _grad_norm, _lr
 //   switchyard_worker_expert_tokens_min{layer}  tokens per expert of MoE layer `layer`,
@@ -20,6 +21,12 @@
 //   switchyard_worker_expert_tokens_mean{layer} the series count does not grow with E
 //   switchyard_worker_expert_load_imbalance{layer}   max / mean
 //   switchyard_worker_generation                the generation running (0 idle)
+//
+// Every metric above exists on every backend from the start (the per-layer ones once a step
+// reported the layer), so dashboards and alerts see the same series on CPU and GPU workers.
+// An idle worker reports no job's numbers: SetGeneration(0) (the generation ended: finished,
+// failed, stopped) sets every step gauge back to 0 and removes the per-layer series, and a
+// Record while idle (a late step of a generation already reported ended) is dropped.
 //
 // Thread-safe (prometheus-cpp gauges are atomic; the per-layer children are created under a
 // mutex).
@@ -54,8 +61,9 @@ class WorkerMetrics {
   WorkerMetrics& operator=(const WorkerMetrics&) = delete;
   ~WorkerMetrics();
 
-  // Sets every gauge from one step's metrics.
+  // Sets every gauge from one step's metrics; ignored while the generation is 0 (idle).
   void Record(const v1::StepMetrics& m);
+  // The generation this worker runs; 0 (idle) also resets the step gauges (see above).
   void SetGeneration(int64_t generation);
   // The port /metrics is served on; -1 without an exporter.
   int port() const { return port_; }
@@ -78,7 +86,7 @@ class WorkerMetrics {
   prometheus::Gauge& step_seconds_;
   prometheus::Gauge& tokens_per_second_;
   prometheus::Gauge& tflops_;
-  prometheus::Family<prometheus::Gauge>& mfu_family_;
+  prometheus::Gauge& mfu_;
   prometheus::Gauge& loss_;
   prometheus::Gauge& aux_loss_;
   prometheus::Gauge& grad_norm_;
@@ -88,8 +96,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& expert_max_;
   prometheus::Family<prometheus::Gauge>& expert_mean_;
   prometheus::Family<prometheus::Gauge>& expert_imbalance_;
-  absl::Mutex mu_;
-  prometheus::Gauge* mfu_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Mutex mu_;  // orders Record against SetGeneration's reset
+  int64_t generation_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, Layer> layers_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -77,10 +77,10 @@ class Communicator {
   virtual absl::Status Broadcast(const Tensor& t, int root) = 0;
   virtual absl::Status Barrier() = 0;
   // Tears the group down: later calls return ABORTED; the PEERS' pending operations fail (their
-  // connections to this rank close). A call blocked in another thread of THIS process: NCCL
-  // returns ABORTED within about a millisecond; Gloo does not wake it (closing the connections
-  // does not signal its own waiting buffers), so it ends at the group's timeout (measured:
-  // worker/comm/peer_monitor.h). Idempotent.
+  // connections to this rank close). A call blocked in another thread of THIS process returns
+  // ABORTED at once: NCCL within about a millisecond; Gloo because Abort signals every pair
+  // before closing the connections (gloo_pair_signal.h; closing alone leaves it waiting for the
+  // group's timeout). Idempotent.
   virtual void Abort() = 0;
 };
 

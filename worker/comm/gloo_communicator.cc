@@ -25,6 +25,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
+#include "worker/comm/gloo_pair_signal.h"
 
 namespace switchyard::comm {
 namespace {
@@ -522,6 +523,9 @@ absl::Status GlooCommunicator::Barrier() {
 
 void GlooCommunicator::Abort() {
   if (aborted_.exchange(true)) return;
+  // Wake this process's own waiting operations first (closeConnections alone does not), then
+  // close the sockets, which makes the peers' operations fail.
+  SignalGlooPairs(*context_, absl::StrCat(Where("Abort"), ": aborted"));
   try {
     context_->closeConnections();
   } catch (const std::exception&) {

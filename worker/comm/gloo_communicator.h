@@ -27,11 +27,10 @@
 //   when the process left it at the default (Gloo writes with writev, and a write to a reset
 //   connection would otherwise kill the process instead of failing the operation), as Python and
 //   so PyTorch's ProcessGroupGloo always run; a handler the program installed is kept.
-// - Abort: closes the context's connections (peers see their pending operations fail) and makes
-//   later calls return ABORTED. A collective already blocked in another thread of this process is
-//   NOT woken (Gloo's closeConnections does not signal its waiting buffers; the packaged headers
-//   lack gloo/common/memory.h, so tcp::Pair::signalExceptionExternal, which would, cannot be
-//   reached cleanly): it fails at GlooOptions::timeout.
+// - Abort: signals every pair (gloo_pair_signal.h: a collective blocked in another thread of
+//   this process, e.g. on a hung peer, fails at once with ABORTED instead of at
+//   GlooOptions::timeout; Gloo's closeConnections alone does not wake it), closes the context's
+//   connections (peers see their pending operations fail) and makes later calls return ABORTED.
 // Tensors must be CPU tensors. Ranks of a group must make the same sequence of calls.
 #ifndef SWITCHYARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define SWITCHYARD_WORKER_COMM_GLOO_COMMUNICATOR_H_

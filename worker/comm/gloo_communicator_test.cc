@@ -385,6 +385,40 @@ TEST(GlooCommunicatorTest, AbortFailsLaterCallsAndPeers) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
+// Abort wakes this process's own collective blocked in another thread on a peer that hangs (its
+// sockets stay open, it sends nothing): the Barrier returns ABORTED at once, not at the 10 min
+// Gloo timeout. The bound (5 s) is the requirement: a Stop must not wait for the timeout.
+TEST(GlooCommunicatorTest, AbortWakesOwnCollectiveBlockedOnAHungPeer) {
+  const std::string dir = testing::UniqueStoreDir("abort_own");
+  std::vector<int> codes = testing::RunProcesses(2, absl::Seconds(60), [&](int rank) -> int {
+    auto comm = ConnectWorld(dir, rank, 2, absl::Minutes(10));
+    SY_CHILD_OK(comm.status());
+    SY_CHILD_OK((*comm)->Barrier());
+    if (rank == 1) {  // the hung peer: connected, silent, then gone
+      absl::SleepFor(absl::Seconds(3));
+      return 0;
+    }
+    absl::Status s;
+    absl::Time returned;
+    std::thread blocked([&] {
+      s = (*comm)->Barrier();
+      returned = absl::Now();
+    });
+    absl::SleepFor(absl::Milliseconds(300));  // the Barrier is waiting on rank 1 by now
+    const absl::Time aborted = absl::Now();
+    (*comm)->Abort();
+    blocked.join();
+    const absl::Duration woke = returned - aborted;
+    std::fprintf(stderr, "rank 0: Barrier returned %s after Abort (Gloo timeout 10 min): %s\n",
+                 absl::FormatDuration(woke).c_str(), s.ToString().c_str());
+    SY_CHILD_CHECK(s.code() == absl::StatusCode::kAborted);
+    SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world'"));
+    SY_CHILD_CHECK(woke < absl::Seconds(5));
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 // A member that never shows up: Create fails with DEADLINE_EXCEEDED naming the missing key.
 TEST(GlooCommunicatorTest, RendezvousTimeoutNamesTheKey) {
   const std::string dir = testing::UniqueStoreDir("rendezvous");

@@ -34,15 +34,14 @@
 // What the callback can achieve depends on the transport's Abort():
 // - NcclCommunicator::Abort is documented to make a blocked call fail (ncclCommAbort); not
 //   verified here (no GPU on the build machine).
-// - GlooCommunicator::Abort closes the connections, which makes the PEERS' operations on them fail
-//   at once, but with our Gloo (2022-05-18) it does NOT wake a collective blocked in the aborting
-//   process itself: measured in worker/train/killed_peer_test (a SIGSTOPped peer, 10 min Gloo
-//   timeout): two or all three survivors were still blocked 5 s after AbortAll. (Measured with
-//   plain Gloo too: after Context::closeConnections the blocked allreduce waits for its timeout;
-//   gloo::transport::tcp::Pair::signalExceptionExternal on every pair wakes it within 10 ms, a
-//   possible fix for GlooCommunicator::Abort.) Until Abort wakes its own caller, a worker should
-//   therefore, after Abort, give the step a few seconds and then end the process with a
-//   retryable exit code (DESIGN.md: 128-255), which is what that test's callback does.
+// - GlooCommunicator::Abort signals every pair (tcp::Pair::signalExceptionExternal, see
+//   gloo_pair_signal.h), which wakes a collective blocked in the aborting process itself, then
+//   closes the connections, which makes the PEERS' operations on them fail at once. (Before it
+//   signalled, Gloo's closeConnections alone left the aborting process's own collective waiting
+//   for its timeout: killed_peer_test saw two or all three survivors still blocked 5 s after
+//   AbortAll; gloo_communicator_test's AbortWakesOwnCollectiveBlockedOnAHungPeer covers it now.)
+//   killed_peer_test's callback still ends the process with a retryable exit code (DESIGN.md:
+//   128-255) if Step() stays blocked after the abort, as a last resort.
 // A live rank whose heartbeat thread is starved for longer than `grace` is declared lost as well
 // (there is no way to tell it from a hung one), so keep `grace` well above scheduling hiccups;
 // the default 3 x 250 ms suits processes that own their cores.

@@ -10,8 +10,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "common/config_defaults.h"
 #include "common/safetensors.h"
@@ -134,7 +135,11 @@ absl::Status Run() {
 }  // namespace switchyard::model
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "runs one MoE layer forward and backward on tensors from a safetensors file.\n"
+      "usage: moe_layer_io --config job.yaml --in layer_in.safetensors --out "
+      "layer_out.safetensors [--device cpu|cuda] [--dtype f32|f64] [--aux_grad_scale 1]");
+  switchyard::ParseCommandLine(argc, argv);
   absl::Status s = switchyard::model::Run();
   if (!s.ok()) {
     std::fprintf(stderr, "moe_layer_io: %s\n", s.ToString().c_str());

@@ -9,9 +9,9 @@
 //            the survivors would wait for the timeout. The monitor's watchdog (on_lost) calls
 //            ProcessGroups::AbortAll as soon as rank 1's heartbeat is silent for `grace`; a
 //            survivor whose Step() then fails reports the annotated error, and one whose Step()
-//            is still blocked 5 s later (GlooCommunicator::Abort does not wake the aborting
-//            process's own blocked collective, see peer_monitor.h) records the watchdog's verdict
-//            and exits with a retryable code, as a worker would. Either way within the bound.
+//            is still blocked 5 s later (a last resort: GlooCommunicator::Abort now wakes the
+//            aborting process's own blocked collective, see peer_monitor.h) records the
+//            watchdog's verdict and exits with a retryable code. Either way within the bound.
 #include <signal.h>
 #include <unistd.h>
 

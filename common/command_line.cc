@@ -1,0 +1,27 @@
+// File: common/command_line.cc
+#include "common/command_line.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/usage.h"
+
+namespace switchyard {
+
+std::vector<char*> ParseCommandLine(int argc, char* argv[]) {
+  // What absl::ParseCommandLine does (Abseil 20220623), with the usage flags handled here.
+  std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  // -1: no usage flag; 0: --version or --only_check_args; 1: a help flag. All are successes.
+  if (absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage()) != -1) {
+    std::cout.flush();
+    std::exit(0);
+  }
+  return positional;
+}
+
+}  // namespace switchyard
