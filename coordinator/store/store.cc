@@ -1,12 +1,22 @@
 // File: coordinator/store/store.cc
 #include "coordinator/store/store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -63,35 +73,68 @@ ALTER TABLE jobs ADD COLUMN plan BLOB;
     R"sql(
 ALTER TABLE jobs ADD COLUMN last_step BLOB;
 )sql",
+    // 3 -> 4: a finished job (SUCCEEDED 5, FAILED 6, CANCELLED 7) may be deleted with its events
+    // (DeleteJob); the events of any other job stay append-only.
+    R"sql(
+DROP TRIGGER job_events_no_delete;
+CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
+WHEN (SELECT state FROM jobs WHERE id = OLD.job_id) NOT IN (5, 6, 7)
+BEGIN SELECT RAISE(ABORT, 'job_events is append-only (events go only with their finished job)'); END;
+)sql",
 };
+static_assert(v1::Job::SUCCEEDED == 5 && v1::Job::FAILED == 6 && v1::Job::CANCELLED == 7,
+              "migration 3 -> 4 names the finished states by number");
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,
               "one migration per schema version");
 
-absl::StatusCode CodeOf(int rc) {
+// The store's file as SQLite knows it (absolute), for messages.
+std::string FileOf(sqlite3* db) {
+  const char* file = db != nullptr ? sqlite3_db_filename(db, "main") : nullptr;
+  return file != nullptr && file[0] != '\0' ? file : "(unknown file)";
+}
+
+// The one conversion of a SQLite result code into a Status. `what` (the operation and its SQL)
+// and SQLite's own message go to the log only: callers pass messages on to API clients, which
+// must never see SQL. The client's message names the store file and the kind of failure, with a
+// reason (coordinator/api/api_status.h's " (reason: X)" convention) for the ones a client acts on.
+absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
+  const std::string file = FileOf(db);
+  const char* detail = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  SY_LOG(WARNING) << "store " << file << ": " << what << " failed: " << detail << " (code " << rc
+                  << ")";
+  const std::string store = absl::StrCat("store \"", file, "\"");
   switch (rc & 0xff) {
     case SQLITE_BUSY:
     case SQLITE_LOCKED:
-      return absl::StatusCode::kUnavailable;
-    case SQLITE_CONSTRAINT:
+      return absl::UnavailableError(
+          absl::StrCat(store, " is locked by another writer; retry later (reason: STORE_BUSY)"));
+    case SQLITE_FULL:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(store,
+                       " is full (no space on its disk, or its size limit): nothing was "
+                       "written (reason: STORE_FULL)"));
+    case SQLITE_NOMEM:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(store, ": SQLite is out of memory (reason: STORE_NO_MEMORY)"));
+    case SQLITE_CORRUPT:
     case SQLITE_NOTADB:
+      return absl::DataLossError(absl::StrCat(store, " is corrupt (", sqlite3_errstr(rc),
+                                              "); restore it from a backup (reason: "
+                                              "STORE_CORRUPT)"));
+    case SQLITE_CONSTRAINT:
+      // SQLite's message names the constraint or the trigger's text, never the statement.
+      return absl::FailedPreconditionError(absl::StrCat(store, ": ", detail));
     case SQLITE_READONLY:
     case SQLITE_CANTOPEN:
-      return absl::StatusCode::kFailedPrecondition;
-    case SQLITE_CORRUPT:
-      return absl::StatusCode::kDataLoss;
-    case SQLITE_FULL:
-    case SQLITE_NOMEM:
-      return absl::StatusCode::kResourceExhausted;
+    case SQLITE_PERM:
+      return absl::FailedPreconditionError(absl::StrCat(store, ": ", sqlite3_errstr(rc)));
+    case SQLITE_IOERR:
+      return absl::UnavailableError(absl::StrCat(store, ": disk I/O error (", sqlite3_errstr(rc),
+                                                 ") (reason: STORE_IO_ERROR)"));
     default:
-      return absl::StatusCode::kInternal;
+      return absl::InternalError(
+          absl::StrCat(store, ": ", sqlite3_errstr(rc), " (SQLite code ", rc, ")"));
   }
-}
-
-// The one conversion of a SQLite result code into a Status.
-absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
-  const char* detail = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-  return absl::Status(CodeOf(rc),
-                      absl::StrCat("sqlite: ", what, " failed: ", detail, " (code ", rc, ")"));
 }
 
 // A prepared statement; finalized on destruction.
@@ -248,6 +291,125 @@ std::string SerializeSpec(const v1::JobSpec& spec) {
   return bytes;
 }
 
+// The first bytes of every SQLite 3 database file.
+constexpr char kSqliteMagic[] = "SQLite format 3";  // 16 bytes with its NUL
+constexpr size_t kHeaderBytes = 100;
+
+uint32_t BigEndian(const unsigned char* p, int n) {
+  uint32_t v = 0;
+  for (int i = 0; i < n; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Checks the file before SQLite sees it, so that the problems SQLite would paper over get a name:
+// a missing file (SQLite would create an empty store), an empty one (SQLite treats 0 bytes as a
+// new database), one that is not SQLite, and one shorter than its header says. Creates a missing
+// file (mode 0600) when `create` is set; tightens an existing store's mode to 0600.
+absl::Status PrepareFile(const std::string& path, bool create) {
+  const std::string store = absl::StrCat("store \"", path, "\"");
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(store, ": cannot stat: ", std::strerror(errno)));
+    }
+    if (!create) {
+      return absl::NotFoundError(
+          absl::StrCat(store,
+                       " does not exist; refusing to start on a new, empty store without "
+                       "--create-store (or restore the file from a backup)"));
+    }
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(store, ": cannot create: ", std::strerror(errno)));
+    }
+    close(fd);
+    SY_LOG(INFO) << "created a new, empty store " << path;
+    return absl::OkStatus();
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(store, " is not a regular file"));
+  }
+  if (st.st_size == 0) {
+    return absl::DataLossError(absl::StrCat(
+        store,
+        " is empty (0 bytes): it holds no jobs; refusing to start on it (restore it from a "
+        "backup, or remove it and pass --create-store to start a new store)"));
+  }
+  unsigned char header[kHeaderBytes] = {};
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::FailedPreconditionError(absl::StrCat(store, ": cannot read"));
+    in.read(reinterpret_cast<char*>(header), sizeof(header));
+    if (in.gcount() < static_cast<std::streamsize>(sizeof(header)) ||
+        std::memcmp(header, kSqliteMagic, sizeof(kSqliteMagic)) != 0) {
+      return absl::DataLossError(
+          absl::StrCat(store, " is not a SQLite database (", st.st_size,
+                       " bytes without the SQLite header); refusing to start on it"));
+    }
+  }
+  // Header fields (https://www.sqlite.org/fileformat.html §1.3): page size at 16 (1 = 65536),
+  // change counter at 24, size in pages at 28, valid when the counter at 92 equals the one at 24.
+  int64_t page_size = BigEndian(header + 16, 2);
+  if (page_size == 1) page_size = 65536;
+  const uint32_t pages = BigEndian(header + 28, 4);
+  const bool pages_valid = BigEndian(header + 24, 4) == BigEndian(header + 92, 4);
+  if (page_size < 512 || (page_size & (page_size - 1)) != 0) {
+    return absl::DataLossError(
+        absl::StrCat(store, " is corrupt: its header gives page size ", page_size));
+  }
+  if (st.st_size % page_size != 0 || (pages_valid && pages > 0 && st.st_size < pages * page_size)) {
+    return absl::DataLossError(absl::StrCat(store, " is truncated: ", st.st_size,
+                                            " bytes, but its header says ", pages, " pages of ",
+                                            page_size, " bytes; restore it from a backup"));
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string file = path + suffix;
+    struct stat f {};
+    if (stat(file.c_str(), &f) == 0 && (f.st_mode & 077) != 0) {
+      if (chmod(file.c_str(), 0600) != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(store, ": ", file,
+                         " is readable by others and chmod 0600 failed: ", std::strerror(errno)));
+      }
+      SY_LOG(WARNING) << "store " << file << " was mode " << std::oct << (f.st_mode & 0777)
+                      << std::dec << "; changed to 0600 (it holds every job spec)";
+    }
+  }
+  return absl::OkStatus();
+}
+
+// PRAGMA quick_check (every page's b-tree structure, record formats, NOT NULL constraints; not
+// index-to-table agreement): DATA_LOSS naming the file and the first problems found.
+absl::Status QuickCheck(sqlite3* db, const std::string& path) {
+  constexpr char kSql[] = "PRAGMA quick_check(5)";
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v2(db, kSql, -1, &stmt, nullptr);
+  std::vector<std::string> problems;
+  while (rc == SQLITE_OK || rc == SQLITE_ROW) {
+    rc = sqlite3_step(stmt);
+    if (rc != SQLITE_ROW) break;
+    const unsigned char* text = sqlite3_column_text(stmt, 0);
+    std::string line = text != nullptr ? reinterpret_cast<const char*>(text) : "";
+    if (line != "ok") problems.push_back(std::move(line));
+  }
+  sqlite3_finalize(stmt);
+  const std::string store = absl::StrCat("store \"", path, "\"");
+  if (rc != SQLITE_DONE) {
+    SY_LOG(ERROR) << "store " << path << ": quick_check failed: " << sqlite3_errmsg(db);
+    return absl::DataLossError(absl::StrCat(store, " is corrupt: quick_check cannot read it (",
+                                            sqlite3_errstr(rc), "); restore it from a backup"));
+  }
+  if (!problems.empty()) {
+    SY_LOG(ERROR) << "store " << path << ": quick_check: " << absl::StrJoin(problems, "; ");
+    return absl::DataLossError(absl::StrCat(store, " is corrupt: quick_check found ",
+                                            absl::StrJoin(problems, "; "),
+                                            "; restore it from a backup"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* WorkerStateName(WorkerState state) {
@@ -269,13 +431,43 @@ Store::Store(std::string path, StoreOptions options, sqlite3* db)
 
 Store::~Store() { sqlite3_close_v2(db_); }
 
+template <typename Body>
+auto Store::Guard(const Body& body) -> decltype(body()) {
+  if (!corruption_.ok()) return corruption_;
+  auto result = body();
+  absl::Status status = status_internal::AsStatus(result);
+  if (status.code() == absl::StatusCode::kDataLoss) MarkCorrupt(status);
+  return result;
+}
+
+void Store::MarkCorrupt(const absl::Status& status) {
+  if (!corruption_.ok()) return;
+  corruption_ = absl::DataLossError(
+      absl::StrCat("store \"", path_, "\" is corrupt and refuses every call since ",
+                   absl::FormatTime(options_.now(), absl::UTCTimeZone()),
+                   " (first error: ", status.message(), "); restart the coordinator on a backup"));
+  SY_LOG(ERROR) << "store " << path_ << " is corrupt: " << status
+                << "; every further store call fails; restart on a backup";
+  if (options_.on_corruption) options_.on_corruption(corruption_);
+}
+
+absl::Status Store::Health() {
+  absl::MutexLock lock(&mu_);
+  return corruption_;
+}
+
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, StoreOptions options) {
   if (path.empty()) return absl::InvalidArgumentError("store path: must not be empty");
   if (!options.now) return absl::InvalidArgumentError("StoreOptions.now: must be set");
+  if (options.max_page_count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StoreOptions.max_page_count (", options.max_page_count, ") must be >= 0"));
+  }
+  SY_RETURN_IF_ERROR(PrepareFile(path, options.create_if_missing));
   sqlite3* db = nullptr;
+  // No SQLITE_OPEN_CREATE: PrepareFile created the file (0600) if that was asked for.
   int rc =
-      sqlite3_open_v2(path.c_str(), &db,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+      sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status status = SqliteError(db, rc, absl::StrCat("open \"", path, "\""));
     sqlite3_close_v2(db);
@@ -293,6 +485,11 @@ absl::Status Store::Initialize() {
   int rc =
       sqlite3_busy_timeout(db_, static_cast<int>(absl::ToInt64Milliseconds(options_.busy_timeout)));
   if (rc != SQLITE_OK) return SqliteError(db_, rc, "busy_timeout");
+  SY_RETURN_IF_ERROR(QuickCheck(db_, path_));
+  if (options_.max_page_count > 0) {
+    std::string pragma = absl::StrCat("PRAGMA max_page_count=", options_.max_page_count);
+    SY_RETURN_IF_ERROR(Exec(db_, pragma.c_str(), "PRAGMA max_page_count"));
+  }
   {
     // journal_mode answers with the mode in force; anything but "wal" means WAL is unavailable
     // (e.g. an in-memory database), which we refuse rather than run without it.
@@ -383,61 +580,65 @@ absl::StatusOr<InsertResult> Store::InsertJob(JobRow job, JobEventRow first_even
     return absl::InvalidArgumentError("job.state: must be set");
   }
   absl::MutexLock lock(&mu_);
-  InsertResult result;
-  SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-    if (!job.request_id.empty()) {
-      SY_ASSIGN_OR_RETURN(Statement q,
-                          Statement::Prepare(db_, "SELECT id FROM jobs WHERE request_id = ?1"));
-      SY_RETURN_IF_ERROR(q.BindText(1, job.request_id));
-      SY_ASSIGN_OR_RETURN(bool found, q.Step());
-      if (found) {
-        SY_ASSIGN_OR_RETURN(std::optional<JobRow> existing, ReadJob(q.Int(0)));
-        if (!existing) return absl::InternalError("job vanished inside a transaction");
-        result.job = std::move(*existing);
-        result.created = false;
-        return absl::OkStatus();
+  return Guard([&]() -> absl::StatusOr<InsertResult> {
+    InsertResult result;
+    SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      if (!job.request_id.empty()) {
+        SY_ASSIGN_OR_RETURN(Statement q,
+                            Statement::Prepare(db_, "SELECT id FROM jobs WHERE request_id = ?1"));
+        SY_RETURN_IF_ERROR(q.BindText(1, job.request_id));
+        SY_ASSIGN_OR_RETURN(bool found, q.Step());
+        if (found) {
+          SY_ASSIGN_OR_RETURN(std::optional<JobRow> existing, ReadJob(q.Int(0)));
+          if (!existing) return absl::InternalError("job vanished inside a transaction");
+          result.job = std::move(*existing);
+          result.created = false;
+          return absl::OkStatus();
+        }
       }
-    }
-    absl::Time now = options_.now();
-    SY_ASSIGN_OR_RETURN(
-        Statement s,
-        Statement::Prepare(db_,
+      absl::Time now = options_.now();
+      SY_ASSIGN_OR_RETURN(
+          Statement s, Statement::Prepare(
+                           db_,
                            "INSERT INTO jobs (request_id, spec, state, generation, restart_count, "
                            "failure_reason, last_checkpoint_step, create_time_us, update_time_us) "
                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)"));
-    if (job.request_id.empty()) {
-      SY_RETURN_IF_ERROR(s.BindNull(1));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindText(1, job.request_id));
-    }
-    SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
-    SY_RETURN_IF_ERROR(s.Bind(3, job.state));
-    SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
-    SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
-    SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
-    if (job.last_checkpoint_step) {
-      SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindNull(7));
-    }
-    SY_RETURN_IF_ERROR(s.Bind(8, Micros(now)));
-    SY_RETURN_IF_ERROR(s.Run());
-    job.id = sqlite3_last_insert_rowid(db_);
-    job.create_time = job.update_time = FromMicros(Micros(now));
-    first_event.job_id = job.id;
-    SY_RETURN_IF_ERROR(AppendEvent(first_event));
-    result.job = std::move(job);
-    result.created = true;
-    return absl::OkStatus();
-  }));
-  return result;
+      if (job.request_id.empty()) {
+        SY_RETURN_IF_ERROR(s.BindNull(1));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindText(1, job.request_id));
+      }
+      SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
+      SY_RETURN_IF_ERROR(s.Bind(3, job.state));
+      SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
+      SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
+      SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
+      if (job.last_checkpoint_step) {
+        SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindNull(7));
+      }
+      SY_RETURN_IF_ERROR(s.Bind(8, Micros(now)));
+      SY_RETURN_IF_ERROR(s.Run());
+      job.id = sqlite3_last_insert_rowid(db_);
+      job.create_time = job.update_time = FromMicros(Micros(now));
+      first_event.job_id = job.id;
+      SY_RETURN_IF_ERROR(AppendEvent(first_event));
+      result.job = std::move(job);
+      result.created = true;
+      return absl::OkStatus();
+    }));
+    return result;
+  });
 }
 
 absl::StatusOr<JobRow> Store::GetJob(int64_t id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(std::optional<JobRow> job, ReadJob(id));
-  if (!job) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-  return std::move(*job);
+  return Guard([&]() -> absl::StatusOr<JobRow> {
+    SY_ASSIGN_OR_RETURN(std::optional<JobRow> job, ReadJob(id));
+    if (!job) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+    return std::move(*job);
+  });
 }
 
 absl::StatusOr<std::vector<JobRow>> Store::ListJobs(v1::Job::State state, int64_t after_id,
@@ -445,94 +646,124 @@ absl::StatusOr<std::vector<JobRow>> Store::ListJobs(v1::Job::State state, int64_
   if (limit < 1)
     return absl::InvalidArgumentError(absl::StrCat("limit (", limit, ") must be >= 1"));
   absl::MutexLock lock(&mu_);
-  std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id > ?1",
-                                 state == v1::Job::STATE_UNSPECIFIED ? "" : " AND state = ?3",
-                                 " ORDER BY id LIMIT ?2");
-  SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, sql));
-  SY_RETURN_IF_ERROR(s.Bind(1, after_id));
-  SY_RETURN_IF_ERROR(s.Bind(2, limit));
-  if (state != v1::Job::STATE_UNSPECIFIED) SY_RETURN_IF_ERROR(s.Bind(3, state));
-  std::vector<JobRow> jobs;
-  while (true) {
-    SY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    SY_ASSIGN_OR_RETURN(JobRow job, JobFromRow(s));
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
+  return Guard([&]() -> absl::StatusOr<std::vector<JobRow>> {
+    std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id > ?1",
+                                   state == v1::Job::STATE_UNSPECIFIED ? "" : " AND state = ?3",
+                                   " ORDER BY id LIMIT ?2");
+    SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, sql));
+    SY_RETURN_IF_ERROR(s.Bind(1, after_id));
+    SY_RETURN_IF_ERROR(s.Bind(2, limit));
+    if (state != v1::Job::STATE_UNSPECIFIED) SY_RETURN_IF_ERROR(s.Bind(3, state));
+    std::vector<JobRow> jobs;
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      SY_ASSIGN_OR_RETURN(JobRow job, JobFromRow(s));
+      jobs.push_back(std::move(job));
+    }
+    return jobs;
+  });
 }
 
 absl::StatusOr<JobRow> Store::UpdateJob(int64_t id, const JobMutation& mutate) {
   absl::MutexLock lock(&mu_);
-  JobRow written;
-  SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-    SY_ASSIGN_OR_RETURN(std::optional<JobRow> current, ReadJob(id));
-    if (!current) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-    JobRow job = *current;
-    SY_ASSIGN_OR_RETURN(JobEventRow event, mutate(job));
-    if (job.state == v1::Job::STATE_UNSPECIFIED) {
-      return absl::InvalidArgumentError("job.state: must be set");
-    }
-    // Identity and creation are not the mutation's to change.
-    job.id = current->id;
-    job.request_id = current->request_id;
-    job.create_time = current->create_time;
-    job.update_time = FromMicros(Micros(options_.now()));
-    SY_ASSIGN_OR_RETURN(
-        Statement s,
-        Statement::Prepare(db_,
-                           "UPDATE jobs SET spec = ?2, state = ?3, generation = ?4, "
-                           "restart_count = ?5, failure_reason = ?6, last_checkpoint_step = ?7, "
-                           "update_time_us = ?8, plan = ?9 WHERE id = ?1"));
-    SY_RETURN_IF_ERROR(s.Bind(1, id));
-    SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
-    SY_RETURN_IF_ERROR(s.Bind(3, job.state));
-    SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
-    SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
-    SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
-    if (job.last_checkpoint_step) {
-      SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindNull(7));
-    }
-    SY_RETURN_IF_ERROR(s.Bind(8, Micros(job.update_time)));
-    if (job.plan) {
-      SY_RETURN_IF_ERROR(s.BindBlob(9, job.plan->SerializeAsString()));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindNull(9));
-    }
-    SY_RETURN_IF_ERROR(s.Run());
-    event.job_id = id;
-    SY_RETURN_IF_ERROR(AppendEvent(event));
-    written = std::move(job);
-    return absl::OkStatus();
-  }));
-  return written;
+  return Guard([&]() -> absl::StatusOr<JobRow> {
+    JobRow written;
+    SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      SY_ASSIGN_OR_RETURN(std::optional<JobRow> current, ReadJob(id));
+      if (!current) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+      JobRow job = *current;
+      SY_ASSIGN_OR_RETURN(JobEventRow event, mutate(job));
+      if (job.state == v1::Job::STATE_UNSPECIFIED) {
+        return absl::InvalidArgumentError("job.state: must be set");
+      }
+      // Identity and creation are not the mutation's to change.
+      job.id = current->id;
+      job.request_id = current->request_id;
+      job.create_time = current->create_time;
+      job.update_time = FromMicros(Micros(options_.now()));
+      SY_ASSIGN_OR_RETURN(
+          Statement s,
+          Statement::Prepare(db_,
+                             "UPDATE jobs SET spec = ?2, state = ?3, generation = ?4, "
+                             "restart_count = ?5, failure_reason = ?6, last_checkpoint_step = ?7, "
+                             "update_time_us = ?8, plan = ?9 WHERE id = ?1"));
+      SY_RETURN_IF_ERROR(s.Bind(1, id));
+      SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
+      SY_RETURN_IF_ERROR(s.Bind(3, job.state));
+      SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
+      SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
+      SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
+      if (job.last_checkpoint_step) {
+        SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindNull(7));
+      }
+      SY_RETURN_IF_ERROR(s.Bind(8, Micros(job.update_time)));
+      if (job.plan) {
+        SY_RETURN_IF_ERROR(s.BindBlob(9, job.plan->SerializeAsString()));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindNull(9));
+      }
+      SY_RETURN_IF_ERROR(s.Run());
+      event.job_id = id;
+      SY_RETURN_IF_ERROR(AppendEvent(event));
+      written = std::move(job);
+      return absl::OkStatus();
+    }));
+    return written;
+  });
+}
+
+absl::StatusOr<JobRow> Store::DeleteJob(int64_t id,
+                                        const std::function<absl::Status(const JobRow&)>& check) {
+  absl::MutexLock lock(&mu_);
+  return Guard([&]() -> absl::StatusOr<JobRow> {
+    JobRow deleted;
+    SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      SY_ASSIGN_OR_RETURN(std::optional<JobRow> current, ReadJob(id));
+      if (!current) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+      if (check) SY_RETURN_IF_ERROR(check(*current));
+      // Events first: the foreign key forbids removing a job that still has events.
+      SY_ASSIGN_OR_RETURN(Statement events,
+                          Statement::Prepare(db_, "DELETE FROM job_events WHERE job_id = ?1"));
+      SY_RETURN_IF_ERROR(events.Bind(1, id));
+      SY_RETURN_IF_ERROR(events.Run());
+      SY_ASSIGN_OR_RETURN(Statement job, Statement::Prepare(db_, "DELETE FROM jobs WHERE id = ?1"));
+      SY_RETURN_IF_ERROR(job.Bind(1, id));
+      SY_RETURN_IF_ERROR(job.Run());
+      deleted = std::move(*current);
+      return absl::OkStatus();
+    }));
+    return deleted;
+  });
 }
 
 absl::StatusOr<std::vector<JobEventRow>> Store::ListJobEvents(int64_t job_id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_,
-                         "SELECT job_id, sequence, time_us, state, generation, reason, message "
-                         "FROM job_events WHERE job_id = ?1 ORDER BY sequence"));
-  SY_RETURN_IF_ERROR(s.Bind(1, job_id));
-  std::vector<JobEventRow> events;
-  while (true) {
-    SY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    JobEventRow e;
-    e.job_id = s.Int(0);
-    e.sequence = s.Int(1);
-    e.time = FromMicros(s.Int(2));
-    SY_ASSIGN_OR_RETURN(e.state, StateFromColumn(s.Int(3), "job_events"));
-    e.generation = s.Int(4);
-    e.reason = s.Text(5);
-    e.message = s.Text(6);
-    events.push_back(std::move(e));
-  }
-  return events;
+  return Guard([&]() -> absl::StatusOr<std::vector<JobEventRow>> {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_,
+                           "SELECT job_id, sequence, time_us, state, generation, reason, message "
+                           "FROM job_events WHERE job_id = ?1 ORDER BY sequence"));
+    SY_RETURN_IF_ERROR(s.Bind(1, job_id));
+    std::vector<JobEventRow> events;
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      JobEventRow e;
+      e.job_id = s.Int(0);
+      e.sequence = s.Int(1);
+      e.time = FromMicros(s.Int(2));
+      SY_ASSIGN_OR_RETURN(e.state, StateFromColumn(s.Int(3), "job_events"));
+      e.generation = s.Int(4);
+      e.reason = s.Text(5);
+      e.message = s.Text(6);
+      events.push_back(std::move(e));
+    }
+    return events;
+  });
 }
 
 absl::StatusOr<int64_t> Store::Count(const char* sql) {
@@ -543,126 +774,219 @@ absl::StatusOr<int64_t> Store::Count(const char* sql) {
 
 absl::StatusOr<int64_t> Store::CountJobs() {
   absl::MutexLock lock(&mu_);
-  return Count("SELECT count(*) FROM jobs");
+  return Guard([&]() -> absl::StatusOr<int64_t> { return Count("SELECT count(*) FROM jobs"); });
 }
 
 absl::StatusOr<int64_t> Store::CountJobEvents() {
   absl::MutexLock lock(&mu_);
-  return Count("SELECT count(*) FROM job_events");
+  return Guard(
+      [&]() -> absl::StatusOr<int64_t> { return Count("SELECT count(*) FROM job_events"); });
 }
 
 absl::Status Store::UpsertWorker(const WorkerRow& worker) {
   if (worker.id.empty()) return absl::InvalidArgumentError("worker.id: must not be empty");
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_,
-                         "INSERT OR REPLACE INTO workers (id, host, gpu, version, state, job, "
-                         "last_heartbeat_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
-  SY_RETURN_IF_ERROR(s.BindText(1, worker.id));
-  SY_RETURN_IF_ERROR(s.BindText(2, worker.host));
-  if (worker.gpu) {
-    SY_RETURN_IF_ERROR(s.BindBlob(3, worker.gpu->SerializeAsString()));
-  } else {
-    SY_RETURN_IF_ERROR(s.BindNull(3));
-  }
-  SY_RETURN_IF_ERROR(s.BindText(4, worker.version));
-  SY_RETURN_IF_ERROR(s.Bind(5, static_cast<int64_t>(worker.state)));
-  if (worker.job.empty()) {
-    SY_RETURN_IF_ERROR(s.BindNull(6));
-  } else {
-    SY_RETURN_IF_ERROR(s.BindText(6, worker.job));
-  }
-  SY_RETURN_IF_ERROR(s.Bind(7, Micros(worker.last_heartbeat)));
-  return s.Run();
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_,
+                           "INSERT OR REPLACE INTO workers (id, host, gpu, version, state, job, "
+                           "last_heartbeat_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
+    SY_RETURN_IF_ERROR(s.BindText(1, worker.id));
+    SY_RETURN_IF_ERROR(s.BindText(2, worker.host));
+    if (worker.gpu) {
+      SY_RETURN_IF_ERROR(s.BindBlob(3, worker.gpu->SerializeAsString()));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindNull(3));
+    }
+    SY_RETURN_IF_ERROR(s.BindText(4, worker.version));
+    SY_RETURN_IF_ERROR(s.Bind(5, static_cast<int64_t>(worker.state)));
+    if (worker.job.empty()) {
+      SY_RETURN_IF_ERROR(s.BindNull(6));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindText(6, worker.job));
+    }
+    SY_RETURN_IF_ERROR(s.Bind(7, Micros(worker.last_heartbeat)));
+    return s.Run();
+  });
 }
 
 absl::StatusOr<WorkerRow> Store::GetWorker(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s,
-                      Statement::Prepare(db_,
-                                         "SELECT id, host, gpu, version, state, job, "
-                                         "last_heartbeat_us FROM workers WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.BindText(1, id));
-  SY_ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
-  return WorkerFromRow(s);
+  return Guard([&]() -> absl::StatusOr<WorkerRow> {
+    SY_ASSIGN_OR_RETURN(Statement s,
+                        Statement::Prepare(db_,
+                                           "SELECT id, host, gpu, version, state, job, "
+                                           "last_heartbeat_us FROM workers WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.BindText(1, id));
+    SY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+    return WorkerFromRow(s);
+  });
 }
 
 absl::StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s,
-                      Statement::Prepare(db_,
-                                         "SELECT id, host, gpu, version, state, job, "
-                                         "last_heartbeat_us FROM workers ORDER BY id"));
-  std::vector<WorkerRow> workers;
-  while (true) {
-    SY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    SY_ASSIGN_OR_RETURN(WorkerRow w, WorkerFromRow(s));
-    workers.push_back(std::move(w));
-  }
-  return workers;
+  return Guard([&]() -> absl::StatusOr<std::vector<WorkerRow>> {
+    SY_ASSIGN_OR_RETURN(Statement s,
+                        Statement::Prepare(db_,
+                                           "SELECT id, host, gpu, version, state, job, "
+                                           "last_heartbeat_us FROM workers ORDER BY id"));
+    std::vector<WorkerRow> workers;
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      SY_ASSIGN_OR_RETURN(WorkerRow w, WorkerFromRow(s));
+      workers.push_back(std::move(w));
+    }
+    return workers;
+  });
 }
 
 absl::Status Store::RecordHeartbeat(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_, "UPDATE workers SET last_heartbeat_us = ?2 WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.BindText(1, id));
-  SY_RETURN_IF_ERROR(s.Bind(2, Micros(options_.now())));
-  SY_RETURN_IF_ERROR(s.Run());
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
-  }
-  return absl::OkStatus();
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_, "UPDATE workers SET last_heartbeat_us = ?2 WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.BindText(1, id));
+    SY_RETURN_IF_ERROR(s.Bind(2, Micros(options_.now())));
+    SY_RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) == 0) {
+      return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Store::SetLastStep(int64_t id, const v1::StepMetrics& step) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s,
-                      Statement::Prepare(db_, "UPDATE jobs SET last_step = ?2 WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.Bind(1, id));
-  SY_RETURN_IF_ERROR(s.BindBlob(2, step.SerializeAsString()));
-  SY_RETURN_IF_ERROR(s.Run());
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-  }
-  return absl::OkStatus();
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Statement s,
+                        Statement::Prepare(db_, "UPDATE jobs SET last_step = ?2 WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.Bind(1, id));
+    SY_RETURN_IF_ERROR(s.BindBlob(2, step.SerializeAsString()));
+    SY_RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) == 0) {
+      return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Store::SetWorkerState(const std::string& id, WorkerState state,
                                    const std::string& job) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_, "UPDATE workers SET state = ?2, job = ?3 WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.BindText(1, id));
-  SY_RETURN_IF_ERROR(s.Bind(2, static_cast<int64_t>(state)));
-  if (job.empty()) {
-    SY_RETURN_IF_ERROR(s.BindNull(3));
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_, "UPDATE workers SET state = ?2, job = ?3 WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.BindText(1, id));
+    SY_RETURN_IF_ERROR(s.Bind(2, static_cast<int64_t>(state)));
+    if (job.empty()) {
+      SY_RETURN_IF_ERROR(s.BindNull(3));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindText(3, job));
+    }
+    SY_RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) == 0) {
+      return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<BackupResult> Store::Backup(const std::string& dest_path) {
+  if (dest_path.empty()) return absl::InvalidArgumentError("backup path: must not be empty");
+  if (dest_path == path_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backup path \"", dest_path, "\" is the store itself"));
+  }
+  const std::string backup = absl::StrCat("store backup \"", dest_path, "\"");
+  const std::string tmp = dest_path + ".tmp";
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (!corruption_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "not backing up store \"", path_, "\": it is corrupt (", corruption_.message(), ")"));
+  }
+  for (const char* suffix : {"", "-journal", "-wal", "-shm"}) std::remove((tmp + suffix).c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(backup, ": cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  close(fd);
+  sqlite3* out = nullptr;
+  int rc = sqlite3_open_v2(tmp.c_str(), &out, SQLITE_OPEN_READWRITE, nullptr);
+  absl::Status status;
+  BackupResult result;
+  if (rc != SQLITE_OK) {
+    status = SqliteError(out, rc, "open backup");
   } else {
-    SY_RETURN_IF_ERROR(s.BindText(3, job));
+    sqlite3_backup* copy = sqlite3_backup_init(out, "main", db_, "main");
+    if (copy == nullptr) {
+      status = SqliteError(out, sqlite3_errcode(out), "backup_init");
+    } else {
+      rc = sqlite3_backup_step(copy, -1);
+      result.pages = sqlite3_backup_pagecount(copy);
+      const int finish = sqlite3_backup_finish(copy);
+      if (rc != SQLITE_DONE) {
+        status = SqliteError(out, rc, "backup_step");
+        if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB) MarkCorrupt(status);
+      } else if (finish != SQLITE_OK) {
+        status = SqliteError(out, finish, "backup_finish");
+      } else {
+        status = QuickCheck(out, tmp);
+      }
+    }
   }
-  SY_RETURN_IF_ERROR(s.Run());
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+  sqlite3_close_v2(out);
+  if (status.ok()) {
+    const int sync_fd = open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+    if (sync_fd < 0 || fsync(sync_fd) != 0) {
+      status =
+          absl::UnavailableError(absl::StrCat(backup, ": fsync failed: ", std::strerror(errno)));
+    }
+    if (sync_fd >= 0) close(sync_fd);
   }
-  return absl::OkStatus();
+  if (status.ok() && std::rename(tmp.c_str(), dest_path.c_str()) != 0) {
+    status = absl::UnavailableError(
+        absl::StrCat(backup, ": rename from ", tmp, " failed: ", std::strerror(errno)));
+  }
+  if (!status.ok()) {
+    std::remove(tmp.c_str());
+    return Annotate(status, backup);
+  }
+  // The rename is durable once the directory is synced.
+  const size_t slash = dest_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : dest_path.substr(0, slash + 1);
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
+  }
+  struct stat st {};
+  if (stat(dest_path.c_str(), &st) == 0) result.bytes = st.st_size;
+  result.elapsed = absl::Now() - start;
+  return result;
 }
 
 absl::StatusOr<std::string> Store::JournalMode() {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, "PRAGMA journal_mode"));
-  SY_ASSIGN_OR_RETURN(bool row, s.Step());
-  return row ? s.Text(0) : std::string();
+  return Guard([&]() -> absl::StatusOr<std::string> {
+    SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, "PRAGMA journal_mode"));
+    SY_ASSIGN_OR_RETURN(bool row, s.Step());
+    return row ? s.Text(0) : std::string();
+  });
 }
 
 absl::StatusOr<int> Store::SchemaVersion() {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(int64_t v, Count("PRAGMA user_version"));
-  return static_cast<int>(v);
+  return Guard([&]() -> absl::StatusOr<int> {
+    SY_ASSIGN_OR_RETURN(int64_t v, Count("PRAGMA user_version"));
+    return static_cast<int>(v);
+  });
 }
 
 }  // namespace switchyard::store
