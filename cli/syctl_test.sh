@@ -72,7 +72,7 @@ start_coordinator() {
   local name=$1
   shift
   rm -f "$tmp/$name.db"
-  "$coordinator" --store "$tmp/$name.db" --token-file "$tmp/token" --host 127.0.0.1 \
+  "$coordinator" --store "$tmp/$name.db" --create-store --token-file "$tmp/token" --host 127.0.0.1 \
     --grpc-port 0 --http-port 0 "$@" >"$tmp/$name.out" 2>"$tmp/coordinator.err" &
   pids+=($!)
   for _ in $(seq 200); do
@@ -84,7 +84,7 @@ start_coordinator() {
   [[ -n $address ]] || fail "the coordinator did not print its ports"
 }
 # Without workers jobs stay PENDING: cancel and watch have a stable subject.
-start_coordinator api --noworkers
+start_coordinator api --noworkers --checkpoint-root "$tmp/ckpt"
 export SYCTL_COORDINATOR=$address SYCTL_TOKEN_FILE=$tmp/token
 
 cat >"$tmp/spec.yaml" <<'EOF'
@@ -205,6 +205,25 @@ watch_rc=$?
 [[ $watch_rc -eq 1 ]] || fail "watch of a job cancelled meanwhile: exit $watch_rc"
 grep -q 'CANCELLED gen 0' "$tmp/watch.out" || fail "live watch: $(cat "$tmp/watch.out")"
 echo "ok: a live watch ended with exit 1 when the job was cancelled"
+
+# delete: finished jobs only; --delete-checkpoints removes <checkpoint-root>/<id>; a deleted job is
+# NOT_FOUND, or exit 0 with --allow-missing.
+expect 2 '^$' 'delete takes one job' -- delete
+expect 2 '^$' "delete: unknown flag '--force'" -- delete --force 2
+expect 1 '^$' 'FAILED_PRECONDITION: jobs/1 is PENDING: only a finished job' -- delete 1
+expect 0 '^Name: +jobs/1$' '^$' -- get 1
+mkdir -p "$tmp/ckpt/2/iter_0000010" "$tmp/ckpt/3/iter_0000010"
+expect 0 '^deleted jobs/3$' '^$' -- delete jobs/3
+[[ -d $tmp/ckpt/3/iter_0000010 ]] || fail "delete without --delete-checkpoints removed them"
+expect 1 '^$' 'NOT_FOUND: jobs/3 does not exist' -- get 3
+expect 1 '^$' 'NOT_FOUND' -- delete 3
+expect 0 '^deleted jobs/3$' '^$' -- delete 3 --allow-missing
+expect 0 '^jobs/2$' '^$' -- delete 2 --delete-checkpoints -o name
+[[ ! -e $tmp/ckpt/2 ]] || fail "delete --delete-checkpoints left $tmp/ckpt/2"
+[[ -d $tmp/ckpt/3 ]] || fail "deleting jobs/2's checkpoints touched jobs/3's"
+expect 0 'jobs/4' '^$' -- list -o name --all
+[[ $(wc -l <<<"$out") -eq 2 ]] || fail "after two deletes: $out"
+echo "ok: delete refused PENDING, removed jobs/2 (with checkpoints) and jobs/3 (without)"
 
 # Connection and token failures: exit 3.
 printf 'wrong\n' >"$tmp/bad_token"

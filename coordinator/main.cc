@@ -2,6 +2,7 @@
 // health, reflection, /metrics) over one SQLite store.
 //
 //   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
+//                          [--create-store] [--store-backup FILE [--store-backup-interval 10m]]
 //                          [--host ADDR] [--tls-cert PEM --tls-key PEM]
 //                          [--checkpoint-root DIR] [--advertise-address HOST:PORT] [--noworkers]
 //
@@ -12,6 +13,10 @@
 //
 // SIGTERM or SIGINT shut down gracefully: health goes NOT_SERVING, watch streams end, calls in
 // flight get up to --shutdown-grace seconds, then the process exits.
+//
+// The store must exist unless --create-store is given; a missing, empty (0 bytes), truncated,
+// non-SQLite or corrupt store is refused with a message naming the file and the problem (see
+// coordinator/store/store.h). --create-store creates a missing file only, never replaces one.
 //
 // Exit status: 0 after a signal-initiated shutdown, --help (-h) or --version; 1 when the
 // coordinator cannot start (store, token file, TLS files, a port in use); 2 for a usage error
@@ -31,11 +36,20 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "coordinator/api/server.h"
 
-ABSL_FLAG(std::string, store, "", "SQLite store file (created if absent). Required.");
+ABSL_FLAG(std::string, store, "", "SQLite store file; must exist unless --create-store. Required.");
+ABSL_FLAG(bool, create_store, false,
+          "Create --store (empty, mode 0600) if it does not exist; an existing file is never "
+          "replaced.");
+ABSL_FLAG(std::string, store_backup, "",
+          "Back the store up to this file (atomically) at start, every --store-backup-interval "
+          "and at shutdown; restore by starting with --store on it.");
+ABSL_FLAG(absl::Duration, store_backup_interval, absl::Minutes(10),
+          "Time between store backups (e.g. 30s, 10m, 1h).");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address both servers listen on.");
 ABSL_FLAG(int, grpc_port, 50051, "gRPC port (0: pick a free one).");
 ABSL_FLAG(int, http_port, 8080, "REST and /metrics port (0: pick a free one).");
@@ -100,7 +114,8 @@ int Usage(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
-      "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--checkpoint-root DIR] "
+      "[--create-store] [--store-backup FILE] [--store-backup-interval D] [--host ADDR] "
+      "[--tls-cert PEM --tls-key PEM] [--checkpoint-root DIR] "
       "[--advertise-address HOST:PORT] [--noworkers] [--shutdown-grace S]");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
@@ -145,6 +160,9 @@ int main(int argc, char** argv) {
 
   switchyard::api::ServerOptions options;
   options.store_path = absl::GetFlag(FLAGS_store);
+  options.create_store = absl::GetFlag(FLAGS_create_store);
+  options.store_backup = absl::GetFlag(FLAGS_store_backup);
+  options.store_backup_interval = absl::GetFlag(FLAGS_store_backup_interval);
   options.host = absl::GetFlag(FLAGS_host);
   options.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);

@@ -660,6 +660,7 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     grpc_port, http_port = free_port(), free_port()
     args, changed = substituted(cc["args"], {
         "store": os.path.join(TMP, "store.db"), "token_file": token_file, "host": "127.0.0.1",
+        "store_backup": os.path.join(TMP, "store.backup.db"),
         "grpc_port": grpc_port, "http_port": http_port,
         "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "checkpoints")})
@@ -905,6 +906,7 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     grpc_port, http_port = free_port(), free_port()
     args, changed = substituted(cc["args"], {
         "store": os.path.join(TMP, "tls-store.db"), "token_file": token_file,
+        "store_backup": os.path.join(TMP, "tls-store.backup.db"),
         "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
         "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "tls-checkpoints"), "tls_cert": cert,

@@ -10,6 +10,8 @@
 # Environment: QUICKSTART_DIR (run directory, default /tmp/switchyard-quickstart, emptied first),
 #              QUICKSTART_WORKERS (worker count override).
 set -euo pipefail
+# The token, the store, its backups and the checkpoints are readable by this user only.
+umask 077
 bin=$1
 spec=${2:-examples/quickstart.yaml}
 # BIN_DIR is bazel-bin (coordinator/, worker/, cli/ subfolders) or a flat folder (the GPU bundle).
@@ -30,7 +32,7 @@ cleanup() {
 trap cleanup EXIT
 
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
-"$coordinator_bin" --store "$run/store.db" --host 127.0.0.1 \
+"$coordinator_bin" --store "$run/store.db" --create-store --host 127.0.0.1 \
   --grpc-port 0 --http-port 0 --token-file "$run/token" --checkpoint-root "$run/checkpoints" \
   >"$run/coordinator.log" 2>&1 &
 pids+=($!)

@@ -38,7 +38,7 @@ void Reply(const absl::StatusOr<std::string>& json, httplib::Response& res) {
     res.status = 200;
     res.set_content(*json, kJsonType);
   } else {
-    res.status = HttpStatusFor(json.status().code());
+    res.status = HttpStatusOf(json.status());
     res.set_content(ErrorJson(json.status()), kJsonType);
   }
 }
@@ -77,6 +77,27 @@ absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const httplib::Request& req) 
       return absl::InvalidArgumentError(absl::StrCat(
           key, ": unknown query parameter (GET /v1/jobs takes state, page_size, page_token)"));
     }
+  }
+  return request;
+}
+
+// DELETE /v1/jobs/{id}'s query: delete_checkpoints and allow_missing, "true" or "false".
+absl::StatusOr<v1::DeleteJobRequest> ParseDeleteQuery(const httplib::Request& req) {
+  v1::DeleteJobRequest request;
+  request.set_name(absl::StrCat("jobs/", req.matches[1].str()));
+  for (const auto& [key, value] : req.params) {
+    if (key != "delete_checkpoints" && key != "allow_missing") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key,
+                       ": unknown query parameter (DELETE /v1/jobs/{id} takes delete_checkpoints, "
+                       "allow_missing)"));
+    }
+    if (value != "true" && value != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": \"", value, "\" is not a boolean (true or false)"));
+    }
+    if (key == "delete_checkpoints") request.set_delete_checkpoints(value == "true");
+    if (key == "allow_missing") request.set_allow_missing(value == "true");
   }
   return request;
 }
@@ -190,6 +211,12 @@ void RestGateway::Route() {
            AttachLastStep(steps_, &job);
            return ToJson(job);
          }));
+  s.Delete(R"(/v1/jobs/([^/:]+))",
+           api("DeleteJob", [this](const httplib::Request& req) -> absl::StatusOr<std::string> {
+             SY_ASSIGN_OR_RETURN(v1::DeleteJobRequest request, ParseDeleteQuery(req));
+             SY_RETURN_IF_ERROR(hub_->DeleteJob(request));
+             return std::string("{}");
+           }));
   s.Post("/v1/plans", api("Plan", [](const httplib::Request& req) -> absl::StatusOr<std::string> {
            SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
            SY_ASSIGN_OR_RETURN(v1::Plan plan, planner::PlanJob(request));
@@ -208,9 +235,13 @@ void RestGateway::Route() {
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+    const absl::Status store = hub_->StoreHealth();
     if (hub_->closed()) {
       res.status = 503;
       res.set_content("shutting down\n", "text/plain");
+    } else if (!store.ok()) {
+      res.status = 503;
+      res.set_content(absl::StrCat("store unhealthy: ", store.message(), "\n"), "text/plain");
     } else {
       res.set_content("ok\n", "text/plain");
     }

@@ -442,10 +442,10 @@ auto Store::Guard(const Body& body) -> decltype(body()) {
 
 void Store::MarkCorrupt(const absl::Status& status) {
   if (!corruption_.ok()) return;
-  corruption_ = absl::DataLossError(
-      absl::StrCat("store \"", path_, "\" is corrupt and refuses every call since ",
-                   absl::FormatTime(options_.now(), absl::UTCTimeZone()),
-                   " (first error: ", status.message(), "); restart the coordinator on a backup"));
+  corruption_ = absl::DataLossError(absl::StrCat(
+      "store \"", path_, "\" is corrupt (found ",
+      absl::FormatTime(options_.now(), absl::UTCTimeZone()),
+      ") and refuses every call; restart the coordinator on a backup (reason: STORE_CORRUPT)"));
   SY_LOG(ERROR) << "store " << path_ << " is corrupt: " << status
                 << "; every further store call fails; restart on a backup";
   if (options_.on_corruption) options_.on_corruption(corruption_);

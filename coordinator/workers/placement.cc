@@ -92,8 +92,8 @@ v1::JobSpec AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping, 
                           mapping.data_parallel_size());
   if (t.save().empty()) {
     absl::StatusOr<int64_t> id = jobs::ParseJobName(job_name);
-    const std::string dir =
-        absl::StrCat(checkpoint_root, "/", id.ok() ? absl::StrCat(*id) : job_name);
+    const std::string dir = id.ok() ? jobs::JobCheckpointDir(checkpoint_root, *id)
+                                    : absl::StrCat(checkpoint_root, "/", job_name);
     t.set_save(dir);
     t.set_load(dir);
   } else if (t.load().empty()) {

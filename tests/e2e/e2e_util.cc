@@ -130,10 +130,11 @@ bool Process::Running() { return pid_ > 0 && Wait(0) == -1; }
 std::unique_ptr<CoordinatorProcess> CoordinatorProcess::Start(const CoordinatorFlags& f) {
   std::unique_ptr<CoordinatorProcess> c(new CoordinatorProcess());
   c->process_ = std::make_unique<Process>(
-      std::vector<std::string>{f.binary, "--store", f.store, "--token-file", f.token_file, "--host",
-                               "127.0.0.1", "--grpc-port", std::to_string(f.grpc_port),
-                               "--http-port", std::to_string(f.http_port), "--checkpoint-root",
-                               f.checkpoint_root, "--shutdown-grace", "1"},
+      std::vector<std::string>{f.binary, "--store", f.store, "--create-store", "--token-file",
+                               f.token_file, "--host", "127.0.0.1", "--grpc-port",
+                               std::to_string(f.grpc_port), "--http-port",
+                               std::to_string(f.http_port), "--checkpoint-root", f.checkpoint_root,
+                               "--shutdown-grace", "1"},
       f.log_path, /*pipe_stdout=*/true);
   const std::string line = c->process_->ReadLine(20);
   std::printf("coordinator pid %d: %s\n", c->pid(), line.c_str());
