@@ -359,7 +359,13 @@ absl::Status PrepareFile(const std::string& path, bool create) {
     return absl::DataLossError(
         absl::StrCat(store, " is corrupt: its header gives page size ", page_size));
   }
-  if (st.st_size % page_size != 0 || (pages_valid && pages > 0 && st.st_size < pages * page_size)) {
+  // With a non-empty write-ahead log beside it, a checkpoint interrupted by a crash can leave the
+  // file shorter than its (already rewritten) header says; SQLite finishes it from the log, and
+  // quick_check then judges the result.
+  struct stat wal {};
+  const bool has_wal = stat((path + "-wal").c_str(), &wal) == 0 && wal.st_size > 0;
+  if (!has_wal && (st.st_size % page_size != 0 ||
+                   (pages_valid && pages > 0 && st.st_size < pages * page_size))) {
     return absl::DataLossError(absl::StrCat(store, " is truncated: ", st.st_size,
                                             " bytes, but its header says ", pages, " pages of ",
                                             page_size, " bytes; restore it from a backup"));
