@@ -19,12 +19,13 @@
 //               workers), version, state, job (NULL: unassigned), last_heartbeat_us
 //
 // Promises:
-// - Open refuses, naming the file and the problem, a store that is missing (unless
-//   StoreOptions::create_if_missing; a new file is created with mode 0600), empty (0 bytes),
-//   not SQLite, shorter than its header says (truncated), or that fails `PRAGMA quick_check`
-//   (DATA_LOSS). It never replaces or reinitializes an existing file. An existing store (and its
-//   -wal and -shm files, which SQLite creates with the store's mode) readable by others is
-//   chmod-ed to 0600, with a warning in the log.
+// - Open refuses, naming the file and the problem, a store that is missing (NOT_FOUND, unless
+//   StoreOptions::create_if_missing; a new file is created with mode 0600), and with DATA_LOSS
+//   one that is empty (0 bytes), not SQLite, shorter than its header says (truncated; checked
+//   when no non-empty -wal file is beside it, since SQLite completes an interrupted checkpoint
+//   from it), or that fails `PRAGMA quick_check`. It never replaces or reinitializes an existing
+//   file. An existing store (and its -wal and -shm files, which SQLite creates with the store's
+//   mode) readable by others is chmod-ed to 0600, with a warning in the log.
 // - Corruption found while serving (SQLite's CORRUPT or NOTADB, or a row that does not parse:
 //   DATA_LOSS from any method) is logged once with the file name and calls
 //   StoreOptions::on_corruption once; from then on every method returns that DATA_LOSS without
