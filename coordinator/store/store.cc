@@ -290,9 +290,27 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, Stor
     return absl::InvalidArgumentError(
         absl::StrCat("StoreOptions.max_page_count (", options.max_page_count, ") must be >= 0"));
   }
-  SY_RETURN_IF_ERROR(PrepareFile(path, options.create_if_missing));
+  SY_ASSIGN_OR_RETURN(const bool missing, PrepareFile(path, options.create_if_missing));
+  if (missing) {
+    // Built under a temporary name and linked into place once its schema is written, so a crash
+    // never leaves a half-made store at `path` (the next start would refuse it as empty).
+    const std::string fresh = path + ".new";
+    SY_RETURN_IF_ERROR(internal::CreateEmptyFile(fresh));
+    {
+      StoreOptions init = options;
+      init.on_corruption = nullptr;
+      SY_ASSIGN_OR_RETURN(std::unique_ptr<Store> made, OpenFile(fresh, std::move(init)));
+    }  // closed: the write-ahead log is checkpointed into the file and removed
+    SY_RETURN_IF_ERROR(internal::PublishFile(fresh, path));
+    SY_LOG(INFO) << "created a new, empty store " << path;
+  }
+  return OpenFile(path, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::OpenFile(const std::string& path,
+                                                       StoreOptions options) {
   sqlite3* db = nullptr;
-  // No SQLITE_OPEN_CREATE: PrepareFile created the file (0600) if that was asked for.
+  // No SQLITE_OPEN_CREATE: Open made the file if that was asked for.
   int rc =
       sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {

@@ -20,7 +20,8 @@
 //
 // Promises:
 // - Open refuses, naming the file and the problem, a store that is missing (NOT_FOUND, unless
-//   StoreOptions::create_if_missing; a new file is created with mode 0600), and with DATA_LOSS
+//   StoreOptions::create_if_missing: a new store is made as `path`.new, mode 0600, and linked into
+//   place once its schema is written, never over an existing file), and with DATA_LOSS
 //   one that is empty (0 bytes), not SQLite, shorter than its header says (truncated; checked
 //   when no non-empty -wal file is beside it, since SQLite completes an interrupted checkpoint
 //   from it), or that fails `PRAGMA quick_check`. It never replaces or reinitializes an existing
@@ -234,6 +235,9 @@ class Store {
 
  private:
   Store(std::string path, StoreOptions options, sqlite3* db);
+  // Open after the file checks: SQLite open, quick_check, schema.
+  static absl::StatusOr<std::unique_ptr<Store>> OpenFile(const std::string& path,
+                                                         StoreOptions options);
 
   absl::Status Initialize() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `body` between BEGIN IMMEDIATE and COMMIT, rolling back if it fails.

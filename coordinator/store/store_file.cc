@@ -84,7 +84,7 @@ uint32_t BigEndian(const unsigned char* p, int n) {
 
 }  // namespace
 
-absl::Status PrepareFile(const std::string& path, bool create) {
+absl::StatusOr<bool> PrepareFile(const std::string& path, bool create) {
   const std::string store = absl::StrCat("store \"", path, "\"");
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) {
@@ -98,14 +98,7 @@ absl::Status PrepareFile(const std::string& path, bool create) {
                        " does not exist; refusing to start on a new, empty store without "
                        "--create-store (or restore the file from a backup)"));
     }
-    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(store, ": cannot create: ", std::strerror(errno)));
-    }
-    close(fd);
-    SY_LOG(INFO) << "created a new, empty store " << path;
-    return absl::OkStatus();
+    return true;
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(store, " is not a regular file"));
@@ -161,6 +154,45 @@ absl::Status PrepareFile(const std::string& path, bool create) {
       SY_LOG(WARNING) << "store " << file << " was mode " << std::oct << (f.st_mode & 0777)
                       << std::dec << "; changed to 0600 (it holds every job spec)";
     }
+  }
+  return false;
+}
+
+absl::Status CreateEmptyFile(const std::string& path) {
+  for (const char* suffix : {"", "-journal", "-wal", "-shm"}) std::remove((path + suffix).c_str());
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store \"", path, "\": cannot create: ", std::strerror(errno)));
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status PublishFile(const std::string& from, const std::string& to) {
+  const std::string store = absl::StrCat("store \"", to, "\"");
+  const int fd = open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd) != 0) {
+    const int error = errno;
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(
+        absl::StrCat(store, ": fsync of ", from, " failed: ", std::strerror(error)));
+  }
+  close(fd);
+  // link() never replaces: a file that appeared at `to` meanwhile stays as it is.
+  if (link(from.c_str(), to.c_str()) != 0) {
+    const int error = errno;
+    std::remove(from.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat(store, ": cannot put the new store in place (", std::strerror(error), ")"));
+  }
+  std::remove(from.c_str());
+  const size_t slash = to.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : to.substr(0, slash + 1);
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
   }
   return absl::OkStatus();
 }

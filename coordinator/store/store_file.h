@@ -26,11 +26,19 @@ namespace switchyard::store::internal {
 absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what);
 
 // Checks `path` before SQLite sees it, so that the problems SQLite would paper over get a name: a
-// missing file (SQLite would create an empty store; NOT_FOUND unless `create`, which creates it
-// with mode 0600), an empty one (SQLite treats 0 bytes as a new database), one that is not SQLite,
-// one shorter than its header says (DATA_LOSS). Tightens an existing store's (and -wal, -shm)
-// mode to 0600.
-absl::Status PrepareFile(const std::string& path, bool create);
+// missing file (SQLite would create an empty store; NOT_FOUND unless `create`), an empty one
+// (SQLite treats 0 bytes as a new database), one that is not SQLite, one shorter than its header
+// says (DATA_LOSS). Tightens an existing store's (and -wal, -shm) mode to 0600. Returns true when
+// the file is missing and `create` is set: the caller creates it.
+absl::StatusOr<bool> PrepareFile(const std::string& path, bool create);
+
+// Creates `path` empty with mode 0600 (removing a leftover of an earlier attempt and its
+// -journal, -wal and -shm first).
+absl::Status CreateEmptyFile(const std::string& path);
+
+// Makes the finished file `from` the store `to`: fsync, link (never replacing an existing `to`:
+// FAILED_PRECONDITION), unlink `from`, fsync of the directory.
+absl::Status PublishFile(const std::string& from, const std::string& to);
 
 // PRAGMA quick_check (every page's b-tree structure, record formats, NOT NULL constraints; not
 // index-to-table agreement) on `db`: DATA_LOSS naming `path` and the first problems found.

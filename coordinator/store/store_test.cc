@@ -831,6 +831,10 @@ TEST(StorePermissionsTest, StoreAndItsWalAreOwnerOnly) {
     EXPECT_EQ(Mode(path), 0600);
     EXPECT_EQ(Mode(path + "-wal"), 0600);
     EXPECT_EQ(Mode(path + "-shm"), 0600);
+    // The new store was built as perm.db.new and linked into place; nothing of it is left.
+    for (const char* suffix : {".new", ".new-wal", ".new-shm"}) {
+      EXPECT_EQ(Mode(path + suffix), -1) << path << suffix << " was left behind";
+    }
   }
   // An existing store readable by others is tightened on open.
   ASSERT_EQ(chmod(path.c_str(), 0644), 0);
