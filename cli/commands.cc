@@ -423,6 +423,42 @@ int CancelCommand(const Globals& g, const Args& args) {
   return kExitOk;
 }
 
+int DeleteCommand(const Globals& g, const Args& args) {
+  Parsed p;
+  if (int rc = ParseVerbArgs(
+          "delete", args,
+          {{"--delete-checkpoints", nullptr, false}, {"--allow-missing", nullptr, false}}, &p)) {
+    return rc;
+  }
+  if (p.positional.size() != 1) {
+    return UsageError(absl::StrCat("delete takes one job (jobs/ID or ID), got ",
+                                   p.positional.size(), " arguments"));
+  }
+  v1::DeleteJobRequest request;
+  request.set_name(JobName(p.positional[0]));
+  request.set_delete_checkpoints(p.Has("--delete-checkpoints"));
+  request.set_allow_missing(p.Has("--allow-missing"));
+  std::unique_ptr<Client> client;
+  if (int rc = Connect(g, &client)) return rc;
+  google::protobuf::Empty empty;
+  if (int rc = Call(*client, "delete", client->jobs(), &v1::JobService::Stub::DeleteJob, request,
+                    &empty)) {
+    return rc;
+  }
+  switch (g.output) {
+    case Output::kTable:
+      std::printf("deleted %s%s\n", request.name().c_str(),
+                  request.delete_checkpoints() ? " and its checkpoints" : "");
+      break;
+    case Output::kName:
+      std::printf("%s\n", request.name().c_str());
+      break;
+    default:
+      std::fputs(Structured(empty, g.output).c_str(), stdout);
+  }
+  return kExitOk;
+}
+
 int WatchCommand(const Globals& g, const Args& args) {
   v1::GetJobRequest request;
   if (int rc = OneJobArgs("watch", args, request.mutable_name())) return rc;

@@ -27,6 +27,8 @@ int SubmitCommand(const Globals& globals, const Args& args);
 int GetCommand(const Globals& globals, const Args& args);
 int ListCommand(const Globals& globals, const Args& args);
 int CancelCommand(const Globals& globals, const Args& args);
+// delete jobs/ID [--delete-checkpoints] [--allow-missing]: JobService.DeleteJob (finished jobs).
+int DeleteCommand(const Globals& globals, const Args& args);
 int WatchCommand(const Globals& globals, const Args& args);
 int WorkersCommand(const Globals& globals, const Args& args);
 

@@ -4,8 +4,8 @@
 # from the README at test time (continuation lines joined), so a README edit is tested too; the
 # only substitutions are the placeholders a user replaces: the coordinator address and token file
 # of the `export` line, `job.yaml` (a tiny job that finishes in seconds) and the job id 7 (the
-# jobs this run created). Then examples/quickstart.yaml, submitted as-is, must start and report
-# steps (the coordinator fills its vocab_size from the default corpus).
+# jobs this run created). Then examples/quickstart.yaml, submitted as-is, must run to SUCCEEDED
+# (the coordinator fills its vocab_size from the default corpus).
 set -u
 syctl="$1"
 coordinator="$2"
@@ -26,10 +26,12 @@ export SWITCHYARD_DATA_DIR="${SWITCHYARD_DATA_DIR:-$home/.cache/switchyard/data}
   fail "no default corpus in $SWITCHYARD_DATA_DIR (run tools/setup.sh)"
 
 printf 'readme-token\n' >"$tmp/token"
+printf 'readme-worker-token\n' >"$tmp/worker_token"
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done' EXIT
 rm -f "$tmp/readme.db"
-"$coordinator" --store "$tmp/readme.db" --token-file "$tmp/token" --host 127.0.0.1 \
+"$coordinator" --store "$tmp/readme.db" --create-store --token-file "$tmp/token" \
+  --worker-token-file "$tmp/worker_token" --host 127.0.0.1 \
   --grpc-port 0 --http-port 0 --checkpoint-root "$tmp/checkpoints" \
   >"$tmp/coordinator.out" 2>"$tmp/coordinator.err" &
 pids+=($!)
@@ -41,7 +43,8 @@ address=$(sed -n 's/.* grpc=\([^ ]*\) .*/\1/p' "$tmp/coordinator.out")
 [[ -n $address ]] || fail "the coordinator did not print its ports"
 grep -q 'default corpus "kjv"' "$tmp/coordinator.err" || fail "the coordinator found no corpus"
 for i in 0 1; do
-  "$worker" --coordinator "$address" --token-file "$tmp/token" --device cpu --heartbeat-ms 200 \
+  "$worker" --coordinator "$address" --token-file "$tmp/worker_token" --device cpu \
+    --heartbeat-ms 200 --checkpoint-root "$tmp/checkpoints" \
     >"$tmp/worker$i.out" 2>"$tmp/worker$i.err" &
   pids+=($!)
 done
@@ -60,7 +63,8 @@ echo "extracted ${#commands[@]} lines from $readme"
 (( ${#commands[@]} >= 8 )) || fail "expected at least 8 command lines in the README block"
 ran=0
 # Job 1: the job.yaml submit (--wait: it SUCCEEDS); job 2: the Megatron-flags job (too big for
-# two workers: it waits). `watch jobs/7` watches job 1, `get 7` and `cancel 7` job 2.
+# two workers: it waits). `watch jobs/7` watches job 1, `get 7`, `cancel 7` and `delete jobs/7`
+# job 2.
 for line in "${commands[@]}"; do
   line="${line%%#*}"  # a trailing comment
   [[ -z ${line// /} ]] && continue
@@ -75,6 +79,7 @@ for line in "${commands[@]}"; do
   run="${run//watch jobs\/7/watch jobs/1}"
   run="${run//get 7/get 2}"
   run="${run//cancel 7/cancel 2}"
+  run="${run//delete jobs\/7/delete jobs/2}"
   out=$(cd "$(dirname "$example")/.." && eval "\"$syctl\" ${run#syctl }" 2>"$tmp/err")
   rc=$?
   [[ $rc -eq 0 ]] || fail "'$line' exited $rc: $(cat "$tmp/err")"
@@ -94,18 +99,25 @@ for line in "${commands[@]}"; do
 done
 (( ran >= 7 )) || fail "only $ran syctl commands ran"
 
-# examples/quickstart.yaml as written: accepted (vocab_size from the corpus), it starts and steps.
+# examples/quickstart.yaml as written: accepted (vocab_size from the corpus, save relative to the
+# job's directory), it trains its 100 steps and SUCCEEDS, checkpointing under the job directory.
 out=$(cd "$(dirname "$example")/.." && "$syctl" submit -f examples/quickstart.yaml -o name 2>"$tmp/err") ||
   fail "submit examples/quickstart.yaml: $(cat "$tmp/err")"
 job=$out
 echo "ok: syctl submit -f examples/quickstart.yaml -> $job"
-for _ in $(seq 600); do
+start=$SECONDS
+state=""
+while (( SECONDS - start < 780 )); do
   out=$("$syctl" get "$job" 2>&1)
-  grep -Eq '^Last step: +step [0-9]+' <<<"$out" && break
-  grep -Eq '^State: +(FAILED|CANCELLED)' <<<"$out" && fail "quickstart job ended: $out"
-  sleep 0.5
+  state=$(sed -n 's/^State: *\([A-Z]*\).*/\1/p' <<<"$out")
+  [[ $state == SUCCEEDED ]] && break
+  [[ $state == FAILED || $state == CANCELLED ]] && fail "quickstart job ended $state: $out"
+  sleep 1
 done
-grep -Eq '^Last step: +step [0-9]+' <<<"$out" || fail "quickstart job reported no step: $out"
+[[ $state == SUCCEEDED ]] || fail "quickstart job did not succeed in 780 s: $out"
 echo "$out" | sed 's/^/    /'
-"$syctl" cancel "$job" >/dev/null || fail "cancel $job"
+id=${job#jobs/}
+ls -d "$tmp/checkpoints/jobs/$id/quickstart-checkpoints"/* >/dev/null 2>&1 ||
+  fail "no checkpoint under $tmp/checkpoints/jobs/$id/quickstart-checkpoints"
+echo "ok: $job SUCCEEDED in $((SECONDS - start)) s; checkpoints in <root>/jobs/$id/quickstart-checkpoints"
 echo "PASS: $ran README commands and the quickstart example"

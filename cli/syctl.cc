@@ -38,6 +38,9 @@ verbs:
   list [--state STATE] [--page-size N]   list jobs (one page; --all follows every page)
        [--page-token T] [--all]
   cancel jobs/ID | ID                    cancel a job
+  delete jobs/ID | ID                    delete a finished job (SUCCEEDED, FAILED, CANCELLED) and
+       [--delete-checkpoints]            its events; --delete-checkpoints also removes its
+       [--allow-missing]                 checkpoint directory; --allow-missing: an absent job is OK
   watch jobs/ID | ID                     follow a job's events and step metrics until it ends: one
                                          line per step, or a progress bar with ETA on stderr when
                                          stderr and stdout are terminals; exit 0 when the job
@@ -151,6 +154,7 @@ int main(int argc, char** argv) {
   if (verb == "get") return switchyard::cli::GetCommand(globals, rest);
   if (verb == "list") return switchyard::cli::ListCommand(globals, rest);
   if (verb == "cancel") return switchyard::cli::CancelCommand(globals, rest);
+  if (verb == "delete") return switchyard::cli::DeleteCommand(globals, rest);
   if (verb == "watch") return switchyard::cli::WatchCommand(globals, rest);
   if (verb == "workers") return switchyard::cli::WorkersCommand(globals, rest);
   return UsageError("unknown verb '" + verb + "'");

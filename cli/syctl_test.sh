@@ -73,7 +73,7 @@ start_coordinator() {
   local name=$1
   shift
   rm -f "$tmp/$name.db"
-  "$coordinator" --store "$tmp/$name.db" --token-file "$tmp/token" \
+  "$coordinator" --store "$tmp/$name.db" --create-store --token-file "$tmp/token" \
     --worker-token-file "$tmp/worker_token" --host 127.0.0.1 \
     --grpc-port 0 --http-port 0 "$@" >"$tmp/$name.out" 2>"$tmp/coordinator.err" &
   pids+=($!)
@@ -86,7 +86,7 @@ start_coordinator() {
   [[ -n $address ]] || fail "the coordinator did not print its ports"
 }
 # Without workers jobs stay PENDING: cancel and watch have a stable subject.
-start_coordinator api --noworkers
+start_coordinator api --noworkers --checkpoint-root "$tmp/ckpt"
 export SYCTL_COORDINATOR=$address SYCTL_TOKEN_FILE=$tmp/token
 
 cat >"$tmp/spec.yaml" <<'EOF'
@@ -213,6 +213,25 @@ watch_rc=$?
 grep -q 'CANCELLED gen 0' "$tmp/watch.out" || fail "live watch: $(cat "$tmp/watch.out")"
 echo "ok: a live watch ended with exit 1 when the job was cancelled"
 
+# delete: finished jobs only; --delete-checkpoints removes <checkpoint-root>/jobs/<id>; a deleted job is
+# NOT_FOUND, or exit 0 with --allow-missing.
+expect 2 '^$' 'delete takes one job' -- delete
+expect 2 '^$' "delete: unknown flag '--force'" -- delete --force 2
+expect 1 '^$' 'FAILED_PRECONDITION: jobs/1 is PENDING: only a finished job' -- delete 1
+expect 0 '^Name: +jobs/1$' '^$' -- get 1
+mkdir -p "$tmp/ckpt/jobs/2/iter_0000010" "$tmp/ckpt/jobs/3/iter_0000010"
+expect 0 '^deleted jobs/3$' '^$' -- delete jobs/3
+[[ -d $tmp/ckpt/jobs/3/iter_0000010 ]] || fail "delete without --delete-checkpoints removed them"
+expect 1 '^$' 'NOT_FOUND: jobs/3 does not exist' -- get 3
+expect 1 '^$' 'NOT_FOUND' -- delete 3
+expect 0 '^deleted jobs/3$' '^$' -- delete 3 --allow-missing
+expect 0 '^jobs/2$' '^$' -- delete 2 --delete-checkpoints -o name
+[[ ! -e $tmp/ckpt/jobs/2 ]] || fail "delete --delete-checkpoints left $tmp/ckpt/jobs/2"
+[[ -d $tmp/ckpt/jobs/3 ]] || fail "deleting jobs/2's checkpoints touched jobs/3's"
+expect 0 'jobs/4' '^$' -- list -o name --all
+[[ $(wc -l <<<"$out") -eq 2 ]] || fail "after two deletes: $out"
+echo "ok: delete refused PENDING, removed jobs/2 (with checkpoints) and jobs/3 (without)"
+
 # Connection and token failures: exit 3.
 printf 'wrong\n' >"$tmp/bad_token"
 expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file "$tmp/bad_token" get 1
@@ -221,12 +240,13 @@ expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file="$tmp/bad_token
 # The workers' token is not an API token.
 expect 3 '^$' 'UNAUTHENTICATED: .*worker token.*WRONG_ROLE' -- --token-file "$tmp/worker_token" list
 
-# request_id: every submit gets a fresh one, reused by its own retries. A deadline of 100 us
-# fails (DEADLINE_EXCEEDED, on the client or the server); each retry doubles it, so one attempt
-# finally succeeds, and however many attempts reached the server, exactly one job exists.
+# request_id: every submit gets a fresh one, reused by its own retries. A deadline of 1 us has
+# passed before the first attempt is sent (DEADLINE_EXCEEDED for sure; 100 us could still
+# succeed when the client's timer fires late); each retry doubles it (2^20 us is 1 s), so one
+# attempt finally succeeds, and however many attempts reached the server, exactly one job exists.
 n_before=$("$bin" list --all -o name | wc -l)
-expect 0 '^jobs/[0-9]+$' 'DEADLINE_EXCEEDED: .*retry 1 of 12 .*request_id [0-9a-f]{8}-[0-9a-f]{4}-4' -- \
-  submit -f "$tmp/spec.yaml" --name retried --timeout 0.0001 --retries 12 -o name
+expect 0 '^jobs/[0-9]+$' 'DEADLINE_EXCEEDED: .*retry 1 of 20 .*request_id [0-9a-f]{8}-[0-9a-f]{4}-4' -- \
+  submit -f "$tmp/spec.yaml" --name retried --timeout 0.000001 --retries 20 -o name
 retried_job=$out
 n_after=$("$bin" list --all -o name | wc -l)
 echo "   $(grep -c 'retry' "$err") retries, then $retried_job; jobs $n_before -> $n_after"

@@ -1,13 +1,18 @@
 // The real switchyard-coordinator binary, fork/exec'ed: reads the ports it prints, submits a job
 // over REST, is stopped with SIGTERM (exit 0, an open WatchJob ends UNAVAILABLE), restarts on the
 // same store and finds the job; SIGINT; the documented exit codes for bad flags and failed
-// starts; TLS on both ports with a self-signed certificate (when openssl is installed).
+// starts; TLS on both ports with a self-signed certificate (when openssl is installed); stores
+// that are missing, empty, truncated or corrupt refused with exit 1 naming the file and the
+// problem; --store-backup then a restart on the backup; corruption found while serving logged
+// once, /healthz 503.
 #include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <poll.h>
 #include <signal.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "coordinator/api/api_test_util.h"
+#include "coordinator/store/store.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "switchyard/v1/job.grpc.pb.h"
@@ -148,22 +154,28 @@ class Coordinator {
   std::string line_;
 };
 
-std::vector<std::string> Args(const std::string& store, const std::string& token_file) {
+// The flags of a coordinator on loopback with free ports; `create_store` adds --create-store (a
+// fresh store needs it; a restart on an existing one does not).
+std::vector<std::string> Args(const std::string& store, const std::string& token_file,
+                              bool create_store = true) {
   const char* dir = std::getenv("TEST_TMPDIR");
-  return {"--store",
-          store,
-          "--grpc-port",
-          "0",
-          "--http-port",
-          "0",
-          "--token-file",
-          token_file,
-          "--host",
-          "127.0.0.1",
-          "--checkpoint-root",
-          absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints"),
-          "--worker-token-file",
-          WriteFile("binary.worker-token", absl::StrCat(api::testing::kWorkerToken, "\n"))};
+  std::vector<std::string> args = {
+      "--store",
+      store,
+      "--grpc-port",
+      "0",
+      "--http-port",
+      "0",
+      "--token-file",
+      token_file,
+      "--host",
+      "127.0.0.1",
+      "--checkpoint-root",
+      absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints"),
+      "--worker-token-file",
+      WriteFile("binary.worker-token", absl::StrCat(api::testing::kWorkerToken, "\n"))};
+  if (create_store) args.push_back("--create-store");
+  return args;
 }
 
 std::string CreateBody(const std::string& name) {
@@ -278,7 +290,8 @@ TEST(CoordinatorBinaryTest, SubmitSigtermRestartFindsTheJob) {
     std::printf("coordinator log:\n%s", c.Log().c_str());
   }
   {
-    Coordinator c(Args(store, token), "binary_run2.log");
+    // The store exists now: no --create-store.
+    Coordinator c(Args(store, token, /*create_store=*/false), "binary_run2.log");
     ASSERT_TRUE(c.ReadPorts()) << c.Log();
     httplib::Client http("127.0.0.1", c.http_port());
     auto r = http.Get("/v1/jobs/1", Auth());
@@ -349,29 +362,37 @@ TEST(CoordinatorBinaryTest, ExitCodes) {
        {"--store", garbage, "--token-file", token, "--worker-token-file", wtoken, "--grpc-port",
         "0", "--http-port", "0"},
        1},
+      {"missing store",
+       {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file", wtoken,
+        "--grpc-port", "0", "--http-port", "0"},
+       1},
       {"port out of range",
        {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file", wtoken,
-        "--grpc-port", "70000"},
+        "--grpc-port", "70000", "--create-store"},
        1},
       {"only --tls-cert",
        {"--store", FreshPath("codes.db"), "--token-file", token, "--worker-token-file", wtoken,
-        "--tls-cert", token},
+        "--tls-cert", token, "--create-store"},
        1},
       {"relative --checkpoint-root",
-       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",
-        "0", "--checkpoint-root", "ckpt"},
+       {"--store", FreshPath("codes.db"), "--create-store", "--token-file", token,
+        "--worker-token-file", wtoken, "--grpc-port", "0", "--http-port", "0", "--checkpoint-root",
+        "ckpt"},
        1},
       {"relative --data-root",
-       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",
-        "0", "--data-root", "data"},
+       {"--store", FreshPath("codes.db"), "--create-store", "--token-file", token,
+        "--worker-token-file", wtoken, "--grpc-port", "0", "--http-port", "0", "--data-root",
+        "data"},
        1},
       {"per-client cap 0",
-       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",
-        "0", "--http-max-connections-per-client", "0"},
+       {"--store", FreshPath("codes.db"), "--create-store", "--token-file", token,
+        "--worker-token-file", wtoken, "--grpc-port", "0", "--http-port", "0",
+        "--http-max-connections-per-client", "0"},
        1},
       {"health port out of range",
-       {"--store", FreshPath("codes.db"), "--token-file", token, "--grpc-port", "0", "--http-port",
-        "0", "--health-port", "-2"},
+       {"--store", FreshPath("codes.db"), "--create-store", "--token-file", token,
+        "--worker-token-file", wtoken, "--grpc-port", "0", "--http-port", "0", "--health-port",
+        "-2"},
        1},
       {"--version", {"--version"}, 0},
       {"--help", {"--help"}, 0},
@@ -454,6 +475,201 @@ TEST(CoordinatorBinaryTest, TlsOnBothPorts) {
               plain_http ? std::to_string(plain_http->status).c_str() : "connection failed");
   c.Signal(SIGTERM);
   EXPECT_EQ(c.Wait(), 0) << c.Log();
+}
+
+// --- the store: refusals at start, backups, corruption while serving ------------------------
+
+constexpr int kPageSize = 4096;
+
+// How many times `needle` occurs in `text`.
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+int64_t FileSize(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+// A store of `n` jobs written through the store library and closed (checkpointed).
+void FillStore(const std::string& path, int n) {
+  auto store = store::Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < n; ++i) {
+    store::JobRow job;
+    job.spec = api::testing::ValidSpec(absl::StrCat("job-", i));
+    job.state = v1::Job::PENDING;
+    store::JobEventRow created;
+    created.state = v1::Job::PENDING;
+    created.reason = "CREATED";
+    ASSERT_TRUE((*store)->InsertJob(job, created).ok());
+  }
+}
+
+void CorruptPage(const std::string& path, int64_t page) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp((page - 1) * kPageSize);
+  f.write(std::string(kPageSize, '\xa5').data(), kPageSize);
+}
+
+TEST(CoordinatorBinaryTest, RefusesMissingEmptyTruncatedAndCorruptStores) {
+  const std::string token = WriteFile("refuse.token", absl::StrCat(kToken, "\n"));
+  const std::string good = FreshPath("refuse_good.db");
+  FillStore(good, 300);
+  const std::string bytes = ReadAll(good);
+  const int64_t pages = static_cast<int64_t>(bytes.size()) / kPageSize;
+  ASSERT_GE(pages, 20);
+
+  const std::string missing = FreshPath("refuse_missing.db");
+  const std::string empty = WriteFile("refuse_empty.db", "");
+  const std::string truncated = FreshPath("refuse_truncated.db");
+  std::ofstream(truncated, std::ios::binary) << bytes.substr(0, (pages / 2) * kPageSize);
+  const std::string corrupt = FreshPath("refuse_corrupt.db");
+  std::ofstream(corrupt, std::ios::binary) << bytes;
+  CorruptPage(corrupt, pages / 2);
+
+  struct Case {
+    const char* label;
+    std::string store;
+    bool create_store;
+    const char* problem;
+  };
+  const Case cases[] = {
+      {"missing", missing, false, "does not exist"},
+      {"empty (0 bytes)", empty, false, "is empty (0 bytes)"},
+      {"empty, --create-store", empty, true, "is empty (0 bytes)"},
+      {"truncated to half", truncated, false, "is truncated"},
+      {"garbage middle page", corrupt, true, "is corrupt: quick_check"},
+  };
+  for (const Case& k : cases) {
+    const std::string before = ReadAll(k.store);
+    Coordinator c(Args(k.store, token, k.create_store), "refuse.log");
+    const int code = c.Wait();
+    const std::string log = c.Log();
+    EXPECT_EQ(code, 1) << k.label << "\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, k.store)) << k.label << ": file not named\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, k.problem)) << k.label << ": problem not named\n" << log;
+    EXPECT_EQ(ReadAll(k.store), before) << k.label << ": the refused store was changed";
+    const size_t at = log.find("cannot start");
+    std::printf("%-22s -> exit %d: %s", k.label, code,
+                log.substr(at == std::string::npos ? 0 : at).c_str());
+  }
+  EXPECT_EQ(FileSize(missing), -1) << "a refused start created the store";
+
+  // The intact store starts without --create-store and has its 300 jobs.
+  Coordinator c(Args(good, token, /*create_store=*/false), "refuse_good.log");
+  ASSERT_TRUE(c.ReadPorts()) << c.Log();
+  httplib::Client http("127.0.0.1", c.http_port());
+  auto r = http.Get("/v1/jobs?page_size=1000", Auth());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(Json::parse(r->body)["jobs"].size(), 300u);
+  c.Signal(SIGTERM);
+  EXPECT_EQ(c.Wait(), 0) << c.Log();
+}
+
+TEST(CoordinatorBinaryTest, BackupThenRestoreLosesNoJob) {
+  const std::string token = WriteFile("backup.token", absl::StrCat(kToken, "\n"));
+  const std::string store = FreshPath("backup_live.db");
+  const std::string backup = FreshPath("backup_copy.db");
+  std::vector<std::string> names;
+  {
+    std::vector<std::string> args = Args(store, token);
+    args.insert(args.end(), {"--store-backup", backup, "--store-backup-interval", "100ms"});
+    Coordinator c(args, "backup_run.log");
+    ASSERT_TRUE(c.ReadPorts()) << c.Log();
+    httplib::Client http("127.0.0.1", c.http_port());
+    for (int i = 0; i < 20; ++i) {
+      auto r = http.Post("/v1/jobs", Auth(), CreateBody(absl::StrCat("backed-up-", i)),
+                         "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      names.push_back(Json::parse(r->body)["name"]);
+    }
+    // Wait for one periodic backup after the last job, then stop (one more backup at shutdown).
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    const size_t backups_before = Count(c.Log(), "store backup:");
+    while (absl::Now() < deadline && Count(c.Log(), "store backup:") < backups_before + 1) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    c.Signal(SIGTERM);
+    EXPECT_EQ(c.Wait(), 0) << c.Log();
+    const std::string log = c.Log();
+    EXPECT_TRUE(absl::StrContains(log, absl::StrCat("store backup: ", store, " -> ", backup)))
+        << log;
+    std::printf("backup log lines: %zu\n", Count(log, "store backup:"));
+  }
+  struct stat st {};
+  ASSERT_EQ(stat(backup.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(stat((store).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(FileSize(backup + ".tmp"), -1);
+  // Restore: start on the backup (no --create-store), every job is there.
+  Coordinator c(Args(backup, token, /*create_store=*/false), "backup_restore.log");
+  ASSERT_TRUE(c.ReadPorts()) << c.Log();
+  httplib::Client http("127.0.0.1", c.http_port());
+  auto r = http.Get("/v1/jobs?page_size=1000", Auth());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<std::string> restored;
+  const Json list = Json::parse(r->body);
+  for (const Json& job : list["jobs"]) restored.push_back(job["name"]);
+  EXPECT_EQ(restored, names);
+  std::printf("restored %zu of %zu jobs from %s\n", restored.size(), names.size(), backup.c_str());
+  c.Signal(SIGTERM);
+  EXPECT_EQ(c.Wait(), 0) << c.Log();
+}
+
+TEST(CoordinatorBinaryTest, CorruptionWhileServingIsLoggedOnceAndHealthGoesNotServing) {
+  const std::string token = WriteFile("corrupt.token", absl::StrCat(kToken, "\n"));
+  const std::string store = FreshPath("corrupt_serving.db");
+  FillStore(store, 300);
+  const int64_t pages = FileSize(store) / kPageSize;
+  std::vector<std::string> args = Args(store, token, /*create_store=*/false);
+  args.push_back("--noworkers");
+  Coordinator c(args, "corrupt_serving.log");
+  ASSERT_TRUE(c.ReadPorts()) << c.Log();
+  httplib::Client http("127.0.0.1", c.http_port());
+  auto health = http.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  CorruptPage(store, pages / 2);
+  {
+    // A commit from another connection makes the coordinator's connection drop its page cache.
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(store.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "INSERT INTO workers (id, host, version, state, last_heartbeat_us) "
+                           "VALUES ('w', 'h', 'v', 1, 0)",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  int failed = 0;
+  for (int id = 1; id <= 300; ++id) {
+    auto r = http.Post(absl::StrCat("/v1/jobs/", id, ":cancel"), Auth(), "", "application/json");
+    ASSERT_TRUE(r);
+    if (r->status == 200) continue;
+    ++failed;
+    EXPECT_EQ(r->status, 500) << r->body;
+    EXPECT_TRUE(absl::StrContains(r->body, store)) << r->body;
+    EXPECT_FALSE(absl::StrContains(r->body, "SELECT")) << r->body;
+  }
+  EXPECT_GE(failed, 1);
+  health = http.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_TRUE(absl::StrContains(health->body, store)) << health->body;
+  const std::string log = c.Log();
+  const std::string marker = absl::StrCat("store ", store, " is corrupt: ");
+  EXPECT_EQ(Count(log, marker), 1u) << "logged once?\n" << log;
+  c.Signal(SIGTERM);
+  EXPECT_EQ(c.Wait(), 0);
+  std::printf("%d of 300 cancels failed; /healthz %d: %slog: %s\n", failed, health->status,
+              health->body.c_str(),
+              log.substr(std::min(log.find(marker), log.size()), 300).c_str());
 }
 
 }  // namespace

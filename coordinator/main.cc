@@ -2,8 +2,10 @@
 // health, reflection, /metrics) over one SQLite store.
 //
 //   switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F
-//                          --worker-token-file W [--host ADDR] [--tls-cert PEM --tls-key PEM]
-//                          [--health-port H] [--checkpoint-root DIR] [--data-root DIR]
+//                          --worker-token-file W [--create-store]
+//                          [--store-backup FILE [--store-backup-interval 10m]]
+//                          [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H]
+//                          [--checkpoint-root DIR] [--data-root DIR]
 //                          [--advertise-address HOST:PORT] [--noworkers]
 //
 // Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
@@ -21,6 +23,10 @@
 // (coordinator/api/auth.h): each side accepts only its own. --worker-token-file is required
 // unless --noworkers: there is no fallback to one shared token, since then any API user could
 // act as a worker (attach, read and write rendezvous keys).
+//
+// The store must exist unless --create-store is given; a missing, empty (0 bytes), truncated,
+// non-SQLite or corrupt store is refused with a message naming the file and the problem (see
+// coordinator/store/store.h). --create-store creates a missing file only, never replaces one.
 //
 // Exit status: 0 after a signal-initiated shutdown, --help (-h) or --version; 1 when the
 // coordinator cannot start (store, token file, TLS files, a port in use); 2 for a usage error
@@ -40,12 +46,21 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "coordinator/api/server.h"
 
-ABSL_FLAG(std::string, store, "", "SQLite store file (created if absent). Required.");
+ABSL_FLAG(std::string, store, "", "SQLite store file; must exist unless --create-store. Required.");
+ABSL_FLAG(bool, create_store, false,
+          "Create --store (empty, mode 0600) if it does not exist; an existing file is never "
+          "replaced.");
+ABSL_FLAG(std::string, store_backup, "",
+          "Back the store up to this file (atomically) at start, every --store-backup-interval "
+          "and at shutdown; restore by starting with --store on it.");
+ABSL_FLAG(absl::Duration, store_backup_interval, absl::Minutes(10),
+          "Time between store backups (e.g. 30s, 10m, 1h).");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address both servers listen on.");
 ABSL_FLAG(int, grpc_port, 50051, "gRPC port (0: pick a free one).");
 ABSL_FLAG(int, http_port, 8080, "REST and /metrics port (0: pick a free one).");
@@ -123,8 +138,9 @@ int Usage(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage: switchyard-coordinator --store FILE --grpc-port P --http-port Q --token-file F "
-      "--worker-token-file W [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H] "
-      "[--checkpoint-root DIR] [--data-root DIR] "
+      "--worker-token-file W [--create-store] [--store-backup FILE] [--store-backup-interval D] "
+      "[--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H] [--checkpoint-root DIR] "
+      "[--data-root DIR] "
       "[--advertise-address HOST:PORT] [--noworkers] [--shutdown-grace S]");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
@@ -169,6 +185,9 @@ int main(int argc, char** argv) {
 
   switchyard::api::ServerOptions options;
   options.store_path = absl::GetFlag(FLAGS_store);
+  options.create_store = absl::GetFlag(FLAGS_create_store);
+  options.store_backup = absl::GetFlag(FLAGS_store_backup);
+  options.store_backup_interval = absl::GetFlag(FLAGS_store_backup_interval);
   options.host = absl::GetFlag(FLAGS_host);
   options.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);

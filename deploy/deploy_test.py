@@ -691,6 +691,7 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     args, changed = substituted(cc["args"], {
         "store": os.path.join(TMP, "store.db"), "token_file": token_file,
         "worker_token_file": worker_token_file, "host": "127.0.0.1",
+        "store_backup": os.path.join(TMP, "store.backup.db"),
         "grpc_port": grpc_port, "http_port": http_port,
         "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "checkpoints"), "data_root": os.path.join(TMP, "data")})
@@ -995,6 +996,7 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
     args, changed = substituted(cc["args"], {
         "store": os.path.join(TMP, "tls-store.db"), "token_file": token_file,
         "worker_token_file": worker_token_file,
+        "store_backup": os.path.join(TMP, "tls-store.backup.db"),
         "host": "127.0.0.1", "grpc_port": grpc_port, "http_port": http_port,
         "health_port": health_port, "advertise_address": "127.0.0.1:%d" % grpc_port,
         "checkpoint_root": os.path.join(TMP, "tls-checkpoints"), "tls_cert": cert,

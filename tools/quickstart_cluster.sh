@@ -13,6 +13,8 @@
 # Everything listens on 127.0.0.1 only: the coordinator's gRPC and REST ports and the workers'
 # /metrics are not reachable from other machines.
 set -euo pipefail
+# The token, the store, its backups and the checkpoints are readable by this user only.
+umask 077
 bin=$1
 spec=${2:-examples/quickstart.yaml}
 # BIN_DIR is bazel-bin (coordinator/, worker/, cli/ subfolders) or a flat folder (the GPU bundle).
@@ -35,7 +37,7 @@ trap cleanup EXIT
 # Two tokens: the API's (syctl) and the workers' own (coordinator/api/auth.h).
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/worker-token"
-"$coordinator_bin" --store "$run/store.db" --host 127.0.0.1 \
+"$coordinator_bin" --store "$run/store.db" --create-store --host 127.0.0.1 \
   --grpc-port 0 --http-port 0 --token-file "$run/token" --worker-token-file "$run/worker-token" \
   --checkpoint-root "$run/checkpoints" --data-root "$run/data" \
   >"$run/coordinator.log" 2>&1 &

@@ -75,10 +75,18 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
+int HttpStatusOf(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kResourceExhausted &&
+      ReasonOf(status.message()) == "STORE_FULL") {
+    return 507;
+  }
+  return HttpStatusFor(status.code());
+}
+
 std::string ErrorJson(const absl::Status& status, int http) {
   const absl::Status s = WithDefaultReason(status);
   nlohmann::json body = {{"error",
-                          {{"code", http != 0 ? http : HttpStatusFor(s.code())},
+                          {{"code", http != 0 ? http : HttpStatusOf(s)},
                            {"status", CodeName(s.code())},
                            {"message", std::string(s.message())},
                            {"reason", ReasonOf(s.message())}}}};

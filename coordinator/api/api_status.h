@@ -5,7 +5,8 @@
 // google.rpc.Status / ErrorInfo details are not available here (the system has no googleapis
 // protos: /usr/include/google/rpc is absent), so the machine-readable reason travels in the status
 // message as a suffix " (reason: UPPER_SNAKE)". Every error that leaves the API carries exactly
-// one: the specific one the code chose (MISSING_TOKEN, INVALID_TOKEN, ...) or the default for its
+// one: the specific one the code chose (MISSING_TOKEN, INVALID_TOKEN, ...; the store's STORE_FULL,
+// STORE_BUSY, STORE_CORRUPT, STORE_IO_ERROR, see coordinator/store/store.h) or the default for its
 // code (DefaultReason). Clients may parse it with ReasonOf.
 //
 // gRPC codes are absl codes (same canonical set); REST maps them to HTTP (HttpStatusFor) and
@@ -41,9 +42,13 @@ std::string ReasonOf(absl::string_view message);
 
 // HTTP status for a canonical code (google/rpc/code.proto's HTTP mapping).
 int HttpStatusFor(absl::StatusCode code);
+// HTTP status for an error: HttpStatusFor(code), except a full store (reason STORE_FULL, code
+// RESOURCE_EXHAUSTED) is 507 Insufficient Storage: 429 would tell clients to retry later, and a
+// full disk does not drain by itself.
+int HttpStatusOf(const absl::Status& status);
 
 // The REST error body of a non-OK status (its reason added if missing). `http` is the body's
-// "code": HttpStatusFor(status.code()) when 0 (the gateway passes the HTTP status httplib chose
+// "code": HttpStatusOf(status) when 0 (the gateway passes the HTTP status httplib chose
 // for transport-level errors such as 413).
 std::string ErrorJson(const absl::Status& status, int http = 0);
 

@@ -49,6 +49,26 @@ TEST(ApiStatusTest, HttpMapping) {
   }
 }
 
+// A full store is 507 with reason STORE_FULL; a planner's RESOURCE_EXHAUSTED stays 429 with
+// NO_FEASIBLE_PLAN.
+TEST(ApiStatusTest, FullStoreIs507NotNoFeasiblePlan) {
+  const absl::Status full = absl::ResourceExhaustedError(
+      "store \"/var/lib/s.db\" is full (no space on its disk, or its size limit): nothing was "
+      "written (reason: STORE_FULL)");
+  EXPECT_EQ(HttpStatusOf(full), 507);
+  EXPECT_EQ(ReasonOf(WithDefaultReason(full).message()), "STORE_FULL");
+  nlohmann::json body = nlohmann::json::parse(ErrorJson(full));
+  EXPECT_EQ(body["error"]["code"], 507);
+  EXPECT_EQ(body["error"]["status"], "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(body["error"]["reason"], "STORE_FULL");
+  const absl::Status plan = absl::ResourceExhaustedError("no mapping fits in 80 GiB");
+  EXPECT_EQ(HttpStatusOf(plan), 429);
+  // Only the planner's verdict is NO_FEASIBLE_PLAN (PlanForUser sets it); another
+  // RESOURCE_EXHAUSTED keeps its code name, never a misleading reason.
+  EXPECT_EQ(ReasonOf(WithDefaultReason(plan).message()), "RESOURCE_EXHAUSTED");
+  std::printf("%s\n", body.dump().c_str());
+}
+
 TEST(ApiStatusTest, ErrorJsonShape) {
   nlohmann::json body =
       nlohmann::json::parse(ErrorJson(absl::NotFoundError("jobs/7 does not exist")));

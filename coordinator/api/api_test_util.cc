@@ -152,6 +152,7 @@ std::unique_ptr<CoordinatorServer> StartServer(const std::string& store_name,
                                                const std::function<void(ServerOptions&)>& adjust) {
   ServerOptions options;
   options.store_path = FreshPath(store_name);
+  options.create_store = true;  // a fresh store per test
   options.host = "127.0.0.1";
   options.token_file = WriteFile(store_name + ".token", absl::StrCat(kToken, "\n"));
   options.worker_token_file =

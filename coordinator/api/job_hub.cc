@@ -1,11 +1,22 @@
 #include "coordinator/api/job_hub.h"
 
+#include <filesystem>
+#include <string>
+#include <system_error>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "coordinator/jobs/job_state.h"
 
 namespace switchyard::api {
 
-JobHub::JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart)
-    : registry_(registry), on_restart_(std::move(on_restart)) {}
+JobHub::JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart,
+               std::string checkpoint_root)
+    : registry_(registry),
+      on_restart_(std::move(on_restart)),
+      checkpoint_root_(std::move(checkpoint_root)) {}
 
 absl::StatusOr<v1::Job> JobHub::Notify(absl::StatusOr<v1::Job> result) {
   if (result.ok()) {
@@ -53,6 +64,51 @@ absl::StatusOr<v1::Job> JobHub::RecordWaitReason(absl::string_view name, absl::s
 absl::StatusOr<std::vector<v1::JobEvent>> JobHub::ListEvents(absl::string_view name) {
   return registry_->ListEvents(name);
 }
+
+absl::Status JobHub::DeleteJob(const v1::DeleteJobRequest& request) {
+  absl::StatusOr<v1::Job> job = registry_->GetJob(request.name());
+  if (job.status().code() == absl::StatusCode::kNotFound && request.allow_missing()) {
+    return absl::OkStatus();
+  }
+  SY_RETURN_IF_ERROR(job.status());
+  if (!jobs::IsTerminal(job->state())) {
+    // The registry refuses it too (inside its transaction); checked here so that no checkpoint is
+    // removed for a job that stays.
+    return registry_->DeleteJob(request.name()).status();
+  }
+  if (request.delete_checkpoints()) {
+    if (checkpoint_root_.empty()) {
+      return absl::FailedPreconditionError(
+          "delete_checkpoints: this coordinator has no checkpoint root (--checkpoint-root)");
+    }
+    SY_ASSIGN_OR_RETURN(int64_t id, jobs::ParseJobName(request.name()));
+    const std::string dir = jobs::JobCheckpointDir(checkpoint_root_, id);
+    {
+      std::error_code error;
+      const std::uintmax_t removed = std::filesystem::remove_all(dir, error);
+      if (error) {
+        SY_LOG(ERROR) << request.name() << ": cannot remove checkpoint directory " << dir << ": "
+                      << error.message();
+        return absl::InternalError(absl::StrCat(request.name(),
+                                                ": cannot remove its checkpoint directory ", dir,
+                                                " (", error.message(), "); the job was kept"));
+      }
+      SY_LOG(INFO) << request.name() << ": removed checkpoint directory " << dir << " (" << removed
+                   << " files)";
+    }
+  }
+  absl::StatusOr<v1::Job> deleted = Notify(registry_->DeleteJob(request.name()));
+  if (deleted.status().code() == absl::StatusCode::kNotFound && request.allow_missing()) {
+    return absl::OkStatus();
+  }
+  if (deleted.ok()) {
+    SY_LOG(INFO) << "deleted " << request.name() << " (" << v1::Job::State_Name(deleted->state())
+                 << ")";
+  }
+  return deleted.status();
+}
+
+absl::Status JobHub::StoreHealth() { return registry_->StoreHealth(); }
 
 uint64_t JobHub::version() const {
   absl::MutexLock lock(&mu_);

@@ -10,6 +10,11 @@
 // The hub also feeds the restart counter metric: a transition that lands in RESTARTING calls the
 // `on_restart` callback.
 //
+// DeleteJob removes a finished job (JobRegistry::DeleteJob) and, when asked, its checkpoint
+// directory jobs::JobCheckpointDir(checkpoint_root, id) = <checkpoint_root>/jobs/<id> first (every
+// file a job writes is inside it: its training.save is relative to it, common/job_paths.h): if
+// that removal fails nothing is deleted.
+//
 // Close() wakes every waiter for good (graceful shutdown): WaitForChange then returns at once and
 // closed() is true.
 //
@@ -20,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,8 +44,10 @@ inline constexpr absl::Duration kWatchRefresh = absl::Seconds(1);
 class JobHub {
  public:
   // `registry` must outlive the hub. `on_restart` (may be empty) is called after each transition
-  // whose result is RESTARTING.
-  explicit JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart = {});
+  // whose result is RESTARTING. `checkpoint_root` (empty: unknown) is where the scheduler puts
+  // job checkpoints (ServerOptions.checkpoint_root).
+  explicit JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart = {},
+                  std::string checkpoint_root = "");
   JobHub(const JobHub&) = delete;
   JobHub& operator=(const JobHub&) = delete;
 
@@ -59,6 +67,13 @@ class JobHub {
   // Not a job change: watchers are not woken (they get steps from the StepHub).
   absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
+  // AIP-135 (job.proto's DeleteJobRequest): NOT_FOUND for an absent job unless allow_missing;
+  // FAILED_PRECONDITION naming the state for an unfinished one; with delete_checkpoints and no
+  // checkpoint root or a spec-chosen training.save, FAILED_PRECONDITION; a directory that cannot be
+  // removed is INTERNAL naming it, and the job is kept.
+  absl::Status DeleteJob(const v1::DeleteJobRequest& request);
+  // OK, or why the store refuses to serve (it found corruption): /healthz and gRPC health.
+  absl::Status StoreHealth();
 
   // The number of successful mutations so far.
   uint64_t version() const;
@@ -74,6 +89,7 @@ class JobHub {
 
   jobs::JobRegistry* const registry_;
   const std::function<void()> on_restart_;
+  const std::string checkpoint_root_;
   mutable absl::Mutex mu_;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

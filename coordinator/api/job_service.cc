@@ -69,6 +69,14 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
       }));
 }
 
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* context,
+                                       const v1::DeleteJobRequest* request,
+                                       google::protobuf::Empty* response) {
+  (void)response;
+  return ToGrpcStatus(RunApiCall(*auth_, metrics_, "DeleteJob", AuthorizationOf(*context),
+                                 [&] { return hub_->DeleteJob(*request); }));
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context,
                                       const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::WatchJobResponse>* writer) {

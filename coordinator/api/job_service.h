@@ -3,8 +3,10 @@
 // switchyard.v1.JobService (proto/switchyard/v1/job.proto) over a JobHub. Each method
 // authenticates and records metrics through RunApiCall (api_call.h); errors are the registry's
 // (job_registry.h: INVALID_ARGUMENT naming the field and rule, NOT_FOUND, ALREADY_EXISTS for a
-// reused request_id with another spec, FAILED_PRECONDITION for a refused transition) with a
-// reason attached (api_status.h), mapped 1:1 onto gRPC codes.
+// reused request_id with another spec, FAILED_PRECONDITION for a refused transition or the deletion
+// of an unfinished job; the store's DATA_LOSS, RESOURCE_EXHAUSTED (STORE_FULL) and UNAVAILABLE
+// (STORE_BUSY), which name the store file and carry no SQL) with a reason attached (api_status.h),
+// mapped 1:1 onto gRPC codes.
 //
 // CreateJob under a deadline: a call whose deadline has already expired (or that was cancelled)
 // when the handler runs is DEADLINE_EXCEEDED and creates nothing. The deadline can still expire
@@ -58,6 +60,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         google::protobuf::Empty* response) override;
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::WatchJobResponse>* writer) override;
 

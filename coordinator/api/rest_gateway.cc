@@ -39,7 +39,7 @@ void Reply(const absl::StatusOr<std::string>& json, HttpResponse* res) {
     res->status = 200;
     res->body = *json;
   } else {
-    res->status = HttpStatusFor(json.status().code());
+    res->status = HttpStatusOf(json.status());
     res->body = ErrorJson(json.status());
   }
 }
@@ -95,6 +95,27 @@ absl::StatusOr<v1::ListJobsRequest> ParseListQuery(const HttpRequest& req) {
       return absl::InvalidArgumentError(absl::StrCat(
           key, ": unknown query parameter (GET /v1/jobs takes state, page_size, page_token)"));
     }
+  }
+  return request;
+}
+
+// DELETE /v1/jobs/{id}'s query: delete_checkpoints and allow_missing, "true" or "false".
+absl::StatusOr<v1::DeleteJobRequest> ParseDeleteQuery(const HttpRequest& req) {
+  v1::DeleteJobRequest request;
+  request.set_name(absl::StrCat("jobs/", req.matches[1]));
+  for (const auto& [key, value] : req.params) {
+    if (key != "delete_checkpoints" && key != "allow_missing") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key,
+                       ": unknown query parameter (DELETE /v1/jobs/{id} takes delete_checkpoints, "
+                       "allow_missing)"));
+    }
+    if (value != "true" && value != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": \"", value, "\" is not a boolean (true or false)"));
+    }
+    if (key == "delete_checkpoints") request.set_delete_checkpoints(value == "true");
+    if (key == "allow_missing") request.set_allow_missing(value == "true");
   }
   return request;
 }
@@ -173,6 +194,12 @@ HttpRouter RestGateway::Route() {
                   AttachLastStep(steps_, &job);
                   return ToJson(job);
                 }));
+  s.HandleRegex("DELETE", R"(/v1/jobs/([^/:]+))",
+                api("DeleteJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
+                  SY_ASSIGN_OR_RETURN(v1::DeleteJobRequest request, ParseDeleteQuery(req));
+                  SY_RETURN_IF_ERROR(hub_->DeleteJob(request));
+                  return std::string("{}");
+                }));
   s.Handle("POST", "/v1/plans",
            api("Plan", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
              SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
@@ -192,9 +219,13 @@ HttpRouter RestGateway::Route() {
     res->body = metrics_ != nullptr ? metrics_->Scrape() : "";
   });
   s.Handle("GET", "/healthz", [this](const HttpRequest&, HttpResponse* res) {
+    const absl::Status store = hub_->StoreHealth();
     if (hub_->closed()) {
       res->status = 503;
       res->body = "shutting down\n";
+    } else if (!store.ok()) {
+      res->status = 503;
+      res->body = absl::StrCat("store unhealthy: ", store.message(), "\n");
     } else {
       res->body = "ok\n";
     }

@@ -7,9 +7,11 @@
 //   GET  /v1/jobs/{id}                                            -> 200 Job
 //   GET  /v1/jobs?state=RUNNING&page_size=N&page_token=T          -> 200 ListJobsResponse
 //   POST /v1/jobs/{id}:cancel      body ignored (AIP-136 "*")     -> 200 Job
+//   DELETE /v1/jobs/{id}?delete_checkpoints=true&allow_missing=true -> 200 {} (AIP-135)
 //   POST /v1/plans                 body PlanRequest               -> 200 Plan
 //   GET  /metrics                  Prometheus text exposition (no token, see auth.h)
-//   GET  /healthz                  "ok" while serving (no token)
+//   GET  /healthz                  "ok" while serving (no token); 503 while shutting down or
+//                                  once the store found corruption (the message names the file)
 //
 // JSON is the proto3 JSON mapping with the proto field names (the Megatron argument names, as in
 // job spec files): responses are written by MessageToJsonString with preserve_proto_field_names;

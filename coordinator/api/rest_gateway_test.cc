@@ -42,10 +42,11 @@ class RestGatewayTest : public ::testing::Test {
   // Sends the request and returns (status, parsed JSON body); prints both as evidence.
   std::pair<int, Json> Call(const std::string& method, const std::string& path,
                             const std::string& body = "", const char* token = testing::kToken) {
-    httplib::Result r = method == "GET" ? client_->Get(path.c_str(), Auth(token))
-                        : method == "POST"
-                            ? client_->Post(path.c_str(), Auth(token), body, "application/json")
-                            : client_->Delete(path.c_str(), Auth(token));
+    httplib::Result r =
+        method == "GET"    ? client_->Get(path.c_str(), Auth(token))
+        : method == "POST" ? client_->Post(path.c_str(), Auth(token), body, "application/json")
+        : method == "PUT"  ? client_->Put(path.c_str(), Auth(token), body, "application/json")
+                           : client_->Delete(path.c_str(), Auth(token));
     EXPECT_TRUE(r) << method << " " << path << ": " << httplib::to_string(r.error());
     if (!r) return {0, Json()};
     std::printf("  %-4s %-40s -> %d %s\n", method.c_str(), path.c_str(), r->status,
@@ -166,7 +167,7 @@ TEST_F(RestGatewayTest, BadBodiesNameTheField) {
   ExpectError(huge, 413, "INVALID_ARGUMENT", "larger than");
   // Unknown routes and wrong methods keep the error shape (405 + Allow: WrongMethodIs405).
   ExpectError(Call("GET", "/v2/jobs"), 404, "NOT_FOUND", "/v2/jobs");
-  ExpectError(Call("DELETE", "/v1/jobs/1"), 405, "UNIMPLEMENTED", "DELETE");
+  ExpectError(Call("PUT", "/v1/jobs/1"), 405, "UNIMPLEMENTED", "PUT");
 }
 
 // Malformed bodies of every kind (random bytes, truncated valid JSON, deep nesting, wrong
@@ -279,7 +280,7 @@ TEST_F(RestGatewayTest, WrongMethodIs405WithAllow) {
     const char* allow;
   };
   for (const Case& c :
-       {Case{"DELETE", "/v1/jobs/1", "GET"}, Case{"GET", "/v1/plans", "POST"},
+       {Case{"POST", "/v1/jobs/1", "GET, DELETE"}, Case{"GET", "/v1/plans", "POST"},
         Case{"DELETE", "/v1/jobs", "POST, GET"}, Case{"GET", "/v1/jobs/1:cancel", "POST"},
         Case{"POST", "/healthz", "GET"}}) {
     httplib::Result r = c.method[0] == 'G'   ? client_->Get(c.path, Auth())

@@ -99,8 +99,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
         "worker-token-file: must be set when workers are served (workers authenticate with "
         "their own token, distinct from the API token; --noworkers serves the API only)");
   }
+  if (!options.store_backup.empty()) {
+    if (options.store_backup == options.store_path) {
+      return absl::InvalidArgumentError("store-backup: must not be the store itself (--store)");
+    }
+    if (options.store_backup_interval <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store-backup-interval (",
+                       absl::FormatDuration(options.store_backup_interval), ") must be > 0"));
+    }
+  }
 
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  CoordinatorServer* server = s.get();
   s->metrics_ = std::make_unique<metrics::CoordinatorMetrics>();
   s->audit_ = std::make_unique<AuthAudit>(s->metrics_->registry().get());
   SY_ASSIGN_OR_RETURN(s->auth_, TokenAuth::FromFile(options.token_file, kUserRole));
@@ -124,7 +135,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     s->worker_auth_->SetOtherRole(s->auth_.get());
     s->auth_->SetOtherRole(s->worker_auth_.get());
   }
-  SY_ASSIGN_OR_RETURN(s->store_, store::Store::Open(options.store_path));
+  store::StoreOptions store_options;
+  store_options.create_if_missing = options.create_store;
+  store_options.max_page_count = options.store_max_page_count;
+  store_options.on_corruption = [server](const absl::Status&) { server->OnStoreCorruption(); };
+  SY_ASSIGN_OR_RETURN(s->store_, store::Store::Open(options.store_path, store_options));
   jobs::CoordinatorContext context;
   context.checkpoint_root = options.checkpoint_root;
   if (absl::StatusOr<CorpusInfo> corpus = FindDefaultCorpus(); corpus.ok()) {
@@ -137,8 +152,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   }
   s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get(), context);
   metrics::CoordinatorMetrics* metrics = s->metrics_.get();
-  s->hub_ =
-      std::make_unique<JobHub>(s->registry_.get(), [metrics] { metrics->IncrementJobRestarts(); });
+  s->hub_ = std::make_unique<JobHub>(
+      s->registry_.get(), [metrics] { metrics->IncrementJobRestarts(); }, options.checkpoint_root);
   JobHub* hub = s->hub_.get();
   s->metrics_->SetJobCounter([hub]() -> absl::StatusOr<std::map<v1::Job::State, int64_t>> {
     std::map<v1::Job::State, int64_t> counts;
@@ -242,12 +257,53 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     }
     SetServing(s->health_server_.get(), true, s->plane_ != nullptr);
   }
+  {
+    absl::MutexLock lock(&s->health_mu_);
+    s->health_targets_ = {s->grpc_server_.get()};
+    if (s->health_server_ != nullptr) s->health_targets_.push_back(s->health_server_.get());
+    if (s->store_corrupt_) {
+      for (grpc::Server* target : s->health_targets_) {
+        SetServing(target, false, s->plane_ != nullptr);
+      }
+    }
+  }
 
   SY_ASSIGN_OR_RETURN(
       s->rest_, RestGateway::Create(hub, s->auth_.get(), metrics, options.host, options.http_port,
                                     options.tls_cert_file, options.tls_key_file, steps, registry,
                                     options.http_limits));
+  if (!options.store_backup.empty()) {
+    s->store_backup_ = options.store_backup;
+    s->backup_thread_ = std::thread(&CoordinatorServer::BackupLoop, server, options.store_backup,
+                                    options.store_backup_interval);
+  }
   return s;
+}
+
+void CoordinatorServer::OnStoreCorruption() {
+  absl::MutexLock lock(&health_mu_);
+  store_corrupt_ = true;
+  for (grpc::Server* target : health_targets_) SetServing(target, false, plane_ != nullptr);
+  SY_LOG(ERROR) << "health: NOT_SERVING until the coordinator is restarted on a good store ("
+                << store_->path() << ")";
+}
+
+void CoordinatorServer::BackupOnce(const std::string& path) {
+  absl::StatusOr<store::BackupResult> backup = store_->Backup(path);
+  if (backup.ok()) {
+    SY_LOG(INFO) << "store backup: " << store_->path() << " -> " << path << ", " << backup->bytes
+                 << " bytes, " << backup->pages << " pages in "
+                 << absl::FormatDuration(backup->elapsed);
+  } else {
+    SY_LOG(ERROR) << "store backup to " << path
+                  << " failed (the previous backup is kept): " << backup.status();
+  }
+}
+
+void CoordinatorServer::BackupLoop(const std::string& path, absl::Duration interval) {
+  do {
+    BackupOnce(path);
+  } while (!stop_backups_.WaitForNotificationWithTimeout(interval));
 }
 
 void CoordinatorServer::Shutdown(absl::Time deadline) {
@@ -255,6 +311,10 @@ void CoordinatorServer::Shutdown(absl::Time deadline) {
   shut_down_ = true;
   const absl::Time start = absl::Now();
   if (grpc_server_ != nullptr) SetServing(grpc_server_.get(), false, plane_ != nullptr);
+  {
+    absl::MutexLock lock(&health_mu_);
+    health_targets_.clear();
+  }
   if (health_server_ != nullptr) SetServing(health_server_.get(), false, plane_ != nullptr);
   if (hub_ != nullptr) hub_->Close();
   if (plane_ != nullptr) plane_->Shutdown();
@@ -267,6 +327,12 @@ void CoordinatorServer::Shutdown(absl::Time deadline) {
   if (health_server_ != nullptr) {
     health_server_->Shutdown(absl::ToChronoTime(deadline));
     health_server_->Wait();
+  }
+  if (backup_thread_.joinable()) {
+    stop_backups_.Notify();
+    backup_thread_.join();
+    // No API call is in flight any more: this copy has every job the coordinator accepted.
+    BackupOnce(store_backup_);
   }
   if (rest_ == nullptr) return;  // Create failed: nothing was serving
   SY_LOG(INFO) << "shutdown: REST stopped in " << absl::FormatDuration(rest_stopped - start)

@@ -10,7 +10,15 @@
 // Health: the overall status ("") and each service ("switchyard.v1.JobService",
 // "switchyard.v1.PlanService", and with the worker side "switchyard.v1.WorkerService",
 // "switchyard.v1.RendezvousService") are SERVING from Create until Shutdown, NOT_SERVING during
-// it.
+// it, and NOT_SERVING for good once the store finds corruption (store.h: logged once with the
+// file name; every store call then fails DATA_LOSS; /healthz answers 503 naming the file).
+//
+// The store: Create refuses (the store's error, naming the file) a missing store unless
+// `create_store`, and an empty, truncated, non-SQLite or corrupt one always. With `store_backup`,
+// a backup thread copies the store there (store.h's Backup: atomic, 0600) once at start, then
+// every `store_backup_interval`, and once more after the gRPC server stopped in Shutdown; each
+// copy logs one line ("store backup: ..."), a failed one logs an ERROR and leaves the previous
+// backup in place. Restore: start on the backup file (--store BACKUP).
 //
 // Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the scheduler
 // stops and the workers' Attach streams end (workers/worker_plane.h), the REST
@@ -29,8 +37,13 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/api/job_hub.h"
@@ -46,7 +59,15 @@
 namespace switchyard::api {
 
 struct ServerOptions {
-  std::string store_path;  // SQLite file, created if absent
+  std::string store_path;  // SQLite file
+  // Create `store_path` (empty, mode 0600) when it does not exist (--create-store). Never
+  // replaces an existing file.
+  bool create_store = false;
+  // Non-empty: where the backup thread writes the store's backups (--store-backup).
+  std::string store_backup;
+  absl::Duration store_backup_interval = absl::Minutes(10);
+  // > 0: cap the store at this many pages (store.h's max_page_count); tests use it to fill it.
+  int64_t store_max_page_count = 0;
   std::string host = "0.0.0.0";
   int grpc_port = 0;       // 0: pick a free port (see grpc_port())
   int http_port = 0;       // 0: pick a free port (see http_port())
@@ -84,9 +105,10 @@ struct ServerOptions {
 
 class CoordinatorServer {
  public:
-  // INVALID_ARGUMENT naming the option for bad options (empty store_path or token_file, a port
-  // outside [0, 65535], only one of the TLS files, an unreadable or empty token; with `workers`,
-  // an empty worker_token_file or one holding the user token), the store's errors for the store,
+  // INVALID_ARGUMENT naming the option for bad options (empty store_path or token_file,
+  // store_backup equal to store_path or a non-positive store_backup_interval, a port outside
+  // [0, 65535], only one of the TLS files, an unreadable or empty token; with `workers`, an empty
+  // worker_token_file or one holding the user token), the store's errors for the store,
   // UNAVAILABLE when a port cannot be bound; with `workers`, an empty or relative checkpoint_root
   // or data_root is INVALID_ARGUMENT and the worker side's errors are returned. With grpc_port 0
   // and the worker side on, the free port is found by binding a probe socket first (the
@@ -115,9 +137,16 @@ class CoordinatorServer {
   metrics::CoordinatorMetrics* metrics() { return metrics_.get(); }
   // Failed authentications of both roles.
   const AuthAudit* auth_audit() const { return audit_.get(); }
+  // The store's health (store.h): OK, or the DATA_LOSS that made it refuse every call.
+  absl::Status StoreHealth() { return store_->Health(); }
 
  private:
   CoordinatorServer() = default;
+  // The store's on_corruption: health NOT_SERVING (now, or as soon as the gRPC server exists).
+  void OnStoreCorruption();
+  // Backs up the store to `path` now, then every `interval` until Shutdown.
+  void BackupLoop(const std::string& path, absl::Duration interval);
+  void BackupOnce(const std::string& path);
 
   bool tls_ = false;
   bool shut_down_ = false;
@@ -140,6 +169,15 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<grpc::Server> health_server_;  // with ServerOptions.health_port only
   std::unique_ptr<RestGateway> rest_;
+
+  absl::Mutex health_mu_;
+  // The servers whose health the store's corruption turns NOT_SERVING (the main one and the
+  // health port's); empty once Shutdown began.
+  std::vector<grpc::Server*> health_targets_ ABSL_GUARDED_BY(health_mu_);
+  bool store_corrupt_ ABSL_GUARDED_BY(health_mu_) = false;
+  std::string store_backup_;
+  absl::Notification stop_backups_;
+  std::thread backup_thread_;  // with store_backup only
 };
 
 }  // namespace switchyard::api

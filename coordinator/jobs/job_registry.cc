@@ -105,6 +105,10 @@ absl::StatusOr<int64_t> DecodePageToken(absl::string_view token, State state) {
 
 std::string JobName(int64_t id) { return absl::StrCat(kCollection, id); }
 
+std::string JobCheckpointDir(absl::string_view checkpoint_root, int64_t id) {
+  return JobDirectory(std::string(checkpoint_root), id);
+}
+
 absl::StatusOr<int64_t> ParseJobName(absl::string_view name) {
   absl::string_view id_text = name;
   int64_t id = 0;
@@ -224,6 +228,21 @@ absl::StatusOr<v1::ListJobsResponse> JobRegistry::ListJobs(const v1::ListJobsReq
 
 absl::StatusOr<v1::Job> JobRegistry::CancelJob(absl::string_view name, absl::string_view message) {
   return Transition(name, v1::Job::CANCELLED, "CANCELLED_BY_USER", message);
+}
+
+absl::StatusOr<v1::Job> JobRegistry::DeleteJob(absl::string_view name) {
+  SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
+  absl::StatusOr<store::JobRow> row = store_->DeleteJob(id, [&](const store::JobRow& job) {
+    if (IsTerminal(job.state)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " is ", v1::Job::State_Name(job.state),
+        ": only a finished job (SUCCEEDED, FAILED or CANCELLED) can be deleted; cancel it first"));
+  });
+  if (row.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(name, " does not exist"));
+  }
+  if (!row.ok()) return row.status();
+  return ToJob(*row);
 }
 
 absl::StatusOr<v1::Job> JobRegistry::Transition(absl::string_view name, State to,

@@ -27,6 +27,7 @@
 //   kMaxListPageBytes (1 MiB, a quarter of gRPC's default 4 MiB message limit); a page always
 //   holds at least one job when one remains.
 // - page_token is at most kMaxPageTokenBytes.
+// - DeleteJob (AIP-135) removes finished jobs only; a deleted name is NOT_FOUND afterwards.
 // - Transitions follow coordinator/jobs/job_state.h (FAILED_PRECONDITION naming from/to states)
 //   and append exactly one event each; a refused transition writes nothing.
 //
@@ -58,6 +59,10 @@ inline constexpr size_t kMaxPageTokenBytes = 256;
 
 // "jobs/{id}".
 std::string JobName(int64_t id);
+// The checkpoint directory the coordinator gives job `id` when its spec leaves training.save
+// empty: "<checkpoint_root>/<id>". The one place that spells the layout (the scheduler assigns
+// it, DeleteJob removes it).
+std::string JobCheckpointDir(absl::string_view checkpoint_root, int64_t id);
 // The id of a job name; INVALID_ARGUMENT naming `name` when malformed.
 absl::StatusOr<int64_t> ParseJobName(absl::string_view name);
 
@@ -86,6 +91,11 @@ class JobRegistry {
   // Moves the job to CANCELLED (reason CANCELLED_BY_USER); FAILED_PRECONDITION when terminal.
   absl::StatusOr<v1::Job> CancelJob(absl::string_view name, absl::string_view message = "");
 
+  // Deletes a finished job (SUCCEEDED, FAILED, CANCELLED) and its whole event log in one
+  // transaction; FAILED_PRECONDITION naming the state for any other job, NOT_FOUND when absent.
+  // Returns the job as it was. Its id is never assigned again.
+  absl::StatusOr<v1::Job> DeleteJob(absl::string_view name);
+
   // Moves the job to `to` under job_state.h's rules and logs an event with `reason` (UPPER_SNAKE,
   // e.g. "WORKER_LOST") and `message`. Returns the job as written: a RESTARTING request beyond
   // max_restarts returns it FAILED.
@@ -110,6 +120,9 @@ class JobRegistry {
 
   // The job's event log in sequence order.
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
+
+  // The store's Health(): OK, or the DATA_LOSS that made it refuse every call.
+  absl::Status StoreHealth() { return store_->Health(); }
 
  private:
   absl::StatusOr<store::JobRow> Row(absl::string_view name);

@@ -153,6 +153,39 @@ TEST_F(JobRegistryTest, CreateGetRoundTripAndReopen) {
               registry_->GetJob("jobs/x").status().ToString().c_str());
 }
 
+// DeleteJob: finished jobs only (the refusal names the state and writes nothing); the job and its
+// events go; the name is NOT_FOUND afterwards; a malformed name is INVALID_ARGUMENT.
+TEST_F(JobRegistryTest, DeleteJobTakesFinishedJobsOnly) {
+  OpenAt("registry_delete.db");
+  ASSERT_TRUE(registry_->CreateJob(Request("pending")).ok());
+  ASSERT_TRUE(registry_->CreateJob(Request("running")).ok());
+  ASSERT_TRUE(registry_->CreateJob(Request("failed")).ok());
+  ASSERT_TRUE(registry_->Transition("jobs/2", v1::Job::STARTING, "SCHEDULED").ok());
+  ASSERT_TRUE(registry_->Transition("jobs/2", v1::Job::RUNNING, "ALL_RANKS_RUNNING").ok());
+  ASSERT_TRUE(registry_->Transition("jobs/3", v1::Job::FAILED, "NO_FEASIBLE_PLAN").ok());
+  const int64_t events = Events();
+  for (const char* name : {"jobs/1", "jobs/2"}) {
+    auto refused = registry_->DeleteJob(name);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_NE(refused.status().message().find(name), absl::string_view::npos);
+    std::printf("%s\n", refused.status().ToString().c_str());
+  }
+  EXPECT_NE(registry_->DeleteJob("jobs/2").status().message().find("is RUNNING"),
+            absl::string_view::npos);
+  EXPECT_EQ(Jobs(), 3);
+  EXPECT_EQ(Events(), events);
+  auto deleted = registry_->DeleteJob("jobs/3");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->state(), v1::Job::FAILED);
+  EXPECT_EQ(deleted->spec().display_name(), "failed");
+  EXPECT_EQ(Jobs(), 2);
+  EXPECT_EQ(Events(), events - 2);
+  EXPECT_EQ(registry_->GetJob("jobs/3").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_->DeleteJob("jobs/3").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_->DeleteJob("jobs/x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(JobCheckpointDir("/ckpt", 3), "/ckpt/jobs/3");
+}
+
 TEST_F(JobRegistryTest, CreateIsIdempotentPerRequestId) {
   OpenAt("registry_idempotent.db");
   auto first = registry_->CreateJob(Request("a", "6f1c2a4e-0d5b-4c8e-9a57-3b2f1e0d9c8b"));

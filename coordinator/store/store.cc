@@ -7,12 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/store/store_file.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace switchyard::store {
 namespace {
+
+using internal::PrepareFile;
+using internal::QuickCheck;
+using internal::SqliteError;
 
 // Schema migrations: kMigrations[v] upgrades a file from user_version v to v + 1.
 constexpr const char* kMigrations[] = {
@@ -63,36 +69,19 @@ ALTER TABLE jobs ADD COLUMN plan BLOB;
     R"sql(
 ALTER TABLE jobs ADD COLUMN last_step BLOB;
 )sql",
+    // 3 -> 4: a finished job (SUCCEEDED 5, FAILED 6, CANCELLED 7) may be deleted with its events
+    // (DeleteJob); the events of any other job stay append-only.
+    R"sql(
+DROP TRIGGER job_events_no_delete;
+CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
+WHEN (SELECT state FROM jobs WHERE id = OLD.job_id) NOT IN (5, 6, 7)
+BEGIN SELECT RAISE(ABORT, 'job_events is append-only (events go only with their finished job)'); END;
+)sql",
 };
+static_assert(v1::Job::SUCCEEDED == 5 && v1::Job::FAILED == 6 && v1::Job::CANCELLED == 7,
+              "migration 3 -> 4 names the finished states by number");
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,
               "one migration per schema version");
-
-absl::StatusCode CodeOf(int rc) {
-  switch (rc & 0xff) {
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-      return absl::StatusCode::kUnavailable;
-    case SQLITE_CONSTRAINT:
-    case SQLITE_NOTADB:
-    case SQLITE_READONLY:
-    case SQLITE_CANTOPEN:
-      return absl::StatusCode::kFailedPrecondition;
-    case SQLITE_CORRUPT:
-      return absl::StatusCode::kDataLoss;
-    case SQLITE_FULL:
-    case SQLITE_NOMEM:
-      return absl::StatusCode::kResourceExhausted;
-    default:
-      return absl::StatusCode::kInternal;
-  }
-}
-
-// The one conversion of a SQLite result code into a Status.
-absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
-  const char* detail = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-  return absl::Status(CodeOf(rc),
-                      absl::StrCat("sqlite: ", what, " failed: ", detail, " (code ", rc, ")"));
-}
 
 // A prepared statement; finalized on destruction.
 class Statement {
@@ -269,13 +258,61 @@ Store::Store(std::string path, StoreOptions options, sqlite3* db)
 
 Store::~Store() { sqlite3_close_v2(db_); }
 
+template <typename Body>
+auto Store::Guard(const Body& body) -> decltype(body()) {
+  if (!corruption_.ok()) return corruption_;
+  auto result = body();
+  absl::Status status = status_internal::AsStatus(result);
+  if (status.code() == absl::StatusCode::kDataLoss) MarkCorrupt(status);
+  return result;
+}
+
+void Store::MarkCorrupt(const absl::Status& status) {
+  if (!corruption_.ok()) return;
+  corruption_ = absl::DataLossError(absl::StrCat(
+      "store \"", path_, "\" is corrupt (found ",
+      absl::FormatTime(options_.now(), absl::UTCTimeZone()),
+      ") and refuses every call; restart the coordinator on a backup (reason: STORE_CORRUPT)"));
+  SY_LOG(ERROR) << "store " << path_ << " is corrupt: " << status
+                << "; every further store call fails; restart on a backup";
+  if (options_.on_corruption) options_.on_corruption(corruption_);
+}
+
+absl::Status Store::Health() {
+  absl::MutexLock lock(&mu_);
+  return corruption_;
+}
+
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, StoreOptions options) {
   if (path.empty()) return absl::InvalidArgumentError("store path: must not be empty");
   if (!options.now) return absl::InvalidArgumentError("StoreOptions.now: must be set");
+  if (options.max_page_count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StoreOptions.max_page_count (", options.max_page_count, ") must be >= 0"));
+  }
+  SY_ASSIGN_OR_RETURN(const bool missing, PrepareFile(path, options.create_if_missing));
+  if (missing) {
+    // Built under a temporary name and linked into place once its schema is written, so a crash
+    // never leaves a half-made store at `path` (the next start would refuse it as empty).
+    const std::string fresh = path + ".new";
+    SY_RETURN_IF_ERROR(internal::CreateEmptyFile(fresh));
+    {
+      StoreOptions init = options;
+      init.on_corruption = nullptr;
+      SY_ASSIGN_OR_RETURN(std::unique_ptr<Store> made, OpenFile(fresh, std::move(init)));
+    }  // closed: the write-ahead log is checkpointed into the file and removed
+    SY_RETURN_IF_ERROR(internal::PublishFile(fresh, path));
+    SY_LOG(INFO) << "created a new, empty store " << path;
+  }
+  return OpenFile(path, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::OpenFile(const std::string& path,
+                                                       StoreOptions options) {
   sqlite3* db = nullptr;
+  // No SQLITE_OPEN_CREATE: Open made the file if that was asked for.
   int rc =
-      sqlite3_open_v2(path.c_str(), &db,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+      sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status status = SqliteError(db, rc, absl::StrCat("open \"", path, "\""));
     sqlite3_close_v2(db);
@@ -293,6 +330,11 @@ absl::Status Store::Initialize() {
   int rc =
       sqlite3_busy_timeout(db_, static_cast<int>(absl::ToInt64Milliseconds(options_.busy_timeout)));
   if (rc != SQLITE_OK) return SqliteError(db_, rc, "busy_timeout");
+  SY_RETURN_IF_ERROR(QuickCheck(db_, path_));
+  if (options_.max_page_count > 0) {
+    std::string pragma = absl::StrCat("PRAGMA max_page_count=", options_.max_page_count);
+    SY_RETURN_IF_ERROR(Exec(db_, pragma.c_str(), "PRAGMA max_page_count"));
+  }
   {
     // journal_mode answers with the mode in force; anything but "wal" means WAL is unavailable
     // (e.g. an in-memory database), which we refuse rather than run without it.
@@ -383,61 +425,65 @@ absl::StatusOr<InsertResult> Store::InsertJob(JobRow job, JobEventRow first_even
     return absl::InvalidArgumentError("job.state: must be set");
   }
   absl::MutexLock lock(&mu_);
-  InsertResult result;
-  SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-    if (!job.request_id.empty()) {
-      SY_ASSIGN_OR_RETURN(Statement q,
-                          Statement::Prepare(db_, "SELECT id FROM jobs WHERE request_id = ?1"));
-      SY_RETURN_IF_ERROR(q.BindText(1, job.request_id));
-      SY_ASSIGN_OR_RETURN(bool found, q.Step());
-      if (found) {
-        SY_ASSIGN_OR_RETURN(std::optional<JobRow> existing, ReadJob(q.Int(0)));
-        if (!existing) return absl::InternalError("job vanished inside a transaction");
-        result.job = std::move(*existing);
-        result.created = false;
-        return absl::OkStatus();
+  return Guard([&]() -> absl::StatusOr<InsertResult> {
+    InsertResult result;
+    SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      if (!job.request_id.empty()) {
+        SY_ASSIGN_OR_RETURN(Statement q,
+                            Statement::Prepare(db_, "SELECT id FROM jobs WHERE request_id = ?1"));
+        SY_RETURN_IF_ERROR(q.BindText(1, job.request_id));
+        SY_ASSIGN_OR_RETURN(bool found, q.Step());
+        if (found) {
+          SY_ASSIGN_OR_RETURN(std::optional<JobRow> existing, ReadJob(q.Int(0)));
+          if (!existing) return absl::InternalError("job vanished inside a transaction");
+          result.job = std::move(*existing);
+          result.created = false;
+          return absl::OkStatus();
+        }
       }
-    }
-    absl::Time now = options_.now();
-    SY_ASSIGN_OR_RETURN(
-        Statement s,
-        Statement::Prepare(db_,
+      absl::Time now = options_.now();
+      SY_ASSIGN_OR_RETURN(
+          Statement s, Statement::Prepare(
+                           db_,
                            "INSERT INTO jobs (request_id, spec, state, generation, restart_count, "
                            "failure_reason, last_checkpoint_step, create_time_us, update_time_us) "
                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)"));
-    if (job.request_id.empty()) {
-      SY_RETURN_IF_ERROR(s.BindNull(1));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindText(1, job.request_id));
-    }
-    SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
-    SY_RETURN_IF_ERROR(s.Bind(3, job.state));
-    SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
-    SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
-    SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
-    if (job.last_checkpoint_step) {
-      SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindNull(7));
-    }
-    SY_RETURN_IF_ERROR(s.Bind(8, Micros(now)));
-    SY_RETURN_IF_ERROR(s.Run());
-    job.id = sqlite3_last_insert_rowid(db_);
-    job.create_time = job.update_time = FromMicros(Micros(now));
-    first_event.job_id = job.id;
-    SY_RETURN_IF_ERROR(AppendEvent(first_event));
-    result.job = std::move(job);
-    result.created = true;
-    return absl::OkStatus();
-  }));
-  return result;
+      if (job.request_id.empty()) {
+        SY_RETURN_IF_ERROR(s.BindNull(1));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindText(1, job.request_id));
+      }
+      SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
+      SY_RETURN_IF_ERROR(s.Bind(3, job.state));
+      SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
+      SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
+      SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
+      if (job.last_checkpoint_step) {
+        SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindNull(7));
+      }
+      SY_RETURN_IF_ERROR(s.Bind(8, Micros(now)));
+      SY_RETURN_IF_ERROR(s.Run());
+      job.id = sqlite3_last_insert_rowid(db_);
+      job.create_time = job.update_time = FromMicros(Micros(now));
+      first_event.job_id = job.id;
+      SY_RETURN_IF_ERROR(AppendEvent(first_event));
+      result.job = std::move(job);
+      result.created = true;
+      return absl::OkStatus();
+    }));
+    return result;
+  });
 }
 
 absl::StatusOr<JobRow> Store::GetJob(int64_t id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(std::optional<JobRow> job, ReadJob(id));
-  if (!job) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-  return std::move(*job);
+  return Guard([&]() -> absl::StatusOr<JobRow> {
+    SY_ASSIGN_OR_RETURN(std::optional<JobRow> job, ReadJob(id));
+    if (!job) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+    return std::move(*job);
+  });
 }
 
 absl::StatusOr<std::vector<JobRow>> Store::ListJobs(v1::Job::State state, int64_t after_id,
@@ -445,94 +491,124 @@ absl::StatusOr<std::vector<JobRow>> Store::ListJobs(v1::Job::State state, int64_
   if (limit < 1)
     return absl::InvalidArgumentError(absl::StrCat("limit (", limit, ") must be >= 1"));
   absl::MutexLock lock(&mu_);
-  std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id > ?1",
-                                 state == v1::Job::STATE_UNSPECIFIED ? "" : " AND state = ?3",
-                                 " ORDER BY id LIMIT ?2");
-  SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, sql));
-  SY_RETURN_IF_ERROR(s.Bind(1, after_id));
-  SY_RETURN_IF_ERROR(s.Bind(2, limit));
-  if (state != v1::Job::STATE_UNSPECIFIED) SY_RETURN_IF_ERROR(s.Bind(3, state));
-  std::vector<JobRow> jobs;
-  while (true) {
-    SY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    SY_ASSIGN_OR_RETURN(JobRow job, JobFromRow(s));
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
+  return Guard([&]() -> absl::StatusOr<std::vector<JobRow>> {
+    std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id > ?1",
+                                   state == v1::Job::STATE_UNSPECIFIED ? "" : " AND state = ?3",
+                                   " ORDER BY id LIMIT ?2");
+    SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, sql));
+    SY_RETURN_IF_ERROR(s.Bind(1, after_id));
+    SY_RETURN_IF_ERROR(s.Bind(2, limit));
+    if (state != v1::Job::STATE_UNSPECIFIED) SY_RETURN_IF_ERROR(s.Bind(3, state));
+    std::vector<JobRow> jobs;
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      SY_ASSIGN_OR_RETURN(JobRow job, JobFromRow(s));
+      jobs.push_back(std::move(job));
+    }
+    return jobs;
+  });
 }
 
 absl::StatusOr<JobRow> Store::UpdateJob(int64_t id, const JobMutation& mutate) {
   absl::MutexLock lock(&mu_);
-  JobRow written;
-  SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
-    SY_ASSIGN_OR_RETURN(std::optional<JobRow> current, ReadJob(id));
-    if (!current) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-    JobRow job = *current;
-    SY_ASSIGN_OR_RETURN(JobEventRow event, mutate(job));
-    if (job.state == v1::Job::STATE_UNSPECIFIED) {
-      return absl::InvalidArgumentError("job.state: must be set");
-    }
-    // Identity and creation are not the mutation's to change.
-    job.id = current->id;
-    job.request_id = current->request_id;
-    job.create_time = current->create_time;
-    job.update_time = FromMicros(Micros(options_.now()));
-    SY_ASSIGN_OR_RETURN(
-        Statement s,
-        Statement::Prepare(db_,
-                           "UPDATE jobs SET spec = ?2, state = ?3, generation = ?4, "
-                           "restart_count = ?5, failure_reason = ?6, last_checkpoint_step = ?7, "
-                           "update_time_us = ?8, plan = ?9 WHERE id = ?1"));
-    SY_RETURN_IF_ERROR(s.Bind(1, id));
-    SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
-    SY_RETURN_IF_ERROR(s.Bind(3, job.state));
-    SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
-    SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
-    SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
-    if (job.last_checkpoint_step) {
-      SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindNull(7));
-    }
-    SY_RETURN_IF_ERROR(s.Bind(8, Micros(job.update_time)));
-    if (job.plan) {
-      SY_RETURN_IF_ERROR(s.BindBlob(9, job.plan->SerializeAsString()));
-    } else {
-      SY_RETURN_IF_ERROR(s.BindNull(9));
-    }
-    SY_RETURN_IF_ERROR(s.Run());
-    event.job_id = id;
-    SY_RETURN_IF_ERROR(AppendEvent(event));
-    written = std::move(job);
-    return absl::OkStatus();
-  }));
-  return written;
+  return Guard([&]() -> absl::StatusOr<JobRow> {
+    JobRow written;
+    SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      SY_ASSIGN_OR_RETURN(std::optional<JobRow> current, ReadJob(id));
+      if (!current) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+      JobRow job = *current;
+      SY_ASSIGN_OR_RETURN(JobEventRow event, mutate(job));
+      if (job.state == v1::Job::STATE_UNSPECIFIED) {
+        return absl::InvalidArgumentError("job.state: must be set");
+      }
+      // Identity and creation are not the mutation's to change.
+      job.id = current->id;
+      job.request_id = current->request_id;
+      job.create_time = current->create_time;
+      job.update_time = FromMicros(Micros(options_.now()));
+      SY_ASSIGN_OR_RETURN(
+          Statement s,
+          Statement::Prepare(db_,
+                             "UPDATE jobs SET spec = ?2, state = ?3, generation = ?4, "
+                             "restart_count = ?5, failure_reason = ?6, last_checkpoint_step = ?7, "
+                             "update_time_us = ?8, plan = ?9 WHERE id = ?1"));
+      SY_RETURN_IF_ERROR(s.Bind(1, id));
+      SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
+      SY_RETURN_IF_ERROR(s.Bind(3, job.state));
+      SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
+      SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
+      SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
+      if (job.last_checkpoint_step) {
+        SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindNull(7));
+      }
+      SY_RETURN_IF_ERROR(s.Bind(8, Micros(job.update_time)));
+      if (job.plan) {
+        SY_RETURN_IF_ERROR(s.BindBlob(9, job.plan->SerializeAsString()));
+      } else {
+        SY_RETURN_IF_ERROR(s.BindNull(9));
+      }
+      SY_RETURN_IF_ERROR(s.Run());
+      event.job_id = id;
+      SY_RETURN_IF_ERROR(AppendEvent(event));
+      written = std::move(job);
+      return absl::OkStatus();
+    }));
+    return written;
+  });
+}
+
+absl::StatusOr<JobRow> Store::DeleteJob(int64_t id,
+                                        const std::function<absl::Status(const JobRow&)>& check) {
+  absl::MutexLock lock(&mu_);
+  return Guard([&]() -> absl::StatusOr<JobRow> {
+    JobRow deleted;
+    SY_RETURN_IF_ERROR(InTransaction([&]() -> absl::Status {
+      SY_ASSIGN_OR_RETURN(std::optional<JobRow> current, ReadJob(id));
+      if (!current) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+      if (check) SY_RETURN_IF_ERROR(check(*current));
+      // Events first: the foreign key forbids removing a job that still has events.
+      SY_ASSIGN_OR_RETURN(Statement events,
+                          Statement::Prepare(db_, "DELETE FROM job_events WHERE job_id = ?1"));
+      SY_RETURN_IF_ERROR(events.Bind(1, id));
+      SY_RETURN_IF_ERROR(events.Run());
+      SY_ASSIGN_OR_RETURN(Statement job, Statement::Prepare(db_, "DELETE FROM jobs WHERE id = ?1"));
+      SY_RETURN_IF_ERROR(job.Bind(1, id));
+      SY_RETURN_IF_ERROR(job.Run());
+      deleted = std::move(*current);
+      return absl::OkStatus();
+    }));
+    return deleted;
+  });
 }
 
 absl::StatusOr<std::vector<JobEventRow>> Store::ListJobEvents(int64_t job_id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_,
-                         "SELECT job_id, sequence, time_us, state, generation, reason, message "
-                         "FROM job_events WHERE job_id = ?1 ORDER BY sequence"));
-  SY_RETURN_IF_ERROR(s.Bind(1, job_id));
-  std::vector<JobEventRow> events;
-  while (true) {
-    SY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    JobEventRow e;
-    e.job_id = s.Int(0);
-    e.sequence = s.Int(1);
-    e.time = FromMicros(s.Int(2));
-    SY_ASSIGN_OR_RETURN(e.state, StateFromColumn(s.Int(3), "job_events"));
-    e.generation = s.Int(4);
-    e.reason = s.Text(5);
-    e.message = s.Text(6);
-    events.push_back(std::move(e));
-  }
-  return events;
+  return Guard([&]() -> absl::StatusOr<std::vector<JobEventRow>> {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_,
+                           "SELECT job_id, sequence, time_us, state, generation, reason, message "
+                           "FROM job_events WHERE job_id = ?1 ORDER BY sequence"));
+    SY_RETURN_IF_ERROR(s.Bind(1, job_id));
+    std::vector<JobEventRow> events;
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      JobEventRow e;
+      e.job_id = s.Int(0);
+      e.sequence = s.Int(1);
+      e.time = FromMicros(s.Int(2));
+      SY_ASSIGN_OR_RETURN(e.state, StateFromColumn(s.Int(3), "job_events"));
+      e.generation = s.Int(4);
+      e.reason = s.Text(5);
+      e.message = s.Text(6);
+      events.push_back(std::move(e));
+    }
+    return events;
+  });
 }
 
 absl::StatusOr<int64_t> Store::Count(const char* sql) {
@@ -543,126 +619,161 @@ absl::StatusOr<int64_t> Store::Count(const char* sql) {
 
 absl::StatusOr<int64_t> Store::CountJobs() {
   absl::MutexLock lock(&mu_);
-  return Count("SELECT count(*) FROM jobs");
+  return Guard([&]() -> absl::StatusOr<int64_t> { return Count("SELECT count(*) FROM jobs"); });
 }
 
 absl::StatusOr<int64_t> Store::CountJobEvents() {
   absl::MutexLock lock(&mu_);
-  return Count("SELECT count(*) FROM job_events");
+  return Guard(
+      [&]() -> absl::StatusOr<int64_t> { return Count("SELECT count(*) FROM job_events"); });
 }
 
 absl::Status Store::UpsertWorker(const WorkerRow& worker) {
   if (worker.id.empty()) return absl::InvalidArgumentError("worker.id: must not be empty");
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_,
-                         "INSERT OR REPLACE INTO workers (id, host, gpu, version, state, job, "
-                         "last_heartbeat_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
-  SY_RETURN_IF_ERROR(s.BindText(1, worker.id));
-  SY_RETURN_IF_ERROR(s.BindText(2, worker.host));
-  if (worker.gpu) {
-    SY_RETURN_IF_ERROR(s.BindBlob(3, worker.gpu->SerializeAsString()));
-  } else {
-    SY_RETURN_IF_ERROR(s.BindNull(3));
-  }
-  SY_RETURN_IF_ERROR(s.BindText(4, worker.version));
-  SY_RETURN_IF_ERROR(s.Bind(5, static_cast<int64_t>(worker.state)));
-  if (worker.job.empty()) {
-    SY_RETURN_IF_ERROR(s.BindNull(6));
-  } else {
-    SY_RETURN_IF_ERROR(s.BindText(6, worker.job));
-  }
-  SY_RETURN_IF_ERROR(s.Bind(7, Micros(worker.last_heartbeat)));
-  return s.Run();
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_,
+                           "INSERT OR REPLACE INTO workers (id, host, gpu, version, state, job, "
+                           "last_heartbeat_us) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
+    SY_RETURN_IF_ERROR(s.BindText(1, worker.id));
+    SY_RETURN_IF_ERROR(s.BindText(2, worker.host));
+    if (worker.gpu) {
+      SY_RETURN_IF_ERROR(s.BindBlob(3, worker.gpu->SerializeAsString()));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindNull(3));
+    }
+    SY_RETURN_IF_ERROR(s.BindText(4, worker.version));
+    SY_RETURN_IF_ERROR(s.Bind(5, static_cast<int64_t>(worker.state)));
+    if (worker.job.empty()) {
+      SY_RETURN_IF_ERROR(s.BindNull(6));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindText(6, worker.job));
+    }
+    SY_RETURN_IF_ERROR(s.Bind(7, Micros(worker.last_heartbeat)));
+    return s.Run();
+  });
 }
 
 absl::StatusOr<WorkerRow> Store::GetWorker(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s,
-                      Statement::Prepare(db_,
-                                         "SELECT id, host, gpu, version, state, job, "
-                                         "last_heartbeat_us FROM workers WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.BindText(1, id));
-  SY_ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
-  return WorkerFromRow(s);
+  return Guard([&]() -> absl::StatusOr<WorkerRow> {
+    SY_ASSIGN_OR_RETURN(Statement s,
+                        Statement::Prepare(db_,
+                                           "SELECT id, host, gpu, version, state, job, "
+                                           "last_heartbeat_us FROM workers WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.BindText(1, id));
+    SY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+    return WorkerFromRow(s);
+  });
 }
 
 absl::StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s,
-                      Statement::Prepare(db_,
-                                         "SELECT id, host, gpu, version, state, job, "
-                                         "last_heartbeat_us FROM workers ORDER BY id"));
-  std::vector<WorkerRow> workers;
-  while (true) {
-    SY_ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    SY_ASSIGN_OR_RETURN(WorkerRow w, WorkerFromRow(s));
-    workers.push_back(std::move(w));
-  }
-  return workers;
+  return Guard([&]() -> absl::StatusOr<std::vector<WorkerRow>> {
+    SY_ASSIGN_OR_RETURN(Statement s,
+                        Statement::Prepare(db_,
+                                           "SELECT id, host, gpu, version, state, job, "
+                                           "last_heartbeat_us FROM workers ORDER BY id"));
+    std::vector<WorkerRow> workers;
+    while (true) {
+      SY_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      SY_ASSIGN_OR_RETURN(WorkerRow w, WorkerFromRow(s));
+      workers.push_back(std::move(w));
+    }
+    return workers;
+  });
 }
 
 absl::Status Store::RecordHeartbeat(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_, "UPDATE workers SET last_heartbeat_us = ?2 WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.BindText(1, id));
-  SY_RETURN_IF_ERROR(s.Bind(2, Micros(options_.now())));
-  SY_RETURN_IF_ERROR(s.Run());
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
-  }
-  return absl::OkStatus();
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_, "UPDATE workers SET last_heartbeat_us = ?2 WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.BindText(1, id));
+    SY_RETURN_IF_ERROR(s.Bind(2, Micros(options_.now())));
+    SY_RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) == 0) {
+      return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Store::SetLastStep(int64_t id, const v1::StepMetrics& step) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s,
-                      Statement::Prepare(db_, "UPDATE jobs SET last_step = ?2 WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.Bind(1, id));
-  SY_RETURN_IF_ERROR(s.BindBlob(2, step.SerializeAsString()));
-  SY_RETURN_IF_ERROR(s.Run());
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
-  }
-  return absl::OkStatus();
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Statement s,
+                        Statement::Prepare(db_, "UPDATE jobs SET last_step = ?2 WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.Bind(1, id));
+    SY_RETURN_IF_ERROR(s.BindBlob(2, step.SerializeAsString()));
+    SY_RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) == 0) {
+      return absl::NotFoundError(absl::StrCat("job ", id, " does not exist"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status Store::SetWorkerState(const std::string& id, WorkerState state,
                                    const std::string& job) {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(
-      Statement s,
-      Statement::Prepare(db_, "UPDATE workers SET state = ?2, job = ?3 WHERE id = ?1"));
-  SY_RETURN_IF_ERROR(s.BindText(1, id));
-  SY_RETURN_IF_ERROR(s.Bind(2, static_cast<int64_t>(state)));
-  if (job.empty()) {
-    SY_RETURN_IF_ERROR(s.BindNull(3));
-  } else {
-    SY_RETURN_IF_ERROR(s.BindText(3, job));
+  return Guard([&]() -> absl::Status {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(db_, "UPDATE workers SET state = ?2, job = ?3 WHERE id = ?1"));
+    SY_RETURN_IF_ERROR(s.BindText(1, id));
+    SY_RETURN_IF_ERROR(s.Bind(2, static_cast<int64_t>(state)));
+    if (job.empty()) {
+      SY_RETURN_IF_ERROR(s.BindNull(3));
+    } else {
+      SY_RETURN_IF_ERROR(s.BindText(3, job));
+    }
+    SY_RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) == 0) {
+      return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<BackupResult> Store::Backup(const std::string& dest_path) {
+  if (dest_path.empty()) return absl::InvalidArgumentError("backup path: must not be empty");
+  if (dest_path == path_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backup path \"", dest_path, "\" is the store itself"));
   }
-  SY_RETURN_IF_ERROR(s.Run());
-  if (sqlite3_changes(db_) == 0) {
-    return absl::NotFoundError(absl::StrCat("worker \"", id, "\" does not exist"));
+  absl::MutexLock lock(&mu_);
+  if (!corruption_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "not backing up store \"", path_, "\": it is corrupt (", corruption_.message(), ")"));
   }
-  return absl::OkStatus();
+  absl::StatusOr<BackupResult> result = internal::BackupDatabase(db_, dest_path);
+  // Only a read of this store's own pages says DATA_LOSS (the copy's quick_check is
+  // FAILED_PRECONDITION-free: see BackupDatabase).
+  if (result.status().code() == absl::StatusCode::kDataLoss) MarkCorrupt(result.status());
+  return result;
 }
 
 absl::StatusOr<std::string> Store::JournalMode() {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, "PRAGMA journal_mode"));
-  SY_ASSIGN_OR_RETURN(bool row, s.Step());
-  return row ? s.Text(0) : std::string();
+  return Guard([&]() -> absl::StatusOr<std::string> {
+    SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, "PRAGMA journal_mode"));
+    SY_ASSIGN_OR_RETURN(bool row, s.Step());
+    return row ? s.Text(0) : std::string();
+  });
 }
 
 absl::StatusOr<int> Store::SchemaVersion() {
   absl::MutexLock lock(&mu_);
-  SY_ASSIGN_OR_RETURN(int64_t v, Count("PRAGMA user_version"));
-  return static_cast<int>(v);
+  return Guard([&]() -> absl::StatusOr<int> {
+    SY_ASSIGN_OR_RETURN(int64_t v, Count("PRAGMA user_version"));
+    return static_cast<int>(v);
+  });
 }
 
 }  // namespace switchyard::store

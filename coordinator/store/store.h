@@ -13,19 +13,34 @@
 //               plan BLOB (serialized v1::Plan of the current generation; NULL: none; v2),
 //               last_step BLOB (serialized v1::StepMetrics, rank 0's latest saved; NULL: none; v3)
 //   job_events  (job_id, sequence) primary key, sequence 1, 2, ... per job; time_us, state,
-//               generation, reason, message. Append-only: triggers abort UPDATE and DELETE.
+//               generation, reason, message. Append-only: triggers abort UPDATE, and DELETE
+//               unless the job is finished (SUCCEEDED, FAILED, CANCELLED; DeleteJob; v4).
 //   workers     id TEXT PRIMARY KEY, host, gpu BLOB (serialized v1::GpuInfo, NULL on CPU
 //               workers), version, state, job (NULL: unassigned), last_heartbeat_us
 //
 // Promises:
+// - Open refuses, naming the file and the problem, a store that is missing (NOT_FOUND, unless
+//   StoreOptions::create_if_missing: a new store is made as `path`.new, mode 0600, and linked into
+//   place once its schema is written, never over an existing file), and with DATA_LOSS
+//   one that is empty (0 bytes), not SQLite, shorter than its header says (truncated; checked
+//   when no non-empty -wal file is beside it, since SQLite completes an interrupted checkpoint
+//   from it), or that fails `PRAGMA quick_check`. It never replaces or reinitializes an existing
+//   file. An existing store (and its -wal and -shm files, which SQLite creates with the store's
+//   mode) readable by others is chmod-ed to 0600, with a warning in the log.
+// - Corruption found while serving (SQLite's CORRUPT or NOTADB, or a row that does not parse:
+//   DATA_LOSS from any method) is logged once with the file name and calls
+//   StoreOptions::on_corruption once; from then on every method returns that DATA_LOSS without
+//   touching the file (writing into a corrupt b-tree can spread the damage), and Health() says so.
 // - The database runs in WAL mode (persistent in the file) with synchronous=NORMAL and foreign
 //   keys on; every change that touches more than one row runs in one IMMEDIATE transaction, so a
 //   crash or an error leaves either all of it or none.
 // - Opening a file of an older schema version upgrades it in one transaction; a file of a newer
 //   version, or one that is not a Switchyard store, is FAILED_PRECONDITION and is left untouched.
-// - SQLite errors become absl::Status once, here (busy/locked: UNAVAILABLE; constraint: the caller
-//   gets ALREADY_EXISTS or FAILED_PRECONDITION as documented; anything else: INTERNAL), with the
-//   failing statement in the message. No exception escapes.
+// - SQLite errors become absl::Status once, here: busy/locked UNAVAILABLE (reason STORE_BUSY),
+//   full disk or max_page_count RESOURCE_EXHAUSTED (STORE_FULL), corrupt DATA_LOSS
+//   (STORE_CORRUPT), I/O error UNAVAILABLE (STORE_IO_ERROR), constraint FAILED_PRECONDITION,
+//   anything else INTERNAL. Messages name the store file and never carry SQL (API clients see
+//   them); the failing statement and SQLite's own message go to the log. No exception escapes.
 //
 // Thread safety: a Store is one connection guarded by a mutex; any thread may call any method.
 // Several Store objects (threads or processes) may open the same file: writers serialize on
@@ -53,7 +68,7 @@ struct sqlite3;
 
 namespace switchyard::store {
 
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 
 // One row of `jobs`.
 struct JobRow {
@@ -107,6 +122,23 @@ struct StoreOptions {
   absl::Duration busy_timeout = absl::Seconds(10);
   // The clock for create/update/event times; injectable for tests.
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Create the file (mode 0600) when it does not exist. Off, a missing file is NOT_FOUND: the
+  // coordinator turns this on only with --create-store, so a wrong path or a lost volume is an
+  // error instead of a new, empty store.
+  bool create_if_missing = true;
+  // > 0: `PRAGMA max_page_count`, a cap on the file's size in pages (writes beyond it fail as a
+  // full disk does: RESOURCE_EXHAUSTED). 0: SQLite's default (no practical cap).
+  int64_t max_page_count = 0;
+  // Called once, from the thread whose call found it, with the first DATA_LOSS (under the store's
+  // lock: it must not call back into the Store).
+  std::function<void(const absl::Status&)> on_corruption;
+};
+
+// What Backup wrote.
+struct BackupResult {
+  int64_t bytes = 0;
+  int64_t pages = 0;
+  absl::Duration elapsed;
 };
 
 // The outcome of InsertJob.
@@ -117,7 +149,8 @@ struct InsertResult {
 
 class Store {
  public:
-  // Opens (creating if needed) the store at `path`, upgrading its schema to kSchemaVersion.
+  // Opens the store at `path` (creating it if missing and options.create_if_missing), checks its
+  // integrity and upgrades its schema to kSchemaVersion. See "Promises" for the refusals.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
                                                      StoreOptions options = {});
   ~Store();
@@ -151,6 +184,13 @@ class Store {
   // its status is returned. Returns the row as written.
   absl::StatusOr<JobRow> UpdateJob(int64_t id, const JobMutation& mutate);
 
+  // In one IMMEDIATE transaction: reads job `id` (NOT_FOUND if absent), calls `check` on it (its
+  // error is returned and nothing is deleted), then deletes the job and all its events. Returns
+  // the row as it was. The schema lets only a finished job's events be deleted (FAILED_PRECONDITION
+  // otherwise). Ids are AUTOINCREMENT: a deleted job's id is never assigned again.
+  absl::StatusOr<JobRow> DeleteJob(int64_t id,
+                                   const std::function<absl::Status(const JobRow&)>& check);
+
   // The job's events in sequence order (empty when the job has none or does not exist).
   absl::StatusOr<std::vector<JobEventRow>> ListJobEvents(int64_t job_id);
 
@@ -174,6 +214,19 @@ class Store {
   // Sets state and job; NOT_FOUND when absent.
   absl::Status SetWorkerState(const std::string& id, WorkerState state, const std::string& job);
 
+  // --- health and backups --------------------------------------------------------------------
+
+  // OK, or the DATA_LOSS that marked the store corrupt.
+  absl::Status Health();
+
+  // Copies the store with SQLite's online backup API into `dest_path`, atomically: the copy is
+  // written to `dest_path`.tmp (mode 0600), passes quick_check, is fsync-ed, then renamed over
+  // `dest_path`; a failure leaves any previous backup as it was. The store's lock is held for the
+  // copy, so other calls wait for it. FAILED_PRECONDITION once the store is marked corrupt (a
+  // backup must never replace a good one with a damaged copy). A backup opens as a store
+  // (restore: start the coordinator with --store on it).
+  absl::StatusOr<BackupResult> Backup(const std::string& dest_path);
+
   // --- inspection ---------------------------------------------------------------------------
 
   // `PRAGMA journal_mode` ("wal") and `PRAGMA user_version` of the open connection.
@@ -182,6 +235,9 @@ class Store {
 
  private:
   Store(std::string path, StoreOptions options, sqlite3* db);
+  // Open after the file checks: SQLite open, quick_check, schema.
+  static absl::StatusOr<std::unique_ptr<Store>> OpenFile(const std::string& path,
+                                                         StoreOptions options);
 
   absl::Status Initialize() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `body` between BEGIN IMMEDIATE and COMMIT, rolling back if it fails.
@@ -190,11 +246,17 @@ class Store {
   absl::StatusOr<std::optional<JobRow>> ReadJob(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AppendEvent(JobEventRow event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> Count(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a public method's body: refuses it once the store is corrupt, and marks the store
+  // corrupt (log, on_corruption) when the body returns DATA_LOSS.
+  template <typename Body>
+  auto Guard(const Body& body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> decltype(body());
+  void MarkCorrupt(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const StoreOptions options_;
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
+  absl::Status corruption_ ABSL_GUARDED_BY(mu_);  // OK until DATA_LOSS is seen
 };
 
 }  // namespace switchyard::store

@@ -5,16 +5,20 @@
 #include "coordinator/store/store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -480,7 +484,9 @@ TEST(StoreTest, RefusesNewerSchemaForeignDatabasesAndGarbage) {
   }
   opened = Store::Open(garbage);
   EXPECT_FALSE(opened.ok());
-  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition) << opened.status();
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kDataLoss) << opened.status();
+  EXPECT_NE(opened.status().message().find("is not a SQLite database"), std::string::npos)
+      << opened.status();
   std::printf("garbage: %s\n", opened.status().ToString().c_str());
 
   EXPECT_EQ(Store::Open("").status().code(), absl::StatusCode::kInvalidArgument);
@@ -537,6 +543,307 @@ TEST(StoreTest, ConcurrentInsertsDoNotCorrupt) {
   EXPECT_EQ(RawQuery(path, "PRAGMA integrity_check"), "ok");
   std::printf("%lld jobs, %zu distinct request ids, integrity_check ok\n",
               static_cast<long long>(expected), request_ids.size());
+}
+
+// --- integrity, corruption, full disk, backups, deletion, permissions ------------------------
+
+constexpr int kPageSize = 4096;  // SQLite's default, which the store keeps
+
+// A store of `n` jobs whose specs are large enough (about 600 bytes) to spread the jobs table
+// over many pages; closed, so everything is checkpointed into the main file.
+void FillStore(const std::string& path, int n) {
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < n; ++i) {
+    JobRow job = NewJob(absl::StrCat("job-", i, "-", std::string(600, 'p')));
+    ASSERT_TRUE((*store)->InsertJob(job, Created()).ok());
+  }
+}
+
+int64_t FileSize(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+int Mode(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 0777) : -1;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Overwrites page `page` (1-based) of `path` with garbage; returns false when the file is shorter.
+bool CorruptPage(const std::string& path, int64_t page) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f || FileSize(path) < page * kPageSize) return false;
+  f.seekp((page - 1) * kPageSize);
+  f.write(std::string(kPageSize, '\xa5').data(), kPageSize);
+  return static_cast<bool>(f);
+}
+
+void ExpectRefused(const std::string& label, const std::string& path, absl::StatusCode code,
+                   const std::string& problem) {
+  const std::string before = ReadAll(path);
+  StoreOptions options;
+  options.create_if_missing = false;
+  auto opened = Store::Open(path, options);
+  EXPECT_EQ(opened.status().code(), code) << label << ": " << opened.status();
+  EXPECT_NE(opened.status().message().find(path), std::string::npos)
+      << label << " does not name the file: " << opened.status();
+  EXPECT_NE(opened.status().message().find(problem), std::string::npos)
+      << label << " does not say \"" << problem << "\": " << opened.status();
+  EXPECT_EQ(ReadAll(path), before) << label << ": the refused file was changed";
+  std::printf("%s (%lld bytes): %s\n", label.c_str(), static_cast<long long>(FileSize(path)),
+              opened.status().ToString().c_str());
+}
+
+TEST(StoreIntegrityTest, MissingEmptyTruncatedAndCorruptStoresAreRefused) {
+  // Missing, without create_if_missing: NOT_FOUND, and no file appears.
+  std::string missing = TempFile("missing.db");
+  StoreOptions no_create;
+  no_create.create_if_missing = false;
+  auto opened = Store::Open(missing, no_create);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kNotFound) << opened.status();
+  EXPECT_NE(opened.status().message().find("--create-store"), std::string::npos);
+  EXPECT_EQ(FileSize(missing), -1) << "a refused open created the file";
+  std::printf("missing: %s\n", opened.status().ToString().c_str());
+
+  // Empty (0 bytes): refused even with create_if_missing (SQLite would take it as a new store).
+  std::string empty = TempFile("empty.db");
+  { std::ofstream touch(empty); }
+  ExpectRefused("empty", empty, absl::StatusCode::kDataLoss, "is empty (0 bytes)");
+  EXPECT_EQ(Store::Open(empty).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(FileSize(empty), 0);
+
+  // Truncated at a page boundary (half its pages) and mid-page.
+  std::string full = TempFile("full.db");
+  FillStore(full, 300);
+  const int64_t size = FileSize(full);
+  const int64_t pages = size / kPageSize;
+  ASSERT_GE(pages, 20) << "the test store should span many pages";
+  std::printf("store of 300 jobs: %lld bytes, %lld pages\n", static_cast<long long>(size),
+              static_cast<long long>(pages));
+  std::string truncated = TempFile("truncated.db");
+  std::string odd = TempFile("truncated_odd.db");
+  {
+    std::string bytes = ReadAll(full);
+    std::ofstream(truncated, std::ios::binary) << bytes.substr(0, (pages / 2) * kPageSize);
+    std::ofstream(odd, std::ios::binary) << bytes.substr(0, size - 1000);
+  }
+  ExpectRefused("truncated to half", truncated, absl::StatusCode::kDataLoss, "is truncated");
+  ExpectRefused("truncated mid-page", odd, absl::StatusCode::kDataLoss, "is truncated");
+
+  // A garbage page in the middle: quick_check finds it.
+  std::string corrupt = TempFile("corrupt_page.db");
+  std::ofstream(corrupt, std::ios::binary) << ReadAll(full);
+  ASSERT_TRUE(CorruptPage(corrupt, pages / 2));
+  ExpectRefused("garbage page in the middle", corrupt, absl::StatusCode::kDataLoss,
+                "is corrupt: quick_check");
+
+  // The intact original still opens with all its jobs.
+  auto store = Store::Open(full, no_create);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->CountJobs(), 300);
+}
+
+TEST(StoreIntegrityTest, CorruptionWhileServingIsDataLossOnceAndSticks) {
+  std::string path = TempFile("corrupt_serving.db");
+  FillStore(path, 300);
+  const int64_t pages = FileSize(path) / kPageSize;
+  int callbacks = 0;
+  absl::Status reported;
+  StoreOptions options;
+  options.create_if_missing = false;
+  options.on_corruption = [&](const absl::Status& s) {
+    ++callbacks;
+    reported = s;
+  };
+  auto store = Store::Open(path, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Health().ok());
+  ASSERT_TRUE(CorruptPage(path, pages / 2));
+  // Another connection's commit makes this connection drop its page cache (WAL index changed), so
+  // the next read comes from the damaged file.
+  ASSERT_EQ(RawExec(path,
+                    "INSERT INTO workers (id, host, version, state, last_heartbeat_us) "
+                    "VALUES ('w', 'h', 'v', 1, 0)"),
+            "");
+  auto listed = (*store)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 1000);
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kDataLoss) << listed.status();
+  EXPECT_EQ(callbacks, 1);
+  EXPECT_EQ(reported.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(reported.message().find(path), std::string::npos) << reported;
+  // Every later call, even one that would not touch the bad page, gets the same DATA_LOSS; the
+  // callback is not called again.
+  auto worker = (*store)->GetWorker("w");
+  EXPECT_EQ(worker.status().code(), absl::StatusCode::kDataLoss) << worker.status();
+  EXPECT_EQ((*store)->Health().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(callbacks, 1);
+  for (const absl::Status& s : {listed.status(), worker.status(), (*store)->Health()}) {
+    EXPECT_NE(s.message().find(path), std::string::npos) << s;
+    EXPECT_FALSE(absl::StrContains(s.message(), "SELECT")) << "SQL in a message: " << s;
+  }
+  // No backup of a corrupt store.
+  auto backup = (*store)->Backup(TempFile("corrupt_serving.backup"));
+  EXPECT_EQ(backup.status().code(), absl::StatusCode::kFailedPrecondition) << backup.status();
+  std::printf("first error: %s\nlater calls: %s\n", listed.status().ToString().c_str(),
+              worker.status().ToString().c_str());
+}
+
+TEST(StoreIntegrityTest, FullStoreIsResourceExhaustedNamingItWithoutSql) {
+  std::string path = TempFile("tiny.db");
+  StoreOptions options;
+  options.max_page_count = 12;  // a few pages past the empty schema's
+  auto store = Store::Open(path, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status full;
+  int inserted = 0;
+  for (int i = 0; i < 1000 && full.ok(); ++i) {
+    full = (*store)->InsertJob(NewJob(std::string(2000, 'x')), Created()).status();
+    if (full.ok()) ++inserted;
+  }
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find(path), std::string::npos) << full;
+  EXPECT_TRUE(absl::StrContains(full.message(), "(reason: STORE_FULL)")) << full;
+  for (const char* sql : {"INSERT", "SELECT", "jobs (", "VALUES"}) {
+    EXPECT_FALSE(absl::StrContains(full.message(), sql)) << "SQL text in: " << full;
+  }
+  // Nothing half-written: every job has its event; the store still serves reads and is healthy.
+  EXPECT_EQ(*(*store)->CountJobs(), inserted);
+  EXPECT_EQ(*(*store)->CountJobEvents(), inserted);
+  EXPECT_TRUE((*store)->Health().ok());
+  std::printf("%d jobs fit in 12 pages; then: %s\n", inserted, full.ToString().c_str());
+}
+
+TEST(StoreBackupTest, BackupThenRestoreLosesNoJob) {
+  std::string path = TempFile("live.db");
+  std::string backup = TempFile("live.backup.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 50; ++i) {
+    auto r = (*store)->InsertJob(NewJob(absl::StrCat("job-", i)), Created());
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (i % 5 == 0) {
+      ASSERT_TRUE((*store)
+                      ->UpdateJob(r->job.id,
+                                  [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+                                    j.state = v1::Job::CANCELLED;
+                                    JobEventRow e;
+                                    e.state = j.state;
+                                    e.reason = "CANCELLED_BY_USER";
+                                    return e;
+                                  })
+                      .ok());
+    }
+  }
+  // A previous backup is replaced whole.
+  { std::ofstream(backup) << "old backup"; }
+  auto result = (*store)->Backup(backup);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(FileSize(backup), result->bytes);
+  EXPECT_GT(result->pages, 0);
+  EXPECT_EQ(Mode(backup), 0600);
+  EXPECT_EQ(FileSize(backup + ".tmp"), -1) << "the temporary file was left behind";
+  // Writes after the backup are not in it.
+  ASSERT_TRUE((*store)->InsertJob(NewJob("after"), Created()).ok());
+
+  StoreOptions no_create;
+  no_create.create_if_missing = false;
+  auto restored = Store::Open(backup, no_create);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  auto original = (*store)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 1000);
+  auto copy = (*restored)->ListJobs(v1::Job::STATE_UNSPECIFIED, 0, 1000);
+  ASSERT_TRUE(original.ok() && copy.ok());
+  ASSERT_EQ(copy->size(), 50u);
+  ASSERT_EQ(original->size(), 51u);
+  for (size_t i = 0; i < copy->size(); ++i) {
+    const JobRow& a = (*original)[i];
+    const JobRow& b = (*copy)[i];
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.state, b.state);
+    EXPECT_EQ(a.spec.SerializeAsString(), b.spec.SerializeAsString());
+    EXPECT_EQ((*store)->ListJobEvents(a.id)->size(), (*restored)->ListJobEvents(b.id)->size());
+  }
+  EXPECT_EQ(*(*restored)->JournalMode(), "wal");
+  // The restored store goes on assigning ids after the highest one ever used.
+  auto next = (*restored)->InsertJob(NewJob("next"), Created());
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->job.id, copy->back().id + 1);
+  std::printf("backup: %lld bytes, %lld pages in %s; restored %zu jobs, %lld events\n",
+              static_cast<long long>(result->bytes), static_cast<long long>(result->pages),
+              absl::FormatDuration(result->elapsed).c_str(), copy->size(),
+              static_cast<long long>(*(*restored)->CountJobEvents()));
+}
+
+TEST(StoreDeleteTest, DeletesJobAndEventsOnlyWhenCheckPassesAndNeverReusesIds) {
+  std::string path = TempFile("delete.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto a = (*store)->InsertJob(NewJob("a"), Created());
+  auto b = (*store)->InsertJob(NewJob("b"), Created());
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto finish = [](JobRow& j) -> absl::StatusOr<JobEventRow> {
+    j.state = v1::Job::SUCCEEDED;
+    JobEventRow e;
+    e.state = j.state;
+    e.reason = "COMPLETED";
+    return e;
+  };
+  ASSERT_TRUE((*store)->UpdateJob(b->job.id, finish).ok());
+  // A failing check deletes nothing.
+  auto refused = (*store)->DeleteJob(
+      b->job.id, [](const JobRow&) { return absl::FailedPreconditionError("no"); });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*(*store)->CountJobs(), 2);
+  EXPECT_EQ(*(*store)->CountJobEvents(), 3);
+  // The schema itself refuses to drop a PENDING job's events, whatever the caller checks.
+  auto pending = (*store)->DeleteJob(a->job.id, nullptr);
+  EXPECT_EQ(pending.status().code(), absl::StatusCode::kFailedPrecondition) << pending.status();
+  EXPECT_TRUE(absl::StrContains(pending.status().message(), "append-only")) << pending.status();
+  EXPECT_EQ(*(*store)->CountJobs(), 2);
+  // The finished job goes with its events.
+  auto deleted = (*store)->DeleteJob(b->job.id, nullptr);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->spec.display_name(), "b");
+  EXPECT_EQ((*store)->GetJob(b->job.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*store)->ListJobEvents(b->job.id)->empty());
+  EXPECT_EQ(*(*store)->CountJobEvents(), 1);
+  EXPECT_EQ((*store)->DeleteJob(b->job.id, nullptr).status().code(), absl::StatusCode::kNotFound);
+  // b had the highest id; the next job still gets a new one.
+  auto c = (*store)->InsertJob(NewJob("c"), Created());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->job.id, b->job.id + 1);
+  std::printf("deleted job %lld (SUCCEEDED, 2 events); PENDING refused: %s; next id %lld\n",
+              static_cast<long long>(b->job.id), pending.status().ToString().c_str(),
+              static_cast<long long>(c->job.id));
+}
+
+TEST(StorePermissionsTest, StoreAndItsWalAreOwnerOnly) {
+  const mode_t old_umask = umask(022);
+  std::string path = TempFile("perm.db");
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->InsertJob(NewJob("a"), Created()).ok());
+    EXPECT_EQ(Mode(path), 0600);
+    EXPECT_EQ(Mode(path + "-wal"), 0600);
+    EXPECT_EQ(Mode(path + "-shm"), 0600);
+    // The new store was built as perm.db.new and linked into place; nothing of it is left.
+    for (const char* suffix : {".new", ".new-wal", ".new-shm"}) {
+      EXPECT_EQ(Mode(path + suffix), -1) << path << suffix << " was left behind";
+    }
+  }
+  // An existing store readable by others is tightened on open.
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Mode(path), 0600);
+  umask(old_umask);
+  std::printf("store, -wal, -shm: %o %o %o\n", Mode(path), Mode(path + "-wal"),
+              Mode(path + "-shm"));
 }
 
 }  // namespace

@@ -132,6 +132,7 @@ std::unique_ptr<CoordinatorProcess> CoordinatorProcess::Start(const CoordinatorF
   std::vector<std::string> argv = {f.binary,
                                    "--store",
                                    f.store,
+                                   "--create-store",
                                    "--token-file",
                                    f.token_file,
                                    "--host",

@@ -323,6 +323,8 @@ std::unique_ptr<Env> Env::Start(const std::string& coordinator, const std::strin
   flags.token_file = e2e::TmpPath("hostile.token");
   e2e::WriteText(flags.token_file, absl::StrCat(kToken, "\n"));
   env->token_file_ = flags.token_file;
+  flags.worker_token_file = e2e::TmpPath("hostile.worker-token");
+  e2e::WriteText(flags.worker_token_file, "hostile-worker-token\n");
   flags.checkpoint_root = e2e::TmpPath("hostile_checkpoints");
   flags.log_path = e2e::TmpPath("hostile_coordinator.log");
   env->coordinator_ = e2e::CoordinatorProcess::Start(flags);
