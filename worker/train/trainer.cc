@@ -254,6 +254,11 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   }
 
   // Dtype, stream.
+  if (!device.is_cuda() && spec.training().has_bf16() && spec.training().bf16()) {
+    return absl::InvalidArgumentError(
+        "training.bf16 (true) needs a CUDA device: the CPU engine is the fp32 reference "
+        "(DESIGN.md, Numerics); leave it unset or false on the CPU");
+  }
   DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   if (device.is_cuda() && spec.training().has_bf16() && !spec.training().bf16()) {
     dtype = DType::kF32;
