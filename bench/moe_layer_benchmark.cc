@@ -115,6 +115,7 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   if (tile == "cooperative") c.gemm_options.tile = kernels::GroupedGemmTile::kCooperative256x128;
   const DType grad_dtype = absl::GetFlag(FLAGS_grad_dtype) == "bf16" ? DType::kBF16 : DType::kF32;
   c.ep_size = ep;
+  c.dispatcher = model::MoELayerConfig::Dispatcher::kAllToAll;  // the path BASELINES.md measured
   c.ep_rank = rank;
   const Device dev = Device::Cuda(ep > 1 ? rank : 0);
   const Stream s{dev, stream};

@@ -39,6 +39,7 @@ void ApplyModelDefaults(v1::ModelConfig* m) {
   SY_DEFAULT(m, norm_epsilon, 1e-5);
   SY_DEFAULT(m, rotary_base, 10000.0);
   SY_DEFAULT(m, init_method_std, 0.02);
+  SY_DEFAULT_STRING(m, attention_backend, "auto");
 
   if (!m->has_num_experts()) return;  // dense model: no MoE defaults
   if (m->has_ffn_hidden_size()) SY_DEFAULT(m, moe_ffn_hidden_size, m->ffn_hidden_size());

@@ -240,6 +240,7 @@ std::vector<std::string> AllViolations(const v1::JobSpec& spec) {
   validate_internal::CheckParallel(spec, &v);
   validate_internal::CheckTraining(spec, &v);
   validate_internal::CheckElasticAndData(spec, &v);
+  validate_internal::CheckKnobs(spec, &v);
   return std::move(v.list());
 }
 

@@ -66,6 +66,7 @@ void CheckMoe(const v1::JobSpec& spec, Violations* v);                // validat
 void CheckParallel(const v1::JobSpec& spec, Violations* v);           // validate_parallel.cc
 void CheckTraining(const v1::JobSpec& spec, Violations* v);           // validate_parallel.cc
 void CheckElasticAndData(const v1::JobSpec& spec, Violations* v);     // validate_parallel.cc
+void CheckKnobs(const v1::JobSpec& spec, Violations* v);              // validate_knobs.cc
 
 }  // namespace validate_internal
 }  // namespace switchyard

@@ -19,7 +19,8 @@
 //   weights    = 2·N                         bf16 flat parameter buffer
 //   gradients  = 4·N                         fp32 main grads
 //   optimizer  = what the worker runs, which depends on W alone (the worker shards whenever
-//                W > 1, whatever parallel.use_distributed_optimizer says): W = 1, one process,
+//                W > 1; an explicit parallel.use_distributed_optimizer false is rejected there,
+//                common/validate_knobs.cc): W = 1, one process,
 //                12·N (fp32 master, Adam m, v); W > 1, DistributedAdamW (worker/train/
 //                distributed_optimizer.h), 20 bytes per shard element (master, m, v, gradient
 //                and parameter shards): 20·(P_d/(DP·CP) + P_x/EDP) with the padded dense and
@@ -108,7 +109,8 @@ v1::MemoryEstimate EstimateMemory(const ModelShape& model, const v1::Mapping& ma
 // The mapping that a job spec with fixed parallel sizes runs (parallel.world_size, TP, CP, PP,
 // EP, ETP; unset sizes count as 1): DP = W / (TP·CP·PP), EDP = W / (ETP·EP·PP), mbs and
 // m = GBS / (mbs·DP) from training, use_distributed_optimizer exactly when W > 1 (the worker
-// always shards then and never with one process; parallel.use_distributed_optimizer is ignored).
+// always shards then and never with one process; an explicit parallel.use_distributed_optimizer
+// false with W > 1 is rejected by validation, not estimated here).
 // For comparing EstimateMemory with a run of that spec. INVALID_ARGUMENT naming the field when a
 // size does not divide.
 absl::StatusOr<v1::Mapping> MappingOfSpec(const v1::JobSpec& spec);

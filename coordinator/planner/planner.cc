@@ -100,7 +100,11 @@ std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int6
   p->set_expert_model_parallel_size(m.expert_model_parallel_size());
   p->set_expert_tensor_parallel_size(m.expert_tensor_parallel_size());
   p->set_sequence_parallel(m.tensor_model_parallel_size() > 1);
-  p->set_use_distributed_optimizer(m.use_distributed_optimizer());
+  // An explicit parallel.use_distributed_optimizer is the user's and is validated as given
+  // (false is rejected for W > 1); unset, the mapping's choice (sharded exactly when W > 1).
+  if (!raw.parallel().has_use_distributed_optimizer()) {
+    p->set_use_distributed_optimizer(m.use_distributed_optimizer());
+  }
   spec.mutable_training()->set_global_batch_size(static_cast<int32_t>(global_batch));
   ApplyDefaults(&spec);
   std::vector<std::string> violations = AllViolations(spec);
@@ -199,8 +203,8 @@ void SearchWorld(const v1::PlanRequest& request, const ModelShape& model, const 
   const int64_t global_batch = k.global_batch.value_or(k.mbs * world);
   // The optimizer is what the worker runs (worker/agent/generation.cc creates process groups
   // exactly when W > 1, and Trainer shards its optimizer whenever it has them): DistributedAdamW
-  // for W > 1 whatever parallel.use_distributed_optimizer says, replicated AdamW for W = 1
-  // (MakeMapping).
+  // for W > 1, replicated AdamW for W = 1 (MakeMapping). An explicit
+  // parallel.use_distributed_optimizer false rejects every W > 1 mapping (RuleViolations).
   for (int64_t tp : Choices(k.tp.has_value(), k.tp.value_or(0), world)) {
     for (int64_t cp : Choices(k.cp.has_value(), k.cp.value_or(0), world / tp)) {
       for (int64_t pp : Choices(k.pp.has_value(), k.pp.value_or(0), world / tp / cp)) {

@@ -27,10 +27,9 @@
 //   worker shards its optimizer whenever it runs more than one rank (worker/agent/generation.cc
 //   creates process groups exactly when W > 1; Trainer then always uses DistributedAdamW); a
 //   world of 1 is one process with replicated AdamW (use_distributed_optimizer = false, 12 bytes
-//   per parameter). parallel.use_distributed_optimizer in the request is therefore IGNORED, not
-//   rejected: it is a plain proto3 bool, so an explicit false cannot be told from the default
-//   (rejecting false with W > 1 would reject every request that leaves it unset), and Plan has
-//   no notes field to carry a per-plan remark; the returned mappings say what will run.
+//   per parameter). parallel.use_distributed_optimizer is an optional bool: unset takes that
+//   choice; an explicit false rejects every W > 1 candidate (there is no replicated optimizer
+//   across ranks; common/validate_knobs.cc) and true with W = 1 is the same computation.
 // - parallel.sequence_parallel is decided by the planner: on exactly when TP > 1 (Megatron
 //   requires it for MoE with TP > 1 and forbids it with TP = 1); the spec's flag is ignored.
 // - micro_batch_size from the spec (default 1). The global batch from the spec; when unset it is

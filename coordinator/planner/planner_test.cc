@@ -438,13 +438,14 @@ TEST(PlannerTest, RejectsAMappingThatOnlyOverflowsDuringCreate) {
   ExpectRel(plan->best().memory().total(), 4527803304.0, "distributed total");
 }
 
-// The optimizer of every candidate is the worker's: sharded for W > 1 even though the request
-// leaves parallel.use_distributed_optimizer false (ignored: a proto3 bool cannot say "unset"),
-// replicated for W = 1 even when the request asks for the distributed optimizer.
+// The optimizer of every candidate is the worker's: sharded for W > 1 when the request leaves
+// parallel.use_distributed_optimizer unset, replicated for W = 1 even when the request asks for
+// the distributed optimizer (the same computation on one rank). An explicit false with W > 1 is
+// rejected, naming the field: there is no replicated optimizer across ranks.
 TEST(PlannerTest, OptimizerIsTheWorkersWhateverTheRequestSays) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
-  req.mutable_spec()->mutable_parallel()->set_use_distributed_optimizer(false);
+  req.mutable_spec()->mutable_parallel()->clear_use_distributed_optimizer();
   *req.mutable_cluster() = Cluster8(8);
   auto plan = PlanJob(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -456,9 +457,18 @@ TEST(PlannerTest, OptimizerIsTheWorkersWhateverTheRequestSays) {
   check(plan->best());
   for (const v1::PlanCandidate& c : plan->alternatives()) check(c);
   for (const v1::PlanCandidate& c : plan->rejected()) check(c);
-  std::cout << "W 8, use_distributed_optimizer false in the request: " << candidates
+  std::cout << "W 8, use_distributed_optimizer unset in the request: " << candidates
             << " candidates, all dist-opt; best " << MappingToString(plan->best().mapping())
             << "\n";
+
+  req.mutable_spec()->mutable_parallel()->set_use_distributed_optimizer(false);
+  plan = PlanJob(req);
+  std::cout << "W 8, use_distributed_optimizer false: " << plan.status() << "\n";
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(plan.status().message(),
+                                "parallel.use_distributed_optimizer (false) with "
+                                "parallel.world_size (8) > 1 is not supported"))
+      << plan.status();
 
   // W = 1: N = P_d 41,964,544 (case A) + P_x 2 layers * 8 experts * 3*1024*1024 = 50,331,648
   // = 92,296,192. weights 2N = 184,592,384; gradients 4N = 369,184,768; optimizer 12N + 8,204 =

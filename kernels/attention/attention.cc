@@ -187,6 +187,32 @@ absl::StatusOr<AttentionSettings> AttentionSettingsFromEnvironment() {
   return s;
 }
 
+absl::StatusOr<AttentionSettings> ResolveAttentionSettings(const AttentionSettings& from_spec,
+                                                           std::vector<std::string>* overrides) {
+  AttentionSettings s = from_spec;
+  const char* b = std::getenv("SWITCHYARD_ATTENTION_BACKEND");
+  const char* d = std::getenv("SWITCHYARD_ATTENTION_DETERMINISTIC");
+  if ((b == nullptr || *b == 0) && (d == nullptr || *d == 0)) return s;
+  SY_ASSIGN_OR_RETURN(const AttentionSettings env, AttentionSettingsFromEnvironment());
+  if (b != nullptr && *b != 0) {
+    if (env.backend != from_spec.backend) {
+      overrides->push_back(absl::StrCat("SWITCHYARD_ATTENTION_BACKEND=", b,
+                                        " overrides model.attention_backend \"",
+                                        AttentionBackendName(from_spec.backend), "\""));
+    }
+    s.backend = env.backend;
+  }
+  if (d != nullptr && *d != 0) {
+    if (env.deterministic != from_spec.deterministic) {
+      overrides->push_back(absl::StrCat("SWITCHYARD_ATTENTION_DETERMINISTIC=", d,
+                                        " overrides training.deterministic_mode (",
+                                        from_spec.deterministic ? "true" : "false", ")"));
+    }
+    s.deterministic = env.deterministic;
+  }
+  return s;
+}
+
 absl::StatusOr<AttentionSettings> GetAttentionSettings() {
   SettingsState& st = State();
   std::lock_guard<std::mutex> lock(st.mu);

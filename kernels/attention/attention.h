@@ -48,6 +48,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -79,6 +80,14 @@ absl::StatusOr<AttentionSettings> GetAttentionSettings();
 // Reads the two variables now (GetAttentionSettings reads them once, at its first call).
 absl::StatusOr<AttentionSettings> AttentionSettingsFromEnvironment();
 void SetAttentionSettings(const AttentionSettings& settings);
+// A job's settings: `from_spec` (model.attention_backend, training.deterministic_mode), except
+// that each of the two variables above that is set (non-empty) overrides its field. One line per
+// variable that overrides the spec is appended to `overrides` (for the log), e.g.
+// "SWITCHYARD_ATTENTION_BACKEND=native overrides model.attention_backend \"auto\"".
+// INVALID_ARGUMENT naming the variable for a malformed value. Does not change the process-wide
+// settings (the caller passes the result to SetAttentionSettings).
+absl::StatusOr<AttentionSettings> ResolveAttentionSettings(const AttentionSettings& from_spec,
+                                                           std::vector<std::string>* overrides);
 absl::StatusOr<AttentionBackend> ParseAttentionBackend(absl::string_view name);
 const char* AttentionBackendName(AttentionBackend backend);
 

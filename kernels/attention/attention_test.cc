@@ -278,6 +278,49 @@ TEST(AttentionBackendTest, SettingsFromEnvironment) {
   unsetenv("SWITCHYARD_ATTENTION_DETERMINISTIC");
 }
 
+// A job's settings (model.attention_backend, training.deterministic_mode) stand unless a variable
+// is set; each variable that changes a spec value overrides it and says so (one line each).
+TEST(AttentionBackendTest, EnvironmentOverridesTheSpecAndSaysSo) {
+  unsetenv("SWITCHYARD_ATTENTION_BACKEND");
+  unsetenv("SWITCHYARD_ATTENTION_DETERMINISTIC");
+  const AttentionSettings spec{AttentionBackend::kCudnn, true};
+  std::vector<std::string> lines;
+  absl::StatusOr<AttentionSettings> s = ResolveAttentionSettings(spec, &lines);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->backend, AttentionBackend::kCudnn);
+  EXPECT_TRUE(s->deterministic);
+  EXPECT_TRUE(lines.empty());
+
+  setenv("SWITCHYARD_ATTENTION_BACKEND", "native", 1);
+  setenv("SWITCHYARD_ATTENTION_DETERMINISTIC", "0", 1);
+  s = ResolveAttentionSettings(spec, &lines);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->backend, AttentionBackend::kNative);
+  EXPECT_FALSE(s->deterministic);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const std::string& line : lines) std::printf("override: %s\n", line.c_str());
+  EXPECT_EQ(lines[0],
+            "SWITCHYARD_ATTENTION_BACKEND=native overrides model.attention_backend \"cudnn\"");
+  EXPECT_EQ(lines[1],
+            "SWITCHYARD_ATTENTION_DETERMINISTIC=0 overrides training.deterministic_mode (true)");
+
+  // A variable equal to the spec's value changes nothing and logs nothing.
+  lines.clear();
+  setenv("SWITCHYARD_ATTENTION_BACKEND", "cudnn", 1);
+  unsetenv("SWITCHYARD_ATTENTION_DETERMINISTIC");
+  s = ResolveAttentionSettings(spec, &lines);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->backend, AttentionBackend::kCudnn);
+  EXPECT_TRUE(s->deterministic);
+  EXPECT_TRUE(lines.empty());
+
+  setenv("SWITCHYARD_ATTENTION_BACKEND", "flash", 1);
+  s = ResolveAttentionSettings(spec, &lines);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("SWITCHYARD_ATTENTION_BACKEND"), std::string::npos);
+  unsetenv("SWITCHYARD_ATTENTION_BACKEND");
+}
+
 // The CPU path is the fp64 reference whatever the backend setting says.
 TEST(AttentionBackendTest, CpuIgnoresBackend) {
   std::mt19937_64 rng(std::random_device{}());

@@ -92,6 +92,7 @@ class AllToAllDispatcher final : public TokenDispatcher {
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
       int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk);
 
+  const char* name() const override { return "alltoall"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
   int num_local_experts() const override { return num_local_; }
   bool pads_to_capacity() const override { return false; }

@@ -54,6 +54,9 @@ class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
 
+  // "local", "allgather" or "alltoall" (Megatron's moe_token_dispatcher_type names), for logs
+  // and tests.
+  virtual const char* name() const = 0;
   // Static row capacity R of the expert-side buffers.
   virtual int64_t ExpertRowCapacity() const = 0;
   virtual int num_local_experts() const = 0;
@@ -89,6 +92,7 @@ class LocalDispatcher final : public TokenDispatcher {
                                                                  int num_experts, int topk,
                                                                  int64_t pad_to_capacity);
 
+  const char* name() const override { return "local"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
   int num_local_experts() const override { return num_experts_; }
   bool pads_to_capacity() const override { return pad_ > 0; }

@@ -154,7 +154,7 @@ struct GptStepStats {
 };
 
 // Process groups of a distributed model (borrowed; outlive the model). None for one process.
-//   ep:  the EP group (config.moe.ep_size ranks): the MoE layers' all-to-all dispatch.
+//   ep:  the EP group (config.moe.ep_size ranks): the MoE layers' token dispatchers.
 //   tdc: TP×DP×CP: global_aux_loss counts per micro-batch and the expert-bias token counts per
 //        global batch are all-reduced over it (megatron_moe.md §1.5, §2.3).
 struct GptParallelGroups {

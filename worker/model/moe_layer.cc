@@ -9,6 +9,7 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/moe/aux_loss.h"
 #include "kernels/moe/swiglu.h"
+#include "worker/model/allgather_dispatcher.h"
 #include "worker/model/alltoall_dispatcher.h"
 
 namespace switchyard::model {
@@ -38,7 +39,7 @@ absl::Status MoELayerConfig::Validate() const {
   if (ep_size > 1 && pad_to_capacity) {
     return absl::InvalidArgumentError(
         "moe layer: moe_pad_expert_input_to_capacity is not supported with "
-        "expert_model_parallel_size > 1 (the alltoall dispatcher is dropless)");
+        "expert_model_parallel_size > 1 (the allgather and alltoall dispatchers are dropless)");
   }
   if (pad_to_capacity && router.capacity_factor <= 0) {
     return absl::InvalidArgumentError(
@@ -55,6 +56,22 @@ absl::StatusOr<MoELayerConfig> MoELayerConfig::FromProto(const v1::ModelConfig& 
   c.shared_ffn_size = m.moe_shared_expert_intermediate_size();
   c.shared_expert_gate = m.moe_shared_expert_gate();
   c.pad_to_capacity = m.moe_pad_expert_input_to_capacity();
+  c.shared_expert_overlap = m.moe_shared_expert_overlap();
+  const std::string& dispatcher = m.moe_token_dispatcher_type();
+  if (dispatcher.empty() || dispatcher == "allgather") {
+    c.dispatcher = MoELayerConfig::Dispatcher::kAllGather;
+  } else if (dispatcher == "alltoall") {
+    c.dispatcher = MoELayerConfig::Dispatcher::kAllToAll;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.moe_token_dispatcher_type (\"", dispatcher,
+                     "\") must be one of \"allgather\", \"alltoall\""));
+  }
+  if (!m.moe_router_dtype().empty() && m.moe_router_dtype() != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.moe_router_dtype (\"", m.moe_router_dtype(),
+                     "\") is not supported: the router runs in fp32"));
+  }
   kernels::RouterConfig& r = c.router;
   r.num_experts = m.num_experts();
   r.topk = m.moe_router_topk();
@@ -135,9 +152,15 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
                                                 groups.ep->rank(), "/", groups.ep->size())
                                  : std::string("none")));
     }
-    SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
-                                            groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
-                                            config.ep_size, static_cast<int>(k)));
+    if (config.dispatcher == MoELayerConfig::Dispatcher::kAllToAll) {
+      SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
+                                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
+                                              config.ep_size, static_cast<int>(k)));
+    } else {
+      SY_ASSIGN_OR_RETURN(l->dispatcher_, AllGatherDispatcher::Create(
+                                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
+                                              config.ep_size, static_cast<int>(k)));
+    }
   } else {
     SY_ASSIGN_OR_RETURN(l->dispatcher_,
                         LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows));
@@ -199,7 +222,7 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
       SY_RETURN_IF_ERROR(alloc(rdt, {t}, &l->sh_dg_));
       SY_RETURN_IF_ERROR(alloc(dt, {t, 1}, &l->sh_dg_lowp_));
     }
-    if (device.is_cuda()) {
+    if (device.is_cuda() && config.shared_expert_overlap) {
       SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
       cudaStream_t side;
       cudaEvent_t fork, join;

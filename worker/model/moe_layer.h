@@ -14,8 +14,10 @@
 // The load-balancing and z losses are not added to any loss value: Backward seeds their gradient
 // into the router logits with `aux_grad_scale` (spec §2.4); their values are exposed for logging.
 //
-// On CUDA the shared expert runs on a second stream, overlapping the routed path, and joins the
-// main stream before the final sum (forward and backward). Nothing synchronises with the host.
+// With moe_shared_expert_overlap on CUDA, the shared expert runs on a second stream, overlapping
+// the routed path, and joins the main stream before the final sum (forward and backward); without
+// it, it runs on the main stream before the routed path. On the CPU both are the same sequential
+// computation (bit-identical). Nothing synchronises with the host.
 //
 // Ownership: the layer owns its activation buffers (one micro-batch in flight: Forward must be
 // followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan. The
@@ -56,6 +58,15 @@ struct MoELayerConfig {
   // router stays [E, H]. ep_size > 1 needs an EP communicator at Create (MoEParallelGroups).
   int ep_size = 1;
   int ep_rank = 0;
+  // moe_token_dispatcher_type: the dispatcher used when ep_size > 1 (with ep_size = 1 every
+  // expert is local and LocalDispatcher runs whatever this says, as Megatron's dispatchers
+  // degenerate to a local permute). Megatron's default is allgather.
+  enum class Dispatcher { kAllGather, kAllToAll };
+  Dispatcher dispatcher = Dispatcher::kAllGather;
+  // moe_shared_expert_overlap: on CUDA the shared expert runs on a side stream (forked after the
+  // router input is ready, joined before its output is added), overlapping the routed path;
+  // without it, on the layer's stream. On the CPU both are the same sequential computation.
+  bool shared_expert_overlap = false;
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
 
   // From a defaulted and validated ModelConfig (common/config_defaults.h, common/validate.h).
@@ -77,7 +88,7 @@ struct MoELayerParams {
 
 // The process groups of an expert-parallel / data-parallel layer (borrowed; they outlive the
 // layer). All optional: with none the layer is the single-process layer.
-//   ep:  the EP group (size config.ep_size; the alltoall dispatcher's all-to-alls).
+//   ep:  the EP group (size config.ep_size; the dispatcher's all-gathers or all-to-alls).
 //   tdc: TP x DP x CP, over which global_aux_loss counts are all-reduced per micro-batch
 //        (megatron_moe.md §2.3); the layer's dp_size (the N scaling) becomes its size.
 struct MoEParallelGroups {
@@ -97,7 +108,7 @@ class MoELayer {
   // Plans the layer for at most `max_tokens` tokens per micro-batch on `device`: allocates the
   // activation buffers, the dispatcher and the grouped-GEMM plan.
   // With config.ep_size > 1, groups.ep must be the EP group of that size, and the layer uses the
-  // alltoall dispatcher (no pad-to-capacity).
+  // dispatcher config.dispatcher names (allgather or alltoall; both dropless, no pad-to-capacity).
   static absl::StatusOr<std::unique_ptr<MoELayer>> Create(const MoELayerConfig& config,
                                                           Device device, int64_t max_tokens,
                                                           const MoEParallelGroups& groups = {});
@@ -138,6 +149,8 @@ class MoELayer {
   absl::Status ResetGlobalBatch();
   void set_dp_size(int dp) { dp_size_ = dp; }
   const MoELayerConfig& config() const { return config_; }
+  // The dispatcher in use: "local" (EP = 1), "allgather" or "alltoall".
+  const char* dispatcher_name() const { return dispatcher_->name(); }
   // CUDA-event timing of the phases of the last Forward or Backward (main stream; the shared
   // expert overlaps on its side stream and shows up only in the *_join_add phase).
   PhaseTimer& timer() { return timer_; }

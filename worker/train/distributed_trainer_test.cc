@@ -1,7 +1,8 @@
 // Distributed training over Gloo between real forked processes (CPU): every (EP, DP) layout
 // trains the same tiny MoE model as one process on the same global batch and must give the same
 // routing decisions (tokens per expert of every MoE layer, every step) and the same loss curve
-// within 1e-5 relative; a distributed checkpoint resumes with another layout (resharding).
+// within 1e-5 relative; a distributed checkpoint resumes with another layout (resharding); the
+// allgather and alltoall dispatchers train the same curve at EP = 2.
 #include <sys/stat.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "common/config.h"
 #include "gtest/gtest.h"
 #include "worker/comm/testing/forked_ranks.h"
+#include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
@@ -47,13 +49,15 @@ std::string CountsText(const StepResult& r) {
   return s;
 }
 
-v1::JobSpec Spec(int world, int ep) {
+// `dispatcher`: model.moe_token_dispatcher_type, unset (Megatron's default, allgather) when empty.
+v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "") {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (world > 1) {
     spec->mutable_parallel()->set_world_size(world);
     spec->mutable_parallel()->set_expert_model_parallel_size(ep);
   }
+  if (!dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(dispatcher);
   return *spec;
 }
 
@@ -82,8 +86,11 @@ Curve SingleProcess() {
 
 // One rank: joins the Gloo groups, optionally loads `load_root`, trains steps [first, last), and
 // (rank 0) appends "loss norm counts" lines to `out`; saves to `save_root` at the end if given.
+// `dispatcher` as in Spec; the MoE layers must run the dispatcher it names ("allgather" when
+// empty and EP > 1, "local" with EP = 1).
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
-             int64_t last, const std::string& load_root, const std::string& save_root) {
+             int64_t last, const std::string& load_root, const std::string& save_root,
+             const std::string& dispatcher = "") {
   std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
   SY_CHILD_CHECK(store != nullptr);
   ParallelDims dims;
@@ -98,8 +105,16 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
   // One gradient bucket per layer (and one for the LM head, one for the embedding), reduced on
   // the background thread during the backward pass.
   opt.grad_bucket_elements = 1;
-  auto t = Trainer::Create(Spec(world, ep), opt);
+  auto t = Trainer::Create(Spec(world, ep, dispatcher), opt);
   SY_CHILD_OK(t.status());
+  const std::string expected = ep == 1 ? "local" : (dispatcher.empty() ? "allgather" : dispatcher);
+  for (int64_t l = 0; l < (*t)->model_config().num_layers; ++l) {
+    const model::MoELayer* layer = (*t)->model().moe_layer(l);
+    if (layer == nullptr) continue;
+    if (rank == 0 && l == 0)
+      std::printf("rank 0: layer 0 dispatcher %s\n", layer->dispatcher_name());
+    SY_CHILD_CHECK(expected == layer->dispatcher_name());
+  }
   if (rank == 0) {
     std::printf("rank 0: %d gradient buckets overlapped with the backward pass\n",
                 (*t)->num_overlapped_buckets());
@@ -197,6 +212,49 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistributedTrainerTest,
                          [](const auto& info) {
                            return absl::StrCat("EP", info.param.first, "_EDP", info.param.second);
                          });
+
+// model.moe_token_dispatcher_type selects the expert-parallel dispatcher: allgather (Megatron's
+// default) and alltoall, each at EP = 2 in two processes over Gloo, train the same curve: the same
+// routing every step and losses within 1e-6 relative (the two dispatchers sum a token's expert
+// outputs in a different order, so they agree to fp32 rounding, not bit for bit). RankBody checks
+// in each process that the MoE layers really run the named dispatcher.
+TEST(DistributedTrainerDispatcherTest, AllGatherAndAllToAllTrainTheSameCurve) {
+  constexpr int kWorld = 2, kEp = 2;
+  Curve curves[2];
+  const char* names[2] = {"allgather", "alltoall"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string store = ct::UniqueStoreDir(absl::StrCat("dispatcher_store_", names[i]));
+    const std::string out = OutFile(absl::StrCat("dispatcher_curve_", names[i]));
+    const std::vector<int> codes = ct::RunProcesses(kWorld, absl::Minutes(8), [&](int rank) {
+      return RankBody(rank, kWorld, kEp, store, out, kSteps, "", "", names[i]);
+    });
+    for (int r = 0; r < kWorld; ++r) ASSERT_EQ(codes[r], 0) << names[i] << " rank " << r;
+    curves[i] = ReadCurve(out);
+    ASSERT_EQ(curves[i].loss.size(), static_cast<size_t>(kSteps)) << names[i];
+  }
+  double worst_loss = 0, worst_norm = 0;
+  int routing_diffs = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    const double a = curves[0].loss[s], b = curves[1].loss[s];
+    worst_loss = std::max(worst_loss, std::abs(a - b) / std::abs(b));
+    worst_norm = std::max(
+        worst_norm, std::abs(curves[0].norm[s] - curves[1].norm[s]) / std::abs(curves[1].norm[s]));
+    if (curves[0].counts[s] != curves[1].counts[s]) {
+      ++routing_diffs;
+      ADD_FAILURE() << "step " << s + 1 << ": tokens per expert allgather " << curves[0].counts[s]
+                    << " != alltoall " << curves[1].counts[s];
+    }
+  }
+  std::printf(
+      "EP=2 allgather vs alltoall, %d steps: loss %.6f -> %.6f (allgather) / %.6f -> %.6f "
+      "(alltoall), max rel diff loss %.2e grad_norm %.2e, routing differences %d (tolerance "
+      "1e-6)\n",
+      kSteps, curves[0].loss.front(), curves[0].loss.back(), curves[1].loss.front(),
+      curves[1].loss.back(), worst_loss, worst_norm, routing_diffs);
+  EXPECT_LE(worst_loss, 1e-6);
+  EXPECT_LE(worst_norm, 1e-6);
+  EXPECT_LT(curves[0].loss.back(), curves[0].loss.front());  // it trains
+}
 
 // Save at step 10 with EP = 2 × EDP = 2, resume with EP = 4 (world 4) and with one process:
 // both continue the single-process curve.

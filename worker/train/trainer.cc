@@ -13,9 +13,12 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/bpe_tokenizer.h"
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/config_defaults.h"
@@ -81,6 +84,60 @@ Trainer::~Trainer() {
   }
 }
 
+namespace {
+
+// The first `count` documents of `base`: the training share of data.split.
+class FirstDocuments final : public TokenDocuments {
+ public:
+  FirstDocuments(std::shared_ptr<TokenDocuments> base, int64_t count)
+      : base_(std::move(base)), count_(count) {}
+  int64_t num_documents() const override { return count_; }
+  int64_t DocumentLength(int64_t doc) const override { return base_->DocumentLength(doc); }
+  absl::Status ReadTokens(int64_t doc, int64_t offset, absl::Span<int32_t> out) const override {
+    return base_->ReadTokens(doc, offset, out);
+  }
+
+ private:
+  std::shared_ptr<TokenDocuments> base_;
+  int64_t count_;
+};
+
+}  // namespace
+
+absl::StatusOr<int64_t> TrainDocuments(const std::string& split, int64_t num_documents) {
+  // Megatron's parse_and_normalize_split and _get_split_indices: the weights are normalised,
+  // split_indices[i + 1] = split_indices[i] + round(w_i * N), then every index after the first
+  // is shifted so that the last is N. Training reads documents [0, split_indices[1]).
+  std::vector<std::string> parts = absl::StrSplit(split, absl::ByAnyChar(",/"));
+  std::vector<double> w;
+  double sum = 0;
+  for (const std::string& part : parts) {
+    double x = 0;
+    if (!absl::SimpleAtod(part, &x) || !(x >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.split (\"", split, "\") must be non-negative numbers"));
+    }
+    w.push_back(x);
+    sum += x;
+  }
+  if (!(sum > 0) || w.size() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.split (\"", split, "\") must be up to 3 numbers with a positive sum"));
+  }
+  std::vector<int64_t> idx = {0};
+  for (double x : w) {
+    idx.push_back(idx.back() + static_cast<int64_t>(
+                                   std::nearbyint(x / sum * static_cast<double>(num_documents))));
+  }
+  const int64_t shift = idx.back() - num_documents;
+  const int64_t train = idx[1] - shift;
+  if (train <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.split (\"", split, "\") leaves no training document of ", num_documents));
+  }
+  return std::min(train, num_documents);
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(v1::JobSpec spec,
                                                          const TrainerOptions& options) {
   std::unique_ptr<Trainer> t(new Trainer());
@@ -96,6 +153,30 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   const v1::DataConfig& data = spec.data();
   mock_ = data.mock_data();
   std::string prefix;
+  // data.tokenizer_model: the tokenizer the dataset was made with decides the vocabulary when the
+  // spec leaves it unset, and bounds it from below when it is set (token ids index the embedding).
+  if (!data.tokenizer_model().empty()) {
+    absl::StatusOr<BpeTokenizer> tokenizer = BpeTokenizer::Load(data.tokenizer_model());
+    if (!tokenizer.ok()) {
+      return absl::Status(tokenizer.status().code(),
+                          absl::StrCat("data.tokenizer_model (\"", data.tokenizer_model(),
+                                       "\"): ", tokenizer.status().message()));
+    }
+    const int64_t vocab = tokenizer->vocab_size();
+    if (!spec.model().has_vocab_size()) {
+      spec.mutable_model()->set_vocab_size(static_cast<int32_t>(vocab));
+    } else if (spec.model().vocab_size() < vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.vocab_size (", spec.model().vocab_size(),
+          ") must be at least the vocabulary of data.tokenizer_model (", vocab, " tokens)"));
+    }
+    tokenizer_vocab_ = vocab;
+  }
+  if (mock_ && !data.split().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.split (\"", data.split(),
+                     "\") needs a dataset: data.mock_data has no documents to split"));
+  }
   if (!mock_) {
     if (data.data_path_size() > 1) {
       return absl::UnimplementedError(
@@ -150,8 +231,34 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     }
   }
 
-  // Device, dtype, stream.
+  if (spec.parallel().num_distributed_optimizer_instances() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.num_distributed_optimizer_instances (",
+        spec.parallel().num_distributed_optimizer_instances(),
+        ") must be 1: the worker shards its optimizer over the whole data-parallel group"));
+  }
+
+  // Attention backend and determinism: the spec's, unless the environment overrides them.
   const Device device = options.device;
+  if (device.is_cuda()) {
+    kernels::AttentionSettings from_spec;
+    SY_ASSIGN_OR_RETURN(from_spec.backend,
+                        kernels::ParseAttentionBackend(spec.model().attention_backend().empty()
+                                                           ? "auto"
+                                                           : spec.model().attention_backend()));
+    from_spec.deterministic = spec.training().deterministic_mode();
+    std::vector<std::string> overrides;
+    SY_ASSIGN_OR_RETURN(attention_, kernels::ResolveAttentionSettings(from_spec, &overrides));
+    for (const std::string& line : overrides) SY_LOG(WARNING) << line;
+    kernels::SetAttentionSettings(attention_);
+  }
+
+  // Dtype, stream.
+  if (!device.is_cuda() && spec.training().has_bf16() && spec.training().bf16()) {
+    return absl::InvalidArgumentError(
+        "training.bf16 (true) needs a CUDA device: the CPU engine is the fp32 reference "
+        "(DESIGN.md, Numerics); leave it unset or false on the CPU");
+  }
   DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   if (device.is_cuda() && spec.training().has_bf16() && !spec.training().bf16()) {
     dtype = DType::kF32;
@@ -250,7 +357,17 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   mock_seed_ = seed ^ 0x5eed5eed5eedull;
   if (!mock_) {
     SY_ASSIGN_OR_RETURN(IndexedDataset dataset, IndexedDataset::Open(prefix));
-    auto docs = std::make_shared<IndexedDatasetDocuments>(std::move(dataset));
+    std::shared_ptr<TokenDocuments> docs =
+        std::make_shared<IndexedDatasetDocuments>(std::move(dataset));
+    if (!spec.data().split().empty()) {
+      SY_ASSIGN_OR_RETURN(const int64_t train_docs,
+                          TrainDocuments(spec.data().split(), docs->num_documents()));
+      if (train_docs < docs->num_documents()) {
+        docs = std::make_shared<FirstDocuments>(std::move(docs), train_docs);
+      }
+      data_description_ += absl::StrCat(", split \"", spec.data().split(), "\": ", train_docs,
+                                        " training documents");
+    }
     GptSampleOptions so;
     so.seq_length = seq_;
     so.seed = seed;

@@ -44,6 +44,15 @@
 // resumes with another DP or EP size (resharding). The checkpoint directory must be visible to
 // every rank (one machine, or a shared file system).
 //
+// data.split (Megatron's "969,30,1" train/valid/test weights): training reads only the first
+// share of the documents, as Megatron's _get_split_indices cuts it (TrainDocuments below); there
+// is no validation or test evaluation, so the other shares are not read at all.
+// data.tokenizer_model: the tokenizer.json the dataset was made with (common/bpe_tokenizer.h); its
+// vocabulary is the default model.vocab_size, and a smaller explicit one is rejected.
+// model.attention_backend and training.deterministic_mode select the CUDA attention settings
+// (kernels/attention/attention.h); SWITCHYARD_ATTENTION_BACKEND / _DETERMINISTIC override them,
+// with a WARNING log line per override. They are process-wide (one trainer per worker process).
+//
 // FLOPs, TFLOP/s and MFU: model FLOPs per token from GptTrainingFlopsPerToken (Megatron-style:
 // active-parameter GEMMs, causal attention, LM head; fwd + bwd = 3 × fwd), divided by the step's
 // wall time; MFU divides by the peak (default 989.4 TFLOP/s: H100/H200 dense bf16, as
@@ -62,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "common/gpt_samples.h"
 #include "common/tensor.h"
+#include "kernels/attention/attention.h"
 #include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/gpt_model.h"
@@ -129,6 +139,8 @@ class Trainer {
   // Completed optimizer steps.
   int64_t step() const { return step_; }
   int64_t train_iters() const { return spec_.training().train_iters(); }
+  // The vocabulary of data.tokenizer_model (0 when the spec names none).
+  int64_t tokenizer_vocab() const { return tokenizer_vocab_; }
 
   // Saves the full training state as checkpoint step() under `root`; returns its directory.
   absl::StatusOr<std::string> Save(const std::string& root);
@@ -182,6 +194,8 @@ class Trainer {
   int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   std::unique_ptr<DistributedAdamW> dense_opt_, expert_opt_;
+  kernels::AttentionSettings attention_;  // CUDA: the job's (spec, then environment overrides)
+  int64_t tokenizer_vocab_ = 0;           // data.tokenizer_model's vocabulary (0: none given)
   // Overlapped gradient reduction: the buckets of both optimizers with the backward-hook index
   // after which each is final (GptModel::GradReadyIndex).
   struct PlannedBucket {
@@ -233,6 +247,11 @@ struct StandaloneOptions {
 // resumes from training.load (or from training.save when it holds a checkpoint).
 absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
                            const StandaloneOptions& standalone, std::FILE* out);
+
+// The number of documents (of `num_documents`) that training reads under data.split `split`:
+// Megatron's first split share (e.g. "969,30,1" of 1000 documents: 969). INVALID_ARGUMENT naming
+// data.split when it is malformed or leaves training no document.
+absl::StatusOr<int64_t> TrainDocuments(const std::string& split, int64_t num_documents);
 
 }  // namespace switchyard::train
 
