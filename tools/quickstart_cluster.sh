@@ -24,6 +24,11 @@ exe() {
 coordinator_bin=$(exe coordinator switchyard-coordinator)
 worker_bin=$(exe worker switchyard-worker)
 syctl_bin=$(exe cli syctl)
+# The GPU bundle carries the default corpus in BIN_DIR/data: use it unless told otherwise, so the
+# bundle's quickstart needs no environment.
+if [[ -z ${SWITCHYARD_DATA_DIR:-} && -f $bin/data/kjv/corpus.json ]]; then
+  export SWITCHYARD_DATA_DIR="$(cd "$bin/data" && pwd)"
+fi
 run=${QUICKSTART_DIR:-/tmp/switchyard-quickstart}
 rm -rf "$run"
 mkdir -p "$run" "$run/checkpoints" "$run/data"
