@@ -99,6 +99,38 @@ for line in "${commands[@]}"; do
 done
 (( ran >= 7 )) || fail "only $ran syctl commands ran"
 
+# The issue's end-to-end checks beyond the README: a job with save_interval and no save runs to
+# SUCCEEDED in its own directory; a job needing a third worker says why in get and watch.
+tiny_model='model: {num_layers: 2, hidden_size: 32, num_attention_heads: 2, seq_length: 16,
+        vocab_size: 64, ffn_hidden_size: 64, num_experts: 4, moe_router_topk: 2}'
+printf '%s\n%s\n%s\n' "display_name: save-interval-no-save" "$tiny_model" \
+  'training: {micro_batch_size: 2, global_batch_size: 4, train_iters: 10, save_interval: 5}
+data: {mock_data: true}' >"$tmp/save_interval.yaml"
+out=$("$syctl" submit -f "$tmp/save_interval.yaml" --wait -o name 2>"$tmp/err") ||
+  fail "save_interval without save: $(cat "$tmp/err")"
+grep -q 'SUCCEEDED' "$tmp/err" || fail "save_interval without save did not SUCCEED: $(cat "$tmp/err")"
+ls -d "$tmp/checkpoints/jobs/${out#jobs/}"/step_* >/dev/null 2>&1 ||
+  fail "save_interval without save: no step_* under $tmp/checkpoints/jobs/${out#jobs/}"
+echo "ok: $out (save_interval 5, no save) SUCCEEDED; checkpoints in <root>/jobs/${out#jobs/}"
+printf '%s\n%s\n%s\n' "display_name: needs-three" "$tiny_model" \
+  'min_workers: 3
+training: {micro_batch_size: 1, global_batch_size: 3, train_iters: 10}
+data: {mock_data: true}' >"$tmp/three.yaml"
+three=$("$syctl" submit -f "$tmp/three.yaml" -o name 2>"$tmp/err") ||
+  fail "needs-three: $(cat "$tmp/err")"
+want='WAITING_FOR_WORKERS: needs 3 worker(s), 2 attached'
+for _ in $(seq 100); do
+  out=$("$syctl" get "$three" 2>&1)
+  grep -qF "$want" <<<"$out" && break
+  sleep 0.2
+done
+grep -qF "$want" <<<"$out" || fail "get $three does not say what it waits for: $out"
+grep -E '^(State|Waiting):' <<<"$out" | sed 's/^/    /'
+out=$(timeout 3 "$syctl" watch "$three" 2>&1)
+grep -qF "$want" <<<"$out" || fail "watch $three does not show what it waits for: $out"
+echo "ok: get and watch of $three show '$want'"
+"$syctl" cancel "$three" >/dev/null || fail "cancel $three"
+
 # examples/quickstart.yaml as written: accepted (vocab_size from the corpus, save relative to the
 # job's directory), it trains its 100 steps and SUCCEEDS, checkpointing under the job directory.
 out=$(cd "$(dirname "$example")/.." && "$syctl" submit -f examples/quickstart.yaml -o name 2>"$tmp/err") ||
