@@ -405,6 +405,24 @@ TEST(AgentTest, TrainStopResumeMetrics) {
     EXPECT_EQ(steps.back().metrics().step(), resume_step + 3);
     for (const auto& s : steps) ExpectSane(s, 0);
   }
+  // A first generation whose own directory already holds a checkpoint (job ids restarted by a
+  // store created anew over the same volume) must not resume another job's state: exit 1 naming
+  // training.save, no step.
+  ASSERT_TRUE(fake.Send("w1", AssignmentMsg("job-c", 1, 0, 1, 5, ckpt_b, fake.address())));
+  ASSERT_TRUE(fake.Send("w1", StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return HasExit(ws, "w1", "job-c", 1); },
+                             absl::Seconds(60)));
+  {
+    const WorkerRecord w = fake.Workers().at("w1");
+    const v1::WorkerExit* e = ExitOf(w, "job-c", 1);
+    ASSERT_NE(e, nullptr);
+    std::printf("job-c generation 1 on job-b's directory: exit %d (%s)\n", e->exit_code(),
+                e->message().c_str());
+    EXPECT_EQ(e->exit_code(), 1) << e->message();
+    EXPECT_TRUE(absl::StrContains(e->message(), "training.save")) << e->message();
+    EXPECT_TRUE(absl::StrContains(e->message(), "first generation")) << e->message();
+    EXPECT_EQ(NumSteps(fake.Workers(), "w1", "job-c", 1), 0u);
+  }
   // w0 saw nothing of generation 2 and stayed idle.
   EXPECT_EQ(NumSteps(fake.Workers(), "w0", "job-b", 2), 0u);
   a0->Stop();

@@ -48,10 +48,20 @@ absl::Status CheckReadableDirectory(const std::string& path) {
 
 // Where this generation resumes from: the job's own checkpoints when there is one, else a named
 // training.load (which must load), else nothing (first generation). See generation.h.
-absl::Status Resume(train::Trainer* trainer, const v1::TrainingConfig& tr,
+absl::Status Resume(train::Trainer* trainer, const v1::TrainingConfig& tr, int64_t generation,
                     const std::function<void(const std::string&)>& log) {
   if (!tr.save().empty()) {
     absl::StatusOr<Checkpoint> own = LoadCheckpoint(tr.save());
+    if (own.ok() && generation == 1) {
+      // A job's first generation has written nothing yet: a checkpoint already in its own
+      // directory belongs to another job with the same id (a store created anew over an old
+      // checkpoint volume restarts job ids at 1). Resuming it would silently continue that job.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "training.save (\"", tr.save(), "\") already holds a checkpoint (step ", own->step(),
+          ") although this is the job's first generation: it belongs to an earlier job with the "
+          "same id (was the coordinator's store created anew over an old checkpoint volume?); "
+          "move that directory away, or restart the coordinator on its store's backup"));
+    }
     if (own.ok()) {
       SY_RETURN_IF_ERROR(
           Annotate(trainer->Load(tr.save()), absl::StrCat("resuming from ", tr.save())));
@@ -315,7 +325,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   if (!created.ok()) return Annotate(created.status(), "creating the trainer");
   std::unique_ptr<train::Trainer> trainer = std::move(*created);
   const v1::TrainingConfig& tr = trainer->spec().training();
-  SY_RETURN_IF_ERROR(Resume(trainer.get(), tr, log));
+  SY_RETURN_IF_ERROR(Resume(trainer.get(), tr, a.generation(), log));
   const std::vector<bool> moe_layers = trainer->model_config().moe_layers;
   int64_t last_saved = -1;
   kernels::Buffer device_flag;  // CheckpointNow agreement on NCCL

@@ -32,7 +32,9 @@
 // checkpoint (not training.save) must load: a missing or unreadable one fails the generation
 // with the path and errno (FAILED_PRECONDITION, or the checkpoint's own error), it never trains
 // from scratch in silence. A training.load ending in step_<N> loads that step. An own directory
-// that does not exist yet means a first generation: training starts from scratch.
+// that does not exist yet means a first generation: training starts from scratch. Generation 1
+// finding a checkpoint in its own directory is FAILED_PRECONDITION naming it: that checkpoint is
+// an earlier job's with the same id (a store created anew over an old checkpoint volume).
 //
 // CheckpointNow is collective (Trainer::Save gathers the state), but the message reaches the
 // ranks between different steps; so after every step the ranks all-reduce (max) "has a request"
