@@ -237,6 +237,18 @@ std::string SerializeSpec(const v1::JobSpec& spec) {
   return bytes;
 }
 
+// Binds what InsertJob and UpdateJob both write: ?2 spec, ?3 state, ?4 generation,
+// ?5 restart_count, ?6 failure_reason, ?7 last_checkpoint_step (NULL when unset).
+absl::Status BindJobColumns(Statement& s, const JobRow& job) {
+  SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
+  SY_RETURN_IF_ERROR(s.Bind(3, job.state));
+  SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
+  SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
+  SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
+  if (job.last_checkpoint_step) return s.Bind(7, *job.last_checkpoint_step);
+  return s.BindNull(7);
+}
+
 }  // namespace
 
 const char* WorkerStateName(WorkerState state) {
@@ -453,16 +465,7 @@ absl::StatusOr<InsertResult> Store::InsertJob(JobRow job, JobEventRow first_even
       } else {
         SY_RETURN_IF_ERROR(s.BindText(1, job.request_id));
       }
-      SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
-      SY_RETURN_IF_ERROR(s.Bind(3, job.state));
-      SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
-      SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
-      SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
-      if (job.last_checkpoint_step) {
-        SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
-      } else {
-        SY_RETURN_IF_ERROR(s.BindNull(7));
-      }
+      SY_RETURN_IF_ERROR(BindJobColumns(s, job));
       SY_RETURN_IF_ERROR(s.Bind(8, Micros(now)));
       SY_RETURN_IF_ERROR(s.Run());
       job.id = sqlite3_last_insert_rowid(db_);
@@ -534,16 +537,7 @@ absl::StatusOr<JobRow> Store::UpdateJob(int64_t id, const JobMutation& mutate) {
                              "restart_count = ?5, failure_reason = ?6, last_checkpoint_step = ?7, "
                              "update_time_us = ?8, plan = ?9 WHERE id = ?1"));
       SY_RETURN_IF_ERROR(s.Bind(1, id));
-      SY_RETURN_IF_ERROR(s.BindBlob(2, SerializeSpec(job.spec)));
-      SY_RETURN_IF_ERROR(s.Bind(3, job.state));
-      SY_RETURN_IF_ERROR(s.Bind(4, job.generation));
-      SY_RETURN_IF_ERROR(s.Bind(5, job.restart_count));
-      SY_RETURN_IF_ERROR(s.BindText(6, job.failure_reason));
-      if (job.last_checkpoint_step) {
-        SY_RETURN_IF_ERROR(s.Bind(7, *job.last_checkpoint_step));
-      } else {
-        SY_RETURN_IF_ERROR(s.BindNull(7));
-      }
+      SY_RETURN_IF_ERROR(BindJobColumns(s, job));
       SY_RETURN_IF_ERROR(s.Bind(8, Micros(job.update_time)));
       if (job.plan) {
         SY_RETURN_IF_ERROR(s.BindBlob(9, job.plan->SerializeAsString()));

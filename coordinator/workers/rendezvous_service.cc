@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 
 namespace switchyard::workers {
 namespace {
@@ -213,20 +214,21 @@ absl::Status RendezvousServiceImpl::CheckRank(absl::string_view worker_id, absl:
   return absl::OkStatus();
 }
 
+absl::Status RendezvousServiceImpl::Admit(grpc::ServerContext* context, absl::string_view method,
+                                          const std::string& job, int64_t generation,
+                                          const std::string& key,
+                                          const std::string& worker_id) const {
+  SY_RETURN_IF_ERROR(Authenticate(context, method));
+  SY_RETURN_IF_ERROR(CheckScope(job, generation, key));
+  SY_RETURN_IF_ERROR(store_->CheckLive(job, generation));
+  return CheckRank(worker_id, job, generation);
+}
+
 grpc::Status RendezvousServiceImpl::Set(grpc::ServerContext* context,
                                         const v1::RendezvousSetRequest* request,
                                         v1::RendezvousSetResponse* /*response*/) {
-  if (auto status = Authenticate(context, "RendezvousService.Set"); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (auto status = CheckScope(request->job(), request->generation(), request->key());
-      !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (auto status = store_->CheckLive(request->job(), request->generation()); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (auto status = CheckRank(request->worker_id(), request->job(), request->generation());
+  if (auto status = Admit(context, "RendezvousService.Set", request->job(), request->generation(),
+                          request->key(), request->worker_id());
       !status.ok()) {
     return ToGrpcStatus(status);
   }
@@ -236,17 +238,8 @@ grpc::Status RendezvousServiceImpl::Set(grpc::ServerContext* context,
 grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext* context,
                                         const v1::RendezvousGetRequest* request,
                                         v1::RendezvousGetResponse* response) {
-  if (auto status = Authenticate(context, "RendezvousService.Get"); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (auto status = CheckScope(request->job(), request->generation(), request->key());
-      !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (auto status = store_->CheckLive(request->job(), request->generation()); !status.ok()) {
-    return ToGrpcStatus(status);
-  }
-  if (auto status = CheckRank(request->worker_id(), request->job(), request->generation());
+  if (auto status = Admit(context, "RendezvousService.Get", request->job(), request->generation(),
+                          request->key(), request->worker_id());
       !status.ok()) {
     return ToGrpcStatus(status);
   }

@@ -125,6 +125,11 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
   // PERMISSION_DENIED unless `worker_id` is assigned to (job, generation).
   absl::Status CheckRank(absl::string_view worker_id, absl::string_view job,
                          int64_t generation) const;
+  // Every check a Set or Get passes, in order: the worker token, the key's scope, a live
+  // generation, the caller a rank of it.
+  absl::Status Admit(grpc::ServerContext* context, absl::string_view method, const std::string& job,
+                     int64_t generation, const std::string& key,
+                     const std::string& worker_id) const;
 
   RendezvousStore* const store_;
   const api::TokenAuth* const auth_;
