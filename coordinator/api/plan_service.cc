@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "common/grpc_status.h"
-#include "common/job_paths.h"
 #include "common/status.h"
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"

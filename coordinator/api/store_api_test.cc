@@ -20,6 +20,7 @@
 #include "common/config.h"
 #include "coordinator/api/api_status.h"
 #include "coordinator/api/api_test_util.h"
+#include "coordinator/store/testing/raw_sqlite.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "switchyard/v1/job.grpc.pb.h"
@@ -33,17 +34,7 @@ using testing::kToken;
 
 httplib::Headers Auth() { return {{"Authorization", absl::StrCat("Bearer ", kToken)}}; }
 
-// Runs `sql` on a separate raw connection; returns SQLite's error message, or "" on success.
-std::string RawExec(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-  char* error = nullptr;
-  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
-  std::string out = rc == SQLITE_OK ? "" : (error != nullptr ? error : "error");
-  sqlite3_free(error);
-  sqlite3_close(db);
-  return out;
-}
+using store::testing::RawExec;  // coordinator/store/testing/raw_sqlite.h
 
 // The first column of the first row of `sql` over a raw connection.
 int64_t RawCount(const std::string& path, const std::string& sql) {

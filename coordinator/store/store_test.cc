@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/store/testing/raw_sqlite.h"
 #include "gtest/gtest.h"
 
 namespace switchyard::store {
@@ -58,17 +59,7 @@ std::string RawQuery(const std::string& path, const std::string& sql) {
   return out;
 }
 
-// Runs `sql` on a raw connection; returns SQLite's error message, or "" on success.
-std::string RawExec(const std::string& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-  char* error = nullptr;
-  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
-  std::string out = rc == SQLITE_OK ? "" : (error != nullptr ? error : "error");
-  sqlite3_free(error);
-  sqlite3_close(db);
-  return out;
-}
+using store::testing::RawExec;  // coordinator/store/testing/raw_sqlite.h
 
 v1::JobSpec Spec(const std::string& name, int hidden) {
   v1::JobSpec spec;
