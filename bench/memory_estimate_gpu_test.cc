@@ -1,5 +1,5 @@
 // The planner's memory estimate (coordinator/planner/cost_model.h; EstimateEngineMemory in
-// common/model_math.h, CUDA bf16 engine, default runtime term) against a real training run on
+// common/model/model_math.h, CUDA bf16 engine, default runtime term) against a real training run on
 // GPU 0: the benchmark model of bench/bench_model.h cut to 2 layers (seq 4096, micro-batch
 // 2, global batch 16: ~9 GiB) and the benchmark's "small" model at seq 4096 (~4 GiB) train 2
 // optimizer steps. Measured as the benchmark measures: cudaMemGetInfo used after the steps
@@ -15,8 +15,8 @@
 #include <string>
 
 #include "bench/bench_model.h"
-#include "common/config_defaults.h"
-#include "common/model_math.h"
+#include "common/config/config_defaults.h"
+#include "common/model/model_math.h"
 #include "coordinator/planner/cost_model.h"
 #include "kernels/buffer.h"
 #include "kernels/testing/gpu.h"

@@ -1,5 +1,5 @@
 // The planner's memory estimate (coordinator/planner/cost_model.h, EstimateEngineMemory in
-// common/model_math.h) against what the engine really allocates, on the CPU: real Trainers of
+// common/model/model_math.h) against what the engine really allocates, on the CPU: real Trainers of
 // small configurations (dense; MoE top-2 with a shared expert, at two micro-batch sizes and with
 // pad-to-capacity; MoE top-4 with dense layers, input jitter and seq_aux_loss; the MoE model over
 // 2 forked Gloo ranks with EP = 2) run 2
@@ -17,9 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/config.h"
-#include "common/config_defaults.h"
-#include "common/model_math.h"
+#include "common/config/config.h"
+#include "common/config/config_defaults.h"
+#include "common/model/model_math.h"
 #include "common/status.h"
 #include "coordinator/planner/cost_model.h"
 #include "gtest/gtest.h"

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/follow.h"
 #include "cli/megatron_args.h"
-#include "common/config.h"
+#include "common/config/config.h"
 
 namespace switchyard::cli {
 namespace {

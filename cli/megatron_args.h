@@ -25,7 +25,7 @@
 //   --qk-layernorm takes no value
 //
 // Values are not range-checked here: the coordinator validates the resulting spec
-// (common/validate.h) and names the field.
+// (common/config/validate.h) and names the field.
 //
 // Thread-safe: no shared state.
 #ifndef SWITCHYARD_CLI_MEGATRON_ARGS_H_

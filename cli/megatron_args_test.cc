@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "absl/status/status.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 
 namespace switchyard::cli {

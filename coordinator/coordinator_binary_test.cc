@@ -30,7 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "coordinator/api/api_test_util.h"
 #include "coordinator/store/store.h"
 #include "gtest/gtest.h"

@@ -80,7 +80,7 @@ ABSL_FLAG(int, http_max_connections_per_client, 16,
 ABSL_FLAG(double, shutdown_grace, 5.0, "Seconds calls in flight get after SIGTERM/SIGINT.");
 ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
           "Directory (shared with the workers) where jobs checkpoint, <root>/jobs/<id> per job; "
-          "training.save and training.load are relative to it (common/job_paths.h).");
+          "training.save and training.load are relative to it (common/config/job_paths.h).");
 ABSL_FLAG(std::string, data_root, "/data",
           "Read-only directory (the same path on the workers) that data.data_path and "
           "data.tokenizer_model are relative to.");

@@ -463,7 +463,7 @@ def check_manifests(by):
             check(ck is not None and "persistentVolumeClaim" in ck,
                   "%s: the coordinator's --checkpoint-root %s is a shared PVC here" %
                   (who, cargs.get("checkpoint_root")))
-            # Job paths (common/job_paths.h): the worker confines each assignment to its own
+            # Job paths (common/config/job_paths.h): the worker confines each assignment to its own
             # roots, which must be the coordinator's, and the data root is mounted read-only.
             for root in ("checkpoint_root", "data_root"):
                 check(cargs.get(root) is not None and a.get(root) == cargs.get(root),

@@ -9,10 +9,10 @@
 # chapter). `fortunes` was the alternative: short epigrams (tens of tokens each) or, per file,
 # one huge document of unrelated pieces; neither is a good language-modelling document.
 #
-# Output, in ${SWITCHYARD_DATA_DIR:-$HOME/.cache/switchyard/data}/kjv/ (common/corpus.h reads it):
+# Output, in ${SWITCHYARD_DATA_DIR:-$HOME/.cache/switchyard/data}/kjv/ (data/corpus.h reads it):
 #   kjv_text_document.bin/.idx  MMIDIDX dataset (uint16), one document per chapter, each ending in
 #                               the tokenizer's <|endoftext|> id
-#   tokenizer.json              byte-level BPE (common/bpe_tokenizer.h), vocabulary 4096
+#   tokenizer.json              byte-level BPE (data/bpe_tokenizer.h), vocabulary 4096
 #                               (4095 byte/merge tokens + <|endoftext|>), trained on the whole
 #                               corpus: small enough that a tiny model learns it on a CPU
 #   corpus.json                 manifest: source package and version, documents, tokens, vocab

@@ -1,5 +1,5 @@
 // preprocess: tokenizes raw text or JSONL into a Megatron MMIDIDX dataset
-// (common/indexed_dataset.h).
+// (data/indexed_dataset.h).
 //
 //   preprocess --input a.txt[,b.jsonl,...] --output-prefix out
 //              (--tokenizer tokenizer.json | --train-vocab-size 4096 [--save-tokenizer tok.json])
@@ -28,9 +28,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/bpe_tokenizer.h"
-#include "common/indexed_dataset.h"
 #include "common/status.h"
+#include "data/bpe_tokenizer.h"
+#include "data/indexed_dataset.h"
 #include "nlohmann/json.hpp"
 
 namespace switchyard::tools {

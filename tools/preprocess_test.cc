@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/bpe_tokenizer.h"
-#include "common/indexed_dataset.h"
+#include "data/bpe_tokenizer.h"
+#include "data/indexed_dataset.h"
 
 namespace switchyard::tools {
 namespace {

@@ -22,7 +22,7 @@
 //   [--metrics-bind-address A] [--checkpoint-root DIR] [--data-root DIR]
 //                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
 //                  attach to the coordinator, run the generations it assigns (their paths must
-//                  resolve inside the two roots, common/job_paths.h), report steps; exit 0
+//                  resolve inside the two roots, common/config/job_paths.h), report steps; exit 0
 //                  after SIGTERM/SIGINT, 1 for a permanent error (bad options, rejected token), 75
 //                  when the process must be restarted.
 // Without a mode the usage goes to stderr and the exit status is 2. Flags may be spelled with '-'
@@ -40,7 +40,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "common/command_line.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/version.h"
 #include "worker/agent/agent.h"
 #include "worker/comm/kv_store.h"

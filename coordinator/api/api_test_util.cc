@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/validate_test_util.h"
+#include "common/config/validate_test_util.h"
 #include "gtest/gtest.h"
 
 namespace switchyard::api::testing {
@@ -37,8 +37,8 @@ v1::JobSpec ValidSpec(const std::string& display_name) {
   p->clear_tensor_model_parallel_size();
   p->clear_pipeline_model_parallel_size();
   p->set_sequence_parallel(false);
-  // Under a coordinator every path is relative to its roots (common/job_paths.h); the validation
-  // baseline names absolute ones.
+  // Under a coordinator every path is relative to its roots (common/config/job_paths.h); the
+  // validation baseline names absolute ones.
   spec.mutable_training()->set_save("baseline");
   spec.mutable_data()->set_data_path(1, "a_text_document");
   spec.mutable_data()->set_data_path(3, "b_text_document");
@@ -63,7 +63,7 @@ std::vector<InvalidSpec> InvalidSpecs() {
     const char* needle;  // nullptr: the path
   };
   // Negative sizes, divisibility and range rules on integer fields (megatron_moe.md §5.2 and
-  // common/validate.h).
+  // common/config/validate.h).
   const IntCase kInts[] = {
       {"model.num_layers", -1},
       {"model.num_layers", 3, "model.num_layers"},  // not divisible by PP 2

@@ -28,9 +28,9 @@ std::string FreshPath(const std::string& name);
 // Writes `text` to TEST_TMPDIR/`name` and returns the path.
 std::string WriteFile(const std::string& name, const std::string& text);
 
-// A valid MoE spec named `display_name`: common/validate_test_util.h's baseline (world 32)
+// A valid MoE spec named `display_name`: common/config/validate_test_util.h's baseline (world 32)
 // with TP = PP = 1, the parallelism the workers run (the baseline itself is refused at submit),
-// and its paths made relative, as a coordinator requires (common/job_paths.h).
+// and its paths made relative, as a coordinator requires (common/config/job_paths.h).
 v1::JobSpec ValidSpec(const std::string& display_name = "api-test");
 // 32 GPUs, 8 per node, 80 GiB: the baseline plans on it.
 v1::Cluster Cluster32();

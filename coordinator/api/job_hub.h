@@ -12,8 +12,8 @@
 //
 // DeleteJob removes a finished job (JobRegistry::DeleteJob) and, when asked, its checkpoint
 // directory jobs::JobCheckpointDir(checkpoint_root, id) = <checkpoint_root>/jobs/<id> first (every
-// file a job writes is inside it: its training.save is relative to it, common/job_paths.h): if
-// that removal fails nothing is deleted.
+// file a job writes is inside it: its training.save is relative to it, common/config/job_paths.h):
+// if that removal fails nothing is deleted.
 //
 // Close() wakes every waiter for good (graceful shutdown): WaitForChange then returns at once and
 // closed() is true.

@@ -436,7 +436,7 @@ TEST_F(JobServiceTest, PlanReturnsTheBestMappingAndRejectsBadRequests) {
   EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(bad.error_message(), "cluster.num_gpus")) << bad.error_message();
   std::printf("bad cluster: %s\n", bad.error_message().c_str());
-  // The path rules of CreateJob apply to Plan too (common/job_paths.h).
+  // The path rules of CreateJob apply to Plan too (common/config/job_paths.h).
   *request.mutable_cluster() = testing::Cluster32();
   request.mutable_spec()->mutable_training()->set_save("/etc/cron.d");
   bad = plans_->Plan(Context().get(), request, &plan);

@@ -5,7 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/status.h"
 #include "coordinator/api/api_call.h"
 #include "coordinator/api/api_status.h"

@@ -15,10 +15,10 @@
 //
 // JSON is the proto3 JSON mapping with the proto field names (the Megatron argument names, as in
 // job spec files): responses are written by MessageToJsonString with preserve_proto_field_names;
-// request bodies are read by common/config.h's ParseMessageJson, which accepts the same proto3
-// JSON but is strict and names the field path in every error ("spec.model.hidden_size: expected
-// an integer, got string") where JsonStringToMessage would not. State names in `state` are the
-// enum names. Unknown query parameters are INVALID_ARGUMENT naming them.
+// request bodies are read by common/config/config.h's ParseMessageJson, which accepts the same
+// proto3 JSON but is strict and names the field path in every error ("spec.model.hidden_size:
+// expected an integer, got string") where JsonStringToMessage would not. State names in `state` are
+// the enum names. Unknown query parameters are INVALID_ARGUMENT naming them.
 //
 // Errors: {"error": {"code": <http>, "status": "<CANONICAL_CODE>", "message": "...", "reason":
 // "..."}} with the HTTP status of api_status.h (400, 401, 404, 409, 429, 500, 503, ...); unknown

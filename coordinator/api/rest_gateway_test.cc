@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/http_test_util.h"
 #include "coordinator/api/api_test_util.h"
 #include "gtest/gtest.h"

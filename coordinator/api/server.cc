@@ -16,10 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/corpus.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/api/decode_errors.h"
+#include "data/corpus.h"
 
 namespace switchyard::api {
 namespace {

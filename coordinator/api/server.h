@@ -84,7 +84,7 @@ struct ServerOptions {
   bool workers = true;
   // Where jobs checkpoint (<root>/jobs/<job id>), as the workers see it (shared storage), and
   // where data.data_path and tokenizer_model are read from (read-only): every path of a job spec
-  // is relative to one of them (common/job_paths.h). Absolute; required with `workers`. The
+  // is relative to one of them (common/config/job_paths.h). Absolute; required with `workers`. The
   // workers must be started with the same --checkpoint-root and --data-root.
   std::string checkpoint_root;
   std::string data_root = "/data";

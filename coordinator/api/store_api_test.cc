@@ -17,7 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "coordinator/api/api_status.h"
 #include "coordinator/api/api_test_util.h"
 #include "coordinator/store/testing/raw_sqlite.h"
@@ -203,8 +203,8 @@ TEST_F(StoreApiTest, DeleteJobOnEveryStateOverGrpcAndRest) {
   EXPECT_TRUE(std::filesystem::exists(failed_dir)) << "another job's checkpoints were removed";
   EXPECT_EQ(EventsOf(cancelled), 0);
 
-  // A spec that chose its own training.save: a directory inside the job's (common/job_paths.h),
-  // removed with it.
+  // A spec that chose its own training.save: a directory inside the job's
+  // (common/config/job_paths.h), removed with it.
   const std::string own = Create("own-save", /*own_save=*/true);
   DriveTo(own, v1::Job::CANCELLED);
   const std::string own_dir =

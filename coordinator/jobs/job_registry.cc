@@ -7,11 +7,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/config.h"
-#include "common/config_defaults.h"
-#include "common/job_paths.h"
+#include "common/config/config.h"
+#include "common/config/config_defaults.h"
+#include "common/config/job_paths.h"
+#include "common/config/validate.h"
 #include "common/status.h"
-#include "common/validate.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace switchyard::jobs {

@@ -77,8 +77,8 @@ class JobRegistry {
   // Validates request.spec (after defaults) and request.request_id, then creates the job in
   // PENDING with event CREATED, or returns the job the request_id already names.
   absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
-  // The same for a spec in JSON or YAML text (common/config.h): parse errors are INVALID_ARGUMENT
-  // naming the field, and nothing is written.
+  // The same for a spec in JSON or YAML text (common/config/config.h): parse errors are
+  // INVALID_ARGUMENT naming the field, and nothing is written.
   absl::StatusOr<v1::Job> CreateJobFromJson(absl::string_view spec_json,
                                             absl::string_view request_id);
   absl::StatusOr<v1::Job> CreateJobFromYaml(absl::string_view spec_yaml,

@@ -15,7 +15,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "coordinator/jobs/job_state.h"
 #include "coordinator/store/store.h"
 #include "gtest/gtest.h"
@@ -251,7 +251,7 @@ TEST_F(JobRegistryTest, SaveIntervalWithoutSaveIsLeftToTheScheduler) {
               job->name().c_str());
 }
 
-// Every path of a spec is relative to a root of the coordinator (common/job_paths.h): each
+// Every path of a spec is relative to a root of the coordinator (common/config/job_paths.h): each
 // escaping form is INVALID_ARGUMENT naming the field and the rule, and stores nothing (no job,
 // no event); the relative forms are stored as given (the scheduler resolves them).
 TEST_F(JobRegistryTest, EscapingPathsAreRejectedAndNothingIsStored) {

@@ -4,10 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/config_defaults.h"
-#include "common/job_paths.h"
+#include "common/config/config_defaults.h"
+#include "common/config/job_paths.h"
+#include "common/config/validate.h"
 #include "common/status.h"
-#include "common/validate.h"
 
 namespace switchyard::jobs {
 namespace {
@@ -32,7 +32,8 @@ absl::Status CheckVocabSize(const v1::JobSpec& spec) {
       "did not find (run tools/setup.sh on its machine, or set model.vocab_size)");
 }
 
-// The job-path rules (common/job_paths.h): every path relative, under the coordinator's roots.
+// The job-path rules (common/config/job_paths.h): every path relative, under the coordinator's
+// roots.
 absl::Status CheckJobPathRules(const v1::JobSpec& spec) { return CheckJobSpecPaths(spec); }
 
 }  // namespace

@@ -6,21 +6,23 @@
 // scheduler can plan, and one the scheduler would refuse is refused at submit.
 //
 // Resolution, applied once, in this order:
-//   1. ApplyDefaults (common/config_defaults.h): Megatron's defaults.
+//   1. ApplyDefaults (common/config/config_defaults.h): Megatron's defaults.
 //   2. model.vocab_size, when unset and the job reads the default corpus (no data.mock_data, no
 //      data.data_path): the default corpus's vocabulary, CoordinatorContext.default_vocab_size
-//      (the coordinator reads its manifest at start, common/corpus.h; the worker fills the same
+//      (the coordinator reads its manifest at start, data/corpus.h; the worker fills the same
 //      value from the same manifest, worker/train/trainer.cc).
-//   3. Nothing else: paths stay as the user wrote them (relative, common/job_paths.h) and are
+//   3. Nothing else: paths stay as the user wrote them (relative, common/config/job_paths.h) and
+//   are
 //      resolved under the roots when the assigned spec is built (workers/placement.h
 //      AssignedSpec). Rules that need a checkpoint directory (save_interval) see an empty
 //      training.save as the job's own directory when the coordinator has a checkpoint root.
 // Rules, in this order; the first violation is INVALID_ARGUMENT naming the field and the rule:
-//   a. ValidateJobSpec (common/validate.h): bounds (sizes, control characters), then
+//   a. ValidateJobSpec (common/config/validate.h): bounds (sizes, control characters), then
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
 //   c. The parallelism the workers run: TP, CP, PP and ETP must be unset or 1.
-//   d. The job-path rules (common/job_paths.h CheckJobSpecPaths): every path relative, no '..',
+//   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
+//   '..',
 //      load only another job's checkpoint by name.
 // What the rules cannot know at submit (the world size the workers allow, memory) is the
 // scheduler's and the planner's to report (a PENDING event or NO_FEASIBLE_PLAN).

@@ -1,8 +1,8 @@
 // File: coordinator/planner/cost_model.h
 //
 // The planner's analytic memory and step-time model of one parallel mapping. Pure arithmetic on
-// the model's shape (common/model_math.h), the cluster and the mapping; no I/O. Every constant
-// and formula the planner ranks by is here.
+// the model's shape (common/model/model_math.h), the cluster and the mapping; no I/O. Every
+// constant and formula the planner ranks by is here.
 //
 // Notation: L layers (L_moe of them MoE), H hidden, Hq / Hkv heads / query groups, D head dim,
 // F dense FFN, E experts, k top-k, Fe expert FFN, Ssh shared-expert FFN, V vocabulary, S sequence
@@ -12,7 +12,7 @@
 //
 // MEMORY (bytes per rank; the estimate is that of the pipeline stage with the largest total):
 // what the worker's engine allocates, buffer by buffer: EstimateEngineMemory in
-// common/model_math.h holds the formula (checked against the engine's Buffer counters by
+// common/model/model_math.h holds the formula (checked against the engine's Buffer counters by
 // bench/memory_estimate_test.cc on the CPU and bench/memory_estimate_gpu_test.cc on a GPU).
 // In short, with N the stage's flat-layout elements (StageLayoutElements: tensors padded to 64,
 // matrices / TP, E/EP experts of width Fe/ETP) and t = mbs·S/CP tokens per micro-batch:
@@ -20,7 +20,7 @@
 //   gradients  = 4·N                         fp32 main grads
 //   optimizer  = what the worker runs, which depends on W alone (the worker shards whenever
 //                W > 1; an explicit parallel.use_distributed_optimizer false is rejected there,
-//                common/validate_knobs.cc): W = 1, one process,
+//                common/config/validate_knobs.cc): W = 1, one process,
 //                12·N (fp32 master, Adam m, v); W > 1, DistributedAdamW (worker/train/
 //                distributed_optimizer.h), 20 bytes per shard element (master, m, v, gradient
 //                and parameter shards): 20·(P_d/(DP·CP) + P_x/EDP) with the padded dense and
@@ -46,7 +46,7 @@
 //   compute   = TrainingFlopsPerToken · GBS · S / (W · peak_flops · kComputeEfficiency)
 //               (the work splits evenly over all W ranks under balanced routing)
 //   bandwidth of a group = intra_node when every group of that kind lies inside one node
-//               (rank / gpus_per_node equal; groups from common/parallel_state.h), else
+//               (rank / gpus_per_node equal; groups from common/model/parallel_state.h), else
 //               inter_node. A collective over n ranks moves (n−1)/n of its buffer per rank for
 //               all-gather or reduce-scatter (ring), 2(n−1)/n for all-reduce.
 //   tp_communication (per step, m micro-batches, L_s = L/PP layers of which Lm_s = L_moe/PP MoE):
@@ -77,8 +77,8 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "common/model_math.h"
-#include "common/parallel_state.h"
+#include "common/model/model_math.h"
+#include "common/model/parallel_state.h"
 #include "switchyard/v1/plan.pb.h"
 
 namespace switchyard::planner {

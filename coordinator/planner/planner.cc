@@ -14,11 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/config_defaults.h"
-#include "common/model_math.h"
-#include "common/parallel_state.h"
+#include "common/config/config_defaults.h"
+#include "common/config/validate.h"
+#include "common/model/model_math.h"
+#include "common/model/parallel_state.h"
 #include "common/status.h"
-#include "common/validate.h"
 #include "coordinator/planner/cost_model.h"
 
 namespace switchyard::planner {

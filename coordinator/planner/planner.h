@@ -9,10 +9,11 @@
 // Rules come from the shared code, so the planner and the job validator agree by construction:
 // each candidate is written into a copy of the job spec (parallel sizes, world size,
 // sequence_parallel = TP > 1, use_distributed_optimizer, the global batch) and checked by
-// common/validate.h (§5.2 divisibility, heads and query groups by TP, experts by EP, layers by
-// PP, global batch by micro-batch × DP, ...) and common/parallel_state.h (ParallelLayout::Create).
-// One planner rule is added: context parallelism splits each sequence into 2·CP chunks (causal
-// load balancing), so model.seq_length must be divisible by 2 * CP when CP > 1.
+// common/config/validate.h (§5.2 divisibility, heads and query groups by TP, experts by EP, layers
+// by PP, global batch by micro-batch × DP, ...) and common/model/parallel_state.h
+// (ParallelLayout::Create). One planner rule is added: context parallelism splits each sequence
+// into 2·CP chunks (causal load balancing), so model.seq_length must be divisible by 2 * CP when CP
+// > 1.
 //
 // What the request fixes and what the planner chooses:
 // - World size: parallel.world_size when set (at most cluster.num_gpus). Otherwise the largest
@@ -29,7 +30,7 @@
 //   world of 1 is one process with replicated AdamW (use_distributed_optimizer = false, 12 bytes
 //   per parameter). parallel.use_distributed_optimizer is an optional bool: unset takes that
 //   choice; an explicit false rejects every W > 1 candidate (there is no replicated optimizer
-//   across ranks; common/validate_knobs.cc) and true with W = 1 is the same computation.
+//   across ranks; common/config/validate_knobs.cc) and true with W = 1 is the same computation.
 // - parallel.sequence_parallel is decided by the planner: on exactly when TP > 1 (Megatron
 //   requires it for MoE with TP > 1 and forbids it with TP = 1); the spec's flag is ignored.
 // - micro_batch_size from the spec (default 1). The global batch from the spec; when unset it is

@@ -1,9 +1,9 @@
 // File: coordinator/planner/planner_test.cc
 //
 // The planner against numbers computed by hand from the formulas of cost_model.h and
-// EstimateEngineMemory (common/model_math.h) (derivations in the comments), its rule rejections,
-// ranking, the no-fit error and bad input. Memory notation: a = 2 (bf16), r = s = 4 (fp32 router
-// and statistics), runtime = kCudaRuntimeBytes 134,217,728 + kNcclCommunicatorBytes
+// EstimateEngineMemory (common/model/model_math.h) (derivations in the comments), its rule
+// rejections, ranking, the no-fit error and bad input. Memory notation: a = 2 (bf16), r = s = 4
+// (fp32 router and statistics), runtime = kCudaRuntimeBytes 134,217,728 + kNcclCommunicatorBytes
 // 1,610,612,736 per communicator of > 1 rank; every tensor of these models is a multiple of 64
 // elements and the regions divide their shard padding, so N = P_d + P_x exactly.
 #include "coordinator/planner/planner.h"
@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "common/model_math.h"
+#include "common/model/model_math.h"
 #include "coordinator/planner/cost_model.h"
 #include "gtest/gtest.h"
 

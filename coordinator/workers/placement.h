@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/job_paths.h"
+#include "common/config/job_paths.h"
 #include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/workers/worker_registry.h"
 #include "switchyard/v1/config.pb.h"
@@ -36,8 +36,8 @@ struct ClusterDefaults {
   double peak_flops = 989e12;
 };
 
-// kJobDirectoryPlaceholder (common/job_paths.h) stands for the job's directory in a spec planned
-// before its paths are resolved.
+// kJobDirectoryPlaceholder (common/config/job_paths.h) stands for the job's directory in a spec
+// planned before its paths are resolved.
 using ::switchyard::kJobDirectoryPlaceholder;
 
 // The planner request for `stored` on `workers` (k = workers.size() >= 1): the spec with
@@ -53,8 +53,8 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
 // TP = CP = PP = ETP = 1, the mapping's EP, optimizer and micro-batch size, sequence
 // parallelism off, global batch = micro_batch_size × num_micro_batches × DP, and its paths
 // resolved under `roots` for the job of `job_name` ("jobs/{id}") by ResolveJobSpecPaths
-// (common/job_paths.h): training.save = <checkpoint_root>/jobs/<id>[/<save>], training.load = the
-// same directory when empty (resume) or <checkpoint_root>/<load>, data paths and
+// (common/config/job_paths.h): training.save = <checkpoint_root>/jobs/<id>[/<save>], training.load
+// = the same directory when empty (resume) or <checkpoint_root>/<load>, data paths and
 // tokenizer_model under <data_root>. INVALID_ARGUMENT naming the field when a stored path breaks
 // the rules (a spec stored before they existed) or `job_name` is not a job name.
 absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping,

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "common/config_defaults.h"
-#include "common/validate.h"
+#include "common/config/config_defaults.h"
+#include "common/config/validate.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/workers/worker_test_util.h"
 #include "gtest/gtest.h"

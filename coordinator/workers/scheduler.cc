@@ -282,7 +282,7 @@ void Scheduler::FailUnstarted(const Job& job, const std::string& reason,
 
 bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle, int attached) {
   // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h); the paths
-  // stay relative until AssignedSpec resolves them under the roots (common/job_paths.h).
+  // stay relative until AssignedSpec resolves them under the roots (common/config/job_paths.h).
   jobs::CoordinatorContext context = hub_->context();
   context.checkpoint_root = options_.checkpoint_root;
   const absl::StatusOr<int64_t> id = jobs::ParseJobName(job.name());

@@ -35,9 +35,9 @@
 //   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP = TP
 //   = CP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
 //   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
-//   (placement.h AssignedSpec, common/job_paths.h: save under <checkpoint_root>/jobs/<job id>,
-//   load = save unless it names a job's checkpoint). A stored path that breaks the rules (stored
-//   before they existed) FAILS the job with INVALID_PATHS before anything is sent.
+//   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
+//   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules
+//   (stored before they existed) FAILS the job with INVALID_PATHS before anything is sent.
 // - STARTING -> RUNNING (reason FIRST_STEP) at the first StepReport of the current generation.
 //   Rank 0's reports are published to the StepHub (WatchJob, Job.last_step).
 // - Every rank WorkerExit(0) -> SUCCEEDED (ALL_RANKS_FINISHED; via RUNNING if no step was

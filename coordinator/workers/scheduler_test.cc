@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/config_defaults.h"
-#include "common/validate.h"
+#include "common/config/config_defaults.h"
+#include "common/config/validate.h"
 #include "coordinator/workers/worker_test_util.h"
 #include "gtest/gtest.h"
 

@@ -33,7 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "coordinator/workers/worker_test_util.h"
 #include "nlohmann/json.hpp"
 #include "switchyard/v1/job.grpc.pb.h"

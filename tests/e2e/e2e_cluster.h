@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "switchyard/v1/job.grpc.pb.h"

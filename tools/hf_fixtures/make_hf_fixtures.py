@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes the HF fixtures of worker/model/hf_convert_test.cc.
+"""Writes the HF fixtures of worker/checkpoint/hf_convert_test.cc.
 
 Builds tiny random MixtralForCausalLM and Qwen3MoeForCausalLM models in fp32 (fixed seeds), saves
 them with save_pretrained (safetensors) to <out>/mixtral and <out>/qwen3_moe, and next to each a
 reference.safetensors with "input_ids" (int32 [2, 16]) and "logits" (fp32 [2, 16, V]) from the
 eager fp32 forward on the CPU, plus versions.json.
 
-    python3 make_hf_fixtures.py --out worker/model/testdata/hf
+    python3 make_hf_fixtures.py --out worker/checkpoint/testdata/hf
 
 Needs torch, transformers and safetensors. Everything runs on the CPU in fp32 (no TF32), so the
 reference logits are plain fp32 results. Total size is about 1.5 MB (checked < 5 MB).

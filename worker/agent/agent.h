@@ -82,7 +82,7 @@ struct AgentOptions {
   absl::Duration comm_timeout = absl::Seconds(60);
   double peak_tflops = 989.4;  // for MFU (H100/H200 dense bf16)
   // The coordinator's --checkpoint-root and --data-root as mounted here (absolute): every path
-  // of an assignment must resolve inside them (common/job_paths.h), whatever the assignment
+  // of an assignment must resolve inside them (common/config/job_paths.h), whatever the assignment
   // says; defaults as the coordinator's.
   JobRoots roots;
   // Unique per process; empty: "<host>:<pid>:<start time in unix ms>".

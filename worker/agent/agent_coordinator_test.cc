@@ -23,14 +23,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/checkpoint.h"
-#include "common/job_paths.h"
+#include "common/config/job_paths.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/workers/rendezvous_service.h"
 #include "coordinator/workers/worker_test_util.h"
 #include "gtest/gtest.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/testing/running_agent.h"
+#include "worker/checkpoint/checkpoint.h"
 
 namespace switchyard::agent {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "kernels/testing/gpu.h"

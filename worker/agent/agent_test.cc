@@ -22,12 +22,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/checkpoint.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "worker/agent/testing/fake_coordinator.h"
 #include "worker/agent/testing/running_agent.h"
+#include "worker/checkpoint/checkpoint.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 
 namespace switchyard::agent {

@@ -10,13 +10,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint.h"
-#include "common/config_defaults.h"
+#include "common/config/config_defaults.h"
+#include "common/config/job_paths.h"
+#include "common/config/validate.h"
 #include "common/cuda_status.h"
-#include "common/job_paths.h"
 #include "common/status.h"
-#include "common/validate.h"
 #include "kernels/buffer.h"
+#include "worker/checkpoint/checkpoint.h"
 
 namespace switchyard::agent {
 namespace {

@@ -21,11 +21,11 @@
 //                                   communicators (and a rendezvous still waiting), CheckpointNow
 //                                   asks for a save after the current step. Any thread.
 //
-// Paths (common/job_paths.h): the coordinator sends absolute paths under its --checkpoint-root
-// and --data-root; the worker does not trust them. training.save and training.load must resolve
-// (symlinks followed) inside roots.checkpoint_root, the data paths (and their .bin/.idx) and
-// data.tokenizer_model inside roots.data_root; otherwise the generation is refused with
-// INVALID_ARGUMENT naming the field (WorkerExit 1) before a file is opened or created.
+// Paths (common/config/job_paths.h): the coordinator sends absolute paths under its
+// --checkpoint-root and --data-root; the worker does not trust them. training.save and
+// training.load must resolve (symlinks followed) inside roots.checkpoint_root, the data paths (and
+// their .bin/.idx) and data.tokenizer_model inside roots.data_root; otherwise the generation is
+// refused with INVALID_ARGUMENT naming the field (WorkerExit 1) before a file is opened or created.
 //
 // Resume: the job's own checkpoints (training.save) win when there is one (a restarted
 // generation continues its own progress); otherwise a training.load that names another
@@ -55,8 +55,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/job_paths.h"
-#include "common/parallel_state.h"
+#include "common/config/job_paths.h"
+#include "common/model/parallel_state.h"
 #include "common/tensor.h"
 #include "switchyard/v1/metrics.pb.h"
 #include "switchyard/v1/worker.pb.h"

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 
 namespace switchyard::agent {

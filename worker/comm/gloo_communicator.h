@@ -3,8 +3,8 @@
 // `GlooCommunicator`: a Communicator over Gloo's TCP transport for CPU tensors, one process per
 // rank. The world group rendezvouses through a KvStore (kv_store.h: a FileKvStore on a shared
 // directory, or an InMemoryKvStore for threads); sub-groups (a list of world ranks, e.g. one
-// group of common/parallel_state.h) get their own Gloo context, connected through the same store
-// under a key prefix made of the group's name and members.
+// group of common/model/parallel_state.h) get their own Gloo context, connected through the same
+// store under a key prefix made of the group's name and members.
 //
 // What Gloo gives and what this class adds:
 // - AllReduce: gloo::allreduce (ring). Each element is reduced in an order fixed by the group

@@ -22,7 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/parallel_state.h"
+#include "common/model/parallel_state.h"
 #include "gtest/gtest.h"
 #include "worker/comm/testing/forked_ranks.h"
 

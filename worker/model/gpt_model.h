@@ -93,7 +93,7 @@ struct GptConfig {
   int64_t expert_shard_multiple = 1;
   int64_t dense_shard_multiple = 1;
 
-  // From a defaulted and validated ModelConfig (common/config_defaults.h, validate.h).
+  // From a defaulted and validated ModelConfig (common/config/config_defaults.h, validate.h).
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
   absl::Status Validate() const;
   int64_t num_moe_layers() const;

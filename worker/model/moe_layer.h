@@ -69,7 +69,8 @@ struct MoELayerConfig {
   bool shared_expert_overlap = false;
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
 
-  // From a defaulted and validated ModelConfig (common/config_defaults.h, common/validate.h).
+  // From a defaulted and validated ModelConfig (common/config/config_defaults.h,
+  // common/config/validate.h).
   static absl::StatusOr<MoELayerConfig> FromProto(const v1::ModelConfig& model, DType dtype);
   absl::Status Validate() const;
   // fp32, or fp64 when dtype is f64: the router's logits/probs dtype.

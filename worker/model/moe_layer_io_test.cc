@@ -7,8 +7,8 @@
 #include <random>
 #include <string>
 
-#include "common/config.h"
-#include "common/config_defaults.h"
+#include "common/config/config.h"
+#include "common/config/config_defaults.h"
 #include "common/safetensors.h"
 #include "kernels/testing/gpu.h"
 #include "worker/model/moe_layer.h"

@@ -47,7 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu.h"
 #include "worker/comm/nccl_communicator.h"

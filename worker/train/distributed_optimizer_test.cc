@@ -34,7 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/parallel_state.h"
+#include "common/model/parallel_state.h"
 #include "gtest/gtest.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"

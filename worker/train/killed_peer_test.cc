@@ -26,7 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/config/config.h"
 #include "gtest/gtest.h"
 #include "worker/comm/peer_monitor.h"
 #include "worker/comm/testing/forked_ranks.h"

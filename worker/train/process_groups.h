@@ -1,7 +1,7 @@
 // File: worker/train/process_groups.h
 //
 // The communicators one rank of a distributed job needs, made from a ParallelLayout
-// (common/parallel_state.h) and a rendezvous store: the world group, then one sub-group per
+// (common/model/parallel_state.h) and a rendezvous store: the world group, then one sub-group per
 // role below (Gloo over TCP for CPU ranks, NCCL for GPU ranks). Roles whose members coincide
 // share one communicator (with TP = CP = PP = 1, DP×CP, TP×DP×CP and the world are the same ranks),
 // so a role's pointer may equal another's; all are owned here.
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/parallel_state.h"
+#include "common/model/parallel_state.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/kv_store.h"

@@ -20,9 +20,9 @@
 // Data: sample i of the run is GptSamples::Sample(i) (deterministic by training.seed), step k
 // reads samples [k·GBS, (k+1)·GBS) — so a resumed run reads exactly what the uninterrupted run
 // would have read. data.data_path takes one dataset prefix; empty (and not mock_data) selects the
-// default corpus of tools/prepare_corpus.sh (common/corpus.h).
+// default corpus of tools/prepare_corpus.sh (data/corpus.h).
 //
-// Checkpoints (common/checkpoint.h; <save>/step_N): model.safetensors (fp32 — or the CPU
+// Checkpoints (worker/checkpoint/checkpoint.h; <save>/step_N): model.safetensors (fp32 — or the CPU
 // model's f64 — master weights under the GptModel tensor names), optimizer.safetensors
 // (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
 // metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
@@ -47,7 +47,7 @@
 // data.split (Megatron's "969,30,1" train/valid/test weights): training reads only the first
 // share of the documents, as Megatron's _get_split_indices cuts it (TrainDocuments below); there
 // is no validation or test evaluation, so the other shares are not read at all.
-// data.tokenizer_model: the tokenizer.json the dataset was made with (common/bpe_tokenizer.h); its
+// data.tokenizer_model: the tokenizer.json the dataset was made with (data/bpe_tokenizer.h); its
 // vocabulary is the default model.vocab_size, and a smaller explicit one is rejected.
 // model.attention_backend and training.deterministic_mode select the CUDA attention settings
 // (kernels/attention/attention.h); SWITCHYARD_ATTENTION_BACKEND / _DETERMINISTIC override them,
@@ -69,8 +69,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/gpt_samples.h"
 #include "common/tensor.h"
+#include "data/gpt_samples.h"
 #include "kernels/attention/attention.h"
 #include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"

@@ -16,7 +16,7 @@
 #include <map>
 #include <memory>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "kernels/attention/attention.h"
 #include "kernels/testing/gpu.h"
 #include "worker/train/testing/small_corpus.h"

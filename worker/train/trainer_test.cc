@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "worker/train/testing/small_corpus.h"
 
 namespace switchyard::train {

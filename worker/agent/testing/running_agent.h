@@ -26,7 +26,7 @@ inline std::string TmpDir(const std::string& name) {
 }
 
 // The roots of an agent under test: $TEST_TMPDIR (or /tmp) for both, so that the TmpDir paths
-// of hand-made assignments are inside them (common/job_paths.h).
+// of hand-made assignments are inside them (common/config/job_paths.h).
 inline JobRoots TestRoots() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = tmp != nullptr ? tmp : "/tmp";

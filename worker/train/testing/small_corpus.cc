@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <vector>
 
-#include "common/bpe_tokenizer.h"
-#include "common/corpus.h"
-#include "common/indexed_dataset.h"
 #include "common/status.h"
+#include "data/bpe_tokenizer.h"
+#include "data/corpus.h"
+#include "data/indexed_dataset.h"
 
 namespace switchyard::train::testing {
 

@@ -1,0 +1,163 @@
+// File: common/config/validate_parallel.cc
+//
+// Parallel mapping (megatron_moe.md §5.2), training schedule and optimizer, elastic range and
+// data rules.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/config/parallel_rules.h"
+#include "common/config/validate_internal.h"
+
+namespace switchyard {
+namespace validate_internal {
+namespace {
+
+bool ParseNonNegative(absl::string_view text, double* out) {
+  return absl::SimpleAtod(text, out) && std::isfinite(*out) && *out >= 0;
+}
+
+}  // namespace
+
+void CheckParallel(const v1::JobSpec& spec, Violations* v) {
+  const v1::ParallelConfig& pc = spec.parallel();
+  const v1::ModelConfig& m = spec.model();
+  const ParallelSizes p = ParallelSizes::From(pc);
+  if (!p.valid) return;  // the range rules reported the bad size
+  // model_parallel_config.py:502-504.
+  if (pc.sequence_parallel() && p.tp <= 1) {
+    v->Add("parallel.sequence_parallel requires parallel.tensor_model_parallel_size > 1 (got ",
+           p.tp, ")");
+  }
+  if (p.ep > 1 && !m.has_num_experts()) {
+    v->Add("parallel.expert_model_parallel_size (", p.ep, ") > 1 requires model.num_experts");
+  }
+  if (m.num_layers() > 0) {
+    CheckDivisible(v, "model.num_layers", m.num_layers(), "parallel.pipeline_model_parallel_size",
+                   p.pp);
+  }
+  if (pc.has_virtual_pipeline_model_parallel_size()) {
+    if (p.pp <= 1) {
+      v->Add("parallel.virtual_pipeline_model_parallel_size (", p.vpp,
+             ") requires parallel.pipeline_model_parallel_size > 1 (got ", p.pp, ")");
+    } else if (m.num_layers() > 0 && m.num_layers() % p.pp == 0 &&
+               m.num_layers() % (p.pp * p.vpp) != 0) {
+      v->Add("model.num_layers (", m.num_layers(),
+             ") must be divisible by parallel.pipeline_model_parallel_size * "
+             "parallel.virtual_pipeline_model_parallel_size (",
+             p.pp, " * ", p.vpp, " = ", p.pp * p.vpp, ")");
+    }
+  }
+  if (p.instances > 1 && !pc.use_distributed_optimizer()) {
+    v->Add("parallel.num_distributed_optimizer_instances (", p.instances,
+           ") > 1 requires parallel.use_distributed_optimizer");
+  }
+  if (p.world <= 0) return;  // the rules below need the world size
+  // parallel_state.py:823, :881-884, :922-926 and :1447-1449: the same rules ParallelLayout
+  // enforces, with the job spec's field paths.
+  for (std::string& message : ParallelDivisibilityViolations("parallel.", p.world, p.tp, p.cp, p.pp,
+                                                             p.ep, p.etp, p.instances)) {
+    v->Add(message);
+  }
+}
+
+void CheckTraining(const v1::JobSpec& spec, Violations* v) {
+  const v1::TrainingConfig& t = spec.training();
+  const ParallelSizes p = ParallelSizes::From(spec.parallel());
+  const int64_t dp = p.DataParallel();
+  const int64_t mbs = t.has_micro_batch_size() ? t.micro_batch_size() : 1;
+  if (dp > 0 && mbs > 0 && t.global_batch_size() > 0 && t.global_batch_size() % (mbs * dp) != 0) {
+    v->Add("training.global_batch_size (", t.global_batch_size(),
+           ") must be divisible by training.micro_batch_size * data-parallel size (", mbs, " * ",
+           dp, " = ", mbs * dp, "; data-parallel size = parallel.world_size / (TP * CP * PP))");
+  }
+  CheckOneOf(v, "training.lr_decay_style", t.lr_decay_style(), {"cosine", "linear", "constant"});
+  if (t.has_lr() && t.lr() < 0) v->Add("training.lr (", Num(t.lr()), ") must be non-negative");
+  if (t.has_min_lr() && t.min_lr() < 0) {
+    v->Add("training.min_lr (", Num(t.min_lr()), ") must be non-negative");
+  }
+  const double lr = t.has_lr() ? t.lr() : 1e-4;
+  if (t.has_min_lr() && t.min_lr() > lr) {
+    v->Add("training.min_lr (", Num(t.min_lr()), ") must be at most training.lr (", Num(lr), ")");
+  }
+  const int64_t decay = t.has_lr_decay_iters() ? t.lr_decay_iters() : t.train_iters();
+  // Megatron's scheduler asserts warmup < decay: it divides by their difference.
+  if (t.lr_warmup_iters() > 0 && decay > 0 && t.lr_warmup_iters() >= decay) {
+    v->Add("training.lr_warmup_iters (", t.lr_warmup_iters(),
+           ") must be less than training.lr_decay_iters (", decay, ")");
+  }
+  if (t.has_adam_beta1() && !(t.adam_beta1() >= 0 && t.adam_beta1() < 1)) {
+    v->Add("training.adam_beta1 (", Num(t.adam_beta1()), ") must be in [0, 1)");
+  }
+  if (t.has_adam_beta2() && !(t.adam_beta2() >= 0 && t.adam_beta2() < 1)) {
+    v->Add("training.adam_beta2 (", Num(t.adam_beta2()), ") must be in [0, 1)");
+  }
+  if (t.has_adam_eps() && !(t.adam_eps() > 0)) {
+    v->Add("training.adam_eps (", Num(t.adam_eps()), ") must be positive");
+  }
+  if (t.has_weight_decay() && t.weight_decay() < 0) {
+    v->Add("training.weight_decay (", Num(t.weight_decay()), ") must be non-negative");
+  }
+  if (t.has_clip_grad() && t.clip_grad() < 0) {
+    v->Add("training.clip_grad (", Num(t.clip_grad()), ") must be non-negative (0 disables)");
+  }
+  if (t.has_save_interval() && t.save().empty()) {
+    v->Add("training.save_interval requires training.save (the checkpoint directory)");
+  }
+}
+
+void CheckElasticAndData(const v1::JobSpec& spec, Violations* v) {
+  if (spec.has_min_workers() && spec.has_max_workers() && spec.min_workers() > 0 &&
+      spec.min_workers() > spec.max_workers()) {
+    v->Add("min_workers (", spec.min_workers(), ") must be at most max_workers (",
+           spec.max_workers(), ")");
+  } else if (spec.parallel().world_size() > 0) {
+    const int64_t w = spec.parallel().world_size();
+    if (spec.has_min_workers() && spec.min_workers() > w) {
+      v->Add("parallel.world_size (", w, ") must be at least min_workers (", spec.min_workers(),
+             ")");
+    }
+    if (spec.has_max_workers() && spec.max_workers() > 0 && spec.max_workers() < w) {
+      v->Add("parallel.world_size (", w, ") must be at most max_workers (", spec.max_workers(),
+             ")");
+    }
+  }
+
+  const v1::DataConfig& d = spec.data();
+  // Megatron's weighted form: ["0.7", "prefix_a", "0.3", "prefix_b"]; it is recognised by a
+  // numeric first entry.
+  double weight = 0;
+  if (d.data_path_size() > 1 && absl::SimpleAtod(d.data_path(0), &weight)) {
+    if (d.data_path_size() % 2 != 0) {
+      v->Add("data.data_path has ", d.data_path_size(),
+             " entries: the weighted form [weight, prefix, weight, prefix, ...] needs an even "
+             "number");
+    }
+    for (int i = 0; i < d.data_path_size(); i += 2) {
+      if (!ParseNonNegative(d.data_path(i), &weight)) {
+        v->Add("data.data_path[", i, "] (\"", config_internal::DisplayKey(d.data_path(i)),
+               "\") must be a non-negative weight in the weighted form [weight, prefix, ...]");
+        break;
+      }
+    }
+  }
+  if (!d.split().empty()) {
+    std::vector<std::string> parts = absl::StrSplit(d.split(), absl::ByAnyChar(",/"));
+    double sum = 0, part = 0;
+    bool ok = parts.size() <= 3;
+    for (const std::string& s : parts) {
+      ok = ok && ParseNonNegative(s, &part);
+      sum += ok ? part : 0;
+    }
+    if (!ok || !(sum > 0)) {
+      v->Add("data.split (\"", config_internal::DisplayKey(d.split()),
+             "\") must be up to 3 non-negative numbers separated by ',' or '/' with a positive sum "
+             "(e.g. \"969,30,1\")");
+    }
+  }
+}
+
+}  // namespace validate_internal
+}  // namespace switchyard

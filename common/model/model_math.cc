@@ -1,0 +1,337 @@
+// File: common/model/model_math.cc
+#include "common/model/model_math.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace switchyard {
+namespace {
+
+absl::Status Positive(const char* field, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") must be positive"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelShape> ModelShape::FromProto(const v1::ModelConfig& m) {
+  if (!m.has_hidden_size()) return absl::InvalidArgumentError("model.hidden_size is required");
+  if (!m.has_num_attention_heads()) {
+    return absl::InvalidArgumentError("model.num_attention_heads is required");
+  }
+  if (!m.has_vocab_size()) {
+    return absl::InvalidArgumentError(
+        "model.vocab_size is required (the embedding and LM head sizes depend on it)");
+  }
+  ModelShape s;
+  s.num_layers = m.has_num_layers() ? m.num_layers() : 2;
+  s.hidden_size = m.hidden_size();
+  s.num_heads = m.num_attention_heads();
+  s.num_kv_heads = m.has_num_query_groups() ? m.num_query_groups() : s.num_heads;
+  s.head_dim =
+      m.has_kv_channels() ? m.kv_channels() : (s.num_heads > 0 ? s.hidden_size / s.num_heads : 0);
+  s.ffn_hidden_size = m.has_ffn_hidden_size() ? m.ffn_hidden_size() : 4 * s.hidden_size;
+  s.vocab_size = m.vocab_size();
+  s.seq_length = m.has_seq_length() ? m.seq_length() : 1024;
+  s.qk_layernorm = m.qk_layernorm();
+  s.untie_embeddings = m.untie_embeddings_and_output_weights();
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"model.num_layers", s.num_layers},
+                              {"model.hidden_size", s.hidden_size},
+                              {"model.num_attention_heads", s.num_heads},
+                              {"model.num_query_groups", s.num_kv_heads},
+                              {"model.kv_channels", s.head_dim},
+                              {"model.ffn_hidden_size", s.ffn_hidden_size},
+                              {"model.vocab_size", s.vocab_size},
+                              {"model.seq_length", s.seq_length}}) {
+    if (absl::Status st = Positive(field, value); !st.ok()) return st;
+  }
+  s.moe_layers.assign(static_cast<size_t>(s.num_layers), false);
+  if (!m.has_num_experts()) return s;
+
+  s.num_experts = m.num_experts();
+  s.moe_topk = m.has_moe_router_topk() ? m.moe_router_topk() : 2;
+  s.moe_ffn_hidden_size = m.has_moe_ffn_hidden_size() ? m.moe_ffn_hidden_size() : s.ffn_hidden_size;
+  s.shared_ffn_size = m.moe_shared_expert_intermediate_size();
+  s.shared_expert_gate = m.moe_shared_expert_gate() && s.shared_ffn_size > 0;
+  for (const std::string& type : m.moe_router_load_balancing_type()) {
+    if (type == "aux_loss" || type == "seq_aux_loss" || type == "global_aux_loss") {
+      ++s.moe_aux_terms;
+    }
+    if (type == "seq_aux_loss") s.moe_seq_aux = true;
+  }
+  s.moe_input_jitter = m.moe_input_jitter_eps() > 0;
+  s.moe_capacity_factor = m.has_moe_expert_capacity_factor() ? m.moe_expert_capacity_factor() : 0;
+  s.moe_pad_to_capacity = m.moe_pad_expert_input_to_capacity();
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"model.num_experts", s.num_experts},
+                              {"model.moe_router_topk", s.moe_topk},
+                              {"model.moe_ffn_hidden_size", s.moe_ffn_hidden_size}}) {
+    if (absl::Status st = Positive(field, value); !st.ok()) return st;
+  }
+  if (s.shared_ffn_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe_shared_expert_intermediate_size (",
+                                                   s.shared_ffn_size, ") must be positive"));
+  }
+  if (m.moe_layer_pattern_size() > 0) {
+    if (m.moe_layer_pattern_size() != s.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.moe_layer_pattern has ", m.moe_layer_pattern_size(),
+          " entries, must have one per layer (model.num_layers = ", s.num_layers, ")"));
+    }
+    for (int i = 0; i < m.moe_layer_pattern_size(); ++i) s.moe_layers[i] = m.moe_layer_pattern(i);
+  } else {
+    const int64_t freq = m.has_moe_layer_freq() ? m.moe_layer_freq() : 1;
+    if (absl::Status st = Positive("model.moe_layer_freq", freq); !st.ok()) return st;
+    for (int64_t l = 0; l < s.num_layers; ++l) s.moe_layers[l] = (l % freq == 0);
+  }
+  return s;
+}
+
+int64_t ModelShape::num_moe_layers() const {
+  int64_t n = 0;
+  for (bool moe : moe_layers) n += moe ? 1 : 0;
+  return n;
+}
+
+int64_t AttentionMatrixParams(const ModelShape& m) {
+  const int64_t h = m.hidden_size, d = m.head_dim;
+  return h * m.num_heads * d + 2 * h * m.num_kv_heads * d + m.num_heads * d * h;
+}
+
+int64_t LayerNormParams(const ModelShape& m) {
+  return 2 * m.hidden_size + (m.qk_layernorm ? 2 * m.head_dim : 0);
+}
+
+int64_t DenseMlpParams(const ModelShape& m) { return 3 * m.ffn_hidden_size * m.hidden_size; }
+
+int64_t RouterParams(const ModelShape& m) { return m.num_experts * m.hidden_size; }
+
+int64_t RoutedExpertParams(const ModelShape& m) {
+  return 3 * m.num_experts * m.hidden_size * m.moe_ffn_hidden_size;
+}
+
+int64_t SharedExpertParams(const ModelShape& m) {
+  if (m.shared_ffn_size <= 0) return 0;
+  return 3 * m.hidden_size * m.shared_ffn_size + (m.shared_expert_gate ? m.hidden_size : 0);
+}
+
+int64_t EmbeddingParams(const ModelShape& m) { return m.vocab_size * m.hidden_size; }
+
+int64_t TotalParams(const ModelShape& m) {
+  int64_t n = EmbeddingParams(m) * (m.untie_embeddings ? 2 : 1) + m.hidden_size;  // + final norm
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    n += AttentionMatrixParams(m) + LayerNormParams(m);
+    n += m.is_moe(l) ? RouterParams(m) + RoutedExpertParams(m) + SharedExpertParams(m)
+                     : DenseMlpParams(m);
+  }
+  return n;
+}
+
+double TrainingFlopsPerToken(const ModelShape& m) {
+  const double h = m.hidden_size, d = m.head_dim, hq = m.num_heads, hkv = m.num_kv_heads;
+  const double attn = 2 * h * (hq * d + 2 * hkv * d) + 2 * hq * d * h;  // q, k, v, o
+  const double attn_core = 2.0 * 2.0 * hq * d * (m.seq_length / 2.0);   // q·kᵀ and p·v, causal
+  double total = 0;
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    total += attn + attn_core;
+    if (m.is_moe(l)) {
+      total += 2 * h * m.num_experts;                                     // router
+      total += 2.0 * m.moe_topk * 3 * h * m.moe_ffn_hidden_size;          // routed experts
+      total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
+      if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
+    } else {
+      total += 2.0 * 3 * h * m.ffn_hidden_size;
+    }
+  }
+  total += 2 * h * m.vocab_size;  // LM head
+  return 3 * total;
+}
+
+namespace {
+
+int64_t Align64(int64_t n) { return (n + 63) / 64 * 64; }
+int64_t RoundUpTo(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+double Round256(double bytes) { return std::ceil(bytes / 256) * 256; }
+
+struct Dims {
+  int64_t tp, cp, dp, pp, etp, ep, edp, mbs, m;
+};
+
+Dims DimsOf(const v1::Mapping& p) {
+  auto pos = [](int64_t v) { return std::max<int64_t>(1, v); };
+  return Dims{pos(p.tensor_model_parallel_size()),
+              pos(p.context_parallel_size()),
+              pos(p.data_parallel_size()),
+              pos(p.pipeline_model_parallel_size()),
+              pos(p.expert_tensor_parallel_size()),
+              pos(p.expert_model_parallel_size()),
+              pos(p.expert_data_parallel_size()),
+              pos(p.micro_batch_size()),
+              pos(p.num_micro_batches())};
+}
+
+}  // namespace
+
+StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
+                                       int64_t stage) {
+  const Dims z = DimsOf(mapping);
+  const int64_t h = m.hidden_size, d = m.head_dim, tp = z.tp;
+  const int64_t per_stage = m.num_layers / z.pp;
+  StageParamElements s;
+  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
+    s.dense += 2 * Align64(h);                            // input and post-attention norms
+    if (m.qk_layernorm) s.dense += 2 * Align64(d);        // q_norm, k_norm
+    s.dense += 2 * Align64(m.num_heads * d / tp * h);     // q, o
+    s.dense += 2 * Align64(m.num_kv_heads * d / tp * h);  // k, v
+    if (m.is_moe(l)) {
+      const int64_t local = m.num_experts / z.ep, fe = m.moe_ffn_hidden_size / z.etp;
+      s.dense += Align64(m.num_experts * h);  // router
+      s.expert += Align64(local * h * 2 * fe) + Align64(local * fe * h);
+      if (m.shared_ffn_size > 0) {
+        s.dense += Align64(h * 2 * m.shared_ffn_size / tp) + Align64(m.shared_ffn_size / tp * h);
+        if (m.shared_expert_gate) s.dense += Align64(h);
+      }
+    } else {
+      s.dense += Align64(2 * m.ffn_hidden_size / tp * h) + Align64(h * m.ffn_hidden_size / tp);
+    }
+  }
+  const int64_t vocab = Align64(m.vocab_size / tp * h);
+  if (z.pp == 1) {
+    s.dense += vocab * (m.untie_embeddings ? 2 : 1) + Align64(h);
+  } else if (stage == 0) {
+    s.dense += vocab;
+  } else if (stage == z.pp - 1) {
+    s.dense += vocab + Align64(h);
+  }
+  s.expert_padded = RoundUpTo(s.expert, 64 * z.edp);
+  s.dense_padded = RoundUpTo(s.dense, 64 * z.dp * z.cp);
+  return s;
+}
+
+int64_t EngineCommunicators(const v1::Mapping& mapping) {
+  const Dims z = DimsOf(mapping);
+  const int64_t world = z.tp * z.cp * z.dp * z.pp;
+  int64_t n = 0;
+  if (world > 1) n += 2;                              // world (= data = tdc), grad_data
+  if (z.ep * z.etp > 1 && z.ep * z.etp < world) ++n;  // expert (= expert_model)
+  if (z.edp > 1 && z.edp < world) ++n;                // expert_data
+  if (z.edp > 1) ++n;                                 // grad_expert_data
+  n += (z.tp > 1) + (z.cp > 1) + (z.pp > 1);
+  return n;
+}
+
+EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mapping, int64_t stage,
+                                  const EngineMemoryOptions& o) {
+  const Dims z = DimsOf(mapping);
+  const double a = static_cast<double>(o.param_bytes);
+  const double g = o.param_bytes == 8 ? 8 : 4;  // gradients and master weights
+  const double r = o.param_bytes == 8 ? 8 : 4;  // router logits/probs
+  const double st = o.cuda ? 4 : 8;             // rstd, lse, loss statistics
+  const double h = m.hidden_size, hq = m.num_heads, hkv = m.num_kv_heads, d = m.head_dim;
+  const double f = m.ffn_hidden_size, v = m.vocab_size, e = m.num_experts, k = m.moe_topk;
+  const double ssh = m.shared_ffn_size, tp = z.tp;
+  const double t = static_cast<double>(z.mbs * m.seq_length / z.cp);  // tokens per micro-batch
+  const double tr = t / tp;  // tokens per rank of the TP group (sequence parallelism)
+  const int64_t per_stage = m.num_layers / z.pp;
+  const bool last = stage == z.pp - 1;
+
+  EngineMemory out;
+  const StageParamElements p = StageLayoutElements(m, mapping, stage);
+  const double n = static_cast<double>(p.total());
+  out.weights = a * n;
+  out.gradients = g * n;
+  const double norm_scratch = 8.0 * 1024 + 3 * 4;  // kGradNormWorkspace f64 + sum_sq, norm, coef
+  const int64_t world = z.tp * z.cp * z.dp * z.pp;
+  if (world == 1 || !mapping.use_distributed_optimizer()) {
+    out.optimizer_states = 3 * g * n + norm_scratch;
+  } else {
+    out.optimizer_states = 20.0 * (static_cast<double>(p.dense_padded) / (z.dp * z.cp) +
+                                   static_cast<double>(p.expert_padded) / z.edp) +
+                           norm_scratch * (p.expert_padded > 0 ? 3 : 2);
+    out.create_transient = 12.0 * n;
+  }
+
+  // Layers: attention, norms, dense MLP (per token, then times t / TP).
+  int64_t layers = 0, moe_layers = 0, dense_layers = 0;
+  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
+    ++layers;
+    (m.is_moe(l) ? moe_layers : dense_layers) += 1;
+  }
+  double per_layer = 3 * a * h + 2 * st + 2 * a * hq * d + 2 * a * hkv * d + st * hq;
+  if (m.qk_layernorm) per_layer += a * (hq + hkv) * d + st * (hq + hkv);
+  const double layer_tokens = a * h * (layers + 1) + per_layer * layers + 3 * a * f * dense_layers;
+  out.layer_activations = tr * layer_tokens;
+
+  // MoE layers.
+  if (moe_layers > 0) {
+    const double local = e / z.ep, fe = static_cast<double>(m.moe_ffn_hidden_size) / z.etp;
+    double per_token = 2 * r * e + (a == 2 ? 2 * e : 0) + 8 * k + 2 * r * k + a * h;
+    if (m.moe_input_jitter) per_token += a * h;
+    if (ssh > 0) {
+      per_token += a * (6 * ssh / tp + 2 * h);
+      if (m.shared_expert_gate) per_token += 2 * r + a * (2 * h + 1);
+    }
+    double bytes = tr * per_token;
+    double rows = 0;
+    if (z.ep == 1) {
+      rows = tr * k * z.etp;
+      if (m.moe_pad_to_capacity && m.moe_capacity_factor > 0) {
+        const double c = std::ceil(tr * k / e * m.moe_capacity_factor);
+        rows = e * (c >= tr ? tr : c);
+      }
+      bytes += 4 * a * rows * h + 2 * r * rows + 4 * tr * k;
+      if (o.cuda) bytes += (std::ceil(tr / 128) + 1) * e * 4;  // permute workspace
+    } else {
+      const double sent = tr * k;
+      rows = z.ep * tr * std::min(k, local) * z.etp;
+      bytes += 3 * a * sent * h + 2 * r * sent + 4 * sent + 5 * a * rows * h + 3 * r * rows;
+      bytes += 4 * z.ep * e + 4 * (z.ep * local + local);
+      if (o.cuda) bytes += std::max((std::ceil(tr / 128) + 1) * e * 4, (2 * z.ep * local + 1) * 8);
+    }
+    bytes += 6 * a * rows * fe;  // fc1 output, SwiGLU output and their gradients
+    const double b = m.moe_seq_aux ? std::max(1.0, std::floor(tr / m.seq_length)) : 1;
+    bytes += (8 + 4 + r) * b * e + 4 * 4 * e + r * (m.moe_aux_terms + 1) + 8;
+    if (o.cuda) {
+      const double chunks = b * std::ceil(tr / b / 16);
+      bytes += Round256(8 * chunks * e) + Round256(8 * chunks);  // aux-loss workspace
+      bytes += 3 * Round256(4 * e);                              // router workspace
+      if (m.moe_capacity_factor > 0) bytes += 2 * Round256(4 * tr * k);
+    }
+    out.moe_buffers = moe_layers * bytes;
+  }
+  const double in_flight = std::min<double>(static_cast<double>(z.pp - stage), z.m);
+  out.layer_activations *= in_flight;
+  out.moe_buffers *= in_flight;
+
+  // Head: final norm, backward scratch, the fused LM-head loss, statistics, the batch.
+  double head = tr * (3 * a * h + 2 * a * (hq + hkv) * d + st * (hq + 2)) + 4;
+  if (dense_layers > 0 || m.num_moe_layers() < m.num_layers) head += tr * 3 * a * f;
+  if (last) {
+    const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
+    const double chunk = std::max(1.0, std::min(tr, std::floor(budget / (v / tp * 8))));
+    head += o.cuda ? chunk * (v / tp) * 6 + 4 * tr : chunk * (v / tp) * 8;
+  }
+  if (o.cuda) {
+    auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
+    head += std::max(rms_ws(tr, h), rms_ws(tr * hq, d));  // RMSNorm backward
+    head += 4 * ((v + 1) + v + 2 * tr);                   // embedding backward
+  }
+  const double n_moe = static_cast<double>(m.num_moe_layers());
+  head += st * z.m + r * z.m * n_moe * (m.moe_aux_terms + 1) + 4 * z.m * n_moe * e;
+  head += 8 * n_moe * e;  // expert bias and local token counts
+  head += 8 * t;          // ids and targets
+  out.head_buffers = head;
+
+  out.runtime =
+      o.runtime_bytes >= 0
+          ? o.runtime_bytes
+          : (o.cuda ? kCudaRuntimeBytes + kNcclCommunicatorBytes * EngineCommunicators(mapping)
+                    : 0.0);
+  return out;
+}
+
+}  // namespace switchyard

@@ -1,0 +1,188 @@
+// File: common/model/model_math.h
+//
+// Parameter counts and training FLOPs of the decoder-only MoE transformer that the worker builds
+// (worker/model/gpt_model.h), computed from a job spec's ModelConfig alone, so the coordinator's
+// planner and the worker agree on the model's size without the coordinator depending on worker/.
+//
+// The counts follow MakeGptParamLayout tensor by tensor (without its 64-element alignment
+// padding); TrainingFlopsPerToken is the same formula as GptTrainingFlopsPerToken. Per layer:
+//   attention matrices   q [Hq·D, H], k and v [Hkv·D, H], o [H, Hq·D]
+//   attention norms      input_norm [H], post_attention_norm [H] (+ q_norm, k_norm [D] each)
+//   dense MLP            fc1 [2F, H], fc2 [H, F]                      = 3·F·H
+//   MoE                  router [E, H]; routed experts fc1 [E, H, 2Fe], fc2 [E, Fe, H]
+//                        (= 3·E·H·Fe); shared expert [H, 2S] + [S, H] (= 3·H·S) + gate [H, 1]
+// plus the embedding [V, H], the final norm [H] and, when untied, the output layer [V, H].
+//
+// EstimateEngineMemory is the per-rank device memory of the worker's engine (worker/train/
+// trainer.h over worker/model/gpt_model.h), buffer by buffer; see its comment.
+#ifndef SWITCHYARD_COMMON_MODEL_MODEL_MATH_H_
+#define SWITCHYARD_COMMON_MODEL_MODEL_MATH_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "switchyard/v1/config.pb.h"
+#include "switchyard/v1/plan.pb.h"
+
+namespace switchyard {
+
+// The sizes that determine parameters, FLOPs and activations.
+struct ModelShape {
+  int64_t num_layers = 0;       // L
+  int64_t hidden_size = 0;      // H
+  int64_t num_heads = 0;        // Hq
+  int64_t num_kv_heads = 0;     // Hkv (num_query_groups)
+  int64_t head_dim = 0;         // D (kv_channels)
+  int64_t ffn_hidden_size = 0;  // F, dense layers
+  int64_t vocab_size = 0;       // V
+  int64_t seq_length = 0;       // S
+  bool qk_layernorm = false;
+  bool untie_embeddings = false;
+  std::vector<bool> moe_layers;  // one per layer: true = MoE layer, false = dense SwiGLU MLP
+  // MoE (meaningful when some layer is MoE).
+  int64_t num_experts = 0;          // E
+  int64_t moe_topk = 0;             // k
+  int64_t moe_ffn_hidden_size = 0;  // Fe
+  int64_t shared_ffn_size = 0;      // S_sh (moe_shared_expert_intermediate_size; 0 = none)
+  bool shared_expert_gate = false;
+  // Router options that size the MoE layer's buffers.
+  int64_t moe_aux_terms = 0;       // load-balancing terms (aux_loss, seq_aux_loss, global_aux_loss)
+  bool moe_seq_aux = false;        // a seq_aux_loss term: per-sequence statistics
+  bool moe_input_jitter = false;   // moe_input_jitter_eps > 0: a jittered copy of the input
+  double moe_capacity_factor = 0;  // moe_expert_capacity_factor (<= 0: none)
+  bool moe_pad_to_capacity = false;  // moe_pad_expert_input_to_capacity
+
+  // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
+  // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
+  // ffn 4·H, seq 1024, moe_ffn = ffn, top-k 2, moe_layer_freq 1). INVALID_ARGUMENT naming the
+  // field when hidden_size, num_attention_heads or vocab_size is missing or not positive, a
+  // size is negative, or moe_layer_pattern has the wrong length.
+  static absl::StatusOr<ModelShape> FromProto(const v1::ModelConfig& model);
+
+  bool is_moe(int64_t layer) const { return moe_layers[static_cast<size_t>(layer)]; }
+  int64_t num_moe_layers() const;
+};
+
+// Per-layer parameter counts, unsharded.
+int64_t AttentionMatrixParams(const ModelShape& m);  // q, k, v, o
+int64_t LayerNormParams(const ModelShape& m);        // input/post-attention norms (+ q/k norms)
+int64_t DenseMlpParams(const ModelShape& m);         // 3·F·H
+int64_t RouterParams(const ModelShape& m);           // E·H
+int64_t RoutedExpertParams(const ModelShape& m);     // 3·E·H·Fe (all experts of one layer)
+int64_t SharedExpertParams(const ModelShape& m);     // 3·H·S_sh (+ H for the gate)
+int64_t EmbeddingParams(const ModelShape& m);        // V·H (one of embedding / output layer)
+
+// Every parameter of the model (= GptTotalParams without alignment padding).
+int64_t TotalParams(const ModelShape& m);
+
+// Training FLOPs per token (forward + backward = 3 × forward), as GptTrainingFlopsPerToken:
+// 2 FLOPs per multiply-add of every GEMM with active parameters (q, k, v, o; router; top-k
+// routed experts; shared expert and its gate; dense MLP; LM head) plus the causal attention
+// products q·kᵀ and p·v (2·2·Hq·D·S/2 per token). Embedding lookups, norms and elementwise ops
+// are not counted.
+double TrainingFlopsPerToken(const ModelShape& m);
+
+// ---------------------------------------------------------------------------------------------
+// Memory of the engine.
+//
+// Elements of one rank's flat parameter buffer for pipeline stage `stage` (GptParamLayout of
+// worker/model/gpt_model.h): every tensor padded to 64 elements; matrices split by TP (attention,
+// dense MLP, shared expert, embedding/output rows), experts E/EP per rank with Fe/ETP columns,
+// norms, router and shared-expert gate replicated. Stage s holds layers [s·L/PP, (s+1)·L/PP);
+// PP = 1: embedding + final norm (+ output when untied); PP > 1: embedding on the first stage,
+// final norm + output (or the tied copy) on the last. `*_padded`: the regions as the layout pads
+// them for the distributed optimizer (dense to 64·DP·CP, expert to 64·EDP elements).
+// Preconditions: mapping sizes positive and dividing the model (as validate.h checks), 0 <= stage
+// < PP.
+struct StageParamElements {
+  int64_t dense = 0, expert = 0;
+  int64_t dense_padded = 0, expert_padded = 0;
+  int64_t total() const { return dense_padded + expert_padded; }
+};
+StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
+                                       int64_t stage);
+
+// The engine's precision and the memory it uses outside its own buffers.
+struct EngineMemoryOptions {
+  bool cuda = true;         // CUDA engine, or the CPU reference engine
+  int64_t param_bytes = 2;  // parameters and activations: 2 (bf16, CUDA), 4 (f32), 8 (f64, CPU)
+  // Device memory outside Buffers (cuBLAS workspaces and kernel code, NCCL communicators).
+  // < 0: the default: CUDA kCudaRuntimeBytes + kNcclCommunicatorBytes per communicator of more
+  // than one rank (EngineCommunicators); CPU 0.
+  double runtime_bytes = -1;
+};
+
+// CUDA, measured on one H200 with the benchmark model (bench/train_benchmark.cc): one GPU used
+// 41.4 GiB where the buffers below sum to 41.29 GiB, so cuBLAS handles, lazily loaded kernel code
+// and the CUDA allocator's rounding take ~0.1 GiB.
+inline constexpr double kCudaRuntimeBytes = 128.0 * 1024 * 1024;
+// NCCL's buffers per communicator (channels × peers × protocol buffers). Calibrated on the
+// benchmark's EP = world = 2 and 4 runs (61.1 and 82.0 GiB measured; buffers 58.3 and 78.5 GiB,
+// 2 communicators each): 2.8 and 3.5 GiB over two communicators, 1.5 GiB each on average.
+inline constexpr double kNcclCommunicatorBytes = 1.5 * 1024 * 1024 * 1024;
+// Communicators of more than one rank that worker/train/process_groups.h creates for `mapping`
+// (roles with the same members share one): the world (= DP×CP = TP×DP×CP) and its gradient
+// copy when W > 1; the EP group when 1 < EP·ETP < W; EDP when 1 < EDP < W and its gradient copy
+// when EDP > 1; one each for TP, CP, PP > 1 (extrapolated: the worker runs TP = CP = PP = 1).
+int64_t EngineCommunicators(const v1::Mapping& mapping);
+
+// Per-rank memory of the engine for pipeline stage `stage`, in bytes, buffer by buffer as
+// Trainer::Create allocates them (every buffer at Create; nothing inside a step). Notation as
+// cost_model.h: t = mbs·S/CP tokens per micro-batch, m = num_micro_batches, N = the stage's
+// StageLayoutElements().total(); a = param_bytes, g = gradient/master bytes (4; 8 for f64),
+// r = the router's fp32 (8 for f64), s = statistics dtype (CUDA 4, CPU 8).
+//   weights     a·N (the flat parameter buffer), gradients g·N (fp32 main grads)
+//   optimizer   one process: master, exp_avg, exp_avg_sq g·3N (also what a replicated optimizer
+//               holds: use_distributed_optimizer false; the worker itself shards whenever W > 1,
+//               so for W > 1 only the distributed estimate describes it); distributed: two
+//               DistributedAdamW, each 5 fp32 shards (master, exp_avg, exp_avg_sq, grad shard,
+//               param shard) of its padded region / its group: 20·(dense_padded/(DP·CP) +
+//               expert_padded/EDP). Plus the norm scratch (8 KiB each).
+//   layer activations (ONE micro-batch in flight: ForwardBackward runs forward and backward
+//               before the next micro-batch, so nothing scales with m), per token of t:
+//               residual stream a·H·(L_s + 1); per layer n1, mid, n2 3a·H, q and o 2a·Hq·D, k, v
+//               2a·Hkv·D, rstd1/rstd2 2s, lse s·Hq, with qk_layernorm a·(Hq+Hkv)·D +
+//               s·(Hq+Hkv); dense layers h, a 3a·F.
+//   MoE buffers, per MoE layer (MoELayer, its dispatcher, its grouped GEMM), per token: logits
+//               and dlogits 2r·E, bf16 dlogits 2E (a = 2), topk/selected indices 8k, topk probs
+//               and their gradient 2r·k, dx a·H, input jitter a·H; shared expert a·(6Ssh + 2H)
+//               (+ gate 2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs and their
+//               gradients 6a·R·Fe/ETP; the dispatcher:
+//                 local (EP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
+//                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
+//                 alltoall (EP > 1): send side (t·k rows) permuted, combined and its gradient
+//                   3a·t·k·H + 2r·t·k + row map 4t·k; receive side sized for the WORST case,
+//                   every token of every EP rank routed here: R = EP·t·min(k, E/EP) rows,
+//                   5a·R·H + 3r·R;
+//               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
+//               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).
+//   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
+//               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
+//               LM-head cross-entropy's logits chunk (c = min(t, budget / 8V) rows, budget
+//               512 MiB CUDA / 64 MiB CPU) c·V·(4 + 2) on CUDA (fp32 logits + bf16 gradient)
+//               + 4t, c·V·8 on the CPU; CUDA RMSNorm and embedding backward workspaces;
+//               statistics slots per micro-batch; ids and targets 8t.
+//   runtime     EngineMemoryOptions::runtime_bytes.
+//   create_transient (distributed): the trainer initialises the full fp32 master, exp_avg and
+//               exp_avg_sq (12·N) before the optimizers take their shards and frees them: the
+//               peak during Create is buffers + create_transient.
+// TP, CP, PP, ETP > 1 extrapolate (the worker runs TP = CP = PP = ETP = 1): every per-token
+// term is divided by TP (sequence parallelism), tokens by CP, expert widths by ETP, and the
+// per-layer terms are multiplied by min(PP − stage, m) micro-batches in flight under 1F1B.
+struct EngineMemory {
+  double weights = 0, gradients = 0, optimizer_states = 0;
+  double layer_activations = 0, moe_buffers = 0, head_buffers = 0;
+  double runtime = 0;
+  double create_transient = 0;
+  double activations() const { return layer_activations + moe_buffers + head_buffers; }
+  // What the engine's Buffers hold after Create (steady state).
+  double buffers() const { return weights + gradients + optimizer_states + activations(); }
+  double total() const { return buffers() + runtime; }
+};
+EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mapping, int64_t stage,
+                                  const EngineMemoryOptions& options = {});
+
+}  // namespace switchyard
+
+#endif  // SWITCHYARD_COMMON_MODEL_MODEL_MATH_H_

@@ -1,0 +1,103 @@
+// File: common/model/model_math_test.cc
+#include "common/model/model_math.h"
+
+#include <iostream>
+
+#include "gtest/gtest.h"
+
+namespace switchyard {
+namespace {
+
+// The dense case of worker/model/gpt_model_test.cc (GptFlopsTest.HandComputedDenseModel), so the
+// shared formula is pinned to the worker's number: 3 × 1408.
+TEST(ModelMathTest, DenseFlopsMatchTheWorkersHandComputedCase) {
+  v1::ModelConfig m;
+  m.set_num_layers(1);
+  m.set_hidden_size(8);
+  m.set_num_attention_heads(2);
+  m.set_num_query_groups(1);
+  m.set_kv_channels(4);
+  m.set_ffn_hidden_size(16);
+  m.set_vocab_size(10);
+  m.set_seq_length(6);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // q 8x8, k 8x4, v 8x4, o 8x8 -> 2*(64+32+32+64) = 384; core 2*2*2*4*3 = 96;
+  // mlp 2*3*8*16 = 768; head 2*8*10 = 160. Sum 1408, times 3.
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(*s), 3.0 * 1408);
+  // Params: embedding 80; layer: q 64 + k 32 + v 32 + o 64 = 192, norms 16, mlp 3*16*8 = 384;
+  // final norm 8. Total 80 + 192 + 16 + 384 + 8 = 680.
+  EXPECT_EQ(TotalParams(*s), 680);
+}
+
+TEST(ModelMathTest, MoeModelHandComputed) {
+  v1::ModelConfig m;
+  m.set_num_layers(4);
+  m.set_hidden_size(16);
+  m.set_num_attention_heads(4);  // D = 4, Hkv = 4
+  m.set_ffn_hidden_size(32);
+  m.set_vocab_size(100);
+  m.set_seq_length(8);
+  m.set_num_experts(4);
+  m.set_moe_ffn_hidden_size(8);
+  m.set_moe_router_topk(2);
+  m.set_moe_shared_expert_intermediate_size(8);
+  m.set_moe_shared_expert_gate(true);
+  m.set_moe_layer_freq(2);  // layers 0 and 2 are MoE
+  m.set_qk_layernorm(true);
+  m.set_untie_embeddings_and_output_weights(true);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->moe_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(s->num_moe_layers(), 2);
+  // Attention: q,k,v,o 4 * 16*16 = 1024; norms 2*16 + 2*4 = 40.
+  EXPECT_EQ(AttentionMatrixParams(*s), 1024);
+  EXPECT_EQ(LayerNormParams(*s), 40);
+  // Dense MLP 3*32*16 = 1536. MoE: router 4*16 = 64, experts 3*4*16*8 = 1536,
+  // shared 3*16*8 + 16 (gate) = 400.
+  EXPECT_EQ(DenseMlpParams(*s), 1536);
+  EXPECT_EQ(RouterParams(*s), 64);
+  EXPECT_EQ(RoutedExpertParams(*s), 1536);
+  EXPECT_EQ(SharedExpertParams(*s), 400);
+  // Total: 2 * 1600 (embedding + output) + 16 (final norm) + 4 * (1024 + 40)
+  //        + 2 * 1536 (dense) + 2 * (64 + 1536 + 400) = 3216 + 4256 + 3072 + 4000 = 14544.
+  EXPECT_EQ(TotalParams(*s), 14544);
+  // FLOPs per token, forward: attention 2*16*(16+32) + 2*16*16 = 2048 per layer, core
+  // 2*2*4*4*(8/2) = 256 per layer -> 4 * 2304 = 9216; dense 2*3*16*32 = 3072 (x2 = 6144);
+  // MoE router 2*16*4 = 128, experts 2*2*3*16*8 = 1536, shared 2*3*16*8 = 768, gate 32
+  // -> 2464 (x2 = 4928); head 2*16*100 = 3200. Sum 23488, times 3 = 70464.
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(*s), 70464.0);
+  std::cout << "params " << TotalParams(*s) << " flops/token " << TrainingFlopsPerToken(*s) << "\n";
+}
+
+TEST(ModelMathTest, MissingOrBadFieldsNameTheField) {
+  v1::ModelConfig m;
+  m.set_num_attention_heads(2);
+  m.set_vocab_size(10);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("model.hidden_size"), std::string::npos) << s.status();
+
+  m.set_hidden_size(8);
+  m.clear_vocab_size();
+  s = ModelShape::FromProto(m);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("model.vocab_size"), std::string::npos) << s.status();
+
+  m.set_vocab_size(10);
+  m.set_seq_length(-4);
+  s = ModelShape::FromProto(m);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(), "model.seq_length (-4) must be positive");
+
+  m.set_seq_length(4);
+  m.set_num_experts(4);
+  m.add_moe_layer_pattern(1);
+  s = ModelShape::FromProto(m);  // num_layers defaults to 2: the pattern needs 2 entries
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("model.moe_layer_pattern"), std::string::npos) << s.status();
+  std::cout << "last error: " << s.status() << "\n";
+}
+
+}  // namespace
+}  // namespace switchyard
