@@ -17,6 +17,8 @@ fi
 BAZEL_FLAGS=(--color=no --curses=no)
 echo "== bazel build //..."
 bazel build "${BAZEL_FLAGS[@]}" //...
+echo "== layering check (tools/layering_check.sh)"
+tools/layering_check.sh "${BAZEL_FLAGS[@]}"
 echo "== bazel test //..."
 set +e
 bazel test "${BAZEL_FLAGS[@]}" //...

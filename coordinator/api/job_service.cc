@@ -12,14 +12,14 @@
 #include "coordinator/jobs/job_state.h"
 
 namespace switchyard::api {
-void AttachLastStep(const workers::StepHub* steps, v1::Job* job) {
+void AttachLastStep(const jobs::StepHub* steps, v1::Job* job) {
   if (steps == nullptr) return;
   std::optional<v1::StepMetrics> step = steps->LastStep(job->name());
   if (step.has_value()) *job->mutable_last_step() = *std::move(step);
 }
 
-JobServiceImpl::JobServiceImpl(JobHub* hub, const TokenAuth* auth,
-                               metrics::CoordinatorMetrics* metrics, workers::StepHub* steps)
+JobServiceImpl::JobServiceImpl(jobs::JobHub* hub, const TokenAuth* auth,
+                               metrics::CoordinatorMetrics* metrics, jobs::StepHub* steps)
     : hub_(hub), auth_(auth), metrics_(metrics), steps_(steps) {}
 
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext* context,
@@ -88,7 +88,7 @@ absl::Status JobServiceImpl::Watch(grpc::ServerContext* context, const std::stri
                                    grpc::ServerWriter<v1::WatchJobResponse>* writer) {
   // Validates the name (INVALID_ARGUMENT / NOT_FOUND) before subscribing to its steps.
   SY_RETURN_IF_ERROR(hub_->GetJob(name).status());
-  std::shared_ptr<workers::StepSubscription> steps =
+  std::shared_ptr<jobs::StepSubscription> steps =
       steps_ != nullptr ? steps_->Subscribe(name) : nullptr;
   auto drain_steps = [&]() -> absl::Status {
     if (steps == nullptr) return absl::OkStatus();
@@ -129,7 +129,7 @@ absl::Status JobServiceImpl::Watch(grpc::ServerContext* context, const std::stri
       SY_RETURN_IF_ERROR(drain_steps());
       const absl::Duration wait = steps != nullptr ? kStepPoll : kCancelPoll;
       if (hub_->WaitForChange(version, wait) != version) break;
-      if (absl::Now() - read_time >= kWatchRefresh) break;
+      if (absl::Now() - read_time >= jobs::kWatchRefresh) break;
     }
   }
 }

@@ -31,9 +31,9 @@
 
 #include "absl/time/time.h"
 #include "coordinator/api/auth.h"
-#include "coordinator/api/job_hub.h"
+#include "coordinator/jobs/job_hub.h"
+#include "coordinator/jobs/step_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
-#include "coordinator/workers/step_hub.h"
 #include "switchyard/v1/job.grpc.pb.h"
 
 namespace switchyard::api {
@@ -44,13 +44,13 @@ inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 inline constexpr absl::Duration kStepPoll = absl::Milliseconds(10);
 
 // Sets job->last_step from `steps` (no-op when `steps` is null or has no step for the job).
-void AttachLastStep(const workers::StepHub* steps, v1::Job* job);
+void AttachLastStep(const jobs::StepHub* steps, v1::Job* job);
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   // All must outlive the service; `metrics` and `steps` may be null.
-  JobServiceImpl(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-                 workers::StepHub* steps = nullptr);
+  JobServiceImpl(jobs::JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+                 jobs::StepHub* steps = nullptr);
 
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::Job* response) override;
@@ -69,10 +69,10 @@ class JobServiceImpl final : public v1::JobService::Service {
   absl::Status Watch(grpc::ServerContext* context, const std::string& name,
                      grpc::ServerWriter<v1::WatchJobResponse>* writer);
 
-  JobHub* const hub_;
+  jobs::JobHub* const hub_;
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
-  workers::StepHub* const steps_;
+  jobs::StepHub* const steps_;
 };
 
 }  // namespace switchyard::api

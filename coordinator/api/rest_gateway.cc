@@ -122,15 +122,16 @@ absl::StatusOr<v1::DeleteJobRequest> ParseDeleteQuery(const HttpRequest& req) {
 
 }  // namespace
 
-RestGateway::RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-                         workers::StepHub* steps, const workers::WorkerRegistry* registry)
+RestGateway::RestGateway(jobs::JobHub* hub, const TokenAuth* auth,
+                         metrics::CoordinatorMetrics* metrics, jobs::StepHub* steps,
+                         const cluster::WorkerRegistry* registry)
     : hub_(hub), auth_(auth), metrics_(metrics), steps_(steps), registry_(registry) {}
 
 absl::StatusOr<std::unique_ptr<RestGateway>> RestGateway::Create(
-    JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+    jobs::JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
     const std::string& host, int port, const std::string& tls_cert_file,
-    const std::string& tls_key_file, workers::StepHub* steps,
-    const workers::WorkerRegistry* registry, HttpServerOptions limits) {
+    const std::string& tls_key_file, jobs::StepHub* steps, const cluster::WorkerRegistry* registry,
+    HttpServerOptions limits) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("http port: ", port, " is not in [0, 65535]"));
   }

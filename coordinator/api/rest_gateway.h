@@ -46,10 +46,10 @@
 #include "absl/status/statusor.h"
 #include "common/http_server.h"
 #include "coordinator/api/auth.h"
-#include "coordinator/api/job_hub.h"
+#include "coordinator/cluster/worker_registry.h"
+#include "coordinator/jobs/job_hub.h"
+#include "coordinator/jobs/step_hub.h"
 #include "coordinator/metrics/coordinator_metrics.h"
-#include "coordinator/workers/step_hub.h"
-#include "coordinator/workers/worker_registry.h"
 
 namespace switchyard::api {
 
@@ -64,10 +64,10 @@ class RestGateway {
   // the port cannot be bound, INVALID_ARGUMENT naming tls-cert / tls-key when OpenSSL cannot load
   // them. `limits` (its TLS fields are ignored) bounds connections, times and sizes.
   static absl::StatusOr<std::unique_ptr<RestGateway>> Create(
-      JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+      jobs::JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
       const std::string& host, int port, const std::string& tls_cert_file = "",
-      const std::string& tls_key_file = "", workers::StepHub* steps = nullptr,
-      const workers::WorkerRegistry* registry = nullptr, HttpServerOptions limits = Limits());
+      const std::string& tls_key_file = "", jobs::StepHub* steps = nullptr,
+      const cluster::WorkerRegistry* registry = nullptr, HttpServerOptions limits = Limits());
   // The gateway's defaults: HttpServerOptions' with max_body_bytes = kMaxRestBodyBytes.
   static HttpServerOptions Limits() {
     HttpServerOptions o;
@@ -86,15 +86,15 @@ class RestGateway {
   void Stop();
 
  private:
-  RestGateway(JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-              workers::StepHub* steps, const workers::WorkerRegistry* registry);
+  RestGateway(jobs::JobHub* hub, const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
+              jobs::StepHub* steps, const cluster::WorkerRegistry* registry);
   HttpRouter Route();
 
-  JobHub* const hub_;
+  jobs::JobHub* const hub_;
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
-  workers::StepHub* const steps_;
-  const workers::WorkerRegistry* const registry_;  // null without the worker side
+  jobs::StepHub* const steps_;
+  const cluster::WorkerRegistry* const registry_;  // null without the worker side
   std::unique_ptr<HttpServer> server_;             // last: its threads use the members above
 };
 

@@ -430,7 +430,7 @@ TEST_F(RestGatewayTest, MetricsScrape) {
   ASSERT_EQ(Call("POST", "/v1/jobs/1:cancel").first, 200);
   Call("GET", "/v1/jobs/9");
   Call("GET", "/v1/jobs", "", "bad");
-  JobHub* hub = server_->hub();
+  jobs::JobHub* hub = server_->hub();
   ASSERT_TRUE(hub->Transition("jobs/2", v1::Job::STARTING, "TEST").ok());
   ASSERT_TRUE(hub->Transition("jobs/2", v1::Job::RESTARTING, "WORKER_LOST").ok());
   ASSERT_TRUE(hub->Transition("jobs/3", v1::Job::STARTING, "TEST").ok());

@@ -152,9 +152,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   }
   s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get(), context);
   metrics::CoordinatorMetrics* metrics = s->metrics_.get();
-  s->hub_ = std::make_unique<JobHub>(
+  s->hub_ = std::make_unique<jobs::JobHub>(
       s->registry_.get(), [metrics] { metrics->IncrementJobRestarts(); }, options.checkpoint_root);
-  JobHub* hub = s->hub_.get();
+  jobs::JobHub* hub = s->hub_.get();
   s->metrics_->SetJobCounter([hub]() -> absl::StatusOr<std::map<v1::Job::State, int64_t>> {
     std::map<v1::Job::State, int64_t> counts;
     v1::ListJobsRequest request;
@@ -167,7 +167,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     return counts;
   });
   int grpc_port = options.grpc_port;
-  workers::StepHub* steps = nullptr;
+  jobs::StepHub* steps = nullptr;
   if (options.workers) {
     if (options.checkpoint_root.empty()) {
       return absl::InvalidArgumentError("checkpoint-root: must be set when workers are served");
@@ -186,22 +186,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     s->advertise_address_ = options.advertise_address.empty()
                                 ? absl::StrCat(AdvertisedHost(options.host), ":", grpc_port)
                                 : options.advertise_address;
-    workers::WorkerPlaneOptions plane_options = options.worker_options;
+    api::WorkerPlaneOptions plane_options = options.worker_options;
     plane_options.scheduler.checkpoint_root = options.checkpoint_root;
     plane_options.scheduler.data_root = options.data_root;
     plane_options.scheduler.rendezvous_address = s->advertise_address_;
-    SY_ASSIGN_OR_RETURN(s->plane_, workers::WorkerPlane::Create(
-                                       s->store_.get(), hub, s->worker_auth_.get(), plane_options));
+    SY_ASSIGN_OR_RETURN(s->plane_, api::WorkerPlane::Create(s->store_.get(), hub,
+                                                            s->worker_auth_.get(), plane_options));
     steps = s->plane_->steps();
-    workers::WorkerRegistry* registry = s->plane_->registry();
+    cluster::WorkerRegistry* registry = s->plane_->registry();
     s->metrics_->SetWorkerCounter([registry]() -> int64_t {
-      return registry->CountInState(workers::WorkerState::kIdle) +
-             registry->CountInState(workers::WorkerState::kBusy);
+      return registry->CountInState(cluster::WorkerState::kIdle) +
+             registry->CountInState(cluster::WorkerState::kBusy);
     });
   }
   s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics, steps);
   s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics, context);
-  const workers::WorkerRegistry* registry = s->plane_ != nullptr ? s->plane_->registry() : nullptr;
+  const cluster::WorkerRegistry* registry = s->plane_ != nullptr ? s->plane_->registry() : nullptr;
   if (registry != nullptr) {
     s->worker_admin_service_ =
         std::make_unique<WorkerAdminServiceImpl>(s->auth_.get(), metrics, registry);

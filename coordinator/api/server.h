@@ -46,15 +46,15 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/api/auth.h"
-#include "coordinator/api/job_hub.h"
 #include "coordinator/api/job_service.h"
 #include "coordinator/api/plan_service.h"
 #include "coordinator/api/rest_gateway.h"
 #include "coordinator/api/worker_admin_service.h"
+#include "coordinator/api/worker_plane.h"
+#include "coordinator/jobs/job_hub.h"
 #include "coordinator/jobs/job_registry.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "coordinator/store/store.h"
-#include "coordinator/workers/worker_plane.h"
 
 namespace switchyard::api {
 
@@ -100,7 +100,7 @@ struct ServerOptions {
   int health_port = -1;
   // Timeouts of the worker registry and scheduler; checkpoint_root and rendezvous_address are
   // filled from the fields above.
-  workers::WorkerPlaneOptions worker_options;
+  api::WorkerPlaneOptions worker_options;
 };
 
 class CoordinatorServer {
@@ -129,9 +129,9 @@ class CoordinatorServer {
 
   void Shutdown(absl::Time deadline);
 
-  JobHub* hub() { return hub_.get(); }
+  jobs::JobHub* hub() { return hub_.get(); }
   // Null when ServerOptions.workers is false.
-  workers::WorkerPlane* worker_plane() { return plane_.get(); }
+  api::WorkerPlane* worker_plane() { return plane_.get(); }
   // The rendezvous address sent to workers ("" without the worker side).
   const std::string& advertise_address() const { return advertise_address_; }
   metrics::CoordinatorMetrics* metrics() { return metrics_.get(); }
@@ -158,11 +158,11 @@ class CoordinatorServer {
   std::unique_ptr<TokenAuth> worker_auth_;  // role "worker"; with the worker side only
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<jobs::JobRegistry> registry_;
-  std::unique_ptr<JobHub> hub_;
+  std::unique_ptr<jobs::JobHub> hub_;
   std::string advertise_address_;
   // After the hub and the store (destroyed before them), before the gRPC server (destroyed after
   // it: the server holds the plane's services).
-  std::unique_ptr<workers::WorkerPlane> plane_;
+  std::unique_ptr<api::WorkerPlane> plane_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<PlanServiceImpl> plan_service_;
   std::unique_ptr<WorkerAdminServiceImpl> worker_admin_service_;  // with the worker side only

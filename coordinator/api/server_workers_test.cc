@@ -1,5 +1,5 @@
 // The API together with the worker side in one CoordinatorServer (as the binary runs it): fake
-// workers (coordinator/workers/worker_test_util.h: real gRPC Attach streams) attach with the
+// workers (coordinator/api/worker_test_util.h: real gRPC Attach streams) attach with the
 // workers' token (the API token is refused), the workers gauge counts them, a job submitted through
 // JobService is assigned, its step reports reach WatchJob and Job.last_step (gRPC and REST), and
 // the job succeeds when the ranks exit 0.
@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/api/api_test_util.h"
-#include "coordinator/workers/worker_test_util.h"
+#include "coordinator/api/worker_test_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "switchyard/v1/job.grpc.pb.h"
@@ -41,7 +41,7 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
   auto server = testing::StartServer("workers_api.db", [](ServerOptions& options) {
     const char* dir = std::getenv("TEST_TMPDIR");
     options.worker_options =
-        workers::testing::FastOptions(absl::StrCat(dir != nullptr ? dir : "/tmp", "/ckpt"));
+        api::testing::FastOptions(absl::StrCat(dir != nullptr ? dir : "/tmp", "/ckpt"));
   });
   ASSERT_NE(server, nullptr);
   EXPECT_TRUE(absl::EndsWith(server->advertise_address(), absl::StrCat(":", server->grpc_port())));
@@ -58,23 +58,22 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
   }
 
   // A worker with the wrong token or the API token is refused; two with the workers' token attach.
-  workers::testing::FakeWorker intruder(workers::testing::MakeChannel(server->grpc_port(), 9),
-                                        "intruder");
+  api::testing::FakeWorker intruder(api::testing::MakeChannel(server->grpc_port(), 9), "intruder");
   intruder.Attach("wrong");
   auto refused = intruder.WaitForEnd(absl::Seconds(10));
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  workers::testing::FakeWorker user(workers::testing::MakeChannel(server->grpc_port(), 8), "user");
+  api::testing::FakeWorker user(api::testing::MakeChannel(server->grpc_port(), 8), "user");
   user.Attach(testing::kToken);
   refused = user.WaitForEnd(absl::Seconds(10));
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(absl::StrContains(refused->error_message(), "WRONG_ROLE"))
       << refused->error_message();
-  std::vector<std::unique_ptr<workers::testing::FakeWorker>> fleet;
+  std::vector<std::unique_ptr<api::testing::FakeWorker>> fleet;
   for (int i = 0; i < 2; ++i) {
-    fleet.push_back(std::make_unique<workers::testing::FakeWorker>(
-        workers::testing::MakeChannel(server->grpc_port(), i), absl::StrCat("w", i)));
+    fleet.push_back(std::make_unique<api::testing::FakeWorker>(
+        api::testing::MakeChannel(server->grpc_port(), i), absl::StrCat("w", i)));
     fleet.back()->Attach(testing::kWorkerToken);
   }
   httplib::Client http("127.0.0.1", server->http_port());
@@ -92,7 +91,7 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
 
   auto jobs = v1::JobService::NewStub(testing::Channel(server->grpc_port()));
   v1::CreateJobRequest create;
-  *create.mutable_spec() = workers::testing::SmallSpec(2, 2);
+  *create.mutable_spec() = api::testing::SmallSpec(2, 2);
   v1::Job job;
   grpc::Status created = jobs->CreateJob(testing::Context().get(), create, &job);
   ASSERT_TRUE(created.ok()) << created.error_message();
@@ -109,7 +108,7 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
     watch_status = stream->Finish();
   });
 
-  std::map<int, workers::testing::FakeWorker*> ranks;
+  std::map<int, api::testing::FakeWorker*> ranks;
   for (auto& w : fleet) {
     auto a = w->WaitFor(CoordinatorMessage::kAssignment);
     ASSERT_TRUE(a.has_value()) << w->id();

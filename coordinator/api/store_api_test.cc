@@ -87,7 +87,7 @@ class StoreApiTest : public ::testing::Test {
 
   // Drives `name` from PENDING to `state` through the hub, as the scheduler would.
   void DriveTo(const std::string& name, v1::Job::State state) {
-    JobHub* hub = server_->hub();
+    jobs::JobHub* hub = server_->hub();
     auto go = [&](v1::Job::State to, const char* reason) {
       auto job = hub->Transition(name, to, reason);
       ASSERT_TRUE(job.ok()) << job.status();

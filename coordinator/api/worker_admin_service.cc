@@ -16,13 +16,13 @@ void SetTime(absl::Time t, google::protobuf::Timestamp* out) {
   out->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
-v1::WorkerStatus::State ToState(workers::WorkerState s) {
+v1::WorkerStatus::State ToState(cluster::WorkerState s) {
   switch (s) {
-    case workers::WorkerState::kIdle:
+    case cluster::WorkerState::kIdle:
       return v1::WorkerStatus::IDLE;
-    case workers::WorkerState::kBusy:
+    case cluster::WorkerState::kBusy:
       return v1::WorkerStatus::BUSY;
-    case workers::WorkerState::kLost:
+    case cluster::WorkerState::kLost:
       return v1::WorkerStatus::LOST;
   }
   return v1::WorkerStatus::STATE_UNSPECIFIED;
@@ -30,14 +30,14 @@ v1::WorkerStatus::State ToState(workers::WorkerState s) {
 
 }  // namespace
 
-v1::WorkerStatus ToWorkerStatus(const workers::WorkerInfo& info) {
+v1::WorkerStatus ToWorkerStatus(const cluster::WorkerInfo& info) {
   v1::WorkerStatus w;
   w.set_worker_id(info.id);
   w.set_host(info.host);
   if (info.gpu.has_value()) *w.mutable_gpu() = *info.gpu;
   w.set_version(info.version);
   w.set_state(ToState(info.state));
-  const bool busy = info.state == workers::WorkerState::kBusy;
+  const bool busy = info.state == cluster::WorkerState::kBusy;
   w.set_job(busy ? info.job : "");
   w.set_generation(busy ? info.generation : 0);
   w.set_rank(busy ? info.rank : -1);
@@ -47,17 +47,17 @@ v1::WorkerStatus ToWorkerStatus(const workers::WorkerInfo& info) {
   return w;
 }
 
-v1::ListWorkersResponse ListAllWorkers(const workers::WorkerRegistry& registry) {
-  std::vector<workers::WorkerInfo> all = registry.List();
+v1::ListWorkersResponse ListAllWorkers(const cluster::WorkerRegistry& registry) {
+  std::vector<cluster::WorkerInfo> all = registry.List();
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   v1::ListWorkersResponse response;
-  for (const workers::WorkerInfo& info : all) *response.add_workers() = ToWorkerStatus(info);
+  for (const cluster::WorkerInfo& info : all) *response.add_workers() = ToWorkerStatus(info);
   return response;
 }
 
 WorkerAdminServiceImpl::WorkerAdminServiceImpl(const TokenAuth* auth,
                                                metrics::CoordinatorMetrics* metrics,
-                                               const workers::WorkerRegistry* registry)
+                                               const cluster::WorkerRegistry* registry)
     : auth_(auth), metrics_(metrics), registry_(registry) {}
 
 grpc::Status WorkerAdminServiceImpl::ListWorkers(grpc::ServerContext* context,

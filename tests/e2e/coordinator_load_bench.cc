@@ -2,7 +2,7 @@
 //
 // Starts the binary (fresh SQLite store and token file under --dir), attaches --workers simulated
 // workers (real gRPC Attach streams over --channels loopback connections, registration then a
-// heartbeat every second: coordinator/workers/worker_test_util.h's FakeWorker), and while they
+// heartbeat every second: coordinator/api/worker_test_util.h's FakeWorker), and while they
 // heartbeat (first --idle-seconds with no API calls) runs --clients threads that each loop
 // CreateJob, GetJob (that job), ListJobs (page_size 50) for --seconds. Submitted jobs want exactly
 // one worker, so the scheduler also assigns them to the simulated workers (which never train: the
@@ -34,7 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
-#include "coordinator/workers/worker_test_util.h"
+#include "coordinator/api/worker_test_util.h"
 #include "nlohmann/json.hpp"
 #include "switchyard/v1/job.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
@@ -52,8 +52,8 @@ ABSL_FLAG(std::string, dir, "",
 namespace switchyard::e2e {
 namespace {
 
-using workers::testing::FakeWorker;
-using workers::testing::HeartbeatTicker;
+using api::testing::FakeWorker;
+using api::testing::HeartbeatTicker;
 
 constexpr char kSpec[] = R"(
 display_name: bench
@@ -148,7 +148,7 @@ int Run() {
   const CpuSample idle = SampleCpu(pid);
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int c = 0; c < n_channels; ++c) {
-    channels.push_back(workers::testing::MakeChannel(coordinator->grpc_port(), c));
+    channels.push_back(api::testing::MakeChannel(coordinator->grpc_port(), c));
   }
   std::vector<std::unique_ptr<FakeWorker>> fakes;
   std::vector<FakeWorker*> raw;

@@ -1,6 +1,6 @@
 // Two real agents against the coordinator's real worker side (coordinator/workers: WorkerPlane
 // with its registry, scheduler, planner, Attach service and rendezvous over a real SQLite store,
-// through workers::testing::Harness on loopback gRPC): a submitted 2-worker MoE job is planned,
+// through api::testing::Harness on loopback gRPC): a submitted 2-worker MoE job is planned,
 // assigned, started, trained over Gloo with the rendezvous through the coordinator, and reaches
 // SUCCEEDED from the agents' WorkerExit(0). Then one agent is shut down mid-job and the job goes
 // through RESTARTING onto the remaining worker, resuming from the job's checkpoint. A stream the
@@ -25,8 +25,8 @@
 #include "absl/time/clock.h"
 #include "common/config/job_paths.h"
 #include "coordinator/api/auth.h"
-#include "coordinator/workers/rendezvous_service.h"
-#include "coordinator/workers/worker_test_util.h"
+#include "coordinator/api/rendezvous_service.h"
+#include "coordinator/api/worker_test_util.h"
 #include "gtest/gtest.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/testing/running_agent.h"
@@ -39,7 +39,7 @@ using testing::RunningAgent;
 using testing::StartRunningAgent;
 using testing::TmpDir;
 
-namespace wt = workers::testing;
+namespace wt = api::testing;
 
 // A port that was free a moment ago (the scheduler needs the rendezvous address before the
 // harness picks its own port).
@@ -103,14 +103,14 @@ class AgentCoordinatorTest : public ::testing::Test {
     checkpoint_root_ = TmpDir(absl::StrCat(
         "checkpoints_", ::testing::UnitTest::GetInstance()->current_test_info()->name()));
     std::filesystem::remove_all(checkpoint_root_);
-    workers::WorkerPlaneOptions options = wt::FastOptions(checkpoint_root_);
+    api::WorkerPlaneOptions options = wt::FastOptions(checkpoint_root_);
     options.scheduler.rendezvous_address = absl::StrCat("127.0.0.1:", rendezvous_port_);
     harness_ = wt::Harness::Start("agent_e2e.db", /*fresh=*/true, options);
     ASSERT_NE(harness_, nullptr);
     // The coordinator's RendezvousService over the plane's store, on the advertised port.
     // With the plane's registry: the agents' rendezvous calls must name a rank of the generation.
-    auth_ = *api::TokenAuth::FromToken(wt::kToken, api::kWorkerRole);
-    rendezvous_ = std::make_unique<workers::RendezvousServiceImpl>(
+    auth_ = *api::TokenAuth::FromToken(wt::kWorkerToken, api::kWorkerRole);
+    rendezvous_ = std::make_unique<api::RendezvousServiceImpl>(
         harness_->plane()->rendezvous(), auth_.get(), harness_->plane()->registry());
     grpc::ServerBuilder b;
     int bound = 0;
@@ -120,7 +120,7 @@ class AgentCoordinatorTest : public ::testing::Test {
     rendezvous_server_ = b.BuildAndStart();
     ASSERT_EQ(bound, rendezvous_port_);
     token_file_ = TmpDir("e2e_token");
-    std::ofstream(token_file_) << wt::kToken << "\n";
+    std::ofstream(token_file_) << wt::kWorkerToken << "\n";
   }
   void TearDown() override {
     for (auto& a : agents_) a->Stop();
@@ -132,7 +132,7 @@ class AgentCoordinatorTest : public ::testing::Test {
   int rendezvous_port_ = 0;
   std::unique_ptr<wt::Harness> harness_;
   std::unique_ptr<api::TokenAuth> auth_;
-  std::unique_ptr<workers::RendezvousServiceImpl> rendezvous_;
+  std::unique_ptr<api::RendezvousServiceImpl> rendezvous_;
   std::unique_ptr<grpc::Server> rendezvous_server_;
   std::string token_file_;
   std::vector<std::unique_ptr<RunningAgent>> agents_;

@@ -1,6 +1,6 @@
 // RendezvousKvStore against real gRPC servers on loopback: the test fake
 // (testing/fake_coordinator.h) and the coordinator's own RendezvousService
-// (coordinator/workers/rendezvous_service.h), so the worker's side is checked against the real
+// (coordinator/api/rendezvous_service.h), so the worker's side is checked against the real
 // contract: set/get, a waiting Get, DEADLINE_EXCEEDED naming the key, job and generation
 // scoping, Check, Cancel releasing a waiting Get, Increment/Count UNIMPLEMENTED, the token, a
 // superseded generation -> ABORTED, a coordinator that restarts while a rank waits, and a
@@ -19,8 +19,8 @@
 #include "absl/time/clock.h"
 #include "common/tensor.h"
 #include "coordinator/api/auth.h"
-#include "coordinator/workers/rendezvous_service.h"
-#include "coordinator/workers/worker_test_util.h"
+#include "coordinator/api/rendezvous_service.h"
+#include "coordinator/api/worker_test_util.h"
 #include "gtest/gtest.h"
 #include "worker/agent/coordinator_channel.h"
 #include "worker/agent/testing/fake_coordinator.h"
@@ -33,7 +33,7 @@ constexpr char kToken[] = "rdzv-token";
 
 // The coordinator's RendezvousService on 127.0.0.1 (`port` 0: any), with the worker token and
 // no rank check (no registry): the generations the tests use are open, as the scheduler opens
-// them (coordinator/workers/rendezvous_service_test.cc checks the rank rule).
+// them (coordinator/api/rendezvous_service_test.cc checks the rank rule).
 class RealRendezvous {
  public:
   explicit RealRendezvous(int port = 0) {
@@ -41,7 +41,7 @@ class RealRendezvous {
     for (const char* job : {"job-1", "job-2", "job"}) store_.OpenGeneration(job, 1);
     store_.OpenGeneration("gloo-job", 3);
     service_ =
-        std::make_unique<workers::RendezvousServiceImpl>(&store_, auth_.get(), /*workers=*/nullptr);
+        std::make_unique<api::RendezvousServiceImpl>(&store_, auth_.get(), /*workers=*/nullptr);
     grpc::ServerBuilder b;
     b.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(service_.get());
@@ -50,12 +50,12 @@ class RealRendezvous {
   ~RealRendezvous() { server_->Shutdown(std::chrono::system_clock::now()); }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   int port() const { return port_; }
-  workers::RendezvousStore& store() { return store_; }
+  cluster::RendezvousStore& store() { return store_; }
 
  private:
-  workers::RendezvousStore store_;
+  cluster::RendezvousStore store_;
   std::unique_ptr<api::TokenAuth> auth_;
-  std::unique_ptr<workers::RendezvousServiceImpl> service_;
+  std::unique_ptr<api::RendezvousServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };
@@ -172,7 +172,7 @@ TEST(RendezvousKvStoreTest, SupersededGenerationIsAborted) {
 TEST(RendezvousKvStoreTest, NotARankIsAbortedNamingTheWorker) {
   // The coordinator's service with a real registry (no worker attached): this worker is not a
   // rank of the running generation.
-  auto harness = workers::testing::Harness::Start("rdzv_not_a_rank.db");
+  auto harness = api::testing::Harness::Start("rdzv_not_a_rank.db");
   ASSERT_NE(harness, nullptr);
   harness->plane()->rendezvous()->OpenGeneration("job", 1);
   const std::string address = harness->address();
@@ -181,7 +181,7 @@ TEST(RendezvousKvStoreTest, NotARankIsAbortedNamingTheWorker) {
   RendezvousKvStore::Options options;
   options.worker_id = "stray-worker";
   auto store =
-      RendezvousKvStore::Create(*channel, workers::testing::kToken, address, "job", 1, options);
+      RendezvousKvStore::Create(*channel, api::testing::kWorkerToken, address, "job", 1, options);
   ASSERT_TRUE(store.ok()) << store.status();
   absl::Status set = (*store)->Set("k", "v");
   std::printf("Set by a worker that is not a rank: %s\n", set.ToString().c_str());

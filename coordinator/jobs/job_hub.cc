@@ -1,0 +1,136 @@
+#include "coordinator/jobs/job_hub.h"
+
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "coordinator/jobs/job_state.h"
+
+namespace switchyard::jobs {
+
+JobHub::JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart,
+               std::string checkpoint_root)
+    : registry_(registry),
+      on_restart_(std::move(on_restart)),
+      checkpoint_root_(std::move(checkpoint_root)) {}
+
+absl::StatusOr<v1::Job> JobHub::Notify(absl::StatusOr<v1::Job> result) {
+  if (result.ok()) {
+    absl::MutexLock lock(&mu_);
+    ++version_;
+  }
+  return result;
+}
+
+absl::StatusOr<v1::Job> JobHub::CreateJob(const v1::CreateJobRequest& request) {
+  return Notify(registry_->CreateJob(request));
+}
+
+absl::StatusOr<v1::Job> JobHub::GetJob(absl::string_view name) { return registry_->GetJob(name); }
+
+absl::StatusOr<v1::ListJobsResponse> JobHub::ListJobs(const v1::ListJobsRequest& request) {
+  return registry_->ListJobs(request);
+}
+
+absl::StatusOr<v1::Job> JobHub::CancelJob(absl::string_view name) {
+  return Notify(registry_->CancelJob(name));
+}
+
+absl::StatusOr<v1::Job> JobHub::Transition(absl::string_view name, jobs::State to,
+                                           absl::string_view reason, absl::string_view message,
+                                           const v1::Plan* plan) {
+  absl::StatusOr<v1::Job> job = Notify(registry_->Transition(name, to, reason, message, plan));
+  if (job.ok() && job->state() == v1::Job::RESTARTING && on_restart_) on_restart_();
+  return job;
+}
+
+absl::Status JobHub::RecordLastStep(absl::string_view name, const v1::StepMetrics& step) {
+  return registry_->RecordLastStep(name, step);
+}
+
+absl::StatusOr<v1::Job> JobHub::RecordCheckpoint(absl::string_view name, int64_t step) {
+  return Notify(registry_->RecordCheckpoint(name, step));
+}
+
+absl::StatusOr<v1::Job> JobHub::RecordWaitReason(absl::string_view name, absl::string_view reason,
+                                                 absl::string_view message) {
+  return Notify(registry_->RecordWaitReason(name, reason, message));
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobHub::ListEvents(absl::string_view name) {
+  return registry_->ListEvents(name);
+}
+
+absl::Status JobHub::DeleteJob(const v1::DeleteJobRequest& request) {
+  absl::StatusOr<v1::Job> job = registry_->GetJob(request.name());
+  if (job.status().code() == absl::StatusCode::kNotFound && request.allow_missing()) {
+    return absl::OkStatus();
+  }
+  SY_RETURN_IF_ERROR(job.status());
+  if (!jobs::IsTerminal(job->state())) {
+    // The registry refuses it too (inside its transaction); checked here so that no checkpoint is
+    // removed for a job that stays.
+    return registry_->DeleteJob(request.name()).status();
+  }
+  if (request.delete_checkpoints()) {
+    if (checkpoint_root_.empty()) {
+      return absl::FailedPreconditionError(
+          "delete_checkpoints: this coordinator has no checkpoint root (--checkpoint-root)");
+    }
+    SY_ASSIGN_OR_RETURN(int64_t id, jobs::ParseJobName(request.name()));
+    const std::string dir = jobs::JobCheckpointDir(checkpoint_root_, id);
+    {
+      std::error_code error;
+      const std::uintmax_t removed = std::filesystem::remove_all(dir, error);
+      if (error) {
+        SY_LOG(ERROR) << request.name() << ": cannot remove checkpoint directory " << dir << ": "
+                      << error.message();
+        return absl::InternalError(absl::StrCat(request.name(),
+                                                ": cannot remove its checkpoint directory ", dir,
+                                                " (", error.message(), "); the job was kept"));
+      }
+      SY_LOG(INFO) << request.name() << ": removed checkpoint directory " << dir << " (" << removed
+                   << " files)";
+    }
+  }
+  absl::StatusOr<v1::Job> deleted = Notify(registry_->DeleteJob(request.name()));
+  if (deleted.status().code() == absl::StatusCode::kNotFound && request.allow_missing()) {
+    return absl::OkStatus();
+  }
+  if (deleted.ok()) {
+    SY_LOG(INFO) << "deleted " << request.name() << " (" << v1::Job::State_Name(deleted->state())
+                 << ")";
+  }
+  return deleted.status();
+}
+
+absl::Status JobHub::StoreHealth() { return registry_->StoreHealth(); }
+
+uint64_t JobHub::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+uint64_t JobHub::WaitForChange(uint64_t seen, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ != seen || closed_; };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  return version_;
+}
+
+void JobHub::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+bool JobHub::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+}  // namespace switchyard::jobs

@@ -1,0 +1,100 @@
+// File: coordinator/jobs/job_hub.h
+//
+// The JobRegistry with change notification: every mutation that goes through the hub (create,
+// cancel, transition, checkpoint) bumps a version number and wakes the threads blocked in
+// WaitForChange, so JobService.WatchJob streams new events as they are written instead of polling
+// the store. The gRPC JobService, the REST gateway and (later) the WorkerService share one hub;
+// mutations that bypass it (another process writing the same store file) are still seen, but
+// only when a watcher re-reads on its periodic wake-up (kWatchRefresh).
+//
+// The hub also feeds the restart counter metric: a transition that lands in RESTARTING calls the
+// `on_restart` callback.
+//
+// DeleteJob removes a finished job (JobRegistry::DeleteJob) and, when asked, its checkpoint
+// directory jobs::JobCheckpointDir(checkpoint_root, id) = <checkpoint_root>/jobs/<id> first (every
+// file a job writes is inside it: its training.save is relative to it, common/config/job_paths.h):
+// if that removal fails nothing is deleted.
+//
+// Close() wakes every waiter for good (graceful shutdown): WaitForChange then returns at once and
+// closed() is true.
+//
+// Thread safety: any thread may call any method.
+#ifndef SWITCHYARD_COORDINATOR_API_JOB_HUB_H_
+#define SWITCHYARD_COORDINATOR_API_JOB_HUB_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/jobs/job_registry.h"
+#include "switchyard/v1/job.pb.h"
+
+namespace switchyard::jobs {
+
+// How often a watcher re-reads the store even without a notification (writers outside the hub).
+inline constexpr absl::Duration kWatchRefresh = absl::Seconds(1);
+
+class JobHub {
+ public:
+  // `registry` must outlive the hub. `on_restart` (may be empty) is called after each transition
+  // whose result is RESTARTING. `checkpoint_root` (empty: unknown) is where the scheduler puts
+  // job checkpoints (ServerOptions.checkpoint_root).
+  explicit JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart = {},
+                  std::string checkpoint_root = "");
+  JobHub(const JobHub&) = delete;
+  JobHub& operator=(const JobHub&) = delete;
+
+  // Same contracts as JobRegistry's methods of the same names.
+  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
+  absl::StatusOr<v1::Job> GetJob(absl::string_view name);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(absl::string_view name);
+  absl::StatusOr<v1::Job> Transition(absl::string_view name, jobs::State to,
+                                     absl::string_view reason, absl::string_view message = "",
+                                     const v1::Plan* plan = nullptr);
+  absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
+  absl::StatusOr<v1::Job> RecordWaitReason(absl::string_view name, absl::string_view reason,
+                                           absl::string_view message);
+  // What ResolveJobSpec fills on this coordinator (the registry's context).
+  const jobs::CoordinatorContext& context() const { return registry_->context(); }
+  // Not a job change: watchers are not woken (they get steps from the StepHub).
+  absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
+  absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
+  // AIP-135 (job.proto's DeleteJobRequest): NOT_FOUND for an absent job unless allow_missing;
+  // FAILED_PRECONDITION naming the state for an unfinished one; with delete_checkpoints and no
+  // checkpoint root or a spec-chosen training.save, FAILED_PRECONDITION; a directory that cannot be
+  // removed is INTERNAL naming it, and the job is kept.
+  absl::Status DeleteJob(const v1::DeleteJobRequest& request);
+  // OK, or why the store refuses to serve (it found corruption): /healthz and gRPC health.
+  absl::Status StoreHealth();
+
+  // The number of successful mutations so far.
+  uint64_t version() const;
+  // Blocks until version() != `seen`, Close() is called, or `timeout` passes; returns version().
+  uint64_t WaitForChange(uint64_t seen, absl::Duration timeout) const;
+
+  void Close();
+  bool closed() const;
+
+ private:
+  // Bumps the version and wakes the waiters when `result` is OK; returns it.
+  absl::StatusOr<v1::Job> Notify(absl::StatusOr<v1::Job> result);
+
+  jobs::JobRegistry* const registry_;
+  const std::function<void()> on_restart_;
+  const std::string checkpoint_root_;
+  mutable absl::Mutex mu_;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace switchyard::jobs
+
+#endif  // SWITCHYARD_COORDINATOR_API_JOB_HUB_H_

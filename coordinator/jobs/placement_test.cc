@@ -1,0 +1,139 @@
+// File: coordinator/jobs/placement_test.cc
+#include "coordinator/jobs/placement.h"
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/config/config_defaults.h"
+#include "common/config/validate.h"
+#include "coordinator/api/worker_test_util.h"
+#include "coordinator/planner/planner.h"
+#include "gtest/gtest.h"
+
+namespace switchyard::jobs {
+namespace {
+
+cluster::WorkerInfo Worker(const std::string& id, const std::string& host, int64_t gpu_bytes) {
+  cluster::WorkerInfo w;
+  w.id = id;
+  w.host = host;
+  if (gpu_bytes > 0) {
+    w.gpu = v1::GpuInfo();
+    w.gpu->set_memory_bytes(gpu_bytes);
+  }
+  return w;
+}
+
+TEST(PlacementTest, WorkerRangeDefaults) {
+  v1::JobSpec spec;
+  EXPECT_EQ(WorkerRange(spec), std::make_pair(1, std::numeric_limits<int32_t>::max()));
+  spec.mutable_parallel()->set_world_size(8);
+  EXPECT_EQ(WorkerRange(spec), std::make_pair(8, 8));
+  spec.set_min_workers(4);
+  EXPECT_EQ(WorkerRange(spec), std::make_pair(4, 8));
+  spec.set_max_workers(16);
+  EXPECT_EQ(WorkerRange(spec), std::make_pair(4, 16));
+}
+
+TEST(PlacementTest, UnsupportedParallelismNamesTheField) {
+  v1::ParallelConfig p;
+  EXPECT_EQ(UnsupportedParallelism(p), "");
+  p.set_tensor_model_parallel_size(1);
+  p.set_expert_model_parallel_size(8);  // EP is what workers do
+  EXPECT_EQ(UnsupportedParallelism(p), "");
+  p.set_pipeline_model_parallel_size(2);
+  EXPECT_NE(UnsupportedParallelism(p).find("parallel.pipeline_model_parallel_size (2) must be 1"),
+            std::string::npos);
+  std::printf("%s\n", UnsupportedParallelism(p).c_str());
+}
+
+TEST(PlacementTest, PlanRequestDescribesTheChosenWorkers) {
+  v1::JobSpec stored = api::testing::SmallSpec(2, 8);
+  stored.mutable_parallel()->set_world_size(8);
+  std::vector<cluster::WorkerInfo> workers = {
+      Worker("a", "n1", 80LL << 30), Worker("b", "n1", 40LL << 30), Worker("c", "n1", 80LL << 30),
+      Worker("d", "n2", 80LL << 30)};
+  ClusterDefaults defaults;
+  v1::PlanRequest r = PlanRequestFor(stored, 2, workers, defaults);
+  EXPECT_FALSE(r.spec().parallel().has_world_size());
+  EXPECT_EQ(r.spec().min_workers(), 2);
+  EXPECT_EQ(r.spec().max_workers(), 4);
+  EXPECT_EQ(r.spec().training().save(), kJobDirectoryPlaceholder);  // save_interval can be planned
+  EXPECT_EQ(r.spec().parallel().tensor_model_parallel_size(), 1);
+  EXPECT_EQ(r.cluster().num_gpus(), 4);
+  EXPECT_EQ(r.cluster().gpu_memory_bytes(), static_cast<double>(40LL << 30));
+  EXPECT_EQ(r.cluster().gpus_per_node(), 3);
+  workers.push_back(Worker("cpu", "n3", 0));
+  r = PlanRequestFor(stored, 2, workers, defaults);
+  EXPECT_EQ(r.cluster().gpu_memory_bytes(), static_cast<double>(40LL << 30));
+  defaults.cpu_worker_memory_bytes = 8LL << 30;
+  r = PlanRequestFor(stored, 2, workers, defaults);
+  EXPECT_EQ(r.cluster().gpu_memory_bytes(), static_cast<double>(8LL << 30));
+
+  // The planner shrinks the world to one the global batch (12) divides: 5 workers -> 4.
+  absl::StatusOr<v1::Plan> plan = planner::PlanJob(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->best().mapping().data_parallel_size(), 4);
+  std::printf("5 idle workers, GBS 12: %s\n",
+              planner::MappingToString(plan->best().mapping()).c_str());
+}
+
+TEST(PlacementTest, AssignedSpecCheckpointDirAndValidity) {
+  v1::JobSpec stored = api::testing::SmallSpec(2, 4);
+  ApplyDefaults(&stored);
+  v1::Mapping m;
+  m.set_data_parallel_size(3);
+  m.set_expert_model_parallel_size(3);
+  m.set_micro_batch_size(1);
+  m.set_num_micro_batches(4);
+  m.set_use_distributed_optimizer(true);
+  const JobRoots roots{"/ckpt", "/data"};
+  absl::StatusOr<v1::JobSpec> assigned = AssignedSpec(stored, m, 3, "jobs/42", roots);
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  v1::JobSpec a = *assigned;
+  EXPECT_EQ(a.parallel().world_size(), 3);
+  EXPECT_EQ(a.parallel().expert_model_parallel_size(), 3);
+  EXPECT_EQ(a.training().global_batch_size(), 12);
+  EXPECT_EQ(a.training().save(), "/ckpt/jobs/42");
+  EXPECT_EQ(a.training().load(), "/ckpt/jobs/42");
+  v1::JobSpec defaulted = a;
+  ApplyDefaults(&defaulted);
+  absl::Status valid = ValidateJobSpec(defaulted);
+  EXPECT_TRUE(valid.ok()) << valid;
+
+  // save is relative to the job's directory; load defaults to it, or names a job's checkpoint.
+  stored.mutable_training()->set_save("run7");
+  a = *AssignedSpec(stored, m, 3, "jobs/42", roots);
+  EXPECT_EQ(a.training().save(), "/ckpt/jobs/42/run7");
+  EXPECT_EQ(a.training().load(), "/ckpt/jobs/42/run7");
+  stored.mutable_training()->set_load("jobs/7/run7/step_600");
+  stored.mutable_data()->add_data_path("wiki_text_document");
+  stored.mutable_data()->set_tokenizer_model("tok/gpt2.json");
+  a = *AssignedSpec(stored, m, 3, "jobs/42", roots);
+  std::printf("assigned paths: save %s load %s data %s tokenizer %s\n", a.training().save().c_str(),
+              a.training().load().c_str(), a.data().data_path(0).c_str(),
+              a.data().tokenizer_model().c_str());
+  EXPECT_EQ(a.training().load(), "/ckpt/jobs/7/run7/step_600");
+  EXPECT_EQ(a.data().data_path(0), "/data/wiki_text_document");
+  EXPECT_EQ(a.data().tokenizer_model(), "/data/tok/gpt2.json");
+}
+
+// A spec stored before the path rules (an absolute save) is refused, naming the field.
+TEST(PlacementTest, AssignedSpecRefusesAStoredEscapingPath) {
+  v1::JobSpec stored = api::testing::SmallSpec(2, 4);
+  ApplyDefaults(&stored);
+  stored.mutable_training()->set_save("/etc/cron.d");
+  v1::Mapping m;
+  m.set_data_parallel_size(1);
+  m.set_micro_batch_size(1);
+  m.set_num_micro_batches(1);
+  absl::StatusOr<v1::JobSpec> a = AssignedSpec(stored, m, 1, "jobs/42", JobRoots{"/ckpt", "/d"});
+  std::printf("stored save /etc/cron.d: %s\n", a.status().ToString().c_str());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(a.status().message(), "training.save (\"/etc/cron.d\")"));
+}
+
+}  // namespace
+}  // namespace switchyard::jobs

@@ -1,0 +1,264 @@
+// File: coordinator/jobs/scheduler.h
+//
+// The scheduler and elastic policy: drives jobs through the lifecycle of WORKER_PROTOCOL.md
+// ("Job lifecycle driven by these messages") by assigning PENDING and RESTARTING jobs to idle
+// workers and reacting to step reports, worker exits and lost workers.
+//
+// Policy:
+// - A job is schedulable when it is PENDING or RESTARTING and has no generation in flight here.
+//   RESTARTING jobs go first, then PENDING, each in id order; a job that cannot start yet does
+//   not block later ones (backfill).
+// - Worker range: [min_workers, max_workers] of the stored spec; unset min_workers is
+//   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
+//   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
+//   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
+//   TP = CP = PP = ETP = 1 (the worker runs data and expert parallelism only); it picks the
+//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
+//   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
+//   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
+//   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
+//   the default corpus's vocab_size). A stored spec that fails them (stored by an older
+//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP above 1) or
+//   INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when
+//   k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help); with fewer the job
+//   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any
+//   other error (a store that cannot write the FAILED transition) is logged and retried, never
+//   reported as NO_FEASIBLE_PLAN.
+// - Wait reasons: a PENDING or RESTARTING job that cannot start gets an event (state unchanged)
+//   saying why, when the reason differs from the last one recorded by this process:
+//   WAITING_FOR_WORKERS ("needs 3 worker(s), 2 attached", or "... idle" when attached workers
+//   run other jobs) or NO_FEASIBLE_PLAN ("with 2 worker(s), waiting for more: <rule>"). A
+//   restarted coordinator records the current reason once more.
+// - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
+//   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
+//   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
+//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP = TP
+//   = CP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
+//   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
+//   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
+//   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules
+//   (stored before they existed) FAILS the job with INVALID_PATHS before anything is sent.
+// - STARTING -> RUNNING (reason FIRST_STEP) at the first StepReport of the current generation.
+//   Rank 0's reports are published to the StepHub (WatchJob, Job.last_step).
+// - Every rank WorkerExit(0) -> SUCCEEDED (ALL_RANKS_FINISHED; via RUNNING if no step was
+//   reported). WorkerExit 1..127 (or outside 0..255) -> FAILED (WORKER_EXIT_PERMANENT), Stop to
+//   the other ranks. WorkerExit 128..255 -> RESTARTING (WORKER_FAILED), a lost worker ->
+//   RESTARTING (WORKER_LOST), each with Stop to the other ranks; job_state.h turns a RESTARTING
+//   past max_restarts into FAILED (RESTART_LIMIT_EXCEEDED). The job is rescheduled once every
+//   stopped rank has acknowledged with its WorkerExit or stop_timeout passed (unacknowledged
+//   workers are then marked LOST), so the new generation can reuse them.
+// - Cancellation: the api's JobService cancels through the JobHub; the scheduler notices on its
+//   next tick (it re-reads its jobs whenever the hub's version changes, and every
+//   rescan_interval for writers outside the hub) and sends Stop to every rank. OnJobChanged() is
+//   the hook to call after such a mutation to skip the wait for the tick.
+// - Reconnect: a rank whose stream breaks is LOST only after heartbeat_timeout. If it attaches
+//   again with the same worker_id before that, it keeps its rank when its first heartbeat
+//   reports the generation; another generation restarts the job (WORKER_LOST). A worker that
+//   re-attaches after its generation ended here gets Stop and is idle.
+// - Zombies: an idle worker whose heartbeats report a generation (it still runs one this
+//   coordinator ended or does not know) gets one Stop per generation, checked every
+//   rescan_interval. A worker that a live run counts as its rank is never a zombie: the registry
+//   lists a re-attached worker IDLE until the scheduler thread handles its registration, and its
+//   heartbeat can arrive first.
+// - Coordinator restart: jobs that were STARTING or RUNNING when this process started are
+//   re-adopted when every worker the store listed as assigned to the job re-attaches (same
+//   worker_id) and heartbeats the job's generation within adopt_grace; otherwise they restart
+//   (COORDINATOR_RESTARTED) on the workers available. A re-adopted job's ranks are learned from
+//   its step reports.
+//
+// Threading: the On* methods queue an event and return at once (they are called from gRPC
+// callbacks); one scheduler thread handles events in order and runs the schedule pass, so the
+// policy state needs no lock. The hub, registry and store calls happen on that thread.
+#ifndef SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
+#define SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/cluster/rendezvous_store.h"
+#include "coordinator/cluster/worker_registry.h"
+#include "coordinator/jobs/job_hub.h"
+#include "coordinator/jobs/step_hub.h"
+#include "switchyard/v1/job.pb.h"
+#include "switchyard/v1/worker.pb.h"
+
+namespace switchyard::jobs {
+
+// Delivers CoordinatorMessages to attached workers (the WorkerService's streams).
+class WorkerSink {
+ public:
+  virtual ~WorkerSink() = default;
+  // Queues `message` on the worker's stream; false when the worker has no open stream.
+  virtual bool Send(const std::string& worker_id, const v1::CoordinatorMessage& message) = 0;
+};
+
+struct SchedulerOptions {
+  std::string checkpoint_root;      // required: job checkpoints go to <root>/jobs/<job id>
+  std::string data_root = "/data";  // data.data_path and tokenizer_model are resolved under it
+  std::string rendezvous_address;   // required: sent in every Assignment
+  absl::Duration tick = absl::Milliseconds(50);
+  absl::Duration rescan_interval = absl::Seconds(1);
+  absl::Duration stop_timeout = absl::Seconds(10);
+  absl::Duration adopt_grace = absl::Seconds(15);
+  // The cluster the planner sees. GPU memory comes from the workers' GpuInfo when all report it.
+  double cpu_worker_memory_bytes = 64.0 * (1ull << 30);
+  double intra_node_bandwidth_bytes_per_second = 450e9;
+  double inter_node_bandwidth_bytes_per_second = 50e9;
+  double peak_flops = 989e12;
+};
+
+// One generation in flight, for tests and the metrics.
+struct RunSnapshot {
+  std::string job;
+  int64_t generation = 0;
+  std::vector<std::string> ranks;  // worker id per rank ("" when not known: adopted)
+  bool running = false;
+  bool draining = false;  // ended; waiting for Stop acknowledgements
+};
+
+class Scheduler {
+ public:
+  // INVALID_ARGUMENT naming the option (empty checkpoint_root or rendezvous_address, a
+  // non-positive tick). The pointers must outlive the scheduler; `sink` may be set later with
+  // SetSink but before Start.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(jobs::JobHub* hub,
+                                                           cluster::WorkerRegistry* workers,
+                                                           cluster::RendezvousStore* rendezvous,
+                                                           StepHub* steps,
+                                                           SchedulerOptions options);
+  ~Scheduler();  // Stop()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  void SetSink(WorkerSink* sink);
+  // Reads the jobs a previous coordinator left STARTING or RUNNING, then starts the thread.
+  absl::Status Start();
+  // Stops the thread (idempotent). Workers keep running; a new coordinator can re-adopt them.
+  void Stop();
+
+  // Events, from any thread.
+  void OnRegistered(const cluster::Registered& registered);
+  void OnStep(const std::string& worker_id, const v1::StepReport& report);
+  void OnExit(const std::string& worker_id, const v1::WorkerExit& exit);
+  void OnLost(const cluster::WorkerInfo& worker, const std::string& why);
+  void OnJobChanged();
+
+  // Sends CheckpointNow to every rank of the job's running generation (a collective: all ranks
+  // get it). FAILED_PRECONDITION naming the job when no generation of it is running here.
+  absl::Status RequestCheckpoint(const std::string& job);
+
+  std::vector<RunSnapshot> Runs() const;
+
+ private:
+  struct Run {
+    std::string job;
+    int64_t generation = 0;
+    std::map<std::string, int32_t> rank_of;  // worker id -> rank (-1: unknown, adopted)
+    std::map<std::string, int32_t> exit_code;
+    bool running = false;
+    bool draining = false;
+    std::set<std::string> awaiting_stop;
+    absl::Time drain_deadline = absl::InfiniteFuture();
+    std::set<std::string> reattached;  // reconnected ranks whose generation is not heard yet
+    bool adopting = false;
+    absl::Time adopt_deadline = absl::InfiniteFuture();
+    absl::Time last_step_saved = absl::InfinitePast();  // rank 0's step, to the store
+  };
+  struct RegisteredEvent {
+    cluster::Registered registered;
+  };
+  struct StepEvent {
+    std::string worker;
+    v1::StepReport report;
+  };
+  struct ExitEvent {
+    std::string worker;
+    v1::WorkerExit exit;
+  };
+  struct LostEvent {
+    cluster::WorkerInfo worker;
+    std::string why;
+  };
+  using Event = std::variant<RegisteredEvent, StepEvent, ExitEvent, LostEvent>;
+
+  Scheduler(jobs::JobHub* hub, cluster::WorkerRegistry* workers,
+            cluster::RendezvousStore* rendezvous, StepHub* steps, SchedulerOptions options);
+  void Push(Event event);
+  void Loop();
+  void Handle(const RegisteredEvent& e);
+  void Handle(const StepEvent& e);
+  void Handle(const ExitEvent& e);
+  void Handle(const LostEvent& e);
+
+  // The schedule pass and the periodic checks.
+  void SchedulePass();
+  // True when the job was started or failed (it no longer waits). `attached`: idle + busy.
+  bool TrySchedule(const v1::Job& job, std::vector<cluster::WorkerInfo>* idle, int attached);
+  // Records why `job` waits (an event, state unchanged) unless it is the reason last recorded.
+  void NoteWaiting(const v1::Job& job, const std::string& reason, const std::string& message);
+  // FAILED with `reason` and Finish; a failed transition (store error) is logged, not finished,
+  // so the job is retried rather than lost.
+  void FailUnstarted(const v1::Job& job, const std::string& reason, const std::string& message);
+  void CheckRunStates();
+  void CheckDrains();
+  void CheckAdoptions();
+  // Sends Stop (once per worker and generation) to idle workers whose heartbeats report a
+  // generation: they run something this coordinator ended or never started (a generation
+  // restarted while they were away, or one a previous coordinator process left behind).
+  void StopZombies();
+
+  // Ends `run`'s generation with a RESTARTING request (which may come back FAILED).
+  void Restart(Run& run, const std::string& reason, const std::string& message);
+  void Fail(Run& run, const std::string& reason, const std::string& message);
+  // Stops every rank that has not exited and is not `except`, marks the run draining.
+  void Drain(Run& run, const std::string& why);
+  void Finish(const std::string& job);  // terminal: close steps and rendezvous
+  void Send(const std::string& worker, const v1::CoordinatorMessage& message);
+  Run* FindRun(const std::string& job, int64_t generation);
+  // The run (not draining) that counts `worker` among its ranks and has had no WorkerExit from
+  // it, or nullptr. Such a worker can be IDLE in the registry only between its registration with
+  // this process and the handling of its RegisteredEvent (a worker of a re-adopted job): it must
+  // be neither stopped as a zombie nor scheduled for another job in that window.
+  const Run* RunHoldingRank(const std::string& worker) const;
+
+  jobs::JobHub* const hub_;
+  cluster::WorkerRegistry* const workers_;
+  cluster::RendezvousStore* const rendezvous_;
+  StepHub* const steps_;
+  const SchedulerOptions options_;
+  WorkerSink* sink_ = nullptr;
+
+  mutable absl::Mutex mu_;
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Held by the scheduler thread while it handles an event or runs a pass; Runs() reads.
+  mutable absl::Mutex runs_mu_;
+  std::map<std::string, Run> runs_ ABSL_GUARDED_BY(runs_mu_);
+  std::thread thread_;
+
+  // Scheduler-thread state.
+  uint64_t seen_hub_version_ = ~uint64_t{0};
+  absl::Time last_rescan_ = absl::InfinitePast();
+  bool workers_changed_ = true;
+  std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
+  std::map<std::string, std::string> wait_reason_;  // job -> "REASON: message" last recorded
+  std::set<std::pair<std::string, int64_t>> zombies_stopped_;
+};
+
+}  // namespace switchyard::jobs
+
+#endif  // SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_

@@ -1,0 +1,531 @@
+// File: coordinator/jobs/scheduler_test.cc
+//
+// The job lifecycle of WORKER_PROTOCOL.md end to end: a real gRPC server on loopback with the
+// worker services, a real SQLite file, fake workers that are real gRPC clients.
+#include "coordinator/jobs/scheduler.h"
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config/config_defaults.h"
+#include "common/config/validate.h"
+#include "coordinator/api/worker_test_util.h"
+#include "gtest/gtest.h"
+
+namespace switchyard::jobs {
+namespace {
+
+using api::testing::FakeWorker;
+using api::testing::Harness;
+using api::testing::HeartbeatTicker;
+using v1::CoordinatorMessage;
+using v1::Job;
+
+struct Fleet {
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  std::unique_ptr<HeartbeatTicker> ticker;
+
+  Fleet(Harness* h, int n, const std::string& prefix = "w") {
+    std::vector<FakeWorker*> raw;
+    for (int i = 0; i < n; ++i) {
+      workers.push_back(std::make_unique<FakeWorker>(api::testing::MakeChannel(h->port()),
+                                                     absl::StrCat(prefix, i), "host-a"));
+      workers.back()->Attach();
+      raw.push_back(workers.back().get());
+    }
+    ticker = std::make_unique<HeartbeatTicker>(raw, absl::Milliseconds(200));
+    // Wait until every worker is registered.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (h->plane()->registry()->CountInState(cluster::WorkerState::kIdle) < n &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(h->plane()->registry()->CountInState(cluster::WorkerState::kIdle), n);
+  }
+  ~Fleet() {
+    ticker.reset();
+    workers.clear();
+  }
+};
+
+// Waits for an Assignment on each of `workers` and then its Start; checks ranks 0..n-1, one
+// world size, one generation, Start after the Assignment. Returns rank -> worker.
+std::map<int, FakeWorker*> ExpectGeneration(const std::vector<FakeWorker*>& workers,
+                                            const std::string& job, int64_t generation, int world) {
+  std::map<int, FakeWorker*> by_rank;
+  absl::Time last_assignment = absl::InfinitePast(), first_start = absl::InfiniteFuture();
+  for (FakeWorker* w : workers) {
+    auto a = w->WaitFor(CoordinatorMessage::kAssignment);
+    EXPECT_TRUE(a.has_value()) << w->id() << " got no Assignment";
+    if (!a) continue;
+    const v1::Assignment& as = a->message.assignment();
+    EXPECT_EQ(as.job(), job);
+    EXPECT_EQ(as.generation(), generation);
+    EXPECT_EQ(as.world_size(), world);
+    EXPECT_EQ(as.spec().parallel().world_size(), world);
+    EXPECT_EQ(as.mapping().data_parallel_size(), world);
+    EXPECT_EQ(as.spec().training().global_batch_size() %
+                  (as.spec().training().micro_batch_size() * world),
+              0);
+    EXPECT_EQ(as.rendezvous_address(), "coordinator.test:7070");
+    EXPECT_FALSE(as.spec().training().save().empty());
+    EXPECT_EQ(as.spec().training().save(), as.spec().training().load());
+    // The worker validates the assigned spec as the coordinator does.
+    v1::JobSpec defaulted = as.spec();
+    ApplyDefaults(&defaulted);
+    absl::Status valid = ValidateJobSpec(defaulted);
+    EXPECT_TRUE(valid.ok()) << valid;
+    EXPECT_TRUE(by_rank.emplace(as.rank(), w).second) << "rank " << as.rank() << " twice";
+    auto s = w->WaitFor(CoordinatorMessage::kStart);
+    EXPECT_TRUE(s.has_value()) << w->id() << " got no Start";
+    if (s) {
+      EXPECT_GE(s->time, a->time);
+      first_start = std::min(first_start, s->time);
+    }
+    last_assignment = std::max(last_assignment, a->time);
+  }
+  std::vector<std::string> ranks;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(by_rank.count(r), 1u) << "rank " << r << " missing";
+    if (by_rank.count(r)) ranks.push_back(absl::StrCat(r, "=", by_rank[r]->id()));
+  }
+  std::printf(
+      "%s generation %lld: world %d, ranks {%s}; first Start received %s after the last "
+      "Assignment (another stream may overtake)\n",
+      job.c_str(), static_cast<long long>(generation), world, absl::StrJoin(ranks, ", ").c_str(),
+      absl::FormatDuration(first_start - last_assignment).c_str());
+  return by_rank;
+}
+
+std::vector<FakeWorker*> Raw(const Fleet& fleet) {
+  std::vector<FakeWorker*> out;
+  for (const auto& w : fleet.workers) out.push_back(w.get());
+  return out;
+}
+
+// One coordinator with a fleet of fake workers, and the job a test drives on them. The helpers
+// ASSERT: call them through ASSERT_NO_FATAL_FAILURE.
+class SchedulerTest : public ::testing::Test {
+ protected:
+  // A harness over the fresh store `store_name` with `workers` registered, heartbeating workers.
+  void StartFleet(const std::string& store_name, int workers) {
+    h_ = Harness::Start(store_name);
+    ASSERT_NE(h_, nullptr);
+    fleet_ = std::make_unique<Fleet>(h_.get(), workers);
+  }
+
+  // Submits `spec` as job_ and expects its generation 1 of world `world` on the whole fleet.
+  void SubmitGeneration1(const v1::JobSpec& spec, int world) {
+    job_ = h_->Submit(spec);
+    ranks_ = ExpectGeneration(Raw(*fleet_), job_, 1, world);
+    ASSERT_EQ(ranks_.size(), static_cast<size_t>(world));
+  }
+
+  // Every rank of generation 1 reports step 1 with `loss`; waits for RUNNING.
+  void ReportStep1(double loss) {
+    for (auto& [rank, w] : ranks_) w->SendStep(1, loss);
+    h_->WaitForState(job_, Job::RUNNING);
+  }
+
+  void PrintEvents() {
+    auto events = h_->registry()->ListEvents(job_);
+    ASSERT_TRUE(events.ok());
+    for (const v1::JobEvent& e : *events) {
+      std::printf("  event %lld %s gen %lld %s: %s\n", static_cast<long long>(e.sequence()),
+                  Job::State_Name(e.state()).c_str(), static_cast<long long>(e.generation()),
+                  e.reason().c_str(), e.message().c_str());
+    }
+  }
+
+  bool HasEvent(Job::State state, const std::string& reason) {
+    auto events = h_->registry()->ListEvents(job_);
+    if (!events.ok()) return false;
+    for (const v1::JobEvent& e : *events) {
+      if (e.state() == state && e.reason() == reason) return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<Harness> h_;
+  std::unique_ptr<Fleet> fleet_;  // declared after h_: stops before the harness
+  std::string job_;
+  std::map<int, FakeWorker*> ranks_;  // generation 1, from SubmitGeneration1
+};
+
+TEST_F(SchedulerTest, AssignsRunsSucceeds) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_success.db", 4));
+  auto watch_steps = h_->plane()->steps();
+  job_ = h_->Submit(api::testing::SmallSpec(2, 4));
+  std::shared_ptr<StepSubscription> sub = watch_steps->Subscribe(job_);
+  auto ranks = ExpectGeneration(Raw(*fleet_), job_, 1, 4);
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_EQ(ranks[0]->assignment()->spec().training().save(),
+            absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/jobs/1"));  // <root>/jobs/<id>
+  Job starting = h_->WaitForState(job_, Job::STARTING);
+  EXPECT_EQ(starting.generation(), 1);
+
+  for (auto& [rank, w] : ranks) w->SendStep(1, 5.0 + rank);
+  h_->WaitForState(job_, Job::RUNNING);
+  auto step = sub->Next(absl::Seconds(10));
+  ASSERT_TRUE(step.has_value());
+  EXPECT_EQ(step->step(), 1);
+  EXPECT_DOUBLE_EQ(step->loss(), 5.0);  // rank 0's report
+  for (auto& [rank, w] : ranks) w->SendStep(2, 4.0 + rank);
+  step = sub->Next(absl::Seconds(10));
+  ASSERT_TRUE(step.has_value());
+  EXPECT_EQ(step->step(), 2);
+  std::printf("WatchJob subscription got steps 1 and 2 with rank 0's loss %.1f\n", step->loss());
+
+  // CheckpointNow reaches every rank; a job without a running generation is refused.
+  ASSERT_TRUE(h_->plane()->scheduler()->RequestCheckpoint(job_).ok());
+  for (auto& [rank, w] : ranks) {
+    EXPECT_TRUE(w->WaitFor(CoordinatorMessage::kCheckpoint).has_value()) << "rank " << rank;
+  }
+  EXPECT_EQ(h_->plane()->scheduler()->RequestCheckpoint("jobs/999").code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Workers report BUSY in the store while running.
+  auto row = h_->store()->GetWorker(ranks[1]->id());
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->state, store::WorkerState::kAssigned);
+  EXPECT_EQ(row->job, job_);
+
+  for (auto& [rank, w] : ranks) w->SendExit(0);
+  Job done = h_->WaitForState(job_, Job::SUCCEEDED);
+  PrintEvents();
+  EXPECT_TRUE(HasEvent(Job::SUCCEEDED, "ALL_RANKS_FINISHED"));
+  ASSERT_TRUE(h_->plane()->steps()->LastStep(job_).has_value());
+  EXPECT_EQ(h_->plane()->steps()->LastStep(job_)->step(), 2);
+  // The subscription closes with the job.
+  EXPECT_FALSE(sub->Next(absl::Seconds(2)).has_value());
+  EXPECT_TRUE(sub->done());
+  // Every worker is idle again (in memory and in the store) and no Stop was sent.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (h_->plane()->registry()->CountInState(cluster::WorkerState::kIdle) < 4 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(h_->plane()->registry()->CountInState(cluster::WorkerState::kIdle), 4);
+  for (auto& w : fleet_->workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kStop), 0);
+  row = h_->store()->GetWorker(ranks[1]->id());
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->state, store::WorkerState::kIdle);
+}
+
+TEST_F(SchedulerTest, LostWorkerRestartsOnFewerWorkers) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_lost.db", 4));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(2, 4), 4));
+  ReportStep1(3.0);
+
+  // Rank 2 goes silent: no heartbeats, no answers.
+  FakeWorker* silent = ranks_[2];
+  silent->set_ack_stop(false);
+  silent->set_heartbeating(false);
+  const absl::Time silenced = absl::Now();
+  // RESTARTING lasts only until the Stops are acknowledged: wait for its event.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!HasEvent(Job::RESTARTING, "WORKER_LOST") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::printf("silent worker %s: job RESTARTING after %s (heartbeat_timeout 1s)\n",
+              silent->id().c_str(), absl::FormatDuration(absl::Now() - silenced).c_str());
+  EXPECT_TRUE(HasEvent(Job::RESTARTING, "WORKER_LOST"));
+  // Its stream is ended by the coordinator.
+  auto end = silent->WaitForEnd(absl::Seconds(10));
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->error_code(), grpc::StatusCode::UNAVAILABLE) << end->error_message();
+
+  // The other three get Stop (and acknowledge), then a generation 2 of world 3.
+  std::vector<FakeWorker*> rest;
+  for (auto& [rank, w] : ranks_) {
+    if (w == silent) continue;
+    auto stop = w->WaitFor(CoordinatorMessage::kStop);
+    ASSERT_TRUE(stop.has_value()) << w->id();
+    EXPECT_NE(stop->message.stop().reason().find("WORKER_LOST"), std::string::npos);
+    rest.push_back(w);
+  }
+  auto ranks2 = ExpectGeneration(rest, job_, 2, 3);
+  ASSERT_EQ(ranks2.size(), 3u);
+  Job restarted = h_->WaitForState(job_, Job::STARTING);
+  EXPECT_EQ(restarted.restart_count(), 1);
+  EXPECT_EQ(restarted.generation(), 2);
+  for (auto& [rank, w] : ranks2) w->SendStep(2, 2.0);
+  h_->WaitForState(job_, Job::RUNNING);
+  for (auto& [rank, w] : ranks2) w->SendExit(0);
+  h_->WaitForState(job_, Job::SUCCEEDED);
+  PrintEvents();
+  auto lost = h_->plane()->registry()->Get(silent->id());
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ(lost->state, cluster::WorkerState::kLost);
+  auto row = h_->store()->GetWorker(silent->id());
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->state, store::WorkerState::kLost);
+}
+
+TEST_F(SchedulerTest, RestartLimitExceededFails) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_limit.db", 2));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(2, 2, /*max_restarts=*/1), 2));
+  ranks_[1]->SendExit(200, "NCCL timeout");  // retryable
+  auto stop = ranks_[0]->WaitFor(CoordinatorMessage::kStop);
+  ASSERT_TRUE(stop.has_value());
+  std::printf("Stop to rank 0: %s\n", stop->message.stop().reason().c_str());
+  auto ranks2 = ExpectGeneration(Raw(*fleet_), job_, 2, 2);
+  ASSERT_EQ(ranks2.size(), 2u);
+  ranks2[0]->SendExit(137, "lost peer");
+  ASSERT_TRUE(ranks2[1]->WaitFor(CoordinatorMessage::kStop).has_value());
+  Job failed = h_->WaitForState(job_, Job::FAILED);
+  std::printf("failure_reason: %s\n", failed.failure_reason().c_str());
+  EXPECT_NE(failed.failure_reason().find("RESTART_LIMIT_EXCEEDED"), std::string::npos);
+  EXPECT_NE(failed.failure_reason().find("WORKER_FAILED"), std::string::npos);
+  EXPECT_EQ(failed.restart_count(), 1);
+  PrintEvents();
+  // No third generation.
+  absl::SleepFor(absl::Milliseconds(300));
+  for (auto& w : fleet_->workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kAssignment), 2);
+}
+
+TEST_F(SchedulerTest, PermanentExitFails) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_permanent.db", 3));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(3, 3), 3));
+  ReportStep1(1.0);
+  ranks_[1]->SendExit(2, "bad spec: unsupported layout");
+  Job failed = h_->WaitForState(job_, Job::FAILED);
+  std::printf("failure_reason: %s\n", failed.failure_reason().c_str());
+  EXPECT_NE(failed.failure_reason().find("WORKER_EXIT_PERMANENT"), std::string::npos);
+  EXPECT_NE(failed.failure_reason().find("code 2"), std::string::npos);
+  EXPECT_EQ(failed.restart_count(), 0);
+  ASSERT_TRUE(ranks_[0]->WaitFor(CoordinatorMessage::kStop).has_value());
+  ASSERT_TRUE(ranks_[2]->WaitFor(CoordinatorMessage::kStop).has_value());
+  EXPECT_EQ(ranks_[1]->CountReceived(CoordinatorMessage::kStop), 0);
+}
+
+TEST_F(SchedulerTest, CancelStopsEveryRank) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_cancel.db", 2));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(2, 2), 2));
+  ReportStep1(1.0);
+  const absl::Time cancelled = absl::Now();
+  ASSERT_TRUE(h_->hub()->CancelJob(job_).ok());  // what JobService.CancelJob does
+  for (auto& [rank, w] : ranks_) {
+    auto stop = w->WaitFor(CoordinatorMessage::kStop);
+    ASSERT_TRUE(stop.has_value()) << w->id();
+    std::printf("rank %d got Stop %s after CancelJob: %s\n", rank,
+                absl::FormatDuration(stop->time - cancelled).c_str(),
+                stop->message.stop().reason().c_str());
+  }
+  h_->WaitForState(job_, Job::CANCELLED);
+  // The acknowledged workers are idle and take the next job.
+  const std::string next = h_->Submit(api::testing::SmallSpec(2, 2));
+  auto ranks2 = ExpectGeneration(Raw(*fleet_), next, 1, 2);
+  EXPECT_EQ(ranks2.size(), 2u);
+}
+
+// A job needing more workers than attached waits PENDING with one WAITING_FOR_WORKERS event
+// (not one per scheduler pass); parallelism the workers cannot run never gets that far: it is
+// refused at submit (jobs/resolve_spec.h), naming the field.
+TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallelism) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_wait.db", 1));
+  job_ = h_->Submit(api::testing::SmallSpec(2, 2));
+  v1::JobSpec tp2 = api::testing::SmallSpec(1, 1);
+  tp2.mutable_parallel()->set_tensor_model_parallel_size(2);
+  tp2.mutable_parallel()->set_sequence_parallel(true);
+  v1::CreateJobRequest bad;
+  *bad.mutable_spec() = tp2;
+  absl::StatusOr<Job> refused = h_->hub()->CreateJob(bad);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  std::printf("TP=2 job refused at submit: %s\n", std::string(refused.status().message()).c_str());
+  EXPECT_NE(refused.status().message().find("parallel.tensor_model_parallel_size (2) must be 1"),
+            absl::string_view::npos);
+  // The wait reason appears once, however many passes run meanwhile (rescan every 1 s here).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  Job pending;
+  while (absl::Now() < deadline) {
+    pending = *h_->hub()->GetJob(job_);
+    if (pending.last_event().reason() == "WAITING_FOR_WORKERS") break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(pending.state(), Job::PENDING) << "1 idle worker < min_workers 2";
+  EXPECT_EQ(pending.last_event().reason(), "WAITING_FOR_WORKERS");
+  EXPECT_EQ(pending.last_event().message(), "needs 2 worker(s), 1 attached");
+  absl::SleepFor(absl::Milliseconds(2500));
+  auto events = h_->hub()->ListEvents(job_);
+  ASSERT_TRUE(events.ok());
+  int waits = 0;
+  for (const v1::JobEvent& e : *events) waits += e.reason() == "WAITING_FOR_WORKERS";
+  EXPECT_EQ(waits, 1) << "the reason did not change, so it is recorded once";
+  std::printf("pending: %s: %s (%d event(s) after 2.5 s of passes)\n",
+              pending.last_event().reason().c_str(), pending.last_event().message().c_str(), waits);
+  // A second worker arrives: the job starts on both.
+  FakeWorker second(api::testing::MakeChannel(h_->port()), "late", "host-b");
+  second.Attach();
+  fleet_->ticker->Add(&second);
+  auto ranks = ExpectGeneration({fleet_->workers[0].get(), &second}, job_, 1, 2);
+  EXPECT_EQ(ranks.size(), 2u);
+}
+
+// The bug this path fixes: save_interval without save passed CreateJob, then failed at planning
+// (NO_FEASIBLE_PLAN: training.save_interval requires training.save). The scheduler resolves the
+// stored spec with the job id, so it starts, saving to <checkpoint root>/<job id>.
+TEST_F(SchedulerTest, SaveIntervalWithoutSaveStartsWithTheCoordinatorsDirectory) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_save_interval.db", 1));
+  v1::JobSpec spec = api::testing::SmallSpec(1, 1);
+  spec.mutable_training()->set_save_interval(5);
+  job_ = h_->Submit(spec);
+  auto ranks = ExpectGeneration(Raw(*fleet_), job_, 1, 1);
+  ASSERT_EQ(ranks.size(), 1u);
+  const v1::Assignment a = *ranks[0]->assignment();
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/checkpoints/jobs/1");
+  EXPECT_EQ(a.spec().training().save(), dir);
+  EXPECT_EQ(a.spec().training().load(), dir);
+  EXPECT_EQ(a.spec().training().save_interval(), 5);
+  std::printf("assigned save %s every %lld steps\n", a.spec().training().save().c_str(),
+              static_cast<long long>(a.spec().training().save_interval()));
+}
+
+TEST_F(SchedulerTest, NoFeasiblePlanFails) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_noplan.db", 2));
+  v1::JobSpec spec = api::testing::SmallSpec(2, 2);
+  spec.mutable_training()->set_global_batch_size(3);  // not divisible by 1 x 2
+  job_ = h_->Submit(spec);
+  Job failed = h_->WaitForState(job_, Job::FAILED);
+  std::printf("failure_reason: %s\n", failed.failure_reason().c_str());
+  EXPECT_NE(failed.failure_reason().find("NO_FEASIBLE_PLAN"), std::string::npos);
+  EXPECT_NE(failed.failure_reason().find("global_batch_size"), std::string::npos);
+  for (auto& w : fleet_->workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kAssignment), 0);
+}
+
+// Fewer workers than max_workers and no mapping for them: the job waits PENDING, and its event
+// quotes the planner's rule (more workers may help, so it is not failed).
+TEST_F(SchedulerTest, InfeasibleWithTheWorkersAttachedWaitsQuotingTheRule) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_noplan_wait.db", 2));
+  v1::JobSpec spec = api::testing::SmallSpec(2, 4);
+  spec.mutable_training()->set_global_batch_size(3);  // 2 workers: not divisible by 1 x 2
+  job_ = h_->Submit(spec);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  Job pending;
+  while (absl::Now() < deadline) {
+    pending = *h_->hub()->GetJob(job_);
+    if (pending.last_event().reason() == "NO_FEASIBLE_PLAN") break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::printf("pending: %s: %s\n", pending.last_event().reason().c_str(),
+              pending.last_event().message().c_str());
+  EXPECT_EQ(pending.state(), Job::PENDING);
+  EXPECT_EQ(pending.last_event().reason(), "NO_FEASIBLE_PLAN");
+  EXPECT_NE(pending.last_event().message().find("with 2 worker(s), waiting for more"),
+            std::string::npos);
+  EXPECT_NE(pending.last_event().message().find("global_batch_size"), std::string::npos);
+  for (auto& w : fleet_->workers) EXPECT_EQ(w->CountReceived(CoordinatorMessage::kAssignment), 0);
+}
+
+TEST_F(SchedulerTest, UnacknowledgedStopMarksWorkerLostThenRestarts) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_stuck.db", 3));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(2, 3), 3));
+  FakeWorker* stuck = ranks_[1];
+  stuck->set_ack_stop(false);  // heartbeats on, but never answers the Stop (stuck collective)
+  const absl::Time failed_at = absl::Now();
+  ranks_[0]->SendExit(139, "CUDA error");
+  ASSERT_TRUE(stuck->WaitFor(CoordinatorMessage::kStop).has_value());
+  auto end = stuck->WaitForEnd(absl::Seconds(10));
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->error_code(), grpc::StatusCode::UNAVAILABLE);
+  std::printf("stuck worker's stream ended after %s (stop_timeout 3s): %s\n",
+              absl::FormatDuration(absl::Now() - failed_at).c_str(), end->error_message().c_str());
+  EXPECT_NE(end->error_message().find("did not acknowledge Stop"), std::string::npos);
+  auto ranks2 = ExpectGeneration({ranks_[0], ranks_[2]}, job_, 2, 2);
+  EXPECT_EQ(ranks2.size(), 2u);
+  PrintEvents();
+}
+
+TEST_F(SchedulerTest, ReconnectWithinTimeoutKeepsTheRank) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_reconnect.db", 2));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(2, 2), 2));
+  ReportStep1(1.0);
+
+  // Rank 1's connection breaks; a CheckpointNow sent meanwhile waits in its queue.
+  FakeWorker* old = ranks_[1];
+  const v1::Assignment assignment = *old->assignment();
+  old->set_heartbeating(false);
+  EXPECT_TRUE(old->Close().ok());
+  ASSERT_TRUE(h_->plane()->scheduler()->RequestCheckpoint(job_).ok());
+  FakeWorker again(api::testing::MakeChannel(h_->port(), 7), old->id(), "host-a");
+  again.set_assignment(assignment);
+  again.Attach();
+  fleet_->ticker->Add(&again);
+  auto checkpoint = again.WaitFor(CoordinatorMessage::kCheckpoint);
+  ASSERT_TRUE(checkpoint.has_value()) << "the queued CheckpointNow was not delivered";
+  absl::SleepFor(absl::Milliseconds(1500));  // past heartbeat_timeout: nobody is LOST
+  EXPECT_EQ(h_->plane()->registry()->Get(old->id())->state, cluster::WorkerState::kBusy);
+  again.SendStep(2, 0.5);
+  ranks_[0]->SendStep(2, 0.5);
+  ranks_[0]->SendExit(0);
+  again.SendExit(0);
+  Job done = h_->WaitForState(job_, Job::SUCCEEDED);
+  EXPECT_EQ(done.generation(), 1);
+  EXPECT_EQ(done.restart_count(), 0);
+  EXPECT_EQ(ranks_[0]->CountReceived(CoordinatorMessage::kStop), 0);
+  std::printf("rank 1 reconnected on a new stream, got the queued CheckpointNow, kept its rank\n");
+}
+
+TEST_F(SchedulerTest, ReconnectWithAnotherGenerationRestarts) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_reconnect_other.db", 2));
+  ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(1, 2), 2));
+  FakeWorker* old = ranks_[1];
+  old->set_heartbeating(false);
+  EXPECT_TRUE(old->Close().ok());
+  FakeWorker again(api::testing::MakeChannel(h_->port(), 8), old->id(), "host-a");
+  again.Attach();  // a restarted process: idle, heartbeats generation 0
+  fleet_->ticker->Add(&again);
+  ASSERT_TRUE(ranks_[0]->WaitFor(CoordinatorMessage::kStop).has_value());
+  auto ranks2 = ExpectGeneration({ranks_[0], &again}, job_, 2, 2);
+  EXPECT_EQ(ranks2.size(), 2u);
+  PrintEvents();
+  EXPECT_TRUE(HasEvent(Job::RESTARTING, "WORKER_LOST"));
+}
+
+TEST_F(SchedulerTest, WaitsWhenMoreWorkersCouldMakeAPlan) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_wait_plan.db", 3));
+  v1::JobSpec spec = api::testing::SmallSpec(2, 6);
+  spec.mutable_training()->set_global_batch_size(5);  // only a world of 5 (or 1) divides it
+  job_ = h_->Submit(spec);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(h_->hub()->GetJob(job_)->state(), Job::PENDING) << "3 workers < 5: wait, not FAILED";
+  std::vector<std::unique_ptr<FakeWorker>> more;
+  std::vector<FakeWorker*> all = Raw(*fleet_);
+  for (int i = 0; i < 2; ++i) {
+    more.push_back(std::make_unique<FakeWorker>(api::testing::MakeChannel(h_->port()),
+                                                absl::StrCat("more", i), "host-b"));
+    more.back()->Attach();
+    fleet_->ticker->Add(more.back().get());
+    all.push_back(more.back().get());
+  }
+  auto ranks = ExpectGeneration(all, job_, 1, 5);
+  EXPECT_EQ(ranks.size(), 5u);
+}
+
+// No fleet: the only worker is one that claims a generation the coordinator never ran.
+TEST_F(SchedulerTest, IdleWorkerRunningAnUnknownGenerationGetsOneStop) {
+  auto h = Harness::Start("sched_zombie.db");
+  ASSERT_NE(h, nullptr);
+  FakeWorker zombie(api::testing::MakeChannel(h->port()), "zombie");
+  v1::Assignment stale;
+  stale.set_job("jobs/99");
+  stale.set_generation(5);
+  zombie.set_assignment(stale);
+  zombie.set_ack_stop(false);
+  zombie.Attach();
+  HeartbeatTicker ticker({&zombie}, absl::Milliseconds(100));
+  auto stop = zombie.WaitFor(CoordinatorMessage::kStop, absl::Seconds(5));
+  ASSERT_TRUE(stop.has_value());
+  std::printf("zombie got Stop: %s\n", stop->message.stop().reason().c_str());
+  EXPECT_NE(stop->message.stop().reason().find("generation 5"), std::string::npos);
+  absl::SleepFor(absl::Milliseconds(1200));  // two more rescans: no second Stop
+  EXPECT_EQ(zombie.CountReceived(CoordinatorMessage::kStop), 1);
+}
+
+}  // namespace
+}  // namespace switchyard::jobs
