@@ -48,6 +48,31 @@ import readme_check  # noqa: E402
 
 failures = []
 
+# deploy/README.md's first block, one row per kind of line (first match wins; the line's trailing
+# `# comment` removed). A line no row matches fails the test: add a row.
+#   run            run as written (bash, in a copy of deploy/'s parent; $bin is a bazel-bin layout
+#                  of the real binaries)
+#   export         VAR=VALUE pairs kept for the next lines (127.0.0.1:50051 -> this coordinator)
+#   kustomize      `kubectl apply -k DIR`: `kubectl kustomize DIR` (apply needs an API server)
+#   secret         as written + `--dry-run=client -o yaml`
+#   pipe-to-apply  `X | kubectl apply -f -`: X runs and must print a manifest
+#   syctl          as written against a real coordinator and CPU worker (127.0.0.1:50051 -> its
+#                  address; `jobs/7` -> the job the block submitted)
+#   not run: WHY   named, not run
+DEPLOY_LINES = [
+    (r"bazel build ", "not run: bazel inside a Bazel test; $bin holds the same three binaries"),
+    (r"bin=\$\(bazel info bazel-bin\)", "not run: bazel inside a Bazel test; bin= a bazel-bin layout"),
+    (r"mkdir |cp ", "run"),
+    (r"docker ", "not run: no Docker engine here; deploy_test checks the Dockerfile"),
+    (r"export ", "export"),
+    (r"kubectl apply -k ", "kustomize"),
+    (r"kubectl -n \S+ create secret ", "secret"),
+    (r"kubectl -n \S+ (get|port-forward) ", "not run: needs a cluster (the syctl lines use a "
+     "local coordinator and its token instead)"),
+    (r"syctl .*\|\s*kubectl apply -f -$", "pipe-to-apply"),
+    (r"syctl ", "syctl"),
+]
+
 
 def check(ok, message):
     print(("ok: " if ok else "FAIL: ") + message, flush=True)
@@ -265,37 +290,29 @@ def deploy_block(coordinator, worker, syctl, tmp, grpc, token_file):
         return subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], cwd=work, env=env,
                               capture_output=True, text=True, timeout=300)
 
-    lines = joined(block("deploy/README.md", "# 1. binaries"))
-    ran = 0
-    for line in lines:
-        cmd = line.split(" #")[0].strip() if not line.strip().startswith("#") else ""
-        if not cmd:
-            continue
-        where = "deploy: " + cmd[:90]
-        if cmd.startswith("bazel build "):
-            targets = set(cmd.split()[2:])
-            check(targets == {"//coordinator:switchyard-coordinator", "//worker:switchyard-worker",
-                              "//cli:syctl"},
-                  where + " (not run: bazel inside a test; its targets are this test's data)")
-        elif cmd.startswith("bin=$(bazel info bazel-bin)"):
-            print("ok: %s (not run: bazel inside a test; bin=%s, the same layout)" %
-                  (where, binroot))
-        elif cmd.startswith(("mkdir ", "cp ")):
-            r = sh(cmd)
-            check(r.returncode == 0, "%s -> exit %d %s" % (where, r.returncode, r.stderr[-300:]))
-            ran += 1
-        elif cmd.startswith("docker "):
-            print("ok: %s (not run: no Docker engine here; deploy_test checks the Dockerfile)" %
-                  where)
-        elif cmd.startswith("kubectl apply -k "):
+    state = {"job": None}  # the job the block's `syctl submit` created: its `jobs/7` below
+
+    def run(cmd, where):
+        r = sh(cmd)
+        check(r.returncode == 0, "%s -> exit %d %s" %
+              (where, r.returncode, (r.stdout + r.stderr).strip()[-300:]))
+        return r
+
+    def action(kind, cmd, where):
+        if kind == "run":
+            run(cmd, where)
+        elif kind == "export":  # kept for the lines after it, the address made this coordinator's
+            for name, value in re.findall(r"(\w+)=(\S+)", cmd[len("export "):]):
+                env[name] = value.replace("127.0.0.1:50051", grpc)
+            print("ok: %s (set for the next lines, address %s)" % (where, grpc))
+        elif kind == "kustomize":  # `kubectl apply -k DIR`: its client side (apply needs an API)
             directory = cmd.split()[-1]
             r = sh("kubectl kustomize " + directory)
             kinds = sorted(set(re.findall(r"^kind: (\S+)", r.stdout, re.M)))
-            check(r.returncode == 0 and "StatefulSet" in kinds and "namespace: switchyard" in
+            check(r.returncode == 0 and "Namespace" in kinds and "namespace: switchyard" in
                   r.stdout, "%s -> client side: kubectl kustomize %s renders %s %s" %
                   (where, directory, kinds, r.stderr[-300:]))
-            ran += 1
-        elif re.match(r"kubectl -n \S+ create secret ", cmd):
+        elif kind == "secret":
             r = sh(cmd + " --dry-run=client -o yaml")
             token = re.search(r"^  token: (\S+)", r.stdout, re.M)
             value = base64.b64decode(token.group(1)).decode() if token else ""
@@ -303,27 +320,51 @@ def deploy_block(coordinator, worker, syctl, tmp, grpc, token_file):
                   re.fullmatch(r"[0-9a-f]{64}", value) is not None,
                   "%s --dry-run=client -o yaml -> a Secret with a 64-hex token %s" %
                   (where, r.stderr[-300:]))
-            ran += 1
-        elif re.match(r"kubectl -n \S+ (get|port-forward) ", cmd):
-            print("ok: %s (not run: needs a cluster; the syctl lines below use a local "
-                  "coordinator and its token instead)" % where)
-        elif cmd.startswith("syctl "):
+        elif kind == "pipe-to-apply":  # `X | kubectl apply -f -`: X runs, the apply needs an API
+            left = cmd[:cmd.rindex("|")].strip()
+            if state["job"]:
+                left = left.replace("jobs/7", state["job"])
+            r = sh(left)
+            check(r.returncode == 0 and re.search(r"^kind: ", r.stdout, re.M) is not None,
+                  "%s -> %s prints a manifest (kubectl apply not run: needs a cluster) %s" %
+                  (where, left[:60], r.stderr[-300:]))
+        elif kind == "syctl":  # against this test's coordinator and CPU worker
             real = cmd.replace("127.0.0.1:50051", grpc)
-            r = sh(real)
-            ok = r.returncode == 0
+            if state["job"]:
+                real = real.replace("jobs/7", state["job"])
+            r = run(real, where + " (coordinator %s)" % grpc)
+            if re.search(r"\bsubmit\b", cmd):
+                m = re.search(r"jobs/\d+", r.stdout + r.stderr)
+                state["job"] = m.group(0) if m else None
+                if "--wait" in cmd:
+                    check("SUCCEEDED" in r.stdout + r.stderr, where + ": the job SUCCEEDED")
             if cmd.endswith(" workers"):
-                ok = ok and re.search(r"\bcpu\s+IDLE\b", r.stdout) is not None  # our worker
-            if "--wait" in cmd:
-                ok = ok and "SUCCEEDED" in r.stderr + r.stdout
-            check(ok, "%s (coordinator %s) -> exit %d: %s" %
-                  (where, grpc, r.returncode, (r.stdout + r.stderr).strip()[-300:]))
-            ran += 1
+                check(re.search(r"\bcpu\s+IDLE\b", r.stdout) is not None,
+                      where + ": lists this test's CPU worker")
+        elif kind.startswith("not run"):
+            print("ok: %s (%s)" % (where, kind))
         else:
-            check(False, "%s: no rule in tools/readme_synopsis_test.py says how to run it" % where)
+            sys.exit("FAIL: DEPLOY_LINES kind %r" % kind)
+
+    lines = joined(block("deploy/README.md", "# 1. binaries"))
+    for line in lines:
+        cmd = re.split(r"\s+#\s", line)[0].strip() if not line.strip().startswith("#") else ""
+        if not cmd:
+            continue
+        where = "deploy: " + cmd[:90]
+        kinds = [k for pattern, k in DEPLOY_LINES if re.match(pattern, cmd)]
+        if not kinds:
+            check(False, "%s: no DEPLOY_LINES row of tools/readme_synopsis_test.py says how to run "
+                  "it: add one" % where)
+            continue
+        action(kinds[0], cmd, where)
+        if cmd.startswith("bazel build "):
+            check(set(cmd.split()[2:]) == {"//coordinator:switchyard-coordinator",
+                                           "//worker:switchyard-worker", "//cli:syctl"},
+                  where + ": its targets are this test's binaries")
     for exe in ("switchyard-coordinator", "switchyard-worker", "syctl"):
         check(os.path.exists(os.path.join(work, "deploy", "docker", "bin", exe)),
               "deploy/docker/bin/%s copied by the block's cp" % exe)
-    check(ran >= 6, "deploy: %d lines ran" % ran)
 
 
 def worker_runs(worker, tmp):
