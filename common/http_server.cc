@@ -678,8 +678,9 @@ void HttpServer::ServeRequests(Connection* conn, Stream& stream) {
       if (request.headers.count("content-length") != 0) {
         return fail(request, 400, "Transfer-Encoding and Content-Length: send only one of them");
       }
-      if (http10)
+      if (http10) {
         return fail(request, 400, "Transfer-Encoding: not allowed in an HTTP/1.0 request");
+      }
       chunked = true;
     }
     size_t body_length = 0;
