@@ -664,15 +664,24 @@ void HttpServer::ServeRequests(Connection* conn, Stream& stream) {
         if (name != "content-length") it->second = absl::StrCat(it->second, ", ", value);
       }
     }
+    // Body framing (RFC 9112 6): Transfer-Encoding chunked, or Content-Length, or none.
+    bool chunked = false;
     if (const std::string te = request.Header("Transfer-Encoding"); !te.empty()) {
-      if (absl::StrContains(absl::AsciiStrToLower(te), "chunked")) {
-        return fail(request, 411,
-                    "Transfer-Encoding: chunked is not supported; send the body with a "
-                    "Content-Length header");
+      if (!absl::EqualsIgnoreCase(te, "chunked")) {
+        return fail(request, 501,
+                    absl::StrCat("Transfer-Encoding: \"", te.substr(0, 40),
+                                 "\" is not supported; send the body chunked or with a "
+                                 "Content-Length header"));
       }
-      return fail(request, 501,
-                  absl::StrCat("Transfer-Encoding: \"", te,
-                               "\" is not supported; send the body with a Content-Length header"));
+      // Both framings at once is how requests are smuggled past proxies (RFC 9112 6.3 lets a
+      // server reject it); HTTP/1.0 has no chunked coding.
+      if (request.headers.count("content-length") != 0) {
+        return fail(request, 400, "Transfer-Encoding and Content-Length: send only one of them");
+      }
+      if (http10) {
+        return fail(request, 400, "Transfer-Encoding: not allowed in an HTTP/1.0 request");
+      }
+      chunked = true;
     }
     size_t body_length = 0;
     if (auto it = request.headers.find("content-length"); it != request.headers.end()) {
@@ -691,17 +700,94 @@ void HttpServer::ServeRequests(Connection* conn, Stream& stream) {
       }
       body_length = static_cast<size_t>(parsed);
     }
-    const size_t request_end = header_end + 4 + body_length;
-    while (buf.size() < request_end) {
-      const long n = stream.Read(chunk, std::min(sizeof(chunk), request_end - buf.size()));
+    // The headers are parsed (`lines` is not used again): drop them, the body starts at buf[0].
+    buf.erase(0, header_end + 4);
+    // Reads more of the request into buf under the request's deadline; false when the connection
+    // ended (a 408 is sent first when the deadline passed).
+    auto read_more = [&]() {
+      const long n = stream.Read(chunk, sizeof(chunk));
       if (n <= 0) {
         if (TimedOut(conn)) fail(request, 408, timeout_message);
-        return;
+        return false;
       }
       buf.append(chunk, static_cast<size_t>(n));
+      return true;
+    };
+    if (chunked) {
+      // chunk = chunk-size [ chunk-ext ] CRLF chunk-data CRLF, ending with a zero-size chunk, then
+      // trailer fields and an empty line (RFC 9112 7.1). Extensions are ignored, trailers read
+      // and dropped; the decoded body is capped by max_body_bytes, size and trailer lines by
+      // max_header_bytes.
+      size_t pos = 0;
+      for (;;) {
+        size_t eol;
+        while ((eol = buf.find("\r\n", pos)) == std::string::npos) {
+          if (buf.size() - pos > o.max_header_bytes) {
+            return fail(request, 400,
+                        absl::StrCat("chunked body: a chunk-size line longer than ",
+                                     o.max_header_bytes, " bytes (max_header_bytes)"));
+          }
+          if (!read_more()) return;
+        }
+        const absl::string_view line = absl::string_view(buf).substr(pos, eol - pos);
+        const absl::string_view hex =
+            absl::StripTrailingAsciiWhitespace(line.substr(0, line.find(';')));
+        uint64_t size = 0;
+        if (hex.empty() || hex.size() > 16 ||
+            !std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); }) ||
+            !absl::SimpleHexAtoi(hex, &size)) {
+          return fail(request, 400,
+                      absl::StrCat("chunked body: chunk size \"", line.substr(0, 40),
+                                   "\" is not a hexadecimal byte count"));
+        }
+        if (size > o.max_body_bytes - request.body.size()) {
+          return fail(
+              request, 413,
+              absl::StrCat("request body: larger than ", o.max_body_bytes, " bytes (chunked)"));
+        }
+        pos = eol + 2;
+        if (size == 0) break;
+        while (buf.size() < pos + size + 2) {
+          if (!read_more()) return;
+        }
+        if (buf.compare(pos + size, 2, "\r\n") != 0) {
+          return fail(request, 400,
+                      absl::StrCat("chunked body: chunk data not followed by CRLF (chunk size ",
+                                   size, ")"));
+        }
+        request.body.append(buf, pos, size);
+        buf.erase(0, pos + size + 2);
+        pos = 0;
+      }
+      // The trailer section: field lines until an empty line, dropped.
+      const size_t trailer_start = pos;
+      for (;;) {
+        size_t eol;
+        while ((eol = buf.find("\r\n", pos)) == std::string::npos) {
+          if (buf.size() - trailer_start > o.max_header_bytes) {
+            return fail(request, 431,
+                        absl::StrCat("chunked body: trailer fields larger than ",
+                                     o.max_header_bytes, " bytes (max_header_bytes)"));
+          }
+          if (!read_more()) return;
+        }
+        if (eol - trailer_start > o.max_header_bytes) {
+          return fail(request, 431,
+                      absl::StrCat("chunked body: trailer fields larger than ", o.max_header_bytes,
+                                   " bytes (max_header_bytes)"));
+        }
+        const bool last = eol == pos;
+        pos = eol + 2;
+        if (last) break;
+      }
+      buf.erase(0, pos);
+    } else {
+      while (buf.size() < body_length) {
+        if (!read_more()) return;
+      }
+      request.body = buf.substr(0, body_length);
+      buf.erase(0, body_length);
     }
-    request.body = buf.substr(header_end + 4, body_length);
-    buf.erase(0, request_end);
 
     const size_t question = request.target.find('?');
     request.path = PercentDecode(absl::string_view(request.target).substr(0, question), false);

@@ -19,9 +19,16 @@
 //       idle_timeout     a keep-alive connection waiting for its next request's first byte.
 //       send_timeout     writing one response (a client that does not read).
 //     The handler's own run time is not bounded (it is the server's work, not the client's).
+//   - Bodies: Content-Length, or Transfer-Encoding: chunked (RFC 9112 7.1: hex chunk sizes,
+//     chunk extensions ignored, trailer fields read and dropped; the handler sees the decoded
+//     body), both under the same max_body_bytes and request_timeout.
 //   - Limits: request line + headers over max_header_bytes -> 431; Content-Length over
-//     max_body_bytes -> 413 (the body is not read); Transfer-Encoding: chunked -> 411 (send a
-//     Content-Length), any other Transfer-Encoding -> 501; a malformed request -> 400. Each of
+//     max_body_bytes -> 413 (the body is not read); a chunked body whose chunks add up to more
+//     than max_body_bytes -> 413 (before the chunk that crosses it is read); a chunk-size line
+//     that is not hex or is longer than max_header_bytes, chunk data not followed by CRLF,
+//     Transfer-Encoding together with Content-Length, or in an HTTP/1.0 request -> 400; trailer
+//     fields over max_header_bytes -> 431; any Transfer-Encoding but "chunked" (e.g. "gzip,
+//     chunked") -> 501; a malformed request -> 400. Each of
 //     these closes the connection after the response, lingering first (what the client still
 //     sends is read and dropped for up to 2 s / 64 MiB) so that it reads the response instead
 //     of a reset.
@@ -31,7 +38,7 @@
 // Routing (HttpRouter): exact paths or ECMAScript regexes over the whole (percent-decoded) path.
 // A path that some route matches but not with this method is 405 with an `Allow` header listing
 // the methods it has; a path no route matches is 404. The bodies of 404/405 and of the server's
-// own errors (400, 408, 411, 413, 431, 501, 503) come from the router's error renderer, so a
+// own errors (400, 408, 413, 431, 501, 503) come from the router's error renderer, so a
 // JSON API keeps one error shape.
 //
 // Thread rules: Create and Stop from one owner thread. Handlers run on connection threads, many

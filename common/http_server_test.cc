@@ -272,11 +272,46 @@ TEST(HttpServerTest, SizeAndFramingLimits) {
        "larger than 100 bytes"},
       {"huge Content-Length", "POST /v1/jobs HTTP/1.1\r\nContent-Length: 99999999999999\r\n\r\n",
        413, "larger than 100 bytes"},
-      {"chunked",
-       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411,
-       "Content-Length"},
       {"other transfer coding", "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501,
        "gzip"},
+      {"gzip then chunked",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501,
+       "gzip, chunked"},
+      {"chunked and Content-Length",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
+       "5\r\nhello\r\n0\r\n\r\n",
+       400, "send only one"},
+      {"chunked in HTTP/1.0",
+       "POST /v1/jobs HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "HTTP/1.0"},
+      {"chunk size not hex",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", 400,
+       "chunk size \"zz\" is not a hexadecimal byte count"},
+      {"chunk size empty",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n;ext\r\nhello\r\n0\r\n\r\n",
+       400, "hexadecimal"},
+      {"negative chunk size",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n", 400,
+       "hexadecimal"},
+      {"chunk data longer than its size",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhello\r\n0\r\n\r\n", 400,
+       "not followed by CRLF"},
+      {"chunk-size line never ends",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;" + std::string(3000, 'e'),
+       400, "longer than 1024"},
+      {"one chunk over max_body_bytes",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n65\r\n", 413,
+       "larger than 100 bytes (chunked)"},
+      {"chunks adding up past max_body_bytes",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n32\r\n" + std::string(50, 'c') +
+           "\r\n33\r\n",
+       413, "larger than 100 bytes (chunked)"},
+      {"huge chunk size",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n", 413,
+       "larger than 100 bytes"},
+      {"trailers over max_header_bytes",
+       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: " +
+           std::string(2000, 't') + "\r\n\r\n",
+       431, "trailer"},
       {"bad Content-Length", "POST /v1/jobs HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400,
        "Content-Length"},
       {"two Content-Lengths",
@@ -297,6 +332,70 @@ TEST(HttpServerTest, SizeAndFramingLimits) {
       port, "POST /v1/jobs HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + std::string(100, 'b'));
   EXPECT_EQ(ok.status, 200);
   EXPECT_EQ(ok.body, "got 100 bytes: bbbbbbbbbbbbbbbbbbbb");
+}
+
+// Chunked request bodies (RFC 9112 7.1) reach the handler decoded: sizes in hex of either case,
+// extensions ignored, trailers dropped, exactly max_body_bytes accepted; a chunked request keeps
+// its connection and a pipelined request after it is served; a client that stops sending
+// mid-chunk gets 408 from the whole-request deadline.
+TEST(HttpServerTest, ChunkedBodies) {
+  HttpServerOptions options;
+  options.max_header_bytes = 1024;
+  options.max_body_bytes = 100;
+  options.request_timeout = absl::Seconds(1);
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string head = "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  struct Case {
+    const char* what;
+    std::string body;
+    std::string want;
+  };
+  const Case cases[] = {
+      {"two chunks", "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", "got 11 bytes: hello world"},
+      {"hex sizes, upper and lower case", "A\r\n0123456789\r\nb\r\nabcdefghijk\r\n0\r\n\r\n",
+       "got 21 bytes: 0123456789abcdefghij"},
+      {"extensions ignored", "5;name=value;flag\r\nhello\r\n0 ; last\r\n\r\n",
+       "got 5 bytes: hello"},
+      {"trailers dropped", "3\r\nabc\r\n0\r\nX-Checksum: 1\r\nX-Other: 2\r\n\r\n",
+       "got 3 bytes: abc"},
+      {"empty body", "0\r\n\r\n", "got 0 bytes: "},
+      {"leading zeros", "0003\r\nxyz\r\n000\r\n\r\n", "got 3 bytes: xyz"},
+      {"exactly max_body_bytes",
+       "32\r\n" + std::string(50, 'm') + "\r\n32\r\n" + std::string(50, 'm') + "\r\n0\r\n\r\n",
+       "got 100 bytes: mmmmmmmmmmmmmmmmmmmm"},
+  };
+  for (const Case& c : cases) {
+    RawResponse r = Request(port, head + c.body);
+    std::printf("  chunked %-32s -> %d %s\n", c.what, r.status, r.body.c_str());
+    EXPECT_EQ(r.status, 200) << c.what;
+    EXPECT_EQ(r.body, c.want) << c.what;
+  }
+
+  // Sent a few bytes at a time, then a pipelined request on the same connection.
+  const int fd = ConnectFrom("127.0.0.1", port);
+  ASSERT_GE(fd, 0);
+  const std::string request =
+      head + "4\r\nWiki\r\n7\r\npedia i\r\n0\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n";
+  for (size_t i = 0; i < request.size(); i += 3) {
+    ASSERT_TRUE(SendAll(fd, request.substr(i, 3)));
+  }
+  std::string pending;
+  RawResponse a = ReadResponse(fd, kReadBound, &pending);
+  RawResponse b = ReadResponse(fd, kReadBound, &pending);
+  EXPECT_EQ(a.body, "got 11 bytes: Wikipedia i");
+  EXPECT_EQ(a.headers["connection"], "keep-alive");
+  EXPECT_EQ(b.body, "up 1\n");
+  close(fd);
+  std::printf("  chunked body in 3-byte writes + a pipelined GET -> %d \"%s\", %d \"%s\"\n",
+              a.status, a.body.c_str(), b.status, b.body.c_str());
+
+  // A client that stops in the middle of a chunk: 408 when the whole-request deadline passes.
+  RawResponse stalled = Request(port, head + "a\r\nhalf");
+  std::printf("  chunked body stalled mid-chunk -> %d %s\n", stalled.status, stalled.body.c_str());
+  EXPECT_EQ(stalled.status, 408);
+  EXPECT_TRUE(absl::StrContains(stalled.body, "request_timeout")) << stalled.body;
 }
 
 TEST(HttpServerTest, RoutingAnswers405WithAllowAnd404) {

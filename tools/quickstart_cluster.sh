@@ -79,18 +79,8 @@ echo "quickstart: $n worker(s) on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || 
 
 # The job: the example spec (its relative training.save lands under the run directory's
 # checkpoint root, jobs/<id>/...), on exactly n workers, with expert parallelism n when it divides
-# the experts.
-# The coordinator plans before any worker reads the data, so the spec names the vocabulary of
-# the default corpus (tools/prepare_corpus.sh writes it to corpus.json) when it does not.
-vocab=""
-if ! grep -q '^  vocab_size:' "$spec"; then
-  manifest=${SWITCHYARD_DATA_DIR:-$HOME/.cache/switchyard/data}/kjv/corpus.json
-  vocab=$(grep -o '"vocab_size": *[0-9]*' "$manifest" 2>/dev/null | grep -o '[0-9]*$' || true)
-  if [[ -z $vocab ]]; then
-    echo "quickstart: no default corpus at $manifest (run tools/setup.sh)" >&2
-    exit 1
-  fi
-fi
+# the experts. model.vocab_size stays as the spec has it: the coordinator fills it from the
+# default corpus it found at start (SWITCHYARD_DATA_DIR, which BIN_DIR/data sets for the bundle).
 experts=$(sed -n 's/^  num_experts: *\([0-9]*\).*/\1/p' "$spec")
 gbs=$(sed -n 's/^  global_batch_size: *\([0-9]*\).*/\1/p' "$spec")
 mbs=$(sed -n 's/^  micro_batch_size: *\([0-9]*\).*/\1/p' "$spec")
@@ -98,9 +88,7 @@ if [[ -n $gbs && -n $mbs && $((gbs % (mbs * n))) -ne 0 && $((gbs % n)) -eq 0 ]];
   mbs=$((gbs / n))  # keep the global batch; every worker gets whole micro-batches
 fi
 {
-  vocab_line=()
-  [[ -z $vocab ]] || vocab_line=(-e "/^model:/a\\  vocab_size: $vocab")
-  sed -e "s/^  micro_batch_size: .*/  micro_batch_size: $mbs/" "${vocab_line[@]}" "$spec"
+  sed -e "s/^  micro_batch_size: .*/  micro_batch_size: $mbs/" "$spec"
   echo "min_workers: $n"
   echo "max_workers: $n"
   if [[ -n $experts && $((experts % n)) -eq 0 ]]; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test suite: sets the machine up if needed, checks formatting, builds everything (GPU tests
-# and benchmarks included, so CI proves they compile) and runs every test. GPU tests skip
-# visibly on a machine without a GPU; the last line counts passed, failed and skipped test cases.
+# and benchmarks included, so CI proves they compile) and runs every test, then runs README.md's
+# first quick-start command as written (tools/quickstart.sh: setup and build are no-ops by then,
+# the cluster quickstart trains the example job, a few minutes on 2 cores). GPU tests skip visibly
+# on a machine without a GPU; the last line counts passed, failed and skipped test cases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,14 @@ set +e
 bazel test "${BAZEL_FLAGS[@]}" //...
 rc=$?
 set -e
+
+echo "== tools/quickstart.sh (README.md's quick start, as written)"
+if tools/quickstart.sh; then
+  echo "tools/quickstart.sh: the example job SUCCEEDED"
+else
+  echo "tools/quickstart.sh: FAILED (logs in /tmp/switchyard-quickstart)" >&2
+  rc=1
+fi
 
 python3 tools/test_summary.py "$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)"
 exit $rc

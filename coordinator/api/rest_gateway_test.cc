@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -145,6 +146,32 @@ TEST_F(RestGatewayTest, JobRoutes) {
   auto cancelled_list = Call("GET", "/v1/jobs?state=CANCELLED");
   ASSERT_EQ(cancelled_list.second["jobs"].size(), 1u);
   EXPECT_EQ(cancelled_list.second["jobs"][0]["name"], "jobs/2");
+}
+
+// A client that streams its body (Transfer-Encoding: chunked, here in 7-byte chunks) creates a
+// job like one that sends a Content-Length.
+TEST_F(RestGatewayTest, ChunkedCreateBody) {
+  Start("rest_chunked.db");
+  const std::string body = CreateBody("rest-chunked");
+  httplib::Result r = client_->Post(
+      "/v1/jobs", Auth(),
+      [&body](size_t offset, httplib::DataSink& sink) {
+        if (offset < body.size()) {
+          sink.write(body.data() + offset, std::min<size_t>(7, body.size() - offset));
+        } else {
+          sink.done();
+        }
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  std::printf("  POST /v1/jobs (chunked, %zu bytes in 7-byte chunks) -> %d %s\n", body.size(),
+              r->status, r->body.substr(0, 120).c_str());
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json job = Json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  EXPECT_EQ(job["name"], "jobs/1");
+  EXPECT_EQ(job["spec"]["display_name"], "rest-chunked");
+  EXPECT_EQ(Call("GET", "/v1/jobs/1").second["spec"]["display_name"], "rest-chunked");
 }
 
 TEST_F(RestGatewayTest, BadBodiesNameTheField) {

@@ -79,8 +79,9 @@ struct ServerOptions {
   // Both or neither: PEM files of the server certificate (chain) and its private key.
   std::string tls_cert_file;
   std::string tls_key_file;
-  // The worker side (coordinator/workers: WorkerService, RendezvousService, scheduler). Off, the
-  // coordinator serves the API only (jobs stay PENDING).
+  // The worker side (coordinator/jobs, coordinator/cluster and the worker-side services in
+  // coordinator/api: WorkerService, RendezvousService, scheduler). Off, the coordinator serves the
+  // API only (jobs stay PENDING).
   bool workers = true;
   // Where jobs checkpoint (<root>/jobs/<job id>), as the workers see it (shared storage), and
   // where data.data_path and tokenizer_model are read from (read-only): every path of a job spec

@@ -1,12 +1,12 @@
-// Two real agents against the coordinator's real worker side (coordinator/workers: WorkerPlane
-// with its registry, scheduler, planner, Attach service and rendezvous over a real SQLite store,
-// through api::testing::Harness on loopback gRPC): a submitted 2-worker MoE job is planned,
-// assigned, started, trained over Gloo with the rendezvous through the coordinator, and reaches
-// SUCCEEDED from the agents' WorkerExit(0). Then one agent is shut down mid-job and the job goes
-// through RESTARTING onto the remaining worker, resuming from the job's checkpoint. A stream the
-// coordinator cuts is re-attached with the same worker_id and the job goes on. A job loads another
-// job's checkpoint by naming it (training.load "jobs/<id>"); a named checkpoint that does not
-// exist fails the job with the path and errno instead of training from scratch.
+// Two real agents against the coordinator's real worker side (coordinator/api/worker_plane.h:
+// WorkerPlane with its registry, scheduler, planner, Attach service and rendezvous over a real
+// SQLite store, through api::testing::Harness on loopback gRPC): a submitted 2-worker MoE job is
+// planned, assigned, started, trained over Gloo with the rendezvous through the coordinator, and
+// reaches SUCCEEDED from the agents' WorkerExit(0). Then one agent is shut down mid-job and the job
+// goes through RESTARTING onto the remaining worker, resuming from the job's checkpoint. A stream
+// the coordinator cuts is re-attached with the same worker_id and the job goes on. A job loads
+// another job's checkpoint by naming it (training.load "jobs/<id>"); a named checkpoint that does
+// not exist fails the job with the path and errno instead of training from scratch.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
