@@ -131,6 +131,12 @@ int64_t TotalParams(const ModelShape& m) {
   return n;
 }
 
+int64_t ActiveParams(const ModelShape& m) {
+  const int64_t routed_all = RoutedExpertParams(m);
+  const int64_t routed_active = m.num_experts > 0 ? routed_all / m.num_experts * m.moe_topk : 0;
+  return TotalParams(m) - m.num_moe_layers() * (routed_all - routed_active);
+}
+
 double TrainingFlopsPerToken(const ModelShape& m) {
   const double h = m.hidden_size, d = m.head_dim, hq = m.num_heads, hkv = m.num_kv_heads;
   const double attn = 2 * h * (hq * d + 2 * hkv * d) + 2 * hq * d * h;  // q, k, v, o

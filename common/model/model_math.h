@@ -5,7 +5,8 @@
 // planner and the worker agree on the model's size without the coordinator depending on worker/.
 //
 // The counts follow MakeGptParamLayout tensor by tensor (without its 64-element alignment
-// padding); TrainingFlopsPerToken is the same formula as GptTrainingFlopsPerToken. Per layer:
+// padding). The worker computes FLOPs and parameter counts through these functions (GptConfig::
+// Shape), so planner, worker and benchmarks share one formula. Per layer:
 //   attention matrices   q [Hq·D, H], k and v [Hkv·D, H], o [H, Hq·D]
 //   attention norms      input_norm [H], post_attention_norm [H] (+ q_norm, k_norm [D] each)
 //   dense MLP            fc1 [2F, H], fc2 [H, F]                      = 3·F·H
@@ -73,10 +74,15 @@ int64_t RoutedExpertParams(const ModelShape& m);     // 3·E·H·Fe (all experts
 int64_t SharedExpertParams(const ModelShape& m);     // 3·H·S_sh (+ H for the gate)
 int64_t EmbeddingParams(const ModelShape& m);        // V·H (one of embedding / output layer)
 
-// Every parameter of the model (= GptTotalParams without alignment padding).
+// Every parameter of the model (what the worker's GptParamLayout holds, without alignment
+// padding; the worker's GptTotalParams is this function).
 int64_t TotalParams(const ModelShape& m);
+// Parameters active per token: TotalParams with the top-k routed experts of each MoE layer in
+// place of all E (the worker's GptActiveParams is this function).
+int64_t ActiveParams(const ModelShape& m);
 
-// Training FLOPs per token (forward + backward = 3 × forward), as GptTrainingFlopsPerToken:
+// Training FLOPs per token (forward + backward = 3 × forward), the one formula (the worker's
+// GptTrainingFlopsPerToken calls it):
 // 2 FLOPs per multiply-add of every GEMM with active parameters (q, k, v, o; router; top-k
 // routed experts; shared expert and its gate; dense MLP; LM head) plus the causal attention
 // products q·kᵀ and p·v (2·2·Hq·D·S/2 per token). Embedding lookups, norms and elementwise ops

@@ -7,6 +7,7 @@
 #include "common/config/config_defaults.h"
 #include "common/config/job_paths.h"
 #include "common/config/validate.h"
+#include "common/model/engine_support.h"
 #include "common/status.h"
 
 namespace switchyard::jobs {
@@ -39,19 +40,8 @@ absl::Status CheckJobPathRules(const v1::JobSpec& spec) { return CheckJobSpecPat
 }  // namespace
 
 std::string UnsupportedParallelism(const v1::ParallelConfig& p) {
-  const std::pair<const char*, int32_t> sizes[] = {
-      {"tensor_model_parallel_size", p.tensor_model_parallel_size()},
-      {"context_parallel_size", p.context_parallel_size()},
-      {"pipeline_model_parallel_size", p.pipeline_model_parallel_size()},
-      {"expert_tensor_parallel_size", p.expert_tensor_parallel_size()},
-  };
-  for (const auto& [name, value] : sizes) {
-    if (value > 1) {
-      return absl::StrCat("parallel.", name, " (", value,
-                          ") must be 1: workers run data and expert parallelism only");
-    }
-  }
-  return "";
+  return UnsupportedByEngine("parallel.", p.tensor_model_parallel_size(), p.context_parallel_size(),
+                             p.pipeline_model_parallel_size(), p.expert_tensor_parallel_size());
 }
 
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,

@@ -14,6 +14,7 @@
 #include "common/config/job_paths.h"
 #include "common/config/validate.h"
 #include "common/cuda_status.h"
+#include "common/model/engine_support.h"
 #include "common/status.h"
 #include "kernels/buffer.h"
 #include "worker/checkpoint/checkpoint.h"
@@ -156,18 +157,11 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   }
   par->set_world_size(a.world_size());
   const v1::Mapping& m = a.mapping();
-  const std::pair<const char*, int> unsupported[] = {
-      {"tensor_model_parallel_size", m.tensor_model_parallel_size()},
-      {"context_parallel_size", m.context_parallel_size()},
-      {"pipeline_model_parallel_size", m.pipeline_model_parallel_size()},
-      {"expert_tensor_parallel_size", m.expert_tensor_parallel_size()},
-  };
-  for (const auto& [field, size] : unsupported) {
-    if (size > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "assignment.mapping.", field, " = ", size,
-          ": this worker supports data and expert parallelism only (TP = CP = PP = ETP = 1)"));
-    }
+  if (std::string why = UnsupportedByEngine(
+          "assignment.mapping.", m.tensor_model_parallel_size(), m.context_parallel_size(),
+          m.pipeline_model_parallel_size(), m.expert_tensor_parallel_size());
+      !why.empty()) {
+    return absl::UnimplementedError(why);
   }
   int ep = par->has_expert_model_parallel_size() ? par->expert_model_parallel_size() : 1;
   if (m.expert_model_parallel_size() > 0) {

@@ -91,22 +91,25 @@ uint64_t MixSeed(uint64_t seed, uint64_t i) {
 // Configuration and layout
 
 absl::StatusOr<GptConfig> GptConfig::FromProto(const v1::ModelConfig& m, DType dtype) {
+  // The shape and its defaults come from common/model (the one model of a job: the planner sizes
+  // the same model); the worker adds numerics, initialisation and the MoE layer's options.
+  SY_ASSIGN_OR_RETURN(const ModelShape s, ModelShape::FromProto(m));
   GptConfig c;
   c.dtype = dtype;
-  c.num_layers = m.num_layers();
-  c.hidden_size = m.hidden_size();
-  c.num_heads = m.num_attention_heads();
-  c.num_kv_heads = m.has_num_query_groups() ? m.num_query_groups() : c.num_heads;
-  c.head_dim =
-      m.has_kv_channels() ? m.kv_channels() : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
-  c.ffn_hidden_size = m.has_ffn_hidden_size() ? m.ffn_hidden_size() : 4 * c.hidden_size;
-  c.vocab_size = m.vocab_size();
-  c.seq_length = m.has_seq_length() ? m.seq_length() : 1024;
+  c.num_layers = s.num_layers;
+  c.hidden_size = s.hidden_size;
+  c.num_heads = s.num_heads;
+  c.num_kv_heads = s.num_kv_heads;
+  c.head_dim = s.head_dim;
+  c.ffn_hidden_size = s.ffn_hidden_size;
+  c.vocab_size = s.vocab_size;
+  c.seq_length = s.seq_length;
+  c.qk_layernorm = s.qk_layernorm;
+  c.untie_embeddings = s.untie_embeddings;
+  c.moe_layers = s.moe_layers;
   c.norm_epsilon = m.has_norm_epsilon() ? m.norm_epsilon() : 1e-5;
   c.rotary_base = m.has_rotary_base() ? m.rotary_base() : 10000.0;
   c.init_method_std = m.has_init_method_std() ? m.init_method_std() : 0.02;
-  c.qk_layernorm = m.qk_layernorm();
-  c.untie_embeddings = m.untie_embeddings_and_output_weights();
   if (!m.normalization().empty() && m.normalization() != "RMSNorm") {
     return absl::InvalidArgumentError(absl::StrCat("model.normalization: \"", m.normalization(),
                                                    "\" is not supported; use \"RMSNorm\""));
@@ -116,24 +119,7 @@ absl::StatusOr<GptConfig> GptConfig::FromProto(const v1::ModelConfig& m, DType d
         "model.add_bias_linear: linear biases are not supported (Mixtral/Qwen3/DeepSeek use "
         "none)");
   }
-  const bool has_moe = m.has_num_experts() && m.num_experts() > 0;
-  c.moe_layers.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), false);
-  if (has_moe) {
-    if (m.moe_layer_pattern_size() > 0) {
-      if (m.moe_layer_pattern_size() != c.num_layers) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model.moe_layer_pattern: has ", m.moe_layer_pattern_size(),
-                         " entries, must have one per layer (num_layers = ", c.num_layers, ")"));
-      }
-      for (int i = 0; i < m.moe_layer_pattern_size(); ++i) c.moe_layers[i] = m.moe_layer_pattern(i);
-    } else {
-      const int64_t freq = m.has_moe_layer_freq() ? m.moe_layer_freq() : 1;
-      if (freq < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model.moe_layer_freq (", freq, ") must be >= 1"));
-      }
-      for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers[i] = (i % freq == 0);
-    }
+  if (c.num_moe_layers() > 0) {
     SY_ASSIGN_OR_RETURN(c.moe, MoELayerConfig::FromProto(m, dtype));
     c.moe.router.seq_length = c.seq_length;
     if (m.has_moe_router_bias_update_rate()) {
@@ -279,51 +265,34 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   return layout;
 }
 
-double GptTrainingFlopsPerToken(const GptConfig& c) {
-  const double h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
-  double fwd = 2 * h * (hq * d + 2 * hkv * d) + 2 * hq * d * h;  // q, k, v, o
-  const double per_layer_attn = fwd;
-  const double attn_core = 2.0 * 2.0 * hq * d * (c.seq_length / 2.0);  // q·k and p·v, causal
-  double total = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    total += per_layer_attn + attn_core;
-    if (c.moe_layers[l]) {
-      const MoELayerConfig& m = c.moe;
-      total += 2 * h * m.router.num_experts;                              // router
-      total += 2.0 * m.router.topk * 3 * h * m.ffn_hidden_size;           // routed experts
-      total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
-      if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
-    } else {
-      total += 2.0 * 3 * h * c.ffn_hidden_size;
-    }
+ModelShape GptConfig::Shape() const {
+  ModelShape s;
+  s.num_layers = num_layers;
+  s.hidden_size = hidden_size;
+  s.num_heads = num_heads;
+  s.num_kv_heads = num_kv_heads;
+  s.head_dim = head_dim;
+  s.ffn_hidden_size = ffn_hidden_size;
+  s.vocab_size = vocab_size;
+  s.seq_length = seq_length;
+  s.qk_layernorm = qk_layernorm;
+  s.untie_embeddings = untie_embeddings;
+  s.moe_layers = moe_layers;
+  if (num_moe_layers() > 0) {
+    s.num_experts = moe.router.num_experts;
+    s.moe_topk = moe.router.topk;
+    s.moe_ffn_hidden_size = moe.ffn_hidden_size;
+    s.shared_ffn_size = moe.shared_ffn_size;
+    s.shared_expert_gate = moe.shared_ffn_size > 0 && moe.shared_expert_gate;
   }
-  total += 2 * h * c.vocab_size;  // LM head
-  return 3 * total;
+  return s;
 }
 
-namespace {
-// The whole model's layout (every expert), whatever shard `c` describes.
-GptParamLayout GlobalLayout(GptConfig c) {
-  c.moe.ep_size = 1;
-  c.moe.ep_rank = 0;
-  return MakeGptParamLayout(c);
-}
-}  // namespace
+double GptTrainingFlopsPerToken(const GptConfig& c) { return TrainingFlopsPerToken(c.Shape()); }
 
-int64_t GptTotalParams(const GptConfig& c) {
-  int64_t n = 0;
-  for (const ParamInfo& p : GlobalLayout(c).params) n += p.numel;
-  return n;
-}
+int64_t GptTotalParams(const GptConfig& c) { return TotalParams(c.Shape()); }
 
-int64_t GptActiveParams(const GptConfig& c) {
-  int64_t n = 0;
-  for (const ParamInfo& p : GlobalLayout(c).params) {
-    const bool routed = p.expert;
-    n += routed ? p.numel / c.moe.router.num_experts * c.moe.router.topk : p.numel;
-  }
-  return n;
-}
+int64_t GptActiveParams(const GptConfig& c) { return ActiveParams(c.Shape()); }
 
 // ---------------------------------------------------------------------------------------------
 // The model

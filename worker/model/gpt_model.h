@@ -59,6 +59,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/model_math.h"
 #include "common/tensor.h"
 #include "kernels/buffer.h"
 #include "kernels/loss/cross_entropy.h"
@@ -97,6 +98,9 @@ struct GptConfig {
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
   absl::Status Validate() const;
   int64_t num_moe_layers() const;
+  // The shape common/model computes parameter counts, FLOPs and memory from (the one model of a
+  // job shared with the planner and the benchmarks).
+  ModelShape Shape() const;
   // Gradient dtype: f32 (fp32 accumulation, also for bf16 parameters on the CPU, so the CPU
   // reference of a bf16 model accumulates like the GPU), f64 for an f64 model.
   DType GradDType(Device device) const;
@@ -137,9 +141,11 @@ GptParamLayout MakeGptParamLayout(const GptConfig& config);
 // every GEMM of the active parameters (top-k routed experts, shared expert, router), the
 // attention score and value products counted causally (half of the S×S square), and the LM
 // head. Embedding lookups, norms and elementwise ops are not counted. Used for TFLOP/s and MFU.
+// = TrainingFlopsPerToken(config.Shape()) (common/model/model_math.h): one formula.
 double GptTrainingFlopsPerToken(const GptConfig& config);
 // Parameter counts of the whole model (all experts, whatever this rank's shard): total, and
-// active per token (top-k experts instead of all).
+// active per token (top-k experts instead of all). = TotalParams / ActiveParams of
+// config.Shape() (common/model/model_math.h); gpt_model_test checks them against the layout.
 int64_t GptTotalParams(const GptConfig& config);
 int64_t GptActiveParams(const GptConfig& config);
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <random>
 
 #include "kernels/buffer.h"
@@ -118,6 +119,49 @@ TEST(GptFlopsTest, HandComputedDenseModel) {
   // q 8x8, k 8x4, v 8x4, o 8x8 -> 2*(64+32+32+64) = 384; core 2*2*2*4*3 = 96;
   // mlp 2*3*8*16 = 768; head 2*8*10 = 160. Sum 1408, times 3.
   EXPECT_DOUBLE_EQ(GptTrainingFlopsPerToken(c), 3.0 * 1408);
+}
+
+// The one model: the parameter counts common/model computes from GptConfig::Shape() equal the
+// worker's own flat layout, summed tensor by tensor, for dense and MoE layers, q/k norms, shared
+// expert with and without gate, tied and untied heads, and an expert-parallel shard (whose layout
+// holds E/EP experts; the counts are of the whole model).
+TEST(GptParamCountTest, CommonModelCountsEqualTheLayout) {
+  int checked = 0;
+  for (bool untie : {false, true}) {
+    for (bool gate : {false, true}) {
+      for (int ep : {1, 2}) {
+        GptConfig c = TinyConfig(DType::kF32, untie);
+        c.moe.shared_expert_gate = gate;
+        c.moe.ep_size = ep;
+        c.moe.ep_rank = ep - 1;
+        int64_t layout_total = 0, layout_active = 0;
+        for (const ParamInfo& p : MakeGptParamLayout(c).params) {
+          if (p.expert) {
+            // Local shard: L = E / EP experts; scale to the whole model and to top-k active.
+            const int64_t per_expert = p.numel / p.shape[0];
+            layout_total += per_expert * c.moe.router.num_experts;
+            layout_active += per_expert * c.moe.router.topk;
+          } else {
+            layout_total += p.numel;
+            layout_active += p.numel;
+          }
+        }
+        EXPECT_EQ(GptTotalParams(c), layout_total) << "untie " << untie << " gate " << gate;
+        EXPECT_EQ(GptActiveParams(c), layout_active) << "untie " << untie << " gate " << gate;
+        EXPECT_LT(GptActiveParams(c), GptTotalParams(c));
+        ++checked;
+      }
+    }
+  }
+  GptConfig dense = TinyConfig(DType::kF32, false);
+  dense.moe_layers = {false, false};
+  int64_t dense_total = 0;
+  for (const ParamInfo& p : MakeGptParamLayout(dense).params) dense_total += p.numel;
+  EXPECT_EQ(GptTotalParams(dense), dense_total);
+  EXPECT_EQ(GptActiveParams(dense), dense_total);
+  std::cout << "layout == common/model counts for " << checked + 1 << " configurations (e.g. "
+            << GptTotalParams(TinyConfig(DType::kF32, true)) << " total, "
+            << GptActiveParams(TinyConfig(DType::kF32, true)) << " active)\n";
 }
 
 struct Model {

@@ -23,6 +23,7 @@
 #include "common/config/validate.h"
 #include "common/cuda_status.h"
 #include "common/logging.h"
+#include "common/model/engine_support.h"
 #include "common/status.h"
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
@@ -211,24 +212,19 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     return absl::InvalidArgumentError(
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
-  for (const char* unsupported :
-       {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-        "expert_model_parallel_size", "expert_tensor_parallel_size"}) {
-    const auto* field = v1::ParallelConfig::descriptor()->FindFieldByName(unsupported);
-    const auto* refl = v1::ParallelConfig::GetReflection();
-    if (!refl->HasField(spec.parallel(), field)) continue;
-    const int64_t value = refl->GetInt32(spec.parallel(), field);
-    int64_t expected = 1;
-    if (groups_ != nullptr && std::string(unsupported) == "expert_model_parallel_size") {
-      expected = groups_->layout.ep();
-    }
-    if (value != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parallel.", unsupported, " (", value, ") must be ", expected,
-          groups_ ? " (the launched layout; tensor, context and pipeline parallelism are not "
-                    "supported yet)"
-                  : " for a standalone worker"));
-    }
+  const v1::ParallelConfig& par = spec.parallel();
+  if (std::string why = UnsupportedByEngine(
+          "parallel.", par.tensor_model_parallel_size(), par.context_parallel_size(),
+          par.pipeline_model_parallel_size(), par.expert_tensor_parallel_size());
+      !why.empty()) {
+    return absl::InvalidArgumentError(why);
+  }
+  // Expert parallelism: the launched layout's, or none for a standalone worker.
+  const int64_t launched_ep = groups_ != nullptr ? groups_->layout.ep() : 1;
+  if (par.has_expert_model_parallel_size() && par.expert_model_parallel_size() != launched_ep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.expert_model_parallel_size (", par.expert_model_parallel_size(), ") must be ",
+        launched_ep, groups_ ? " (the launched layout)" : " for a standalone worker"));
   }
 
   if (spec.parallel().num_distributed_optimizer_instances() > 1) {

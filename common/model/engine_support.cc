@@ -1,0 +1,29 @@
+// File: common/model/engine_support.cc
+#include "common/model/engine_support.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace switchyard {
+
+std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
+                                int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
+                                int64_t expert_tensor_parallel_size) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"tensor_model_parallel_size", tensor_model_parallel_size},
+      {"context_parallel_size", context_parallel_size},
+      {"pipeline_model_parallel_size", pipeline_model_parallel_size},
+      {"expert_tensor_parallel_size", expert_tensor_parallel_size},
+  };
+  for (const auto& [name, value] : sizes) {
+    if (value > 1) {
+      return absl::StrCat(prefix, name, " (", value,
+                          ") must be 1: workers run data and expert parallelism only");
+    }
+  }
+  return "";
+}
+
+}  // namespace switchyard
