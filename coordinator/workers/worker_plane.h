@@ -37,6 +37,7 @@ namespace switchyard::workers {
 struct WorkerPlaneOptions {
   WorkerRegistryOptions registry;  // its on_lost is set by the plane
   SchedulerOptions scheduler;
+  WorkerServiceOptions service;
 };
 
 class WorkerPlane {
