@@ -21,6 +21,18 @@ std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec) {
   return {std::max(min, 1), max};
 }
 
+std::vector<WorkerInfo> EligibleFor(const std::string& job,
+                                    const std::vector<WorkerInfo>& workers) {
+  std::vector<WorkerInfo> out;
+  for (const WorkerInfo& w : workers) {
+    if (w.scope == job) out.push_back(w);
+  }
+  for (const WorkerInfo& w : workers) {
+    if (w.scope.empty()) out.push_back(w);
+  }
+  return out;
+}
+
 v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
                                const std::vector<WorkerInfo>& workers,
                                const ClusterDefaults& defaults) {

@@ -283,18 +283,6 @@ void Scheduler::FailUnstarted(const Job& job, const std::string& reason,
   Finish(job.name());
 }
 
-std::vector<WorkerInfo> EligibleFor(const std::string& job,
-                                    const std::vector<WorkerInfo>& workers) {
-  std::vector<WorkerInfo> out;
-  for (const WorkerInfo& w : workers) {
-    if (w.scope == job) out.push_back(w);
-  }
-  for (const WorkerInfo& w : workers) {
-    if (w.scope.empty()) out.push_back(w);
-  }
-  return out;
-}
-
 bool Scheduler::TrySchedule(const Job& job, std::vector<WorkerInfo>* idle,
                             const std::vector<WorkerInfo>& attached_workers) {
   // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h); the paths

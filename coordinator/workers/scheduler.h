@@ -270,10 +270,6 @@ class Scheduler {
   std::set<std::string> released_;  // scoped workers sent JobEnded since they registered
 };
 
-// The workers of `workers` that may run `job`: those scoped to it first, then the unscoped ones,
-// each in the given order.
-std::vector<WorkerInfo> EligibleFor(const std::string& job, const std::vector<WorkerInfo>& workers);
-
 }  // namespace switchyard::workers
 
 #endif  // SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
