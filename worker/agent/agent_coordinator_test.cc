@@ -406,6 +406,40 @@ TEST_F(AgentCoordinatorTest, ACancelledJobReleasesItsScopedWorker) {
   EXPECT_TRUE(agents_.back()->result.ok()) << agents_.back()->result;
 }
 
+// A scoped worker away (stream cut) while its job ends misses JobEnded; attaching again it is
+// refused (the job is finished), and since it ran the job it leaves with Run OK (exit 0), not as a
+// permanent error: the Kubernetes pod completes instead of failing.
+TEST_F(AgentCoordinatorTest, AScopedWorkerThatMissedJobEndedLeavesOkOnReattach) {
+  const std::string name = harness_->Submit(TinySpec(1, 1, 100000));
+  AgentOptions o;
+  o.coordinator = harness_->address();
+  o.roots = testing::TestRoots();
+  o.token_file = token_file_;
+  o.device = "cpu";
+  o.worker_id = "scoped-away";
+  o.job = name;
+  o.heartbeat_interval = absl::Milliseconds(200);
+  o.comm_timeout = absl::Seconds(10);
+  o.reconnect_initial_backoff = absl::Seconds(1);  // the job ends well before it is back
+  o.reconnect_max_backoff = absl::Seconds(2);
+  agents_.push_back(StartRunningAgent(o));
+  ASSERT_NE(agents_.back(), nullptr);
+  ASSERT_EQ(harness_->WaitForState(name, v1::Job::RUNNING, absl::Seconds(60)).state(),
+            v1::Job::RUNNING);
+  harness_->plane()->worker_service()->Kick("scoped-away", "test: stream cut");
+  ASSERT_TRUE(harness_->hub()->CancelJob(name).ok());
+  harness_->plane()->scheduler()->OnJobChanged();
+  RunningAgent* a = agents_.back().get();
+  a->thread.join();  // Run ends by itself
+  a->thread = std::thread();
+  std::printf("after %lld sessions: JobEnded '%s', Run returned %s\n",
+              static_cast<long long>(a->agent->sessions()), a->agent->job_end_state().c_str(),
+              a->result.ToString().c_str());
+  EXPECT_GE(a->agent->sessions(), 2);        // it attached again
+  EXPECT_EQ(a->agent->job_end_state(), "");  // and learnt the end from the refusal
+  EXPECT_TRUE(a->result.ok()) << a->result;  // exit 0
+}
+
 TEST_F(AgentCoordinatorTest, ScopeToAMissingOrFinishedJobIsRefusedNamingTheFlag) {
   auto run_scoped = [&](const std::string& id, const std::string& job) {
     std::unique_ptr<RunningAgent> a = StartAgent(harness_->address(), id, token_file_, job);
