@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <map>
@@ -19,8 +20,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/follow.h"
+#include "cli/k8s_workers.h"
 #include "cli/megatron_args.h"
 #include "common/config/config.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace switchyard::cli {
 namespace {
@@ -486,6 +489,76 @@ int WorkersCommand(const Globals& g, const Args& args) {
   std::vector<std::string> ids;
   for (const v1::WorkerStatus& w : response.workers()) ids.push_back(w.worker_id());
   Print(response, g.output, WorkersTable(response), ids);
+  return kExitOk;
+}
+
+int K8sWorkersCommand(const Globals& g, const Args& args) {
+  Parsed p;
+  if (int rc = ParseVerbArgs("k8s-workers", args,
+                             {{"--image", nullptr, true},
+                              {"--namespace", nullptr, true},
+                              {"--coordinator-address", nullptr, true},
+                              {"--tls-secret", nullptr, true},
+                              {"--job-file", nullptr, true}},
+                             &p)) {
+    return rc;
+  }
+  if (p.positional.size() != 1) {
+    return UsageError(absl::StrCat("k8s-workers takes one job (jobs/ID or ID), got ",
+                                   p.positional.size(), " arguments"));
+  }
+  K8sWorkersOptions options;
+  if (p.Has("--image")) options.image = p.Get("--image");
+  if (p.Has("--namespace")) options.k8s_namespace = p.Get("--namespace");
+  if (p.Has("--coordinator-address")) options.coordinator_address = p.Get("--coordinator-address");
+  if (p.Has("--tls-secret")) options.tls_secret = p.Get("--tls-secret");
+  const std::string name = JobName(p.positional[0]);
+  v1::Job job;
+  if (p.Has("--job-file")) {
+    // The job as `syctl get -o json` prints it, read offline (no coordinator is asked).
+    const std::string path = p.Get("--job-file");
+    std::string text;
+    if (path == "-") {
+      text.assign(std::istreambuf_iterator<char>(std::cin), {});
+    } else {
+      std::ifstream in(path);
+      if (!in) {
+        std::fprintf(stderr, "syctl k8s-workers: --job-file %s: cannot read it\n", path.c_str());
+        return kExitFailure;
+      }
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    google::protobuf::util::JsonParseOptions json;
+    json.ignore_unknown_fields = true;
+    if (const auto s = google::protobuf::util::JsonStringToMessage(text, &job, json); !s.ok()) {
+      std::fprintf(stderr, "syctl k8s-workers: --job-file %s: not a job in JSON: %s\n",
+                   path.c_str(), s.ToString().c_str());
+      return kExitFailure;
+    }
+    if (job.name() != name) {
+      std::fprintf(stderr, "syctl k8s-workers: --job-file %s holds %s, not %s\n", path.c_str(),
+                   job.name().c_str(), name.c_str());
+      return kExitFailure;
+    }
+  } else {
+    v1::GetJobRequest request;
+    request.set_name(name);
+    std::unique_ptr<Client> client;
+    if (int rc = Connect(g, &client)) return rc;
+    if (int rc = Call(*client, "k8s-workers", client->jobs(), &v1::JobService::Stub::GetJob,
+                      request, &job)) {
+      return rc;
+    }
+  }
+  absl::StatusOr<std::string> manifest = K8sWorkersManifest(job, options);
+  if (!manifest.ok()) {
+    std::fprintf(stderr, "syctl k8s-workers: %s: %s\n",
+                 absl::StatusCodeToString(manifest.status().code()).c_str(),
+                 std::string(manifest.status().message()).c_str());
+    return manifest.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
+                                                                          : kExitFailure;
+  }
+  std::fputs(manifest->c_str(), stdout);
   return kExitOk;
 }
 

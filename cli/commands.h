@@ -31,6 +31,10 @@ int CancelCommand(const Globals& globals, const Args& args);
 int DeleteCommand(const Globals& globals, const Args& args);
 int WatchCommand(const Globals& globals, const Args& args);
 int WorkersCommand(const Globals& globals, const Args& args);
+// k8s-workers jobs/ID [--image IMG] [--namespace NS] [--coordinator-address A] [--tls-secret S]
+// [--job-file FILE]: the Kubernetes manifest of the job's workers on stdout (cli/k8s_workers.h);
+// the job from the coordinator (GetJob), or from FILE (JSON as `syctl get -o json` prints it).
+int K8sWorkersCommand(const Globals& globals, const Args& args);
 
 // Prints "syctl: <message>" and a hint to run `syctl help` on stderr; returns 2.
 int UsageError(const std::string& message);

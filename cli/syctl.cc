@@ -46,6 +46,15 @@ verbs:
                                          stderr and stdout are terminals; exit 0 when the job
                                          SUCCEEDED, 1 when it ended FAILED or CANCELLED
   workers                                list the attached workers (state, job, rank, heartbeat)
+  k8s-workers jobs/ID | ID               print the Kubernetes manifest of the job's workers: an
+       [--image IMG] [--namespace NS]    Indexed batch/v1 Job, one pod per worker the job needs,
+       [--coordinator-address A]         each `switchyard-worker --job jobs/ID` with one GPU and
+       [--tls-secret S] [--job-file F]   only this job's checkpoint directory mounted (plus the
+                                         one training.load names, read-only); apply it with
+                                         `| kubectl apply -f -`. Defaults: switchyard:0.1.0,
+                                         switchyard, switchyard-coordinator:50051; --tls-secret:
+                                         mount that Secret's ca.crt for a TLS coordinator;
+                                         --job-file: the job as `get -o json` prints it, offline
   version                                print the syctl version
   help                                   print this help
 
@@ -157,5 +166,6 @@ int main(int argc, char** argv) {
   if (verb == "delete") return switchyard::cli::DeleteCommand(globals, rest);
   if (verb == "watch") return switchyard::cli::WatchCommand(globals, rest);
   if (verb == "workers") return switchyard::cli::WorkersCommand(globals, rest);
+  if (verb == "k8s-workers") return switchyard::cli::K8sWorkersCommand(globals, rest);
   return UsageError("unknown verb '" + verb + "'");
 }

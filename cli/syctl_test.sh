@@ -232,6 +232,19 @@ expect 0 'jobs/4' '^$' -- list -o name --all
 [[ $(wc -l <<<"$out") -eq 2 ]] || fail "after two deletes: $out"
 echo "ok: delete refused PENDING, removed jobs/2 (with checkpoints) and jobs/3 (without)"
 
+# k8s-workers: the manifest of a job's workers from the coordinator (cli/k8s_workers.h; the
+# manifests themselves are checked by //deploy:deploy_test): jobs/1 is PENDING and needs 1 worker.
+expect 2 '^$' 'k8s-workers takes one job' -- k8s-workers
+expect 0 '^kind: Job$' '^$' -- k8s-workers 1
+grep -q -- '- --job=jobs/1$' <<<"$out" || fail "k8s-workers 1: no --job=jobs/1 in '$out'"
+grep -q -- 'subPath: jobs/1$' <<<"$out" || fail "k8s-workers 1: no subPath jobs/1 in '$out'"
+grep -q -- '^  completions: 1$' <<<"$out" || fail "k8s-workers 1: completions in '$out'"
+expect 2 '^$' 'INVALID_ARGUMENT: --namespace' -- k8s-workers 1 --namespace Bad_NS
+expect 1 '^$' 'NOT_FOUND' -- k8s-workers 3
+expect 0 'CANCELLED' '^$' -- cancel 4
+expect 1 '^$' 'FAILED_PRECONDITION: jobs/4 is already CANCELLED' -- k8s-workers 4
+echo "ok: k8s-workers printed jobs/1's worker Job, refused a bad namespace, a deleted and a finished job"
+
 # Connection and token failures: exit 3.
 printf 'wrong\n' >"$tmp/bad_token"
 expect 3 '^$' 'UNAUTHENTICATED: .*INVALID_TOKEN' -- --token-file "$tmp/bad_token" get 1

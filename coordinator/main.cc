@@ -6,7 +6,8 @@
 //                          [--store-backup FILE [--store-backup-interval 10m]]
 //                          [--host ADDR] [--tls-cert PEM --tls-key PEM] [--health-port H]
 //                          [--checkpoint-root DIR] [--data-root DIR]
-//                          [--advertise-address HOST:PORT] [--noworkers]
+//                          [--advertise-address HOST:PORT] [--require-job-scoped-workers]
+//                          [--noworkers]
 //
 // Port 0 picks a free port. Once both servers listen, one line goes to stdout (and is flushed) so
 // scripts and tests can read the ports; it shows the addresses bound (with the default --host
@@ -86,6 +87,9 @@ ABSL_FLAG(std::string, data_root, "/data",
           "data.tokenizer_model are relative to.");
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port workers dial for rendezvous (default: this host name and the gRPC port).");
+ABSL_FLAG(bool, require_job_scoped_workers, false,
+          "Refuse workers that are not scoped to a job (switchyard-worker --job jobs/<id>): every "
+          "worker then runs one job only (Kubernetes: one pod set per job).");
 ABSL_FLAG(bool, workers, true,
           "Serve the worker side (WorkerService, RendezvousService, scheduler); --noworkers "
           "serves the API only.");
@@ -201,6 +205,8 @@ int main(int argc, char** argv) {
   options.data_root = absl::GetFlag(FLAGS_data_root);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.workers = absl::GetFlag(FLAGS_workers);
+  options.worker_options.service.require_job_scoped_workers =
+      absl::GetFlag(FLAGS_require_job_scoped_workers);
   options.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
   if (options.store_path.empty()) return Usage("--store is required");
   if (options.token_file.empty()) return Usage("--token-file is required");

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """//deploy:deploy_test: checks deploy/ against the real binaries.
 
-Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes both)
+Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER SYCTL   (Bazel passes all three)
 
 1. Every YAML file (all documents, duplicate keys rejected) and the dashboard JSON parse;
    kustomization resources exist; `kubectl kustomize` (when installed) renders the base and
    base + tls component to exactly what this test reads.
+1b. Worker manifests are per job: `syctl k8s-workers --job-file` for two fixture jobs (with and
+   without training.load, plain and --tls-secret) gives Indexed batch/v1 Jobs whose checkpoint
+   mounts are only subPaths (the job's own directory read-write, the loaded job's read-only);
+   they are the worker workloads of the checks below; no worker pod anywhere under deploy/
+   mounts the checkpoint volume without a subPath.
 2. Manifests hang together: namespaces, Service selectors and named ports, Secret and PVC
    references, StatefulSet serviceName, the workers' --coordinator = Service:grpc port, the
    coordinator's --advertise-address, --metrics-port = the container's metrics port, the probe
@@ -17,10 +22,14 @@ Usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER   (Bazel passes b
 5. The real coordinator is started with the manifest's args (paths and ports replaced by temp
    ones); the gRPC health services the probes name answer SERVING (grpc.health.v1.Health/Check,
    as the kubelet calls it), a bogus one does not; /healthz; /metrics scraped.
-6. A real worker is started with gpu-0's args (--device cpu, temp token, free metrics port,
+6. A real worker is started with a generated worker Job's args minus --job (--device cpu, temp
+   token, free metrics port,
    the coordinator's temp roots), attaches, trains a tiny mock-data job submitted over REST; its
    /metrics is scraped while the job trains; after the job is cancelled, the idle worker's step
-   gauges read 0 and its per-layer series are gone.
+   gauges read 0 and its per-layer series are gone. Then a job-scoped worker: a second job, its
+   manifest from `syctl k8s-workers` asking the real coordinator (which created the job's
+   directory 0700), a worker with that manifest's args trains it to SUCCEEDED and exits 0; the
+   same args again, a missing and a malformed --job exit 1 naming --job.
    With the tls component: the coordinator over TLS, its gRPC probes on the plaintext
    --health-port, a worker
    attaching with --tls-root-cert (self-signed certificate from openssl).
@@ -459,10 +468,25 @@ def check_manifests(by):
             shm, _ = mount_for(c, spec, "/dev/shm")
             check(shm is not None and shm.get("emptyDir", {}).get("medium") == "Memory",
                   "%s: /dev/shm is a memory-backed emptyDir" % who)
-            ck, _ = mount_for(c, spec, cargs.get("checkpoint_root", "/checkpoints") + "/x")
-            check(ck is not None and "persistentVolumeClaim" in ck,
-                  "%s: the coordinator's --checkpoint-root %s is a shared PVC here" %
-                  (who, cargs.get("checkpoint_root")))
+            # Job-scoped pods (syctl k8s-workers): the checkpoint PVC only at the job's own
+            # directory (read-write) and at a loaded job's (read-only), never its root.
+            root = cargs.get("checkpoint_root", "/checkpoints").rstrip("/")
+            own = "%s/%s" % (root, a.get("job", "?"))
+            ck, sub = mount_for(c, spec, own + "/x")
+            check(ck is not None and "persistentVolumeClaim" in ck and sub == "x",
+                  "%s: --job %s's directory %s is a mount of a shared PVC" % (who, a.get("job"),
+                                                                             own))
+            for m in c.get("volumeMounts", []):
+                v = vols.get(m["name"], {})
+                if v.get("persistentVolumeClaim", {}).get("claimName") != "switchyard-checkpoints":
+                    continue
+                sp = m.get("subPath", "")
+                check(sp.startswith("jobs/") and m["mountPath"].rstrip("/") == root + "/" + sp,
+                      "%s: checkpoint volume mounted at %s with subPath %r (= the path under "
+                      "--checkpoint-root)" % (who, m["mountPath"], sp))
+                check((m.get("readOnly") is True) == (sp != a.get("job")),
+                      "%s: subPath %s is %s" % (who, sp, "read-write (its job)" if
+                                                sp == a.get("job") else "read-only"))
             # Job paths (common/config/job_paths.h): the worker confines each assignment to its own
             # roots, which must be the coordinator's, and the data root is mounted read-only.
             for root in ("checkpoint_root", "data_root"):
@@ -483,6 +507,151 @@ def check_manifests(by):
                       "%s: $(%s) in args is an env var of the container" % (who, ref))
     check(worker_containers >= 1, "%d worker containers, each one GPU" % worker_containers)
     return coord, worker_list, coord_addr
+
+
+# --------------------------------------------------------------------------------------------
+# 2b. Worker manifests: generated per job by `syctl k8s-workers` (cli/k8s_workers.h).
+# --------------------------------------------------------------------------------------------
+FIXTURE_JOBS = {
+    # A PENDING job needing 2 workers, no training.load.
+    "jobs/7": {"name": "jobs/7", "state": "PENDING",
+               "spec": {"display_name": "fixture", "min_workers": 2, "max_workers": 4}},
+    # One loading another job's checkpoint: that job's directory is mounted read-only.
+    "jobs/8": {"name": "jobs/8", "state": "PENDING",
+               "spec": {"parallel": {"world_size": 1},
+                        "training": {"load": "jobs/3/step_600"}}},
+}
+
+
+def k8s_workers(syctl, job, extra=()):
+    """The objects `syctl k8s-workers JOB --job-file FIXTURE` prints (offline), or None."""
+    path = os.path.join(TMP, "%s.json" % job.replace("/", "-"))
+    with open(path, "w") as f:
+        json.dump(FIXTURE_JOBS[job], f)
+    r = subprocess.run([syctl, "k8s-workers", job, "--job-file", path] + list(extra),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    if not check(r.returncode == 0, "syctl k8s-workers %s %s: exit %d %s" % (
+            job, " ".join(extra), r.returncode, r.stderr.strip())):
+        return None
+    try:
+        objs = [o for o in yaml.load_all(r.stdout, Loader=StrictLoader) if o]
+    except yaml.YAMLError as e:
+        check(False, "syctl k8s-workers %s prints YAML: %s" % (job, e))
+        return None
+    return objs, r.stdout
+
+
+def check_worker_job(o, job, want_workers, loaded):
+    """The shape of one generated worker Job (what a cluster runs per job)."""
+    name = o["metadata"]["name"]
+    check(o["apiVersion"] == "batch/v1" and o["kind"] == "Job", "%s: a batch/v1 Job" % name)
+    spec = o["spec"]
+    check(spec.get("completionMode") == "Indexed", "%s: completionMode Indexed" % name)
+    check(spec.get("parallelism") == want_workers and spec.get("completions") == want_workers,
+          "%s: parallelism = completions = %s (want %d, the workers %s needs)" % (
+              name, (spec.get("parallelism"), spec.get("completions")), want_workers, job))
+    pod = pod_spec(o)
+    check(pod.get("restartPolicy") == "OnFailure", "%s: restartPolicy OnFailure" % name)
+    check(len(pod["containers"]) == 1, "%s: one container (one GPU) per pod" % name)
+    c = pod["containers"][0]
+    a = container_args(c)
+    check(a.get("job") == job, "%s: --job %s" % (name, a.get("job")))
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = [(m, vols.get(m["name"], {})) for m in c.get("volumeMounts", [])]
+    ck = [(m.get("subPath"), m["mountPath"], bool(m.get("readOnly")))
+          for m, v in mounts
+          if v.get("persistentVolumeClaim", {}).get("claimName") == "switchyard-checkpoints"]
+    want = [(job, "/checkpoints/" + job, False)]
+    if loaded:
+        want.append((loaded, "/checkpoints/" + loaded, True))
+    check(ck == want, "%s: checkpoint mounts (subPath, mountPath, readOnly) %s (want %s)" % (
+        name, ck, want))
+
+
+def render_with_kubectl(name, text):
+    """`kubectl kustomize` over a kustomization holding the generated manifest: it must render to
+    the same object (offline; `kubectl apply --dry-run` needs a cluster)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("SKIP: no kubectl for %s" % name)
+        return
+    work = os.path.join(TMP, "kustomize-" + name)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    with open(os.path.join(work, "workers.yaml"), "w") as f:
+        f.write(text)
+    with open(os.path.join(work, "kustomization.yaml"), "w") as f:
+        f.write("resources: [workers.yaml]\n")
+    r = subprocess.run([kubectl, "kustomize", work], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    if check(r.returncode == 0, "kubectl kustomize of %s: exit %d %s" % (
+            name, r.returncode, r.stderr.strip()[-300:])):
+        got = [o for o in yaml.safe_load_all(r.stdout) if o]
+        mine = [o for o in yaml.safe_load_all(text) if o]
+        check(json.dumps(got, sort_keys=True) == json.dumps(mine, sort_keys=True),
+              "kubectl kustomize renders %s unchanged" % name)
+
+
+def generated_workers(syctl):
+    """The per-job worker Jobs of the fixtures, plain and for the tls component."""
+    section("syctl k8s-workers: per-job worker manifests")
+    base, tls = {}, {}
+    for job, want, loaded in (("jobs/7", 2, ""), ("jobs/8", 1, "jobs/3")):
+        out = k8s_workers(syctl, job)
+        if out is None:
+            continue
+        objs, text = out
+        check(len(objs) == 1, "syctl k8s-workers %s: one object" % job)
+        for o in objs:
+            check_worker_job(o, job, want, loaded)
+            base[(o["kind"], o["metadata"]["name"])] = o
+        render_with_kubectl(job.replace("/", "-"), text)
+        out = k8s_workers(syctl, job, ["--tls-secret", "switchyard-tls"])
+        if out is not None:
+            for o in out[0]:
+                check("--tls-root-cert=/etc/switchyard/tls/ca.crt" in
+                      pod_spec(o)["containers"][0]["args"], "%s --tls-secret: --tls-root-cert"
+                      % job)
+                tls[(o["kind"], o["metadata"]["name"])] = o
+    # Bad input is refused, naming the option (exit 2), and a missing job file fails (exit 1).
+    for args, code, word in ((["--namespace", "Bad_NS"], 2, "--namespace"),
+                             (["--image", "a b"], 2, "--image")):
+        path = os.path.join(TMP, "jobs-7.json")
+        r = subprocess.run([syctl, "k8s-workers", "jobs/7", "--job-file", path] + args,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        check(r.returncode == code and word in r.stderr and not r.stdout,
+              "syctl k8s-workers %s: exit %d, %r" % (" ".join(args), r.returncode,
+                                                     r.stderr.strip()))
+    return base, tls
+
+
+def check_no_root_mounts(docs, generated):
+    """No worker pod anywhere in deploy/ (nor a generated one) mounts the checkpoint volume
+    without a subPath; only the coordinator mounts its root."""
+    section("no worker pod mounts the checkpoint volume's root")
+    objs = [o for d in docs.values() for o in d if isinstance(o, dict)] + list(generated.values())
+    pods = 0
+    for o in objs:
+        if o.get("kind") not in ("StatefulSet", "Job", "DaemonSet", "Deployment", "Pod"):
+            continue
+        tmpl = o["spec"] if o["kind"] == "Pod" else o["spec"]["template"]["spec"]
+        labels = (o.get("metadata", {}).get("labels") or {}) if o["kind"] == "Pod" else \
+            o["spec"]["template"]["metadata"].get("labels", {})
+        ck = {v["name"] for v in tmpl.get("volumes", [])
+              if v.get("persistentVolumeClaim", {}).get("claimName") == "switchyard-checkpoints"}
+        for c in tmpl.get("containers", []) + tmpl.get("initContainers", []):
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in ck:
+                    continue
+                who = "%s/%s/%s" % (o["kind"], o["metadata"]["name"], c["name"])
+                if labels.get("app.kubernetes.io/component") == "coordinator":
+                    check(True, "%s (the coordinator) mounts the root at %s" % (who,
+                                                                               m["mountPath"]))
+                    continue
+                pods += 1
+                check(bool(m.get("subPath")), "%s mounts the checkpoint volume with subPath %r"
+                      % (who, m.get("subPath")))
+    check(pods >= 3, "%d worker checkpoint mounts checked" % pods)
 
 
 # --------------------------------------------------------------------------------------------
@@ -677,7 +846,7 @@ def substituted(args, repl):
     return out, changed
 
 
-def run_binaries(coord, workers, coordinator_bin, worker_bin):
+def run_binaries(coord, workers, coordinator_bin, worker_bin, syctl_bin):
     section("the real coordinator with the manifest's args")
     token = "deploy-test-" + os.urandom(8).hex()
     token_file = os.path.join(TMP, "token")
@@ -726,11 +895,14 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     check(status == 200, "GET /v1/jobs with the token file's token: %s %s" % (
         status, "" if status == 200 else body[:300]))
 
-    section("a real CPU worker with gpu-0's args, one training job")
+    section("a real CPU worker with a generated worker Job's args (unscoped), one training job")
     w = workers[0]
     wc = pod_spec(w)["containers"][0]
     metrics_port = free_port()
-    wargs, wchanged = substituted(wc["args"], {
+    # Without --job here: the idle worker's gauges are read after its job is cancelled (a scoped
+    # worker would leave then); the scoped worker runs below (run_scoped_worker).
+    unscoped = [a for a in wc["args"] if not a.startswith("--job=")]
+    wargs, wchanged = substituted(unscoped, {
         "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": worker_token_file,
         "device": "cpu", "metrics_port": metrics_port, "gloo_host": "127.0.0.1",
         "checkpoint_root": os.path.join(TMP, "checkpoints"), "data_root": os.path.join(TMP, "data")})
@@ -799,7 +971,86 @@ def run_binaries(coord, workers, coordinator_bin, worker_bin):
     print("worker log (last lines):\n  " + "\n  ".join(log_lines[-4:]))
     DASHBOARD_QUERIES_RUN.append(prometheus_queries(http_port, metrics_port))
     check_idle_worker_metrics(coord_url, token, job["name"], worker_url)
+    wp.terminate()
+    check(wp.wait(timeout=60) == 0, "the unscoped worker exits 0 after SIGTERM")
+    run_scoped_worker(coord_url, token, token_file, worker_token_file, grpc_port, worker_bin,
+                      syctl_bin, spec)
     return [coord_text, worker_text]
+
+
+def run_scoped_worker(coord_url, token, token_file, worker_token_file, grpc_port, worker_bin,
+                      syctl_bin, spec):
+    """A job submitted to the real coordinator, its manifest from `syctl k8s-workers` (asking the
+    coordinator), and a real worker with the manifest's args (--job included): the job SUCCEEDS
+    and the worker exits 0; the same args once the job is finished, and --job naming a missing
+    job, exit 1 naming --job."""
+    section("a job-scoped worker from syctl k8s-workers, against the real coordinator")
+    spec = dict(spec, display_name="deploy-test-scoped",
+                training=dict(spec["training"], train_iters=3))
+    status, body = http_post(coord_url + "/v1/jobs", {"spec": spec, "request_id": "deploy-2"},
+                             token)
+    if not check(status == 200, "POST /v1/jobs (scoped): %s %s" % (status, body[:300])):
+        return
+    name = json.loads(body)["name"]
+    job_dir = os.path.join(TMP, "checkpoints", name)
+    st = os.stat(job_dir) if os.path.isdir(job_dir) else None
+    check(st is not None and (st.st_mode & 0o777) == 0o700,
+          "the coordinator created %s at CreateJob, mode %s" % (
+              job_dir, oct(st.st_mode & 0o777) if st else None))
+    r = subprocess.run([syctl_bin, "--coordinator", "127.0.0.1:%d" % grpc_port, "--token-file",
+                        token_file, "k8s-workers", name], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    if not check(r.returncode == 0, "syctl k8s-workers %s (from the coordinator): exit %d %s" % (
+            name, r.returncode, r.stderr.strip())):
+        return
+    objs = [o for o in yaml.safe_load_all(r.stdout) if o]
+    check(len(objs) == 1, "one object")
+    check_worker_job(objs[0], name, 1, "")
+    render_with_kubectl("live", r.stdout)
+    wc = pod_spec(objs[0])["containers"][0]
+    root = os.path.join(TMP, "checkpoints")
+    wargs, wchanged = substituted(wc["args"], {
+        "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": worker_token_file,
+        "device": "cpu", "metrics_port": free_port(), "gloo_host": "127.0.0.1",
+        "checkpoint_root": root, "data_root": os.path.join(TMP, "data")})
+    print("replaced for this machine: %s; kept: %s" % (wchanged, [
+        a for a in wargs if a[2:].partition("=")[0].replace("-", "_") not in wchanged]))
+    env = dict(os.environ)
+    env.update({e["name"]: e["value"] for e in wc.get("env", []) if "value" in e})
+
+    def run_worker(args, log_name, timeout):
+        log = open(os.path.join(TMP, log_name), "w+")
+        p = subprocess.Popen([worker_bin] + args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        PROCS.append(p)
+        try:
+            code = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        log.seek(0)
+        return code, log.read()
+
+    code, text = run_worker(wargs, "scoped-worker.log", 180)
+    st, jb = http_get(coord_url + "/v1/" + name, token)
+    state = json.loads(jb).get("state") if st == 200 else st
+    check(state == "SUCCEEDED", "%s ran on its scoped worker: %s" % (name, state))
+    if not check(code == 0 and "ended SUCCEEDED" in text,
+                 "the scoped worker exits 0 by itself once %s ended (exit %s): %s" % (
+                     name, code, [l for l in text.splitlines() if "ended" in l][-1:])):
+        print(text[-3000:])
+    code, text = run_worker(wargs, "scoped-again.log", 60)
+    check(code == 1 and "--job " + name in text and "SUCCEEDED" in text,
+          "the same pod started again: exit %s naming --job (%s)" % (
+              code, text.strip().splitlines()[-1:] if text.strip() else ""))
+    missing, _ = substituted(wargs, {"job": "jobs/999"})
+    code, text = run_worker(missing, "scoped-missing.log", 60)
+    check(code == 1 and "--job jobs/999" in text,
+          "--job jobs/999 (no such job): exit %s naming --job (%s)" % (
+              code, text.strip().splitlines()[-1:] if text.strip() else ""))
+    bad, _ = substituted(wargs, {"job": "jobs/x"})
+    code, text = run_worker(bad, "scoped-bad.log", 60)
+    check(code == 1 and "--job" in text,
+          "--job jobs/x (malformed): exit %s naming --job at startup (%s)" % (
+              code, text.strip().splitlines()[-1:] if text.strip() else ""))
 
 
 def check_idle_worker_metrics(coord_url, token, job_name, worker_url):
@@ -947,7 +1198,7 @@ def start_coordinator(args, name):
 def run_tls(tls_by, coordinator_bin, worker_bin):
     """The tls component for real: a self-signed certificate (openssl) for 127.0.0.1; the
     coordinator with the rendered tls args; the native gRPC probes on its plaintext health port
-    (the kubelet's gRPC probe cannot speak TLS); HTTPS /healthz; a worker with gpu-0's rendered
+    (the kubelet's gRPC probe cannot speak TLS); HTTPS /healthz; a worker with a generated TLS
     args (--tls-root-cert) attaching over TLS."""
     section("the tls component: coordinator and worker over TLS")
     if shutil.which("openssl") is None:
@@ -1030,7 +1281,8 @@ def run_tls(tls_by, coordinator_bin, worker_bin):
         status, body = None, str(e)
     check(status == 200, "tls: HTTPS GET /healthz -> %s %r" % (status, body))
     metrics_port = free_port()
-    wargs, wchanged = substituted(wc["args"], {
+    wargs, wchanged = substituted(
+        [a for a in wc["args"] if not a.startswith("--job=")], {  # no job on this coordinator
         "coordinator": "127.0.0.1:%d" % grpc_port, "token_file": worker_token_file,
         "device": "cpu", "metrics_port": metrics_port, "gloo_host": "127.0.0.1",
         "tls_root_cert": cert})
@@ -1339,16 +1591,20 @@ def check_docker(coordinator_bin, worker_bin, by):
               "(CUDA_PACKAGES)" % (os.path.basename(binary), sorted(cuda_seen)))
 
 
-def run_checks(coordinator_bin, worker_bin):
+def run_checks(coordinator_bin, worker_bin, syctl_bin):
     docs, dashboards = load_all()
     by, tls_by = manifests(docs)
+    gen, gen_tls = generated_workers(syctl_bin)
+    check_no_root_mounts(docs, gen)
+    by.update(gen)
+    tls_by.update(gen_tls)
     coord, workers, _ = check_manifests(with_token_secret(by, docs))
     check_flags(by, tls_by, coordinator_bin, worker_bin)
     DASHBOARDS.update(dashboards)
     check_promtool(docs, dashboards)
     scraped = []
     try:
-        r = run_binaries(coord, workers, coordinator_bin, worker_bin)
+        r = run_binaries(coord, workers, coordinator_bin, worker_bin, syctl_bin)
         if r is not None:
             scraped = r
     finally:
@@ -1366,16 +1622,17 @@ def run_checks(coordinator_bin, worker_bin):
 
 
 def main():
-    if len(sys.argv) != 3:
-        print("usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER", file=sys.stderr)
+    if len(sys.argv) != 4:
+        print("usage: deploy_test.py SWITCHYARD_COORDINATOR SWITCHYARD_WORKER SYCTL",
+              file=sys.stderr)
         return 2
-    coordinator_bin, worker_bin = (os.path.abspath(a) for a in sys.argv[1:3])
+    coordinator_bin, worker_bin, syctl_bin = (os.path.abspath(a) for a in sys.argv[1:4])
     log_path = os.path.join(os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or TMP,
                             "deploy_test.log")
     sys.stdout = _Log(log_path)
     print("every check, passing ones included: %s" % log_path)
     try:
-        run_checks(coordinator_bin, worker_bin)
+        run_checks(coordinator_bin, worker_bin, syctl_bin)
     except Exception as e:  # a malformed file can break a later step: report it as a failure
         traceback.print_exc(file=sys.stdout)
         check(False, "the test stopped early: %s: %s" % (type(e).__name__, e))

@@ -19,12 +19,13 @@
 //                  job fails (a lost peer included: --comm-timeout bounds every collective).
 //                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
 //   --coordinator host:port [--token-file F] [--tls-root-cert PEM] [--metrics-port P]
-//   [--metrics-bind-address A] [--checkpoint-root DIR] [--data-root DIR]
+//   [--metrics-bind-address A] [--checkpoint-root DIR] [--data-root DIR] [--job jobs/<id>]
 //                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
 //                  attach to the coordinator, run the generations it assigns (their paths must
 //                  resolve inside the two roots, common/config/job_paths.h), report steps; exit 0
-//                  after SIGTERM/SIGINT, 1 for a permanent error (bad options, rejected token), 75
-//                  when the process must be restarted.
+//                  after SIGTERM/SIGINT or, with --job, once that job is finished; 1 for a
+//                  permanent error (bad options, rejected token, --job naming a missing or
+//                  finished job), 75 when the process must be restarted.
 // Without a mode the usage goes to stderr and the exit status is 2. Flags may be spelled with '-'
 // or '_' (--self-check == --self_check).
 #include <cuda_runtime.h>
@@ -83,6 +84,10 @@ ABSL_FLAG(std::string, checkpoint_root, "/checkpoints",
 ABSL_FLAG(std::string, data_root, "/data",
           "Agent: the coordinator's --data-root (same path here); assigned data paths and "
           "tokenizer must resolve inside it.");
+ABSL_FLAG(
+    std::string, job, "",
+    "Agent: scope this worker to one job (jobs/<id>): the coordinator gives it that job only, "
+    "and it exits 0 once the job is finished (one Kubernetes pod set per job).");
 ABSL_FLAG(double, peak_tflops, 989.4, "Peak TFLOP/s of the GPU for MFU (H100/H200 dense bf16).");
 
 namespace {
@@ -97,7 +102,9 @@ constexpr char kUsage[] =
     "                    [--device ...] [--steps N]   run rank R of a W-process job\n"
     "  switchyard-worker --coordinator HOST:PORT [--token-file F] [--device ...]\n"
     "                    [--metrics-port P] [--checkpoint-root DIR] [--data-root DIR]\n"
-    "                    attach to a coordinator and run its jobs\n"
+    "                    [--job jobs/<id>]\n"
+    "                    attach to a coordinator and run its jobs (with --job: that job only,\n"
+    "                    exit 0 once it is finished)\n"
     "  switchyard-worker --help         list the worker's flags\n"
     "  switchyard-worker --version      print the version";
 
@@ -256,6 +263,7 @@ int Agent() {
   o.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   o.roots.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   o.roots.data_root = absl::GetFlag(FLAGS_data_root);
+  o.job = absl::GetFlag(FLAGS_job);
   return switchyard::agent::AgentMain(o);  // before any other thread starts
 }
 

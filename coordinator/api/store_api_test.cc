@@ -357,5 +357,43 @@ TEST_F(StoreApiTest, CorruptionWhileServingTurnsHealthNotServing) {
               first.c_str(), health->status, health->body.c_str());
 }
 
+// With the worker side on, CreateJob creates <checkpoint-root>/jobs/<id> (0700) in the
+// transaction that stores the job (Kubernetes subPath mounts then find it); when the directory
+// cannot be made, CreateJob fails naming it and nothing is stored.
+TEST_F(StoreApiTest, CreateJobMakesTheJobDirectoryOrStoresNothing) {
+  const std::string root = testing::FreshPath("create_dirs_root");
+  std::filesystem::remove_all(root);
+  Start("create_dirs.db", [&](ServerOptions& options) {
+    options.workers = true;
+    options.checkpoint_root = root;
+  });
+  const std::string name = Create("with-directory");
+  const std::string dir = absl::StrCat(root, "/jobs/", name.substr(name.find('/') + 1));
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0) << dir;
+  std::printf("%s -> %s mode %o\n", name.c_str(), dir.c_str(), st.st_mode & 0777);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+
+  // <root>/jobs replaced by a file: the next job's directory cannot be made.
+  std::filesystem::remove_all(root + "/jobs");
+  std::ofstream(root + "/jobs") << "not a directory";
+  const int64_t jobs_before = RawCount(store_path_, "SELECT COUNT(*) FROM jobs");
+  const int64_t events_before = RawCount(store_path_, "SELECT COUNT(*) FROM job_events");
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = testing::ValidSpec("no-directory");
+  request.mutable_spec()->mutable_training()->clear_save();
+  v1::Job job;
+  auto context = Context();
+  grpc::Status s = stub_->CreateJob(context.get(), request, &job);
+  std::printf("CreateJob with %s/jobs a file: %d %s\n", root.c_str(), s.error_code(),
+              s.error_message().c_str());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), root + "/jobs")) << s.error_message();
+  EXPECT_EQ(RawCount(store_path_, "SELECT COUNT(*) FROM jobs"), jobs_before);
+  EXPECT_EQ(RawCount(store_path_, "SELECT COUNT(*) FROM job_events"), events_before);
+  EXPECT_TRUE(server_->hub()->StoreHealth().ok());
+}
+
 }  // namespace
 }  // namespace switchyard::api

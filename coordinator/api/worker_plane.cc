@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<WorkerPlane>> WorkerPlane::Create(store::Store* s
                               std::move(options.scheduler));
   if (!scheduler.ok()) return scheduler.status();
   plane->scheduler_ = *std::move(scheduler);
-  plane->worker_service_ =
-      std::make_unique<WorkerServiceImpl>(plane->registry_.get(), plane->scheduler_.get(), auth);
+  plane->worker_service_ = std::make_unique<WorkerServiceImpl>(
+      plane->registry_.get(), plane->scheduler_.get(), auth, hub, options.service);
   plane->rendezvous_service_ =
       std::make_unique<RendezvousServiceImpl>(&plane->rendezvous_, auth, plane->registry_.get());
   plane->scheduler_->SetSink(plane->worker_service_.get());

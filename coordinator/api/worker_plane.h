@@ -37,6 +37,7 @@ namespace switchyard::api {
 struct WorkerPlaneOptions {
   cluster::WorkerRegistryOptions registry;  // its on_lost is set by the plane
   jobs::SchedulerOptions scheduler;
+  WorkerServiceOptions service;
 };
 
 class WorkerPlane {

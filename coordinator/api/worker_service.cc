@@ -7,6 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/status.h"
+#include "coordinator/jobs/job_registry.h"
+#include "coordinator/jobs/job_state.h"
 
 namespace switchyard::api {
 
@@ -126,6 +129,7 @@ class WorkerServiceImpl::AttachReactor
         return absl::FailedPreconditionError(
             "registration must be sent exactly once per stream (it was already sent)");
       }
+      SY_RETURN_IF_ERROR(service_->CheckScope(message.registration()));
       absl::StatusOr<cluster::Registered> registered =
           service_->workers_->Register(message.registration());
       if (!registered.ok()) return registered.status();
@@ -183,8 +187,44 @@ class WorkerServiceImpl::AttachReactor
 };
 
 WorkerServiceImpl::WorkerServiceImpl(cluster::WorkerRegistry* workers, jobs::Scheduler* scheduler,
-                                     const api::TokenAuth* auth)
-    : workers_(workers), scheduler_(scheduler), auth_(auth) {}
+                                     const api::TokenAuth* auth, jobs::JobHub* hub,
+                                     WorkerServiceOptions options)
+    : workers_(workers), scheduler_(scheduler), auth_(auth), hub_(hub), options_(options) {}
+
+absl::Status WorkerServiceImpl::CheckScope(const v1::Registration& registration) const {
+  const std::string& job = registration.job();
+  if (job.empty()) {
+    if (options_.require_job_scoped_workers) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", registration.worker_id(),
+                       " is not scoped to a job, and this coordinator runs with "
+                       "--require-job-scoped-workers: start the worker with --job jobs/<id> "
+                       "(registration.job)"));
+    }
+    return absl::OkStatus();
+  }
+  if (!jobs::ParseJobName(job).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("registration.job (--job \"", job,
+                                                   "\") must be a job name jobs/<id>, id >= 1"));
+  }
+  if (hub_ == nullptr) {
+    return absl::UnavailableError("this coordinator cannot check --job (no job hub)");
+  }
+  absl::StatusOr<v1::Job> found = hub_->GetJob(job);
+  if (found.status().code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(
+        absl::StrCat("--job ", job,
+                     ": no such job on this coordinator (registration.job); submit it first "
+                     "(syctl submit) and scope the worker to the name it gets"));
+  }
+  SY_RETURN_IF_ERROR(found.status());
+  if (jobs::IsTerminal(found->state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--job ", job, ": the job is already ", v1::Job::State_Name(found->state()),
+        " (registration.job): a job-scoped worker attaches only to an unfinished job"));
+  }
+  return absl::OkStatus();
+}
 
 WorkerServiceImpl::~WorkerServiceImpl() = default;
 

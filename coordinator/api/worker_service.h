@@ -10,6 +10,11 @@
 // - The first WorkerMessage must be a Registration (else FAILED_PRECONDITION); a bad one
 //   (WorkerRegistry::Register's rules) ends the stream INVALID_ARGUMENT naming the field. A
 //   second Registration is FAILED_PRECONDITION. A message with no field set is INVALID_ARGUMENT.
+// - Job scope (Registration.job, switchyard-worker --job): a malformed name is INVALID_ARGUMENT,
+//   a job that does not exist NOT_FOUND, a finished one FAILED_PRECONDITION, each naming `--job`;
+//   with require_job_scoped_workers a registration without a job is FAILED_PRECONDITION naming
+//   --require-job-scoped-workers. The scheduler then gives a scoped worker only its job and
+//   sends it JobEnded when the job finishes (scheduler.h "Job-scoped workers").
 // - Every message counts as a heartbeat (WorkerRegistry::Touch); Heartbeat also records its
 //   generation. StepReport and WorkerExit go to the scheduler.
 // - CoordinatorMessages queued by Send are written in order, one write in flight at a time.
@@ -36,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/cluster/worker_registry.h"
+#include "coordinator/jobs/job_hub.h"
 #include "coordinator/jobs/scheduler.h"
 #include "switchyard/v1/worker.grpc.pb.h"
 
@@ -43,11 +49,19 @@ namespace switchyard::api {
 
 inline constexpr size_t kMaxPendingMessages = 64;
 
+struct WorkerServiceOptions {
+  // Refuse workers that do not name a job (switchyard-coordinator --require-job-scoped-workers).
+  bool require_job_scoped_workers = false;
+};
+
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService, public jobs::WorkerSink {
  public:
-  // The pointers must outlive the service; `auth` may be null (no authentication).
+  // The pointers must outlive the service; `auth` may be null (no authentication); `hub` may be
+  // null only when no worker names a job (tests of the stream alone): a scoped registration is
+  // then refused UNAVAILABLE.
   WorkerServiceImpl(cluster::WorkerRegistry* workers, jobs::Scheduler* scheduler,
-                    const api::TokenAuth* auth);
+                    const api::TokenAuth* auth, jobs::JobHub* hub = nullptr,
+                    WorkerServiceOptions options = {});
   ~WorkerServiceImpl() override;
 
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Attach(
@@ -64,6 +78,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService, publi
 
  private:
   class AttachReactor;
+  // The job-scope rules above for a registration, before the registry sees it.
+  absl::Status CheckScope(const v1::Registration& registration) const;
   // Makes `reactor` the stream of `worker_id`, ending the one it replaces.
   void Bind(const std::string& worker_id, AttachReactor* reactor);
   // Forgets `reactor` (its OnDone); true when it was still the stream of its worker.
@@ -73,6 +89,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService, publi
   cluster::WorkerRegistry* const workers_;
   jobs::Scheduler* const scheduler_;
   const api::TokenAuth* const auth_;
+  jobs::JobHub* const hub_;
+  const WorkerServiceOptions options_;
   mutable absl::Mutex mu_;
   std::map<std::string, AttachReactor*> streams_ ABSL_GUARDED_BY(mu_);  // by worker id
   std::map<std::string, std::deque<v1::CoordinatorMessage>> pending_ ABSL_GUARDED_BY(mu_);

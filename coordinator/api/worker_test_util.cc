@@ -161,6 +161,7 @@ void FakeWorker::Attach(const char* token, bool register_first) {
   r->set_worker_id(id_);
   r->set_host(host_);
   r->set_version("fake-0");
+  r->set_job(scope_);
   if (register_first) Write(message);
   reader_ = std::thread([this] { ReadLoop(); });
 }

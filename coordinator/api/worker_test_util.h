@@ -98,6 +98,8 @@ class FakeWorker {
   void Attach(const char* token = kWorkerToken, bool register_first = true);
   // Pretends to be running `assignment` (a worker re-attaching after a coordinator restart).
   void set_assignment(const v1::Assignment& assignment);
+  // Registers as a job-scoped worker of `job` ("jobs/<id>"; Registration.job). Before Attach.
+  void set_scope(const std::string& job) { scope_ = job; }
   // Sends a heartbeat with the current generation (0 when idle).
   void Heartbeat();
   void SendStep(int64_t step, double loss);
@@ -147,6 +149,7 @@ class FakeWorker {
   std::deque<Received> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<Received> history_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::Assignment> assignment_ ABSL_GUARDED_BY(mu_);
+  std::string scope_;  // Registration.job
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status end_status_ ABSL_GUARDED_BY(mu_);

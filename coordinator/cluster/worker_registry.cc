@@ -131,6 +131,7 @@ absl::StatusOr<Registered> WorkerRegistry::Register(const v1::Registration& regi
   info.host = registration.host();
   if (registration.has_gpu()) info.gpu = registration.gpu();
   info.version = registration.version();
+  info.scope = registration.job();
   info.registered_at = now;
   info.last_heartbeat = now;
   info.connected = true;

@@ -59,6 +59,8 @@ struct WorkerInfo {
   std::string host;
   std::optional<v1::GpuInfo> gpu;
   std::string version;
+  // Registration.job: "jobs/{id}" for a job-scoped worker (it may run that job only), else empty.
+  std::string scope;
   WorkerState state = WorkerState::kIdle;
   std::string job;                  // "jobs/{id}" while busy, else empty
   int64_t generation = 0;           // of `job` while busy

@@ -1,5 +1,10 @@
 #include "coordinator/jobs/job_hub.h"
 
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -13,10 +18,11 @@
 namespace switchyard::jobs {
 
 JobHub::JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart,
-               std::string checkpoint_root)
+               std::string checkpoint_root, bool make_job_directories)
     : registry_(registry),
       on_restart_(std::move(on_restart)),
-      checkpoint_root_(std::move(checkpoint_root)) {}
+      checkpoint_root_(std::move(checkpoint_root)),
+      make_job_directories_(make_job_directories) {}
 
 absl::StatusOr<v1::Job> JobHub::Notify(absl::StatusOr<v1::Job> result) {
   if (result.ok()) {
@@ -27,7 +33,36 @@ absl::StatusOr<v1::Job> JobHub::Notify(absl::StatusOr<v1::Job> result) {
 }
 
 absl::StatusOr<v1::Job> JobHub::CreateJob(const v1::CreateJobRequest& request) {
-  return Notify(registry_->CreateJob(request));
+  if (!make_job_directories_ || checkpoint_root_.empty()) {
+    return Notify(registry_->CreateJob(request));
+  }
+  // The job's directory is made inside the store transaction that creates the job, so a job
+  // never exists without it and a directory that cannot be made leaves no job behind.
+  std::string made;  // the directory this call created, removed again if the commit fails
+  auto make_directory = [&](int64_t id) -> absl::Status {
+    const std::string jobs_dir = absl::StrCat(checkpoint_root_, "/jobs");
+    const std::string dir = jobs::JobCheckpointDir(checkpoint_root_, id);
+    for (const std::string& d : {checkpoint_root_, jobs_dir, dir}) {
+      if (::mkdir(d.c_str(), 0700) == 0) {
+        if (d == dir) made = dir;
+        continue;
+      }
+      const int error = errno;
+      struct stat st;
+      if (error == EEXIST && ::stat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+      const std::string why =
+          error == EEXIST ? "it exists and is not a directory" : std::strerror(error);
+      SY_LOG(ERROR) << "CreateJob: cannot create the checkpoint directory " << d << ": " << why;
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create the job's checkpoint directory ", d, " (", why,
+                       "): check --checkpoint-root (", checkpoint_root_,
+                       ") exists and is writable by the coordinator; no job was created"));
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<v1::Job> job = registry_->CreateJob(request, make_directory);
+  if (!job.ok() && !made.empty()) ::rmdir(made.c_str());
+  return Notify(std::move(job));
 }
 
 absl::StatusOr<v1::Job> JobHub::GetJob(absl::string_view name) { return registry_->GetJob(name); }

@@ -45,14 +45,20 @@ class JobHub {
  public:
   // `registry` must outlive the hub. `on_restart` (may be empty) is called after each transition
   // whose result is RESTARTING. `checkpoint_root` (empty: unknown) is where the scheduler puts
-  // job checkpoints (ServerOptions.checkpoint_root).
+  // job checkpoints (ServerOptions.checkpoint_root); `make_job_directories`: CreateJob creates
+  // each new job's directory under it (a coordinator that serves workers).
   explicit JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart = {},
-                  std::string checkpoint_root = "");
+                  std::string checkpoint_root = "", bool make_job_directories = false);
   JobHub(const JobHub&) = delete;
   JobHub& operator=(const JobHub&) = delete;
 
-  // Same contracts as JobRegistry's methods of the same names.
+  // JobRegistry::CreateJob; with make_job_directories, the new job's directory
+  // <checkpoint_root>/jobs/<id> (and the root and <root>/jobs) is created mode 0700 when missing,
+  // inside the transaction that creates the job: workers then find it, and a Kubernetes subPath
+  // mount of it finds it existing and owned by the coordinator's uid. FAILED_PRECONDITION naming
+  // the directory and errno when it cannot be made; then no job is stored.
   absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
+  // Same contracts as JobRegistry's methods of the same names.
   absl::StatusOr<v1::Job> GetJob(absl::string_view name);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(absl::string_view name);
@@ -90,6 +96,7 @@ class JobHub {
   jobs::JobRegistry* const registry_;
   const std::function<void()> on_restart_;
   const std::string checkpoint_root_;
+  const bool make_job_directories_;
   mutable absl::Mutex mu_;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

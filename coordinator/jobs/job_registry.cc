@@ -134,7 +134,9 @@ absl::StatusOr<store::JobRow> JobRegistry::Row(absl::string_view name) {
   return row;
 }
 
-absl::StatusOr<v1::Job> JobRegistry::CreateJob(const v1::CreateJobRequest& request) {
+absl::StatusOr<v1::Job> JobRegistry::CreateJob(
+    const v1::CreateJobRequest& request,
+    const std::function<absl::Status(int64_t id)>& before_commit) {
   SY_RETURN_IF_ERROR(CheckRequestId(request.request_id()));
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   SY_ASSIGN_OR_RETURN(v1::JobSpec resolved, ResolveJobSpec(request.spec(), context_));
@@ -149,7 +151,7 @@ absl::StatusOr<v1::Job> JobRegistry::CreateJob(const v1::CreateJobRequest& reque
   created.message = row.spec.display_name().empty()
                         ? "job created"
                         : absl::StrCat("job \"", row.spec.display_name(), "\" created");
-  SY_ASSIGN_OR_RETURN(store::InsertResult result, store_->InsertJob(row, created));
+  SY_ASSIGN_OR_RETURN(store::InsertResult result, store_->InsertJob(row, created, before_commit));
   if (!result.created &&
       !google::protobuf::util::MessageDifferencer::Equals(result.job.spec, row.spec)) {
     return absl::AlreadyExistsError(absl::StrCat(

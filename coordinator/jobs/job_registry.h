@@ -37,6 +37,7 @@
 #define SWITCHYARD_COORDINATOR_JOBS_JOB_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,8 +76,12 @@ class JobRegistry {
   const CoordinatorContext& context() const { return context_; }
 
   // Validates request.spec (after defaults) and request.request_id, then creates the job in
-  // PENDING with event CREATED, or returns the job the request_id already names.
-  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
+  // PENDING with event CREATED, or returns the job the request_id already names. `before_commit`
+  // (optional) runs with the new job's id before its rows are committed; its error rolls them back
+  // (store::Store::InsertJob).
+  absl::StatusOr<v1::Job> CreateJob(
+      const v1::CreateJobRequest& request,
+      const std::function<absl::Status(int64_t id)>& before_commit = nullptr);
   // The same for a spec in JSON or YAML text (common/config/config.h): parse errors are
   // INVALID_ARGUMENT naming the field, and nothing is written.
   absl::StatusOr<v1::Job> CreateJobFromJson(absl::string_view spec_json,

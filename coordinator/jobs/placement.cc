@@ -21,6 +21,18 @@ std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec) {
   return {std::max(min, 1), max};
 }
 
+std::vector<cluster::WorkerInfo> EligibleFor(const std::string& job,
+                                             const std::vector<cluster::WorkerInfo>& workers) {
+  std::vector<cluster::WorkerInfo> out;
+  for (const cluster::WorkerInfo& w : workers) {
+    if (w.scope == job) out.push_back(w);
+  }
+  for (const cluster::WorkerInfo& w : workers) {
+    if (w.scope.empty()) out.push_back(w);
+  }
+  return out;
+}
+
 v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
                                const std::vector<cluster::WorkerInfo>& workers,
                                const ClusterDefaults& defaults) {

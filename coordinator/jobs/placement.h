@@ -1,9 +1,9 @@
 // File: coordinator/jobs/placement.h
 //
 // The scheduler's pure decisions about one job (scheduler.h "Policy"), apart from any I/O so
-// they can be tested directly: the elastic worker range of a spec, the parallel sizes the workers
-// cannot run, the planner request for a set of idle workers, and the spec every rank of a
-// generation is assigned.
+// they can be tested directly: the elastic worker range of a spec, the workers that may run it
+// (job scope), the parallel sizes the workers cannot run, the planner request for a set of idle
+// workers, and the spec every rank of a generation is assigned.
 #ifndef SWITCHYARD_COORDINATOR_WORKERS_PLACEMENT_H_
 #define SWITCHYARD_COORDINATOR_WORKERS_PLACEMENT_H_
 
@@ -24,6 +24,12 @@ namespace switchyard::jobs {
 // [min, max] workers of a stored (defaulted) spec: unset min_workers is parallel.world_size if
 // set, else 1; unset max_workers is parallel.world_size if set, else INT32_MAX (unbounded).
 std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec);
+
+// The workers of `workers` that may run the job named `job`: those scoped to it
+// (WorkerInfo::scope, switchyard-worker --job) first, then the unscoped ones, each group in the
+// given order; workers scoped to another job never.
+std::vector<cluster::WorkerInfo> EligibleFor(const std::string& job,
+                                             const std::vector<cluster::WorkerInfo>& workers);
 
 // The rule lives with the submit rules (coordinator/jobs/resolve_spec.h).
 using jobs::UnsupportedParallelism;

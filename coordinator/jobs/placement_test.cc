@@ -1,6 +1,7 @@
 // File: coordinator/jobs/placement_test.cc
 #include "coordinator/jobs/placement.h"
 
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -35,6 +36,27 @@ TEST(PlacementTest, WorkerRangeDefaults) {
   EXPECT_EQ(WorkerRange(spec), std::make_pair(4, 8));
   spec.set_max_workers(16);
   EXPECT_EQ(WorkerRange(spec), std::make_pair(4, 16));
+}
+
+TEST(PlacementTest, EligibleWorkersAreThoseScopedToTheJobThenUnscoped) {
+  std::vector<cluster::WorkerInfo> workers(5);
+  const char* scopes[] = {"", "jobs/2", "jobs/1", "", "jobs/1"};
+  for (int i = 0; i < 5; ++i) {
+    workers[i].id = "w" + std::to_string(i);
+    workers[i].scope = scopes[i];
+  }
+  auto ids = [](const std::vector<cluster::WorkerInfo>& ws) {
+    std::string out;
+    for (const cluster::WorkerInfo& w : ws) out += w.id + " ";
+    return out;
+  };
+  std::printf("jobs/1: %s| jobs/2: %s| jobs/3: %s\n", ids(EligibleFor("jobs/1", workers)).c_str(),
+              ids(EligibleFor("jobs/2", workers)).c_str(),
+              ids(EligibleFor("jobs/3", workers)).c_str());
+  EXPECT_EQ(ids(EligibleFor("jobs/1", workers)), "w2 w4 w0 w3 ");
+  EXPECT_EQ(ids(EligibleFor("jobs/2", workers)), "w1 w0 w3 ");
+  EXPECT_EQ(ids(EligibleFor("jobs/3", workers)), "w0 w3 ");
+  EXPECT_TRUE(EligibleFor("jobs/1", {}).empty());
 }
 
 TEST(PlacementTest, UnsupportedParallelismNamesTheField) {

@@ -199,6 +199,7 @@ void Scheduler::Loop() {
       last_rescan_ = now;
       CheckRunStates();
       StopZombies();
+      ReleaseScopedWorkers();
       workers_changed_ = true;
     }
     if (workers_changed_) {
@@ -239,8 +240,12 @@ void Scheduler::SchedulePass() {
                  idle.begin(), idle.end(),
                  [this](const cluster::WorkerInfo& w) { return RunHoldingRank(w.id) != nullptr; }),
              idle.end());
-  const int attached = workers_->CountInState(cluster::WorkerState::kIdle) +
-                       workers_->CountInState(cluster::WorkerState::kBusy);
+  std::vector<cluster::WorkerInfo> attached = workers_->List();
+  attached.erase(std::remove_if(attached.begin(), attached.end(),
+                                [](const cluster::WorkerInfo& w) {
+                                  return w.state == cluster::WorkerState::kLost;
+                                }),
+                 attached.end());
   std::set<std::string> waiting;
   for (Job::State state : {Job::RESTARTING, Job::PENDING}) {
     for (const Job& job : ListAll(hub_, state)) {
@@ -282,7 +287,8 @@ void Scheduler::FailUnstarted(const Job& job, const std::string& reason,
   Finish(job.name());
 }
 
-bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* idle, int attached) {
+bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* idle,
+                            const std::vector<cluster::WorkerInfo>& attached_workers) {
   // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h); the paths
   // stay relative until AssignedSpec resolves them under the roots (common/config/job_paths.h).
   jobs::CoordinatorContext context = hub_->context();
@@ -299,20 +305,24 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
   }
   const v1::JobSpec& spec = *resolved;
   const auto [min_workers, max_workers] = WorkerRange(spec);
-  const int32_t k = static_cast<int32_t>(std::min<size_t>(idle->size(), max_workers));
+  // Only workers that may run this job: unscoped ones and those scoped to it, the latter first
+  // (they can run nothing else).
+  std::vector<cluster::WorkerInfo> eligible = EligibleFor(job.name(), *idle);
+  const int attached = static_cast<int>(EligibleFor(job.name(), attached_workers).size());
+  const int32_t k = static_cast<int32_t>(std::min<size_t>(eligible.size(), max_workers));
   if (k < min_workers) {
     NoteWaiting(job, kWaitingForWorkers,
                 attached < min_workers
                     ? absl::StrCat("needs ", min_workers, " worker(s), ", attached, " attached")
-                    : absl::StrCat("needs ", min_workers, " idle worker(s), ", idle->size(), " of ",
-                                   attached, " attached are idle (the others run jobs)"));
+                    : absl::StrCat("needs ", min_workers, " idle worker(s), ", eligible.size(),
+                                   " of ", attached, " attached are idle (the others run jobs)"));
     return false;
   }
 
   // Specs never change, so a plan that failed for k workers fails again: wait for another k.
   auto failed_before = plan_failed_for_.find(job.name());
   if (failed_before != plan_failed_for_.end() && failed_before->second == k) return false;
-  const std::vector<cluster::WorkerInfo> chosen(idle->begin(), idle->begin() + k);
+  const std::vector<cluster::WorkerInfo> chosen(eligible.begin(), eligible.begin() + k);
   ClusterDefaults defaults;
   defaults.cpu_worker_memory_bytes = options_.cpu_worker_memory_bytes;
   defaults.intra_node_bandwidth_bytes_per_second = options_.intra_node_bandwidth_bytes_per_second;
@@ -371,7 +381,7 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
   run.generation = generation;
   std::vector<std::string> ranks;
   for (int32_t rank = 0; rank < world; ++rank) {
-    const cluster::WorkerInfo& w = (*idle)[rank];
+    const cluster::WorkerInfo& w = eligible[rank];
     ranks.push_back(w.id);
     run.rank_of[w.id] = rank;
     if (absl::Status s = workers_->SetBusy(w.id, job.name(), generation, rank); !s.ok()) {
@@ -379,7 +389,10 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
                       << s;  // lost meanwhile: a Lost event follows
     }
   }
-  idle->erase(idle->begin(), idle->begin() + world);
+  const std::set<std::string> taken(ranks.begin(), ranks.end());
+  idle->erase(std::remove_if(idle->begin(), idle->end(),
+                             [&](const cluster::WorkerInfo& w) { return taken.count(w.id) > 0; }),
+              idle->end());
   for (int32_t rank = 0; rank < world; ++rank) {
     v1::CoordinatorMessage message;
     v1::Assignment& a = *message.mutable_assignment();

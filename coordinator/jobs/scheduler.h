@@ -24,6 +24,12 @@
 //   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any
 //   other error (a store that cannot write the FAILED transition) is logged and retried, never
 //   reported as NO_FEASIBLE_PLAN.
+// - Job-scoped workers (Registration.job, switchyard-worker --job; one Kubernetes pod per worker
+//   of one job): a job is placed only on workers that are unscoped or scoped to it, those scoped
+//   to it first; the workers counted in its WAITING_FOR_WORKERS reason are those too. Once the
+//   job is finished (SUCCEEDED, FAILED, CANCELLED) each connected worker scoped to it gets
+//   JobEnded (checked with the zombies, every rescan_interval and on every job change), after
+//   which it exits.
 // - Wait reasons: a PENDING or RESTARTING job that cannot start gets an event (state unchanged)
 //   saying why, when the reason differs from the last one recorded by this process:
 //   WAITING_FOR_WORKERS ("needs 3 worker(s), 2 attached", or "... idle" when attached workers
@@ -206,7 +212,11 @@ class Scheduler {
   // The schedule pass and the periodic checks.
   void SchedulePass();
   // True when the job was started or failed (it no longer waits). `attached`: idle + busy.
-  bool TrySchedule(const v1::Job& job, std::vector<cluster::WorkerInfo>* idle, int attached);
+  bool TrySchedule(const v1::Job& job, std::vector<cluster::WorkerInfo>* idle,
+                   const std::vector<cluster::WorkerInfo>& attached);
+  // Sends JobEnded (once per registration) to every connected job-scoped worker whose job is
+  // finished.
+  void ReleaseScopedWorkers();
   // Records why `job` waits (an event, state unchanged) unless it is the reason last recorded.
   void NoteWaiting(const v1::Job& job, const std::string& reason, const std::string& message);
   // FAILED with `reason` and Finish; a failed transition (store error) is logged, not finished,
@@ -257,6 +267,7 @@ class Scheduler {
   std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
   std::map<std::string, std::string> wait_reason_;  // job -> "REASON: message" last recorded
   std::set<std::pair<std::string, int64_t>> zombies_stopped_;
+  std::set<std::string> released_;  // scoped workers sent JobEnded since they registered
 };
 
 }  // namespace switchyard::jobs

@@ -20,6 +20,7 @@ using namespace scheduler_internal;  // NOLINT: the reasons and StopMessage
 
 void Scheduler::Handle(const RegisteredEvent& e) {
   const cluster::Registered& r = e.registered;
+  released_.erase(r.worker.id);
   // The same id attached again while this process had it in a generation (a reconnect): it keeps
   // its rank if its next heartbeat reports the generation (CheckAdoptions), else it restarts.
   if (r.before && r.before->state == cluster::WorkerState::kBusy) {
@@ -230,6 +231,36 @@ void Scheduler::StopZombies() {
                  << w.reported_generation << "; sending Stop";
     Send(w.id, StopMessage(absl::StrCat("generation ", w.reported_generation,
                                         " is not running on this coordinator")));
+  }
+}
+
+void Scheduler::ReleaseScopedWorkers() {
+  std::map<std::string, std::optional<Job>> finished;  // job -> the job when finished
+  for (const cluster::WorkerInfo& w : workers_->List()) {
+    if (w.scope.empty() || !w.connected || w.state == cluster::WorkerState::kLost) continue;
+    if (released_.count(w.id) > 0) continue;
+    auto it = finished.find(w.scope);
+    if (it == finished.end()) {
+      absl::StatusOr<Job> job = hub_->GetJob(w.scope);
+      std::optional<Job> done;
+      if (job.ok() && jobs::IsTerminal(job->state())) done = *std::move(job);
+      // NOT_FOUND: deleted after it finished (DeleteJob takes finished jobs only).
+      if (job.status().code() == absl::StatusCode::kNotFound) done.emplace().set_name(w.scope);
+      it = finished.emplace(w.scope, std::move(done)).first;
+    }
+    if (!it->second) continue;
+    const Job& job = *it->second;
+    const std::string state =
+        job.state() == Job::STATE_UNSPECIFIED ? "DELETED" : Job::State_Name(job.state());
+    v1::CoordinatorMessage message;
+    v1::JobEnded& ended = *message.mutable_job_ended();
+    ended.set_job(w.scope);
+    ended.set_state(state);
+    ended.set_message(job.last_event().message());
+    SY_LOG(INFO) << "scheduler: " << w.scope << " is " << state << "; sending JobEnded to worker "
+                 << w.id << " (scoped to it)";
+    Send(w.id, message);
+    released_.insert(w.id);
   }
 }
 

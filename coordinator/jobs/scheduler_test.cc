@@ -217,6 +217,47 @@ TEST_F(SchedulerTest, AssignsRunsSucceeds) {
   EXPECT_EQ(row->state, store::WorkerState::kIdle);
 }
 
+// Job-scoped workers (Registration.job): a job goes only to workers scoped to it or unscoped; a
+// scoped worker idle next to a pending job it is not scoped to is never given that job; once its
+// job is finished it gets JobEnded with the final state.
+TEST_F(SchedulerTest, ScopedWorkersGetOnlyTheirJobAndJobEnded) {
+  h_ = Harness::Start("sched_scoped.db");
+  ASSERT_NE(h_, nullptr);
+  const std::string a = h_->Submit(api::testing::SmallSpec(1, 1));
+  const std::string b = h_->Submit(api::testing::SmallSpec(1, 1));
+  // Scoped to b, the later job: an unscoped worker would get a (id order).
+  FakeWorker wb(api::testing::MakeChannel(h_->port()), "wb");
+  wb.set_scope(b);
+  wb.Attach();
+  HeartbeatTicker ticker_b({&wb}, absl::Milliseconds(200));
+  std::optional<FakeWorker::Received> got = wb.WaitFor(CoordinatorMessage::kAssignment);
+  ASSERT_TRUE(got.has_value());
+  std::printf("worker scoped to %s got %s (a = %s pending)\n", b.c_str(),
+              got->message.assignment().job().c_str(), a.c_str());
+  EXPECT_EQ(got->message.assignment().job(), b);
+  wb.SendExit(0);
+  h_->WaitForState(b, Job::SUCCEEDED);
+  std::optional<FakeWorker::Received> ended = wb.WaitFor(CoordinatorMessage::kJobEnded);
+  ASSERT_TRUE(ended.has_value());
+  std::printf("JobEnded: %s\n", ended->message.job_ended().ShortDebugString().c_str());
+  EXPECT_EQ(ended->message.job_ended().job(), b);
+  EXPECT_EQ(ended->message.job_ended().state(), "SUCCEEDED");
+  // wb stays attached and idle (a fake ignores JobEnded): a is still never given to it.
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(wb.CountReceived(CoordinatorMessage::kAssignment), 1);
+  const Job pending = *h_->registry()->GetJob(a);
+  EXPECT_EQ(pending.state(), Job::PENDING);
+  EXPECT_EQ(pending.last_event().message(), "needs 1 worker(s), 0 attached");
+  // An unscoped worker takes a.
+  FakeWorker any(api::testing::MakeChannel(h_->port()), "any");
+  any.Attach();
+  HeartbeatTicker ticker_any({&any}, absl::Milliseconds(200));
+  got = any.WaitFor(CoordinatorMessage::kAssignment);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->message.assignment().job(), a);
+  EXPECT_EQ(any.CountReceived(CoordinatorMessage::kJobEnded), 0);
+}
+
 TEST_F(SchedulerTest, LostWorkerRestartsOnFewerWorkers) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_lost.db", 4));
   ASSERT_NO_FATAL_FAILURE(SubmitGeneration1(api::testing::SmallSpec(2, 4), 4));

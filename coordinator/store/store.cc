@@ -432,7 +432,9 @@ absl::Status Store::AppendEvent(JobEventRow event) {
   return s.Run();
 }
 
-absl::StatusOr<InsertResult> Store::InsertJob(JobRow job, JobEventRow first_event) {
+absl::StatusOr<InsertResult> Store::InsertJob(
+    JobRow job, JobEventRow first_event,
+    const std::function<absl::Status(int64_t id)>& before_commit) {
   if (job.state == v1::Job::STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError("job.state: must be set");
   }
@@ -472,6 +474,7 @@ absl::StatusOr<InsertResult> Store::InsertJob(JobRow job, JobEventRow first_even
       job.create_time = job.update_time = FromMicros(Micros(now));
       first_event.job_id = job.id;
       SY_RETURN_IF_ERROR(AppendEvent(first_event));
+      if (before_commit) SY_RETURN_IF_ERROR(before_commit(job.id));
       result.job = std::move(job);
       result.created = true;
       return absl::OkStatus();

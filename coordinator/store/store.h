@@ -165,7 +165,12 @@ class Store {
   // job with created = false and writes nothing (the caller decides whether the specs agree).
   // Otherwise inserts `job` (its id, create and update times are assigned; state must be set)
   // and `first_event` (its job id, sequence and time are assigned) and returns created = true.
-  absl::StatusOr<InsertResult> InsertJob(JobRow job, JobEventRow first_event);
+  // `before_commit` (optional) runs inside the transaction with the new job's id, after both rows
+  // are written: an error from it rolls the insert back and is returned (CreateJob makes the job's
+  // checkpoint directory there, so a job never exists without it).
+  absl::StatusOr<InsertResult> InsertJob(
+      JobRow job, JobEventRow first_event,
+      const std::function<absl::Status(int64_t id)>& before_commit = nullptr);
 
   // NOT_FOUND when no job has this id.
   absl::StatusOr<JobRow> GetJob(int64_t id);

@@ -64,6 +64,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("coordinator: required (host:port of the coordinator)");
   }
+  if (!options.job.empty()) {
+    int64_t id = 0;
+    if (!absl::StartsWith(options.job, "jobs/") || !absl::SimpleAtoi(options.job.substr(5), &id) ||
+        id < 1 || options.job.substr(5) != absl::StrCat(id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--job (\"", options.job,
+                       "\"): must be a job name jobs/<id>, id a positive integer (jobs/3)"));
+    }
+  }
   if (options.heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat_interval must be > 0");
   }
@@ -141,7 +150,13 @@ v1::WorkerMessage Agent::RegistrationMessage() const {
   r->set_host(host_);
   if (has_gpu_) *r->mutable_gpu() = gpu_;
   r->set_version(kVersion);
+  r->set_job(options_.job);
   return msg;
+}
+
+std::string Agent::job_end_state() const {
+  absl::MutexLock lock(&mu_);
+  return job_end_state_;
 }
 
 void Agent::Handle(const v1::CoordinatorMessage& msg) {
@@ -154,9 +169,34 @@ void Agent::Handle(const v1::CoordinatorMessage& msg) {
     }
     return;
   }
+  if (msg.has_job_ended()) {
+    const v1::JobEnded& ended = msg.job_ended();
+    if (options_.job.empty() || ended.job() != options_.job) {
+      Log(absl::StrCat("ignored JobEnded for ", ended.job(), ": this worker is ",
+                       options_.job.empty() ? "not scoped to a job" : "scoped to " + options_.job));
+      return;
+    }
+    Log(absl::StrCat("job ", ended.job(), " ended ", ended.state(),
+                     ended.message().empty() ? "" : " (" + ended.message() + ")",
+                     "; this worker was scoped to it (--job) and exits"));
+    {
+      absl::MutexLock lock(&mu_);
+      job_end_state_ = ended.state();
+    }
+    Shutdown();  // the writer ends any generation (WorkerExit 143) and closes the stream
+    return;
+  }
   absl::MutexLock g(&gen_mu_);
   switch (msg.msg_case()) {
     case v1::CoordinatorMessage::kAssignment:
+      if (!options_.job.empty() && msg.assignment().job() != options_.job) {
+        // The coordinator never does this (scheduler.h "Job-scoped workers"): refuse, permanently.
+        SendExit(msg.assignment(), 1,
+                 absl::StrCat("this worker is scoped to ", options_.job, " (--job), not ",
+                              msg.assignment().job()));
+        break;
+      }
+      assigned_once_.store(true);
       OnAssignment(msg.assignment());
       break;
     case v1::CoordinatorMessage::kStart:

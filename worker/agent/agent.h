@@ -28,8 +28,12 @@
 // worker_id; training continues meanwhile, and what it reports while disconnected (step reports,
 // up to kMaxQueuedReports of them, oldest dropped first, and every WorkerExit) is queued and sent
 // after the new Registration. A rejection that retrying cannot fix (UNAUTHENTICATED,
-// PERMISSION_DENIED, UNIMPLEMENTED, INVALID_ARGUMENT) ends Run with that code and a message that
-// says what to check (the token file, the coordinator address).
+// PERMISSION_DENIED, UNIMPLEMENTED, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION: a worker
+// scoped to a job that does not exist or is finished, or an unscoped one on a coordinator that
+// requires job scope) ends Run with that code and a message that says what to check (the token
+// file, the coordinator address, --job). One exception: a job-scoped worker that has run a
+// generation of its job and, reconnecting, finds the job finished (FAILED_PRECONDITION) missed
+// its JobEnded while away, and returns OK as if it had got it.
 //
 // Threads: Run's caller reads the stream and handles commands; one writer thread per stream
 // (heartbeats and the outbox); one training thread per started generation. Shutdown from any
@@ -85,6 +89,13 @@ struct AgentOptions {
   // of an assignment must resolve inside them (common/config/job_paths.h), whatever the assignment
   // says; defaults as the coordinator's.
   JobRoots roots;
+  // "jobs/<id>": a job-scoped worker (--job). It announces the job in its Registration; the
+  // coordinator refuses it when the job does not exist or is finished (Run returns NOT_FOUND /
+  // FAILED_PRECONDITION naming --job: a permanent error), assigns it that job only, and sends
+  // JobEnded once the job is finished, after which Run ends the generation, logs the job's final
+  // state and returns OK (the process exits 0, so a Kubernetes Indexed Job completes). Empty: any
+  // job, until Shutdown. Anything else is INVALID_ARGUMENT naming --job at Create.
+  std::string job;
   // Unique per process; empty: "<host>:<pid>:<start time in unix ms>".
   std::string worker_id;
   absl::Duration reconnect_initial_backoff = absl::Milliseconds(100);
@@ -126,6 +137,8 @@ class Agent {
   int64_t generation() const { return generation_.load(); }
   // Completed sessions (streams that ended), for tests of reconnection.
   int64_t sessions() const { return sessions_.load(); }
+  // The final state JobEnded named for a job-scoped worker ("" until then).
+  std::string job_end_state() const;
 
  private:
   struct Generation {
@@ -170,16 +183,18 @@ class Agent {
   std::unique_ptr<WorkerMetrics> metrics_;
   std::atomic<int64_t> generation_{0};
   std::atomic<int64_t> sessions_{0};
+  std::atomic<bool> assigned_once_{false};  // got an Assignment (of its job, when scoped)
 
   absl::Mutex gen_mu_;  // serialises the commands (reader thread) and Shutdown
   std::unique_ptr<Generation> gen_ ABSL_GUARDED_BY(gen_mu_);
   std::unique_ptr<Generation> stopping_ ABSL_GUARDED_BY(gen_mu_);  // stopped, still unwinding
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::string job_end_state_ ABSL_GUARDED_BY(mu_);
 };
 
 // Create + Run.
@@ -187,8 +202,9 @@ absl::Status RunAgent(const AgentOptions& options);
 
 // For switchyard-worker's main(): RunAgent with SIGTERM and SIGINT turned into Shutdown() (they
 // are blocked in the calling thread and waited for on a thread of their own; call before any
-// other thread is started). Returns the process exit status: 0 after a signal, 1 for a
-// permanent error (bad options, rejected token), 75 (EX_TEMPFAIL: restart me) for UNAVAILABLE.
+// other thread is started). Returns the process exit status: 0 after a signal or, for a
+// job-scoped worker, once its job is finished; 1 for a permanent error (bad options, rejected
+// token, --job naming a missing or finished job), 75 (EX_TEMPFAIL: restart me) for UNAVAILABLE.
 // The error is printed to stderr.
 int AgentMain(const AgentOptions& options);
 

@@ -6,7 +6,11 @@
 // goes through RESTARTING onto the remaining worker, resuming from the job's checkpoint. A stream
 // the coordinator cuts is re-attached with the same worker_id and the job goes on. A job loads
 // another job's checkpoint by naming it (training.load "jobs/<id>"); a named checkpoint that does
-// not exist fails the job with the path and errno instead of training from scratch.
+// not exist fails the job with the path and errno instead of training from scratch. Job-scoped
+// agents (--job): a scoped worker is never given another job, two jobs each run on their own
+// scoped workers, each worker leaves (Run returns OK: exit 0) once its job SUCCEEDED or was
+// CANCELLED; a missing or finished job, a malformed --job and an unscoped worker under
+// --require-job-scoped-workers are refused, naming the flag.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,8 +21,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -56,8 +63,10 @@ int FreePort() {
 }
 
 std::unique_ptr<RunningAgent> StartAgent(const std::string& coordinator, const std::string& id,
-                                         const std::string& token_file) {
+                                         const std::string& token_file,
+                                         const std::string& job = "") {
   AgentOptions o;
+  o.job = job;
   o.coordinator = coordinator;
   o.roots = testing::TestRoots();
   o.token_file = token_file;
@@ -105,6 +114,7 @@ class AgentCoordinatorTest : public ::testing::Test {
     std::filesystem::remove_all(checkpoint_root_);
     api::WorkerPlaneOptions options = wt::FastOptions(checkpoint_root_);
     options.scheduler.rendezvous_address = absl::StrCat("127.0.0.1:", rendezvous_port_);
+    Tweak(options);
     harness_ = wt::Harness::Start("agent_e2e.db", /*fresh=*/true, options);
     ASSERT_NE(harness_, nullptr);
     // The coordinator's RendezvousService over the plane's store, on the advertised port.
@@ -127,6 +137,9 @@ class AgentCoordinatorTest : public ::testing::Test {
     if (rendezvous_server_) rendezvous_server_->Shutdown(std::chrono::system_clock::now());
     if (harness_) harness_->Stop();
   }
+
+  // Lets a derived fixture change the coordinator's options.
+  virtual void Tweak(api::WorkerPlaneOptions& options) {}
 
   std::string checkpoint_root_;
   int rendezvous_port_ = 0;
@@ -315,6 +328,185 @@ TEST_F(AgentCoordinatorTest, AJobLoadsAnotherJobsCheckpointByName) {
       << job.failure_reason();
   EXPECT_TRUE(absl::StrContains(job.failure_reason(), "No such file or directory"))
       << job.failure_reason();
+}
+
+// --- job-scoped workers (switchyard-worker --job; one Kubernetes pod set per job) ------------
+
+// Waits until the agent has its JobEnded and has closed its stream by itself (the registry shows
+// it disconnected), then joins it: Run's result is what the process exit code comes from.
+bool WaitForScopedExit(wt::Harness* harness, RunningAgent* a, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::optional<cluster::WorkerInfo> w = harness->plane()->registry()->Get(a->agent->worker_id());
+    if (!a->agent->job_end_state().empty() && w.has_value() && !w->connected) {
+      a->Stop();  // joins; Run has returned already
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+TEST_F(AgentCoordinatorTest, ScopedWorkersRunOnlyTheirJobAndExitWhenItEnds) {
+  // job-1 needs one worker, job-2 two. The first worker is scoped to job-2: while it is idle and
+  // job-1 is pending, it must never get job-1.
+  const std::string job1 = harness_->Submit(TinySpec(1, 1, 3));
+  const std::string job2 = harness_->Submit(TinySpec(2, 2, 3));
+  agents_.push_back(StartAgent(harness_->address(), "scoped-2a", token_file_, job2));
+  ASSERT_NE(agents_.back(), nullptr);
+  ASSERT_TRUE(WaitForIdleWorkers(1));
+  const absl::Time watch_until = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < watch_until) {
+    std::optional<cluster::WorkerInfo> w = harness_->plane()->registry()->Get("scoped-2a");
+    ASSERT_TRUE(w.has_value());
+    ASSERT_EQ(w->state, cluster::WorkerState::kIdle) << "assigned " << w->job;
+    ASSERT_EQ(harness_->registry()->GetJob(job1)->state(), v1::Job::PENDING);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const v1::Job waiting = *harness_->registry()->GetJob(job1);
+  std::printf("after 3 s with only a worker scoped to %s: %s %s, last event %s: %s\n", job2.c_str(),
+              job1.c_str(), v1::Job::State_Name(waiting.state()).c_str(),
+              waiting.last_event().reason().c_str(), waiting.last_event().message().c_str());
+  EXPECT_EQ(waiting.last_event().reason(), "WAITING_FOR_WORKERS");
+  EXPECT_TRUE(absl::StrContains(waiting.last_event().message(), "needs 1 worker(s), 0 attached"))
+      << waiting.last_event().message();
+
+  // Each job gets its own scoped workers; both succeed and every worker exits by itself.
+  agents_.push_back(StartAgent(harness_->address(), "scoped-1", token_file_, job1));
+  agents_.push_back(StartAgent(harness_->address(), "scoped-2b", token_file_, job2));
+  for (const std::string& name : {job1, job2}) {
+    const v1::Job job = harness_->WaitForState(name, v1::Job::SUCCEEDED, absl::Seconds(120));
+    std::printf("%s: %s, generation %lld, last step %lld\n", name.c_str(),
+                v1::Job::State_Name(job.state()).c_str(), static_cast<long long>(job.generation()),
+                static_cast<long long>(job.last_step().step()));
+    ASSERT_EQ(job.state(), v1::Job::SUCCEEDED) << job.ShortDebugString();
+  }
+  for (auto& a : agents_) {
+    ASSERT_TRUE(WaitForScopedExit(harness_.get(), a.get(), absl::Seconds(20)))
+        << a->agent->worker_id() << " did not leave after its job ended";
+    std::printf("%s: JobEnded %s, Run returned %s\n", a->agent->worker_id().c_str(),
+                a->agent->job_end_state().c_str(), a->result.ToString().c_str());
+    EXPECT_EQ(a->agent->job_end_state(), "SUCCEEDED");
+    EXPECT_TRUE(a->result.ok()) << a->result;  // the process exits 0
+  }
+}
+
+TEST_F(AgentCoordinatorTest, ACancelledJobReleasesItsScopedWorker) {
+  const std::string name = harness_->Submit(TinySpec(1, 1, 100000));
+  agents_.push_back(StartAgent(harness_->address(), "scoped-c", token_file_, name));
+  ASSERT_NE(agents_.back(), nullptr);
+  harness_->WaitForState(name, v1::Job::RUNNING, absl::Seconds(60));
+  ASSERT_TRUE(harness_->hub()->CancelJob(name).ok());
+  harness_->plane()->scheduler()->OnJobChanged();
+  ASSERT_TRUE(WaitForScopedExit(harness_.get(), agents_.back().get(), absl::Seconds(30)));
+  std::printf("cancelled %s: its worker got JobEnded %s and Run returned %s\n", name.c_str(),
+              agents_.back()->agent->job_end_state().c_str(),
+              agents_.back()->result.ToString().c_str());
+  EXPECT_EQ(agents_.back()->agent->job_end_state(), "CANCELLED");
+  EXPECT_TRUE(agents_.back()->result.ok()) << agents_.back()->result;
+}
+
+// A scoped worker away (stream cut) while its job ends misses JobEnded; attaching again it is
+// refused (the job is finished), and since it ran the job it leaves with Run OK (exit 0), not as a
+// permanent error: the Kubernetes pod completes instead of failing.
+TEST_F(AgentCoordinatorTest, AScopedWorkerThatMissedJobEndedLeavesOkOnReattach) {
+  const std::string name = harness_->Submit(TinySpec(1, 1, 100000));
+  AgentOptions o;
+  o.coordinator = harness_->address();
+  o.roots = testing::TestRoots();
+  o.token_file = token_file_;
+  o.device = "cpu";
+  o.worker_id = "scoped-away";
+  o.job = name;
+  o.heartbeat_interval = absl::Milliseconds(200);
+  o.comm_timeout = absl::Seconds(10);
+  o.reconnect_initial_backoff = absl::Seconds(1);  // the job ends well before it is back
+  o.reconnect_max_backoff = absl::Seconds(2);
+  agents_.push_back(StartRunningAgent(o));
+  ASSERT_NE(agents_.back(), nullptr);
+  ASSERT_EQ(harness_->WaitForState(name, v1::Job::RUNNING, absl::Seconds(60)).state(),
+            v1::Job::RUNNING);
+  harness_->plane()->worker_service()->Kick("scoped-away", "test: stream cut");
+  ASSERT_TRUE(harness_->hub()->CancelJob(name).ok());
+  harness_->plane()->scheduler()->OnJobChanged();
+  RunningAgent* a = agents_.back().get();
+  a->thread.join();  // Run ends by itself
+  a->thread = std::thread();
+  std::printf("after %lld sessions: JobEnded '%s', Run returned %s\n",
+              static_cast<long long>(a->agent->sessions()), a->agent->job_end_state().c_str(),
+              a->result.ToString().c_str());
+  EXPECT_GE(a->agent->sessions(), 2);        // it attached again
+  EXPECT_EQ(a->agent->job_end_state(), "");  // and learnt the end from the refusal
+  EXPECT_TRUE(a->result.ok()) << a->result;  // exit 0
+}
+
+TEST_F(AgentCoordinatorTest, ScopeToAMissingOrFinishedJobIsRefusedNamingTheFlag) {
+  auto run_scoped = [&](const std::string& id, const std::string& job) {
+    std::unique_ptr<RunningAgent> a = StartAgent(harness_->address(), id, token_file_, job);
+    EXPECT_NE(a, nullptr);
+    if (a == nullptr) return absl::InternalError("not started");
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline && a->agent->sessions() == 0) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    a->thread.join();  // a permanent refusal ends Run by itself
+    a->thread = std::thread();
+    return a->result;
+  };
+  const absl::Status missing = run_scoped("scoped-missing", "jobs/99");
+  std::printf("--job jobs/99 (no such job): %s\n", missing.ToString().c_str());
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(missing.message(), "--job jobs/99")) << missing;
+
+  const std::string name = harness_->Submit(TinySpec(1, 1, 3));
+  ASSERT_TRUE(harness_->hub()->CancelJob(name).ok());
+  const absl::Status finished = run_scoped("scoped-finished", name);
+  std::printf("--job %s (CANCELLED): %s\n", name.c_str(), finished.ToString().c_str());
+  EXPECT_EQ(finished.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(finished.message(), "--job " + name)) << finished;
+  EXPECT_TRUE(absl::StrContains(finished.message(), "CANCELLED")) << finished;
+  EXPECT_FALSE(harness_->plane()->registry()->Get("scoped-missing").has_value());
+  EXPECT_FALSE(harness_->plane()->registry()->Get("scoped-finished").has_value());
+
+  // A malformed --job is refused before anything connects.
+  for (const std::string bad : {"3", "jobs/", "jobs/0", "jobs/03", "jobs/3/x", "job/3"}) {
+    AgentOptions o;
+    o.coordinator = harness_->address();
+    o.roots = testing::TestRoots();
+    o.device = "cpu";
+    o.job = bad;
+    absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+    std::printf("--job \"%s\": %s\n", bad.c_str(), agent.status().ToString().c_str());
+    EXPECT_EQ(agent.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), "--job")) << agent.status();
+  }
+}
+
+class RequireScopedTest : public AgentCoordinatorTest {
+ protected:
+  void Tweak(api::WorkerPlaneOptions& options) override {
+    options.service.require_job_scoped_workers = true;
+  }
+};
+
+TEST_F(RequireScopedTest, AnUnscopedWorkerIsRefusedAndAScopedOneRuns) {
+  std::unique_ptr<RunningAgent> unscoped = StartAgent(harness_->address(), "unscoped", token_file_);
+  ASSERT_NE(unscoped, nullptr);
+  unscoped->thread.join();  // refused permanently: Run ends by itself
+  unscoped->thread = std::thread();
+  std::printf("unscoped worker: %s\n", unscoped->result.ToString().c_str());
+  EXPECT_EQ(unscoped->result.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(unscoped->result.message(), "--require-job-scoped-workers"))
+      << unscoped->result;
+  EXPECT_FALSE(harness_->plane()->registry()->Get("unscoped").has_value());
+
+  const std::string name = harness_->Submit(TinySpec(1, 1, 3));
+  agents_.push_back(StartAgent(harness_->address(), "scoped", token_file_, name));
+  ASSERT_NE(agents_.back(), nullptr);
+  EXPECT_EQ(harness_->WaitForState(name, v1::Job::SUCCEEDED, absl::Seconds(120)).state(),
+            v1::Job::SUCCEEDED);
+  ASSERT_TRUE(WaitForScopedExit(harness_.get(), agents_.back().get(), absl::Seconds(20)));
+  EXPECT_TRUE(agents_.back()->result.ok()) << agents_.back()->result;
 }
 
 }  // namespace

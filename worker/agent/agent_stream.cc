@@ -18,7 +18,8 @@ namespace {
 bool Permanent(absl::StatusCode code) {
   return code == absl::StatusCode::kUnauthenticated ||
          code == absl::StatusCode::kPermissionDenied || code == absl::StatusCode::kUnimplemented ||
-         code == absl::StatusCode::kInvalidArgument;
+         code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kNotFound ||
+         code == absl::StatusCode::kFailedPrecondition;
 }
 
 }  // namespace
@@ -82,6 +83,13 @@ absl::Status Agent::Run() {
     absl::Status st = RunSession();
     sessions_.fetch_add(1);
     if (WaitShutdown(absl::ZeroDuration())) break;
+    if (st.code() == absl::StatusCode::kFailedPrecondition && !options_.job.empty() &&
+        assigned_once_.load()) {
+      // It ran its job, and the job finished while it was away (its JobEnded was not received).
+      Log(absl::StrCat("job ", options_.job, " finished while this worker was away (", st.message(),
+                       "); this worker was scoped to it (--job) and exits"));
+      break;
+    }
     if (Permanent(st.code())) {
       Fatal(absl::Status(
           st.code(),
