@@ -86,6 +86,7 @@
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/model/gpt_model.h"
+#include "worker/model/profiling.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/trainer.h"
 
@@ -632,26 +633,34 @@ int Main() {
     if (used.ok()) mem_max = std::max(mem_max, *used);
   }
   if (absl::GetFlag(FLAGS_breakdown)) {
-    tr.model().EnablePhaseTiming(true);
-    tr.model().ResetPhaseTotals();
+    // One more step with every nested range timed (two CUDA events per range): the timed step is
+    // slightly slower than the untimed ones above, which time only the top-level sections.
+    tr.SetTimingDepth(-1);
     absl::StatusOr<train::StepResult> r = tr.Step();
-    tr.model().EnablePhaseTiming(false);
+    tr.SetTimingDepth(0);
     if (!r.ok()) {
       std::fprintf(stderr, "breakdown step: %s\n", r.status().ToString().c_str());
       return 1;
     }
-    double sum = 0;
-    for (const auto& [name, phase_ms] : tr.model().phase_totals()) sum += phase_ms;
-    std::printf(
-        "\nphase breakdown of one step (%.1f ms with timing; forward+backward phases sum "
-        "to %.1f ms, the rest is data loading, clipping, AdamW, statistics):\n",
-        r->step_ms, sum);
-    for (const auto& [name, phase_ms] : tr.model().phase_totals()) {
-      std::printf("  %-30s %9.2f ms  %5.1f %%\n", name.c_str(), phase_ms,
-                  100.0 * phase_ms / r->step_ms);
+    const std::vector<model::PhaseTotal> totals = model::SumByPath(tr.last_timing());
+    double top = 0;
+    for (const model::PhaseTotal& p : totals) {
+      if (p.depth == 0) top += p.ms;
     }
-    std::printf("  %-30s %9.2f ms  %5.1f %%\n", "outside forward/backward", r->step_ms - sum,
-                100.0 * (r->step_ms - sum) / r->step_ms);
+    std::printf(
+        "\nphase breakdown of one step (CUDA events; %.1f ms with every range timed; nested "
+        "ranges summed over layers and micro-batches, indented under their parent; %% of the "
+        "step):\n",
+        r->step_ms);
+    for (const model::PhaseTotal& p : totals) {
+      const size_t slash = p.path.rfind('/');
+      const std::string leaf = slash == std::string::npos ? p.path : p.path.substr(slash + 1);
+      const std::string label = std::string(2 * p.depth, ' ') + leaf;
+      std::printf("  %-40s %9.2f ms  %5.1f %%  (x%lld)\n", label.c_str(), p.ms,
+                  100.0 * p.ms / r->step_ms, static_cast<long long>(p.count));
+    }
+    std::printf("  %-40s %9.2f ms  %5.1f %%\n", "outside the timed sections", r->step_ms - top,
+                100.0 * (r->step_ms - top) / r->step_ms);
   }
   // The trainer plans every buffer at Create (no allocation inside a step), so device memory in
   // use after the steps, less what was in use before Create, is the run's footprint.
