@@ -40,11 +40,12 @@
 // and its Trainer (TrainerOptions.cuda_stream) share. Layout DP = N (TP = CP = PP = 1), EP = E,
 // EDP = N / E (worker/train/trainer.h, "Distributed"). The global batch is the model's (or
 // --global_batch) times N, so every GPU runs the single-GPU benchmark's micro-batches and tokens
-// per step. Each rank runs the same warm-up and timed steps and writes its per-step wall times
-// (the trainer's step_ms: the step ends with a host sync) to a file; the parent reports, per
-// timed step, the slowest rank's time, and over steps the median: step ms, total tokens/s,
-// per-GPU TFLOP/s (FLOPs of all tokens / step time / N), MFU per GPU, the largest per-rank memory
-// footprint; table + "RESULT_JSON {...}". Rank 0 prints the per-step log lines.
+// per step. Each rank runs the same warm-up and timed steps and writes its per-step times (the
+// trainer's step_ms: CUDA events over the step, which ends with a host sync) to a file; the
+// parent reports, per timed step, the slowest rank's time, and over steps the median: step ms,
+// total tokens/s, per-GPU TFLOP/s (FLOPs of all tokens / step time / N), MFU per GPU, the
+// largest per-rank memory footprint; table + "RESULT_JSON {...}". Rank 0 prints the per-step log
+// lines.
 // --torch_json and --breakdown are single-GPU only. --dry_run --world N --ep E validates the
 // arguments, the distributed JobSpec and the parallel layout and prints the plan, without a GPU.
 #include <cuda_runtime.h>
@@ -616,18 +617,25 @@ int Main() {
   const int64_t params_active = model::GptActiveParams(cfg);
   const int64_t tokens = tr.tokens_per_step();
 
-  std::vector<double> ms;
+  // ms: the trainer's step time (CUDA events); host_ms: the host clock around Step(), which ends
+  // synchronised, for comparing with binaries from before the step time moved to CUDA events.
+  std::vector<double> ms, host_ms;
   double last_loss = 0;
   size_t mem_max = *mem_before;
   for (int i = 0; i < warmup + steps; ++i) {
+    const absl::Time t0 = absl::Now();
     absl::StatusOr<train::StepResult> r = tr.Step();
+    const double host = absl::ToDoubleMilliseconds(absl::Now() - t0);
     if (!r.ok()) {
       std::fprintf(stderr, "step %d: %s\n", i + 1, r.status().ToString().c_str());
       return 1;
     }
     std::printf("%s%s\n", tr.FormatLogLine(*r).c_str(), i < warmup ? "  (warm-up)" : "");
     std::fflush(stdout);
-    if (i >= warmup) ms.push_back(r->step_ms);
+    if (i >= warmup) {
+      ms.push_back(r->step_ms);
+      host_ms.push_back(host);
+    }
     last_loss = r->loss;
     absl::StatusOr<size_t> used = MemUsed();
     if (used.ok()) mem_max = std::max(mem_max, *used);
@@ -705,6 +713,8 @@ int Main() {
               "MFU", "mem GiB", "est GiB", "est/meas");
   std::printf("%-12s %12.1f %12.0f %10.1f %7.1f%% %10.1f %8.1f %9.3f\n", "switchyard", step_ms,
               tok_s, tflops, 100 * mfu, mem_gb, est_gb, mem_ratio);
+  const double step_ms_host = Median(host_ms);
+  std::printf("step ms by the host clock around Step() (median): %.1f\n", step_ms_host);
   PrintEstimate(*mem_est);
   double speedup = 0;
   if (have_torch && t_ms > 0) {
@@ -727,6 +737,7 @@ int Main() {
       {"steps", steps},
       {"warmup", warmup},
       {"step_ms_median", step_ms},
+      {"step_ms_host_median", step_ms_host},
       {"tokens_per_s", tok_s},
       {"tflops", tflops},
       {"mfu", mfu},
