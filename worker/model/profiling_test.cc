@@ -1,20 +1,38 @@
 // CPU tests of worker/model/profiling.h: ranges nest and keep their names and indices, children
 // add up to no more than their parent and the top level to no more than the step, every NVTX
-// range pushed is popped (also when a phase returns an error), misuse is refused by code.
-// On the CPU the timer uses the host clock; the CUDA-event path is tested by
-// //worker/train:trainer_gpu_test (StepTimingFromCudaEvents).
+// range pushed is popped (also when a phase returns an error), misuse is refused by code, and
+// steps after the first make no heap allocation (a counting operator new). On the CPU the timer
+// uses the host clock; the CUDA-event path is tested by //worker/train:step_timing_gpu_test.
 #include "worker/model/profiling.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+
+// Counts heap allocations while `counting` is set (this test binary's global operator new).
+namespace alloc_count {
+std::atomic<bool> counting{false};
+std::atomic<int64_t> allocations{0};
+}  // namespace alloc_count
+
+void* operator new(size_t n) {
+  if (alloc_count::counting.load(std::memory_order_relaxed)) ++alloc_count::allocations;
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace switchyard::model {
 namespace {
@@ -213,6 +231,28 @@ TEST(ProfilingTest, MaxDepthTimesOnlyTheUpperLevelsButNvtxSeesAll) {
   EXPECT_EQ(t->ranges[3].parent, -1);
   EXPECT_EQ(rec.events.size(), 16u);  // NVTX: all 8 ranges pushed and popped
   EXPECT_EQ(rec.depth, 0);
+}
+
+TEST(ProfilingTest, StepsAfterTheFirstDoNotAllocate) {
+  PhaseTimer timer;
+  const Stream s = Stream::Cpu();
+  StepTiming t;
+  for (int step = 0; step < 4; ++step) {
+    alloc_count::allocations = 0;
+    alloc_count::counting = true;
+    const absl::Status begin = timer.BeginStep(s);
+    const absl::Status run = MiniStep(s, false);
+    const absl::Status end = timer.EndStep(s);
+    const absl::Status resolved = timer.ResolveInto(&t);
+    alloc_count::counting = false;
+    ASSERT_TRUE(begin.ok() && run.ok() && end.ok() && resolved.ok())
+        << begin << run << end << resolved;
+    std::printf("  step %d: %lld heap allocations (timer, ranges, ResolveInto)\n", step,
+                static_cast<long long>(alloc_count::allocations.load()));
+    if (step > 0) {
+      EXPECT_EQ(alloc_count::allocations.load(), 0) << "step " << step;
+    }
+  }
 }
 
 TEST(ProfilingTest, MisuseIsRefusedByCode) {
