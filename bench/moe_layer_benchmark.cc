@@ -35,6 +35,7 @@
 #include "worker/comm/nccl_communicator.h"
 #include "worker/model/moe_layer.h"
 #include "worker/model/moe_layer_tensors.h"
+#include "worker/model/profiling.h"
 
 ABSL_FLAG(std::string, configs, "mixtral8x7b,qwen3_30b_a3b,dsv3_layer", "configs to run");
 ABSL_FLAG(std::string, torch_json, "", "results of torch_moe_baseline.py --json, for the ratio");
@@ -140,18 +141,19 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   };
   SY_ASSIGN_OR_RETURN(double ms, MedianMs(step, warmup, iters));
   if (absl::GetFlag(FLAGS_breakdown)) {
-    layer->timer().Enable(true);
-    std::fprintf(stderr, "%s phases (ms):", name.c_str());
-    SY_RETURN_IF_ERROR(layer->Forward(s, w.params(), w.router_state(), x.View(), y.View()));
-    SY_ASSIGN_OR_RETURN(auto fwd, layer->timer().Collect());
-    SY_RETURN_IF_ERROR(layer->Backward(s, w.params(), w.grads(), dy.View(), dx.View(), 1.0,
-                                       model::MoELayer::GradMode::kOverwrite));
-    SY_ASSIGN_OR_RETURN(auto bwd, layer->timer().Collect());
-    for (const auto* phases : {&fwd, &bwd}) {
-      for (const auto& [phase, t] : *phases) std::fprintf(stderr, " %s=%.3f", phase.c_str(), t);
+    // One more forward+backward with every phase timed by CUDA events (profiling.h).
+    model::PhaseTimer timer;
+    SY_RETURN_IF_ERROR(timer.BeginStep(s));
+    const absl::Status st = step();
+    SY_RETURN_IF_ERROR(timer.EndStep(s));
+    SY_RETURN_IF_ERROR(st);
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(s.cuda_stream)));
+    SY_ASSIGN_OR_RETURN(model::StepTiming timing, timer.Resolve());
+    std::fprintf(stderr, "%s phases (ms, forward+backward %.3f):", name.c_str(), timing.step_ms);
+    for (const model::PhaseTotal& p : model::SumByPath(timing)) {
+      std::fprintf(stderr, " %s=%.3f", p.path.c_str(), p.ms);
     }
     std::fprintf(stderr, "\n");
-    layer->timer().Enable(false);
   }
   // Load of the last step, for the record: max/mean tokens per expert.
   std::vector<int32_t> tpe(b.e);

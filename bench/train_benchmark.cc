@@ -40,11 +40,12 @@
 // and its Trainer (TrainerOptions.cuda_stream) share. Layout DP = N (TP = CP = PP = 1), EP = E,
 // EDP = N / E (worker/train/trainer.h, "Distributed"). The global batch is the model's (or
 // --global_batch) times N, so every GPU runs the single-GPU benchmark's micro-batches and tokens
-// per step. Each rank runs the same warm-up and timed steps and writes its per-step wall times
-// (the trainer's step_ms: the step ends with a host sync) to a file; the parent reports, per
-// timed step, the slowest rank's time, and over steps the median: step ms, total tokens/s,
-// per-GPU TFLOP/s (FLOPs of all tokens / step time / N), MFU per GPU, the largest per-rank memory
-// footprint; table + "RESULT_JSON {...}". Rank 0 prints the per-step log lines.
+// per step. Each rank runs the same warm-up and timed steps and writes its per-step times (the
+// trainer's step_ms: CUDA events over the step, which ends with a host sync) to a file; the
+// parent reports, per timed step, the slowest rank's time, and over steps the median: step ms,
+// total tokens/s, per-GPU TFLOP/s (FLOPs of all tokens / step time / N), MFU per GPU, the
+// largest per-rank memory footprint; table + "RESULT_JSON {...}". Rank 0 prints the per-step log
+// lines.
 // --torch_json and --breakdown are single-GPU only. --dry_run --world N --ep E validates the
 // arguments, the distributed JobSpec and the parallel layout and prints the plan, without a GPU.
 #include <cuda_runtime.h>
@@ -86,6 +87,7 @@
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/model/gpt_model.h"
+#include "worker/model/profiling.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/trainer.h"
 
@@ -615,43 +617,58 @@ int Main() {
   const int64_t params_active = model::GptActiveParams(cfg);
   const int64_t tokens = tr.tokens_per_step();
 
-  std::vector<double> ms;
+  // ms: the trainer's step time (CUDA events); host_ms: the host clock around Step(), which ends
+  // synchronised, for comparing with binaries from before the step time moved to CUDA events.
+  std::vector<double> ms, host_ms;
   double last_loss = 0;
   size_t mem_max = *mem_before;
   for (int i = 0; i < warmup + steps; ++i) {
+    const absl::Time t0 = absl::Now();
     absl::StatusOr<train::StepResult> r = tr.Step();
+    const double host = absl::ToDoubleMilliseconds(absl::Now() - t0);
     if (!r.ok()) {
       std::fprintf(stderr, "step %d: %s\n", i + 1, r.status().ToString().c_str());
       return 1;
     }
     std::printf("%s%s\n", tr.FormatLogLine(*r).c_str(), i < warmup ? "  (warm-up)" : "");
     std::fflush(stdout);
-    if (i >= warmup) ms.push_back(r->step_ms);
+    if (i >= warmup) {
+      ms.push_back(r->step_ms);
+      host_ms.push_back(host);
+    }
     last_loss = r->loss;
     absl::StatusOr<size_t> used = MemUsed();
     if (used.ok()) mem_max = std::max(mem_max, *used);
   }
   if (absl::GetFlag(FLAGS_breakdown)) {
-    tr.model().EnablePhaseTiming(true);
-    tr.model().ResetPhaseTotals();
+    // One more step with every nested range timed (two CUDA events per range): the timed step is
+    // slightly slower than the untimed ones above, which time only the top-level sections.
+    tr.SetTimingDepth(-1);
     absl::StatusOr<train::StepResult> r = tr.Step();
-    tr.model().EnablePhaseTiming(false);
+    tr.SetTimingDepth(0);
     if (!r.ok()) {
       std::fprintf(stderr, "breakdown step: %s\n", r.status().ToString().c_str());
       return 1;
     }
-    double sum = 0;
-    for (const auto& [name, phase_ms] : tr.model().phase_totals()) sum += phase_ms;
-    std::printf(
-        "\nphase breakdown of one step (%.1f ms with timing; forward+backward phases sum "
-        "to %.1f ms, the rest is data loading, clipping, AdamW, statistics):\n",
-        r->step_ms, sum);
-    for (const auto& [name, phase_ms] : tr.model().phase_totals()) {
-      std::printf("  %-30s %9.2f ms  %5.1f %%\n", name.c_str(), phase_ms,
-                  100.0 * phase_ms / r->step_ms);
+    const std::vector<model::PhaseTotal> totals = model::SumByPath(tr.last_timing());
+    double top = 0;
+    for (const model::PhaseTotal& p : totals) {
+      if (p.depth == 0) top += p.ms;
     }
-    std::printf("  %-30s %9.2f ms  %5.1f %%\n", "outside forward/backward", r->step_ms - sum,
-                100.0 * (r->step_ms - sum) / r->step_ms);
+    std::printf(
+        "\nphase breakdown of one step (CUDA events; %.1f ms with every range timed; nested "
+        "ranges summed over layers and micro-batches, indented under their parent; %% of the "
+        "step):\n",
+        r->step_ms);
+    for (const model::PhaseTotal& p : totals) {
+      const size_t slash = p.path.rfind('/');
+      const std::string leaf = slash == std::string::npos ? p.path : p.path.substr(slash + 1);
+      const std::string label = std::string(2 * p.depth, ' ') + leaf;
+      std::printf("  %-40s %9.2f ms  %5.1f %%  (x%lld)\n", label.c_str(), p.ms,
+                  100.0 * p.ms / r->step_ms, static_cast<long long>(p.count));
+    }
+    std::printf("  %-40s %9.2f ms  %5.1f %%\n", "outside the timed sections", r->step_ms - top,
+                100.0 * (r->step_ms - top) / r->step_ms);
   }
   // The trainer plans every buffer at Create (no allocation inside a step), so device memory in
   // use after the steps, less what was in use before Create, is the run's footprint.
@@ -696,6 +713,8 @@ int Main() {
               "MFU", "mem GiB", "est GiB", "est/meas");
   std::printf("%-12s %12.1f %12.0f %10.1f %7.1f%% %10.1f %8.1f %9.3f\n", "switchyard", step_ms,
               tok_s, tflops, 100 * mfu, mem_gb, est_gb, mem_ratio);
+  const double step_ms_host = Median(host_ms);
+  std::printf("step ms by the host clock around Step() (median): %.1f\n", step_ms_host);
   PrintEstimate(*mem_est);
   double speedup = 0;
   if (have_torch && t_ms > 0) {
@@ -718,6 +737,7 @@ int Main() {
       {"steps", steps},
       {"warmup", warmup},
       {"step_ms_median", step_ms},
+      {"step_ms_host_median", step_ms_host},
       {"tokens_per_s", tok_s},
       {"tflops", tflops},
       {"mfu", mfu},

@@ -210,17 +210,20 @@ def coordinator_runs(coordinator, worker, syctl, tmp):
         got = json.loads(body)
         check(status == 404 and got == error_json,
               "GET /v1/jobs/99 -> %d %s (README: %s)" % (status, got, json.dumps(error_json)))
-        # One CPU worker for the deploy block's syctl lines.
-        wproc = subprocess.Popen(
-            [worker, "--coordinator", grpc, "--token-file", values["--worker-token-file"],
-             "--device", "cpu", "--heartbeat-ms", "200", "--checkpoint-root",
-             values["--checkpoint-root"], "--data-root", values["--data-root"]],
-            stdout=open(os.path.join(tmp, "worker.out"), "w"),
-            stderr=open(os.path.join(tmp, "worker.err"), "w"))
-        procs.append(wproc)
-        deploy_block(coordinator, worker, syctl, tmp, grpc, values["--token-file"])
-        wproc.terminate()
-        wproc.wait(timeout=30)
+        # The deploy block's `syctl k8s-workers jobs/N | kubectl apply -f -` starts the job's
+        # worker pods in a cluster; here, one CPU worker scoped to that job (--job, as the
+        # manifest's pods are) on this coordinator, which runs with --require-job-scoped-workers.
+        def start_scoped_worker(job):
+            wproc = subprocess.Popen(
+                [worker, "--coordinator", grpc, "--token-file", values["--worker-token-file"],
+                 "--device", "cpu", "--heartbeat-ms", "200", "--checkpoint-root",
+                 values["--checkpoint-root"], "--data-root", values["--data-root"], "--job", job],
+                stdout=open(os.path.join(tmp, "worker.out"), "w"),
+                stderr=open(os.path.join(tmp, "worker.err"), "w"))
+            procs.append(wproc)
+            return wproc
+        deploy_block(coordinator, worker, syctl, tmp, grpc, values["--token-file"],
+                     start_scoped_worker)
         start = time.time()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
@@ -262,7 +265,7 @@ def coordinator_runs(coordinator, worker, syctl, tmp):
             proc.wait()
 
 
-def deploy_block(coordinator, worker, syctl, tmp, grpc, token_file):
+def deploy_block(coordinator, worker, syctl, tmp, grpc, token_file, start_scoped_worker):
     """deploy/README.md's first block, line by line, in a copy of deploy/."""
     work = os.path.join(tmp, "deploy-work")
     shutil.rmtree(work, ignore_errors=True)
@@ -328,6 +331,12 @@ def deploy_block(coordinator, worker, syctl, tmp, grpc, token_file):
             check(r.returncode == 0 and re.search(r"^kind: ", r.stdout, re.M) is not None,
                   "%s -> %s prints a manifest (kubectl apply not run: needs a cluster) %s" %
                   (where, left[:60], r.stderr[-300:]))
+            if state["job"]:
+                check(re.search(r"--job[= ]%s\b" % re.escape(state["job"]), r.stdout) is not None,
+                      "%s: the manifest's workers are scoped to %s" % (where, state["job"]))
+                start_scoped_worker(state["job"])
+                print("ok: %s: started a CPU worker with --job %s (what the applied pods run)" %
+                      (where, state["job"]))
         elif kind == "syctl":  # against this test's coordinator and CPU worker
             real = cmd.replace("127.0.0.1:50051", grpc)
             if state["job"]:

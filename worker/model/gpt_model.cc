@@ -22,6 +22,7 @@
 #include "kernels/moe/swiglu.h"
 #include "kernels/norm/rmsnorm.h"
 #include "worker/model/moe_layer_tensors.h"
+#include "worker/model/profiling.h"
 
 namespace switchyard::model {
 namespace {
@@ -537,6 +538,9 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   const Tensor n1 = Rows(L.n1, t), mid = Rows(L.mid, t), n2 = Rows(L.n2, t);
   const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
 
+  ScopedRange range(s, "layer.fwd", L.index);
+  PhaseSequence phase(s);
+  phase.Next("norm_qkv_rope");
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, x, L.w_in, eps, n1, Rows(L.rstd1, t)));
   const Tensor q_lin = c.qk_layernorm ? Rows(L.q_pre, t) : q;
   const Tensor k_lin = c.qk_layernorm ? Rows(L.k_pre, t) : k;
@@ -551,22 +555,21 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   }
   SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q));
   SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: norm, qkv, rope"));
+  phase.Next("attention");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   SY_RETURN_IF_ERROR(
       kernels::AttentionForward(s, q, k, v, seq_len, scale, o, Reshape(L.lse, {b, hq, seq_len})));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: attention core"));
+  phase.Next("oproj_residual_norm");
   SY_RETURN_IF_ERROR(CopyAsync(s, x, mid));
   SY_RETURN_IF_ERROR(Gemm(s, Reshape(o, {t, hq * d}), false, L.wo, true, mid, 1.0f, 1.0f));
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, t)));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: o-proj, residual, norm"));
+  phase.Next(L.is_moe ? "moe" : "mlp");
   if (L.is_moe) {
     const uint64_t jitter =
         (step_counter_ * static_cast<uint64_t>(c.num_layers) + static_cast<uint64_t>(L.index)) *
         static_cast<uint64_t>(max_tokens_ * h);
     SY_RETURN_IF_ERROR(L.moe->Forward(s, L.mp, L.rs, n2, x_next, training ? jitter : 0));
     SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, mid, 1.0f, x_next, x_next));
-    SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: MoE layer"));
     if (micro >= 0) {
       const int64_t n_moe = c.num_moe_layers(), e = c.moe.router.num_experts;
       SY_RETURN_IF_ERROR(
@@ -582,7 +585,6 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
     SY_RETURN_IF_ERROR(kernels::SwigluForward(s, hh, Tensor(), Tensor(), a));
     SY_RETURN_IF_ERROR(CopyAsync(s, mid, x_next));
     SY_RETURN_IF_ERROR(Gemm(s, a, false, L.w_fc2, true, x_next, 1.0f, 1.0f));
-    SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: dense MLP"));
   }
   return absl::OkStatus();
 }
@@ -615,9 +617,13 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
   }
   tokens_ = t;
   ++step_counter_;
-  SY_RETURN_IF_ERROR(kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], t)));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: embedding"));
+  {
+    ScopedRange range(s, "embedding.fwd");
+    SY_RETURN_IF_ERROR(
+        kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], t)));
+  }
   for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
+  ScopedRange range(s, "final_norm.fwd");
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), t), P("final_norm.weight"),
                                              static_cast<float>(config_.norm_epsilon),
                                              Rows(final_n_, t), Rows(final_rstd_, t)));
@@ -654,10 +660,12 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   const Tensor n1 = Rows(L.n1, t), mid = Rows(L.mid, t), n2 = Rows(L.n2, t);
   const Tensor g = Rows(g_, t), dn = Rows(dn_, t);
 
+  ScopedRange range(s, "layer.bwd", L.index);
+  PhaseSequence phase(s);
+  phase.Next(L.is_moe ? "moe" : "mlp");
   // MLP: dn = d(loss)/d(n2), then through the post-attention norm into g.
   if (L.is_moe) {
     SY_RETURN_IF_ERROR(L.moe->Backward(s, L.mp, L.mg, g, dn, aux_grad_scale));
-    SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: MoE layer"));
   } else {
     const Tensor hh = Rows(L.h, t), a = Rows(L.a, t), dh = Rows(dh_, t), da = Rows(da_, t);
     SY_RETURN_IF_ERROR(Gemm(s, g, false, L.w_fc2, false, da));
@@ -665,8 +673,8 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
     SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, da, hh, Tensor(), Tensor(), dh, Tensor()));
     SY_RETURN_IF_ERROR(Gemm(s, dh, true, n2, false, L.g_fc1, 1.0f, 1.0f));
     SY_RETURN_IF_ERROR(Gemm(s, dh, false, L.w_fc1, false, dn));
-    SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: dense MLP"));
   }
+  phase.Next("oproj_residual_norm");
   SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, t), dn, L.g_post,
                                               true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
@@ -676,12 +684,12 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   const Tensor d_o = Rows(d_o_, t), dq = Rows(dq_, t), dk = Rows(dk_, t), dv = Rows(dv_, t);
   SY_RETURN_IF_ERROR(Gemm(s, g, false, L.wo, false, Reshape(d_o, {t, hq * d})));
   SY_RETURN_IF_ERROR(Gemm(s, g, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: norm, o-proj"));
+  phase.Next("attention");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   SY_RETURN_IF_ERROR(kernels::AttentionBackward(s, q, k, v, o, Reshape(L.lse, {b, hq, seq_len}),
                                                 d_o, seq_len, scale,
                                                 Reshape(delta_, {b, hq, seq_len}), dq, dk, dv));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: attention core"));
+  phase.Next("norm_qkv_rope");
   SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq));
   SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk));
   if (c.qk_layernorm) {
@@ -703,7 +711,6 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   SY_RETURN_IF_ERROR(
       kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, t), dn, L.g_in, true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: rope, qkv, norm"));
   return absl::OkStatus();
 }
 
@@ -711,44 +718,37 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
                                        int64_t seq_len, float ce_scale, double aux_grad_scale,
                                        int micro) {
   if (micro < 0) return absl::InvalidArgumentError("GptModel: micro-batch slot must be >= 0");
-  if (timer_.enabled()) SY_RETURN_IF_ERROR(timer_.Start(s));
+  ScopedRange range(s, "forward_backward", micro);
   SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd: final norm"));
   const int64_t t = tokens_;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
   const Tensor fn = Rows(final_n_, t), lse = Rows(ce_lse_, t);
   const Tensor dn = Rows(dn_, t), g = Rows(g_, t);
-  // LM head loss and its gradient in one pass (the logits of each chunk computed once).
-  SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, targets, ce_scale,
-                                          Slice(stat_ce_, micro, {1}), ce_num_valid_, lse, dn,
-                                          dw_out));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "fwd+bwd: LM head + loss"));
-  // Backward: final norm, then the layers in reverse, then the embedding.
-  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), t), P("final_norm.weight"),
-                                              Rows(final_rstd_, t), g, G("final_norm.weight"), true,
-                                              rms_ws_));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: final norm"));
+  {
+    // LM head loss and its gradient in one pass (the logits of each chunk computed once).
+    ScopedRange head(s, "lm_head_loss");
+    SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, targets, ce_scale,
+                                            Slice(stat_ce_, micro, {1}), ce_num_valid_, lse, dn,
+                                            dw_out));
+  }
+  {
+    // Backward: final norm, then the layers in reverse, then the embedding.
+    ScopedRange norm(s, "final_norm.bwd");
+    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), t),
+                                                P("final_norm.weight"), Rows(final_rstd_, t), g,
+                                                G("final_norm.weight"), true, rms_ws_));
+  }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
   for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
     SY_RETURN_IF_ERROR(LayerBackward(s, layers_[l], seq_len, aux_grad_scale));
     if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(l));
   }
-  SY_RETURN_IF_ERROR(kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
-  SY_RETURN_IF_ERROR(timer_.Mark(s, "bwd: embedding"));
-  if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(-1));
-  if (timer_.enabled()) {
-    SY_ASSIGN_OR_RETURN(auto phases, timer_.Collect());
-    for (const auto& [name, ms] : phases) {
-      auto it = std::find_if(phase_totals_.begin(), phase_totals_.end(),
-                             [&](const auto& e) { return e.first == name; });
-      if (it == phase_totals_.end()) {
-        phase_totals_.emplace_back(name, ms);
-      } else {
-        it->second += ms;
-      }
-    }
+  {
+    ScopedRange emb(s, "embedding.bwd");
+    SY_RETURN_IF_ERROR(kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
   }
+  if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(-1));
   return absl::OkStatus();
 }
 

@@ -48,6 +48,12 @@
 // Activations are bf16 on CUDA (fp32 math in kernels), the parameter dtype on the CPU. The model
 // holds one micro-batch in flight: ForwardBackward runs both passes. Nothing synchronises with
 // the host inside a step except ReadStepStats.
+//
+// Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
+// active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
+// {norm_qkv_rope, attention, oproj_residual_norm, moe (> moe.fwd > its phases) | mlp},
+// final_norm.fwd, lm_head_loss, final_norm.bwd, layer.bwd[l] > {moe | mlp, oproj_residual_norm,
+// attention, norm_qkv_rope}, embedding.bwd. The backward hook runs inside forward_backward.
 #ifndef SWITCHYARD_WORKER_MODEL_GPT_MODEL_H_
 #define SWITCHYARD_WORKER_MODEL_GPT_MODEL_H_
 
@@ -65,7 +71,6 @@
 #include "kernels/loss/cross_entropy.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/moe_layer.h"
-#include "worker/model/phase_timer.h"
 
 namespace switchyard::model {
 
@@ -223,13 +228,6 @@ class GptModel {
   uint64_t forward_counter() const { return step_counter_; }
   void set_forward_counter(uint64_t n) { step_counter_ = n; }
 
-  // Optional CUDA-event timing of ForwardBackward by phase (attention core, GEMMs, MoE layers,
-  // LM head, ...): when on, every ForwardBackward synchronises at its end and adds its phase times
-  // to phase_totals() (milliseconds, summed over layers and calls, in first-seen order).
-  void EnablePhaseTiming(bool on) { timer_.Enable(on); }
-  const std::vector<std::pair<std::string, double>>& phase_totals() const { return phase_totals_; }
-  void ResetPhaseTotals() { phase_totals_.clear(); }
-
   // Called during ForwardBackward's backward pass each time a set of gradients is final for this
   // micro-batch: with num_layers after the LM head and final norm (output.weight, final_norm),
   // with l after layer l's backward (every layers.{l}.* gradient), and with -1 after the
@@ -269,8 +267,6 @@ class GptModel {
   std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
   std::vector<Layer> layers_;
   std::unique_ptr<kernels::FusedLinearCrossEntropy> ce_;
-  PhaseTimer timer_;
-  std::vector<std::pair<std::string, double>> phase_totals_;
   GptParallelGroups groups_;
   std::function<absl::Status(int64_t)> backward_hook_;
   // Residual stream x_0 .. x_L, final norm output and its rstd, CE lse, scratch.

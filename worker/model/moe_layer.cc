@@ -11,6 +11,7 @@
 #include "kernels/moe/swiglu.h"
 #include "worker/model/allgather_dispatcher.h"
 #include "worker/model/alltoall_dispatcher.h"
+#include "worker/model/profiling.h"
 
 namespace switchyard::model {
 
@@ -277,7 +278,7 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
   }
   tokens_ = t;
   x_saved_ = x;
-  SY_RETURN_IF_ERROR(timer_.Start(stream));
+  ScopedRange range(stream, "moe.fwd");
   jitter_offset_ = jitter_offset;
   if (config_.shared_ffn_size > 0) {
     SY_RETURN_IF_ERROR(Fork(stream));
@@ -285,10 +286,10 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
   }
   SY_RETURN_IF_ERROR(RoutedForward(stream, p, rs, x, y, jitter_offset));
   if (config_.shared_ffn_size > 0) {
+    ScopedRange join(stream, "shared_join_add");
     SY_RETURN_IF_ERROR(Join(stream));
     const Tensor& shared_out = config_.shared_expert_gate ? sh_gated_ : sh_y_;
     SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, y, 1.0f, Rows(shared_out, t), y));
-    SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.shared_join_add"));
   }
   return absl::OkStatus();
 }
@@ -298,6 +299,8 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
                                      uint64_t jitter_offset) {
   const kernels::RouterConfig& rc = config_.router;
   const int64_t t = tokens_;
+  PhaseSequence phase(stream);
+  phase.Next("router_gemm");
   Tensor xr = x;
   if (rc.training && rc.input_jitter_eps > 0) {
     xr = Rows(xr_, t);
@@ -306,12 +309,12 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   }
   const Tensor logits = Rows(logits_, t);
   SY_RETURN_IF_ERROR(kernels::RouterGatingForward(stream, xr, p.router_weight, logits));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.router_gemm"));
+  phase.Next("route");
   kernels::RouterOutputs ro{Rows(topk_idx_, t), Rows(topk_probs_, t), Rows(selected_idx_, t),
                             tokens_per_expert_};
   SY_RETURN_IF_ERROR(kernels::RouterForward(stream, rc, logits, rs.expert_bias,
                                             rs.local_tokens_per_expert, ro, router_ws_));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.route"));
+  phase.Next("aux_loss");
   if (has_aux_ && rc.training) {
     kernels::AuxLossStats stats{aux_prob_sums_, aux_counts_, aux_lse_};
     const int64_t b = kernels::AuxLossNumSequences(rc, t);
@@ -343,26 +346,30 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     SY_RETURN_IF_ERROR(
         kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));
   }
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.aux_loss"));
   state_.x = x;
   state_.topk_idx = ro.topk_idx;
   state_.topk_probs = ro.topk_probs;
+  // The dispatcher's six phases (DESIGN.md), each its own range.
+  phase.Next("dispatch_preprocess");
   SY_RETURN_IF_ERROR(dispatcher_->DispatchPreprocess(stream, &state_));
+  phase.Next("dispatch");
   SY_RETURN_IF_ERROR(dispatcher_->Dispatch(stream, &state_));
+  phase.Next("dispatch_postprocess");
   SY_RETURN_IF_ERROR(dispatcher_->DispatchPostprocess(stream, &state_));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.dispatch"));
   // Experts: h = X·W1, a = swiglu(h)·p, y = a·W2 (rows past the device counts are skipped).
+  phase.Next("fc1");
   SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.fc1"));
+  phase.Next("swiglu");
   SY_RETURN_IF_ERROR(
       kernels::SwigluForward(stream, h_, state_.expert_probs, state_.tokens_per_expert, a_));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.swiglu"));
+  phase.Next("fc2");
   SY_RETURN_IF_ERROR(gemm_->Fprop(stream, a_, p.fc2, state_.tokens_per_expert, state_.expert_out));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "fwd.fc2"));
+  phase.Next("combine_preprocess");
   SY_RETURN_IF_ERROR(dispatcher_->CombinePreprocess(stream, &state_));
+  phase.Next("combine");
   SY_RETURN_IF_ERROR(dispatcher_->Combine(stream, &state_));
-  SY_RETURN_IF_ERROR(dispatcher_->CombinePostprocess(stream, &state_, y));
-  return timer_.Mark(stream, "fwd.combine");
+  phase.Next("combine_postprocess");
+  return dispatcher_->CombinePostprocess(stream, &state_, y);
 }
 
 absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x) {
@@ -390,30 +397,32 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   const int64_t t = tokens_;
   SY_RETURN_IF_ERROR(CheckTensor(dy, "moe.dy", config_.dtype, {t, config_.hidden_size}));
   SY_RETURN_IF_ERROR(CheckTensor(dx, "moe.dx", config_.dtype, {t, config_.hidden_size}));
-  SY_RETURN_IF_ERROR(timer_.Start(stream));
+  ScopedRange range(stream, "moe.bwd");
   if (config_.shared_ffn_size > 0) {
     SY_RETURN_IF_ERROR(Fork(stream));
     SY_RETURN_IF_ERROR(SharedBackward(SideStream(stream), p, g, dy, grad_beta));
   }
   // Routed experts, in reverse.
+  PhaseSequence phase(stream);
+  phase.Next("combine");
   SY_RETURN_IF_ERROR(dispatcher_->CombineBackward(stream, dy, &state_));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.combine"));
   const Tensor& tpe = state_.tokens_per_expert;
+  phase.Next("fc2_dgrad");
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da_));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc2_dgrad"));
+  phase.Next("fc2_wgrad");
   SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a_, state_.d_expert_out, tpe, g.fc2, accumulate));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc2_wgrad"));
+  phase.Next("swiglu");
   SY_RETURN_IF_ERROR(kernels::SwigluBackward(stream, da_, h_, state_.expert_probs, tpe, dh_,
                                              state_.d_expert_probs));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.swiglu"));
+  phase.Next("fc1_dgrad");
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh_, p.fc1, tpe, state_.d_expert_x));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc1_dgrad"));
+  phase.Next("fc1_wgrad");
   SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, accumulate));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.fc1_wgrad"));
   const Tensor dtopk = Rows(dtopk_probs_, t);
+  phase.Next("dispatch");
   SY_RETURN_IF_ERROR(dispatcher_->DispatchBackward(stream, &state_, dx, dtopk));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.dispatch"));
   // Router.
+  phase.Next("route_aux");
   const Tensor logits = Rows(logits_, t), dlogits = Rows(dlogits_, t);
   SY_RETURN_IF_ERROR(kernels::RouterBackward(stream, rc, logits, Rows(selected_idx_, t),
                                              Rows(topk_idx_, t), dtopk, dlogits));
@@ -422,7 +431,7 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
     SY_RETURN_IF_ERROR(kernels::AuxLossBackward(stream, rc, logits, Rows(aux_grad_weights_, b),
                                                 aux_grad_scale, dlogits));
   }
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.route_aux"));
+  phase.Next("router_gemm");
   const bool jitter = rc.training && rc.input_jitter_eps > 0;
   const Tensor xr = jitter ? Rows(xr_, t) : x_saved_;
   const Tensor dx_router = Rows(dx_tmp_, t);
@@ -435,11 +444,11 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
                                                     0x5157u, jitter_offset_, dx_router));
   }
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
-  SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.router_gemm"));
+  phase.Close();
   if (config_.shared_ffn_size > 0) {
+    ScopedRange join(stream, "shared_join_add");
     SY_RETURN_IF_ERROR(Join(stream));
     SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, Rows(sh_dx_, t), dx));
-    SY_RETURN_IF_ERROR(timer_.Mark(stream, "bwd.shared_join_add"));
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,13 @@
 // it, it runs on the main stream before the routed path. On the CPU both are the same sequential
 // computation (bit-identical). Nothing synchronises with the host.
 //
+// Every phase is an NVTX range (worker/model/profiling.h), timed when a PhaseTimer is active:
+// "moe.fwd" > router_gemm, route, aux_loss, the dispatcher's six phases (dispatch_preprocess,
+// dispatch, dispatch_postprocess, fc1, swiglu, fc2 between them, combine_preprocess, combine,
+// combine_postprocess), shared_join_add; "moe.bwd" > combine, fc2_dgrad, fc2_wgrad, swiglu,
+// fc1_dgrad, fc1_wgrad, dispatch, route_aux, router_gemm, shared_join_add. The ranges are on the
+// layer's stream: the overlapped shared expert shows up only in shared_join_add.
+//
 // Ownership: the layer owns its activation buffers (one micro-batch in flight: Forward must be
 // followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan. The
 // parameters, gradients and router buffers are views owned by the caller (the model's contiguous
@@ -38,7 +45,6 @@
 #include "switchyard/v1/config.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/dispatcher.h"
-#include "worker/model/phase_timer.h"
 
 namespace switchyard::model {
 
@@ -152,9 +158,6 @@ class MoELayer {
   const MoELayerConfig& config() const { return config_; }
   // The dispatcher in use: "local" (EP = 1), "allgather" or "alltoall".
   const char* dispatcher_name() const { return dispatcher_->name(); }
-  // CUDA-event timing of the phases of the last Forward or Backward (main stream; the shared
-  // expert overlaps on its side stream and shows up only in the *_join_add phase).
-  PhaseTimer& timer() { return timer_; }
 
  private:
   MoELayer() = default;
@@ -172,7 +175,6 @@ class MoELayer {
 
   MoELayerConfig config_;
   Device device_;
-  PhaseTimer timer_;
   int64_t max_tokens_ = 0;
   int dp_size_ = 1;
   comm::Communicator* tdc_ = nullptr;  // global_aux_loss counts (may be null)

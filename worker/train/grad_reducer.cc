@@ -5,6 +5,7 @@
 
 #include "common/cuda_status.h"
 #include "common/status.h"
+#include "worker/model/profiling.h"
 
 namespace switchyard::train {
 namespace {
@@ -86,7 +87,12 @@ void GradReducer::Loop() {
         continue;
       }
     }
-    absl::Status st = job.optimizer->ReduceBucket(stream, job.grads, job.bucket, job.group);
+    absl::Status st;
+    {
+      // NVTX only (no timer is active on this thread): the reduce-scatter in nsys's timeline.
+      model::ScopedRange range(stream, "grad_reduce_scatter", job.bucket);
+      st = job.optimizer->ReduceBucket(stream, job.grads, job.bucket, job.group);
+    }
     absl::MutexLock lock(&mu_);
     --running_;
     if (!st.ok() && error_.ok()) error_ = st;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -149,6 +150,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(v1::JobSpec spec,
 }
 
 absl::Status Trainer::Init(const TrainerOptions& options) {
+  timer_.set_max_depth(0);  // the step log's sections only; SetTimingDepth(-1) for a breakdown
   v1::JobSpec& spec = spec_;
   // Data first: the default corpus decides the vocabulary when the spec leaves it unset.
   const v1::DataConfig& data = spec.data();
@@ -423,7 +425,6 @@ absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count) {
 }
 
 absl::StatusOr<StepResult> Trainer::Step() {
-  const auto start = std::chrono::steady_clock::now();
   const v1::TrainingConfig& tr = spec_.training();
   const int64_t gbs = num_micro_global_ * micro_batch_;
   if (consumed_samples_ + gbs > tr.train_iters() * gbs) {
@@ -431,7 +432,16 @@ absl::StatusOr<StepResult> Trainer::Step() {
         absl::StrCat("training finished: ", step_, " of ", tr.train_iters(), " steps done"));
   }
   const Stream& s = stream_;
-  SY_RETURN_IF_ERROR(model_->ZeroGrads(s));
+  // The step's sections are NVTX ranges timed by CUDA events (host clock on the CPU); nothing
+  // here waits for them: they are read after the statistics read-back synchronised the stream.
+  SY_RETURN_IF_ERROR(timer_.BeginStep(s));
+  absl::Cleanup end_step = [this, &s] {
+    if (timer_.in_step()) timer_.EndStep(s).IgnoreError();  // error path: the error wins
+  };
+  {
+    model::ScopedRange range(s, "zero_grads");
+    SY_RETURN_IF_ERROR(model_->ZeroGrads(s));
+  }
   const float ce_scale = static_cast<float>(1.0 / static_cast<double>(gbs * seq_));
   const double aux_scale = 1.0 / static_cast<double>(num_micro_global_);
   const uint64_t counter0 = model_->forward_counter();
@@ -439,6 +449,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
   auto hook = [this](int64_t index) -> absl::Status {
     for (PlannedBucket& b : bucket_plan_) {
       if (b.launched || index > b.ready) continue;
+      model::ScopedRange range(stream_, "grad_reduce_launch", b.index);
       SY_RETURN_IF_ERROR(reducer_->Launch(stream_, {b.optimizer, b.index, b.grads, b.group}));
       b.launched = true;
     }
@@ -447,7 +458,10 @@ absl::StatusOr<StepResult> Trainer::Step() {
   for (int64_t m = 0; m < num_micro_; ++m) {
     // Micro-batch j of the global batch (this rank's m-th; j = m with one process).
     const int64_t j = m * dp_ + dp_rank_;
-    SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + j * micro_batch_, micro_batch_));
+    {
+      model::ScopedRange range(s, "data", m);
+      SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + j * micro_batch_, micro_batch_));
+    }
     if (distributed()) model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
     const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
     const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
@@ -457,6 +471,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
     model_->SetBackwardHook(nullptr);
     if (reducer_ != nullptr && m + 1 == num_micro_) {
       // Every launched reduction must finish before anything touches the gradients again.
+      model::ScopedRange range(s, "grad_reduce_wait");
       const absl::Status reduced = reducer_->Wait();
       for (PlannedBucket& pb : bucket_plan_) pb.launched = false;
       if (st.ok()) st = reduced;
@@ -464,19 +479,32 @@ absl::StatusOr<StepResult> Trainer::Step() {
     SY_RETURN_IF_ERROR(st);
   }
   StepResult r;
-  if (distributed()) {
-    model_->set_forward_counter(counter0 + static_cast<uint64_t>(num_micro_global_));
-    SY_RETURN_IF_ERROR(DistributedUpdate(&r));
-  } else {
-    SY_RETURN_IF_ERROR(SingleProcessUpdate(&r));
+  {
+    // Distributed: gradient reduction (without overlap), global norm, AdamW, all-gather.
+    model::ScopedRange range(s, "optimizer");
+    if (distributed()) {
+      model_->set_forward_counter(counter0 + static_cast<uint64_t>(num_micro_global_));
+      SY_RETURN_IF_ERROR(DistributedUpdate(&r));
+    } else {
+      SY_RETURN_IF_ERROR(SingleProcessUpdate(&r));
+    }
   }
-  SY_RETURN_IF_ERROR(model_->EndGlobalBatch(s));
-  SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
-                      model_->ReadStepStats(s, static_cast<int>(num_micro_)));
-  if (distributed()) SY_RETURN_IF_ERROR(ReduceStats(&stats));
+  {
+    model::ScopedRange range(s, "end_global_batch");
+    SY_RETURN_IF_ERROR(model_->EndGlobalBatch(s));
+  }
+  model::GptStepStats stats;
+  {
+    model::ScopedRange range(s, "step_stats");
+    SY_ASSIGN_OR_RETURN(stats, model_->ReadStepStats(s, static_cast<int>(num_micro_)));
+    if (distributed()) SY_RETURN_IF_ERROR(ReduceStats(&stats));
+  }
+  SY_RETURN_IF_ERROR(timer_.EndStep(s));
+  // ReadStepStats (and ReduceStats) synchronised the stream: the events are complete.
+  SY_RETURN_IF_ERROR(timer_.ResolveInto(&last_timing_));
   consumed_samples_ += gbs;
   ++step_;
-  return FinishStepResult(r, stats, start);
+  return FinishStepResult(r, stats, last_timing_.step_ms);
 }
 
 absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
@@ -484,6 +512,8 @@ absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
   const v1::TrainingConfig& tr = spec_.training();
   StepResult& r = *result;
   // Clip and update.
+  model::PhaseSequence phase(s);
+  phase.Next("grad_norm");
   SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(s, model_->grads(), norm_ws_.View(), sum_sq_.View()));
   SY_RETURN_IF_ERROR(kernels::ClipCoefficient(s, sum_sq_.View(), static_cast<float>(tr.clip_grad()),
                                               norm_.View(), coef_.View()));
@@ -499,6 +529,7 @@ absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
   r.lr = lr_->LrAt(step_);
   r.grad_norm = norm;
   r.skipped = !std::isfinite(norm);
+  phase.Next("adamw");
   if (!r.skipped) {
     kernels::AdamWHyperParams hp;
     hp.lr = r.lr;
@@ -524,11 +555,10 @@ absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
 }
 
 StepResult Trainer::FinishStepResult(StepResult r, const model::GptStepStats& stats,
-                                     std::chrono::steady_clock::time_point start) const {
+                                     double step_ms) const {
   const Stream& s = stream_;
   const int64_t gbs = num_micro_global_ * micro_batch_;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = step_ms / 1e3;
   const double tokens = static_cast<double>(gbs * seq_);
   r.step = step_;
   r.loss = stats.loss_sum / tokens;
@@ -547,7 +577,7 @@ StepResult Trainer::FinishStepResult(StepResult r, const model::GptStepStats& st
     const double mean = sum / static_cast<double>(counts.size());
     r.expert_imbalance.push_back(mean > 0 ? mx / mean : 0.0);
   }
-  r.step_ms = seconds * 1e3;
+  r.step_ms = step_ms;
   r.tokens_per_s = tokens / seconds;
   // Per GPU (per rank) in a distributed run, as BASELINES.md reports it.
   const double ranks = groups_ ? static_cast<double>(groups_->layout.world_size()) : 1.0;
@@ -658,6 +688,8 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
   const Tensor grads = model_->grads(), params = model_->params();
   // Squared norms: dense over DP×CP (every dense element once), expert over EDP, then the
   // distinct experts of the EP ranks added over ETP×EP×PP.
+  model::PhaseSequence phase(s);
+  phase.Next("reduce_scatter_norm");  // the reduce-scatters not overlapped with the backward
   SY_ASSIGN_OR_RETURN(float sq_dense,
                       dense_opt_->PrepareStep(s, Region(grads, lay.expert_end, lay.total)));
   std::vector<double> sq_expert = {0.0};
@@ -671,6 +703,7 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
   r.lr = lr_->LrAt(step_);
   const int64_t adam_step = step_ - skipped_steps_ + 1;
   const float clip = static_cast<float>(tr.clip_grad());
+  phase.Next("adamw_allgather");
   SY_ASSIGN_OR_RETURN(OptimizerStepResult dense,
                       dense_opt_->FinishStep(s, Region(params, lay.expert_end, lay.total), total,
                                              r.lr, adam_step, clip));
@@ -769,6 +802,7 @@ absl::StatusOr<Buffer> Trainer::MasterToHost(const std::string& name) const {
 }
 
 absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
+  model::ScopedRange range(stream_, "checkpoint_save", step_);
   if (distributed()) return SaveDistributed(root);
   if (stream_.is_cuda()) {
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));

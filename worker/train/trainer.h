@@ -75,6 +75,7 @@
 #include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/gpt_model.h"
+#include "worker/model/profiling.h"
 #include "worker/train/distributed_optimizer.h"
 #include "worker/train/grad_reducer.h"
 #include "worker/train/lr_schedule.h"
@@ -113,6 +114,8 @@ struct StepResult {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // non-finite gradient norm: no update
+  // Step time: CUDA events on the trainer's stream from the start of the step to the end of its
+  // statistics read-back (GPU), the host clock over the same span (CPU).
   double step_ms = 0;
   double tokens_per_s = 0;
   double tflops = 0;                     // model TFLOP/s
@@ -158,6 +161,14 @@ class Trainer {
   // One line describing the run (model size, data, batch, dtype, device).
   std::string Describe() const;
 
+  // Timing of the last step (worker/model/profiling.h): its step time and its ranges. By default
+  // only the top-level sections are timed (zero_grads, data[m], forward_backward[m],
+  // grad_reduce_wait, optimizer, end_global_batch, step_stats: a few CUDA events per step);
+  // SetTimingDepth(-1) times every nested range (layers, MoE and dispatcher phases) for a
+  // breakdown, at the cost of two events per range.
+  const model::StepTiming& last_timing() const { return last_timing_; }
+  void SetTimingDepth(int depth) { timer_.set_max_depth(depth); }
+
   model::GptModel& model() { return *model_; }
   const v1::JobSpec& spec() const { return spec_; }
   const model::GptConfig& model_config() const { return model_->config(); }
@@ -174,8 +185,7 @@ class Trainer {
   // One process: norm, clip and two AdamW launches over the whole flat buffer.
   absl::Status SingleProcessUpdate(StepResult* r);
   // Fills the statistics, timing and throughput fields of a finished step.
-  StepResult FinishStepResult(StepResult r, const model::GptStepStats& stats,
-                              std::chrono::steady_clock::time_point start) const;
+  StepResult FinishStepResult(StepResult r, const model::GptStepStats& stats, double step_ms) const;
   absl::Status InitDistributedOptimizer(const Tensor& master_init);
   // Distributed: gradient reduction, global norm, AdamW on the shards, parameter all-gather.
   absl::Status DistributedUpdate(StepResult* r);
@@ -215,6 +225,8 @@ class Trainer {
   Stream stream_;
   void* cuda_stream_ = nullptr;
   std::unique_ptr<model::GptModel> model_;
+  model::PhaseTimer timer_;  // the step's sections; events pooled across steps
+  model::StepTiming last_timing_;
   std::unique_ptr<LrSchedule> lr_;
   std::shared_ptr<const GptSamples> samples_;
   std::string data_description_;
