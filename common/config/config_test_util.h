@@ -18,8 +18,8 @@
 
 namespace switchyard::testing {
 
-// common/config/testdata/<name> in the test's runfiles (TEST_SRCDIR/TEST_WORKSPACE), else relative to
-// the working directory.
+// common/config/testdata/<name> in the test's runfiles (TEST_SRCDIR/TEST_WORKSPACE), else relative
+// to the working directory.
 inline std::string TestdataPath(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
