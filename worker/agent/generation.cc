@@ -321,36 +321,28 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   const v1::TrainingConfig& tr = trainer->spec().training();
   SY_RETURN_IF_ERROR(Resume(trainer.get(), tr, a.generation(), log));
   const std::vector<bool> moe_layers = trainer->model_config().moe_layers;
-  int64_t last_saved = -1;
   kernels::Buffer device_flag;  // CheckpointNow agreement on NCCL
-  while (trainer->step() < trainer->train_iters() && !control->stop_requested()) {
-    absl::StatusOr<train::StepResult> r = trainer->Step();
-    if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", trainer->step() + 1));
-    if (env.on_step) env.on_step(ToStepMetrics(*r, moe_layers));
-    bool save = tr.save_interval() > 0 && r->step % tr.save_interval() == 0;
+  train::TrainingLoopHooks hooks;
+  hooks.stop_requested = [&] { return control->stop_requested(); };
+  hooks.on_step = [&](const train::StepResult& r) {
+    if (env.on_step) env.on_step(ToStepMetrics(r, moe_layers));
+  };
+  hooks.checkpoint_requested = [&](const train::StepResult&) -> absl::StatusOr<bool> {
     bool requested = control->TakeCheckpointRequest();
-    if (res.groups != nullptr) {
-      absl::StatusOr<bool> any =
-          AnyRank(res.groups.get(), requested, p.device, res.stream, &device_flag);
-      if (!any.ok()) return Annotate(any.status(), "agreeing on CheckpointNow");
-      requested = *any;
-    }
-    if ((save || requested) && !tr.save().empty()) {
-      absl::StatusOr<std::string> dir = trainer->Save(tr.save());
-      if (!dir.ok()) return Annotate(dir.status(), absl::StrCat("saving step ", r->step));
-      last_saved = r->step;
-      log(absl::StrCat("saved checkpoint ", *dir, requested ? " (CheckpointNow)" : ""));
-    } else if (requested) {
-      log("CheckpointNow ignored: the spec has no training.save directory");
-    }
-  }
-  if (control->stop_requested()) return absl::OkStatus();
-  if (!tr.save().empty() && last_saved != trainer->step() &&
-      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
-    absl::StatusOr<std::string> dir = trainer->Save(tr.save());
-    if (!dir.ok()) return Annotate(dir.status(), "saving the final checkpoint");
-    log(absl::StrCat("saved checkpoint ", *dir));
-  }
+    if (res.groups == nullptr) return requested;
+    absl::StatusOr<bool> any =
+        AnyRank(res.groups.get(), requested, p.device, res.stream, &device_flag);
+    if (!any.ok()) return Annotate(any.status(), "agreeing on CheckpointNow");
+    return *any;
+  };
+  hooks.on_saved = [&](const std::string& dir, bool requested) {
+    log(absl::StrCat("saved checkpoint ", dir, requested ? " (CheckpointNow)" : ""));
+  };
+  hooks.on_request_ignored = [&] {
+    log("CheckpointNow ignored: the spec has no training.save directory");
+  };
+  SY_ASSIGN_OR_RETURN(train::TrainingLoopResult loop, train::RunTrainingLoop(trainer.get(), hooks));
+  if (loop.stopped) return absl::OkStatus();
   log(absl::StrCat("finished at step ", trainer->step()));
   return absl::OkStatus();
 }

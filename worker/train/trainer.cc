@@ -1072,11 +1072,57 @@ absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The training loop
+
+absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
+                                                   const TrainingLoopHooks& hooks) {
+  const v1::TrainingConfig& tr = trainer->spec().training();
+  TrainingLoopResult result;
+  int64_t last_saved = -1;
+  auto save = [&](int64_t step, bool requested, absl::string_view what) -> absl::Status {
+    absl::StatusOr<std::string> dir = trainer->Save(tr.save());
+    if (!dir.ok()) return Annotate(dir.status(), absl::StrCat(what, " ", step));
+    last_saved = step;
+    if (hooks.on_saved) hooks.on_saved(*dir, requested);
+    return absl::OkStatus();
+  };
+  while (trainer->step() < trainer->train_iters() &&
+         (hooks.max_steps <= 0 || result.steps < hooks.max_steps)) {
+    if (hooks.stop_requested && hooks.stop_requested()) {
+      result.stopped = true;
+      return result;
+    }
+    absl::StatusOr<StepResult> r = trainer->Step();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", trainer->step() + 1));
+    ++result.steps;
+    if (hooks.on_step) hooks.on_step(*r);
+    const bool interval = tr.save_interval() > 0 && r->step % tr.save_interval() == 0;
+    bool requested = false;
+    if (hooks.checkpoint_requested) {
+      SY_ASSIGN_OR_RETURN(requested, hooks.checkpoint_requested(*r));
+    }
+    if ((interval || requested) && !tr.save().empty()) {
+      SY_RETURN_IF_ERROR(save(r->step, requested, "saving step"));
+    } else if (requested && hooks.on_request_ignored) {
+      hooks.on_request_ignored();
+    }
+  }
+  if (hooks.stop_requested && hooks.stop_requested()) {
+    result.stopped = true;
+    return result;
+  }
+  if (!tr.save().empty() && last_saved != trainer->step() &&
+      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
+    SY_RETURN_IF_ERROR(save(trainer->step(), false, "saving the final checkpoint at step"));
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The standalone loop
 
 absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
                            const StandaloneOptions& standalone, std::FILE* out) {
-  const int64_t max_steps = standalone.max_steps;
   std::optional<model::HfCheckpoint> hf;
   std::string architecture =
       standalone.hf_architecture.empty() ? model::kHfQwen3Moe : standalone.hf_architecture;
@@ -1109,23 +1155,23 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
   const int64_t log_interval = std::max<int64_t>(1, tr.log_interval());
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = trainer->step();
-  int64_t done = 0;
-  int64_t last_saved = -1;
-  while (trainer->step() < trainer->train_iters() && (max_steps <= 0 || done < max_steps)) {
-    SY_ASSIGN_OR_RETURN(StepResult r, trainer->Step());
-    ++done;
+  TrainingLoopHooks hooks;
+  hooks.max_steps = standalone.max_steps;
+  hooks.on_step = [&](const StepResult& r) {
     if (bar) std::fputs("\r\033[K", stderr);
     if (r.step % log_interval == 0 || r.step == trainer->train_iters() || r.skipped) {
       std::fprintf(out, "%s\n", trainer->FormatLogLine(r).c_str());
       std::fflush(out);
     }
-    if (tr.has_save_interval() && tr.save_interval() > 0 && !tr.save().empty() &&
-        r.step % tr.save_interval() == 0) {
-      SY_ASSIGN_OR_RETURN(std::string dir, trainer->Save(tr.save()));
-      last_saved = r.step;
-      std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
-    }
-    if (bar) {
+  };
+  hooks.on_saved = [&](const std::string& dir, bool /*requested*/) {
+    if (bar) std::fputs("\r\033[K", stderr);  // the next step redraws the bar
+    std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
+  };
+  if (bar) {
+    const auto on_step = hooks.on_step;
+    hooks.on_step = [&, on_step](const StepResult& r) {
+      on_step(r);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const int64_t total = trainer->train_iters(), now = trainer->step();
@@ -1137,14 +1183,10 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
                    std::string(kWidth - filled, '.').c_str(), static_cast<long long>(now),
                    static_cast<long long>(total), FormatDuration(eta).c_str());
       std::fflush(stderr);
-    }
+    };
   }
+  SY_RETURN_IF_ERROR(RunTrainingLoop(trainer.get(), hooks).status());
   if (bar) std::fputs("\r\033[K", stderr);
-  if (!tr.save().empty() && last_saved != trainer->step() &&
-      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
-    SY_ASSIGN_OR_RETURN(std::string dir, trainer->Save(tr.save()));
-    std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
-  }
   if (!standalone.export_hf.empty()) {
     std::map<std::string, Buffer> cache;
     auto source = [&](const std::string& name) -> absl::StatusOr<Tensor> {

@@ -63,6 +63,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -241,6 +242,30 @@ class Trainer {
   // Host staging and device copies of one micro-batch.
   kernels::Buffer host_ids_, host_targets_, ids_, targets_;
 };
+
+// The one training loop, shared by standalone runs (RunStandalone) and the agent's generations
+// (worker/agent/generation.cc): steps until training.train_iters, `max_steps` steps of this call
+// or a stop request; saves every training.save_interval steps (and when a checkpoint is
+// requested) when training.save is set, and, unless stopped, once more at the end when the last
+// step has no checkpoint yet. Errors are annotated with the step ("step 12: ...") or the save.
+struct TrainingLoopHooks {
+  int64_t max_steps = 0;                           // > 0: at most that many steps in this call
+  std::function<bool()> stop_requested;            // checked before every step; null: never
+  std::function<void(const StepResult&)> on_step;  // after every step (log line, report)
+  // After every step's interval decision: whether a checkpoint was requested besides the
+  // interval (the agent's CheckpointNow, agreed over the ranks). Null: never.
+  std::function<absl::StatusOr<bool>(const StepResult&)> checkpoint_requested;
+  // A checkpoint was written to `dir` (`requested`: checkpoint_requested asked for this one).
+  std::function<void(const std::string& dir, bool requested)> on_saved;
+  // A checkpoint was requested but training.save is empty.
+  std::function<void()> on_request_ignored;
+};
+struct TrainingLoopResult {
+  int64_t steps = 0;     // steps run by this call
+  bool stopped = false;  // ended by stop_requested (no final checkpoint then)
+};
+absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
+                                                   const TrainingLoopHooks& hooks);
 
 // Options of the standalone loop beyond the job spec.
 struct StandaloneOptions {
