@@ -1,9 +1,12 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -67,6 +70,54 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view byte
       path,
       [&](int fd, const std::string& tmp) { return WriteAll(fd, bytes.data(), bytes.size(), tmp); },
       mode);
+}
+
+absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO must not hang; it is rejected below as not a regular file.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": open"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": fstat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  MappedFile file;
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  if (file.size_ == 0) {
+    close(fd);
+    return file;
+  }
+  void* addr = mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (addr == MAP_FAILED) return absl::ErrnoToStatus(err, absl::StrCat(path, ": mmap"));
+  file.addr_ = addr;
+  return file;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : addr_(std::exchange(other.addr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (addr_ != nullptr) munmap(addr_, size_);
+    addr_ = std::exchange(other.addr_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (addr_ != nullptr) munmap(addr_, size_);
 }
 
 }  // namespace switchyard

@@ -1,12 +1,6 @@
 #include "common/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -88,9 +82,6 @@ struct SafetensorsFile::State {
   State() = default;
   State(const State&) = delete;
   State& operator=(const State&) = delete;
-  ~State() {
-    if (map_addr != nullptr) munmap(map_addr, map_len);
-  }
 
   absl::Status Error(absl::string_view problem) const {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
@@ -100,8 +91,7 @@ struct SafetensorsFile::State {
   absl::Status ParseEntry(const std::string& name, const Json& value, Entry* entry) const;
 
   std::string path;
-  void* map_addr = nullptr;  // the file's mapping (Open)
-  size_t map_len = 0;
+  MappedFile mapping;                                  // the file's mapping (Open)
   std::vector<uint64_t> image;                         // the file's bytes (FromBytes)
   std::vector<std::unique_ptr<uint64_t[]>> realigned;  // copies of misaligned tensors
   std::map<std::string, Entry, std::less<>> entries;
@@ -273,35 +263,18 @@ absl::Status SafetensorsFile::State::Parse(const char* bytes, uint64_t size) {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   auto state = std::make_shared<State>();
   state->path = path;
-  // O_NONBLOCK: opening a FIFO must not hang; it is rejected below as not a regular file.
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": open"));
+  absl::StatusOr<MappedFile> file = MappedFile::Open(path);
+  if (!file.ok()) {
+    // "not a regular file" in the reader's own words (State::Error), the rest as they come.
+    if (file.status().code() == absl::StatusCode::kInvalidArgument) {
+      return state->Error("not a regular file");
+    }
+    return file.status();
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": fstat"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return state->Error("not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
-    close(fd);
-    return state->Parse("", size);  // the "too short" error
-  }
-  void* addr = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (addr == MAP_FAILED) return absl::ErrnoToStatus(err, absl::StrCat(path, ": mmap"));
-  state->map_addr = addr;
-  state->map_len = size;
-  SY_RETURN_IF_ERROR(state->Parse(static_cast<const char*>(addr), size));
+  const uint64_t size = file->size();
+  if (size < 8) return state->Parse("", size);  // the "too short" error
+  state->mapping = *std::move(file);
+  SY_RETURN_IF_ERROR(state->Parse(state->mapping.data(), size));
   return SafetensorsFile(std::move(state));
 }
 

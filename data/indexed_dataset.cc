@@ -1,13 +1,7 @@
 // File: data/indexed_dataset.cc
 #include "data/indexed_dataset.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cassert>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -42,49 +36,6 @@ void Append(std::string* out, T v) {
 bool ValidDTypeCode(uint8_t code) { return code >= 1 && code <= 8; }
 
 // A read-only mapping of a whole file; an empty file has no mapping.
-struct Mapping {
-  void* addr = nullptr;
-  uint64_t size = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (addr != nullptr) munmap(addr, size);
-  }
-  const char* data() const { return static_cast<const char*>(addr); }
-};
-
-absl::Status MapFile(const std::string& path, Mapping* m) {
-  // O_NONBLOCK: opening a FIFO must not hang; it is rejected below as not a regular file.
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": open"));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": fstat"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  m->size = static_cast<uint64_t>(st.st_size);
-  if (m->size == 0) {
-    close(fd);
-    return absl::OkStatus();
-  }
-  void* addr = mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  close(fd);
-  if (addr == MAP_FAILED) return absl::ErrnoToStatus(err, absl::StrCat(path, ": mmap"));
-  m->addr = addr;
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 int64_t IndexedDTypeSize(IndexedDType dtype) {
@@ -137,8 +88,8 @@ bool IndexedDTypeIsInteger(IndexedDType dtype) {
 struct IndexedDataset::State {
   std::string prefix;
   std::string idx_path;
-  Mapping idx;
-  Mapping bin;
+  MappedFile idx;
+  MappedFile bin;
   IndexedDType dtype = IndexedDType::kUInt8;
   int64_t item_size = 1;
   int64_t num_sequences = 0;
@@ -154,7 +105,7 @@ struct IndexedDataset::State {
 };
 
 absl::Status IndexedDataset::State::Validate() {
-  const uint64_t size = idx.size;
+  const uint64_t size = idx.size();
   const char* p = idx.data();
   if (size < kHeaderSize) {
     return Error("header", absl::StrCat("file has ", size, " bytes, the header alone needs ",
@@ -200,7 +151,7 @@ absl::Status IndexedDataset::State::Validate() {
   pointers = lengths + 4 * s;
   doc_index = pointers + 8 * s;
 
-  const uint64_t bin_size = bin.size;
+  const uint64_t bin_size = bin.size();
   for (int64_t i = 0; i < num_sequences; ++i) {
     const int32_t len = LoadUnaligned<int32_t>(lengths + 4 * i);
     if (len < 0) return Error(absl::StrCat("sequence_lengths[", i, "]"), "is negative");
@@ -243,8 +194,8 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(const std::string& prefix) {
   auto state = std::make_shared<State>();
   state->prefix = prefix;
   state->idx_path = prefix + ".idx";
-  SY_RETURN_IF_ERROR(MapFile(state->idx_path, &state->idx));
-  SY_RETURN_IF_ERROR(MapFile(prefix + ".bin", &state->bin));
+  SY_ASSIGN_OR_RETURN(state->idx, MappedFile::Open(state->idx_path));
+  SY_ASSIGN_OR_RETURN(state->bin, MappedFile::Open(prefix + ".bin"));
   SY_RETURN_IF_ERROR(state->Validate());
   return IndexedDataset(std::move(state));
 }
