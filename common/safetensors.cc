@@ -263,17 +263,11 @@ absl::Status SafetensorsFile::State::Parse(const char* bytes, uint64_t size) {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   auto state = std::make_shared<State>();
   state->path = path;
-  absl::StatusOr<MappedFile> file = MappedFile::Open(path);
-  if (!file.ok()) {
-    // "not a regular file" in the reader's own words (State::Error), the rest as they come.
-    if (file.status().code() == absl::StatusCode::kInvalidArgument) {
-      return state->Error("not a regular file");
-    }
-    return file.status();
-  }
-  const uint64_t size = file->size();
+  // Its errors already read "<path>: not a regular file" etc., as State::Error would.
+  SY_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  const uint64_t size = file.size();
   if (size < 8) return state->Parse("", size);  // the "too short" error
-  state->mapping = *std::move(file);
+  state->mapping = std::move(file);
   SY_RETURN_IF_ERROR(state->Parse(state->mapping.data(), size));
   return SafetensorsFile(std::move(state));
 }

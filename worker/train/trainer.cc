@@ -1163,28 +1163,23 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
       std::fprintf(out, "%s\n", trainer->FormatLogLine(r).c_str());
       std::fflush(out);
     }
+    if (!bar) return;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const int64_t total = trainer->train_iters(), now = trainer->step();
+    const double eta =
+        elapsed / static_cast<double>(now - first) * static_cast<double>(total - now);
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * now / std::max<int64_t>(total, 1));
+    std::fprintf(stderr, "[%s%s] %lld/%lld ETA %s", std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(now),
+                 static_cast<long long>(total), FormatDuration(eta).c_str());
+    std::fflush(stderr);
   };
   hooks.on_saved = [&](const std::string& dir, bool /*requested*/) {
     if (bar) std::fputs("\r\033[K", stderr);  // the next step redraws the bar
     std::fprintf(out, "saved checkpoint %s\n", dir.c_str());
   };
-  if (bar) {
-    const auto on_step = hooks.on_step;
-    hooks.on_step = [&, on_step](const StepResult& r) {
-      on_step(r);
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const int64_t total = trainer->train_iters(), now = trainer->step();
-      const double eta =
-          elapsed / static_cast<double>(now - first) * static_cast<double>(total - now);
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(kWidth * now / std::max<int64_t>(total, 1));
-      std::fprintf(stderr, "[%s%s] %lld/%lld ETA %s", std::string(filled, '#').c_str(),
-                   std::string(kWidth - filled, '.').c_str(), static_cast<long long>(now),
-                   static_cast<long long>(total), FormatDuration(eta).c_str());
-      std::fflush(stderr);
-    };
-  }
   SY_RETURN_IF_ERROR(RunTrainingLoop(trainer.get(), hooks).status());
   if (bar) std::fputs("\r\033[K", stderr);
   if (!standalone.export_hf.empty()) {
