@@ -39,6 +39,9 @@ v1::JobSpec MakeBenchSpec(absl::string_view name, const BenchModel& b, int64_t i
   m->add_moe_aux_loss_coeff(1e-3);
   m->set_moe_layer_freq(1);
   m->set_moe_grouped_gemm(true);
+  // The multi-GPU numbers in bench/README.md are of the alltoall dispatcher (the spec's default
+  // is allgather, as Megatron's); pinned so --world N --ep E measures what the README describes.
+  m->set_moe_token_dispatcher_type("alltoall");
   v1::TrainingConfig* t = spec.mutable_training();
   t->set_micro_batch_size(b.micro);
   t->set_global_batch_size(b.global);

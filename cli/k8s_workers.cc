@@ -7,18 +7,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/config/job_paths.h"
 
 namespace switchyard::cli {
 namespace {
 
-// The id of "jobs/<id>" (id >= 1, no sign or leading zeros), or 0.
-int64_t JobId(const std::string& name) {
-  int64_t id = 0;
-  if (name.rfind("jobs/", 0) != 0) return 0;
-  const std::string digits = name.substr(5);
-  if (!absl::SimpleAtoi(digits, &id) || id < 1 || digits != absl::StrCat(id)) return 0;
-  return id;
-}
+// The id of "jobs/<id>" (common/config/job_paths.h's ParseJobName), or 0.
+int64_t JobId(const std::string& name) { return ParseJobName(name).value_or(0); }
 
 // Printable, no blank, no quote or backslash: safe inside a YAML double-quoted scalar as is.
 bool PlainToken(const std::string& s) {
@@ -159,7 +154,7 @@ absl::StatusOr<std::string> K8sWorkersManifest(const v1::Job& job,
                   "  completions: ",
                   n, "\n  parallelism: ", n,
                   "\n"
-                  "  # Container restarts (OnFailure: exits 128-255 are retryable) count here.\n"
+                  "  # Container restarts count here (OnFailure restarts on every non-zero exit).\n"
                   "  backoffLimit: 6\n"
                   "  ttlSecondsAfterFinished: 86400\n"
                   "  template:\n"

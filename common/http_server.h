@@ -161,9 +161,8 @@ class HttpServer {
 
   // Stops accepting, lets handlers in flight finish and write their response (bounded by
   // send_timeout), ends connections that are reading or idle at once, joins every thread.
-  // Idempotent. Alias: Abort().
+  // Idempotent.
   void Stop();
-  void Abort() { Stop(); }
 
  private:
   enum class Phase { kReading, kHandling, kWriting };

@@ -35,7 +35,6 @@ void Append(std::string* out, T v) {
 
 bool ValidDTypeCode(uint8_t code) { return code >= 1 && code <= 8; }
 
-// A read-only mapping of a whole file; an empty file has no mapping.
 }  // namespace
 
 int64_t IndexedDTypeSize(IndexedDType dtype) {

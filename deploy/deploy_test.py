@@ -645,8 +645,8 @@ def check_no_root_mounts(docs, generated):
                     continue
                 who = "%s/%s/%s" % (o["kind"], o["metadata"]["name"], c["name"])
                 if labels.get("app.kubernetes.io/component") == "coordinator":
-                    check(True, "%s (the coordinator) mounts the root at %s" % (who,
-                                                                               m["mountPath"]))
+                    print("note: %s (the coordinator) mounts the root at %s" % (who,
+                                                                              m["mountPath"]))
                     continue
                 pods += 1
                 check(bool(m.get("subPath")), "%s mounts the checkpoint volume with subPath %r"

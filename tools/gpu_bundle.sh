@@ -98,7 +98,7 @@ bin_dir=$(bz info bazel-bin 2>/dev/null)
 # --- Binaries ------------------------------------------------------------------------------------
 rm -rf "$bundle"
 mkdir -p "$bundle/lib"
-# //a/b:c -> a_b_c ; the two tools keep their own names.
+# //a/b:c -> a_b_c ; the three binaries keep their own names.
 bundle_name() {
   case $1 in
     //worker:switchyard-worker) echo switchyard-worker ;;

@@ -61,7 +61,7 @@ inline constexpr char kJobDirectoryPlaceholder[] = "<job directory>";
 std::string RelativePathViolation(absl::string_view path);
 
 // The indices of data.data_path that are dataset prefixes (all, or the odd ones of the weighted
-// form: more than one entry and the first parses as a number, as in common/validate).
+// form: more than one entry and the first parses as a number, as in common/config/validate).
 std::vector<int> DataPathIndices(const v1::DataConfig& data);
 
 // OK, or INVALID_ARGUMENT naming the first offending field, its value and the rule, e.g.
@@ -100,6 +100,11 @@ absl::Status CheckAssignedSpecPaths(const v1::JobSpec& spec, const JobRoots& roo
 // {"<dir>", N} when the last component of `path` is "step_<N>" (a checkpoint step directory),
 // else nullopt (a checkpoint root, loaded at its latest step).
 std::optional<std::pair<std::string, int64_t>> SplitStepDirectory(const std::string& path);
+
+// The id of a job name "jobs/<id>" (id a positive integer of at most 18 digits, no leading
+// zero); INVALID_ARGUMENT naming `name` when malformed. The one parser: the coordinator's API
+// (coordinator/jobs/job_registry.h) and the worker's --job use it.
+absl::StatusOr<int64_t> ParseJobName(absl::string_view name);
 
 }  // namespace switchyard
 

@@ -8,13 +8,6 @@
 #include "common/status.h"
 
 namespace switchyard::api {
-namespace {
-
-std::string Scope(absl::string_view job, int64_t generation) {
-  return absl::StrCat(job, " generation ", generation);
-}
-
-}  // namespace
 
 RendezvousServiceImpl::RendezvousServiceImpl(cluster::RendezvousStore* store,
                                              const api::TokenAuth* auth,
@@ -41,10 +34,11 @@ absl::Status RendezvousServiceImpl::CheckRank(absl::string_view worker_id, absl:
   }
   if (worker->job != job || worker->generation != generation) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "worker '", worker_id, "' is not a rank of ", Scope(job, generation),
+        "worker '", worker_id, "' is not a rank of ", cluster::RendezvousScopeName(job, generation),
         worker->job.empty()
             ? " (it runs nothing)"
-            : absl::StrCat(" (it runs ", Scope(worker->job, worker->generation), ")")));
+            : absl::StrCat(" (it runs ",
+                           cluster::RendezvousScopeName(worker->job, worker->generation), ")")));
   }
   return absl::OkStatus();
 }

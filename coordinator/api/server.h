@@ -21,7 +21,7 @@
 // backup in place. Restore: start on the backup file (--store BACKUP).
 //
 // Shutdown(deadline): health goes NOT_SERVING, WatchJob streams end UNAVAILABLE, the scheduler
-// stops and the workers' Attach streams end (workers/worker_plane.h), the REST
+// stops and the workers' Attach streams end (api/worker_plane.h), the REST
 // gateway stops (reading and idle connections end at once, requests in flight finish), then the
 // gRPC server stops accepting and waits for the calls in flight until `deadline`, cancelling the
 // rest. gRPC core also waits for clients to close their connections after its GOAWAY, so with a

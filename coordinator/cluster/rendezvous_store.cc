@@ -7,13 +7,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace switchyard::cluster {
-namespace {
-
-std::string Scope(absl::string_view job, int64_t generation) {
-  return absl::StrCat(job, " generation ", generation);
-}
-
-}  // namespace
 
 absl::StatusOr<RendezvousStore::JobKeys*> RendezvousStore::Live(absl::string_view job,
                                                                 int64_t generation) {
@@ -32,20 +25,20 @@ absl::StatusOr<const RendezvousStore::JobKeys*> RendezvousStore::LiveConst(
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(Scope(job, generation),
+        absl::StrCat(RendezvousScopeName(job, generation),
                      " is not running here: rendezvous keys exist only while a generation of "
                      "the job runs on this coordinator"));
   }
   const JobKeys& keys = it->second;
   if (!keys.open) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Scope(job, generation), " is not running (the newest generation, ",
-                     keys.generation, ", has ended); its keys were dropped"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        RendezvousScopeName(job, generation), " is not running (the newest generation, ",
+        keys.generation, ", has ended); its keys were dropped"));
   }
   if (generation != keys.generation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Scope(job, generation), " is not the running generation (", keys.generation,
-                     ")", generation < keys.generation ? "; its keys were dropped" : ""));
+    return absl::FailedPreconditionError(absl::StrCat(
+        RendezvousScopeName(job, generation), " is not the running generation (", keys.generation,
+        ")", generation < keys.generation ? "; its keys were dropped" : ""));
   }
   return &keys;
 }
@@ -70,17 +63,17 @@ absl::Status RendezvousStore::Set(const v1::RendezvousSetRequest& request) {
   const int64_t new_bytes = static_cast<int64_t>(request.key().size() + request.value().size());
   if (it == keys.values.end() &&
       keys.values.size() >= static_cast<size_t>(kMaxRendezvousKeysPerGeneration)) {
-    return absl::ResourceExhaustedError(absl::StrCat(Scope(request.job(), request.generation()),
-                                                     " already holds ",
-                                                     kMaxRendezvousKeysPerGeneration,
-                                                     " keys, the limit per generation "
-                                                     "(kMaxRendezvousKeysPerGeneration); key '",
-                                                     request.key(), "' was not stored"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(RendezvousScopeName(request.job(), request.generation()), " already holds ",
+                     kMaxRendezvousKeysPerGeneration,
+                     " keys, the limit per generation "
+                     "(kMaxRendezvousKeysPerGeneration); key '",
+                     request.key(), "' was not stored"));
   }
   if (keys.bytes - old_bytes + new_bytes > static_cast<int64_t>(kMaxRendezvousBytesPerGeneration)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        Scope(request.job(), request.generation()), " holds ", keys.bytes, " bytes; key '",
-        request.key(), "' (", new_bytes, " bytes) would exceed the limit of ",
+        RendezvousScopeName(request.job(), request.generation()), " holds ", keys.bytes,
+        " bytes; key '", request.key(), "' (", new_bytes, " bytes) would exceed the limit of ",
         kMaxRendezvousBytesPerGeneration,
         " bytes per generation (kMaxRendezvousBytesPerGeneration); it was not stored"));
   }
@@ -112,15 +105,16 @@ absl::StatusOr<std::string> RendezvousStore::Get(const v1::RendezvousGetRequest&
   mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
   auto it = jobs_.find(request.job());
   if (it == jobs_.end() || !it->second.open || it->second.generation != request.generation()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Scope(request.job(), request.generation()), " was dropped while waiting for key '",
-        request.key(), "' (the generation ended, a newer one started or the job ended)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(RendezvousScopeName(request.job(), request.generation()),
+                     " was dropped while waiting for key '", request.key(),
+                     "' (the generation ended, a newer one started or the job ended)"));
   }
   auto value = it->second.values.find(request.key());
   if (value == it->second.values.end()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("key '", request.key(), "' of ", Scope(request.job(), request.generation()),
-                     " was not set within ", request.timeout_ms(), " ms"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "key '", request.key(), "' of ", RendezvousScopeName(request.job(), request.generation()),
+        " was not set within ", request.timeout_ms(), " ms"));
   }
   return value->second;
 }
@@ -182,6 +176,10 @@ absl::Status CheckRendezvousScope(absl::string_view job, int64_t generation,
                                                    kMaxRendezvousKeyBytes, " bytes"));
   }
   return absl::OkStatus();
+}
+
+std::string RendezvousScopeName(absl::string_view job, int64_t generation) {
+  return absl::StrCat(job, " generation ", generation);
 }
 
 }  // namespace switchyard::cluster

@@ -85,6 +85,8 @@ class RendezvousStore {
 // INVALID_ARGUMENT naming the field and rule unless `job` is non-empty, `generation` >= 1 and
 // `key` is non-empty and at most kMaxRendezvousKeyBytes.
 absl::Status CheckRendezvousScope(absl::string_view job, int64_t generation, absl::string_view key);
+// "<job> generation <g>", how messages name a generation's keys.
+std::string RendezvousScopeName(absl::string_view job, int64_t generation);
 
 }  // namespace switchyard::cluster
 

@@ -109,19 +109,6 @@ std::string JobCheckpointDir(absl::string_view checkpoint_root, int64_t id) {
   return JobDirectory(std::string(checkpoint_root), id);
 }
 
-absl::StatusOr<int64_t> ParseJobName(absl::string_view name) {
-  absl::string_view id_text = name;
-  int64_t id = 0;
-  bool ok = absl::ConsumePrefix(&id_text, kCollection) && !id_text.empty() &&
-            id_text.size() <= 18 && id_text[0] != '0';
-  for (char c : id_text) ok = ok && c >= '0' && c <= '9';
-  if (ok) ok = absl::SimpleAtoi(id_text, &id) && id > 0;
-  if (ok) return id;
-  return absl::InvalidArgumentError(
-      absl::StrCat("name (\"", absl::CHexEscape(name.substr(0, 64)), name.size() > 64 ? "..." : "",
-                   "\") must be jobs/{id} with id a positive integer"));
-}
-
 JobRegistry::JobRegistry(store::Store* store, CoordinatorContext context)
     : store_(store), context_(std::move(context)) {}
 

@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/config/job_paths.h"
 #include "coordinator/jobs/job_state.h"
 #include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/store/store.h"
@@ -60,12 +61,11 @@ inline constexpr size_t kMaxPageTokenBytes = 256;
 
 // "jobs/{id}".
 std::string JobName(int64_t id);
-// The checkpoint directory the coordinator gives job `id` when its spec leaves training.save
-// empty: "<checkpoint_root>/<id>". The one place that spells the layout (the scheduler assigns
-// it, DeleteJob removes it).
+// The job's own directory "<checkpoint_root>/jobs/<id>" (common/config/job_paths.h's
+// JobDirectory, which spells the layout): DeleteJob removes it.
 std::string JobCheckpointDir(absl::string_view checkpoint_root, int64_t id);
-// The id of a job name; INVALID_ARGUMENT naming `name` when malformed.
-absl::StatusOr<int64_t> ParseJobName(absl::string_view name);
+// The id of a job name: common/config/job_paths.h (shared with the worker's --job).
+using ::switchyard::ParseJobName;
 
 class JobRegistry {
  public:

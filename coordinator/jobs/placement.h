@@ -32,7 +32,6 @@ std::vector<cluster::WorkerInfo> EligibleFor(const std::string& job,
                                              const std::vector<cluster::WorkerInfo>& workers);
 
 // The rule lives with the submit rules (coordinator/jobs/resolve_spec.h).
-using jobs::UnsupportedParallelism;
 
 // What the planner is told about machines that the workers do not report.
 struct ClusterDefaults {

@@ -33,10 +33,6 @@ absl::Status CheckVocabSize(const v1::JobSpec& spec) {
       "did not find (run tools/setup.sh on its machine, or set model.vocab_size)");
 }
 
-// The job-path rules (common/config/job_paths.h): every path relative, under the coordinator's
-// roots.
-absl::Status CheckJobPathRules(const v1::JobSpec& spec) { return CheckJobSpecPaths(spec); }
-
 }  // namespace
 
 std::string UnsupportedParallelism(const v1::ParallelConfig& p) {
@@ -67,7 +63,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
   if (std::string why = UnsupportedParallelism(resolved.parallel()); !why.empty()) {
     return absl::InvalidArgumentError(why);
   }
-  SY_RETURN_IF_ERROR(CheckJobPathRules(resolved));
+  SY_RETURN_IF_ERROR(CheckJobSpecPaths(resolved));  // common/config/job_paths.h
   return resolved;
 }
 
@@ -82,11 +78,11 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   p.set_pipeline_model_parallel_size(1);
   p.set_expert_tensor_parallel_size(1);
   p.set_sequence_parallel(false);
-  // As the scheduler (workers/placement.h WorkerRange): without a world size or min_workers, any
+  // As the scheduler (jobs/placement.h WorkerRange): without a world size or min_workers, any
   // world from the cluster's size down to 1 may run, so smaller worlds are planned too.
   v1::JobSpec& spec = *resolved.mutable_spec();
   if (!spec.has_min_workers() && !p.has_world_size()) spec.set_min_workers(1);
-  // As the scheduler (workers/placement.h PlanRequestFor): an empty training.save is the job's
+  // As the scheduler (jobs/placement.h PlanRequestFor): an empty training.save is the job's
   // directory, so a save_interval without it is planned.
   if (spec.training().save().empty() && !context.checkpoint_root.empty()) {
     spec.mutable_training()->set_save(kJobDirectoryPlaceholder);

@@ -13,7 +13,7 @@
 //      value from the same manifest, worker/train/trainer.cc).
 //   3. Nothing else: paths stay as the user wrote them (relative, common/config/job_paths.h) and
 //   are
-//      resolved under the roots when the assigned spec is built (workers/placement.h
+//      resolved under the roots when the assigned spec is built (jobs/placement.h
 //      AssignedSpec). Rules that need a checkpoint directory (save_interval) see an empty
 //      training.save as the job's own directory when the coordinator has a checkpoint root.
 // Rules, in this order; the first violation is INVALID_ARGUMENT naming the field and the rule:

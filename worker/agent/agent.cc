@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/config/job_paths.h"
 #include "common/version.h"
 #include "worker/agent/coordinator_channel.h"
 
@@ -65,9 +66,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(AgentOptions options) {
     return absl::InvalidArgumentError("coordinator: required (host:port of the coordinator)");
   }
   if (!options.job.empty()) {
-    int64_t id = 0;
-    if (!absl::StartsWith(options.job, "jobs/") || !absl::SimpleAtoi(options.job.substr(5), &id) ||
-        id < 1 || options.job.substr(5) != absl::StrCat(id)) {
+    if (!ParseJobName(options.job).ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--job (\"", options.job,
                        "\"): must be a job name jobs/<id>, id a positive integer (jobs/3)"));

@@ -127,7 +127,6 @@ int PhaseTimer::Open(const Stream& stream, const char* name, int64_t index) {
   r.depth = static_cast<int>(open_.size());
   r.parent = open_.empty() ? -1 : open_.back();
   r.start_event = r.end_event = -1;
-  r.closed = false;
   if (device_ && stream.is_cuda()) {
     r.start_event = RecordEvent(stream);
     if (r.start_event < 0) return -1;
@@ -155,7 +154,6 @@ void PhaseTimer::Close(const Stream& stream, int record) {
     return;
   }
   open_.pop_back();
-  r.closed = true;
   if (r.start_event >= 0) {
     r.end_event = RecordEvent(stream);
   } else {

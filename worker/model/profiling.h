@@ -103,7 +103,6 @@ class PhaseTimer {
   // The trainer times its top-level sections every step (a handful of events) and everything
   // (-1, the default) only for a breakdown.
   void set_max_depth(int depth) { max_depth_ = depth; }
-  int max_depth() const { return max_depth_; }
 
   bool in_step() const { return in_step_; }
   // CUDA events created so far (the pool never shrinks; constant once the steps repeat).
@@ -122,7 +121,6 @@ class PhaseTimer {
     int parent;
     int start_event, end_event;  // pool indices (CUDA), -1 on the CPU
     std::chrono::steady_clock::time_point host_start, host_end;
-    bool closed;
   };
   // Opens a range; returns its record index (-1 if it could not be recorded).
   int Open(const Stream& stream, const char* name, int64_t index);

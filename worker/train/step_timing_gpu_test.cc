@@ -74,7 +74,7 @@ TEST(StepTimingGpuTest, CudaEventStepTimeAndBreakdownAgreeWithTheHostClock) {
     EXPECT_TRUE(tr.last_timing().device);
     EXPECT_GT(r->step_ms, 0);
     EXPECT_LE(r->step_ms, host_ms + 0.5);
-    EXPECT_LE(host_ms, 3 * r->step_ms + 5);
+    EXPECT_LE(host_ms, 2 * r->step_ms + 1);  // measured: 2.617 vs 2.603 ms on an H100
   }
 
   // Everything timed: each phase > 0, sums within their parent.

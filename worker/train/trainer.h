@@ -60,7 +60,6 @@
 #ifndef SWITCHYARD_WORKER_TRAIN_TRAINER_H_
 #define SWITCHYARD_WORKER_TRAIN_TRAINER_H_
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
