@@ -136,6 +136,15 @@ absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int 
 absl::StatusOr<comm::NcclCommunicator*> NcclGroupForDevice(const char* who,
                                                            comm::Communicator* ep_group,
                                                            Device device);
+// Lays `compact` [sum(rows_per_rank), width] (rank-ordered chunks) out as `padded`
+// [rows_per_rank.size() * max_rows, width]: chunk j at row j * max_rows, padding rows zeroed.
+// A ReduceScatter takes equal chunks, so the dispatchers reduce uneven per-rank row counts through
+// this layout (AllGatherDispatcher over ETP×EP, AllToAllDispatcher over ETP). On `stream`: async
+// copies and memsets on CUDA (same device for both tensors), plain memcpy on the CPU.
+absl::Status SpreadRows(const Stream& stream, const Tensor& compact,
+                        const std::vector<int64_t>& rows_per_rank, int64_t max_rows, int64_t width,
+                        const Tensor& padded);
+
 // A phase's stream: on the dispatcher's device and, with an NCCL group, the group's own stream.
 absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,
                               Device device, const comm::NcclCommunicator* nccl);

@@ -21,6 +21,8 @@ constexpr Role kRoles[] = {
     {ParallelGroup::kDataContext, "dp_cp", &ProcessGroups::data},
     {ParallelGroup::kTensorDataContext, "tp_dp_cp", &ProcessGroups::tdc},
     {ParallelGroup::kExpert, "ep", &ProcessGroups::expert},
+    {ParallelGroup::kExpertTensor, "etp", &ProcessGroups::etp},
+    {ParallelGroup::kExpertTensorExpert, "etp_ep", &ProcessGroups::etp_ep},
     {ParallelGroup::kExpertData, "edp", &ProcessGroups::expert_data},
     {ParallelGroup::kExpertTensorExpertPipeline, "etp_ep_pp", &ProcessGroups::expert_model},
 };
@@ -31,7 +33,6 @@ absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank)
       {"tensor_model_parallel_size", layout.tp()},
       {"context_parallel_size", layout.cp()},
       {"pipeline_model_parallel_size", layout.pp()},
-      {"expert_tensor_parallel_size", layout.etp()},
   };
   for (const auto& [field, size] : unsupported) {
     if (size != 1) {
