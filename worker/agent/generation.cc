@@ -175,6 +175,16 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
     ep = m.expert_model_parallel_size();
   }
   if (a.world_size() > 1 || ep > 1) par->set_expert_model_parallel_size(ep);
+  // Expert tensor parallelism: the mapping's (1 when it has none), which the spec must not
+  // contradict.
+  const int etp = std::max(1, m.expert_tensor_parallel_size());
+  if (par->has_expert_tensor_parallel_size() && par->expert_tensor_parallel_size() != etp) {
+    return Field(
+        "spec.parallel.expert_tensor_parallel_size",
+        absl::StrCat("(", par->expert_tensor_parallel_size(),
+                     ") must equal assignment.mapping.expert_tensor_parallel_size (", etp, ")"));
+  }
+  if (a.world_size() > 1 || etp > 1) par->set_expert_tensor_parallel_size(etp);
   v1::JobSpec checked = p.spec;
   ApplyDefaults(&checked);
   absl::Status valid = ValidateJobSpec(checked);
@@ -184,6 +194,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   SY_RETURN_IF_ERROR(CheckPaths(p.spec, roots));
   p.dims.world_size = a.world_size();
   p.dims.expert_model_parallel_size = ep;
+  p.dims.expert_tensor_parallel_size = etp;
   return p;
 }
 
