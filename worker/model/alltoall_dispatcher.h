@@ -58,20 +58,22 @@
 // the all-gathered counts G [EP, E] (row ep_rank of G is this rank's own n), so Dispatch makes ONE
 // device-to-host copy per micro-batch:
 //   CPU:  the counts are host memory and are read directly.
-//   CUDA: Permute writes n on the device; the AllGather of n runs on the device (NCCL); then ONE
-//         cudaMemcpyAsync of G (EP * E i32) into pinned host memory, an event recorded after it
-//         and one cudaEventSynchronize (the spec's cuda_sync_point before_ep_alltoall). The
-//         device-side chunk sizes for SortChunks and tokens_per_expert ([EP*L + L] i32) then go
-//         back with one cudaMemcpyAsync from a pinned staging area (safe to rewrite at the next
+//   CUDA: Permute writes n on the device; the AllGather of n (and, with ETP, of G over ETP) runs
+//         on the device (NCCL); then ONE cudaMemcpyAsync of G (EP * E i32; with ETP, G' of
+//         ETP * EP * E) into pinned host memory, an event recorded after it and one
+//         cudaEventSynchronize (the spec's cuda_sync_point before_ep_alltoall). The device-side
+//         chunk sizes for SortChunks and tokens_per_expert ([ETP*EP*L + L] i32) then go back with
+//         one cudaMemcpyAsync from a pinned staging area (safe to rewrite at the next
 //         Dispatch: its event sync follows that copy on the same stream). No other host sync in
 //         the forward; the backward reuses the forward's splits and does not sync at all.
 //
-// Stream contract (CUDA): the EP communicator must be a comm::NcclCommunicator created with the
-// SAME cudaStream_t as the `stream` passed to every phase (and on the same device). Its calls are
-// host-synchronous and run on that stream, so the collectives are ordered after the kernels that
-// produce their inputs, and the kernels after them, with no extra events. Create checks that the
-// group is an NcclCommunicator on `device`; every phase checks that `stream` is on `device` and,
-// on CUDA, that stream.cuda_stream == the communicator's stream (INVALID_ARGUMENT otherwise).
+// Stream contract (CUDA): the EP (and ETP) communicator must be a comm::NcclCommunicator created
+// with the SAME cudaStream_t as the `stream` passed to every phase (and on the same device). Its
+// calls are host-synchronous and run on that stream, so the collectives are ordered after the
+// kernels that produce their inputs, and the kernels after them, with no extra events. Create
+// checks that the group is an NcclCommunicator on `device`; every phase checks that `stream` is on
+// `device` and, on CUDA, that stream.cuda_stream == the communicator's stream (INVALID_ARGUMENT
+// otherwise).
 //
 // Backward: CombineBackward = UnpermuteBackward, AllToAllV (dispatch direction), [ETP: AllGatherV
 // over ETP, the adjoint of the reduce-scatter], SortChunks; DispatchBackward = UnsortChunks (rows

@@ -5,11 +5,13 @@
 // can overlap them with another micro-batch's compute:
 //
 //   DispatchPreprocess  permute the local tokens into expert-major order (+ split sizes)
-//   Dispatch            [comm] all-to-all over EP (alltoall) / all-gather over ETP×EP (allgather)
+//   Dispatch            [comm] all-to-all over EP, then all-gather over ETP (alltoall) /
+//                       all-gather over ETP×EP (allgather)
 //   DispatchPostprocess sort received chunks by local expert -> expert inputs
 //   (experts run on state.expert_x / expert_probs / tokens_per_expert -> state.expert_out)
 //   CombinePreprocess   undo the chunk sort
-//   Combine             [comm] the reverse all-to-all / reduce-scatter
+//   Combine             [comm] reduce-scatter over ETP, then the reverse all-to-all / the
+//                       reduce-scatter over ETP×EP
 //   CombinePostprocess  unpermute: sum each token's k expert outputs
 //
 // Unlike Megatron's dispatchers, the phases do not talk through hidden instance attributes: every
