@@ -29,9 +29,9 @@
 //
 // Numerics: a token whose k slots land on several ranks is summed in two stages (Unpermute's
 // slot-order sum per rank, then the reduce-scatter across ranks), so `out` and `dx` can differ
-// from LocalDispatcher on the same tokens by rounding (a few ulps); d_topk_probs is exact (each
-// slot has exactly one owner, the other ranks contribute 0). EP = 1 is bit-identical to
-// LocalDispatcher.
+// from LocalDispatcher on the same tokens by rounding (a few ulps); d_topk_probs is exact at
+// ETP = 1 (each slot has exactly one owner, the other ranks contribute 0; with ETP > 1 it is the
+// sum of the owner's ETP partials). EP = ETP = 1 is bit-identical to LocalDispatcher.
 //
 // Deliberate differences from Megatron:
 // - Megatron gathers a dense routing map [T', E] and probs [T', E]; here the sparse topk_idx /
