@@ -566,17 +566,17 @@ absl::Status GptModel::InitMaster(const Stream& stream, uint64_t seed, const Ten
     const double std = p.scaled_init ? scaled_std : config_.init_method_std;
     if (p.shard_runs > 1) {
       // An ETP shard is not contiguous in the global tensor: draw the span it covers on the host
-      // (the same per-element hash as the device, kernels/elementwise), keep the shard's runs.
-      // Each element still gets the value of its global index, so any ETP/EP split initialises
-      // the same global tensor as one process.
+      // (HashNormal of kernels/elementwise: the device's formula; logf/cosf may differ from the
+      // device's in the last bit), keep the shard's runs. Each element still gets the value of
+      // its global index, so any ETP/EP split initialises the same global tensor as one process
+      // (bit for bit on the CPU). Host-side, because FillNormal draws one contiguous range.
       const int64_t span = (p.shard_runs - 1) * p.run_pitch + p.numel / p.shard_runs;
       SY_ASSIGN_OR_RETURN(Buffer drawn, Buffer::ForTensor(master.dtype, {span}, Device::Cpu()));
       SY_RETURN_IF_ERROR(kernels::FillNormal(Stream::Cpu(), drawn.View(),
                                              MixSeed(seed, p.seed_index), static_cast<float>(std),
                                              static_cast<uint64_t>(p.global_offset)));
       SY_ASSIGN_OR_RETURN(Buffer host, Buffer::ForTensor(master.dtype, {p.numel}, Device::Cpu()));
-      ParamInfo local = p;
-      SY_RETURN_IF_ERROR(CopyShard(local, 0, drawn.View(), host.View(), /*to_global=*/false));
+      SY_RETURN_IF_ERROR(CopyShard(p, 0, drawn.View(), host.View(), /*to_global=*/false));
       SY_RETURN_IF_ERROR(kernels::CopyTensor(host.View(), view));
       continue;
     }
