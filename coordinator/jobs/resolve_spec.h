@@ -65,8 +65,9 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // the stored spec the scheduler plans), TP = CP = PP = 1 and the spec's ETP with sequence
 // parallelism off (the parallelism the workers run), and min_workers 1 when neither it nor
 // parallel.world_size is set (the scheduler's worker range), so the largest feasible world up to
-// cluster.num_gpus is planned. `syctl plan` thus shows the mapping the scheduler would start on that many workers;
-// there are no alternatives of other sizes to list. The cluster is the caller's.
+// cluster.num_gpus is planned. `syctl plan` thus shows the mapping the scheduler would start on
+// that many workers; there are no alternatives of other sizes to list. The cluster is the
+// caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
 
