@@ -35,6 +35,7 @@
 #include "kernels/optim/grad_norm.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf_convert.h"
+#include "worker/train/resume.h"
 
 namespace switchyard::train {
 namespace {
@@ -1138,7 +1139,7 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
     return result;
   }
   if (!tr.save().empty() && last_saved != trainer->step() &&
-      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
+      !HasCommittedStep(tr.save(), trainer->step())) {
     SY_RETURN_IF_ERROR(save(trainer->step(), false, "saving the final checkpoint at step"));
   }
   return result;
@@ -1170,13 +1171,8 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
     std::fprintf(out, "initialised from %s (%s)\n", standalone.init_from_hf.c_str(),
                  architecture.c_str());
   }
-  std::string resume = tr.load();
-  if (resume.empty() && !tr.save().empty() && LoadCheckpoint(tr.save()).ok()) resume = tr.save();
-  if (!resume.empty()) {
-    SY_RETURN_IF_ERROR(Annotate(trainer->Load(resume), absl::StrCat("resuming from ", resume)));
-    std::fprintf(out, "resumed from %s at step %lld\n", resume.c_str(),
-                 static_cast<long long>(trainer->step()));
-  }
+  SY_ASSIGN_OR_RETURN(const std::string resumed, ResumeTraining(trainer.get(), tr));
+  if (!resumed.empty()) std::fprintf(out, "%s\n", resumed.c_str());
   const bool bar = standalone.progress_bar && isatty(fileno(stderr)) != 0;
   const int64_t log_interval = std::max<int64_t>(1, tr.log_interval());
   const auto start = std::chrono::steady_clock::now();
