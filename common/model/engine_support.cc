@@ -11,8 +11,9 @@ namespace switchyard {
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size) {
+  // Tensor parallelism (with sequence parallelism) runs: worker/model/gpt_model.h.
+  (void)tensor_model_parallel_size;
   const std::pair<const char*, int64_t> sizes[] = {
-      {"tensor_model_parallel_size", tensor_model_parallel_size},
       {"context_parallel_size", context_parallel_size},
       {"pipeline_model_parallel_size", pipeline_model_parallel_size},
       {"expert_tensor_parallel_size", expert_tensor_parallel_size},

@@ -1,6 +1,7 @@
 // File: common/model/engine_support.h
 //
-// What the worker's engine executes today: data and expert parallelism (TP = CP = PP = ETP = 1).
+// What the worker's engine executes today: data, expert and tensor parallelism (TP with sequence
+// parallelism, worker/model/gpt_model.h), with CP = PP = ETP = 1.
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
 // (coordinator/jobs/resolve_spec.h, before the planner), the worker's check of an assignment
 // (worker/agent/generation.cc) and a run without a coordinator (worker/train/trainer.cc). When
@@ -16,9 +17,11 @@
 namespace switchyard {
 
 // "" when the engine runs these sizes; otherwise the first unsupported one, as
-// "<prefix><field> (N) must be 1: workers run data and expert parallelism only", with `prefix`
-// the field path of the caller's message ("parallel." for a job spec, "assignment.mapping." for
-// an assignment).
+// "<prefix><field> (N) must be 1: workers run data and expert parallelism only" (the wording
+// predates TP; kept while CP and ETP are still being added), with `prefix` the field path of the
+// caller's message ("parallel." for a job spec, "assignment.mapping." for an assignment). Any
+// tensor_model_parallel_size is accepted (the shape rules it needs live in
+// common/config/validate.cc).
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size);

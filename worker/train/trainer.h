@@ -189,6 +189,9 @@ class Trainer {
   absl::Status InitDistributedOptimizer(const Tensor& master_init);
   // Distributed: gradient reduction, global norm, AdamW on the shards, parameter all-gather.
   absl::Status DistributedUpdate(StepResult* r);
+  // TP > 1: sums the gradients of the TP-replicated dense tensors that are final after backward
+  // hook `index` (GptModel::SetBackwardHook) over the TP group; in the last micro-batch.
+  absl::Status AllReduceTpReplicatedGrads(int64_t index);
   // Sums `v` over `group` (staged through the device on CUDA).
   absl::Status AllReduceDoubles(comm::Communicator* group, std::vector<double>* v);
   // Distributed stats: sums over the data-parallel group (loss, counts; aux losses averaged).
@@ -203,7 +206,9 @@ class Trainer {
   ProcessGroups* groups_ = nullptr;
   int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
-  std::unique_ptr<DistributedAdamW> dense_opt_, expert_opt_;
+  // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
+  // TP-sharded dense region (null without TP); expert_opt_: the experts.
+  std::unique_ptr<DistributedAdamW> dense_opt_, tp_shard_opt_, expert_opt_;
   kernels::AttentionSettings attention_;  // CUDA: the job's (spec, then environment overrides)
   int64_t tokenizer_vocab_ = 0;           // data.tokenizer_model's vocabulary (0: none given)
   // Overlapped gradient reduction: the buckets of both optimizers with the backward-hook index
