@@ -1,7 +1,8 @@
 // File: worker/train/tensor_parallel_trainer_test.cc
 //
 // Tensor parallelism with sequence parallelism over Gloo between real forked processes (CPU):
-// TP2, TP4, TP2·EP2 (world 4) and TP2·EP2 at world 8 train the tiny MoE model of
+// TP2, TP4, TP2·EP2 (world 4), TP2·EP2 at world 8 and TP2·EP2 with two sequences per
+// micro-batch and seq_aux_loss train the tiny MoE model of
 // worker/train/testing/tiny_moe_spec.h for 20 steps and must give one process's routing (tokens
 // per expert of every MoE layer, every step) and loss curve within 1e-5 relative; a TP2
 // checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (whole tensors
@@ -44,11 +45,30 @@ struct Layout {
   }
 };
 
-// The tiny MoE job at `layout`; `query_groups` > 0 overrides model.num_query_groups.
-v1::JobSpec Spec(const Layout& layout, int query_groups = 0) {
+// Model and batch variants of the tiny job.
+struct Variant {
+  int query_groups = 0;  // > 0: model.num_query_groups (the tiny spec's is 2)
+  int micro_batch = 0;   // > 0: training.micro_batch_size (the tiny spec's is 1)
+  bool seq_aux = false;  // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
+  std::string Name() const {
+    std::string s;
+    if (query_groups > 0) absl::StrAppend(&s, ", ", query_groups, " groups");
+    if (micro_batch > 0) absl::StrAppend(&s, ", MBS ", micro_batch);
+    if (seq_aux) absl::StrAppend(&s, ", seq_aux_loss");
+    return s;
+  }
+};
+
+// The tiny MoE job at `layout`.
+v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
   auto spec = ParseJobSpecYaml(switchyard::test_specs::TinyMoeSpecYaml(kSteps, /*jitter=*/true));
   EXPECT_TRUE(spec.ok()) << spec.status();
-  if (query_groups > 0) spec->mutable_model()->set_num_query_groups(query_groups);
+  if (v.query_groups > 0) spec->mutable_model()->set_num_query_groups(v.query_groups);
+  if (v.micro_batch > 0) spec->mutable_training()->set_micro_batch_size(v.micro_batch);
+  if (v.seq_aux) {
+    spec->mutable_model()->clear_moe_router_load_balancing_type();
+    spec->mutable_model()->add_moe_router_load_balancing_type("seq_aux_loss");
+  }
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
@@ -90,10 +110,10 @@ void Append(Curve* c, const StepResult& r) {
 }
 
 // One process: steps (first, last] after loading `load_root` (if given); saves to `save_root`.
-Curve SingleProcess(int query_groups, int64_t last, const std::string& load_root = "",
+Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root = "",
                     const std::string& save_root = "") {
   Curve c;
-  auto t = Trainer::Create(Spec(Layout{}, query_groups), CpuF32());
+  auto t = Trainer::Create(Spec(Layout{}, v), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
   if (!load_root.empty()) {
@@ -113,7 +133,7 @@ Curve SingleProcess(int query_groups, int64_t last, const std::string& load_root
 
 // One rank: joins the Gloo groups of `layout`, loads `load_root` if given, trains up to step
 // `last`, rank 0 appends "loss norm counts" lines to `out`; saves to `save_root` if given.
-int RankBody(int rank, const Layout& layout, int query_groups, const std::string& store_dir,
+int RankBody(int rank, const Layout& layout, const Variant& v, const std::string& store_dir,
              const std::string& out, int64_t last, const std::string& load_root,
              const std::string& save_root) {
   std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
@@ -131,7 +151,7 @@ int RankBody(int rank, const Layout& layout, int query_groups, const std::string
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();
   opt.grad_bucket_elements = 1;  // one bucket per layer, reduced during the backward pass
-  auto t = Trainer::Create(Spec(layout, query_groups), opt);
+  auto t = Trainer::Create(Spec(layout, v), opt);
   SY_CHILD_OK(t.status());
   SY_CHILD_CHECK((*t)->model_config().tp_size == layout.tp);
   if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
@@ -199,13 +219,13 @@ std::string OutFile(const std::string& name) {
 
 // Runs `layout` for steps (0, last] (after loading `load_root` if given) and returns rank 0's
 // curve.
-Curve RunLayout(const Layout& layout, int query_groups, int64_t last, const std::string& load_root,
+Curve RunLayout(const Layout& layout, const Variant& v, int64_t last, const std::string& load_root,
                 const std::string& save_root) {
   const std::string store = ct::UniqueStoreDir("tp_store");
   const std::string out = OutFile("tp_curve");
   const absl::Time start = absl::Now();
   const std::vector<int> codes = ct::RunProcesses(layout.world, absl::Minutes(10), [&](int rank) {
-    return RankBody(rank, layout, query_groups, store, out, last, load_root, save_root);
+    return RankBody(rank, layout, v, store, out, last, load_root, save_root);
   });
   for (int r = 0; r < layout.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
   std::printf("%s: %.1f s\n", layout.Name().c_str(), absl::ToDoubleSeconds(absl::Now() - start));
@@ -214,50 +234,53 @@ Curve RunLayout(const Layout& layout, int query_groups, int64_t last, const std:
 
 struct Case {
   Layout layout;
-  int query_groups;  // 0: the tiny spec's 2
+  Variant variant;
 };
 
 class TensorParallelTrainerTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
   const Case c = GetParam();
-  const Curve ref = SingleProcess(c.query_groups, kSteps);
+  const Curve ref = SingleProcess(c.variant, kSteps);
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
-  const Curve got = RunLayout(c.layout, c.query_groups, kSteps, "", "");
+  const Curve got = RunLayout(c.layout, c.variant, kSteps, "", "");
   ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps));
-  ExpectSameCurve(ref, 0, got, 0,
-                  absl::StrCat(c.layout.Name(), c.query_groups > 0
-                                                    ? absl::StrCat(", ", c.query_groups, " groups")
-                                                    : std::string()));
+  ExpectSameCurve(ref, 0, got, 0, c.layout.Name() + c.variant.Name());
   EXPECT_LT(got.loss.back(), got.loss.front());  // it trains
 }
 
+// TP2; TP4 (with 4 query groups: 2 do not split over 4); TP2·EP2 with DP2 / EDP2 and with
+// DP4 / EDP4; TP2·EP2 with two sequences per micro-batch (the all-gather reordering) and the
+// per-sequence aux loss.
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTrainerTest,
-                         ::testing::Values(Case{{2, 2, 1}, 0},  // TP2
-                                           Case{{4, 4, 1},
-                                                4},  // TP4 (4 query groups: 2 do not split over 4)
-                                           Case{{4, 2, 2}, 0},   // TP2·EP2, DP2 / EDP2
-                                           Case{{8, 2, 2}, 0}),  // TP2·EP2, DP4 / EDP4
+                         ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}},
+                                           Case{{4, 2, 2}, {}}, Case{{8, 2, 2}, {}},
+                                           Case{{4, 2, 2}, {0, 2, true}}),
                          [](const auto& info) {
                            const Layout& l = info.param.layout;
-                           return absl::StrCat("TP", l.tp, "_EP", l.ep, "_W", l.world);
+                           const Variant& v = info.param.variant;
+                           return absl::StrCat(
+                               "TP", l.tp, "_EP", l.ep, "_W", l.world,
+                               v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
+                               v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "",
+                               v.seq_aux ? "_SeqAux" : "");
                          });
 
 // A TP2 checkpoint holds whole tensors: one process resumes it and continues the curve; a
 // one-process checkpoint resumes at TP2 and continues it too.
 TEST(TensorParallelCheckpointTest, ResumesAcrossTensorParallelSizes) {
-  const Curve ref = SingleProcess(0, kSteps);
+  const Curve ref = SingleProcess({}, kSteps);
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
   const std::string root = ct::UniqueStoreDir("tp_ckpt_root");
-  const Curve saved = RunLayout({2, 2, 1}, 0, kSteps / 2, "", root);
+  const Curve saved = RunLayout({2, 2, 1}, {}, kSteps / 2, "", root);
   ExpectSameCurve(ref, 0, saved, 0, "TP=2 steps 1-10, saved");
-  const Curve resumed = SingleProcess(0, kSteps, root);
+  const Curve resumed = SingleProcess({}, kSteps, root);
   ExpectSameCurve(ref, 0, resumed, kSteps / 2, "TP=2 checkpoint resumed as one process");
 
   const std::string root1 = ct::UniqueStoreDir("tp_ckpt_root1");
-  const Curve first = SingleProcess(0, kSteps / 2, "", root1);
+  const Curve first = SingleProcess({}, kSteps / 2, "", root1);
   ASSERT_EQ(first.loss.size(), static_cast<size_t>(kSteps / 2));
-  const Curve resumed2 = RunLayout({2, 2, 1}, 0, kSteps, root1, "");
+  const Curve resumed2 = RunLayout({2, 2, 1}, {}, kSteps, root1, "");
   ExpectSameCurve(ref, 0, resumed2, kSteps / 2, "one-process checkpoint resumed at TP=2");
 }
 
