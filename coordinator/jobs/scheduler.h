@@ -12,7 +12,8 @@
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
-//   TP = CP = PP = ETP = 1 (the worker runs data and expert parallelism only); it picks the
+//   the spec's TP (1 unless set), CP = PP = ETP = 1 (the worker runs data, expert and tensor
+//   parallelism: common/model/engine_support.h); it picks the
 //   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
 //   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
 //   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
