@@ -779,10 +779,13 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
                      ") with seq_len <= seq_length (", config_.seq_length, ") and at most ",
                      max_tokens_, " tokens (the planned micro-batch)"));
   }
-  if (seq_len % config_.tp_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptModel: seq_len (", seq_len, ") must be divisible by tensor_model_parallel_size (",
-        config_.tp_size, "): sequence parallelism gives every TP rank seq_len / TP positions"));
+  if (config_.tp_size > 1 && seq_len != config_.seq_length) {
+    // The MoE layers' sequence shards (jitter positions, per-sequence counts) are planned for
+    // seq_length / TP positions.
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: seq_len (", seq_len, ") must be model.seq_length (",
+                     config_.seq_length, ") with tensor_model_parallel_size ", config_.tp_size,
+                     ": sequence parallelism gives every TP rank seq_length / TP positions"));
   }
   if (micro >= max_micro_) {
     return absl::InvalidArgumentError(

@@ -47,14 +47,16 @@ struct Layout {
 
 // Model and batch variants of the tiny job.
 struct Variant {
-  int query_groups = 0;  // > 0: model.num_query_groups (the tiny spec's is 2)
-  int micro_batch = 0;   // > 0: training.micro_batch_size (the tiny spec's is 1)
-  bool seq_aux = false;  // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
+  int query_groups = 0;    // > 0: model.num_query_groups (the tiny spec's is 2)
+  int micro_batch = 0;     // > 0: training.micro_batch_size (the tiny spec's is 1)
+  bool seq_aux = false;    // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
+  std::string dispatcher;  // model.moe_token_dispatcher_type; empty: the default (allgather)
   std::string Name() const {
     std::string s;
     if (query_groups > 0) absl::StrAppend(&s, ", ", query_groups, " groups");
     if (micro_batch > 0) absl::StrAppend(&s, ", MBS ", micro_batch);
     if (seq_aux) absl::StrAppend(&s, ", seq_aux_loss");
+    if (!dispatcher.empty()) absl::StrAppend(&s, ", ", dispatcher);
     return s;
   }
 };
@@ -69,6 +71,7 @@ v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
     spec->mutable_model()->clear_moe_router_load_balancing_type();
     spec->mutable_model()->add_moe_router_load_balancing_type("seq_aux_loss");
   }
+  if (!v.dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(v.dispatcher);
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
@@ -251,11 +254,12 @@ TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
 
 // TP2; TP4 (with 4 query groups: 2 do not split over 4); TP2·EP2 with DP2 / EDP2 and with
 // DP4 / EDP4; TP2·EP2 with two sequences per micro-batch (the all-gather reordering) and the
-// per-sequence aux loss.
+// per-sequence aux loss; TP2·EP2 with the alltoall dispatcher.
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTrainerTest,
                          ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}},
                                            Case{{4, 2, 2}, {}}, Case{{8, 2, 2}, {}},
-                                           Case{{4, 2, 2}, {0, 2, true}}),
+                                           Case{{4, 2, 2}, {0, 2, true}},
+                                           Case{{4, 2, 2}, {0, 0, false, "alltoall"}}),
                          [](const auto& info) {
                            const Layout& l = info.param.layout;
                            const Variant& v = info.param.variant;
@@ -263,7 +267,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTrainerTest,
                                "TP", l.tp, "_EP", l.ep, "_W", l.world,
                                v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
                                v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "",
-                               v.seq_aux ? "_SeqAux" : "");
+                               v.seq_aux ? "_SeqAux" : "",
+                               v.dispatcher.empty() ? "" : "_" + v.dispatcher);
                          });
 
 // A TP2 checkpoint holds whole tensors: one process resumes it and continues the curve; a
