@@ -47,16 +47,18 @@ struct Layout {
 
 // Model and batch variants of the tiny job.
 struct Variant {
-  int query_groups = 0;    // > 0: model.num_query_groups (the tiny spec's is 2)
-  int micro_batch = 0;     // > 0: training.micro_batch_size (the tiny spec's is 1)
-  bool seq_aux = false;    // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
-  std::string dispatcher;  // model.moe_token_dispatcher_type; empty: the default (allgather)
+  int query_groups = 0;     // > 0: model.num_query_groups (the tiny spec's is 2)
+  int micro_batch = 0;      // > 0: training.micro_batch_size (the tiny spec's is 1)
+  bool seq_aux = false;     // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
+  std::string dispatcher;   // model.moe_token_dispatcher_type; empty: the default (allgather)
+  bool no_overlap = false;  // TrainerOptions::overlap_grad_reduce off (reduce after backward)
   std::string Name() const {
     std::string s;
     if (query_groups > 0) absl::StrAppend(&s, ", ", query_groups, " groups");
     if (micro_batch > 0) absl::StrAppend(&s, ", MBS ", micro_batch);
     if (seq_aux) absl::StrAppend(&s, ", seq_aux_loss");
     if (!dispatcher.empty()) absl::StrAppend(&s, ", ", dispatcher);
+    if (no_overlap) absl::StrAppend(&s, ", no overlap");
     return s;
   }
 };
@@ -154,6 +156,7 @@ int RankBody(int rank, const Layout& layout, const Variant& v, const std::string
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();
   opt.grad_bucket_elements = 1;  // one bucket per layer, reduced during the backward pass
+  opt.overlap_grad_reduce = !v.no_overlap;
   auto t = Trainer::Create(Spec(layout, v), opt);
   SY_CHILD_OK(t.status());
   SY_CHILD_CHECK((*t)->model_config().tp_size == layout.tp);
@@ -254,12 +257,14 @@ TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
 
 // TP2; TP4 (with 4 query groups: 2 do not split over 4); TP2·EP2 with DP2 / EDP2 and with
 // DP4 / EDP4; TP2·EP2 with two sequences per micro-batch (the all-gather reordering) and the
-// per-sequence aux loss; TP2·EP2 with the alltoall dispatcher.
+// per-sequence aux loss; TP2·EP2 with the alltoall dispatcher; TP2 with the gradient
+// reduction after the backward pass (no overlap: the TP all-reduce still runs in the hook).
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTrainerTest,
                          ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}},
                                            Case{{4, 2, 2}, {}}, Case{{8, 2, 2}, {}},
                                            Case{{4, 2, 2}, {0, 2, true}},
-                                           Case{{4, 2, 2}, {0, 0, false, "alltoall"}}),
+                                           Case{{4, 2, 2}, {0, 0, false, "alltoall"}},
+                                           Case{{2, 2, 1}, {0, 0, false, "", true}}),
                          [](const auto& info) {
                            const Layout& l = info.param.layout;
                            const Variant& v = info.param.variant;
@@ -268,7 +273,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTrainerTest,
                                v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
                                v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "",
                                v.seq_aux ? "_SeqAux" : "",
-                               v.dispatcher.empty() ? "" : "_" + v.dispatcher);
+                               v.dispatcher.empty() ? "" : "_" + v.dispatcher,
+                               v.no_overlap ? "_NoOverlap" : "");
                          });
 
 // A TP2 checkpoint holds whole tensors: one process resumes it and continues the curve; a
