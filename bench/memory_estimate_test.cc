@@ -2,7 +2,7 @@
 // common/model/model_math.h) against what the engine really allocates, on the CPU: real Trainers of
 // small configurations (dense; MoE top-2 with a shared expert, at two micro-batch sizes and with
 // pad-to-capacity; MoE top-4 with dense layers, input jitter and seq_aux_loss; the MoE model over
-// 2 forked Gloo ranks with EP = 2) run 2
+// 2 forked Gloo ranks with EP = 2, and with TP = 2) run 2
 // optimizer steps, and the process-wide Buffer counters (kernels/buffer.h) give the bytes held
 // after the steps (the steady state) and the peak. The estimate of the CPU engine (f32
 // parameters and activations, fp64 statistics, no runtime term) must be within 15 % of the
@@ -63,7 +63,7 @@ const char kDense[] =
     "  mock_data: true\n";
 
 // MoE top-2: GQA, qk_layernorm, shared expert with gate, aux and z losses, untied output.
-std::string MoeTop2(int world, int ep) {
+std::string MoeTop2(int world, int ep, int tp = 1) {
   std::string s =
       "model:\n"
       "  num_layers: 2\n"
@@ -92,6 +92,10 @@ std::string MoeTop2(int world, int ep) {
   if (world > 1) {
     absl::StrAppend(&s, "parallel:\n  world_size: ", world, "\n  expert_model_parallel_size: ", ep,
                     "\n");
+  }
+  if (tp > 1) {
+    absl::StrAppend(&s, "  tensor_model_parallel_size: ", tp,
+                    "\n  sequence_parallel: true\n  expert_tensor_parallel_size: 1\n");
   }
   return s;
 }
@@ -212,10 +216,10 @@ TEST(MemoryEstimateTest, MoeTop2PadToCapacity) {
   CheckSingleProcess("MoE E8 top-2, capacity 1.5, padded", yaml);
 }
 
-// 2 forked ranks over Gloo, EP = 2 (DP 2, EDP 1): each rank writes its counters to a file.
-TEST(MemoryEstimateTest, MoeTop2ExpertParallelTwoRanks) {
-  const int world = 2, ep = 2;
-  const v1::JobSpec spec = Spec(MoeTop2(world, ep));
+// `world` forked ranks over Gloo: each rank writes its counters to a file; every rank's are
+// compared with the estimate.
+void CheckRanks(const std::string& name, int world, int ep, int tp) {
+  const v1::JobSpec spec = Spec(MoeTop2(world, ep, tp));
   const std::string store = ct::UniqueStoreDir("memest_store");
   const std::string out = ct::UniqueStoreDir("memest_out");
   const std::vector<int> codes = ct::RunProcesses(world, absl::Minutes(5), [&](int rank) {
@@ -224,6 +228,8 @@ TEST(MemoryEstimateTest, MoeTop2ExpertParallelTwoRanks) {
     ParallelDims dims;
     dims.world_size = world;
     dims.expert_model_parallel_size = ep;
+    dims.tensor_model_parallel_size = tp;
+    dims.expert_tensor_parallel_size = 1;
     comm::GlooOptions gopt;
     gopt.timeout = absl::Seconds(60);
     // The process groups exist before the measurement starts, as in the benchmark.
@@ -245,8 +251,24 @@ TEST(MemoryEstimateTest, MoeTop2ExpertParallelTwoRanks) {
     Measured m;
     f >> m.steady >> m.peak;
     ASSERT_TRUE(f) << "rank " << r << " wrote no counters";
-    Report(absl::StrCat("MoE top-2 EP=2 over Gloo, rank ", r), e, proto, m);
+    Report(absl::StrCat(name, ", rank ", r), e, proto, m);
   }
+}
+
+// 2 forked ranks over Gloo, EP = 2 (DP 2, EDP 1).
+TEST(MemoryEstimateTest, MoeTop2ExpertParallelTwoRanks) {
+  CheckRanks("MoE top-2 EP=2 over Gloo", 2, 2, 1);
+}
+
+// 2 forked ranks over Gloo, TP = 2 with sequence parallelism (DP 1, EDP 2): the TP-split
+// attention and dense weights, the sequence-sharded activations. The estimate describes
+// Megatron's layout, which the engine does not have in full yet: it divides the embedding / LM
+// head (vocab-parallel) and the shared expert by TP, where the engine keeps them whole on every
+// TP rank, and it leaves out the engine's SP scratch ([t, H] gathered input and partial sums);
+// measured here: estimate / engine = 0.87 (an estimate that follows the engine's layout gives
+// 0.999, tried and not kept: it changes the planner's hand-computed TP plans).
+TEST(MemoryEstimateTest, MoeTop2TensorParallelTwoRanks) {
+  CheckRanks("MoE top-2 TP=2 over Gloo", 2, 1, 2);
 }
 
 }  // namespace

@@ -211,6 +211,18 @@ void CheckModel(const v1::JobSpec& spec, Violations* v) {
       CheckDivisible(v, "model.num_query_groups", m.num_query_groups(),
                      "parallel.tensor_model_parallel_size", p.tp);
     }
+    // Column-parallel fc1 splits F (gate and up alike) over TP.
+    if (m.has_ffn_hidden_size()) {
+      CheckDivisible(v, "model.ffn_hidden_size", m.ffn_hidden_size(),
+                     "parallel.tensor_model_parallel_size", p.tp);
+    }
+    // Sequence parallelism (on whenever TP > 1) gives every TP rank S / TP positions of each
+    // sequence (megatron_parallel.md §0).
+    if (p.tp > 1 && m.seq_length() > 0 && m.seq_length() % p.tp != 0) {
+      v->Add("model.seq_length (", m.seq_length(),
+             ") must be divisible by parallel.tensor_model_parallel_size (", p.tp,
+             "): sequence parallelism splits every sequence over the TP ranks");
+    }
   }
   CheckOneOf(v, "model.normalization", m.normalization(), {"RMSNorm", "LayerNorm"});
   if (!m.swiglu_activation().empty() && m.swiglu_activation() != "swiglu") {

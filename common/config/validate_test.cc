@@ -287,6 +287,23 @@ TEST(ValidateTest, QueryGroupsDivisibleByTensorParallel) {
                          "parallel.tensor_model_parallel_size (2)"});
 }
 
+// Sequence parallelism (on whenever TP > 1) splits every sequence over the TP ranks.
+TEST(ValidateTest, SeqLengthDivisibleByTensorParallel) {
+  v1::JobSpec spec = RawBaseline();  // TP 2
+  spec.mutable_model()->set_seq_length(1023);
+  ExpectViolation(spec, {"model.seq_length (1023) must be divisible by "
+                         "parallel.tensor_model_parallel_size (2): sequence parallelism splits "
+                         "every sequence over the TP ranks"});
+}
+
+// Column-parallel fc1 splits F over TP.
+TEST(ValidateTest, FfnHiddenSizeDivisibleByTensorParallel) {
+  v1::JobSpec spec = RawBaseline();
+  spec.mutable_model()->set_ffn_hidden_size(2049);
+  ExpectViolation(spec, {"model.ffn_hidden_size (2049) must be divisible by "
+                         "parallel.tensor_model_parallel_size (2)"});
+}
+
 TEST(ValidateTest, NormalizationAllowedValues) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_model()->set_normalization("BatchNorm");

@@ -11,11 +11,12 @@ namespace switchyard {
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size) {
-  // ETP runs (worker/model/README.md, "Expert tensor parallelism"); the argument stays so that
-  // every caller keeps one call shape while the other dimensions are lifted one by one.
+  // Tensor parallelism (with sequence parallelism, worker/model/gpt_model.h) and expert tensor
+  // parallelism (worker/model/README.md) run; the arguments stay so that every caller keeps one
+  // call shape while the other dimensions are lifted one by one.
+  (void)tensor_model_parallel_size;
   (void)expert_tensor_parallel_size;
   const std::pair<const char*, int64_t> sizes[] = {
-      {"tensor_model_parallel_size", tensor_model_parallel_size},
       {"context_parallel_size", context_parallel_size},
       {"pipeline_model_parallel_size", pipeline_model_parallel_size},
   };

@@ -6,11 +6,11 @@
 namespace switchyard {
 namespace {
 
-TEST(EngineSupportTest, DataAndExpertParallelismOnly) {
+TEST(EngineSupportTest, DataExpertAndTensorParallelismOnly) {
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 1), "");
-  EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 1, 1, 1),
-            "parallel.tensor_model_parallel_size (2) must be 1: workers run data and expert "
-            "parallelism only");
+  // Tensor parallelism (with sequence parallelism) runs.
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 1, 1, 1), "");
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 8, 1, 1, 1), "");
   EXPECT_EQ(UnsupportedByEngine("assignment.mapping.", 1, 4, 1, 1),
             "assignment.mapping.context_parallel_size (4) must be 1: workers run data and expert "
             "parallelism only");
@@ -19,7 +19,7 @@ TEST(EngineSupportTest, DataAndExpertParallelismOnly) {
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 8), "");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 8).rfind("parallel.pipeline_model", 0), 0u);
   // The first unsupported size is named when several are.
-  EXPECT_EQ(UnsupportedByEngine("", 2, 2, 2, 2).rfind("tensor_model_parallel_size (2)", 0), 0u);
+  EXPECT_EQ(UnsupportedByEngine("", 2, 2, 2, 2).rfind("context_parallel_size (2)", 0), 0u);
 }
 
 }  // namespace

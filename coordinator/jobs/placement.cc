@@ -42,12 +42,15 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   spec = stored;
   v1::ParallelConfig& p = *spec.mutable_parallel();
   p.clear_world_size();
-  p.set_tensor_model_parallel_size(1);
+  // What the workers run (common/model/engine_support.h): the spec's TP (1 when unset, as the
+  // other sizes its defaults fix), CP = PP = ETP = 1, sequence parallelism exactly with TP > 1.
+  if (!p.has_tensor_model_parallel_size()) p.set_tensor_model_parallel_size(1);
   p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
-  // ETP runs in the workers: the spec's (ApplyDefaults makes it TP = 1 when unset) is planned.
+  // TP and ETP run in the workers: the spec's are planned (ETP 1 when unset); sequence
+  // parallelism exactly when TP > 1 (Megatron requires it for MoE).
   if (!p.has_expert_tensor_parallel_size()) p.set_expert_tensor_parallel_size(1);
-  p.set_sequence_parallel(false);
+  p.set_sequence_parallel(p.tensor_model_parallel_size() > 1);
   spec.set_min_workers(std::min(min_workers, k));
   spec.set_max_workers(k);
   // An empty training.save is the job's own directory (AssignedSpec), which rules that need a
@@ -82,13 +85,14 @@ absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Ma
   v1::JobSpec assigned = stored;
   v1::ParallelConfig& p = *assigned.mutable_parallel();
   p.set_world_size(world);
-  p.set_tensor_model_parallel_size(1);
+  const int32_t tp = std::max(1, mapping.tensor_model_parallel_size());
+  p.set_tensor_model_parallel_size(tp);
   p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
   // The planned expert grid: ETP and EP as the mapping says (ETP 1 for a mapping without one).
   p.set_expert_tensor_parallel_size(std::max(1, mapping.expert_tensor_parallel_size()));
   p.set_expert_model_parallel_size(mapping.expert_model_parallel_size());
-  p.set_sequence_parallel(false);
+  p.set_sequence_parallel(tp > 1);  // Megatron's rule for MoE; the model always runs SP with TP
   p.set_use_distributed_optimizer(mapping.use_distributed_optimizer());
   v1::TrainingConfig& t = *assigned.mutable_training();
   t.set_micro_batch_size(mapping.micro_batch_size());

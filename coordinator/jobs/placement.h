@@ -46,8 +46,8 @@ struct ClusterDefaults {
 using ::switchyard::kJobDirectoryPlaceholder;
 
 // The planner request for `stored` on `workers` (k = workers.size() >= 1): the spec with
-// world_size cleared, TP = CP = PP = 1, the spec's ETP (1 when unset), sequence parallelism off,
-// min_workers =
+// world_size cleared, the spec's TP (1 when unset) and ETP (1 when unset), CP = PP = 1, sequence
+// parallelism exactly when TP > 1, min_workers =
 // `min_workers`, max_workers = k, an empty training.save set to kJobDirectoryPlaceholder; a cluster
 // of k GPUs whose memory is the smallest GpuInfo memory_bytes (cpu_worker_memory_bytes for a worker
 // without one) and whose gpus_per_node is the largest number of the workers on one host.
@@ -56,13 +56,13 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
                                const ClusterDefaults& defaults);
 
 // The spec every rank of a generation runs: `stored` with parallel.world_size = `world`,
-// TP = CP = PP = 1, the mapping's ETP and EP, optimizer and micro-batch size, sequence
-// parallelism off, global batch = micro_batch_size × num_micro_batches × DP, and its paths
-// resolved under `roots` for the job of `job_name` ("jobs/{id}") by ResolveJobSpecPaths
-// (common/config/job_paths.h): training.save = <checkpoint_root>/jobs/<id>[/<save>], training.load
-// = the same directory when empty (resume) or <checkpoint_root>/<load>, data paths and
-// tokenizer_model under <data_root>. INVALID_ARGUMENT naming the field when a stored path breaks
-// the rules (a spec stored before they existed) or `job_name` is not a job name.
+// the mapping's TP (sequence parallelism on exactly when it is > 1), ETP and EP, CP = PP = 1,
+// optimizer and micro-batch size, global batch = micro_batch_size × num_micro_batches × DP, and
+// its paths resolved under `roots` for the job of `job_name` ("jobs/{id}") by ResolveJobSpecPaths
+// (common/config/job_paths.h): training.save = <checkpoint_root>/jobs/<id>[/<save>],
+// training.load = the same directory when empty (resume) or <checkpoint_root>/<load>, data paths
+// and tokenizer_model under <data_root>. INVALID_ARGUMENT naming the field when a stored path
+// breaks the rules (a spec stored before they existed) or `job_name` is not a job name.
 absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Mapping& mapping,
                                          int32_t world, const std::string& job_name,
                                          const JobRoots& roots);

@@ -170,6 +170,43 @@ TEST(PlacementTest, ExpertTensorParallelIsPlannedAndAssigned) {
   EXPECT_TRUE(valid.ok()) << valid;
 }
 
+// Tensor parallelism runs on the workers: a spec asking for TP = 2 is planned at TP = 2 (with
+// sequence parallelism and ETP = 1), the planner offers such a mapping, and the spec every rank
+// is assigned carries it and validates.
+TEST(PlacementTest, TensorParallelSpecIsPlannedAndAssigned) {
+  v1::JobSpec stored = api::testing::SmallSpec(4, 4);
+  stored.mutable_parallel()->set_tensor_model_parallel_size(2);
+  // ETP = 1 explicitly (Megatron's default ETP is TP): experts follow EP only in this plan.
+  stored.mutable_parallel()->set_expert_tensor_parallel_size(1);
+  ApplyDefaults(&stored);
+  EXPECT_EQ(UnsupportedParallelism(stored.parallel()), "");
+  std::vector<cluster::WorkerInfo> workers = {
+      Worker("a", "n1", 80LL << 30), Worker("b", "n1", 80LL << 30), Worker("c", "n1", 80LL << 30),
+      Worker("d", "n1", 80LL << 30)};
+  const v1::PlanRequest r = PlanRequestFor(stored, 4, workers, ClusterDefaults{});
+  EXPECT_EQ(r.spec().parallel().tensor_model_parallel_size(), 2);
+  EXPECT_TRUE(r.spec().parallel().sequence_parallel());
+  EXPECT_EQ(r.spec().parallel().expert_tensor_parallel_size(), 1);
+  absl::StatusOr<v1::Plan> plan = planner::PlanJob(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->has_best());
+  const v1::Mapping& m = plan->best().mapping();
+  std::printf("TP=2 plan: TP%d DP%d EP%d ETP%d\n", m.tensor_model_parallel_size(),
+              m.data_parallel_size(), m.expert_model_parallel_size(),
+              m.expert_tensor_parallel_size());
+  EXPECT_EQ(m.tensor_model_parallel_size(), 2);
+  absl::StatusOr<v1::JobSpec> assigned = AssignedSpec(stored, m, 4, "jobs/5", JobRoots{"/c", "/d"});
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->parallel().tensor_model_parallel_size(), 2);
+  EXPECT_TRUE(assigned->parallel().sequence_parallel());
+  EXPECT_EQ(assigned->parallel().expert_tensor_parallel_size(), 1);
+  v1::JobSpec defaulted = *assigned;
+  ApplyDefaults(&defaulted);
+  absl::Status valid = ValidateJobSpec(defaulted);
+  EXPECT_TRUE(valid.ok()) << valid;
+  EXPECT_EQ(UnsupportedParallelism(defaulted.parallel()), "");
+}
+
 // A spec stored before the path rules (an absolute save) is refused, naming the field.
 TEST(PlacementTest, AssignedSpecRefusesAStoredEscapingPath) {
   v1::JobSpec stored = api::testing::SmallSpec(2, 4);

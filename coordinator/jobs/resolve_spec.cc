@@ -73,12 +73,14 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   SY_ASSIGN_OR_RETURN(*resolved.mutable_spec(), ResolveJobSpec(request.spec(), context));
   v1::ParallelConfig& p = *resolved.mutable_spec()->mutable_parallel();
-  p.set_tensor_model_parallel_size(1);
+  // As PlanRequestFor: the spec's TP (its default is 1), CP = PP = ETP = 1, sequence parallelism
+  // exactly with TP > 1.
   p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
-  // ETP runs in the workers: the spec's (ApplyDefaults makes it TP = 1 when unset) is planned.
+  // TP and ETP run in the workers: the spec's are planned (ETP 1 when unset); sequence
+  // parallelism exactly when TP > 1 (Megatron requires it for MoE).
   if (!p.has_expert_tensor_parallel_size()) p.set_expert_tensor_parallel_size(1);
-  p.set_sequence_parallel(false);
+  p.set_sequence_parallel(p.tensor_model_parallel_size() > 1);
   // As the scheduler (jobs/placement.h WorkerRange): without a world size or min_workers, any
   // world from the cluster's size down to 1 may run, so smaller worlds are planned too.
   v1::JobSpec& spec = *resolved.mutable_spec();

@@ -20,7 +20,8 @@
 //   a. ValidateJobSpec (common/config/validate.h): bounds (sizes, control characters), then
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
-//   c. The parallelism the workers run: TP, CP, PP and ETP must be unset or 1.
+//   c. The parallelism the workers run (common/model/engine_support.h): any TP; CP, PP and ETP
+//      must be unset or 1.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
 //   '..',
 //      load only another job's checkpoint by name.
@@ -62,17 +63,17 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 
 // PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
 // job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
-// the stored spec the scheduler plans), TP = CP = PP = 1 and the spec's ETP with sequence
-// parallelism off (the parallelism the workers run), and min_workers 1 when neither it nor
-// parallel.world_size is set (the scheduler's worker range), so the largest feasible world up to
-// cluster.num_gpus is planned. `syctl plan` thus shows the mapping the scheduler would start on
-// that many workers; there are no alternatives of other sizes to list. The cluster is the
-// caller's.
+// the stored spec the scheduler plans), the spec's TP (sequence parallelism exactly when > 1) and
+// ETP (1 when unset), CP = PP = 1 (the parallelism the workers run), and min_workers 1 when
+// neither it nor parallel.world_size is set (the scheduler's worker range), so the largest
+// feasible world up to cluster.num_gpus is planned. `syctl plan` thus shows the mapping the
+// scheduler would start on that many workers; there are no alternatives of other sizes to list.
+// The cluster is the caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
 
-// "" when TP, CP, PP and ETP are unset or 1; otherwise the first one that is not, as a rule text
-// naming the field ("parallel.tensor_model_parallel_size (2) must be 1: ...").
+// "" when CP, PP and ETP are unset or 1 (any TP runs); otherwise the first one that is not, as a
+// rule text naming the field ("parallel.pipeline_model_parallel_size (2) must be 1: ...").
 std::string UnsupportedParallelism(const v1::ParallelConfig& parallel);
 
 }  // namespace switchyard::jobs

@@ -12,9 +12,9 @@
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
-//   TP = CP = PP = 1 and the spec's ETP (the worker runs data, expert and expert-tensor
-//   parallelism only); it picks the largest feasible world W (the global batch must divide by
-//   micro_batch_size × W) and EP.
+//   the spec's TP (1 unless set) and ETP (1 unless set), CP = PP = 1 (the worker runs data,
+//   expert, tensor and expert-tensor parallelism: common/model/engine_support.h); it picks the
+//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
 //   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
 //   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
 //   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,

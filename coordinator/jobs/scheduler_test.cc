@@ -371,15 +371,14 @@ TEST_F(SchedulerTest, CancelStopsEveryRank) {
 TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallelism) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_wait.db", 1));
   job_ = h_->Submit(api::testing::SmallSpec(2, 2));
-  v1::JobSpec tp2 = api::testing::SmallSpec(1, 1);
-  tp2.mutable_parallel()->set_tensor_model_parallel_size(2);
-  tp2.mutable_parallel()->set_sequence_parallel(true);
+  v1::JobSpec pp2 = api::testing::SmallSpec(1, 1);
+  pp2.mutable_parallel()->set_pipeline_model_parallel_size(2);
   v1::CreateJobRequest bad;
-  *bad.mutable_spec() = tp2;
+  *bad.mutable_spec() = pp2;
   absl::StatusOr<Job> refused = h_->hub()->CreateJob(bad);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  std::printf("TP=2 job refused at submit: %s\n", std::string(refused.status().message()).c_str());
-  EXPECT_NE(refused.status().message().find("parallel.tensor_model_parallel_size (2) must be 1"),
+  std::printf("PP=2 job refused at submit: %s\n", std::string(refused.status().message()).c_str());
+  EXPECT_NE(refused.status().message().find("parallel.pipeline_model_parallel_size (2) must be 1"),
             absl::string_view::npos);
   // The wait reason appears once, however many passes run meanwhile (rescan every 1 s here).
   const absl::Time deadline = absl::Now() + absl::Seconds(10);

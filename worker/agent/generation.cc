@@ -128,6 +128,22 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
                      ") must equal assignment.mapping.expert_tensor_parallel_size (", etp, ")"));
   }
   if (a.world_size() > 1 || etp > 1) par->set_expert_tensor_parallel_size(etp);
+  // Tensor parallelism (with sequence parallelism): the mapping's, else the spec's.
+  int tp = par->has_tensor_model_parallel_size() ? par->tensor_model_parallel_size() : 1;
+  if (m.tensor_model_parallel_size() > 0) {
+    if (par->has_tensor_model_parallel_size() && tp != m.tensor_model_parallel_size()) {
+      return Field(
+          "spec.parallel.tensor_model_parallel_size",
+          absl::StrCat("(", tp, ") must equal assignment.mapping.tensor_model_parallel_size (",
+                       m.tensor_model_parallel_size(), ")"));
+    }
+    tp = m.tensor_model_parallel_size();
+  }
+  if (tp > 1) {
+    par->set_tensor_model_parallel_size(tp);
+    par->set_sequence_parallel(true);
+    if (!par->has_expert_tensor_parallel_size()) par->set_expert_tensor_parallel_size(1);
+  }
   v1::JobSpec checked = p.spec;
   ApplyDefaults(&checked);
   absl::Status valid = ValidateJobSpec(checked);
@@ -137,6 +153,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   SY_RETURN_IF_ERROR(CheckPaths(p.spec, roots));
   p.dims.world_size = a.world_size();
   p.dims.expert_model_parallel_size = ep;
+  p.dims.tensor_model_parallel_size = tp;
   p.dims.expert_tensor_parallel_size = etp;
   return p;
 }

@@ -59,6 +59,18 @@ TEST(PrepareGenerationTest, FillsTheParallelSizes) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->dims.world_size, 1);
   EXPECT_FALSE(p->spec.parallel().has_expert_model_parallel_size()) << "world 1: left unset";
+  EXPECT_EQ(p->dims.tensor_model_parallel_size, 1);
+  // A TP mapping runs with sequence parallelism and ETP = 1 (the engine's expert grid).
+  v1::Assignment tp2 = Valid(1, 2, 1);
+  tp2.mutable_mapping()->set_tensor_model_parallel_size(2);
+  tp2.mutable_mapping()->set_data_parallel_size(1);
+  p = PrepareGeneration(tp2, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.tensor_model_parallel_size, 2);
+  EXPECT_EQ(p->dims.expert_tensor_parallel_size, 1);
+  EXPECT_EQ(p->spec.parallel().tensor_model_parallel_size(), 2);
+  EXPECT_TRUE(p->spec.parallel().sequence_parallel());
+  EXPECT_EQ(p->spec.parallel().expert_tensor_parallel_size(), 1);
 }
 
 // Expert tensor parallelism runs: the mapping's ETP reaches the process-group dims and the spec;
@@ -97,8 +109,12 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_expert_model_parallel_size(1);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "expert_model_parallel_size");
   a = Valid();
+  a.mutable_mapping()->set_context_parallel_size(2);
+  ExpectRejected(a, absl::StatusCode::kUnimplemented, "context_parallel_size");
+  a = Valid();
+  a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);
-  ExpectRejected(a, absl::StatusCode::kUnimplemented, "tensor_model_parallel_size");
+  ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.tensor_model_parallel_size");
   a = Valid();
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kUnimplemented, "pipeline_model_parallel_size");

@@ -171,6 +171,27 @@ absl::Status GptConfig::Validate() const {
     }
     SY_RETURN_IF_ERROR(m.Validate());
   }
+  if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: tp_rank (", tp_rank, ") must be in [0, tp_size ", tp_size, ")"));
+  }
+  if (tp_size > 1) {
+    // The same rules as common/config/validate.cc, for a config not made from a job spec.
+    const std::pair<const char*, int64_t> split[] = {
+        {"num_attention_heads", num_heads},
+        {"num_query_groups", num_kv_heads},
+        {"ffn_hidden_size", ffn_hidden_size},
+        {"seq_length", seq_length},
+    };
+    for (const auto& [field, v] : split) {
+      if (v % tp_size != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.", field, " (", v,
+                         ") must be divisible by parallel.tensor_model_parallel_size (", tp_size,
+                         ")", std::string(field) == "seq_length" ? " (sequence parallelism)" : ""));
+      }
+    }
+  }
   if (dtype != DType::kBF16 && dtype != DType::kF32 && dtype != DType::kF64) {
     return absl::InvalidArgumentError(
         absl::StrCat("model dtype must be bf16, f32 or f64, got ", DTypeName(dtype)));
@@ -197,12 +218,20 @@ const ParamInfo* GptParamLayout::Find(const std::string& name) const {
 
 GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
+  const int64_t tp = c.tp_size;
   std::vector<ParamInfo> all;
-  auto add = [&](std::string name, std::vector<int64_t> shape, bool scaled = false) {
+  // `shape` is the whole tensor; a TP-sharded one (tp_dim >= 0) keeps 1/tp of dimension tp_dim.
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool scaled = false, int tp_dim = -1,
+                 int tp_parts = 1) {
     ParamInfo p;
     p.name = std::move(name);
+    p.global_shape = shape;
+    if (tp > 1 && tp_dim >= 0) {
+      shape[tp_dim] /= tp;
+      p.tp_dim = tp_dim;
+      p.tp_parts = tp_parts;
+    }
     p.shape = std::move(shape);
-    p.global_shape = p.shape;
     p.numel = 1;
     for (int64_t s : p.shape) p.numel *= s;
     p.weight_decay = p.shape.size() >= 2;
@@ -213,6 +242,7 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
       // shape[0] is the local expert count L; the global tensor has E rows and, with ETP, the
       // whole F (see ParamInfo).
       p.expert = true;
+      p.global_shape = p.shape;
       p.global_shape[0] = c.moe.router.num_experts;
       const int64_t etp = c.moe.etp_size, f = c.moe.ffn_hidden_size, fl = c.moe.local_ffn_size();
       const int64_t l = p.shape[0], hh = c.hidden_size;
@@ -237,10 +267,10 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string pre = absl::StrCat("layers.", l, ".");
     add(pre + "input_norm.weight", {h});
-    add(pre + "attention.q.weight", {hq * d, h});
-    add(pre + "attention.k.weight", {hkv * d, h});
-    add(pre + "attention.v.weight", {hkv * d, h});
-    add(pre + "attention.o.weight", {h, hq * d}, /*scaled=*/true);
+    add(pre + "attention.q.weight", {hq * d, h}, false, /*tp_dim=*/0);
+    add(pre + "attention.k.weight", {hkv * d, h}, false, /*tp_dim=*/0);
+    add(pre + "attention.v.weight", {hkv * d, h}, false, /*tp_dim=*/0);
+    add(pre + "attention.o.weight", {h, hq * d}, /*scaled=*/true, /*tp_dim=*/1);
     if (c.qk_layernorm) {
       add(pre + "attention.q_norm.weight", {d});
       add(pre + "attention.k_norm.weight", {d});
@@ -252,8 +282,9 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
         add(pre + "moe." + name, shape, scaled);
       }
     } else {
-      add(pre + "mlp.fc1.weight", {2 * c.ffn_hidden_size, h});
-      add(pre + "mlp.fc2.weight", {h, c.ffn_hidden_size}, /*scaled=*/true);
+      add(pre + "mlp.fc1.weight", {2 * c.ffn_hidden_size, h}, false, /*tp_dim=*/0,
+          /*tp_parts=*/2);
+      add(pre + "mlp.fc2.weight", {h, c.ffn_hidden_size}, /*scaled=*/true, /*tp_dim=*/1);
     }
   }
   add("final_norm.weight", {h});
@@ -261,10 +292,12 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
 
   GptParamLayout layout;
   int64_t offset = 0;
-  // Expert tensors, dense decayed tensors, the rest (see GptParamLayout).
-  for (int pass = 0; pass < 3; ++pass) {
+  const int64_t dense_multiple = 64 * std::max<int64_t>(1, c.dense_shard_multiple);
+  // Expert tensors, TP-sharded dense tensors, replicated dense decayed tensors, the rest (see
+  // GptParamLayout).
+  for (int pass = 0; pass < 4; ++pass) {
     for (const ParamInfo& p : all) {
-      const int pass_of = p.expert ? 0 : (p.weight_decay ? 1 : 2);
+      const int pass_of = p.expert ? 0 : (p.tp_sharded() ? 1 : (p.weight_decay ? 2 : 3));
       if (pass_of != pass) continue;
       ParamInfo q = p;
       q.offset = offset;
@@ -275,10 +308,14 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
       offset = RoundUp(offset, 64 * std::max<int64_t>(1, c.expert_shard_multiple));
       layout.expert_end = offset;
     }
-    if (pass == 1) layout.decay_end = offset;
+    if (pass == 1) {
+      // Its own optimizer instance shards the TP-sharded region: pad it like the dense region.
+      offset = layout.expert_end + RoundUp(offset - layout.expert_end, dense_multiple);
+      layout.replicated_begin = offset;
+    }
+    if (pass == 2) layout.decay_end = offset;
   }
-  layout.total = layout.expert_end + RoundUp(offset - layout.expert_end,
-                                             64 * std::max<int64_t>(1, c.dense_shard_multiple));
+  layout.total = layout.expert_end + RoundUp(offset - layout.expert_end, dense_multiple);
   return layout;
 }
 
@@ -312,6 +349,38 @@ absl::Status CopyShard(const ParamInfo& p, int64_t global_offset, const Tensor& 
     }
   }
   return absl::OkStatus();
+}
+
+void CopyTpShard(const ParamInfo& p, int64_t tp_size, int64_t tp_rank, int64_t elem_bytes,
+                 bool to_shard, void* whole, void* shard) {
+  char* w = static_cast<char*>(whole);
+  char* l = static_cast<char*>(shard);
+  auto copy = [&](int64_t whole_elem, int64_t shard_elem, int64_t n) {
+    char* a = w + whole_elem * elem_bytes;
+    char* b = l + shard_elem * elem_bytes;
+    if (to_shard) {
+      std::memcpy(b, a, n * elem_bytes);
+    } else {
+      std::memcpy(a, b, n * elem_bytes);
+    }
+  };
+  if (!p.tp_sharded() || tp_size == 1) {
+    copy(0, 0, p.numel);
+    return;
+  }
+  // A 2-D [R, C] tensor: inner = elements after tp_dim, outer = before.
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < p.tp_dim; ++i) outer *= p.global_shape[i];
+  for (size_t i = p.tp_dim + 1; i < p.global_shape.size(); ++i) inner *= p.global_shape[i];
+  const int64_t dim = p.global_shape[p.tp_dim], part = dim / p.tp_parts, piece = part / tp_size;
+  int64_t dst = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int j = 0; j < p.tp_parts; ++j) {
+      const int64_t first = j * part + tp_rank * piece;
+      copy((o * dim + first) * inner, dst, piece * inner);
+      dst += piece * inner;
+    }
+  }
 }
 
 ModelShape GptConfig::Shape() const {
@@ -382,6 +451,12 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
   m->device_ = device;
   m->layout_ = MakeGptParamLayout(config);
   m->groups_ = groups;
+  if (config.tp_size > 1 && (groups.tp == nullptr || groups.tp->size() != config.tp_size ||
+                             groups.tp->rank() != config.tp_rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: tp_size ", config.tp_size, " (tp_rank ", config.tp_rank,
+                     ") needs GptParallelGroups.tp of that size with this rank at tp_rank"));
+  }
   SY_RETURN_IF_ERROR(m->Build(max_micro_batch, max_micro_batches));
   return m;
 }
@@ -422,8 +497,13 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   const GptConfig& c = config_;
   const DType dt = c.dtype, gdt = c.GradDType(device_);
   const DType stat_dt = device_.is_cuda() ? DType::kF32 : DType::kF64;
-  const int64_t t = max_micro_batch * c.seq_length, h = c.hidden_size, d = c.head_dim;
-  const int64_t hq = c.num_heads, hkv = c.num_kv_heads, f = c.ffn_hidden_size;
+  // t: tokens of a whole micro-batch (q/k/v, attention, the dense MLP's inner activations);
+  // tl: this rank's sequence shard (residual stream, norms, MoE, LM head). Heads and F are this
+  // rank's TP share. tl == t without TP.
+  const int64_t tp = c.tp_size;
+  const int64_t t = max_micro_batch * c.seq_length, tl = t / tp, h = c.hidden_size;
+  const int64_t d = c.head_dim;
+  const int64_t hq = c.num_heads / tp, hkv = c.num_kv_heads / tp, f = c.ffn_hidden_size / tp;
   max_tokens_ = t;
   max_micro_ = max_micro_batches;
 
@@ -442,8 +522,23 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   }
 
   for (int64_t l = 0; l <= c.num_layers; ++l) {
-    SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {t, h}));
+    SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {tl, h}));
     resid_.push_back(x);
+  }
+  // The MoE layers see this rank's sequence shard (MoELayerConfig::sp_size).
+  MoELayerConfig moe_config = c.moe;
+  if (tp > 1) {
+    moe_config.sp_size = static_cast<int>(tp);
+    moe_config.sp_rank = static_cast<int>(c.tp_rank);
+    moe_config.router.seq_length = c.seq_length / tp;
+    moe_config.router.z_loss_coeff /= static_cast<double>(tp);  // c_z / size(TP×CP), spec §1.6
+    SY_ASSIGN_OR_RETURN(ag_, Alloc(dt, {t, h}));
+    SY_ASSIGN_OR_RETURN(rs_, Alloc(dt, {t, h}));
+    if (max_micro_batch > 1) {
+      SY_ASSIGN_OR_RETURN(perm_, Alloc(dt, {t, h}));
+    }
+    SY_ASSIGN_OR_RETURN(ids_loc_, Alloc(DType::kI32, {tl}));
+    SY_ASSIGN_OR_RETURN(targets_loc_, Alloc(DType::kI32, {tl}));
   }
   int64_t moe_index = 0;
   layers_.resize(c.num_layers);
@@ -466,8 +561,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
       bind("attention.k_norm.weight", &L.w_kn, &L.g_kn);
     }
     bind("post_attention_norm.weight", &L.w_post, &L.g_post);
-    SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {t, h}));
-    SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {t}));
+    SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {tl, h}));
+    SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {tl}));
     if (c.qk_layernorm) {
       SY_ASSIGN_OR_RETURN(L.q_pre, Alloc(dt, {t, hq, d}));
       SY_ASSIGN_OR_RETURN(L.k_pre, Alloc(dt, {t, hkv, d}));
@@ -479,14 +574,16 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(L.v, Alloc(dt, {t, hkv, d}));
     SY_ASSIGN_OR_RETURN(L.o, Alloc(dt, {t, hq, d}));
     SY_ASSIGN_OR_RETURN(L.lse, Alloc(L.rstd1.dtype, {t * hq}));
-    SY_ASSIGN_OR_RETURN(L.mid, Alloc(dt, {t, h}));
-    SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {t, h}));
-    SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {t}));
+    SY_ASSIGN_OR_RETURN(L.mid, Alloc(dt, {tl, h}));
+    SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {tl, h}));
+    SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {tl}));
     if (L.is_moe) {
       L.moe_index = moe_index++;
-      SY_ASSIGN_OR_RETURN(L.moe, MoELayer::Create(c.moe, device_, t,
-                                                  MoEParallelGroups{groups_.ep, groups_.tdc,
-                                                                    groups_.etp, groups_.etp_ep}));
+      SY_ASSIGN_OR_RETURN(
+          L.moe,
+          MoELayer::Create(moe_config, device_, tl,
+                           MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp, groups_.etp_ep,
+                                             tp > 1 ? groups_.tp : nullptr}));
       auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
         if (layout_.Find(pre + "moe." + name) == nullptr) return;
         *p = P(pre + "moe." + name);
@@ -508,12 +605,12 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     }
   }
   const DType rdt = layers_.empty() ? DType::kF32 : layers_[0].rstd1.dtype;
-  SY_ASSIGN_OR_RETURN(final_n_, Alloc(dt, {t, h}));
-  SY_ASSIGN_OR_RETURN(final_rstd_, Alloc(rdt, {t}));
-  SY_ASSIGN_OR_RETURN(ce_lse_, Alloc(stat_dt, {t}));
+  SY_ASSIGN_OR_RETURN(final_n_, Alloc(dt, {tl, h}));
+  SY_ASSIGN_OR_RETURN(final_rstd_, Alloc(rdt, {tl}));
+  SY_ASSIGN_OR_RETURN(ce_lse_, Alloc(stat_dt, {tl}));
   SY_ASSIGN_OR_RETURN(ce_num_valid_, Alloc(DType::kI32, {1}));
-  SY_ASSIGN_OR_RETURN(g_, Alloc(dt, {t, h}));
-  SY_ASSIGN_OR_RETURN(dn_, Alloc(dt, {t, h}));
+  SY_ASSIGN_OR_RETURN(g_, Alloc(dt, {tl, h}));
+  SY_ASSIGN_OR_RETURN(dn_, Alloc(dt, {tl, h}));
   SY_ASSIGN_OR_RETURN(d_o_, Alloc(dt, {t, hq, d}));
   SY_ASSIGN_OR_RETURN(dq_, Alloc(dt, {t, hq, d}));
   SY_ASSIGN_OR_RETURN(dk_, Alloc(dt, {t, hkv, d}));
@@ -524,17 +621,17 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(da_, Alloc(dt, {t, f}));
   }
   if (device_.is_cuda()) {
-    const int64_t rms_bytes = std::max({kernels::RmsNormBackwardWorkspaceBytes(t, h),
+    const int64_t rms_bytes = std::max({kernels::RmsNormBackwardWorkspaceBytes(tl, h),
                                         kernels::RmsNormBackwardWorkspaceBytes(t * hq, d)});
     SY_ASSIGN_OR_RETURN(rms_ws_, Alloc(DType::kU8, {rms_bytes}));
     SY_ASSIGN_OR_RETURN(
-        emb_ws_, Alloc(DType::kU8, {kernels::EmbeddingBackwardWorkspaceBytes(t, c.vocab_size)}));
+        emb_ws_, Alloc(DType::kU8, {kernels::EmbeddingBackwardWorkspaceBytes(tl, c.vocab_size)}));
   }
   // One chunk of fp32 logits of at most ~512 MiB (CUDA) / 64 MiB (CPU).
   const int64_t budget = device_.is_cuda() ? (int64_t{512} << 20) : (int64_t{64} << 20);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t, budget / (c.vocab_size * 8)));
-  SY_ASSIGN_OR_RETURN(ce_,
-                      kernels::FusedLinearCrossEntropy::Create(device_, t, h, c.vocab_size, chunk));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(tl, budget / (c.vocab_size * 8)));
+  SY_ASSIGN_OR_RETURN(
+      ce_, kernels::FusedLinearCrossEntropy::Create(device_, tl, h, c.vocab_size, chunk));
   SY_ASSIGN_OR_RETURN(stat_ce_, Alloc(stat_dt, {max_micro_}));
   if (n_moe > 0) {
     SY_ASSIGN_OR_RETURN(stat_moe_losses_,
@@ -580,6 +677,21 @@ absl::Status GptModel::InitMaster(const Stream& stream, uint64_t seed, const Ten
       SY_RETURN_IF_ERROR(kernels::CopyTensor(host.View(), view));
       continue;
     }
+    if (p.tp_sharded()) {
+      // The whole tensor's values (the same on every TP size: FillNormal is counter-based and
+      // equal on the CPU and the GPU), then this rank's shard of them.
+      int64_t whole_numel = 1;
+      for (int64_t d : p.global_shape) whole_numel *= d;
+      SY_ASSIGN_OR_RETURN(Buffer whole,
+                          Buffer::ForTensor(master.dtype, {whole_numel}, Device::Cpu()));
+      SY_ASSIGN_OR_RETURN(Buffer shard, Buffer::ForTensor(master.dtype, {p.numel}, Device::Cpu()));
+      SY_RETURN_IF_ERROR(kernels::FillNormal(
+          Stream::Cpu(), whole.View(), MixSeed(seed, p.seed_index), static_cast<float>(std), 0));
+      CopyTpShard(p, config_.tp_size, config_.tp_rank, DTypeSize(master.dtype), true, whole.data(),
+                  shard.data());
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(shard.View(), view));
+      continue;
+    }
     SY_RETURN_IF_ERROR(kernels::FillNormal(stream, view, MixSeed(seed, p.seed_index),
                                            static_cast<float>(std),
                                            static_cast<uint64_t>(p.global_offset)));
@@ -592,26 +704,75 @@ absl::Status GptModel::ZeroGrads(const Stream& stream) { return ZeroAsync(stream
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+absl::Status GptModel::KeepShard(const Stream& s, const Tensor& whole, const Tensor& local,
+                                 int64_t seq_len) const {
+  const int64_t tp = config_.tp_size, r = config_.tp_rank, s_loc = seq_len / tp;
+  const int64_t w = whole.numel() / whole.dim(0), b = whole.dim(0) / seq_len;
+  for (int64_t bb = 0; bb < b; ++bb) {
+    SY_RETURN_IF_ERROR(CopyAsync(s, Slice(whole, (bb * seq_len + r * s_loc) * w, {s_loc * w}),
+                                 Slice(local, bb * s_loc * w, {s_loc * w})));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::GatherSeq(const Stream& s, const Tensor& local, const Tensor& whole,
+                                 int64_t seq_len) {
+  const int64_t tp = config_.tp_size, s_loc = seq_len / tp;
+  const int64_t w = whole.numel() / whole.dim(0), b = whole.dim(0) / seq_len;
+  // The all-gather concatenates the ranks' shards: [rank][sequence][position]. With one sequence
+  // that is already [position]; otherwise reorder to [sequence][rank][position].
+  if (b == 1) return groups_.tp->AllGather(local, whole);
+  const Tensor staged = Slice(perm_, 0, {whole.numel()});
+  SY_RETURN_IF_ERROR(groups_.tp->AllGather(local, staged));
+  for (int64_t r = 0; r < tp; ++r) {
+    for (int64_t bb = 0; bb < b; ++bb) {
+      SY_RETURN_IF_ERROR(CopyAsync(s, Slice(staged, ((r * b) + bb) * s_loc * w, {s_loc * w}),
+                                   Slice(whole, ((bb * tp) + r) * s_loc * w, {s_loc * w})));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::ReduceScatterSeq(const Stream& s, const Tensor& whole, const Tensor& local,
+                                        int64_t seq_len) {
+  const int64_t tp = config_.tp_size, s_loc = seq_len / tp;
+  const int64_t w = whole.numel() / whole.dim(0), b = whole.dim(0) / seq_len;
+  if (b == 1) return groups_.tp->ReduceScatter(whole, local, comm::ReduceOp::kSum);
+  const Tensor staged = Slice(perm_, 0, {whole.numel()});
+  for (int64_t r = 0; r < tp; ++r) {
+    for (int64_t bb = 0; bb < b; ++bb) {
+      SY_RETURN_IF_ERROR(CopyAsync(s, Slice(whole, ((bb * tp) + r) * s_loc * w, {s_loc * w}),
+                                   Slice(staged, ((r * b) + bb) * s_loc * w, {s_loc * w})));
+    }
+  }
+  return groups_.tp->ReduceScatter(staged, local, comm::ReduceOp::kSum);
+}
+
 absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, int micro,
                                     bool training) {
   const GptConfig& c = config_;
-  const int64_t t = tokens_, b = t / seq_len, h = c.hidden_size, d = c.head_dim;
-  const int64_t hq = c.num_heads, hkv = c.num_kv_heads;
+  const bool tp = c.tp_size > 1;
+  // t: the whole micro-batch's tokens; tl: this rank's sequence shard (== t without TP).
+  const int64_t t = tokens_, tl = t / c.tp_size, b = t / seq_len, h = c.hidden_size;
+  const int64_t d = c.head_dim, hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size;
   const float eps = static_cast<float>(c.norm_epsilon);
   const float base = static_cast<float>(c.rotary_base);
-  const Tensor x = Rows(resid_[L.index], t), x_next = Rows(resid_[L.index + 1], t);
-  const Tensor n1 = Rows(L.n1, t), mid = Rows(L.mid, t), n2 = Rows(L.n2, t);
+  const Tensor x = Rows(resid_[L.index], tl), x_next = Rows(resid_[L.index + 1], tl);
+  const Tensor n1 = Rows(L.n1, tl), mid = Rows(L.mid, tl), n2 = Rows(L.n2, tl);
   const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
 
   ScopedRange range(s, "layer.fwd", L.index);
   PhaseSequence phase(s);
   phase.Next("norm_qkv_rope");
-  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, x, L.w_in, eps, n1, Rows(L.rstd1, t)));
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, x, L.w_in, eps, n1, Rows(L.rstd1, tl)));
+  // SP: the column-parallel q/k/v see the whole sequence of normed inputs.
+  const Tensor n1_all = tp ? Rows(ag_, t) : n1;
+  if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n1, n1_all, seq_len));
   const Tensor q_lin = c.qk_layernorm ? Rows(L.q_pre, t) : q;
   const Tensor k_lin = c.qk_layernorm ? Rows(L.k_pre, t) : k;
-  SY_RETURN_IF_ERROR(Gemm(s, n1, false, L.wq, true, Reshape(q_lin, {t, hq * d})));
-  SY_RETURN_IF_ERROR(Gemm(s, n1, false, L.wk, true, Reshape(k_lin, {t, hkv * d})));
-  SY_RETURN_IF_ERROR(Gemm(s, n1, false, L.wv, true, Reshape(v, {t, hkv * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, n1_all, false, L.wq, true, Reshape(q_lin, {t, hq * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, n1_all, false, L.wk, true, Reshape(k_lin, {t, hkv * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, n1_all, false, L.wv, true, Reshape(v, {t, hkv * d})));
   if (c.qk_layernorm) {
     SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Reshape(q_lin, {t * hq, d}), L.w_qn, eps,
                                                Reshape(q, {t * hq, d}), Rows(L.q_rstd, t * hq)));
@@ -625,9 +786,16 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   SY_RETURN_IF_ERROR(
       kernels::AttentionForward(s, q, k, v, seq_len, scale, o, Reshape(L.lse, {b, hq, seq_len})));
   phase.Next("oproj_residual_norm");
-  SY_RETURN_IF_ERROR(CopyAsync(s, x, mid));
-  SY_RETURN_IF_ERROR(Gemm(s, Reshape(o, {t, hq * d}), false, L.wo, true, mid, 1.0f, 1.0f));
-  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, t)));
+  if (tp) {
+    // Row-parallel o-proj: partial sums over this rank's heads, reduce-scattered onto the shard.
+    SY_RETURN_IF_ERROR(Gemm(s, Reshape(o, {t, hq * d}), false, L.wo, true, Rows(rs_, t)));
+    SY_RETURN_IF_ERROR(ReduceScatterSeq(s, Rows(rs_, t), mid, seq_len));
+    SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, x, 1.0f, mid, mid));
+  } else {
+    SY_RETURN_IF_ERROR(CopyAsync(s, x, mid));
+    SY_RETURN_IF_ERROR(Gemm(s, Reshape(o, {t, hq * d}), false, L.wo, true, mid, 1.0f, 1.0f));
+  }
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, tl)));
   phase.Next(L.is_moe ? "moe" : "mlp");
   if (L.is_moe) {
     const uint64_t jitter =
@@ -646,10 +814,18 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
     }
   } else {
     const Tensor hh = Rows(L.h, t), a = Rows(L.a, t);
-    SY_RETURN_IF_ERROR(Gemm(s, n2, false, L.w_fc1, true, hh));
+    const Tensor n2_all = tp ? Rows(ag_, t) : n2;
+    if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n2, n2_all, seq_len));
+    SY_RETURN_IF_ERROR(Gemm(s, n2_all, false, L.w_fc1, true, hh));
     SY_RETURN_IF_ERROR(kernels::SwigluForward(s, hh, Tensor(), Tensor(), a));
-    SY_RETURN_IF_ERROR(CopyAsync(s, mid, x_next));
-    SY_RETURN_IF_ERROR(Gemm(s, a, false, L.w_fc2, true, x_next, 1.0f, 1.0f));
+    if (tp) {
+      SY_RETURN_IF_ERROR(Gemm(s, a, false, L.w_fc2, true, Rows(rs_, t)));
+      SY_RETURN_IF_ERROR(ReduceScatterSeq(s, Rows(rs_, t), x_next, seq_len));
+      SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, mid, 1.0f, x_next, x_next));
+    } else {
+      SY_RETURN_IF_ERROR(CopyAsync(s, mid, x_next));
+      SY_RETURN_IF_ERROR(Gemm(s, a, false, L.w_fc2, true, x_next, 1.0f, 1.0f));
+    }
   }
   return absl::OkStatus();
 }
@@ -668,6 +844,14 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
                      ") with seq_len <= seq_length (", config_.seq_length, ") and at most ",
                      max_tokens_, " tokens (the planned micro-batch)"));
   }
+  if (config_.tp_size > 1 && seq_len != config_.seq_length) {
+    // The MoE layers' sequence shards (jitter positions, per-sequence counts) are planned for
+    // seq_length / TP positions.
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: seq_len (", seq_len, ") must be model.seq_length (",
+                     config_.seq_length, ") with tensor_model_parallel_size ", config_.tp_size,
+                     ": sequence parallelism gives every TP rank seq_length / TP positions"));
+  }
   if (micro >= max_micro_) {
     return absl::InvalidArgumentError(
         absl::StrCat("GptModel: micro-batch slot ", micro, " >= ", max_micro_));
@@ -681,28 +865,40 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
     }
   }
   tokens_ = t;
+  const int64_t tl = t / config_.tp_size;
   ++step_counter_;
   {
     ScopedRange range(s, "embedding.fwd");
+    // SP: this rank embeds its own positions of every sequence (the table is whole, see the
+    // header), straight into its residual-stream shard.
+    const Tensor local_ids = config_.tp_size > 1 ? Rows(ids_loc_, tl) : ids;
+    if (config_.tp_size > 1) SY_RETURN_IF_ERROR(KeepShard(s, ids, local_ids, seq_len));
     SY_RETURN_IF_ERROR(
-        kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], t)));
+        kernels::EmbeddingForward(s, local_ids, P("embedding.weight"), Rows(resid_[0], tl)));
   }
   for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
   ScopedRange range(s, "final_norm.fwd");
-  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), t), P("final_norm.weight"),
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), tl), P("final_norm.weight"),
                                              static_cast<float>(config_.norm_epsilon),
-                                             Rows(final_n_, t), Rows(final_rstd_, t)));
+                                             Rows(final_n_, tl), Rows(final_rstd_, tl)));
   return absl::OkStatus();
 }
 
 absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                                int64_t seq_len, int micro, const Tensor& logits) {
+  if (logits.data != nullptr && config_.tp_size > 1) {
+    return absl::UnimplementedError(
+        "GptModel::Forward: logits with tensor_model_parallel_size > 1 (each TP rank holds a "
+        "sequence shard); ask for the loss only");
+  }
   SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
-  const int64_t t = tokens_;
+  const int64_t t = tokens_, tl = t / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   if (targets.data != nullptr) {
-    SY_RETURN_IF_ERROR(ce_->Forward(stream, Rows(final_n_, t), w_out, targets,
-                                    Slice(stat_ce_, micro, {1}), ce_num_valid_, Rows(ce_lse_, t)));
+    const Tensor local_targets = config_.tp_size > 1 ? Rows(targets_loc_, tl) : targets;
+    if (config_.tp_size > 1) SY_RETURN_IF_ERROR(KeepShard(stream, targets, local_targets, seq_len));
+    SY_RETURN_IF_ERROR(ce_->Forward(stream, Rows(final_n_, tl), w_out, local_targets,
+                                    Slice(stat_ce_, micro, {1}), ce_num_valid_, Rows(ce_lse_, tl)));
   }
   if (logits.data != nullptr) {
     SY_RETURN_IF_ERROR(
@@ -718,12 +914,15 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
 absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
                                      double aux_grad_scale) {
   const GptConfig& c = config_;
-  const int64_t t = tokens_, b = t / seq_len, d = c.head_dim;
-  const int64_t hq = c.num_heads, hkv = c.num_kv_heads;
+  const bool tp = c.tp_size > 1;
+  const int64_t t = tokens_, tl = t / c.tp_size, b = t / seq_len, d = c.head_dim;
+  const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size;
   const float base = static_cast<float>(c.rotary_base);
-  const Tensor x = Rows(resid_[L.index], t);
-  const Tensor n1 = Rows(L.n1, t), mid = Rows(L.mid, t), n2 = Rows(L.n2, t);
-  const Tensor g = Rows(g_, t), dn = Rows(dn_, t);
+  const Tensor x = Rows(resid_[L.index], tl);
+  const Tensor n1 = Rows(L.n1, tl), mid = Rows(L.mid, tl), n2 = Rows(L.n2, tl);
+  const Tensor g = Rows(g_, tl), dn = Rows(dn_, tl);
+  // SP: the gathered output gradient, and the input gradient's partial sums [t, H].
+  const Tensor all = tp ? Rows(ag_, t) : Tensor(), partial = tp ? Rows(rs_, t) : dn;
 
   ScopedRange range(s, "layer.bwd", L.index);
   PhaseSequence phase(s);
@@ -733,22 +932,29 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
     SY_RETURN_IF_ERROR(L.moe->Backward(s, L.mp, L.mg, g, dn, aux_grad_scale));
   } else {
     const Tensor hh = Rows(L.h, t), a = Rows(L.a, t), dh = Rows(dh_, t), da = Rows(da_, t);
-    SY_RETURN_IF_ERROR(Gemm(s, g, false, L.w_fc2, false, da));
-    SY_RETURN_IF_ERROR(Gemm(s, g, true, a, false, L.g_fc2, 1.0f, 1.0f));
+    const Tensor g_all = tp ? all : g;
+    if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, g, g_all, seq_len));
+    SY_RETURN_IF_ERROR(Gemm(s, g_all, false, L.w_fc2, false, da));
+    SY_RETURN_IF_ERROR(Gemm(s, g_all, true, a, false, L.g_fc2, 1.0f, 1.0f));
     SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, da, hh, Tensor(), Tensor(), dh, Tensor()));
-    SY_RETURN_IF_ERROR(Gemm(s, dh, true, n2, false, L.g_fc1, 1.0f, 1.0f));
-    SY_RETURN_IF_ERROR(Gemm(s, dh, false, L.w_fc1, false, dn));
+    const Tensor n2_all = tp ? all : n2;  // g_all is no longer needed
+    if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n2, n2_all, seq_len));
+    SY_RETURN_IF_ERROR(Gemm(s, dh, true, n2_all, false, L.g_fc1, 1.0f, 1.0f));
+    SY_RETURN_IF_ERROR(Gemm(s, dh, false, L.w_fc1, false, partial));
+    if (tp) SY_RETURN_IF_ERROR(ReduceScatterSeq(s, partial, dn, seq_len));
   }
   phase.Next("oproj_residual_norm");
-  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, t), dn, L.g_post,
+  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, tl), dn, L.g_post,
                                               true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
 
   // Attention: g is now d(loss)/d(mid).
   const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
   const Tensor d_o = Rows(d_o_, t), dq = Rows(dq_, t), dk = Rows(dk_, t), dv = Rows(dv_, t);
-  SY_RETURN_IF_ERROR(Gemm(s, g, false, L.wo, false, Reshape(d_o, {t, hq * d})));
-  SY_RETURN_IF_ERROR(Gemm(s, g, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
+  const Tensor g_all = tp ? all : g;
+  if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, g, g_all, seq_len));
+  SY_RETURN_IF_ERROR(Gemm(s, g_all, false, L.wo, false, Reshape(d_o, {t, hq * d})));
+  SY_RETURN_IF_ERROR(Gemm(s, g_all, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
   phase.Next("attention");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   SY_RETURN_IF_ERROR(kernels::AttentionBackward(s, q, k, v, o, Reshape(L.lse, {b, hq, seq_len}),
@@ -767,14 +973,17 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   }
   const Tensor dq2 = Reshape(dq, {t, hq * d}), dk2 = Reshape(dk, {t, hkv * d});
   const Tensor dv2 = Reshape(dv, {t, hkv * d});
-  SY_RETURN_IF_ERROR(Gemm(s, dq2, true, n1, false, L.gq, 1.0f, 1.0f));
-  SY_RETURN_IF_ERROR(Gemm(s, dk2, true, n1, false, L.gk, 1.0f, 1.0f));
-  SY_RETURN_IF_ERROR(Gemm(s, dv2, true, n1, false, L.gv, 1.0f, 1.0f));
-  SY_RETURN_IF_ERROR(Gemm(s, dq2, false, L.wq, false, dn));
-  SY_RETURN_IF_ERROR(Gemm(s, dk2, false, L.wk, false, dn, 1.0f, 1.0f));
-  SY_RETURN_IF_ERROR(Gemm(s, dv2, false, L.wv, false, dn, 1.0f, 1.0f));
+  const Tensor n1_all = tp ? all : n1;  // g_all is no longer needed
+  if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n1, n1_all, seq_len));
+  SY_RETURN_IF_ERROR(Gemm(s, dq2, true, n1_all, false, L.gq, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dk2, true, n1_all, false, L.gk, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dv2, true, n1_all, false, L.gv, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dq2, false, L.wq, false, partial));
+  SY_RETURN_IF_ERROR(Gemm(s, dk2, false, L.wk, false, partial, 1.0f, 1.0f));
+  SY_RETURN_IF_ERROR(Gemm(s, dv2, false, L.wv, false, partial, 1.0f, 1.0f));
+  if (tp) SY_RETURN_IF_ERROR(ReduceScatterSeq(s, partial, dn, seq_len));
   SY_RETURN_IF_ERROR(
-      kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, t), dn, L.g_in, true, rms_ws_));
+      kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, tl), dn, L.g_in, true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
   return absl::OkStatus();
 }
@@ -785,23 +994,27 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
   if (micro < 0) return absl::InvalidArgumentError("GptModel: micro-batch slot must be >= 0");
   ScopedRange range(s, "forward_backward", micro);
   SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true));
-  const int64_t t = tokens_;
+  const int64_t tl = tokens_ / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
-  const Tensor fn = Rows(final_n_, t), lse = Rows(ce_lse_, t);
-  const Tensor dn = Rows(dn_, t), g = Rows(g_, t);
+  const Tensor fn = Rows(final_n_, tl), lse = Rows(ce_lse_, tl);
+  const Tensor dn = Rows(dn_, tl), g = Rows(g_, tl);
+  const bool tp = config_.tp_size > 1;
+  const Tensor local_ids = tp ? Rows(ids_loc_, tl) : ids;
+  const Tensor local_targets = tp ? Rows(targets_loc_, tl) : targets;
+  if (tp) SY_RETURN_IF_ERROR(KeepShard(s, targets, local_targets, seq_len));
   {
     // LM head loss and its gradient in one pass (the logits of each chunk computed once).
     ScopedRange head(s, "lm_head_loss");
-    SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, targets, ce_scale,
+    SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, local_targets, ce_scale,
                                             Slice(stat_ce_, micro, {1}), ce_num_valid_, lse, dn,
                                             dw_out));
   }
   {
     // Backward: final norm, then the layers in reverse, then the embedding.
     ScopedRange norm(s, "final_norm.bwd");
-    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), t),
-                                                P("final_norm.weight"), Rows(final_rstd_, t), g,
+    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), tl),
+                                                P("final_norm.weight"), Rows(final_rstd_, tl), g,
                                                 G("final_norm.weight"), true, rms_ws_));
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
@@ -811,7 +1024,8 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
   }
   {
     ScopedRange emb(s, "embedding.bwd");
-    SY_RETURN_IF_ERROR(kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
+    SY_RETURN_IF_ERROR(
+        kernels::EmbeddingBackward(s, local_ids, g, G("embedding.weight"), true, emb_ws_));
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(-1));
   return absl::OkStatus();

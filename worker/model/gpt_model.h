@@ -45,6 +45,34 @@
 // init_method_std / sqrt(2·num_layers); norm weights 1; expert bias 0. Values come from
 // kernels::FillNormal with a per-tensor seed, so the CPU and the GPU initialise identically.
 //
+// Tensor and sequence parallelism (tp_size > 1; Megatron's layout, megatron_parallel.md §1.4-1.9,
+// SP always on as Megatron requires for MoE):
+//   q, k, v       column-parallel: rank r holds heads [r·Hq/TP, ...) and KV groups
+//                 [r·Hkv/TP, ...) (rows of the weights), so GQA stays local (Hq % TP == 0 and
+//                 Hkv % TP == 0: common/config/validate.cc; one KV head at TP = 2 is rejected,
+//                 not replicated)
+//   o, mlp.fc2    row-parallel: rank r holds the columns of its heads / its F/TP units
+//   mlp.fc1       column-parallel over both halves: rows [gate_r ; up_r], SwiGLU stays local
+//   everything else (embedding, output, norms, q_norm / k_norm, the MoE router and shared expert)
+//                 whole on every TP rank, gradients all-reduced over TP (§1.9); the expert
+//                 weights follow EP only (ETP = 1)
+// The residual stream between blocks, the norms and the MoE layers work on this rank's SEQUENCE
+// SHARD; the all-gather of the normed input precedes q/k/v and fc1, the reduce-scatter follows
+// o-proj and fc2 (in the backward: all-gather of the output gradient, reduce-scatter of the input
+// gradient; the normed inputs are gathered again for the weight gradients, as Megatron does).
+// The shard: rank r holds positions [r·S/TP, (r+1)·S/TP) of EVERY sequence of the micro-batch
+// (rows b·S/TP + j, batch-major), not a contiguous 1/TP of the flat B·S tokens. Why: it is
+// Megatron's layout ([s, b] activations cut on s), so every per-sequence statistic has the same
+// meaning: seq_aux_loss sums a sequence's shards over TP exactly as the spec (§1.11 /
+// megatron_moe.md §2.3), and the MoE jitter and RoPE positions map one-to-one; with B = 1 the
+// all-gather needs no reordering, with B > 1 one copy per (sequence, rank) block.
+// The embedding and the LM head are NOT vocab-parallel yet: each rank looks up its shard's
+// tokens in the whole table and computes the cross-entropy of its shard's tokens against the
+// whole vocabulary (no full-batch logits either way; V·H memory per rank; their gradients are
+// all-reduced over TP like the other replicated tensors). Every TP rank is given the whole
+// micro-batch (ids, targets) and keeps its shard. Loss sums and MoE statistics are this rank's
+// share: the trainer sums them over TP×DP×CP.
+//
 // Activations are bf16 on CUDA (fp32 math in kernels), the parameter dtype on the CPU. The model
 // holds one micro-batch in flight: ForwardBackward runs both passes. Nothing synchronises with
 // the host inside a step except ReadStepStats.
@@ -98,6 +126,9 @@ struct GptConfig {
   // multiple of 64·dense_shard_multiple (the DP×CP size), so each divides into equal shards.
   int64_t expert_shard_multiple = 1;
   int64_t dense_shard_multiple = 1;
+  // Tensor parallelism with sequence parallelism (see "Tensor and sequence parallelism" above):
+  // this rank is tp_rank of tp_size; GptParallelGroups::tp must be that group when tp_size > 1.
+  int64_t tp_size = 1, tp_rank = 0;
 
   // From a defaulted and validated ModelConfig (common/config/config_defaults.h, validate.h).
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
@@ -134,19 +165,32 @@ struct ParamInfo {
   int64_t shard_runs = 1;
   int64_t run_pitch = 0;
   int64_t etp_step = 0;
+  // Tensor-parallel shard (tp_size > 1; see "Tensor and sequence parallelism"): -1 = the whole
+  // tensor on every TP rank (a TP-replicated dense tensor: its gradient is all-reduced over TP);
+  // else dimension tp_dim of global_shape is cut into tp_parts equal parts (fc1: gate, up), each
+  // part into tp_size pieces, and this rank holds piece tp_rank of every part, concatenated.
+  int tp_dim = -1;
+  int tp_parts = 1;
+  bool tp_sharded() const { return tp_dim >= 0; }
   uint64_t seed_index = 0;  // per-tensor init seed (definition order; layout-independent)
 };
 
 // Regions of the flat buffer, in this order (each tensor 64-element aligned, padding zero):
-//   [0, expert_end)          expert tensors (weight decay; reduced over EDP)
-//   [expert_end, decay_end)  dense tensors with weight decay (reduced over DP×CP)
-//   [decay_end, total)       dense tensors without weight decay (norm weights)
-// so [0, decay_end) takes weight decay and [expert_end, total) is the dense region.
+//   [0, expert_end)                 expert tensors (weight decay; reduced over EDP)
+//   [expert_end, replicated_begin)  TP-sharded dense tensors (weight decay; reduced over DP×CP;
+//                                   empty when tp_size == 1)
+//   [replicated_begin, decay_end)   dense tensors with weight decay, whole on every TP rank
+//   [decay_end, total)              dense tensors without weight decay (norm weights)
+// so [0, decay_end) takes weight decay, [expert_end, total) is the dense region and
+// [replicated_begin, total) holds every TP-replicated tensor (gradients all-reduced over TP,
+// counted once in the global norm). replicated_begin - expert_end is a multiple of
+// 64·dense_shard_multiple like the dense region.
 struct GptParamLayout {
   std::vector<ParamInfo> params;
-  int64_t total = 0;       // elements of the flat buffer (padding included)
-  int64_t decay_end = 0;   // [0, decay_end) takes weight decay, [decay_end, total) does not
-  int64_t expert_end = 0;  // [0, expert_end): expert tensors (0 without MoE layers)
+  int64_t total = 0;             // elements of the flat buffer (padding included)
+  int64_t decay_end = 0;         // [0, decay_end) takes weight decay, [decay_end, total) does not
+  int64_t expert_end = 0;        // [0, expert_end): expert tensors (0 without MoE layers)
+  int64_t replicated_begin = 0;  // == expert_end when tp_size == 1
   const ParamInfo* Find(const std::string& name) const;
 };
 GptParamLayout MakeGptParamLayout(const GptConfig& config);
@@ -160,6 +204,11 @@ int64_t ShardGlobalOffset(const ParamInfo& p, int64_t ep_rank, int64_t etp_rank,
 // falls outside the global tensor.
 absl::Status CopyShard(const ParamInfo& p, int64_t global_offset, const Tensor& global,
                        const Tensor& shard, bool to_global);
+// Copies between a whole tensor (global_shape, row-major) and this rank's TP shard of it (shape):
+// to_shard = true reads `whole` and writes `shard`, false the reverse. Host memory, elements of
+// `elem_bytes` bytes. For a tensor that is not TP-sharded both are the same elements.
+void CopyTpShard(const ParamInfo& p, int64_t tp_size, int64_t tp_rank, int64_t elem_bytes,
+                 bool to_shard, void* whole, void* shard);
 
 // Model FLOPs per token of one training step (forward + backward = 3 × forward), Megatron-style:
 // every GEMM of the active parameters (top-k routed experts, shared expert, router), the
@@ -189,11 +238,14 @@ struct GptStepStats {
 //        ETP all-gather / reduce-scatter and the allgather dispatcher's group (moe_layer.h).
 //   tdc: TP×DP×CP: global_aux_loss counts per micro-batch and the expert-bias token counts per
 //        global batch are all-reduced over it (megatron_moe.md §1.5, §2.3).
+//   tp:  the TP group (config.tp_size ranks; required when tp_size > 1): the sequence-parallel
+//        all-gathers / reduce-scatters and the MoE layers' aux-loss counts over TP.
 struct GptParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* etp = nullptr;
   comm::Communicator* etp_ep = nullptr;
+  comm::Communicator* tp = nullptr;
 };
 
 class GptModel {
@@ -276,6 +328,15 @@ class GptModel {
   absl::Status LayerForward(const Stream& s, Layer& layer, int64_t seq_len, int micro,
                             bool training);
   absl::Status LayerBackward(const Stream& s, Layer& layer, int64_t seq_len, double aux_grad_scale);
+  // Sequence-parallel collectives over groups_.tp (see "Tensor and sequence parallelism"):
+  // local [t/TP, w] shard <-> whole [t, w] micro-batch of sequences of seq_len tokens.
+  absl::Status GatherSeq(const Stream& s, const Tensor& local, const Tensor& whole,
+                         int64_t seq_len);
+  absl::Status ReduceScatterSeq(const Stream& s, const Tensor& whole, const Tensor& local,
+                                int64_t seq_len);
+  // This rank's rows of a whole [t, w] tensor (no communication: ids and targets).
+  absl::Status KeepShard(const Stream& s, const Tensor& whole, const Tensor& local,
+                         int64_t seq_len) const;
   Tensor P(const std::string& name) const;  // parameter view (name must exist)
   Tensor G(const std::string& name) const;  // gradient view
   // Allocates a zeroed activation or scratch buffer owned by the model.
@@ -296,6 +357,10 @@ class GptModel {
   std::vector<Tensor> resid_;
   Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;
   Tensor g_, dn_, d_o_, dq_, dk_, dv_, delta_, dh_, da_, rms_ws_, emb_ws_;
+  // TP only: the gathered [t, H] input of q/k/v and fc1 (and gathered gradients), the partial
+  // [t, H] sums before a reduce-scatter, the reordering scratch for B > 1, this rank's ids and
+  // targets [t/TP].
+  Tensor ag_, rs_, perm_, ids_loc_, targets_loc_;
   // Stats slots: CE loss sums [max_micro], MoE losses [max_micro, L_moe, n+1],
   // tokens per expert [max_micro, L_moe, E] i32.
   Tensor stat_ce_, stat_moe_losses_, stat_counts_;

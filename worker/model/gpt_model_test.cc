@@ -72,6 +72,95 @@ TEST(GptParamLayoutTest, DecayFirstAlignedAndComplete) {
   EXPECT_EQ(MakeGptParamLayout(TinyConfig(DType::kF32, false)).Find("output.weight"), nullptr);
 }
 
+// Tensor parallelism: column-parallel q/k/v/fc1 keep rows, row-parallel o/fc2 keep columns, fc1
+// its rows of both halves; the TP-sharded tensors sit in [expert_end, replicated_begin), padded
+// like the dense region, the whole-on-every-rank ones after; CopyTpShard cuts and reassembles.
+TEST(GptParamLayoutTest, TensorParallelShardsRegionsAndCopies) {
+  GptConfig c = TinyConfig(DType::kF32, /*untie=*/true);
+  c.tp_size = 2;
+  c.tp_rank = 1;
+  c.dense_shard_multiple = 2;
+  ASSERT_TRUE(c.Validate().ok());
+  const GptParamLayout layout = MakeGptParamLayout(c);
+  auto shape = [&](const std::string& n) { return layout.Find(n)->shape; };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(shape("layers.0.attention.q.weight"), (V{16, 16}));  // 2 of 4 heads x 8
+  EXPECT_EQ(shape("layers.0.attention.k.weight"), (V{8, 16}));   // 1 of 2 groups
+  EXPECT_EQ(shape("layers.0.attention.o.weight"), (V{16, 16}));  // columns of 2 heads
+  EXPECT_EQ(shape("layers.1.mlp.fc1.weight"), (V{24, 16}));      // gate_r ; up_r
+  EXPECT_EQ(shape("layers.1.mlp.fc2.weight"), (V{16, 12}));
+  EXPECT_EQ(shape("layers.0.attention.q_norm.weight"), (V{8}));  // whole
+  EXPECT_EQ(shape("layers.0.moe.router.weight"), (V{4, 16}));    // whole
+  EXPECT_EQ(layout.Find("layers.1.mlp.fc1.weight")->global_shape, (V{48, 16}));
+  EXPECT_EQ((layout.replicated_begin - layout.expert_end) % 128, 0);
+  int sharded = 0;
+  for (const ParamInfo& p : layout.params) {
+    if (p.expert) {
+      EXPECT_LT(p.offset, layout.expert_end) << p.name;
+    } else if (p.tp_sharded()) {
+      ++sharded;
+      EXPECT_GE(p.offset, layout.expert_end) << p.name;
+      EXPECT_LE(p.offset + p.numel, layout.replicated_begin) << p.name;
+    } else {
+      EXPECT_GE(p.offset, layout.replicated_begin) << p.name;
+    }
+  }
+  EXPECT_EQ(sharded, 2 * 4 + 2);  // q, k, v, o per layer; fc1, fc2 of the dense layer
+  // Without TP nothing is sharded and the layout is the single-process one.
+  const GptParamLayout one = MakeGptParamLayout(TinyConfig(DType::kF32, true));
+  EXPECT_EQ(one.replicated_begin, one.expert_end);
+
+  // Cut every sharded tensor of an iota whole tensor for both ranks, check a few elements, and
+  // put the whole tensor back together.
+  for (const ParamInfo& p : layout.params) {
+    if (!p.tp_sharded()) continue;
+    const int64_t whole_numel = p.numel * 2;
+    std::vector<float> whole(whole_numel), back(whole_numel, -1.0f), shard(p.numel);
+    for (int64_t i = 0; i < whole_numel; ++i) whole[i] = static_cast<float>(i);
+    for (int64_t r = 0; r < 2; ++r) {
+      CopyTpShard(p, 2, r, sizeof(float), true, whole.data(), shard.data());
+      const int64_t cols = p.global_shape[1];
+      if (p.name == "layers.1.mlp.fc1.weight") {
+        // Row 0 of the shard is gate row 12·r, row 12 is up row 24 + 12·r.
+        EXPECT_EQ(shard[0], static_cast<float>(12 * r * cols)) << p.name;
+        EXPECT_EQ(shard[12 * cols], static_cast<float>((24 + 12 * r) * cols)) << p.name;
+      }
+      if (p.name == "layers.0.attention.o.weight") {
+        // Row i of the shard is columns [16·r, 16·r + 16) of row i.
+        EXPECT_EQ(shard[3 * 16 + 5], static_cast<float>(3 * cols + 16 * r + 5)) << p.name;
+      }
+      if (p.name == "layers.0.attention.k.weight") {
+        EXPECT_EQ(shard[0], static_cast<float>(8 * r * cols)) << p.name;  // group r's rows
+      }
+      CopyTpShard(p, 2, r, sizeof(float), false, back.data(), shard.data());
+    }
+    EXPECT_EQ(back, whole) << p.name;
+  }
+}
+
+TEST(GptConfigTest, TensorParallelSplitRules) {
+  GptConfig c = TinyConfig(DType::kF32, false);
+  c.tp_size = 4;  // 2 KV groups do not split over 4 ranks
+  absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "model.num_query_groups (2) must be divisible by "
+            "parallel.tensor_model_parallel_size (4)");
+  c = TinyConfig(DType::kF32, false);
+  c.tp_size = 2;
+  c.seq_length = 7;
+  c.moe.router.seq_length = 7;
+  s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "model.seq_length (7) must be divisible by parallel.tensor_model_parallel_size (2) "
+            "(sequence parallelism)");
+  c = TinyConfig(DType::kF32, false);
+  c.tp_size = 2;
+  c.tp_rank = 2;
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(GptConfigTest, FromProtoLayerPatternAndErrors) {
   v1::ModelConfig m;
   m.set_num_layers(4);

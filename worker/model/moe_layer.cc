@@ -2,6 +2,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
@@ -53,6 +56,14 @@ absl::Status MoELayerConfig::Validate() const {
         "moe layer: moe_pad_expert_input_to_capacity is not supported with "
         "expert_model_parallel_size or expert_tensor_parallel_size > 1 (the allgather and "
         "alltoall dispatchers are dropless)");
+  }
+  if (sp_size < 1 || sp_rank < 0 || sp_rank >= sp_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe layer: sp_rank (", sp_rank, ") must be in [0, sp_size ", sp_size, ")"));
+  }
+  if (sp_size > 1 && router.seq_length < 1) {
+    return absl::InvalidArgumentError(
+        "moe layer: sequence parallelism needs router.seq_length (the local sequence length)");
   }
   if (pad_to_capacity && router.capacity_factor <= 0) {
     return absl::InvalidArgumentError(
@@ -201,6 +212,13 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   }
   l->tdc_ = groups.tdc;
   if (groups.tdc != nullptr) l->dp_size_ = groups.tdc->size();
+  if (config.sp_size > 1) {
+    if (groups.tp == nullptr || groups.tp->size() != config.sp_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe layer: sp_size ", config.sp_size, " needs a TP group of that size"));
+    }
+    l->tp_ = groups.tp;
+  }
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
   SY_ASSIGN_OR_RETURN(
       l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
@@ -297,6 +315,13 @@ Tensor Rows(const Tensor& t, int64_t rows) {
   v.shape[0] = rows;
   return v;
 }
+// Rows [first, first + rows) of a contiguous [T, ...] tensor.
+Tensor RowRange(const Tensor& t, int64_t first, int64_t rows) {
+  Tensor v = Rows(t, rows);
+  v.data = static_cast<char*>(t.data) +
+           first * (t.numel() / std::max<int64_t>(1, t.dim(0))) * DTypeSize(t.dtype);
+  return v;
+}
 }  // namespace
 
 absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
@@ -327,6 +352,19 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
   return absl::OkStatus();
 }
 
+absl::Status MoELayer::ForEachJitterSpan(
+    int64_t t, const std::function<absl::Status(int64_t, int64_t, uint64_t)>& fn) const {
+  if (config_.sp_size == 1) return fn(0, t, 0);
+  // Sequence b's local rows are its positions [sp_rank·S_loc, (sp_rank+1)·S_loc): the jitter
+  // offset of global token b·S + sp_rank·S_loc (element offset = token·H).
+  const int64_t s_loc = config_.router.seq_length, h = config_.hidden_size;
+  for (int64_t row = 0; row < t; row += s_loc) {
+    const int64_t global_token = row * config_.sp_size + config_.sp_rank * s_loc;
+    SY_RETURN_IF_ERROR(fn(row, std::min(s_loc, t - row), static_cast<uint64_t>(global_token * h)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams& p,
                                      const MoERouterState& rs, const Tensor& x, const Tensor& y,
                                      uint64_t jitter_offset) {
@@ -337,8 +375,11 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   Tensor xr = x;
   if (rc.training && rc.input_jitter_eps > 0) {
     xr = Rows(xr_, t);
-    SY_RETURN_IF_ERROR(kernels::ApplyInputJitter(stream, x, static_cast<float>(rc.input_jitter_eps),
-                                                 /*seed=*/0x5157u, jitter_offset, xr));
+    SY_RETURN_IF_ERROR(ForEachJitterSpan(t, [&](int64_t row, int64_t rows, uint64_t offset) {
+      return kernels::ApplyInputJitter(
+          stream, RowRange(x, row, rows), static_cast<float>(rc.input_jitter_eps),
+          /*seed=*/0x5157u, jitter_offset + offset, RowRange(xr, row, rows));
+    }));
   }
   const Tensor logits = Rows(logits_, t);
   SY_RETURN_IF_ERROR(kernels::RouterGatingForward(stream, xr, p.router_weight, logits));
@@ -355,7 +396,9 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     stats.counts = Rows(aux_counts_, b);
     SY_RETURN_IF_ERROR(kernels::AuxLossStatsForward(stream, rc, logits, stats, aux_ws_));
     kernels::AuxLossNorms norms;
-    norms.dp_size = dp_size_;
+    // global_aux_loss's gradient factor is the data-parallel size: the TP ranks share one
+    // micro-batch (see MoELayerConfig::sp_size).
+    norms.dp_size = std::max(1, dp_size_ / config_.sp_size);
     if (has_global_aux_) {
       // Running mean of the counts over the micro-batches of this global batch (spec §2.3),
       // each micro-batch's counts summed over TP x DP x CP first.
@@ -375,6 +418,14 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
       norms.global_counts = global_mean_counts_;
       // N = T · size(TP×DP×CP): the tokens the all-reduced counts were taken over (§2.3).
       norms.global_num_tokens = static_cast<double>(t) * dp_size_;
+    }
+    if (tp_ != nullptr) {
+      // aux_loss and seq_aux_loss count over whole sequences: the TP shards' counts summed, with
+      // the token counts of the whole sequences (spec §2.3). After global_aux_loss took the local
+      // counts above (it sums them over TP×DP×CP itself).
+      SY_RETURN_IF_ERROR(tp_->AllReduce(stats.counts, stats.counts, comm::ReduceOp::kSum));
+      norms.aux_num_tokens = static_cast<double>(t * config_.sp_size);
+      norms.seq_num_tokens = static_cast<double>(rc.seq_length * config_.sp_size);
     }
     SY_RETURN_IF_ERROR(
         kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));
@@ -472,9 +523,11 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp,
                                                    dx_router, g.router_weight, grad_beta));
   if (jitter) {
-    SY_RETURN_IF_ERROR(kernels::InputJitterBackward(stream, dx_router,
-                                                    static_cast<float>(rc.input_jitter_eps),
-                                                    0x5157u, jitter_offset_, dx_router));
+    SY_RETURN_IF_ERROR(ForEachJitterSpan(t, [&](int64_t row, int64_t rows, uint64_t offset) {
+      return kernels::InputJitterBackward(stream, RowRange(dx_router, row, rows),
+                                          static_cast<float>(rc.input_jitter_eps), 0x5157u,
+                                          jitter_offset_ + offset, RowRange(dx_router, row, rows));
+    }));
   }
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   phase.Close();

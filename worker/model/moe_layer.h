@@ -34,6 +34,7 @@
 #define SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -82,6 +83,17 @@ struct MoELayerConfig {
   // router input is ready, joined before its output is added), overlapping the routed path;
   // without it, on the layer's stream. On the CPU both are the same sequential computation.
   bool shared_expert_overlap = false;
+  // Sequence parallelism (worker/model/gpt_model.h, "Tensor and sequence parallelism"): the
+  // layer's tokens are this rank's shard, positions [sp_rank·S_loc, (sp_rank+1)·S_loc) of every
+  // sequence, with S_loc = router.seq_length (the LOCAL sequence length) and sp_size·S_loc the
+  // whole sequence. Then (megatron_moe.md §2.3, §1.6) the aux_loss / seq_aux_loss counts are
+  // all-reduced over the TP group (MoEParallelGroups::tp) with N = T·sp_size and
+  // Ns = S_loc·sp_size, the z-loss coefficient is divided by sp_size (the caller does that:
+  // c_z' = c_z / size(TP×CP)), global_aux_loss's gradient factor counts DP only, and the input
+  // jitter of a token is the one its global position would get, so every loss, value and
+  // gradient summed over the TP ranks is the single-process one.
+  int sp_size = 1;
+  int sp_rank = 0;
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
   // F' = F / ETP: this rank's slice of each expert's intermediate size.
   int64_t local_ffn_size() const { return ffn_hidden_size / etp_size; }
@@ -114,11 +126,14 @@ struct MoELayerParams {
 //        the allgather dispatcher when etp_size > 1 (with ETP = 1 it uses `ep`).
 //   tdc: TP x DP x CP, over which global_aux_loss counts are all-reduced per micro-batch
 //        (megatron_moe.md §2.3); the layer's dp_size (the N scaling) becomes its size.
+//   tp:  the TP group (size config.sp_size): the aux_loss / seq_aux_loss counts of the sequence
+//        shards are all-reduced over it (required when sp_size > 1).
 struct MoEParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* etp = nullptr;
   comm::Communicator* etp_ep = nullptr;
+  comm::Communicator* tp = nullptr;
 };
 
 // Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
@@ -197,7 +212,12 @@ class MoELayer {
   int64_t max_tokens_ = 0;
   int dp_size_ = 1;
   comm::Communicator* tdc_ = nullptr;  // global_aux_loss counts (may be null)
-  Tensor global_step_counts_;          // [E] f32: this micro-batch's counts, all-reduced
+  comm::Communicator* tp_ = nullptr;   // aux / seq_aux counts of the sequence shards (SP)
+  // Calls fn(first_row, rows, jitter element offset) for the spans of the t local tokens whose
+  // global positions are contiguous (the whole batch without SP, one per sequence with SP).
+  absl::Status ForEachJitterSpan(
+      int64_t t, const std::function<absl::Status(int64_t, int64_t, uint64_t)>& fn) const;
+  Tensor global_step_counts_;  // [E] f32: this micro-batch's counts, all-reduced
   bool has_aux_ = false, has_global_aux_ = false;
   int64_t global_steps_ = 0;
   uint64_t jitter_offset_ = 0;

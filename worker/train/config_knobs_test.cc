@@ -116,7 +116,8 @@ const std::vector<Knob>& Table() {
        [](v1::JobSpec* s) { M(s)->set_attention_backend("flash"); },
        "model.attention_backend (\"flash\") must be one of \"auto\", \"cudnn\", \"native\""},
       // --- ParallelConfig ----------------------------------------------------------------------
-      {"parallel.tensor_model_parallel_size", "planner; ParallelLayout (TP = 1 only in the worker)",
+      {"parallel.tensor_model_parallel_size",
+       "planner; ParallelLayout, GptConfig.tp_size (TP with SP)",
        [](v1::JobSpec* s) { P(s)->set_tensor_model_parallel_size(2); },
        "parallel.tensor_model_parallel_size"},
       {"parallel.pipeline_model_parallel_size", "planner; ParallelLayout (PP = 1 in the worker)",

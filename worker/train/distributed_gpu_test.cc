@@ -98,8 +98,8 @@ std::string CountsText(const StepResult& r) {
 }
 
 // `etp`: parallel.expert_tensor_parallel_size; `dispatcher`: model.moe_token_dispatcher_type
-// (the spec's default when empty).
-v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "") {
+// (the spec's default when empty); tp > 1: tensor parallelism with sequence parallelism.
+v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "", int tp = 1) {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (world > 1) {
@@ -108,6 +108,11 @@ v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher =
     spec->mutable_parallel()->set_expert_tensor_parallel_size(etp);
   }
   if (!dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(dispatcher);
+  if (tp > 1) {
+    spec->mutable_parallel()->set_tensor_model_parallel_size(tp);
+    spec->mutable_parallel()->set_sequence_parallel(true);
+    spec->mutable_parallel()->set_expert_tensor_parallel_size(etp);
+  }
   return *spec;
 }
 
@@ -156,7 +161,7 @@ int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_
 // as SingleGpuBody (rank 0 writes the curve); saves to `save_root` at the end if given.
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root, int etp = 1,
-             const std::string& dispatcher = "") {
+             const std::string& dispatcher = "", int tp = 1) {
   CHILD_CUDA(cudaSetDevice(rank));
   cudaStream_t cs = nullptr;
   CHILD_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -166,6 +171,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     ParallelDims dims;
     dims.world_size = world;
     dims.expert_model_parallel_size = ep;
+    dims.tensor_model_parallel_size = tp;
     dims.expert_tensor_parallel_size = etp;
     comm::NcclOptions nopt;
     nopt.timeout = absl::Seconds(120);
@@ -175,7 +181,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     opt.groups = groups->get();
     opt.cuda_stream = cs;
     {
-      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher), opt);
+      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp), opt);
       SY_CHILD_OK(t.status());
       if (rank == 0) std::fprintf(stderr, "rank 0: %s\n", (*t)->Describe().c_str());
       if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
@@ -376,6 +382,31 @@ TEST_P(DistributedGpuEtpTest, TracksSingleGpu) {
   ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
 }
 
+// Tensor parallelism with sequence parallelism on NCCL: TP = 2 (2 GPUs) and TP = 2 × EP = 2
+// (4 GPUs, DP = 2) track the single-GPU curve with the same tolerances (not yet run on GPUs).
+class TensorParallelGpuTest : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(TensorParallelGpuTest, TracksSingleGpu) {
+  const auto [world, ep] = GetParam();
+  constexpr int kTp = 2;
+  REQUIRE_GPUS(world);
+  const Curve& ref = Reference();
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps)) << "single-GPU reference failed";
+  const std::string store = ct::UniqueStoreDir("gpu_tp_store");
+  const std::string out = OutFile("gpu_tp_curve");
+  const absl::Time start = absl::Now();
+  const std::vector<int> codes = RunRanks(world, [&](int rank) {
+    return RankBody(rank, world, ep, store, out, kSteps, "", "", 1, "", kTp);
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  const std::string what = absl::StrCat("TP=", kTp, " EP=", ep, " (", world, " GPUs, NCCL, bf16)");
+  std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
+              absl::ToDoubleSeconds(absl::Now() - start));
+  const Curve got = ReadCurve(out);
+  ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps)) << what;
+  ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, DistributedGpuEtpTest,
                          ::testing::Values(std::make_tuple(2, 1, std::string("allgather")),
                                            std::make_tuple(2, 1, std::string("alltoall")),
@@ -385,6 +416,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistributedGpuEtpTest,
                            return absl::StrCat("ETP", std::get<0>(info.param), "_EP",
                                                std::get<1>(info.param), "_",
                                                std::get<2>(info.param));
+                         });
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelGpuTest,
+                         ::testing::Values(std::make_pair(2, 1), std::make_pair(4, 2)),
+                         [](const auto& info) {
+                           return absl::StrCat("TP2_EP", info.param.second, "_W", info.param.first);
                          });
 
 // Save at step 10 with EP = 2 on 2 GPUs, resume with EP = 1 × EDP = 2 (resharded experts) and,

@@ -1,11 +1,13 @@
 // The communicators of one rank: world + one sub-group per role, shared where members coincide.
 #include "worker/train/process_groups.h"
 
+#include <string>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/model/engine_support.h"
 #include "common/status.h"
 
 namespace switchyard::train {
@@ -18,6 +20,7 @@ struct Role {
 };
 
 constexpr Role kRoles[] = {
+    {ParallelGroup::kTensor, "tp", &ProcessGroups::tp},
     {ParallelGroup::kDataContext, "dp_cp", &ProcessGroups::data},
     {ParallelGroup::kTensorDataContext, "tp_dp_cp", &ProcessGroups::tdc},
     {ParallelGroup::kExpert, "ep", &ProcessGroups::expert},
@@ -29,18 +32,11 @@ constexpr Role kRoles[] = {
 
 absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank) {
   SY_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Create(dims));
-  const std::pair<const char*, int> unsupported[] = {
-      {"tensor_model_parallel_size", layout.tp()},
-      {"context_parallel_size", layout.cp()},
-      {"pipeline_model_parallel_size", layout.pp()},
-  };
-  for (const auto& [field, size] : unsupported) {
-    if (size != 1) {
-      return absl::UnimplementedError(
-          absl::StrCat("parallel.", field, " = ", size,
-                       ": only 1 is supported (the model has no tensor, context or pipeline "
-                       "parallelism yet); use data and expert parallelism"));
-    }
+  // The one rule of what the engine runs (common/model/engine_support.h).
+  if (std::string why =
+          UnsupportedByEngine("parallel.", layout.tp(), layout.cp(), layout.pp(), layout.etp());
+      !why.empty()) {
+    return absl::UnimplementedError(why);
   }
   if (rank < 0 || rank >= layout.world_size()) {
     return absl::InvalidArgumentError(

@@ -6,8 +6,11 @@
 // share one communicator (with TP = CP = PP = 1, DP×CP, TP×DP×CP and the world are the same ranks),
 // so a role's pointer may equal another's; all are owned here.
 //
-//   data          DP×CP  (ParallelGroup::kDataContext): dense gradients, loss statistics
-//   tdc           TP×DP×CP (kTensorDataContext): expert-bias and global_aux_loss token counts
+//   tp            TP     (ParallelGroup::kTensor): the sequence-parallel all-gathers and
+//                 reduce-scatters of the model, the all-reduce of TP-replicated gradients
+//   data          DP×CP  (ParallelGroup::kDataContext): dense gradients
+//   tdc           TP×DP×CP (kTensorDataContext): expert-bias and global_aux_loss token counts,
+//                 loss statistics
 //   expert        EP     (kExpert): the MoE dispatch all-to-alls
 //   etp           ETP    (kExpertTensor): the alltoall dispatcher's all-gather / reduce-scatter
 //                 around the EP all-to-all (megatron_moe.md §3.2)
@@ -20,9 +23,9 @@
 //                 their own made here (the compute stream keeps computing meanwhile).
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
-// and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only layouts with
-// TP = CP = PP = 1 are accepted for now (UNIMPLEMENTED naming the field otherwise): the model has
-// no tensor, context or pipeline parallelism yet. ETP (expert tensor parallelism) is accepted.
+// and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only what the engine runs
+// is accepted (common/model/engine_support.h: any TP and ETP, CP = PP = 1; UNIMPLEMENTED naming
+// the field otherwise).
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 
@@ -44,6 +47,7 @@ struct ProcessGroups {
   ParallelLayout layout;
   int rank = 0;  // world rank
   comm::Communicator* world = nullptr;
+  comm::Communicator* tp = nullptr;
   comm::Communicator* data = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* expert = nullptr;
@@ -61,8 +65,8 @@ struct ProcessGroups {
 };
 
 // INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
-// TP/CP/PP > 1; the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer does not
-// show up within the options' timeout).
+// CP/PP > 1 (UnsupportedByEngine); the communicators' errors otherwise (DEADLINE_EXCEEDED when a
+// peer does not show up within the options' timeout).
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
     const comm::GlooOptions& options);

@@ -222,6 +222,13 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
       !why.empty()) {
     return absl::InvalidArgumentError(why);
   }
+  // Tensor parallelism: the launched layout's, or none for a standalone worker.
+  const int64_t launched_tp = groups_ != nullptr ? groups_->layout.tp() : 1;
+  if (par.tensor_model_parallel_size() != launched_tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.tensor_model_parallel_size (", par.tensor_model_parallel_size(), ") must be ",
+        launched_tp, groups_ ? " (the launched layout)" : " for a standalone worker"));
+  }
   // Expert parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_ep = groups_ != nullptr ? groups_->layout.ep() : 1;
   if (par.has_expert_model_parallel_size() && par.expert_model_parallel_size() != launched_ep) {
@@ -318,7 +325,9 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     config.moe.etp_rank = pl.RankInGroup(ParallelGroup::kExpertTensor, groups_->rank);
     config.expert_shard_multiple = pl.GroupSize(ParallelGroup::kExpertData);
     config.dense_shard_multiple = dp_;
-    model_groups = {groups_->expert, groups_->tdc, groups_->etp, groups_->etp_ep};
+    config.tp_size = pl.tp();
+    config.tp_rank = pl.RankInGroup(ParallelGroup::kTensor, groups_->rank);
+    model_groups = {groups_->expert, groups_->tdc, groups_->etp, groups_->etp_ep, groups_->tp};
   }
   num_micro_ = num_micro_global_ / dp_;
   seq_ = config.seq_length;
@@ -457,6 +466,9 @@ absl::StatusOr<StepResult> Trainer::Step() {
   const uint64_t counter0 = model_->forward_counter();
   // The last micro-batch's backward launches each gradient bucket as soon as it is final.
   auto hook = [this](int64_t index) -> absl::Status {
+    // TP-replicated gradients are summed over TP first (§1.9): each rank's are partial (its
+    // sequence shard's, or the other ranks' heads' contribution to a norm).
+    SY_RETURN_IF_ERROR(AllReduceTpReplicatedGrads(index));
     for (PlannedBucket& b : bucket_plan_) {
       if (b.launched || index > b.ready) continue;
       model::ScopedRange range(stream_, "grad_reduce_launch", b.index);
@@ -475,7 +487,8 @@ absl::StatusOr<StepResult> Trainer::Step() {
     if (distributed()) model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
     const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
     const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
-    if (reducer_ != nullptr && m + 1 == num_micro_) model_->SetBackwardHook(hook);
+    const bool tp = model_->config().tp_size > 1;
+    if ((reducer_ != nullptr || tp) && m + 1 == num_micro_) model_->SetBackwardHook(hook);
     absl::Status st =
         model_->ForwardBackward(s, ids, targets, seq_, ce_scale, aux_scale, static_cast<int>(m));
     model_->SetBackwardHook(nullptr);
@@ -616,14 +629,23 @@ absl::Status Trainer::InitDistributedOptimizer(const Tensor& master_init) {
   const Device device = options_.device;
   // grad_scale 1: ce_scale and aux_grad_scale already divide by the global batch, so the SUM over
   // the group is the gradient (see the file comment).
-  std::vector<int64_t> dense_ends, dense_ready, expert_ends, expert_ready;
-  PlanBuckets(lay.expert_end, lay.total - lay.expert_end, groups_->data->size(), &dense_ends,
-              &dense_ready);
-  SY_ASSIGN_OR_RETURN(
-      dense_opt_, DistributedAdamW::Create(groups_->data, device, lay.total - lay.expert_end,
-                                           lay.decay_end - lay.expert_end,
-                                           Region(master_init, lay.expert_end, lay.total), hp, 1.0f,
-                                           dense_ends));
+  // Dense parameters: the TP-replicated region [replicated_begin, total) (the whole dense region
+  // without TP) and, with TP, the TP-sharded region [expert_end, replicated_begin) on an instance
+  // of its own, so that the global norm counts each once (DistributedUpdate).
+  const int64_t rb = lay.replicated_begin;
+  std::vector<int64_t> dense_ends, dense_ready, expert_ends, expert_ready, shard_ends, shard_ready;
+  PlanBuckets(rb, lay.total - rb, groups_->data->size(), &dense_ends, &dense_ready);
+  SY_ASSIGN_OR_RETURN(dense_opt_, DistributedAdamW::Create(
+                                      groups_->data, device, lay.total - rb, lay.decay_end - rb,
+                                      Region(master_init, rb, lay.total), hp, 1.0f, dense_ends));
+  if (rb > lay.expert_end) {
+    PlanBuckets(lay.expert_end, rb - lay.expert_end, groups_->data->size(), &shard_ends,
+                &shard_ready);
+    SY_ASSIGN_OR_RETURN(
+        tp_shard_opt_,
+        DistributedAdamW::Create(groups_->data, device, rb - lay.expert_end, rb - lay.expert_end,
+                                 Region(master_init, lay.expert_end, rb), hp, 1.0f, shard_ends));
+  }
   if (lay.expert_end > 0) {
     PlanBuckets(0, lay.expert_end, groups_->expert_data->size(), &expert_ends, &expert_ready);
     SY_ASSIGN_OR_RETURN(
@@ -634,8 +656,12 @@ absl::Status Trainer::InitDistributedOptimizer(const Tensor& master_init) {
   if (options_.overlap_grad_reduce) {
     const Tensor grads = model_->grads();
     for (int b = 0; b < dense_opt_->num_buckets(); ++b) {
-      bucket_plan_.push_back({dense_opt_.get(), b, dense_ready[b],
-                              Region(grads, lay.expert_end, lay.total), groups_->grad_data});
+      bucket_plan_.push_back(
+          {dense_opt_.get(), b, dense_ready[b], Region(grads, rb, lay.total), groups_->grad_data});
+    }
+    for (int b = 0; tp_shard_opt_ && b < tp_shard_opt_->num_buckets(); ++b) {
+      bucket_plan_.push_back({tp_shard_opt_.get(), b, shard_ready[b],
+                              Region(grads, lay.expert_end, rb), groups_->grad_data});
     }
     for (int b = 0; expert_opt_ && b < expert_opt_->num_buckets(); ++b) {
       bucket_plan_.push_back({expert_opt_.get(), b, expert_ready[b],
@@ -676,6 +702,16 @@ void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64
   ready->push_back(min_ready);
 }
 
+absl::Status Trainer::AllReduceTpReplicatedGrads(int64_t index) {
+  if (model_->config().tp_size == 1) return absl::OkStatus();
+  for (const ParamInfo& p : model_->layout().params) {
+    if (p.expert || p.tp_sharded() || model_->GradReadyIndex(p) != index) continue;
+    SY_ASSIGN_OR_RETURN(Tensor g, model_->Grad(p.name));
+    SY_RETURN_IF_ERROR(groups_->tp->AllReduce(g, g, comm::ReduceOp::kSum));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<double>* v) {
   const int64_t n = static_cast<int64_t>(v->size());
   if (n == 0 || group->size() == 1) return absl::OkStatus();
@@ -700,23 +736,37 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
   // distinct experts of the EP ranks added over ETP×EP×PP.
   model::PhaseSequence phase(s);
   phase.Next("reduce_scatter_norm");  // the reduce-scatters not overlapped with the backward
-  SY_ASSIGN_OR_RETURN(float sq_dense,
-                      dense_opt_->PrepareStep(s, Region(grads, lay.expert_end, lay.total)));
+  const int64_t rb = lay.replicated_begin;
+  SY_ASSIGN_OR_RETURN(float sq_dense, dense_opt_->PrepareStep(s, Region(grads, rb, lay.total)));
+  // TP-sharded dense tensors: each TP rank holds different elements, so their squares are added
+  // over TP (the replicated ones above are equal on every TP rank and counted once).
+  std::vector<double> sq_shard = {0.0};
+  if (tp_shard_opt_ != nullptr) {
+    SY_ASSIGN_OR_RETURN(float sq, tp_shard_opt_->PrepareStep(s, Region(grads, lay.expert_end, rb)));
+    sq_shard[0] = sq;
+    SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tp, &sq_shard));
+  }
   std::vector<double> sq_expert = {0.0};
   if (expert_opt_ != nullptr) {
     SY_ASSIGN_OR_RETURN(float sq, expert_opt_->PrepareStep(s, Region(grads, 0, lay.expert_end)));
     sq_expert[0] = sq;
     SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->expert_model, &sq_expert));
   }
-  const float total = sq_dense + static_cast<float>(sq_expert[0]);
+  const float total = sq_dense + static_cast<float>(sq_shard[0]) + static_cast<float>(sq_expert[0]);
   StepResult& r = *result;
   r.lr = lr_->LrAt(step_);
   const int64_t adam_step = step_ - skipped_steps_ + 1;
   const float clip = static_cast<float>(tr.clip_grad());
   phase.Next("adamw_allgather");
-  SY_ASSIGN_OR_RETURN(OptimizerStepResult dense,
-                      dense_opt_->FinishStep(s, Region(params, lay.expert_end, lay.total), total,
-                                             r.lr, adam_step, clip));
+  SY_ASSIGN_OR_RETURN(
+      OptimizerStepResult dense,
+      dense_opt_->FinishStep(s, Region(params, rb, lay.total), total, r.lr, adam_step, clip));
+  if (tp_shard_opt_ != nullptr) {
+    SY_RETURN_IF_ERROR(
+        tp_shard_opt_
+            ->FinishStep(s, Region(params, lay.expert_end, rb), total, r.lr, adam_step, clip)
+            .status());
+  }
   if (expert_opt_ != nullptr) {
     SY_RETURN_IF_ERROR(
         expert_opt_->FinishStep(s, Region(params, 0, lay.expert_end), total, r.lr, adam_step, clip)
@@ -729,13 +779,15 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
 }
 
 absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
-  // One all-reduce: [loss_sum, aux/z terms..., expert counts...] over DP×CP (= TP×DP×CP here).
+  // One all-reduce: [loss_sum, aux/z terms..., expert counts...] over TP×DP×CP: with TP every
+  // rank's values are its sequence shard's share (the aux and z terms too: their sum over TP is
+  // the micro-batch's value), so they are summed over TP and averaged over DP×CP.
   std::vector<double> v = {stats->loss_sum, static_cast<double>(stats->tokens)};
   for (const auto& layer : stats->moe_losses) v.insert(v.end(), layer.begin(), layer.end());
   for (const auto& counts : stats->expert_tokens) {
     for (int64_t c : counts) v.push_back(static_cast<double>(c));
   }
-  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->data, &v));
+  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tdc, &v));
   size_t i = 0;
   stats->loss_sum = v[i++];
   stats->tokens = static_cast<int64_t>(v[i++]);
@@ -934,8 +986,12 @@ absl::StatusOr<std::vector<Buffer>> Trainer::GatherLocalState() {
     auto shard = [which](const DistributedAdamW& o) {
       return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
     };
-    SY_RETURN_IF_ERROR(
-        dense_opt_->GatherFull(shard(*dense_opt_), Region(full.View(), lay.expert_end, lay.total)));
+    SY_RETURN_IF_ERROR(dense_opt_->GatherFull(
+        shard(*dense_opt_), Region(full.View(), lay.replicated_begin, lay.total)));
+    if (tp_shard_opt_ != nullptr) {
+      SY_RETURN_IF_ERROR(tp_shard_opt_->GatherFull(
+          shard(*tp_shard_opt_), Region(full.View(), lay.expert_end, lay.replicated_begin)));
+    }
     if (expert_opt_ != nullptr) {
       SY_RETURN_IF_ERROR(
           expert_opt_->GatherFull(shard(*expert_opt_), Region(full.View(), 0, lay.expert_end)));
@@ -956,6 +1012,7 @@ absl::StatusOr<std::string> Trainer::SaveDistributed(const std::string& root) {
   const int ep = model_->config().moe.ep_size;
   const int64_t etp = model_->config().moe.etp_size;
   const int64_t shards = ep * etp;
+  const int64_t tp = model_->config().tp_size;
   CheckpointWriter w;
   std::vector<Buffer> keep;  // host copies stay alive until Commit
   static constexpr const char* kPrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
@@ -970,9 +1027,28 @@ absl::StatusOr<std::string> Trainer::SaveDistributed(const std::string& root) {
         SY_RETURN_IF_ERROR(groups_->etp_ep->AllGather(local, gathered.View()));
         local = gathered.View();
       }
+      if (p.tp_sharded()) {
+        // Every TP rank's shard, in TP-rank order; put together below.
+        SY_ASSIGN_OR_RETURN(gathered,
+                            Buffer::ForTensor(DType::kF32, {p.numel * tp}, options_.device));
+        SY_RETURN_IF_ERROR(groups_->tp->AllGather(local, gathered.View()));
+        local = gathered.View();
+      }
       if (!writer) continue;
       SY_ASSIGN_OR_RETURN(Buffer host,
                           Buffer::ForTensor(DType::kF32, p.global_shape, Device::Cpu()));
+      if (p.tp_sharded()) {
+        SY_ASSIGN_OR_RETURN(Buffer shards,
+                            Buffer::ForTensor(DType::kF32, {p.numel * tp}, Device::Cpu()));
+        SY_RETURN_IF_ERROR(kernels::CopyTensor(local, shards.View()));
+        for (int64_t r = 0; r < tp; ++r) {
+          model::CopyTpShard(p, tp, r, sizeof(float), /*to_shard=*/false, host.data(),
+                             shards.View().as<float>() + r * p.numel);
+        }
+        w.AddTensor(which == 0 ? kModelFile : kOptimizerFile, kPrefix[which] + p.name, host.View());
+        keep.push_back(std::move(host));
+        continue;
+      }
       const int64_t n = p.numel * (p.expert ? shards : 1);
       if (p.expert && etp > 1) {
         SY_ASSIGN_OR_RETURN(Buffer staged, Buffer::ForTensor(DType::kF32, {n}, Device::Cpu()));
@@ -1061,8 +1137,15 @@ absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
   for (int which = 0; which < 3; ++which) {
     SY_ASSIGN_OR_RETURN(Buffer full, Buffer::ForTensor(DType::kF32, {lay.total}, Device::Cpu()));
     SY_RETURN_IF_ERROR(kernels::FillBytes(full.View(), 0));
+    const GptConfig& c = model_->config();
     for (const ParamInfo& p : lay.params) {
       SY_ASSIGN_OR_RETURN(Tensor t, get(which, p));
+      if (p.tp_sharded()) {
+        // This TP rank's rows / columns of the whole tensor (resharding to any TP size).
+        model::CopyTpShard(p, c.tp_size, c.tp_rank, sizeof(float), /*to_shard=*/true, t.data,
+                           full.View().as<float>() + p.offset);
+        continue;
+      }
       // This rank's experts (and ETP slice) of the whole tensor, whatever split saved it.
       const Tensor whole(DType::kF32, {t.numel()}, Device::Cpu(), t.data);
       SY_RETURN_IF_ERROR(model::CopyShard(p, p.global_offset, whole,
@@ -1072,8 +1155,12 @@ absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
     auto shard = [which](const DistributedAdamW& o) {
       return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
     };
-    SY_RETURN_IF_ERROR(dense_opt_->ScatterFull(Region(full.View(), lay.expert_end, lay.total),
+    SY_RETURN_IF_ERROR(dense_opt_->ScatterFull(Region(full.View(), lay.replicated_begin, lay.total),
                                                shard(*dense_opt_)));
+    if (tp_shard_opt_ != nullptr) {
+      SY_RETURN_IF_ERROR(tp_shard_opt_->ScatterFull(
+          Region(full.View(), lay.expert_end, lay.replicated_begin), shard(*tp_shard_opt_)));
+    }
     if (expert_opt_ != nullptr) {
       SY_RETURN_IF_ERROR(
           expert_opt_->ScatterFull(Region(full.View(), 0, lay.expert_end), shard(*expert_opt_)));

@@ -27,22 +27,29 @@
 // (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
 // metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
 //
-// Distributed (TrainerOptions::groups; data and expert parallelism, TP = CP = PP = 1): every
-// rank holds the dense parameters and its EP rank's experts (megatron_moe.md §3.2, §5). With
+// Distributed (TrainerOptions::groups; data, expert and tensor parallelism, CP = PP = ETP = 1):
+// every rank holds the dense parameters (its TP shard of the TP-split ones: GptModel's "Tensor
+// and sequence parallelism") and its EP rank's experts (megatron_moe.md §3.2, §5). The TP ranks of
+// one DP rank run the same micro-batches, each on its sequence shard; the gradients of the
+// TP-replicated tensors are summed over TP in the last micro-batch's backward hook
+// (AllReduceTpReplicatedGrads), and the TP-split region has an optimizer instance of its own
+// whose squared norm is summed over TP (the replicated one counts once). With
 // DP = size(DP×CP) data-parallel ranks and M = GBS / MBS micro-batches per global batch, rank
 // d runs micro-batches j = m·DP + d (m < M / DP) — sample ranges as Megatron's pretraining
 // sampler gives them — with the single-process scales (ce_scale = 1 / global batch tokens,
 // aux_grad_scale = 1 / M) and the jitter counter of micro-batch j, so the SUM over ranks of the
 // gradients is exactly the single-process gradient. Optimizer: two DistributedAdamW (ZeRO-1)
 // instances with grad_scale 1 (the sum): dense parameters over DP×CP, expert parameters over
-// EDP, one global norm (distributed_optimizer.h, "Two instances"). Loss, aux losses and expert
-// counts are all-reduced for the log line; expert-bias and global_aux_loss counts over TP×DP×CP
-// inside the model. Gradient buckets are reduce-scattered during the backward pass of the last
-// micro-batch (TrainerOptions::overlap_grad_reduce; worker/train/grad_reducer.h).
-// Checkpoints stay in the single-process format (full tensors, every expert): the state is
-// gathered and rank 0 writes it; every rank loads the full files and keeps its part, so a run
-// resumes with another DP or EP size (resharding). The checkpoint directory must be visible to
-// every rank (one machine, or a shared file system).
+// EDP, one global norm (distributed_optimizer.h, "Two instances"); with TP a third, the
+// TP-split dense region, also over DP×CP. Loss, aux losses and expert counts are summed over
+// TP×DP×CP for the log line (each TP rank's are its shard's share); expert-bias and
+// global_aux_loss counts over TP×DP×CP inside the model. Gradient buckets are reduce-scattered
+// during the backward pass of the last micro-batch (TrainerOptions::overlap_grad_reduce;
+// worker/train/grad_reducer.h).
+// Checkpoints stay in the single-process format (full tensors, every expert, whole TP-split
+// weights): the state is gathered and rank 0 writes it; every rank loads the full files and
+// keeps its part, so a run resumes with another DP, EP or TP size (resharding). The checkpoint
+// directory must be visible to every rank (one machine, or a shared file system).
 //
 // data.split (Megatron's "969,30,1" train/valid/test weights): training reads only the first
 // share of the documents, as Megatron's _get_split_indices cuts it (TrainDocuments below); there
@@ -189,6 +196,9 @@ class Trainer {
   absl::Status InitDistributedOptimizer(const Tensor& master_init);
   // Distributed: gradient reduction, global norm, AdamW on the shards, parameter all-gather.
   absl::Status DistributedUpdate(StepResult* r);
+  // TP > 1: sums the gradients of the TP-replicated dense tensors that are final after backward
+  // hook `index` (GptModel::SetBackwardHook) over the TP group; in the last micro-batch.
+  absl::Status AllReduceTpReplicatedGrads(int64_t index);
   // Sums `v` over `group` (staged through the device on CUDA).
   absl::Status AllReduceDoubles(comm::Communicator* group, std::vector<double>* v);
   // Distributed stats: sums over the data-parallel group (loss, counts; aux losses averaged).
@@ -203,7 +213,9 @@ class Trainer {
   ProcessGroups* groups_ = nullptr;
   int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
-  std::unique_ptr<DistributedAdamW> dense_opt_, expert_opt_;
+  // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
+  // TP-sharded dense region (null without TP); expert_opt_: the experts.
+  std::unique_ptr<DistributedAdamW> dense_opt_, tp_shard_opt_, expert_opt_;
   kernels::AttentionSettings attention_;  // CUDA: the job's (spec, then environment overrides)
   int64_t tokenizer_vocab_ = 0;           // data.tokenizer_model's vocabulary (0: none given)
   // Overlapped gradient reduction: the buckets of both optimizers with the backward-hook index
