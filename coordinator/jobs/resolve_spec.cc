@@ -40,8 +40,22 @@ std::string UnsupportedParallelism(const v1::ParallelConfig& p) {
                              p.pipeline_model_parallel_size(), p.expert_tensor_parallel_size());
 }
 
+void PinWorkerParallelism(v1::ParallelConfig* p) {
+  p->set_tensor_model_parallel_size(1);
+  p->set_context_parallel_size(1);
+  p->set_pipeline_model_parallel_size(1);
+  p->set_expert_tensor_parallel_size(1);
+  p->set_sequence_parallel(false);
+}
+
+void StandInJobDirectory(bool has_checkpoint_root, v1::JobSpec* spec) {
+  if (has_checkpoint_root && spec->training().save().empty()) {
+    spec->mutable_training()->set_save(kJobDirectoryPlaceholder);
+  }
+}
+
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
-                                           const CoordinatorContext& context, int64_t job_id) {
+                                           const CoordinatorContext& context) {
   v1::JobSpec resolved = spec;
   ApplyDefaults(&resolved);
   if (!resolved.model().has_vocab_size() && ReadsDefaultCorpus(resolved) &&
@@ -52,11 +66,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
   // job's own directory, which the coordinator provides when it has a checkpoint root; the
   // returned spec keeps the user's (relative) paths, which AssignedSpec resolves under the roots.
   v1::JobSpec checked = resolved;
-  if (checked.training().save().empty() && !context.checkpoint_root.empty()) {
-    checked.mutable_training()->set_save(job_id == kUnassignedJobId
-                                             ? std::string(kJobDirectoryPlaceholder)
-                                             : JobDirectory(context.checkpoint_root, job_id));
-  }
+  StandInJobDirectory(!context.checkpoint_root.empty(), &checked);
 
   SY_RETURN_IF_ERROR(ValidateJobSpec(checked));
   SY_RETURN_IF_ERROR(CheckVocabSize(resolved));
@@ -73,20 +83,14 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   SY_ASSIGN_OR_RETURN(*resolved.mutable_spec(), ResolveJobSpec(request.spec(), context));
   v1::ParallelConfig& p = *resolved.mutable_spec()->mutable_parallel();
-  p.set_tensor_model_parallel_size(1);
-  p.set_context_parallel_size(1);
-  p.set_pipeline_model_parallel_size(1);
-  p.set_expert_tensor_parallel_size(1);
-  p.set_sequence_parallel(false);
+  PinWorkerParallelism(&p);
   // As the scheduler (jobs/placement.h WorkerRange): without a world size or min_workers, any
   // world from the cluster's size down to 1 may run, so smaller worlds are planned too.
   v1::JobSpec& spec = *resolved.mutable_spec();
   if (!spec.has_min_workers() && !p.has_world_size()) spec.set_min_workers(1);
   // As the scheduler (jobs/placement.h PlanRequestFor): an empty training.save is the job's
   // directory, so a save_interval without it is planned.
-  if (spec.training().save().empty() && !context.checkpoint_root.empty()) {
-    spec.mutable_training()->set_save(kJobDirectoryPlaceholder);
-  }
+  StandInJobDirectory(!context.checkpoint_root.empty(), &spec);
   return resolved;
 }
 

@@ -51,14 +51,9 @@ struct CoordinatorContext {
   int64_t default_vocab_size = 0;
 };
 
-// The id ResolveJobSpec gets before the job exists (submit, PlanService): training.save becomes
-// kJobDirectoryPlaceholder for the rules that need a checkpoint directory.
-inline constexpr int64_t kUnassignedJobId = 0;
-
 // The resolved spec (steps 1-3) if it passes the rules (a-d), else INVALID_ARGUMENT.
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
-                                           const CoordinatorContext& context,
-                                           int64_t job_id = kUnassignedJobId);
+                                           const CoordinatorContext& context);
 
 // PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
 // job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
@@ -69,6 +64,19 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // there are no alternatives of other sizes to list. The cluster is the caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
+
+// The parallelism the workers run (jobs/placement.h PlanRequestFor and AssignedSpec, and
+// ResolvePlanRequest): TP = CP = PP = ETP = 1, sequence parallelism off. One function so the
+// planner request, the plan `syctl plan` shows and the spec the ranks get cannot drift apart.
+void PinWorkerParallelism(v1::ParallelConfig* parallel);
+
+// The one rule for an empty training.save: it is the job's own directory (JobDirectory, which
+// AssignedSpec fills), provided the coordinator has a checkpoint root (the scheduler always has
+// one, SchedulerOptions.checkpoint_root). Rules that need a checkpoint directory
+// (training.save_interval, the planner's) must see it as set, so it becomes
+// kJobDirectoryPlaceholder (common/config/job_paths.h) in the spec they check; a set save is
+// kept. Used by ResolveJobSpec, ResolvePlanRequest and PlanRequestFor alike.
+void StandInJobDirectory(bool has_checkpoint_root, v1::JobSpec* spec);
 
 // "" when TP, CP, PP and ETP are unset or 1; otherwise the first one that is not, as a rule text
 // naming the field ("parallel.tensor_model_parallel_size (2) must be 1: ...").

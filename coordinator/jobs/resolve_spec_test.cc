@@ -44,9 +44,9 @@ TEST(ResolveSpecTest, FillsVocabularyAndKeepsPathsRelative) {
   // Paths stay as written (empty = the job's directory); AssignedSpec resolves them later.
   EXPECT_TRUE(at_submit->training().save().empty());
   EXPECT_TRUE(at_submit->training().load().empty());
-  auto scheduled = ResolveJobSpec(*at_submit, context, 7);
+  auto scheduled = ResolveJobSpec(*at_submit, context);
   ASSERT_TRUE(scheduled.ok()) << scheduled.status();
-  // Resolving what CreateJob stored again, with the id, is the same spec.
+  // Resolving what CreateJob stored again (the scheduler does) is the same spec.
   EXPECT_EQ(scheduled->SerializeAsString(), at_submit->SerializeAsString());
   std::printf("resolved: vocab %lld, save \"%s\"\n",
               static_cast<long long>(scheduled->model().vocab_size()),

@@ -254,11 +254,16 @@ void Scheduler::SchedulePass() {
       TrySchedule(job, &idle, attached);
     }
   }
-  // Jobs that no longer wait (started, ended) forget their last reason.
+  // Jobs that no longer wait (started, ended) forget their last reason and resolved spec.
   for (auto it = wait_reason_.begin(); it != wait_reason_.end();) {
     it = waiting.count(it->first) > 0 ? std::next(it) : wait_reason_.erase(it);
   }
+  for (auto it = resolved_.begin(); it != resolved_.end();) {
+    it = waiting.count(it->first) > 0 ? std::next(it) : resolved_.erase(it);
+  }
 }
+
+int64_t Scheduler::SpecResolutions() const { return spec_resolutions_.load(); }
 
 void Scheduler::NoteWaiting(const Job& job, const std::string& reason, const std::string& message) {
   std::string key = absl::StrCat(reason, ": ", message);
@@ -291,11 +296,16 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
                             const std::vector<cluster::WorkerInfo>& attached_workers) {
   // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h); the paths
   // stay relative until AssignedSpec resolves them under the roots (common/config/job_paths.h).
-  jobs::CoordinatorContext context = hub_->context();
-  context.checkpoint_root = options_.checkpoint_root;
-  const absl::StatusOr<int64_t> id = jobs::ParseJobName(job.name());
-  absl::StatusOr<v1::JobSpec> resolved =
-      jobs::ResolveJobSpec(job.spec(), context, id.ok() ? *id : jobs::kUnassignedJobId);
+  // Resolved once while the job waits (scheduler.h "Policy"): the full validation is not free
+  // and a pass runs it for every waiting job.
+  auto cached = resolved_.find(job.name());
+  if (cached == resolved_.end()) {
+    jobs::CoordinatorContext context = hub_->context();
+    context.checkpoint_root = options_.checkpoint_root;
+    cached = resolved_.emplace(job.name(), jobs::ResolveJobSpec(job.spec(), context)).first;
+    spec_resolutions_.fetch_add(1);
+  }
+  const absl::StatusOr<v1::JobSpec>& resolved = cached->second;
   if (!resolved.ok()) {
     // Only a spec stored before these rules (or by another coordinator version) gets here.
     const std::string unsupported = jobs::UnsupportedParallelism(job.spec().parallel());

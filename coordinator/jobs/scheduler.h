@@ -14,16 +14,19 @@
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
 //   TP = CP = PP = ETP = 1 (the worker runs data and expert parallelism only); it picks the
 //   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
-//   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
-//   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
-//   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
-//   the default corpus's vocab_size). A stored spec that fails them (stored by an older
-//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP above 1) or
-//   INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when
-//   k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help); with fewer the job
-//   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any
-//   other error (a store that cannot write the FAILED transition) is logged and retried, never
-//   reported as NO_FEASIBLE_PLAN.
+//   The spec planned is the stored one resolved again by jobs::ResolveJobSpec (the same
+//   function and rules as CreateJob and PlanService), so a spec accepted at submit is planned
+//   with the fields the coordinator fills (an empty training.save is the job's directory, the
+//   default corpus's vocab_size). The resolution is done once per waiting job and cached: a
+//   stored spec never changes and the resolution reads nothing of the cluster (the plan, which
+//   does, is made on every pass); the entry is dropped when the job stops waiting, so a job
+//   that waits again (RESTARTING) is resolved afresh. A stored spec that fails the rules
+//   (stored by an older coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP
+//   above 1) or INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or
+//   RESOURCE_EXHAUSTED) when k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot
+//   help); with fewer the job waits for more workers (a RESTARTING job too: it is never failed for
+//   lack of workers). Any other error (a store that cannot write the FAILED transition) is logged
+//   and retried, never reported as NO_FEASIBLE_PLAN.
 // - Job-scoped workers (Registration.job, switchyard-worker --job; one Kubernetes pod per worker
 //   of one job): a job is placed only on workers that are unscoped or scoped to it, those scoped
 //   to it first; the workers counted in its WAITING_FOR_WORKERS reason are those too. Once the
@@ -78,6 +81,7 @@
 #ifndef SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
 #define SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -167,6 +171,10 @@ class Scheduler {
   absl::Status RequestCheckpoint(const std::string& job);
 
   std::vector<RunSnapshot> Runs() const;
+
+  // How many times this scheduler has run ResolveJobSpec on a stored spec (one per job that
+  // starts waiting, not one per pass), for tests.
+  int64_t SpecResolutions() const;
 
  private:
   struct Run {
@@ -266,6 +274,9 @@ class Scheduler {
   bool workers_changed_ = true;
   std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
   std::map<std::string, std::string> wait_reason_;  // job -> "REASON: message" last recorded
+  // job -> its stored spec resolved (ResolveJobSpec) while it waits; dropped with wait_reason_.
+  std::map<std::string, absl::StatusOr<v1::JobSpec>> resolved_;
+  std::atomic<int64_t> spec_resolutions_{0};
   std::set<std::pair<std::string, int64_t>> zombies_stopped_;
   std::set<std::string> released_;  // scoped workers sent JobEnded since they registered
 };

@@ -398,6 +398,8 @@ TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallel
   int waits = 0;
   for (const v1::JobEvent& e : *events) waits += e.reason() == "WAITING_FOR_WORKERS";
   EXPECT_EQ(waits, 1) << "the reason did not change, so it is recorded once";
+  // Nor is the spec validated again on every pass: it is resolved once while it waits.
+  EXPECT_EQ(h_->plane()->scheduler()->SpecResolutions(), 1);
   std::printf("pending: %s: %s (%d event(s) after 2.5 s of passes)\n",
               pending.last_event().reason().c_str(), pending.last_event().message().c_str(), waits);
   // A second worker arrives: the job starts on both.
@@ -406,11 +408,14 @@ TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallel
   fleet_->ticker->Add(&second);
   auto ranks = ExpectGeneration({fleet_->workers[0].get(), &second}, job_, 1, 2);
   EXPECT_EQ(ranks.size(), 2u);
+  // The cluster changed (a worker attached) and the cached spec was planned on the new one.
+  EXPECT_EQ(h_->plane()->scheduler()->SpecResolutions(), 1);
 }
 
 // The bug this path fixes: save_interval without save passed CreateJob, then failed at planning
 // (NO_FEASIBLE_PLAN: training.save_interval requires training.save). The scheduler resolves the
-// stored spec with the job id, so it starts, saving to <checkpoint root>/<job id>.
+// stored spec as CreateJob does (an empty save is the job's directory), so it starts, saving to
+// <checkpoint root>/jobs/<job id>.
 TEST_F(SchedulerTest, SaveIntervalWithoutSaveStartsWithTheCoordinatorsDirectory) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_save_interval.db", 1));
   v1::JobSpec spec = api::testing::SmallSpec(1, 1);
