@@ -2,11 +2,18 @@
 #include "coordinator/jobs/resolve_spec.h"
 
 #include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/config/config_defaults.h"
 #include "common/config/job_paths.h"
 #include "common/config/validate.h"
+#include "common/config/worker_range.h"
 #include "common/model/engine_support.h"
 #include "common/status.h"
 
@@ -33,7 +40,86 @@ absl::Status CheckVocabSize(const v1::JobSpec& spec) {
       "did not find (run tools/setup.sh on its machine, or set model.vocab_size)");
 }
 
+// Rule e (resolve_spec.h).
+absl::Status CheckQueue(const v1::JobSpec& spec, const CoordinatorContext& context) {
+  const std::string queue = QueueOf(spec);
+  if (queue != kDefaultQueue && context.queue_quotas.count(queue) == 0) {
+    std::vector<std::string> names = {kDefaultQueue};
+    for (const auto& [name, quota] : context.queue_quotas) {
+      if (name != kDefaultQueue) names.push_back(name);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue (\"", absl::CHexEscape(queue),
+                     "\") must be one of this coordinator's queues: ", absl::StrJoin(names, ", ")));
+  }
+  if (spec.priority() < -kMaxPriority || spec.priority() > kMaxPriority) {
+    return absl::InvalidArgumentError(absl::StrCat("priority (", spec.priority(),
+                                                   ") must be within [", -kMaxPriority, ", ",
+                                                   kMaxPriority, "]"));
+  }
+  if (std::optional<int32_t> quota = QueueQuota(context, queue); quota.has_value()) {
+    const int32_t min_workers = WorkerRange(spec).first;
+    if (min_workers > *quota) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_workers (", min_workers,
+                       ", or parallel.world_size when unset) must be at most the "
+                       "worker quota of queue ",
+                       queue, " (", *quota, "): the job could never be admitted"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool IsDns1123Label(absl::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s) {
+    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-')) return false;
+  }
+  return s.front() != '-' && s.back() != '-';
+}
+
 }  // namespace
+
+std::string QueueOf(const v1::JobSpec& spec) {
+  return spec.queue().empty() ? std::string(kDefaultQueue) : spec.queue();
+}
+
+std::optional<int32_t> QueueQuota(const CoordinatorContext& context, const std::string& queue) {
+  auto it = context.queue_quotas.find(queue);
+  if (it == context.queue_quotas.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<std::map<std::string, int32_t>> ParseQueueQuotas(absl::string_view flag) {
+  std::map<std::string, int32_t> quotas;
+  if (flag.empty()) return quotas;
+  for (absl::string_view entry : absl::StrSplit(flag, ',')) {
+    const size_t eq = entry.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--queues: entry \"", absl::CHexEscape(entry),
+                       "\" must be NAME=WORKERS (e.g. --queues=a=2,b=2)"));
+    }
+    const std::string name(entry.substr(0, eq));
+    const absl::string_view value = entry.substr(eq + 1);
+    if (!IsDns1123Label(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--queues: queue name \"", absl::CHexEscape(name),
+          "\" must be a DNS-1123 label (lower-case letters, digits and '-', at most 63, "
+          "alphanumeric at both ends)"));
+    }
+    int32_t quota = 0;
+    if (!absl::SimpleAtoi(value, &quota) || quota < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--queues: quota of queue ", name, " (\"",
+                                                     absl::CHexEscape(value),
+                                                     "\") must be a non-negative worker count"));
+    }
+    if (!quotas.emplace(name, quota).second) {
+      return absl::InvalidArgumentError(absl::StrCat("--queues: queue ", name, " is listed twice"));
+    }
+  }
+  return quotas;
+}
 
 std::string UnsupportedParallelism(const v1::ParallelConfig& p) {
   return UnsupportedByEngine("parallel.", p.tensor_model_parallel_size(), p.context_parallel_size(),
@@ -58,6 +144,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
                                            const CoordinatorContext& context) {
   v1::JobSpec resolved = spec;
   ApplyDefaults(&resolved);
+  if (resolved.queue().empty()) resolved.set_queue(kDefaultQueue);
   if (!resolved.model().has_vocab_size() && ReadsDefaultCorpus(resolved) &&
       context.default_vocab_size > 0) {
     resolved.mutable_model()->set_vocab_size(context.default_vocab_size);
@@ -74,6 +161,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
     return absl::InvalidArgumentError(why);
   }
   SY_RETURN_IF_ERROR(CheckJobSpecPaths(resolved));  // common/config/job_paths.h
+  SY_RETURN_IF_ERROR(CheckQueue(resolved, context));
   return resolved;
 }
 

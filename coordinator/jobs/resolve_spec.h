@@ -7,11 +7,12 @@
 //
 // Resolution, applied once, in this order:
 //   1. ApplyDefaults (common/config/config_defaults.h): Megatron's defaults.
-//   2. model.vocab_size, when unset and the job reads the default corpus (no data.mock_data, no
+//   2. queue, when empty: kDefaultQueue (so the stored spec names its queue).
+//   3. model.vocab_size, when unset and the job reads the default corpus (no data.mock_data, no
 //      data.data_path): the default corpus's vocabulary, CoordinatorContext.default_vocab_size
 //      (the coordinator reads its manifest at start, data/corpus.h; the worker fills the same
 //      value from the same manifest, worker/train/trainer.cc).
-//   3. Nothing else: paths stay as the user wrote them (relative, common/config/job_paths.h) and
+//   4. Nothing else: paths stay as the user wrote them (relative, common/config/job_paths.h) and
 //   are
 //      resolved under the roots when the assigned spec is built (jobs/placement.h
 //      AssignedSpec). Rules that need a checkpoint directory (save_interval) see an empty
@@ -22,8 +23,10 @@
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
 //   c. The parallelism the workers run: TP, CP, PP and ETP must be unset or 1.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
-//   '..',
-//      load only another job's checkpoint by name.
+//      '..', load only another job's checkpoint by name.
+//   e. The queue rules: queue is empty (the default queue) or one of the coordinator's queues;
+//      priority within [-1000, 1000]; the job's minimum workers (WorkerRange) at most its
+//      queue's quota (a larger gang could never be admitted).
 // What the rules cannot know at submit (the world size the workers allow, memory) is the
 // scheduler's and the planner's to report (a PENDING event or NO_FEASIBLE_PLAN).
 //
@@ -32,9 +35,12 @@
 #define SWITCHYARD_COORDINATOR_JOBS_RESOLVE_SPEC_H_
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "switchyard/v1/config.pb.h"
 #include "switchyard/v1/plan.pb.h"
 
@@ -49,9 +55,30 @@ struct CoordinatorContext {
   // The default corpus's vocabulary; 0 when the coordinator found no default corpus (a job
   // reading it must then set model.vocab_size).
   int64_t default_vocab_size = 0;
+  // The coordinator's queues (--queues) and each one's worker quota: at most that many workers
+  // (one GPU each) run the queue's jobs at once. kDefaultQueue always exists; unlisted, it has no
+  // quota. A job naming another queue is refused.
+  std::map<std::string, int32_t> queue_quotas;
 };
 
-// The resolved spec (steps 1-3) if it passes the rules (a-d), else INVALID_ARGUMENT.
+// The queue of a spec whose JobSpec.queue is empty.
+inline constexpr char kDefaultQueue[] = "default";
+// JobSpec.priority must lie within [-kMaxPriority, kMaxPriority].
+inline constexpr int32_t kMaxPriority = 1000;
+
+// The queue a (stored) spec counts against: JobSpec.queue, or kDefaultQueue when empty.
+std::string QueueOf(const v1::JobSpec& spec);
+
+// The worker quota of `queue`, nullopt when it has none (an unlisted default queue).
+std::optional<int32_t> QueueQuota(const CoordinatorContext& context, const std::string& queue);
+
+// Parses the coordinator's --queues value, "NAME=WORKERS[,NAME=WORKERS...]" (e.g. "a=2,b=2";
+// empty: no quotas). INVALID_ARGUMENT naming --queues and the rule: a name must be a DNS-1123
+// label (lower-case letters, digits, '-', at most 63, alphanumeric at both ends), listed once;
+// WORKERS a non-negative integer.
+absl::StatusOr<std::map<std::string, int32_t>> ParseQueueQuotas(absl::string_view flag);
+
+// The resolved spec (steps 1-4) if it passes the rules (a-e), else INVALID_ARGUMENT.
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
                                            const CoordinatorContext& context);
 

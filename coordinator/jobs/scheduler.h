@@ -6,8 +6,22 @@
 //
 // Policy:
 // - A job is schedulable when it is PENDING or RESTARTING and has no generation in flight here.
-//   RESTARTING jobs go first, then PENDING, each in id order; a job that cannot start yet does
-//   not block later ones (backfill).
+//   Admission order: higher JobSpec.priority first, then the older job (lower id). A job that
+//   cannot start yet does not block later ones of its priority (backfill), but while a job waits
+//   for workers (WAITING_FOR_WORKERS) no job of a lower priority starts in that pass (it waits
+//   with WAITING_FOR_PRIORITY): lower-priority gangs cannot keep taking the workers a
+//   higher-priority one needs. A queue at its quota does not hold other queues back.
+// - Queues: each job counts against its queue (JobSpec.queue, resolve_spec.h QueueOf). A queue
+//   with a worker quota (CoordinatorContext.queue_quotas, --queues) runs at most that many
+//   workers at once, counted over its generations in flight (draining ones too, until their
+//   workers are free). A job whose queue has fewer free workers than its minimum waits with
+//   QUEUE_QUOTA_EXCEEDED ("queue a: 2 of 2 worker(s) in use, needs 2"); otherwise it is planned
+//   on at most the queue's free workers. After each pass the scheduler publishes, for every
+//   waiting job, its queue, its 1-based position in the admission order of that queue and its
+//   current wait reason (JobHub::SetQueueState: Job.queue_status in GetJob and ListJobs), and
+//   per queue the quota, workers in use and waiting jobs (the switchyard_queue_* metrics).
+// - Gang admission: a job starts only with every rank reserved (k >= its minimum idle eligible
+//   workers within its quota); ranks are never handed out to a partial gang.
 // - Worker range: [min_workers, max_workers] of the stored spec; unset min_workers is
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
@@ -190,6 +204,7 @@ class Scheduler {
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
     absl::Time last_step_saved = absl::InfinitePast();  // rank 0's step, to the store
+    std::string queue;  // the job's queue, whose quota its workers count against
   };
   struct RegisteredEvent {
     cluster::Registered registered;
@@ -220,8 +235,12 @@ class Scheduler {
   // The schedule pass and the periodic checks.
   void SchedulePass();
   // True when the job was started or failed (it no longer waits). `attached`: idle + busy.
+  // `in_use`: workers per queue of the generations in flight, raised by a start.
   bool TrySchedule(const v1::Job& job, std::vector<cluster::WorkerInfo>* idle,
-                   const std::vector<cluster::WorkerInfo>& attached);
+                   const std::vector<cluster::WorkerInfo>& attached,
+                   std::map<std::string, int32_t>* in_use);
+  // Workers per queue of the runs in flight (draining ones included).
+  std::map<std::string, int32_t> WorkersInUse() const;
   // Sends JobEnded (once per registration) to every connected job-scoped worker whose job is
   // finished.
   void ReleaseScopedWorkers();
@@ -274,6 +293,9 @@ class Scheduler {
   bool workers_changed_ = true;
   std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
   std::map<std::string, std::string> wait_reason_;  // job -> "REASON: message" last recorded
+  // job -> {reason, message} of its current wait (what Job.queue_status shows), kept while the
+  // job waits, even when the event was not (re)recorded.
+  std::map<std::string, std::pair<std::string, std::string>> current_wait_;
   // job -> its stored spec resolved (ResolveJobSpec) while it waits; dropped with wait_reason_.
   std::map<std::string, absl::StatusOr<v1::JobSpec>> resolved_;
   std::atomic<int64_t> spec_resolutions_{0};
