@@ -6,8 +6,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/config/job_paths.h"
+#include "common/config/worker_range.h"
 
 namespace switchyard::cli {
 namespace {
@@ -66,32 +68,19 @@ absl::Status CheckOptions(const K8sWorkersOptions& o) {
   return absl::OkStatus();
 }
 
+// "1, 2, ..., 127": the worker exits DESIGN.md calls permanent.
+std::string PermanentExitCodes() {
+  std::vector<int> codes;
+  for (int code = 1; code <= 127; ++code) codes.push_back(code);
+  return absl::StrJoin(codes, ", ");
+}
+
 std::string StripSlash(std::string s) {
   while (s.size() > 1 && s.back() == '/') s.pop_back();
   return s;
 }
 
 }  // namespace
-
-int32_t WorkersNeeded(const v1::JobSpec& spec) {
-  const bool has_world = spec.parallel().has_world_size();
-  const int32_t n =
-      spec.has_min_workers() ? spec.min_workers() : (has_world ? spec.parallel().world_size() : 1);
-  return n < 1 ? 1 : n;
-}
-
-absl::StatusOr<std::string> LoadedJob(const v1::JobSpec& spec) {
-  const std::string& load = spec.training().load();
-  if (load.empty()) return std::string();
-  const std::vector<std::string> parts = absl::StrSplit(load, '/');
-  const std::string job = parts.size() >= 2 ? absl::StrCat(parts[0], "/", parts[1]) : "";
-  if (JobId(job) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("training.load (\"", load,
-                     "\") must name a job's checkpoint: jobs/<id> or jobs/<id>/<dir>[/step_<N>]"));
-  }
-  return job;
-}
 
 absl::StatusOr<std::string> K8sWorkersManifest(const v1::Job& job,
                                                const K8sWorkersOptions& options) {
@@ -108,10 +97,10 @@ absl::StatusOr<std::string> K8sWorkersManifest(const v1::Job& job,
                      ": its workers would be refused (a job-scoped worker attaches only to an "
                      "unfinished job)"));
   }
-  absl::StatusOr<std::string> loaded = LoadedJob(job.spec());
+  absl::StatusOr<std::string> loaded = LoadedJobName(job.spec());
   if (!loaded.ok()) return loaded.status();
-  if (*loaded == job.name()) loaded->clear();  // its own directory, mounted read-write anyway
-  const int32_t n = WorkersNeeded(job.spec());
+  if (*loaded == job.name()) loaded->clear();       // its own directory, mounted read-write anyway
+  const int32_t n = WorkerRange(job.spec()).first;  // what the scheduler waits for
   const std::string ckpt = StripSlash(options.checkpoint_root);
   const std::string data = StripSlash(options.data_root);
   const std::string own = absl::StrCat("jobs/", id);
@@ -154,8 +143,24 @@ absl::StatusOr<std::string> K8sWorkersManifest(const v1::Job& job,
                   "  completions: ",
                   n, "\n  parallelism: ", n,
                   "\n"
-                  "  # Container restarts count here (OnFailure restarts on every non-zero exit).\n"
+                  "  # Failed pods count here: a retryable worker exit (128-255) gets a new pod.\n"
                   "  backoffLimit: 6\n"
+                  "  # DESIGN.md: worker exit 1-127 is permanent (a retry would repeat it): the "
+                  "Job fails at once.\n"
+                  "  # A pod that Kubernetes disrupted (eviction, preemption) is replaced without "
+                  "counting.\n"
+                  "  podFailurePolicy:\n"
+                  "    rules:\n"
+                  "      - action: FailJob\n"
+                  "        onExitCodes:\n"
+                  "          containerName: worker\n"
+                  "          operator: In\n"
+                  "          values: [",
+                  PermanentExitCodes(),
+                  "]\n"
+                  "      - action: Ignore\n"
+                  "        onPodConditions:\n"
+                  "          - type: DisruptionTarget\n"
                   "  ttlSecondsAfterFinished: 86400\n"
                   "  template:\n"
                   "    metadata:\n"
@@ -170,7 +175,8 @@ absl::StatusOr<std::string> K8sWorkersManifest(const v1::Job& job,
                   "        prometheus.io/scrape: \"true\"\n"
                   "        prometheus.io/path: /metrics\n"
                   "    spec:\n"
-                  "      restartPolicy: OnFailure\n"
+                  "      # Never: Kubernetes allows a podFailurePolicy only with it.\n"
+                  "      restartPolicy: Never\n"
                   "      # SIGTERM: the running generation ends with WorkerExit(143); a training "
                   "thread stuck in a\n"
                   "      # collective gets up to --comm-timeout to unwind.\n"

@@ -3,13 +3,21 @@
 // `syctl k8s-workers jobs/<id>`: the Kubernetes manifest of one job's workers (deploy/README.md
 // "Running a job"), the model Kubeflow's PyTorchJob/MPIJob users know: pods per job.
 //
-// The manifest is one Indexed batch/v1 Job, parallelism = completions = WorkersNeeded(spec), one
-// GPU per pod, restartPolicy OnFailure (a retryable worker exit 128-255 restarts the container).
+// The manifest is one Indexed batch/v1 Job, parallelism = completions = the number of workers
+// the scheduler waits for before it starts the job (the minimum of WorkerRange,
+// common/config/worker_range.h: the N of its "WAITING_FOR_WORKERS: needs N worker(s)" event), one
+// GPU per pod, and a podFailurePolicy (DESIGN.md: worker exit 1-127 is permanent, 128-255
+// retryable): exit 1-127 of the worker container fails the whole Job at once (restarting it would
+// only repeat the failure), a pod disrupted by Kubernetes (eviction, preemption) is replaced
+// without counting against backoffLimit, and any other failure (exit 128-255) gets a new pod,
+// up to backoffLimit. Kubernetes allows a podFailurePolicy only with restartPolicy Never, so a
+// retry is a new pod rather than a container restart.
 // Each pod runs `switchyard-worker --job jobs/<id>`: the coordinator gives it that job only, and
 // it exits 0 once the job is finished, which completes its index. Volumes:
 //   - the checkpoint PVC mounted with subPath jobs/<id> at <checkpoint root>/jobs/<id>,
 //     read-write (the coordinator creates that directory, 0700, when the job is created);
-//   - if training.load names another job (jobs/3, jobs/3/step_600), that job's directory, subPath
+//   - if training.load names another job (jobs/3, jobs/3/step_600; common/config/job_paths.h
+//     LoadedJobName), that job's directory, subPath
 //     jobs/3 at <checkpoint root>/jobs/3, readOnly;
 //   - the data PVC at the data root, read-only; the workers' token Secret; a memory /dev/shm.
 // No pod mounts the checkpoint volume's root, so a pod can reach no other job's files, whatever
@@ -41,17 +49,6 @@ struct K8sWorkersOptions {
   // ca.crt) is mounted and passed as --tls-root-cert.
   std::string tls_secret;
 };
-
-// The number of workers the scheduler waits for before it starts the job, the N of its
-// "WAITING_FOR_WORKERS: needs N worker(s)" event: min_workers when set, else
-// parallel.world_size when set, else 1 (coordinator/jobs/placement.h WorkerRange's minimum;
-// k8s_workers_test checks they agree).
-int32_t WorkersNeeded(const v1::JobSpec& spec);
-
-// "jobs/<id>" of the job whose checkpoint training.load names ("jobs/3" for "jobs/3/step_600"),
-// or "" when load is empty (the job's own checkpoints). INVALID_ARGUMENT naming training.load
-// when it names no job (a spec the coordinator would have refused).
-absl::StatusOr<std::string> LoadedJob(const v1::JobSpec& spec);
 
 // The manifest (YAML, one document) for `job`'s workers. INVALID_ARGUMENT naming the option for
 // a namespace that is not a DNS-1123 label, an image or address with whitespace, quotes or

@@ -57,7 +57,26 @@ TEST(K8sWorkersTest, IndexedJobOfTheWorkersNeededWithTheJobsDirectoryOnly) {
   EXPECT_EQ(doc["spec"]["completions"].as<int>(), 3);
   EXPECT_EQ(doc["spec"]["parallelism"].as<int>(), 3);
   const YAML::Node pod = doc["spec"]["template"]["spec"];
-  EXPECT_EQ(pod["restartPolicy"].as<std::string>(), "OnFailure");
+  // Never (was OnFailure): Kubernetes accepts a podFailurePolicy only with Never.
+  EXPECT_EQ(pod["restartPolicy"].as<std::string>(), "Never");
+  // DESIGN.md: exit 1-127 is permanent: the Job fails at once rather than retrying the pod.
+  const YAML::Node rules = doc["spec"]["podFailurePolicy"]["rules"];
+  ASSERT_TRUE(rules.IsSequence());
+  ASSERT_GE(rules.size(), 1u);
+  EXPECT_EQ(rules[0]["action"].as<std::string>(), "FailJob");
+  EXPECT_EQ(rules[0]["onExitCodes"]["containerName"].as<std::string>(), "worker");
+  EXPECT_EQ(rules[0]["onExitCodes"]["operator"].as<std::string>(), "In");
+  const std::vector<int> codes = rules[0]["onExitCodes"]["values"].as<std::vector<int>>();
+  std::vector<int> permanent;
+  for (int code = 1; code <= 127; ++code) permanent.push_back(code);
+  EXPECT_EQ(codes, permanent);
+  // Exit 0 and the retryable 128-255 match no FailJob rule: they stay with backoffLimit.
+  for (const YAML::Node& rule : rules) {
+    if (rule["action"].as<std::string>() != "FailJob" || !rule["onExitCodes"]) continue;
+    for (int code : rule["onExitCodes"]["values"].as<std::vector<int>>()) {
+      EXPECT_TRUE(code >= 1 && code <= 127) << "FailJob on retryable exit " << code;
+    }
+  }
   const YAML::Node c = pod["containers"][0];
   EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"].as<int>(), 1);
   std::vector<std::string> args = c["args"].as<std::vector<std::string>>();
@@ -100,16 +119,33 @@ TEST(K8sWorkersTest, LoadedJobIsMountedReadOnly) {
   EXPECT_EQ(n, 1);
 }
 
-TEST(K8sWorkersTest, WorkersNeededIsTheSchedulersMinimum) {
+TEST(K8sWorkersTest, PodsAreTheSchedulersMinimum) {
   std::vector<v1::JobSpec> specs(4);
   specs[1].set_min_workers(2);
   specs[2].mutable_parallel()->set_world_size(5);
   specs[3].mutable_parallel()->set_world_size(5);
   specs[3].set_min_workers(4);
   for (const v1::JobSpec& spec : specs) {
-    std::printf("min_workers %d world_size %d: needs %d (scheduler %d)\n", spec.min_workers(),
-                spec.parallel().world_size(), WorkersNeeded(spec), jobs::WorkerRange(spec).first);
-    EXPECT_EQ(WorkersNeeded(spec), jobs::WorkerRange(spec).first);
+    v1::Job job = FixtureJob(9, "");
+    *job.mutable_spec() = spec;
+    absl::StatusOr<std::string> text = K8sWorkersManifest(job, {});
+    ASSERT_TRUE(text.ok()) << text.status();
+    const int pods = YAML::Load(*text)["spec"]["completions"].as<int>();
+    std::printf("min_workers %d world_size %d: %d pod(s) (scheduler waits for %d)\n",
+                spec.min_workers(), spec.parallel().world_size(), pods,
+                jobs::WorkerRange(spec).first);
+    EXPECT_EQ(pods, jobs::WorkerRange(spec).first);
+  }
+}
+
+// A load the coordinator refuses is refused here too (one parser, LoadedJobName): the copy this
+// replaces took "jobs/3/../4" as job 3 and mounted it.
+TEST(K8sWorkersTest, LoadBreakingThePathRulesIsRefused) {
+  for (const std::string load : {"jobs/3/../4", "/checkpoints/jobs/3", "other/3", "jobs/x"}) {
+    absl::StatusOr<std::string> text = K8sWorkersManifest(FixtureJob(8, load), {});
+    std::printf("load %s: %s\n", load.c_str(), text.status().ToString().c_str());
+    ASSERT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument) << load;
+    EXPECT_THAT(std::string(text.status().message()), HasSubstr("training.load"));
   }
 }
 

@@ -198,14 +198,23 @@ std::string MappingText(const v1::Mapping& m) {
 }
 
 std::string JobsTable(const std::vector<v1::Job>& jobs) {
-  std::vector<std::vector<std::string>> rows = {
-      {"NAME", "DISPLAY-NAME", "STATE", "GEN", "RESTARTS", "STEP", "CREATED"}};
+  std::vector<std::vector<std::string>> rows = {{"NAME", "DISPLAY-NAME", "STATE", "QUEUE", "PRIO",
+                                                 "POS", "WAITING", "GEN", "RESTARTS", "STEP",
+                                                 "CREATED"}};
   for (const v1::Job& job : jobs) {
-    rows.push_back({job.name(), job.spec().display_name().empty() ? "-" : job.spec().display_name(),
-                    v1::Job::State_Name(job.state()), absl::StrCat(job.generation()),
-                    absl::StrCat(job.restart_count()),
-                    job.has_last_step() ? absl::StrCat(job.last_step().step()) : "-",
-                    FormatTime(job.create_time())});
+    // POS and WAITING: a waiting job's place in its queue and why it waits (Job.queue_status,
+    // coordinator/jobs/scheduler.h "Queues"); "-" for jobs that do not wait.
+    const bool queued = job.has_queue_status();
+    rows.push_back(
+        {job.name(), job.spec().display_name().empty() ? "-" : job.spec().display_name(),
+         v1::Job::State_Name(job.state()),
+         job.spec().queue().empty() ? "default" : job.spec().queue(),
+         absl::StrCat(job.spec().priority()),
+         queued ? absl::StrCat(job.queue_status().position()) : "-",
+         queued && !job.queue_status().reason().empty() ? job.queue_status().reason() : "-",
+         absl::StrCat(job.generation()), absl::StrCat(job.restart_count()),
+         job.has_last_step() ? absl::StrCat(job.last_step().step()) : "-",
+         FormatTime(job.create_time())});
   }
   return Columns(rows);
 }
@@ -231,6 +240,8 @@ std::string JobDetail(const v1::Job& job) {
       {"State:", v1::Job::State_Name(job.state())},
       {"Generation:", absl::StrCat(job.generation())},
       {"Restarts:", absl::StrCat(job.restart_count())},
+      {"Queue:", absl::StrCat(job.spec().queue().empty() ? "default" : job.spec().queue(),
+                              ", priority ", job.spec().priority())},
       {"Created:", FormatTime(job.create_time())},
       {"Updated:", FormatTime(job.update_time())},
       {"Train iters:", job.spec().training().has_train_iters()
@@ -240,6 +251,12 @@ std::string JobDetail(const v1::Job& job) {
       {"Last step:", job.has_last_step() ? StepLine(job.last_step()) : "-"},
   };
   if (!job.failure_reason().empty()) rows.push_back({"Failure:", job.failure_reason()});
+  if (job.has_queue_status()) {
+    const v1::QueueStatus& q = job.queue_status();
+    rows.push_back({"Position:", absl::StrCat(q.position(), " in queue ", q.queue(),
+                                              q.reason().empty() ? "" : ": ", q.reason(),
+                                              q.message().empty() ? "" : ": ", q.message())});
+  }
   const bool waits = job.state() == v1::Job::PENDING || job.state() == v1::Job::RESTARTING;
   if (job.has_last_event()) {
     const v1::JobEvent& e = job.last_event();

@@ -89,6 +89,23 @@ TEST(Render, Tables) {
   EXPECT_NE(table.find("jobs/12"), std::string::npos);
   EXPECT_NE(table.find("RUNNING"), std::string::npos);
   EXPECT_NE(table.find("2026-11-18T"), std::string::npos);
+  // A waiting job shows its queue, priority, position and reason (Job.queue_status).
+  v1::Job waiting = SampleJob();
+  waiting.set_state(v1::Job::PENDING);
+  waiting.mutable_spec()->set_queue("team-a");
+  waiting.mutable_spec()->set_priority(5);
+  waiting.mutable_queue_status()->set_queue("team-a");
+  waiting.mutable_queue_status()->set_position(2);
+  waiting.mutable_queue_status()->set_reason("QUEUE_QUOTA_EXCEEDED");
+  waiting.mutable_queue_status()->set_message("queue team-a: 2 of 2 worker(s) in use, needs 2");
+  const std::string queued = JobsTable({job, waiting});
+  std::printf("%s", queued.c_str());
+  EXPECT_NE(queued.find("QUEUE"), std::string::npos);
+  EXPECT_NE(queued.find("PENDING  team-a   5     2    QUEUE_QUOTA_EXCEEDED"), std::string::npos)
+      << queued;
+  EXPECT_NE(JobDetail(waiting).find("Position:      2 in queue team-a: QUEUE_QUOTA_EXCEEDED"),
+            std::string::npos)
+      << JobDetail(waiting);
   const std::string detail = JobDetail(job);
   std::printf("%s", detail.c_str());
   EXPECT_NE(detail.find("EP2"), std::string::npos);

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,7 @@
 #include "common/logging.h"
 #include "common/version.h"
 #include "coordinator/api/server.h"
+#include "coordinator/jobs/resolve_spec.h"
 
 ABSL_FLAG(std::string, store, "", "SQLite store file; must exist unless --create-store. Required.");
 ABSL_FLAG(bool, create_store, false,
@@ -87,6 +89,10 @@ ABSL_FLAG(std::string, data_root, "/data",
           "data.tokenizer_model are relative to.");
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port workers dial for rendezvous (default: this host name and the gRPC port).");
+ABSL_FLAG(std::string, queues, "",
+          "Queues and their worker quotas, NAME=WORKERS[,NAME=WORKERS...] (e.g. a=2,b=2): a job "
+          "names its queue in JobSpec.queue (empty: default, which has no quota unless listed); "
+          "each queue runs at most WORKERS workers at once.");
 ABSL_FLAG(bool, require_job_scoped_workers, false,
           "Refuse workers that are not scoped to a job (switchyard-worker --job jobs/<id>): every "
           "worker then runs one job only (Kubernetes: one pod set per job).");
@@ -208,6 +214,10 @@ int main(int argc, char** argv) {
   options.worker_options.service.require_job_scoped_workers =
       absl::GetFlag(FLAGS_require_job_scoped_workers);
   options.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
+  absl::StatusOr<std::map<std::string, int32_t>> queues =
+      switchyard::jobs::ParseQueueQuotas(absl::GetFlag(FLAGS_queues));
+  if (!queues.ok()) return Usage(std::string(queues.status().message()));
+  options.queue_quotas = *std::move(queues);
   if (options.store_path.empty()) return Usage("--store is required");
   if (options.token_file.empty()) return Usage("--token-file is required");
   if (options.workers && options.worker_token_file.empty()) {

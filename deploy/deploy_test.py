@@ -551,7 +551,14 @@ def check_worker_job(o, job, want_workers, loaded):
           "%s: parallelism = completions = %s (want %d, the workers %s needs)" % (
               name, (spec.get("parallelism"), spec.get("completions")), want_workers, job))
     pod = pod_spec(o)
-    check(pod.get("restartPolicy") == "OnFailure", "%s: restartPolicy OnFailure" % name)
+    # A podFailurePolicy needs restartPolicy Never; it fails the Job on the permanent worker
+    # exits 1-127 (DESIGN.md) instead of retrying them.
+    check(pod.get("restartPolicy") == "Never", "%s: restartPolicy Never" % name)
+    rules = spec.get("podFailurePolicy", {}).get("rules", [])
+    fail = [r for r in rules if r.get("action") == "FailJob"]
+    codes = fail[0].get("onExitCodes", {}) if fail else {}
+    check(codes.get("operator") == "In" and codes.get("values") == list(range(1, 128)),
+          "%s: podFailurePolicy FailJob on exit codes 1-127 (got %s)" % (name, codes))
     check(len(pod["containers"]) == 1, "%s: one container (one GPU) per pod" % name)
     c = pod["containers"][0]
     a = container_args(c)

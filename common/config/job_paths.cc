@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/config/validate.h"
 
 namespace switchyard {
 namespace {
@@ -34,9 +35,12 @@ absl::Status Violation(absl::string_view field, absl::string_view value, absl::s
 
 // "" when every component of `path` (split on '/') is a plain name, else the rule broken.
 std::string ComponentViolation(absl::string_view path) {
-  for (char c : path) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) return "must not contain NUL or control characters";
+  // The shared check (common/config/validate.h): C0, DEL and the UTF-8 encoded C1 controls, which
+  // a hand-written byte test missed.
+  if (const size_t at = FirstControlCharacter(path); at != absl::string_view::npos) {
+    return absl::StrCat("must not contain NUL or control characters (byte 0x",
+                        absl::Hex(static_cast<unsigned char>(path[at]), absl::kZeroPad2),
+                        " at offset ", at, ")");
   }
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part.empty()) return "must not have empty components (\"//\" or a trailing '/')";
@@ -68,12 +72,26 @@ std::string RelativePathViolation(absl::string_view path) {
 
 std::vector<int> DataPathIndices(const v1::DataConfig& data) {
   std::vector<int> indices;
-  double weight = 0;
-  const bool weighted = data.data_path_size() > 1 && absl::SimpleAtod(data.data_path(0), &weight);
+  const bool weighted = IsWeightedDataPath(data);  // the validator's detection, not a copy
   for (int i = weighted ? 1 : 0; i < data.data_path_size(); i += weighted ? 2 : 1) {
     indices.push_back(i);
   }
   return indices;
+}
+
+absl::StatusOr<std::string> LoadedJobName(const v1::JobSpec& spec) {
+  const std::string& load = spec.training().load();
+  if (load.empty()) return std::string();
+  std::string why = RelativePathViolation(load);
+  if (why.empty()) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(load, '/');
+    if (parts.size() < 2 || parts[0] != "jobs" || !IsJobId(parts[1])) {
+      why = "must start with jobs/<id> (a positive job number)";
+    } else {
+      return absl::StrCat(parts[0], "/", parts[1]);
+    }
+  }
+  return Violation("training.load", load, kLoadRule, why);
 }
 
 absl::Status CheckJobSpecPaths(const v1::JobSpec& spec) {
@@ -83,15 +101,8 @@ absl::Status CheckJobSpecPaths(const v1::JobSpec& spec) {
       return Violation("training.save", t.save(), kSaveRule, why);
     }
   }
-  if (!t.load().empty()) {
-    std::string why = RelativePathViolation(t.load());
-    if (why.empty()) {
-      const std::vector<absl::string_view> parts = absl::StrSplit(t.load(), '/');
-      if (parts.size() < 2 || parts[0] != "jobs" || !IsJobId(parts[1])) {
-        why = "must start with jobs/<id> (a positive job number)";
-      }
-    }
-    if (!why.empty()) return Violation("training.load", t.load(), kLoadRule, why);
+  if (absl::StatusOr<std::string> loaded = LoadedJobName(spec); !loaded.ok()) {
+    return loaded.status();
   }
   const v1::DataConfig& d = spec.data();
   for (int i : DataPathIndices(d)) {

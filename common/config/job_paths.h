@@ -19,7 +19,8 @@
 //   data.tokenizer_model  relative to the data root; empty = none.
 //
 // The rule for a relative path: not absolute, no empty component ("a//b", a trailing '/'), no "."
-// or ".." component, no NUL or other control character (0x00-0x1f, 0x7f).
+// or ".." component, no NUL or other control character (C0, DEL or C1: validate.h
+// FirstControlCharacter).
 //
 // The worker re-checks the assigned (absolute) paths when it opens files: each must be a clean
 // absolute path (same component rules) whose resolution (realpath of its deepest existing
@@ -61,7 +62,7 @@ inline constexpr char kJobDirectoryPlaceholder[] = "<job directory>";
 std::string RelativePathViolation(absl::string_view path);
 
 // The indices of data.data_path that are dataset prefixes (all, or the odd ones of the weighted
-// form: more than one entry and the first parses as a number, as in common/config/validate).
+// form, common/config/validate.h IsWeightedDataPath).
 std::vector<int> DataPathIndices(const v1::DataConfig& data);
 
 // OK, or INVALID_ARGUMENT naming the first offending field, its value and the rule, e.g.
@@ -70,6 +71,12 @@ std::vector<int> DataPathIndices(const v1::DataConfig& data);
 // Checks training.save, training.load, data.data_path and data.tokenizer_model of a spec as a
 // client submits it (CreateJob, Plan).
 absl::Status CheckJobSpecPaths(const v1::JobSpec& spec);
+
+// "jobs/<id>" of the job whose checkpoint training.load names ("jobs/3" for "jobs/3/step_600"),
+// or "" when load is empty (the job's own checkpoints). INVALID_ARGUMENT as CheckJobSpecPaths
+// words it for training.load when load breaks the rules (relative, no "..", jobs/<id> first).
+// The one parser: CheckJobSpecPaths and syctl k8s-workers (which mounts that job's directory).
+absl::StatusOr<std::string> LoadedJobName(const v1::JobSpec& spec);
 
 // <checkpoint_root>/jobs/<job_id>.
 std::string JobDirectory(const std::string& checkpoint_root, int64_t job_id);

@@ -60,13 +60,24 @@ TEST(RelativePathViolation, AcceptsPlainRelativePaths) {
 
 TEST(RelativePathViolation, RejectsEachBrokenRule) {
   const std::pair<std::string, std::string> cases[] = {
-      {"", "must not be empty"},       {"/etc/cron.d", "must not be absolute"},
-      {"..", "\"..\" components"},     {"../../etc", "\"..\" components"},
-      {"a/../b", "\"..\" components"}, {"a/..", "\"..\" components"},
-      {"./a", "\".\" components"},     {"a//b", "empty components"},
-      {"a/", "empty components"},      {std::string("a\0b", 3), "control characters"},
-      {"a\nb", "control characters"},  {"a\x1b[2Jb", "control characters"},
+      {"", "must not be empty"},
+      {"/etc/cron.d", "must not be absolute"},
+      {"..", "\"..\" components"},
+      {"../../etc", "\"..\" components"},
+      {"a/../b", "\"..\" components"},
+      {"a/..", "\"..\" components"},
+      {"./a", "\".\" components"},
+      {"a//b", "empty components"},
+      {"a/", "empty components"},
+      {std::string("a\0b", 3), "control characters"},
+      {"a\nb", "control characters"},
+      {"a\x1b[2Jb", "control characters"},
       {"a\x7f", "control characters"},
+      // C1 controls (UTF-8 encoded U+0080..U+009F): the hand-written byte check missed them.
+      {"run\xc2\x85x", "control characters (byte 0xc2 at offset 3)"},
+      {"a/\xc2\x9b"
+       "2J",
+       "control characters (byte 0xc2 at offset 2)"},
   };
   for (const auto& [path, rule] : cases) {
     const std::string why = RelativePathViolation(path);

@@ -58,6 +58,12 @@ inline constexpr size_t kMaxPathBytes = 4096;
 // encoded U+0080..U+009F), or npos. Shared by every input check that refuses them.
 size_t FirstControlCharacter(absl::string_view text);
 
+// Whether data.data_path is Megatron's weighted form ["0.7", "prefix_a", "0.3", "prefix_b"]:
+// more than one entry and the first parses as a number. The one detection the validator (which
+// checks the weights) and the path rules (common/config/job_paths.h DataPathIndices, which
+// resolve only the prefixes) share, so they never disagree on which entries are paths.
+bool IsWeightedDataPath(const v1::DataConfig& data);
+
 // OK, or INVALID_ARGUMENT with the first violation as its message.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 

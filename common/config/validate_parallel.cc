@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/config/parallel_rules.h"
+#include "common/config/validate.h"
 #include "common/config/validate_internal.h"
 
 namespace switchyard {
@@ -126,10 +127,9 @@ void CheckElasticAndData(const v1::JobSpec& spec, Violations* v) {
   }
 
   const v1::DataConfig& d = spec.data();
-  // Megatron's weighted form: ["0.7", "prefix_a", "0.3", "prefix_b"]; it is recognised by a
-  // numeric first entry.
+  // Megatron's weighted form: ["0.7", "prefix_a", "0.3", "prefix_b"] (IsWeightedDataPath).
   double weight = 0;
-  if (d.data_path_size() > 1 && absl::SimpleAtod(d.data_path(0), &weight)) {
+  if (IsWeightedDataPath(d)) {
     if (d.data_path_size() % 2 != 0) {
       v->Add("data.data_path has ", d.data_path_size(),
              " entries: the weighted form [weight, prefix, weight, prefix, ...] needs an even "
@@ -160,4 +160,10 @@ void CheckElasticAndData(const v1::JobSpec& spec, Violations* v) {
 }
 
 }  // namespace validate_internal
+
+bool IsWeightedDataPath(const v1::DataConfig& data) {
+  double weight = 0;
+  return data.data_path_size() > 1 && absl::SimpleAtod(data.data_path(0), &weight);
+}
+
 }  // namespace switchyard

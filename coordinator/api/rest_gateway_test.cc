@@ -110,6 +110,14 @@ TEST_F(RestGatewayTest, JobRoutes) {
   // update_time) between the POST and the GET (seen under load).
   EXPECT_TRUE(got.second["last_event"]["reason"].is_string()) << got.second;
   got.second.erase("last_event");
+  // ... and, once a scheduler pass has seen the waiting job, its place in the admission order
+  // (Job.queue_status): jobs/1 is the first of the default queue.
+  if (got.second.contains("queue_status")) {
+    EXPECT_EQ(got.second["queue_status"]["queue"], "default") << got.second;
+    EXPECT_EQ(got.second["queue_status"]["position"], 1) << got.second;
+    EXPECT_TRUE(got.second["queue_status"]["reason"].is_string()) << got.second;
+    got.second.erase("queue_status");
+  }
   EXPECT_GE(got.second["update_time"].get<std::string>(), job["update_time"].get<std::string>());
   got.second.erase("update_time");
   Json posted = job;

@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   SY_ASSIGN_OR_RETURN(s->store_, store::Store::Open(options.store_path, store_options));
   jobs::CoordinatorContext context;
   context.checkpoint_root = options.checkpoint_root;
+  context.queue_quotas = options.queue_quotas;
   if (absl::StatusOr<CorpusInfo> corpus = FindDefaultCorpus(); corpus.ok()) {
     context.default_vocab_size = corpus->vocab_size;
     SY_LOG(INFO) << "default corpus \"" << corpus->name << "\" in " << corpus->dir
@@ -166,6 +167,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
       request.set_page_token(page.next_page_token());
     } while (!request.page_token().empty());
     return counts;
+  });
+  // The scheduler's last pass (scheduler.h "Queues"); nothing before its first one.
+  s->metrics_->SetQueueCounter([hub]() {
+    std::vector<metrics::QueueGauges> out;
+    for (const jobs::JobHub::QueueUsage& u : hub->QueueState()) {
+      out.push_back({u.queue, u.quota, u.workers_in_use, u.pending});
+    }
+    return out;
   });
   int grpc_port = options.grpc_port;
   jobs::StepHub* steps = nullptr;

@@ -35,6 +35,7 @@
 
 #include <grpcpp/server.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,6 +90,10 @@ struct ServerOptions {
   // workers must be started with the same --checkpoint-root and --data-root.
   std::string checkpoint_root;
   std::string data_root = "/data";
+  // The queues and their worker quotas (--queues, jobs::ParseQueueQuotas): CreateJob refuses a
+  // job naming another queue, the scheduler keeps each queue within its quota
+  // (coordinator/jobs/scheduler.h "Queues").
+  std::map<std::string, int32_t> queue_quotas;
   // host:port the workers dial for rendezvous (sent in every Assignment). Empty: `host` (the
   // machine's host name when `host` is a wildcard) and the gRPC port.
   std::string advertise_address;

@@ -49,7 +49,8 @@ WorkerPlaneOptions FastOptions(const std::string& checkpoint_root) {
 }
 
 std::unique_ptr<Harness> Harness::Start(const std::string& store_name, bool fresh,
-                                        WorkerPlaneOptions options) {
+                                        WorkerPlaneOptions options,
+                                        std::map<std::string, int32_t> queue_quotas) {
   std::unique_ptr<Harness> h(new Harness());
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path =
@@ -63,6 +64,7 @@ std::unique_ptr<Harness> Harness::Start(const std::string& store_name, bool fres
   h->store_ = *std::move(store);
   jobs::CoordinatorContext context;
   context.checkpoint_root = options.scheduler.checkpoint_root;
+  context.queue_quotas = std::move(queue_quotas);
   h->registry_ = std::make_unique<jobs::JobRegistry>(h->store_.get(), context);
   h->hub_ = std::make_unique<jobs::JobHub>(h->registry_.get());
   auto auth = api::TokenAuth::FromToken(kWorkerToken, api::kWorkerRole);

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,8 +50,10 @@ class FakeWorker;
 class Harness {
  public:
   // `store_name` under TEST_TMPDIR; `fresh` false keeps an existing file (coordinator restart).
+  // `queue_quotas`: the coordinator's queues (CoordinatorContext.queue_quotas, --queues).
   static std::unique_ptr<Harness> Start(const std::string& store_name, bool fresh = true,
-                                        WorkerPlaneOptions options = {});
+                                        WorkerPlaneOptions options = {},
+                                        std::map<std::string, int32_t> queue_quotas = {});
   ~Harness();
 
   int port() const { return port_; }

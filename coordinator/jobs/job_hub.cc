@@ -65,10 +65,40 @@ absl::StatusOr<v1::Job> JobHub::CreateJob(const v1::CreateJobRequest& request) {
   return Notify(std::move(job));
 }
 
-absl::StatusOr<v1::Job> JobHub::GetJob(absl::string_view name) { return registry_->GetJob(name); }
+absl::StatusOr<v1::Job> JobHub::GetJob(absl::string_view name) {
+  absl::StatusOr<v1::Job> job = registry_->GetJob(name);
+  if (job.ok()) FillQueueStatus(&*job);
+  return job;
+}
 
 absl::StatusOr<v1::ListJobsResponse> JobHub::ListJobs(const v1::ListJobsRequest& request) {
-  return registry_->ListJobs(request);
+  absl::StatusOr<v1::ListJobsResponse> page = registry_->ListJobs(request);
+  if (page.ok()) {
+    for (v1::Job& job : *page->mutable_jobs()) FillQueueStatus(&job);
+  }
+  return page;
+}
+
+void JobHub::SetQueueState(std::map<std::string, v1::QueueStatus> waiting,
+                           std::vector<QueueUsage> usage) {
+  absl::MutexLock lock(&queue_mu_);
+  waiting_ = std::move(waiting);
+  usage_ = std::move(usage);
+}
+
+std::vector<JobHub::QueueUsage> JobHub::QueueState() const {
+  absl::MutexLock lock(&queue_mu_);
+  return usage_;
+}
+
+void JobHub::FillQueueStatus(v1::Job* job) const {
+  job->clear_queue_status();
+  // Only a job that still waits: the snapshot is one pass old, and a job that started or ended
+  // since must not show a stale position.
+  if (job->state() != v1::Job::PENDING && job->state() != v1::Job::RESTARTING) return;
+  absl::MutexLock lock(&queue_mu_);
+  auto it = waiting_.find(job->name());
+  if (it != waiting_.end()) *job->mutable_queue_status() = it->second;
 }
 
 absl::StatusOr<v1::Job> JobHub::CancelJob(absl::string_view name) {

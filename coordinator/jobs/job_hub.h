@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,17 @@ class JobHub {
   absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
   absl::StatusOr<v1::Job> RecordWaitReason(absl::string_view name, absl::string_view reason,
                                            absl::string_view message);
+  // The scheduler's view of its queues after each pass (scheduler.h "Queues"). `waiting`: job
+  // name -> its QueueStatus, for every job waiting there; GetJob and ListJobs fill
+  // Job.queue_status from it (jobs not in it get none). `usage`: one entry per queue.
+  struct QueueUsage {
+    std::string queue;
+    std::optional<int32_t> quota;  // nullopt: no quota
+    int32_t workers_in_use = 0;    // workers of the queue's generations in flight
+    int32_t pending = 0;           // its jobs waiting for admission
+  };
+  void SetQueueState(std::map<std::string, v1::QueueStatus> waiting, std::vector<QueueUsage> usage);
+  std::vector<QueueUsage> QueueState() const;
   // What ResolveJobSpec fills on this coordinator (the registry's context).
   const jobs::CoordinatorContext& context() const { return registry_->context(); }
   // Not a job change: watchers are not woken (they get steps from the StepHub).
@@ -95,6 +107,11 @@ class JobHub {
 
   jobs::JobRegistry* const registry_;
   const std::function<void()> on_restart_;
+  mutable absl::Mutex queue_mu_;
+  std::map<std::string, v1::QueueStatus> waiting_ ABSL_GUARDED_BY(queue_mu_);
+  std::vector<QueueUsage> usage_ ABSL_GUARDED_BY(queue_mu_);
+  // Job.queue_status from waiting_ (cleared when the job is not waiting there).
+  void FillQueueStatus(v1::Job* job) const;
   const std::string checkpoint_root_;
   const bool make_job_directories_;
   mutable absl::Mutex mu_;

@@ -167,8 +167,9 @@ absl::StatusOr<v1::Job> JobRegistry::CreateJobFromYaml(absl::string_view spec_ya
 absl::StatusOr<v1::Job> JobRegistry::GetJob(absl::string_view name) {
   SY_ASSIGN_OR_RETURN(store::JobRow row, Row(name));
   v1::Job job = ToJob(row);
-  SY_ASSIGN_OR_RETURN(std::vector<store::JobEventRow> events, store_->ListJobEvents(row.id));
-  if (!events.empty()) *job.mutable_last_event() = ToEvent(events.back());
+  // Only the last event, not the log (which grows with every restart and wait reason).
+  SY_ASSIGN_OR_RETURN(std::optional<store::JobEventRow> last, store_->LastJobEvent(row.id));
+  if (last.has_value()) *job.mutable_last_event() = ToEvent(*last);
   return job;
 }
 

@@ -11,16 +11,6 @@
 
 namespace switchyard::jobs {
 
-std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec) {
-  const bool has_world = spec.parallel().has_world_size();
-  const int32_t world = spec.parallel().world_size();
-  const int32_t min = spec.has_min_workers() ? spec.min_workers() : (has_world ? world : 1);
-  const int32_t max = spec.has_max_workers()
-                          ? spec.max_workers()
-                          : (has_world ? world : std::numeric_limits<int32_t>::max());
-  return {std::max(min, 1), max};
-}
-
 std::vector<cluster::WorkerInfo> EligibleFor(const std::string& job,
                                              const std::vector<cluster::WorkerInfo>& workers) {
   std::vector<cluster::WorkerInfo> out;
@@ -42,20 +32,12 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   spec = stored;
   v1::ParallelConfig& p = *spec.mutable_parallel();
   p.clear_world_size();
-  // What the workers run (common/model/engine_support.h): the spec's TP (1 when unset, as the
-  // other sizes its defaults fix), CP = PP = ETP = 1, sequence parallelism exactly with TP > 1.
-  if (!p.has_tensor_model_parallel_size()) p.set_tensor_model_parallel_size(1);
-  p.set_context_parallel_size(1);
-  p.set_pipeline_model_parallel_size(1);
-  // TP and ETP run in the workers: the spec's are planned (ETP 1 when unset); sequence
-  // parallelism exactly when TP > 1 (Megatron requires it for MoE).
-  if (!p.has_expert_tensor_parallel_size()) p.set_expert_tensor_parallel_size(1);
-  p.set_sequence_parallel(p.tensor_model_parallel_size() > 1);
+  PinWorkerParallelism(&p);
   spec.set_min_workers(std::min(min_workers, k));
   spec.set_max_workers(k);
-  // An empty training.save is the job's own directory (AssignedSpec), which rules that need a
-  // checkpoint directory (save_interval) must see as set, as CreateJob does.
-  if (spec.training().save().empty()) spec.mutable_training()->set_save(kJobDirectoryPlaceholder);
+  // The scheduler always has a checkpoint root (SchedulerOptions), so an empty save is the job's
+  // directory here.
+  StandInJobDirectory(/*has_checkpoint_root=*/true, &spec);
 
   v1::Cluster& cluster = *request.mutable_cluster();
   cluster.set_num_gpus(k);
@@ -85,14 +67,11 @@ absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Ma
   v1::JobSpec assigned = stored;
   v1::ParallelConfig& p = *assigned.mutable_parallel();
   p.set_world_size(world);
-  const int32_t tp = std::max(1, mapping.tensor_model_parallel_size());
-  p.set_tensor_model_parallel_size(tp);
-  p.set_context_parallel_size(1);
-  p.set_pipeline_model_parallel_size(1);
-  // The planned expert grid: ETP and EP as the mapping says (ETP 1 for a mapping without one).
+  // The planned grids: TP, ETP and EP as the mapping says (1 for a mapping without TP / ETP).
+  p.set_tensor_model_parallel_size(std::max(1, mapping.tensor_model_parallel_size()));
   p.set_expert_tensor_parallel_size(std::max(1, mapping.expert_tensor_parallel_size()));
+  PinWorkerParallelism(&p);
   p.set_expert_model_parallel_size(mapping.expert_model_parallel_size());
-  p.set_sequence_parallel(tp > 1);  // Megatron's rule for MoE; the model always runs SP with TP
   p.set_use_distributed_optimizer(mapping.use_distributed_optimizer());
   v1::TrainingConfig& t = *assigned.mutable_training();
   t.set_micro_batch_size(mapping.micro_batch_size());

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/config/job_paths.h"
+#include "common/config/worker_range.h"
 #include "coordinator/cluster/worker_registry.h"
 #include "coordinator/jobs/resolve_spec.h"
 #include "switchyard/v1/config.pb.h"
@@ -21,9 +22,9 @@
 
 namespace switchyard::jobs {
 
-// [min, max] workers of a stored (defaulted) spec: unset min_workers is parallel.world_size if
-// set, else 1; unset max_workers is parallel.world_size if set, else INT32_MAX (unbounded).
-std::pair<int32_t, int32_t> WorkerRange(const v1::JobSpec& spec);
+// [min, max] workers of a stored (defaulted) spec (common/config/worker_range.h: one definition
+// with syctl k8s-workers).
+using ::switchyard::WorkerRange;
 
 // The workers of `workers` that may run the job named `job`: those scoped to it
 // (WorkerInfo::scope, switchyard-worker --job) first, then the unscoped ones, each group in the

@@ -7,11 +7,12 @@
 //
 // Resolution, applied once, in this order:
 //   1. ApplyDefaults (common/config/config_defaults.h): Megatron's defaults.
-//   2. model.vocab_size, when unset and the job reads the default corpus (no data.mock_data, no
+//   2. queue, when empty: kDefaultQueue (so the stored spec names its queue).
+//   3. model.vocab_size, when unset and the job reads the default corpus (no data.mock_data, no
 //      data.data_path): the default corpus's vocabulary, CoordinatorContext.default_vocab_size
 //      (the coordinator reads its manifest at start, data/corpus.h; the worker fills the same
 //      value from the same manifest, worker/train/trainer.cc).
-//   3. Nothing else: paths stay as the user wrote them (relative, common/config/job_paths.h) and
+//   4. Nothing else: paths stay as the user wrote them (relative, common/config/job_paths.h) and
 //   are
 //      resolved under the roots when the assigned spec is built (jobs/placement.h
 //      AssignedSpec). Rules that need a checkpoint directory (save_interval) see an empty
@@ -23,8 +24,10 @@
 //   c. The parallelism the workers run (common/model/engine_support.h): any TP; CP, PP and ETP
 //      must be unset or 1.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
-//   '..',
-//      load only another job's checkpoint by name.
+//      '..', load only another job's checkpoint by name.
+//   e. The queue rules: queue is empty (the default queue) or one of the coordinator's queues;
+//      priority within [-1000, 1000]; the job's minimum workers (WorkerRange) at most its
+//      queue's quota (a larger gang could never be admitted).
 // What the rules cannot know at submit (the world size the workers allow, memory) is the
 // scheduler's and the planner's to report (a PENDING event or NO_FEASIBLE_PLAN).
 //
@@ -33,9 +36,12 @@
 #define SWITCHYARD_COORDINATOR_JOBS_RESOLVE_SPEC_H_
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "switchyard/v1/config.pb.h"
 #include "switchyard/v1/plan.pb.h"
 
@@ -50,16 +56,32 @@ struct CoordinatorContext {
   // The default corpus's vocabulary; 0 when the coordinator found no default corpus (a job
   // reading it must then set model.vocab_size).
   int64_t default_vocab_size = 0;
+  // The coordinator's queues (--queues) and each one's worker quota: at most that many workers
+  // (one GPU each) run the queue's jobs at once. kDefaultQueue always exists; unlisted, it has no
+  // quota. A job naming another queue is refused.
+  std::map<std::string, int32_t> queue_quotas;
 };
 
-// The id ResolveJobSpec gets before the job exists (submit, PlanService): training.save becomes
-// kJobDirectoryPlaceholder for the rules that need a checkpoint directory.
-inline constexpr int64_t kUnassignedJobId = 0;
+// The queue of a spec whose JobSpec.queue is empty.
+inline constexpr char kDefaultQueue[] = "default";
+// JobSpec.priority must lie within [-kMaxPriority, kMaxPriority].
+inline constexpr int32_t kMaxPriority = 1000;
 
-// The resolved spec (steps 1-3) if it passes the rules (a-d), else INVALID_ARGUMENT.
+// The queue a (stored) spec counts against: JobSpec.queue, or kDefaultQueue when empty.
+std::string QueueOf(const v1::JobSpec& spec);
+
+// The worker quota of `queue`, nullopt when it has none (an unlisted default queue).
+std::optional<int32_t> QueueQuota(const CoordinatorContext& context, const std::string& queue);
+
+// Parses the coordinator's --queues value, "NAME=WORKERS[,NAME=WORKERS...]" (e.g. "a=2,b=2";
+// empty: no quotas). INVALID_ARGUMENT naming --queues and the rule: a name must be a DNS-1123
+// label (lower-case letters, digits, '-', at most 63, alphanumeric at both ends), listed once;
+// WORKERS a non-negative integer.
+absl::StatusOr<std::map<std::string, int32_t>> ParseQueueQuotas(absl::string_view flag);
+
+// The resolved spec (steps 1-4) if it passes the rules (a-e), else INVALID_ARGUMENT.
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
-                                           const CoordinatorContext& context,
-                                           int64_t job_id = kUnassignedJobId);
+                                           const CoordinatorContext& context);
 
 // PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
 // job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
@@ -71,6 +93,20 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // The cluster is the caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
+
+// The parallelism the workers run (jobs/placement.h PlanRequestFor and AssignedSpec, and
+// ResolvePlanRequest): the spec's TP and ETP (1 when unset), CP = PP = 1, sequence parallelism
+// exactly when TP > 1 (Megatron requires it for MoE). One function so the planner request, the
+// plan `syctl plan` shows and the spec the ranks get cannot drift apart.
+void PinWorkerParallelism(v1::ParallelConfig* parallel);
+
+// The one rule for an empty training.save: it is the job's own directory (JobDirectory, which
+// AssignedSpec fills), provided the coordinator has a checkpoint root (the scheduler always has
+// one, SchedulerOptions.checkpoint_root). Rules that need a checkpoint directory
+// (training.save_interval, the planner's) must see it as set, so it becomes
+// kJobDirectoryPlaceholder (common/config/job_paths.h) in the spec they check; a set save is
+// kept. Used by ResolveJobSpec, ResolvePlanRequest and PlanRequestFor alike.
+void StandInJobDirectory(bool has_checkpoint_root, v1::JobSpec* spec);
 
 // "" when CP, PP and ETP are unset or 1 (any TP runs); otherwise the first one that is not, as a
 // rule text naming the field ("parallel.pipeline_model_parallel_size (2) must be 1: ...").

@@ -6,6 +6,7 @@
 #include "coordinator/jobs/resolve_spec.h"
 
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -44,9 +45,9 @@ TEST(ResolveSpecTest, FillsVocabularyAndKeepsPathsRelative) {
   // Paths stay as written (empty = the job's directory); AssignedSpec resolves them later.
   EXPECT_TRUE(at_submit->training().save().empty());
   EXPECT_TRUE(at_submit->training().load().empty());
-  auto scheduled = ResolveJobSpec(*at_submit, context, 7);
+  auto scheduled = ResolveJobSpec(*at_submit, context);
   ASSERT_TRUE(scheduled.ok()) << scheduled.status();
-  // Resolving what CreateJob stored again, with the id, is the same spec.
+  // Resolving what CreateJob stored again (the scheduler does) is the same spec.
   EXPECT_EQ(scheduled->SerializeAsString(), at_submit->SerializeAsString());
   std::printf("resolved: vocab %lld, save \"%s\"\n",
               static_cast<long long>(scheduled->model().vocab_size()),
@@ -98,6 +99,47 @@ TEST(ResolveSpecTest, BoundsComeFirst) {
   spec.mutable_model()->set_hidden_size(0);
   ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"/ckpt", 4096}),
                 "display_name must not contain control characters (byte 0x1B at offset 4)");
+}
+
+TEST(ResolveSpecTest, QueueIsFilledAndChecked) {
+  CoordinatorContext context{"/ckpt", 4096, {{"a", 2}}};
+  auto resolved = ResolveJobSpec(CorpusSpec(), context);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->queue(), "default");
+  EXPECT_EQ(resolved->priority(), 0);
+  v1::JobSpec spec = CorpusSpec();
+  spec.set_queue("b");
+  ExpectInvalid(ResolveJobSpec(spec, context),
+                "queue (\"b\") must be one of this coordinator's queues: default, a");
+  spec.set_queue("a");
+  spec.set_priority(-1001);
+  ExpectInvalid(ResolveJobSpec(spec, context), "priority (-1001) must be within [-1000, 1000]");
+  spec.set_priority(1000);
+  spec.set_min_workers(3);
+  ExpectInvalid(ResolveJobSpec(spec, context), "must be at most the worker quota of queue a (2)");
+  spec.set_min_workers(2);
+  EXPECT_TRUE(ResolveJobSpec(spec, context).ok());
+}
+
+TEST(ResolveSpecTest, QueueFlagIsParsedOrRefusedNamingTheRule) {
+  auto quotas = ParseQueueQuotas("a=2,team-b=0");
+  ASSERT_TRUE(quotas.ok()) << quotas.status();
+  EXPECT_EQ(*quotas, (std::map<std::string, int32_t>{{"a", 2}, {"team-b", 0}}));
+  EXPECT_TRUE(ParseQueueQuotas("")->empty());
+  const std::pair<std::string, std::string> bad[] = {
+      {"a=-1", "--queues: quota of queue a (\"-1\") must be a non-negative worker count"},
+      {"a=two", "quota of queue a (\"two\") must be a non-negative worker count"},
+      {"a", "entry \"a\" must be NAME=WORKERS"},
+      {"A=1", "queue name \"A\" must be a DNS-1123 label"},
+      {"a=1,a=2", "--queues: queue a is listed twice"},
+      {"a=1,", "entry \"\" must be NAME=WORKERS"},
+  };
+  for (const auto& [flag, needle] : bad) {
+    auto got = ParseQueueQuotas(flag);
+    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_NE(got.status().message().find(needle), absl::string_view::npos) << got.status();
+    std::printf("--queues=%s: %s\n", flag.c_str(), std::string(got.status().message()).c_str());
+  }
 }
 
 TEST(ResolveSpecTest, PlanRequestIsPinnedToTheWorkersParallelism) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,7 @@ absl::Status Scheduler::Start() {
         run.running = state == Job::RUNNING;
         run.adopting = true;
         run.adopt_deadline = deadline;
+        run.queue = QueueOf(job.spec());
         auto it = previous.find(job.name());
         if (it != previous.end()) {
           for (const std::string& id : it->second) run.rank_of[id] = -1;
@@ -246,21 +248,92 @@ void Scheduler::SchedulePass() {
                                   return w.state == cluster::WorkerState::kLost;
                                 }),
                  attached.end());
-  std::set<std::string> waiting;
+  std::vector<Job> candidates;
   for (Job::State state : {Job::RESTARTING, Job::PENDING}) {
-    for (const Job& job : ListAll(hub_, state)) {
-      if (runs_.count(job.name()) > 0) continue;
-      waiting.insert(job.name());
-      TrySchedule(job, &idle, attached);
+    for (Job& job : ListAll(hub_, state)) {
+      if (runs_.count(job.name()) == 0) candidates.push_back(std::move(job));
     }
   }
-  // Jobs that no longer wait (started, ended) forget their last reason.
+  // Admission order (scheduler.h "Policy"): priority, then age (job ids grow with creation).
+  auto id_of = [](const Job& job) { return jobs::ParseJobName(job.name()).value_or(0); };
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Job& a, const Job& b) {
+    if (a.spec().priority() != b.spec().priority()) {
+      return a.spec().priority() > b.spec().priority();
+    }
+    return id_of(a) < id_of(b);
+  });
+  const jobs::CoordinatorContext& context = hub_->context();
+  std::map<std::string, int32_t> in_use = WorkersInUse();
+  std::map<std::string, v1::QueueStatus> statuses;
+  std::map<std::string, int32_t> pending;    // per queue
+  std::optional<int32_t> blocking_priority;  // of the first job that waits for workers
+  std::set<std::string> waiting;
+  for (const Job& job : candidates) {
+    bool done = false;
+    if (blocking_priority.has_value() && job.spec().priority() < *blocking_priority) {
+      NoteWaiting(job, kWaitingForPriority,
+                  absl::StrCat("a job of priority ", *blocking_priority,
+                               " waits for workers; lower priorities start after it"));
+    } else {
+      done = TrySchedule(job, &idle, attached, &in_use);
+    }
+    if (done) continue;
+    waiting.insert(job.name());
+    auto wait = current_wait_.find(job.name());
+    if (!blocking_priority.has_value() && wait != current_wait_.end() &&
+        wait->second.first == kWaitingForWorkers) {
+      blocking_priority = job.spec().priority();
+    }
+    const std::string queue = QueueOf(job.spec());
+    v1::QueueStatus& status = statuses[job.name()];
+    status.set_queue(queue);
+    status.set_position(++pending[queue]);
+    if (wait != current_wait_.end()) {
+      status.set_reason(wait->second.first);
+      status.set_message(wait->second.second);
+    }
+  }
+  std::map<std::string, JobHub::QueueUsage> usage;
+  usage[kDefaultQueue].queue = kDefaultQueue;
+  for (const auto& [queue, quota] : context.queue_quotas) {
+    usage[queue].queue = queue;
+    usage[queue].quota = quota;
+  }
+  for (const auto& [queue, n] : in_use) {
+    usage[queue].queue = queue;
+    usage[queue].workers_in_use = n;
+  }
+  for (const auto& [queue, n] : pending) {
+    usage[queue].queue = queue;
+    usage[queue].pending = n;
+  }
+  std::vector<JobHub::QueueUsage> usage_list;
+  for (auto& [queue, u] : usage) usage_list.push_back(std::move(u));
+  hub_->SetQueueState(std::move(statuses), std::move(usage_list));
+  // Jobs that no longer wait (started, ended) forget their last reason and resolved spec.
   for (auto it = wait_reason_.begin(); it != wait_reason_.end();) {
     it = waiting.count(it->first) > 0 ? std::next(it) : wait_reason_.erase(it);
   }
+  for (auto it = current_wait_.begin(); it != current_wait_.end();) {
+    it = waiting.count(it->first) > 0 ? std::next(it) : current_wait_.erase(it);
+  }
+  for (auto it = resolved_.begin(); it != resolved_.end();) {
+    it = waiting.count(it->first) > 0 ? std::next(it) : resolved_.erase(it);
+  }
+}
+
+int64_t Scheduler::SpecResolutions() const { return spec_resolutions_.load(); }
+
+std::map<std::string, int32_t> Scheduler::WorkersInUse() const {
+  std::map<std::string, int32_t> in_use;
+  for (const auto& [name, run] : runs_) {
+    in_use[run.queue] += static_cast<int32_t>(run.rank_of.size());
+  }
+  return in_use;
 }
 
 void Scheduler::NoteWaiting(const Job& job, const std::string& reason, const std::string& message) {
+  current_wait_[job.name()] = {reason, message};
   std::string key = absl::StrCat(reason, ": ", message);
   auto it = wait_reason_.find(job.name());
   if (it != wait_reason_.end() && it->second == key) return;
@@ -288,14 +361,20 @@ void Scheduler::FailUnstarted(const Job& job, const std::string& reason,
 }
 
 bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* idle,
-                            const std::vector<cluster::WorkerInfo>& attached_workers) {
+                            const std::vector<cluster::WorkerInfo>& attached_workers,
+                            std::map<std::string, int32_t>* in_use) {
   // The same resolution and rules as CreateJob and PlanService (jobs/resolve_spec.h); the paths
   // stay relative until AssignedSpec resolves them under the roots (common/config/job_paths.h).
-  jobs::CoordinatorContext context = hub_->context();
-  context.checkpoint_root = options_.checkpoint_root;
-  const absl::StatusOr<int64_t> id = jobs::ParseJobName(job.name());
-  absl::StatusOr<v1::JobSpec> resolved =
-      jobs::ResolveJobSpec(job.spec(), context, id.ok() ? *id : jobs::kUnassignedJobId);
+  // Resolved once while the job waits (scheduler.h "Policy"): the full validation is not free
+  // and a pass runs it for every waiting job.
+  auto cached = resolved_.find(job.name());
+  if (cached == resolved_.end()) {
+    jobs::CoordinatorContext context = hub_->context();
+    context.checkpoint_root = options_.checkpoint_root;
+    cached = resolved_.emplace(job.name(), jobs::ResolveJobSpec(job.spec(), context)).first;
+    spec_resolutions_.fetch_add(1);
+  }
+  const absl::StatusOr<v1::JobSpec>& resolved = cached->second;
   if (!resolved.ok()) {
     // Only a spec stored before these rules (or by another coordinator version) gets here.
     const std::string unsupported = jobs::UnsupportedParallelism(job.spec().parallel());
@@ -305,11 +384,25 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
   }
   const v1::JobSpec& spec = *resolved;
   const auto [min_workers, max_workers] = WorkerRange(spec);
+  // The queue's quota caps the gang: it starts whole within the free quota or not at all.
+  const std::string queue = QueueOf(spec);
+  int32_t quota_free = std::numeric_limits<int32_t>::max();
+  if (std::optional<int32_t> quota = QueueQuota(hub_->context(), queue); quota.has_value()) {
+    const int32_t used = (*in_use)[queue];
+    quota_free = std::max(0, *quota - used);
+    if (quota_free < min_workers) {
+      NoteWaiting(job, kQueueQuotaExceeded,
+                  absl::StrCat("queue ", queue, ": ", used, " of ", *quota,
+                               " worker(s) in use, needs ", min_workers));
+      return false;
+    }
+  }
   // Only workers that may run this job: unscoped ones and those scoped to it, the latter first
   // (they can run nothing else).
   std::vector<cluster::WorkerInfo> eligible = EligibleFor(job.name(), *idle);
   const int attached = static_cast<int>(EligibleFor(job.name(), attached_workers).size());
-  const int32_t k = static_cast<int32_t>(std::min<size_t>(eligible.size(), max_workers));
+  const int32_t k = static_cast<int32_t>(std::min<size_t>(
+      {eligible.size(), static_cast<size_t>(max_workers), static_cast<size_t>(quota_free)}));
   if (k < min_workers) {
     NoteWaiting(job, kWaitingForWorkers,
                 attached < min_workers
@@ -379,6 +472,8 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
   Run run;
   run.job = job.name();
   run.generation = generation;
+  run.queue = queue;
+  (*in_use)[queue] += world;
   std::vector<std::string> ranks;
   for (int32_t rank = 0; rank < world; ++rank) {
     const cluster::WorkerInfo& w = eligible[rank];

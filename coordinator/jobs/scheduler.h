@@ -6,8 +6,22 @@
 //
 // Policy:
 // - A job is schedulable when it is PENDING or RESTARTING and has no generation in flight here.
-//   RESTARTING jobs go first, then PENDING, each in id order; a job that cannot start yet does
-//   not block later ones (backfill).
+//   Admission order: higher JobSpec.priority first, then the older job (lower id). A job that
+//   cannot start yet does not block later ones of its priority (backfill), but while a job waits
+//   for workers (WAITING_FOR_WORKERS) no job of a lower priority starts in that pass (it waits
+//   with WAITING_FOR_PRIORITY): lower-priority gangs cannot keep taking the workers a
+//   higher-priority one needs. A queue at its quota does not hold other queues back.
+// - Queues: each job counts against its queue (JobSpec.queue, resolve_spec.h QueueOf). A queue
+//   with a worker quota (CoordinatorContext.queue_quotas, --queues) runs at most that many
+//   workers at once, counted over its generations in flight (draining ones too, until their
+//   workers are free). A job whose queue has fewer free workers than its minimum waits with
+//   QUEUE_QUOTA_EXCEEDED ("queue a: 2 of 2 worker(s) in use, needs 2"); otherwise it is planned
+//   on at most the queue's free workers. After each pass the scheduler publishes, for every
+//   waiting job, its queue, its 1-based position in the admission order of that queue and its
+//   current wait reason (JobHub::SetQueueState: Job.queue_status in GetJob and ListJobs), and
+//   per queue the quota, workers in use and waiting jobs (the switchyard_queue_* metrics).
+// - Gang admission: a job starts only with every rank reserved (k >= its minimum idle eligible
+//   workers within its quota); ranks are never handed out to a partial gang.
 // - Worker range: [min_workers, max_workers] of the stored spec; unset min_workers is
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
@@ -15,16 +29,19 @@
 //   the spec's TP (1 unless set) and ETP (1 unless set), CP = PP = 1 (the worker runs data,
 //   expert, tensor and expert-tensor parallelism: common/model/engine_support.h); it picks the
 //   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
-//   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
-//   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
-//   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
-//   the default corpus's vocab_size). A stored spec that fails them (stored by an older
-//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP above 1) or
-//   INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when
-//   k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help); with fewer the job
-//   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any
-//   other error (a store that cannot write the FAILED transition) is logged and retried, never
-//   reported as NO_FEASIBLE_PLAN.
+//   The spec planned is the stored one resolved again by jobs::ResolveJobSpec (the same
+//   function and rules as CreateJob and PlanService), so a spec accepted at submit is planned
+//   with the fields the coordinator fills (an empty training.save is the job's directory, the
+//   default corpus's vocab_size). The resolution is done once per waiting job and cached: a
+//   stored spec never changes and the resolution reads nothing of the cluster (the plan, which
+//   does, is made on every pass); the entry is dropped when the job stops waiting, so a job
+//   that waits again (RESTARTING) is resolved afresh. A stored spec that fails the rules
+//   (stored by an older coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP
+//   above 1) or INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or
+//   RESOURCE_EXHAUSTED) when k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot
+//   help); with fewer the job waits for more workers (a RESTARTING job too: it is never failed for
+//   lack of workers). Any other error (a store that cannot write the FAILED transition) is logged
+//   and retried, never reported as NO_FEASIBLE_PLAN.
 // - Job-scoped workers (Registration.job, switchyard-worker --job; one Kubernetes pod per worker
 //   of one job): a job is placed only on workers that are unscoped or scoped to it, those scoped
 //   to it first; the workers counted in its WAITING_FOR_WORKERS reason are those too. Once the
@@ -79,6 +96,7 @@
 #ifndef SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
 #define SWITCHYARD_COORDINATOR_WORKERS_SCHEDULER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -169,6 +187,10 @@ class Scheduler {
 
   std::vector<RunSnapshot> Runs() const;
 
+  // How many times this scheduler has run ResolveJobSpec on a stored spec (one per job that
+  // starts waiting, not one per pass), for tests.
+  int64_t SpecResolutions() const;
+
  private:
   struct Run {
     std::string job;
@@ -183,6 +205,7 @@ class Scheduler {
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
     absl::Time last_step_saved = absl::InfinitePast();  // rank 0's step, to the store
+    std::string queue;  // the job's queue, whose quota its workers count against
   };
   struct RegisteredEvent {
     cluster::Registered registered;
@@ -213,8 +236,12 @@ class Scheduler {
   // The schedule pass and the periodic checks.
   void SchedulePass();
   // True when the job was started or failed (it no longer waits). `attached`: idle + busy.
+  // `in_use`: workers per queue of the generations in flight, raised by a start.
   bool TrySchedule(const v1::Job& job, std::vector<cluster::WorkerInfo>* idle,
-                   const std::vector<cluster::WorkerInfo>& attached);
+                   const std::vector<cluster::WorkerInfo>& attached,
+                   std::map<std::string, int32_t>* in_use);
+  // Workers per queue of the runs in flight (draining ones included).
+  std::map<std::string, int32_t> WorkersInUse() const;
   // Sends JobEnded (once per registration) to every connected job-scoped worker whose job is
   // finished.
   void ReleaseScopedWorkers();
@@ -267,6 +294,12 @@ class Scheduler {
   bool workers_changed_ = true;
   std::map<std::string, int32_t> plan_failed_for_;  // job -> worker count its plan failed for
   std::map<std::string, std::string> wait_reason_;  // job -> "REASON: message" last recorded
+  // job -> {reason, message} of its current wait (what Job.queue_status shows), kept while the
+  // job waits, even when the event was not (re)recorded.
+  std::map<std::string, std::pair<std::string, std::string>> current_wait_;
+  // job -> its stored spec resolved (ResolveJobSpec) while it waits; dropped with wait_reason_.
+  std::map<std::string, absl::StatusOr<v1::JobSpec>> resolved_;
+  std::atomic<int64_t> spec_resolutions_{0};
   std::set<std::pair<std::string, int64_t>> zombies_stopped_;
   std::set<std::string> released_;  // scoped workers sent JobEnded since they registered
 };

@@ -397,6 +397,8 @@ TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallel
   int waits = 0;
   for (const v1::JobEvent& e : *events) waits += e.reason() == "WAITING_FOR_WORKERS";
   EXPECT_EQ(waits, 1) << "the reason did not change, so it is recorded once";
+  // Nor is the spec validated again on every pass: it is resolved once while it waits.
+  EXPECT_EQ(h_->plane()->scheduler()->SpecResolutions(), 1);
   std::printf("pending: %s: %s (%d event(s) after 2.5 s of passes)\n",
               pending.last_event().reason().c_str(), pending.last_event().message().c_str(), waits);
   // A second worker arrives: the job starts on both.
@@ -405,11 +407,14 @@ TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallel
   fleet_->ticker->Add(&second);
   auto ranks = ExpectGeneration({fleet_->workers[0].get(), &second}, job_, 1, 2);
   EXPECT_EQ(ranks.size(), 2u);
+  // The cluster changed (a worker attached) and the cached spec was planned on the new one.
+  EXPECT_EQ(h_->plane()->scheduler()->SpecResolutions(), 1);
 }
 
 // The bug this path fixes: save_interval without save passed CreateJob, then failed at planning
 // (NO_FEASIBLE_PLAN: training.save_interval requires training.save). The scheduler resolves the
-// stored spec with the job id, so it starts, saving to <checkpoint root>/<job id>.
+// stored spec as CreateJob does (an empty save is the job's directory), so it starts, saving to
+// <checkpoint root>/jobs/<job id>.
 TEST_F(SchedulerTest, SaveIntervalWithoutSaveStartsWithTheCoordinatorsDirectory) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_save_interval.db", 1));
   v1::JobSpec spec = api::testing::SmallSpec(1, 1);
@@ -424,6 +429,140 @@ TEST_F(SchedulerTest, SaveIntervalWithoutSaveStartsWithTheCoordinatorsDirectory)
   EXPECT_EQ(a.spec().training().save_interval(), 5);
   std::printf("assigned save %s every %lld steps\n", a.spec().training().save().c_str(),
               static_cast<long long>(a.spec().training().save_interval()));
+}
+
+// Queues (scheduler.h "Queues"): 3 gangs of 2 on 4 workers, queues a and b with a quota of 2
+// workers each. jobs/1 (a, priority 0), jobs/2 (a, priority 10), jobs/3 (b, priority 0) are
+// submitted before any worker attaches; workers then attach one at a time. jobs/2 goes first
+// (priority) and no lower-priority job takes the first worker from it; jobs/3 follows on the
+// next two; jobs/1 waits at its queue's quota with position 1 and QUEUE_QUOTA_EXCEEDED (GetJob,
+// ListJobs) until jobs/2 ends, then starts on its workers. No job ever starts with fewer ranks
+// than its gang.
+TEST_F(SchedulerTest, QueuesAdmitByPriorityWithinQuotaAndWholeGangsOnly) {
+  h_ = Harness::Start("sched_queues.db", true, {}, {{"a", 2}, {"b", 2}});
+  ASSERT_NE(h_, nullptr);
+  auto spec = [](const std::string& queue, int priority) {
+    v1::JobSpec s = api::testing::SmallSpec(2, 2);
+    s.set_queue(queue);
+    s.set_priority(priority);
+    return s;
+  };
+  // Bad queue input is refused at submit, naming the field and the rule; nothing is stored.
+  for (const auto& [bad, needle] : std::vector<std::pair<v1::JobSpec, std::string>>{
+           {spec("nope", 0),
+            "queue (\"nope\") must be one of this coordinator's queues: "
+            "default, a, b"},
+           {spec("a", 5000), "priority (5000) must be within [-1000, 1000]"},
+           {api::testing::SmallSpec(3, 3), ""}}) {
+    v1::JobSpec s = bad;
+    std::string want = needle;
+    if (want.empty()) {  // a gang larger than its queue's quota could never be admitted
+      s.set_queue("b");
+      want =
+          "min_workers (3, or parallel.world_size when unset) must be at most the worker "
+          "quota of queue b (2)";
+    }
+    v1::CreateJobRequest request;
+    *request.mutable_spec() = s;
+    absl::StatusOr<Job> refused = h_->hub()->CreateJob(request);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find(want), absl::string_view::npos) << refused.status();
+    std::printf("refused: %s\n", std::string(refused.status().message()).c_str());
+  }
+  ASSERT_EQ(*h_->store()->CountJobs(), 0);
+
+  const std::string j1 = h_->Submit(spec("a", 0));
+  const std::string j2 = h_->Submit(spec("a", 10));
+  const std::string j3 = h_->Submit(spec("b", 0));
+  ASSERT_EQ(j1, "jobs/1");
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  std::unique_ptr<HeartbeatTicker> ticker;
+  auto attach = [&](int i) {
+    workers.push_back(std::make_unique<FakeWorker>(api::testing::MakeChannel(h_->port()),
+                                                   absl::StrCat("q", i), "host-a"));
+    workers.back()->Attach();
+    if (ticker == nullptr) {
+      ticker = std::make_unique<HeartbeatTicker>(std::vector<FakeWorker*>{workers.back().get()},
+                                                 absl::Milliseconds(200));
+    } else {
+      ticker->Add(workers.back().get());
+    }
+  };
+  auto status_of = [&](const std::string& name) { return h_->hub()->GetJob(name)->queue_status(); };
+  auto wait_reason = [&](const std::string& name, const std::string& reason) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (status_of(name).reason() != reason && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const v1::QueueStatus q = status_of(name);
+    std::printf("%s: queue %s position %d %s: %s\n", name.c_str(), q.queue().c_str(), q.position(),
+                q.reason().c_str(), q.message().c_str());
+    return q;
+  };
+
+  // One worker: jobs/2 (priority 10) waits for a second one; the priority-0 jobs may not take it.
+  attach(0);
+  v1::QueueStatus q2 = wait_reason(j2, "WAITING_FOR_WORKERS");
+  EXPECT_EQ(q2.queue(), "a");
+  EXPECT_EQ(q2.position(), 1);
+  v1::QueueStatus q1 = wait_reason(j1, "WAITING_FOR_PRIORITY");
+  EXPECT_EQ(q1.position(), 2) << "behind jobs/2 in queue a";
+  EXPECT_EQ(wait_reason(j3, "WAITING_FOR_PRIORITY").position(), 1) << "first in queue b";
+  EXPECT_EQ(workers[0]->CountReceived(CoordinatorMessage::kAssignment), 0) << "no partial gang";
+
+  // A second worker: jobs/2 starts on both.
+  attach(1);
+  auto ranks2 = ExpectGeneration({workers[0].get(), workers[1].get()}, j2, 1, 2);
+  ASSERT_EQ(ranks2.size(), 2u);
+  // Queue a is at its quota: jobs/1 waits for it; jobs/3 (queue b) waits for workers.
+  q1 = wait_reason(j1, "QUEUE_QUOTA_EXCEEDED");
+  EXPECT_EQ(q1.position(), 1);
+  EXPECT_EQ(q1.message(), "queue a: 2 of 2 worker(s) in use, needs 2");
+  wait_reason(j3, "WAITING_FOR_WORKERS");
+  attach(2);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(workers[2]->CountReceived(CoordinatorMessage::kAssignment), 0)
+      << "one idle worker is not a gang of 2";
+  attach(3);
+  auto ranks3 = ExpectGeneration({workers[2].get(), workers[3].get()}, j3, 1, 2);
+  ASSERT_EQ(ranks3.size(), 2u);
+  EXPECT_FALSE(h_->hub()->GetJob(j3)->has_queue_status()) << "started jobs do not wait";
+
+  // ListJobs (syctl list) shows the same position and reason for the waiting job.
+  v1::ListJobsRequest list;
+  list.set_state(Job::PENDING);
+  absl::StatusOr<v1::ListJobsResponse> pending = h_->hub()->ListJobs(list);
+  ASSERT_TRUE(pending.ok());
+  ASSERT_EQ(pending->jobs_size(), 1);
+  EXPECT_EQ(pending->jobs(0).name(), j1);
+  EXPECT_EQ(pending->jobs(0).queue_status().position(), 1);
+  EXPECT_EQ(pending->jobs(0).queue_status().reason(), "QUEUE_QUOTA_EXCEEDED");
+  // The scheduler's per-queue view (the switchyard_queue_* gauges).
+  std::map<std::string, JobHub::QueueUsage> usage;
+  for (const JobHub::QueueUsage& u : h_->hub()->QueueState()) usage[u.queue] = u;
+  EXPECT_EQ(usage["a"].quota, 2);
+  EXPECT_EQ(usage["a"].workers_in_use, 2);
+  EXPECT_EQ(usage["a"].pending, 1);
+  EXPECT_EQ(usage["b"].workers_in_use, 2);
+  EXPECT_EQ(usage["b"].pending, 0);
+  EXPECT_FALSE(usage["default"].quota.has_value());
+
+  // jobs/2 ends: its workers and its quota go to jobs/1.
+  for (auto& [rank, w] : ranks2) w->SendExit(0);
+  h_->WaitForState(j2, Job::SUCCEEDED);
+  auto ranks1 = ExpectGeneration({ranks2[0], ranks2[1]}, j1, 1, 2);
+  EXPECT_EQ(ranks1.size(), 2u);
+  // Every generation had its whole gang: 2 ranks each, on 4 distinct workers at any time.
+  for (const std::string& name : {j1, j2, j3}) {
+    const Job job = *h_->hub()->GetJob(name);
+    EXPECT_EQ(job.plan().best().mapping().data_parallel_size(), 2) << name;
+  }
+  for (auto& [rank, w] : ranks3) w->SendExit(0);
+  for (auto& [rank, w] : ranks1) w->SendExit(0);
+  h_->WaitForState(j1, Job::SUCCEEDED);
+  h_->WaitForState(j3, Job::SUCCEEDED);
+  ticker.reset();
+  workers.clear();
 }
 
 TEST_F(SchedulerTest, NoFeasiblePlanFails) {

@@ -36,7 +36,19 @@ CoordinatorMetrics::CoordinatorMetrics()
               .Name(std::string(kJobRestartsMetric))
               .Help("Job restarts (entries into RESTARTING) since the coordinator started.")
               .Register(*registry_)
-              .Add({})) {
+              .Add({})),
+      queue_quota_(prometheus::BuildGauge()
+                       .Name(std::string(kQueueQuotaMetric))
+                       .Help("Worker quota of a queue (no series: the queue has no quota).")
+                       .Register(*registry_)),
+      queue_in_use_(prometheus::BuildGauge()
+                        .Name(std::string(kQueueInUseMetric))
+                        .Help("Workers held by a queue's running generations.")
+                        .Register(*registry_)),
+      queue_pending_(prometheus::BuildGauge()
+                         .Name(std::string(kQueuePendingMetric))
+                         .Help("Jobs of a queue waiting for admission.")
+                         .Register(*registry_)) {
   absl::MutexLock lock(&mu_);
   const google::protobuf::EnumDescriptor* states = v1::Job::State_descriptor();
   for (int i = 0; i < states->value_count(); ++i) {
@@ -79,15 +91,32 @@ void CoordinatorMetrics::SetWorkerCounter(std::function<int64_t()> counter) {
   worker_counter_ = std::move(counter);
 }
 
+void CoordinatorMetrics::SetQueueCounter(std::function<std::vector<QueueGauges>()> counter) {
+  absl::MutexLock lock(&mu_);
+  queue_counter_ = std::move(counter);
+}
+
+void CoordinatorMetrics::RefreshQueues(const std::vector<QueueGauges>& queues) {
+  for (const QueueGauges& q : queues) {
+    const std::map<std::string, std::string> labels = {{"queue", q.queue}};
+    if (q.quota.has_value()) queue_quota_.Add(labels).Set(static_cast<double>(*q.quota));
+    queue_in_use_.Add(labels).Set(static_cast<double>(q.workers_in_use));
+    queue_pending_.Add(labels).Set(static_cast<double>(q.pending));
+  }
+}
+
 std::string CoordinatorMetrics::Scrape() {
   JobCounter counter;
   std::function<int64_t()> workers;
+  std::function<std::vector<QueueGauges>()> queues;
   {
     absl::MutexLock lock(&mu_);
     counter = job_counter_;
     workers = worker_counter_;
+    queues = queue_counter_;
   }
   if (workers) SetWorkersAttached(workers());
+  if (queues) RefreshQueues(queues());
   if (counter) {
     absl::StatusOr<std::map<v1::Job::State, int64_t>> counts = counter();
     if (counts.ok()) {

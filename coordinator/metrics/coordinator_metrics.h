@@ -7,6 +7,16 @@
 //   switchyard_coordinator_workers_attached                         gauge
 //   switchyard_coordinator_rpc_duration_seconds{method,code}        histogram
 //   switchyard_coordinator_job_restarts_total                       counter
+//   switchyard_queue_quota_workers{queue}                            gauge, a queue's worker quota
+//                                                                    (absent: no quota)
+//   switchyard_queue_workers_in_use{queue}                           gauge, workers of its jobs'
+//                                                                    generations in flight
+//   switchyard_queue_pending_jobs{queue}                             gauge, its jobs waiting for
+//                                                                    admission
+//
+// `queue` is one of the operator's --queues (and "default"): a closed set the operator chose, so
+// its cardinality stays small. The queue gauges are refreshed at scrape time from the callback
+// given to SetQueueCounter (the scheduler's last pass, coordinator/jobs/scheduler.h "Queues").
 //
 // `method` is the API method name ("CreateJob", "Plan", ...; the gRPC service and the REST gateway
 // record the same names, so a dashboard sees one API), `code` the canonical status code name
@@ -24,7 +34,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -45,6 +57,17 @@ inline constexpr absl::string_view kWorkersAttachedMetric =
 inline constexpr absl::string_view kRpcDurationMetric =
     "switchyard_coordinator_rpc_duration_seconds";
 inline constexpr absl::string_view kJobRestartsMetric = "switchyard_coordinator_job_restarts_total";
+inline constexpr absl::string_view kQueueQuotaMetric = "switchyard_queue_quota_workers";
+inline constexpr absl::string_view kQueueInUseMetric = "switchyard_queue_workers_in_use";
+inline constexpr absl::string_view kQueuePendingMetric = "switchyard_queue_pending_jobs";
+
+// One queue as the gauges show it.
+struct QueueGauges {
+  std::string queue;
+  std::optional<int64_t> quota;  // nullopt: no quota (no quota series)
+  int64_t workers_in_use = 0;
+  int64_t pending = 0;
+};
 
 class CoordinatorMetrics {
  public:
@@ -65,6 +88,9 @@ class CoordinatorMetrics {
   // When set, the workers gauge is refreshed from it at every scrape (the coordinator binds it to
   // the worker registry's attached count).
   void SetWorkerCounter(std::function<int64_t()> counter);
+  // When set, the queue gauges are refreshed from it at every scrape (a queue it no longer lists
+  // keeps its last values).
+  void SetQueueCounter(std::function<std::vector<QueueGauges>()> counter);
 
   // Refreshes the job gauge, then renders every metric in the text exposition format.
   std::string Scrape();
@@ -85,6 +111,11 @@ class CoordinatorMetrics {
       ABSL_GUARDED_BY(mu_);
   JobCounter job_counter_ ABSL_GUARDED_BY(mu_);
   std::function<int64_t()> worker_counter_ ABSL_GUARDED_BY(mu_);
+  prometheus::Family<prometheus::Gauge>& queue_quota_;
+  prometheus::Family<prometheus::Gauge>& queue_in_use_;
+  prometheus::Family<prometheus::Gauge>& queue_pending_;
+  std::function<std::vector<QueueGauges>()> queue_counter_ ABSL_GUARDED_BY(mu_);
+  void RefreshQueues(const std::vector<QueueGauges>& queues);
 };
 
 }  // namespace switchyard::metrics

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -38,6 +39,8 @@ TEST(CoordinatorMetricsTest, ExposesEveryMetricWithItsLabels) {
   metrics.ObserveRpc("CreateJob", "OK", 0.003);
   metrics.ObserveRpc("CreateJob", "OK", 0.2);
   metrics.ObserveRpc("GetJob", "NOT_FOUND", 0.0001);
+  std::vector<QueueGauges> queues = {{"a", 2, 2, 1}, {"default", std::nullopt, 0, 3}};
+  metrics.SetQueueCounter([&] { return queues; });
   const std::string text = metrics.Scrape();
   std::printf("%s", text.c_str());
   EXPECT_TRUE(absl::StrContains(text, "# TYPE switchyard_coordinator_jobs gauge"));
@@ -51,6 +54,13 @@ TEST(CoordinatorMetricsTest, ExposesEveryMetricWithItsLabels) {
   EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"CANCELLED\"}"], 0);
   EXPECT_EQ(s.count("switchyard_coordinator_jobs{state=\"STATE_UNSPECIFIED\"}"), 0u);
   EXPECT_EQ(s["switchyard_coordinator_workers_attached"], 4);
+  // Queues (scheduler.h "Queues"): quota only where one is set.
+  EXPECT_TRUE(absl::StrContains(text, "# TYPE switchyard_queue_quota_workers gauge"));
+  EXPECT_EQ(s["switchyard_queue_quota_workers{queue=\"a\"}"], 2);
+  EXPECT_EQ(s.count("switchyard_queue_quota_workers{queue=\"default\"}"), 0u);
+  EXPECT_EQ(s["switchyard_queue_workers_in_use{queue=\"a\"}"], 2);
+  EXPECT_EQ(s["switchyard_queue_pending_jobs{queue=\"a\"}"], 1);
+  EXPECT_EQ(s["switchyard_queue_pending_jobs{queue=\"default\"}"], 3);
   EXPECT_EQ(s["switchyard_coordinator_job_restarts_total"], 2);
   EXPECT_EQ(
       s["switchyard_coordinator_rpc_duration_seconds_count{code=\"OK\",method=\"CreateJob\"}"], 2);
@@ -69,7 +79,9 @@ TEST(CoordinatorMetricsTest, ExposesEveryMetricWithItsLabels) {
 
   // The gauge follows the counter at the next scrape; a failing counter keeps the last values.
   counts = {{v1::Job::SUCCEEDED, 5}};
+  queues = {{"a", 2, 0, 0}};
   s = Samples(metrics.Scrape());
+  EXPECT_EQ(s["switchyard_queue_workers_in_use{queue=\"a\"}"], 0);
   EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"PENDING\"}"], 0);
   EXPECT_EQ(s["switchyard_coordinator_jobs{state=\"SUCCEEDED\"}"], 5);
   metrics.SetJobCounter([]() -> absl::StatusOr<std::map<v1::Job::State, int64_t>> {

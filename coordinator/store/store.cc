@@ -581,30 +581,59 @@ absl::StatusOr<JobRow> Store::DeleteJob(int64_t id,
   });
 }
 
+namespace {
+
+// Columns of job_events as ListJobEvents and LastJobEvent select them.
+constexpr char kEventColumns[] = "job_id, sequence, time_us, state, generation, reason, message";
+
+absl::StatusOr<JobEventRow> EventFromRow(Statement& s) {
+  JobEventRow e;
+  e.job_id = s.Int(0);
+  e.sequence = s.Int(1);
+  e.time = FromMicros(s.Int(2));
+  SY_ASSIGN_OR_RETURN(e.state, StateFromColumn(s.Int(3), "job_events"));
+  e.generation = s.Int(4);
+  e.reason = s.Text(5);
+  e.message = s.Text(6);
+  return e;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<JobEventRow>> Store::ListJobEvents(int64_t job_id) {
   absl::MutexLock lock(&mu_);
   return Guard([&]() -> absl::StatusOr<std::vector<JobEventRow>> {
     SY_ASSIGN_OR_RETURN(
         Statement s,
         Statement::Prepare(db_,
-                           "SELECT job_id, sequence, time_us, state, generation, reason, message "
-                           "FROM job_events WHERE job_id = ?1 ORDER BY sequence"));
+                           absl::StrCat("SELECT ", kEventColumns,
+                                        " FROM job_events WHERE job_id = ?1 ORDER BY sequence")));
     SY_RETURN_IF_ERROR(s.Bind(1, job_id));
     std::vector<JobEventRow> events;
     while (true) {
       SY_ASSIGN_OR_RETURN(bool row, s.Step());
       if (!row) break;
-      JobEventRow e;
-      e.job_id = s.Int(0);
-      e.sequence = s.Int(1);
-      e.time = FromMicros(s.Int(2));
-      SY_ASSIGN_OR_RETURN(e.state, StateFromColumn(s.Int(3), "job_events"));
-      e.generation = s.Int(4);
-      e.reason = s.Text(5);
-      e.message = s.Text(6);
+      SY_ASSIGN_OR_RETURN(JobEventRow e, EventFromRow(s));
       events.push_back(std::move(e));
     }
     return events;
+  });
+}
+
+absl::StatusOr<std::optional<JobEventRow>> Store::LastJobEvent(int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  return Guard([&]() -> absl::StatusOr<std::optional<JobEventRow>> {
+    SY_ASSIGN_OR_RETURN(
+        Statement s,
+        Statement::Prepare(
+            db_,
+            absl::StrCat("SELECT ", kEventColumns,
+                         " FROM job_events WHERE job_id = ?1 ORDER BY sequence DESC LIMIT 1")));
+    SY_RETURN_IF_ERROR(s.Bind(1, job_id));
+    SY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return std::optional<JobEventRow>();
+    SY_ASSIGN_OR_RETURN(JobEventRow e, EventFromRow(s));
+    return std::optional<JobEventRow>(std::move(e));
   });
 }
 

@@ -199,6 +199,11 @@ class Store {
   // The job's events in sequence order (empty when the job has none or does not exist).
   absl::StatusOr<std::vector<JobEventRow>> ListJobEvents(int64_t job_id);
 
+  // The job's event of the highest sequence, nullopt when it has none or does not exist. One
+  // indexed row, not the log: GetJob shows only the last event, and a job's log grows with every
+  // restart and wait reason.
+  absl::StatusOr<std::optional<JobEventRow>> LastJobEvent(int64_t job_id);
+
   // Row counts of jobs and job_events (for checks that nothing was written).
   absl::StatusOr<int64_t> CountJobs();
   absl::StatusOr<int64_t> CountJobEvents();

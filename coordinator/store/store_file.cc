@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -187,12 +188,10 @@ absl::Status PublishFile(const std::string& from, const std::string& to) {
         absl::StrCat(store, ": cannot put the new store in place (", std::strerror(error), ")"));
   }
   std::remove(from.c_str());
-  const size_t slash = to.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : to.substr(0, slash + 1);
-  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    fsync(dir_fd);
-    close(dir_fd);
+  // The new name is durable only once the directory is synced; a store that may vanish on a
+  // crash is not reported as created.
+  if (absl::Status synced = FsyncDirectory(DirectoryOf(to)); !synced.ok()) {
+    return absl::UnavailableError(absl::StrCat(store, ": ", synced.message()));
   }
   return absl::OkStatus();
 }
@@ -279,13 +278,10 @@ absl::StatusOr<BackupResult> BackupDatabase(sqlite3* src, const std::string& des
     std::remove(tmp.c_str());
     return Annotate(status, backup);
   }
-  // The rename is durable once the directory is synced.
-  const size_t slash = dest_path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : dest_path.substr(0, slash + 1);
-  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    fsync(dir_fd);
-    close(dir_fd);
+  // The rename is durable once the directory is synced: a backup that may vanish on a crash is
+  // not reported as written.
+  if (absl::Status synced = FsyncDirectory(DirectoryOf(dest_path)); !synced.ok()) {
+    return absl::UnavailableError(absl::StrCat(backup, ": ", synced.message()));
   }
   struct stat st {};
   if (stat(dest_path.c_str(), &st) == 0) result.bytes = st.st_size;

@@ -37,7 +37,8 @@ absl::StatusOr<bool> PrepareFile(const std::string& path, bool create);
 absl::Status CreateEmptyFile(const std::string& path);
 
 // Makes the finished file `from` the store `to`: fsync, link (never replacing an existing `to`:
-// FAILED_PRECONDITION), unlink `from`, fsync of the directory.
+// FAILED_PRECONDITION), unlink `from`, fsync of the directory (common/file_util.h; its failure is
+// UNAVAILABLE: the store may not survive a crash).
 absl::Status PublishFile(const std::string& from, const std::string& to);
 
 // PRAGMA quick_check (every page's b-tree structure, record formats, NOT NULL constraints; not

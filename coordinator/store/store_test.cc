@@ -139,6 +139,18 @@ TEST(StoreTest, RoundTripJobAndEvents) {
   EXPECT_EQ((*events)[1].generation, 1);
   EXPECT_LT((*events)[0].time, (*events)[1].time);
 
+  // LastJobEvent (GetJob's last_event) is the event of the highest sequence, read alone.
+  auto last = (*store)->LastJobEvent(got->id);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_TRUE(last->has_value());
+  EXPECT_EQ((*last)->sequence, 2);
+  EXPECT_EQ((*last)->reason, "SCHEDULED");
+  EXPECT_EQ((*last)->state, v1::Job::STARTING);
+  EXPECT_EQ((*last)->time, (*events)[1].time);
+  auto none = (*store)->LastJobEvent(12345);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+
   EXPECT_EQ((*store)->GetJob(12345).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*store)->UpdateJob(12345, [](JobRow&) { return JobEventRow(); }).status().code(),
             absl::StatusCode::kNotFound);

@@ -39,6 +39,7 @@ using v1::Job;
 // Paths of the binaries under test (set by main from argv).
 inline std::string g_coordinator;
 inline std::string g_worker;
+inline std::string g_syctl;  // argv[3] when given (tests that run syctl)
 
 // The tiny CPU MoE of worker/train/distributed_trainer_test.cc (seq 32), elastic over 1..2
 // workers. training.save is set per job by Cluster::Submit: the coordinator would default it to
@@ -249,6 +250,9 @@ class Cluster {
     flags_.data_root = TmpPath(name + "_data");  // read-only for jobs; empty here
     std::filesystem::create_directories(flags_.data_root);
   }
+
+  // The coordinator's --queues (before StartCoordinator).
+  void SetQueues(const std::string& queues) { flags_.queues = queues; }
 
   bool StartCoordinator() {
     flags_.log_path = TmpPath(absl::StrCat(name_, "_coordinator", ++coordinator_runs_, ".log"));

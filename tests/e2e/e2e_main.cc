@@ -1,5 +1,5 @@
 // main of the end-to-end tests: argv[1] is the switchyard-coordinator binary, argv[2] the
-// switchyard-worker binary (Bazel passes their runfiles paths).
+// switchyard-worker binary, argv[3] (optional) syctl (Bazel passes their runfiles paths).
 #include <cstdio>
 
 #include "gtest/gtest.h"
@@ -13,5 +13,6 @@ int main(int argc, char** argv) {
   }
   switchyard::e2e::g_coordinator = argv[1];
   switchyard::e2e::g_worker = argv[2];
+  if (argc > 3) switchyard::e2e::g_syctl = argv[3];
   return RUN_ALL_TESTS();
 }
