@@ -204,6 +204,8 @@ const std::vector<Knob>& Table() {
       {"min_workers", "planner (smallest world); scheduler (elastic range)"},
       {"max_workers", "planner (largest world); scheduler (elastic range)"},
       {"max_restarts", "coordinator job state machine"},
+      {"queue", "coordinator scheduler (queue quota, position; unknown queue refused at submit)"},
+      {"priority", "coordinator scheduler (admission order; range refused at submit)"},
   };
   return *table;
 }
