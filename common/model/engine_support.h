@@ -1,6 +1,7 @@
 // File: common/model/engine_support.h
 //
-// What the worker's engine executes today: data and expert parallelism (TP = CP = PP = ETP = 1).
+// What the worker's engine executes today: data, context and expert parallelism
+// (TP = PP = ETP = 1; CP any size the layout and validation rules accept).
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
 // (coordinator/jobs/resolve_spec.h, before the planner), the worker's check of an assignment
 // (worker/agent/generation.cc) and a run without a coordinator (worker/train/trainer.cc). When
@@ -16,9 +17,10 @@
 namespace switchyard {
 
 // "" when the engine runs these sizes; otherwise the first unsupported one, as
-// "<prefix><field> (N) must be 1: workers run data and expert parallelism only", with `prefix`
+// "<prefix><field> (N) must be 1: workers run data, context and expert parallelism only", with `prefix`
 // the field path of the caller's message ("parallel." for a job spec, "assignment.mapping." for
-// an assignment).
+// an assignment). context_parallel_size is accepted at any value (kept in the signature so the
+// callers stay one rule when TP / ETP / PP are lifted the same way).
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size);

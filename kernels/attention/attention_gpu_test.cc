@@ -6,6 +6,8 @@
 // (S = 37, 200, 1000), GQA groups, several sequences, S = 2048 and 4096 (bf16 only, few heads:
 // the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
 // future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
+// The bottom-right causal mode (kv_seq_len > seq_len, context parallelism) is not written for
+// CUDA yet: both backends must refuse it with UNIMPLEMENTED naming context parallelism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -257,6 +259,26 @@ TEST(AttentionGpuTest, RejectsUnsupportedHeadDim) {
   EXPECT_EQ(
       AttentionForward(gpu, q.View(), k.View(), k.View(), 4, 0.1f, q.View(), lse.View()).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AttentionGpuTest, BottomRightIsRefusedNotRunSquare) {
+  SY_REQUIRE_GPU();
+  SettingsGuard guard;
+  const Stream gpu{Device::Cuda(0), nullptr};
+  Buffer q = Poisoned(DType::kBF16, {4, 2, 64}), k = Poisoned(DType::kBF16, {8, 1, 64});
+  Buffer o = Poisoned(DType::kBF16, {4, 2, 64}), dk = Poisoned(DType::kBF16, {8, 1, 64});
+  Buffer lse = Poisoned(DType::kF32, {1, 2, 4}), delta = Poisoned(DType::kF32, {1, 2, 4});
+  for (const AttentionSettings& s : {kNative, kCudnn}) {
+    SetAttentionSettings(s);
+    const absl::Status f =
+        AttentionForward(gpu, q.View(), k.View(), k.View(), 4, 8, 0.1f, o.View(), lse.View());
+    EXPECT_EQ(f.code(), absl::StatusCode::kUnimplemented) << f;
+    EXPECT_NE(f.message().find("context_parallel_size"), std::string::npos) << f;
+    const absl::Status b =
+        AttentionBackward(gpu, q.View(), k.View(), k.View(), o.View(), lse.View(), o.View(), 4, 8,
+                          0.1f, delta.View(), o.View(), dk.View(), dk.View());
+    EXPECT_EQ(b.code(), absl::StatusCode::kUnimplemented) << b;
+  }
 }
 
 }  // namespace

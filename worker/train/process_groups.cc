@@ -19,6 +19,7 @@ struct Role {
 
 constexpr Role kRoles[] = {
     {ParallelGroup::kDataContext, "dp_cp", &ProcessGroups::data},
+    {ParallelGroup::kContext, "cp", &ProcessGroups::cp},
     {ParallelGroup::kTensorDataContext, "tp_dp_cp", &ProcessGroups::tdc},
     {ParallelGroup::kExpert, "ep", &ProcessGroups::expert},
     {ParallelGroup::kExpertData, "edp", &ProcessGroups::expert_data},
@@ -29,7 +30,6 @@ absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank)
   SY_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Create(dims));
   const std::pair<const char*, int> unsupported[] = {
       {"tensor_model_parallel_size", layout.tp()},
-      {"context_parallel_size", layout.cp()},
       {"pipeline_model_parallel_size", layout.pp()},
       {"expert_tensor_parallel_size", layout.etp()},
   };
@@ -37,8 +37,8 @@ absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank)
     if (size != 1) {
       return absl::UnimplementedError(
           absl::StrCat("parallel.", field, " = ", size,
-                       ": only 1 is supported (the model has no tensor, context or pipeline "
-                       "parallelism yet); use data and expert parallelism"));
+                       ": only 1 is supported (the model has no tensor or pipeline parallelism "
+                       "yet); use data, context and expert parallelism"));
     }
   }
   if (rank < 0 || rank >= layout.world_size()) {

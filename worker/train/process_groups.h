@@ -7,6 +7,9 @@
 // so a role's pointer may equal another's; all are owned here.
 //
 //   data          DP×CP  (ParallelGroup::kDataContext): dense gradients, loss statistics
+//   cp            CP     (kContext): the K/V all-gather and dK/dV reduce-scatter of context-
+//                 parallel attention, and the aux-loss counts of each micro-batch (TP×CP = CP
+//                 while TP = 1)
 //   tdc           TP×DP×CP (kTensorDataContext): expert-bias and global_aux_loss token counts
 //   expert        EP     (kExpert): the MoE dispatch all-to-alls
 //   expert_data   EDP    (kExpertData): expert gradients
@@ -18,8 +21,8 @@
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only layouts with
-// TP = CP = PP = ETP = 1 are accepted for now (UNIMPLEMENTED naming the field otherwise): the
-// model has no tensor, context or pipeline parallelism yet.
+// TP = PP = ETP = 1 are accepted for now (UNIMPLEMENTED naming the field otherwise): the model
+// has no tensor or pipeline parallelism yet. CP is any size the layout rules accept.
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 
@@ -42,6 +45,7 @@ struct ProcessGroups {
   int rank = 0;  // world rank
   comm::Communicator* world = nullptr;
   comm::Communicator* data = nullptr;
+  comm::Communicator* cp = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* expert = nullptr;
   comm::Communicator* expert_data = nullptr;
@@ -56,7 +60,7 @@ struct ProcessGroups {
 };
 
 // INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
-// TP/CP/PP/ETP > 1; the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer does not
+// TP/PP/ETP > 1; the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer does not
 // show up within the options' timeout).
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
