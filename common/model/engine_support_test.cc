@@ -6,14 +6,16 @@
 namespace switchyard {
 namespace {
 
-TEST(EngineSupportTest, DataAndExpertParallelismOnly) {
+TEST(EngineSupportTest, DataContextAndExpertParallelismOnly) {
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 1), "");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 1, 1, 1),
-            "parallel.tensor_model_parallel_size (2) must be 1: workers run data and expert "
-            "parallelism only");
-  EXPECT_EQ(UnsupportedByEngine("assignment.mapping.", 1, 4, 1, 1),
-            "assignment.mapping.context_parallel_size (4) must be 1: workers run data and expert "
-            "parallelism only");
+            "parallel.tensor_model_parallel_size (2) must be 1: workers run data, context and "
+            "expert parallelism only");
+  // Context parallelism runs (worker/model/gpt_model.h).
+  EXPECT_EQ(UnsupportedByEngine("assignment.mapping.", 1, 4, 1, 1), "");
+  EXPECT_EQ(UnsupportedByEngine("assignment.mapping.", 1, 4, 2, 1),
+            "assignment.mapping.pipeline_model_parallel_size (2) must be 1: workers run data, "
+            "context and expert parallelism only");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 1).rfind("parallel.pipeline_model", 0), 0u);
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 8).rfind("parallel.expert_tensor", 0), 0u);
   // The first unsupported size is named when several are.

@@ -122,7 +122,7 @@ const std::vector<Knob>& Table() {
       {"parallel.pipeline_model_parallel_size", "planner; ParallelLayout (PP = 1 in the worker)",
        [](v1::JobSpec* s) { P(s)->set_pipeline_model_parallel_size(3); },
        "parallel.pipeline_model_parallel_size"},
-      {"parallel.context_parallel_size", "planner; ParallelLayout (CP = 1 in the worker)",
+      {"parallel.context_parallel_size", "planner; ParallelLayout; GptConfig.cp_size (context-parallel attention)",
        [](v1::JobSpec* s) { P(s)->set_context_parallel_size(2); },
        "parallel.context_parallel_size"},
       {"parallel.expert_model_parallel_size", "ParallelLayout, MoELayerConfig.ep_size; planner"},
