@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
@@ -168,6 +170,13 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   }
   l->tdc_ = groups.tdc;
   if (groups.tdc != nullptr) l->dp_size_ = groups.tdc->size();
+  if (groups.cp != nullptr && groups.cp->size() > 1) {
+    l->cp_ = groups.cp;
+    l->cp_size_ = groups.cp->size();
+    // §1.6: c_z' = moe_z_loss_coeff / size(TP×CP): each CP rank's z-loss is the mean over its
+    // own tokens, so the sum over the CP ranks is the mean over the whole sequence.
+    l->config_.router.z_loss_coeff /= l->cp_size_;
+  }
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
   SY_ASSIGN_OR_RETURN(
       l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
@@ -264,7 +273,44 @@ Tensor Rows(const Tensor& t, int64_t rows) {
   v.shape[0] = rows;
   return v;
 }
+// Rows [first, first + rows) of a row-major [N, ...] tensor.
+Tensor RowRange(const Tensor& t, int64_t first, int64_t rows) {
+  Tensor v = t;
+  v.shape[0] = rows;
+  v.data = static_cast<char*>(t.data) +
+           first * (t.numel() / std::max<int64_t>(1, t.dim(0))) * DTypeSize(t.dtype);
+  return v;
+}
 }  // namespace
+
+absl::Status MoELayer::SetContextParallelJitter(int64_t cp_size, int64_t cp_rank,
+                                                int64_t local_seq_len) {
+  if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size ||
+      (cp_size > 1 && (local_seq_len < 2 || local_seq_len % 2 != 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoELayer::SetContextParallelJitter: cp_rank ", cp_rank, " of cp_size ",
+                     cp_size, " with local sequence length ", local_seq_len, " (must be even)"));
+  }
+  jitter_cp_size_ = cp_size;
+  jitter_cp_rank_ = cp_rank;
+  jitter_local_seq_ = local_seq_len;
+  return absl::OkStatus();
+}
+
+template <typename Fn>
+absl::Status MoELayer::ForEachJitterChunk(int64_t t, Fn&& fn) const {
+  const int64_t h = config_.hidden_size;
+  if (jitter_cp_size_ <= 1) return fn(0, t, uint64_t{0});
+  // Local chunk q (c rows) is chunk q % 2 of local sequence q / 2: global rows b·S + id·c.
+  const int64_t c = jitter_local_seq_ / 2, whole = jitter_local_seq_ * jitter_cp_size_;
+  for (int64_t q = 0; q * c < t; ++q) {
+    const int64_t b = q / 2;
+    const int64_t id = q % 2 == 0 ? jitter_cp_rank_ : 2 * jitter_cp_size_ - 1 - jitter_cp_rank_;
+    SY_RETURN_IF_ERROR(
+        fn(q * c, std::min(c, t - q * c), static_cast<uint64_t>((b * whole + id * c) * h)));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
                                const MoERouterState& rs, const Tensor& x, const Tensor& y,
@@ -304,8 +350,14 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   Tensor xr = x;
   if (rc.training && rc.input_jitter_eps > 0) {
     xr = Rows(xr_, t);
-    SY_RETURN_IF_ERROR(kernels::ApplyInputJitter(stream, x, static_cast<float>(rc.input_jitter_eps),
-                                                 /*seed=*/0x5157u, jitter_offset, xr));
+    // Per CP chunk, with the offsets of the chunk's rows in the whole micro-batch: the same noise
+    // as one process draws for these tokens.
+    SY_RETURN_IF_ERROR(
+        ForEachJitterChunk(t, [&](int64_t first, int64_t rows, uint64_t global) -> absl::Status {
+          return kernels::ApplyInputJitter(
+              stream, RowRange(x, first, rows), static_cast<float>(rc.input_jitter_eps),
+              /*seed=*/0x5157u, jitter_offset + global, RowRange(xr, first, rows));
+        }));
   }
   const Tensor logits = Rows(logits_, t);
   SY_RETURN_IF_ERROR(kernels::RouterGatingForward(stream, xr, p.router_weight, logits));
@@ -322,7 +374,9 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     stats.counts = Rows(aux_counts_, b);
     SY_RETURN_IF_ERROR(kernels::AuxLossStatsForward(stream, rc, logits, stats, aux_ws_));
     kernels::AuxLossNorms norms;
-    norms.dp_size = dp_size_;
+    // global_aux_loss's gradient factor is the DATA-parallel size (aux_loss.h): the sum over the
+    // CP ranks of their shares already is the whole sequence's.
+    norms.dp_size = dp_size_ / cp_size_;
     if (has_global_aux_) {
       // Running mean of the counts over the micro-batches of this global batch (spec §2.3),
       // each micro-batch's counts summed over TP x DP x CP first.
@@ -342,6 +396,16 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
       norms.global_counts = global_mean_counts_;
       // N = T · size(TP×DP×CP): the tokens the all-reduced counts were taken over (§2.3).
       norms.global_num_tokens = static_cast<double>(t) * dp_size_;
+    }
+    if (cp_ != nullptr) {
+      // Context parallelism (§2.3, group TP×CP): this rank's tokens are 2 of the 2·CP chunks of
+      // each sequence. aux_loss and seq_aux_loss take the counts of the whole sequences, and N
+      // of the whole sequences; Σ P stays local, so the sum of the CP ranks' losses (and of their
+      // gradients, summed by the DP×CP gradient reduction) is the one-process loss. After the
+      // global_aux_loss block: its counts are reduced over TP×DP×CP on their own.
+      SY_RETURN_IF_ERROR(cp_->AllReduce(stats.counts, stats.counts, comm::ReduceOp::kSum));
+      norms.aux_num_tokens = static_cast<double>(t) * cp_size_;
+      norms.seq_num_tokens = static_cast<double>(rc.seq_length) * cp_size_;
     }
     SY_RETURN_IF_ERROR(
         kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));
@@ -439,9 +503,12 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp,
                                                    dx_router, g.router_weight, grad_beta));
   if (jitter) {
-    SY_RETURN_IF_ERROR(kernels::InputJitterBackward(stream, dx_router,
-                                                    static_cast<float>(rc.input_jitter_eps),
-                                                    0x5157u, jitter_offset_, dx_router));
+    SY_RETURN_IF_ERROR(
+        ForEachJitterChunk(t, [&](int64_t first, int64_t rows, uint64_t global) -> absl::Status {
+          const Tensor d = RowRange(dx_router, first, rows);
+          return kernels::InputJitterBackward(stream, d, static_cast<float>(rc.input_jitter_eps),
+                                              0x5157u, jitter_offset_ + global, d);
+        }));
   }
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   phase.Close();

@@ -98,9 +98,15 @@ struct MoELayerParams {
 //   ep:  the EP group (size config.ep_size; the dispatcher's all-gathers or all-to-alls).
 //   tdc: TP x DP x CP, over which global_aux_loss counts are all-reduced per micro-batch
 //        (megatron_moe.md §2.3); the layer's dp_size (the N scaling) becomes its size.
+//   cp:  the context-parallel group (TP x CP while TP = 1): each rank holds 2 chunks of every
+//        sequence, so aux_loss / seq_aux_loss counts are summed over it per micro-batch and their
+//        N is the whole sequence's (T·CP, S_loc·CP; §2.3), and the z-loss coefficient is divided
+//        by its size (§1.6: the sum over CP ranks is the mean over the whole sequence). Its size
+//        also divides the global_aux_loss gradient factor (dp_size / CP = the DP size).
 struct MoEParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
+  comm::Communicator* cp = nullptr;
 };
 
 // Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
@@ -155,6 +161,11 @@ class MoELayer {
   // per global batch (after the optimizer step).
   absl::Status ResetGlobalBatch();
   void set_dp_size(int dp) { dp_size_ = dp; }
+  // Context parallelism: the layer's tokens are local sequences of `local_seq_len` rows, chunks
+  // cp_rank and 2·cp_size−1−cp_rank of sequences of local_seq_len·cp_size tokens. The input
+  // jitter then draws, for every token, the noise one process draws for it (offsets of the
+  // token's row in the whole micro-batch; Forward's jitter_offset is the whole micro-batch's).
+  absl::Status SetContextParallelJitter(int64_t cp_size, int64_t cp_rank, int64_t local_seq_len);
   const MoELayerConfig& config() const { return config_; }
   // The dispatcher in use: "local" (EP = 1), "allgather" or "alltoall".
   const char* dispatcher_name() const { return dispatcher_->name(); }
@@ -178,7 +189,14 @@ class MoELayer {
   int64_t max_tokens_ = 0;
   int dp_size_ = 1;
   comm::Communicator* tdc_ = nullptr;  // global_aux_loss counts (may be null)
-  Tensor global_step_counts_;          // [E] f32: this micro-batch's counts, all-reduced
+  comm::Communicator* cp_ = nullptr;   // aux / seq_aux counts under CP (null: no CP)
+  int cp_size_ = 1;
+  int64_t jitter_cp_size_ = 1, jitter_cp_rank_ = 0, jitter_local_seq_ = 0;
+  // Calls fn(first_row, rows, offset of those rows' elements in the whole micro-batch) for each
+  // contiguous run of local rows (all t rows at once without CP).
+  template <typename Fn>
+  absl::Status ForEachJitterChunk(int64_t t, Fn&& fn) const;
+  Tensor global_step_counts_;  // [E] f32: this micro-batch's counts, all-reduced
   bool has_aux_ = false, has_global_aux_ = false;
   int64_t global_steps_ = 0;
   uint64_t jitter_offset_ = 0;

@@ -201,7 +201,9 @@ class Trainer {
   v1::JobSpec spec_;
   TrainerOptions options_;
   ProcessGroups* groups_ = nullptr;
-  int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
+  int dp_ = 1, dp_rank_ = 0;      // size(DP) and this rank's position in it (micro-batch owner)
+  int cp_ = 1, cp_rank_ = 0;      // context parallelism: this rank holds chunks cp_rank_ and
+                                  // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   std::unique_ptr<DistributedAdamW> dense_opt_, expert_opt_;
   kernels::AttentionSettings attention_;  // CUDA: the job's (spec, then environment overrides)
@@ -231,7 +233,8 @@ class Trainer {
   std::shared_ptr<const GptSamples> samples_;
   std::string data_description_;
   int64_t step_ = 0, consumed_samples_ = 0, skipped_steps_ = 0;
-  int64_t micro_batch_ = 1, num_micro_ = 1, seq_ = 0;
+  int64_t micro_batch_ = 1, num_micro_ = 1, seq_ = 0;  // seq_: the whole sequence (S)
+  int64_t local_seq_ = 0;                              // S / CP tokens per sequence on this rank
   uint64_t mock_seed_ = 0;
   bool mock_ = false;
   double flops_per_token_ = 0;
