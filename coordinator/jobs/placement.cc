@@ -43,7 +43,9 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   v1::ParallelConfig& p = *spec.mutable_parallel();
   p.clear_world_size();
   p.set_tensor_model_parallel_size(1);
-  p.set_context_parallel_size(1);
+  // CP runs in the workers but is planned only when the spec fixes it (the CUDA attention does
+  // not run the context-parallel mask yet, so the planner must not pick it on its own).
+  if (!p.has_context_parallel_size()) p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
   p.set_expert_tensor_parallel_size(1);
   p.set_sequence_parallel(false);
@@ -82,7 +84,7 @@ absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Ma
   v1::ParallelConfig& p = *assigned.mutable_parallel();
   p.set_world_size(world);
   p.set_tensor_model_parallel_size(1);
-  p.set_context_parallel_size(1);
+  p.set_context_parallel_size(std::max(1, mapping.context_parallel_size()));
   p.set_pipeline_model_parallel_size(1);
   p.set_expert_tensor_parallel_size(1);
   p.set_expert_model_parallel_size(mapping.expert_model_parallel_size());

@@ -74,7 +74,9 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   SY_ASSIGN_OR_RETURN(*resolved.mutable_spec(), ResolveJobSpec(request.spec(), context));
   v1::ParallelConfig& p = *resolved.mutable_spec()->mutable_parallel();
   p.set_tensor_model_parallel_size(1);
-  p.set_context_parallel_size(1);
+  // CP runs in the workers but is planned only when the spec fixes it (the CUDA attention does
+  // not run the context-parallel mask yet, so the planner must not pick it on its own).
+  if (!p.has_context_parallel_size()) p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
   p.set_expert_tensor_parallel_size(1);
   p.set_sequence_parallel(false);

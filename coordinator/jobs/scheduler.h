@@ -12,13 +12,14 @@
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
-//   TP = CP = PP = ETP = 1 (the worker runs data and expert parallelism only); it picks the
+//   TP = PP = ETP = 1 and CP as the spec fixes it, else 1 (the worker runs data, context and
+//   expert parallelism; jobs/placement.h PlanRequestFor); it picks the
 //   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
 //   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
 //   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
 //   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
 //   the default corpus's vocab_size). A stored spec that fails them (stored by an older
-//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP above 1) or
+//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, PP or ETP above 1) or
 //   INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when
 //   k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help); with fewer the job
 //   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any

@@ -175,6 +175,19 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
     ep = m.expert_model_parallel_size();
   }
   if (a.world_size() > 1 || ep > 1) par->set_expert_model_parallel_size(ep);
+  // Context parallelism: the mapping's (the planner's), which must agree with a spec that sets it.
+  int cp = par->has_context_parallel_size() ? par->context_parallel_size() : 1;
+  if (m.context_parallel_size() > 0) {
+    if (par->has_context_parallel_size() &&
+        par->context_parallel_size() != m.context_parallel_size()) {
+      return Field("spec.parallel.context_parallel_size",
+                   absl::StrCat("(", par->context_parallel_size(),
+                                ") must equal assignment.mapping.context_parallel_size (",
+                                m.context_parallel_size(), ")"));
+    }
+    cp = m.context_parallel_size();
+  }
+  if (cp > 1) par->set_context_parallel_size(cp);
   v1::JobSpec checked = p.spec;
   ApplyDefaults(&checked);
   absl::Status valid = ValidateJobSpec(checked);
@@ -184,6 +197,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   SY_RETURN_IF_ERROR(CheckPaths(p.spec, roots));
   p.dims.world_size = a.world_size();
   p.dims.expert_model_parallel_size = ep;
+  p.dims.context_parallel_size = cp;
   return p;
 }
 
