@@ -300,22 +300,29 @@ TEST(AttentionTest, BottomRightMatchesTheLastRowsOfTheSquareProblem) {
                                   d_o.View(), c.s, c.skv, scale, delta.View(), dq.View(), dk.View(),
                                   dv.View())
                     .ok());
+    // NaN-safe: a NaN difference (an output left unwritten or poisoned) counts as infinite.
     double worst = 0;
+    auto diff = [&worst](double a, double b) {
+      const double e = std::abs(a - b);
+      worst = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(worst, e);
+    };
     for (int64_t b = 0; b < c.b; ++b) {
       for (int64_t i = 0; i < c.s; ++i) {
         for (int64_t x = 0; x < row; ++x) {
           const int64_t l = (b * c.s + i) * row + x, f = (b * c.skv + i + off) * row + x;
-          worst = std::max(worst, std::abs(o.View().as<double>()[l] - o_ref[f]));
-          worst = std::max(worst, std::abs(dq.View().as<double>()[l] - dqf.View().as<double>()[f]));
+          diff(o.View().as<double>()[l], o_ref[f]);
+          diff(dq.View().as<double>()[l], dqf.View().as<double>()[f]);
         }
         for (int64_t h = 0; h < c.hq; ++h) {
-          worst = std::max(worst, std::abs(lse.View().as<double>()[(b * c.hq + h) * c.s + i] -
-                                           lse_ref[(b * c.hq + h) * c.skv + i + off]));
+          diff(lse.View().as<double>()[(b * c.hq + h) * c.s + i],
+               lse_ref[(b * c.hq + h) * c.skv + i + off]);
         }
       }
     }
-    worst = std::max(worst, MaxAbsDiff(ToDouble(dk.View()), ToDouble(dkf.View())));
-    worst = std::max(worst, MaxAbsDiff(ToDouble(dv.View()), ToDouble(dvf.View())));
+    for (int64_t i = 0; i < dk.View().numel(); ++i) {
+      diff(dk.View().as<double>()[i], dkf.View().as<double>()[i]);
+      diff(dv.View().as<double>()[i], dvf.View().as<double>()[i]);
+    }
     std::printf("bottom-right B=%lld S=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld: max |diff| %.2e\n",
                 (long long)c.b, (long long)c.s, (long long)c.skv, (long long)c.hq, (long long)c.hkv,
                 (long long)c.d, worst);
