@@ -86,6 +86,7 @@ TEST(ValidateParallelTest, WorldRulesNeedTheWorldSize) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_parallel()->clear_world_size();
   spec.mutable_parallel()->set_context_parallel_size(3);
+  spec.mutable_model()->set_seq_length(1536);  // a multiple of 2·CP·TP = 12 (a world-free rule)
   spec.mutable_training()->set_global_batch_size(7);
   ExpectValid(spec);  // the planner checks these against the actual world size
 }

@@ -113,7 +113,7 @@ std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int6
     ParallelDims dims;
     dims.world_size = world;
     dims.tensor_model_parallel_size = m.tensor_model_parallel_size();
-    dims.context_parallel_size = cp;
+    dims.context_parallel_size = m.context_parallel_size();
     dims.pipeline_model_parallel_size = m.pipeline_model_parallel_size();
     dims.expert_model_parallel_size = m.expert_model_parallel_size();
     dims.expert_tensor_parallel_size = m.expert_tensor_parallel_size();
