@@ -39,8 +39,8 @@
 // - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
 //   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
-//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP = TP
-//   = CP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
+//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP and CP,
+//   ETP = TP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
 //   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
 //   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
 //   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules

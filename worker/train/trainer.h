@@ -27,18 +27,19 @@
 // (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
 // metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
 //
-// Distributed (TrainerOptions::groups; data and expert parallelism, TP = CP = PP = 1): every
+// Distributed (TrainerOptions::groups; data, context and expert parallelism, TP = PP = 1): every
 // rank holds the dense parameters and its EP rank's experts (megatron_moe.md §3.2, §5). With
-// DP = size(DP×CP) data-parallel ranks and M = GBS / MBS micro-batches per global batch, rank
-// d runs micro-batches j = m·DP + d (m < M / DP) — sample ranges as Megatron's pretraining
-// sampler gives them — with the single-process scales (ce_scale = 1 / global batch tokens,
-// aux_grad_scale = 1 / M) and the jitter counter of micro-batch j, so the SUM over ranks of the
-// gradients is exactly the single-process gradient. Optimizer: two DistributedAdamW (ZeRO-1)
-// instances with grad_scale 1 (the sum): dense parameters over DP×CP, expert parameters over
-// EDP, one global norm (distributed_optimizer.h, "Two instances"). Loss, aux losses and expert
-// counts are all-reduced for the log line; expert-bias and global_aux_loss counts over TP×DP×CP
-// inside the model. Gradient buckets are reduce-scattered during the backward pass of the last
-// micro-batch (TrainerOptions::overlap_grad_reduce; worker/train/grad_reducer.h).
+// DP data-parallel ranks and M = GBS / MBS micro-batches per global batch, rank d runs
+// micro-batches j = m·DP + d (m < M / DP); under context parallelism the CP ranks of DP rank d
+// run the same micro-batches, each with its two chunks of every sequence (gpt_model.h) — sample
+// ranges as Megatron's pretraining sampler gives them — with the single-process scales (ce_scale =
+// 1 / global batch tokens, aux_grad_scale = 1 / M) and the jitter counter of micro-batch j, so the
+// SUM over ranks of the gradients is exactly the single-process gradient. Optimizer: two
+// DistributedAdamW (ZeRO-1) instances with grad_scale 1 (the sum): dense parameters over DP×CP,
+// expert parameters over EDP, one global norm (distributed_optimizer.h, "Two instances"). Loss, aux
+// losses and expert counts are all-reduced for the log line; expert-bias and global_aux_loss counts
+// over TP×DP×CP inside the model. Gradient buckets are reduce-scattered during the backward pass of
+// the last micro-batch (TrainerOptions::overlap_grad_reduce; worker/train/grad_reducer.h).
 // Checkpoints stay in the single-process format (full tensors, every expert): the state is
 // gathered and rank 0 writes it; every rank loads the full files and keeps its part, so a run
 // resumes with another DP or EP size (resharding). The checkpoint directory must be visible to
