@@ -52,9 +52,21 @@ std::string CountsText(const StepResult& r) {
 }
 
 // `dispatcher`: model.moe_token_dispatcher_type, unset (Megatron's default, allgather) when empty.
-v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "", int cp = 1) {
+// `seq_global_aux`: the load-balancing losses seq_aux_loss and global_aux_loss (0.01 each)
+// instead of the tiny spec's aux_loss (their counts are reduced over CP and TP×DP×CP).
+v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "", int cp = 1,
+                 bool seq_global_aux = false) {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
+  if (seq_global_aux) {
+    v1::ModelConfig* m = spec->mutable_model();
+    m->clear_moe_router_load_balancing_type();
+    m->clear_moe_aux_loss_coeff();
+    for (const char* type : {"seq_aux_loss", "global_aux_loss"}) {
+      m->add_moe_router_load_balancing_type(type);
+      m->add_moe_aux_loss_coeff(0.01);
+    }
+  }
   if (world > 1) {
     spec->mutable_parallel()->set_world_size(world);
     spec->mutable_parallel()->set_expert_model_parallel_size(ep);
@@ -71,9 +83,9 @@ TrainerOptions CpuF32() {
   return opt;
 }
 
-Curve SingleProcess() {
+Curve SingleProcess(bool seq_global_aux = false) {
   Curve c;
-  auto t = Trainer::Create(Spec(1, 1), CpuF32());
+  auto t = Trainer::Create(Spec(1, 1, "", 1, seq_global_aux), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
   for (int i = 0; i < kSteps; ++i) {
@@ -93,7 +105,7 @@ Curve SingleProcess() {
 // empty and EP > 1, "local" with EP = 1).
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root,
-             const std::string& dispatcher = "", int cp = 1) {
+             const std::string& dispatcher = "", int cp = 1, bool seq_global_aux = false) {
   std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
   SY_CHILD_CHECK(store != nullptr);
   ParallelDims dims;
@@ -109,7 +121,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
   // One gradient bucket per layer (and one for the LM head, one for the embedding), reduced on
   // the background thread during the backward pass.
   opt.grad_bucket_elements = 1;
-  auto t = Trainer::Create(Spec(world, ep, dispatcher, cp), opt);
+  auto t = Trainer::Create(Spec(world, ep, dispatcher, cp, seq_global_aux), opt);
   SY_CHILD_OK(t.status());
   SY_CHILD_CHECK((*t)->model_config().cp_size == cp);
   const std::string expected = ep == 1 ? "local" : (dispatcher.empty() ? "allgather" : dispatcher);
@@ -300,34 +312,43 @@ TEST(DistributedTrainerCheckpointTest, ResumesWithAnotherLayout) {
 // sequence, attention all-gathers K/V over CP; routing and loss must equal one process's.
 struct CpLayout {
   int cp, ep, world;
+  bool seq_global_aux = false;  // seq_aux_loss + global_aux_loss instead of aux_loss
 };
 
 class DistributedTrainerCpTest : public ::testing::TestWithParam<CpLayout> {};
 
 TEST_P(DistributedTrainerCpTest, MatchesSingleProcess) {
   const CpLayout l = GetParam();
-  static const Curve* ref = new Curve(SingleProcess());
+  static const Curve* refs[2] = {new Curve(SingleProcess(false)), new Curve(SingleProcess(true))};
+  const Curve* ref = refs[l.seq_global_aux ? 1 : 0];
   ASSERT_EQ(ref->loss.size(), static_cast<size_t>(kSteps));
   const std::string store = ct::UniqueStoreDir("cp_store");
   const std::string out = OutFile("cp_curve");
   const absl::Time start = absl::Now();
   const std::vector<int> codes = ct::RunProcesses(l.world, absl::Minutes(8), [&](int rank) {
-    return RankBody(rank, l.world, l.ep, store, out, kSteps, "", "", "", l.cp);
+    return RankBody(rank, l.world, l.ep, store, out, kSteps, "", "", "", l.cp, l.seq_global_aux);
   });
   for (int r = 0; r < l.world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
   const std::string what =
-      absl::StrCat("CP=", l.cp, " EP=", l.ep, " (world ", l.world, ", DP ", l.world / l.cp, ")");
+      absl::StrCat("CP=", l.cp, " EP=", l.ep, " (world ", l.world, ", DP ", l.world / l.cp, ")",
+                   l.seq_global_aux ? " seq+global aux" : "");
   std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
               absl::ToDoubleSeconds(absl::Now() - start));
   ExpectSameCurve(*ref, ReadCurve(out), 0, what);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DistributedTrainerCpTest,
+                         // seq_aux_loss + global_aux_loss at DP = 1 only: global_aux_loss's
+                         // running mean of the counts is taken per DP rank's micro-batches, so
+                         // at DP > 1 it differs from one process's by design (spec §2.3).
                          ::testing::Values(CpLayout{2, 1, 2}, CpLayout{4, 1, 4}, CpLayout{2, 2, 2},
-                                           CpLayout{2, 2, 4}, CpLayout{2, 1, 4}),
+                                           CpLayout{2, 2, 4}, CpLayout{2, 1, 4},
+                                           CpLayout{2, 1, 2, true}, CpLayout{4, 1, 4, true},
+                                           CpLayout{2, 2, 2, true}),
                          [](const auto& info) {
                            return absl::StrCat("CP", info.param.cp, "_EP", info.param.ep, "_W",
-                                               info.param.world);
+                                               info.param.world,
+                                               info.param.seq_global_aux ? "_SeqGlobalAux" : "");
                          });
 
 // seq_length 18 at CP = 2: 18 is not a multiple of 2·CP = 4. Every rank's Trainer::Create (after
