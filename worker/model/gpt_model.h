@@ -73,8 +73,9 @@
 // CP on GPUs and is left for later. Loss: each rank's CE sum over its own tokens; the trainer's
 // 1/(global tokens) scale and the SUM of gradients over DP×CP make it the one-process loss. The
 // MoE aux losses reduce their counts over CP (MoEParallelGroups::cp). The CUDA attention kernels
-// do not run the bottom-right mask yet: a CUDA model with cp_size > 1 fails with UNIMPLEMENTED at
-// its first attention call (RoPE's CUDA path does take CP positions).
+// do not run the bottom-right mask yet: Create refuses a CUDA model with cp_size > 1
+// (UNIMPLEMENTED naming parallel.context_parallel_size; the kernels refuse the mask too). RoPE's
+// CUDA path does take CP positions.
 //
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
