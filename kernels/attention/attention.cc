@@ -122,14 +122,15 @@ double SoftmaxRow(const Dims& dm, const std::vector<double>& q, const std::vecto
   return m + std::log(sum);
 }
 
-// The CUDA paths run the square causal mask only (q_len == kv_len). Never silently wrong: the
-// bottom-right mode that context parallelism needs is refused by name until they learn it.
+// The native CUDA kernels run the square causal mask only (q_len == kv_len); cuDNN has a
+// bottom-right one. Never silently wrong: without cuDNN the bottom-right mode that context
+// parallelism needs is refused by name until the native kernels learn it.
 absl::Status BottomRightUnimplemented(absl::string_view op) {
   return absl::UnimplementedError(absl::StrCat(
       op,
       ": kv_seq_len > seq_len (bottom-right causal attention, used by "
-      "parallel.context_parallel_size > 1) is not implemented on CUDA yet (the native and "
-      "cuDNN kernels run q_len == kv_len only); context parallelism runs on the CPU"));
+      "parallel.context_parallel_size > 1) runs on CUDA through cuDNN only (bf16, backend auto "
+      "or cudnn); the native kernels run q_len == kv_len only"));
 }
 
 struct SettingsState {
@@ -274,15 +275,18 @@ absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tenso
   SY_ASSIGN_OR_RETURN(const Dims dm, CheckShapes(stream, kOp, q, k, v, seq_len, kv_seq_len, scale));
   SY_RETURN_IF_ERROR(CheckLike(kOp, o, q, "o"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
-  if (stream.is_cuda() && kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
   if (stream.is_cuda()) {
     SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
     bool ran = false;
     absl::Status st = TryCudnn(
         settings, q.dtype,
-        [&] { return internal::AttentionForwardCudnn(stream, q, k, v, seq_len, scale, o, lse); },
+        [&] {
+          return internal::AttentionForwardCudnn(stream, q, k, v, seq_len, kv_seq_len, scale, o,
+                                                 lse);
+        },
         &ran);
     if (ran || !st.ok()) return st;
+    if (kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
     return internal::AttentionForwardCuda(stream, q, k, v, seq_len, scale, o, lse);
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v);
@@ -329,18 +333,18 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
   SY_RETURN_IF_ERROR(CheckLike(kOp, dv, v, "dv"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, delta, dm, "delta"));
-  if (stream.is_cuda() && kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
   if (stream.is_cuda()) {
     SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
     bool ran = false;
     absl::Status st = TryCudnn(
         settings, q.dtype,
         [&] {
-          return internal::AttentionBackwardCudnn(stream, q, k, v, o, lse, d_o, seq_len, scale,
-                                                  settings.deterministic, dq, dk, dv);
+          return internal::AttentionBackwardCudnn(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len,
+                                                  scale, settings.deterministic, dq, dk, dv);
         },
         &ran);
     if (ran || !st.ok()) return st;
+    if (kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
     return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq,
                                            dk, dv);
   }

@@ -17,9 +17,11 @@
 // k, v, dk, dv are [B * Skv, Hkv, D], lse and delta stay [B, Hq, S], and query row i sees keys
 // j <= i + (Skv - S): the diagonal is aligned to the bottom-right corner, so the queries are the
 // LAST S positions of a Skv-long prefix (a CP chunk attending to the K/V prefix that ends at its
-// own end). Skv == S is the square causal mask above. The CPU reference runs it; the CUDA paths
-// (native and cuDNN) return UNIMPLEMENTED for Skv > S, naming context parallelism (not yet
-// written; never a silently wrong square mask).
+// own end). Skv == S is the square causal mask above. The CPU reference runs it, and cuDNN (its
+// bottom-right causal mask; bf16, backend auto or cudnn; compiled, not yet run on a GPU, checked
+// by attention_gpu_test against the CPU); the native CUDA kernels do not: without cuDNN a CUDA
+// call with Skv > S returns UNIMPLEMENTED naming context parallelism (never a silently wrong
+// square mask).
 //
 // Dtypes: activations (q, k, v, o, dO, dq, dk, dv) share one dtype: bf16 or f32 (f64 too on the
 // CPU); lse and delta are f32 (f64 allowed on the CPU). CUDA needs D in {64, 128}.

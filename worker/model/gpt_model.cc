@@ -344,8 +344,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
     // Fail at planning time, not at the first attention call of a step.
     return absl::UnimplementedError(absl::StrCat(
         "parallel.context_parallel_size (", config.cp_size,
-        "): context-parallel attention runs on the CPU only for now (the CUDA attention kernels "
-        "do not implement the bottom-right causal mask it needs)"));
+        "): context-parallel attention runs on the CPU only for now (on CUDA only cuDNN has the "
+        "bottom-right causal mask it needs, and that path has not run on a GPU yet)"));
   }
   if (config.cp_size > 1 && (groups.cp == nullptr || groups.cp->size() != config.cp_size ||
                              groups.cp->rank() != config.cp_rank)) {

@@ -72,10 +72,10 @@
 // layers) and no overlap of communication with compute; the ring is the better choice at large
 // CP on GPUs and is left for later. Loss: each rank's CE sum over its own tokens; the trainer's
 // 1/(global tokens) scale and the SUM of gradients over DP×CP make it the one-process loss. The
-// MoE aux losses reduce their counts over CP (MoEParallelGroups::cp). The CUDA attention kernels
-// do not run the bottom-right mask yet: Create refuses a CUDA model with cp_size > 1
-// (UNIMPLEMENTED naming parallel.context_parallel_size; the kernels refuse the mask too). RoPE's
-// CUDA path does take CP positions.
+// MoE aux losses reduce their counts over CP (MoEParallelGroups::cp). On CUDA only cuDNN runs the
+// bottom-right mask (the native kernels refuse it), and neither it nor this CP path has run on a
+// GPU yet: Create refuses a CUDA model with cp_size > 1 (UNIMPLEMENTED naming
+// parallel.context_parallel_size) until they have. RoPE's CUDA path does take CP positions.
 //
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
