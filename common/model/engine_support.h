@@ -17,10 +17,10 @@
 namespace switchyard {
 
 // "" when the engine runs these sizes; otherwise the first unsupported one, as
-// "<prefix><field> (N) must be 1: workers run data, context and expert parallelism only", with `prefix`
-// the field path of the caller's message ("parallel." for a job spec, "assignment.mapping." for
-// an assignment). context_parallel_size is accepted at any value (kept in the signature so the
-// callers stay one rule when TP / ETP / PP are lifted the same way).
+// "<prefix><field> (N) must be 1: workers run data, context and expert parallelism only", with
+// `prefix` the field path of the caller's message ("parallel." for a job spec,
+// "assignment.mapping." for an assignment). context_parallel_size is accepted at any value (kept in
+// the signature so the callers stay one rule when TP / ETP / PP are lifted the same way).
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size);
