@@ -229,6 +229,23 @@ TEST(HttpServerTest, IdleAndSilentConnectionsAreClosed) {
   EXPECT_TRUE(WaitFor([&] { return server->open_connections() == 0; }, kReadBound));
   close(silent);
   close(idle);
+  // The control: with both timeouts at 60 s the same two connections are still open 1.5 s later,
+  // so what closed them above was the configured timeouts (not some other limit).
+  HttpServerOptions patient;
+  patient.request_timeout = absl::Seconds(60);
+  patient.idle_timeout = absl::Seconds(60);
+  auto server2 = Start(patient);
+  ASSERT_NE(server2, nullptr);
+  const int silent2 = ConnectFrom("127.0.0.2", server2->port());
+  const int idle2 = ConnectFrom("127.0.0.1", server2->port());
+  ASSERT_TRUE(SendAll(idle2, "GET /healthz HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(ReadResponse(idle2, kReadBound).status, 200);
+  EXPECT_FALSE(WaitClosed(idle2, absl::Milliseconds(1500))) << "closed despite idle_timeout 60 s";
+  EXPECT_FALSE(WaitClosed(silent2, absl::Milliseconds(100)))
+      << "closed despite request_timeout 60 s";
+  EXPECT_EQ(server2->open_connections(), 2);
+  close(silent2);
+  close(idle2);
 }
 
 // A client that asks for a large response and never reads it holds its thread only for
@@ -247,6 +264,18 @@ TEST(HttpServerTest, SlowReaderIsCutOffAfterSendTimeout) {
   std::printf("non-reading client of a 64 MiB response dropped after %.2f s\n",
               absl::ToDoubleSeconds(absl::Now() - start));
   close(fd);
+  // The control: with send_timeout 60 s the same client still holds its connection 1.5 s later,
+  // so what dropped it above was send_timeout.
+  HttpServerOptions patient;
+  patient.send_timeout = absl::Seconds(60);
+  auto server2 = Start(patient);
+  ASSERT_NE(server2, nullptr);
+  const int fd2 = ConnectFrom("127.0.0.2", server2->port());
+  ASSERT_TRUE(SendAll(fd2, "GET /big HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(WaitFor([&] { return server2->open_connections() == 1; }, kReadBound));
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_EQ(server2->open_connections(), 1) << "dropped despite send_timeout 60 s";
+  close(fd2);
 }
 
 TEST(HttpServerTest, SizeAndFramingLimits) {

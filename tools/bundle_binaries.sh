@@ -105,8 +105,9 @@ fi
 # packed binary <name> becomes packed/<name>.xz plus a small shell launcher <name> that unpacks it
 # once (xz, or python3's lzma when xz is missing) into .unpacked/ next to it (or, when the bundle
 # is read-only, into $TMPDIR) and execs it with the same arguments, so scripts call every binary
-# exactly as before. The unpacked binary finds lib/ through its RPATH ($ORIGIN/../lib); the
-# launcher also puts lib/ on LD_LIBRARY_PATH for the $TMPDIR case.
+# exactly as before. The unpacked binary finds lib/ through its RPATH ($ORIGIN/../lib), with no
+# LD_LIBRARY_PATH; only for a read-only bundle (unpacked into $TMPDIR) does the launcher put lib/
+# on LD_LIBRARY_PATH.
 mkdir -p "$bundle/packed"
 packed=0
 for f in "${binaries[@]}"; do
@@ -119,9 +120,13 @@ for f in "${binaries[@]}"; do
 # Launcher written by tools/bundle_binaries.sh: unpacks packed/<name>.xz once, then runs it.
 here=$(cd "$(dirname "$0")" && pwd)
 name=$(basename "$0")
-export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 dir="$here/.unpacked"
-mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ] || dir="${TMPDIR:-/tmp}/switchyard_gpu_bundle_$(id -u)"
+if ! { mkdir -p "$dir" 2>/dev/null && [ -w "$dir" ]; }; then
+  # Read-only bundle: unpack into $TMPDIR, where the binary's $ORIGIN/../lib is not the bundle's
+  # lib/; only then is lib/ put on LD_LIBRARY_PATH.
+  dir="${TMPDIR:-/tmp}/switchyard_gpu_bundle_$(id -u)"
+  export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 mkdir -p "$dir" || exit 127
 bin="$dir/$name"
 if [ ! -x "$bin" ] || [ "$here/packed/$name.xz" -nt "$bin" ]; then

@@ -204,6 +204,9 @@ int Distributed() {
   if (par.has_context_parallel_size()) {
     dims.context_parallel_size = par.context_parallel_size();
   }
+  if (par.has_expert_tensor_parallel_size()) {
+    dims.expert_tensor_parallel_size = par.expert_tensor_parallel_size();
+  }
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
   absl::StatusOr<std::unique_ptr<switchyard::train::ProcessGroups>> groups;
   cudaStream_t stream = nullptr;

@@ -90,6 +90,19 @@ out=$("$bin" --standalone --config "$TEST_TMPDIR/dist1.yaml" --device cpu) ||
 echo "$out"
 grep -q "resumed from .*dist_ckpt at step 4" <<<"$out" || fail "did not resume the 2-rank checkpoint"
 grep -q "^step 6/6 " <<<"$out" || fail "resumed 2-rank job did not finish"
+# Expert tensor parallelism from the command line: ETP = 2 (EP = 1) on 2 ranks; the spec's size
+# reaches the process groups (a mismatch would be rejected naming the field) and the job trains.
+sed -e "s|expert_model_parallel_size: 2|expert_tensor_parallel_size: 2|" -e "/save/d" \
+  "$TEST_TMPDIR/dist.yaml" >"$TEST_TMPDIR/etp.yaml"
+rdzv4="$TEST_TMPDIR/rdzv4"
+"$bin" --rank 1 --world-size 2 --rendezvous "$rdzv4" --config "$TEST_TMPDIR/etp.yaml" \
+  --device cpu --steps 2 >/dev/null 2>"$TEST_TMPDIR/e1.err" &
+pid1=$!
+out=$("$bin" --rank 0 --world-size 2 --rendezvous "$rdzv4" --config "$TEST_TMPDIR/etp.yaml" \
+  --device cpu --steps 2) || fail "ETP 2: rank 0 exited $?"
+wait $pid1 || fail "ETP 2: rank 1 exited $?: $(cat "$TEST_TMPDIR/e1.err")"
+echo "$out"
+grep -Eq '^step 2/6 \| loss [0-9.]+ ' <<<"$out" || fail "ETP 2: no step 2 line"
 # A rank whose peer never comes: the rendezvous times out with an error, exit 1, no hang.
 "$bin" --rank 0 --world-size 2 --rendezvous "$TEST_TMPDIR/rdzv2" --config "$TEST_TMPDIR/dist.yaml" \
   --device cpu --comm-timeout 2 >/dev/null 2>"$TEST_TMPDIR/err"; rc=$?

@@ -143,6 +143,12 @@ void CheckLayersAndExperts(const v1::JobSpec& spec, Violations* v) {
   if (!p.valid) return;
   CheckDivisible(v, "model.num_experts", m.num_experts(), "parallel.expert_model_parallel_size",
                  p.ep);
+  // Expert tensor parallelism splits every expert's intermediate size over ETP (fc1 columns, fc2
+  // rows: worker/model/moe_layer.h), so each ETP rank needs an equal, whole slice.
+  const int64_t moe_ffn =
+      m.has_moe_ffn_hidden_size() ? m.moe_ffn_hidden_size() : m.ffn_hidden_size();
+  CheckDivisible(v, "model.moe_ffn_hidden_size", moe_ffn, "parallel.expert_tensor_parallel_size",
+                 p.etp);
   // moe_layer.py:636-640: MoE with tensor parallelism runs the experts on sequence-parallel input.
   if (p.tp > 1 && !spec.parallel().sequence_parallel()) {
     v->Add(

@@ -19,6 +19,16 @@ TEST(ValidateMoeTest, NumExpertsDivisibleByExpertParallel) {
                          "parallel.expert_model_parallel_size (4)"});
 }
 
+TEST(ValidateMoeTest, MoeFfnDivisibleByExpertTensorParallel) {
+  v1::JobSpec spec = RawBaseline();
+  spec.mutable_parallel()->set_expert_tensor_parallel_size(2);
+  spec.mutable_model()->set_moe_ffn_hidden_size(511);
+  ExpectViolation(spec, {"model.moe_ffn_hidden_size (511) must be divisible by "
+                         "parallel.expert_tensor_parallel_size (2)"});
+  spec.mutable_model()->set_moe_ffn_hidden_size(512);
+  ExpectValid(spec);
+}
+
 TEST(ValidateMoeTest, ExpertParallelRequiresNumExperts) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_model()->clear_num_experts();

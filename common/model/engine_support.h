@@ -1,7 +1,8 @@
 // File: common/model/engine_support.h
 //
-// What the worker's engine executes today: data, context and expert parallelism
-// (TP = PP = ETP = 1; CP any size the layout and validation rules accept).
+// What the worker's engine executes today: data, context, expert and expert-tensor parallelism
+// (TP = PP = 1; any CP and ETP the parallel layout accepts, with model.seq_length % (2·CP·TP) == 0
+// and moe_ffn_hidden_size % ETP == 0 as common/config/validate*.cc checks).
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
 // (coordinator/jobs/resolve_spec.h, before the planner), the worker's check of an assignment
 // (worker/agent/generation.cc) and a run without a coordinator (worker/train/trainer.cc). When
@@ -17,10 +18,11 @@
 namespace switchyard {
 
 // "" when the engine runs these sizes; otherwise the first unsupported one, as
-// "<prefix><field> (N) must be 1: workers run data, context and expert parallelism only", with
-// `prefix` the field path of the caller's message ("parallel." for a job spec,
-// "assignment.mapping." for an assignment). context_parallel_size is accepted at any value (kept in
-// the signature so the callers stay one rule when TP / ETP / PP are lifted the same way).
+// "<prefix><field> (N) must be 1: workers run data, context and expert parallelism only"
+// (expert parallelism here includes its tensor split, ETP), with `prefix` the field path of the
+// caller's message ("parallel." for a job spec, "assignment.mapping." for an assignment).
+// context_parallel_size and expert_tensor_parallel_size are accepted at any value (kept as
+// arguments so the callers need not change as dimensions are lifted).
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size);

@@ -17,7 +17,9 @@ TEST(EngineSupportTest, DataContextAndExpertParallelismOnly) {
             "assignment.mapping.pipeline_model_parallel_size (2) must be 1: workers run data, "
             "context and expert parallelism only");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 1).rfind("parallel.pipeline_model", 0), 0u);
-  EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 8).rfind("parallel.expert_tensor", 0), 0u);
+  // Expert tensor parallelism runs (issue 13 item 2): any ETP is accepted here.
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 8), "");
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 8).rfind("parallel.pipeline_model", 0), 0u);
   // The first unsupported size is named when several are.
   EXPECT_EQ(UnsupportedByEngine("", 2, 2, 2, 2).rfind("tensor_model_parallel_size (2)", 0), 0u);
 }

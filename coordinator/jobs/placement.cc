@@ -47,7 +47,8 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   // not run the context-parallel mask yet, so the planner must not pick it on its own).
   if (!p.has_context_parallel_size()) p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
-  p.set_expert_tensor_parallel_size(1);
+  // ETP runs in the workers: the spec's (ApplyDefaults makes it TP = 1 when unset) is planned.
+  if (!p.has_expert_tensor_parallel_size()) p.set_expert_tensor_parallel_size(1);
   p.set_sequence_parallel(false);
   spec.set_min_workers(std::min(min_workers, k));
   spec.set_max_workers(k);
@@ -86,7 +87,8 @@ absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Ma
   p.set_tensor_model_parallel_size(1);
   p.set_context_parallel_size(std::max(1, mapping.context_parallel_size()));
   p.set_pipeline_model_parallel_size(1);
-  p.set_expert_tensor_parallel_size(1);
+  // The planned expert grid: ETP and EP as the mapping says (ETP 1 for a mapping without one).
+  p.set_expert_tensor_parallel_size(std::max(1, mapping.expert_tensor_parallel_size()));
   p.set_expert_model_parallel_size(mapping.expert_model_parallel_size());
   p.set_sequence_parallel(false);
   p.set_use_distributed_optimizer(mapping.use_distributed_optimizer());

@@ -179,6 +179,34 @@ TEST(PlacementTest, AssignedSpecCheckpointDirAndValidity) {
   EXPECT_EQ(a.data().tokenizer_model(), "/data/tok/gpt2.json");
 }
 
+// Expert tensor parallelism runs in the workers, so a spec's ETP reaches the planner (not pinned
+// to 1), the planner's mapping carries it and the assigned spec runs it (and validates).
+TEST(PlacementTest, ExpertTensorParallelIsPlannedAndAssigned) {
+  v1::JobSpec stored = api::testing::SmallSpec(4, 4);
+  stored.mutable_parallel()->set_expert_tensor_parallel_size(2);
+  ApplyDefaults(&stored);
+  const std::vector<cluster::WorkerInfo> workers = {
+      Worker("a", "n1", 80LL << 30), Worker("b", "n1", 80LL << 30), Worker("c", "n1", 80LL << 30),
+      Worker("d", "n1", 80LL << 30)};
+  const v1::PlanRequest r = PlanRequestFor(stored, 4, workers, ClusterDefaults());
+  EXPECT_EQ(r.spec().parallel().expert_tensor_parallel_size(), 2);
+  absl::StatusOr<v1::Plan> plan = planner::PlanJob(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::Mapping& m = plan->best().mapping();
+  std::printf("ETP 2 on 4 workers: %s\n", planner::MappingToString(m).c_str());
+  EXPECT_EQ(m.expert_tensor_parallel_size(), 2);
+  absl::StatusOr<v1::JobSpec> assigned =
+      AssignedSpec(stored, m, 4, "jobs/42", JobRoots{"/ckpt", "/data"});
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->parallel().expert_tensor_parallel_size(), 2);
+  EXPECT_EQ(assigned->parallel().expert_model_parallel_size(), m.expert_model_parallel_size());
+  EXPECT_EQ(UnsupportedParallelism(assigned->parallel()), "");
+  v1::JobSpec defaulted = *assigned;
+  ApplyDefaults(&defaulted);
+  const absl::Status valid = ValidateJobSpec(defaulted);
+  EXPECT_TRUE(valid.ok()) << valid;
+}
+
 // A spec stored before the path rules (an absolute save) is refused, naming the field.
 TEST(PlacementTest, AssignedSpecRefusesAStoredEscapingPath) {
   v1::JobSpec stored = api::testing::SmallSpec(2, 4);

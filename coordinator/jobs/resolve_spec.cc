@@ -78,7 +78,8 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   // not run the context-parallel mask yet, so the planner must not pick it on its own).
   if (!p.has_context_parallel_size()) p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
-  p.set_expert_tensor_parallel_size(1);
+  // ETP runs in the workers: the spec's (ApplyDefaults makes it TP = 1 when unset) is planned.
+  if (!p.has_expert_tensor_parallel_size()) p.set_expert_tensor_parallel_size(1);
   p.set_sequence_parallel(false);
   // As the scheduler (jobs/placement.h WorkerRange): without a world size or min_workers, any
   // world from the cluster's size down to 1 may run, so smaller worlds are planned too.

@@ -62,11 +62,12 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 
 // PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
 // job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
-// the stored spec the scheduler plans), TP = PP = ETP = 1 with sequence parallelism off and CP as
-// the spec fixes it (the parallelism the workers run), and min_workers 1 when neither it nor
-// parallel.world_size is set (the scheduler's worker range), so the largest feasible world up to
-// cluster.num_gpus is planned. `syctl plan` thus shows the mapping the scheduler would start on
-// that many workers; there are no alternatives of other sizes to list. The cluster is the caller's.
+// the stored spec the scheduler plans), TP = PP = 1, the spec's ETP and CP (CP 1 when unset) with
+// sequence parallelism off (the parallelism the workers run), and min_workers 1 when neither it
+// nor parallel.world_size is set (the scheduler's worker range), so the largest feasible world up
+// to cluster.num_gpus is planned. `syctl plan` thus shows the mapping the scheduler would start on
+// that many workers; there are no alternatives of other sizes to list. The cluster is the
+// caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
 

@@ -12,9 +12,9 @@
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
-//   TP = PP = ETP = 1 and CP as the spec fixes it, else 1 (the worker runs data, context and
-//   expert parallelism; jobs/placement.h PlanRequestFor); it picks the
-//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
+//   TP = PP = 1, the spec's ETP and CP (CP 1 when unset: the worker runs data, context, expert
+//   and expert-tensor parallelism; jobs/placement.h PlanRequestFor); it picks the largest
+//   feasible world W (the global batch must divide by micro_batch_size × W) and EP.
 //   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
 //   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
 //   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
@@ -39,8 +39,8 @@
 // - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
 //   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
-//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP and CP,
-//   ETP = TP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
+//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP and
+//   CP, TP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
 //   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
 //   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
 //   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules

@@ -1,8 +1,6 @@
 #include "worker/agent/generation.h"
 
 #include <cuda_runtime.h>
-#include <dirent.h>
-#include <errno.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +16,7 @@
 #include "common/status.h"
 #include "kernels/buffer.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/train/resume.h"
 
 namespace switchyard::agent {
 namespace {
@@ -31,62 +30,6 @@ absl::Status CheckPaths(const v1::JobSpec& spec, const JobRoots& roots) {
   absl::Status s = CheckAssignedSpecPaths(spec, roots);
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("assignment.spec.", s.message()));
-}
-
-// FAILED_PRECONDITION "training.load (\"<path>\"): <strerror> (errno N)" when `path` cannot be
-// read as a directory.
-absl::Status CheckReadableDirectory(const std::string& path) {
-  DIR* d = opendir(path.c_str());
-  if (d == nullptr) {
-    const int err = errno;
-    return absl::FailedPreconditionError(absl::StrCat("training.load (\"", path,
-                                                      "\"): cannot be read: ", std::strerror(err),
-                                                      " (errno ", err, ")"));
-  }
-  closedir(d);
-  return absl::OkStatus();
-}
-
-// Where this generation resumes from: the job's own checkpoints when there is one, else a named
-// training.load (which must load), else nothing (first generation). See generation.h.
-absl::Status Resume(train::Trainer* trainer, const v1::TrainingConfig& tr, int64_t generation,
-                    const std::function<void(const std::string&)>& log) {
-  if (!tr.save().empty()) {
-    absl::StatusOr<Checkpoint> own = LoadCheckpoint(tr.save());
-    if (own.ok() && generation == 1) {
-      // A job's first generation has written nothing yet: a checkpoint already in its own
-      // directory belongs to another job with the same id (a store created anew over an old
-      // checkpoint volume restarts job ids at 1). Resuming it would silently continue that job.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "training.save (\"", tr.save(), "\") already holds a checkpoint (step ", own->step(),
-          ") although this is the job's first generation: it belongs to an earlier job with the "
-          "same id (was the coordinator's store created anew over an old checkpoint volume?); "
-          "move that directory away, or restart the coordinator on its store's backup"));
-    }
-    if (own.ok()) {
-      SY_RETURN_IF_ERROR(
-          Annotate(trainer->Load(tr.save()), absl::StrCat("resuming from ", tr.save())));
-      log(absl::StrCat("resumed from ", tr.save(), " at step ", trainer->step()));
-      return absl::OkStatus();
-    }
-    // No directory yet, or one without a complete checkpoint: a first generation. Anything else
-    // (no permission, I/O) must not be papered over by training from scratch.
-    if (!absl::IsNotFound(own.status())) {
-      return Annotate(own.status(), absl::StrCat("training.save (\"", tr.save(), "\")"));
-    }
-  }
-  if (tr.load().empty() || tr.load() == tr.save()) return absl::OkStatus();
-  std::string root = tr.load();
-  int64_t step = -1;
-  if (auto split = SplitStepDirectory(tr.load()); split.has_value()) {
-    root = split->first;
-    step = split->second;
-  }
-  SY_RETURN_IF_ERROR(CheckReadableDirectory(tr.load()));
-  SY_RETURN_IF_ERROR(
-      Annotate(trainer->Load(root, step), absl::StrCat("training.load (\"", tr.load(), "\")")));
-  log(absl::StrCat("loaded ", tr.load(), " at step ", trainer->step()));
-  return absl::OkStatus();
 }
 
 // Whether `mine` holds on any rank of the world (one f32 max all-reduce). On NCCL through
@@ -188,6 +131,16 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
     cp = m.context_parallel_size();
   }
   if (cp > 1) par->set_context_parallel_size(cp);
+  // Expert tensor parallelism: the mapping's (1 when it has none), which the spec must not
+  // contradict.
+  const int etp = std::max(1, m.expert_tensor_parallel_size());
+  if (par->has_expert_tensor_parallel_size() && par->expert_tensor_parallel_size() != etp) {
+    return Field(
+        "spec.parallel.expert_tensor_parallel_size",
+        absl::StrCat("(", par->expert_tensor_parallel_size(),
+                     ") must equal assignment.mapping.expert_tensor_parallel_size (", etp, ")"));
+  }
+  if (a.world_size() > 1 || etp > 1) par->set_expert_tensor_parallel_size(etp);
   v1::JobSpec checked = p.spec;
   ApplyDefaults(&checked);
   absl::Status valid = ValidateJobSpec(checked);
@@ -198,6 +151,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   p.dims.world_size = a.world_size();
   p.dims.expert_model_parallel_size = ep;
   p.dims.context_parallel_size = cp;
+  p.dims.expert_tensor_parallel_size = etp;
   return p;
 }
 
@@ -333,7 +287,10 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   if (!created.ok()) return Annotate(created.status(), "creating the trainer");
   std::unique_ptr<train::Trainer> trainer = std::move(*created);
   const v1::TrainingConfig& tr = trainer->spec().training();
-  SY_RETURN_IF_ERROR(Resume(trainer.get(), tr, a.generation(), log));
+  train::ResumeOptions resume;
+  resume.own_must_be_empty = a.generation() == 1;
+  SY_ASSIGN_OR_RETURN(std::string resumed, train::ResumeTraining(trainer.get(), tr, resume));
+  if (!resumed.empty()) log(resumed);
   const std::vector<bool> moe_layers = trainer->model_config().moe_layers;
   kernels::Buffer device_flag;  // CheckpointNow agreement on NCCL
   train::TrainingLoopHooks hooks;

@@ -27,12 +27,8 @@
 // their .bin/.idx) and data.tokenizer_model inside roots.data_root; otherwise the generation is
 // refused with INVALID_ARGUMENT naming the field (WorkerExit 1) before a file is opened or created.
 //
-// Resume: the job's own checkpoints (training.save) win when there is one (a restarted
-// generation continues its own progress); otherwise a training.load that names another
-// checkpoint (not training.save) must load: a missing or unreadable one fails the generation
-// with the path and errno (FAILED_PRECONDITION, or the checkpoint's own error), it never trains
-// from scratch in silence. A training.load ending in step_<N> loads that step. An own directory
-// that does not exist yet means a first generation: training starts from scratch. Generation 1
+// Resume: worker/train/resume.h (the one rule, shared with standalone runs): the job's own
+// checkpoints (training.save) win, else training.load must load, else from scratch. Generation 1
 // finding a checkpoint in its own directory is FAILED_PRECONDITION naming it: that checkpoint is
 // an earlier job's with the same id (a store created anew over an old checkpoint volume).
 //

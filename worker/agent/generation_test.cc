@@ -61,6 +61,21 @@ TEST(PrepareGenerationTest, FillsTheParallelSizes) {
   EXPECT_FALSE(p->spec.parallel().has_expert_model_parallel_size()) << "world 1: left unset";
 }
 
+// Expert tensor parallelism runs: the mapping's ETP reaches the process-group dims and the spec;
+// a spec that says another ETP is refused naming the field.
+TEST(PrepareGenerationTest, CarriesTheMappingsExpertTensorParallelSize) {
+  v1::Assignment a = Valid(1, 4, 2);
+  a.mutable_mapping()->set_expert_tensor_parallel_size(2);
+  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.expert_tensor_parallel_size, 2);
+  EXPECT_EQ(p->dims.expert_model_parallel_size, 2);
+  EXPECT_EQ(p->spec.parallel().expert_tensor_parallel_size(), 2);
+  a.mutable_spec()->mutable_parallel()->set_expert_tensor_parallel_size(1);
+  ExpectRejected(a, absl::StatusCode::kInvalidArgument,
+                 "spec.parallel.expert_tensor_parallel_size");
+}
+
 TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   v1::Assignment a = Valid();
   a.clear_job();

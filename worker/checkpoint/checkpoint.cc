@@ -524,6 +524,38 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& root, std::optional
                                           " step directories, none verifies)"));
 }
 
+bool HasCommittedStep(const std::string& root, int64_t step) {
+  return step >= 0 && PathExists(absl::StrCat(CheckpointStepDir(root, step), "/", kManifestName));
+}
+
+absl::StatusOr<std::optional<int64_t>> LatestCommittedStep(const std::string& root) {
+  struct stat st;
+  if (stat(root.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::optional<int64_t>();
+    return ErrnoError(errno, absl::StrCat(root, ": stat"));
+  }
+  auto latest = ReadSmallFile(absl::StrCat(root, "/", kLatestName), 4096);
+  if (latest.ok()) {
+    std::string name = *latest;
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) {
+      name.pop_back();
+    }
+    if (auto s = ParseStepDirName(name); s.has_value() && HasCommittedStep(root, *s)) {
+      return std::optional<int64_t>(*s);
+    }
+  }
+  SY_ASSIGN_OR_RETURN(const std::vector<std::string> entries, ListDir(root));
+  std::optional<int64_t> best;
+  for (const std::string& e : entries) {
+    auto s = ParseStepDirName(e);
+    if (s.has_value() && StepDirName(*s) == e && HasCommittedStep(root, *s) &&
+        (!best.has_value() || *s > *best)) {
+      best = *s;
+    }
+  }
+  return best;
+}
+
 absl::StatusOr<int> RemoveStaleCheckpointTempDirs(const std::string& root) {
   SY_ASSIGN_OR_RETURN(const std::vector<std::string> entries, ListDir(root));
   int removed = 0;

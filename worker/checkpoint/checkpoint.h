@@ -138,6 +138,16 @@ std::string CheckpointStepDir(const std::string& root, int64_t step);
 absl::StatusOr<Checkpoint> OpenCheckpointDir(const std::string& dir,
                                              std::optional<int64_t> expected_step = std::nullopt);
 
+// The step of the newest COMMITTED checkpoint of `root` without reading or verifying it: the
+// step `latest` names when that directory has a manifest.json, else the highest step_<N> with a
+// manifest.json (a directory listing and a few stat calls; no file is read but `latest`).
+// nullopt when `root` does not exist or holds no committed step. Other errors (EACCES, ENOTDIR)
+// are returned naming the path. For "is there anything to resume?" and "is step N saved?":
+// LoadCheckpoint then reads and verifies once.
+absl::StatusOr<std::optional<int64_t>> LatestCommittedStep(const std::string& root);
+// Whether <root>/step_<N>/manifest.json exists (committed by CheckpointWriter; not verified).
+bool HasCommittedStep(const std::string& root, int64_t step);
+
 // Removes every ".tmp_step_*" directory under `root` whose owning process (the pid in its name)
 // is not alive, and returns how many were removed. Call only when no other process on another
 // host may be writing into `root` (the pid test is host-local).

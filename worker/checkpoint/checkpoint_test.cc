@@ -361,6 +361,44 @@ TEST(CheckpointTest, OldTempDirsAreIgnored) {
                 "no complete checkpoint");
 }
 
+// The resume probe: committed steps found by listing (no file read, no verification), temp
+// dirs and manifest-less step dirs ignored, `latest` preferred when it names a committed step.
+TEST(CheckpointTest, LatestCommittedStepProbesWithoutReading) {
+  const std::string root = FreshRoot("probe");
+  auto none = LatestCommittedStep(root + "/not_there");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(SaveState(root, 3).ok());
+  ASSERT_TRUE(SaveState(root, 7).ok());
+  fs::create_directory(root + "/step_20");  // no manifest: not committed
+  fs::create_directories(root + "/.tmp_step_30_999999");
+  auto got = LatestCommittedStep(root);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ(**got, 7);
+  EXPECT_TRUE(HasCommittedStep(root, 3));
+  EXPECT_FALSE(HasCommittedStep(root, 20));
+  EXPECT_FALSE(HasCommittedStep(root, 4));
+  WriteFile(root + "/latest", "step_3\n");
+  got = LatestCommittedStep(root);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ(**got, 3) << "latest names a committed step";
+  WriteFile(root + "/latest", "step_20\n");
+  got = LatestCommittedStep(root);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ(**got, 7) << "latest names an uncommitted step: the highest committed one";
+  // The probe does not verify: a corrupted data file still counts (Load verifies and reports).
+  WriteFile(root + "/step_7/model.safetensors", "garbage");
+  got = LatestCommittedStep(root);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ(**got, 7);
+  // A root that is a file: an error naming it, not "nothing to resume".
+  WriteFile(root + "/a_file", "x");
+  auto bad = LatestCommittedStep(root + "/a_file");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a_file"), std::string::npos) << bad.status();
+}
+
 TEST(CheckpointTest, ArgumentErrors) {
   const std::string root = FreshRoot("args");
   float x = 1.0f;

@@ -25,9 +25,17 @@ absl::Status OutOfOrder(const char* phase, const char* needs) {
 
 absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
-    int64_t hidden, int num_experts, int ep_size, int topk) {
+    int64_t hidden, int num_experts, int ep_size, int topk, int etp_size) {
+  // The group is ETP×EP (ETP-fastest, Megatron's tp-ep group): its size must be their product,
+  // and the expert rules below are those of the EP factor alone.
+  if (etp_size < 1 || (ep_group != nullptr && ep_group->size() != ep_size * etp_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllGatherDispatcher: ep_size (", ep_size, ") x etp_size (", etp_size,
+                     ") must equal the size of group '", ep_group ? ep_group->name() : "", "' (",
+                     ep_group ? ep_group->size() : 0, ") and etp_size must be >= 1"));
+  }
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
-      "AllGatherDispatcher", ep_group, ep_group ? ep_group->size() : 0,
+      "AllGatherDispatcher", ep_group, ep_group ? ep_group->size() / etp_size : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
   SY_ASSIGN_OR_RETURN(comm::NcclCommunicator * nccl,
                       NcclGroupForDevice("AllGatherDispatcher", ep_group, device));
@@ -42,8 +50,9 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   d->ep_ = ep_group;
   d->nccl_ = nccl;
   d->device_ = device;
-  d->ep_size_ = ep_size;
-  d->ep_rank_ = ep_group->rank();
+  d->group_size_ = ep_size * etp_size;
+  // Group rank = ep_rank * ETP + etp_rank: the ETP peers of one EP rank hold the same experts.
+  d->ep_rank_ = ep_group->rank() / etp_size;
   d->num_experts_ = num_experts;
   d->num_local_ = num_experts / ep_size;
   d->topk_ = topk;
@@ -51,12 +60,12 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   d->max_tokens_ = max_tokens;
   d->dtype_ = dtype;
   d->probs_dtype_ = probs_dtype;
-  const int64_t g = ep_size * max_tokens;
+  const int64_t g = static_cast<int64_t>(d->group_size_) * max_tokens;
   // Permute's dropless contract on the global batch: >= T' * k rows.
   d->rows_ = g * topk;
   const int64_t r = d->rows_;
   SY_ASSIGN_OR_RETURN(d->my_count_, Buffer::ForTensor(DType::kI32, {1}, device));
-  SY_ASSIGN_OR_RETURN(d->counts_, Buffer::ForTensor(DType::kI32, {ep_size}, device));
+  SY_ASSIGN_OR_RETURN(d->counts_, Buffer::ForTensor(DType::kI32, {d->group_size_}, device));
   SY_ASSIGN_OR_RETURN(d->global_x_, Buffer::ForTensor(dtype, {g, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->global_idx_, Buffer::ForTensor(DType::kI32, {g, topk}, device));
   SY_ASSIGN_OR_RETURN(d->local_idx_, Buffer::ForTensor(DType::kI32, {g, topk}, device));
@@ -80,13 +89,13 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
-  d->tokens_per_rank_.assign(ep_size, 0);
+  d->tokens_per_rank_.assign(d->group_size_, 0);
   if (device.is_cuda()) {
     int previous = 0;
     SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
     void* pinned = nullptr;
-    cudaError_t e = cudaMallocHost(&pinned, (ep_size + 1) * sizeof(int32_t));
+    cudaError_t e = cudaMallocHost(&pinned, (d->group_size_ + 1) * sizeof(int32_t));
     if (e == cudaSuccess) {
       d->pinned_ = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
     }
@@ -129,30 +138,7 @@ std::vector<int64_t> AllGatherDispatcher::Elements(int64_t per_row) const {
 
 absl::Status AllGatherDispatcher::Spread(const Stream& stream, const Tensor& compact,
                                          const Tensor& padded, int64_t width) const {
-  const int64_t row_bytes = width * DTypeSize(compact.dtype);
-  const char* src = static_cast<const char*>(compact.data);
-  char* dst = static_cast<char*>(padded.data);
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
-  int64_t first = 0;
-  for (int j = 0; j < ep_size_; ++j) {
-    const int64_t n = tokens_per_rank_[j];
-    char* chunk = dst + j * max_rank_tokens_ * row_bytes;
-    const size_t pad_bytes = (max_rank_tokens_ - n) * row_bytes;
-    if (device_.is_cuda()) {
-      if (n > 0) {
-        SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(chunk, src + first * row_bytes, n * row_bytes,
-                                                cudaMemcpyDeviceToDevice, cs));
-      }
-      if (pad_bytes > 0) {
-        SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(chunk + n * row_bytes, 0, pad_bytes, cs));
-      }
-    } else {
-      if (n > 0) std::memcpy(chunk, src + first * row_bytes, n * row_bytes);
-      if (pad_bytes > 0) std::memset(chunk + n * row_bytes, 0, pad_bytes);
-    }
-    first += n;
-  }
-  return absl::OkStatus();
+  return SpreadRows(stream, compact, tokens_per_rank_, max_rank_tokens_, width, padded);
 }
 
 absl::Status AllGatherDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
@@ -198,8 +184,8 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   if (device_.is_cuda()) {
     // The pinned word is free: the previous H2D from it finished before the previous AllGather
     // returned (host-synchronous, same stream).
-    host_counts[ep_size_] = static_cast<int32_t>(num_tokens_);
-    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(my_count_.data(), host_counts + ep_size_,
+    host_counts[group_size_] = static_cast<int32_t>(num_tokens_);
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(my_count_.data(), host_counts + group_size_,
                                             sizeof(int32_t), cudaMemcpyHostToDevice, cs));
   } else {
     my_count_.View().as<int32_t>()[0] = static_cast<int32_t>(num_tokens_);
@@ -209,15 +195,15 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   if (device_.is_cuda()) {
     // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
     const cudaEvent_t done = static_cast<cudaEvent_t>(event_.get());
-    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_counts, counts_.data(), ep_size_ * sizeof(int32_t),
-                                            cudaMemcpyDeviceToHost, cs));
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        host_counts, counts_.data(), group_size_ * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
     c = host_counts;
   }
   global_tokens_ = 0;
   max_rank_tokens_ = 0;
-  for (int j = 0; j < ep_size_; ++j) {
+  for (int j = 0; j < group_size_; ++j) {
     if (c[j] < 0 || c[j] > max_tokens_) {  // a peer broke the max_tokens contract
       return absl::InternalError(absl::StrCat("AllGatherDispatcher: EP rank ", j, " has ", c[j],
                                               " tokens; max_tokens is ", max_tokens_));
@@ -282,7 +268,7 @@ absl::Status AllGatherDispatcher::Combine(const Stream& stream, DispatchState* s
   (void)state;
   if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
-  const Tensor padded = padded_y_.View(dtype_, {ep_size_ * max_rank_tokens_, hidden_});
+  const Tensor padded = padded_y_.View(dtype_, {group_size_ * max_rank_tokens_, hidden_});
   SY_RETURN_IF_ERROR(Spread(stream, global_y_.View(), padded, hidden_));
   SY_RETURN_IF_ERROR(ep_->ReduceScatter(
       padded, reduced_y_.View(dtype_, {max_rank_tokens_, hidden_}), comm::ReduceOp::kSum));
@@ -331,8 +317,8 @@ absl::Status AllGatherDispatcher::DispatchBackward(const Stream& stream, Dispatc
   const Tensor global_dp = global_d_probs_.View(probs_dtype_, {g, topk_});
   SY_RETURN_IF_ERROR(kernels::PermuteBackward(stream, state->d_expert_x, state->d_expert_probs,
                                               row_map_view_, global_dx, global_dp));
-  const Tensor padded_x = padded_y_.View(dtype_, {ep_size_ * tm, hidden_});
-  const Tensor padded_p = padded_probs_.View(probs_dtype_, {ep_size_ * tm, topk_});
+  const Tensor padded_x = padded_y_.View(dtype_, {group_size_ * tm, hidden_});
+  const Tensor padded_p = padded_probs_.View(probs_dtype_, {group_size_ * tm, topk_});
   SY_RETURN_IF_ERROR(Spread(stream, global_dx, padded_x, hidden_));
   SY_RETURN_IF_ERROR(Spread(stream, global_dp, padded_p, topk_));
   SY_RETURN_IF_ERROR(

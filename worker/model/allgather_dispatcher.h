@@ -1,9 +1,14 @@
 // File: worker/model/allgather_dispatcher.h
 //
 // The `allgather` token dispatcher of megatron_moe.md §3.3 (MoEAllGatherTokenDispatcher), for
-// expert parallelism over one group (ETP = 1, so the spec's ETP×EP group is the EP group),
-// dropless. Experts are sharded in blocks: global expert e lives on EP rank e / L, L = E / EP local
-// experts, local index e % L.
+// expert (and expert-tensor) parallelism over the spec's ETP×EP group, dropless. Experts are
+// sharded in blocks: global expert e lives on EP rank e / L, L = E / EP local experts, local index
+// e % L. The group is ETP-fastest (group rank = ep_rank · ETP + etp_rank, ParallelGroup::
+// kExpertTensorExpert); with ETP = 1 it is the EP group. With ETP > 1 the ETP peers of one EP rank
+// receive the same expert inputs and each runs its slice of the experts' F (fc1 columns, fc2 rows,
+// worker/model/moe_layer.h); the combine's reduce-scatter over ETP×EP then sums the ETP partial
+// outputs as well as the EP ranks' contributions, exactly as Megatron's single RS over the tp-ep
+// group. Below, "rank" and "EP" mean the ETP×EP group.
 //
 // Phases (TokenDispatcher, dispatcher.h), per micro-batch of T local tokens:
 //   DispatchPreprocess   Checks the inputs (nothing to permute before the gather).
@@ -24,9 +29,9 @@
 //
 // Numerics: a token whose k slots land on several ranks is summed in two stages (Unpermute's
 // slot-order sum per rank, then the reduce-scatter across ranks), so `out` and `dx` can differ
-// from LocalDispatcher on the same tokens by rounding (a few ulps); d_topk_probs is exact (each
-// slot has exactly one owner, the other ranks contribute 0). EP = 1 is bit-identical to
-// LocalDispatcher.
+// from LocalDispatcher on the same tokens by rounding (a few ulps); d_topk_probs is exact at
+// ETP = 1 (each slot has exactly one owner, the other ranks contribute 0; with ETP > 1 it is the
+// sum of the owner's ETP partials). EP = ETP = 1 is bit-identical to LocalDispatcher.
 //
 // Deliberate differences from Megatron:
 // - Megatron gathers a dense routing map [T', E] and probs [T', E]; here the sparse topk_idx /
@@ -38,7 +43,7 @@
 //   sizes them dynamically (host sync on tokens_per_expert).
 // - Uneven token counts per rank are supported (AllGatherV + padded reduce-scatter); Megatron's
 //   all-gather needs equal T on every rank.
-// - No ETP > 1, no drop-and-pad, no router padding for FP8.
+// - No drop-and-pad, no router padding for FP8.
 //
 // Host synchronisation: the gathered sizes T_j must be known on the host (they size the AllGatherV
 // and the padded reduce-scatter).
@@ -84,14 +89,15 @@ namespace switchyard::model {
 
 class AllGatherDispatcher final : public TokenDispatcher {
  public:
-  // ep_group: the EP group (rank r holds global experts [r*L, (r+1)*L)), not owned;
-  // ep_size must equal ep_group->size(); num_experts % ep_size == 0; topk <= num_experts.
+  // ep_group: the ETP×EP group (group rank r holds global experts [(r/ETP)*L, (r/ETP+1)*L)),
+  // not owned; ep_size * etp_size must equal ep_group->size(); num_experts % ep_size == 0;
+  // topk <= num_experts.
   // max_tokens: most tokens per micro-batch on ANY rank of the group. On a CUDA device ep_group
   // must be a comm::NcclCommunicator on that device (see the stream contract in the file comment);
   // dtype bf16/f32, probs_dtype f32 (Permute's CUDA limits).
   static absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
-      int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk);
+      int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk, int etp_size = 1);
 
   const char* name() const override { return "allgather"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
@@ -110,7 +116,7 @@ class AllGatherDispatcher final : public TokenDispatcher {
   absl::Status DispatchBackward(const Stream& stream, DispatchState* state, const Tensor& dx,
                                 const Tensor& d_topk_probs) override;
 
-  // Tokens of each EP rank in the current micro-batch (valid after Dispatch).
+  // Tokens of each rank of the ETP×EP group in the current micro-batch (valid after Dispatch).
   const std::vector<int64_t>& tokens_per_rank() const { return tokens_per_rank_; }
 
  private:
@@ -129,7 +135,8 @@ class AllGatherDispatcher final : public TokenDispatcher {
   comm::Communicator* ep_ = nullptr;
   comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
   Device device_;
-  int ep_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
+  // group_size_ = ETP×EP (the gathers' ranks); ep_rank_ = group rank / ETP (the experts' owner).
+  int group_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
   int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0;
   DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
   // Global (gathered) side: [EP * max_tokens] tokens.

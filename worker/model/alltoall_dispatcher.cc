@@ -25,16 +25,29 @@ absl::Status OutOfOrder(const char* phase, const char* needs) {
 
 absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
-    int64_t hidden, int num_experts, int ep_size, int topk) {
+    int64_t hidden, int num_experts, int ep_size, int topk, comm::Communicator* etp_group) {
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
       "AllToAllDispatcher", ep_group, ep_group ? ep_group->size() : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
-  if (num_experts > kernels::kMaxSortChunks) {
+  const int etp_size = etp_group != nullptr ? etp_group->size() : 1;
+  // SortChunks sorts ETP·EP·L = ETP·E chunks.
+  if (static_cast<int64_t>(num_experts) * etp_size > kernels::kMaxSortChunks) {
     return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: num_experts (", num_experts,
+                                                   ") x ETP (", etp_size,
                                                    ") must be <= ", kernels::kMaxSortChunks));
   }
   SY_ASSIGN_OR_RETURN(comm::NcclCommunicator * nccl,
                       NcclGroupForDevice("AllToAllDispatcher", ep_group, device));
+  if (etp_group != nullptr && device.is_cuda()) {
+    // The ETP collectives run on the same stream as the EP ones (one stream contract).
+    SY_ASSIGN_OR_RETURN(comm::NcclCommunicator * etp_nccl,
+                        NcclGroupForDevice("AllToAllDispatcher", etp_group, device));
+    if (etp_nccl->stream() != nccl->stream()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllToAllDispatcher: etp_group '", etp_group->name(),
+                       "' must run on the stream of ep_group '", ep_group->name(), "'"));
+    }
+  }
   if (device.is_cuda()) {
     if (num_experts > kernels::kMaxExpertsCuda) {
       return absl::InvalidArgumentError(
@@ -44,6 +57,9 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   }
   std::unique_ptr<AllToAllDispatcher> d(new AllToAllDispatcher());
   d->ep_ = ep_group;
+  d->etp_ = etp_size > 1 ? etp_group : nullptr;
+  d->etp_size_ = etp_size;
+  d->etp_rank_ = etp_size > 1 ? etp_group->rank() : 0;
   d->nccl_ = nccl;
   d->device_ = device;
   d->ep_size_ = ep_size;
@@ -55,8 +71,12 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   d->max_tokens_ = max_tokens;
   d->dtype_ = dtype;
   d->probs_dtype_ = probs_dtype;
-  d->rows_ = ep_size * max_tokens * std::min(topk, d->num_local_);
-  SY_ASSIGN_OR_RETURN(d->order_, kernels::LocalExpertChunkOrder(ep_size, d->num_local_));
+  // The most one rank can receive over EP: every token of every EP rank routed to its experts;
+  // with ETP, the ETP peers' receipts are gathered on top.
+  d->recv_cap_ = ep_size * max_tokens * std::min(topk, d->num_local_);
+  d->rows_ = etp_size * d->recv_cap_;
+  const int sources = etp_size * ep_size;  // chunk sources, (etp, ep src) order
+  SY_ASSIGN_OR_RETURN(d->order_, kernels::LocalExpertChunkOrder(sources, d->num_local_));
 
   const int64_t sent = max_tokens * topk, r = d->rows_;
   SY_ASSIGN_OR_RETURN(d->permuted_x_, Buffer::ForTensor(dtype, {sent, hidden}, device));
@@ -70,15 +90,23 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   SY_ASSIGN_OR_RETURN(d->d_permuted_probs_, Buffer::ForTensor(probs_dtype, {sent}, device));
   const int64_t ws = device.is_cuda()
                          ? std::max(kernels::PermuteWorkspaceBytes(max_tokens, num_experts),
-                                    kernels::SortChunksWorkspaceBytes(ep_size * d->num_local_))
+                                    kernels::SortChunksWorkspaceBytes(sources * d->num_local_))
                          : 0;
   SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
 
-  SY_ASSIGN_OR_RETURN(d->recv_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->recv_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  const int64_t rc = d->recv_cap_, rt = etp_size > 1 ? r : 0;
+  SY_ASSIGN_OR_RETURN(d->recv_x_, Buffer::ForTensor(dtype, {rc, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->recv_probs_, Buffer::ForTensor(probs_dtype, {rc}, device));
+  SY_ASSIGN_OR_RETURN(
+      d->all_counts_,
+      Buffer::ForTensor(DType::kI32, {etp_size > 1 ? sources : 0, num_experts}, device));
+  SY_ASSIGN_OR_RETURN(d->tp_x_, Buffer::ForTensor(dtype, {rt, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->tp_probs_, Buffer::ForTensor(probs_dtype, {rt}, device));
+  SY_ASSIGN_OR_RETURN(d->padded_x_, Buffer::ForTensor(dtype, {rt, hidden}, device));
+  SY_ASSIGN_OR_RETURN(d->padded_probs_, Buffer::ForTensor(probs_dtype, {rt}, device));
   SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
-  const int64_t num_sizes = ep_size * d->num_local_ + d->num_local_;
+  const int64_t num_sizes = sources * d->num_local_ + d->num_local_;
   SY_ASSIGN_OR_RETURN(d->local_sizes_, Buffer::ForTensor(DType::kI32, {num_sizes}, device));
   SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
@@ -86,13 +114,14 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
   d->input_splits_.assign(ep_size, 0);
   d->output_splits_.assign(ep_size, 0);
-  d->chunk_rows_.assign(ep_size * d->num_local_, 0);
+  d->chunk_rows_.assign(sources * d->num_local_, 0);
+  d->tp_rows_.assign(etp_size, 0);
   if (device.is_cuda()) {
     int previous = 0;
     SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
     void* pinned = nullptr;
-    const size_t pinned_bytes = (ep_size * num_experts + num_sizes) * sizeof(int32_t);
+    const size_t pinned_bytes = (sources * num_experts + num_sizes) * sizeof(int32_t);
     cudaError_t e = cudaMallocHost(&pinned, pinned_bytes);
     if (e == cudaSuccess)
       d->pinned_ = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
@@ -109,12 +138,24 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
 }
 
 Tensor AllToAllDispatcher::SplitSizes() const {
-  return local_sizes_.View(DType::kI32, {ep_size_ * num_local_});
+  return local_sizes_.View(DType::kI32, {etp_size_ * ep_size_ * num_local_});
 }
 
 Tensor AllToAllDispatcher::TokensPerExpert() const {
   return Tensor(DType::kI32, {num_local_}, device_,
-                static_cast<int32_t*>(local_sizes_.data()) + ep_size_ * num_local_);
+                static_cast<int32_t*>(local_sizes_.data()) + etp_size_ * ep_size_ * num_local_);
+}
+
+absl::Status AllToAllDispatcher::ReduceScatterTp(const Stream& stream, const Tensor& rows,
+                                                 const kernels::Buffer& padded, int64_t width,
+                                                 const kernels::Buffer& out) {
+  const DType dt = rows.dtype;
+  auto shape = [width](int64_t n) {
+    return width > 1 ? std::vector<int64_t>{n, width} : std::vector<int64_t>{n};
+  };
+  const Tensor in = padded.View(dt, shape(etp_size_ * tp_max_rows_));
+  SY_RETURN_IF_ERROR(SpreadRows(stream, rows, tp_rows_, tp_max_rows_, width, in));
+  return etp_->ReduceScatter(in, out.View(dt, shape(tp_max_rows_)), comm::ReduceOp::kSum);
 }
 
 absl::Status AllToAllDispatcher::CheckStream(const Stream& stream, const char* phase) const {
@@ -159,55 +200,75 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
   (void)state;
   if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
-  // G[j, e] = rows EP rank j routes to global expert e (on the device for CUDA).
+  // G[j, e] = rows EP rank j routes to global expert e (on the device for CUDA); with ETP, G'[t]
+  // is ETP peer t's G (the spec's allgather over ETP×EP, reshaped [ETP, EP, E]).
   SY_RETURN_IF_ERROR(ep_->AllGather(counts_.View(), gathered_counts_.View()));
-  const int32_t* g = gathered_counts_.View().as<int32_t>();
-  int32_t* staged = nullptr;  // [EP*L + L] host values of local_sizes_
+  const kernels::Buffer& counts = etp_size_ > 1 ? all_counts_ : gathered_counts_;
+  if (etp_size_ > 1) SY_RETURN_IF_ERROR(etp_->AllGather(gathered_counts_.View(), counts.View()));
+  const int32_t* g_all = counts.View().as<int32_t>();
+  const int sources = etp_size_ * ep_size_;
+  int32_t* staged = nullptr;  // [ETP*EP*L + L] host values of local_sizes_
   std::vector<int32_t> cpu_staged;
   if (device_.is_cuda()) {
     // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
     const cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
     const cudaEvent_t done = static_cast<cudaEvent_t>(event_.get());
     int32_t* host_g = static_cast<int32_t*>(pinned_.get());
-    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_g, gathered_counts_.data(),
-                                            gathered_counts_.bytes(), cudaMemcpyDeviceToHost, s));
+    SY_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host_g, counts.data(), counts.bytes(), cudaMemcpyDeviceToHost, s));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, s));
     SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
-    g = host_g;
-    staged = host_g + ep_size_ * num_experts_;
+    g_all = host_g;
+    staged = host_g + sources * num_experts_;
   } else {
-    cpu_staged.assign(ep_size_ * num_local_ + num_local_, 0);
+    cpu_staged.assign(sources * num_local_ + num_local_, 0);
     staged = cpu_staged.data();
   }
-  // Row ep_rank of G is this rank's own n: input_splits[j] = rows for EP rank j's experts.
+  // This peer's G: row ep_rank of it is this rank's own n, so input_splits[j] = rows for EP rank
+  // j's experts; output_splits[j] = rows EP rank j sends here.
+  const int32_t* g = g_all + static_cast<int64_t>(etp_rank_) * ep_size_ * num_experts_;
   sent_rows_ = 0;
-  recv_rows_ = 0;
   for (int j = 0; j < ep_size_; ++j) {
     int64_t in = 0, out = 0;
     for (int l = 0; l < num_local_; ++l) {
       in += g[ep_rank_ * num_experts_ + j * num_local_ + l];
-      const int32_t c = g[j * num_experts_ + ep_rank_ * num_local_ + l];
-      chunk_rows_[j * num_local_ + l] = c;
-      out += c;
+      out += g[j * num_experts_ + ep_rank_ * num_local_ + l];
     }
     input_splits_[j] = in;
     output_splits_[j] = out;
     sent_rows_ += in;
-    recv_rows_ += out;
   }
-  if (sent_rows_ > max_tokens_ * topk_ || recv_rows_ > rows_) {
+  // Chunk (t, j, l): rows ETP peer t received from EP rank j for local expert l.
+  tp_total_rows_ = 0;
+  tp_max_rows_ = 0;
+  for (int t = 0; t < etp_size_; ++t) {
+    int64_t rows = 0;
+    for (int j = 0; j < ep_size_; ++j) {
+      for (int l = 0; l < num_local_; ++l) {
+        const int32_t c = g_all[(static_cast<int64_t>(t) * ep_size_ + j) * num_experts_ +
+                                ep_rank_ * num_local_ + l];
+        chunk_rows_[(t * ep_size_ + j) * num_local_ + l] = c;
+        rows += c;
+      }
+    }
+    tp_rows_[t] = rows;
+    tp_total_rows_ += rows;
+    tp_max_rows_ = std::max(tp_max_rows_, rows);
+  }
+  recv_rows_ = tp_rows_[etp_rank_];
+  if (sent_rows_ > max_tokens_ * topk_ || tp_max_rows_ > recv_cap_ || tp_total_rows_ > rows_) {
     // impossible unless a peer broke the top-k contract or the counts were corrupted
     return absl::InternalError(absl::StrCat("AllToAllDispatcher: ", sent_rows_, " rows to send / ",
-                                            recv_rows_, " to receive exceed the capacity ",
-                                            max_tokens_ * topk_, " / ", rows_));
+                                            tp_max_rows_, " to receive exceed the capacity ",
+                                            max_tokens_ * topk_, " / ", recv_cap_));
   }
   for (int l = 0; l < num_local_; ++l) {
     int32_t sum = 0;
-    for (int j = 0; j < ep_size_; ++j) sum += chunk_rows_[j * num_local_ + l];
-    staged[ep_size_ * num_local_ + l] = sum;
+    for (int src = 0; src < sources; ++src) sum += chunk_rows_[src * num_local_ + l];
+    staged[sources * num_local_ + l] = sum;
   }
   std::memcpy(staged, chunk_rows_.data(), chunk_rows_.size() * sizeof(int32_t));
-  const size_t sizes_bytes = (ep_size_ * num_local_ + num_local_) * sizeof(int32_t);
+  const size_t sizes_bytes = (sources * num_local_ + num_local_) * sizeof(int32_t);
   if (device_.is_cuda()) {
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(local_sizes_.data(), staged, sizes_bytes,
                                             cudaMemcpyHostToDevice,
@@ -221,6 +282,14 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
   SY_RETURN_IF_ERROR(ep_->AllToAllV(permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_,
                                     recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_));
+  if (etp_size_ > 1) {
+    // The spec's AG(TP) after the EP all-to-all: every ETP peer gets every peer's receipt.
+    SY_RETURN_IF_ERROR(etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, hidden_}),
+                                        tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                        Elements(tp_rows_, hidden_)));
+    SY_RETURN_IF_ERROR(etp_->AllGatherV(recv_probs_.View(probs_dtype_, {recv_rows_}),
+                                        tp_probs_.View(probs_dtype_, {tp_total_rows_}), tp_rows_));
+  }
   phase_ = Phase::kDispatched;
   return absl::OkStatus();
 }
@@ -229,9 +298,9 @@ absl::Status AllToAllDispatcher::DispatchPostprocess(const Stream& stream, Dispa
   (void)state;
   if (phase_ != Phase::kDispatched) return OutOfOrder("DispatchPostprocess", "Dispatch");
   SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPostprocess"));
-  // (src, local e) -> (local e, src).
-  SY_RETURN_IF_ERROR(kernels::SortChunks(stream, recv_x_.View(), SplitSizes(), order_.sort,
-                                         expert_x_.View(), recv_probs_.View(), expert_probs_.View(),
+  // (etp, src, local e) -> (local e, etp, src).
+  SY_RETURN_IF_ERROR(kernels::SortChunks(stream, SourceRows(), SplitSizes(), order_.sort,
+                                         expert_x_.View(), SourceProbs(), expert_probs_.View(),
                                          workspace_.View()));
   phase_ = Phase::kPostprocessed;
   have_forward_ = true;
@@ -243,9 +312,10 @@ absl::Status AllToAllDispatcher::CombinePreprocess(const Stream& stream, Dispatc
     return OutOfOrder("CombinePreprocess", "DispatchPostprocess");
   }
   SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePreprocess"));
-  // (local e, src) -> (src, local e); recv_x_ is free again once the experts have their input.
+  // (local e, etp, src) -> (etp, src, local e); the source buffer is free again once the experts
+  // have their input.
   SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->expert_out, SplitSizes(), order_.sort,
-                                           recv_x_.View(), Tensor(), Tensor(), workspace_.View()));
+                                           SourceRows(), Tensor(), Tensor(), workspace_.View()));
   phase_ = Phase::kCombinePre;
   return absl::OkStatus();
 }
@@ -254,6 +324,12 @@ absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* st
   (void)state;
   if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
+  if (etp_size_ > 1) {
+    // The spec's RS(TP): sums the ETP partial fc2 outputs (row-parallel) and hands each peer back
+    // the rows it received.
+    SY_RETURN_IF_ERROR(ReduceScatterTp(stream, tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                       padded_x_, hidden_, recv_x_));
+  }
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
       combined_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));
@@ -278,13 +354,19 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
   state->d_expert_x = d_expert_x_.View();
   state->d_expert_probs = d_expert_probs_.View();
   // Adjoint of Unpermute (every permuted row is mapped: dropless), of the combine all-to-all (the
-  // dispatch direction) and of UnsortChunks (SortChunks).
+  // dispatch direction), of the ETP reduce-scatter (an all-gather) and of UnsortChunks
+  // (SortChunks).
   SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(stream, dout, row_map_view_, d_permuted_x_.View(),
                                                 /*zero_unmapped_rows=*/false));
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
-  return kernels::SortChunks(stream, recv_x_.View(), SplitSizes(), order_.sort, state->d_expert_out,
+  if (etp_size_ > 1) {
+    SY_RETURN_IF_ERROR(etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, hidden_}),
+                                        tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                        Elements(tp_rows_, hidden_)));
+  }
+  return kernels::SortChunks(stream, SourceRows(), SplitSizes(), order_.sort, state->d_expert_out,
                              Tensor(), Tensor(), workspace_.View());
 }
 
@@ -293,8 +375,16 @@ absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, Dispatch
   if (!have_forward_) return OutOfOrder("DispatchBackward", "a forward DispatchPostprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchBackward"));
   SY_RETURN_IF_ERROR(kernels::UnsortChunks(stream, state->d_expert_x, SplitSizes(), order_.sort,
-                                           recv_x_.View(), state->d_expert_probs,
-                                           recv_probs_.View(), workspace_.View()));
+                                           SourceRows(), state->d_expert_probs, SourceProbs(),
+                                           workspace_.View()));
+  if (etp_size_ > 1) {
+    // Adjoint of the ETP all-gather: each peer's F slice gave a partial input (and prob)
+    // gradient of every gathered row; the sums of this peer's rows come back to it.
+    SY_RETURN_IF_ERROR(ReduceScatterTp(stream, tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                       padded_x_, hidden_, recv_x_));
+    SY_RETURN_IF_ERROR(ReduceScatterTp(stream, tp_probs_.View(probs_dtype_, {tp_total_rows_}),
+                                       padded_probs_, 1, recv_probs_));
+  }
   SY_RETURN_IF_ERROR(ep_->AllToAllV(
       recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
       d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));

@@ -1,6 +1,12 @@
+// File: worker/model/dispatcher.cc
 #include "worker/model/dispatcher.h"
 
+#include <cuda_runtime.h>
+
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/moe/permute.h"
 
@@ -111,6 +117,43 @@ absl::StatusOr<comm::NcclCommunicator*> NcclGroupForDevice(const char* who,
         " for a CUDA dispatcher (its stream orders the collectives after the kernels)"));
   }
   return nccl;
+}
+
+absl::Status SpreadRows(const Stream& stream, const Tensor& compact,
+                        const std::vector<int64_t>& rows_per_rank, int64_t max_rows, int64_t width,
+                        const Tensor& padded) {
+  const int64_t row_bytes = width * DTypeSize(compact.dtype);
+  int64_t total = 0;
+  for (int64_t n : rows_per_rank) total += n;
+  if (padded.dtype != compact.dtype || compact.numel() < total * width ||
+      padded.numel() < static_cast<int64_t>(rows_per_rank.size()) * max_rows * width) {
+    return absl::InternalError(absl::StrCat("SpreadRows: ", compact.DebugString(), " -> ",
+                                            padded.DebugString(), " cannot hold ", total,
+                                            " rows padded to ", max_rows, " per rank"));
+  }
+  const char* src = static_cast<const char*>(compact.data);
+  char* dst = static_cast<char*>(padded.data);
+  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  int64_t first = 0;
+  for (size_t j = 0; j < rows_per_rank.size(); ++j) {
+    const int64_t n = rows_per_rank[j];
+    char* chunk = dst + j * max_rows * row_bytes;
+    const size_t pad_bytes = (max_rows - n) * row_bytes;
+    if (stream.device.is_cuda()) {
+      if (n > 0) {
+        SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(chunk, src + first * row_bytes, n * row_bytes,
+                                                cudaMemcpyDeviceToDevice, cs));
+      }
+      if (pad_bytes > 0) {
+        SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(chunk + n * row_bytes, 0, pad_bytes, cs));
+      }
+    } else {
+      if (n > 0) std::memcpy(chunk, src + first * row_bytes, n * row_bytes);
+      if (pad_bytes > 0) std::memset(chunk + n * row_bytes, 0, pad_bytes);
+    }
+    first += n;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,

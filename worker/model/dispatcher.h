@@ -5,11 +5,13 @@
 // can overlap them with another micro-batch's compute:
 //
 //   DispatchPreprocess  permute the local tokens into expert-major order (+ split sizes)
-//   Dispatch            [comm] all-to-all over EP (alltoall) / all-gather over ETP×EP (allgather)
+//   Dispatch            [comm] all-to-all over EP, then all-gather over ETP (alltoall) /
+//                       all-gather over ETP×EP (allgather)
 //   DispatchPostprocess sort received chunks by local expert -> expert inputs
 //   (experts run on state.expert_x / expert_probs / tokens_per_expert -> state.expert_out)
 //   CombinePreprocess   undo the chunk sort
-//   Combine             [comm] the reverse all-to-all / reduce-scatter
+//   Combine             [comm] reduce-scatter over ETP, then the reverse all-to-all / the
+//                       reduce-scatter over ETP×EP
 //   CombinePostprocess  unpermute: sum each token's k expert outputs
 //
 // Unlike Megatron's dispatchers, the phases do not talk through hidden instance attributes: every
@@ -136,6 +138,15 @@ absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int 
 absl::StatusOr<comm::NcclCommunicator*> NcclGroupForDevice(const char* who,
                                                            comm::Communicator* ep_group,
                                                            Device device);
+// Lays `compact` [sum(rows_per_rank), width] (rank-ordered chunks) out as `padded`
+// [rows_per_rank.size() * max_rows, width]: chunk j at row j * max_rows, padding rows zeroed.
+// A ReduceScatter takes equal chunks, so the dispatchers reduce uneven per-rank row counts through
+// this layout (AllGatherDispatcher over ETP×EP, AllToAllDispatcher over ETP). On `stream`: async
+// copies and memsets on CUDA (same device for both tensors), plain memcpy on the CPU.
+absl::Status SpreadRows(const Stream& stream, const Tensor& compact,
+                        const std::vector<int64_t>& rows_per_rank, int64_t max_rows, int64_t width,
+                        const Tensor& padded);
+
 // A phase's stream: on the dispatcher's device and, with an NCCL group, the group's own stream.
 absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,
                               Device device, const comm::NcclCommunicator* nccl);

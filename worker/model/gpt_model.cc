@@ -221,10 +221,26 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
     p.scaled_init = scaled;
     p.seed_index = all.size();
     if (absl::StrContains(p.name, ".moe.experts.")) {
-      // shape[0] is the local expert count L; the global tensor has E rows.
+      // shape[0] is the local expert count L; the global tensor has E rows and, with ETP, the
+      // whole F (see ParamInfo).
       p.expert = true;
       p.global_shape[0] = c.moe.router.num_experts;
-      p.global_offset = static_cast<int64_t>(c.moe.ep_rank) * p.numel;
+      const int64_t etp = c.moe.etp_size, f = c.moe.ffn_hidden_size, fl = c.moe.local_ffn_size();
+      const int64_t l = p.shape[0], hh = c.hidden_size;
+      if (etp > 1 && absl::EndsWith(p.name, ".fc1")) {
+        // [L, H, 2F'] = runs of F' (gate, up alternating) of the global rows of 2F.
+        p.global_shape[2] = 2 * f;
+        p.shard_runs = l * hh * 2;
+        p.run_pitch = f;
+        p.etp_step = fl;
+      } else if (etp > 1 && absl::EndsWith(p.name, ".fc2")) {
+        // [L, F', H] = per expert one run of F'·H inside its F·H.
+        p.global_shape[1] = f;
+        p.shard_runs = l;
+        p.run_pitch = f * hh;
+        p.etp_step = fl * hh;
+      }
+      p.global_offset = ShardGlobalOffset(p, c.moe.ep_rank, c.moe.etp_rank, etp);
     }
     all.push_back(std::move(p));
   };
@@ -275,6 +291,38 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   layout.total = layout.expert_end + RoundUp(offset - layout.expert_end,
                                              64 * std::max<int64_t>(1, c.dense_shard_multiple));
   return layout;
+}
+
+int64_t ShardGlobalOffset(const ParamInfo& p, int64_t ep_rank, int64_t etp_rank, int64_t etp_size) {
+  if (!p.expert) return 0;
+  // An EP rank's block of the global tensor holds its L experts whole: ETP shards of numel each.
+  return ep_rank * p.numel * etp_size + etp_rank * p.etp_step;
+}
+
+absl::Status CopyShard(const ParamInfo& p, int64_t global_offset, const Tensor& global,
+                       const Tensor& shard, bool to_global) {
+  const int64_t runs = std::max<int64_t>(1, p.shard_runs), len = p.numel / runs;
+  const int64_t pitch = runs > 1 ? p.run_pitch : len;
+  const int64_t last = global_offset + (runs - 1) * pitch + len;
+  if (global.dtype != shard.dtype || shard.numel() != p.numel || last > global.numel() ||
+      global_offset < 0 || global.device.is_cuda() || shard.device.is_cuda()) {
+    return absl::InternalError(absl::StrCat("CopyShard ", p.name, ": shard ", shard.DebugString(),
+                                            " at ", global_offset, " does not fit global ",
+                                            global.DebugString(), " (host tensors of one dtype)"));
+  }
+  const size_t es = DTypeSize(shard.dtype), bytes = len * es;
+  char* g = static_cast<char*>(global.data);
+  char* sh = static_cast<char*>(shard.data);
+  for (int64_t i = 0; i < runs; ++i) {
+    char* gp = g + (global_offset + i * pitch) * es;
+    char* sp = sh + i * len * es;
+    if (to_global) {
+      std::memcpy(gp, sp, bytes);
+    } else {
+      std::memcpy(sp, gp, bytes);
+    }
+  }
+  return absl::OkStatus();
 }
 
 ModelShape GptConfig::Shape() const {
@@ -469,9 +517,10 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
       MoELayerConfig mc = c.moe;
       if (mc.router.seq_length > 0) mc.router.seq_length /= c.cp_size;
       SY_ASSIGN_OR_RETURN(
-          L.moe, MoELayer::Create(mc, device_, t,
-                                  MoEParallelGroups{groups_.ep, groups_.tdc,
-                                                    c.cp_size > 1 ? groups_.cp : nullptr}));
+          L.moe,
+          MoELayer::Create(mc, device_, t,
+                           MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp, groups_.etp_ep,
+                                             c.cp_size > 1 ? groups_.cp : nullptr}));
       if (c.cp_size > 1) {
         SY_RETURN_IF_ERROR(
             L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
@@ -563,6 +612,22 @@ absl::Status GptModel::InitMaster(const Stream& stream, uint64_t seed, const Ten
       continue;
     }
     const double std = p.scaled_init ? scaled_std : config_.init_method_std;
+    if (p.shard_runs > 1) {
+      // An ETP shard is not contiguous in the global tensor: draw the span it covers on the host
+      // (HashNormal of kernels/elementwise: the device's formula; logf/cosf may differ from the
+      // device's in the last bit), keep the shard's runs. Each element still gets the value of
+      // its global index, so any ETP/EP split initialises the same global tensor as one process
+      // (bit for bit on the CPU). Host-side, because FillNormal draws one contiguous range.
+      const int64_t span = (p.shard_runs - 1) * p.run_pitch + p.numel / p.shard_runs;
+      SY_ASSIGN_OR_RETURN(Buffer drawn, Buffer::ForTensor(master.dtype, {span}, Device::Cpu()));
+      SY_RETURN_IF_ERROR(kernels::FillNormal(Stream::Cpu(), drawn.View(),
+                                             MixSeed(seed, p.seed_index), static_cast<float>(std),
+                                             static_cast<uint64_t>(p.global_offset)));
+      SY_ASSIGN_OR_RETURN(Buffer host, Buffer::ForTensor(master.dtype, {p.numel}, Device::Cpu()));
+      SY_RETURN_IF_ERROR(CopyShard(p, 0, drawn.View(), host.View(), /*to_global=*/false));
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(host.View(), view));
+      continue;
+    }
     SY_RETURN_IF_ERROR(kernels::FillNormal(stream, view, MixSeed(seed, p.seed_index),
                                            static_cast<float>(std),
                                            static_cast<uint64_t>(p.global_offset)));

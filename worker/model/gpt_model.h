@@ -153,10 +153,19 @@ struct ParamInfo {
   bool ones_init = false;    // norm weight
   // Expert-parallel tensor (layers.{l}.moe.experts.*): this rank holds experts
   // [ep_rank·L, (ep_rank+1)·L) of global_shape[0] = E; shape[0] = L. Reduced over EDP.
+  // With ETP > 1 it holds the ETP slice of those experts (moe_layer.h): fc1 [L, H, 2F'] is the
+  // gate columns [etp_rank·F', +F') then the up columns [F + etp_rank·F', +F') of the global
+  // [E, H, 2F]; fc2 [L, F', H] is the rows [etp_rank·F', +F') of the global [E, F, H].
   bool expert = false;
   std::vector<int64_t> global_shape;  // == shape for a dense tensor
   int64_t global_offset = 0;          // first element of this shard in the global tensor
-  uint64_t seed_index = 0;            // per-tensor init seed (definition order; layout-independent)
+  // The shard in the global tensor: shard_runs runs of numel / shard_runs contiguous elements,
+  // run i starting at global_offset + i·run_pitch (one run without ETP). etp_step: how far ETP
+  // rank t's shard starts after ETP rank 0's of the same EP rank (ShardGlobalOffset).
+  int64_t shard_runs = 1;
+  int64_t run_pitch = 0;
+  int64_t etp_step = 0;
+  uint64_t seed_index = 0;  // per-tensor init seed (definition order; layout-independent)
 };
 
 // Regions of the flat buffer, in this order (each tensor 64-element aligned, padding zero):
@@ -172,6 +181,16 @@ struct GptParamLayout {
   const ParamInfo* Find(const std::string& name) const;
 };
 GptParamLayout MakeGptParamLayout(const GptConfig& config);
+
+// global_offset of `p`'s shard on the rank with this EP and ETP rank (p from any rank's layout;
+// ETP and EP sizes those of the layout). 0 for a dense tensor.
+int64_t ShardGlobalOffset(const ParamInfo& p, int64_t ep_rank, int64_t etp_rank, int64_t etp_size);
+// Copies between a shard [p.numel] and the global tensor [prod(p.global_shape)] of `p`, the shard
+// starting at `global_offset` (ShardGlobalOffset), run by run (ParamInfo::shard_runs): into the
+// global tensor when `to_global`, else out of it. Host tensors of one dtype; INTERNAL if a run
+// falls outside the global tensor.
+absl::Status CopyShard(const ParamInfo& p, int64_t global_offset, const Tensor& global,
+                       const Tensor& shard, bool to_global);
 
 // Model FLOPs per token of one training step (forward + backward = 3 × forward), Megatron-style:
 // every GEMM of the active parameters (top-k routed experts, shared expert, router), the
@@ -197,6 +216,8 @@ struct GptStepStats {
 
 // Process groups of a distributed model (borrowed; outlive the model). None for one process.
 //   ep:  the EP group (config.moe.ep_size ranks): the MoE layers' token dispatchers.
+//   etp, etp_ep: the ETP and ETP×EP groups (config.moe.etp_size > 1): the alltoall dispatcher's
+//        ETP all-gather / reduce-scatter and the allgather dispatcher's group (moe_layer.h).
 //   tdc: TP×DP×CP: global_aux_loss counts per micro-batch and the expert-bias token counts per
 //        global batch are all-reduced over it (megatron_moe.md §1.5, §2.3).
 //   cp:  the CP group (config.cp_size ranks, this rank = config.cp_rank): the attention's K/V
@@ -204,6 +225,8 @@ struct GptStepStats {
 struct GptParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
+  comm::Communicator* etp = nullptr;
+  comm::Communicator* etp_ep = nullptr;
   comm::Communicator* cp = nullptr;
 };
 

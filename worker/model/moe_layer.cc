@@ -39,10 +39,22 @@ absl::Status MoELayerConfig::Validate() const {
                      ") must be divisible by expert_model_parallel_size (", ep_size,
                      ") and ep_rank (", ep_rank, ") in [0, ", ep_size, ")"));
   }
-  if (ep_size > 1 && pad_to_capacity) {
+  if (etp_size < 1 || etp_rank < 0 || etp_rank >= etp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("moe layer: expert_tensor_parallel_size (",
+                                                   etp_size, ") must be >= 1 and ", "etp_rank (",
+                                                   etp_rank, ") in [0, ", etp_size, ")"));
+  }
+  if (ffn_hidden_size % etp_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "moe layer: moe_ffn_hidden_size (", ffn_hidden_size,
+        ") must be divisible by expert_tensor_parallel_size (", etp_size,
+        "): each ETP rank holds an equal slice of every expert's fc1 columns and fc2 rows"));
+  }
+  if ((ep_size > 1 || etp_size > 1) && pad_to_capacity) {
     return absl::InvalidArgumentError(
         "moe layer: moe_pad_expert_input_to_capacity is not supported with "
-        "expert_model_parallel_size > 1 (the allgather and alltoall dispatchers are dropless)");
+        "expert_model_parallel_size or expert_tensor_parallel_size > 1 (the allgather and "
+        "alltoall dispatchers are dropless)");
   }
   if (pad_to_capacity && router.capacity_factor <= 0) {
     return absl::InvalidArgumentError(
@@ -132,7 +144,8 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   l->device_ = device;
   l->max_tokens_ = max_tokens;
   const kernels::RouterConfig& rc = config.router;
-  const int64_t t = max_tokens, h = config.hidden_size, f = config.ffn_hidden_size;
+  // f: this rank's slice of the experts' intermediate size (F / ETP).
+  const int64_t t = max_tokens, h = config.hidden_size, f = config.local_ffn_size();
   const int64_t e = rc.num_experts, k = rc.topk, s = config.shared_ffn_size;
   const DType dt = config.dtype, rdt = config.router_dtype();
   for (const auto& term : rc.aux_losses) {
@@ -145,7 +158,7 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   // padding is T rows per expert, which keeps the shapes static.
   const int64_t capacity = kernels::ExpertCapacity(rc, t);
   const int64_t pad_rows = config.pad_to_capacity ? (capacity > 0 ? capacity : t) : 0;
-  if (config.ep_size > 1) {
+  if (config.ep_size > 1 || config.etp_size > 1) {
     if (groups.ep == nullptr || groups.ep->size() != config.ep_size ||
         groups.ep->rank() != config.ep_rank) {
       return absl::InvalidArgumentError(
@@ -155,14 +168,34 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
                                                 groups.ep->rank(), "/", groups.ep->size())
                                  : std::string("none")));
     }
-    if (config.dispatcher == MoELayerConfig::Dispatcher::kAllToAll) {
-      SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
-                                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
-                                              config.ep_size, static_cast<int>(k)));
+    const bool alltoall = config.dispatcher == MoELayerConfig::Dispatcher::kAllToAll;
+    if (config.etp_size > 1) {
+      // alltoall: ETP group for the AG/RS around the EP all-to-all; allgather: one ETP×EP group.
+      comm::Communicator* need = alltoall ? groups.etp : groups.etp_ep;
+      const int64_t size = alltoall ? config.etp_size : config.etp_size * config.ep_size;
+      const int64_t rank =
+          alltoall ? config.etp_rank : config.ep_rank * config.etp_size + config.etp_rank;
+      if (need == nullptr || need->size() != size || need->rank() != rank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MoELayer: expert_tensor_parallel_size ", config.etp_size, " (etp_rank ",
+            config.etp_rank, ") with the ", alltoall ? "alltoall" : "allgather",
+            " dispatcher needs the ", alltoall ? "ETP" : "ETP x EP", " group of size ", size,
+            " and rank ", rank, ", got ",
+            need ? absl::StrCat("'", need->name(), "' rank ", need->rank(), "/", need->size())
+                 : std::string("none")));
+      }
+    }
+    if (alltoall) {
+      SY_ASSIGN_OR_RETURN(l->dispatcher_,
+                          AllToAllDispatcher::Create(
+                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e), config.ep_size,
+                              static_cast<int>(k), config.etp_size > 1 ? groups.etp : nullptr));
     } else {
-      SY_ASSIGN_OR_RETURN(l->dispatcher_, AllGatherDispatcher::Create(
-                                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
-                                              config.ep_size, static_cast<int>(k)));
+      SY_ASSIGN_OR_RETURN(
+          l->dispatcher_,
+          AllGatherDispatcher::Create(config.etp_size > 1 ? groups.etp_ep : groups.ep, device, dt,
+                                      rdt, t, h, static_cast<int>(e), config.ep_size,
+                                      static_cast<int>(k), static_cast<int>(config.etp_size)));
     }
   } else {
     SY_ASSIGN_OR_RETURN(l->dispatcher_,

@@ -59,11 +59,20 @@ struct MoELayerConfig {
   DType dtype = DType::kBF16;
   // Grouped-GEMM path and tile (kernels/gemm/grouped_gemm.h); the defaults choose per device.
   kernels::GroupedGemmOptions gemm_options;
-  // Expert parallelism (megatron_moe.md §3.2, ETP = 1): this rank holds the L = E / ep_size
-  // experts [ep_rank * L, (ep_rank + 1) * L); the expert weights (fc1, fc2) have L rows, the
-  // router stays [E, H]. ep_size > 1 needs an EP communicator at Create (MoEParallelGroups).
+  // Expert parallelism (megatron_moe.md §3.2): this rank holds the L = E / ep_size experts
+  // [ep_rank * L, (ep_rank + 1) * L); the expert weights (fc1, fc2) have L rows, the router stays
+  // [E, H]. ep_size > 1 needs an EP communicator at Create (MoEParallelGroups).
   int ep_size = 1;
   int ep_rank = 0;
+  // Expert tensor parallelism (expert_tensor_parallel_size, §3.5, §4): each of the ETP peers of an
+  // EP rank holds the slice [etp_rank * F', (etp_rank + 1) * F'), F' = F / etp_size, of its
+  // experts' F: fc1 column-parallel (the gate AND the up columns of that slice, so SwiGLU stays
+  // local), fc2 row-parallel. The dispatcher gathers the peers' tokens so every peer runs the same
+  // rows, and its combine sums the partial fc2 outputs. Needs F % etp_size == 0 and the ETP groups
+  // at Create (MoEParallelGroups: etp for alltoall, etp_ep for allgather). The shared expert is
+  // NOT split by ETP: Megatron runs it on the attention TP group (§4.4), so with TP = 1 it is
+  // replicated and its gradients are dense (reduced over DP×CP).
+  int64_t etp_size = 1, etp_rank = 0;
   // moe_token_dispatcher_type: the dispatcher used when ep_size > 1 (with ep_size = 1 every
   // expert is local and LocalDispatcher runs whatever this says, as Megatron's dispatchers
   // degenerate to a local permute). Megatron's default is allgather.
@@ -74,6 +83,8 @@ struct MoELayerConfig {
   // without it, on the layer's stream. On the CPU both are the same sequential computation.
   bool shared_expert_overlap = false;
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
+  // F' = F / ETP: this rank's slice of each expert's intermediate size.
+  int64_t local_ffn_size() const { return ffn_hidden_size / etp_size; }
 
   // From a defaulted and validated ModelConfig (common/config/config_defaults.h,
   // common/config/validate.h).
@@ -84,8 +95,9 @@ struct MoELayerConfig {
 };
 
 // Parameter (or gradient) views of one layer. Weight layouts ("x·W" form):
-//   router_weight [E, H], fc1 [L, H, 2F] (gate columns first), fc2 [L, F, H] (L = local experts,
-//   E without expert parallelism),
+//   router_weight [E, H], fc1 [L, H, 2F'] (gate columns first), fc2 [L, F', H] (L = local experts,
+//   E without expert parallelism; F' = F / ETP: fc1's gate and up columns [etp_rank·F', +F') of
+//   the global [E, H, 2F], fc2's rows [etp_rank·F', +F') of the global [E, F, H]),
 //   shared_fc1 [H, 2S], shared_fc2 [S, H], shared_gate [H, 1] (empty when absent).
 // Parameters have the layer dtype; gradients are f32 on CUDA (fp32 accumulation, DESIGN.md) or
 // the layer dtype on the CPU, and are ACCUMULATED into by Backward.
@@ -95,7 +107,11 @@ struct MoELayerParams {
 
 // The process groups of an expert-parallel / data-parallel layer (borrowed; they outlive the
 // layer). All optional: with none the layer is the single-process layer.
-//   ep:  the EP group (size config.ep_size; the dispatcher's all-gathers or all-to-alls).
+//   ep:  the EP group (size config.ep_size; the alltoall dispatcher's all-to-alls).
+//   etp: the ETP group (size config.etp_size; the alltoall dispatcher's all-gather and
+//        reduce-scatter around the EP all-to-all, megatron_moe.md §3.2). Needed when etp_size > 1.
+//   etp_ep: the ETP×EP group, ETP-fastest (the allgather dispatcher's gathers, §3.3). Needed by
+//        the allgather dispatcher when etp_size > 1 (with ETP = 1 it uses `ep`).
 //   tdc: TP x DP x CP, over which global_aux_loss counts are all-reduced per micro-batch
 //        (megatron_moe.md §2.3); the layer's dp_size (the N scaling) becomes its size.
 //   cp:  the context-parallel group (TP x CP while TP = 1): each rank holds 2 chunks of every
@@ -106,6 +122,8 @@ struct MoELayerParams {
 struct MoEParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
+  comm::Communicator* etp = nullptr;
+  comm::Communicator* etp_ep = nullptr;
   comm::Communicator* cp = nullptr;
 };
 
@@ -120,7 +138,8 @@ class MoELayer {
  public:
   // Plans the layer for at most `max_tokens` tokens per micro-batch on `device`: allocates the
   // activation buffers, the dispatcher and the grouped-GEMM plan.
-  // With config.ep_size > 1, groups.ep must be the EP group of that size, and the layer uses the
+  // With config.ep_size > 1 or etp_size > 1, groups.ep must be the EP group of that size (and
+  // groups.etp / etp_ep the ETP / ETP×EP groups when etp_size > 1), and the layer uses the
   // dispatcher config.dispatcher names (allgather or alltoall; both dropless, no pad-to-capacity).
   static absl::StatusOr<std::unique_ptr<MoELayer>> Create(const MoELayerConfig& config,
                                                           Device device, int64_t max_tokens,

@@ -30,7 +30,8 @@ void FillNormal(const Tensor& t, std::mt19937_64& rng, float std) {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> MoELayerTensors::ParamShapes(
     const MoELayerConfig& c) {
-  const int64_t e = c.router.num_experts, h = c.hidden_size, f = c.ffn_hidden_size;
+  // f: this rank's ETP slice of the experts' intermediate size.
+  const int64_t e = c.router.num_experts, h = c.hidden_size, f = c.local_ffn_size();
   const int64_t s = c.shared_ffn_size, l = c.num_local_experts();
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
       {"router.weight", {e, h}}, {"experts.fc1", {l, h, 2 * f}}, {"experts.fc2", {l, f, h}}};

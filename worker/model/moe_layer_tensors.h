@@ -2,7 +2,8 @@
 //
 // Owning storage for one MoE layer's parameters, gradients and router state, addressed by the
 // tensor names used in layer I/O files (docs in worker/model/README.md):
-//   router.weight [E, H], experts.fc1 [E, H, 2F], experts.fc2 [E, F, H],
+//   router.weight [E, H], experts.fc1 [L, H, 2F'], experts.fc2 [L, F', H] (L = E / EP local
+//   experts, F' = F / ETP: this rank's shard, moe_layer.h),
 //   shared_expert.fc1 [H, 2S], shared_expert.fc2 [S, H], shared_expert.gate [H, 1],
 //   router.expert_bias [E] (f32, state, not trained).
 // Used by the layer I/O command, the benchmark and the tests; the trainer keeps parameters in

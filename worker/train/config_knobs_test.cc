@@ -127,7 +127,10 @@ const std::vector<Knob>& Table() {
        [](v1::JobSpec* s) { P(s)->set_context_parallel_size(2); },
        "parallel.context_parallel_size"},
       {"parallel.expert_model_parallel_size", "ParallelLayout, MoELayerConfig.ep_size; planner"},
-      {"parallel.expert_tensor_parallel_size", "planner; ParallelLayout (ETP = 1 in the worker)",
+      // ETP runs (MoELayerConfig.etp_size); 2 on this one-process job is still rejected (it must
+      // be the launched layout's, 1 for a standalone worker).
+      {"parallel.expert_tensor_parallel_size",
+       "planner; ParallelLayout, MoELayerConfig.etp_size (the launched layout's)",
        [](v1::JobSpec* s) { P(s)->set_expert_tensor_parallel_size(2); },
        "parallel.expert_tensor_parallel_size"},
       {"parallel.sequence_parallel", "planner (on exactly when TP > 1)",

@@ -7,7 +7,8 @@
 // communicators' stream contract), bf16 parameters and activations. Every (EP, EDP) layout trains
 // the tiny MoE model of distributed_trainer_test.cc (mock data, 20 steps) and is compared with the
 // single-GPU bf16 run of the same spec on the same global batch; one run saves a distributed
-// checkpoint at step 10 and another layout resumes from it.
+// checkpoint at step 10 and another layout resumes from it. Expert tensor parallelism (ETP2 and
+// ETP2·EP2, each dispatcher) is compared the same way.
 //
 // The parent never initialises CUDA (a process that forks after CUDA is initialised cannot use
 // CUDA in the child): the GPU count comes from a probe child, the single-GPU reference runs in a
@@ -40,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -95,13 +97,17 @@ std::string CountsText(const StepResult& r) {
   return s;
 }
 
-v1::JobSpec Spec(int world, int ep) {
+// `etp`: parallel.expert_tensor_parallel_size; `dispatcher`: model.moe_token_dispatcher_type
+// (the spec's default when empty).
+v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "") {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (world > 1) {
     spec->mutable_parallel()->set_world_size(world);
     spec->mutable_parallel()->set_expert_model_parallel_size(ep);
+    spec->mutable_parallel()->set_expert_tensor_parallel_size(etp);
   }
+  if (!dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(dispatcher);
   return *spec;
 }
 
@@ -149,7 +155,8 @@ int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_
 // One rank: device `rank`, a non-blocking stream shared by the NCCL groups and the trainer, then
 // as SingleGpuBody (rank 0 writes the curve); saves to `save_root` at the end if given.
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
-             int64_t last, const std::string& load_root, const std::string& save_root) {
+             int64_t last, const std::string& load_root, const std::string& save_root, int etp = 1,
+             const std::string& dispatcher = "") {
   CHILD_CUDA(cudaSetDevice(rank));
   cudaStream_t cs = nullptr;
   CHILD_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -159,6 +166,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     ParallelDims dims;
     dims.world_size = world;
     dims.expert_model_parallel_size = ep;
+    dims.expert_tensor_parallel_size = etp;
     comm::NcclOptions nopt;
     nopt.timeout = absl::Seconds(120);
     auto groups = CreateNcclProcessGroups(store, rank, dims, rank, cs, nopt);
@@ -167,7 +175,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     opt.groups = groups->get();
     opt.cuda_stream = cs;
     {
-      auto t = Trainer::Create(Spec(world, ep), opt);
+      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher), opt);
       SY_CHILD_OK(t.status());
       if (rank == 0) std::fprintf(stderr, "rank 0: %s\n", (*t)->Describe().c_str());
       if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
@@ -343,6 +351,40 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistributedGpuTest,
                                            std::make_pair(4, 1)),
                          [](const auto& info) {
                            return absl::StrCat("EP", info.param.first, "_EDP", info.param.second);
+                         });
+
+// Expert tensor parallelism over NCCL: ETP2 (2 GPUs, attention DP2) and ETP2·EP2 (4 GPUs) with
+// each dispatcher track the single-GPU curve as the EP × EDP layouts do (bf16 tolerance).
+class DistributedGpuEtpTest : public ::testing::TestWithParam<std::tuple<int, int, std::string>> {};
+
+TEST_P(DistributedGpuEtpTest, TracksSingleGpu) {
+  const auto& [etp, ep, dispatcher] = GetParam();
+  const int world = etp * ep;
+  REQUIRE_GPUS(world);
+  const Curve& ref = Reference();
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps)) << "single-GPU reference failed";
+  const std::string store = ct::UniqueStoreDir("gpu_etp_store");
+  const std::string out = OutFile("gpu_etp_curve");
+  const std::vector<int> codes = RunRanks(world, [&](int rank) {
+    return RankBody(rank, world, ep, store, out, kSteps, "", "", etp, dispatcher);
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  const std::string what =
+      absl::StrCat("ETP=", etp, " EP=", ep, " ", dispatcher, " (", world, " GPUs, NCCL, bf16)");
+  const Curve got = ReadCurve(out);
+  ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps)) << what;
+  ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DistributedGpuEtpTest,
+                         ::testing::Values(std::make_tuple(2, 1, std::string("allgather")),
+                                           std::make_tuple(2, 1, std::string("alltoall")),
+                                           std::make_tuple(2, 2, std::string("allgather")),
+                                           std::make_tuple(2, 2, std::string("alltoall"))),
+                         [](const auto& info) {
+                           return absl::StrCat("ETP", std::get<0>(info.param), "_EP",
+                                               std::get<1>(info.param), "_",
+                                               std::get<2>(info.param));
                          });
 
 // Save at step 10 with EP = 2 on 2 GPUs, resume with EP = 1 × EDP = 2 (resharded experts) and,

@@ -66,12 +66,12 @@
 // exactly once, by its shard owner in the DP x CP group; every expert element is counted exactly
 // once, by its shard owner in its EDP group, and the distinct experts of different EP ranks are
 // added by the sum over EP (with ETP > 1 or PP > 1 the distinct TP/PP slices are added the same
-// way: sq_d over the model-parallel group TP x PP, sq_e over ETP x EP x PP; only TP = PP = ETP = 1
-// is tested). Do NOT sum sq_e over the world or over DP: the EDP replicas of one expert would
-// then be counted EDP times; and do not leave out the EP sum: it is what adds the other EP ranks'
-// experts. total must be the same float on every rank (sq_d and the EP sum are, since fp32
-// addition of two values commutes), so that every rank of both groups makes the same skip
-// decision. Step = PrepareStep + FinishStep(own squared norm).
+// way: sq_d over the model-parallel group TP x PP, sq_e over ETP x EP x PP; TP = PP = 1 with
+// ETP in {1, 2} is tested, distributed_trainer_etp_test). Do NOT sum sq_e over the world or over
+// DP: the EDP replicas of one expert would then be counted EDP times; and do not leave out the EP
+// sum: it is what adds the other EP ranks' experts. total must be the same float on every rank
+// (sq_d and the EP sum are, since fp32 addition of two values commutes), so that every rank of both
+// groups makes the same skip decision. Step = PrepareStep + FinishStep(own squared norm).
 //
 // Buckets (gradient reduction overlapped with the backward pass, as Megatron's DDP buckets): the
 // padded flat range may be split into buckets [b_0 = 0, b_1), [b_1, b_2), ..., [.., Np), each a

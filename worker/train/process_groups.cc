@@ -22,6 +22,8 @@ constexpr Role kRoles[] = {
     {ParallelGroup::kContext, "cp", &ProcessGroups::cp},
     {ParallelGroup::kTensorDataContext, "tp_dp_cp", &ProcessGroups::tdc},
     {ParallelGroup::kExpert, "ep", &ProcessGroups::expert},
+    {ParallelGroup::kExpertTensor, "etp", &ProcessGroups::etp},
+    {ParallelGroup::kExpertTensorExpert, "etp_ep", &ProcessGroups::etp_ep},
     {ParallelGroup::kExpertData, "edp", &ProcessGroups::expert_data},
     {ParallelGroup::kExpertTensorExpertPipeline, "etp_ep_pp", &ProcessGroups::expert_model},
 };
@@ -31,7 +33,6 @@ absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank)
   const std::pair<const char*, int> unsupported[] = {
       {"tensor_model_parallel_size", layout.tp()},
       {"pipeline_model_parallel_size", layout.pp()},
-      {"expert_tensor_parallel_size", layout.etp()},
   };
   for (const auto& [field, size] : unsupported) {
     if (size != 1) {

@@ -12,6 +12,9 @@
 //                 while TP = 1)
 //   tdc           TP×DP×CP (kTensorDataContext): expert-bias and global_aux_loss token counts
 //   expert        EP     (kExpert): the MoE dispatch all-to-alls
+//   etp           ETP    (kExpertTensor): the alltoall dispatcher's all-gather / reduce-scatter
+//                 around the EP all-to-all (megatron_moe.md §3.2)
+//   etp_ep        ETP×EP (kExpertTensorExpert): the allgather dispatcher's gathers (§3.3)
 //   expert_data   EDP    (kExpertData): expert gradients
 //   expert_model  ETP×EP×PP (kExpertTensorExpertPipeline): the expert part of the global norm
 //   grad_data, grad_expert_data: DP×CP and EDP again, as communicators of their own (never shared
@@ -21,8 +24,9 @@
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only layouts with
-// TP = PP = ETP = 1 are accepted for now (UNIMPLEMENTED naming the field otherwise): the model
-// has no tensor or pipeline parallelism yet. CP is any size the layout rules accept.
+// TP = PP = 1 are accepted for now (UNIMPLEMENTED naming the field otherwise): the model has no
+// tensor or pipeline parallelism yet. CP (context parallelism) and ETP (expert tensor
+// parallelism) are any size the layout rules accept.
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 
@@ -48,6 +52,8 @@ struct ProcessGroups {
   comm::Communicator* cp = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* expert = nullptr;
+  comm::Communicator* etp = nullptr;
+  comm::Communicator* etp_ep = nullptr;
   comm::Communicator* expert_data = nullptr;
   comm::Communicator* expert_model = nullptr;
   comm::Communicator* grad_data = nullptr;
@@ -60,7 +66,7 @@ struct ProcessGroups {
 };
 
 // INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
-// TP/PP/ETP > 1; the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer does not
+// TP/PP > 1; the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer does not
 // show up within the options' timeout).
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,

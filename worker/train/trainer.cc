@@ -36,6 +36,7 @@
 #include "kernels/optim/grad_norm.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf_convert.h"
+#include "worker/train/resume.h"
 
 namespace switchyard::train {
 namespace {
@@ -236,6 +237,12 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "parallel.expert_model_parallel_size (", par.expert_model_parallel_size(), ") must be ",
         launched_ep, groups_ ? " (the launched layout)" : " for a standalone worker"));
   }
+  const int64_t launched_etp = groups_ != nullptr ? groups_->layout.etp() : 1;
+  if (par.has_expert_tensor_parallel_size() && par.expert_tensor_parallel_size() != launched_etp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.expert_tensor_parallel_size (", par.expert_tensor_parallel_size(), ") must be ",
+        launched_etp, groups_ ? " (the launched layout)" : " for a standalone worker"));
+  }
 
   if (spec.parallel().num_distributed_optimizer_instances() > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -318,11 +325,14 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     }
     config.moe.ep_size = pl.ep();
     config.moe.ep_rank = pl.RankInGroup(ParallelGroup::kExpert, groups_->rank);
+    // Expert tensor parallelism: this rank's slice of its experts' F (worker/model/moe_layer.h).
+    config.moe.etp_size = pl.etp();
+    config.moe.etp_rank = pl.RankInGroup(ParallelGroup::kExpertTensor, groups_->rank);
     config.expert_shard_multiple = pl.GroupSize(ParallelGroup::kExpertData);
     config.dense_shard_multiple = pl.GroupSize(ParallelGroup::kDataContext);
     config.cp_size = cp_;
     config.cp_rank = cp_rank_;
-    model_groups = {groups_->expert, groups_->tdc, groups_->cp};
+    model_groups = {groups_->expert, groups_->tdc, groups_->etp, groups_->etp_ep, groups_->cp};
   }
   num_micro_ = num_micro_global_ / dp_;
   seq_ = config.seq_length;
@@ -975,7 +985,11 @@ absl::StatusOr<std::string> Trainer::SaveDistributed(const std::string& root) {
   }
   SY_ASSIGN_OR_RETURN(std::vector<Buffer> state, GatherLocalState());
   const bool writer = groups_->rank == 0;
+  // Expert tensors are gathered over the ETP×EP group (ETP-fastest: group rank g holds EP rank
+  // g / ETP's experts, ETP slice g % ETP) and put together run by run (ParamInfo, CopyShard).
   const int ep = model_->config().moe.ep_size;
+  const int64_t etp = model_->config().moe.etp_size;
+  const int64_t shards = ep * etp;
   CheckpointWriter w;
   std::vector<Buffer> keep;  // host copies stay alive until Commit
   static constexpr const char* kPrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
@@ -983,19 +997,30 @@ absl::StatusOr<std::string> Trainer::SaveDistributed(const std::string& root) {
     for (int which = 0; which < 3; ++which) {
       Tensor local = Slice(state[which].View(), p.offset, {p.numel});
       Buffer gathered;
-      if (p.expert && ep > 1) {
-        // Every EP rank's experts, in EP-rank order: the global tensor.
+      if (p.expert && shards > 1) {
+        // Every ETP×EP rank's shard, in group-rank order.
         SY_ASSIGN_OR_RETURN(gathered,
-                            Buffer::ForTensor(DType::kF32, {p.numel * ep}, options_.device));
-        SY_RETURN_IF_ERROR(groups_->expert->AllGather(local, gathered.View()));
+                            Buffer::ForTensor(DType::kF32, {p.numel * shards}, options_.device));
+        SY_RETURN_IF_ERROR(groups_->etp_ep->AllGather(local, gathered.View()));
         local = gathered.View();
       }
       if (!writer) continue;
       SY_ASSIGN_OR_RETURN(Buffer host,
                           Buffer::ForTensor(DType::kF32, p.global_shape, Device::Cpu()));
-      SY_RETURN_IF_ERROR(kernels::CopyTensor(
-          local,
-          Tensor(DType::kF32, {p.numel * (p.expert ? ep : 1)}, host.View().device, host.data())));
+      const int64_t n = p.numel * (p.expert ? shards : 1);
+      if (p.expert && etp > 1) {
+        SY_ASSIGN_OR_RETURN(Buffer staged, Buffer::ForTensor(DType::kF32, {n}, Device::Cpu()));
+        SY_RETURN_IF_ERROR(kernels::CopyTensor(local, staged.View()));
+        for (int64_t g = 0; g < shards; ++g) {
+          SY_RETURN_IF_ERROR(
+              model::CopyShard(p, model::ShardGlobalOffset(p, g / etp, g % etp, etp), host.View(),
+                               Slice(staged.View(), g * p.numel, {p.numel}), /*to_global=*/true));
+        }
+      } else {
+        // EP shards are whole experts: the group-ordered concatenation is the global tensor.
+        SY_RETURN_IF_ERROR(
+            kernels::CopyTensor(local, Tensor(DType::kF32, {n}, host.View().device, host.data())));
+      }
       w.AddTensor(which == 0 ? kModelFile : kOptimizerFile, kPrefix[which] + p.name, host.View());
       keep.push_back(std::move(host));
     }
@@ -1072,9 +1097,11 @@ absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
     SY_RETURN_IF_ERROR(kernels::FillBytes(full.View(), 0));
     for (const ParamInfo& p : lay.params) {
       SY_ASSIGN_OR_RETURN(Tensor t, get(which, p));
-      const Tensor part(DType::kF32, {p.numel}, Device::Cpu(),
-                        static_cast<char*>(t.data) + p.global_offset * sizeof(float));
-      SY_RETURN_IF_ERROR(kernels::CopyTensor(part, Slice(full.View(), p.offset, {p.numel})));
+      // This rank's experts (and ETP slice) of the whole tensor, whatever split saved it.
+      const Tensor whole(DType::kF32, {t.numel()}, Device::Cpu(), t.data);
+      SY_RETURN_IF_ERROR(model::CopyShard(p, p.global_offset, whole,
+                                          Slice(full.View(), p.offset, {p.numel}),
+                                          /*to_global=*/false));
     }
     auto shard = [which](const DistributedAdamW& o) {
       return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
@@ -1146,7 +1173,7 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
     return result;
   }
   if (!tr.save().empty() && last_saved != trainer->step() &&
-      !LoadCheckpoint(tr.save(), trainer->step()).ok()) {
+      !HasCommittedStep(tr.save(), trainer->step())) {
     SY_RETURN_IF_ERROR(save(trainer->step(), false, "saving the final checkpoint at step"));
   }
   return result;
@@ -1178,13 +1205,8 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
     std::fprintf(out, "initialised from %s (%s)\n", standalone.init_from_hf.c_str(),
                  architecture.c_str());
   }
-  std::string resume = tr.load();
-  if (resume.empty() && !tr.save().empty() && LoadCheckpoint(tr.save()).ok()) resume = tr.save();
-  if (!resume.empty()) {
-    SY_RETURN_IF_ERROR(Annotate(trainer->Load(resume), absl::StrCat("resuming from ", resume)));
-    std::fprintf(out, "resumed from %s at step %lld\n", resume.c_str(),
-                 static_cast<long long>(trainer->step()));
-  }
+  SY_ASSIGN_OR_RETURN(const std::string resumed, ResumeTraining(trainer.get(), tr));
+  if (!resumed.empty()) std::fprintf(out, "%s\n", resumed.c_str());
   const bool bar = standalone.progress_bar && isatty(fileno(stderr)) != 0;
   const int64_t log_interval = std::max<int64_t>(1, tr.log_interval());
   const auto start = std::chrono::steady_clock::now();

@@ -284,7 +284,7 @@ struct StandaloneOptions {
 // The standalone loop: trains until training.train_iters, printing one log line per
 // training.log_interval steps to `out` and a progress bar with ETA on stderr when it is a
 // terminal; saves every training.save_interval steps and at the end when training.save is set;
-// resumes from training.load (or from training.save when it holds a checkpoint).
+// resumes per worker/train/resume.h (training.save when it holds a checkpoint, else training.load).
 absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
                            const StandaloneOptions& standalone, std::FILE* out);
 

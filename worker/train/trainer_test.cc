@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "common/config/config.h"
+#include "worker/train/resume.h"
 #include "worker/train/testing/small_corpus.h"
 
 namespace switchyard::train {
@@ -99,6 +100,75 @@ TEST(TrainerTest, ResumeIsBitIdentical) {
   std::printf("resume after step 5 of 8: losses %.6f %.6f %.6f bit-identical\n", losses[5],
               losses[6], losses[7]);
   EXPECT_EQ((*second)->Step().status().code(), absl::StatusCode::kOutOfRange);
+}
+
+// The one resume rule (resume.h), shared by standalone runs and the agent: the run's own
+// training.save wins over training.load; else training.load must load; else from scratch.
+TEST(TrainerTest, ResumeRule) {
+  TrainerOptions opt;
+  const std::string load_root = TempDir("rule_load"), save_root = TempDir("rule_save");
+  {
+    auto t = Trainer::Create(Spec(kTinyMock), opt);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*t)->Step().ok());
+    ASSERT_TRUE((*t)->Save(load_root).ok());
+  }
+  v1::JobSpec spec = Spec(kTinyMock);
+  spec.mutable_training()->set_load(load_root);
+  spec.mutable_training()->set_save(save_root);
+  auto fresh = [&]() {
+    auto t = Trainer::Create(spec, opt);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return std::move(*t);
+  };
+  // Nothing of its own yet: training.load.
+  auto t = fresh();
+  auto line = ResumeTraining(t.get(), spec.training());
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line, "loaded " + load_root + " at step 2");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Step().ok());
+  ASSERT_TRUE(t->Save(save_root).ok());
+  // Its own checkpoint (step 5) wins over training.load (step 2): a restarted run continues.
+  t = fresh();
+  line = ResumeTraining(t.get(), spec.training());
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line, "resumed from " + save_root + " at step 5");
+  EXPECT_EQ(t->step(), 5);
+  // A first generation must not find one (an earlier job's with the same id).
+  t = fresh();
+  ResumeOptions first;
+  first.own_must_be_empty = true;
+  line = ResumeTraining(t.get(), spec.training(), first);
+  EXPECT_EQ(line.status().code(), absl::StatusCode::kFailedPrecondition) << line.status();
+  EXPECT_NE(line.status().message().find("already holds a checkpoint (step 5)"), std::string::npos)
+      << line.status();
+  EXPECT_EQ(t->step(), 0) << "nothing loaded";
+  // training.load naming a missing directory is an error, never a silent start from scratch.
+  v1::JobSpec missing = Spec(kTinyMock);
+  missing.mutable_training()->set_load(load_root + "_missing");
+  t = fresh();
+  line = ResumeTraining(t.get(), missing.training());
+  EXPECT_EQ(line.status().code(), absl::StatusCode::kFailedPrecondition) << line.status();
+  EXPECT_NE(line.status().message().find("training.load"), std::string::npos) << line.status();
+  // training.load = <root>/step_2 loads that step even when `latest` is newer.
+  {
+    auto t2 = Trainer::Create(Spec(kTinyMock), opt);
+    ASSERT_TRUE(t2.ok());
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE((*t2)->Step().ok());
+    ASSERT_TRUE((*t2)->Save(load_root).ok());
+  }
+  v1::JobSpec pinned = Spec(kTinyMock);
+  pinned.mutable_training()->set_load(load_root + "/step_2");
+  t = fresh();
+  line = ResumeTraining(t.get(), pinned.training());
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(t->step(), 2);
+  // Nothing at all: from scratch.
+  t = fresh();
+  line = ResumeTraining(t.get(), Spec(kTinyMock).training());
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line, "");
+  EXPECT_EQ(t->step(), 0);
 }
 
 TEST(TrainerTest, MismatchedCheckpointIsRejectedAndChangesNothing) {
