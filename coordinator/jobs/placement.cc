@@ -43,9 +43,11 @@ v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
   v1::ParallelConfig& p = *spec.mutable_parallel();
   p.clear_world_size();
   // What the workers run (common/model/engine_support.h): the spec's TP (1 when unset, as the
-  // other sizes its defaults fix), CP = PP = ETP = 1, sequence parallelism exactly with TP > 1.
+  // other sizes its defaults fix), PP = 1, sequence parallelism exactly with TP > 1. CP
+  // runs in the workers but is planned only when the spec fixes it (the CUDA attention does not
+  // run the context-parallel mask yet, so the planner must not pick it on its own).
   if (!p.has_tensor_model_parallel_size()) p.set_tensor_model_parallel_size(1);
-  p.set_context_parallel_size(1);
+  if (!p.has_context_parallel_size()) p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
   // TP and ETP run in the workers: the spec's are planned (ETP 1 when unset); sequence
   // parallelism exactly when TP > 1 (Megatron requires it for MoE).
@@ -87,7 +89,7 @@ absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Ma
   p.set_world_size(world);
   const int32_t tp = std::max(1, mapping.tensor_model_parallel_size());
   p.set_tensor_model_parallel_size(tp);
-  p.set_context_parallel_size(1);
+  p.set_context_parallel_size(std::max(1, mapping.context_parallel_size()));
   p.set_pipeline_model_parallel_size(1);
   // The planned expert grid: ETP and EP as the mapping says (ETP 1 for a mapping without one).
   p.set_expert_tensor_parallel_size(std::max(1, mapping.expert_tensor_parallel_size()));

@@ -73,9 +73,10 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   SY_ASSIGN_OR_RETURN(*resolved.mutable_spec(), ResolveJobSpec(request.spec(), context));
   v1::ParallelConfig& p = *resolved.mutable_spec()->mutable_parallel();
-  // As PlanRequestFor: the spec's TP (its default is 1), CP = PP = ETP = 1, sequence parallelism
-  // exactly with TP > 1.
-  p.set_context_parallel_size(1);
+  // As PlanRequestFor: the spec's TP (its default is 1), PP = 1, sequence parallelism
+  // exactly with TP > 1; CP runs in the workers but is planned only when the spec fixes it (the
+  // CUDA attention does not run the context-parallel mask yet, so the planner must not pick it).
+  if (!p.has_context_parallel_size()) p.set_context_parallel_size(1);
   p.set_pipeline_model_parallel_size(1);
   // TP and ETP run in the workers: the spec's are planned (ETP 1 when unset); sequence
   // parallelism exactly when TP > 1 (Megatron requires it for MoE).

@@ -12,14 +12,15 @@
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
-//   the spec's TP (1 unless set) and ETP (1 unless set), CP = PP = 1 (the worker runs data,
-//   expert, tensor and expert-tensor parallelism: common/model/engine_support.h); it picks the
-//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
+//   the spec's TP (1 unless set), ETP (1 unless set) and CP (1 unless set: jobs/placement.h
+//   PlanRequestFor), PP = 1 (the worker runs data, tensor, context, expert and expert-tensor
+//   parallelism: common/model/engine_support.h); it picks the largest feasible world W (the
+//   global batch must divide by micro_batch_size × W) and EP.
 //   The spec planned is the stored one resolved again by jobs::ResolveJobSpec with the job's id
 //   (the same function and rules as CreateJob and PlanService), so a spec accepted at submit is
 //   planned with the fields the coordinator fills (training.save = <checkpoint_root>/<job id>,
 //   the default corpus's vocab_size). A stored spec that fails them (stored by an older
-//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP above 1) or
+//   coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, PP or ETP above 1) or
 //   INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when
 //   k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot help); with fewer the job
 //   waits for more workers (a RESTARTING job too: it is never failed for lack of workers). Any
@@ -39,8 +40,8 @@
 // - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
 //   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
-//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP = TP
-//   = CP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
+//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP and
+//   CP, TP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
 //   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
 //   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
 //   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules
