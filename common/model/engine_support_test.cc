@@ -16,15 +16,14 @@ TEST(EngineSupportTest, DataTensorContextAndExpertParallelismOnly) {
   EXPECT_EQ(UnsupportedByEngine("assignment.mapping.", 1, 4, 2, 1),
             "assignment.mapping.pipeline_model_parallel_size (2) must be 1: workers run data, "
             "tensor, context and expert parallelism only");
-  // TP and CP together do not fold yet.
-  EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 2, 1, 1),
-            "parallel.tensor_model_parallel_size (2) and parallel.context_parallel_size (2) "
-            "cannot both exceed 1: tensor and context parallelism do not fold yet");
+  // TP and CP fold (CP picks the positions, SP shards them over TP).
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 2, 1, 1), "");
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 2, 1, 2), "");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 1).rfind("parallel.pipeline_model", 0), 0u);
   // Expert tensor parallelism runs (issue 13 item 2): any ETP is accepted here.
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 8), "");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 8).rfind("parallel.pipeline_model", 0), 0u);
-  // PP is named before the TP×CP fold when both are refused.
+  // PP is named whatever else is set.
   EXPECT_EQ(UnsupportedByEngine("", 2, 2, 2, 2).rfind("pipeline_model_parallel_size (2)", 0), 0u);
 }
 

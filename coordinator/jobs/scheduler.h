@@ -40,12 +40,13 @@
 // - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
 //   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
-//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP and
-//   CP, TP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
-//   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
-//   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
-//   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules
-//   (stored before they existed) FAILS the job with INVALID_PATHS before anything is sent.
+//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's TP, CP, EP
+//   and ETP, PP = 1, sequence_parallel exactly when TP > 1, the mapping's optimizer and
+//   micro-batch, global batch = mbs × num_micro_batches × W, and its paths resolved under
+//   checkpoint_root and data_root (placement.h AssignedSpec, common/config/job_paths.h: save under
+//   <checkpoint_root>/jobs/<job id>, load = save unless it names a job's checkpoint). A stored path
+//   that breaks the rules (stored before they existed) FAILS the job with INVALID_PATHS before
+//   anything is sent.
 // - STARTING -> RUNNING (reason FIRST_STEP) at the first StepReport of the current generation.
 //   Rank 0's reports are published to the StepHub (WatchJob, Job.last_step).
 // - Every rank WorkerExit(0) -> SUCCEEDED (ALL_RANKS_FINISHED; via RUNNING if no step was

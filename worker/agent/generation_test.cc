@@ -98,13 +98,16 @@ TEST(PrepareGenerationTest, CarriesTheMappingsContextParallelSize) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->dims.context_parallel_size, 2);
   EXPECT_EQ(p->spec.parallel().context_parallel_size(), 2);
-  // TP and CP together do not fold yet (common/model/engine_support.h).
+  // TP and CP fold: both reach the dims (sequence parallelism on).
   v1::Assignment both = Valid(1, 4, 1);
   both.mutable_mapping()->set_tensor_model_parallel_size(2);
   both.mutable_mapping()->set_context_parallel_size(2);
   both.mutable_mapping()->set_data_parallel_size(1);
-  ExpectRejected(both, absl::StatusCode::kUnimplemented,
-                 "tensor_model_parallel_size (2) and assignment.mapping.context_parallel_size (2)");
+  p = PrepareGeneration(both, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.tensor_model_parallel_size, 2);
+  EXPECT_EQ(p->dims.context_parallel_size, 2);
+  EXPECT_TRUE(p->spec.parallel().sequence_parallel());
 }
 
 TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {

@@ -198,20 +198,12 @@ absl::Status GptConfig::Validate() const {
   }
   if (cp_size > 1 && seq_length % (2 * cp_size * tp_size) != 0) {
     // The same rule as common/config's (2·CP·TP).
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.seq_length (", seq_length,
-        ") must be divisible by 2 * parallel.context_parallel_size * "
-        "parallel.tensor_model_parallel_size (2 * ",
-        cp_size, " * ", tp_size, " = ", 2 * cp_size * tp_size,
-        "): causal context parallelism splits each sequence into 2 * CP chunks, which sequence "
-        "parallelism shards over TP"));
-  }
-  if (tp_size > 1 && cp_size > 1) {
-    // common/model/engine_support.h refuses this at every entry point; a GptConfig built by hand
-    // gets the same answer (the fold of SP inside CP's chunks is not built yet).
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.tensor_model_parallel_size (", tp_size, ") and parallel.context_parallel_size (",
-        cp_size, ") cannot both exceed 1: tensor and context parallelism do not fold yet"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.seq_length (", seq_length,
+                     ") must be divisible by 2 * parallel.context_parallel_size * "
+                     "parallel.tensor_model_parallel_size (2 * ",
+                     cp_size, " * ", tp_size, " = ", 2 * cp_size * tp_size,
+                     "): causal context parallelism splits each sequence into 2 * CP chunks"));
   }
   if (dtype != DType::kBF16 && dtype != DType::kF32 && dtype != DType::kF64) {
     return absl::InvalidArgumentError(
@@ -908,13 +900,14 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
                      " / ", cp, ")", cp > 1 ? " and even (two chunks per rank)" : "",
                      " and at most ", max_tokens_, " tokens (the planned micro-batch)"));
   }
-  if (config_.tp_size > 1 && seq_len != config_.seq_length) {
+  if (config_.tp_size > 1 && seq_len != local_max) {
     // The MoE layers' sequence shards (jitter positions, per-sequence counts) are planned for
-    // seq_length / TP positions.
-    return absl::InvalidArgumentError(
-        absl::StrCat("GptModel: seq_len (", seq_len, ") must be model.seq_length (",
-                     config_.seq_length, ") with tensor_model_parallel_size ", config_.tp_size,
-                     ": sequence parallelism gives every TP rank seq_length / TP positions"));
+    // seq_length / (CP·TP) positions.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel: seq_len (", seq_len, ") must be model.seq_length (", config_.seq_length,
+        cp > 1 ? absl::StrCat(") / context_parallel_size (", cp) : std::string(),
+        ") with tensor_model_parallel_size ", config_.tp_size,
+        ": sequence parallelism gives every TP rank seq_length / (CP·TP) positions"));
   }
   if (micro >= max_micro_) {
     return absl::InvalidArgumentError(
@@ -1023,7 +1016,9 @@ absl::Status GptModel::CpReduceScatterKv(const Stream& s, const Tensor& whole, c
 absl::Status GptModel::CpAttentionForward(const Stream& s, Layer& L, int64_t b, int64_t s_loc) {
   const GptConfig& c = config_;
   const int64_t cp = c.cp_size, ch = s_loc / 2, seq = s_loc * cp, t = b * s_loc;
-  const int64_t hq = c.num_heads, hkv = c.num_kv_heads, d = c.head_dim;
+  // This rank's TP share of the heads: under TP·CP the K/V all-gather runs over the CP group
+  // of this TP rank, whose peers hold the same heads (GptModel's "Tensor and context").
+  const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size, d = c.head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   SY_RETURN_IF_ERROR(CpGatherKv(s, Rows(L.k, t), cp_k_, b, s_loc));
   SY_RETURN_IF_ERROR(CpGatherKv(s, Rows(L.v, t), cp_v_, b, s_loc));
@@ -1047,7 +1042,9 @@ absl::Status GptModel::CpAttentionForward(const Stream& s, Layer& L, int64_t b, 
 absl::Status GptModel::CpAttentionBackward(const Stream& s, Layer& L, int64_t b, int64_t s_loc) {
   const GptConfig& c = config_;
   const int64_t cp = c.cp_size, ch = s_loc / 2, seq = s_loc * cp, t = b * s_loc;
-  const int64_t hq = c.num_heads, hkv = c.num_kv_heads, d = c.head_dim;
+  // This rank's TP share of the heads: under TP·CP the K/V all-gather runs over the CP group
+  // of this TP rank, whose peers hold the same heads (GptModel's "Tensor and context").
+  const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size, d = c.head_dim;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   // K and V of the whole sequences again (not kept from the forward: that would hold B·S rows of
   // K and V per layer, the memory CP exists to save).

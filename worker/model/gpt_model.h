@@ -105,6 +105,19 @@
 // GPU yet: Create refuses a CUDA model with cp_size > 1 (UNIMPLEMENTED naming
 // parallel.context_parallel_size) until they have. RoPE's CUDA path does take CP positions.
 //
+// Tensor and context parallelism (tp_size > 1 and cp_size > 1, megatron_parallel.md §2.9): CP
+// chooses the positions this rank holds (chunks cp_rank and 2·CP−1−cp_rank, a local sequence of
+// S/CP), and SP then shards THAT local sequence over TP exactly as above (rank tp_rank holds local
+// positions [tp_rank·S/(CP·TP), +S/(CP·TP)) of every sequence; hence seq_length % (2·CP·TP) ==
+// 0). Every TP rank of a CP rank gets the CP rank's S/CP tokens per sequence (ForwardBackward's
+// seq_len is S/CP) and keeps its shard. After the SP all-gather, q/k/v hold the CP rank's whole
+// local sequence for this TP rank's heads, so the K/V all-gather and dK/dV reduce-scatter run over
+// the CP group (the CP peers of the same tp_rank hold the same heads). The MoE layers see
+// S/(CP·TP) positions per sequence: their counts are summed over TP and CP, N over both, and the
+// z-loss coefficient divided by TP·CP (moe_layer.h, MoEParallelGroups). Why this order: it is
+// Megatron's (the CP split happens in the data loader, SP inside the model), so the per-sequence
+// statistics, RoPE and jitter positions keep the meanings the two features have alone.
+//
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
 // {norm_qkv_rope, attention, oproj_residual_norm, moe (> moe.fwd > its phases) | mlp},

@@ -133,8 +133,10 @@ struct MoELayerParams {
 //        sequence's (T·CP, S_loc·CP; §2.3), and the z-loss coefficient is divided by its size
 //        (§1.6: the sum over CP ranks is the mean over the whole sequence). Its size also divides
 //        the global_aux_loss gradient factor (dp_size / CP = the DP size). Together with tp
-//        (TP > 1 and CP > 1, refused by common/model/engine_support.h until the model folds
-//        them) the counts would be summed over both, which is the TP×CP group of §2.3.
+//        (TP > 1 and CP > 1: GptModel's "Tensor and context parallelism") the counts are summed
+//        over tp and then over cp, together the TP×CP group of §2.3 (integer counts in f32, so
+//        exactly one process's), N = T·TP·CP and Ns = S_loc·TP·CP, dp_size / (TP·CP), and the
+//        z-loss coefficient is divided by TP (the caller) and CP (here).
 struct MoEParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;

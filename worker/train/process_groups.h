@@ -27,8 +27,8 @@
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only what the engine runs
-// is accepted (common/model/engine_support.h: any TP, CP and ETP, PP = 1, TP and CP not both
-// above 1; UNIMPLEMENTED naming the fields otherwise).
+// is accepted (common/model/engine_support.h: any TP, CP and ETP, PP = 1; UNIMPLEMENTED naming
+// the field otherwise).
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 
@@ -69,8 +69,8 @@ struct ProcessGroups {
 };
 
 // INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
-// PP > 1 or TP and CP both > 1 (UnsupportedByEngine); the communicators' errors otherwise
-// (DEADLINE_EXCEEDED when a peer does not show up within the options' timeout).
+// PP > 1 (UnsupportedByEngine); the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer
+// does not show up within the options' timeout).
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
     const comm::GlooOptions& options);

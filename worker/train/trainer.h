@@ -27,12 +27,13 @@
 // (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
 // metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
 //
-// Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism, PP = 1, TP
-// and CP not both above 1): every rank holds the dense parameters (its TP shard of the TP-split
+// Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism in any
+// combination, PP = 1): every rank holds the dense parameters (its TP shard of the TP-split
 // ones: GptModel's "Tensor and sequence parallelism") and its EP rank's experts (megatron_moe.md
 // §3.2, §5). The TP ranks of one DP rank run the same micro-batches, each on its sequence shard;
 // under context parallelism the CP ranks of one DP rank run the same micro-batches, each with its
-// two chunks of every sequence (gpt_model.h). The gradients of the TP-replicated tensors are
+// two chunks of every sequence (gpt_model.h; with TP too, every TP rank gets the CP rank's
+// chunks and the model keeps its shard of them). The gradients of the TP-replicated tensors are
 // summed over TP in the last micro-batch's backward hook (AllReduceTpReplicatedGrads), and the
 // TP-split region has an optimizer instance of its own whose squared norm is summed over TP (the
 // replicated one counts once). With DP data-parallel ranks (the DP group, without TP and CP) and
