@@ -10,8 +10,9 @@
 //                  Mixtral / Qwen3-MoE checkpoints. Exit 0 when training completes, 1 on an error
 //                  (the message names the field or file).
 //   --rank R --world-size W --rendezvous DIR --config job.yaml
-//                  run rank R of a W-process job (data and expert parallelism: parallel.
-//                  expert_model_parallel_size of the spec; world_size must be W or unset). The
+//                  run rank R of a W-process job (data, context and expert parallelism:
+//                  parallel.context_parallel_size and expert_model_parallel_size of the spec;
+//                  world_size must be W or unset). The
 //                  ranks meet through a file key-value store in DIR (a directory every rank can
 //                  reach; use a fresh one per run). --device auto picks cuda:(R mod GPUs) and NCCL
 //                  when GPUs are visible, else the CPU and Gloo over TCP (--gloo-host, default
@@ -199,6 +200,9 @@ int Distributed() {
   const switchyard::v1::ParallelConfig& par = spec->parallel();
   if (par.has_expert_model_parallel_size()) {
     dims.expert_model_parallel_size = par.expert_model_parallel_size();
+  }
+  if (par.has_context_parallel_size()) {
+    dims.context_parallel_size = par.context_parallel_size();
   }
   if (par.has_expert_tensor_parallel_size()) {
     dims.expert_tensor_parallel_size = par.expert_tensor_parallel_size();

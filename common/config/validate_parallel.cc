@@ -35,6 +35,16 @@ void CheckParallel(const v1::JobSpec& spec, Violations* v) {
   if (p.ep > 1 && !m.has_num_experts()) {
     v->Add("parallel.expert_model_parallel_size (", p.ep, ") > 1 requires model.num_experts");
   }
+  // arguments.py:1335-1338: causal context parallelism cuts every sequence into 2·CP chunks (rank
+  // r keeps chunks r and 2·CP−1−r, megatron_parallel.md §2.1); with TP > 1 sequence parallelism
+  // then splits each rank's chunks over TP, so the rule is written as 2·CP·TP.
+  if (p.cp > 1 && m.seq_length() > 0 && m.seq_length() % (2 * p.cp * p.tp) != 0) {
+    v->Add("model.seq_length (", m.seq_length(),
+           ") must be divisible by 2 * parallel.context_parallel_size * "
+           "parallel.tensor_model_parallel_size (2 * ",
+           p.cp, " * ", p.tp, " = ", 2 * p.cp * p.tp,
+           "): causal context parallelism splits each sequence into 2 * CP chunks");
+  }
   if (m.num_layers() > 0) {
     CheckDivisible(v, "model.num_layers", m.num_layers(), "parallel.pipeline_model_parallel_size",
                    p.pp);

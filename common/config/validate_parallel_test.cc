@@ -48,10 +48,29 @@ TEST(ValidateParallelTest, NumLayersDivisibleByVirtualPipelineStages) {
 TEST(ValidateParallelTest, WorldDivisibleByAttentionModelParallel) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_parallel()->set_context_parallel_size(3);
+  spec.mutable_model()->set_seq_length(1536);  // a multiple of 2·CP·TP = 12: only the world rule
   ExpectViolation(spec, {"parallel.world_size (32) must be divisible by "
                          "parallel.tensor_model_parallel_size * "
                          "parallel.pipeline_model_parallel_size * "
                          "parallel.context_parallel_size (2 * 2 * 3 = 12)"});
+}
+
+// Causal CP cuts each sequence into 2·CP chunks, each split over TP (written 2·CP·TP).
+TEST(ValidateParallelTest, SeqLengthDivisibleByTwiceContextTimesTensorParallel) {
+  v1::JobSpec spec = RawBaseline();  // TP 2, PP 2, world 32, seq_length 2048
+  spec.mutable_parallel()->set_context_parallel_size(2);
+  spec.mutable_model()->set_seq_length(2040);  // 2040 = 8·255: a multiple of 2·CP·TP = 8
+  ExpectValid(spec);
+  spec.mutable_model()->set_seq_length(2044);  // 2044 = 4·511: not a multiple of 8
+  ExpectViolation(spec, {"model.seq_length (2044) must be divisible by 2 * "
+                         "parallel.context_parallel_size * parallel.tensor_model_parallel_size "
+                         "(2 * 2 * 2 = 8)"});
+  spec.mutable_parallel()->set_tensor_model_parallel_size(1);
+  spec.mutable_parallel()->set_sequence_parallel(false);
+  spec.mutable_model()->set_seq_length(2046);  // odd half: not a multiple of 2·CP = 4
+  ExpectViolation(spec, {"model.seq_length (2046) must be divisible by 2 * "
+                         "parallel.context_parallel_size * parallel.tensor_model_parallel_size "
+                         "(2 * 2 * 1 = 4)"});
 }
 
 TEST(ValidateParallelTest, WorldDivisibleByExpertModelParallel) {
@@ -67,6 +86,7 @@ TEST(ValidateParallelTest, WorldRulesNeedTheWorldSize) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_parallel()->clear_world_size();
   spec.mutable_parallel()->set_context_parallel_size(3);
+  spec.mutable_model()->set_seq_length(1536);  // a multiple of 2·CP·TP = 12 (a world-free rule)
   spec.mutable_training()->set_global_batch_size(7);
   ExpectValid(spec);  // the planner checks these against the actual world size
 }

@@ -11,19 +11,22 @@ namespace switchyard {
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
                                 int64_t expert_tensor_parallel_size) {
-  // Tensor parallelism (with sequence parallelism, worker/model/gpt_model.h) and expert tensor
-  // parallelism (worker/model/README.md) run; the arguments stay so that every caller keeps one
-  // call shape while the other dimensions are lifted one by one.
+  // TP (with sequence parallelism, worker/model/gpt_model.h), CP (worker/model/gpt_model.h,
+  // "Context parallelism") and ETP (worker/model/README.md, "Expert tensor parallelism") run at
+  // any size the layout rules accept, TP and CP together too (CP picks a rank's positions, SP
+  // shards them over TP); only PP is refused. The arguments stay so that every caller keeps one
+  // call shape while dimensions are lifted.
   (void)tensor_model_parallel_size;
+  (void)context_parallel_size;
   (void)expert_tensor_parallel_size;
   const std::pair<const char*, int64_t> sizes[] = {
-      {"context_parallel_size", context_parallel_size},
       {"pipeline_model_parallel_size", pipeline_model_parallel_size},
   };
   for (const auto& [name, value] : sizes) {
     if (value > 1) {
-      return absl::StrCat(prefix, name, " (", value,
-                          ") must be 1: workers run data and expert parallelism only");
+      return absl::StrCat(
+          prefix, name, " (", value,
+          ") must be 1: workers run data, tensor, context and expert parallelism only");
     }
   }
   return "";

@@ -130,7 +130,8 @@ inline constexpr double kNcclCommunicatorBytes = 1.5 * 1024 * 1024 * 1024;
 // Communicators of more than one rank that worker/train/process_groups.h creates for `mapping`
 // (roles with the same members share one): the world (= DP×CP = TP×DP×CP) and its gradient
 // copy when W > 1; the EP group when 1 < EP·ETP < W; EDP when 1 < EDP < W and its gradient copy
-// when EDP > 1; one each for TP, CP, PP > 1 (CP, PP extrapolated: the worker runs CP = PP = 1).
+// when EDP > 1; one each for TP, CP, PP > 1 (PP extrapolated: the worker runs PP = 1; a CP group
+// equal to the world is counted although the worker shares it).
 int64_t EngineCommunicators(const v1::Mapping& mapping);
 
 // Per-rank memory of the engine for pipeline stage `stage`, in bytes, buffer by buffer as
@@ -173,11 +174,12 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //   create_transient (distributed): the trainer initialises the full fp32 master, exp_avg and
 //               exp_avg_sq (12·N) before the optimizers take their shards and frees them: the
 //               peak during Create is buffers + create_transient.
-// TP, CP, PP, ETP > 1 extrapolate (the worker runs CP = PP = ETP = 1; its TP keeps the
+// TP, CP, PP, ETP > 1 extrapolate (the worker runs PP = ETP = 1; its TP keeps the
 // embedding / LM head and the shared expert whole on every TP rank, which this estimate divides
-// by TP: bench/memory_estimate_test measures 0.87 of the engine at TP2): every per-token
-// term is divided by TP (sequence parallelism), tokens by CP, expert widths by ETP, and the
-// per-layer terms are multiplied by min(PP − stage, m) micro-batches in flight under 1F1B.
+// by TP: bench/memory_estimate_test measures 0.87 of the engine at TP2; at CP > 1 it also holds
+// the context-parallel K/V gather buffers, 5·B·S + 2·S rows of Hkv·D, not counted here): every
+// per-token term is divided by TP (sequence parallelism), tokens by CP, expert widths by ETP, and
+// the per-layer terms are multiplied by min(PP − stage, m) micro-batches in flight under 1F1B.
 struct EngineMemory {
   double weights = 0, gradients = 0, optimizer_states = 0;
   double layer_activations = 0, moe_buffers = 0, head_buffers = 0;

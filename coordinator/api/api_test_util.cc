@@ -31,8 +31,8 @@ std::string WriteFile(const std::string& name, const std::string& text) {
 v1::JobSpec ValidSpec(const std::string& display_name) {
   v1::JobSpec spec = switchyard::testing::RawBaseline();
   spec.set_display_name(display_name);
-  // The workers run data, expert and tensor parallelism (coordinator/jobs/resolve_spec.h): a
-  // spec with PP above 1 is refused at submit; this one keeps it simple: the baseline's world 32
+  // The workers run data, tensor, context and expert parallelism (coordinator/jobs/resolve_spec.h):
+  // a spec with PP above 1 is refused at submit; this one keeps it simple: the baseline's world 32
   // becomes DP 32.
   v1::ParallelConfig* p = spec.mutable_parallel();
   p->clear_tensor_model_parallel_size();

@@ -102,6 +102,43 @@ TEST(PlacementTest, PlanRequestDescribesTheChosenWorkers) {
               planner::MappingToString(plan->best().mapping()).c_str());
 }
 
+// Context parallelism runs in the workers: a spec that fixes CP = 2 is planned with it (the
+// planner offers CP2 x DP2 on 4 workers) and every rank is assigned it; a spec that leaves it to
+// the defaults gets CP = 1 (the planner does not pick CP on its own: the CUDA attention does not
+// run it yet).
+TEST(PlacementTest, ContextParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
+  v1::JobSpec stored = api::testing::SmallSpec(4, 4);  // seq_length 128, 12 experts, GBS 12
+  stored.mutable_parallel()->set_context_parallel_size(2);
+  ApplyDefaults(&stored);
+  const std::vector<cluster::WorkerInfo> workers = {
+      Worker("a", "n1", 80LL << 30), Worker("b", "n1", 80LL << 30), Worker("c", "n1", 80LL << 30),
+      Worker("d", "n1", 80LL << 30)};
+  const v1::PlanRequest r = PlanRequestFor(stored, 4, workers, ClusterDefaults{});
+  EXPECT_EQ(r.spec().parallel().context_parallel_size(), 2);
+  absl::StatusOr<v1::Plan> plan = planner::PlanJob(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::Mapping& m = plan->best().mapping();
+  std::printf("CP fixed to 2, 4 workers: %s\n", planner::MappingToString(m).c_str());
+  EXPECT_EQ(m.context_parallel_size(), 2);
+  EXPECT_EQ(m.data_parallel_size(), 2);
+  absl::StatusOr<v1::JobSpec> assigned =
+      AssignedSpec(stored, m, 4, "jobs/5", JobRoots{"/ckpt", "/data"});
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->parallel().context_parallel_size(), 2);
+  EXPECT_EQ(UnsupportedParallelism(assigned->parallel()), "");
+  v1::JobSpec defaulted = *assigned;
+  ApplyDefaults(&defaulted);
+  const absl::Status valid = ValidateJobSpec(defaulted);
+  EXPECT_TRUE(valid.ok()) << valid;
+
+  v1::JobSpec plain = api::testing::SmallSpec(4, 4);
+  ApplyDefaults(&plain);
+  absl::StatusOr<v1::Plan> plain_plan =
+      planner::PlanJob(PlanRequestFor(plain, 4, workers, ClusterDefaults{}));
+  ASSERT_TRUE(plain_plan.ok()) << plain_plan.status();
+  EXPECT_EQ(plain_plan->best().mapping().context_parallel_size(), 1);
+}
+
 TEST(PlacementTest, AssignedSpecCheckpointDirAndValidity) {
   v1::JobSpec stored = api::testing::SmallSpec(2, 4);
   ApplyDefaults(&stored);

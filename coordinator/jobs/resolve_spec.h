@@ -85,19 +85,20 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 
 // PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
 // job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
-// the stored spec the scheduler plans), the spec's TP (sequence parallelism exactly when > 1) and
-// ETP (1 when unset), CP = PP = 1 (the parallelism the workers run), and min_workers 1 when
-// neither it nor parallel.world_size is set (the scheduler's worker range), so the largest
-// feasible world up to cluster.num_gpus is planned. `syctl plan` thus shows the mapping the
-// scheduler would start on that many workers; there are no alternatives of other sizes to list.
-// The cluster is the caller's.
+// the stored spec the scheduler plans), the spec's TP (sequence parallelism exactly when > 1),
+// ETP (1 when unset) and CP (1 when unset), PP = 1 (the parallelism the workers run), and
+// min_workers 1 when neither it nor parallel.world_size is set (the scheduler's worker range), so
+// the largest feasible world up to cluster.num_gpus is planned. `syctl plan` thus shows the
+// mapping the scheduler would start on that many workers; there are no alternatives of other
+// sizes to list. The cluster is the caller's.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
                                                    const CoordinatorContext& context);
 
 // The parallelism the workers run (jobs/placement.h PlanRequestFor and AssignedSpec, and
-// ResolvePlanRequest): the spec's TP and ETP (1 when unset), CP = PP = 1, sequence parallelism
-// exactly when TP > 1 (Megatron requires it for MoE). One function so the planner request, the
-// plan `syctl plan` shows and the spec the ranks get cannot drift apart.
+// ResolvePlanRequest): the spec's TP, ETP and CP (1 when unset; CP is planned only when the
+// spec fixes it), PP = 1, sequence parallelism exactly when TP > 1 (Megatron requires it for MoE).
+// One function so the planner request, the plan `syctl plan` shows and the spec the ranks get
+// cannot drift apart.
 void PinWorkerParallelism(v1::ParallelConfig* parallel);
 
 // The one rule for an empty training.save: it is the job's own directory (JobDirectory, which

@@ -89,8 +89,8 @@ TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   v1::JobSpec spec = CorpusSpec();
   spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
   ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"/ckpt", 4096}),
-                "parallel.pipeline_model_parallel_size (2) must be 1: workers run data and "
-                "expert parallelism only");
+                "parallel.pipeline_model_parallel_size (2) must be 1: workers run data, "
+                "tensor, context and expert parallelism only");
 }
 
 TEST(ResolveSpecTest, BoundsComeFirst) {

@@ -26,9 +26,10 @@
 //   parallel.world_size if set, else 1; unset max_workers is parallel.world_size if set, else
 //   unbounded. With k idle workers, k >= min, the planner (coordinator/planner/planner.h) plans
 //   the spec with world_size cleared, min_workers = min and max_workers = min(k, max), and
-//   the spec's TP (1 unless set) and ETP (1 unless set), CP = PP = 1 (the worker runs data,
-//   expert, tensor and expert-tensor parallelism: common/model/engine_support.h); it picks the
-//   largest feasible world W (the global batch must divide by micro_batch_size × W) and EP.
+//   the spec's TP, ETP and CP (each 1 unless set: jobs/resolve_spec.h PinWorkerParallelism),
+//   PP = 1 (the worker runs data, tensor, context, expert and expert-tensor parallelism:
+//   common/model/engine_support.h); it picks the largest feasible world W (the global batch must
+//   divide by micro_batch_size × W) and EP.
 //   The spec planned is the stored one resolved again by jobs::ResolveJobSpec (the same
 //   function and rules as CreateJob and PlanService), so a spec accepted at submit is planned
 //   with the fields the coordinator fills (an empty training.save is the job's directory, the
@@ -36,12 +37,12 @@
 //   stored spec never changes and the resolution reads nothing of the cluster (the plan, which
 //   does, is made on every pass); the entry is dropped when the job stops waiting, so a job
 //   that waits again (RESTARTING) is resolved afresh. A stored spec that fails the rules
-//   (stored by an older coordinator) FAILS with UNSUPPORTED_PARALLELISM (a TP, CP, PP or ETP
-//   above 1) or INVALID_SPEC. A planning failure (the planner's INVALID_ARGUMENT or
-//   RESOURCE_EXHAUSTED) when k >= max FAILS the job with NO_FEASIBLE_PLAN (more workers cannot
-//   help); with fewer the job waits for more workers (a RESTARTING job too: it is never failed for
-//   lack of workers). Any other error (a store that cannot write the FAILED transition) is logged
-//   and retried, never reported as NO_FEASIBLE_PLAN.
+//   (stored by an older coordinator) FAILS with UNSUPPORTED_PARALLELISM (what
+//   UnsupportedByEngine refuses) or INVALID_SPEC. A planning failure (the planner's
+//   INVALID_ARGUMENT or RESOURCE_EXHAUSTED) when k >= max FAILS the job with NO_FEASIBLE_PLAN (more
+//   workers cannot help); with fewer the job waits for more workers (a RESTARTING job too: it is
+//   never failed for lack of workers). Any other error (a store that cannot write the FAILED
+//   transition) is logged and retried, never reported as NO_FEASIBLE_PLAN.
 // - Job-scoped workers (Registration.job, switchyard-worker --job; one Kubernetes pod per worker
 //   of one job): a job is placed only on workers that are unscoped or scoped to it, those scoped
 //   to it first; the workers counted in its WAITING_FOR_WORKERS reason are those too. Once the
@@ -56,12 +57,13 @@
 // - Start: the job goes to STARTING (generation g+1, reason SCHEDULED, the mapping in the
 //   message), the rendezvous keys of older generations are dropped, ranks 0..W-1 go to the first
 //   W idle workers ordered by host then id, each gets its Assignment, then every rank gets Start.
-//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's EP, ETP = TP
-//   = CP = PP = 1, sequence_parallel off, the mapping's optimizer and micro-batch, global batch
-//   = mbs × num_micro_batches × W, and its paths resolved under checkpoint_root and data_root
-//   (placement.h AssignedSpec, common/config/job_paths.h: save under <checkpoint_root>/jobs/<job
-//   id>, load = save unless it names a job's checkpoint). A stored path that breaks the rules
-//   (stored before they existed) FAILS the job with INVALID_PATHS before anything is sent.
+//   The assigned spec is the stored spec with parallel.world_size = W, the mapping's TP, CP, EP
+//   and ETP, PP = 1, sequence_parallel exactly when TP > 1, the mapping's optimizer and
+//   micro-batch, global batch = mbs × num_micro_batches × W, and its paths resolved under
+//   checkpoint_root and data_root (placement.h AssignedSpec, common/config/job_paths.h: save under
+//   <checkpoint_root>/jobs/<job id>, load = save unless it names a job's checkpoint). A stored path
+//   that breaks the rules (stored before they existed) FAILS the job with INVALID_PATHS before
+//   anything is sent.
 // - STARTING -> RUNNING (reason FIRST_STEP) at the first StepReport of the current generation.
 //   Rank 0's reports are published to the StepHub (WatchJob, Job.last_step).
 // - Every rank WorkerExit(0) -> SUCCEEDED (ALL_RANKS_FINISHED; via RUNNING if no step was

@@ -108,18 +108,12 @@ std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int6
   spec.mutable_training()->set_global_batch_size(static_cast<int32_t>(global_batch));
   ApplyDefaults(&spec);
   std::vector<std::string> violations = AllViolations(spec);
-  const int64_t cp = m.context_parallel_size();
-  if (cp > 1 && model.seq_length % (2 * cp) != 0) {
-    violations.push_back(absl::StrCat(
-        "model.seq_length (", model.seq_length,
-        ") must be divisible by 2 * parallel.context_parallel_size (2 * ", cp, " = ", 2 * cp,
-        "): causal context parallelism splits each sequence into 2 * CP chunks"));
-  }
+  // The sequence-length rule of CP (2·CP·TP) is one of AllViolations' (common/config).
   if (violations.empty()) {
     ParallelDims dims;
     dims.world_size = world;
     dims.tensor_model_parallel_size = m.tensor_model_parallel_size();
-    dims.context_parallel_size = cp;
+    dims.context_parallel_size = m.context_parallel_size();
     dims.pipeline_model_parallel_size = m.pipeline_model_parallel_size();
     dims.expert_model_parallel_size = m.expert_model_parallel_size();
     dims.expert_tensor_parallel_size = m.expert_tensor_parallel_size();

@@ -16,8 +16,10 @@
 namespace switchyard::kernels {
 namespace {
 
+// s_n: query rows per sequence; kv_n: key rows per sequence (kv_n >= s_n); query i of a
+// sequence sees keys j <= i + (kv_n - s_n) (bottom-right aligned causal mask).
 struct Dims {
-  int64_t t_n, b_n, s_n, hq, hkv, d;
+  int64_t t_n, b_n, s_n, hq, hkv, d, kv_n;
 };
 
 bool IsActivation(const Stream& stream, DType d) {
@@ -28,14 +30,21 @@ bool IsStat(const Stream& stream, DType d) {
 }
 
 absl::StatusOr<Dims> CheckShapes(const Stream& stream, absl::string_view op, const Tensor& q,
-                                 const Tensor& k, const Tensor& v, int64_t seq_len, float scale) {
-  if (q.rank() != 3 || k.rank() != 3 || k.shape != v.shape || q.dim(0) != k.dim(0) ||
-      q.dim(2) != k.dim(2)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": expected q [T, Hq, D] and k, v [T, Hkv, D], got q ", q.DebugString(),
-                     ", k ", k.DebugString(), ", v ", v.DebugString()));
+                                 const Tensor& k, const Tensor& v, int64_t seq_len,
+                                 int64_t kv_seq_len, float scale) {
+  if (seq_len <= 0 || kv_seq_len < seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": seq_len (", seq_len, ") must be > 0 and <= kv_seq_len (", kv_seq_len, ")"));
   }
-  Dims d{q.dim(0), 0, seq_len, q.dim(1), k.dim(1), q.dim(2)};
+  if (q.rank() != 3 || k.rank() != 3 || k.shape != v.shape ||
+      (q.dim(0) % seq_len == 0 && q.dim(0) / seq_len * kv_seq_len != k.dim(0)) ||
+      (kv_seq_len == seq_len && q.dim(0) != k.dim(0)) || q.dim(2) != k.dim(2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": expected q [B·S, Hq, D] and k, v [B·Skv, Hkv, D] (S = ", seq_len,
+                     ", Skv = ", kv_seq_len, "), got q ", q.DebugString(), ", k ", k.DebugString(),
+                     ", v ", v.DebugString()));
+  }
+  Dims d{q.dim(0), 0, seq_len, q.dim(1), k.dim(1), q.dim(2), kv_seq_len};
   if (d.hq <= 0 || d.hkv <= 0 || d.hq % d.hkv != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": Hq (", d.hq, ") must be a positive multiple of Hkv (", d.hkv, ")"));
@@ -89,23 +98,39 @@ std::vector<double> Load(const Tensor& t) {
   return out;
 }
 
-// Softmax probabilities p[0..i] of query row (b, i, h) over keys 0..i; returns the logsumexp.
+// The last key query row i sees (bottom-right aligned: the last query sees the last key).
+int64_t LastKey(const Dims& dm, int64_t i) { return i + dm.kv_n - dm.s_n; }
+
+// Softmax probabilities p[0..LastKey(i)] of query row (b, i, h) over the keys it sees; returns
+// the logsumexp.
 double SoftmaxRow(const Dims& dm, const std::vector<double>& q, const std::vector<double>& k,
                   int64_t b, int64_t i, int64_t h, double scale, std::vector<double>* p) {
   const int64_t g = h / (dm.hq / dm.hkv);
   const double* qi = &q[((b * dm.s_n + i) * dm.hq + h) * dm.d];
   double m = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j <= i; ++j) {
-    const double* kj = &k[((b * dm.s_n + j) * dm.hkv + g) * dm.d];
+  const int64_t last = LastKey(dm, i);
+  for (int64_t j = 0; j <= last; ++j) {
+    const double* kj = &k[((b * dm.kv_n + j) * dm.hkv + g) * dm.d];
     double s = 0;
     for (int64_t x = 0; x < dm.d; ++x) s += qi[x] * kj[x];
     (*p)[j] = s * scale;
     m = std::max(m, (*p)[j]);
   }
   double sum = 0;
-  for (int64_t j = 0; j <= i; ++j) sum += ((*p)[j] = std::exp((*p)[j] - m));
-  for (int64_t j = 0; j <= i; ++j) (*p)[j] /= sum;
+  for (int64_t j = 0; j <= last; ++j) sum += ((*p)[j] = std::exp((*p)[j] - m));
+  for (int64_t j = 0; j <= last; ++j) (*p)[j] /= sum;
   return m + std::log(sum);
+}
+
+// The native CUDA kernels run the square causal mask only (q_len == kv_len); cuDNN has a
+// bottom-right one. Never silently wrong: without cuDNN the bottom-right mode that context
+// parallelism needs is refused by name until the native kernels learn it.
+absl::Status BottomRightUnimplemented(absl::string_view op) {
+  return absl::UnimplementedError(absl::StrCat(
+      op,
+      ": kv_seq_len > seq_len (bottom-right causal attention, used by "
+      "parallel.context_parallel_size > 1) runs on CUDA through cuDNN only (bf16, backend auto "
+      "or cudnn); the native kernels run q_len == kv_len only"));
 }
 
 struct SettingsState {
@@ -239,9 +264,15 @@ std::string DescribeAttentionBackend() {
 absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
                               const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
                               const Tensor& lse) {
+  return AttentionForward(stream, q, k, v, seq_len, seq_len, scale, o, lse);
+}
+
+absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
+                              const Tensor& v, int64_t seq_len, int64_t kv_seq_len, float scale,
+                              const Tensor& o, const Tensor& lse) {
   constexpr absl::string_view kOp = "AttentionForward";
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&q, &k, &v, &o, &lse}));
-  SY_ASSIGN_OR_RETURN(const Dims dm, CheckShapes(stream, kOp, q, k, v, seq_len, scale));
+  SY_ASSIGN_OR_RETURN(const Dims dm, CheckShapes(stream, kOp, q, k, v, seq_len, kv_seq_len, scale));
   SY_RETURN_IF_ERROR(CheckLike(kOp, o, q, "o"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
   if (stream.is_cuda()) {
@@ -249,21 +280,25 @@ absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tenso
     bool ran = false;
     absl::Status st = TryCudnn(
         settings, q.dtype,
-        [&] { return internal::AttentionForwardCudnn(stream, q, k, v, seq_len, scale, o, lse); },
+        [&] {
+          return internal::AttentionForwardCudnn(stream, q, k, v, seq_len, kv_seq_len, scale, o,
+                                                 lse);
+        },
         &ran);
     if (ran || !st.ok()) return st;
+    if (kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
     return internal::AttentionForwardCuda(stream, q, k, v, seq_len, scale, o, lse);
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v);
-  std::vector<double> p(dm.s_n), acc(dm.d);
+  std::vector<double> p(dm.kv_n), acc(dm.d);
   for (int64_t b = 0; b < dm.b_n; ++b) {
     for (int64_t h = 0; h < dm.hq; ++h) {
       const int64_t g = h / (dm.hq / dm.hkv);
       for (int64_t i = 0; i < dm.s_n; ++i) {
         const double l = SoftmaxRow(dm, qd, kd, b, i, h, scale, &p);
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
-          const double* vj = &vd[((b * dm.s_n + j) * dm.hkv + g) * dm.d];
+        for (int64_t j = 0; j <= LastKey(dm, i); ++j) {
+          const double* vj = &vd[((b * dm.kv_n + j) * dm.hkv + g) * dm.d];
           for (int64_t x = 0; x < dm.d; ++x) acc[x] += p[j] * vj[x];
         }
         const int64_t row = ((b * dm.s_n + i) * dm.hq + h) * dm.d;
@@ -279,9 +314,18 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
                                const Tensor& v, const Tensor& o, const Tensor& lse,
                                const Tensor& d_o, int64_t seq_len, float scale, const Tensor& delta,
                                const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  return AttentionBackward(stream, q, k, v, o, lse, d_o, seq_len, seq_len, scale, delta, dq, dk,
+                           dv);
+}
+
+absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& o, const Tensor& lse,
+                               const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len, float scale,
+                               const Tensor& delta, const Tensor& dq, const Tensor& dk,
+                               const Tensor& dv) {
   constexpr absl::string_view kOp = "AttentionBackward";
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&q, &k, &v, &o, &lse, &d_o, &delta, &dq, &dk, &dv}));
-  SY_ASSIGN_OR_RETURN(const Dims dm, CheckShapes(stream, kOp, q, k, v, seq_len, scale));
+  SY_ASSIGN_OR_RETURN(const Dims dm, CheckShapes(stream, kOp, q, k, v, seq_len, kv_seq_len, scale));
   SY_RETURN_IF_ERROR(CheckLike(kOp, o, q, "o"));
   SY_RETURN_IF_ERROR(CheckLike(kOp, d_o, q, "d_o"));
   SY_RETURN_IF_ERROR(CheckLike(kOp, dq, q, "dq"));
@@ -295,17 +339,18 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
     absl::Status st = TryCudnn(
         settings, q.dtype,
         [&] {
-          return internal::AttentionBackwardCudnn(stream, q, k, v, o, lse, d_o, seq_len, scale,
-                                                  settings.deterministic, dq, dk, dv);
+          return internal::AttentionBackwardCudnn(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len,
+                                                  scale, settings.deterministic, dq, dk, dv);
         },
         &ran);
     if (ran || !st.ok()) return st;
+    if (kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
     return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq,
                                            dk, dv);
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v), dod = Load(d_o);
   std::vector<double> dqd(qd.size(), 0.0), dkd(kd.size(), 0.0), dvd(vd.size(), 0.0);
-  std::vector<double> p(dm.s_n), dp(dm.s_n);
+  std::vector<double> p(dm.kv_n), dp(dm.kv_n);
   const int64_t d_n = dm.d;
   for (int64_t b = 0; b < dm.b_n; ++b) {
     for (int64_t h = 0; h < dm.hq; ++h) {
@@ -314,16 +359,17 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
         SoftmaxRow(dm, qd, kd, b, i, h, scale, &p);
         const int64_t qrow = ((b * dm.s_n + i) * dm.hq + h) * d_n;
         double rowsum = 0;  // delta_i = sum_j p_ij dp_ij = rowsum(dO_i * o_i)
-        for (int64_t j = 0; j <= i; ++j) {
-          const double* vj = &vd[((b * dm.s_n + j) * dm.hkv + g) * d_n];
+        const int64_t last = LastKey(dm, i);
+        for (int64_t j = 0; j <= last; ++j) {
+          const double* vj = &vd[((b * dm.kv_n + j) * dm.hkv + g) * d_n];
           double s = 0;
           for (int64_t x = 0; x < d_n; ++x) s += dod[qrow + x] * vj[x];
           dp[j] = s;
           rowsum += p[j] * s;
         }
         StoreFromDouble(delta, (b * dm.hq + h) * dm.s_n + i, rowsum);
-        for (int64_t j = 0; j <= i; ++j) {
-          const int64_t krow = ((b * dm.s_n + j) * dm.hkv + g) * d_n;
+        for (int64_t j = 0; j <= last; ++j) {
+          const int64_t krow = ((b * dm.kv_n + j) * dm.hkv + g) * d_n;
           const double ds = p[j] * (dp[j] - rowsum) * scale;
           for (int64_t x = 0; x < d_n; ++x) {
             dqd[qrow + x] += ds * kd[krow + x];

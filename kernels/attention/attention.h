@@ -12,6 +12,17 @@
 // Attention of row i of a sequence covers keys j <= i of the same sequence (causal), with
 // logits scale * q_i . k_j (scale is usually 1 / sqrt(D)).
 //
+// Bottom-right causal mode (the overloads with kv_seq_len; context parallelism's all-gather
+// attention, megatron_parallel.md §2.6): each sequence has S query rows and Skv >= S key rows,
+// k, v, dk, dv are [B * Skv, Hkv, D], lse and delta stay [B, Hq, S], and query row i sees keys
+// j <= i + (Skv - S): the diagonal is aligned to the bottom-right corner, so the queries are the
+// LAST S positions of a Skv-long prefix (a CP chunk attending to the K/V prefix that ends at its
+// own end). Skv == S is the square causal mask above. The CPU reference runs it, and cuDNN (its
+// bottom-right causal mask; bf16, backend auto or cudnn; compiled, not yet run on a GPU, checked
+// by attention_gpu_test against the CPU); the native CUDA kernels do not: without cuDNN a CUDA
+// call with Skv > S returns UNIMPLEMENTED naming context parallelism (never a silently wrong
+// square mask).
+//
 // Dtypes: activations (q, k, v, o, dO, dq, dk, dv) share one dtype: bf16 or f32 (f64 too on the
 // CPU); lse and delta are f32 (f64 allowed on the CPU). CUDA needs D in {64, 128}.
 // All tensors of one call live on the stream's device. No allocation, no host synchronisation.
@@ -100,6 +111,10 @@ std::string DescribeAttentionBackend();
 absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
                               const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
                               const Tensor& lse);
+// Bottom-right causal mode (see the file comment): kv_seq_len >= seq_len keys per sequence.
+absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
+                              const Tensor& v, int64_t seq_len, int64_t kv_seq_len, float scale,
+                              const Tensor& o, const Tensor& lse);
 
 // Gradients of AttentionForward given d_o = dLoss/do. `o` and `lse` are the forward's outputs;
 // `delta` [B, Hq, S] (f32) is scratch (the CPU and native paths leave rowsum(d_o * o) there; the
@@ -109,6 +124,12 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
                                const Tensor& v, const Tensor& o, const Tensor& lse,
                                const Tensor& d_o, int64_t seq_len, float scale, const Tensor& delta,
                                const Tensor& dq, const Tensor& dk, const Tensor& dv);
+// Bottom-right causal mode: dk, dv [B * kv_seq_len, Hkv, D] (keys no query sees get 0).
+absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& o, const Tensor& lse,
+                               const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len, float scale,
+                               const Tensor& delta, const Tensor& dq, const Tensor& dk,
+                               const Tensor& dv);
 
 namespace internal {
 absl::Status AttentionForwardCuda(const Stream& stream, const Tensor& q, const Tensor& k,

@@ -46,14 +46,16 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 enum class Pass { kForward, kBackward, kBackwardDeterministic };
 
+// s: query rows per sequence; skv: key rows (skv > s: bottom-right causal mask).
 struct PlanKey {
   int device;
   int64_t b, s, hq, hkv, d;
   uint32_t scale_bits;
   Pass pass;
+  int64_t skv;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, b, s, hq, hkv, d, scale_bits, pass) <
-           std::tie(o.device, o.b, o.s, o.hq, o.hkv, o.d, o.scale_bits, o.pass);
+    return std::tie(device, b, s, hq, hkv, d, scale_bits, pass, skv) <
+           std::tie(o.device, o.b, o.s, o.hq, o.hkv, o.d, o.scale_bits, o.pass, o.skv);
   }
 };
 
@@ -122,14 +124,21 @@ absl::Status BuildPlan(cudnnHandle_t handle, const PlanKey& key, float scale, Pl
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   auto q = Activation(*g, "Q", kQ, key.b, key.hq, key.s, key.d);
-  auto k = Activation(*g, "K", kK, key.b, key.hkv, key.s, key.d);
-  auto v = Activation(*g, "V", kV, key.b, key.hkv, key.s, key.d);
+  auto k = Activation(*g, "K", kK, key.b, key.hkv, key.skv, key.d);
+  auto v = Activation(*g, "V", kV, key.b, key.hkv, key.skv, key.d);
+  // Square problems keep the top-left causal mask they always had; q_len < kv_len (context
+  // parallelism) aligns the diagonal bottom-right: query i sees keys j <= i + skv - s.
+  const bool bottom_right = key.skv != key.s;
   if (key.pass == Pass::kForward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("switchyard_attention_fwd")
                     .set_generate_stats(true)
-                    .set_causal_mask(true)
                     .set_attn_scale(scale);
+    if (bottom_right) {
+      opts.set_causal_mask_bottom_right(true);
+    } else {
+      opts.set_causal_mask(true);
+    }
     auto [o, stats] = g->sdpa(q, k, v, opts);
     MarkOutput(o, kO, key.b, key.hq, key.s, key.d);
     stats->set_output(true)
@@ -143,13 +152,17 @@ absl::Status BuildPlan(cudnnHandle_t handle, const PlanKey& key, float scale, Pl
     auto stats = g->tensor(*StatsTensor(key.b, key.hq, key.s));
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("switchyard_attention_bwd")
-                    .set_causal_mask(true)
                     .set_attn_scale(scale)
                     .set_deterministic_algorithm(key.pass == Pass::kBackwardDeterministic);
+    if (bottom_right) {
+      opts.set_causal_mask_bottom_right(true);
+    } else {
+      opts.set_causal_mask(true);
+    }
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
     MarkOutput(dq, kDQ, key.b, key.hq, key.s, key.d);
-    MarkOutput(dk, kDK, key.b, key.hkv, key.s, key.d);
-    MarkOutput(dv, kDV, key.b, key.hkv, key.s, key.d);
+    MarkOutput(dk, kDK, key.b, key.hkv, key.skv, key.d);
+    MarkOutput(dv, kDV, key.b, key.hkv, key.skv, key.d);
   }
   SY_RETURN_IF_ERROR(Check(g->validate(), "validate"));
   SY_RETURN_IF_ERROR(Check(g->build_operation_graph(handle), "build_operation_graph"));
@@ -219,7 +232,7 @@ absl::Status Run(const Stream& stream, PlanKey key, float scale,
 }
 
 absl::StatusOr<PlanKey> KeyFor(const Stream& stream, const Tensor& q, const Tensor& k,
-                               int64_t seq_len, float scale, Pass pass,
+                               int64_t seq_len, int64_t kv_seq_len, float scale, Pass pass,
                                std::initializer_list<const Tensor*> all) {
   for (const Tensor* t : all) {
     if (t->dtype != DType::kBF16 || !Aligned16(*t)) {
@@ -228,7 +241,8 @@ absl::StatusOr<PlanKey> KeyFor(const Stream& stream, const Tensor& q, const Tens
     }
   }
   PlanKey key{
-      stream.device.index, q.dim(0) / seq_len, seq_len, q.dim(1), k.dim(1), q.dim(2), 0, pass};
+      stream.device.index, q.dim(0) / seq_len, seq_len, q.dim(1), k.dim(1), q.dim(2), 0, pass,
+      kv_seq_len};
   std::memcpy(&key.scale_bits, &scale, sizeof(scale));
   return key;
 }
@@ -268,21 +282,21 @@ absl::StatusOr<std::string> LoadCudnn() {
 }
 
 absl::Status AttentionForwardCudnn(const Stream& stream, const Tensor& q, const Tensor& k,
-                                   const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
-                                   const Tensor& lse) {
-  SY_ASSIGN_OR_RETURN(PlanKey key,
-                      KeyFor(stream, q, k, seq_len, scale, Pass::kForward, {&q, &k, &v, &o}));
+                                   const Tensor& v, int64_t seq_len, int64_t kv_seq_len,
+                                   float scale, const Tensor& o, const Tensor& lse) {
+  SY_ASSIGN_OR_RETURN(PlanKey key, KeyFor(stream, q, k, seq_len, kv_seq_len, scale, Pass::kForward,
+                                          {&q, &k, &v, &o}));
   return Run(stream, key, scale,
              {{kQ, q.data}, {kK, k.data}, {kV, v.data}, {kO, o.data}, {kStats, lse.data}});
 }
 
 absl::Status AttentionBackwardCudnn(const Stream& stream, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& o, const Tensor& lse,
-                                    const Tensor& d_o, int64_t seq_len, float scale,
-                                    bool deterministic, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv) {
+                                    const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len,
+                                    float scale, bool deterministic, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv) {
   const Pass pass = deterministic ? Pass::kBackwardDeterministic : Pass::kBackward;
-  SY_ASSIGN_OR_RETURN(PlanKey key, KeyFor(stream, q, k, seq_len, scale, pass,
+  SY_ASSIGN_OR_RETURN(PlanKey key, KeyFor(stream, q, k, seq_len, kv_seq_len, scale, pass,
                                           {&q, &k, &v, &o, &d_o, &dq, &dk, &dv}));
   return Run(stream, key, scale,
              {{kQ, q.data},

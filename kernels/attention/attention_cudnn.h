@@ -35,15 +35,17 @@ namespace switchyard::kernels::internal {
 // FAILED_PRECONDITION saying what was tried and why it failed. Needs no GPU.
 absl::StatusOr<std::string> LoadCudnn();
 
+// kv_seq_len >= seq_len: keys per sequence; kv_seq_len > seq_len runs cuDNN's bottom-right
+// causal mask (context parallelism; attention.h "Bottom-right causal mode").
 absl::Status AttentionForwardCudnn(const Stream& stream, const Tensor& q, const Tensor& k,
-                                   const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
-                                   const Tensor& lse);
+                                   const Tensor& v, int64_t seq_len, int64_t kv_seq_len,
+                                   float scale, const Tensor& o, const Tensor& lse);
 
 absl::Status AttentionBackwardCudnn(const Stream& stream, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& o, const Tensor& lse,
-                                    const Tensor& d_o, int64_t seq_len, float scale,
-                                    bool deterministic, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv);
+                                    const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len,
+                                    float scale, bool deterministic, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv);
 
 }  // namespace switchyard::kernels::internal
 

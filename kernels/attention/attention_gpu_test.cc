@@ -6,6 +6,8 @@
 // (S = 37, 200, 1000), GQA groups, several sequences, S = 2048 and 4096 (bf16 only, few heads:
 // the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
 // future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
+// The bottom-right causal mode (kv_seq_len > seq_len, context parallelism): cuDNN against the
+// CPU reference; the native kernels must refuse it with UNIMPLEMENTED naming context parallelism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -257,6 +259,82 @@ TEST(AttentionGpuTest, RejectsUnsupportedHeadDim) {
   EXPECT_EQ(
       AttentionForward(gpu, q.View(), k.View(), k.View(), 4, 0.1f, q.View(), lse.View()).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// Bottom-right causal mode (kv_seq_len > seq_len; context parallelism's chunks): cuDNN runs it
+// and must match the CPU reference (fresh random inputs, poisoned outputs, bf16 tolerance 1e-2),
+// forward and backward, at CP-like shapes (a chunk of c queries against a (j+1)·c key prefix).
+// The native kernels do not run it: UNIMPLEMENTED naming context parallelism, never a square mask.
+TEST(AttentionGpuTest, BottomRightCudnnMatchesCpuNativeRefuses) {
+  SY_REQUIRE_GPU();
+  SettingsGuard guard;
+  std::mt19937_64 rng(std::random_device{}());
+  const Stream gpu{Device::Cuda(0), nullptr};
+  const Stream cpu = Stream::Cpu();
+  struct Case {
+    int64_t b, s, skv, hq, hkv, d;
+  };
+  const Case cases[] = {{1, 512, 1024, 8, 2, 128},
+                        {1, 512, 2048, 4, 1, 128},
+                        {2, 256, 768, 4, 2, 64},
+                        {1, 1024, 4096, 2, 2, 128},
+                        {1, 512, 512, 4, 2, 128}};  // skv == s: the square mask still
+  for (const Case& c : cases) {
+    const DType dt = DType::kBF16;
+    const double tol = 1e-2;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    const std::vector<int64_t> qs = {c.b * c.s, c.hq, c.d}, ks = {c.b * c.skv, c.hkv, c.d},
+                               ls = {c.b, c.hq, c.s};
+    std::printf("Bottom-right attention B=%lld S=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld\n",
+                (long long)c.b, (long long)c.s, (long long)c.skv, (long long)c.hq, (long long)c.hkv,
+                (long long)c.d);
+    Buffer q = Host(dt, qs), k = Host(dt, ks), v = Host(dt, ks), d_o = Host(dt, qs);
+    testing::FillRandom(q.View(), rng);
+    testing::FillRandom(k.View(), rng);
+    testing::FillRandom(v.View(), rng);
+    testing::FillRandom(d_o.View(), rng);
+    Buffer o = Host(dt, qs), lse = Host(DType::kF32, ls), delta = Host(DType::kF32, ls);
+    Buffer dq = Host(dt, qs), dk = Host(dt, ks), dv = Host(dt, ks);
+    ASSERT_TRUE(
+        AttentionForward(cpu, q.View(), k.View(), v.View(), c.s, c.skv, scale, o.View(), lse.View())
+            .ok());
+    ASSERT_TRUE(AttentionBackward(cpu, q.View(), k.View(), v.View(), o.View(), lse.View(),
+                                  d_o.View(), c.s, c.skv, scale, delta.View(), dq.View(), dk.View(),
+                                  dv.View())
+                    .ok());
+    Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+    for (const AttentionSettings& settings : {kCudnn, kCudnnAtomic}) {
+      Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
+             g_delta = Poisoned(DType::kF32, ls);
+      Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
+      SetAttentionSettings(settings);
+      absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, c.skv, scale,
+                                         g_o.View(), g_lse.View());
+      ASSERT_TRUE(st.ok()) << st;
+      st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                             g_do.View(), c.s, c.skv, scale, g_delta.View(), g_dq.View(),
+                             g_dk.View(), g_dv.View());
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ExpectClose(g_o.View(), o.View(), tol, "o");
+      ExpectClose(g_lse.View(), lse.View(), tol, "lse");
+      ExpectClose(g_dq.View(), dq.View(), tol, "dq");
+      ExpectClose(g_dk.View(), dk.View(), tol, "dk");
+      ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+    }
+    if (c.skv == c.s) continue;
+    SetAttentionSettings(kNative);
+    Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls);
+    const absl::Status f = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, c.skv,
+                                            scale, g_o.View(), g_lse.View());
+    EXPECT_EQ(f.code(), absl::StatusCode::kUnimplemented) << f;
+    EXPECT_NE(f.message().find("context_parallel_size"), std::string::npos) << f;
+    Buffer g_delta = Poisoned(DType::kF32, ls), g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks);
+    const absl::Status b = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
+                                             g_lse.View(), g_do.View(), c.s, c.skv, scale,
+                                             g_delta.View(), g_dq.View(), g_dk.View(), g_dk.View());
+    EXPECT_EQ(b.code(), absl::StatusCode::kUnimplemented) << b;
+  }
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // CPU tests of causal GQA attention: the fp64 reference against a naive S x S formula written
 // out here, an fp64 central finite-difference check of the backward, causality and sequence
-// isolation, and argument validation.
+// isolation, the bottom-right causal mode (q_len < kv_len, context parallelism) against the last
+// rows of a square problem, and argument validation.
 #include "kernels/attention/attention.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <random>
@@ -221,6 +223,122 @@ TEST(AttentionTest, CausalAndSequencesIndependent) {
       EXPECT_EQ(diff, 0.0) << "token " << t << " changed although it cannot see token " << kChanged;
     }
   }
+}
+
+// Bottom-right causal mode: S queries that are the LAST S positions of a Skv-long sequence. The
+// brute-force reference is the square problem over the whole Skv-long sequence (the naive formula
+// above for the forward, the square backward with d_o zero on the first Skv - S rows): its last S
+// rows of o, lse, dq, and all of dk, dv must be what the bottom-right call returns.
+TEST(AttentionTest, BottomRightMatchesTheLastRowsOfTheSquareProblem) {
+  std::mt19937_64 rng(std::random_device{}());
+  struct Case {
+    int64_t b, s, skv, hq, hkv, d;
+  };
+  for (const Case c : {Case{2, 3, 8, 4, 2, 8}, Case{1, 4, 4, 2, 1, 4}, Case{3, 2, 10, 6, 3, 5},
+                       Case{1, 1, 7, 2, 2, 16}}) {
+    const Shape full{c.b, c.skv, c.hq, c.hkv, c.d};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    const int64_t off = c.skv - c.s;
+    Buffer qf = Make(DType::kF64, {c.b * c.skv, c.hq, c.d});
+    Buffer k = Make(DType::kF64, {c.b * c.skv, c.hkv, c.d});
+    Buffer v = Make(DType::kF64, {c.b * c.skv, c.hkv, c.d});
+    Buffer dof = Make(DType::kF64, {c.b * c.skv, c.hq, c.d});
+    testing::FillRandom(qf.View(), rng);
+    testing::FillRandom(k.View(), rng);
+    testing::FillRandom(v.View(), rng);
+    testing::FillRandom(dof.View(), rng);
+    // The queries of the bottom-right call: rows [off, skv) of every sequence; d_o likewise, and
+    // zero on the other rows of the square problem (so they add nothing to dk, dv).
+    const int64_t row = c.hq * c.d;
+    Buffer q = Make(DType::kF64, {c.b * c.s, c.hq, c.d});
+    Buffer d_o = Make(DType::kF64, {c.b * c.s, c.hq, c.d});
+    for (int64_t b = 0; b < c.b; ++b) {
+      for (int64_t i = 0; i < c.skv; ++i) {
+        for (int64_t x = 0; x < row; ++x) {
+          const int64_t f = (b * c.skv + i) * row + x;
+          if (i < off) {
+            dof.View().as<double>()[f] = 0.0;
+          } else {
+            const int64_t l = (b * c.s + i - off) * row + x;
+            q.View().as<double>()[l] = qf.View().as<double>()[f];
+            d_o.View().as<double>()[l] = dof.View().as<double>()[f];
+          }
+        }
+      }
+    }
+    // Brute force: the naive square formula, and the square backward.
+    std::vector<double> o_ref, lse_ref;
+    NaiveForward(full, scale, ToDouble(qf.View()), ToDouble(k.View()), ToDouble(v.View()), &o_ref,
+                 &lse_ref);
+    Buffer of = Make(DType::kF64, {c.b * c.skv, c.hq, c.d});
+    Buffer lsef = Make(DType::kF64, {c.b, c.hq, c.skv}),
+           deltaf = Make(DType::kF64, {c.b, c.hq, c.skv});
+    Buffer dqf = Make(DType::kF64, {c.b * c.skv, c.hq, c.d});
+    Buffer dkf = Make(DType::kF64, {c.b * c.skv, c.hkv, c.d});
+    Buffer dvf = Make(DType::kF64, {c.b * c.skv, c.hkv, c.d});
+    ASSERT_TRUE(AttentionForward(Stream::Cpu(), qf.View(), k.View(), v.View(), c.skv, scale,
+                                 of.View(), lsef.View())
+                    .ok());
+    ASSERT_TRUE(AttentionBackward(Stream::Cpu(), qf.View(), k.View(), v.View(), of.View(),
+                                  lsef.View(), dof.View(), c.skv, scale, deltaf.View(), dqf.View(),
+                                  dkf.View(), dvf.View())
+                    .ok());
+
+    // Bottom-right, outputs poisoned first.
+    Buffer o = Make(DType::kF64, {c.b * c.s, c.hq, c.d}), lse = Make(DType::kF64, {c.b, c.hq, c.s});
+    Buffer delta = Make(DType::kF64, {c.b, c.hq, c.s});
+    Buffer dq = Make(DType::kF64, {c.b * c.s, c.hq, c.d});
+    Buffer dk = Make(DType::kF64, {c.b * c.skv, c.hkv, c.d});
+    Buffer dv = Make(DType::kF64, {c.b * c.skv, c.hkv, c.d});
+    for (Buffer* t : {&o, &lse, &dq, &dk, &dv}) {
+      for (int64_t i = 0; i < t->View().numel(); ++i) t->View().as<double>()[i] = 1e30;
+    }
+    ASSERT_TRUE(AttentionForward(Stream::Cpu(), q.View(), k.View(), v.View(), c.s, c.skv, scale,
+                                 o.View(), lse.View())
+                    .ok());
+    ASSERT_TRUE(AttentionBackward(Stream::Cpu(), q.View(), k.View(), v.View(), o.View(), lse.View(),
+                                  d_o.View(), c.s, c.skv, scale, delta.View(), dq.View(), dk.View(),
+                                  dv.View())
+                    .ok());
+    // NaN-safe: a NaN difference (an output left unwritten or poisoned) counts as infinite.
+    double worst = 0;
+    auto diff = [&worst](double a, double b) {
+      const double e = std::abs(a - b);
+      worst = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(worst, e);
+    };
+    for (int64_t b = 0; b < c.b; ++b) {
+      for (int64_t i = 0; i < c.s; ++i) {
+        for (int64_t x = 0; x < row; ++x) {
+          const int64_t l = (b * c.s + i) * row + x, f = (b * c.skv + i + off) * row + x;
+          diff(o.View().as<double>()[l], o_ref[f]);
+          diff(dq.View().as<double>()[l], dqf.View().as<double>()[f]);
+        }
+        for (int64_t h = 0; h < c.hq; ++h) {
+          diff(lse.View().as<double>()[(b * c.hq + h) * c.s + i],
+               lse_ref[(b * c.hq + h) * c.skv + i + off]);
+        }
+      }
+    }
+    for (int64_t i = 0; i < dk.View().numel(); ++i) {
+      diff(dk.View().as<double>()[i], dkf.View().as<double>()[i]);
+      diff(dv.View().as<double>()[i], dvf.View().as<double>()[i]);
+    }
+    std::printf("bottom-right B=%lld S=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld: max |diff| %.2e\n",
+                (long long)c.b, (long long)c.s, (long long)c.skv, (long long)c.hq, (long long)c.hkv,
+                (long long)c.d, worst);
+    EXPECT_LE(worst, 1e-12);
+  }
+  // kv_seq_len < seq_len, and k rows that do not match B·Skv, are rejected.
+  std::mt19937_64 r2(3);
+  Problem p(Shape{2, 4, 4, 2, 4}, DType::kF32, r2);
+  EXPECT_EQ(AttentionForward(Stream::Cpu(), p.q.View(), p.k.View(), p.v.View(), 4, 2, p.scale,
+                             p.o.View(), p.lse.View())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AttentionForward(Stream::Cpu(), p.q.View(), p.k.View(), p.v.View(), 4, 6, p.scale,
+                             p.o.View(), p.lse.View())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AttentionTest, RejectsBadArguments) {

@@ -11,7 +11,7 @@ namespace switchyard::kernels {
 namespace {
 
 absl::Status CheckRope(const Stream& stream, absl::string_view op, const Tensor& x, int64_t seq_len,
-                       float rotary_base, const Tensor& out) {
+                       float rotary_base, const Tensor& out, RopeCp cp) {
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&x, &out}));
   const bool dtype_ok = x.dtype == DType::kBF16 || x.dtype == DType::kF32 ||
                         (!stream.is_cuda() && x.dtype == DType::kF64);
@@ -29,9 +29,18 @@ absl::Status CheckRope(const Stream& stream, absl::string_view op, const Tensor&
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": out must match x ", x.DebugString(), ", got ", out.DebugString()));
   }
-  if (seq_len < 1 || seq_len > kMaxRopeSeqLen) {
+  if (cp.size < 1 || cp.rank < 0 || cp.rank >= cp.size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op, ": seq_len (", seq_len, ") must be in [1, 2^24]"));
+        absl::StrCat(op, ": cp.rank (", cp.rank, ") must be in [0, cp.size ", cp.size, ")"));
+  }
+  if (seq_len < 1 || seq_len > kMaxRopeSeqLen / cp.size) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": seq_len (", seq_len, ") x cp.size (",
+                                                   cp.size, ") must be in [1, 2^24]"));
+  }
+  if (cp.size > 1 && seq_len % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": seq_len (", seq_len, ") must be even with cp.size ", cp.size,
+                     " (each rank holds two chunks of the sequence)"));
   }
   if (!(rotary_base > 0.0f) || !std::isfinite(rotary_base)) {
     return absl::InvalidArgumentError(
@@ -43,14 +52,14 @@ absl::Status CheckRope(const Stream& stream, absl::string_view op, const Tensor&
 // CPU reference; sign = +1 forward, -1 backward. cos/sin are rounded to fp32 (as on CUDA) unless
 // the tensors are f64, where the fp64 values are used so that rotations are orthogonal to fp64.
 absl::Status RopeCpu(const Tensor& x, int64_t seq_len, float rotary_base, double sign,
-                     const Tensor& out) {
+                     const Tensor& out, RopeCp cp) {
   const int64_t t_n = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
   std::vector<float> inv_freq(half);
   internal::RopeInvFreq(d, rotary_base, inv_freq.data());
   std::vector<double> c(half), s(half);
   for (int64_t t = 0; t < t_n; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double a = internal::RopeAngle(t, seq_len, inv_freq[i]);
+      const double a = internal::RopeAngle(t, seq_len, cp, inv_freq[i]);
       c[i] = std::cos(a);
       s[i] = std::sin(a);
       if (x.dtype != DType::kF64) {
@@ -74,17 +83,19 @@ absl::Status RopeCpu(const Tensor& x, int64_t seq_len, float rotary_base, double
 }  // namespace
 
 absl::Status RopeForward(const Stream& stream, const Tensor& x, int64_t seq_len, float rotary_base,
-                         const Tensor& out) {
-  SY_RETURN_IF_ERROR(CheckRope(stream, "RopeForward", x, seq_len, rotary_base, out));
-  if (stream.is_cuda()) return internal::RopeCuda(stream, x, seq_len, rotary_base, 1.0f, out);
-  return RopeCpu(x, seq_len, rotary_base, 1.0, out);
+                         const Tensor& out, RopeCp cp) {
+  SY_RETURN_IF_ERROR(CheckRope(stream, "RopeForward", x, seq_len, rotary_base, out, cp));
+  if (stream.is_cuda()) return internal::RopeCuda(stream, x, seq_len, rotary_base, 1.0f, out, cp);
+  return RopeCpu(x, seq_len, rotary_base, 1.0, out, cp);
 }
 
 absl::Status RopeBackward(const Stream& stream, const Tensor& dout, int64_t seq_len,
-                          float rotary_base, const Tensor& dx) {
-  SY_RETURN_IF_ERROR(CheckRope(stream, "RopeBackward", dout, seq_len, rotary_base, dx));
-  if (stream.is_cuda()) return internal::RopeCuda(stream, dout, seq_len, rotary_base, -1.0f, dx);
-  return RopeCpu(dout, seq_len, rotary_base, -1.0, dx);
+                          float rotary_base, const Tensor& dx, RopeCp cp) {
+  SY_RETURN_IF_ERROR(CheckRope(stream, "RopeBackward", dout, seq_len, rotary_base, dx, cp));
+  if (stream.is_cuda()) {
+    return internal::RopeCuda(stream, dout, seq_len, rotary_base, -1.0f, dx, cp);
+  }
+  return RopeCpu(dout, seq_len, rotary_base, -1.0, dx, cp);
 }
 
 }  // namespace switchyard::kernels

@@ -21,7 +21,7 @@ struct InvFreqTable {
 
 template <typename T, int kVec>
 __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, int64_t heads,
-                           int64_t half, int64_t seq_len, float sign) {
+                           int64_t half, int64_t seq_len, RopeCp cp, float sign) {
   using P = Pack<T, kVec>;
   __shared__ float cs[kMaxRopeHeadDim];  // cos [0, half), sign * sin [half, 2 * half)
   const int64_t groups_per_head = half / kVec;
@@ -29,7 +29,7 @@ __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, 
   for (int64_t t = blockIdx.x; t < t_n; t += gridDim.x) {
     __syncthreads();  // the previous row is done with cs
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = RopeAngle(t, seq_len, table.v[i]);
+      const float a = RopeAngle(t, seq_len, cp, table.v[i]);
       double s, c;
       sincos(static_cast<double>(a), &s, &c);
       cs[i] = static_cast<float>(c);
@@ -57,7 +57,7 @@ __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, 
 }
 
 template <typename T, int kVec>
-absl::Status Launch(const Stream& stream, const Tensor& x, int64_t seq_len,
+absl::Status Launch(const Stream& stream, const Tensor& x, int64_t seq_len, RopeCp cp,
                     const InvFreqTable& table, float sign, const Tensor& out) {
   const int64_t t_n = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
   const int64_t work = heads * (half / kVec);
@@ -65,34 +65,34 @@ absl::Status Launch(const Stream& stream, const Tensor& x, int64_t seq_len,
   const int threads = static_cast<int>(w32 < 64 ? 64 : (w32 > 256 ? 256 : w32));
   const unsigned blocks = static_cast<unsigned>(t_n < 65536 ? t_n : 65536);
   RopeKernel<T, kVec><<<blocks, threads, 0, static_cast<cudaStream_t>(stream.cuda_stream)>>>(
-      x.as<const T>(), out.as<T>(), table, t_n, heads, half, seq_len, sign);
+      x.as<const T>(), out.as<T>(), table, t_n, heads, half, seq_len, cp, sign);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
 
 template <typename T>
-absl::Status Dispatch(const Stream& stream, const Tensor& x, int64_t seq_len,
+absl::Status Dispatch(const Stream& stream, const Tensor& x, int64_t seq_len, RopeCp cp,
                       const InvFreqTable& table, float sign, const Tensor& out) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t half = x.dim(2) / 2;
   if (half % kVec == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out.data) % 16 == 0) {
-    return Launch<T, kVec>(stream, x, seq_len, table, sign, out);
+    return Launch<T, kVec>(stream, x, seq_len, cp, table, sign, out);
   }
-  return Launch<T, 1>(stream, x, seq_len, table, sign, out);
+  return Launch<T, 1>(stream, x, seq_len, cp, table, sign, out);
 }
 
 }  // namespace
 
 absl::Status RopeCuda(const Stream& stream, const Tensor& x, int64_t seq_len, float rotary_base,
-                      float sign, const Tensor& out) {
+                      float sign, const Tensor& out, RopeCp cp) {
   if (x.numel() == 0) return absl::OkStatus();
   InvFreqTable table{};
   RopeInvFreq(x.dim(2), rotary_base, table.v);
   if (x.dtype == DType::kBF16) {
-    return Dispatch<__nv_bfloat16>(stream, x, seq_len, table, sign, out);
+    return Dispatch<__nv_bfloat16>(stream, x, seq_len, cp, table, sign, out);
   }
-  return Dispatch<float>(stream, x, seq_len, table, sign, out);
+  return Dispatch<float>(stream, x, seq_len, cp, table, sign, out);
 }
 
 }  // namespace switchyard::kernels::internal

@@ -1,6 +1,6 @@
 // CPU reference of RoPE: a hand-computed rotate_half case, a naive fp64 formula, the backward as
 // the adjoint of the forward in fp64, pair norms, round trips, in-place use, positions t % S and
-// argument errors.
+// argument errors; context-parallel positions (chunks r and 2·CP−1−r of the whole sequence).
 #include "kernels/attention/rope.h"
 
 #include <gtest/gtest.h>
@@ -138,6 +138,77 @@ TEST(RopeCpuTest, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RopeForward(Stream::Cpu(), Tensor(DType::kF32, {6, 6}, cpu, x.data()), 2, 1e4f,
                         Tensor(DType::kF32, {6, 6}, cpu, x.data()))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The load-balanced chunk order of megatron_parallel.md §2.1: S = 16, CP = 2 -> 4 chunks of 4;
+// rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2. CP = 4 -> 8 chunks of 2.
+TEST(RopeCpuTest, CpGlobalPositionByHand) {
+  std::vector<int64_t> r0, r1;
+  for (int64_t i = 0; i < 8; ++i) {
+    r0.push_back(CpGlobalPosition(i, 8, 2, 0));
+    r1.push_back(CpGlobalPosition(i, 8, 2, 1));
+  }
+  EXPECT_EQ(r0, (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(r1, (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  std::vector<int64_t> r2;
+  for (int64_t i = 0; i < 4; ++i) r2.push_back(CpGlobalPosition(i, 4, 4, 2));
+  EXPECT_EQ(r2, (std::vector<int64_t>{4, 5, 10, 11}));
+  // Every position of the whole sequence is held by exactly one (rank, local index).
+  std::vector<int> seen(16, 0);
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t i = 0; i < 4; ++i) ++seen[CpGlobalPosition(i, 4, 4, r)];
+  }
+  for (int n : seen) EXPECT_EQ(n, 1);
+  EXPECT_EQ(CpGlobalPosition(5, 8, 1, 0), 5);  // CP = 1: the identity
+}
+
+// A CP rank's rotation of its two chunks equals the whole sequence's rotation of those rows
+// (exactly: same fp32 angle), for every rank, CP in {2, 4}, two sequences.
+TEST(RopeCpuTest, ContextParallelChunksMatchTheWholeSequence) {
+  std::mt19937_64 rng(5);
+  const int64_t b_n = 2, s_len = 16, heads = 2, d = 8;
+  std::vector<double> x = Random(b_n * s_len * heads * d, rng), y(x.size());
+  ASSERT_TRUE(RopeForward(Stream::Cpu(), T64(x, b_n * s_len, heads, d), s_len, 1e4f,
+                          T64(y, b_n * s_len, heads, d))
+                  .ok());
+  for (int64_t cp : {2, 4}) {
+    const int64_t local = s_len / cp, row = heads * d;
+    for (int64_t r = 0; r < cp; ++r) {
+      std::vector<double> lx(b_n * local * row), ly(lx.size()), back(lx.size());
+      for (int64_t b = 0; b < b_n; ++b) {
+        for (int64_t i = 0; i < local; ++i) {
+          const int64_t g = CpGlobalPosition(i, local, cp, r);
+          for (int64_t e = 0; e < row; ++e) {
+            lx[(b * local + i) * row + e] = x[(b * s_len + g) * row + e];
+          }
+        }
+      }
+      ASSERT_TRUE(RopeForward(Stream::Cpu(), T64(lx, b_n * local, heads, d), local, 1e4f,
+                              T64(ly, b_n * local, heads, d), RopeCp{cp, r})
+                      .ok());
+      ASSERT_TRUE(RopeBackward(Stream::Cpu(), T64(ly, b_n * local, heads, d), local, 1e4f,
+                               T64(back, b_n * local, heads, d), RopeCp{cp, r})
+                      .ok());
+      for (int64_t b = 0; b < b_n; ++b) {
+        for (int64_t i = 0; i < local; ++i) {
+          const int64_t g = CpGlobalPosition(i, local, cp, r);
+          for (int64_t e = 0; e < row; ++e) {
+            ASSERT_EQ(ly[(b * local + i) * row + e], y[(b * s_len + g) * row + e])
+                << "CP " << cp << " rank " << r << " b " << b << " i " << i;
+            ASSERT_NEAR(back[(b * local + i) * row + e], lx[(b * local + i) * row + e], 1e-12);
+          }
+        }
+      }
+    }
+  }
+  std::vector<double> odd(3 * 2 * 8);
+  const absl::Status st =
+      RopeForward(Stream::Cpu(), T64(odd, 3, 2, 8), 3, 1e4f, T64(odd, 3, 2, 8), RopeCp{2, 0});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("must be even"), std::string::npos) << st;
+  EXPECT_EQ(RopeForward(Stream::Cpu(), T64(odd, 3, 2, 8), 3, 1e4f, T64(odd, 3, 2, 8), RopeCp{2, 2})
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -270,11 +270,13 @@ std::vector<SpecCase> SpecCases() {
        {"model.vocab_size is required with data.mock_data"}},
       {"pipeline_parallel_2",
        [](Json& s) { s["parallel"]["pipeline_model_parallel_size"] = 2; },
-       {"parallel.pipeline_model_parallel_size (2) must be 1: workers run data and expert "
-        "parallelism only"}},
-      {"context_parallel_2",
-       [](Json& s) { s["parallel"]["context_parallel_size"] = 2; },
-       {"parallel.context_parallel_size (2) must be 1"}},
+       {"parallel.pipeline_model_parallel_size (2) must be 1: workers run data, tensor, "
+        "context and expert parallelism only"}},
+      // CP runs in the workers; a size whose 2·CP chunks do not divide the sequence does not.
+      {"context_parallel_3",
+       [](Json& s) { s["parallel"]["context_parallel_size"] = 3; },
+       {"model.seq_length (32) must be divisible by 2 * parallel.context_parallel_size * "
+        "parallel.tensor_model_parallel_size (2 * 3 * 1 = 6)"}},
   };
 }
 

@@ -118,6 +118,19 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
     ep = m.expert_model_parallel_size();
   }
   if (a.world_size() > 1 || ep > 1) par->set_expert_model_parallel_size(ep);
+  // Context parallelism: the mapping's (the planner's), which must agree with a spec that sets it.
+  int cp = par->has_context_parallel_size() ? par->context_parallel_size() : 1;
+  if (m.context_parallel_size() > 0) {
+    if (par->has_context_parallel_size() &&
+        par->context_parallel_size() != m.context_parallel_size()) {
+      return Field("spec.parallel.context_parallel_size",
+                   absl::StrCat("(", par->context_parallel_size(),
+                                ") must equal assignment.mapping.context_parallel_size (",
+                                m.context_parallel_size(), ")"));
+    }
+    cp = m.context_parallel_size();
+  }
+  if (cp > 1) par->set_context_parallel_size(cp);
   // Expert tensor parallelism: the mapping's (1 when it has none), which the spec must not
   // contradict.
   const int etp = std::max(1, m.expert_tensor_parallel_size());
@@ -154,6 +167,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   p.dims.world_size = a.world_size();
   p.dims.expert_model_parallel_size = ep;
   p.dims.tensor_model_parallel_size = tp;
+  p.dims.context_parallel_size = cp;
   p.dims.expert_tensor_parallel_size = etp;
   return p;
 }

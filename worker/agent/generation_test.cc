@@ -88,6 +88,28 @@ TEST(PrepareGenerationTest, CarriesTheMappingsExpertTensorParallelSize) {
                  "spec.parallel.expert_tensor_parallel_size");
 }
 
+// Context parallelism runs: the mapping's CP reaches the process-group dims and the spec (CP2·EP2
+// on 2 ranks: EP folds over CP).
+TEST(PrepareGenerationTest, CarriesTheMappingsContextParallelSize) {
+  v1::Assignment a = Valid();
+  a.mutable_mapping()->set_context_parallel_size(2);
+  a.mutable_mapping()->set_data_parallel_size(1);
+  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.context_parallel_size, 2);
+  EXPECT_EQ(p->spec.parallel().context_parallel_size(), 2);
+  // TP and CP fold: both reach the dims (sequence parallelism on).
+  v1::Assignment both = Valid(1, 4, 1);
+  both.mutable_mapping()->set_tensor_model_parallel_size(2);
+  both.mutable_mapping()->set_context_parallel_size(2);
+  both.mutable_mapping()->set_data_parallel_size(1);
+  p = PrepareGeneration(both, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.tensor_model_parallel_size, 2);
+  EXPECT_EQ(p->dims.context_parallel_size, 2);
+  EXPECT_TRUE(p->spec.parallel().sequence_parallel());
+}
+
 TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   v1::Assignment a = Valid();
   a.clear_job();
@@ -109,8 +131,9 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_expert_model_parallel_size(1);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "expert_model_parallel_size");
   a = Valid();
+  a.mutable_spec()->mutable_parallel()->set_context_parallel_size(4);
   a.mutable_mapping()->set_context_parallel_size(2);
-  ExpectRejected(a, absl::StatusCode::kUnimplemented, "context_parallel_size");
+  ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.context_parallel_size");
   a = Valid();
   a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);

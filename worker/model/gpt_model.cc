@@ -192,6 +192,19 @@ absl::Status GptConfig::Validate() const {
       }
     }
   }
+  if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: cp_rank (", cp_rank, ") must be in [0, cp_size ", cp_size, ")"));
+  }
+  if (cp_size > 1 && seq_length % (2 * cp_size * tp_size) != 0) {
+    // The same rule as common/config's (2·CP·TP).
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.seq_length (", seq_length,
+                     ") must be divisible by 2 * parallel.context_parallel_size * "
+                     "parallel.tensor_model_parallel_size (2 * ",
+                     cp_size, " * ", tp_size, " = ", 2 * cp_size * tp_size,
+                     "): causal context parallelism splits each sequence into 2 * CP chunks"));
+  }
   if (dtype != DType::kBF16 && dtype != DType::kF32 && dtype != DType::kF64) {
     return absl::InvalidArgumentError(
         absl::StrCat("model dtype must be bf16, f32 or f64, got ", DTypeName(dtype)));
@@ -446,6 +459,22 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
   if (device.is_cuda() && config.dtype == DType::kF64) {
     return absl::InvalidArgumentError("GptModel: f64 runs on the CPU only");
   }
+  if (config.cp_size > 1 && device.is_cuda()) {
+    // Fail at planning time, not at the first attention call of a step.
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.context_parallel_size (", config.cp_size,
+        "): context-parallel attention runs on the CPU only for now (on CUDA only cuDNN has the "
+        "bottom-right causal mask it needs, and that path has not run on a GPU yet)"));
+  }
+  if (config.cp_size > 1 && (groups.cp == nullptr || groups.cp->size() != config.cp_size ||
+                             groups.cp->rank() != config.cp_rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel: context_parallel_size ", config.cp_size, " (cp_rank ",
+                     config.cp_rank, ") needs the CP group of that size and rank, got ",
+                     groups.cp ? absl::StrCat("'", groups.cp->name(), "' rank ", groups.cp->rank(),
+                                              "/", groups.cp->size())
+                               : std::string("none")));
+  }
   std::unique_ptr<GptModel> m(new GptModel());
   m->config_ = config;
   m->device_ = device;
@@ -497,11 +526,12 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   const GptConfig& c = config_;
   const DType dt = c.dtype, gdt = c.GradDType(device_);
   const DType stat_dt = device_.is_cuda() ? DType::kF32 : DType::kF64;
-  // t: tokens of a whole micro-batch (q/k/v, attention, the dense MLP's inner activations);
+  // t: this rank's tokens of a micro-batch before the sequence shard (q/k/v, attention, the
+  // dense MLP's inner activations): S / CP of each sequence under context parallelism;
   // tl: this rank's sequence shard (residual stream, norms, MoE, LM head). Heads and F are this
   // rank's TP share. tl == t without TP.
   const int64_t tp = c.tp_size;
-  const int64_t t = max_micro_batch * c.seq_length, tl = t / tp, h = c.hidden_size;
+  const int64_t t = max_micro_batch * (c.seq_length / c.cp_size), tl = t / tp, h = c.hidden_size;
   const int64_t d = c.head_dim;
   const int64_t hq = c.num_heads / tp, hkv = c.num_kv_heads / tp, f = c.ffn_hidden_size / tp;
   max_tokens_ = t;
@@ -525,12 +555,14 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {tl, h}));
     resid_.push_back(x);
   }
-  // The MoE layers see this rank's sequence shard (MoELayerConfig::sp_size).
+  // The MoE layers see this rank's sequence shard (MoELayerConfig::sp_size) of its local
+  // sequences (S / CP under context parallelism): seq_aux_loss's B and S are this rank's.
   MoELayerConfig moe_config = c.moe;
+  if (moe_config.router.seq_length > 0) moe_config.router.seq_length = c.seq_length / c.cp_size;
   if (tp > 1) {
     moe_config.sp_size = static_cast<int>(tp);
     moe_config.sp_rank = static_cast<int>(c.tp_rank);
-    moe_config.router.seq_length = c.seq_length / tp;
+    moe_config.router.seq_length = c.seq_length / (c.cp_size * tp);
     moe_config.router.z_loss_coeff /= static_cast<double>(tp);  // c_z / size(TP×CP), spec §1.6
     SY_ASSIGN_OR_RETURN(ag_, Alloc(dt, {t, h}));
     SY_ASSIGN_OR_RETURN(rs_, Alloc(dt, {t, h}));
@@ -580,10 +612,14 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     if (L.is_moe) {
       L.moe_index = moe_index++;
       SY_ASSIGN_OR_RETURN(
-          L.moe,
-          MoELayer::Create(moe_config, device_, tl,
-                           MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp, groups_.etp_ep,
-                                             tp > 1 ? groups_.tp : nullptr}));
+          L.moe, MoELayer::Create(moe_config, device_, tl,
+                                  MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp,
+                                                    groups_.etp_ep, tp > 1 ? groups_.tp : nullptr,
+                                                    c.cp_size > 1 ? groups_.cp : nullptr}));
+      if (c.cp_size > 1) {
+        SY_RETURN_IF_ERROR(
+            L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
+      }
       auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
         if (layout_.Find(pre + "moe." + name) == nullptr) return;
         *p = P(pre + "moe." + name);
@@ -616,6 +652,16 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   SY_ASSIGN_OR_RETURN(dk_, Alloc(dt, {t, hkv, d}));
   SY_ASSIGN_OR_RETURN(dv_, Alloc(dt, {t, hkv, d}));
   SY_ASSIGN_OR_RETURN(delta_, Alloc(rdt, {t * hq}));
+  if (c.cp_size > 1) {
+    const int64_t whole = t * c.cp_size;  // B·S rows
+    SY_ASSIGN_OR_RETURN(cp_gather_, Alloc(dt, {whole, hkv, d}));
+    SY_ASSIGN_OR_RETURN(cp_k_, Alloc(dt, {whole, hkv, d}));
+    SY_ASSIGN_OR_RETURN(cp_v_, Alloc(dt, {whole, hkv, d}));
+    SY_ASSIGN_OR_RETURN(cp_dk_, Alloc(dt, {whole, hkv, d}));
+    SY_ASSIGN_OR_RETURN(cp_dv_, Alloc(dt, {whole, hkv, d}));
+    SY_ASSIGN_OR_RETURN(cp_dk_part_, Alloc(dt, {c.seq_length, hkv, d}));
+    SY_ASSIGN_OR_RETURN(cp_dv_part_, Alloc(dt, {c.seq_length, hkv, d}));
+  }
   if (c.num_moe_layers() < c.num_layers) {
     SY_ASSIGN_OR_RETURN(dh_, Alloc(dt, {t, 2 * f}));
     SY_ASSIGN_OR_RETURN(da_, Alloc(dt, {t, f}));
@@ -779,12 +825,17 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
     SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Reshape(k_lin, {t * hkv, d}), L.w_kn, eps,
                                                Reshape(k, {t * hkv, d}), Rows(L.k_rstd, t * hkv)));
   }
-  SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q));
-  SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k));
+  const kernels::RopeCp rope_cp{c.cp_size, c.cp_rank};
+  SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q, rope_cp));
+  SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k, rope_cp));
   phase.Next("attention");
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  SY_RETURN_IF_ERROR(
-      kernels::AttentionForward(s, q, k, v, seq_len, scale, o, Reshape(L.lse, {b, hq, seq_len})));
+  if (c.cp_size > 1) {
+    SY_RETURN_IF_ERROR(CpAttentionForward(s, L, b, seq_len));
+  } else {
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    SY_RETURN_IF_ERROR(
+        kernels::AttentionForward(s, q, k, v, seq_len, scale, o, Reshape(L.lse, {b, hq, seq_len})));
+  }
   phase.Next("oproj_residual_norm");
   if (tp) {
     // Row-parallel o-proj: partial sums over this rank's heads, reduce-scattered onto the shard.
@@ -798,9 +849,11 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, tl)));
   phase.Next(L.is_moe ? "moe" : "mlp");
   if (L.is_moe) {
+    // Offsets of the whole micro-batch (max_tokens_·CP rows): under CP the layer adds each
+    // local chunk's place in it, so every token gets the noise one process gives it.
     const uint64_t jitter =
         (step_counter_ * static_cast<uint64_t>(c.num_layers) + static_cast<uint64_t>(L.index)) *
-        static_cast<uint64_t>(max_tokens_ * h);
+        static_cast<uint64_t>(max_tokens_ * c.cp_size * h);
     SY_RETURN_IF_ERROR(L.moe->Forward(s, L.mp, L.rs, n2, x_next, training ? jitter : 0));
     SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, mid, 1.0f, x_next, x_next));
     if (micro >= 0) {
@@ -837,30 +890,34 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
     return absl::InvalidArgumentError(absl::StrCat(
         "GptModel: ids must be i32 on ", device_.ToString(), ", got ", ids.DebugString()));
   }
-  if (seq_len < 1 || seq_len > config_.seq_length || t % seq_len != 0 || t == 0 ||
-      t > max_tokens_) {
+  // seq_len is the LOCAL sequence length: S / CP tokens of each sequence under CP.
+  const int64_t cp = config_.cp_size, local_max = config_.seq_length / cp;
+  if (seq_len < 1 || seq_len > local_max || t % seq_len != 0 || t == 0 || t > max_tokens_ ||
+      (cp > 1 && seq_len % 2 != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("GptModel: ", t, " tokens must be a positive multiple of seq_len (", seq_len,
-                     ") with seq_len <= seq_length (", config_.seq_length, ") and at most ",
-                     max_tokens_, " tokens (the planned micro-batch)"));
+                     ") with seq_len <= seq_length / context_parallel_size (", config_.seq_length,
+                     " / ", cp, ")", cp > 1 ? " and even (two chunks per rank)" : "",
+                     " and at most ", max_tokens_, " tokens (the planned micro-batch)"));
   }
-  if (config_.tp_size > 1 && seq_len != config_.seq_length) {
+  if (config_.tp_size > 1 && seq_len != local_max) {
     // The MoE layers' sequence shards (jitter positions, per-sequence counts) are planned for
-    // seq_length / TP positions.
-    return absl::InvalidArgumentError(
-        absl::StrCat("GptModel: seq_len (", seq_len, ") must be model.seq_length (",
-                     config_.seq_length, ") with tensor_model_parallel_size ", config_.tp_size,
-                     ": sequence parallelism gives every TP rank seq_length / TP positions"));
+    // seq_length / (CP·TP) positions.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel: seq_len (", seq_len, ") must be model.seq_length (", config_.seq_length,
+        cp > 1 ? absl::StrCat(") / context_parallel_size (", cp) : std::string(),
+        ") with tensor_model_parallel_size ", config_.tp_size,
+        ": sequence parallelism gives every TP rank seq_length / (CP·TP) positions"));
   }
   if (micro >= max_micro_) {
     return absl::InvalidArgumentError(
         absl::StrCat("GptModel: micro-batch slot ", micro, " >= ", max_micro_));
   }
-  if (config_.num_moe_layers() > 0 && seq_len != config_.seq_length) {
+  if (config_.num_moe_layers() > 0 && seq_len != local_max) {
     for (const auto& aux : config_.moe.router.aux_losses) {
       if (aux.type == kernels::AuxLossType::kSeqAuxLoss) {
         return absl::InvalidArgumentError(
-            "GptModel: seq_aux_loss needs seq_len == model.seq_length");
+            "GptModel: seq_aux_loss needs seq_len == model.seq_length / context_parallel_size");
       }
     }
   }
@@ -906,6 +963,117 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
     SY_RETURN_IF_ERROR(Gemm(stream, Rows(final_n_, t), false, w_out, true, logits));
   }
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Context-parallel attention (all-gather of K/V; see the header's "Context parallelism")
+
+// Local rows of a CP rank: sequence b's local chunk j (j = 0: chunk r, j = 1: chunk 2·CP−1−r) is
+// rows [b·s_loc + j·c, +c); in the whole sequence that chunk is rows [b·S + id·c, +c).
+namespace {
+int64_t CpChunkId(int64_t j, int64_t cp, int64_t rank) { return j == 0 ? rank : 2 * cp - 1 - rank; }
+}  // namespace
+
+absl::Status GptModel::CpGatherKv(const Stream& s, const Tensor& local, const Tensor& whole,
+                                  int64_t b, int64_t s_loc) {
+  const int64_t cp = config_.cp_size, c = s_loc / 2, seq = s_loc * cp;
+  const int64_t row = local.numel() / local.dim(0), n_local = b * s_loc;
+  const Tensor gather = Slice(cp_gather_, 0, {cp * n_local * row});
+  SY_RETURN_IF_ERROR(groups_.cp->AllGather(Slice(local, 0, {n_local * row}), gather));
+  // The gather is in CP order (rank r's local rows, rank by rank): put every chunk at its place.
+  for (int64_t r = 0; r < cp; ++r) {
+    for (int64_t bb = 0; bb < b; ++bb) {
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t src = r * n_local + bb * s_loc + j * c;
+        const int64_t dst = bb * seq + CpChunkId(j, cp, r) * c;
+        SY_RETURN_IF_ERROR(
+            CopyAsync(s, Slice(gather, src * row, {c * row}), Slice(whole, dst * row, {c * row})));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::CpReduceScatterKv(const Stream& s, const Tensor& whole, const Tensor& local,
+                                         int64_t b, int64_t s_loc) {
+  const int64_t cp = config_.cp_size, c = s_loc / 2, seq = s_loc * cp;
+  const int64_t row = local.numel() / local.dim(0), n_local = b * s_loc;
+  const Tensor gather = Slice(cp_gather_, 0, {cp * n_local * row});
+  for (int64_t r = 0; r < cp; ++r) {
+    for (int64_t bb = 0; bb < b; ++bb) {
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t dst = r * n_local + bb * s_loc + j * c;
+        const int64_t src = bb * seq + CpChunkId(j, cp, r) * c;
+        SY_RETURN_IF_ERROR(
+            CopyAsync(s, Slice(whole, src * row, {c * row}), Slice(gather, dst * row, {c * row})));
+      }
+    }
+  }
+  // Rank r receives the sum over the CP ranks of the gradient of its own K/V rows.
+  return groups_.cp->ReduceScatter(gather, Slice(local, 0, {n_local * row}), comm::ReduceOp::kSum);
+}
+
+absl::Status GptModel::CpAttentionForward(const Stream& s, Layer& L, int64_t b, int64_t s_loc) {
+  const GptConfig& c = config_;
+  const int64_t cp = c.cp_size, ch = s_loc / 2, seq = s_loc * cp, t = b * s_loc;
+  // This rank's TP share of the heads: under TP·CP the K/V all-gather runs over the CP group
+  // of this TP rank, whose peers hold the same heads (GptModel's "Tensor and context").
+  const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size, d = c.head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  SY_RETURN_IF_ERROR(CpGatherKv(s, Rows(L.k, t), cp_k_, b, s_loc));
+  SY_RETURN_IF_ERROR(CpGatherKv(s, Rows(L.v, t), cp_v_, b, s_loc));
+  // One call per (sequence, local chunk): the chunk's queries are the last ch positions of the
+  // K/V prefix [0, (id+1)·ch) of their sequence (bottom-right causal). lse slot of the call:
+  // [b][j] blocks of [Hq, ch] in L.lse (the layout only the backward below reads).
+  for (int64_t bb = 0; bb < b; ++bb) {
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t kv_len = (CpChunkId(j, cp, c.cp_rank) + 1) * ch;
+      const int64_t q0 = bb * s_loc + j * ch;
+      SY_RETURN_IF_ERROR(kernels::AttentionForward(
+          s, Slice(L.q, q0 * hq * d, {ch, hq, d}),
+          Slice(cp_k_, bb * seq * hkv * d, {kv_len, hkv, d}),
+          Slice(cp_v_, bb * seq * hkv * d, {kv_len, hkv, d}), ch, kv_len, scale,
+          Slice(L.o, q0 * hq * d, {ch, hq, d}), Slice(L.lse, (bb * 2 + j) * hq * ch, {1, hq, ch})));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::CpAttentionBackward(const Stream& s, Layer& L, int64_t b, int64_t s_loc) {
+  const GptConfig& c = config_;
+  const int64_t cp = c.cp_size, ch = s_loc / 2, seq = s_loc * cp, t = b * s_loc;
+  // This rank's TP share of the heads: under TP·CP the K/V all-gather runs over the CP group
+  // of this TP rank, whose peers hold the same heads (GptModel's "Tensor and context").
+  const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size, d = c.head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  // K and V of the whole sequences again (not kept from the forward: that would hold B·S rows of
+  // K and V per layer, the memory CP exists to save).
+  SY_RETURN_IF_ERROR(CpGatherKv(s, Rows(L.k, t), cp_k_, b, s_loc));
+  SY_RETURN_IF_ERROR(CpGatherKv(s, Rows(L.v, t), cp_v_, b, s_loc));
+  const Tensor dk_whole = Rows(cp_dk_, b * seq), dv_whole = Rows(cp_dv_, b * seq);
+  SY_RETURN_IF_ERROR(ZeroAsync(s, dk_whole));
+  SY_RETURN_IF_ERROR(ZeroAsync(s, dv_whole));
+  for (int64_t bb = 0; bb < b; ++bb) {
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t kv_len = (CpChunkId(j, cp, c.cp_rank) + 1) * ch;
+      const int64_t q0 = bb * s_loc + j * ch, k0 = bb * seq * hkv * d;
+      const Tensor dk_part = Slice(cp_dk_part_, 0, {kv_len, hkv, d});
+      const Tensor dv_part = Slice(cp_dv_part_, 0, {kv_len, hkv, d});
+      SY_RETURN_IF_ERROR(kernels::AttentionBackward(
+          s, Slice(L.q, q0 * hq * d, {ch, hq, d}), Slice(cp_k_, k0, {kv_len, hkv, d}),
+          Slice(cp_v_, k0, {kv_len, hkv, d}), Slice(L.o, q0 * hq * d, {ch, hq, d}),
+          Slice(L.lse, (bb * 2 + j) * hq * ch, {1, hq, ch}), Slice(d_o_, q0 * hq * d, {ch, hq, d}),
+          ch, kv_len, scale, Slice(delta_, (bb * 2 + j) * hq * ch, {1, hq, ch}),
+          Slice(dq_, q0 * hq * d, {ch, hq, d}), dk_part, dv_part));
+      // The two chunks' prefixes overlap: add, not overwrite.
+      const Tensor dk_dst = Slice(cp_dk_, k0, {kv_len, hkv, d});
+      const Tensor dv_dst = Slice(cp_dv_, k0, {kv_len, hkv, d});
+      SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, dk_part, 1.0f, dk_dst, dk_dst));
+      SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, dv_part, 1.0f, dv_dst, dv_dst));
+    }
+  }
+  SY_RETURN_IF_ERROR(CpReduceScatterKv(s, dk_whole, Rows(dk_, t), b, s_loc));
+  return CpReduceScatterKv(s, dv_whole, Rows(dv_, t), b, s_loc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -956,13 +1124,18 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   SY_RETURN_IF_ERROR(Gemm(s, g_all, false, L.wo, false, Reshape(d_o, {t, hq * d})));
   SY_RETURN_IF_ERROR(Gemm(s, g_all, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
   phase.Next("attention");
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  SY_RETURN_IF_ERROR(kernels::AttentionBackward(s, q, k, v, o, Reshape(L.lse, {b, hq, seq_len}),
-                                                d_o, seq_len, scale,
-                                                Reshape(delta_, {b, hq, seq_len}), dq, dk, dv));
+  if (c.cp_size > 1) {
+    SY_RETURN_IF_ERROR(CpAttentionBackward(s, L, b, seq_len));
+  } else {
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    SY_RETURN_IF_ERROR(kernels::AttentionBackward(s, q, k, v, o, Reshape(L.lse, {b, hq, seq_len}),
+                                                  d_o, seq_len, scale,
+                                                  Reshape(delta_, {b, hq, seq_len}), dq, dk, dv));
+  }
   phase.Next("norm_qkv_rope");
-  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq));
-  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk));
+  const kernels::RopeCp rope_cp{c.cp_size, c.cp_rank};
+  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq, rope_cp));
+  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk, rope_cp));
   if (c.qk_layernorm) {
     SY_RETURN_IF_ERROR(kernels::RmsNormBackward(
         s, Reshape(dq, {t * hq, d}), Reshape(Rows(L.q_pre, t), {t * hq, d}), L.w_qn,

@@ -77,6 +77,47 @@
 // holds one micro-batch in flight: ForwardBackward runs both passes. Nothing synchronises with
 // the host inside a step except ReadStepStats.
 //
+// Context parallelism (CP, cp_size > 1; megatron_parallel.md §2): every sequence of S tokens is
+// cut into 2·CP chunks of c = S/(2·CP) and this rank holds chunks r and 2·CP−1−r (causal load
+// balance: an early chunk sees little context, a late one much), in that order, as a local
+// sequence of S/CP tokens. ids/targets passed to ForwardBackward are those local tokens (the
+// trainer slices them, kernels::CpGlobalPosition); everything but attention is per token and runs
+// unchanged. RoPE rotates each local token by its global position (kernels::RopeCp). Attention
+// over the whole context uses the ALL-GATHER scheme (§2.6), not the P2P ring (§2.4-2.5):
+//   forward:  all-gather K and V over CP, put the chunks in natural order; each local chunk
+//             attends causally to the K/V prefix that ends at its own end, i.e. a bottom-right
+//             causal mask with q_len = c <= kv_len = (chunk+1)·c (kernels::AttentionForward with
+//             kv_seq_len); the outputs are already in local order, so no softmax merge;
+//   backward: all-gather K and V again (not kept from the forward: CP exists to save activation
+//             memory), dK/dV of the two chunks summed over the whole-sequence buffer, put back in
+//             CP order and reduce-scattered over CP (each rank gets the sum of every rank's
+//             gradient for its own K/V rows).
+// Why all-gather for now: it needs one new kernel mode (the bottom-right mask) instead of an
+// online-softmax merge of partial results in forward and a K/V+dK/dV ring in backward, it gives
+// the same result on every rank ordering (no merge rounding), and on the CPU/Gloo path, where
+// nothing overlaps anyway, its two collectives per layer and pass cost less than 2·(CP−1) P2P
+// steps. Its cost: a whole-sequence K/V buffer per layer in flight ([B·S, Hkv, D], shared by the
+// layers) and no overlap of communication with compute; the ring is the better choice at large
+// CP on GPUs and is left for later. Loss: each rank's CE sum over its own tokens; the trainer's
+// 1/(global tokens) scale and the SUM of gradients over DP×CP make it the one-process loss. The
+// MoE aux losses reduce their counts over CP (MoEParallelGroups::cp). On CUDA only cuDNN runs the
+// bottom-right mask (the native kernels refuse it), and neither it nor this CP path has run on a
+// GPU yet: Create refuses a CUDA model with cp_size > 1 (UNIMPLEMENTED naming
+// parallel.context_parallel_size) until they have. RoPE's CUDA path does take CP positions.
+//
+// Tensor and context parallelism (tp_size > 1 and cp_size > 1, megatron_parallel.md §2.9): CP
+// chooses the positions this rank holds (chunks cp_rank and 2·CP−1−cp_rank, a local sequence of
+// S/CP), and SP then shards THAT local sequence over TP exactly as above (rank tp_rank holds local
+// positions [tp_rank·S/(CP·TP), +S/(CP·TP)) of every sequence; hence seq_length % (2·CP·TP) ==
+// 0). Every TP rank of a CP rank gets the CP rank's S/CP tokens per sequence (ForwardBackward's
+// seq_len is S/CP) and keeps its shard. After the SP all-gather, q/k/v hold the CP rank's whole
+// local sequence for this TP rank's heads, so the K/V all-gather and dK/dV reduce-scatter run over
+// the CP group (the CP peers of the same tp_rank hold the same heads). The MoE layers see
+// S/(CP·TP) positions per sequence: their counts are summed over TP and CP, N over both, and the
+// z-loss coefficient divided by TP·CP (moe_layer.h, MoEParallelGroups). Why this order: it is
+// Megatron's (the CP split happens in the data loader, SP inside the model), so the per-sequence
+// statistics, RoPE and jitter positions keep the meanings the two features have alone.
+//
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
 // {norm_qkv_rope, attention, oproj_residual_norm, moe (> moe.fwd > its phases) | mlp},
@@ -121,6 +162,9 @@ struct GptConfig {
   MoELayerConfig moe;                     // used by the MoE layers (hidden_size etc. filled in)
                                           // moe.ep_size/ep_rank: this rank's expert shard
   DType dtype = DType::kBF16;             // parameters and activations
+  // Context parallelism (see "Context parallelism" below): this rank holds chunks cp_rank and
+  // 2·cp_size−1−cp_rank of every sequence; seq_length stays the WHOLE sequence's length.
+  int64_t cp_size = 1, cp_rank = 0;
   // Padding of the flat layout for the distributed optimizer: the expert region is padded to a
   // multiple of 64·expert_shard_multiple elements (the EDP size) and the dense region to a
   // multiple of 64·dense_shard_multiple (the DP×CP size), so each divides into equal shards.
@@ -240,12 +284,15 @@ struct GptStepStats {
 //        global batch are all-reduced over it (megatron_moe.md §1.5, §2.3).
 //   tp:  the TP group (config.tp_size ranks; required when tp_size > 1): the sequence-parallel
 //        all-gathers / reduce-scatters and the MoE layers' aux-loss counts over TP.
+//   cp:  the CP group (config.cp_size ranks, this rank = config.cp_rank): the attention's K/V
+//        all-gather and dK/dV reduce-scatter, and the MoE aux-loss counts (MoEParallelGroups).
 struct GptParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* etp = nullptr;
   comm::Communicator* etp_ep = nullptr;
   comm::Communicator* tp = nullptr;
+  comm::Communicator* cp = nullptr;
 };
 
 class GptModel {
@@ -361,6 +408,16 @@ class GptModel {
   // [t, H] sums before a reduce-scatter, the reordering scratch for B > 1, this rank's ids and
   // targets [t/TP].
   Tensor ag_, rs_, perm_, ids_loc_, targets_loc_;
+  // Context parallelism (cp_size > 1), shared by the layers: the CP-ordered all-gather [CP·T_loc,
+  // Hkv, D], the whole-sequence K and V [B·S, Hkv, D] in natural order, their gradients, and one
+  // chunk's dK/dV [S, Hkv, D] before it is added.
+  Tensor cp_gather_, cp_k_, cp_v_, cp_dk_, cp_dv_, cp_dk_part_, cp_dv_part_;
+  absl::Status CpGatherKv(const Stream& s, const Tensor& local, const Tensor& whole, int64_t b,
+                          int64_t s_loc);
+  absl::Status CpReduceScatterKv(const Stream& s, const Tensor& whole, const Tensor& local,
+                                 int64_t b, int64_t s_loc);
+  absl::Status CpAttentionForward(const Stream& s, Layer& L, int64_t b, int64_t s_loc);
+  absl::Status CpAttentionBackward(const Stream& s, Layer& L, int64_t b, int64_t s_loc);
   // Stats slots: CE loss sums [max_micro], MoE losses [max_micro, L_moe, n+1],
   // tokens per expert [max_micro, L_moe, E] i32.
   Tensor stat_ce_, stat_moe_losses_, stat_counts_;

@@ -219,6 +219,14 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     }
     l->tp_ = groups.tp;
   }
+  if (groups.cp != nullptr && groups.cp->size() > 1) {
+    l->cp_ = groups.cp;
+    l->cp_size_ = groups.cp->size();
+    // §1.6: c_z' = moe_z_loss_coeff / size(TP×CP): each CP rank's z-loss is the mean over its
+    // own tokens, so the sum over the CP ranks is the mean over the whole sequence. (The TP
+    // share of the division is the caller's, with sp_size: MoELayerConfig::sp_size.)
+    l->config_.router.z_loss_coeff /= l->cp_size_;
+  }
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
   SY_ASSIGN_OR_RETURN(
       l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
@@ -315,7 +323,7 @@ Tensor Rows(const Tensor& t, int64_t rows) {
   v.shape[0] = rows;
   return v;
 }
-// Rows [first, first + rows) of a contiguous [T, ...] tensor.
+// Rows [first, first + rows) of a row-major [N, ...] tensor.
 Tensor RowRange(const Tensor& t, int64_t first, int64_t rows) {
   Tensor v = Rows(t, rows);
   v.data = static_cast<char*>(t.data) +
@@ -323,6 +331,20 @@ Tensor RowRange(const Tensor& t, int64_t first, int64_t rows) {
   return v;
 }
 }  // namespace
+
+absl::Status MoELayer::SetContextParallelJitter(int64_t cp_size, int64_t cp_rank,
+                                                int64_t local_seq_len) {
+  if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size ||
+      (cp_size > 1 && (local_seq_len < 2 || local_seq_len % 2 != 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoELayer::SetContextParallelJitter: cp_rank ", cp_rank, " of cp_size ",
+                     cp_size, " with local sequence length ", local_seq_len, " (must be even)"));
+  }
+  jitter_cp_size_ = cp_size;
+  jitter_cp_rank_ = cp_rank;
+  jitter_local_seq_ = local_seq_len;
+  return absl::OkStatus();
+}
 
 absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
                                const MoERouterState& rs, const Tensor& x, const Tensor& y,
@@ -354,13 +376,27 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
 
 absl::Status MoELayer::ForEachJitterSpan(
     int64_t t, const std::function<absl::Status(int64_t, int64_t, uint64_t)>& fn) const {
-  if (config_.sp_size == 1) return fn(0, t, 0);
-  // Sequence b's local rows are its positions [sp_rank·S_loc, (sp_rank+1)·S_loc): the jitter
-  // offset of global token b·S + sp_rank·S_loc (element offset = token·H).
-  const int64_t s_loc = config_.router.seq_length, h = config_.hidden_size;
-  for (int64_t row = 0; row < t; row += s_loc) {
-    const int64_t global_token = row * config_.sp_size + config_.sp_rank * s_loc;
-    SY_RETURN_IF_ERROR(fn(row, std::min(s_loc, t - row), static_cast<uint64_t>(global_token * h)));
+  const int64_t sp = config_.sp_size, cp = jitter_cp_size_;
+  if (sp == 1 && cp <= 1) return fn(0, t, 0);
+  const int64_t h = config_.hidden_size;
+  // s_loc: this rank's rows of each sequence (the SP shard with SP, else the CP rank's local
+  // sequence); s_cp: the CP rank's local sequence (= the whole sequence without CP), which SP
+  // shards into sp pieces; c: one CP chunk (local chunk 0 is global chunk cp_rank, local chunk 1
+  // is global chunk 2·CP−1−cp_rank).
+  const int64_t s_loc = sp > 1 ? config_.router.seq_length : jitter_local_seq_;
+  const int64_t s_cp = s_loc * sp, c = cp > 1 ? s_cp / 2 : s_cp;
+  const auto global_token = [&](int64_t row) -> int64_t {
+    const int64_t b = row / s_loc, p = config_.sp_rank * s_loc + row % s_loc, q = p / c;
+    const int64_t id = cp <= 1 ? q : (q == 0 ? jitter_cp_rank_ : 2 * cp - 1 - jitter_cp_rank_);
+    return b * s_cp * cp + id * c + p % c;
+  };
+  // Runs of rows whose global tokens are consecutive (element offset = token·H).
+  for (int64_t row = 0; row < t;) {
+    const int64_t first = global_token(row);
+    int64_t n = 1;
+    while (row + n < t && global_token(row + n) == first + n) ++n;
+    SY_RETURN_IF_ERROR(fn(row, n, static_cast<uint64_t>(first * h)));
+    row += n;
   }
   return absl::OkStatus();
 }
@@ -375,6 +411,8 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   Tensor xr = x;
   if (rc.training && rc.input_jitter_eps > 0) {
     xr = Rows(xr_, t);
+    // Per run of contiguous global positions (SP shard, CP chunk), with the offsets of those rows
+    // in the whole micro-batch: the same noise as one process draws for these tokens.
     SY_RETURN_IF_ERROR(ForEachJitterSpan(t, [&](int64_t row, int64_t rows, uint64_t offset) {
       return kernels::ApplyInputJitter(
           stream, RowRange(x, row, rows), static_cast<float>(rc.input_jitter_eps),
@@ -396,9 +434,10 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     stats.counts = Rows(aux_counts_, b);
     SY_RETURN_IF_ERROR(kernels::AuxLossStatsForward(stream, rc, logits, stats, aux_ws_));
     kernels::AuxLossNorms norms;
-    // global_aux_loss's gradient factor is the data-parallel size: the TP ranks share one
-    // micro-batch (see MoELayerConfig::sp_size).
-    norms.dp_size = std::max(1, dp_size_ / config_.sp_size);
+    // global_aux_loss's gradient factor is the DATA-parallel size (aux_loss.h): the TP ranks
+    // share one micro-batch (MoELayerConfig::sp_size) and the sum over the CP ranks of their
+    // shares already is the whole sequence's.
+    norms.dp_size = std::max(1, dp_size_ / (config_.sp_size * cp_size_));
     if (has_global_aux_) {
       // Running mean of the counts over the micro-batches of this global batch (spec §2.3),
       // each micro-batch's counts summed over TP x DP x CP first.
@@ -426,6 +465,18 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
       SY_RETURN_IF_ERROR(tp_->AllReduce(stats.counts, stats.counts, comm::ReduceOp::kSum));
       norms.aux_num_tokens = static_cast<double>(t * config_.sp_size);
       norms.seq_num_tokens = static_cast<double>(rc.seq_length * config_.sp_size);
+    }
+    if (cp_ != nullptr) {
+      // Context parallelism (§2.3, group TP×CP): this rank's tokens are 2 of the 2·CP chunks of
+      // each sequence. aux_loss and seq_aux_loss take the counts of the whole sequences, and N
+      // of the whole sequences; Σ P stays local, so the sum of the CP ranks' losses (and of their
+      // gradients, summed by the DP×CP gradient reduction) is the one-process loss. After the
+      // global_aux_loss block: its counts are reduced over TP×DP×CP on their own. With TP too,
+      // the two all-reduces sum over TP×CP (integer counts in f32: exact in any order) and N
+      // multiplies by both sizes.
+      SY_RETURN_IF_ERROR(cp_->AllReduce(stats.counts, stats.counts, comm::ReduceOp::kSum));
+      norms.aux_num_tokens = static_cast<double>(t) * config_.sp_size * cp_size_;
+      norms.seq_num_tokens = static_cast<double>(rc.seq_length) * config_.sp_size * cp_size_;
     }
     SY_RETURN_IF_ERROR(
         kernels::AuxLossForward(stream, rc, t, stats, norms, losses_, Rows(aux_grad_weights_, b)));

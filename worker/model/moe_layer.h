@@ -128,12 +128,22 @@ struct MoELayerParams {
 //        (megatron_moe.md §2.3); the layer's dp_size (the N scaling) becomes its size.
 //   tp:  the TP group (size config.sp_size): the aux_loss / seq_aux_loss counts of the sequence
 //        shards are all-reduced over it (required when sp_size > 1).
+//   cp:  the context-parallel group: each rank holds 2 chunks of every sequence, so aux_loss /
+//        seq_aux_loss counts are summed over it per micro-batch and their N is the whole
+//        sequence's (T·CP, S_loc·CP; §2.3), and the z-loss coefficient is divided by its size
+//        (§1.6: the sum over CP ranks is the mean over the whole sequence). Its size also divides
+//        the global_aux_loss gradient factor (dp_size / CP = the DP size). Together with tp
+//        (TP > 1 and CP > 1: GptModel's "Tensor and context parallelism") the counts are summed
+//        over tp and then over cp, together the TP×CP group of §2.3 (integer counts in f32, so
+//        exactly one process's), N = T·TP·CP and Ns = S_loc·TP·CP, dp_size / (TP·CP), and the
+//        z-loss coefficient is divided by TP (the caller) and CP (here).
 struct MoEParallelGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* etp = nullptr;
   comm::Communicator* etp_ep = nullptr;
   comm::Communicator* tp = nullptr;
+  comm::Communicator* cp = nullptr;
 };
 
 // Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
@@ -189,6 +199,11 @@ class MoELayer {
   // per global batch (after the optimizer step).
   absl::Status ResetGlobalBatch();
   void set_dp_size(int dp) { dp_size_ = dp; }
+  // Context parallelism: the layer's tokens are local sequences of `local_seq_len` rows, chunks
+  // cp_rank and 2·cp_size−1−cp_rank of sequences of local_seq_len·cp_size tokens. The input
+  // jitter then draws, for every token, the noise one process draws for it (offsets of the
+  // token's row in the whole micro-batch; Forward's jitter_offset is the whole micro-batch's).
+  absl::Status SetContextParallelJitter(int64_t cp_size, int64_t cp_rank, int64_t local_seq_len);
   const MoELayerConfig& config() const { return config_; }
   // The dispatcher in use: "local" (EP = 1), "allgather" or "alltoall".
   const char* dispatcher_name() const { return dispatcher_->name(); }
@@ -213,8 +228,13 @@ class MoELayer {
   int dp_size_ = 1;
   comm::Communicator* tdc_ = nullptr;  // global_aux_loss counts (may be null)
   comm::Communicator* tp_ = nullptr;   // aux / seq_aux counts of the sequence shards (SP)
-  // Calls fn(first_row, rows, jitter element offset) for the spans of the t local tokens whose
-  // global positions are contiguous (the whole batch without SP, one per sequence with SP).
+  comm::Communicator* cp_ = nullptr;   // aux / seq_aux counts under CP (null: no CP)
+  int cp_size_ = 1;
+  int64_t jitter_cp_size_ = 1, jitter_cp_rank_ = 0, jitter_local_seq_ = 0;
+  // Calls fn(first_row, rows, jitter element offset) for each run of the t local tokens whose
+  // global positions in the whole micro-batch are contiguous: all t rows at once without SP and
+  // CP, one run per sequence shard with SP, one per CP chunk with CP (SP shards within the CP
+  // rank's local sequence split further where a shard crosses its two chunks).
   absl::Status ForEachJitterSpan(
       int64_t t, const std::function<absl::Status(int64_t, int64_t, uint64_t)>& fn) const;
   Tensor global_step_counts_;  // [E] f32: this micro-batch's counts, all-reduced

@@ -2,7 +2,9 @@
 // trains the same tiny MoE model as one process on the same global batch and must give the same
 // routing decisions (tokens per expert of every MoE layer, every step) and the same loss curve
 // within 1e-5 relative; a distributed checkpoint resumes with another layout (resharding); the
-// allgather and alltoall dispatchers train the same curve at EP = 2.
+// allgather and alltoall dispatchers train the same curve at EP = 2. Context parallelism (CP2,
+// CP4, CP2 folded with EP and DP) trains the same curve too, a sequence length that is not a
+// multiple of 2·CP is rejected naming the rule, and a CP2 checkpoint resumes in one process.
 #include <sys/stat.h>
 
 #include <cmath>
@@ -50,13 +52,26 @@ std::string CountsText(const StepResult& r) {
 }
 
 // `dispatcher`: model.moe_token_dispatcher_type, unset (Megatron's default, allgather) when empty.
-v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "") {
+// `seq_global_aux`: the load-balancing losses seq_aux_loss and global_aux_loss (0.01 each)
+// instead of the tiny spec's aux_loss (their counts are reduced over CP and TP×DP×CP).
+v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "", int cp = 1,
+                 bool seq_global_aux = false) {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
+  if (seq_global_aux) {
+    v1::ModelConfig* m = spec->mutable_model();
+    m->clear_moe_router_load_balancing_type();
+    m->clear_moe_aux_loss_coeff();
+    for (const char* type : {"seq_aux_loss", "global_aux_loss"}) {
+      m->add_moe_router_load_balancing_type(type);
+      m->add_moe_aux_loss_coeff(0.01);
+    }
+  }
   if (world > 1) {
     spec->mutable_parallel()->set_world_size(world);
     spec->mutable_parallel()->set_expert_model_parallel_size(ep);
   }
+  if (cp > 1) spec->mutable_parallel()->set_context_parallel_size(cp);
   if (!dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(dispatcher);
   return *spec;
 }
@@ -68,9 +83,9 @@ TrainerOptions CpuF32() {
   return opt;
 }
 
-Curve SingleProcess() {
+Curve SingleProcess(bool seq_global_aux = false) {
   Curve c;
-  auto t = Trainer::Create(Spec(1, 1), CpuF32());
+  auto t = Trainer::Create(Spec(1, 1, "", 1, seq_global_aux), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
   for (int i = 0; i < kSteps; ++i) {
@@ -90,12 +105,13 @@ Curve SingleProcess() {
 // empty and EP > 1, "local" with EP = 1).
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root,
-             const std::string& dispatcher = "") {
+             const std::string& dispatcher = "", int cp = 1, bool seq_global_aux = false) {
   std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
   SY_CHILD_CHECK(store != nullptr);
   ParallelDims dims;
   dims.world_size = world;
   dims.expert_model_parallel_size = ep;
+  dims.context_parallel_size = cp;
   comm::GlooOptions gopt;
   gopt.timeout = absl::Seconds(60);
   auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
@@ -105,8 +121,9 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
   // One gradient bucket per layer (and one for the LM head, one for the embedding), reduced on
   // the background thread during the backward pass.
   opt.grad_bucket_elements = 1;
-  auto t = Trainer::Create(Spec(world, ep, dispatcher), opt);
+  auto t = Trainer::Create(Spec(world, ep, dispatcher, cp, seq_global_aux), opt);
   SY_CHILD_OK(t.status());
+  SY_CHILD_CHECK((*t)->model_config().cp_size == cp);
   const std::string expected = ep == 1 ? "local" : (dispatcher.empty() ? "allgather" : dispatcher);
   for (int64_t l = 0; l < (*t)->model_config().num_layers; ++l) {
     const model::MoELayer* layer = (*t)->model().moe_layer(l);
@@ -289,6 +306,113 @@ TEST(DistributedTrainerCheckpointTest, ResumesWithAnotherLayout) {
     c.counts.push_back(CountsText(*r));
   }
   ExpectSameCurve(ref, c, kSteps / 2, "resumed as one process");
+}
+
+// Context parallelism (worker/model/gpt_model.h): each rank holds chunks r and 2·CP−1−r of every
+// sequence, attention all-gathers K/V over CP; routing and loss must equal one process's.
+struct CpLayout {
+  int cp, ep, world;
+  bool seq_global_aux = false;  // seq_aux_loss + global_aux_loss instead of aux_loss
+};
+
+class DistributedTrainerCpTest : public ::testing::TestWithParam<CpLayout> {};
+
+TEST_P(DistributedTrainerCpTest, MatchesSingleProcess) {
+  const CpLayout l = GetParam();
+  static const Curve* refs[2] = {new Curve(SingleProcess(false)), new Curve(SingleProcess(true))};
+  const Curve* ref = refs[l.seq_global_aux ? 1 : 0];
+  ASSERT_EQ(ref->loss.size(), static_cast<size_t>(kSteps));
+  const std::string store = ct::UniqueStoreDir("cp_store");
+  const std::string out = OutFile("cp_curve");
+  const absl::Time start = absl::Now();
+  const std::vector<int> codes = ct::RunProcesses(l.world, absl::Minutes(8), [&](int rank) {
+    return RankBody(rank, l.world, l.ep, store, out, kSteps, "", "", "", l.cp, l.seq_global_aux);
+  });
+  for (int r = 0; r < l.world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  const std::string what =
+      absl::StrCat("CP=", l.cp, " EP=", l.ep, " (world ", l.world, ", DP ", l.world / l.cp, ")",
+                   l.seq_global_aux ? " seq+global aux" : "");
+  std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
+              absl::ToDoubleSeconds(absl::Now() - start));
+  ExpectSameCurve(*ref, ReadCurve(out), 0, what);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DistributedTrainerCpTest,
+                         // seq_aux_loss + global_aux_loss at DP = 1 only: global_aux_loss's
+                         // running mean of the counts is taken per DP rank's micro-batches, so
+                         // at DP > 1 it differs from one process's by design (spec §2.3).
+                         ::testing::Values(CpLayout{2, 1, 2}, CpLayout{4, 1, 4}, CpLayout{2, 2, 2},
+                                           CpLayout{2, 2, 4}, CpLayout{2, 1, 4},
+                                           CpLayout{2, 1, 2, true}, CpLayout{4, 1, 4, true},
+                                           CpLayout{2, 2, 2, true}),
+                         [](const auto& info) {
+                           return absl::StrCat("CP", info.param.cp, "_EP", info.param.ep, "_W",
+                                               info.param.world,
+                                               info.param.seq_global_aux ? "_SeqGlobalAux" : "");
+                         });
+
+// seq_length 18 at CP = 2: 18 is not a multiple of 2·CP = 4. Every rank's Trainer::Create (after
+// the real process groups formed) refuses it naming the field and the rule.
+TEST(DistributedTrainerCpTest, SequenceNotAMultipleOfTwiceCpIsRejected) {
+  const std::string store = ct::UniqueStoreDir("cp_bad_store");
+  const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
+    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
+    SY_CHILD_CHECK(kv != nullptr);
+    ParallelDims dims;
+    dims.world_size = 2;
+    dims.context_parallel_size = 2;
+    comm::GlooOptions gopt;
+    gopt.timeout = absl::Seconds(60);
+    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    SY_CHILD_OK(groups.status());
+    TrainerOptions opt = CpuF32();
+    opt.groups = groups->get();
+    v1::JobSpec spec = Spec(2, 1, "", 2);
+    spec.mutable_model()->set_seq_length(18);
+    auto t = Trainer::Create(spec, opt);
+    SY_CHILD_CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
+    const std::string msg(t.status().message());
+    if (rank == 0) std::printf("rank 0: %s\n", msg.c_str());
+    SY_CHILD_CHECK(msg.find("model.seq_length (18) must be divisible by 2 * "
+                            "parallel.context_parallel_size") != std::string::npos);
+    return 0;
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// CP does not shard parameters: a checkpoint saved at CP = 2 (steps 1-10) resumes in one process
+// (CP = 1) and at EP = 2 without CP, and both continue the single-process curve.
+TEST(DistributedTrainerCpTest, Cp2CheckpointResumesAtCp1) {
+  const Curve ref = SingleProcess();
+  const std::string store = ct::UniqueStoreDir("cp_ckpt_store");
+  const std::string root = ct::UniqueStoreDir("cp_ckpt_root");
+  const std::string out = OutFile("cp_ckpt_curve");
+  std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(8), [&](int rank) {
+    return RankBody(rank, 2, 1, store, out, kSteps / 2, "", root, "", 2);
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  ExpectSameCurve(ref, ReadCurve(out), 0, "CP=2 steps 1-10, saved");
+
+  const std::string store2 = ct::UniqueStoreDir("cp_ckpt_store2");
+  const std::string out2 = OutFile("cp_ckpt_curve2");
+  codes = ct::RunProcesses(2, absl::Minutes(8), [&](int rank) {
+    return RankBody(rank, 2, 2, store2, out2, kSteps, root, "");
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  ExpectSameCurve(ref, ReadCurve(out2), kSteps / 2, "CP=2 ckpt resumed as EP=2 DP=2 CP=1");
+
+  auto single = Trainer::Create(Spec(1, 1), CpuF32());
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_TRUE((*single)->Load(root).ok());
+  Curve c;
+  while ((*single)->step() < kSteps) {
+    auto r = (*single)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    c.loss.push_back(r->loss);
+    c.norm.push_back(r->grad_norm);
+    c.counts.push_back(CountsText(*r));
+  }
+  ExpectSameCurve(ref, c, kSteps / 2, "CP=2 ckpt resumed as one process");
 }
 
 }  // namespace

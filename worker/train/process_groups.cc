@@ -22,6 +22,7 @@ struct Role {
 constexpr Role kRoles[] = {
     {ParallelGroup::kTensor, "tp", &ProcessGroups::tp},
     {ParallelGroup::kDataContext, "dp_cp", &ProcessGroups::data},
+    {ParallelGroup::kContext, "cp", &ProcessGroups::cp},
     {ParallelGroup::kTensorDataContext, "tp_dp_cp", &ProcessGroups::tdc},
     {ParallelGroup::kExpert, "ep", &ProcessGroups::expert},
     {ParallelGroup::kExpertTensor, "etp", &ProcessGroups::etp},

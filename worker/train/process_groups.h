@@ -7,8 +7,11 @@
 // so a role's pointer may equal another's; all are owned here.
 //
 //   tp            TP     (ParallelGroup::kTensor): the sequence-parallel all-gathers and
-//                 reduce-scatters of the model, the all-reduce of TP-replicated gradients
+//                 reduce-scatters of the model, the all-reduce of TP-replicated gradients, the
+//                 aux-loss counts of each micro-batch's sequence shards
 //   data          DP×CP  (ParallelGroup::kDataContext): dense gradients
+//   cp            CP     (kContext): the K/V all-gather and dK/dV reduce-scatter of context-
+//                 parallel attention, and the aux-loss counts of each micro-batch's chunks
 //   tdc           TP×DP×CP (kTensorDataContext): expert-bias and global_aux_loss token counts,
 //                 loss statistics
 //   expert        EP     (kExpert): the MoE dispatch all-to-alls
@@ -24,7 +27,7 @@
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only what the engine runs
-// is accepted (common/model/engine_support.h: any TP and ETP, CP = PP = 1; UNIMPLEMENTED naming
+// is accepted (common/model/engine_support.h: any TP, CP and ETP, PP = 1; UNIMPLEMENTED naming
 // the field otherwise).
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
@@ -49,6 +52,7 @@ struct ProcessGroups {
   comm::Communicator* world = nullptr;
   comm::Communicator* tp = nullptr;
   comm::Communicator* data = nullptr;
+  comm::Communicator* cp = nullptr;
   comm::Communicator* tdc = nullptr;
   comm::Communicator* expert = nullptr;
   comm::Communicator* etp = nullptr;
@@ -65,8 +69,8 @@ struct ProcessGroups {
 };
 
 // INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
-// CP/PP > 1 (UnsupportedByEngine); the communicators' errors otherwise (DEADLINE_EXCEEDED when a
-// peer does not show up within the options' timeout).
+// PP > 1 (UnsupportedByEngine); the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer
+// does not show up within the options' timeout).
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
     const comm::GlooOptions& options);

@@ -1,8 +1,9 @@
 // File: worker/train/tensor_parallel_trainer_test.cc
 //
 // Tensor parallelism with sequence parallelism over Gloo between real forked processes (CPU):
-// TP2, TP4, TP2·EP2 (world 4), TP2·EP2 at world 8 and TP2·EP2 with two sequences per
-// micro-batch and seq_aux_loss train the tiny MoE model of
+// TP2, TP4, TP2·EP2 (world 4), TP2·EP2 at world 8, TP2·EP2 with two sequences per
+// micro-batch and seq_aux_loss, and the folds TP2·CP2 (world 4, also with two sequences and
+// seq_aux_loss), TP2·CP2·EP2 (world 8) and TP2·EP2·ETP2 (world 4) train the tiny MoE model of
 // worker/train/testing/tiny_moe_spec.h for 20 steps and must give one process's routing (tokens
 // per expert of every MoE layer, every step) and loss curve within 1e-5 relative; a TP2
 // checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (whole tensors
@@ -40,8 +41,11 @@ constexpr int kSteps = 20;
 
 struct Layout {
   int world = 1, tp = 1, ep = 1;
+  int cp = 1, etp = 1;  // context and expert-tensor parallel sizes (the folds with TP)
   std::string Name() const {
-    return absl::StrCat("TP=", tp, " EP=", ep, " (world ", world, ", DP ", world / tp, ")");
+    return absl::StrCat("TP=", tp, cp > 1 ? absl::StrCat(" CP=", cp) : "", " EP=", ep,
+                        etp > 1 ? absl::StrCat(" ETP=", etp) : "", " (world ", world, ", DP ",
+                        world / (tp * cp), ")");
   }
 };
 
@@ -81,8 +85,9 @@ v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
     if (layout.tp > 1) {
       p->set_tensor_model_parallel_size(layout.tp);
       p->set_sequence_parallel(true);  // required with MoE (validate_moe.cc)
-      p->set_expert_tensor_parallel_size(1);
+      p->set_expert_tensor_parallel_size(layout.etp);
     }
+    if (layout.cp > 1) p->set_context_parallel_size(layout.cp);
   }
   return *spec;
 }
@@ -147,7 +152,8 @@ int RankBody(int rank, const Layout& layout, const Variant& v, const std::string
   dims.world_size = layout.world;
   dims.tensor_model_parallel_size = layout.tp;
   dims.expert_model_parallel_size = layout.ep;
-  dims.expert_tensor_parallel_size = 1;
+  dims.context_parallel_size = layout.cp;
+  dims.expert_tensor_parallel_size = layout.etp;
   comm::GlooOptions gopt;
   gopt.timeout = absl::Seconds(60);
   auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
@@ -160,6 +166,8 @@ int RankBody(int rank, const Layout& layout, const Variant& v, const std::string
   auto t = Trainer::Create(Spec(layout, v), opt);
   SY_CHILD_OK(t.status());
   SY_CHILD_CHECK((*t)->model_config().tp_size == layout.tp);
+  SY_CHILD_CHECK((*t)->model_config().cp_size == layout.cp);
+  SY_CHILD_CHECK((*t)->model_config().moe.etp_size == layout.etp);
   if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
   std::ofstream f;
   if (rank == 0) f.open(out, std::ios::app);
@@ -259,23 +267,27 @@ TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
 // DP4 / EDP4; TP2·EP2 with two sequences per micro-batch (the all-gather reordering) and the
 // per-sequence aux loss; TP2·EP2 with the alltoall dispatcher; TP2 with the gradient
 // reduction after the backward pass (no overlap: the TP all-reduce still runs in the hook).
-INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelTrainerTest,
-                         ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}},
-                                           Case{{4, 2, 2}, {}}, Case{{8, 2, 2}, {}},
-                                           Case{{4, 2, 2}, {0, 2, true}},
-                                           Case{{4, 2, 2}, {0, 0, false, "alltoall"}},
-                                           Case{{2, 2, 1}, {0, 0, false, "", true}}),
-                         [](const auto& info) {
-                           const Layout& l = info.param.layout;
-                           const Variant& v = info.param.variant;
-                           return absl::StrCat(
-                               "TP", l.tp, "_EP", l.ep, "_W", l.world,
-                               v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
-                               v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "",
-                               v.seq_aux ? "_SeqAux" : "",
-                               v.dispatcher.empty() ? "" : "_" + v.dispatcher,
-                               v.no_overlap ? "_NoOverlap" : "");
-                         });
+// The folds: TP2·CP2 (world 4: CP picks each rank's two chunks, SP shards them over TP), TP2·CP2
+// with two sequences per micro-batch and the per-sequence aux loss, TP2·CP2·EP2 (world 8), and
+// TP2·EP2·ETP2 (world 4, expert-tensor split of the experts beside the dense TP split).
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TensorParallelTrainerTest,
+    ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}}, Case{{4, 2, 2}, {}},
+                      Case{{8, 2, 2}, {}}, Case{{4, 2, 2}, {0, 2, true}},
+                      Case{{4, 2, 2}, {0, 0, false, "alltoall"}},
+                      Case{{2, 2, 1}, {0, 0, false, "", true}}, Case{{4, 2, 1, 2}, {}},
+                      Case{{8, 2, 2, 2}, {}}, Case{{4, 2, 1, 2}, {0, 2, true}},
+                      Case{{4, 2, 2, 1, 2}, {}}),
+    [](const auto& info) {
+      const Layout& l = info.param.layout;
+      const Variant& v = info.param.variant;
+      return absl::StrCat(
+          "TP", l.tp, l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", "_EP", l.ep,
+          l.etp > 1 ? absl::StrCat("_ETP", l.etp) : "", "_W", l.world,
+          v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
+          v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "", v.seq_aux ? "_SeqAux" : "",
+          v.dispatcher.empty() ? "" : "_" + v.dispatcher, v.no_overlap ? "_NoOverlap" : "");
+    });
 
 // A TP2 checkpoint holds whole tensors: one process resumes it and continues the curve; a
 // one-process checkpoint resumes at TP2 and continues it too.

@@ -30,6 +30,7 @@
 #include "data/corpus.h"
 #include "data/indexed_dataset.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/rope.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
@@ -229,6 +230,13 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "parallel.tensor_model_parallel_size (", par.tensor_model_parallel_size(), ") must be ",
         launched_tp, groups_ ? " (the launched layout)" : " for a standalone worker"));
   }
+  // Context parallelism: the launched layout's, or none for a standalone worker.
+  const int64_t launched_cp = groups_ != nullptr ? groups_->layout.cp() : 1;
+  if (par.has_context_parallel_size() && par.context_parallel_size() != launched_cp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.context_parallel_size (", par.context_parallel_size(), ") must be ",
+                     launched_cp, groups_ ? " (the launched layout)" : " for a standalone worker"));
+  }
   // Expert parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_ep = groups_ != nullptr ? groups_->layout.ep() : 1;
   if (par.has_expert_model_parallel_size() && par.expert_model_parallel_size() != launched_ep) {
@@ -307,8 +315,12 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   model::GptParallelGroups model_groups;
   if (groups_ != nullptr) {
     const ParallelLayout& pl = groups_->layout;
-    dp_ = pl.GroupSize(ParallelGroup::kDataContext);
-    dp_rank_ = pl.RankInGroup(ParallelGroup::kDataContext, groups_->rank);
+    // Samples are split over DP only: the CP ranks of one DP rank share its samples, each with
+    // its own two chunks of every sequence (megatron_parallel.md §2.1).
+    dp_ = pl.GroupSize(ParallelGroup::kData);
+    dp_rank_ = pl.RankInGroup(ParallelGroup::kData, groups_->rank);
+    cp_ = pl.cp();
+    cp_rank_ = pl.RankInGroup(ParallelGroup::kContext, groups_->rank);
     if (gbs % (micro_batch_ * dp_) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "training.global_batch_size (", gbs, ") must be divisible by micro_batch_size (",
@@ -324,13 +336,17 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     config.moe.etp_size = pl.etp();
     config.moe.etp_rank = pl.RankInGroup(ParallelGroup::kExpertTensor, groups_->rank);
     config.expert_shard_multiple = pl.GroupSize(ParallelGroup::kExpertData);
-    config.dense_shard_multiple = dp_;
+    config.dense_shard_multiple = pl.GroupSize(ParallelGroup::kDataContext);
     config.tp_size = pl.tp();
     config.tp_rank = pl.RankInGroup(ParallelGroup::kTensor, groups_->rank);
-    model_groups = {groups_->expert, groups_->tdc, groups_->etp, groups_->etp_ep, groups_->tp};
+    config.cp_size = cp_;
+    config.cp_rank = cp_rank_;
+    model_groups = {groups_->expert, groups_->tdc, groups_->etp,
+                    groups_->etp_ep, groups_->tp,  groups_->cp};
   }
   num_micro_ = num_micro_global_ / dp_;
   seq_ = config.seq_length;
+  local_seq_ = seq_ / cp_;  // GptConfig::Validate checked seq_length % (2·CP) == 0
   SY_ASSIGN_OR_RETURN(model_,
                       GptModel::Create(config, device, micro_batch_, num_micro_, model_groups));
   flops_per_token_ = model::GptTrainingFlopsPerToken(config);
@@ -430,13 +446,26 @@ absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count) {
       targets[b * seq_ + j] = sample[j + 1];
     }
   }
+  if (cp_ > 1) {
+    // Keep this rank's two chunks of every sequence (chunk cp_rank_, then 2·CP−1−cp_rank_), in
+    // place: local token i of sequence b is token CpGlobalPosition(i) of the sample.
+    std::vector<int32_t> whole_ids(ids, ids + count * seq_),
+        whole_t(targets, targets + count * seq_);
+    for (int64_t b = 0; b < count; ++b) {
+      for (int64_t i = 0; i < local_seq_; ++i) {
+        const int64_t g = kernels::CpGlobalPosition(i, local_seq_, cp_, cp_rank_);
+        ids[b * local_seq_ + i] = whole_ids[b * seq_ + g];
+        targets[b * local_seq_ + i] = whole_t[b * seq_ + g];
+      }
+    }
+  }
   if (stream_.is_cuda()) {
     // The previous micro-batch's kernels may still read ids_/targets_: copies on the stream.
     cudaStream_t s = static_cast<cudaStream_t>(stream_.cuda_stream);
     SY_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(ids_.data(), ids, count * seq_ * 4, cudaMemcpyHostToDevice, s));
-    SY_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(targets_.data(), targets, count * seq_ * 4, cudaMemcpyHostToDevice, s));
+        cudaMemcpyAsync(ids_.data(), ids, count * local_seq_ * 4, cudaMemcpyHostToDevice, s));
+    SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_.data(), targets, count * local_seq_ * 4,
+                                            cudaMemcpyHostToDevice, s));
     // The host staging buffers are reused by the next micro-batch: wait for the copies.
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   }
@@ -485,12 +514,15 @@ absl::StatusOr<StepResult> Trainer::Step() {
       SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + j * micro_batch_, micro_batch_));
     }
     if (distributed()) model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
-    const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
-    const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
+    // This rank's tokens: micro_batch_ × local_seq_ (the whole sequences without CP; with TP
+    // every TP rank gets them all and the model keeps its sequence shard).
+    const int64_t n = micro_batch_ * local_seq_;
+    const Tensor ids = Slice(s.is_cuda() ? ids_.View() : host_ids_.View(), 0, {n});
+    const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
     const bool tp = model_->config().tp_size > 1;
     if ((reducer_ != nullptr || tp) && m + 1 == num_micro_) model_->SetBackwardHook(hook);
-    absl::Status st =
-        model_->ForwardBackward(s, ids, targets, seq_, ce_scale, aux_scale, static_cast<int>(m));
+    absl::Status st = model_->ForwardBackward(s, ids, targets, local_seq_, ce_scale, aux_scale,
+                                              static_cast<int>(m));
     model_->SetBackwardHook(nullptr);
     if (reducer_ != nullptr && m + 1 == num_micro_) {
       // Every launched reduction must finish before anything touches the gradients again.
@@ -792,7 +824,9 @@ absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
   stats->loss_sum = v[i++];
   stats->tokens = static_cast<int64_t>(v[i++]);
   for (auto& layer : stats->moe_losses) {
-    for (double& x : layer) x = v[i++] / dp_;  // mean over the replicas' micro-batch means
+    // Summed over CP (each CP rank's share is its chunks' part of the whole sequence's loss),
+    // averaged over DP (the replicas' micro-batch means).
+    for (double& x : layer) x = v[i++] / dp_;
   }
   for (auto& counts : stats->expert_tokens) {
     for (int64_t& c : counts) c = static_cast<int64_t>(v[i++]);
@@ -804,9 +838,11 @@ absl::StatusOr<double> Trainer::EvalLoss() {
   const Stream& s = stream_;
   for (int64_t m = 0; m < num_micro_; ++m) {
     SY_RETURN_IF_ERROR(LoadMicroBatch((m * dp_ + dp_rank_) * micro_batch_, micro_batch_));
-    const Tensor ids = s.is_cuda() ? ids_.View() : host_ids_.View();
-    const Tensor targets = s.is_cuda() ? targets_.View() : host_targets_.View();
-    SY_RETURN_IF_ERROR(model_->Forward(s, ids, targets, seq_, static_cast<int>(m), Tensor()));
+    // This rank's tokens: micro_batch_ × local_seq_ (the whole sequences without CP).
+    const int64_t n = micro_batch_ * local_seq_;
+    const Tensor ids = Slice(s.is_cuda() ? ids_.View() : host_ids_.View(), 0, {n});
+    const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
+    SY_RETURN_IF_ERROR(model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
   }
   SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
                       model_->ReadStepStats(s, static_cast<int>(num_micro_)));

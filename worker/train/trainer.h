@@ -27,22 +27,25 @@
 // (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
 // metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
 //
-// Distributed (TrainerOptions::groups; data, expert and tensor parallelism, CP = PP = ETP = 1):
-// every rank holds the dense parameters (its TP shard of the TP-split ones: GptModel's "Tensor
-// and sequence parallelism") and its EP rank's experts (megatron_moe.md §3.2, §5). The TP ranks of
-// one DP rank run the same micro-batches, each on its sequence shard; the gradients of the
-// TP-replicated tensors are summed over TP in the last micro-batch's backward hook
-// (AllReduceTpReplicatedGrads), and the TP-split region has an optimizer instance of its own
-// whose squared norm is summed over TP (the replicated one counts once). With
-// DP = size(DP×CP) data-parallel ranks and M = GBS / MBS micro-batches per global batch, rank
-// d runs micro-batches j = m·DP + d (m < M / DP) — sample ranges as Megatron's pretraining
-// sampler gives them — with the single-process scales (ce_scale = 1 / global batch tokens,
-// aux_grad_scale = 1 / M) and the jitter counter of micro-batch j, so the SUM over ranks of the
-// gradients is exactly the single-process gradient. Optimizer: two DistributedAdamW (ZeRO-1)
-// instances with grad_scale 1 (the sum): dense parameters over DP×CP, expert parameters over
-// EDP, one global norm (distributed_optimizer.h, "Two instances"); with TP a third, the
-// TP-split dense region, also over DP×CP. Loss, aux losses and expert counts are summed over
-// TP×DP×CP for the log line (each TP rank's are its shard's share); expert-bias and
+// Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism in any
+// combination, PP = 1): every rank holds the dense parameters (its TP shard of the TP-split
+// ones: GptModel's "Tensor and sequence parallelism") and its EP rank's experts (megatron_moe.md
+// §3.2, §5). The TP ranks of one DP rank run the same micro-batches, each on its sequence shard;
+// under context parallelism the CP ranks of one DP rank run the same micro-batches, each with its
+// two chunks of every sequence (gpt_model.h; with TP too, every TP rank gets the CP rank's
+// chunks and the model keeps its shard of them). The gradients of the TP-replicated tensors are
+// summed over TP in the last micro-batch's backward hook (AllReduceTpReplicatedGrads), and the
+// TP-split region has an optimizer instance of its own whose squared norm is summed over TP (the
+// replicated one counts once). With DP data-parallel ranks (the DP group, without TP and CP) and
+// M = GBS / MBS micro-batches per global batch, rank d runs micro-batches j = m·DP + d
+// (m < M / DP) — sample ranges as Megatron's pretraining sampler gives them — with the
+// single-process scales (ce_scale = 1 / global batch tokens, aux_grad_scale = 1 / M) and the
+// jitter counter of micro-batch j, so the SUM over ranks of the gradients is exactly the
+// single-process gradient. Optimizer: two DistributedAdamW (ZeRO-1) instances with grad_scale 1
+// (the sum): dense parameters over DP×CP, expert parameters over EDP, one global norm
+// (distributed_optimizer.h, "Two instances"); with TP a third, the TP-split dense region, also
+// over DP×CP. Loss, aux losses and expert counts are summed over TP×DP×CP for the log line (each
+// TP or CP rank's are its share; aux terms then averaged over DP); expert-bias and
 // global_aux_loss counts over TP×DP×CP inside the model. Gradient buckets are reduce-scattered
 // during the backward pass of the last micro-batch (TrainerOptions::overlap_grad_reduce;
 // worker/train/grad_reducer.h).
@@ -211,7 +214,9 @@ class Trainer {
   v1::JobSpec spec_;
   TrainerOptions options_;
   ProcessGroups* groups_ = nullptr;
-  int dp_ = 1, dp_rank_ = 0;      // size(DP×CP) and this rank's position in it
+  int dp_ = 1, dp_rank_ = 0;      // size(DP) and this rank's position in it (micro-batch owner)
+  int cp_ = 1, cp_rank_ = 0;      // context parallelism: this rank holds chunks cp_rank_ and
+                                  // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
   // TP-sharded dense region (null without TP); expert_opt_: the experts.
@@ -243,7 +248,8 @@ class Trainer {
   std::shared_ptr<const GptSamples> samples_;
   std::string data_description_;
   int64_t step_ = 0, consumed_samples_ = 0, skipped_steps_ = 0;
-  int64_t micro_batch_ = 1, num_micro_ = 1, seq_ = 0;
+  int64_t micro_batch_ = 1, num_micro_ = 1, seq_ = 0;  // seq_: the whole sequence (S)
+  int64_t local_seq_ = 0;                              // S / CP tokens per sequence on this rank
   uint64_t mock_seed_ = 0;
   bool mock_ = false;
   double flops_per_token_ = 0;
