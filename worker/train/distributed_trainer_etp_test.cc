@@ -25,6 +25,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -32,6 +33,13 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::AppendStep;
+using curves::CountsText;
+using curves::Curve;
+using curves::CurveLine;
+using curves::ExpectSameCurve;
+using curves::OutFile;
+using curves::ReadCurve;
 
 const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true);
 constexpr int kSteps = 20;
@@ -44,20 +52,6 @@ struct Layout {
                         ", DP ", world, ", ", dispatcher.empty() ? "allgather" : dispatcher, ")");
   }
 };
-
-struct Curve {
-  std::vector<double> loss, norm;
-  std::vector<std::string> counts;  // per step: every MoE layer's tokens per expert, as text
-};
-
-std::string CountsText(const StepResult& r) {
-  std::string s;
-  for (const auto& layer : r.expert_tokens) {
-    for (int64_t c : layer) absl::StrAppend(&s, c, ",");
-    s += ";";
-  }
-  return s;
-}
 
 v1::JobSpec Spec(const Layout& l) {
   auto spec = ParseJobSpecYaml(kSpec);
@@ -76,12 +70,6 @@ TrainerOptions CpuF32() {
   opt.force_dtype = true;
   opt.dtype = DType::kF32;
   return opt;
-}
-
-void AppendStep(const StepResult& r, Curve* c) {
-  c->loss.push_back(r.loss);
-  c->norm.push_back(r.grad_norm);
-  c->counts.push_back(CountsText(r));
 }
 
 Curve SingleProcess() {
@@ -154,61 +142,11 @@ int RankBody(const Layout& l, int rank, const std::string& store_dir, const std:
     auto r = (*t)->Step();
     SY_CHILD_OK(r.status());
     if (rank == 0) {
-      char line[128];
-      std::snprintf(line, sizeof(line), "%.17g %.17g ", r->loss, r->grad_norm);
-      f << line << CountsText(*r) << "\n";
+      f << CurveLine(*r);
     }
   }
   if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
   return 0;
-}
-
-Curve ReadCurve(const std::string& path) {
-  Curve c;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::vector<std::string> parts = absl::StrSplit(line, ' ');
-    if (parts.size() < 3) continue;
-    c.loss.push_back(std::stod(parts[0]));
-    c.norm.push_back(std::stod(parts[1]));
-    c.counts.push_back(parts[2]);
-  }
-  return c;
-}
-
-// Compares `got` (steps [first, first + got.size())) with `ref`; prints the evidence.
-void ExpectSameCurve(const Curve& ref, const Curve& got, size_t first, const std::string& what,
-                     double tolerance = 1e-5) {
-  ASSERT_FALSE(got.loss.empty()) << what;
-  ASSERT_LE(first + got.loss.size(), ref.loss.size()) << what;
-  double worst_loss = 0, worst_norm = 0;
-  int routing_diffs = 0;
-  for (size_t i = 0; i < got.loss.size(); ++i) {
-    const size_t s = first + i;
-    worst_loss = std::max(worst_loss, std::abs(got.loss[i] - ref.loss[s]) / std::abs(ref.loss[s]));
-    worst_norm = std::max(worst_norm, std::abs(got.norm[i] - ref.norm[s]) / std::abs(ref.norm[s]));
-    if (got.counts[i] != ref.counts[s]) {
-      ++routing_diffs;
-      ADD_FAILURE() << what << " step " << s + 1 << ": tokens per expert " << got.counts[i]
-                    << " != reference " << ref.counts[s];
-    }
-  }
-  std::printf(
-      "%-46s steps %zu-%zu: loss %.4f -> %.4f, max rel diff loss %.2e grad_norm %.2e, routing "
-      "differences %d (tolerance %.0e)\n",
-      what.c_str(), first + 1, first + got.loss.size(), got.loss.front(), got.loss.back(),
-      worst_loss, worst_norm, routing_diffs, tolerance);
-  EXPECT_LE(worst_loss, tolerance) << what;
-  if (first == 0 && got.loss.size() == static_cast<size_t>(kSteps)) {
-    EXPECT_LT(got.loss.back(), got.loss.front()) << what;  // it trains
-  }
-}
-
-std::string OutFile(const std::string& name) {
-  const std::string path = ct::UniqueStoreDir(name) + ".txt";
-  std::remove(path.c_str());
-  return path;
 }
 
 const Curve& Reference() {

@@ -22,6 +22,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -29,6 +30,13 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::AppendStep;
+using curves::CountsText;
+using curves::Curve;
+using curves::CurveLine;
+using curves::ExpectSameCurve;
+using curves::OutFile;
+using curves::ReadCurve;
 
 // The shared tiny MoE job (worker/train/testing/tiny_moe_spec.h explains its init_method_std).
 // Two MoE layers and a dense one; sigmoid routing with expert bias (counts all-reduced), aux and
@@ -36,20 +44,6 @@ namespace ct = ::switchyard::comm::testing;
 // holds 2 per rank; 8 micro-batches per global batch so that DP = 4 runs 2 per rank.
 const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true);
 constexpr int kSteps = 20;
-
-struct Curve {
-  std::vector<double> loss, norm;
-  std::vector<std::string> counts;  // per step: every MoE layer's tokens per expert, as text
-};
-
-std::string CountsText(const StepResult& r) {
-  std::string s;
-  for (const auto& layer : r.expert_tokens) {
-    for (int64_t c : layer) absl::StrAppend(&s, c, ",");
-    s += ";";
-  }
-  return s;
-}
 
 // `dispatcher`: model.moe_token_dispatcher_type, unset (Megatron's default, allgather) when empty.
 // `seq_global_aux`: the load-balancing losses seq_aux_loss and global_aux_loss (0.01 each)
@@ -144,61 +138,11 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     auto r = (*t)->Step();
     SY_CHILD_OK(r.status());
     if (rank == 0) {
-      char line[128];
-      std::snprintf(line, sizeof(line), "%.17g %.17g ", r->loss, r->grad_norm);
-      f << line << CountsText(*r) << "\n";
+      f << CurveLine(*r);
     }
   }
   if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
   return 0;
-}
-
-Curve ReadCurve(const std::string& path) {
-  Curve c;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::vector<std::string> parts = absl::StrSplit(line, ' ');
-    if (parts.size() < 3) continue;
-    c.loss.push_back(std::stod(parts[0]));
-    c.norm.push_back(std::stod(parts[1]));
-    c.counts.push_back(parts[2]);
-  }
-  return c;
-}
-
-// Compares `got` (steps [first, first + got.size())) with the reference; prints the evidence.
-void ExpectSameCurve(const Curve& ref, const Curve& got, size_t first, const std::string& what) {
-  ASSERT_FALSE(got.loss.empty()) << what;
-  ASSERT_LE(first + got.loss.size(), ref.loss.size()) << what;
-  double worst_loss = 0, worst_norm = 0;
-  int routing_diffs = 0;
-  for (size_t i = 0; i < got.loss.size(); ++i) {
-    const size_t s = first + i;
-    worst_loss = std::max(worst_loss, std::abs(got.loss[i] - ref.loss[s]) / std::abs(ref.loss[s]));
-    worst_norm = std::max(worst_norm, std::abs(got.norm[i] - ref.norm[s]) / std::abs(ref.norm[s]));
-    if (std::getenv("SY_DEBUG_CURVE")) {
-      std::printf("  step %zu loss %.9g / %.9g norm %.9g / %.9g\n", s + 1, got.loss[i], ref.loss[s],
-                  got.norm[i], ref.norm[s]);
-    }
-    if (got.counts[i] != ref.counts[s]) {
-      ++routing_diffs;
-      ADD_FAILURE() << what << " step " << s + 1 << ": tokens per expert " << got.counts[i]
-                    << " != single-process " << ref.counts[s];
-    }
-  }
-  std::printf(
-      "%-34s steps %zu-%zu: loss %.4f -> %.4f, max rel diff loss %.2e grad_norm %.2e, "
-      "routing differences %d (tolerance 1e-5)\n",
-      what.c_str(), first + 1, first + got.loss.size(), got.loss.front(), got.loss.back(),
-      worst_loss, worst_norm, routing_diffs);
-  EXPECT_LE(worst_loss, 1e-5) << what;
-}
-
-std::string OutFile(const std::string& name) {
-  const std::string path = ct::UniqueStoreDir(name) + ".txt";
-  std::remove(path.c_str());
-  return path;
 }
 
 class DistributedTrainerTest : public ::testing::TestWithParam<std::pair<int, int>> {};

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -36,6 +37,13 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::AppendStep;
+using curves::CountsText;
+using curves::Curve;
+using curves::CurveLine;
+using curves::ExpectSameCurve;
+using curves::OutFile;
+using curves::ReadCurve;
 
 constexpr int kSteps = 20;
 
@@ -97,20 +105,6 @@ TrainerOptions CpuF32() {
   opt.force_dtype = true;
   opt.dtype = DType::kF32;
   return opt;
-}
-
-struct Curve {
-  std::vector<double> loss, norm;
-  std::vector<std::string> counts;  // per step: every MoE layer's tokens per expert, as text
-};
-
-std::string CountsText(const StepResult& r) {
-  std::string s;
-  for (const auto& layer : r.expert_tokens) {
-    for (int64_t c : layer) absl::StrAppend(&s, c, ",");
-    s += ";";
-  }
-  return s;
 }
 
 void Append(Curve* c, const StepResult& r) {
@@ -175,60 +169,11 @@ int RankBody(int rank, const Layout& layout, const Variant& v, const std::string
     auto r = (*t)->Step();
     SY_CHILD_OK(r.status());
     if (rank == 0) {
-      char line[128];
-      std::snprintf(line, sizeof(line), "%.17g %.17g ", r->loss, r->grad_norm);
-      f << line << CountsText(*r) << "\n";
+      f << CurveLine(*r);
     }
   }
   if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
   return 0;
-}
-
-Curve ReadCurve(const std::string& path) {
-  Curve c;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    std::vector<std::string> parts = absl::StrSplit(line, ' ');
-    if (parts.size() < 3) continue;
-    c.loss.push_back(std::stod(parts[0]));
-    c.norm.push_back(std::stod(parts[1]));
-    c.counts.push_back(parts[2]);
-  }
-  return c;
-}
-
-// Compares `got` (steps [first, first + got.size())) with `ref` (steps [ref_first, ...)); prints
-// the evidence.
-void ExpectSameCurve(const Curve& ref, size_t ref_first, const Curve& got, size_t first,
-                     const std::string& what) {
-  ASSERT_FALSE(got.loss.empty()) << what;
-  ASSERT_LE(first - ref_first + got.loss.size(), ref.loss.size()) << what;
-  double worst_loss = 0, worst_norm = 0;
-  int routing_diffs = 0;
-  for (size_t i = 0; i < got.loss.size(); ++i) {
-    const size_t s = first - ref_first + i;
-    worst_loss = std::max(worst_loss, std::abs(got.loss[i] - ref.loss[s]) / std::abs(ref.loss[s]));
-    worst_norm = std::max(worst_norm, std::abs(got.norm[i] - ref.norm[s]) / std::abs(ref.norm[s]));
-    if (got.counts[i] != ref.counts[s]) {
-      ++routing_diffs;
-      ADD_FAILURE() << what << " step " << first + i + 1 << ": tokens per expert " << got.counts[i]
-                    << " != single-process " << ref.counts[s];
-    }
-  }
-  std::printf(
-      "%-40s steps %zu-%zu: loss %.4f -> %.4f, max rel diff loss %.2e grad_norm %.2e, "
-      "routing differences %d (tolerance 1e-5)\n",
-      what.c_str(), first + 1, first + got.loss.size(), got.loss.front(), got.loss.back(),
-      worst_loss, worst_norm, routing_diffs);
-  EXPECT_LE(worst_loss, 1e-5) << what;
-  EXPECT_LE(worst_norm, 1e-5) << what;
-}
-
-std::string OutFile(const std::string& name) {
-  const std::string path = ct::UniqueStoreDir(name) + ".txt";
-  std::remove(path.c_str());
-  return path;
 }
 
 // Runs `layout` for steps (0, last] (after loading `load_root` if given) and returns rank 0's
@@ -259,7 +204,7 @@ TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
   const Curve got = RunLayout(c.layout, c.variant, kSteps, "", "");
   ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps));
-  ExpectSameCurve(ref, 0, got, 0, c.layout.Name() + c.variant.Name());
+  ExpectSameCurve(ref, got, 0, c.layout.Name() + c.variant.Name());
   EXPECT_LT(got.loss.back(), got.loss.front());  // it trains
 }
 
@@ -296,15 +241,15 @@ TEST(TensorParallelCheckpointTest, ResumesAcrossTensorParallelSizes) {
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
   const std::string root = ct::UniqueStoreDir("tp_ckpt_root");
   const Curve saved = RunLayout({2, 2, 1}, {}, kSteps / 2, "", root);
-  ExpectSameCurve(ref, 0, saved, 0, "TP=2 steps 1-10, saved");
+  ExpectSameCurve(ref, saved, 0, "TP=2 steps 1-10, saved");
   const Curve resumed = SingleProcess({}, kSteps, root);
-  ExpectSameCurve(ref, 0, resumed, kSteps / 2, "TP=2 checkpoint resumed as one process");
+  ExpectSameCurve(ref, resumed, kSteps / 2, "TP=2 checkpoint resumed as one process");
 
   const std::string root1 = ct::UniqueStoreDir("tp_ckpt_root1");
   const Curve first = SingleProcess({}, kSteps / 2, "", root1);
   ASSERT_EQ(first.loss.size(), static_cast<size_t>(kSteps / 2));
   const Curve resumed2 = RunLayout({2, 2, 1}, {}, kSteps, root1, "");
-  ExpectSameCurve(ref, 0, resumed2, kSteps / 2, "one-process checkpoint resumed at TP=2");
+  ExpectSameCurve(ref, resumed2, kSteps / 2, "one-process checkpoint resumed at TP=2");
 }
 
 // What TP cannot split is rejected on every rank with INVALID_ARGUMENT naming the field and the

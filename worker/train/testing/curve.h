@@ -1,0 +1,43 @@
+// File: worker/train/testing/curve.h
+//
+// The training curve the distributed CPU tests compare with one process's (distributed_trainer,
+// distributed_trainer_etp, tensor_parallel_trainer tests): per step the loss, the grad norm and
+// every MoE layer's tokens per expert as text (routing is compared exactly). Rank 0 of a forked
+// run appends CurveLine(step) to a file; the parent reads it back with ReadCurve.
+#ifndef SWITCHYARD_WORKER_TRAIN_TESTING_CURVE_H_
+#define SWITCHYARD_WORKER_TRAIN_TESTING_CURVE_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "worker/train/trainer.h"
+
+namespace switchyard::train::curves {
+
+struct Curve {
+  std::vector<double> loss, norm;
+  std::vector<std::string> counts;  // per step: every MoE layer's tokens per expert, as text
+};
+
+// "c0,c1,...;c0,c1,...;" : tokens per expert of every MoE layer.
+std::string CountsText(const StepResult& r);
+// Appends one step to `c` (in-process runs).
+void AppendStep(const StepResult& r, Curve* c);
+// "<loss> <grad_norm> <counts>\n", 17 significant digits (what a rank writes).
+std::string CurveLine(const StepResult& r);
+// The lines of `path` (missing file: an empty curve).
+Curve ReadCurve(const std::string& path);
+// A fresh path for a curve file (under the test's temporary directory).
+std::string OutFile(const std::string& name);
+
+// Compares `got` (steps [first, first + got.size()) of the run) with the same steps of `ref`:
+// tokens per expert identical (one failure per differing step), loss and grad norm within
+// `tolerance` relative; a curve that covers the whole reference must also train (last loss
+// below the first). Prints the evidence line.
+void ExpectSameCurve(const Curve& ref, const Curve& got, size_t first, const std::string& what,
+                     double tolerance = 1e-5);
+
+}  // namespace switchyard::train::curves
+
+#endif  // SWITCHYARD_WORKER_TRAIN_TESTING_CURVE_H_
