@@ -217,8 +217,9 @@ void CheckModel(const v1::JobSpec& spec, Violations* v) {
                      "parallel.tensor_model_parallel_size", p.tp);
     }
     // Sequence parallelism (on whenever TP > 1) gives every TP rank S / TP positions of each
-    // sequence (megatron_parallel.md §0).
-    if (p.tp > 1 && m.seq_length() > 0 && m.seq_length() % p.tp != 0) {
+    // sequence (megatron_parallel.md §0). With CP > 1 the 2·CP·TP rule (validate_parallel.cc)
+    // covers it, so one bad seq_length gets one message.
+    if (p.tp > 1 && p.cp <= 1 && m.seq_length() > 0 && m.seq_length() % p.tp != 0) {
       v->Add("model.seq_length (", m.seq_length(),
              ") must be divisible by parallel.tensor_model_parallel_size (", p.tp,
              "): sequence parallelism splits every sequence over the TP ranks");

@@ -21,7 +21,7 @@
 //   a. ValidateJobSpec (common/config/validate.h): bounds (sizes, control characters), then
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
-//   c. The parallelism the workers run (common/model/engine_support.h): any TP; CP, PP and ETP
+//   c. The parallelism the workers run (common/model/engine_support.h): any TP, CP and ETP; PP
 //      must be unset or 1.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
 //      '..', load only another job's checkpoint by name.

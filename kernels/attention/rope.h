@@ -52,6 +52,16 @@ struct RopeCp {
   int64_t rank = 0;
 };
 
+// The global chunk (of 2·cp_size) that CP rank cp_rank holds as its local chunk j (0 or 1).
+// One definition shared by the kernels, the model's K/V gather and the MoE jitter offsets.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    inline int64_t
+    CpChunkId(int64_t j, int64_t cp_size, int64_t cp_rank) {
+  return j == 0 ? cp_rank : 2 * cp_size - 1 - cp_rank;
+}
+
 // Global position of local token i (0 <= i < local_len) of a CP rank's sequence (see RopeCp).
 // One definition shared by the kernels, the model and the trainer's batch slicing.
 #if defined(__CUDACC__)
@@ -61,8 +71,7 @@ __host__ __device__
     CpGlobalPosition(int64_t i, int64_t local_len, int64_t cp_size, int64_t cp_rank) {
   if (cp_size <= 1) return i;
   const int64_t c = local_len / 2;
-  const int64_t chunk = i < c ? cp_rank : 2 * cp_size - 1 - cp_rank;
-  return chunk * c + (i < c ? i : i - c);
+  return CpChunkId(i < c ? 0 : 1, cp_size, cp_rank) * c + (i < c ? i : i - c);
 }
 
 // out = RoPE(x): rotates every (i, i + D/2) pair by +theta. x, out [T, heads, D]. seq_len is

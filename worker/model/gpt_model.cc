@@ -970,9 +970,7 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
 
 // Local rows of a CP rank: sequence b's local chunk j (j = 0: chunk r, j = 1: chunk 2·CP−1−r) is
 // rows [b·s_loc + j·c, +c); in the whole sequence that chunk is rows [b·S + id·c, +c).
-namespace {
-int64_t CpChunkId(int64_t j, int64_t cp, int64_t rank) { return j == 0 ? rank : 2 * cp - 1 - rank; }
-}  // namespace
+namespace {}  // namespace
 
 absl::Status GptModel::CpGatherKv(const Stream& s, const Tensor& local, const Tensor& whole,
                                   int64_t b, int64_t s_loc) {
@@ -985,7 +983,7 @@ absl::Status GptModel::CpGatherKv(const Stream& s, const Tensor& local, const Te
     for (int64_t bb = 0; bb < b; ++bb) {
       for (int64_t j = 0; j < 2; ++j) {
         const int64_t src = r * n_local + bb * s_loc + j * c;
-        const int64_t dst = bb * seq + CpChunkId(j, cp, r) * c;
+        const int64_t dst = bb * seq + kernels::CpChunkId(j, cp, r) * c;
         SY_RETURN_IF_ERROR(
             CopyAsync(s, Slice(gather, src * row, {c * row}), Slice(whole, dst * row, {c * row})));
       }
@@ -1003,7 +1001,7 @@ absl::Status GptModel::CpReduceScatterKv(const Stream& s, const Tensor& whole, c
     for (int64_t bb = 0; bb < b; ++bb) {
       for (int64_t j = 0; j < 2; ++j) {
         const int64_t dst = r * n_local + bb * s_loc + j * c;
-        const int64_t src = bb * seq + CpChunkId(j, cp, r) * c;
+        const int64_t src = bb * seq + kernels::CpChunkId(j, cp, r) * c;
         SY_RETURN_IF_ERROR(
             CopyAsync(s, Slice(whole, src * row, {c * row}), Slice(gather, dst * row, {c * row})));
       }
@@ -1027,7 +1025,7 @@ absl::Status GptModel::CpAttentionForward(const Stream& s, Layer& L, int64_t b, 
   // [b][j] blocks of [Hq, ch] in L.lse (the layout only the backward below reads).
   for (int64_t bb = 0; bb < b; ++bb) {
     for (int64_t j = 0; j < 2; ++j) {
-      const int64_t kv_len = (CpChunkId(j, cp, c.cp_rank) + 1) * ch;
+      const int64_t kv_len = (kernels::CpChunkId(j, cp, c.cp_rank) + 1) * ch;
       const int64_t q0 = bb * s_loc + j * ch;
       SY_RETURN_IF_ERROR(kernels::AttentionForward(
           s, Slice(L.q, q0 * hq * d, {ch, hq, d}),
@@ -1055,7 +1053,7 @@ absl::Status GptModel::CpAttentionBackward(const Stream& s, Layer& L, int64_t b,
   SY_RETURN_IF_ERROR(ZeroAsync(s, dv_whole));
   for (int64_t bb = 0; bb < b; ++bb) {
     for (int64_t j = 0; j < 2; ++j) {
-      const int64_t kv_len = (CpChunkId(j, cp, c.cp_rank) + 1) * ch;
+      const int64_t kv_len = (kernels::CpChunkId(j, cp, c.cp_rank) + 1) * ch;
       const int64_t q0 = bb * s_loc + j * ch, k0 = bb * seq * hkv * d;
       const Tensor dk_part = Slice(cp_dk_part_, 0, {kv_len, hkv, d});
       const Tensor dv_part = Slice(cp_dv_part_, 0, {kv_len, hkv, d});

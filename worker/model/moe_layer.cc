@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/attention/rope.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/moe/aux_loss.h"
@@ -375,7 +376,7 @@ absl::Status MoELayer::Forward(const Stream& stream, const MoELayerParams& p,
 }
 
 absl::Status MoELayer::ForEachJitterSpan(
-    int64_t t, const std::function<absl::Status(int64_t, int64_t, uint64_t)>& fn) const {
+    int64_t t, absl::FunctionRef<absl::Status(int64_t, int64_t, uint64_t)> fn) const {
   const int64_t sp = config_.sp_size, cp = jitter_cp_size_;
   if (sp == 1 && cp <= 1) return fn(0, t, 0);
   const int64_t h = config_.hidden_size;
@@ -387,7 +388,7 @@ absl::Status MoELayer::ForEachJitterSpan(
   const int64_t s_cp = s_loc * sp, c = cp > 1 ? s_cp / 2 : s_cp;
   const auto global_token = [&](int64_t row) -> int64_t {
     const int64_t b = row / s_loc, p = config_.sp_rank * s_loc + row % s_loc, q = p / c;
-    const int64_t id = cp <= 1 ? q : (q == 0 ? jitter_cp_rank_ : 2 * cp - 1 - jitter_cp_rank_);
+    const int64_t id = cp <= 1 ? q : kernels::CpChunkId(q, cp, jitter_cp_rank_);
     return b * s_cp * cp + id * c + p % c;
   };
   // Runs of rows whose global tokens are consecutive (element offset = token·H).

@@ -236,7 +236,7 @@ class MoELayer {
   // CP, one run per sequence shard with SP, one per CP chunk with CP (SP shards within the CP
   // rank's local sequence split further where a shard crosses its two chunks).
   absl::Status ForEachJitterSpan(
-      int64_t t, const std::function<absl::Status(int64_t, int64_t, uint64_t)>& fn) const;
+      int64_t t, absl::FunctionRef<absl::Status(int64_t, int64_t, uint64_t)> fn) const;
   Tensor global_step_counts_;  // [E] f32: this micro-batch's counts, all-reduced
   bool has_aux_ = false, has_global_aux_ = false;
   int64_t global_steps_ = 0;

@@ -33,13 +33,12 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
-using curves::AppendStep;
-using curves::CountsText;
 using curves::Curve;
 using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
+using curves::StepUntil;
 
 const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true);
 constexpr int kSteps = 20;
@@ -77,13 +76,7 @@ Curve SingleProcess() {
   auto t = Trainer::Create(Spec(Layout{}), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
-  for (int i = 0; i < kSteps; ++i) {
-    auto r = (*t)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return c;
-    AppendStep(*r, &c);
-  }
-  return c;
+  return StepUntil(t->get(), kSteps);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroups>> Groups(const Layout& l, int rank,
@@ -206,12 +199,7 @@ TEST(DistributedTrainerEtpTest, CheckpointAtEtp2Ep2ResumesInOneProcess) {
   ASSERT_TRUE(single.ok()) << single.status();
   const absl::Status loaded = (*single)->Load(root);
   ASSERT_TRUE(loaded.ok()) << loaded;
-  Curve c;
-  while ((*single)->step() < kSteps) {
-    auto r = (*single)->Step();
-    ASSERT_TRUE(r.ok()) << r.status();
-    AppendStep(*r, &c);
-  }
+  const Curve c = StepUntil(single->get(), kSteps);
   ExpectSameCurve(Reference(), c, kSteps / 2, "resumed as ETP1 EP1 (one process)");
 
   // And into another ETP×EP split: ETP2 EP1 on two ranks (each rank's slice cut from the whole

@@ -30,13 +30,12 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
-using curves::AppendStep;
-using curves::CountsText;
 using curves::Curve;
 using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
+using curves::StepUntil;
 
 // The shared tiny MoE job (worker/train/testing/tiny_moe_spec.h explains its init_method_std).
 // Two MoE layers and a dense one; sigmoid routing with expert bias (counts all-reduced), aux and
@@ -82,15 +81,7 @@ Curve SingleProcess(bool seq_global_aux = false) {
   auto t = Trainer::Create(Spec(1, 1, "", 1, seq_global_aux), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
-  for (int i = 0; i < kSteps; ++i) {
-    auto r = (*t)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return c;
-    c.loss.push_back(r->loss);
-    c.norm.push_back(r->grad_norm);
-    c.counts.push_back(CountsText(*r));
-  }
-  return c;
+  return StepUntil(t->get(), kSteps);
 }
 
 // One rank: joins the Gloo groups, optionally loads `load_root`, trains steps [first, last), and
@@ -241,14 +232,7 @@ TEST(DistributedTrainerCheckpointTest, ResumesWithAnotherLayout) {
   auto single = Trainer::Create(Spec(1, 1), CpuF32());
   ASSERT_TRUE(single.ok()) << single.status();
   ASSERT_TRUE((*single)->Load(root).ok());
-  Curve c;
-  while ((*single)->step() < kSteps) {
-    auto r = (*single)->Step();
-    ASSERT_TRUE(r.ok()) << r.status();
-    c.loss.push_back(r->loss);
-    c.norm.push_back(r->grad_norm);
-    c.counts.push_back(CountsText(*r));
-  }
+  const Curve c = StepUntil(single->get(), kSteps);
   ExpectSameCurve(ref, c, kSteps / 2, "resumed as one process");
 }
 
@@ -348,14 +332,7 @@ TEST(DistributedTrainerCpTest, Cp2CheckpointResumesAtCp1) {
   auto single = Trainer::Create(Spec(1, 1), CpuF32());
   ASSERT_TRUE(single.ok()) << single.status();
   ASSERT_TRUE((*single)->Load(root).ok());
-  Curve c;
-  while ((*single)->step() < kSteps) {
-    auto r = (*single)->Step();
-    ASSERT_TRUE(r.ok()) << r.status();
-    c.loss.push_back(r->loss);
-    c.norm.push_back(r->grad_norm);
-    c.counts.push_back(CountsText(*r));
-  }
+  const Curve c = StepUntil(single->get(), kSteps);
   ExpectSameCurve(ref, c, kSteps / 2, "CP=2 ckpt resumed as one process");
 }
 

@@ -37,13 +37,12 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
-using curves::AppendStep;
-using curves::CountsText;
 using curves::Curve;
 using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
+using curves::StepUntil;
 
 constexpr int kSteps = 20;
 
@@ -107,12 +106,6 @@ TrainerOptions CpuF32() {
   return opt;
 }
 
-void Append(Curve* c, const StepResult& r) {
-  c->loss.push_back(r.loss);
-  c->norm.push_back(r.grad_norm);
-  c->counts.push_back(CountsText(r));
-}
-
 // One process: steps (first, last] after loading `load_root` (if given); saves to `save_root`.
 Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root = "",
                     const std::string& save_root = "") {
@@ -125,12 +118,7 @@ Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root
     EXPECT_TRUE(st.ok()) << st;
     if (!st.ok()) return c;
   }
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return c;
-    Append(&c, *r);
-  }
+  c = StepUntil(t->get(), last);
   if (!save_root.empty()) EXPECT_TRUE((*t)->Save(save_root).ok());
   return c;
 }

@@ -813,7 +813,7 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
 absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
   // One all-reduce: [loss_sum, aux/z terms..., expert counts...] over TP×DP×CP: with TP every
   // rank's values are its sequence shard's share (the aux and z terms too: their sum over TP is
-  // the micro-batch's value), so they are summed over TP and averaged over DP×CP.
+  // the micro-batch's value), so they are summed over TP×CP and averaged over DP.
   std::vector<double> v = {stats->loss_sum, static_cast<double>(stats->tokens)};
   for (const auto& layer : stats->moe_losses) v.insert(v.end(), layer.begin(), layer.end());
   for (const auto& counts : stats->expert_tokens) {

@@ -23,10 +23,17 @@ std::string CountsText(const StepResult& r) {
   return s;
 }
 
-void AppendStep(const StepResult& r, Curve* c) {
-  c->loss.push_back(r.loss);
-  c->norm.push_back(r.grad_norm);
-  c->counts.push_back(CountsText(r));
+Curve StepUntil(Trainer* trainer, int64_t last) {
+  Curve c;
+  while (trainer->step() < last) {
+    absl::StatusOr<StepResult> r = trainer->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) break;
+    c.loss.push_back(r->loss);
+    c.norm.push_back(r->grad_norm);
+    c.counts.push_back(CountsText(*r));
+  }
+  return c;
 }
 
 std::string CurveLine(const StepResult& r) {

@@ -22,8 +22,9 @@ struct Curve {
 
 // "c0,c1,...;c0,c1,...;" : tokens per expert of every MoE layer.
 std::string CountsText(const StepResult& r);
-// Appends one step to `c` (in-process runs).
-void AppendStep(const StepResult& r, Curve* c);
+// Steps `trainer` (in this process) until its step count reaches `last`, one curve entry per
+// step; a failed step is a test failure and ends the curve there.
+Curve StepUntil(Trainer* trainer, int64_t last);
 // "<loss> <grad_norm> <counts>\n", 17 significant digits (what a rank writes).
 std::string CurveLine(const StepResult& r);
 // The lines of `path` (missing file: an empty curve).
