@@ -229,9 +229,18 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     l->config_.router.z_loss_coeff /= l->cp_size_;
   }
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
+  // The CUTLASS SM90 grouped GEMM needs K and N multiples of 8 (TMA alignment): fc1 is
+  // [H, 2f], fc2 [f, H]. An ETP slice can break that where the full size does not (F = 24 at
+  // ETP 2 gives f = 12), so with kAuto such a layer runs the portable fallback kernel (correct,
+  // slower) instead of failing its first step. A path forced by the caller is kept as given.
+  kernels::GroupedGemmOptions gemm_options = config.gemm_options;
+  if (device.is_cuda() && gemm_options.path == kernels::GroupedGemmPath::kAuto &&
+      (h % 8 != 0 || f % 8 != 0)) {
+    gemm_options.path = kernels::GroupedGemmPath::kFallback;
+  }
   SY_ASSIGN_OR_RETURN(
       l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
-                                             config.gemm_options));
+                                             gemm_options));
 
   auto alloc = [&](DType d, std::vector<int64_t> shape, Tensor* view) -> absl::Status {
     SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(d, std::move(shape), device));

@@ -58,7 +58,8 @@ struct MoELayerConfig {
   kernels::RouterConfig router;
   // Activation and weight dtype: bf16 on CUDA; f32 or f64 (gradient checks) on the CPU.
   DType dtype = DType::kBF16;
-  // Grouped-GEMM path and tile (kernels/gemm/grouped_gemm.h); the defaults choose per device.
+  // Grouped-GEMM path and tile (kernels/gemm/grouped_gemm.h); the defaults choose per device, and
+  // kAuto takes the fallback kernel on CUDA when H or the local F / ETP is not a multiple of 8.
   kernels::GroupedGemmOptions gemm_options;
   // Expert parallelism (megatron_moe.md §3.2): this rank holds the L = E / ep_size experts
   // [ep_rank * L, (ep_rank + 1) * L); the expert weights (fc1, fc2) have L rows, the router stays
