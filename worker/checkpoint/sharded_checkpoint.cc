@@ -192,102 +192,117 @@ void ShardedCheckpointWriter::SetMetadata(std::string key, int64_t value) {
   metadata_[std::move(key)] = value;
 }
 
-absl::StatusOr<std::string> ShardedCheckpointWriter::Commit(const std::string& root, int64_t step,
-                                                            const CheckpointGroup& group) const {
-  const int rank = group.rank;
-  const bool leader = rank == 0;
-  auto reduce = [&](std::vector<double>* v) -> absl::Status {
-    if (group.size <= 1 || !group.all_reduce_sum) return absl::OkStatus();
-    return group.all_reduce_sum(v);
-  };
-  // After each phase every rank learns whether any rank failed (v[0]: failures, v[1]: the lowest
-  // failing rank + 1, summed only from failing ranks; enough to name one) so that no rank goes on
-  // to a collective step another rank has left.
-  std::string tmp_dir;
-  // The outcome of a phase once every rank has reported (v[0]: failed ranks, v[1]: the sum of
-  // their rank + 1, enough to name a single one).
-  auto outcome = [&](const absl::Status& local, const absl::Status& reduced,
-                     const std::vector<double>& v, absl::string_view phase) -> absl::Status {
-    if (reduced.ok() && v[0] == 0) return absl::OkStatus();
-    if (leader && !tmp_dir.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(tmp_dir, ec);  // Best effort: the step never loads anyway.
-    }
-    if (!local.ok()) return local;
-    if (!reduced.ok()) {
-      return absl::Status(reduced.code(), absl::StrCat("checkpoint step ", step, " under ", root,
-                                                       " (", phase, "): ", reduced.message()));
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint step ", step, " under ", root, " (", phase, "): ", v[0], " rank(s) failed",
-        v[0] == 1 ? absl::StrCat(" (rank ", v[1] - 1, ")") : std::string(), "; see their logs"));
-  };
-  // After each phase every rank learns whether any rank failed, so that no rank goes on to a
-  // collective step another rank has left.
-  auto agree = [&](const absl::Status& local, absl::string_view phase) -> absl::Status {
-    std::vector<double> v = {local.ok() ? 0.0 : 1.0, local.ok() ? 0.0 : rank + 1.0};
-    const absl::Status st = reduce(&v);
-    return outcome(local, st, v, phase);
-  };
+namespace {
 
-  // Phase 1: rank 0 makes the temp directory; its pid (the directory's token) reaches every rank.
+// The outcome of a collective phase once every rank has reported (v[0]: failed ranks, v[1]: the
+// sum of their rank + 1, enough to name a single one). On failure rank 0 removes the temp
+// directory (best effort: without a manifest the step never loads anyway).
+absl::Status PhaseOutcome(const ShardedSave& save, const CheckpointGroup& group,
+                          const absl::Status& local, const absl::Status& reduced,
+                          const std::vector<double>& v, absl::string_view phase) {
+  if (reduced.ok() && v[0] == 0) return absl::OkStatus();
+  if (group.rank == 0 && !save.tmp_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(save.tmp_dir, ec);
+  }
+  if (!local.ok()) return local;
+  const std::string where =
+      absl::StrCat("checkpoint step ", save.step, " under ", save.root, " (", phase, "): ");
+  if (!reduced.ok()) return absl::Status(reduced.code(), absl::StrCat(where, reduced.message()));
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, v[0], " rank(s) failed",
+      v[0] == 1 ? absl::StrCat(" (rank ", v[1] - 1, ")") : std::string(), "; see their logs"));
+}
+
+absl::Status Reduce(const CheckpointGroup& group, std::vector<double>* v) {
+  if (group.size <= 1 || !group.all_reduce_sum) return absl::OkStatus();
+  return group.all_reduce_sum(v);
+}
+
+// Every rank learns whether any rank failed, so that no rank goes on to a collective step
+// another rank has left.
+absl::Status Agree(const ShardedSave& save, const CheckpointGroup& group, const absl::Status& local,
+                   absl::string_view phase) {
+  std::vector<double> v = {local.ok() ? 0.0 : 1.0, local.ok() ? 0.0 : group.rank + 1.0};
+  const absl::Status st = Reduce(group, &v);
+  return PhaseOutcome(save, group, local, st, v, phase);
+}
+
+}  // namespace
+
+absl::StatusOr<ShardedSave> ShardedCheckpointWriter::Begin(const std::string& root, int64_t step,
+                                                           const CheckpointGroup& group) const {
+  ShardedSave save;
+  save.root = root;
+  save.step = step;
+  const bool leader = group.rank == 0;
+  // Rank 0 makes the temp directory; its pid (the directory's token) reaches every rank.
   absl::Status local = error_;
   uint64_t token = static_cast<uint64_t>(getpid());
   if (local.ok() && leader) {
     absl::StatusOr<std::string> t = BeginCheckpointTempDir(root, step, token);
     if (t.ok()) {
-      tmp_dir = *t;
+      save.tmp_dir = *t;
     } else {
       local = t.status();
     }
   }
-  {
-    std::vector<double> v = {local.ok() ? 0.0 : 1.0, local.ok() ? 0.0 : rank + 1.0,
-                             leader ? static_cast<double>(token) : 0.0};
-    const absl::Status st = reduce(&v);
-    SY_RETURN_IF_ERROR(outcome(local, st, v, "create"));
-    token = static_cast<uint64_t>(v[2]);
-    // The name BeginCheckpointTempDir gave rank 0 (checkpoint.h: .tmp_step_<step>_<token>).
-    tmp_dir = absl::StrCat(root, "/.tmp_step_", step, "_", token);
+  std::vector<double> v = {local.ok() ? 0.0 : 1.0, local.ok() ? 0.0 : group.rank + 1.0,
+                           leader ? static_cast<double>(token) : 0.0};
+  const absl::Status st = Reduce(group, &v);
+  SY_RETURN_IF_ERROR(PhaseOutcome(save, group, local, st, v, "create"));
+  token = static_cast<uint64_t>(v[2]);
+  // The name BeginCheckpointTempDir gave rank 0 (checkpoint.h: .tmp_step_<step>_<token>).
+  save.tmp_dir = absl::StrCat(root, "/.tmp_step_", step, "_", token);
+  return save;
+}
+
+absl::Status ShardedCheckpointWriter::WriteOwn(const ShardedSave& save,
+                                               const CheckpointGroup& group) const {
+  const int rank = group.rank;
+  const std::string& tmp_dir = save.tmp_dir;
+  SafetensorsWriter w;
+  nlohmann::json entries = nlohmann::json::array();
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    const std::string key = absl::StrCat(i);
+    w.Add(key, Tensor(e.data.dtype, {e.data.numel()}, e.data.device, e.data.data));
+    entries.push_back({{"name", e.name},
+                       {"key", key},
+                       {"global_shape", e.slice.global_shape},
+                       {"runs", RunsToJson(e.slice)},
+                       {"flat", {e.slice.flat_begin, e.slice.flat_end}}});
   }
+  SY_RETURN_IF_ERROR(w.Write(absl::StrCat(tmp_dir, "/", ShardFile(rank))));  // fsynced
+  SY_ASSIGN_OR_RETURN(CheckpointFileDigest d, SealCheckpointFile(tmp_dir, ShardFile(rank)));
+  {
+    std::lock_guard<std::mutex> lock(g_hook_mu);
+    if (g_hook != nullptr) (*g_hook)(rank);
+  }
+  nlohmann::json index = {{"file", d.name},
+                          {"size", d.size},
+                          {"crc32c", d.crc32c},
+                          {"rank", rank},
+                          {"entries", std::move(entries)}};
+  std::string text;
+  try {
+    text = index.dump(1) + "\n";
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint index of rank ", rank,
+                                                   ": a tensor name is not UTF-8: ", e.what()));
+  }
+  return WriteFileAtomically(absl::StrCat(tmp_dir, "/", IndexFile(rank)), text, 0600);
+}
 
-  // Phase 2: every rank writes its shard file and its index, in parallel.
-  auto write_own = [&]() -> absl::Status {
-    SafetensorsWriter w;
-    nlohmann::json entries = nlohmann::json::array();
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
-      const std::string key = absl::StrCat(i);
-      w.Add(key, Tensor(e.data.dtype, {e.data.numel()}, e.data.device, e.data.data));
-      entries.push_back({{"name", e.name},
-                         {"key", key},
-                         {"global_shape", e.slice.global_shape},
-                         {"runs", RunsToJson(e.slice)},
-                         {"flat", {e.slice.flat_begin, e.slice.flat_end}}});
-    }
-    SY_RETURN_IF_ERROR(w.Write(absl::StrCat(tmp_dir, "/", ShardFile(rank))));  // fsynced
-    SY_ASSIGN_OR_RETURN(CheckpointFileDigest d, SealCheckpointFile(tmp_dir, ShardFile(rank)));
-    {
-      std::lock_guard<std::mutex> lock(g_hook_mu);
-      if (g_hook != nullptr) (*g_hook)(rank);
-    }
-    nlohmann::json index = {{"file", d.name},
-                            {"size", d.size},
-                            {"crc32c", d.crc32c},
-                            {"rank", rank},
-                            {"entries", std::move(entries)}};
-    std::string text;
-    try {
-      text = index.dump(1) + "\n";
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint index of rank ", rank,
-                                                     ": a tensor name is not UTF-8: ", e.what()));
-    }
-    return WriteFileAtomically(absl::StrCat(tmp_dir, "/", IndexFile(rank)), text, 0600);
-  };
-  SY_RETURN_IF_ERROR(agree(write_own(), "write shards"));
-
-  // Phase 3: rank 0 reads every index, checks that the shards add up, writes the manifest.
+absl::StatusOr<std::string> ShardedCheckpointWriter::Finish(const ShardedSave& save,
+                                                            const absl::Status& own_write,
+                                                            const CheckpointGroup& group) const {
+  SY_RETURN_IF_ERROR(Agree(save, group, own_write, "write shards"));
+  // Rank 0 reads every index, checks that the shards add up, writes the manifest.
+  const bool leader = group.rank == 0;
+  const std::string& root = save.root;
+  const std::string& tmp_dir = save.tmp_dir;
+  const int64_t step = save.step;
   std::string dir;
   auto finish = [&]() -> absl::Status {
     std::vector<CheckpointFileDigest> files;
@@ -346,12 +361,20 @@ absl::StatusOr<std::string> ShardedCheckpointWriter::Commit(const std::string& r
                         FinishCheckpointTempDir(root, step, tmp_dir, files, meta, tensors.dump()));
     return absl::OkStatus();
   };
-  absl::Status finished = leader ? finish() : absl::OkStatus();
-  if (leader && !finished.ok())
-    tmp_dir.clear();  // FinishCheckpointTempDir removed it (or failed after the rename)
-  SY_RETURN_IF_ERROR(agree(finished, "manifest"));
+  const absl::Status finished = leader ? finish() : absl::OkStatus();
+  // On a failure FinishCheckpointTempDir removed the temp directory (or failed after the rename,
+  // leaving a complete step): nothing for PhaseOutcome to remove.
+  ShardedSave done = save;
+  done.tmp_dir.clear();
+  SY_RETURN_IF_ERROR(Agree(done, group, finished, "manifest"));
   if (!leader) dir = CheckpointStepDir(root, step);
   return dir;
+}
+
+absl::StatusOr<std::string> ShardedCheckpointWriter::Commit(const std::string& root, int64_t step,
+                                                            const CheckpointGroup& group) const {
+  SY_ASSIGN_OR_RETURN(const ShardedSave save, Begin(root, step, group));
+  return Finish(save, WriteOwn(save, group), group);
 }
 
 // ---------------------------------------------------------------------------------------------

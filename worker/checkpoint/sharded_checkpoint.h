@@ -92,6 +92,13 @@ struct CheckpointGroup {
   std::function<absl::Status(std::vector<double>*)> all_reduce_sum;
 };
 
+// A save between its phases (ShardedCheckpointWriter::Begin / WriteOwn / Finish).
+struct ShardedSave {
+  std::string root;
+  int64_t step = -1;
+  std::string tmp_dir;  // <root>/.tmp_step_<step>_<rank 0's pid>
+};
+
 // Collects this rank's shards and the metadata, then commits one sharded checkpoint step with
 // every rank of `group` (collective). AddShard keeps a VIEW of `data` (a CPU f32 or f64 tensor of
 // slice.NumElements() elements): it must stay valid and unchanged until Commit returns. Argument
@@ -107,6 +114,19 @@ class ShardedCheckpointWriter {
   // returns the same outcome: OK only when the manifest and `latest` were written; else the
   // first failing rank's error (its own) or FAILED_PRECONDITION naming the rank that failed.
   absl::StatusOr<std::string> Commit(const std::string& root, int64_t step,
+                                     const CheckpointGroup& group) const;
+
+  // Commit in three phases, for an asynchronous save that writes in a background thread:
+  //   Begin   collective: rank 0 creates the temp directory, every rank learns its name;
+  //   WriteOwn  NOT collective (no call of group.all_reduce_sum; may run on another thread):
+  //           writes and fsyncs this rank's shard file and index;
+  //   Finish  collective: every rank reports WriteOwn's status (`own_write`); if all succeeded,
+  //           rank 0 writes the manifest and `latest`. Same outcome on every rank as Commit.
+  // Commit(root, step, group) == Finish(Begin(...), WriteOwn(...), group).
+  absl::StatusOr<ShardedSave> Begin(const std::string& root, int64_t step,
+                                    const CheckpointGroup& group) const;
+  absl::Status WriteOwn(const ShardedSave& save, const CheckpointGroup& group) const;
+  absl::StatusOr<std::string> Finish(const ShardedSave& save, const absl::Status& own_write,
                                      const CheckpointGroup& group) const;
 
  private:
