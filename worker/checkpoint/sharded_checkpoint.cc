@@ -467,6 +467,17 @@ absl::StatusOr<std::vector<int64_t>> ShardedCheckpointReader::GlobalShape(
   return it->second.global_shape;
 }
 
+absl::StatusOr<DType> ShardedCheckpointReader::StoredDType(absl::string_view name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end() || it->second.shards.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(ckpt_.dir(), ": checkpoint has no tensor \"", name, "\""));
+  }
+  const Shard& sh = it->second.shards.front();
+  SY_ASSIGN_OR_RETURN(const Tensor t, ckpt_.Get(sh.file, sh.key));
+  return t.dtype;
+}
+
 absl::Status ShardedCheckpointReader::Read(absl::string_view name, const ShardSlice& target,
                                            const Tensor& out) const {
   const std::string what = absl::StrCat("reading \"", name, "\" of ", ckpt_.dir());

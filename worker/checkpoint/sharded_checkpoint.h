@@ -160,6 +160,8 @@ class ShardedCheckpointReader {
   // kNotFound naming the checkpoint and the tensor.
   absl::StatusOr<std::vector<int64_t>> GlobalShape(absl::string_view name) const;
   std::vector<std::string> Names() const;
+  // The dtype the tensor was saved in (its first shard's; f32 or f64).
+  absl::StatusOr<DType> StoredDType(absl::string_view name) const;
   // Fills `out` (a CPU f32 or f64 tensor of target.NumElements() elements; converted from the
   // stored dtype) with `target`'s elements of tensor `name`, copying only the overlap of each
   // saved shard with it. FAILED_PRECONDITION when the global shapes differ (naming both) or the

@@ -84,6 +84,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"
+#include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/model/gpt_model.h"
 #include "worker/model/profiling.h"
 #include "worker/train/distributed_optimizer.h"
@@ -114,6 +115,10 @@ struct TrainerOptions {
   // backward pass.
   bool overlap_grad_reduce = true;
   int64_t grad_bucket_elements = 40'000'000;
+  // Megatron's --async-save: Save copies the state to the host on the calling thread and writes
+  // the files in a background thread; the next Save (or Load, PollSave, WaitForSave) waits for
+  // it and reports its error.
+  bool async_save = false;
 };
 
 struct StepResult {
@@ -155,10 +160,21 @@ class Trainer {
   // The vocabulary of data.tokenizer_model (0 when the spec names none).
   int64_t tokenizer_vocab() const { return tokenizer_vocab_; }
 
-  // Saves the full training state as checkpoint step() under `root`; returns its directory.
+  // Saves the training state as sharded checkpoint step() under `root` (collective when
+  // distributed: every rank writes its own shards; worker/checkpoint/sharded_checkpoint.h) and
+  // returns its directory. With TrainerOptions::async_save the state is copied to the host here
+  // and written by a background thread: the directory is committed later (PollSave /
+  // WaitForSave / the next Save or Load, which first wait for it and return its error).
   absl::StatusOr<std::string> Save(const std::string& root);
-  // Restores the state from `root` (latest verified step, or `step` when >= 0). The checkpoint's
-  // model shape must equal this trainer's.
+  // Asynchronous save: when every rank's background write is done, commits the manifest
+  // (collective: call on every rank, e.g. after each step; one small all-reduce while a save is
+  // in flight, nothing otherwise). Returns the failed save's error, never dropping it.
+  absl::Status PollSave();
+  // Waits for the asynchronous save in flight (if any) and commits it (collective); its error.
+  absl::Status WaitForSave();
+  // Restores the state from `root` (latest verified step, or `step` when >= 0), resharding a
+  // checkpoint saved by any mapping (or the single-file format) to this trainer's. The
+  // checkpoint's global tensor shapes must equal this trainer's.
   absl::Status Load(const std::string& root, int64_t step = -1);
   // Overwrites the parameters (and fp32 master weights) with HF-converted tensors and resets the
   // optimizer; used to fine-tune an imported model. `get` returns f32/f64 CPU tensors by name.
@@ -207,9 +223,10 @@ class Trainer {
   // Distributed stats: sums over the data-parallel group (loss, counts; aux losses averaged).
   absl::Status ReduceStats(model::GptStepStats* stats);
   // Distributed: master, exp_avg, exp_avg_sq of the full LOCAL layout, gathered from the shards.
-  absl::StatusOr<std::vector<kernels::Buffer>> GatherLocalState();
-  absl::StatusOr<std::string> SaveDistributed(const std::string& root);
-  absl::Status LoadDistributed(const std::string& root, int64_t step);
+  // The world group as the sharded checkpoint's collective (one process: rank 0 of 1).
+  CheckpointGroup CheckpointGroupOf();
+  struct AsyncSave;
+  std::unique_ptr<AsyncSave> async_save_;  // the asynchronous save in flight, if any
 
   v1::JobSpec spec_;
   TrainerOptions options_;
