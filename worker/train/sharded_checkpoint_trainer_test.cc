@@ -12,6 +12,8 @@
 //   Torn save: EP4 saves step 3, then rank 2 is SIGKILLed after writing its shard file during
 //   the save of step 5: every other rank's Save fails, step_5 never appears, `latest` names
 //   step_3, and a TP2 job resumes from step 3 on the uninterrupted curve.
+//   Export: RunStandalone on the CPU (the offline --export-hf path) loads a 4-rank sharded
+//   checkpoint into one process and exports it; every HF tensor equals the saved one.
 //   Asynchronous save: a background write that fails is reported by WaitForSave (never lost)
 //   and leaves the previous checkpoint the latest.
 #include <signal.h>
@@ -27,6 +29,7 @@
 #include "common/config/config.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/hf_convert.h"
 #include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
@@ -58,9 +61,18 @@ const Layout kEp4{"EP4", 4, 1, 4, 1};
 const Layout kCp2Ep2{"CP2·EP2", 4, 1, 2, 2};
 const Layout kTp2{"TP2", 2, 2, 1, 1};
 
-v1::JobSpec Spec(const Layout& layout) {
+// `qwen`: the tiny model made expressible as a HF Qwen3-MoE (softmax routing, no shared expert,
+// no expert bias, no z-loss), for the export test.
+v1::JobSpec Spec(const Layout& layout, bool qwen = false) {
   auto spec = ParseJobSpecYaml(switchyard::test_specs::TinyMoeSpecYaml(kSteps, /*jitter=*/true));
   EXPECT_TRUE(spec.ok()) << spec.status();
+  if (qwen) {
+    v1::ModelConfig* m = spec->mutable_model();
+    m->clear_moe_shared_expert_intermediate_size();
+    m->set_moe_router_score_function("softmax");
+    m->set_moe_router_enable_expert_bias(false);
+    m->set_moe_z_loss_coeff(0);
+  }
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
@@ -81,6 +93,7 @@ struct RunOptions {
   std::string save_root;  // save after training
   bool async = false;     // TrainerOptions::async_save (then WaitForSave)
   int kill_rank = -1;     // >= 0: that rank SIGKILLs itself mid-save; the others' Save must fail
+  bool qwen = false;      // Spec(layout, qwen)
 };
 
 int RankBody(int rank, const Layout& layout, const RunOptions& o, const std::string& store_dir,
@@ -107,7 +120,7 @@ int RankBody(int rank, const Layout& layout, const RunOptions& o, const std::str
     groups = std::move(*g);
     opt.groups = groups.get();
   }
-  auto t = Trainer::Create(Spec(layout), opt);
+  auto t = Trainer::Create(Spec(layout, o.qwen), opt);
   SY_CHILD_OK(t.status());
   if (!o.load_root.empty()) SY_CHILD_OK((*t)->Load(o.load_root));
   std::ofstream f;
@@ -266,6 +279,56 @@ TEST(AsyncSaveTest, AFailedBackgroundWriteIsReportedAndThePreviousStepStays) {
   ASSERT_TRUE((*t)->Save(root).ok());
   ASSERT_TRUE((*t)->WaitForSave().ok());
   EXPECT_TRUE(HasCommittedStep(root, 3));
+}
+
+// The offline export (--standalone --device cpu with training.load and --export-hf, i.e.
+// RunStandalone) from a checkpoint that four ranks wrote in shards: every exported HF tensor
+// (imported back under our names) equals the checkpoint's whole tensor, read from its shards.
+TEST(ShardedCheckpointExportTest, ExportHfFromAShardedCheckpointOnTheCpu) {
+  const std::string root = FreshRoot("dckpt_export");
+  RunOptions save;
+  save.last = 3;
+  save.save_root = root;
+  save.qwen = true;
+  RunJob(kEp4, save);
+  ASSERT_TRUE(HasCommittedStep(root, 3));
+
+  v1::JobSpec spec = Spec(kOne, /*qwen=*/true);
+  spec.mutable_training()->set_train_iters(3);  // nothing left to train: load, then export
+  spec.mutable_training()->set_load(root);
+  StandaloneOptions standalone;
+  standalone.export_hf = FreshRoot("dckpt_export_hf");
+  standalone.progress_bar = false;
+  TrainerOptions opt;  // the CPU
+  opt.force_dtype = true;
+  opt.dtype = DType::kF32;
+  const std::string log = OutFile("dckpt_export_log");
+  std::FILE* out = std::fopen(log.c_str(), "w");
+  ASSERT_NE(out, nullptr);
+  const absl::Status st = RunStandalone(spec, opt, standalone, out);
+  std::fclose(out);
+  ASSERT_TRUE(st.ok()) << st;
+
+  auto hf = model::ImportHfModel(standalone.export_hf);
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  auto rd = ShardedCheckpointReader::Load(root);
+  ASSERT_TRUE(rd.ok()) << rd.status();
+  int compared = 0;
+  for (const auto& [name, buffer] : hf->tensors) {
+    const Tensor exported = buffer.View();
+    ASSERT_TRUE(rd->Has(name)) << name;
+    std::vector<float> saved(exported.numel(), -1e30f);  // poisoned
+    ASSERT_TRUE(rd->Read(name, ShardSlice::Whole(exported.shape),
+                         Tensor(DType::kF32, {exported.numel()}, Device::Cpu(), saved.data()))
+                    .ok())
+        << name;
+    for (int64_t i = 0; i < exported.numel(); ++i) {
+      ASSERT_EQ(exported.as<float>()[i], saved[i]) << name << " element " << i;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
+  std::printf("exported %d tensors from a 4-rank sharded checkpoint\n", compared);
 }
 
 }  // namespace
