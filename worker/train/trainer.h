@@ -22,10 +22,14 @@
 // would have read. data.data_path takes one dataset prefix; empty (and not mock_data) selects the
 // default corpus of tools/prepare_corpus.sh (data/corpus.h).
 //
-// Checkpoints (worker/checkpoint/checkpoint.h; <save>/step_N): model.safetensors (fp32 — or the CPU
-// model's f64 — master weights under the GptModel tensor names), optimizer.safetensors
-// (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
-// metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
+// Checkpoints: sharded (worker/checkpoint/sharded_checkpoint.h; <save>/step_N/shard_<rank>.
+// safetensors + manifest.json) under global tensor names: <name> (fp32 — or the CPU model's f64 —
+// master weights under the GptModel tensor names), exp_avg.<name>, exp_avg_sq.<name>,
+// expert_bias [moe layers, E]; metadata: step, consumed_samples, skipped_steps, forward_counter
+// (the jitter RNG), seed, job_spec (JSON) and the saving mapping (tensor/context/expert/
+// expert-tensor/data/pipeline parallel sizes, world_size). One process writes one shard file of
+// whole tensors. Load reshards from any saved mapping, and reads the older single-file format
+// (model.safetensors, optimizer.safetensors, router.safetensors: whole tensors, same names).
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism in any
 // combination, PP = 1): every rank holds the dense parameters (its TP shard of the TP-split
@@ -49,10 +53,16 @@
 // global_aux_loss counts over TP×DP×CP inside the model. Gradient buckets are reduce-scattered
 // during the backward pass of the last micro-batch (TrainerOptions::overlap_grad_reduce;
 // worker/train/grad_reducer.h).
-// Checkpoints stay in the single-process format (full tensors, every expert, whole TP-split
-// weights): the state is gathered and rank 0 writes it; every rank loads the full files and
-// keeps its part, so a run resumes with another DP, EP or TP size (resharding). The checkpoint
-// directory must be visible to every rank (one machine, or a shared file system).
+// Checkpoints are sharded: every rank writes, in parallel, only what its distributed-optimizer
+// shards own (the fp32 master weights and Adam moments of its flat ranges, each recorded as a
+// flat range of its TP/EP/ETP slice of the global tensor: checkpoint_shards.h; the TP-replicated
+// region by TP rank 0 only, the expert bias by rank 0), and rank 0 writes the manifest after a
+// barrier. Load reshards: each rank reads its model-parallel slice of the master weights (its
+// parameters) and only its owned ranges of the moments, from the overlapping saved pieces, so a
+// run resumes with any other DP, EP, ETP, TP or CP size, or as one process (and a checkpoint of
+// one process resumes distributed). The model-dtype parameters are not saved: Load casts the
+// master weights. The checkpoint directory must be visible to every rank (one machine, or a
+// shared file system). TrainerOptions::async_save writes in a background thread (Save).
 //
 // data.split (Megatron's "969,30,1" train/valid/test weights): training reads only the first
 // share of the documents, as Megatron's _get_split_indices cuts it (TrainDocuments below); there
