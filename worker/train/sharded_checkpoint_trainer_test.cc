@@ -7,9 +7,10 @@
 //   EDP1), CP2·EP2 (world 4, DP1 / DP×CP 2) and TP2 (world 2, DP1), each rank writing only its
 //   distributed-optimizer shards, then resume at every other one and in one process: steps 6-10
 //   must give the uninterrupted one-process run's loss and grad norm within 1e-6 relative and
-//   its routing (tokens per expert, every MoE layer) exactly. Two of the saves are asynchronous
-//   (TrainerOptions::async_save). The saving runs' own steps 1-5 are checked the same way.
-//   Torn save: EP4 saves step 3, then rank 2 is SIGKILLed after writing its shard file during
+//   its routing (tokens per expert, every MoE layer) exactly. Also TP2·EP2·ETP2 -> EP4, one
+//   process, and EP4 -> TP2·EP2·ETP2 (expert slices of columns / rows). Two of the saves are
+//   asynchronous (TrainerOptions::async_save). The saving runs' own steps 1-5 are checked the same
+//   way. Torn save: EP4 saves step 3, then rank 2 is SIGKILLed after writing its shard file during
 //   the save of step 5: every other rank's Save fails, step_5 never appears, `latest` names
 //   step_3, and a TP2 job resumes from step 3 on the uninterrupted curve.
 //   Export: RunStandalone on the CPU (the offline --export-hf path) loads a 4-rank sharded
@@ -53,13 +54,14 @@ constexpr double kTolerance = 1e-6;
 
 struct Layout {
   std::string name;
-  int world = 1, tp = 1, ep = 1, cp = 1;
+  int world = 1, tp = 1, ep = 1, cp = 1, etp = 1;
 };
 const Layout kOne{"one process", 1, 1, 1, 1};
 const Layout kTp2Ep2{"TP2·EP2", 4, 2, 2, 1};
 const Layout kEp4{"EP4", 4, 1, 4, 1};
 const Layout kCp2Ep2{"CP2·EP2", 4, 1, 2, 2};
 const Layout kTp2{"TP2", 2, 2, 1, 1};
+const Layout kTp2Ep2Etp2{"TP2·EP2·ETP2", 4, 2, 2, 1, 2};
 
 // `qwen`: the tiny model made expressible as a HF Qwen3-MoE (softmax routing, no shared expert,
 // no expert bias, no z-loss), for the export test.
@@ -80,7 +82,7 @@ v1::JobSpec Spec(const Layout& layout, bool qwen = false) {
     if (layout.tp > 1) {
       p->set_tensor_model_parallel_size(layout.tp);
       p->set_sequence_parallel(true);  // required with MoE
-      p->set_expert_tensor_parallel_size(1);
+      p->set_expert_tensor_parallel_size(layout.etp);
     }
     if (layout.cp > 1) p->set_context_parallel_size(layout.cp);
   }
@@ -112,7 +114,7 @@ int RankBody(int rank, const Layout& layout, const RunOptions& o, const std::str
     dims.tensor_model_parallel_size = layout.tp;
     dims.expert_model_parallel_size = layout.ep;
     dims.context_parallel_size = layout.cp;
-    dims.expert_tensor_parallel_size = 1;
+    dims.expert_tensor_parallel_size = layout.etp;
     comm::GlooOptions gopt;
     gopt.timeout = absl::Seconds(60);
     auto g = CreateGlooProcessGroups(store, rank, dims, gopt);
@@ -207,6 +209,29 @@ TEST(ShardedCheckpointMatrixTest, EveryMappingResumesAtEveryOtherAndInOneProcess
     }
   }
   EXPECT_EQ(resumed, 16);
+}
+
+// Expert tensor parallelism too: experts saved as ETP column / row slices resume as whole
+// experts at EP4 and in one process, and an EP4 checkpoint resumes at ETP2.
+TEST(ShardedCheckpointMatrixTest, ExpertTensorParallelSlicesReshard) {
+  const Curve ref = RunJob(kOne, RunOptions{});
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
+  for (const auto& [saver, targets] : std::vector<std::pair<Layout, std::vector<Layout>>>{
+           {kTp2Ep2Etp2, {kEp4, kOne}}, {kEp4, {kTp2Ep2Etp2}}}) {
+    RunOptions save;
+    save.last = kSave;
+    save.save_root = FreshRoot("dckpt_etp");
+    const Curve first = RunJob(saver, save);
+    ExpectSameCurve(ref, first, 0, saver.name + " steps 1-5", kTolerance);
+    for (const Layout& target : targets) {
+      RunOptions resume;
+      resume.load_root = save.save_root;
+      const Curve got = RunJob(target, resume);
+      ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps - kSave));
+      ExpectSameCurve(ref, got, kSave, "saved at " + saver.name + ", resumed at " + target.name,
+                      kTolerance);
+    }
+  }
 }
 
 TEST(ShardedCheckpointTornSaveTest, KilledRankNeverLoadsAndThePreviousStepDoes) {

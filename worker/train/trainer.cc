@@ -1001,7 +1001,11 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
     // Every rank saves what its distributed-optimizer shards own (fp32 master and moments), each
     // piece as the flat range of its model-parallel slice; the model-dtype parameters are a cast
     // of the master weights and are not saved (Load casts again). The TP-replicated dense region
-    // is identical on every TP rank: TP rank 0 saves it.
+    // is identical on every TP rank: TP rank 0 saves it. Pipeline parallelism (the `pp` work):
+    // a stage's layout holds its own layers under their GLOBAL names, so each stage simply
+    // saves a subset of the names and Load reads its subset; a tensor two stages both hold
+    // (the tied embedding of the first and last stage) must be saved by one of them only, or
+    // the commit's element count check refuses the checkpoint.
     struct Part {
       const DistributedAdamW* opt;
       int64_t region_begin;
