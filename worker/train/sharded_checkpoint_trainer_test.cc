@@ -15,11 +15,13 @@
 //   step_3, and a TP2 job resumes from step 3 on the uninterrupted curve.
 //   Export: RunStandalone on the CPU (the offline --export-hf path) loads a 4-rank sharded
 //   checkpoint into one process and exports it; every HF tensor equals the saved one.
+//   Compatibility: the older single-file checkpoint format loads in one process and at EP4.
 //   Asynchronous save: a background write that fails is reported by WaitForSave (never lost)
 //   and leaves the previous checkpoint the latest.
 #include <signal.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -354,6 +356,56 @@ TEST(ShardedCheckpointExportTest, ExportHfFromAShardedCheckpointOnTheCpu) {
   }
   EXPECT_GT(compared, 10);
   std::printf("exported %d tensors from a 4-rank sharded checkpoint\n", compared);
+}
+
+// The older single-file format (CheckpointWriter: model.safetensors, optimizer.safetensors,
+// router.safetensors with whole tensors) still loads, in one process and at EP4 (resharded).
+TEST(ShardedCheckpointCompatTest, TheSingleFileFormatStillLoads) {
+  const std::string root = FreshRoot("dckpt_legacy");
+  TrainerOptions opt;
+  opt.force_dtype = true;
+  opt.dtype = DType::kF32;
+  auto a = Trainer::Create(Spec(kOne), opt);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Step().ok());
+  ASSERT_TRUE((*a)->Step().ok());
+  // Written by hand as the old Trainer::Save wrote it (moments zero: not reachable from outside).
+  CheckpointWriter w;
+  std::vector<kernels::Buffer> keep;
+  std::vector<std::vector<float>> zeros;
+  for (const model::ParamInfo& p : (*a)->model().layout().params) {
+    auto m = (*a)->MasterToHost(p.name);
+    ASSERT_TRUE(m.ok()) << m.status();
+    w.AddTensor("model.safetensors", p.name, m->View());
+    keep.push_back(std::move(*m));
+    zeros.emplace_back(p.numel, 0.0f);
+    const Tensor z(DType::kF32, p.shape, Device::Cpu(), zeros.back().data());
+    w.AddTensor("optimizer.safetensors", "exp_avg." + p.name, z);
+    w.AddTensor("optimizer.safetensors", "exp_avg_sq." + p.name, z);
+  }
+  w.AddTensor("router.safetensors", "expert_bias", (*a)->model().expert_bias());
+  w.SetMetadata("step", int64_t{2});
+  w.SetMetadata("consumed_samples", int64_t{16});
+  w.SetMetadata("skipped_steps", int64_t{0});
+  w.SetMetadata("forward_counter", absl::StrCat((*a)->model().forward_counter()));
+  ASSERT_TRUE(w.Commit(root, 2).ok());
+
+  auto b = Trainer::Create(Spec(kOne), opt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const absl::Status st = (*b)->Load(root);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ((*b)->step(), 2);
+  for (const model::ParamInfo& p : (*a)->model().layout().params) {
+    auto x = (*a)->MasterToHost(p.name);
+    auto y = (*b)->MasterToHost(p.name);
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_EQ(std::memcmp(x->data(), y->data(), x->bytes()), 0) << p.name;
+  }
+  // And distributed: EP4 reshards the whole tensors and trains on from step 2.
+  RunOptions resume;
+  resume.load_root = root;
+  resume.last = 4;
+  EXPECT_EQ(RunJob(kEp4, resume).loss.size(), 2u);
 }
 
 }  // namespace
