@@ -19,6 +19,8 @@
 //                  127.0.0.1). Rank 0 prints the log; every rank exits 1 with the error when the
 //                  job fails (a lost peer included: --comm-timeout bounds every collective).
 //                  --steps, checkpoints (training.save/load, resharded on resume) as standalone.
+//                  --async-save (standalone and multi-process) writes checkpoints in a background
+//                  thread (worker/train/trainer.h, TrainerOptions::async_save).
 //   --coordinator host:port [--token-file F] [--tls-root-cert PEM] [--metrics-port P]
 //   [--metrics-bind-address A] [--checkpoint-root DIR] [--data-root DIR] [--job jobs/<id>]
 //                  the worker agent (worker/agent/agent.h, proto/switchyard/v1/WORKER_PROTOCOL.md):
@@ -54,6 +56,10 @@
 ABSL_FLAG(bool, self_check, false,
           "Print the version and the compute backend found (CUDA devices or CPU only), then exit.");
 ABSL_FLAG(bool, standalone, false, "Train the job of --config in this process.");
+ABSL_FLAG(bool, async_save, false,
+          "Write checkpoints in a background thread (Megatron's --async-save; standalone and "
+          "multi-process jobs): the state is copied to the host on the step, the next save or "
+          "step commits it and reports a failed write.");
 ABSL_FLAG(std::string, config, "", "Job spec file (YAML or JSON) for --standalone.");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, steps, 0, "Stop after this many steps (0: run to training.train_iters).");
@@ -98,9 +104,11 @@ constexpr char kUsage[] =
     "usage:\n"
     "  switchyard-worker --self-check   print version and backend (CUDA devices or CPU only)\n"
     "  switchyard-worker --standalone --config job.yaml [--device auto|cpu|cuda:N] [--steps N]\n"
-    "                    [--init-from-hf DIR] [--export-hf DIR]   train in this process\n"
+    "                    [--init-from-hf DIR] [--export-hf DIR] [--async-save]\n"
+    "                    train in this process\n"
     "  switchyard-worker --rank R --world-size W --rendezvous DIR --config job.yaml\n"
-    "                    [--device ...] [--steps N]   run rank R of a W-process job\n"
+    "                    [--device ...] [--steps N] [--async-save]   run rank R of a W-process "
+    "job\n"
     "  switchyard-worker --coordinator HOST:PORT [--token-file F] [--device ...]\n"
     "                    [--metrics-port P] [--checkpoint-root DIR] [--data-root DIR]\n"
     "                    [--job jobs/<id>]\n"
@@ -241,6 +249,7 @@ int Distributed() {
   options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   options.groups = groups->get();
   options.cuda_stream = stream;
+  options.async_save = absl::GetFlag(FLAGS_async_save);
   switchyard::train::StandaloneOptions standalone;
   standalone.max_steps = absl::GetFlag(FLAGS_steps);
   standalone.progress_bar = rank == 0;
@@ -293,6 +302,7 @@ int Standalone() {
   switchyard::train::TrainerOptions options;
   options.device = *device;
   options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  options.async_save = absl::GetFlag(FLAGS_async_save);
   switchyard::train::StandaloneOptions standalone;
   standalone.max_steps = absl::GetFlag(FLAGS_steps);
   standalone.init_from_hf = absl::GetFlag(FLAGS_init_from_hf);

@@ -67,22 +67,28 @@ grep -q 'num_query_groups' "$TEST_TMPDIR/err" || fail "bad spec: field not named
 [[ $rc -eq 2 ]] || fail "--standalone without --config: exit $rc, want 2"
 
 # A 2-rank job (EP = 2, DP = 2) over Gloo on the CPU, launched by hand as the coordinator will:
-# rank 0 logs, both save at step 2 and at the end; then one standalone process resumes the
-# 2-rank checkpoint (resharded to EP = 1) and finishes.
+# rank 0 logs, both save (asynchronously, --async-save: each rank its own shards) at step 2 and
+# at the end; then one standalone process resumes the 2-rank checkpoint (resharded to EP = 1)
+# and finishes.
 sed -e "s|^training:|training:\n  save: $TEST_TMPDIR/dist_ckpt\n  save_interval: 2|" \
   -e "s|^data:|parallel:\n  expert_model_parallel_size: 2\ndata:|" \
   -e "s|micro_batch_size: 2|micro_batch_size: 1|" "$TEST_TMPDIR/job.yaml" >"$TEST_TMPDIR/dist.yaml"
 rdzv="$TEST_TMPDIR/rdzv1"
 "$bin" --rank 1 --world-size 2 --rendezvous "$rdzv" --config "$TEST_TMPDIR/dist.yaml" \
-  --device cpu --steps 4 >"$TEST_TMPDIR/r1.out" 2>"$TEST_TMPDIR/r1.err" &
+  --device cpu --steps 4 --async-save >"$TEST_TMPDIR/r1.out" 2>"$TEST_TMPDIR/r1.err" &
 pid1=$!
 out=$("$bin" --rank 0 --world-size 2 --rendezvous "$rdzv" --config "$TEST_TMPDIR/dist.yaml" \
-  --device cpu --steps 4) || fail "rank 0 exited $?"
+  --device cpu --steps 4 --async-save) || fail "rank 0 exited $?"
 wait $pid1 || fail "rank 1 exited $?: $(cat "$TEST_TMPDIR/r1.err")"
 echo "$out"
 [[ ! -s "$TEST_TMPDIR/r1.out" ]] || fail "rank 1 printed a log: $(cat "$TEST_TMPDIR/r1.out")"
 grep -Eq '^step 4/6 \| loss [0-9.]+ .* \| imbalance' <<<"$out" || fail "2 ranks: no step 4 line"
 grep -q "saved checkpoint .*dist_ckpt/step_4" <<<"$out" || fail "2 ranks: no checkpoint at step 4"
+for s in 2 4; do
+  for f in manifest.json shard_0.safetensors shard_1.safetensors; do
+    [[ -f "$TEST_TMPDIR/dist_ckpt/step_$s/$f" ]] || fail "2 ranks: step_$s has no $f"
+  done
+done
 sed -e "s|expert_model_parallel_size: 2|expert_model_parallel_size: 1|" "$TEST_TMPDIR/dist.yaml" \
   >"$TEST_TMPDIR/dist1.yaml"
 out=$("$bin" --standalone --config "$TEST_TMPDIR/dist1.yaml" --device cpu) ||

@@ -78,6 +78,7 @@ namespace {
 constexpr char kManifestName[] = "manifest.json";
 constexpr char kLatestName[] = "latest";
 constexpr char kManifestCrcKey[] = "manifest_crc32c";
+constexpr char kTensorsKey[] = "tensors";
 constexpr char kFormat[] = "switchyard-checkpoint";
 constexpr int kVersion = 1;
 constexpr char kStepPrefix[] = "step_";
@@ -252,39 +253,60 @@ void CheckpointWriter::SetMetadata(std::string key, int64_t value) {
   metadata_[std::move(key)] = value;
 }
 
-absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, int64_t step) const {
-  SY_RETURN_IF_ERROR(error_);
+absl::StatusOr<std::string> BeginCheckpointTempDir(const std::string& root, int64_t step,
+                                                   uint64_t token) {
   if (step < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CheckpointWriter::Commit: step (", step, ") must be >= 0"));
+        absl::StrCat("checkpoint commit: step (", step, ") must be >= 0"));
   }
-  if (root.empty()) return absl::InvalidArgumentError("CheckpointWriter::Commit: empty root");
+  if (root.empty()) return absl::InvalidArgumentError("checkpoint commit: empty root");
   SY_RETURN_IF_ERROR(MakeDirectories(root));
   const std::string final_dir = absl::StrCat(root, "/", StepDirName(step));
   if (PathExists(final_dir)) {
     return absl::AlreadyExistsError(
         absl::StrCat(final_dir, ": checkpoint step ", step, " already exists"));
   }
-  const std::string tmp_dir = absl::StrCat(root, "/", kTempPrefix, step, "_", getpid());
-  RemoveTreeBestEffort(tmp_dir);  // Left by an earlier failed Commit of this process.
+  const std::string tmp_dir = absl::StrCat(root, "/", kTempPrefix, step, "_", token);
+  RemoveTreeBestEffort(tmp_dir);  // Left by an earlier failed commit of this process.
   if (mkdir(tmp_dir.c_str(), kDirMode) != 0) {
     return ErrnoError(errno, absl::StrCat(tmp_dir, ": mkdir"));
   }
+  return tmp_dir;
+}
 
+absl::StatusOr<CheckpointFileDigest> SealCheckpointFile(const std::string& dir,
+                                                        const std::string& name) {
+  if (!ValidFileName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint file \"", name,
+        "\" must be 1-255 characters of [A-Za-z0-9._-], not start with '.', and not be \"",
+        kManifestName, "\""));
+  }
+  const std::string path = absl::StrCat(dir, "/", name);
+  // The temp directory is 0700, so nobody else could open the file before this.
+  if (chmod(path.c_str(), kFileMode) != 0) {
+    return ErrnoError(errno, absl::StrCat(path, ": chmod"));
+  }
+  SY_ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(path));
+  return CheckpointFileDigest{name, digest.size, digest.crc32c};
+}
+
+absl::StatusOr<std::string> FinishCheckpointTempDir(
+    const std::string& root, int64_t step, const std::string& tmp_dir,
+    const std::vector<CheckpointFileDigest>& files,
+    const std::map<std::string, CheckpointValue>& metadata, const std::string& tensors_json) {
+  const std::string final_dir = absl::StrCat(root, "/", StepDirName(step));
   auto write_all = [&]() -> absl::Status {
-    nlohmann::json files = nlohmann::json::array();
-    for (const auto& [file, writer] : files_) {
-      const std::string path = absl::StrCat(tmp_dir, "/", file);
-      SY_RETURN_IF_ERROR(writer.Write(path));  // temp + fsync + rename + fsync tmp_dir
-      // tmp_dir is 0700, so nobody else could open the file before this.
-      if (chmod(path.c_str(), kFileMode) != 0) {
-        return ErrnoError(errno, absl::StrCat(path, ": chmod"));
+    nlohmann::json listed = nlohmann::json::array();
+    for (const CheckpointFileDigest& f : files) {
+      if (!ValidFileName(f.name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint commit: bad file name \"", f.name, "\""));
       }
-      SY_ASSIGN_OR_RETURN(const FileDigest digest, DigestFile(path));
-      files.push_back({{"name", file}, {"size", digest.size}, {"crc32c", digest.crc32c}});
+      listed.push_back({{"name", f.name}, {"size", f.size}, {"crc32c", f.crc32c}});
     }
     nlohmann::json meta = nlohmann::json::object();
-    for (const auto& [key, value] : metadata_) {
+    for (const auto& [key, value] : metadata) {
       if (const auto* i = std::get_if<int64_t>(&value)) {
         meta[key] = *i;
       } else {
@@ -294,17 +316,22 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
     nlohmann::json manifest = {{"format", kFormat},
                                {"version", kVersion},
                                {"step", step},
-                               {"files", std::move(files)},
+                               {"files", std::move(listed)},
                                {"metadata", std::move(meta)}};
     std::string text;
     try {
+      // The shard index of a sharded checkpoint (worker/checkpoint/sharded_checkpoint.h); a
+      // loader that does not know the key ignores it (it is still covered by the checksum).
+      if (!tensors_json.empty()) manifest[kTensorsKey] = nlohmann::json::parse(tensors_json);
       // Self-checksum: CRC32C of the compact dump of the manifest without this key (nlohmann's
       // object keys are sorted, so the dump is canonical for integers and strings).
       manifest[kManifestCrcKey] = Crc32c(manifest.dump());
       text = manifest.dump(2) + "\n";
     } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CheckpointWriter: a metadata string is not valid UTF-8: ", e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint commit: a metadata string is not valid UTF-8 or the tensor index is not "
+          "JSON: ",
+          e.what()));
     }
     // The manifest goes last; WriteFileAtomic fsyncs it and tmp_dir.
     SY_RETURN_IF_ERROR(WriteFileAtomic(tmp_dir, kManifestName, text));
@@ -326,6 +353,24 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, in
   SY_RETURN_IF_ERROR(FsyncDirectory(root));
   SY_RETURN_IF_ERROR(WriteFileAtomic(root, kLatestName, StepDirName(step) + "\n"));
   return final_dir;
+}
+
+absl::StatusOr<std::string> CheckpointWriter::Commit(const std::string& root, int64_t step) const {
+  SY_RETURN_IF_ERROR(error_);
+  SY_ASSIGN_OR_RETURN(const std::string tmp_dir,
+                      BeginCheckpointTempDir(root, step, static_cast<uint64_t>(getpid())));
+  std::vector<CheckpointFileDigest> digests;
+  for (const auto& [file, writer] : files_) {
+    absl::Status st = writer.Write(absl::StrCat(tmp_dir, "/", file));  // fsynced
+    absl::StatusOr<CheckpointFileDigest> d =
+        st.ok() ? SealCheckpointFile(tmp_dir, file) : absl::StatusOr<CheckpointFileDigest>(st);
+    if (!d.ok()) {
+      RemoveTreeBestEffort(tmp_dir);
+      return d.status();
+    }
+    digests.push_back(*d);
+  }
+  return FinishCheckpointTempDir(root, step, tmp_dir, digests, metadata_, "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -436,6 +481,11 @@ absl::StatusOr<Checkpoint> OpenCheckpointDir(const std::string& dir,
       }
       listed.push_back({name, FileDigest{f["size"].get<uint64_t>(),
                                          static_cast<uint32_t>(f["crc32c"].get<uint64_t>())}});
+    }
+    if (m.contains(kTensorsKey)) {
+      if (!m[kTensorsKey].is_object())
+        return bad(absl::StrCat("\"", kTensorsKey, "\" is not an object"));
+      ckpt.tensors_json_ = m[kTensorsKey].dump();
     }
     if (m.contains("metadata")) {
       if (!m["metadata"].is_object()) return bad("\"metadata\" is not an object");

@@ -8,6 +8,8 @@
 //       manifest.json     written LAST: {"format": "switchyard-checkpoint", "version": 1,
 //                         "step": N, "files": [{"name", "size", "crc32c"}...],
 //                         "metadata": {key: string | integer},
+//                         "tensors": {...}   only in a sharded checkpoint: its shard index
+//                                            (worker/checkpoint/sharded_checkpoint.h)
 //                         "manifest_crc32c": CRC32C of the compact JSON of all other keys}
 //   <root>/latest         one line "step_<N>", replaced atomically (temp + fsync + rename)
 //
@@ -31,9 +33,10 @@
 // names a directory that is missing or fails verification, it logs a WARNING and falls back to
 // the highest step_<N> that verifies (each rejected directory is logged with its reason).
 //
-// Differences from Megatron's torch.distributed.checkpoint layout: one process writes the whole
-// directory (no per-rank shards or cross-rank barrier here; a distributed caller gives each rank
-// its own file names and commits from one rank after a barrier).
+// One process writes a CheckpointWriter checkpoint. A distributed job writes a sharded one
+// (worker/checkpoint/sharded_checkpoint.h): every rank writes its own files into the same temp
+// directory, and one rank writes the manifest after a barrier, with the three functions
+// BeginCheckpointTempDir / SealCheckpointFile / FinishCheckpointTempDir below.
 #ifndef SWITCHYARD_WORKER_CHECKPOINT_CHECKPOINT_H_
 #define SWITCHYARD_WORKER_CHECKPOINT_CHECKPOINT_H_
 
@@ -108,6 +111,10 @@ class Checkpoint {
   absl::StatusOr<Tensor> Get(absl::string_view file, absl::string_view name) const;
 
   const std::map<std::string, CheckpointValue>& metadata() const { return metadata_; }
+  // The manifest's "tensors" object (the shard index of a sharded checkpoint,
+  // worker/checkpoint/sharded_checkpoint.h) as compact JSON; empty for a checkpoint without one
+  // (CheckpointWriter's: whole tensors by file and name).
+  const std::string& tensors_json() const { return tensors_json_; }
   // Metadata `key` as a string / an integer: kNotFound if absent, kInvalidArgument if it holds
   // the other type.
   absl::StatusOr<std::string> GetString(absl::string_view key) const;
@@ -120,6 +127,7 @@ class Checkpoint {
   std::string dir_;
   std::map<std::string, SafetensorsFile> files_;
   std::map<std::string, CheckpointValue> metadata_;
+  std::string tensors_json_;
 };
 
 // Loads checkpoint `step` of `root` (no fallback: any problem is an error), or, without a step,
@@ -147,6 +155,33 @@ absl::StatusOr<Checkpoint> OpenCheckpointDir(const std::string& dir,
 absl::StatusOr<std::optional<int64_t>> LatestCommittedStep(const std::string& root);
 // Whether <root>/step_<N>/manifest.json exists (committed by CheckpointWriter; not verified).
 bool HasCommittedStep(const std::string& root, int64_t step);
+
+// The commit protocol in pieces, for writers that are several processes
+// (worker/checkpoint/sharded_checkpoint.h); CheckpointWriter::Commit is these three in a row.
+//
+// Step 1: creates `root` (mkdir -p, 0700) and the empty temp directory
+// <root>/.tmp_step_<step>_<token> (0700); returns its path. `token` tells concurrent commits
+// apart and is a live pid of this host (RemoveStaleCheckpointTempDirs removes the directory once
+// that process is gone). kAlreadyExists if step_<step> exists, kInvalidArgument if step < 0.
+absl::StatusOr<std::string> BeginCheckpointTempDir(const std::string& root, int64_t step,
+                                                   uint64_t token);
+struct CheckpointFileDigest {
+  std::string name;
+  uint64_t size = 0;
+  uint32_t crc32c = 0;
+};
+// Step 2, per file, by whichever process wrote (and fsynced) <dir>/<name>: makes it 0600 and
+// returns its size and the CRC32C of its bytes as read back. kInvalidArgument for a bad name.
+absl::StatusOr<CheckpointFileDigest> SealCheckpointFile(const std::string& dir,
+                                                        const std::string& name);
+// Step 3, by one process once every file is sealed: writes manifest.json (listing `files`, the
+// metadata and, when `tensors_json` is not empty, that JSON object under "tensors"), renames the
+// temp directory to step_<step> and updates `latest`; returns the step directory. On an error
+// before the rename the temp directory is removed (best effort) and `latest` is untouched.
+absl::StatusOr<std::string> FinishCheckpointTempDir(
+    const std::string& root, int64_t step, const std::string& tmp_dir,
+    const std::vector<CheckpointFileDigest>& files,
+    const std::map<std::string, CheckpointValue>& metadata, const std::string& tensors_json);
 
 // Removes every ".tmp_step_*" directory under `root` whose owning process (the pid in its name)
 // is not alive, and returns how many were removed. Call only when no other process on another

@@ -324,6 +324,14 @@ absl::Status DistributedAdamW::ScatterFull(const Tensor& full, const Tensor& sha
   return absl::OkStatus();
 }
 
+std::vector<DistributedAdamW::OwnedRun> DistributedAdamW::OwnedRuns() const {
+  std::vector<OwnedRun> out;
+  for (const Bucket& b : buckets_) {
+    out.push_back({b.begin + dp_->rank() * Chunk(b), b.shard_offset, Chunk(b)});
+  }
+  return out;
+}
+
 absl::Status DistributedAdamW::GatherFull(const Tensor& shard, const Tensor& full) const {
   if (full.numel() != padded_n_ || shard.numel() != shard_ || full.dtype != DType::kF32 ||
       shard.dtype != DType::kF32) {

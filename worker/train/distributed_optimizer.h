@@ -183,6 +183,13 @@ class DistributedAdamW {
   // shard-shaped `shard` -> full (f32 [Np] on the state's device), every rank's chunks:
   // collective (one AllGather per bucket over the dp group).
   absl::Status GatherFull(const Tensor& shard, const Tensor& full) const;
+  // Where this rank's shard lies in the padded flat buffer, one run per bucket: elements
+  // [begin, begin + length) of the flat buffer are shard elements [shard_offset, +length) (for
+  // sharded checkpoints, which save and load only these).
+  struct OwnedRun {
+    int64_t begin = 0, shard_offset = 0, length = 0;
+  };
+  std::vector<OwnedRun> OwnedRuns() const;
   // This rank's state, f32 [shard_size()] on the device (for checkpoints and tests).
   Tensor master_shard() const { return master_.View(); }
   Tensor exp_avg_shard() const { return exp_avg_.View(); }

@@ -6,8 +6,8 @@
 // seq_aux_loss), TP2·CP2·EP2 (world 8) and TP2·EP2·ETP2 (world 4) train the tiny MoE model of
 // worker/train/testing/tiny_moe_spec.h for 20 steps and must give one process's routing (tokens
 // per expert of every MoE layer, every step) and loss curve within 1e-5 relative; a TP2
-// checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (whole tensors
-// on disk, resharded on load); a KV-head count or a sequence length that TP does not divide is
+// checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (sharded on
+// disk, resharded on load); a KV-head count or a sequence length that TP does not divide is
 // rejected naming the field and the rule.
 //
 // The tiny model exercises every TP path: column-parallel q/k/v with QK-norm and GQA (4 heads in
@@ -222,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
           v.dispatcher.empty() ? "" : "_" + v.dispatcher, v.no_overlap ? "_NoOverlap" : "");
     });
 
-// A TP2 checkpoint holds whole tensors: one process resumes it and continues the curve; a
+// A TP2 checkpoint (each TP rank's shards): one process resumes it and continues the curve; a
 // one-process checkpoint resumes at TP2 and continues it too.
 TEST(TensorParallelCheckpointTest, ResumesAcrossTensorParallelSizes) {
   const Curve ref = SingleProcess({}, kSteps);

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -36,6 +38,8 @@
 #include "kernels/optim/grad_norm.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf_convert.h"
+#include "worker/checkpoint/sharded_checkpoint.h"
+#include "worker/train/checkpoint_shards.h"
 #include "worker/train/resume.h"
 
 namespace switchyard::train {
@@ -45,10 +49,6 @@ using kernels::Buffer;
 using model::GptConfig;
 using model::GptModel;
 using model::ParamInfo;
-
-constexpr char kModelFile[] = "model.safetensors";
-constexpr char kOptimizerFile[] = "optimizer.safetensors";
-constexpr char kRouterFile[] = "router.safetensors";
 
 Tensor Slice(const Tensor& flat, int64_t offset, std::vector<int64_t> shape) {
   return Tensor(flat.dtype, std::move(shape), flat.device,
@@ -81,7 +81,28 @@ std::string FormatCount(double v) {
 
 }  // namespace
 
+// An asynchronous save in flight (Trainer::Save with TrainerOptions::async_save): the host
+// copies, the writer viewing them, and the thread writing this rank's file.
+struct Trainer::AsyncSave {
+  ShardedCheckpointWriter writer;
+  std::vector<Buffer> keep;
+  ShardedSave save;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  absl::Status own;  // WriteOwn's result; read after join
+  ~AsyncSave() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
 Trainer::~Trainer() {
+  if (async_save_ != nullptr) {
+    // A save still in flight: finishing it is collective, which a destructor cannot do; its
+    // file is written (joined) and the step stays uncommitted (never loads).
+    SY_LOG(WARNING) << "Trainer destroyed with an asynchronous save of step "
+                    << async_save_->save.step << " unfinished (call WaitForSave); it is dropped";
+    async_save_.reset();
+  }
   if (cuda_stream_ != nullptr) {
     model_.reset();
     cudaStreamDestroy(static_cast<cudaStream_t>(cuda_stream_));
@@ -899,93 +920,6 @@ absl::StatusOr<Buffer> Trainer::MasterToHost(const std::string& name) const {
   return b;
 }
 
-absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
-  model::ScopedRange range(stream_, "checkpoint_save", step_);
-  if (distributed()) return SaveDistributed(root);
-  if (stream_.is_cuda()) {
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
-  }
-  CheckpointWriter w;
-  std::vector<Buffer> keep;  // host copies stay alive until Commit
-  auto add = [&](const char* file, const std::string& name,
-                 const Tensor& device_view) -> absl::Status {
-    SY_ASSIGN_OR_RETURN(Buffer b,
-                        Buffer::ForTensor(device_view.dtype, device_view.shape, Device::Cpu()));
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(device_view, b.View()));
-    w.AddTensor(file, name, b.View());
-    keep.push_back(std::move(b));
-    return absl::OkStatus();
-  };
-  for (const ParamInfo& p : model_->layout().params) {
-    SY_RETURN_IF_ERROR(add(kModelFile, p.name, Slice(master_.View(), p.offset, p.shape)));
-    SY_RETURN_IF_ERROR(
-        add(kOptimizerFile, "exp_avg." + p.name, Slice(exp_avg_.View(), p.offset, p.shape)));
-    SY_RETURN_IF_ERROR(
-        add(kOptimizerFile, "exp_avg_sq." + p.name, Slice(exp_avg_sq_.View(), p.offset, p.shape)));
-  }
-  if (model_->config().num_moe_layers() > 0) {
-    SY_RETURN_IF_ERROR(add(kRouterFile, "expert_bias", model_->expert_bias()));
-  }
-  w.SetMetadata("step", step_);
-  w.SetMetadata("consumed_samples", consumed_samples_);
-  w.SetMetadata("skipped_steps", skipped_steps_);
-  w.SetMetadata("forward_counter", absl::StrCat(model_->forward_counter()));
-  w.SetMetadata("seed", static_cast<int64_t>(spec_.training().seed()));
-  w.SetMetadata("job_spec", JobSpecToJson(spec_));
-  return w.Commit(root, step_);
-}
-
-absl::Status Trainer::Load(const std::string& root, int64_t step) {
-  if (distributed()) return LoadDistributed(root, step);
-  SY_ASSIGN_OR_RETURN(Checkpoint ckpt,
-                      step >= 0 ? LoadCheckpoint(root, step) : LoadCheckpoint(root));
-  SY_ASSIGN_OR_RETURN(int64_t ck_step, ckpt.GetInt("step"));
-  SY_ASSIGN_OR_RETURN(int64_t consumed, ckpt.GetInt("consumed_samples"));
-  SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
-  SY_ASSIGN_OR_RETURN(std::string counter, ckpt.GetString("forward_counter"));
-  const int64_t gbs = num_micro_global_ * micro_batch_;
-  if (consumed != ck_step * gbs) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
-                     ") x training.global_batch_size (", gbs, "): the global batch size changed"));
-  }
-  // Check every tensor before writing any, so a mismatched checkpoint changes nothing.
-  auto get = [&](const char* file, const std::string& name,
-                 const std::vector<int64_t>& shape) -> absl::StatusOr<Tensor> {
-    SY_ASSIGN_OR_RETURN(Tensor t, ckpt.Get(file, name));
-    if (t.shape != shape || t.dtype != master_.View().dtype) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          ckpt.dir(), "/", file, ": tensor \"", name, "\" is ", t.DebugString(),
-          ", the model needs ", DTypeName(master_.View().dtype), " of shape [",
-          absl::StrJoin(shape, ","), "] (was the checkpoint written for another model?)"));
-    }
-    return t;
-  };
-  for (const ParamInfo& p : model_->layout().params) {
-    SY_RETURN_IF_ERROR(get(kModelFile, p.name, p.shape).status());
-    SY_RETURN_IF_ERROR(get(kOptimizerFile, "exp_avg." + p.name, p.shape).status());
-    SY_RETURN_IF_ERROR(get(kOptimizerFile, "exp_avg_sq." + p.name, p.shape).status());
-  }
-  for (const ParamInfo& p : model_->layout().params) {
-    SY_ASSIGN_OR_RETURN(Tensor m, get(kModelFile, p.name, p.shape));
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(m, Slice(master_.View(), p.offset, p.shape)));
-    SY_ASSIGN_OR_RETURN(Tensor a, get(kOptimizerFile, "exp_avg." + p.name, p.shape));
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(a, Slice(exp_avg_.View(), p.offset, p.shape)));
-    SY_ASSIGN_OR_RETURN(Tensor b, get(kOptimizerFile, "exp_avg_sq." + p.name, p.shape));
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(b, Slice(exp_avg_sq_.View(), p.offset, p.shape)));
-  }
-  if (model_->config().num_moe_layers() > 0) {
-    SY_ASSIGN_OR_RETURN(Tensor bias, ckpt.Get(kRouterFile, "expert_bias"));
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(bias, model_->expert_bias()));
-  }
-  SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
-  step_ = ck_step;
-  consumed_samples_ = consumed;
-  skipped_steps_ = skipped;
-  model_->set_forward_counter(std::stoull(counter));
-  return absl::OkStatus();
-}
-
 absl::Status Trainer::SetParameters(
     const std::function<absl::StatusOr<Tensor>(const std::string&)>& get) {
   if (distributed()) {
@@ -1013,134 +947,153 @@ absl::Status Trainer::SetParameters(
   return CastMasterToParams(stream_);
 }
 
-absl::StatusOr<std::vector<Buffer>> Trainer::GatherLocalState() {
-  const model::GptParamLayout& lay = model_->layout();
-  std::vector<Buffer> out;
-  for (int which = 0; which < 3; ++which) {
-    SY_ASSIGN_OR_RETURN(Buffer full, Buffer::ForTensor(DType::kF32, {lay.total}, options_.device));
-    SY_RETURN_IF_ERROR(kernels::FillBytes(full.View(), 0));
-    auto shard = [which](const DistributedAdamW& o) {
-      return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
-    };
-    SY_RETURN_IF_ERROR(dense_opt_->GatherFull(
-        shard(*dense_opt_), Region(full.View(), lay.replicated_begin, lay.total)));
-    if (tp_shard_opt_ != nullptr) {
-      SY_RETURN_IF_ERROR(tp_shard_opt_->GatherFull(
-          shard(*tp_shard_opt_), Region(full.View(), lay.expert_end, lay.replicated_begin)));
-    }
-    if (expert_opt_ != nullptr) {
-      SY_RETURN_IF_ERROR(
-          expert_opt_->GatherFull(shard(*expert_opt_), Region(full.View(), 0, lay.expert_end)));
-    }
-    out.push_back(std::move(full));
-  }
-  return out;
+namespace {
+
+// Checkpoint tensor names: the master weights under the GptModel names, the Adam moments with a
+// prefix (the names of the single-file format, so its checkpoints still load).
+constexpr const char* kStatePrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
+
+}  // namespace
+
+CheckpointGroup Trainer::CheckpointGroupOf() {
+  CheckpointGroup g;
+  if (!distributed()) return g;
+  g.rank = groups_->rank;
+  g.size = groups_->world->size();
+  g.all_reduce_sum = [this](std::vector<double>* v) { return AllReduceDoubles(groups_->world, v); };
+  return g;
 }
 
-absl::StatusOr<std::string> Trainer::SaveDistributed(const std::string& root) {
+absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
+  model::ScopedRange range(stream_, "checkpoint_save", step_);
+  // The previous asynchronous save first: the next save waits for it, and its error (if any)
+  // is this call's.
+  SY_RETURN_IF_ERROR(WaitForSave());
   if (stream_.is_cuda()) {
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
   }
-  SY_ASSIGN_OR_RETURN(std::vector<Buffer> state, GatherLocalState());
-  const bool writer = groups_->rank == 0;
-  // Expert tensors are gathered over the ETP×EP group (ETP-fastest: group rank g holds EP rank
-  // g / ETP's experts, ETP slice g % ETP) and put together run by run (ParamInfo, CopyShard).
-  const int ep = model_->config().moe.ep_size;
-  const int64_t etp = model_->config().moe.etp_size;
-  const int64_t shards = ep * etp;
-  const int64_t tp = model_->config().tp_size;
-  CheckpointWriter w;
-  std::vector<Buffer> keep;  // host copies stay alive until Commit
-  static constexpr const char* kPrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
-  for (const ParamInfo& p : model_->layout().params) {
-    for (int which = 0; which < 3; ++which) {
-      Tensor local = Slice(state[which].View(), p.offset, {p.numel});
-      Buffer gathered;
-      if (p.expert && shards > 1) {
-        // Every ETP×EP rank's shard, in group-rank order.
-        SY_ASSIGN_OR_RETURN(gathered,
-                            Buffer::ForTensor(DType::kF32, {p.numel * shards}, options_.device));
-        SY_RETURN_IF_ERROR(groups_->etp_ep->AllGather(local, gathered.View()));
-        local = gathered.View();
+  auto save = std::make_unique<AsyncSave>();
+  ShardedCheckpointWriter& w = save->writer;
+  // Device -> host copy of `device_view` (a flat range), kept alive until the write is done.
+  auto add = [&](const std::string& name, ShardSlice slice,
+                 const Tensor& device_view) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Buffer b,
+                        Buffer::ForTensor(device_view.dtype, {device_view.numel()}, Device::Cpu()));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(
+        Tensor(device_view.dtype, {device_view.numel()}, device_view.device, device_view.data),
+        b.View()));
+    w.AddShard(name, std::move(slice), b.View());
+    save->keep.push_back(std::move(b));
+    return absl::OkStatus();
+  };
+  const model::GptParamLayout& lay = model_->layout();
+  const GptConfig& c = model_->config();
+  if (!distributed()) {
+    // One process: every tensor whole (master weights in the master dtype: f32, or the CPU f64).
+    const Tensor state[3] = {master_.View(), exp_avg_.View(), exp_avg_sq_.View()};
+    for (const ParamInfo& p : lay.params) {
+      for (int which = 0; which < 3; ++which) {
+        SY_RETURN_IF_ERROR(add(kStatePrefix[which] + p.name, ShardSlice::Whole(p.global_shape),
+                               Slice(state[which], p.offset, {p.numel})));
       }
-      if (p.tp_sharded()) {
-        // Every TP rank's shard, in TP-rank order; put together below.
-        SY_ASSIGN_OR_RETURN(gathered,
-                            Buffer::ForTensor(DType::kF32, {p.numel * tp}, options_.device));
-        SY_RETURN_IF_ERROR(groups_->tp->AllGather(local, gathered.View()));
-        local = gathered.View();
-      }
-      if (!writer) continue;
-      SY_ASSIGN_OR_RETURN(Buffer host,
-                          Buffer::ForTensor(DType::kF32, p.global_shape, Device::Cpu()));
-      if (p.tp_sharded()) {
-        SY_ASSIGN_OR_RETURN(Buffer shards,
-                            Buffer::ForTensor(DType::kF32, {p.numel * tp}, Device::Cpu()));
-        SY_RETURN_IF_ERROR(kernels::CopyTensor(local, shards.View()));
-        for (int64_t r = 0; r < tp; ++r) {
-          model::CopyTpShard(p, tp, r, sizeof(float), /*to_shard=*/false, host.data(),
-                             shards.View().as<float>() + r * p.numel);
+    }
+  } else {
+    // Every rank saves what its distributed-optimizer shards own (fp32 master and moments), each
+    // piece as the flat range of its model-parallel slice; the model-dtype parameters are a cast
+    // of the master weights and are not saved (Load casts again). The TP-replicated dense region
+    // is identical on every TP rank: TP rank 0 saves it. Pipeline parallelism (the `pp` work):
+    // a stage's layout holds its own layers under their GLOBAL names, so each stage simply
+    // saves a subset of the names and Load reads its subset; a tensor two stages both hold
+    // (the tied embedding of the first and last stage) must be saved by one of them only, or
+    // the commit's element count check refuses the checkpoint.
+    struct Part {
+      const DistributedAdamW* opt;
+      int64_t region_begin;
+      bool save;
+    };
+    const Part parts[3] = {{dense_opt_.get(), lay.replicated_begin, c.tp_rank == 0},
+                           {tp_shard_opt_.get(), lay.expert_end, true},
+                           {expert_opt_.get(), 0, true}};
+    for (const Part& part : parts) {
+      if (part.opt == nullptr || !part.save) continue;
+      const Tensor shards[3] = {part.opt->master_shard(), part.opt->exp_avg_shard(),
+                                part.opt->exp_avg_sq_shard()};
+      for (const DistributedAdamW::OwnedRun& run : part.opt->OwnedRuns()) {
+        const int64_t begin = part.region_begin + run.begin, end = begin + run.length;
+        for (const ParamInfo& p : lay.params) {
+          const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+          if (lo >= hi) continue;  // not in this run (or padding)
+          ShardSlice slice = ModelParallelSlice(p, c);
+          slice.flat_begin = lo - p.offset;
+          slice.flat_end = hi - p.offset;
+          for (int which = 0; which < 3; ++which) {
+            SY_RETURN_IF_ERROR(add(kStatePrefix[which] + p.name, slice,
+                                   Slice(shards[which], run.shard_offset + lo - begin, {hi - lo})));
+          }
         }
-        w.AddTensor(which == 0 ? kModelFile : kOptimizerFile, kPrefix[which] + p.name, host.View());
-        keep.push_back(std::move(host));
-        continue;
       }
-      const int64_t n = p.numel * (p.expert ? shards : 1);
-      if (p.expert && etp > 1) {
-        SY_ASSIGN_OR_RETURN(Buffer staged, Buffer::ForTensor(DType::kF32, {n}, Device::Cpu()));
-        SY_RETURN_IF_ERROR(kernels::CopyTensor(local, staged.View()));
-        for (int64_t g = 0; g < shards; ++g) {
-          SY_RETURN_IF_ERROR(
-              model::CopyShard(p, model::ShardGlobalOffset(p, g / etp, g % etp, etp), host.View(),
-                               Slice(staged.View(), g * p.numel, {p.numel}), /*to_global=*/true));
-        }
-      } else {
-        // EP shards are whole experts: the group-ordered concatenation is the global tensor.
-        SY_RETURN_IF_ERROR(
-            kernels::CopyTensor(local, Tensor(DType::kF32, {n}, host.View().device, host.data())));
-      }
-      w.AddTensor(which == 0 ? kModelFile : kOptimizerFile, kPrefix[which] + p.name, host.View());
-      keep.push_back(std::move(host));
     }
   }
-  std::string dir;
-  absl::Status commit = absl::OkStatus();
-  if (writer) {
-    if (model_->config().num_moe_layers() > 0) {
-      SY_ASSIGN_OR_RETURN(
-          Buffer bias, Buffer::ForTensor(DType::kF32, model_->expert_bias().shape, Device::Cpu()));
-      SY_RETURN_IF_ERROR(kernels::CopyTensor(model_->expert_bias(), bias.View()));
-      w.AddTensor(kRouterFile, "expert_bias", bias.View());
-      keep.push_back(std::move(bias));
-    }
-    w.SetMetadata("step", step_);
-    w.SetMetadata("consumed_samples", consumed_samples_);
-    w.SetMetadata("skipped_steps", skipped_steps_);
-    w.SetMetadata("forward_counter", absl::StrCat(model_->forward_counter()));
-    w.SetMetadata("seed", static_cast<int64_t>(spec_.training().seed()));
-    w.SetMetadata("job_spec", JobSpecToJson(spec_));
-    absl::StatusOr<std::string> committed = w.Commit(root, step_);
-    if (committed.ok()) {
-      dir = *committed;
-    } else {
-      commit = committed.status();
-    }
+  if (c.num_moe_layers() > 0 && (!distributed() || groups_->rank == 0)) {
+    const Tensor bias = model_->expert_bias();
+    SY_RETURN_IF_ERROR(add("expert_bias", ShardSlice::Whole(bias.shape), bias));
   }
-  // Every rank learns whether rank 0's commit succeeded.
-  std::vector<double> ok = {commit.ok() ? 0.0 : 1.0};
-  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->world, &ok));
-  if (!commit.ok()) return commit;
-  if (ok[0] != 0) {
-    return absl::InternalError(absl::StrCat("checkpoint step ", step_, " under ", root,
-                                            ": rank 0 failed to write it (see its log)"));
-  }
-  if (!writer) dir = CheckpointStepDir(root, step_);
-  return dir;
+  w.SetMetadata("step", step_);
+  w.SetMetadata("consumed_samples", consumed_samples_);
+  w.SetMetadata("skipped_steps", skipped_steps_);
+  w.SetMetadata("forward_counter", absl::StrCat(model_->forward_counter()));  // the jitter RNG
+  w.SetMetadata("seed", static_cast<int64_t>(spec_.training().seed()));
+  w.SetMetadata("job_spec", JobSpecToJson(spec_));
+  // The mapping that wrote it (for the record: loading reshards to any mapping).
+  w.SetMetadata("tensor_model_parallel_size", c.tp_size);
+  w.SetMetadata("context_parallel_size", static_cast<int64_t>(cp_));
+  w.SetMetadata("expert_model_parallel_size", static_cast<int64_t>(c.moe.ep_size));
+  w.SetMetadata("expert_tensor_parallel_size", static_cast<int64_t>(c.moe.etp_size));
+  w.SetMetadata("data_parallel_size", static_cast<int64_t>(dp_));
+  w.SetMetadata("pipeline_model_parallel_size", int64_t{1});
+  const CheckpointGroup group = CheckpointGroupOf();
+  if (!options_.async_save) return w.Commit(root, step_, group);
+
+  // Asynchronous: the temp directory now (collective), this rank's file on a thread, the
+  // manifest when every rank's write is done (PollSave after a step, or WaitForSave).
+  SY_ASSIGN_OR_RETURN(save->save, w.Begin(root, step_, group));
+  AsyncSave* s = save.get();
+  save->thread = std::thread([s, group] {
+    s->own = s->writer.WriteOwn(s->save, group);  // never calls group.all_reduce_sum
+    s->done.store(true, std::memory_order_release);
+  });
+  async_save_ = std::move(save);
+  return CheckpointStepDir(root, step_);
 }
 
-absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
-  SY_ASSIGN_OR_RETURN(Checkpoint ckpt,
-                      step >= 0 ? LoadCheckpoint(root, step) : LoadCheckpoint(root));
+absl::Status Trainer::PollSave() {
+  if (async_save_ == nullptr) return absl::OkStatus();
+  // Every rank must see every rank's write done before the collective Finish.
+  std::vector<double> pending = {async_save_->done.load(std::memory_order_acquire) ? 0.0 : 1.0};
+  if (distributed()) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->world, &pending));
+  if (pending[0] != 0) return absl::OkStatus();
+  return WaitForSave();
+}
+
+absl::Status Trainer::WaitForSave() {
+  if (async_save_ == nullptr) return absl::OkStatus();
+  std::unique_ptr<AsyncSave> s = std::move(async_save_);
+  s->thread.join();
+  absl::StatusOr<std::string> dir = s->writer.Finish(s->save, s->own, CheckpointGroupOf());
+  if (!dir.ok()) {
+    return absl::Status(dir.status().code(),
+                        absl::StrCat("asynchronous save of step ", s->save.step, " to ",
+                                     s->save.root, ": ", dir.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Load(const std::string& root, int64_t step) {
+  SY_RETURN_IF_ERROR(WaitForSave());
+  SY_ASSIGN_OR_RETURN(
+      ShardedCheckpointReader rd,
+      ShardedCheckpointReader::Load(root, step >= 0 ? std::optional<int64_t>(step) : std::nullopt));
+  const Checkpoint& ckpt = rd.checkpoint();
   SY_ASSIGN_OR_RETURN(int64_t ck_step, ckpt.GetInt("step"));
   SY_ASSIGN_OR_RETURN(int64_t consumed, ckpt.GetInt("consumed_samples"));
   SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
@@ -1151,65 +1104,96 @@ absl::Status Trainer::LoadDistributed(const std::string& root, int64_t step) {
         absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
                      ") x training.global_batch_size (", gbs, "): the global batch size changed"));
   }
-  static constexpr const char* kPrefix[3] = {"", "exp_avg.", "exp_avg_sq."};
-  auto get = [&](int which, const ParamInfo& p) -> absl::StatusOr<Tensor> {
-    const char* file = which == 0 ? kModelFile : kOptimizerFile;
-    const std::string name = kPrefix[which] + p.name;
-    SY_ASSIGN_OR_RETURN(Tensor t, ckpt.Get(file, name));
-    if (t.shape != p.global_shape || t.dtype != DType::kF32) {
+  const model::GptParamLayout& lay = model_->layout();
+  const GptConfig& c = model_->config();
+  // Check every tensor before writing any, so a mismatched checkpoint changes nothing.
+  auto check = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(std::vector<int64_t> saved, rd.GlobalShape(name));
+    if (saved != shape) {
+      SY_ASSIGN_OR_RETURN(const DType dtype, rd.StoredDType(name));
       return absl::FailedPreconditionError(
-          absl::StrCat(ckpt.dir(), "/", file, ": tensor \"", name, "\" is ", t.DebugString(),
-                       ", the model needs f32 of shape [", absl::StrJoin(p.global_shape, ","),
+          absl::StrCat(ckpt.dir(), ": tensor \"", name, "\" is ", DTypeName(dtype), "[",
+                       absl::StrJoin(saved, ","), "], the model needs [", absl::StrJoin(shape, ","),
                        "] (was the checkpoint written for another model?)"));
     }
-    return t;
+    return absl::OkStatus();
   };
-  // Check every tensor before writing any, so a mismatched checkpoint changes nothing.
-  for (const ParamInfo& p : model_->layout().params) {
-    for (int which = 0; which < 3; ++which) SY_RETURN_IF_ERROR(get(which, p).status());
+  for (const ParamInfo& p : lay.params) {
+    for (int which = 0; which < 3; ++which) {
+      SY_RETURN_IF_ERROR(check(kStatePrefix[which] + p.name, p.global_shape));
+    }
   }
-  // This rank's part of every tensor (its experts' rows), in the local layout, then its shards.
-  const model::GptParamLayout& lay = model_->layout();
-  for (int which = 0; which < 3; ++which) {
+  if (c.num_moe_layers() > 0) SY_RETURN_IF_ERROR(check("expert_bias", model_->expert_bias().shape));
+
+  // Reads `name`'s elements of `slice` (this rank's target) into device range `dst`.
+  auto read = [&](const std::string& name, const ShardSlice& slice,
+                  const Tensor& dst) -> absl::Status {
+    SY_ASSIGN_OR_RETURN(Buffer host, Buffer::ForTensor(dst.dtype, {dst.numel()}, Device::Cpu()));
+    SY_RETURN_IF_ERROR(rd.Read(name, slice, host.View()));
+    return kernels::CopyTensor(host.View(), Tensor(dst.dtype, {dst.numel()}, dst.device, dst.data));
+  };
+  if (!distributed()) {
+    const Tensor state[3] = {master_.View(), exp_avg_.View(), exp_avg_sq_.View()};
+    for (const ParamInfo& p : lay.params) {
+      for (int which = 0; which < 3; ++which) {
+        SY_RETURN_IF_ERROR(read(kStatePrefix[which] + p.name, ShardSlice::Whole(p.global_shape),
+                                Slice(state[which], p.offset, {p.numel})));
+      }
+    }
+    SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
+  } else {
+    // Master weights: this rank's model-parallel slice of every tensor (what its parameters
+    // hold anyway), cast into the parameters and scattered into its optimizer shards.
     SY_ASSIGN_OR_RETURN(Buffer full, Buffer::ForTensor(DType::kF32, {lay.total}, Device::Cpu()));
     SY_RETURN_IF_ERROR(kernels::FillBytes(full.View(), 0));
-    const GptConfig& c = model_->config();
     for (const ParamInfo& p : lay.params) {
-      SY_ASSIGN_OR_RETURN(Tensor t, get(which, p));
-      if (p.tp_sharded()) {
-        // This TP rank's rows / columns of the whole tensor (resharding to any TP size).
-        model::CopyTpShard(p, c.tp_size, c.tp_rank, sizeof(float), /*to_shard=*/true, t.data,
-                           full.View().as<float>() + p.offset);
-        continue;
-      }
-      // This rank's experts (and ETP slice) of the whole tensor, whatever split saved it.
-      const Tensor whole(DType::kF32, {t.numel()}, Device::Cpu(), t.data);
-      SY_RETURN_IF_ERROR(model::CopyShard(p, p.global_offset, whole,
-                                          Slice(full.View(), p.offset, {p.numel}),
-                                          /*to_global=*/false));
+      SY_RETURN_IF_ERROR(
+          rd.Read(p.name, ModelParallelSlice(p, c), Slice(full.View(), p.offset, {p.numel})));
     }
-    auto shard = [which](const DistributedAdamW& o) {
-      return which == 0 ? o.master_shard() : which == 1 ? o.exp_avg_shard() : o.exp_avg_sq_shard();
-    };
     SY_RETURN_IF_ERROR(dense_opt_->ScatterFull(Region(full.View(), lay.replicated_begin, lay.total),
-                                               shard(*dense_opt_)));
+                                               dense_opt_->master_shard()));
     if (tp_shard_opt_ != nullptr) {
-      SY_RETURN_IF_ERROR(tp_shard_opt_->ScatterFull(
-          Region(full.View(), lay.expert_end, lay.replicated_begin), shard(*tp_shard_opt_)));
+      SY_RETURN_IF_ERROR(
+          tp_shard_opt_->ScatterFull(Region(full.View(), lay.expert_end, lay.replicated_begin),
+                                     tp_shard_opt_->master_shard()));
     }
     if (expert_opt_ != nullptr) {
-      SY_RETURN_IF_ERROR(
-          expert_opt_->ScatterFull(Region(full.View(), 0, lay.expert_end), shard(*expert_opt_)));
+      SY_RETURN_IF_ERROR(expert_opt_->ScatterFull(Region(full.View(), 0, lay.expert_end),
+                                                  expert_opt_->master_shard()));
     }
-    if (which == 0) {
-      SY_ASSIGN_OR_RETURN(Buffer dev, Buffer::ForTensor(DType::kF32, {lay.total}, options_.device));
-      SY_RETURN_IF_ERROR(kernels::CopyTensor(full.View(), dev.View()));
-      SY_RETURN_IF_ERROR(kernels::Cast(stream_, dev.View(), model_->params()));
+    SY_ASSIGN_OR_RETURN(Buffer dev, Buffer::ForTensor(DType::kF32, {lay.total}, options_.device));
+    SY_RETURN_IF_ERROR(kernels::CopyTensor(full.View(), dev.View()));
+    SY_RETURN_IF_ERROR(kernels::Cast(stream_, dev.View(), model_->params()));
+    // Adam moments: only the flat ranges this rank's optimizer shards own (any DP size saved
+    // them), read from the overlapping saved pieces.
+    const std::pair<const DistributedAdamW*, int64_t> parts[3] = {
+        {dense_opt_.get(), lay.replicated_begin},
+        {tp_shard_opt_.get(), lay.expert_end},
+        {expert_opt_.get(), 0}};
+    for (const auto& [opt, region_begin] : parts) {
+      if (opt == nullptr) continue;
+      const Tensor shards[2] = {opt->exp_avg_shard(), opt->exp_avg_sq_shard()};
+      for (const Tensor& sh : shards) SY_RETURN_IF_ERROR(kernels::FillBytes(sh, 0));  // padding
+      for (const DistributedAdamW::OwnedRun& run : opt->OwnedRuns()) {
+        const int64_t begin = region_begin + run.begin, end = begin + run.length;
+        for (const ParamInfo& p : lay.params) {
+          const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+          if (lo >= hi) continue;
+          ShardSlice slice = ModelParallelSlice(p, c);
+          slice.flat_begin = lo - p.offset;
+          slice.flat_end = hi - p.offset;
+          for (int which = 1; which < 3; ++which) {
+            SY_RETURN_IF_ERROR(
+                read(kStatePrefix[which] + p.name, slice,
+                     Slice(shards[which - 1], run.shard_offset + lo - begin, {hi - lo})));
+          }
+        }
+      }
     }
   }
-  if (model_->config().num_moe_layers() > 0) {
-    SY_ASSIGN_OR_RETURN(Tensor bias, ckpt.Get(kRouterFile, "expert_bias"));
-    SY_RETURN_IF_ERROR(kernels::CopyTensor(bias, model_->expert_bias()));
+  if (c.num_moe_layers() > 0) {
+    const Tensor bias = model_->expert_bias();
+    SY_RETURN_IF_ERROR(read("expert_bias", ShardSlice::Whole(bias.shape), bias));
   }
   if (stream_.is_cuda()) {
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
@@ -1239,6 +1223,7 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
   while (trainer->step() < trainer->train_iters() &&
          (hooks.max_steps <= 0 || result.steps < hooks.max_steps)) {
     if (hooks.stop_requested && hooks.stop_requested()) {
+      SY_RETURN_IF_ERROR(trainer->WaitForSave());
       result.stopped = true;
       return result;
     }
@@ -1246,6 +1231,11 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", trainer->step() + 1));
     ++result.steps;
     if (hooks.on_step) hooks.on_step(*r);
+    // An asynchronous save commits once every rank's background write is done; its error ends
+    // the loop here (the next step), not silently.
+    if (absl::Status st = trainer->PollSave(); !st.ok()) {
+      return Annotate(st, absl::StrCat("after step ", r->step));
+    }
     const bool interval = tr.save_interval() > 0 && r->step % tr.save_interval() == 0;
     bool requested = false;
     if (hooks.checkpoint_requested) {
@@ -1257,6 +1247,7 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
       hooks.on_request_ignored();
     }
   }
+  SY_RETURN_IF_ERROR(trainer->WaitForSave());
   if (hooks.stop_requested && hooks.stop_requested()) {
     result.stopped = true;
     return result;
@@ -1264,6 +1255,7 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
   if (!tr.save().empty() && last_saved != trainer->step() &&
       !HasCommittedStep(tr.save(), trainer->step())) {
     SY_RETURN_IF_ERROR(save(trainer->step(), false, "saving the final checkpoint at step"));
+    SY_RETURN_IF_ERROR(trainer->WaitForSave());
   }
   return result;
 }

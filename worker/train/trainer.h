@@ -22,10 +22,14 @@
 // would have read. data.data_path takes one dataset prefix; empty (and not mock_data) selects the
 // default corpus of tools/prepare_corpus.sh (data/corpus.h).
 //
-// Checkpoints (worker/checkpoint/checkpoint.h; <save>/step_N): model.safetensors (fp32 — or the CPU
-// model's f64 — master weights under the GptModel tensor names), optimizer.safetensors
-// (exp_avg.<name>, exp_avg_sq.<name>), router.safetensors (expert_bias [moe layers, E]),
-// metadata: step, consumed_samples, skipped_steps, forward_counter, seed, job_spec (JSON).
+// Checkpoints: sharded (worker/checkpoint/sharded_checkpoint.h; <save>/step_N/shard_<rank>.
+// safetensors + manifest.json) under global tensor names: <name> (fp32 — or the CPU model's f64 —
+// master weights under the GptModel tensor names), exp_avg.<name>, exp_avg_sq.<name>,
+// expert_bias [moe layers, E]; metadata: step, consumed_samples, skipped_steps, forward_counter
+// (the jitter RNG), seed, job_spec (JSON) and the saving mapping (tensor/context/expert/
+// expert-tensor/data/pipeline parallel sizes, world_size). One process writes one shard file of
+// whole tensors. Load reshards from any saved mapping, and reads the older single-file format
+// (model.safetensors, optimizer.safetensors, router.safetensors: whole tensors, same names).
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism in any
 // combination, PP = 1): every rank holds the dense parameters (its TP shard of the TP-split
@@ -49,10 +53,16 @@
 // global_aux_loss counts over TP×DP×CP inside the model. Gradient buckets are reduce-scattered
 // during the backward pass of the last micro-batch (TrainerOptions::overlap_grad_reduce;
 // worker/train/grad_reducer.h).
-// Checkpoints stay in the single-process format (full tensors, every expert, whole TP-split
-// weights): the state is gathered and rank 0 writes it; every rank loads the full files and
-// keeps its part, so a run resumes with another DP, EP or TP size (resharding). The checkpoint
-// directory must be visible to every rank (one machine, or a shared file system).
+// Checkpoints are sharded: every rank writes, in parallel, only what its distributed-optimizer
+// shards own (the fp32 master weights and Adam moments of its flat ranges, each recorded as a
+// flat range of its TP/EP/ETP slice of the global tensor: checkpoint_shards.h; the TP-replicated
+// region by TP rank 0 only, the expert bias by rank 0), and rank 0 writes the manifest after a
+// barrier. Load reshards: each rank reads its model-parallel slice of the master weights (its
+// parameters) and only its owned ranges of the moments, from the overlapping saved pieces, so a
+// run resumes with any other DP, EP, ETP, TP or CP size, or as one process (and a checkpoint of
+// one process resumes distributed). The model-dtype parameters are not saved: Load casts the
+// master weights. The checkpoint directory must be visible to every rank (one machine, or a
+// shared file system). TrainerOptions::async_save writes in a background thread (Save).
 //
 // data.split (Megatron's "969,30,1" train/valid/test weights): training reads only the first
 // share of the documents, as Megatron's _get_split_indices cuts it (TrainDocuments below); there
@@ -84,6 +94,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"
+#include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/model/gpt_model.h"
 #include "worker/model/profiling.h"
 #include "worker/train/distributed_optimizer.h"
@@ -114,6 +125,10 @@ struct TrainerOptions {
   // backward pass.
   bool overlap_grad_reduce = true;
   int64_t grad_bucket_elements = 40'000'000;
+  // Megatron's --async-save: Save copies the state to the host on the calling thread and writes
+  // the files in a background thread; the next Save (or Load, PollSave, WaitForSave) waits for
+  // it and reports its error.
+  bool async_save = false;
 };
 
 struct StepResult {
@@ -155,10 +170,21 @@ class Trainer {
   // The vocabulary of data.tokenizer_model (0 when the spec names none).
   int64_t tokenizer_vocab() const { return tokenizer_vocab_; }
 
-  // Saves the full training state as checkpoint step() under `root`; returns its directory.
+  // Saves the training state as sharded checkpoint step() under `root` (collective when
+  // distributed: every rank writes its own shards; worker/checkpoint/sharded_checkpoint.h) and
+  // returns its directory. With TrainerOptions::async_save the state is copied to the host here
+  // and written by a background thread: the directory is committed later (PollSave /
+  // WaitForSave / the next Save or Load, which first wait for it and return its error).
   absl::StatusOr<std::string> Save(const std::string& root);
-  // Restores the state from `root` (latest verified step, or `step` when >= 0). The checkpoint's
-  // model shape must equal this trainer's.
+  // Asynchronous save: when every rank's background write is done, commits the manifest
+  // (collective: call on every rank, e.g. after each step; one small all-reduce while a save is
+  // in flight, nothing otherwise). Returns the failed save's error, never dropping it.
+  absl::Status PollSave();
+  // Waits for the asynchronous save in flight (if any) and commits it (collective); its error.
+  absl::Status WaitForSave();
+  // Restores the state from `root` (latest verified step, or `step` when >= 0), resharding a
+  // checkpoint saved by any mapping (or the single-file format) to this trainer's. The
+  // checkpoint's global tensor shapes must equal this trainer's.
   absl::Status Load(const std::string& root, int64_t step = -1);
   // Overwrites the parameters (and fp32 master weights) with HF-converted tensors and resets the
   // optimizer; used to fine-tune an imported model. `get` returns f32/f64 CPU tensors by name.
@@ -207,9 +233,10 @@ class Trainer {
   // Distributed stats: sums over the data-parallel group (loss, counts; aux losses averaged).
   absl::Status ReduceStats(model::GptStepStats* stats);
   // Distributed: master, exp_avg, exp_avg_sq of the full LOCAL layout, gathered from the shards.
-  absl::StatusOr<std::vector<kernels::Buffer>> GatherLocalState();
-  absl::StatusOr<std::string> SaveDistributed(const std::string& root);
-  absl::Status LoadDistributed(const std::string& root, int64_t step);
+  // The world group as the sharded checkpoint's collective (one process: rank 0 of 1).
+  CheckpointGroup CheckpointGroupOf();
+  struct AsyncSave;
+  std::unique_ptr<AsyncSave> async_save_;  // the asynchronous save in flight, if any
 
   v1::JobSpec spec_;
   TrainerOptions options_;
@@ -273,6 +300,8 @@ struct TrainingLoopHooks {
   // interval (the agent's CheckpointNow, agreed over the ranks). Null: never.
   std::function<absl::StatusOr<bool>(const StepResult&)> checkpoint_requested;
   // A checkpoint was written to `dir` (`requested`: checkpoint_requested asked for this one).
+  // With TrainerOptions::async_save: the save was started; it commits after a later step
+  // (PollSave) or at the end of the loop, whose error then ends the loop.
   std::function<void(const std::string& dir, bool requested)> on_saved;
   // A checkpoint was requested but training.save is empty.
   std::function<void()> on_request_ignored;
