@@ -23,9 +23,18 @@ absl::Status OutOfOrder(const char* phase, const char* needs) {
 
 }  // namespace
 
+absl::Status AllToAllDispatcher::Comm(const char* phase, const absl::Status& status) const {
+  if (status.ok()) return status;
+  // The communicator's message names the group, this rank, the operation and (Gloo's AllToAllV)
+  // the peers that had not delivered; this adds which MoE layer and phase was waiting, so that a
+  // stalled or dead peer is reported as "MoE layer 3 dispatch (forward): group 'ep[0,1]' ...".
+  return absl::Status(status.code(), absl::StrCat(label_, " ", phase, ": ", status.message()));
+}
+
 absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
-    int64_t hidden, int num_experts, int ep_size, int topk, comm::Communicator* etp_group) {
+    int64_t hidden, int num_experts, int ep_size, int topk, comm::Communicator* etp_group,
+    std::string label) {
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
       "AllToAllDispatcher", ep_group, ep_group ? ep_group->size() : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
@@ -57,6 +66,7 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   }
   std::unique_ptr<AllToAllDispatcher> d(new AllToAllDispatcher());
   d->ep_ = ep_group;
+  d->label_ = label.empty() ? "AllToAllDispatcher" : std::move(label);
   d->etp_ = etp_size > 1 ? etp_group : nullptr;
   d->etp_size_ = etp_size;
   d->etp_rank_ = etp_size > 1 ? etp_group->rank() : 0;
@@ -202,9 +212,12 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
   SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
   // G[j, e] = rows EP rank j routes to global expert e (on the device for CUDA); with ETP, G'[t]
   // is ETP peer t's G (the spec's allgather over ETP×EP, reshaped [ETP, EP, E]).
-  SY_RETURN_IF_ERROR(ep_->AllGather(counts_.View(), gathered_counts_.View()));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (forward)", ep_->AllGather(counts_.View(), gathered_counts_.View())));
   const kernels::Buffer& counts = etp_size_ > 1 ? all_counts_ : gathered_counts_;
-  if (etp_size_ > 1) SY_RETURN_IF_ERROR(etp_->AllGather(gathered_counts_.View(), counts.View()));
+  if (etp_size_ > 1)
+    SY_RETURN_IF_ERROR(
+        Comm("dispatch (forward)", etp_->AllGather(gathered_counts_.View(), counts.View())));
   const int32_t* g_all = counts.View().as<int32_t>();
   const int sources = etp_size_ * ep_size_;
   int32_t* staged = nullptr;  // [ETP*EP*L + L] host values of local_sizes_
@@ -277,18 +290,25 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
     std::memcpy(local_sizes_.data(), staged, sizes_bytes);
   }
   // The EP all-to-all of the rows, then of the probs (same splits, separate tensor, as Megatron).
-  SY_RETURN_IF_ERROR(ep_->AllToAllV(
-      permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
-      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
-  SY_RETURN_IF_ERROR(ep_->AllToAllV(permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_,
-                                    recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_));
+  SY_RETURN_IF_ERROR(Comm(
+      "dispatch (forward)",
+      ep_->AllToAllV(permuted_x_.View(dtype_, {sent_rows_, hidden_}),
+                     Elements(input_splits_, hidden_), recv_x_.View(dtype_, {recv_rows_, hidden_}),
+                     Elements(output_splits_, hidden_))));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (forward)",
+           ep_->AllToAllV(permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_,
+                          recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_)));
   if (etp_size_ > 1) {
     // The spec's AG(TP) after the EP all-to-all: every ETP peer gets every peer's receipt.
-    SY_RETURN_IF_ERROR(etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, hidden_}),
-                                        tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
-                                        Elements(tp_rows_, hidden_)));
-    SY_RETURN_IF_ERROR(etp_->AllGatherV(recv_probs_.View(probs_dtype_, {recv_rows_}),
-                                        tp_probs_.View(probs_dtype_, {tp_total_rows_}), tp_rows_));
+    SY_RETURN_IF_ERROR(
+        Comm("dispatch (forward)", etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, hidden_}),
+                                                    tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                                    Elements(tp_rows_, hidden_))));
+    SY_RETURN_IF_ERROR(
+        Comm("dispatch (forward)",
+             etp_->AllGatherV(recv_probs_.View(probs_dtype_, {recv_rows_}),
+                              tp_probs_.View(probs_dtype_, {tp_total_rows_}), tp_rows_)));
   }
   phase_ = Phase::kDispatched;
   return absl::OkStatus();
@@ -327,12 +347,15 @@ absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* st
   if (etp_size_ > 1) {
     // The spec's RS(TP): sums the ETP partial fc2 outputs (row-parallel) and hands each peer back
     // the rows it received.
-    SY_RETURN_IF_ERROR(ReduceScatterTp(stream, tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
-                                       padded_x_, hidden_, recv_x_));
+    SY_RETURN_IF_ERROR(Comm("combine (forward)",
+                            ReduceScatterTp(stream, tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                            padded_x_, hidden_, recv_x_)));
   }
-  SY_RETURN_IF_ERROR(ep_->AllToAllV(
-      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
-      combined_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));
+  SY_RETURN_IF_ERROR(Comm(
+      "combine (forward)",
+      ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
+                     combined_.View(dtype_, {sent_rows_, hidden_}),
+                     Elements(input_splits_, hidden_))));
   phase_ = Phase::kCombined;
   return absl::OkStatus();
 }
@@ -358,13 +381,16 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
   // (SortChunks).
   SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(stream, dout, row_map_view_, d_permuted_x_.View(),
                                                 /*zero_unmapped_rows=*/false));
-  SY_RETURN_IF_ERROR(ep_->AllToAllV(
-      d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_),
-      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_)));
+  SY_RETURN_IF_ERROR(Comm(
+      "combine (backward)",
+      ep_->AllToAllV(d_permuted_x_.View(dtype_, {sent_rows_, hidden_}),
+                     Elements(input_splits_, hidden_), recv_x_.View(dtype_, {recv_rows_, hidden_}),
+                     Elements(output_splits_, hidden_))));
   if (etp_size_ > 1) {
-    SY_RETURN_IF_ERROR(etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, hidden_}),
-                                        tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
-                                        Elements(tp_rows_, hidden_)));
+    SY_RETURN_IF_ERROR(
+        Comm("combine (backward)", etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, hidden_}),
+                                                    tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                                    Elements(tp_rows_, hidden_))));
   }
   return kernels::SortChunks(stream, SourceRows(), SplitSizes(), order_.sort, state->d_expert_out,
                              Tensor(), Tensor(), workspace_.View());
@@ -380,17 +406,22 @@ absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, Dispatch
   if (etp_size_ > 1) {
     // Adjoint of the ETP all-gather: each peer's F slice gave a partial input (and prob)
     // gradient of every gathered row; the sums of this peer's rows come back to it.
-    SY_RETURN_IF_ERROR(ReduceScatterTp(stream, tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
-                                       padded_x_, hidden_, recv_x_));
-    SY_RETURN_IF_ERROR(ReduceScatterTp(stream, tp_probs_.View(probs_dtype_, {tp_total_rows_}),
-                                       padded_probs_, 1, recv_probs_));
+    SY_RETURN_IF_ERROR(Comm("dispatch (backward)",
+                            ReduceScatterTp(stream, tp_x_.View(dtype_, {tp_total_rows_, hidden_}),
+                                            padded_x_, hidden_, recv_x_)));
+    SY_RETURN_IF_ERROR(Comm("dispatch (backward)",
+                            ReduceScatterTp(stream, tp_probs_.View(probs_dtype_, {tp_total_rows_}),
+                                            padded_probs_, 1, recv_probs_)));
   }
-  SY_RETURN_IF_ERROR(ep_->AllToAllV(
-      recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
-      d_permuted_x_.View(dtype_, {sent_rows_, hidden_}), Elements(input_splits_, hidden_)));
-  SY_RETURN_IF_ERROR(ep_->AllToAllV(recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_,
-                                    d_permuted_probs_.View(probs_dtype_, {sent_rows_}),
-                                    input_splits_));
+  SY_RETURN_IF_ERROR(Comm(
+      "dispatch (backward)",
+      ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
+                     d_permuted_x_.View(dtype_, {sent_rows_, hidden_}),
+                     Elements(input_splits_, hidden_))));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (backward)",
+           ep_->AllToAllV(recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_,
+                          d_permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_)));
   return kernels::PermuteBackward(stream, d_permuted_x_.View(), d_permuted_probs_.View(),
                                   row_map_view_, dx, d_topk_probs);
 }

@@ -81,6 +81,17 @@
 // adjoint of the all-gather], AllToAllV back, PermuteBackward. They reuse the split sizes of the
 // forward call of the same micro-batch.
 //
+// Failure (issue 15, "never hang"): every collective of the four communicating phases is bounded
+// by its communicator's timeout (Gloo: GlooOptions::timeout; NCCL: NcclOptions::timeout, after
+// which the NCCL communicator is aborted), and its error comes back prefixed with the label given
+// at Create and the phase: "MoE layer 3 dispatch (forward): group 'ep[0,1]' rank 0/2 AllToAllV:
+// Timed out ...; no data yet from group rank(s) 1 (world rank 1)". Gloo's AllToAllV names the
+// peers whose data had not arrived (gloo_communicator.h); NCCL cannot tell which peer is missing,
+// so there the group and the phase are named and the lost rank comes from the PeerMonitor
+// (worker/comm/peer_monitor.h), as for any collective. Tested with real processes, one of them
+// SIGKILLed or SIGSTOPped inside the all-to-all (alltoall_dispatcher_test.cc; the NCCL path by
+// ep_dispatcher_gpu_test.cc).
+//
 // Owns its buffers (sized at Create); borrows the EP communicator, which must outlive it. Used
 // from one thread; every EP rank must run the same sequence of phases.
 #ifndef SWITCHYARD_WORKER_MODEL_ALLTOALL_DISPATCHER_H_
@@ -88,6 +99,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -106,13 +118,16 @@ class AllToAllDispatcher final : public TokenDispatcher {
   // ep_size must equal ep_group->size(); num_experts % ep_size == 0; ETP·E <= kMaxSortChunks.
   // etp_group: the ETP group (null = ETP 1), not owned; on CUDA an NcclCommunicator on `device`
   // with the same stream as ep_group.
+  // label: what a communication error is prefixed with, with the phase ("MoE layer 3" gives
+  // "MoE layer 3 dispatch (forward): <the communicator's error>"; see "Failure" above); empty =
+  // "AllToAllDispatcher".
   // max_tokens: most tokens per micro-batch on this rank. On a CUDA device ep_group must be a
   // comm::NcclCommunicator on that device (see the stream contract in the file comment); dtype
   // bf16/f32, probs_dtype f32 (Permute's CUDA limits), num_experts <= kMaxExpertsCuda.
   static absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
       int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk,
-      comm::Communicator* etp_group = nullptr);
+      comm::Communicator* etp_group = nullptr, std::string label = "");
 
   const char* name() const override { return "alltoall"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
@@ -148,6 +163,8 @@ class AllToAllDispatcher final : public TokenDispatcher {
   Tensor TokensPerExpert() const;
   // The stream rules of every phase (see the stream contract in the file comment).
   absl::Status CheckStream(const Stream& stream, const char* phase) const;
+  // `status` of a collective, prefixed with label_ and `phase` ("dispatch (forward)", ...).
+  absl::Status Comm(const char* phase, const absl::Status& status) const;
   // Row counts -> element counts (x H) for the communicator.
   std::vector<int64_t> Elements(const std::vector<int64_t>& rows, int64_t per_row) const;
 
@@ -161,6 +178,7 @@ class AllToAllDispatcher final : public TokenDispatcher {
                                const kernels::Buffer& out);
 
   comm::Communicator* ep_ = nullptr;
+  std::string label_;
   comm::Communicator* etp_ = nullptr;       // null with ETP = 1
   comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
   Device device_;

@@ -196,10 +196,13 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
       }
     }
     if (alltoall) {
-      SY_ASSIGN_OR_RETURN(l->dispatcher_,
-                          AllToAllDispatcher::Create(
-                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e), config.ep_size,
-                              static_cast<int>(k), config.etp_size > 1 ? groups.etp : nullptr));
+      SY_ASSIGN_OR_RETURN(
+          l->dispatcher_,
+          AllToAllDispatcher::Create(
+              groups.ep, device, dt, rdt, t, h, static_cast<int>(e), config.ep_size,
+              static_cast<int>(k), config.etp_size > 1 ? groups.etp : nullptr,
+              config.layer_number >= 0 ? absl::StrCat("MoE layer ", config.layer_number)
+                                       : std::string("MoE layer")));
     } else {
       SY_ASSIGN_OR_RETURN(
           l->dispatcher_,

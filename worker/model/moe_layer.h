@@ -94,6 +94,9 @@ struct MoELayerConfig {
   // gradient summed over the TP ranks is the single-process one.
   int sp_size = 1;
   int sp_rank = 0;
+  // The model's layer index of this MoE layer (0-based, as StepMetrics' expert_load names it);
+  // only used in error messages ("MoE layer 3 dispatch (forward): ..."); -1 = unknown.
+  int64_t layer_number = -1;
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
   // F' = F / ETP: this rank's slice of each expert's intermediate size.
   int64_t local_ffn_size() const { return ffn_hidden_size / etp_size; }
