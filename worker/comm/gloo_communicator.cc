@@ -467,39 +467,40 @@ absl::Status GlooCommunicator::AllToAllV(const Tensor& in, absl::Span<const int6
   // waited for here one completion at a time, so that a failure can name the peers whose data had
   // not arrived (a stalled or dead peer, issue 15 "never hang"): Gloo's own message says only
   // "Timed out waiting ... for recv operation" or names a TCP address.
+  // Every peer that owes data is pending before anything is posted, so that a failure while
+  // posting (a peer already dead) names it too.
   std::vector<char> pending(size_, 0);
   int waits = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && recv_counts[r] > 0) {
+      pending[r] = 1;
+      ++waits;
+    }
+  }
   return Run(kOp, [&] {
     auto inbuf = context_->createUnboundBuffer(in_ptr, std::max<size_t>(send_off[size_], 1));
     auto outbuf = context_->createUnboundBuffer(out_ptr, std::max<size_t>(recv_off[size_], 1));
     const uint64_t slot = gloo::Slot::build(kAllToAllVSlotPrefix, tag);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      if (recv_counts[r] > 0) {
-        outbuf->recv(r, slot, recv_off[r], recv_off[r + 1] - recv_off[r]);
-        pending[r] = 1;
-        ++waits;
-      }
-      if (send_counts[r] > 0) inbuf->send(r, slot, send_off[r], send_off[r + 1] - send_off[r]);
-    }
     const auto deadline = std::chrono::steady_clock::now() + ToChrono(options_.timeout);
+    auto left = [&deadline] {
+      return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()),
+                      std::chrono::milliseconds(1));
+    };
     try {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (recv_counts[r] > 0) outbuf->recv(r, slot, recv_off[r], recv_off[r + 1] - recv_off[r]);
+        if (send_counts[r] > 0) inbuf->send(r, slot, send_off[r], send_off[r + 1] - send_off[r]);
+      }
       for (int i = 0; i < waits; ++i) {
         int src = -1;
-        if (!outbuf->waitRecv(&src, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                 deadline - std::chrono::steady_clock::now()),
-                                             std::chrono::milliseconds(1)))) {
-          throw std::runtime_error("receive aborted");
-        }
+        if (!outbuf->waitRecv(&src, left())) throw std::runtime_error("receive aborted");
         if (src >= 0 && src < size_) pending[src] = 0;
       }
       for (int r = 0; r < size_; ++r) {
         if (r == rank_ || send_counts[r] == 0) continue;
-        if (!inbuf->waitSend(std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          deadline - std::chrono::steady_clock::now()),
-                                      std::chrono::milliseconds(1)))) {
-          throw std::runtime_error("send aborted");
-        }
+        if (!inbuf->waitSend(left())) throw std::runtime_error("send aborted");
       }
     } catch (const std::exception& e) {
       // Keep Gloo's message (Run classifies timeouts by it) and add who had not delivered.
