@@ -34,7 +34,7 @@ absl::Status AllToAllDispatcher::Comm(const char* phase, const absl::Status& sta
 absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
     int64_t hidden, int num_experts, int ep_size, int topk, comm::Communicator* etp_group,
-    std::string label) {
+    std::string label, int64_t expert_row_limit) {
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
       "AllToAllDispatcher", ep_group, ep_group ? ep_group->size() : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
@@ -64,6 +64,10 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
                        ") must be <= ", kernels::kMaxExpertsCuda, " on CUDA"));
     }
   }
+  if (expert_row_limit < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllDispatcher: expert_row_limit (",
+                                                   expert_row_limit, ") must be >= 0 (0 = none)"));
+  }
   std::unique_ptr<AllToAllDispatcher> d(new AllToAllDispatcher());
   d->ep_ = ep_group;
   d->label_ = label.empty() ? "AllToAllDispatcher" : std::move(label);
@@ -81,14 +85,16 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   d->max_tokens_ = max_tokens;
   d->dtype_ = dtype;
   d->probs_dtype_ = probs_dtype;
-  // The most one rank can receive over EP: every token of every EP rank routed to its experts;
-  // with ETP, the ETP peers' receipts are gathered on top.
-  d->recv_cap_ = ep_size * max_tokens * std::min(topk, d->num_local_);
-  d->rows_ = etp_size * d->recv_cap_;
+  // The most one rank can receive over EP: every token of every EP rank routed to its experts
+  // (the bound; see "Receive buffers" in the header). The buffers start at the balanced receipt
+  // plus a quarter and grow in Dispatch to what the counts need.
+  d->recv_bound_ = ep_size * max_tokens * std::min(topk, d->num_local_);
+  d->expert_row_limit_ = expert_row_limit;
+  const int64_t initial = std::min(d->recv_bound_, max_tokens * topk + (max_tokens * topk) / 4);
   const int sources = etp_size * ep_size;  // chunk sources, (etp, ep src) order
   SY_ASSIGN_OR_RETURN(d->order_, kernels::LocalExpertChunkOrder(sources, d->num_local_));
 
-  const int64_t sent = max_tokens * topk, r = d->rows_;
+  const int64_t sent = max_tokens * topk;
   SY_ASSIGN_OR_RETURN(d->permuted_x_, Buffer::ForTensor(dtype, {sent, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->permuted_probs_, Buffer::ForTensor(probs_dtype, {sent}, device));
   SY_ASSIGN_OR_RETURN(d->row_map_, Buffer::ForTensor(DType::kI32, {max_tokens, topk}, device));
@@ -104,24 +110,12 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
                          : 0;
   SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
 
-  const int64_t rc = d->recv_cap_, rt = etp_size > 1 ? r : 0;
-  SY_ASSIGN_OR_RETURN(d->recv_x_, Buffer::ForTensor(dtype, {rc, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->recv_probs_, Buffer::ForTensor(probs_dtype, {rc}, device));
   SY_ASSIGN_OR_RETURN(
       d->all_counts_,
       Buffer::ForTensor(DType::kI32, {etp_size > 1 ? sources : 0, num_experts}, device));
-  SY_ASSIGN_OR_RETURN(d->tp_x_, Buffer::ForTensor(dtype, {rt, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->tp_probs_, Buffer::ForTensor(probs_dtype, {rt}, device));
-  SY_ASSIGN_OR_RETURN(d->padded_x_, Buffer::ForTensor(dtype, {rt, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->padded_probs_, Buffer::ForTensor(probs_dtype, {rt}, device));
-  SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
   const int64_t num_sizes = sources * d->num_local_ + d->num_local_;
   SY_ASSIGN_OR_RETURN(d->local_sizes_, Buffer::ForTensor(DType::kI32, {num_sizes}, device));
-  SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  SY_RETURN_IF_ERROR(d->GrowExpertSide(initial));
   d->input_splits_.assign(ep_size, 0);
   d->output_splits_.assign(ep_size, 0);
   d->chunk_rows_.assign(sources * d->num_local_, 0);
@@ -145,6 +139,32 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     SY_CUDA_RETURN_IF_ERROR(e);
   }
   return d;
+}
+
+absl::Status AllToAllDispatcher::GrowExpertSide(int64_t recv_rows) {
+  recv_cap_ = recv_rows;
+  rows_ = etp_size_ * recv_rows;
+  const int64_t r = rows_, rc = recv_cap_, rt = etp_size_ > 1 ? r : 0, h = hidden_;
+  // Release before allocating, so that growing never holds the old and the new buffers at once.
+  // (On CUDA, cudaFree waits for the device, so no queued kernel still uses the old memory.)
+  for (Buffer* b :
+       {&recv_x_, &recv_probs_, &tp_x_, &tp_probs_, &padded_x_, &padded_probs_, &expert_x_,
+        &expert_probs_, &expert_out_, &d_expert_out_, &d_expert_x_, &d_expert_probs_}) {
+    *b = Buffer();
+  }
+  SY_ASSIGN_OR_RETURN(recv_x_, Buffer::ForTensor(dtype_, {rc, h}, device_));
+  SY_ASSIGN_OR_RETURN(recv_probs_, Buffer::ForTensor(probs_dtype_, {rc}, device_));
+  SY_ASSIGN_OR_RETURN(tp_x_, Buffer::ForTensor(dtype_, {rt, h}, device_));
+  SY_ASSIGN_OR_RETURN(tp_probs_, Buffer::ForTensor(probs_dtype_, {rt}, device_));
+  SY_ASSIGN_OR_RETURN(padded_x_, Buffer::ForTensor(dtype_, {rt, h}, device_));
+  SY_ASSIGN_OR_RETURN(padded_probs_, Buffer::ForTensor(probs_dtype_, {rt}, device_));
+  SY_ASSIGN_OR_RETURN(expert_x_, Buffer::ForTensor(dtype_, {r, h}, device_));
+  SY_ASSIGN_OR_RETURN(expert_probs_, Buffer::ForTensor(probs_dtype_, {r}, device_));
+  SY_ASSIGN_OR_RETURN(expert_out_, Buffer::ForTensor(dtype_, {r, h}, device_));
+  SY_ASSIGN_OR_RETURN(d_expert_out_, Buffer::ForTensor(dtype_, {r, h}, device_));
+  SY_ASSIGN_OR_RETURN(d_expert_x_, Buffer::ForTensor(dtype_, {r, h}, device_));
+  SY_ASSIGN_OR_RETURN(d_expert_probs_, Buffer::ForTensor(probs_dtype_, {r}, device_));
+  return absl::OkStatus();
 }
 
 Tensor AllToAllDispatcher::SplitSizes() const {
@@ -193,10 +213,11 @@ absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, Dispat
   }
   num_tokens_ = t;
   row_map_view_ = row_map_.View(DType::kI32, {t, topk_});
-  state->expert_x = expert_x_.View();
-  state->expert_probs = expert_probs_.View();
   state->tokens_per_expert = TokensPerExpert();
-  state->expert_out = expert_out_.View();
+  // The expert-side views are handed out by Dispatch, which may grow their buffers.
+  state->expert_x = Tensor();
+  state->expert_probs = Tensor();
+  state->expert_out = Tensor();
   // Permutation 1, over the E global experts: the rows for EP rank j (experts [j*L, (j+1)*L))
   // are contiguous, in expert-major, token-ascending order. counts_ = n stays on the device.
   SY_RETURN_IF_ERROR(kernels::Permute(stream, state->x, state->topk_idx, state->topk_probs,
@@ -207,7 +228,6 @@ absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, Dispat
 }
 
 absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* state) {
-  (void)state;
   if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
   // G[j, e] = rows EP rank j routes to global expert e (on the device for CUDA); with ETP, G'[t]
@@ -269,12 +289,41 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
     tp_max_rows_ = std::max(tp_max_rows_, rows);
   }
   recv_rows_ = tp_rows_[etp_rank_];
-  if (sent_rows_ > max_tokens_ * topk_ || tp_max_rows_ > recv_cap_ || tp_total_rows_ > rows_) {
+  if (sent_rows_ > max_tokens_ * topk_ || tp_max_rows_ > recv_bound_) {
     // impossible unless a peer broke the top-k contract or the counts were corrupted
-    return absl::InternalError(absl::StrCat("AllToAllDispatcher: ", sent_rows_, " rows to send / ",
-                                            tp_max_rows_, " to receive exceed the capacity ",
-                                            max_tokens_ * topk_, " / ", recv_cap_));
+    return Comm("dispatch (forward)",
+                absl::InternalError(absl::StrCat(
+                    "AllToAllDispatcher: ", sent_rows_, " rows to send / ", tp_max_rows_,
+                    " to receive exceed the bounds ", max_tokens_ * topk_, " / ", recv_bound_)));
   }
+  if (expert_row_limit_ > 0) {
+    // Every rank of the ETP×EP block holds the same counts G', so every rank computes every EP
+    // rank's expert rows and they all fail here together, before any row moves: no rank is left
+    // waiting in the all-to-all.
+    for (int j = 0; j < ep_size_; ++j) {
+      int64_t rows = 0;
+      for (int src = 0; src < sources; ++src) {
+        for (int l = 0; l < num_local_; ++l) rows += g_all[src * num_experts_ + j * num_local_ + l];
+      }
+      if (rows > expert_row_limit_) {
+        return Comm("dispatch (forward)",
+                    absl::ResourceExhaustedError(absl::StrCat(
+                        "EP rank ", j, " of group '", ep_->name(), "' would receive ", rows,
+                        " expert rows, more than expert_row_limit ", expert_row_limit_,
+                        " (every rank of the group stops here, before the all-to-all)")));
+      }
+    }
+  }
+  if (tp_max_rows_ > recv_cap_) {
+    // Receive buffers sized by the actual counts: grow to what this micro-batch needs plus a
+    // quarter (fewer regrowths as the routing settles), never past the bound. The host already
+    // waited for the counts, so this costs no extra synchronisation.
+    SY_RETURN_IF_ERROR(
+        GrowExpertSide(std::min(recv_bound_, std::max(tp_max_rows_, recv_cap_ + recv_cap_ / 4))));
+  }
+  state->expert_x = expert_x_.View();
+  state->expert_probs = expert_probs_.View();
+  state->expert_out = expert_out_.View();
   for (int l = 0; l < num_local_; ++l) {
     int32_t sum = 0;
     for (int src = 0; src < sources; ++src) sum += chunk_rows_[src * num_local_ + l];

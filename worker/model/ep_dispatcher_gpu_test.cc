@@ -143,7 +143,7 @@ absl::Status Sync(const Stream& stream) {
 absl::Status RunStepCuda(TokenDispatcher& d, const Stream& stream, const Batch& b, const Config& c,
                          DType dtype, bool apply_probs, Result* res) {
   const int dev = stream.device.index;
-  const int64_t t = b.t, h = c.hidden, k = c.topk, cap = d.ExpertRowCapacity();
+  const int64_t t = b.t, h = c.hidden, k = c.topk;
   std::vector<float> idx(b.idx.begin(), b.idx.end());
   SY_ASSIGN_OR_RETURN(Buffer x, Upload(b.x, dtype, {t, h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer topk_idx, Upload(idx, DType::kI32, {t, k}, dev));
@@ -161,6 +161,9 @@ absl::Status RunStepCuda(TokenDispatcher& d, const Stream& stream, const Batch& 
   SY_RETURN_IF_ERROR(d.Dispatch(stream, &st));
   SY_RETURN_IF_ERROR(d.DispatchPostprocess(stream, &st));
   SY_RETURN_IF_ERROR(Sync(stream));
+  // The alltoall dispatcher's expert side follows the counts: its capacity is known after Dispatch.
+  const int64_t cap = st.expert_x.dim(0);
+  if (cap != d.ExpertRowCapacity()) return absl::InternalError("expert_x rows != capacity");
   SY_ASSIGN_OR_RETURN(std::vector<float> tpe,
                       Download(st.tokens_per_expert, d.num_local_experts()));
   int64_t rows = 0;

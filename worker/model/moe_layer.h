@@ -261,6 +261,11 @@ class MoELayer {
   Tensor h_, a_, da_, dh_, dtopk_probs_, dlogits_, dlogits_lowp_, dx_tmp_;
   Tensor sh_h_, sh_a_, sh_y_, sh_gated_, sh_g_, sh_dy_, sh_da_, sh_dh_, sh_dg_, sh_dg_lowp_, sh_dx_;
   Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
+  // h_, a_, da_, dh_ ([R, 2F'], [R, F'], [R, F'], [R, 2F']) with R = expert_rows_, the
+  // dispatcher's current expert-row capacity.
+  std::vector<kernels::Buffer> expert_buffers_;
+  int64_t expert_rows_ = -1;
+  absl::Status FitExpertRows(int64_t rows);
 };
 
 }  // namespace switchyard::model
