@@ -258,7 +258,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
     out.optimizer_states = 20.0 * (static_cast<double>(p.dense_padded) / (z.dp * z.cp) +
                                    static_cast<double>(p.expert_padded) / z.edp) +
                            norm_scratch * (p.expert_padded > 0 ? 3 : 2);
-    out.create_transient = 12.0 * n;
+    // Trainer::Create initialises the shards directly (the initial values go through the fp32
+    // gradient buffer): no full-size transient.
+    out.create_transient = 0;
   }
 
   // Layers: attention, norms, dense MLP (per token, then times t / TP).
@@ -293,7 +295,10 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       if (o.cuda) bytes += (std::ceil(tr / 128) + 1) * e * 4;  // permute workspace
     } else {
       const double sent = tr * k;
-      rows = z.ep * tr * std::min(k, local) * z.etp;
+      // The receive side follows the counts (AllToAllDispatcher, "Receive buffers"): it starts
+      // at the balanced receipt plus a quarter, min(B, t·k + floor(t·k/4)) rows per ETP peer
+      // (B = EP·t·min(k, E/EP) the bound), and grows only when routing is more uneven than that.
+      rows = z.etp * std::min(z.ep * tr * std::min(k, local), tr * k + std::floor(tr * k / 4));
       bytes += 3 * a * sent * h + 2 * r * sent + 4 * sent + 5 * a * rows * h + 3 * r * rows;
       bytes += 4 * z.ep * e + 4 * (z.ep * local + local);
       if (o.cuda) bytes += std::max((std::ceil(tr / 128) + 1) * e * 4, (2 * z.ep * local + 1) * 8);

@@ -195,20 +195,21 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
                  : std::string("none")));
       }
     }
+    // Communication errors name the layer: "MoE layer 3 dispatch (forward): ...".
+    const std::string label = config.layer_number >= 0
+                                  ? absl::StrCat("MoE layer ", config.layer_number)
+                                  : std::string("MoE layer");
     if (alltoall) {
-      SY_ASSIGN_OR_RETURN(
-          l->dispatcher_,
-          AllToAllDispatcher::Create(
-              groups.ep, device, dt, rdt, t, h, static_cast<int>(e), config.ep_size,
-              static_cast<int>(k), config.etp_size > 1 ? groups.etp : nullptr,
-              config.layer_number >= 0 ? absl::StrCat("MoE layer ", config.layer_number)
-                                       : std::string("MoE layer")));
+      SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
+                                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
+                                              config.ep_size, static_cast<int>(k),
+                                              config.etp_size > 1 ? groups.etp : nullptr, label));
     } else {
-      SY_ASSIGN_OR_RETURN(
-          l->dispatcher_,
-          AllGatherDispatcher::Create(config.etp_size > 1 ? groups.etp_ep : groups.ep, device, dt,
-                                      rdt, t, h, static_cast<int>(e), config.ep_size,
-                                      static_cast<int>(k), static_cast<int>(config.etp_size)));
+      SY_ASSIGN_OR_RETURN(l->dispatcher_,
+                          AllGatherDispatcher::Create(
+                              config.etp_size > 1 ? groups.etp_ep : groups.ep, device, dt, rdt, t,
+                              h, static_cast<int>(e), config.ep_size, static_cast<int>(k),
+                              static_cast<int>(config.etp_size), label));
     }
   } else {
     SY_ASSIGN_OR_RETURN(l->dispatcher_,
