@@ -234,6 +234,76 @@ TEST(AllToAllDispatcherTest, SixRanksOneReceivesOverFourTimesTheMean) {
   RunDistributed(c, "w6hot");
 }
 
+// The ETP path of the growing expert side: W = 4 as ETP 2 x EP 2 (rank = etp_rank + 2 ep_rank,
+// as the expert grid orders them), EP rank 0's experts hot, so its ETP peers' gathered receipt
+// outgrows the initial capacity (checked) and the ETP buffers (gathered rows, padded
+// reduce-scatter inputs) grow with it while EP rank 1's stay at their initial size. Identity-prob
+// experts run on every ETP peer, and the combine's ETP reduce-scatter sums the two peers' equal
+// outputs, so out, dx and d_topk_probs are exactly twice LocalDispatcher's on this rank's own
+// tokens.
+int EtpChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
+  absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world = ConnectGloo(dir, rank, c.world);
+  SY_CHILD_OK(world.status());
+  const int etp_rank = rank % 2, ep_rank = rank / 2;
+  auto etp = (*world)->CreateSubgroup({ep_rank * 2, ep_rank * 2 + 1}, "etp");
+  SY_CHILD_OK(etp.status());
+  auto ep = (*world)->CreateSubgroup({etp_rank, 2 + etp_rank}, "ep");
+  SY_CHILD_OK(ep.status());
+  int64_t max_tokens = 1;
+  for (int64_t t : c.tokens) max_tokens = std::max(max_tokens, t);
+  absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> d =
+      AllToAllDispatcher::Create(ep->get(), Device::Cpu(), DType::kF32, DType::kF32, max_tokens,
+                                 c.hidden, c.num_experts, 2, c.topk, etp->get());
+  SY_CHILD_OK(d.status());
+  const int64_t initial = (*d)->ExpertRowCapacity();
+  int64_t most = 0;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<Batch> all = MakeGlobal(c, seed + step);
+    Result got;
+    SY_CHILD_OK(RunStep(**d, all[rank], c.hidden, c.topk, &got));
+    absl::StatusOr<Result> local = RunLocal(all[rank], c);
+    SY_CHILD_OK(local.status());
+    auto twice = [](std::vector<float> v) {
+      for (float& x : v) x *= 2;
+      return v;
+    };
+    SY_CHILD_CHECK(SameBits(got.out, twice(local->out)));
+    SY_CHILD_CHECK(SameBits(got.dx, twice(local->dx)));
+    SY_CHILD_CHECK(SameBits(got.d_topk_probs, twice(local->d_topk_probs)));
+    int64_t rows = 0;
+    for (int32_t n : got.tokens_per_expert) rows += n;
+    most = std::max(most, rows);
+  }
+  const int64_t cap = (*d)->ExpertRowCapacity();
+  std::fprintf(stderr,
+               "rank %d (etp %d, ep %d): most expert rows %ld, capacity %ld (initial %ld, bound "
+               "%ld)\n",
+               rank, etp_rank, ep_rank, static_cast<long>(most), static_cast<long>(cap),
+               static_cast<long>(initial), static_cast<long>((*d)->ExpertRowBound()));
+  SY_CHILD_CHECK(cap >= most && cap <= (*d)->ExpertRowBound());
+  // The hot EP rank grew (an ETP peer received more than initial / ETP: the gathered side is
+  // ETP x the largest peer's receipt).
+  if (ep_rank == 0) SY_CHILD_CHECK(cap > initial);
+  if (ep_rank == 1) SY_CHILD_CHECK(cap == initial);
+  return 0;
+}
+
+TEST(AllToAllDispatcherTest, EtpTwoEpTwoHotExpertsGrowTheGatheredSide) {
+  Config c;
+  c.world = 4;
+  c.num_experts = 4;
+  c.topk = 2;
+  c.hidden = 4;
+  c.tokens = {12, 5, 16, 9};
+  c.hot_experts = {0, 1};  // EP rank 0's
+  const uint32_t seed = std::random_device{}();
+  PrintConfig("etp2ep2hot", c, seed);
+  const std::string dir = comm::testing::UniqueStoreDir("a2a_etp");
+  std::vector<int> codes = comm::testing::RunProcesses(
+      c.world, absl::Seconds(25), [&](int rank) { return EtpChild(c, seed, dir, rank); });
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " seed " << seed;
+}
+
 // expert_row_limit: rank 1's experts are hot, so it would receive more than the limit; EVERY
 // rank's Dispatch fails with RESOURCE_EXHAUSTED naming EP rank 1, the layer and the limit, before
 // the all-to-all (nobody hangs), and the next micro-batch under the limit... is not attempted: a
