@@ -289,22 +289,33 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
     tp_max_rows_ = std::max(tp_max_rows_, rows);
   }
   recv_rows_ = tp_rows_[etp_rank_];
-  if (sent_rows_ > max_tokens_ * topk_ || tp_max_rows_ > recv_bound_) {
+  // The bounds and the limit, checked on the counts of EVERY rank of the ETP×EP block (each rank
+  // holds them all, so every rank decides alike: a violation stops them all here, before any row
+  // moves, instead of leaving the others waiting in the all-to-all). received[t * EP + j]: rows
+  // ETP peer t of EP rank j receives.
+  int64_t most_sent = 0, most_received = 0;
+  std::vector<int64_t> received(sources, 0);
+  for (int src = 0; src < sources; ++src) {
+    int64_t sent = 0;
+    for (int e = 0; e < num_experts_; ++e) {
+      const int32_t c = g_all[src * num_experts_ + e];
+      sent += c;
+      received[(src / ep_size_) * ep_size_ + e / num_local_] += c;
+    }
+    most_sent = std::max(most_sent, sent);
+  }
+  for (int64_t r : received) most_received = std::max(most_received, r);
+  if (most_sent > max_tokens_ * topk_ || most_received > recv_bound_) {
     // impossible unless a peer broke the top-k contract or the counts were corrupted
     return Comm("dispatch (forward)",
                 absl::InternalError(absl::StrCat(
-                    "AllToAllDispatcher: ", sent_rows_, " rows to send / ", tp_max_rows_,
+                    "AllToAllDispatcher: ", most_sent, " rows to send / ", most_received,
                     " to receive exceed the bounds ", max_tokens_ * topk_, " / ", recv_bound_)));
   }
   if (expert_row_limit_ > 0) {
-    // Every rank of the ETP×EP block holds the same counts G', so every rank computes every EP
-    // rank's expert rows and they all fail here together, before any row moves: no rank is left
-    // waiting in the all-to-all.
     for (int j = 0; j < ep_size_; ++j) {
-      int64_t rows = 0;
-      for (int src = 0; src < sources; ++src) {
-        for (int l = 0; l < num_local_; ++l) rows += g_all[src * num_experts_ + j * num_local_ + l];
-      }
+      int64_t rows = 0;  // EP rank j's expert rows: its ETP peers' receipts together
+      for (int t = 0; t < etp_size_; ++t) rows += received[t * ep_size_ + j];
       if (rows > expert_row_limit_) {
         return Comm("dispatch (forward)",
                     absl::ResourceExhaustedError(absl::StrCat(
