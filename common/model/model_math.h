@@ -53,6 +53,9 @@ struct ModelShape {
   bool moe_input_jitter = false;   // moe_input_jitter_eps > 0: a jittered copy of the input
   double moe_capacity_factor = 0;  // moe_expert_capacity_factor (<= 0: none)
   bool moe_pad_to_capacity = false;  // moe_pad_expert_input_to_capacity
+  // moe_token_dispatcher_type allgather (the default) rather than alltoall: the dispatcher's
+  // buffers at EP > 1 (EstimateEngineMemory).
+  bool moe_allgather = false;
 
   // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
@@ -158,8 +161,12 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               gradients 6a·R·Fe/ETP; the dispatcher:
 //                 local (EP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
 //                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
-//                 alltoall (EP > 1): send side (t·k rows) permuted, combined and its gradient
-//                   3a·t·k·H + 2r·t·k + row map 4t·k; receive side sized by the counts
+//                 allgather (EP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
+//                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
+//                   reduced y and probs a·t·H + r·t·k, expert side 4a·R·H + 2r·R;
+//                 alltoall (EP > 1): send side (t·k rows), one buffer for the permuted rows,
+//                   the combined rows and their gradient in turn, a·t·k·H + r·t·k, + row map
+//                   4t·k; receive side sized by the counts
 //                   (alltoall_dispatcher.h "Receive buffers"), estimated at its initial size,
 //                   the balanced receipt plus a quarter: R = ETP·min(B, t·k + ⌊t·k/4⌋) rows with
 //                   B = EP·t·min(k, E/EP) the bound (every token of every EP rank routed here),

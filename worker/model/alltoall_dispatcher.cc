@@ -101,9 +101,11 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   SY_ASSIGN_OR_RETURN(d->counts_, Buffer::ForTensor(DType::kI32, {num_experts}, device));
   SY_ASSIGN_OR_RETURN(d->gathered_counts_,
                       Buffer::ForTensor(DType::kI32, {ep_size, num_experts}, device));
-  SY_ASSIGN_OR_RETURN(d->combined_, Buffer::ForTensor(dtype, {sent, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_permuted_x_, Buffer::ForTensor(dtype, {sent, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_permuted_probs_, Buffer::ForTensor(probs_dtype, {sent}, device));
+  // One send-side buffer for the rows (and one for the probs): the permuted rows live from
+  // DispatchPreprocess to Dispatch's all-to-all, the combined rows from Combine to
+  // CombinePostprocess, their gradients from CombineBackward to DispatchBackward's PermuteBackward,
+  // one after the other (the phases run in order, one micro-batch at a time), so all of them use
+  // permuted_x_ / permuted_probs_ (issue 15: 2·t·k·H fewer elements per MoE layer at EP > 1).
   const int64_t ws = device.is_cuda()
                          ? std::max(kernels::PermuteWorkspaceBytes(max_tokens, num_experts),
                                     kernels::SortChunksWorkspaceBytes(sources * d->num_local_))
@@ -414,7 +416,7 @@ absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* st
   SY_RETURN_IF_ERROR(Comm(
       "combine (forward)",
       ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
-                     combined_.View(dtype_, {sent_rows_, hidden_}),
+                     permuted_x_.View(dtype_, {sent_rows_, hidden_}),
                      Elements(input_splits_, hidden_))));
   phase_ = Phase::kCombined;
   return absl::OkStatus();
@@ -426,7 +428,7 @@ absl::Status AllToAllDispatcher::CombinePostprocess(const Stream& stream, Dispat
   if (phase_ != Phase::kCombined) return OutOfOrder("CombinePostprocess", "Combine");
   SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePostprocess"));
   phase_ = Phase::kIdle;
-  return kernels::Unpermute(stream, combined_.View(), row_map_view_, out);
+  return kernels::Unpermute(stream, permuted_x_.View(), row_map_view_, out);
 }
 
 absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
@@ -439,11 +441,11 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
   // Adjoint of Unpermute (every permuted row is mapped: dropless), of the combine all-to-all (the
   // dispatch direction), of the ETP reduce-scatter (an all-gather) and of UnsortChunks
   // (SortChunks).
-  SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(stream, dout, row_map_view_, d_permuted_x_.View(),
+  SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(stream, dout, row_map_view_, permuted_x_.View(),
                                                 /*zero_unmapped_rows=*/false));
   SY_RETURN_IF_ERROR(Comm(
       "combine (backward)",
-      ep_->AllToAllV(d_permuted_x_.View(dtype_, {sent_rows_, hidden_}),
+      ep_->AllToAllV(permuted_x_.View(dtype_, {sent_rows_, hidden_}),
                      Elements(input_splits_, hidden_), recv_x_.View(dtype_, {recv_rows_, hidden_}),
                      Elements(output_splits_, hidden_))));
   if (etp_size_ > 1) {
@@ -476,14 +478,14 @@ absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, Dispatch
   SY_RETURN_IF_ERROR(Comm(
       "dispatch (backward)",
       ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, hidden_}), Elements(output_splits_, hidden_),
-                     d_permuted_x_.View(dtype_, {sent_rows_, hidden_}),
+                     permuted_x_.View(dtype_, {sent_rows_, hidden_}),
                      Elements(input_splits_, hidden_))));
   SY_RETURN_IF_ERROR(
       Comm("dispatch (backward)",
            ep_->AllToAllV(recv_probs_.View(probs_dtype_, {recv_rows_}), output_splits_,
-                          d_permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_)));
-  return kernels::PermuteBackward(stream, d_permuted_x_.View(), d_permuted_probs_.View(),
-                                  row_map_view_, dx, d_topk_probs);
+                          permuted_probs_.View(probs_dtype_, {sent_rows_}), input_splits_)));
+  return kernels::PermuteBackward(stream, permuted_x_.View(), permuted_probs_.View(), row_map_view_,
+                                  dx, d_topk_probs);
 }
 
 }  // namespace switchyard::model

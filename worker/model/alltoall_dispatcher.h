@@ -212,9 +212,10 @@ class AllToAllDispatcher final : public TokenDispatcher {
   int64_t expert_row_limit_ = 0;
   DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
   kernels::ChunkOrder order_;
-  // Local (send) side: [max_tokens * k] rows.
-  kernels::Buffer permuted_x_, permuted_probs_, row_map_, counts_, gathered_counts_, combined_,
-      d_permuted_x_, d_permuted_probs_, workspace_;
+  // Local (send) side: [max_tokens * k] rows. permuted_x_ / permuted_probs_ also hold the
+  // combined rows (Combine -> CombinePostprocess) and the backward's d_permuted rows (their
+  // lifetimes do not overlap; see Create).
+  kernels::Buffer permuted_x_, permuted_probs_, row_map_, counts_, gathered_counts_, workspace_;
   // Expert (receive) side: [rows_] rows.
   kernels::Buffer recv_x_, recv_probs_, expert_x_, expert_probs_, expert_out_, d_expert_out_,
       d_expert_x_, d_expert_probs_;
