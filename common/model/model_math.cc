@@ -315,7 +315,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       rows = z.etp * std::min(z.ep * tr * std::min(k, local), tr * k + std::floor(tr * k / 4));
       // Send side: one buffer of rows and one of probs (permuted, combined and their gradients
       // in turn) and the row map.
-      bytes += a * sent * h + r * sent + 4 * sent + 5 * a * rows * h + 3 * r * rows;
+      // Receive side: the receipt, the expert input and one buffer for the expert output and
+      // the two expert-side gradients (shared, dispatcher.h), 3a·R·H, with 3 probs buffers.
+      bytes += a * sent * h + r * sent + 4 * sent + 3 * a * rows * h + 3 * r * rows;
       bytes += 4 * z.ep * e + 4 * (z.ep * local + local);
       if (o.cuda) bytes += std::max((std::ceil(tr / 128) + 1) * e * 4, (2 * z.ep * local + 1) * 8);
     }

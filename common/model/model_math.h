@@ -170,7 +170,9 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //                   (alltoall_dispatcher.h "Receive buffers"), estimated at its initial size,
 //                   the balanced receipt plus a quarter: R = ETP·min(B, t·k + ⌊t·k/4⌋) rows with
 //                   B = EP·t·min(k, E/EP) the bound (every token of every EP rank routed here),
-//                   5a·R·H + 3r·R; routing more uneven than 1.25x the mean grows R (and the
+//                   3a·R·H + 3r·R (receipt, expert input, and one buffer for the expert
+//                   output and both expert-side gradients); routing more uneven than 1.25x the
+//                   mean grows R (and the
 //                   6a·R·Fe/ETP above) on the ranks that receive more, up to ETP·B;
 //               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
 //               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).

@@ -34,7 +34,7 @@
 //                activations and scratch (residual, norms, q/k/v/o, lse; dense SwiGLU), the MoE
 //                layers' router, dispatcher and expert buffers — the alltoall dispatcher sizes
 //                its receive side by the counts, estimated at its initial size ETP·min(B,
-//                1.25·t·k) rows of width H (5 such buffers; B = EP·t·min(k, E/EP), the bound it
+//                1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k, E/EP), the bound it
 //                grows to at most under uneven routing) plus 6·Fe bytes·2 per row for fc1/SwiGLU
 //                outputs and gradients —, the
 //                LM head's fp32 logits chunk (≤ 512 MiB) and bf16 gradient chunk, backward

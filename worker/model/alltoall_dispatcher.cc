@@ -149,9 +149,8 @@ absl::Status AllToAllDispatcher::GrowExpertSide(int64_t recv_rows) {
   const int64_t r = rows_, rc = recv_cap_, rt = etp_size_ > 1 ? r : 0, h = hidden_;
   // Release before allocating, so that growing never holds the old and the new buffers at once.
   // (On CUDA, cudaFree waits for the device, so no queued kernel still uses the old memory.)
-  for (Buffer* b :
-       {&recv_x_, &recv_probs_, &tp_x_, &tp_probs_, &padded_x_, &padded_probs_, &expert_x_,
-        &expert_probs_, &expert_out_, &d_expert_out_, &d_expert_x_, &d_expert_probs_}) {
+  for (Buffer* b : {&recv_x_, &recv_probs_, &tp_x_, &tp_probs_, &padded_x_, &padded_probs_,
+                    &expert_x_, &expert_probs_, &expert_out_, &d_expert_probs_}) {
     *b = Buffer();
   }
   SY_ASSIGN_OR_RETURN(recv_x_, Buffer::ForTensor(dtype_, {rc, h}, device_));
@@ -162,9 +161,10 @@ absl::Status AllToAllDispatcher::GrowExpertSide(int64_t recv_rows) {
   SY_ASSIGN_OR_RETURN(padded_probs_, Buffer::ForTensor(probs_dtype_, {rt}, device_));
   SY_ASSIGN_OR_RETURN(expert_x_, Buffer::ForTensor(dtype_, {r, h}, device_));
   SY_ASSIGN_OR_RETURN(expert_probs_, Buffer::ForTensor(probs_dtype_, {r}, device_));
+  // expert_out, d_expert_out and d_expert_x share one buffer (see DispatchState in
+  // dispatcher.h): the experts' output is dead once CombinePreprocess has unsorted it, and
+  // d_expert_out once the experts' backward has read it, before it writes d_expert_x.
   SY_ASSIGN_OR_RETURN(expert_out_, Buffer::ForTensor(dtype_, {r, h}, device_));
-  SY_ASSIGN_OR_RETURN(d_expert_out_, Buffer::ForTensor(dtype_, {r, h}, device_));
-  SY_ASSIGN_OR_RETURN(d_expert_x_, Buffer::ForTensor(dtype_, {r, h}, device_));
   SY_ASSIGN_OR_RETURN(d_expert_probs_, Buffer::ForTensor(probs_dtype_, {r}, device_));
   return absl::OkStatus();
 }
@@ -435,8 +435,8 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
                                                  DispatchState* state) {
   if (!have_forward_) return OutOfOrder("CombineBackward", "a forward DispatchPostprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "CombineBackward"));
-  state->d_expert_out = d_expert_out_.View();
-  state->d_expert_x = d_expert_x_.View();
+  state->d_expert_out = expert_out_.View();
+  state->d_expert_x = expert_out_.View();  // shares d_expert_out's memory (dispatcher.h)
   state->d_expert_probs = d_expert_probs_.View();
   // Adjoint of Unpermute (every permuted row is mapped: dropless), of the combine all-to-all (the
   // dispatch direction), of the ETP reduce-scatter (an all-gather) and of UnsortChunks

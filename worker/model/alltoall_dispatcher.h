@@ -217,8 +217,8 @@ class AllToAllDispatcher final : public TokenDispatcher {
   // lifetimes do not overlap; see Create).
   kernels::Buffer permuted_x_, permuted_probs_, row_map_, counts_, gathered_counts_, workspace_;
   // Expert (receive) side: [rows_] rows.
-  kernels::Buffer recv_x_, recv_probs_, expert_x_, expert_probs_, expert_out_, d_expert_out_,
-      d_expert_x_, d_expert_probs_;
+  // expert_out_ also holds d_expert_out and d_expert_x (DispatchState in dispatcher.h).
+  kernels::Buffer recv_x_, recv_probs_, expert_x_, expert_probs_, expert_out_, d_expert_probs_;
   // ETP > 1 only (else empty): the counts gathered over ETP [ETP, EP, E], the ETP-gathered rows
   // and probs [rows_] and the padded reduce-scatter inputs [rows_] (recv_x_ / recv_probs_ take
   // the outputs).

@@ -47,7 +47,10 @@ struct DispatchState {
   Tensor expert_probs;       // [R] probs dtype
   Tensor tokens_per_expert;  // [local experts] i32, device
   Tensor expert_out;         // [R, H]: the experts write their output here
-  // Backward (set by the layer / the dispatcher).
+  // Backward (set by the layer / the dispatcher). d_expert_x MAY SHARE MEMORY with d_expert_out
+  // (and expert_out; AllToAllDispatcher does, to save two [R, H] buffers): the experts' backward
+  // must have read d_expert_out for the last time before it writes d_expert_x (MoELayer: fc2's
+  // dgrad and wgrad, then SwiGLU, then fc1's dgrad writes d_expert_x).
   Tensor d_expert_out;    // [R, H]: CombineBackward writes it
   Tensor d_expert_x;      // [R, H]: the experts write it
   Tensor d_expert_probs;  // [R]:    the experts write it

@@ -132,8 +132,10 @@ inline absl::Status RunStep(TokenDispatcher& d, Batch b, int64_t hidden, int top
   SY_RETURN_IF_ERROR(d.CombinePostprocess(stream, &st, View(DType::kF32, res->out, {b.t, hidden})));
 
   SY_RETURN_IF_ERROR(d.CombineBackward(stream, View(DType::kF32, b.dout, {b.t, hidden}), &st));
-  const float* dy = st.d_expert_out.as<float>();
-  res->d_expert_out.assign(dy, dy + rows * hidden);
+  const float* dy_view = st.d_expert_out.as<float>();
+  res->d_expert_out.assign(dy_view, dy_view + rows * hidden);
+  // d_expert_x may share d_expert_out's memory (dispatcher.h): read the copy.
+  const float* dy = res->d_expert_out.data();
   float* dex = st.d_expert_x.as<float>();
   float* dep = st.d_expert_probs.as<float>();
   for (int64_t i = 0; i < rows; ++i) {
