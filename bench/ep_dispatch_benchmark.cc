@@ -175,7 +175,9 @@ absl::StatusOr<RankResult> RunConfig(comm::NcclCommunicator& comm, cudaStream_t 
     return static_cast<double>(ms);
   };
   std::vector<double> dispatch, combine, total;
-  bool zeroed = false;
+  // The expert side the zeros were written to: the alltoall dispatcher's expert buffers follow
+  // the counts and may be reallocated by Dispatch (alltoall_dispatcher.h, "Receive buffers").
+  void* zeroed = nullptr;
   for (int it = 0; it < a.warmup + a.iters; ++it) {
     model::DispatchState st;
     st.x = x.View();
@@ -187,9 +189,9 @@ absl::StatusOr<RankResult> RunConfig(comm::NcclCommunicator& comm, cudaStream_t 
     SY_RETURN_IF_ERROR(d->Dispatch(stream, &st));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[2], cs));
     SY_RETURN_IF_ERROR(d->DispatchPostprocess(stream, &st));
-    if (!zeroed) {  // no expert compute: the experts' output is zeros
+    if (st.expert_out.data != zeroed) {  // no expert compute: the experts' output is zeros
       SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.expert_out.data, 0, st.expert_out.bytes(), cs));
-      zeroed = true;
+      zeroed = st.expert_out.data;
     }
     SY_RETURN_IF_ERROR(d->CombinePreprocess(stream, &st));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[3], cs));

@@ -67,6 +67,9 @@ absl::StatusOr<ModelShape> ModelShape::FromProto(const v1::ModelConfig& m) {
   s.moe_input_jitter = m.moe_input_jitter_eps() > 0;
   s.moe_capacity_factor = m.has_moe_expert_capacity_factor() ? m.moe_expert_capacity_factor() : 0;
   s.moe_pad_to_capacity = m.moe_pad_expert_input_to_capacity();
+  // The config default (common/config/config_defaults.cc) is allgather.
+  s.moe_allgather =
+      m.moe_token_dispatcher_type().empty() || m.moe_token_dispatcher_type() == "allgather";
   for (auto [field, value] : {std::pair<const char*, int64_t>{"model.num_experts", s.num_experts},
                               {"model.moe_router_topk", s.moe_topk},
                               {"model.moe_ffn_hidden_size", s.moe_ffn_hidden_size}}) {
@@ -258,7 +261,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
     out.optimizer_states = 20.0 * (static_cast<double>(p.dense_padded) / (z.dp * z.cp) +
                                    static_cast<double>(p.expert_padded) / z.edp) +
                            norm_scratch * (p.expert_padded > 0 ? 3 : 2);
-    out.create_transient = 12.0 * n;
+    // Trainer::Create initialises the shards directly (the initial values go through the fp32
+    // gradient buffer): no full-size transient.
+    out.create_transient = 0;
   }
 
   // Layers: attention, norms, dense MLP (per token, then times t / TP).
@@ -291,10 +296,28 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       }
       bytes += 4 * a * rows * h + 2 * r * rows + 4 * tr * k;
       if (o.cuda) bytes += (std::ceil(tr / 128) + 1) * e * 4;  // permute workspace
+    } else if (m.moe_allgather) {
+      // AllGatherDispatcher (worker/model/allgather_dispatcher.cc, Create): the ETP×EP group's
+      // G = EP·ETP micro-batches gathered, g = G·t tokens, expert rows R = g·k (every gathered
+      // slot). Gathered x, y and the padded y 3a·g·H; indices, local indices and row map
+      // 12·g·k; probs, padded probs and their gradient 3r·g·k; the reduced y and probs
+      // a·t·H + r·t·k; the expert side 4a·R·H + 2r·R + 4L; counts 4(G + 1).
+      const double groups = static_cast<double>(z.ep * z.etp), g = groups * tr;
+      rows = g * k;
+      bytes += 3 * a * g * h + 12 * g * k + 3 * r * g * k + a * tr * h + r * tr * k;
+      bytes += 4 * a * rows * h + 2 * r * rows + 4 * local + 4 * (groups + 1);
+      if (o.cuda) bytes += (std::ceil(g / 128) + 1) * local * 4;  // permute workspace
     } else {
       const double sent = tr * k;
-      rows = z.ep * tr * std::min(k, local) * z.etp;
-      bytes += 3 * a * sent * h + 2 * r * sent + 4 * sent + 5 * a * rows * h + 3 * r * rows;
+      // The receive side follows the counts (AllToAllDispatcher, "Receive buffers"): it starts
+      // at the balanced receipt plus a quarter, min(B, t·k + floor(t·k/4)) rows per ETP peer
+      // (B = EP·t·min(k, E/EP) the bound), and grows only when routing is more uneven than that.
+      rows = z.etp * std::min(z.ep * tr * std::min(k, local), tr * k + std::floor(tr * k / 4));
+      // Send side: one buffer of rows and one of probs (permuted, combined and their gradients
+      // in turn) and the row map.
+      // Receive side: the receipt, the expert input and one buffer for the expert output and
+      // the two expert-side gradients (shared, dispatcher.h), 3a·R·H, with 3 probs buffers.
+      bytes += a * sent * h + r * sent + 4 * sent + 3 * a * rows * h + 3 * r * rows;
       bytes += 4 * z.ep * e + 4 * (z.ep * local + local);
       if (o.cuda) bytes += std::max((std::ceil(tr / 128) + 1) * e * 4, (2 * z.ep * local + 1) * 8);
     }

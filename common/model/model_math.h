@@ -53,6 +53,9 @@ struct ModelShape {
   bool moe_input_jitter = false;   // moe_input_jitter_eps > 0: a jittered copy of the input
   double moe_capacity_factor = 0;  // moe_expert_capacity_factor (<= 0: none)
   bool moe_pad_to_capacity = false;  // moe_pad_expert_input_to_capacity
+  // moe_token_dispatcher_type allgather (the default) rather than alltoall: the dispatcher's
+  // buffers at EP > 1 (EstimateEngineMemory).
+  bool moe_allgather = false;
 
   // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
@@ -158,10 +161,19 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               gradients 6a·R·Fe/ETP; the dispatcher:
 //                 local (EP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
 //                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
-//                 alltoall (EP > 1): send side (t·k rows) permuted, combined and its gradient
-//                   3a·t·k·H + 2r·t·k + row map 4t·k; receive side sized for the WORST case,
-//                   every token of every EP rank routed here: R = EP·t·min(k, E/EP) rows,
-//                   5a·R·H + 3r·R;
+//                 allgather (EP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
+//                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
+//                   reduced y and probs a·t·H + r·t·k, expert side 4a·R·H + 2r·R;
+//                 alltoall (EP > 1): send side (t·k rows), one buffer for the permuted rows,
+//                   the combined rows and their gradient in turn, a·t·k·H + r·t·k, + row map
+//                   4t·k; receive side sized by the counts
+//                   (alltoall_dispatcher.h "Receive buffers"), estimated at its initial size,
+//                   the balanced receipt plus a quarter: R = ETP·min(B, t·k + ⌊t·k/4⌋) rows with
+//                   B = EP·t·min(k, E/EP) the bound (every token of every EP rank routed here),
+//                   3a·R·H + 3r·R (receipt, expert input, and one buffer for the expert
+//                   output and both expert-side gradients); routing more uneven than 1.25x the
+//                   mean grows R (and the
+//                   6a·R·Fe/ETP above) on the ranks that receive more, up to ETP·B;
 //               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
 //               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
@@ -171,9 +183,10 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               + 4t, c·V·8 on the CPU; CUDA RMSNorm and embedding backward workspaces;
 //               statistics slots per micro-batch; ids and targets 8t.
 //   runtime     EngineMemoryOptions::runtime_bytes.
-//   create_transient (distributed): the trainer initialises the full fp32 master, exp_avg and
-//               exp_avg_sq (12·N) before the optimizers take their shards and frees them: the
-//               peak during Create is buffers + create_transient.
+//   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
+//               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards
+//               directly through the fp32 gradient buffer: worker/train/create_memory_test.)
+//               Kept so that callers that add it to the peak stay correct.
 // TP, CP, PP, ETP > 1 extrapolate (the worker runs PP = ETP = 1; its TP keeps the
 // embedding / LM head and the shared expert whole on every TP rank, which this estimate divides
 // by TP: bench/memory_estimate_test measures 0.87 of the engine at TP2; at CP > 1 it also holds

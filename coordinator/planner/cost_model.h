@@ -33,14 +33,16 @@
 //                min(PP − s, m) micro-batches in flight, an extrapolation): per-layer saved
 //                activations and scratch (residual, norms, q/k/v/o, lse; dense SwiGLU), the MoE
 //                layers' router, dispatcher and expert buffers — the alltoall dispatcher sizes
-//                its receive side for the worst case, EP·t·min(k, E/EP) rows of width H (5 such
-//                buffers) plus 6·Fe bytes·2 per row for fc1/SwiGLU outputs and gradients —, the
+//                its receive side by the counts, estimated at its initial size ETP·min(B,
+//                1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k, E/EP), the bound it
+//                grows to at most under uneven routing) plus 6·Fe bytes·2 per row for fc1/SwiGLU
+//                outputs and gradients —, the
 //                LM head's fp32 logits chunk (≤ 512 MiB) and bf16 gradient chunk, backward
 //                scratch and statistics.
 //   total = weights + gradients + optimizer + activations + runtime, runtime = kCudaRuntimeBytes
 //           (cuBLAS, kernel code) + kNcclCommunicatorBytes per NCCL communicator of > 1 rank.
-// A distributed (W > 1) run holds 12·N more during Trainer::Create (full fp32 copies before
-// sharding); EngineMemory::create_transient reports it, the estimate's total is the steady state.
+// Trainer::Create holds nothing beyond the steady state (the distributed optimizer's shards are
+// initialised directly); EngineMemory::create_transient is 0.
 //
 // STEP TIME (seconds; communication is not overlapped with compute, a conservative bound).
 //   compute   = TrainingFlopsPerToken · GBS · S / (W · peak_flops · kComputeEfficiency)

@@ -167,8 +167,8 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
   EngineMemory detail;
   *c.mutable_memory() = EstimateMemory(model, mapping, nullptr, EngineMemoryOptions{}, &detail);
   const double limit = request.cluster().gpu_memory_bytes();
-  // A distributed worker briefly holds the full fp32 master and Adam copies in Trainer::Create:
-  // the mapping must fit at that peak too.
+  // The peak during Trainer::Create (create_transient: 0 since the distributed optimizer's shards
+  // are initialised directly; kept so that a transient the engine may hold again is checked).
   const double peak = c.memory().total() + detail.create_transient;
   if (c.memory().total() > limit || peak > limit) {
     ++s->fit_failures;

@@ -39,9 +39,9 @@
 // - Virtual pipeline stages and multiple distributed-optimizer instances are not modelled.
 //
 // Fit: a mapping fits when its per-rank estimate (cost_model.h EstimateMemory: the steady state
-// of the worker's buffers plus the runtime term) and, for W > 1 (distributed optimizer), the
-// peak during Trainer::Create (+ the full fp32 master and Adam copies it frees after sharding)
-// are both within cluster.gpu_memory_bytes.
+// of the worker's buffers plus the runtime term) and the peak during Trainer::Create (the same
+// since the distributed optimizer's shards are initialised directly: create_transient 0) are
+// both within cluster.gpu_memory_bytes.
 //
 // Ranking: feasible candidates by TimeEstimate.total, ties by MemoryEstimate.total, then by the
 // mapping's sizes (TP, CP, DP, PP, ETP, EP, EDP) so plans are deterministic. Plan.best is the
@@ -66,8 +66,8 @@ inline constexpr int kMaxListedCandidates = 1000;
 //   model.vocab_size, parallel.world_size or min_workers above cluster.num_gpus; or when no
 //   mapping of any allowed world size satisfies the rules (the message quotes one rejection);
 // - RESOURCE_EXHAUSTED when mappings satisfy the rules but none fits in
-//   cluster.gpu_memory_bytes; the message gives the smallest peak (steady state, or during
-//   Trainer::Create for W > 1), its mapping and its breakdown.
+//   cluster.gpu_memory_bytes; the message gives the smallest peak (the steady state), its
+//   mapping and its breakdown.
 absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request);
 
 // "TP2 CP1 DP4 PP1 | ETP1 EP8 EDP1 | dist-opt | mbs 1 x 4": for messages and logs.

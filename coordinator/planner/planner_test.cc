@@ -136,23 +136,26 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
   //     q,o 2*2*8*128 + k,v 2*2*8*128 + lse 4*8 = 14,376, two layers 28,752 -> 34,896 * 1024
   //     = 35,733,504.
   //   MoE layer: per token logits/dlogits 2*4*8 + bf16 dlogits 2*8 + indices 8*2 + probs 2*4*2
-  //     + dx 2*1024 = 2160 -> 2,211,840. Alltoall dispatcher: send 2048 rows: 3*2*2048*1024
-  //     + 2*4*2048 + row map 4*2048 = 12,607,488; receive R = EP 8 * 1024 * min(k 2, E/EP 1) =
-  //     8192 rows: 5*2*8192*1024 + 3*4*8192 = 83,984,384; counts 4*8*8 + 4*(8+1) = 292; permute
-  //     workspace (1024/128 + 1)*8*4 = 288 -> 96,592,452. Expert rows 6*2*8192*1024 =
-  //     100,663,296. Small: aux stats (8+4+4)*8 + 16*8 + 4*(1+1) + 8 = 272, CUDA aux workspace
-  //     (64 chunks) 4096 + 512, router workspace 3*256 -> 5648. Per layer 199,473,236, two
-  //     layers 398,946,472.
+  //     + dx 2*1024 = 2160 -> 2,211,840. Alltoall dispatcher: send 2048 rows (one buffer for
+  //     the permuted, combined and gradient rows in turn): 2*2048*1024 + 4*2048 + row map 4*2048
+  //     = 4,210,688; receive (sized by the counts, estimated at
+  //     its initial size) R = min(bound EP 8 * 1024 * min(k 2, E/EP 1) = 8192, 2048 + 2048/4)
+  //     = 2560 rows, 3 buffers (receipt, expert input, expert output shared with both
+  //     gradients): 3*2*2560*1024 + 3*4*2560 = 15,759,360; counts 4*8*8 + 4*(8+1) = 292;
+  //     permute workspace (1024/128 + 1)*8*4 = 288 -> 19,970,628. Expert rows 6*2*2560*1024 =
+  //     31,457,280. Small: aux stats (8+4+4)*8 + 16*8 + 4*(1+1) + 8 = 272, CUDA aux workspace
+  //     (64 chunks) 4096 + 512, router workspace 3*256 -> 5648. Per layer 53,645,396, two
+  //     layers 107,290,792.
   //   head: per token final norm/g/dn 6*1024 + do,dq,dk,dv 2*2*16*128 + 4*(8+2) = 14,376 ->
   //     14,721,024 + 4; LM-head chunk 1024 rows (512 MiB / (8*32768) = 2048 > t):
   //     1024*32768*6 + 4*1024 = 201,330,688; RMSNorm ws 256*1024*4 = 1,048,576 + embedding ws
   //     4*(32769 + 32768 + 2048) = 270,340; stats 4 + 4*2*2 + 4*2*8 + 8*2*8 + ids 8*1024 = 8,404
   //     -> 217,379,036.
-  //   activations = 35,733,504 + 398,946,472 + 217,379,036 = 652,059,012.
+  //   activations = 35,733,504 + 107,290,792 + 217,379,036 = 360,403,332.
   // runtime: W 8 = EP 8 = DP 8, EDP 1: world + grad_data = 2 communicators -> 3,355,443,200.
-  // total = 96,512,000 + 193,024,000 + 230,765,092 + 652,059,012 + 3,355,443,200
-  //       = 4,527,803,304.
-  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 652059012, 4527803304.0});
+  // total = 96,512,000 + 193,024,000 + 230,765,092 + 360,403,332 + 3,355,443,200
+  //       = 4,236,147,624.
+  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 360403332, 4236147624.0});
   // Time. FLOPs/token forward: attention 2*1024*(1024 + 2*1024) + 2*1024*1024 = 8,388,608;
   // core 2*2*8*128*512 = 2,097,152; router 2*1024*8 = 16,384; experts 2*2*3*1024*1024 =
   // 12,582,912; per layer 23,085,056, two layers 46,170,112; head 2*1024*32768 = 67,108,864;
@@ -187,41 +190,44 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // + output (tied copy) 33,554,432/2 = 16,777,216 + final norm 1024 -> P_d = 18,885,632;
   // P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456. Stage 0 (layer 0): P_d = 2,107,392 +
   // embedding 16,777,216 = 18,884,608, same P_x, N = 25,176,064.
-  // Stage 0 is the larger (2 micro-batches in flight, min(PP - 0, m)); t = 1024, TP 2: 512
-  // tokens per rank.
+  // t = 1024, TP 2: 512 tokens per rank. Stage 0 has 2 micro-batches in flight (min(PP - 0, m)),
+  // stage 1 one, but stage 1 is the larger (its LM head):
   //   layers: (residual 2*1024*2 + one layer 14,376 (case A)) = 18,472 * 512 = 9,457,664, x2.
-  //   MoE layer: per token 2160 (case A) -> 1,105,920; send 1024 rows: 3*2*1024*1024 + 2*4*1024
-  //     + 4*1024 = 6,303,744; receive R = EP 4 * 512 * min(2, 8/4) = 4096 rows: 5*2*4096*1024
-  //     + 3*4*4096 = 41,992,192; counts 4*4*8 + 4*(4*2 + 2) = 168; permute ws (4+1)*8*4 = 160
-  //     -> 48,296,264; expert rows 6*2*4096*1024 = 50,331,648; small 272 + aux ws (32 chunks)
-  //     2048 + 256 + router ws 768 = 3344 -> 99,737,176, x2 in flight = 199,474,352.
+  //   MoE layer: per token 2160 (case A) -> 1,105,920; send 1024 rows: 2*1024*1024 + 4*1024 +
+  //   4*1024
+  //     = 2,105,344; receive R = min(EP 4 * 512 * min(2, 8/4) = 4096, 1024 + 256) =
+  //     1280 rows: 3*2*1280*1024 + 3*4*1280 = 7,879,680; counts 4*4*8 + 4*(4*2 + 2) = 168;
+  //     permute ws (4+1)*8*4 = 160 -> 9,985,352; expert rows 6*2*1280*1024 = 15,728,640; small
+  //     272 + aux ws (32 chunks) 2048 + 256 + router ws 768 = 3344 -> 26,823,256.
+  //   Stage 0: x2 in flight = 53,646,512;
   //   head (no LM head on stage 0): 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 +
   //     embedding ws 4*(32769 + 32768 + 1024) = 266,244; stats 4*8 + 4*8*2*2 + 4*8*2*8 + 8*2*8 +
   //     8*1024 = 8,992 -> 8,684,328.
-  //   activations = 18,915,328 + 199,474,352 + 8,684,328 = 227,074,008.
-  //   (Stage 1: 9,457,664 + 99,737,176 + head 59,018,024 with the 512-row LM-head chunk of
-  //   V/TP = 16,384 columns, 50,333,696 = 168,212,864, a smaller sum.)
-  // weights 2N = 50,352,128; gradients 4N = 100,704,256.
-  // optimizer (distributed): 20 * (18,884,608 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 15,733,760 + 24,612 = 314,699,812. (A replicated optimizer,
-  //   12N + 8,204 = 302,120,972, would be 12,578,840 bytes less: not what the worker runs.)
+  //   stage 0 activations = 18,915,328 + 53,646,512 + 8,684,328 = 81,246,168.
+  //   Stage 1 (reported): 9,457,664 + 26,823,256 + head 59,018,024 (with the 512-row LM-head
+  //   chunk of V/TP = 16,384 columns, 50,333,696) = 95,298,944.
+  // Stage 1: N = 18,885,632 + 6,291,456 = 25,177,088; weights 2N = 50,354,176; gradients 4N =
+  //   100,708,352.
+  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 15,734,272 + 24,612 = 314,710,052. (A replicated optimizer,
+  //   12N + 8,204 = 302,133,260, would be 12,576,792 bytes less: not what the worker runs.)
   // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 50,352,128 + 100,704,256 + 314,699,812 + 227,074,008 + 8,187,281,408
-  //   = 8,880,111,612 (peak during Create + 12N 302,112,768 = 9,182,224,380, fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 227074008, 8880111612.0});
+  // total = 50,354,176 + 100,708,352 + 314,710,052 + 95,298,944 + 8,187,281,408
+  //   = 8,748,352,932 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314710052, 95298944, 8748352932.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
-  // DP (P_d of stage 0, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,884,608 / 1e11
-  //   = 0.00075538432; EDP 1: none.
+  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,885,632 / 1e11
+  //   = 0.00075542528; EDP 1: none.
   // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
   //       = 0.01643630297088 / 8 = 0.00205453787136.
-  // total = 0.01643630297088 + 0.00075538432 + 0.00205453787136 = 0.01924622516224.
+  // total = 0.01643630297088 + 0.00075542528 + 0.00205453787136 = 0.01924626612224.
   ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075538432, 0.00205453787136, 0.01924622516224});
+                                   0.00075542528, 0.00205453787136, 0.01924626612224});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -331,22 +337,22 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   //     -> 47,184 * 512 = 24,158,208, x2 = 48,316,416.
   //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert 2*(6*1024/2 +
   //     2*1024) = 10,240; gate 2*4 + 2*(2*1024 + 1) = 4106 -> 16,466 * 512 = 8,430,592.
-  //     Send 1024 rows 6,303,744 (case B); receive R = EP 2 * 512 * min(2, 2) * ETP 2 = 4096
-  //     rows 41,992,192; counts 4*2*4 + 4*(2*2 + 2) = 56; permute ws (4+1)*4*4 = 80
-  //     -> 48,296,072; expert rows 6*2*4096*(512/ETP 2) = 12,582,912; small (8+4+4)*4 + 16*4 +
-  //     4*2 + 8 = 144 + aux ws 1024 + 256 + router ws 768 = 2192 -> 69,311,768, x2 =
-  //     138,623,536.
+  //     Send 1024 rows 2,105,344 (case B); receive R = ETP 2 * min(EP 2 * 512 * min(2, 2) =
+  //     2048, 1024 + 256) = 2560 rows 15,759,360; counts 4*2*4 + 4*(2*2 + 2) = 56; permute ws
+  //     (4+1)*4*4 = 80 -> 17,864,840; expert rows 6*2*2560*(512/ETP 2) = 7,864,320; small
+  //     (8+4+4)*4 + 16*4 + 4*2 + 8 = 144 + aux ws 1024 + 256 + router ws 768 = 2192
+  //     -> 34,161,944, x2 = 68,323,888.
   //   head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA ws
   //     1,314,820 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360
   //     -> 14,975,152.
-  //   activations = 48,316,416 + 138,623,536 + 14,975,152 = 201,915,104.
-  //   (Stage 1: 24,158,208 + 69,311,768 + head 65,308,848 = 158,778,824; smaller in sum.)
+  //   activations = 48,316,416 + 68,323,888 + 14,975,152 = 131,615,456.
+  //   (Stage 1: 24,158,208 + 34,161,944 + head 65,308,848 = 123,629,000; smaller in sum.)
   // weights 2N = 54,544,384; gradients 4N = 109,088,768;
   // optimizer 20 * (25,699,328 / 2 + 1,572,864 / 1) + 24,612 = 288,475,172.
   // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 54,544,384 + 109,088,768 + 288,475,172 + 201,915,104 + 8,187,281,408
-  //       = 8,841,304,836.
-  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 201915104, 8841304836.0});
+  // total = 54,544,384 + 109,088,768 + 288,475,172 + 131,615,456 + 8,187,281,408
+  //       = 8,771,005,188.
+  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 131615456, 8771005188.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -409,33 +415,32 @@ TEST(PlannerTest, RejectsMappingsThatBreakARuleWithTheRuleText) {
             << ": " << plan->rejected(0).rejection() << "\n";
 }
 
-// Case A's mapping on 4.6 GiB GPUs (4,939,212,390 bytes): the distributed optimizer's steady
-// state fits (4,527,803,304, case A: 4.22 GiB) but not its peak during Trainer::Create, which
-// adds the full fp32 master and Adam copies 12 N = 579,072,000 -> 5,106,875,304 (4.76 GiB). The
-// worker always shards with W = 8, so there is no replicated fallback (it would have fitted:
-// 12 N + 8,204 instead of 230,765,092 -> 4,876,118,416): RESOURCE_EXHAUSTED naming the Create
-// peak. On 4.8 GiB GPUs (5,153,960,755 bytes) the same mapping fits at its peak and is the plan.
-TEST(PlannerTest, RejectsAMappingThatOnlyOverflowsDuringCreate) {
+// Case A's mapping on 4.6 GiB GPUs (4,939,212,390 bytes). Before issue 15 its steady state fitted
+// but its peak during Trainer::Create (+ 12 N of full fp32 master and Adam copies, 4.76 GiB)
+// did not, and it was rejected. The worker now initialises the optimizer shards directly: the
+// peak is the steady state (4,236,147,624 bytes, 3.95 GiB, case A), so the mapping fits. On
+// 3.9 GiB GPUs (4,187,593,113 bytes) it does not: RESOURCE_EXHAUSTED naming the steady-state
+// peak and no Create peak.
+TEST(PlannerTest, TheCreatePeakIsTheSteadyState) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
   FixMapping(req.mutable_spec(), 1, 1, 1, 1, 8);
   *req.mutable_cluster() = Cluster8(8);
   req.mutable_cluster()->set_gpu_memory_bytes(4.6 * kGiB);
   auto plan = PlanJob(req);
-  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
-  std::cout << "4.6 GiB: " << plan.status() << "\n";
-  const std::string message(plan.status().message());
-  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 4.76 GiB")) << message;
-  EXPECT_TRUE(absl::StrContains(message, "dist-opt")) << message;
-  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 4.22 GiB")) << message;
-  EXPECT_TRUE(absl::StrContains(message, "4.76 GiB during Trainer::Create")) << message;
-
-  req.mutable_cluster()->set_gpu_memory_bytes(4.8 * kGiB);
-  plan = PlanJob(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  Print("4.8 GiB best", plan->best());
+  Print("4.6 GiB best", plan->best());
   EXPECT_TRUE(plan->best().mapping().use_distributed_optimizer());
-  ExpectRel(plan->best().memory().total(), 4527803304.0, "distributed total");
+  ExpectRel(plan->best().memory().total(), 4236147624.0, "distributed total");
+
+  req.mutable_cluster()->set_gpu_memory_bytes(3.9 * kGiB);
+  plan = PlanJob(req);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  std::cout << "3.9 GiB: " << plan.status() << "\n";
+  const std::string message(plan.status().message());
+  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 3.95 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 3.95 GiB")) << message;
+  EXPECT_FALSE(absl::StrContains(message, "during Trainer::Create")) << message;
 }
 
 // The optimizer of every candidate is the worker's: sharded for W > 1 when the request leaves

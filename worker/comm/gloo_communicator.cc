@@ -17,7 +17,6 @@
 #include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
-#include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
@@ -32,6 +31,8 @@ namespace {
 
 // Slot prefix for Send/Recv; Gloo's collectives use 0x01..0x08 (gloo/types.h).
 constexpr uint8_t kSendRecvSlotPrefix = 0x40;
+// Slot prefix for AllToAllV's pairwise transfers.
+constexpr uint8_t kAllToAllVSlotPrefix = 0x41;
 
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
@@ -156,14 +157,16 @@ std::string MembersString(const std::vector<int>& ranks) {
 GlooCommunicator::GlooCommunicator(std::string name, int rank, int size, GlooOptions options,
                                    std::shared_ptr<KvStore> store,
                                    std::shared_ptr<gloo::transport::Device> device,
-                                   std::shared_ptr<gloo::Context> context)
+                                   std::shared_ptr<gloo::Context> context,
+                                   std::vector<int> world_ranks)
     : name_(std::move(name)),
       rank_(rank),
       size_(size),
       options_(std::move(options)),
       store_(std::move(store)),
       device_(std::move(device)),
-      context_(std::move(context)) {}
+      context_(std::move(context)),
+      world_ranks_(std::move(world_ranks)) {}
 
 GlooCommunicator::~GlooCommunicator() = default;
 
@@ -228,9 +231,11 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   PrefixedKvStore scoped(store, absl::StrCat("gloo/", name));
   SY_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> context,
                       Connect(name, rank, size, options, scoped, device));
+  std::vector<int> world_ranks(size);
+  for (int r = 0; r < size; ++r) world_ranks[r] = r;
   return std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(std::move(name), rank, size, options, std::move(store),
-                           std::move(device), std::move(context)));
+                           std::move(device), std::move(context), std::move(world_ranks)));
 }
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateSubgroup(
@@ -257,8 +262,10 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateSubgro
   PrefixedKvStore scoped(store_, absl::StrCat("gloo/", name_, "/", group_name));
   SY_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> context,
                       Connect(group_name, my_rank, group_size, options_, scoped, device_));
+  std::vector<int> members(group_size);
+  for (int i = 0; i < group_size; ++i) members[i] = world_ranks_[world_ranks[i]];
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(
-      group_name, my_rank, group_size, options_, store_, device_, std::move(context)));
+      group_name, my_rank, group_size, options_, store_, device_, std::move(context), members));
 }
 
 std::string GlooCommunicator::Where(absl::string_view op) const {
@@ -436,24 +443,79 @@ absl::Status GlooCommunicator::AllToAllV(const Tensor& in, absl::Span<const int6
   SY_ASSIGN_OR_RETURN(const auto totals, internal::CheckAllToAllV(where, in, send_counts, out,
                                                                   recv_counts, rank_, size_));
   const int64_t send_total = totals.first, recv_total = totals.second;
-  const int64_t es = static_cast<int64_t>(DTypeSize(in.dtype));
-  std::vector<int64_t> send_bytes(send_counts.begin(), send_counts.end());
-  std::vector<int64_t> recv_bytes(recv_counts.begin(), recv_counts.end());
-  for (int64_t& b : send_bytes) b *= es;
-  for (int64_t& b : recv_bytes) b *= es;
+  const size_t es = DTypeSize(in.dtype);
+  // Byte offsets of every rank's chunk on both sides.
+  std::vector<size_t> send_off(size_ + 1, 0), recv_off(size_ + 1, 0);
+  for (int r = 0; r < size_; ++r) {
+    send_off[r + 1] = send_off[r] + static_cast<size_t>(send_counts[r]) * es;
+    recv_off[r + 1] = recv_off[r] + static_cast<size_t>(recv_counts[r]) * es;
+  }
+  // Own chunk: a local copy.
+  if (recv_counts[rank_] > 0) {
+    std::memmove(static_cast<char*>(out.data) + recv_off[rank_],
+                 static_cast<const char*>(in.data) + send_off[rank_],
+                 recv_off[rank_ + 1] - recv_off[rank_]);
+  }
+  if (size_ == 1) return absl::OkStatus();
   // Gloo's unbound buffers need a non-null pointer even for zero bytes.
   uint8_t dummy = 0;
-  uint8_t* in_ptr = send_total > 0 ? static_cast<uint8_t*>(in.data) : &dummy;
-  uint8_t* out_ptr = recv_total > 0 ? static_cast<uint8_t*>(out.data) : &dummy;
+  void* in_ptr = send_total > 0 ? in.data : &dummy;
+  void* out_ptr = recv_total > 0 ? out.data : &dummy;
   const uint32_t tag = NextTag();
+  // Not gloo::alltoallv: the same pairwise unbound-buffer transfers (one send and one receive per
+  // peer with a non-zero count; zero counts agree on both sides, so neither side posts one), but
+  // waited for here one completion at a time, so that a failure can name the peers whose data had
+  // not arrived (a stalled or dead peer, issue 15 "never hang"): Gloo's own message says only
+  // "Timed out waiting ... for recv operation" or names a TCP address.
+  // Every peer that owes data is pending before anything is posted, so that a failure while
+  // posting (a peer already dead) names it too.
+  std::vector<char> pending(size_, 0);
+  int waits = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && recv_counts[r] > 0) {
+      pending[r] = 1;
+      ++waits;
+    }
+  }
   return Run(kOp, [&] {
-    gloo::AlltoallvOptions opts(context_);
-    opts.setInput(in_ptr, send_bytes);
-    opts.setOutput(out_ptr, recv_bytes);
-    opts.setTag(tag);
-    opts.setTimeout(ToChrono(options_.timeout));
-    gloo::alltoallv(opts);
+    auto inbuf = context_->createUnboundBuffer(in_ptr, std::max<size_t>(send_off[size_], 1));
+    auto outbuf = context_->createUnboundBuffer(out_ptr, std::max<size_t>(recv_off[size_], 1));
+    const uint64_t slot = gloo::Slot::build(kAllToAllVSlotPrefix, tag);
+    const auto deadline = std::chrono::steady_clock::now() + ToChrono(options_.timeout);
+    auto left = [&deadline] {
+      return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()),
+                      std::chrono::milliseconds(1));
+    };
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (recv_counts[r] > 0) outbuf->recv(r, slot, recv_off[r], recv_off[r + 1] - recv_off[r]);
+        if (send_counts[r] > 0) inbuf->send(r, slot, send_off[r], send_off[r + 1] - send_off[r]);
+      }
+      for (int i = 0; i < waits; ++i) {
+        int src = -1;
+        if (!outbuf->waitRecv(&src, left())) throw std::runtime_error("receive aborted");
+        if (src >= 0 && src < size_) pending[src] = 0;
+      }
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || send_counts[r] == 0) continue;
+        if (!inbuf->waitSend(left())) throw std::runtime_error("send aborted");
+      }
+    } catch (const std::exception& e) {
+      // Keep Gloo's message (Run classifies timeouts by it) and add who had not delivered.
+      throw std::runtime_error(absl::StrCat(e.what(), "; ", PendingPeers(pending)));
+    }
   });
+}
+
+std::string GlooCommunicator::PendingPeers(const std::vector<char>& pending) const {
+  std::vector<std::string> names;
+  for (int r = 0; r < size_; ++r) {
+    if (pending[r]) names.push_back(absl::StrCat(r, " (world rank ", world_ranks_[r], ")"));
+  }
+  if (names.empty()) return "every peer's data had arrived";
+  return absl::StrCat("no data yet from group rank(s) ", absl::StrJoin(names, ", "));
 }
 
 absl::Status GlooCommunicator::Send(const Tensor& t, int peer, uint32_t tag) {

@@ -15,9 +15,14 @@
 //   gloo::alltoall to collect every rank's chunk, then reduces locally in rank order
 //   ((x0 op x1) op x2 ...): deterministic and equal to the sequential rank-ordered result. It
 //   moves the same bytes as a ring reduce-scatter but needs a size()*out.numel() scratch buffer.
-// - AllGather: gloo::allgather; AllGatherV: gloo::allgatherv; AllToAllV: gloo::alltoallv;
-//   Broadcast: gloo::broadcast; Barrier: gloo::barrier; Send/Recv: unbound buffers on a slot
-//   derived from `tag`.
+// - AllGather: gloo::allgather; AllGatherV: gloo::allgatherv; Broadcast: gloo::broadcast;
+//   Barrier: gloo::barrier; Send/Recv: unbound buffers on a slot derived from `tag`.
+// - AllToAllV: the pairwise unbound-buffer transfers of gloo::alltoallv (one send and one receive
+//   per peer with a non-zero count, own chunk copied locally), waited for here one completion at
+//   a time, so that an error names the peers whose data had not arrived: "...; no data yet from
+//   group rank(s) 1 (world rank 3)". A stalled peer (SIGSTOP) is then named after the timeout, a
+//   dead one at once (with Gloo's "Connection closed by peer <address>"); in the dead case other
+//   peers whose data was still in flight may be listed too.
 // - Failure: every operation runs under the context timeout (GlooOptions::timeout). A peer that
 //   dies closes its TCP connections and the next operation fails at once with UNAVAILABLE; a peer
 //   that hangs makes it fail with DEADLINE_EXCEEDED after the timeout. Gloo reports these as C++
@@ -105,7 +110,7 @@ class GlooCommunicator final : public Communicator {
  private:
   GlooCommunicator(std::string name, int rank, int size, GlooOptions options,
                    std::shared_ptr<KvStore> store, std::shared_ptr<gloo::transport::Device> device,
-                   std::shared_ptr<gloo::Context> context);
+                   std::shared_ptr<gloo::Context> context, std::vector<int> world_ranks);
   // Connects a context of `size` members through `store` (already scoped to the group).
   static absl::StatusOr<std::shared_ptr<gloo::Context>> Connect(
       const std::string& name, int rank, int size, const GlooOptions& options, KvStore& store,
@@ -120,6 +125,8 @@ class GlooCommunicator final : public Communicator {
   template <typename Fn>
   absl::Status Run(absl::string_view op, Fn&& body);
   uint32_t NextTag() { return next_tag_++; }
+  // "no data yet from group rank(s) 1 (world rank 3), ..." for the ranks with pending[r] != 0.
+  std::string PendingPeers(const std::vector<char>& pending) const;
 
   const std::string name_;
   const int rank_;
@@ -128,6 +135,8 @@ class GlooCommunicator final : public Communicator {
   const std::shared_ptr<KvStore> store_;  // unscoped (the factory's store)
   const std::shared_ptr<gloo::transport::Device> device_;
   const std::shared_ptr<gloo::Context> context_;
+  // World rank (of the communicator Create made) of every group rank, for error messages.
+  const std::vector<int> world_ranks_;
   uint32_t next_tag_ = 0;
   std::atomic<bool> aborted_{false};
   mutable absl::Mutex mu_;

@@ -25,7 +25,7 @@ absl::Status OutOfOrder(const char* phase, const char* needs) {
 
 absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
-    int64_t hidden, int num_experts, int ep_size, int topk, int etp_size) {
+    int64_t hidden, int num_experts, int ep_size, int topk, int etp_size, std::string label) {
   // The group is ETP×EP (ETP-fastest, Megatron's tp-ep group): its size must be their product,
   // and the expert rules below are those of the EP factor alone.
   if (etp_size < 1 || (ep_group != nullptr && ep_group->size() != ep_size * etp_size)) {
@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   }
   std::unique_ptr<AllGatherDispatcher> d(new AllGatherDispatcher());
   d->ep_ = ep_group;
+  d->label_ = label.empty() ? "AllGatherDispatcher" : std::move(label);
   d->nccl_ = nccl;
   d->device_ = device;
   d->group_size_ = ep_size * etp_size;
@@ -109,6 +110,12 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
     SY_CUDA_RETURN_IF_ERROR(e);
   }
   return d;
+}
+
+absl::Status AllGatherDispatcher::Comm(const char* phase, const absl::Status& status) const {
+  if (status.ok()) return status;
+  // Which MoE layer and phase was waiting (as AllToAllDispatcher::Comm).
+  return absl::Status(status.code(), absl::StrCat(label_, " ", phase, ": ", status.message()));
 }
 
 absl::Status AllGatherDispatcher::CheckStream(const Stream& stream, const char* phase) const {
@@ -190,7 +197,7 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   } else {
     my_count_.View().as<int32_t>()[0] = static_cast<int32_t>(num_tokens_);
   }
-  SY_RETURN_IF_ERROR(ep_->AllGather(my_count_.View(), counts_.View()));
+  SY_RETURN_IF_ERROR(Comm("dispatch (forward)", ep_->AllGather(my_count_.View(), counts_.View())));
   const int32_t* c = counts_.View().as<int32_t>();
   if (device_.is_cuda()) {
     // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
@@ -214,11 +221,16 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   }
   const int64_t g = global_tokens_;
   SY_RETURN_IF_ERROR(
-      ep_->AllGatherV(inputs_.x, global_x_.View(dtype_, {g, hidden_}), Elements(hidden_)));
-  SY_RETURN_IF_ERROR(ep_->AllGatherV(inputs_.topk_idx, global_idx_.View(DType::kI32, {g, topk_}),
-                                     Elements(topk_)));
-  SY_RETURN_IF_ERROR(ep_->AllGatherV(
-      inputs_.topk_probs, global_probs_.View(probs_dtype_, {g, topk_}), Elements(topk_)));
+      Comm("dispatch (forward)",
+           ep_->AllGatherV(inputs_.x, global_x_.View(dtype_, {g, hidden_}), Elements(hidden_))));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (forward)",
+           ep_->AllGatherV(inputs_.topk_idx, global_idx_.View(DType::kI32, {g, topk_}),
+                           Elements(topk_))));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (forward)",
+           ep_->AllGatherV(inputs_.topk_probs, global_probs_.View(probs_dtype_, {g, topk_}),
+                           Elements(topk_))));
   phase_ = Phase::kDispatched;
   return absl::OkStatus();
 }
@@ -270,8 +282,10 @@ absl::Status AllGatherDispatcher::Combine(const Stream& stream, DispatchState* s
   SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
   const Tensor padded = padded_y_.View(dtype_, {group_size_ * max_rank_tokens_, hidden_});
   SY_RETURN_IF_ERROR(Spread(stream, global_y_.View(), padded, hidden_));
-  SY_RETURN_IF_ERROR(ep_->ReduceScatter(
-      padded, reduced_y_.View(dtype_, {max_rank_tokens_, hidden_}), comm::ReduceOp::kSum));
+  SY_RETURN_IF_ERROR(
+      Comm("combine (forward)",
+           ep_->ReduceScatter(padded, reduced_y_.View(dtype_, {max_rank_tokens_, hidden_}),
+                              comm::ReduceOp::kSum)));
   phase_ = Phase::kCombined;
   return absl::OkStatus();
 }
@@ -301,7 +315,8 @@ absl::Status AllGatherDispatcher::CombineBackward(const Stream& stream, const Te
   state->d_expert_probs = d_expert_probs_.View();
   // Adjoint of the reduce-scatter (all-gather), then of Unpermute.
   const Tensor global_dout = global_y_.View(dtype_, {global_tokens_, hidden_});
-  SY_RETURN_IF_ERROR(ep_->AllGatherV(dout, global_dout, Elements(hidden_)));
+  SY_RETURN_IF_ERROR(
+      Comm("combine (backward)", ep_->AllGatherV(dout, global_dout, Elements(hidden_))));
   return kernels::UnpermuteBackward(stream, global_dout, row_map_view_, state->d_expert_out,
                                     /*zero_unmapped_rows=*/false);
 }
@@ -321,10 +336,13 @@ absl::Status AllGatherDispatcher::DispatchBackward(const Stream& stream, Dispatc
   const Tensor padded_p = padded_probs_.View(probs_dtype_, {group_size_ * tm, topk_});
   SY_RETURN_IF_ERROR(Spread(stream, global_dx, padded_x, hidden_));
   SY_RETURN_IF_ERROR(Spread(stream, global_dp, padded_p, topk_));
+  SY_RETURN_IF_ERROR(Comm(
+      "dispatch (backward)",
+      ep_->ReduceScatter(padded_x, reduced_y_.View(dtype_, {tm, hidden_}), comm::ReduceOp::kSum)));
   SY_RETURN_IF_ERROR(
-      ep_->ReduceScatter(padded_x, reduced_y_.View(dtype_, {tm, hidden_}), comm::ReduceOp::kSum));
-  SY_RETURN_IF_ERROR(ep_->ReduceScatter(padded_p, reduced_probs_.View(probs_dtype_, {tm, topk_}),
-                                        comm::ReduceOp::kSum));
+      Comm("dispatch (backward)",
+           ep_->ReduceScatter(padded_p, reduced_probs_.View(probs_dtype_, {tm, topk_}),
+                              comm::ReduceOp::kSum)));
   SY_RETURN_IF_ERROR(CopyOnStream(stream, reduced_y_.View(dtype_, {num_tokens_, hidden_}), dx,
                                   "DispatchBackward: dx"));
   return CopyOnStream(stream, reduced_probs_.View(probs_dtype_, {num_tokens_, topk_}), d_topk_probs,

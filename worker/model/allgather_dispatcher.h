@@ -76,6 +76,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -97,7 +98,8 @@ class AllGatherDispatcher final : public TokenDispatcher {
   // dtype bf16/f32, probs_dtype f32 (Permute's CUDA limits).
   static absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
-      int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk, int etp_size = 1);
+      int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk, int etp_size = 1,
+      std::string label = "");
 
   const char* name() const override { return "allgather"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
@@ -133,6 +135,9 @@ class AllGatherDispatcher final : public TokenDispatcher {
   std::vector<int64_t> Elements(int64_t per_row) const;
 
   comm::Communicator* ep_ = nullptr;
+  // Prefix of communication errors, with the phase: "MoE layer 3 dispatch (forward): ...".
+  std::string label_;
+  absl::Status Comm(const char* phase, const absl::Status& status) const;
   comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
   Device device_;
   // group_size_ = ETP×EP (the gathers' ranks); ep_rank_ = group rank / ETP (the experts' owner).

@@ -38,9 +38,22 @@
 // Deliberate differences from Megatron:
 // - Megatron's dispatch_preprocess does the all-gather of the counts; here it is the first step of
 //   Dispatch, so that, as dispatcher.h promises, only Dispatch and Combine communicate.
-// - The expert-side buffers have a STATIC capacity R = EP * max_tokens * min(k, L) rows (the most
-//   one rank can receive: every token of every rank routed to this rank's experts); rows past
-//   sum(tokens_per_expert) are unspecified. Megatron sizes them dynamically.
+// - Receive buffers (issue 15, item 2: memory that shrinks with EP): the expert-side buffers
+//   are sized by the actual counts, as Megatron's are, but kept between micro-batches rather
+//   than allocated per call. They start at R0 = ETP * min(B, 1.25 * max_tokens * k) rows (the
+//   balanced receipt plus a quarter) and, when a micro-batch's counts need more, Dispatch grows
+//   them (after the count exchange, when the host knows the sizes anyway) to
+//   ETP * min(B, max(needed, 1.25 * current)) rows; they never shrink. The documented BOUND is
+//   B = EP * max_tokens * min(k, L) rows per ETP peer (every token of every EP rank routed to this
+//   rank's experts), which dropless routing cannot exceed (more is an INTERNAL error: a peer broke
+//   the top-k contract). An optional expert_row_limit (Create) caps the expert rows of any EP rank
+//   below that: a micro-batch that would give some EP rank more fails on EVERY rank of the group
+//   with RESOURCE_EXHAUSTED naming that EP rank, the layer and the limit, before any row moves
+//   (every rank holds the same counts, so they all decide alike: no hang, no partial exchange).
+//   The expert-side views (state.expert_x, expert_probs, expert_out, and the backward's) are
+//   handed out by Dispatch / CombineBackward with the current capacity ExpertRowCapacity() as
+//   their row count; rows past sum(tokens_per_expert) are unspecified. A caller that sizes its own
+//   expert-row buffers (MoELayer) follows state.expert_x.dim(0) after Dispatch.
 // - No drop-and-pad, no router padding for FP8.
 // - ETP: the counts are all-gathered over EP then over ETP (two small collectives) instead of once
 //   over the ETP×EP group, so the dispatcher needs no third group; the result is the same G'. The
@@ -81,13 +94,26 @@
 // adjoint of the all-gather], AllToAllV back, PermuteBackward. They reuse the split sizes of the
 // forward call of the same micro-batch.
 //
-// Owns its buffers (sized at Create); borrows the EP communicator, which must outlive it. Used
-// from one thread; every EP rank must run the same sequence of phases.
+// Failure (issue 15, "never hang"): every collective of the four communicating phases is bounded
+// by its communicator's timeout (Gloo: GlooOptions::timeout; NCCL: NcclOptions::timeout, after
+// which the NCCL communicator is aborted), and its error comes back prefixed with the label given
+// at Create and the phase: "MoE layer 3 dispatch (forward): group 'ep[0,1]' rank 0/2 AllToAllV:
+// Timed out ...; no data yet from group rank(s) 1 (world rank 1)". Gloo's AllToAllV names the
+// peers whose data had not arrived (gloo_communicator.h); NCCL cannot tell which peer is missing,
+// so there the group and the phase are named and the lost rank comes from the PeerMonitor
+// (worker/comm/peer_monitor.h), as for any collective. Tested with real processes, one of them
+// SIGKILLed or SIGSTOPped inside the all-to-all (alltoall_dispatcher_test.cc; the NCCL path by
+// ep_dispatcher_gpu_test.cc).
+//
+// Owns its buffers (the send side sized at Create, the expert side as above); borrows the EP
+// communicator, which must outlive it. Used from one thread; every EP rank must run the same
+// sequence of phases.
 #ifndef SWITCHYARD_WORKER_MODEL_ALLTOALL_DISPATCHER_H_
 #define SWITCHYARD_WORKER_MODEL_ALLTOALL_DISPATCHER_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -106,16 +132,25 @@ class AllToAllDispatcher final : public TokenDispatcher {
   // ep_size must equal ep_group->size(); num_experts % ep_size == 0; ETP·E <= kMaxSortChunks.
   // etp_group: the ETP group (null = ETP 1), not owned; on CUDA an NcclCommunicator on `device`
   // with the same stream as ep_group.
+  // label: what a communication error is prefixed with, with the phase ("MoE layer 3" gives
+  // "MoE layer 3 dispatch (forward): <the communicator's error>"; see "Failure" above); empty =
+  // "AllToAllDispatcher".
+  // expert_row_limit: 0 (none: the bound of "Receive buffers" above) or the most expert rows any
+  // EP rank may receive in one micro-batch (see there).
   // max_tokens: most tokens per micro-batch on this rank. On a CUDA device ep_group must be a
   // comm::NcclCommunicator on that device (see the stream contract in the file comment); dtype
   // bf16/f32, probs_dtype f32 (Permute's CUDA limits), num_experts <= kMaxExpertsCuda.
   static absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
       int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk,
-      comm::Communicator* etp_group = nullptr);
+      comm::Communicator* etp_group = nullptr, std::string label = "",
+      int64_t expert_row_limit = 0);
 
   const char* name() const override { return "alltoall"; }
+  // The CURRENT expert-side row capacity (grows in Dispatch; see "Receive buffers").
   int64_t ExpertRowCapacity() const override { return rows_; }
+  // The bound B * ETP the capacity never exceeds.
+  int64_t ExpertRowBound() const { return etp_size_ * recv_bound_; }
   int num_local_experts() const override { return num_local_; }
   bool pads_to_capacity() const override { return false; }
 
@@ -143,11 +178,15 @@ class AllToAllDispatcher final : public TokenDispatcher {
 
  private:
   AllToAllDispatcher() = default;
+  // (Re)allocates the expert side for `recv_rows` rows per ETP peer (rows_ = ETP * recv_rows).
+  absl::Status GrowExpertSide(int64_t recv_rows);
   // Views into local_sizes_: the [ETP*EP*L] chunk sizes and the [L] tokens per local expert.
   Tensor SplitSizes() const;
   Tensor TokensPerExpert() const;
   // The stream rules of every phase (see the stream contract in the file comment).
   absl::Status CheckStream(const Stream& stream, const char* phase) const;
+  // `status` of a collective, prefixed with label_ and `phase` ("dispatch (forward)", ...).
+  absl::Status Comm(const char* phase, const absl::Status& status) const;
   // Row counts -> element counts (x H) for the communicator.
   std::vector<int64_t> Elements(const std::vector<int64_t>& rows, int64_t per_row) const;
 
@@ -161,21 +200,25 @@ class AllToAllDispatcher final : public TokenDispatcher {
                                const kernels::Buffer& out);
 
   comm::Communicator* ep_ = nullptr;
+  std::string label_;
   comm::Communicator* etp_ = nullptr;       // null with ETP = 1
   comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
   Device device_;
   int ep_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
   int etp_size_ = 1, etp_rank_ = 0;
-  // rows_ = ETP * recv_cap_: the expert side; recv_cap_: the EP all-to-all's receive side.
-  int64_t rows_ = 0, recv_cap_ = 0, hidden_ = 0, max_tokens_ = 0;
+  // rows_ = ETP * recv_cap_: the expert side; recv_cap_: the EP all-to-all's receive side (both
+  // current capacities); recv_bound_: B, the most recv_cap_ can become.
+  int64_t rows_ = 0, recv_cap_ = 0, recv_bound_ = 0, hidden_ = 0, max_tokens_ = 0;
+  int64_t expert_row_limit_ = 0;
   DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
   kernels::ChunkOrder order_;
-  // Local (send) side: [max_tokens * k] rows.
-  kernels::Buffer permuted_x_, permuted_probs_, row_map_, counts_, gathered_counts_, combined_,
-      d_permuted_x_, d_permuted_probs_, workspace_;
+  // Local (send) side: [max_tokens * k] rows. permuted_x_ / permuted_probs_ also hold the
+  // combined rows (Combine -> CombinePostprocess) and the backward's d_permuted rows (their
+  // lifetimes do not overlap; see Create).
+  kernels::Buffer permuted_x_, permuted_probs_, row_map_, counts_, gathered_counts_, workspace_;
   // Expert (receive) side: [rows_] rows.
-  kernels::Buffer recv_x_, recv_probs_, expert_x_, expert_probs_, expert_out_, d_expert_out_,
-      d_expert_x_, d_expert_probs_;
+  // expert_out_ also holds d_expert_out and d_expert_x (DispatchState in dispatcher.h).
+  kernels::Buffer recv_x_, recv_probs_, expert_x_, expert_probs_, expert_out_, d_expert_probs_;
   // ETP > 1 only (else empty): the counts gathered over ETP [ETP, EP, E], the ETP-gathered rows
   // and probs [rows_] and the padded reduce-scatter inputs [rows_] (recv_x_ / recv_probs_ take
   // the outputs).

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -86,19 +87,35 @@ int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int
                                  c.hidden, c.num_experts, c.world, c.topk);
   SY_CHILD_OK(d.status());
   // Two micro-batches through the same dispatcher: the second one must not see the first's state.
+  int64_t max_rows_seen = 0;
   for (int step = 0; step < 2; ++step) {
     const std::vector<Batch> batches = step == 0 ? all : MakeGlobal(c, seed + 1);
     Result got;
     SY_CHILD_OK(RunStep(**d, batches[rank], c.hidden, c.topk, &got));
     if (CheckAgainstReferences(c, batches, rank, got) != 0) return 1;
+    int64_t rows = 0;
+    for (int32_t n : got.tokens_per_expert) rows += n;
+    max_rows_seen = std::max(max_rows_seen, rows);
   }
   int64_t sent = 0, recv = 0;
   for (int j = 0; j < c.world; ++j) {
     sent += (*d)->input_splits()[j];
     recv += (*d)->output_splits()[j];
   }
-  std::fprintf(stderr, "rank %d/%d: T=%ld sent %ld rows, received %ld rows: OK\n", rank, c.world,
-               static_cast<long>(c.tokens[rank]), static_cast<long>(sent), static_cast<long>(recv));
+  // The expert side follows the counts (alltoall_dispatcher.h, "Receive buffers"): it holds this
+  // micro-batch's rows, never more than the bound, and starts at the balanced receipt + 1/4.
+  const int64_t cap = (*d)->ExpertRowCapacity(), bound = (*d)->ExpertRowBound();
+  const int64_t initial = std::min(bound, max_tokens * c.topk + (max_tokens * c.topk) / 4);
+  SY_CHILD_CHECK(cap >= recv && cap <= bound && cap >= initial);
+  // Growth is to max(needed, 1.25 x current): at most a quarter above the most rows seen.
+  if (max_rows_seen <= initial) SY_CHILD_CHECK(cap == initial);
+  if (max_rows_seen > initial) SY_CHILD_CHECK(cap <= max_rows_seen + max_rows_seen / 4 + 1);
+  std::fprintf(stderr,
+               "rank %d/%d: T=%ld sent %ld rows, received %ld rows; expert rows capacity %ld "
+               "(initial %ld, bound %ld): OK\n",
+               rank, c.world, static_cast<long>(c.tokens[rank]), static_cast<long>(sent),
+               static_cast<long>(recv), static_cast<long>(cap), static_cast<long>(initial),
+               static_cast<long>(bound));
   return 0;
 }
 
@@ -174,6 +191,165 @@ TEST(AllToAllDispatcherTest, SingleRankMatchesLocalDispatcher) {
   EXPECT_EQ(got.tokens_per_expert[5], 0);
   comm::testing::ChildRank() = 0;
   EXPECT_EQ(CheckAgainstReferences(c, all, 0, got), 0);
+}
+
+// Rows each rank's experts receive in the global batch (E / W experts per rank).
+std::vector<int64_t> Receipts(const Config& c, const std::vector<Batch>& all) {
+  std::vector<int64_t> r(c.world, 0);
+  const int local = c.num_experts / c.world;
+  for (const Batch& b : all) {
+    for (int32_t e : b.idx) {
+      if (e >= 0) ++r[e / local];
+    }
+  }
+  return r;
+}
+
+// Uneven loads (issue 15): rank 0's two experts are 200x more likely, so rank 0 receives >= 4x
+// the mean (checked on the batches), one expert receives nothing, and rank 0's expert side grows
+// past its initial capacity while the others stay at theirs; exact against both references.
+TEST(AllToAllDispatcherTest, SixRanksOneReceivesOverFourTimesTheMean) {
+  Config c;
+  c.world = 6;
+  c.num_experts = 12;
+  c.topk = 2;
+  c.hidden = 4;
+  c.tokens = {10, 3, 16, 8, 12, 5};
+  c.hot_experts = {0, 1};
+  c.dead_expert = 7;  // rank 3's local expert 1 receives nothing
+  const uint32_t probe_seed = 7;
+  for (uint32_t seed : {probe_seed, probe_seed + 1}) {
+    const std::vector<int64_t> r = Receipts(c, MakeGlobal(c, seed));
+    int64_t total = 0;
+    for (int64_t n : r) total += n;
+    const double mean = static_cast<double>(total) / c.world;
+    std::printf("seed %u: receipts per rank [%ld %ld %ld %ld %ld %ld], mean %.1f, rank 0 %.2fx\n",
+                seed, static_cast<long>(r[0]), static_cast<long>(r[1]), static_cast<long>(r[2]),
+                static_cast<long>(r[3]), static_cast<long>(r[4]), static_cast<long>(r[5]), mean,
+                r[0] / mean);
+    EXPECT_GE(static_cast<double>(r[0]), 4 * mean) << "seed " << seed;
+  }
+  // RunDistributed draws its own seed: the 200x weights make >= 4x the mean all but certain
+  // (about 5.4x expected); the probe above shows it on fixed seeds.
+  RunDistributed(c, "w6hot");
+}
+
+// The ETP path of the growing expert side: W = 4 as ETP 2 x EP 2 (rank = etp_rank + 2 ep_rank,
+// as the expert grid orders them), EP rank 0's experts hot, so its ETP peers' gathered receipt
+// outgrows the initial capacity (checked) and the ETP buffers (gathered rows, padded
+// reduce-scatter inputs) grow with it while EP rank 1's stay at their initial size. Identity-prob
+// experts run on every ETP peer, and the combine's ETP reduce-scatter sums the two peers' equal
+// outputs, so out, dx and d_topk_probs are exactly twice LocalDispatcher's on this rank's own
+// tokens.
+int EtpChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
+  absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world = ConnectGloo(dir, rank, c.world);
+  SY_CHILD_OK(world.status());
+  const int etp_rank = rank % 2, ep_rank = rank / 2;
+  auto etp = (*world)->CreateSubgroup({ep_rank * 2, ep_rank * 2 + 1}, "etp");
+  SY_CHILD_OK(etp.status());
+  auto ep = (*world)->CreateSubgroup({etp_rank, 2 + etp_rank}, "ep");
+  SY_CHILD_OK(ep.status());
+  int64_t max_tokens = 1;
+  for (int64_t t : c.tokens) max_tokens = std::max(max_tokens, t);
+  absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> d =
+      AllToAllDispatcher::Create(ep->get(), Device::Cpu(), DType::kF32, DType::kF32, max_tokens,
+                                 c.hidden, c.num_experts, 2, c.topk, etp->get());
+  SY_CHILD_OK(d.status());
+  const int64_t initial = (*d)->ExpertRowCapacity();
+  int64_t most = 0;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<Batch> all = MakeGlobal(c, seed + step);
+    Result got;
+    SY_CHILD_OK(RunStep(**d, all[rank], c.hidden, c.topk, &got));
+    absl::StatusOr<Result> local = RunLocal(all[rank], c);
+    SY_CHILD_OK(local.status());
+    auto twice = [](std::vector<float> v) {
+      for (float& x : v) x *= 2;
+      return v;
+    };
+    SY_CHILD_CHECK(SameBits(got.out, twice(local->out)));
+    SY_CHILD_CHECK(SameBits(got.dx, twice(local->dx)));
+    SY_CHILD_CHECK(SameBits(got.d_topk_probs, twice(local->d_topk_probs)));
+    int64_t rows = 0;
+    for (int32_t n : got.tokens_per_expert) rows += n;
+    most = std::max(most, rows);
+  }
+  const int64_t cap = (*d)->ExpertRowCapacity();
+  std::fprintf(stderr,
+               "rank %d (etp %d, ep %d): most expert rows %ld, capacity %ld (initial %ld, bound "
+               "%ld)\n",
+               rank, etp_rank, ep_rank, static_cast<long>(most), static_cast<long>(cap),
+               static_cast<long>(initial), static_cast<long>((*d)->ExpertRowBound()));
+  SY_CHILD_CHECK(cap >= most && cap <= (*d)->ExpertRowBound());
+  // The hot EP rank grew (an ETP peer received more than initial / ETP: the gathered side is
+  // ETP x the largest peer's receipt).
+  if (ep_rank == 0) SY_CHILD_CHECK(cap > initial);
+  if (ep_rank == 1) SY_CHILD_CHECK(cap == initial);
+  return 0;
+}
+
+TEST(AllToAllDispatcherTest, EtpTwoEpTwoHotExpertsGrowTheGatheredSide) {
+  Config c;
+  c.world = 4;
+  c.num_experts = 4;
+  c.topk = 2;
+  c.hidden = 4;
+  c.tokens = {12, 5, 16, 9};
+  c.hot_experts = {0, 1};  // EP rank 0's
+  const uint32_t seed = std::random_device{}();
+  PrintConfig("etp2ep2hot", c, seed);
+  const std::string dir = comm::testing::UniqueStoreDir("a2a_etp");
+  std::vector<int> codes = comm::testing::RunProcesses(
+      c.world, absl::Seconds(25), [&](int rank) { return EtpChild(c, seed, dir, rank); });
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " seed " << seed;
+}
+
+// expert_row_limit: rank 1's experts are hot, so it would receive more than the limit; EVERY
+// rank's Dispatch fails with RESOURCE_EXHAUSTED naming EP rank 1, the layer and the limit, before
+// the all-to-all (nobody hangs), and the next micro-batch under the limit... is not attempted: a
+// failed dispatch ends the step.
+int LimitChild(const Config& c, const std::string& dir, int rank) {
+  absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world = ConnectGloo(dir, rank, c.world);
+  SY_CHILD_OK(world.status());
+  const std::vector<Batch> all = MakeGlobal(c, 11);
+  SY_CHILD_CHECK(Receipts(c, all)[1] > 10);
+  absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> d = AllToAllDispatcher::Create(
+      world->get(), Device::Cpu(), DType::kF32, DType::kF32, 8, c.hidden, c.num_experts, c.world,
+      c.topk, nullptr, "MoE layer 5", /*expert_row_limit=*/10);
+  SY_CHILD_OK(d.status());
+  Result got;
+  const absl::Time start = absl::Now();
+  const absl::Status s = RunStep(**d, all[rank], c.hidden, c.topk, &got);
+  std::fprintf(stderr, "rank %d: %.2f s: %s\n", rank, absl::ToDoubleSeconds(absl::Now() - start),
+               s.ToString().c_str());
+  SY_CHILD_CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  SY_CHILD_CHECK(absl::StrContains(
+      s.message(), "MoE layer 5 dispatch (forward): EP rank 1 of group 'world' would receive "));
+  SY_CHILD_CHECK(absl::StrContains(s.message(), "more than expert_row_limit 10"));
+  SY_CHILD_CHECK(absl::Now() - start < absl::Seconds(5));
+  return 0;
+}
+
+TEST(AllToAllDispatcherTest, ExpertRowLimitFailsEveryRankNamingTheRank) {
+  Config c;
+  c.world = 3;
+  c.num_experts = 6;
+  c.topk = 2;
+  c.hidden = 4;
+  c.tokens = {8, 8, 8};
+  c.hot_experts = {2, 3};  // rank 1's
+  const std::string dir = comm::testing::UniqueStoreDir("a2a_limit");
+  std::vector<int> codes = comm::testing::RunProcesses(
+      c.world, absl::Seconds(25), [&](int rank) { return LimitChild(c, dir, rank); });
+  for (int r = 0; r < c.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  absl::StatusOr<std::unique_ptr<comm::SingleRankCommunicator>> ep =
+      comm::SingleRankCommunicator::Create("ep");
+  ASSERT_TRUE(ep.ok());
+  const absl::Status bad = AllToAllDispatcher::Create(ep->get(), Device::Cpu(), DType::kF32,
+                                                      DType::kF32, 4, 4, 4, 1, 2, nullptr, "", -1)
+                               .status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "expert_row_limit (-1) must be >= 0")) << bad;
 }
 
 TEST(AllToAllDispatcherTest, RejectsBadArgumentsAndPhaseOrder) {

@@ -16,8 +16,9 @@
 //
 // Unlike Megatron's dispatchers, the phases do not talk through hidden instance attributes: every
 // per-micro-batch tensor lives in the caller-visible DispatchState, so the order of calls is
-// checked and nothing is re-entrant by accident. A dispatcher owns its buffers (sized once, at
-// Create, for a maximum token count) and is used from one thread.
+// checked and nothing is re-entrant by accident. A dispatcher owns its buffers (sized at Create for
+// a maximum token count; the alltoall dispatcher's expert side grows with the counts) and is used
+// from one thread.
 #ifndef SWITCHYARD_WORKER_MODEL_DISPATCHER_H_
 #define SWITCHYARD_WORKER_MODEL_DISPATCHER_H_
 
@@ -46,7 +47,10 @@ struct DispatchState {
   Tensor expert_probs;       // [R] probs dtype
   Tensor tokens_per_expert;  // [local experts] i32, device
   Tensor expert_out;         // [R, H]: the experts write their output here
-  // Backward (set by the layer / the dispatcher).
+  // Backward (set by the layer / the dispatcher). d_expert_x MAY SHARE MEMORY with d_expert_out
+  // (and expert_out; AllToAllDispatcher does, to save two [R, H] buffers): the experts' backward
+  // must have read d_expert_out for the last time before it writes d_expert_x (MoELayer: fc2's
+  // dgrad and wgrad, then SwiGLU, then fc1's dgrad writes d_expert_x).
   Tensor d_expert_out;    // [R, H]: CombineBackward writes it
   Tensor d_expert_x;      // [R, H]: the experts write it
   Tensor d_expert_probs;  // [R]:    the experts write it
@@ -59,7 +63,9 @@ class TokenDispatcher {
   // "local", "allgather" or "alltoall" (Megatron's moe_token_dispatcher_type names), for logs
   // and tests.
   virtual const char* name() const = 0;
-  // Static row capacity R of the expert-side buffers.
+  // Row capacity R of the expert-side buffers (the state's expert tensors have R rows). Fixed at
+  // Create except for AllToAllDispatcher, whose expert side follows the counts and may grow in
+  // Dispatch (alltoall_dispatcher.h, "Receive buffers").
   virtual int64_t ExpertRowCapacity() const = 0;
   virtual int num_local_experts() const = 0;
   // True when padding rows (pad-to-capacity) are part of the expert inputs.

@@ -26,6 +26,8 @@
 // rows past sum(tokens_per_expert) are NaN when handed back, so reading them would show.
 // Children report through their exit code and print the failing check and their evidence.
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +38,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "kernels/buffer.h"
@@ -138,7 +143,7 @@ absl::Status Sync(const Stream& stream) {
 absl::Status RunStepCuda(TokenDispatcher& d, const Stream& stream, const Batch& b, const Config& c,
                          DType dtype, bool apply_probs, Result* res) {
   const int dev = stream.device.index;
-  const int64_t t = b.t, h = c.hidden, k = c.topk, cap = d.ExpertRowCapacity();
+  const int64_t t = b.t, h = c.hidden, k = c.topk;
   std::vector<float> idx(b.idx.begin(), b.idx.end());
   SY_ASSIGN_OR_RETURN(Buffer x, Upload(b.x, dtype, {t, h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer topk_idx, Upload(idx, DType::kI32, {t, k}, dev));
@@ -156,6 +161,9 @@ absl::Status RunStepCuda(TokenDispatcher& d, const Stream& stream, const Batch& 
   SY_RETURN_IF_ERROR(d.Dispatch(stream, &st));
   SY_RETURN_IF_ERROR(d.DispatchPostprocess(stream, &st));
   SY_RETURN_IF_ERROR(Sync(stream));
+  // The alltoall dispatcher's expert side follows the counts: its capacity is known after Dispatch.
+  const int64_t cap = st.expert_x.dim(0);
+  if (cap != d.ExpertRowCapacity()) return absl::InternalError("expert_x rows != capacity");
   SY_ASSIGN_OR_RETURN(std::vector<float> tpe,
                       Download(st.tokens_per_expert, d.num_local_experts()));
   int64_t rows = 0;
@@ -429,6 +437,96 @@ TEST(EpDispatcherGpuTest, AllToAllFourRanks) {
 TEST(EpDispatcherGpuTest, AllGatherFourRanks) {
   REQUIRE_GPUS(4);
   RunRanks(Kind::kAllGather, FourRanks(Kind::kAllGather), "allgather_w4");
+}
+
+// Never hang on NCCL (issue 15, item 5): rank 1 of 2 stops (SIGSTOP) or dies (SIGKILL) after
+// DispatchPreprocess, so rank 0 is alone inside Dispatch's collectives. Rank 0's Dispatch must
+// fail within the NCCL timeout (5 s) plus slack with DEADLINE_EXCEEDED or UNAVAILABLE (NCCL may
+// notice a dead peer itself) prefixed "MoE layer 7 dispatch (forward): group 'ep' rank 0/2";
+// NCCL cannot say which peer is missing (the PeerMonitor names it in a worker), but in a group of
+// two the group names it. The NcclCommunicator aborts itself on the failure, so the process ends
+// normally. Rank 0 then kills the stopped victim.
+enum class Death { kKilled, kStopped };
+
+int StallChild(Death death, const std::string& dir, int rank) {
+  Config c = TwoRanks();
+  CHILD_CUDA(cudaSetDevice(rank));
+  cudaStream_t cs = nullptr;
+  CHILD_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  const Stream stream{Device::Cuda(rank), cs};
+  const absl::Duration timeout = absl::Seconds(5);
+  {
+    std::shared_ptr<comm::KvStore> store = comm::testing::OpenFileStore(dir);
+    SY_CHILD_CHECK(store != nullptr);
+    comm::NcclOptions options;
+    options.timeout = timeout;
+    auto comm_or = comm::NcclCommunicator::Create(store, rank, c.world, rank, cs, options, "ep");
+    SY_CHILD_OK(comm_or.status());
+    int64_t max_tokens = 1;
+    for (int64_t t : c.tokens) max_tokens = std::max(max_tokens, t);
+    auto d = AllToAllDispatcher::Create(comm_or->get(), Device::Cuda(rank), DType::kF32,
+                                        DType::kF32, max_tokens, c.hidden, c.num_experts, c.world,
+                                        c.topk, nullptr, "MoE layer 7");
+    SY_CHILD_OK(d.status());
+    const std::vector<Batch> all = ep_test::MakeGlobal(c, 99);
+    const Batch& b = all[rank];
+    std::vector<float> idx(b.idx.begin(), b.idx.end());
+    auto x = Upload(b.x, DType::kF32, {b.t, c.hidden}, rank);
+    auto topk_idx = Upload(idx, DType::kI32, {b.t, c.topk}, rank);
+    auto topk_probs = Upload(b.probs, DType::kF32, {b.t, c.topk}, rank);
+    SY_CHILD_OK(x.status());
+    SY_CHILD_OK(topk_idx.status());
+    SY_CHILD_OK(topk_probs.status());
+    DispatchState st;
+    st.x = x->View();
+    st.topk_idx = topk_idx->View();
+    st.topk_probs = topk_probs->View();
+    SY_CHILD_OK((*d)->DispatchPreprocess(stream, &st));
+    if (rank == 1) {
+      SY_CHILD_OK(store->Set("victim_pid", absl::StrCat(getpid())));
+      SY_CHILD_OK(store->Set("died_at", absl::StrCat(absl::ToUnixNanos(absl::Now()))));
+      std::fflush(nullptr);
+      raise(death == Death::kKilled ? SIGKILL : SIGSTOP);
+      _exit(3);
+    }
+    const absl::Status s = (*d)->Dispatch(stream, &st);
+    absl::StatusOr<std::string> died = store->Get("died_at", absl::Seconds(5));
+    SY_CHILD_OK(died.status());
+    int64_t died_ns = 0;
+    SY_CHILD_CHECK(absl::SimpleAtoi(*died, &died_ns));
+    const double since = absl::ToDoubleSeconds(absl::Now() - absl::FromUnixNanos(died_ns));
+    std::fprintf(stderr, "rank 0: Dispatch failed %.2f s after rank 1's %s (timeout %.0f s): %s\n",
+                 since, death == Death::kKilled ? "SIGKILL" : "SIGSTOP",
+                 absl::ToDoubleSeconds(timeout), s.ToString().c_str());
+    absl::StatusOr<std::string> pid = store->Get("victim_pid", absl::Seconds(5));
+    int64_t p = 0;
+    if (pid.ok() && absl::SimpleAtoi(*pid, &p) && p > 0) kill(static_cast<pid_t>(p), SIGKILL);
+    SY_CHILD_CHECK(s.code() == absl::StatusCode::kDeadlineExceeded ||
+                   s.code() == absl::StatusCode::kUnavailable);
+    SY_CHILD_CHECK(absl::StartsWith(s.message(), "MoE layer 7 dispatch (forward): group 'ep'"));
+    SY_CHILD_CHECK(since < absl::ToDoubleSeconds(timeout) + 10);
+  }
+  CHILD_CUDA(cudaStreamDestroy(cs));
+  return 0;
+}
+
+void RunStall(Death death) {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::string dir = comm::testing::UniqueStoreDir("a2a_nccl_stall");
+  const std::vector<int> codes = comm::testing::RunProcesses(
+      2, absl::Seconds(120), [&](int rank) { return StallChild(death, dir, rank); });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 128 + SIGKILL);
+}
+
+TEST(EpDispatcherGpuTest, AllToAllPeerStoppedInDispatchFailsWithinTheTimeout) {
+  REQUIRE_GPUS(2);
+  RunStall(Death::kStopped);
+}
+
+TEST(EpDispatcherGpuTest, AllToAllPeerKilledInDispatchFailsWithinTheTimeout) {
+  REQUIRE_GPUS(2);
+  RunStall(Death::kKilled);
 }
 
 }  // namespace

@@ -611,6 +611,7 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {tl}));
     if (L.is_moe) {
       L.moe_index = moe_index++;
+      moe_config.layer_number = L.index;  // names the layer in its dispatcher's errors
       SY_ASSIGN_OR_RETURN(
           L.moe, MoELayer::Create(moe_config, device_, tl,
                                   MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp,

@@ -195,17 +195,21 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
                  : std::string("none")));
       }
     }
+    // Communication errors name the layer: "MoE layer 3 dispatch (forward): ...".
+    const std::string label = config.layer_number >= 0
+                                  ? absl::StrCat("MoE layer ", config.layer_number)
+                                  : std::string("MoE layer");
     if (alltoall) {
-      SY_ASSIGN_OR_RETURN(l->dispatcher_,
-                          AllToAllDispatcher::Create(
-                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e), config.ep_size,
-                              static_cast<int>(k), config.etp_size > 1 ? groups.etp : nullptr));
+      SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
+                                              groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
+                                              config.ep_size, static_cast<int>(k),
+                                              config.etp_size > 1 ? groups.etp : nullptr, label));
     } else {
-      SY_ASSIGN_OR_RETURN(
-          l->dispatcher_,
-          AllGatherDispatcher::Create(config.etp_size > 1 ? groups.etp_ep : groups.ep, device, dt,
-                                      rdt, t, h, static_cast<int>(e), config.ep_size,
-                                      static_cast<int>(k), static_cast<int>(config.etp_size)));
+      SY_ASSIGN_OR_RETURN(l->dispatcher_,
+                          AllGatherDispatcher::Create(
+                              config.etp_size > 1 ? groups.etp_ep : groups.ep, device, dt, rdt, t,
+                              h, static_cast<int>(e), config.ep_size, static_cast<int>(k),
+                              static_cast<int>(config.etp_size), label));
     }
   } else {
     SY_ASSIGN_OR_RETURN(l->dispatcher_,
@@ -270,10 +274,7 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_RETURN_IF_ERROR(alloc(DType::kF32, {l->tdc_ ? e : 0}, &l->global_step_counts_));
   SY_RETURN_IF_ERROR(kernels::FillBytes(l->global_counts_, 0));
   SY_RETURN_IF_ERROR(kernels::FillBytes(l->losses_, 0));
-  SY_RETURN_IF_ERROR(alloc(dt, {r, 2 * f}, &l->h_));
-  SY_RETURN_IF_ERROR(alloc(dt, {r, f}, &l->a_));
-  SY_RETURN_IF_ERROR(alloc(dt, {r, f}, &l->da_));
-  SY_RETURN_IF_ERROR(alloc(dt, {r, 2 * f}, &l->dh_));
+  SY_RETURN_IF_ERROR(l->FitExpertRows(r));
   SY_RETURN_IF_ERROR(alloc(rdt, {t, k}, &l->dtopk_probs_));
   SY_RETURN_IF_ERROR(alloc(rdt, {t, e}, &l->dlogits_));
   SY_RETURN_IF_ERROR(alloc(DType::kBF16, {lowp ? t : 0, e}, &l->dlogits_lowp_));
@@ -501,6 +502,8 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   SY_RETURN_IF_ERROR(dispatcher_->Dispatch(stream, &state_));
   phase.Next("dispatch_postprocess");
   SY_RETURN_IF_ERROR(dispatcher_->DispatchPostprocess(stream, &state_));
+  // The alltoall dispatcher sizes its expert side by the counts (it may have grown in Dispatch).
+  SY_RETURN_IF_ERROR(FitExpertRows(state_.expert_x.dim(0)));
   // Experts: h = X·W1, a = swiglu(h)·p, y = a·W2 (rows past the device counts are skipped).
   phase.Next("fc1");
   SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
@@ -515,6 +518,26 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   SY_RETURN_IF_ERROR(dispatcher_->Combine(stream, &state_));
   phase.Next("combine_postprocess");
   return dispatcher_->CombinePostprocess(stream, &state_, y);
+}
+
+absl::Status MoELayer::FitExpertRows(int64_t rows) {
+  if (rows == expert_rows_) return absl::OkStatus();
+  // h, a, da, dh have the dispatcher's expert-row capacity (the grouped GEMMs take equal row
+  // counts). It only grows (AllToAllDispatcher, "Receive buffers"), between micro-batches, so a
+  // backward always sees the rows of its own forward. Release first: never both at once.
+  expert_rows_ = rows;
+  const DType dt = config_.dtype;
+  const int64_t f = config_.local_ffn_size();
+  const std::vector<int64_t> widths = {2 * f, f, f, 2 * f};
+  Tensor* views[] = {&h_, &a_, &da_, &dh_};
+  expert_buffers_.clear();
+  for (size_t i = 0; i < widths.size(); ++i) {
+    SY_ASSIGN_OR_RETURN(kernels::Buffer b,
+                        kernels::Buffer::ForTensor(dt, {rows, widths[i]}, device_));
+    *views[i] = b.View();
+    expert_buffers_.push_back(std::move(b));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x) {

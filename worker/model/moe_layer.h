@@ -95,6 +95,9 @@ struct MoELayerConfig {
   // gradient summed over the TP ranks is the single-process one.
   int sp_size = 1;
   int sp_rank = 0;
+  // The model's layer index of this MoE layer (0-based, as StepMetrics' expert_load names it);
+  // only used in error messages ("MoE layer 3 dispatch (forward): ..."); -1 = unknown.
+  int64_t layer_number = -1;
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
   // F' = F / ETP: this rank's slice of each expert's intermediate size.
   int64_t local_ffn_size() const { return ffn_hidden_size / etp_size; }
@@ -259,6 +262,11 @@ class MoELayer {
   Tensor h_, a_, da_, dh_, dtopk_probs_, dlogits_, dlogits_lowp_, dx_tmp_;
   Tensor sh_h_, sh_a_, sh_y_, sh_gated_, sh_g_, sh_dy_, sh_da_, sh_dh_, sh_dg_, sh_dg_lowp_, sh_dx_;
   Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
+  // h_, a_, da_, dh_ ([R, 2F'], [R, F'], [R, F'], [R, 2F']) with R = expert_rows_, the
+  // dispatcher's current expert-row capacity.
+  std::vector<kernels::Buffer> expert_buffers_;
+  int64_t expert_rows_ = -1;
+  absl::Status FitExpertRows(int64_t rows);
 };
 
 }  // namespace switchyard::model

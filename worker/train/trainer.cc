@@ -375,25 +375,47 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   // Optimizer state: master (f32, or f64 for an f64 CPU model), exp_avg, exp_avg_sq.
   const int64_t n = model_->layout().total;
   const DType mdt = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  SY_ASSIGN_OR_RETURN(master_, Buffer::ForTensor(mdt, {n}, device));
-  SY_ASSIGN_OR_RETURN(exp_avg_, Buffer::ForTensor(mdt, {n}, device));
-  SY_ASSIGN_OR_RETURN(exp_avg_sq_, Buffer::ForTensor(mdt, {n}, device));
-  SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_.View(), 0));
-  SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_sq_.View(), 0));
+  if (!distributed()) {
+    SY_ASSIGN_OR_RETURN(master_, Buffer::ForTensor(mdt, {n}, device));
+    SY_ASSIGN_OR_RETURN(exp_avg_, Buffer::ForTensor(mdt, {n}, device));
+    SY_ASSIGN_OR_RETURN(exp_avg_sq_, Buffer::ForTensor(mdt, {n}, device));
+    SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_.View(), 0));
+    SY_RETURN_IF_ERROR(kernels::FillBytes(exp_avg_sq_.View(), 0));
+  }
   SY_ASSIGN_OR_RETURN(norm_ws_,
                       Buffer::ForTensor(DType::kF64, {kernels::kGradNormWorkspace}, device));
   SY_ASSIGN_OR_RETURN(sum_sq_, Buffer::ForTensor(DType::kF32, {1}, device));
   SY_ASSIGN_OR_RETURN(norm_, Buffer::ForTensor(DType::kF32, {1}, device));
   SY_ASSIGN_OR_RETURN(coef_, Buffer::ForTensor(DType::kF32, {1}, device));
   const uint64_t seed = static_cast<uint64_t>(tr.seed());
-  SY_RETURN_IF_ERROR(model_->InitMaster(stream_, seed, master_.View()));
-  SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
-  if (distributed()) {
-    // The optimizers keep their shards; the full local copies are not needed any more.
-    SY_RETURN_IF_ERROR(InitDistributedOptimizer(master_.View()));
-    master_ = Buffer();
-    exp_avg_ = Buffer();
-    exp_avg_sq_ = Buffer();
+  if (!distributed()) {
+    SY_RETURN_IF_ERROR(model_->InitMaster(stream_, seed, master_.View()));
+    SY_RETURN_IF_ERROR(CastMasterToParams(stream_));
+  } else {
+    // The distributed optimizers keep only their shards, initialised directly (issue 15, item 2):
+    // no full fp32 master and Adam moments are ever held. The initial values are computed once
+    // into the fp32 gradient buffer, which holds nothing before the first backward (so this costs
+    // no memory), cast to the parameters, and each optimizer copies its shard from there; the
+    // moments start at zero in the shards. Only a model whose gradients are not fp32 (none that
+    // distributed training accepts today: f32 on the CPU, fp32 main grads on CUDA) would need a
+    // temporary fp32 copy of the master, and only of the master.
+    const Tensor grads = model_->grads();
+    Buffer scratch;
+    Tensor init;
+    if (grads.dtype == mdt && grads.numel() >= n) {
+      init = Tensor(mdt, {n}, grads.device, grads.data);
+    } else {
+      SY_ASSIGN_OR_RETURN(scratch, Buffer::ForTensor(mdt, {n}, device));
+      init = scratch.View();
+    }
+    SY_RETURN_IF_ERROR(model_->InitMaster(stream_, seed, init));
+    SY_RETURN_IF_ERROR(kernels::Cast(stream_, init, model_->params()));
+    SY_RETURN_IF_ERROR(InitDistributedOptimizer(init));
+    // The gradient buffer is zero again before the first step. On CUDA the shards were copied
+    // with cudaMemcpy, which may return before a device-to-device copy is done and is not ordered
+    // with stream_ (non-blocking): wait for the device before overwriting the values.
+    if (device.is_cuda()) SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    SY_RETURN_IF_ERROR(model_->ZeroGrads(stream_));
   }
 
   // LR schedule.

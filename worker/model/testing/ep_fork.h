@@ -39,8 +39,9 @@ struct Config {
   int num_experts = 4;
   int topk = 2;
   int64_t hidden = 8;
-  std::vector<int64_t> tokens;  // per rank
-  int dead_expert = -1;         // never routed to
+  std::vector<int64_t> tokens;   // per rank
+  int dead_expert = -1;          // never routed to
+  std::vector<int> hot_experts;  // 200x more likely than the others (uneven loads)
 };
 
 // One rank's micro-batch.
@@ -50,8 +51,8 @@ struct Batch {
   std::vector<int32_t> idx;           // [T,k]
 };
 
-// Every rank's batch from one seed: experts e % 3 == 0 are 5x more likely, distinct experts per
-// token, ~10% of the slots dropped (-1), the dead expert never chosen.
+// Every rank's batch from one seed: experts e % 3 == 0 are 5x more likely (hot_experts 200x),
+// distinct experts per token, ~10% of the slots dropped (-1), the dead expert never chosen.
 inline std::vector<Batch> MakeGlobal(const Config& c, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> val(-2.0f, 2.0f), prob(0.05f, 1.0f), unit(0.0f, 1.0f);
@@ -64,6 +65,7 @@ inline std::vector<Batch> MakeGlobal(const Config& c, uint32_t seed) {
     for (int64_t t = 0; t < b.t; ++t) {
       std::vector<double> w(c.num_experts);
       for (int e = 0; e < c.num_experts; ++e) w[e] = e == c.dead_expert ? 0 : (e % 3 == 0 ? 5 : 1);
+      for (int e : c.hot_experts) w[e] = 200;
       for (int s = 0; s < c.topk; ++s) {
         std::discrete_distribution<int> pick(w.begin(), w.end());
         const int e = pick(rng);
@@ -130,8 +132,10 @@ inline absl::Status RunStep(TokenDispatcher& d, Batch b, int64_t hidden, int top
   SY_RETURN_IF_ERROR(d.CombinePostprocess(stream, &st, View(DType::kF32, res->out, {b.t, hidden})));
 
   SY_RETURN_IF_ERROR(d.CombineBackward(stream, View(DType::kF32, b.dout, {b.t, hidden}), &st));
-  const float* dy = st.d_expert_out.as<float>();
-  res->d_expert_out.assign(dy, dy + rows * hidden);
+  const float* dy_view = st.d_expert_out.as<float>();
+  res->d_expert_out.assign(dy_view, dy_view + rows * hidden);
+  // d_expert_x may share d_expert_out's memory (dispatcher.h): read the copy.
+  const float* dy = res->d_expert_out.data();
   float* dex = st.d_expert_x.as<float>();
   float* dep = st.d_expert_probs.as<float>();
   for (int64_t i = 0; i < rows; ++i) {
