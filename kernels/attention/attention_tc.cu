@@ -14,9 +14,9 @@
 //   Delta:    one warp per (token, q head): delta = rowsum(dO * o).
 //   dK/dV:    block (key tile of 128, kv head, sequence), each warp 16 keys; loops, in a fixed
 //             order, over the group's query heads and the query tiles (64 rows at D = 64, 32 at
-//             D = 128) that see the key tile (rows >= key - off), computing S^T = K Q^T and dP^T =
-//             V dO^T, then dV
-//             += P^T dO and dK += dS^T Q in registers. No atomics: deterministic.
+//             D = 128) that see the key tile (rows >= key - off), computing S^T = K Q^T and
+//             dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q in registers. No atomics:
+//             deterministic.
 //   dQ:       block (query tile of 128, q head, sequence); key tiles of 64 up to the diagonal;
 //             dQ += dS K.
 // Rows past the sequence are zero-filled in smem (never read from global memory) and never
