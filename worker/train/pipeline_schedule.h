@@ -15,6 +15,14 @@
 //   common/config checks). Warm-up = min((PP - s - 1) * 2 + (VPP - 1) * PP, M * VPP), all of them
 //   when M == PP.
 //
+// Communication is the caller's, and its order matters: on Gloo, Communicator::Send does not
+// return until the peer has posted the matching Recv (measured: two ranks that both Send 4 KB
+// before their Recv time out), so the schedule's "send activation to s + 1, receive gradient
+// from s + 1" on stage s against "send gradient to s, receive activation from s" on stage s + 1
+// deadlocks if run as two blocking calls each. The pipeline step must pair them (e.g. even stages
+// send first, odd stages receive first, or sends on a thread of their own), as Megatron does with
+// batched isend/irecv (p2p_communication.py).
+//
 // Pure arithmetic: no communication, used by the trainer's pipeline step (not wired yet) and
 // checked by pipeline_schedule_test (every stage's order is executable against the others').
 #ifndef SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
