@@ -83,8 +83,12 @@ int64_t DataParallelSize(const v1::ParallelConfig& p) {
 void ApplyTrainingDefaults(v1::TrainingConfig* t, const v1::ParallelConfig& p) {
   SY_DEFAULT(t, micro_batch_size, 1);
   int64_t dp = DataParallelSize(p);
-  if (dp > 0 && t->micro_batch_size() > 0 && FitsInt32(dp * t->micro_batch_size())) {
-    SY_DEFAULT(t, global_batch_size, static_cast<int32_t>(dp * t->micro_batch_size()));
+  // One micro-batch per data-parallel rank, times PP: the pipeline schedule needs at least PP
+  // micro-batches in flight (validate_parallel.cc, CheckTraining), so the default is the smallest
+  // batch that keeps every stage busy (PP is 1 unless the spec says otherwise).
+  const int64_t pp = p.pipeline_model_parallel_size() > 0 ? p.pipeline_model_parallel_size() : 1;
+  if (dp > 0 && t->micro_batch_size() > 0 && FitsInt32(dp * t->micro_batch_size() * pp)) {
+    SY_DEFAULT(t, global_batch_size, static_cast<int32_t>(dp * t->micro_batch_size() * pp));
   }
   SY_DEFAULT(t, lr, 1e-4);
   SY_DEFAULT(t, min_lr, 0.0);

@@ -15,7 +15,8 @@
 //   result is exact and fits; otherwise the field stays unset and the validator reports the
 //   input. So kv_channels = hidden_size / num_attention_heads only when that divides (the
 //   validator then reports "hidden_size must be divisible by num_attention_heads");
-//   global_batch_size = micro_batch_size * DP and min/max_workers = world size only when
+//   global_batch_size = micro_batch_size * DP * PP (PP micro-batches per step: the pipeline
+//   schedule's minimum) and min/max_workers = world size only when
 //   parallel.world_size is set (otherwise the planner decides them).
 // - MoE defaults (moe_ffn_hidden_size, top-k, score function, load balancing, dispatcher, drop
 //   policy, router dtype, bias update rate, layer frequency, grouped GEMM) are filled only for MoE

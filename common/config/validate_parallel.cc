@@ -83,6 +83,26 @@ void CheckTraining(const v1::JobSpec& spec, Violations* v) {
     v->Add("training.global_batch_size (", t.global_batch_size(),
            ") must be divisible by training.micro_batch_size * data-parallel size (", mbs, " * ",
            dp, " = ", mbs * dp, "; data-parallel size = parallel.world_size / (TP * CP * PP))");
+  } else if (dp > 0 && mbs > 0 && t.global_batch_size() > 0 && p.pp > 1) {
+    // Pipeline schedules (megatron_parallel.md, PP/VPP): 1F1B keeps up to PP micro-batches in
+    // flight, so with fewer than PP every stage idles for most of the step; Switchyard refuses it
+    // rather than run a schedule that is mostly bubble. The interleaved schedule walks the
+    // micro-batches in groups of PP per virtual stage (schedules.py asserts
+    // num_microbatches % pipeline_parallel_size == 0).
+    const int64_t micro = t.global_batch_size() / (mbs * dp);
+    if (micro < p.pp) {
+      v->Add("training.global_batch_size / (training.micro_batch_size * data-parallel size) (",
+             t.global_batch_size(), " / (", mbs, " * ", dp, ") = ", micro,
+             " micro-batches) must be at least parallel.pipeline_model_parallel_size (", p.pp,
+             "): the pipeline schedule needs one micro-batch per stage in flight");
+    } else if (spec.parallel().has_virtual_pipeline_model_parallel_size() && p.vpp > 1 &&
+               micro % p.pp != 0) {
+      v->Add("training.global_batch_size / (training.micro_batch_size * data-parallel size) (",
+             t.global_batch_size(), " / (", mbs, " * ", dp, ") = ", micro,
+             " micro-batches) must be a multiple of parallel.pipeline_model_parallel_size (", p.pp,
+             ") with parallel.virtual_pipeline_model_parallel_size (", p.vpp,
+             "): the interleaved schedule runs the micro-batches in groups of PP");
+    }
   }
   CheckOneOf(v, "training.lr_decay_style", t.lr_decay_style(), {"cosine", "linear", "constant"});
   if (t.has_lr() && t.lr() < 0) v->Add("training.lr (", Num(t.lr()), ") must be non-negative");

@@ -125,6 +125,35 @@ TEST(ValidateParallelTest, GlobalBatchDivisibleByMicroBatchTimesDataParallel) {
   ExpectValid(spec);
 }
 
+// Baseline: DP 8, micro-batch 2, PP 2; global batch 16 is one micro-batch per DP rank.
+TEST(ValidateParallelTest, MicroBatchesAtLeastPipelineParallel) {
+  v1::JobSpec spec = RawBaseline();
+  spec.mutable_training()->set_global_batch_size(16);
+  ExpectViolation(spec, {"training.global_batch_size / (training.micro_batch_size * data-parallel "
+                         "size) (16 / (2 * 8) = 1 micro-batches) must be at least "
+                         "parallel.pipeline_model_parallel_size (2)"});
+  spec.mutable_training()->set_global_batch_size(32);
+  ExpectValid(spec);
+  spec.mutable_parallel()->set_pipeline_model_parallel_size(1);  // DP 16: one micro-batch is fine
+  spec.mutable_training()->set_global_batch_size(32);
+  ExpectValid(spec);
+}
+
+TEST(ValidateParallelTest, InterleavedMicroBatchesMultipleOfPipelineParallel) {
+  v1::JobSpec spec = RawBaseline();
+  spec.mutable_parallel()->set_pipeline_model_parallel_size(4);  // DP 4, 8 layers = 4 x 2
+  spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  spec.mutable_training()->set_global_batch_size(48);  // 48 / (2 * 4) = 6 micro-batches
+  ExpectViolation(spec, {"(48 / (2 * 4) = 6 micro-batches) must be a multiple of "
+                         "parallel.pipeline_model_parallel_size (4) with "
+                         "parallel.virtual_pipeline_model_parallel_size (2)"});
+  spec.mutable_training()->set_global_batch_size(64);  // 8 micro-batches
+  ExpectValid(spec);
+  spec.mutable_parallel()->clear_virtual_pipeline_model_parallel_size();  // plain 1F1B: 6 >= 4
+  spec.mutable_training()->set_global_batch_size(48);
+  ExpectValid(spec);
+}
+
 TEST(ValidateParallelTest, TrainItersPositive) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_training()->set_train_iters(0);

@@ -31,7 +31,7 @@ TEST(ValidateTest, BaselinePasses) {
   ExpectValid(RawBaseline());
   v1::JobSpec spec = RawBaseline();
   ApplyDefaults(&spec);
-  EXPECT_EQ(spec.training().global_batch_size(), 16);  // micro 2 x DP 8
+  EXPECT_EQ(spec.training().global_batch_size(), 32);  // micro 2 x DP 8 x PP 2
   EXPECT_EQ(spec.min_workers(), 32);
 }
 

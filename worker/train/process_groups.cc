@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
-#include "common/model/engine_support.h"
 #include "common/status.h"
 
 namespace switchyard::train {
@@ -29,16 +28,17 @@ constexpr Role kRoles[] = {
     {ParallelGroup::kExpertTensorExpert, "etp_ep", &ProcessGroups::etp_ep},
     {ParallelGroup::kExpertData, "edp", &ProcessGroups::expert_data},
     {ParallelGroup::kExpertTensorExpertPipeline, "etp_ep_pp", &ProcessGroups::expert_model},
+    // Last, so that the earlier roles keep their order of ncclCommSplit calls (and, with PP = 1,
+    // the pipeline group is the rank alone, shared with another one-rank role).
+    {ParallelGroup::kPipeline, "pp", &ProcessGroups::pp},
 };
 
 absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank) {
   SY_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Create(dims));
-  // The one rule of what the engine runs (common/model/engine_support.h).
-  if (std::string why =
-          UnsupportedByEngine("parallel.", layout.tp(), layout.cp(), layout.pp(), layout.etp());
-      !why.empty()) {
-    return absl::UnimplementedError(why);
-  }
+  // Every dimension of the grid, PP included, gets its groups here: what the engine runs is
+  // decided where a job is accepted (common/model/engine_support.h, called by the trainer, the
+  // worker agent and the coordinator), so the pipeline plumbing can be built and tested over
+  // real groups before the schedule runs.
   if (rank < 0 || rank >= layout.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside [0, world_size ", layout.world_size(), ")"));

@@ -20,15 +20,17 @@
 //   etp_ep        ETP×EP (kExpertTensorExpert): the allgather dispatcher's gathers (§3.3)
 //   expert_data   EDP    (kExpertData): expert gradients
 //   expert_model  ETP×EP×PP (kExpertTensorExpertPipeline): the expert part of the global norm
+//   pp            PP     (kPipeline): the stages of one model replica, in stage order (group rank
+//                 = stage); the pipeline schedule's activation / gradient Send and Recv
 //   grad_data, grad_expert_data: DP×CP and EDP again, as communicators of their own (never shared
 //                 with another role), for the gradient reduce-scatters that a background thread
 //                 runs during the backward pass; on NCCL they run on `grad_stream`, a stream of
 //                 their own made here (the compute stream keeps computing meanwhile).
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
-// and store (scoped to the job and generation, e.g. a PrefixedKvStore). Only what the engine runs
-// is accepted (common/model/engine_support.h: any TP, CP and ETP, PP = 1; UNIMPLEMENTED naming
-// the field otherwise).
+// and store (scoped to the job and generation, e.g. a PrefixedKvStore). Every valid layout gets
+// its groups, PP > 1 included; whether the engine runs it is checked where a job is accepted
+// (common/model/engine_support.h: the trainer, the worker agent, the coordinator).
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 
@@ -59,6 +61,7 @@ struct ProcessGroups {
   comm::Communicator* etp_ep = nullptr;
   comm::Communicator* expert_data = nullptr;
   comm::Communicator* expert_model = nullptr;
+  comm::Communicator* pp = nullptr;
   comm::Communicator* grad_data = nullptr;
   comm::Communicator* grad_expert_data = nullptr;
   cudaStream_t grad_stream = nullptr;  // NCCL only; destroyed with the groups
@@ -68,9 +71,8 @@ struct ProcessGroups {
   std::vector<std::unique_ptr<comm::Communicator>> owned;
 };
 
-// INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field), UNIMPLEMENTED for
-// PP > 1 (UnsupportedByEngine); the communicators' errors otherwise (DEADLINE_EXCEEDED when a peer
-// does not show up within the options' timeout).
+// INVALID_ARGUMENT for a bad layout (the §5.2 rules, naming the field); the communicators' errors
+// otherwise (DEADLINE_EXCEEDED when a peer does not show up within the options' timeout).
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
     const comm::GlooOptions& options);
