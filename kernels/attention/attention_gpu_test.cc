@@ -8,7 +8,8 @@
 // future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
 // The bottom-right causal mode (kv_seq_len > seq_len, context parallelism): the native kernels
 // (bf16 tensor-core, f32 SIMT) and cuDNN against the CPU reference, at CP chunk shapes and ragged
-// ones.
+// ones; and, bitwise, a change to a key leaves the query rows that do not see it (row < key - off)
+// and the other sequence unchanged, and the backward is deterministic.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_cudnn.h"
 #include "kernels/buffer.h"
@@ -347,6 +349,93 @@ TEST(AttentionGpuTest, BottomRightMatchesCpuReference) {
       }
     }
   }
+}
+
+// The bottom-right mask's boundary and isolation, bitwise (independent of the CPU reference's
+// tolerance): B = 2 sequences of S = 256 queries against Skv = 768 keys (CP2, chunk 2: off = 512).
+// Changing key/value row j = 600 of sequence 0 must leave o and dq of its query rows < j - off =
+// 88 bitwise unchanged (row 88 is mid-tile for both kernels' 128-row and 64-key tiles, so the
+// per-element mask, not a whole-tile skip, decides), leave o, dq and dk of sequence 1 bitwise
+// unchanged, and change o of some row >= 88 of sequence 0. On the unchanged inputs the backward
+// runs twice and must give bitwise identical dq, dk, dv (native: no atomics; cuDNN: its
+// deterministic dQ algorithm). bf16, native and cuDNN, D = 64 and 128, GQA 4:2.
+TEST(AttentionGpuTest, BottomRightMaskIsolatesAndIsDeterministic) {
+  SY_REQUIRE_GPU();
+  SettingsGuard guard;
+  std::mt19937_64 rng(std::random_device{}());
+  const Stream gpu{Device::Cuda(0), nullptr};
+  for (const AttentionSettings& settings : {kNative, kCudnn})
+    for (int64_t d : {64, 128}) {
+      SetAttentionSettings(settings);
+      SCOPED_TRACE(absl::StrCat(AttentionBackendName(settings.backend), " D=", d));
+      const int64_t b = 2, s = 256, skv = 768, off = skv - s, hq = 4, hkv = 2, j = 600;
+      const int64_t first_seen = j - off;  // the first query row of sequence 0 that sees key j
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const std::vector<int64_t> qs = {b * s, hq, d}, ks = {b * skv, hkv, d}, ls = {b, hq, s};
+      Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
+             d_o = Host(DType::kBF16, qs);
+      for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+      std::vector<float> o_run[2], dq_run[2], dk_run[2];
+      for (int run = 0; run < 2; ++run) {
+        if (run == 1) {  // perturb key and value row j of sequence 0
+          Buffer noise = Host(DType::kBF16, {1, hkv, d});
+          const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
+          testing::FillRandom(noise.View(), rng);
+          std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
+                      row_bytes);
+          testing::FillRandom(noise.View(), rng);
+          std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
+                      row_bytes);
+        }
+        Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+        Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
+               g_delta = Poisoned(DType::kF32, ls);
+        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, skv, scale,
+                                           g_o.View(), g_lse.View());
+        ASSERT_TRUE(st.ok()) << st;
+        // Run 0: the backward twice on the same inputs (determinism); run 1: once.
+        std::vector<float> grads[2][3];
+        for (int rep = 0; rep < (run == 0 ? 2 : 1); ++rep) {
+          Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+                 g_dv = Poisoned(DType::kBF16, ks);
+          st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                                 g_do.View(), s, skv, scale, g_delta.View(), g_dq.View(),
+                                 g_dk.View(), g_dv.View());
+          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          grads[rep][0] = testing::ToFloatVector(g_dq.View());
+          grads[rep][1] = testing::ToFloatVector(g_dk.View());
+          grads[rep][2] = testing::ToFloatVector(g_dv.View());
+        }
+        if (run == 0) {
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(grads[1][i], grads[0][i]) << "gradient " << i << " differs between runs";
+          }
+        }
+        o_run[run] = testing::ToFloatVector(g_o.View());
+        dq_run[run] = std::move(grads[0][0]);
+        dk_run[run] = std::move(grads[0][1]);
+      }
+      const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
+      auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
+                     size_t to) {
+        return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
+      };
+      EXPECT_TRUE(same(o_run[0], o_run[1], 0, first_seen * q_row))
+          << "o of rows that do not see the changed key";
+      EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, first_seen * q_row))
+          << "dq of rows that do not see the changed key";
+      EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, b * s * q_row)) << "o of sequence 1";
+      EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, b * s * q_row)) << "dq of sequence 1";
+      EXPECT_TRUE(same(dk_run[0], dk_run[1], skv * k_row, b * skv * k_row)) << "dk of sequence 1";
+      EXPECT_FALSE(same(o_run[0], o_run[1], first_seen * q_row, s * q_row))
+          << "o ignored the changed key";
+      std::printf(
+          "%s: bottom-right isolation and deterministic backward hold (B=2 S=256 Skv=768 Hq=4 "
+          "Hkv=2 D=%lld bf16, key %lld first seen by row %lld)\n",
+          AttentionBackendName(settings.backend), static_cast<long long>(d),
+          static_cast<long long>(j), static_cast<long long>(first_seen));
+    }
 }
 
 }  // namespace
