@@ -937,11 +937,6 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
 
 absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                                int64_t seq_len, int micro, const Tensor& logits) {
-  if (logits.data != nullptr && config_.tp_size > 1) {
-    return absl::UnimplementedError(
-        "GptModel::Forward: logits with tensor_model_parallel_size > 1 (each TP rank holds a "
-        "sequence shard); ask for the loss only");
-  }
   SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
   const int64_t t = tokens_, tl = t / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
@@ -954,7 +949,14 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
   if (logits.data != nullptr) {
     SY_RETURN_IF_ERROR(
         CheckTensor(logits, "GptModel::Forward.logits", logits.dtype, {t, config_.vocab_size}));
-    SY_RETURN_IF_ERROR(Gemm(stream, Rows(final_n_, t), false, w_out, true, logits));
+    // TP > 1: each rank holds the final norm of its sequence shard only. Gather the shards over
+    // TP (on request only: generation / eval; the loss never needs it) into the all-gather
+    // scratch, which no layer uses after the forward pass, then one GEMM against the LM head,
+    // which is whole on every TP rank today, so every rank gets the same full [t, V] logits.
+    const Tensor normed = config_.tp_size > 1 ? Rows(ag_, t) : Rows(final_n_, t);
+    if (config_.tp_size > 1)
+      SY_RETURN_IF_ERROR(GatherSeq(stream, Rows(final_n_, tl), normed, seq_len));
+    SY_RETURN_IF_ERROR(Gemm(stream, normed, false, w_out, true, logits));
   }
   return absl::OkStatus();
 }

@@ -335,7 +335,9 @@ class GptModel {
   absl::Status ForwardBackward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                                int64_t seq_len, float ce_scale, double aux_grad_scale, int micro);
   // Forward only: the loss sum into slot `micro` (targets given) and/or the logits [B·S, V] f32
-  // (when `logits` is non-empty). Does not disturb gradients.
+  // (when `logits` is non-empty). Does not disturb gradients. At TP > 1 the final-norm sequence
+  // shards are all-gathered over TP for the logits (only when asked: generation / eval), so every
+  // TP rank gets the same full logits of its (CP-local) tokens in the order of `ids`.
   absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                        int64_t seq_len, int micro, const Tensor& logits);
 
