@@ -241,9 +241,15 @@ class Trainer {
   v1::JobSpec spec_;
   TrainerOptions options_;
   ProcessGroups* groups_ = nullptr;
-  int dp_ = 1, dp_rank_ = 0;      // size(DP) and this rank's position in it (micro-batch owner)
-  int cp_ = 1, cp_rank_ = 0;      // context parallelism: this rank holds chunks cp_rank_ and
-                                  // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
+  int dp_ = 1, dp_rank_ = 0;  // size(DP) and this rank's position in it (micro-batch owner)
+  int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank holds chunks cp_rank_ and
+                              // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
+  int pp_ = 1, pp_rank_ = 0;  // pipeline: this rank is stage pp_rank_ of pp_
+  // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
+  kernels::Buffer pp_input_, pp_output_grad_;
+  // Pipeline: the 1F1B schedule of one step (Step), Megatron's non-interleaved order.
+  absl::Status PipelineMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
+                                    const std::function<absl::Status(int64_t)>& hook);
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
   // TP-sharded dense region (null without TP); expert_opt_: the experts.
