@@ -1,7 +1,8 @@
 // File: worker/train/pipeline_parallel_trainer_test.cc
 //
 // Pipeline parallelism (Megatron's non-interleaved 1F1B schedule) over Gloo between real forked
-// processes (CPU): PP2, PP4, PP2·EP2, PP2·TP2 and DP·PP2·EP2 (world 8) train a 4-layer variant of
+// processes (CPU): PP2, PP4, PP2·EP2, PP2·TP2, DP·PP2·EP2 (world 8) and three uneven layouts
+// (parallel.decoder_first/last_pipeline_num_layers) train a 4-layer variant of
 // the tiny MoE model of worker/train/testing/tiny_moe_spec.h (MoE, dense, MoE, MoE; untied
 // embedding and LM head) for 20 steps and must give one process's routing (tokens per expert of
 // every MoE layer, every step) and loss / grad-norm curve within 1e-5 relative. With 8
@@ -40,9 +41,15 @@ constexpr int kSteps = 20;
 
 struct Layout {
   int world = 1, pp = 1, ep = 1, tp = 1;
+  // Uneven layouts: parallel.decoder_first/last_pipeline_num_layers (0: unset) and the first
+  // layer of every stage they give (worked out by hand; empty: the even split).
+  int first = 0, last = 0;
+  std::vector<int> begins;
   std::string Name() const {
-    return absl::StrCat("PP=", pp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "", " (world ",
-                        world, ", DP ", world / (pp * tp), ")");
+    return absl::StrCat("PP=", pp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "",
+                        first > 0 ? absl::StrCat(" first=", first) : "",
+                        last > 0 ? absl::StrCat(" last=", last) : "", " (world ", world, ", DP ",
+                        world / (pp * tp), ")");
   }
 };
 
@@ -60,6 +67,8 @@ v1::JobSpec Spec(const Layout& layout) {
     p->set_world_size(layout.world);
     p->set_pipeline_model_parallel_size(layout.pp);
     p->set_expert_model_parallel_size(layout.ep);
+    if (layout.first > 0) p->set_decoder_first_pipeline_num_layers(layout.first);
+    if (layout.last > 0) p->set_decoder_last_pipeline_num_layers(layout.last);
     if (layout.tp > 1) {
       p->set_tensor_model_parallel_size(layout.tp);
       p->set_sequence_parallel(true);  // required with MoE (validate_moe.cc)
@@ -120,12 +129,19 @@ int RankBody(int rank, const Layout& layout, const std::string& store_dir, const
   const model::GptConfig& mc = (*t)->model_config();
   SY_CHILD_CHECK(mc.pp_size == layout.pp);
   // Each stage holds only its layers: a tensor of another stage is not in its layout.
-  const int64_t per_stage = 4 / layout.pp;
-  SY_CHILD_CHECK(mc.layer_begin == mc.pp_rank * per_stage);
-  SY_CHILD_CHECK(((*t)->model().layout().Find("embedding.weight") != nullptr) == mc.first_stage());
-  SY_CHILD_CHECK(((*t)->model().layout().Find("output.weight") != nullptr) == mc.last_stage());
-  SY_CHILD_CHECK(((*t)->model().layout().Find("layers.3.input_norm.weight") != nullptr) ==
-                 mc.last_stage());
+  const int64_t begin =
+      layout.begins.empty() ? mc.pp_rank * (4 / layout.pp) : layout.begins[mc.pp_rank];
+  const int64_t end = mc.last_stage()         ? 4
+                      : layout.begins.empty() ? begin + 4 / layout.pp
+                                              : layout.begins[mc.pp_rank + 1];
+  SY_CHILD_CHECK(mc.layer_begin == begin && mc.stage_layer_end() == end);
+  const model::GptParamLayout& lay = (*t)->model().layout();
+  SY_CHILD_CHECK((lay.Find("embedding.weight") != nullptr) == mc.first_stage());
+  SY_CHILD_CHECK((lay.Find("output.weight") != nullptr) == mc.last_stage());
+  for (int l = 0; l < 4; ++l) {
+    const bool held = lay.Find(absl::StrCat("layers.", l, ".input_norm.weight")) != nullptr;
+    SY_CHILD_CHECK(held == (l >= begin && l < end));
+  }
   std::ofstream f;
   if (rank == 0) f.open(out, std::ios::app);
   while ((*t)->step() < last) {
@@ -163,16 +179,20 @@ TEST_P(PipelineParallelTrainerTest, MatchesSingleProcess) {
 // PP2 (2 stages of 2 layers), PP4 (one layer per stage: the middle stages only receive and
 // send), PP2·EP2 (DP2 per stage, experts split), PP2·TP2 (sequence-parallel shards sent between
 // stages), DP4·PP2·EP2 (world 8).
-INSTANTIATE_TEST_SUITE_P(Layouts, PipelineParallelTrainerTest,
-                         ::testing::Values(Layout{2, 2, 1, 1}, Layout{4, 4, 1, 1},
-                                           Layout{4, 2, 2, 1}, Layout{4, 2, 1, 2},
-                                           Layout{8, 2, 2, 1}),
-                         [](const auto& info) {
-                           const Layout& l = info.param;
-                           return absl::StrCat("PP", l.pp, "_EP", l.ep,
-                                               l.tp > 1 ? absl::StrCat("_TP", l.tp) : "", "_W",
-                                               l.world);
-                         });
+// Uneven: PP2 with one layer on the first stage (1 | 3), PP3 with two on the first (2 | 1 | 1: an
+// odd stage count, the middle stage odd in the send order) and PP2·EP2 with one on the last
+// (3 | 1).
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PipelineParallelTrainerTest,
+    ::testing::Values(Layout{2, 2, 1, 1}, Layout{4, 4, 1, 1}, Layout{4, 2, 2, 1},
+                      Layout{4, 2, 1, 2}, Layout{8, 2, 2, 1}, Layout{2, 2, 1, 1, 1, 0, {0, 1}},
+                      Layout{3, 3, 1, 1, 2, 0, {0, 2, 3}}, Layout{4, 2, 2, 1, 0, 1, {0, 3}}),
+    [](const auto& info) {
+      const Layout& l = info.param;
+      return absl::StrCat("PP", l.pp, "_EP", l.ep, l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
+                          l.first > 0 ? absl::StrCat("_First", l.first) : "",
+                          l.last > 0 ? absl::StrCat("_Last", l.last) : "", "_W", l.world);
+    });
 
 // Fewer micro-batches than stages: rejected on every rank, naming the fields and the rule.
 TEST(PipelineParallelTrainerTest, RejectsTooFewMicroBatches) {

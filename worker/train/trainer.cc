@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "common/config/config.h"
 #include "common/config/config_defaults.h"
+#include "common/config/parallel_rules.h"
 #include "common/config/validate.h"
 #include "common/cuda_status.h"
 #include "common/logging.h"
@@ -377,15 +379,15 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     config.tp_rank = pl.RankInGroup(ParallelGroup::kTensor, groups_->rank);
     config.cp_size = cp_;
     config.cp_rank = cp_rank_;
-    // Pipeline: stage pp_rank_ holds an equal share of the layers (validate_parallel checked
-    // num_layers % PP == 0).
+    // Pipeline: stage pp_rank_'s layers, an equal share or the uneven layout of
+    // parallel.decoder_first/last_pipeline_num_layers (rules checked by ValidateJobSpec).
     pp_ = pl.pp();
     pp_rank_ = pl.RankInGroup(ParallelGroup::kPipeline, groups_->rank);
     config.pp_size = pp_;
     config.pp_rank = pp_rank_;
-    const int64_t per_stage = config.num_layers / pp_;
-    config.layer_begin = pp_rank_ * per_stage;
-    config.layer_end = config.layer_begin + per_stage;
+    std::tie(config.layer_begin, config.layer_end) =
+        PipelineStageLayers(config.num_layers, pp_, par.decoder_first_pipeline_num_layers(),
+                            par.decoder_last_pipeline_num_layers(), pp_rank_);
     model_groups = {groups_->expert, groups_->tdc, groups_->etp,
                     groups_->etp_ep, groups_->tp,  groups_->cp};
   }
