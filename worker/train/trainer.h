@@ -31,8 +31,15 @@
 // whole tensors. Load reshards from any saved mapping, and reads the older single-file format
 // (model.safetensors, optimizer.safetensors, router.safetensors: whole tensors, same names).
 //
-// Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism in any
-// combination, PP = 1): every rank holds the dense parameters (its TP shard of the TP-split
+// Pipeline parallelism (PP > 1; PipelineMicroBatches, Megatron's non-interleaved 1F1B): each stage
+// holds its layers only (GptModel "Pipeline parallelism"), runs its DP rank's micro-batches in
+// order (warm-up forwards PP - stage - 1, steady 1F1B, cool-down backwards) and sends activations
+// and their gradients with Send/Recv on ProcessGroups::pp, blocking (no overlap with compute).
+// Loss and MoE statistics are summed over PP for the log line, the dense squared grad norm over
+// PP too. Tied embeddings, global_aux_loss, VPP and EvalLoss are refused at PP > 1.
+//
+// Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
+// any combination): every rank holds the dense parameters (its TP shard of the TP-split
 // ones: GptModel's "Tensor and sequence parallelism") and its EP rank's experts (megatron_moe.md
 // §3.2, §5). The TP ranks of one DP rank run the same micro-batches, each on its sequence shard;
 // under context parallelism the CP ranks of one DP rank run the same micro-batches, each with its
