@@ -9,7 +9,8 @@
 // micro-batches per step and PP2 / PP4, the first stage has 1 / 3 micro-batches in flight
 // between their forward and backward: wrong per-micro-batch activation or dispatcher state would
 // corrupt the gradients and the curve. Too few micro-batches for the pipeline is rejected on every
-// rank with INVALID_ARGUMENT naming the fields and the rule.
+// rank with INVALID_ARGUMENT naming the fields and the rule. A PP2·EP2 checkpoint resumes in one
+// process, and a one-process checkpoint at PP2·EP2.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -85,12 +86,23 @@ TrainerOptions CpuF32() {
   return opt;
 }
 
-Curve SingleProcess(int64_t last) {
+// One process: steps up to `last` after loading `load_root` (if given); saves to `save_root`.
+Curve SingleProcess(int64_t last, const std::string& load_root = "",
+                    const std::string& save_root = "") {
   Curve c;
   auto t = Trainer::Create(Spec(Layout{}), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
-  return StepUntil(t->get(), last);
+  if (!load_root.empty()) {
+    absl::Status st = (*t)->Load(load_root);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return c;
+  }
+  c = StepUntil(t->get(), last);
+  if (!save_root.empty()) {
+    EXPECT_TRUE((*t)->Save(save_root).ok());
+  }
+  return c;
 }
 
 std::unique_ptr<ProcessGroups> JoinGroups(int rank, const Layout& layout,
@@ -117,7 +129,7 @@ std::unique_ptr<ProcessGroups> JoinGroups(int rank, const Layout& layout,
 // appends "loss norm counts" lines to `out` (the loss and the MoE statistics are summed over
 // the stages, the norm over all of them).
 int RankBody(int rank, const Layout& layout, const std::string& store_dir, const std::string& out,
-             int64_t last) {
+             int64_t last, const std::string& load_root, const std::string& save_root) {
   std::unique_ptr<ProcessGroups> groups = JoinGroups(rank, layout, store_dir);
   SY_CHILD_CHECK(groups != nullptr);
   SY_CHILD_CHECK(groups->pp != nullptr && groups->pp->size() == layout.pp);
@@ -142,6 +154,7 @@ int RankBody(int rank, const Layout& layout, const std::string& store_dir, const
     const bool held = lay.Find(absl::StrCat("layers.", l, ".input_norm.weight")) != nullptr;
     SY_CHILD_CHECK(held == (l >= begin && l < end));
   }
+  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
   std::ofstream f;
   if (rank == 0) f.open(out, std::ios::app);
   while ((*t)->step() < last) {
@@ -149,15 +162,17 @@ int RankBody(int rank, const Layout& layout, const std::string& store_dir, const
     SY_CHILD_OK(r.status());
     if (rank == 0) f << CurveLine(*r);
   }
+  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
   return 0;
 }
 
-Curve RunLayout(const Layout& layout, int64_t last) {
+Curve RunLayout(const Layout& layout, int64_t last, const std::string& load_root = "",
+                const std::string& save_root = "") {
   const std::string store = ct::UniqueStoreDir("pp_store");
   const std::string out = OutFile("pp_curve");
   const absl::Time start = absl::Now();
   const std::vector<int> codes = ct::RunProcesses(layout.world, absl::Minutes(10), [&](int rank) {
-    return RankBody(rank, layout, store, out, last);
+    return RankBody(rank, layout, store, out, last, load_root, save_root);
   });
   for (int r = 0; r < layout.world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
   std::printf("%s: %.1f s\n", layout.Name().c_str(), absl::ToDoubleSeconds(absl::Now() - start));
@@ -193,6 +208,26 @@ INSTANTIATE_TEST_SUITE_P(
                           l.first > 0 ? absl::StrCat("_First", l.first) : "",
                           l.last > 0 ? absl::StrCat("_Last", l.last) : "", "_W", l.world);
     });
+
+// A PP2·EP2 checkpoint (each stage's tensors under their global names, the expert bias rows of
+// each stage's MoE layers from its first rank) resumes in one process and continues the curve; a
+// one-process checkpoint resumes at PP2·EP2 and continues it too.
+TEST(PipelineParallelCheckpointTest, ResumesAcrossPipelineSizes) {
+  const Curve ref = SingleProcess(kSteps);
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
+  const Layout pp2{4, 2, 2, 1};
+  const std::string root = ct::UniqueStoreDir("pp_ckpt_root");
+  const Curve saved = RunLayout(pp2, kSteps / 2, "", root);
+  ExpectSameCurve(ref, saved, 0, "PP=2 EP=2 steps 1-10, saved");
+  const Curve resumed = SingleProcess(kSteps, root);
+  ExpectSameCurve(ref, resumed, kSteps / 2, "PP=2 EP=2 checkpoint resumed as one process");
+
+  const std::string root1 = ct::UniqueStoreDir("pp_ckpt_root1");
+  const Curve first = SingleProcess(kSteps / 2, "", root1);
+  ASSERT_EQ(first.loss.size(), static_cast<size_t>(kSteps / 2));
+  const Curve resumed2 = RunLayout(pp2, kSteps, root1);
+  ExpectSameCurve(ref, resumed2, kSteps / 2, "one-process checkpoint resumed at PP=2 EP=2");
+}
 
 // Fewer micro-batches than stages: rejected on every rank, naming the fields and the rule.
 TEST(PipelineParallelTrainerTest, RejectsTooFewMicroBatches) {

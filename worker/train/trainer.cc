@@ -1231,7 +1231,26 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
       }
     }
   }
-  if (c.num_moe_layers() > 0 && (!distributed() || groups_->rank == 0)) {
+  if (c.num_moe_layers() > 0 && pp_ > 1) {
+    // Pipeline: each stage's first rank saves the rows of its own MoE layers (the other rows of
+    // its expert_bias are not its layers'); a stage without MoE layers saves none.
+    const int64_t stage_ranks = groups_->layout.world_size() / pp_;
+    int64_t moe_begin = 0, moe_end = 0;
+    for (int64_t l = 0; l < c.stage_layer_end(); ++l) {
+      if (!c.moe_layers[l]) continue;
+      if (l < c.layer_begin) ++moe_begin;
+      ++moe_end;
+    }
+    if (groups_->rank % stage_ranks == 0 && moe_end > moe_begin) {
+      const Tensor bias = model_->expert_bias();
+      ShardSlice rows;
+      rows.global_shape = bias.shape;
+      rows.runs = {{{moe_begin, moe_end - moe_begin}}, {{0, bias.shape[1]}}};
+      const int64_t e = bias.shape[1];
+      SY_RETURN_IF_ERROR(
+          add("expert_bias", rows, Slice(bias, moe_begin * e, {moe_end - moe_begin, e})));
+    }
+  } else if (c.num_moe_layers() > 0 && (!distributed() || groups_->rank == 0)) {
     const Tensor bias = model_->expert_bias();
     SY_RETURN_IF_ERROR(add("expert_bias", ShardSlice::Whole(bias.shape), bias));
   }
