@@ -22,7 +22,8 @@
 //
 //   train_benchmark [--model benchmark|small] [--steps 5] [--warmup 2] [--micro_batch N]
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
-//                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--dry_run] [--breakdown]
+//                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--cp 1] [--dry_run]
+//                   [--breakdown]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
@@ -37,8 +38,9 @@
 // processes (it never initialises CUDA itself; the GPU count comes from a probe child); rank r
 // drives CUDA device r with a non-blocking stream that its NCCL process groups
 // (train::CreateNcclProcessGroups, rendezvous through a FileKvStore in a fresh /tmp directory)
-// and its Trainer (TrainerOptions.cuda_stream) share. Layout DP = N (TP = CP = PP = 1), EP = E,
-// EDP = N / E (worker/train/trainer.h, "Distributed"). The global batch is the model's (or
+// and its Trainer (TrainerOptions.cuda_stream) share. Layout DP = N (TP = PP = 1; CP = 1 unless
+// --cp, below), EP = E, EDP = N / E (worker/train/trainer.h, "Distributed"). The global batch is
+// the model's (or
 // --global_batch) times N, so every GPU runs the single-GPU benchmark's micro-batches and tokens
 // per step. Each rank runs the same warm-up and timed steps and writes its per-step times (the
 // trainer's step_ms: CUDA events over the step, which ends with a host sync) to a file; the
@@ -46,6 +48,12 @@
 // total tokens/s, per-GPU TFLOP/s (FLOPs of all tokens / step time / N), MFU per GPU, the
 // largest per-rank memory footprint; table + "RESULT_JSON {...}". Rank 0 prints the per-step log
 // lines.
+// CONTEXT PARALLEL (--cp C, C > 1; a multi-GPU run even at --world C): layout CP = C, DP = N / C
+// (EP = E over DP x CP); every sequence of --seq_length tokens is split over the C ranks of its
+// DP rank (worker/model/gpt_model.h, "Context parallelism"), and the global batch is the model's
+// (or --global_batch) times DP, so a GPU holds seq_length / C tokens of each of its sequences.
+// For the long-sequence check (bench/README.md, to be measured): --world 4 --cp 4
+// --seq_length 32768 --micro_batch 1 --global_batch 1 against the same at --world 1 --cp 1.
 // --torch_json and --breakdown are single-GPU only. --dry_run --world N --ep E validates the
 // arguments, the distributed JobSpec and the parallel layout and prints the plan, without a GPU.
 #include <cuda_runtime.h>
@@ -109,6 +117,9 @@ ABSL_FLAG(int, world, 1,
           "GPUs (ranks, one forked process per GPU of this host); > 1: data x expert parallel, "
           "global batch scaled by the world so tokens per GPU stay the single-GPU benchmark's");
 ABSL_FLAG(int, ep, 1, "expert-parallel size (divides --world and the model's num_experts)");
+ABSL_FLAG(int, cp, 1,
+          "context-parallel size (divides --world; 2 * cp divides the sequence length): the "
+          "cp ranks of a DP rank share its sequences, each holding 2 of their 2 * cp chunks");
 ABSL_FLAG(int, rank_timeout_s, 1200, "--world > 1: ranks still running after this are killed");
 
 namespace switchyard::bench {
@@ -217,8 +228,8 @@ int DryRun(const std::string& name, const BenchModel& b) {
 struct DistPlan {
   std::string name;
   BenchModel per_gpu;  // the single-GPU benchmark's batch (tokens per GPU)
-  BenchModel global;   // global_batch = per_gpu.global * world
-  int world = 1, ep = 1, edp = 1;
+  BenchModel global;   // global_batch = per_gpu.global * DP (DP = world / cp)
+  int world = 1, ep = 1, edp = 1, cp = 1, dp = 1;
   int steps = 1, warmup = 0;
   double peak = 0;
   v1::JobSpec
@@ -239,6 +250,12 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
     return absl::InvalidArgumentError(absl::StrCat("--world (", p.world, ") must be >= 1"));
   }
   if (p.ep < 1) return absl::InvalidArgumentError(absl::StrCat("--ep (", p.ep, ") must be >= 1"));
+  p.cp = absl::GetFlag(FLAGS_cp);
+  if (p.cp < 1 || p.world % p.cp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cp (", p.cp, ") must be >= 1 and divide --world (", p.world, ")"));
+  }
+  p.dp = p.world / p.cp;
   if (p.world % p.ep != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ep (", p.ep, ") must divide --world (", p.world, ")"));
@@ -255,19 +272,27 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
     return absl::InvalidArgumentError(absl::StrCat("--ep (", p.ep, ") must divide num_experts (",
                                                    p.per_gpu.experts, ") of --model ", p.name));
   }
+  if (p.per_gpu.seq % (2 * p.cp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--seq_length (", p.per_gpu.seq,
+                                                   ") must be a multiple of 2 * --cp (", 2 * p.cp,
+                                                   "): each CP rank holds two equal chunks"));
+  }
   p.edp = p.world / p.ep;
   p.global = p.per_gpu;
-  p.global.global = p.per_gpu.global * p.world;
+  // The CP ranks of a DP rank share its sequences: the batch scales with DP, not the world.
+  p.global.global = p.per_gpu.global * p.dp;
   p.steps = std::max(1, absl::GetFlag(FLAGS_steps));
   p.warmup = std::max(0, absl::GetFlag(FLAGS_warmup));
   p.peak = absl::GetFlag(FLAGS_peak_tflops);
   p.spec = MakeSpec(p.name, p.global, p.warmup + p.steps);
   p.spec.mutable_parallel()->set_world_size(p.world);
   p.spec.mutable_parallel()->set_expert_model_parallel_size(p.ep);
+  if (p.cp > 1) p.spec.mutable_parallel()->set_context_parallel_size(p.cp);
   ApplyDefaults(&p.spec);
   SY_RETURN_IF_ERROR(Annotate(ValidateJobSpec(p.spec), "distributed benchmark spec"));
   p.dims.world_size = p.world;
   p.dims.expert_model_parallel_size = p.ep;
+  p.dims.context_parallel_size = p.cp;
   SY_RETURN_IF_ERROR(Annotate(ParallelLayout::Create(p.dims).status(), "parallel layout"));
   SY_ASSIGN_OR_RETURN(model::GptConfig cfg,
                       model::GptConfig::FromProto(p.spec.model(), DType::kBF16));
@@ -283,11 +308,11 @@ void PrintDistPlan(const DistPlan& p) {
   const int micro_per_gpu = p.per_gpu.global / p.per_gpu.micro;
   std::printf(
       "train_benchmark plan: model %s (%s total / %s active, %.4f GFLOP/token), world %d = "
-      "DP %d; EP %d x EDP %d (%d experts per GPU); global batch %d x seq %d = %lld tokens/step, "
-      "%d micro-batches of %d per GPU (%lld tokens per GPU, as on one GPU); %d warm-up + %d "
+      "DP %d x CP %d; EP %d x EDP %d (%d experts per GPU); global batch %d x seq %d = %lld "
+      "tokens/step, %d micro-batches of %d per DP rank (%lld tokens per GPU); %d warm-up + %d "
       "timed steps\n",
       p.name.c_str(), Human(p.params_total).c_str(), Human(p.params_active).c_str(),
-      p.flops_per_token / 1e9, p.world, p.world, p.ep, p.edp, p.per_gpu.experts / p.ep,
+      p.flops_per_token / 1e9, p.world, p.dp, p.cp, p.ep, p.edp, p.per_gpu.experts / p.ep,
       p.global.global, p.global.seq, static_cast<long long>(p.tokens_per_step), micro_per_gpu,
       p.per_gpu.micro, static_cast<long long>(p.tokens_per_step / p.world), p.warmup, p.steps);
   const nlohmann::json plan = {{"bench", "train"},
@@ -296,6 +321,7 @@ void PrintDistPlan(const DistPlan& p) {
                                {"world", p.world},
                                {"ep", p.ep},
                                {"edp", p.edp},
+                               {"cp", p.cp},
                                {"global_batch", p.global.global},
                                {"micro_batch", p.global.micro},
                                {"seq_length", p.global.seq},
@@ -485,11 +511,11 @@ int DistributedMain(const DistPlan& p) {
   std::printf("\n%-26s %s\n", "model", p.name.c_str());
   std::printf("%-26s %s total / %s active\n", "parameters", Human(p.params_total).c_str(),
               Human(p.params_active).c_str());
-  std::printf("%-26s %d x %s: DP %d, EP %d x EDP %d\n", "layout", p.world, device.c_str(), p.world,
-              p.ep, p.edp);
-  std::printf("%-26s %lld (%d GPUs x %d micro-batches x %d x %d)\n", "tokens/step",
-              static_cast<long long>(p.tokens_per_step), p.world,
-              p.per_gpu.global / p.per_gpu.micro, p.per_gpu.micro, p.global.seq);
+  std::printf("%-26s %d x %s: DP %d x CP %d, EP %d x EDP %d\n", "layout", p.world, device.c_str(),
+              p.dp, p.cp, p.ep, p.edp);
+  std::printf("%-26s %lld (%d DP ranks x %d micro-batches x %d x %d)\n", "tokens/step",
+              static_cast<long long>(p.tokens_per_step), p.dp, p.per_gpu.global / p.per_gpu.micro,
+              p.per_gpu.micro, p.global.seq);
   std::printf("%-26s %.3f GFLOP\n", "model FLOPs/token", p.flops_per_token / 1e9);
   std::printf("%-26s %d timed after %d warm-up; final loss %.4f\n", "steps", p.steps, p.warmup,
               last_loss);
@@ -511,6 +537,7 @@ int DistributedMain(const DistPlan& p) {
       {"world", p.world},
       {"ep", p.ep},
       {"edp", p.edp},
+      {"cp", p.cp},
       {"params_total", p.params_total},
       {"params_active", p.params_active},
       {"global_batch", p.global.global},
@@ -536,7 +563,8 @@ int DistributedMain(const DistPlan& p) {
 }
 
 int Main() {
-  if (absl::GetFlag(FLAGS_world) != 1 || absl::GetFlag(FLAGS_ep) != 1) {
+  if (absl::GetFlag(FLAGS_world) != 1 || absl::GetFlag(FLAGS_ep) != 1 ||
+      absl::GetFlag(FLAGS_cp) != 1) {
     absl::StatusOr<DistPlan> plan = MakeDistPlan();
     if (!plan.ok()) {
       std::fprintf(stderr, "train_benchmark: %s\n", plan.status().ToString().c_str());

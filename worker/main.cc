@@ -10,9 +10,10 @@
 //                  Mixtral / Qwen3-MoE checkpoints. Exit 0 when training completes, 1 on an error
 //                  (the message names the field or file).
 //   --rank R --world-size W --rendezvous DIR --config job.yaml
-//                  run rank R of a W-process job (data, context and expert parallelism:
-//                  parallel.context_parallel_size and expert_model_parallel_size of the spec;
-//                  world_size must be W or unset). The
+//                  run rank R of a W-process job (data, tensor, context, expert and
+//                  expert-tensor parallelism: parallel.tensor_model_parallel_size,
+//                  context_parallel_size, expert_model_parallel_size and
+//                  expert_tensor_parallel_size of the spec; world_size must be W or unset). The
 //                  ranks meet through a file key-value store in DIR (a directory every rank can
 //                  reach; use a fresh one per run). --device auto picks cuda:(R mod GPUs) and NCCL
 //                  when GPUs are visible, else the CPU and Gloo over TCP (--gloo-host, default
@@ -206,6 +207,9 @@ int Distributed() {
   switchyard::ParallelDims dims;
   dims.world_size = world;
   const switchyard::v1::ParallelConfig& par = spec->parallel();
+  if (par.has_tensor_model_parallel_size()) {
+    dims.tensor_model_parallel_size = par.tensor_model_parallel_size();
+  }
   if (par.has_expert_model_parallel_size()) {
     dims.expert_model_parallel_size = par.expert_model_parallel_size();
   }

@@ -109,6 +109,21 @@ out=$("$bin" --rank 0 --world-size 2 --rendezvous "$rdzv4" --config "$TEST_TMPDI
 wait $pid1 || fail "ETP 2: rank 1 exited $?: $(cat "$TEST_TMPDIR/e1.err")"
 echo "$out"
 grep -Eq '^step 2/6 \| loss [0-9.]+ ' <<<"$out" || fail "ETP 2: no step 2 line"
+# Tensor parallelism from the command line: TP = 2 (with sequence parallelism) on 2 ranks. The
+# spec's TP must reach the process groups: built with TP = 1, the trainer would refuse the
+# launched layout and both ranks would exit 1.
+sed -e "s|expert_model_parallel_size: 2|tensor_model_parallel_size: 2\n  sequence_parallel: true|" \
+  -e "/save/d" \
+  "$TEST_TMPDIR/dist.yaml" >"$TEST_TMPDIR/tp.yaml"
+rdzv5="$TEST_TMPDIR/rdzv5"
+"$bin" --rank 1 --world-size 2 --rendezvous "$rdzv5" --config "$TEST_TMPDIR/tp.yaml" \
+  --device cpu --steps 2 >/dev/null 2>"$TEST_TMPDIR/t1.err" &
+pid1=$!
+out=$("$bin" --rank 0 --world-size 2 --rendezvous "$rdzv5" --config "$TEST_TMPDIR/tp.yaml" \
+  --device cpu --steps 2) || fail "TP 2: rank 0 exited $?"
+wait $pid1 || fail "TP 2: rank 1 exited $?: $(cat "$TEST_TMPDIR/t1.err")"
+echo "$out"
+grep -Eq '^step 2/6 \| loss [0-9.]+ ' <<<"$out" || fail "TP 2: no step 2 line"
 # A rank whose peer never comes: the rendezvous times out with an error, exit 1, no hang.
 "$bin" --rank 0 --world-size 2 --rendezvous "$TEST_TMPDIR/rdzv2" --config "$TEST_TMPDIR/dist.yaml" \
   --device cpu --comm-timeout 2 >/dev/null 2>"$TEST_TMPDIR/err"; rc=$?

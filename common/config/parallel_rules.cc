@@ -108,24 +108,4 @@ std::vector<std::string> PipelineLayoutViolations(int64_t num_layers, int64_t pp
   return out;
 }
 
-std::pair<int64_t, int64_t> PipelineStageLayers(int64_t num_layers, int64_t pp, int64_t first,
-                                                int64_t last, int64_t stage) {
-  if (first == 0 && last == 0) {
-    const int64_t per = num_layers / pp;
-    return {stage * per, (stage + 1) * per};
-  }
-  const int64_t set = (first > 0 ? 1 : 0) + (last > 0 ? 1 : 0);
-  const int64_t middle_stages = pp - set;
-  const int64_t middle = middle_stages > 0 ? (num_layers - first - last) / middle_stages : 0;
-  // Stage p's count: first on stage 0 (when set), last on stage PP-1 (when set), else middle.
-  auto count = [&](int64_t p) {
-    if (p == 0 && first > 0) return first;
-    if (p == pp - 1 && last > 0) return last;
-    return middle;
-  };
-  int64_t begin = 0;
-  for (int64_t p = 0; p < stage; ++p) begin += count(p);
-  return {begin, begin + count(stage)};
-}
-
 }  // namespace switchyard

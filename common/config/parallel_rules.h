@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -32,12 +31,11 @@ std::vector<std::string> ParallelDivisibilityViolations(absl::string_view prefix
 // spec): first / last need PP > 1 and are > 0; the remaining layers must divide over the middle
 // stages, every middle stage getting at least one (no empty stage), or be 0 when there are none;
 // with VPP (vpp > 1) every stage's count must be divisible by it. Preconditions: num_layers > 0,
-// pp > 0, vpp > 0.
+// pp > 0, vpp > 0. These are the JobSpec's rules (common/config may not depend on common/model);
+// common/model/pipeline_layout.h ValidatePipelineSplit states the same ones, and its StageLayers
+// assigns the trainer's stage layers.
 std::vector<std::string> PipelineLayoutViolations(int64_t num_layers, int64_t pp, int64_t vpp,
                                                   int64_t first, int64_t last);
-// Stage `stage`'s decoder layers [begin, end) under the rules above (which must hold).
-std::pair<int64_t, int64_t> PipelineStageLayers(int64_t num_layers, int64_t pp, int64_t first,
-                                                int64_t last, int64_t stage);
 
 }  // namespace switchyard
 

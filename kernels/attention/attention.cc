@@ -122,17 +122,6 @@ double SoftmaxRow(const Dims& dm, const std::vector<double>& q, const std::vecto
   return m + std::log(sum);
 }
 
-// The native CUDA kernels run the square causal mask only (q_len == kv_len); cuDNN has a
-// bottom-right one. Never silently wrong: without cuDNN the bottom-right mode that context
-// parallelism needs is refused by name until the native kernels learn it.
-absl::Status BottomRightUnimplemented(absl::string_view op) {
-  return absl::UnimplementedError(absl::StrCat(
-      op,
-      ": kv_seq_len > seq_len (bottom-right causal attention, used by "
-      "parallel.context_parallel_size > 1) runs on CUDA through cuDNN only (bf16, backend auto "
-      "or cudnn); the native kernels run q_len == kv_len only"));
-}
-
 struct SettingsState {
   std::mutex mu;
   absl::StatusOr<AttentionSettings> settings = AttentionSettings{};
@@ -286,8 +275,7 @@ absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tenso
         },
         &ran);
     if (ran || !st.ok()) return st;
-    if (kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
-    return internal::AttentionForwardCuda(stream, q, k, v, seq_len, scale, o, lse);
+    return internal::AttentionForwardCuda(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v);
   std::vector<double> p(dm.kv_n), acc(dm.d);
@@ -344,9 +332,8 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
         },
         &ran);
     if (ran || !st.ok()) return st;
-    if (kv_seq_len != seq_len) return BottomRightUnimplemented(kOp);
-    return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq,
-                                           dk, dv);
+    return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale,
+                                           delta, dq, dk, dv);
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v), dod = Load(d_o);
   std::vector<double> dqd(qd.size(), 0.0), dkd(kd.size(), 0.0), dvd(vd.size(), 0.0);

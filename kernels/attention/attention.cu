@@ -8,11 +8,13 @@
 // row. Scores are computed with lane = the other tile index and exchanged with __shfl_sync, so
 // no score tile goes through shared memory. Tiles of q/k/v/dO are staged in dynamic shared
 // memory as fp32 (rows read by varying lanes are padded to D + 1 floats against bank conflicts).
-//   Forward:   block (query tile, q head, sequence); online softmax over key tiles 0..qt.
+//   Forward:   block (query tile, q head, sequence); online softmax over the key tiles up to
+//              the one holding key (last row of the tile) + off (Geometry: bottom-right mask).
 //   Delta:     one warp per (token, q head): delta = sum_d dO * o.
 //   dk/dv:     block (key tile, kv head, sequence); loops over the group's query heads and the
-//              query tiles kt.. in a fixed order, accumulating in registers (deterministic).
-//   dq:        block (query tile, q head, sequence); loops over key tiles 0..qt.
+//              query tiles from the one holding row k0 - off, in a fixed order, accumulating in
+//              registers (deterministic).
+//   dq:        block (query tile, q head, sequence); loops over the forward's key tiles.
 // UNOPTIMISED: CUDA cores only, no tensor cores, no pipelining of tile loads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,8 +36,12 @@ constexpr int kPerWarp = kTile / kWarps;  // rows (or keys) a warp owns
 constexpr int kThreads = kWarps * 32;
 constexpr unsigned kFull = 0xffffffffu;
 
+// Bottom-right causal mask: query row i of a sequence (s_n rows from b * s_n) sees keys
+// j <= i + off of the same sequence (kv_n rows from b * kv_n; off = kv_n - s_n >= 0, 0 for the
+// square causal mask).
 struct Geometry {
   int64_t s_n, hq, hkv, group;  // group = Hq / Hkv
+  int64_t kv_n, off;
   float scale;
 };
 
@@ -71,9 +77,11 @@ __global__ void __launch_bounds__(kThreads)
   float* ks = qs + kTile * kD;        // [kTile][kD + 1]  (row = lane)
   float* vs = ks + kTile * (kD + 1);  // [kTile][kD]      (column = lane + 32 c)
   const int qt = blockIdx.x, h = blockIdx.y;
-  const int64_t b = blockIdx.z, base = b * g.s_n, q0 = int64_t{qt} * kTile;
+  const int64_t b = blockIdx.z, base = b * g.s_n, kbase = b * g.kv_n, q0 = int64_t{qt} * kTile;
   const int64_t kvh = h / g.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Last key tile: the one holding the last key the tile's last row sees (< kv_n).
+  const int64_t kt_last = (min(q0 + kTile, g.s_n) - 1 + g.off) / kTile;
 
   LoadTile<T, kD>(q, base, q0, g.s_n, g.hq, h, qs, kD);
   float m[kPerWarp], l[kPerWarp], acc[kPerWarp][kC];
@@ -84,11 +92,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kC; ++c) acc[r][c] = 0.0f;
   }
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int64_t k0 = int64_t{kt} * kTile;
+  for (int64_t kt = 0; kt <= kt_last; ++kt) {
+    const int64_t k0 = kt * kTile;
     __syncthreads();  // the previous tile is consumed (and, first time, qs is ready below)
-    LoadTile<T, kD>(k, base, k0, g.s_n, g.hkv, kvh, ks, kD + 1);
-    LoadTile<T, kD>(v, base, k0, g.s_n, g.hkv, kvh, vs, kD);
+    LoadTile<T, kD>(k, kbase, k0, g.kv_n, g.hkv, kvh, ks, kD + 1);
+    LoadTile<T, kD>(v, kbase, k0, g.kv_n, g.hkv, kvh, vs, kD);
     __syncthreads();
     float s[kPerWarp];
 #pragma unroll
@@ -102,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kPerWarp; ++r) {
       const int64_t row = q0 + warp * kPerWarp + r;
-      const bool valid = row < g.s_n && key <= row;
+      const bool valid = row < g.s_n && key <= row + g.off;  // implies key < kv_n
       const float sc = valid ? s[r] * g.scale : -INFINITY;
       const float m_new = fmaxf(m[r], WarpMax(sc));
       float p = 0.0f, corr = 1.0f;
@@ -166,12 +174,14 @@ __global__ void __launch_bounds__(kThreads)
   float* qs = vs + kTile * kD;         // [kTile][kD + 1]  (row = lane, and column = lane)
   float* dos = qs + kTile * (kD + 1);  // [kTile][kD + 1]
   const int kt = blockIdx.x, kvh = blockIdx.y;
-  const int64_t b = blockIdx.z, base = b * g.s_n, k0 = int64_t{kt} * kTile;
+  const int64_t b = blockIdx.z, base = b * g.s_n, kbase = b * g.kv_n, k0 = int64_t{kt} * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n_tiles = static_cast<int>((g.s_n + kTile - 1) / kTile);
+  // Query i sees key j iff i >= j - off: the first query tile holds row max(0, k0 - off).
+  const int qt_begin = static_cast<int>(max(int64_t{0}, k0 - g.off) / kTile);
 
-  LoadTile<T, kD>(k, base, k0, g.s_n, g.hkv, kvh, ks, kD);
-  LoadTile<T, kD>(v, base, k0, g.s_n, g.hkv, kvh, vs, kD);
+  LoadTile<T, kD>(k, kbase, k0, g.kv_n, g.hkv, kvh, ks, kD);
+  LoadTile<T, kD>(v, kbase, k0, g.kv_n, g.hkv, kvh, vs, kD);
   float dk_acc[kPerWarp][kC], dv_acc[kPerWarp][kC];
 #pragma unroll
   for (int r = 0; r < kPerWarp; ++r) {
@@ -179,7 +189,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < kC; ++c) dk_acc[r][c] = dv_acc[r][c] = 0.0f;
   }
   for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-    for (int qt = kt; qt < n_tiles; ++qt) {
+    for (int qt = qt_begin; qt < n_tiles; ++qt) {
       const int64_t q0 = int64_t{qt} * kTile, row = q0 + lane;
       __syncthreads();
       LoadTile<T, kD>(q, base, q0, g.s_n, g.hq, h, qs, kD + 1);
@@ -203,7 +213,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < kPerWarp; ++r) {
         const int64_t key = k0 + warp * kPerWarp + r;
-        const bool valid = row_ok && key <= row;  // key <= row < s_n
+        const bool valid = row_ok && key <= row + g.off;  // key <= row + off < kv_n
         const float p = valid ? expf(s[r] * g.scale - l_i) : 0.0f;
         s[r] = p;
         dp[r] = p * (dp[r] - d_i);  // dS (without the scale)
@@ -230,8 +240,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < kPerWarp; ++r) {
     const int64_t key = k0 + warp * kPerWarp + r;
-    if (key >= g.s_n) continue;
-    const int64_t off = ((base + key) * g.hkv + kvh) * kD;
+    if (key >= g.kv_n) continue;
+    const int64_t off = ((kbase + key) * g.hkv + kvh) * kD;
 #pragma unroll
     for (int c = 0; c < kC; ++c) {
       dk[off + lane + 32 * c] = FromFloat<T>(dk_acc[r][c] * g.scale);
@@ -251,9 +261,10 @@ __global__ void __launch_bounds__(kThreads)
   float* ks = dos + kTile * kD;       // [kTile][kD + 1]  (row = lane, and column = lane)
   float* vs = ks + kTile * (kD + 1);  // [kTile][kD + 1]
   const int qt = blockIdx.x, h = blockIdx.y;
-  const int64_t b = blockIdx.z, base = b * g.s_n, q0 = int64_t{qt} * kTile;
+  const int64_t b = blockIdx.z, base = b * g.s_n, kbase = b * g.kv_n, q0 = int64_t{qt} * kTile;
   const int64_t kvh = h / g.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t kt_last = (min(q0 + kTile, g.s_n) - 1 + g.off) / kTile;  // as the forward
 
   LoadTile<T, kD>(q, base, q0, g.s_n, g.hq, h, qs, kD);
   LoadTile<T, kD>(d_o, base, q0, g.s_n, g.hq, h, dos, kD);
@@ -266,11 +277,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kC; ++c) acc[r][c] = 0.0f;
   }
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int64_t k0 = int64_t{kt} * kTile, key = k0 + lane;
+  for (int64_t kt = 0; kt <= kt_last; ++kt) {
+    const int64_t k0 = kt * kTile, key = k0 + lane;
     __syncthreads();
-    LoadTile<T, kD>(k, base, k0, g.s_n, g.hkv, kvh, ks, kD + 1);
-    LoadTile<T, kD>(v, base, k0, g.s_n, g.hkv, kvh, vs, kD + 1);
+    LoadTile<T, kD>(k, kbase, k0, g.kv_n, g.hkv, kvh, ks, kD + 1);
+    LoadTile<T, kD>(v, kbase, k0, g.kv_n, g.hkv, kvh, vs, kD + 1);
     __syncthreads();
     // Lane = key; r = this warp's query rows.
     float s[kPerWarp], dp[kPerWarp];
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kPerWarp; ++r) {
       const int64_t row = q0 + warp * kPerWarp + r;
-      const bool valid = row < g.s_n && key <= row;
+      const bool valid = row < g.s_n && key <= row + g.off;
       const float p = valid ? expf(s[r] * g.scale - l_r[r]) : 0.0f;
       dp[r] = p * (dp[r] - d_r[r]);
     }
@@ -323,8 +334,10 @@ absl::Status PrepareSmem(Kernel kernel, size_t bytes) {
   return absl::OkStatus();
 }
 
-Geometry MakeGeometry(const Tensor& q, const Tensor& k, int64_t seq_len, float scale) {
-  return Geometry{seq_len, q.dim(1), k.dim(1), q.dim(1) / k.dim(1), scale};
+Geometry MakeGeometry(const Tensor& q, const Tensor& k, int64_t seq_len, int64_t kv_seq_len,
+                      float scale) {
+  return Geometry{
+      seq_len, q.dim(1), k.dim(1), q.dim(1) / k.dim(1), kv_seq_len, kv_seq_len - seq_len, scale};
 }
 
 absl::Status CheckGrid(int64_t tiles, int64_t heads, int64_t batches) {
@@ -336,8 +349,9 @@ absl::Status CheckGrid(int64_t tiles, int64_t heads, int64_t batches) {
 
 template <typename T, int kD>
 absl::Status Forward(const Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
-                     int64_t seq_len, float scale, const Tensor& o, const Tensor& lse) {
-  const Geometry g = MakeGeometry(q, k, seq_len, scale);
+                     int64_t seq_len, int64_t kv_seq_len, float scale, const Tensor& o,
+                     const Tensor& lse) {
+  const Geometry g = MakeGeometry(q, k, seq_len, kv_seq_len, scale);
   const int64_t tiles = (seq_len + kTile - 1) / kTile, batches = q.dim(0) / seq_len;
   SY_RETURN_IF_ERROR(CheckGrid(tiles, g.hq, batches));
   const size_t smem = SmemBytes(kD);
@@ -354,11 +368,13 @@ absl::Status Forward(const Stream& stream, const Tensor& q, const Tensor& k, con
 template <typename T, int kD>
 absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& o, const Tensor& lse, const Tensor& d_o, int64_t seq_len,
-                      float scale, const Tensor& delta, const Tensor& dq, const Tensor& dk,
-                      const Tensor& dv) {
-  const Geometry g = MakeGeometry(q, k, seq_len, scale);
+                      int64_t kv_seq_len, float scale, const Tensor& delta, const Tensor& dq,
+                      const Tensor& dk, const Tensor& dv) {
+  const Geometry g = MakeGeometry(q, k, seq_len, kv_seq_len, scale);
   const int64_t t_n = q.dim(0), tiles = (seq_len + kTile - 1) / kTile, batches = t_n / seq_len;
+  const int64_t kv_tiles = (kv_seq_len + kTile - 1) / kTile;
   SY_RETURN_IF_ERROR(CheckGrid(tiles, g.hq, batches));
+  SY_RETURN_IF_ERROR(CheckGrid(kv_tiles, g.hkv, batches));
   const auto cs = static_cast<cudaStream_t>(stream.cuda_stream);
   const int64_t warps = t_n * g.hq, delta_blocks = (warps + kWarps - 1) / kWarps;
   if (delta_blocks > INT32_MAX) return absl::InvalidArgumentError("Attention CUDA: T too large");
@@ -369,7 +385,7 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
   const size_t smem = SmemBytes(kD);
   SY_RETURN_IF_ERROR(PrepareSmem(AttentionDkDvKernel<T, kD>, smem));
   SY_RETURN_IF_ERROR(PrepareSmem(AttentionDqKernel<T, kD>, smem));
-  const dim3 kv_grid(static_cast<unsigned>(tiles), static_cast<unsigned>(g.hkv),
+  const dim3 kv_grid(static_cast<unsigned>(kv_tiles), static_cast<unsigned>(g.hkv),
                      static_cast<unsigned>(batches));
   AttentionDkDvKernel<T, kD><<<kv_grid, kThreads, smem, cs>>>(
       q.as<const T>(), k.as<const T>(), v.as<const T>(), d_o.as<const T>(), lse.as<const float>(),
@@ -387,43 +403,44 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
 }  // namespace
 
 absl::Status AttentionForwardCuda(const Stream& stream, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
-                                  const Tensor& lse) {
+                                  const Tensor& v, int64_t seq_len, int64_t kv_seq_len, float scale,
+                                  const Tensor& o, const Tensor& lse) {
   if (q.numel() == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
-  if (AttentionTcApplies(seq_len, {&q, &k, &v, &o})) {
-    return AttentionForwardTc(stream, q, k, v, seq_len, scale, o, lse);
+  if (AttentionTcApplies(seq_len, kv_seq_len, {&q, &k, &v, &o})) {
+    return AttentionForwardTc(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
   }
   const bool bf16 = q.dtype == DType::kBF16;
   if (q.dim(2) == 64) {
-    return bf16 ? Forward<__nv_bfloat16, 64>(stream, q, k, v, seq_len, scale, o, lse)
-                : Forward<float, 64>(stream, q, k, v, seq_len, scale, o, lse);
+    return bf16 ? Forward<__nv_bfloat16, 64>(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse)
+                : Forward<float, 64>(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
   }
-  return bf16 ? Forward<__nv_bfloat16, 128>(stream, q, k, v, seq_len, scale, o, lse)
-              : Forward<float, 128>(stream, q, k, v, seq_len, scale, o, lse);
+  return bf16 ? Forward<__nv_bfloat16, 128>(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse)
+              : Forward<float, 128>(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
 }
 
 absl::Status AttentionBackwardCuda(const Stream& stream, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& o, const Tensor& lse,
-                                   const Tensor& d_o, int64_t seq_len, float scale,
-                                   const Tensor& delta, const Tensor& dq, const Tensor& dk,
-                                   const Tensor& dv) {
+                                   const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len,
+                                   float scale, const Tensor& delta, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv) {
   if (q.numel() == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
-  if (AttentionTcApplies(seq_len, {&q, &k, &v, &o, &d_o, &dq, &dk, &dv})) {
-    return AttentionBackwardTc(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv);
+  if (AttentionTcApplies(seq_len, kv_seq_len, {&q, &k, &v, &o, &d_o, &dq, &dk, &dv})) {
+    return AttentionBackwardTc(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale, delta, dq,
+                               dk, dv);
   }
   const bool bf16 = q.dtype == DType::kBF16;
   if (q.dim(2) == 64) {
-    return bf16 ? Backward<__nv_bfloat16, 64>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta,
-                                              dq, dk, dv)
-                : Backward<float, 64>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk,
-                                      dv);
+    return bf16 ? Backward<__nv_bfloat16, 64>(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len,
+                                              scale, delta, dq, dk, dv)
+                : Backward<float, 64>(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale,
+                                      delta, dq, dk, dv);
   }
-  return bf16 ? Backward<__nv_bfloat16, 128>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta,
-                                             dq, dk, dv)
-              : Backward<float, 128>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk,
-                                     dv);
+  return bf16 ? Backward<__nv_bfloat16, 128>(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len,
+                                             scale, delta, dq, dk, dv)
+              : Backward<float, 128>(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale,
+                                     delta, dq, dk, dv);
 }
 
 }  // namespace switchyard::kernels::internal

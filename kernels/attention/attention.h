@@ -17,11 +17,11 @@
 // k, v, dk, dv are [B * Skv, Hkv, D], lse and delta stay [B, Hq, S], and query row i sees keys
 // j <= i + (Skv - S): the diagonal is aligned to the bottom-right corner, so the queries are the
 // LAST S positions of a Skv-long prefix (a CP chunk attending to the K/V prefix that ends at its
-// own end). Skv == S is the square causal mask above. The CPU reference runs it, and cuDNN (its
-// bottom-right causal mask; bf16, backend auto or cudnn; compiled, not yet run on a GPU, checked
-// by attention_gpu_test against the CPU); the native CUDA kernels do not: without cuDNN a CUDA
-// call with Skv > S returns UNIMPLEMENTED naming context parallelism (never a silently wrong
-// square mask).
+// own end). Skv == S is the square causal mask above. Every path runs it: the CPU reference,
+// cuDNN (its bottom-right causal mask; bf16, backend auto or cudnn) and both native CUDA kernel
+// families (tensor-core and SIMT: the key tiles of a query tile end at its last row + Skv - S,
+// the query tiles of a key tile start at row key - (Skv - S)). The CUDA paths of this mode are
+// compiled but have not yet run on a GPU; attention_gpu_test checks them against the CPU.
 //
 // Dtypes: activations (q, k, v, o, dO, dq, dk, dv) share one dtype: bf16 or f32 (f64 too on the
 // CPU); lse and delta are f32 (f64 allowed on the CPU). CUDA needs D in {64, 128}.
@@ -132,14 +132,15 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
                                const Tensor& dv);
 
 namespace internal {
+// The native kernels (validated arguments); kv_seq_len == seq_len is the square causal mask.
 absl::Status AttentionForwardCuda(const Stream& stream, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
-                                  const Tensor& lse);
+                                  const Tensor& v, int64_t seq_len, int64_t kv_seq_len, float scale,
+                                  const Tensor& o, const Tensor& lse);
 absl::Status AttentionBackwardCuda(const Stream& stream, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& o, const Tensor& lse,
-                                   const Tensor& d_o, int64_t seq_len, float scale,
-                                   const Tensor& delta, const Tensor& dq, const Tensor& dk,
-                                   const Tensor& dv);
+                                   const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len,
+                                   float scale, const Tensor& delta, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv);
 }  // namespace internal
 
 }  // namespace switchyard::kernels

@@ -6,8 +6,10 @@
 // (S = 37, 200, 1000), GQA groups, several sequences, S = 2048 and 4096 (bf16 only, few heads:
 // the reference is O(S^2) per head). Also: bitwise-deterministic backward, and a change to a
 // future key/value leaves earlier rows and other sequences bitwise unchanged (causal mask).
-// The bottom-right causal mode (kv_seq_len > seq_len, context parallelism): cuDNN against the
-// CPU reference; the native kernels must refuse it with UNIMPLEMENTED naming context parallelism.
+// The bottom-right causal mode (kv_seq_len > seq_len, context parallelism): the native kernels
+// (bf16 tensor-core, f32 SIMT) and cuDNN against the CPU reference, at CP chunk shapes and ragged
+// ones; and, bitwise, a change to a key leaves the query rows that do not see it (row < key - off)
+// and the other sequence unchanged, and the backward is deterministic.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_cudnn.h"
 #include "kernels/buffer.h"
@@ -261,11 +264,16 @@ TEST(AttentionGpuTest, RejectsUnsupportedHeadDim) {
       absl::StatusCode::kInvalidArgument);
 }
 
-// Bottom-right causal mode (kv_seq_len > seq_len; context parallelism's chunks): cuDNN runs it
-// and must match the CPU reference (fresh random inputs, poisoned outputs, bf16 tolerance 1e-2),
-// forward and backward, at CP-like shapes (a chunk of c queries against a (j+1)·c key prefix).
-// The native kernels do not run it: UNIMPLEMENTED naming context parallelism, never a square mask.
-TEST(AttentionGpuTest, BottomRightCudnnMatchesCpuNativeRefuses) {
+// Bottom-right causal mode (kv_seq_len > seq_len; context parallelism's chunks): query row i sees
+// keys j <= i + (Skv - S). At CP-like shapes (a chunk of S queries against the (j+1)·S key prefix
+// that ends at its own end: CP2 chunk ids 0..3, CP4 chunk 7) and at ragged ones (offsets and
+// lengths that are not multiples of any tile: 37 queries against 111 keys, 100 against 300, ...)
+// every CUDA path must match the fp64 CPU reference, forward (o, lse) and backward (dq, dk, dv,
+// and delta on the native path), from fresh random inputs into poisoned outputs:
+//   native bf16 (tensor-core kernels), tolerance 1e-2;
+//   native f32 (SIMT kernels), tolerance 1e-5;
+//   cuDNN bf16 (both dQ algorithms) on the tile-aligned cases, tolerance 1e-2.
+TEST(AttentionGpuTest, BottomRightMatchesCpuReference) {
   SY_REQUIRE_GPU();
   SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
@@ -273,68 +281,161 @@ TEST(AttentionGpuTest, BottomRightCudnnMatchesCpuNativeRefuses) {
   const Stream cpu = Stream::Cpu();
   struct Case {
     int64_t b, s, skv, hq, hkv, d;
+    bool cudnn;  // cuDNN may decline ragged shapes; the native kernels must not
   };
-  const Case cases[] = {{1, 512, 1024, 8, 2, 128},
-                        {1, 512, 2048, 4, 1, 128},
-                        {2, 256, 768, 4, 2, 64},
-                        {1, 1024, 4096, 2, 2, 128},
-                        {1, 512, 512, 4, 2, 128}};  // skv == s: the square mask still
+  const Case cases[] = {
+      {1, 512, 1024, 8, 2, 128, true},  // CP2, chunk 1
+      {1, 512, 2048, 4, 1, 128, true},  // CP2, chunk 3 (the last), one KV head
+      {2, 256, 768, 4, 2, 64, true},    // CP2, chunk 2, two sequences
+      {1, 256, 2048, 4, 2, 64, true},   // CP4, chunk 7
+      {1, 1024, 4096, 2, 2, 128, true},
+      {1, 512, 512, 4, 2, 128, true},  // skv == s: the square mask still
+      {1, 37, 111, 4, 2, 64, false},   // ragged: offset 74 is no tile multiple
+      {2, 100, 300, 4, 1, 128, false},
+      {1, 1, 65, 2, 1, 64, false},  // one query row sees every key
+      {1, 130, 131, 2, 2, 128, false},
+  };
   for (const Case& c : cases) {
-    const DType dt = DType::kBF16;
-    const double tol = 1e-2;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-    const std::vector<int64_t> qs = {c.b * c.s, c.hq, c.d}, ks = {c.b * c.skv, c.hkv, c.d},
-                               ls = {c.b, c.hq, c.s};
-    std::printf("Bottom-right attention B=%lld S=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld\n",
-                (long long)c.b, (long long)c.s, (long long)c.skv, (long long)c.hq, (long long)c.hkv,
-                (long long)c.d);
-    Buffer q = Host(dt, qs), k = Host(dt, ks), v = Host(dt, ks), d_o = Host(dt, qs);
-    testing::FillRandom(q.View(), rng);
-    testing::FillRandom(k.View(), rng);
-    testing::FillRandom(v.View(), rng);
-    testing::FillRandom(d_o.View(), rng);
-    Buffer o = Host(dt, qs), lse = Host(DType::kF32, ls), delta = Host(DType::kF32, ls);
-    Buffer dq = Host(dt, qs), dk = Host(dt, ks), dv = Host(dt, ks);
-    ASSERT_TRUE(
-        AttentionForward(cpu, q.View(), k.View(), v.View(), c.s, c.skv, scale, o.View(), lse.View())
-            .ok());
-    ASSERT_TRUE(AttentionBackward(cpu, q.View(), k.View(), v.View(), o.View(), lse.View(),
-                                  d_o.View(), c.s, c.skv, scale, delta.View(), dq.View(), dk.View(),
-                                  dv.View())
-                    .ok());
-    Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-    for (const AttentionSettings& settings : {kCudnn, kCudnnAtomic}) {
-      Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
-             g_delta = Poisoned(DType::kF32, ls);
-      Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
-      SetAttentionSettings(settings);
-      absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, c.skv, scale,
-                                         g_o.View(), g_lse.View());
-      ASSERT_TRUE(st.ok()) << st;
-      st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                             g_do.View(), c.s, c.skv, scale, g_delta.View(), g_dq.View(),
-                             g_dk.View(), g_dv.View());
-      ASSERT_TRUE(st.ok()) << st;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ExpectClose(g_o.View(), o.View(), tol, "o");
-      ExpectClose(g_lse.View(), lse.View(), tol, "lse");
-      ExpectClose(g_dq.View(), dq.View(), tol, "dq");
-      ExpectClose(g_dk.View(), dk.View(), tol, "dk");
-      ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      const std::vector<int64_t> qs = {c.b * c.s, c.hq, c.d}, ks = {c.b * c.skv, c.hkv, c.d},
+                                 ls = {c.b, c.hq, c.s};
+      std::printf("Bottom-right attention B=%lld S=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s\n",
+                  (long long)c.b, (long long)c.s, (long long)c.skv, (long long)c.hq,
+                  (long long)c.hkv, (long long)c.d, DTypeName(dt));
+      Buffer q = Host(dt, qs), k = Host(dt, ks), v = Host(dt, ks), d_o = Host(dt, qs);
+      testing::FillRandom(q.View(), rng);
+      testing::FillRandom(k.View(), rng);
+      testing::FillRandom(v.View(), rng);
+      testing::FillRandom(d_o.View(), rng);
+      Buffer o = Host(dt, qs), lse = Host(DType::kF32, ls), delta = Host(DType::kF32, ls);
+      Buffer dq = Host(dt, qs), dk = Host(dt, ks), dv = Host(dt, ks);
+      ASSERT_TRUE(AttentionForward(cpu, q.View(), k.View(), v.View(), c.s, c.skv, scale, o.View(),
+                                   lse.View())
+                      .ok());
+      ASSERT_TRUE(AttentionBackward(cpu, q.View(), k.View(), v.View(), o.View(), lse.View(),
+                                    d_o.View(), c.s, c.skv, scale, delta.View(), dq.View(),
+                                    dk.View(), dv.View())
+                      .ok());
+      Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+      std::vector<AttentionSettings> runs = {kNative};
+      if (dt == DType::kBF16 && c.cudnn) {
+        runs.push_back(kCudnn);
+        runs.push_back(kCudnnAtomic);
+      }
+      for (const AttentionSettings& settings : runs) {
+        const bool native = settings.backend == AttentionBackend::kNative;
+        SCOPED_TRACE(native ? "native" : (settings.deterministic ? "cudnn" : "cudnn atomic"));
+        Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
+               g_delta = Poisoned(DType::kF32, ls);
+        Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
+        SetAttentionSettings(settings);
+        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, c.skv,
+                                           scale, g_o.View(), g_lse.View());
+        ASSERT_TRUE(st.ok()) << st;
+        // The backward consumes the GPU's own o and lse (as training does).
+        st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                               g_do.View(), c.s, c.skv, scale, g_delta.View(), g_dq.View(),
+                               g_dk.View(), g_dv.View());
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ExpectClose(g_o.View(), o.View(), tol, "o");
+        ExpectClose(g_lse.View(), lse.View(), tol, "lse");
+        if (native) ExpectClose(g_delta.View(), delta.View(), tol, "delta");
+        ExpectClose(g_dq.View(), dq.View(), tol, "dq");
+        ExpectClose(g_dk.View(), dk.View(), tol, "dk");
+        ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+      }
     }
-    if (c.skv == c.s) continue;
-    SetAttentionSettings(kNative);
-    Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls);
-    const absl::Status f = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, c.skv,
-                                            scale, g_o.View(), g_lse.View());
-    EXPECT_EQ(f.code(), absl::StatusCode::kUnimplemented) << f;
-    EXPECT_NE(f.message().find("context_parallel_size"), std::string::npos) << f;
-    Buffer g_delta = Poisoned(DType::kF32, ls), g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks);
-    const absl::Status b = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
-                                             g_lse.View(), g_do.View(), c.s, c.skv, scale,
-                                             g_delta.View(), g_dq.View(), g_dk.View(), g_dk.View());
-    EXPECT_EQ(b.code(), absl::StatusCode::kUnimplemented) << b;
   }
+}
+
+// The bottom-right mask's boundary and isolation, bitwise (independent of the CPU reference's
+// tolerance): B = 2 sequences of S = 256 queries against Skv = 768 keys (CP2, chunk 2: off = 512).
+// Changing key/value row j = 600 of sequence 0 must leave o and dq of its query rows < j - off =
+// 88 bitwise unchanged (row 88 is mid-tile for both kernels' 128-row and 64-key tiles, so the
+// per-element mask, not a whole-tile skip, decides), leave o, dq and dk of sequence 1 bitwise
+// unchanged, and change o of some row >= 88 of sequence 0. On the unchanged inputs the backward
+// runs twice and must give bitwise identical dq, dk, dv (native: no atomics; cuDNN: its
+// deterministic dQ algorithm). bf16, native and cuDNN, D = 64 and 128, GQA 4:2.
+TEST(AttentionGpuTest, BottomRightMaskIsolatesAndIsDeterministic) {
+  SY_REQUIRE_GPU();
+  SettingsGuard guard;
+  std::mt19937_64 rng(std::random_device{}());
+  const Stream gpu{Device::Cuda(0), nullptr};
+  for (const AttentionSettings& settings : {kNative, kCudnn})
+    for (int64_t d : {64, 128}) {
+      SetAttentionSettings(settings);
+      SCOPED_TRACE(absl::StrCat(AttentionBackendName(settings.backend), " D=", d));
+      const int64_t b = 2, s = 256, skv = 768, off = skv - s, hq = 4, hkv = 2, j = 600;
+      const int64_t first_seen = j - off;  // the first query row of sequence 0 that sees key j
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const std::vector<int64_t> qs = {b * s, hq, d}, ks = {b * skv, hkv, d}, ls = {b, hq, s};
+      Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
+             d_o = Host(DType::kBF16, qs);
+      for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+      std::vector<float> o_run[2], dq_run[2], dk_run[2];
+      for (int run = 0; run < 2; ++run) {
+        if (run == 1) {  // perturb key and value row j of sequence 0
+          Buffer noise = Host(DType::kBF16, {1, hkv, d});
+          const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
+          testing::FillRandom(noise.View(), rng);
+          std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
+                      row_bytes);
+          testing::FillRandom(noise.View(), rng);
+          std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
+                      row_bytes);
+        }
+        Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+        Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
+               g_delta = Poisoned(DType::kF32, ls);
+        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, skv, scale,
+                                           g_o.View(), g_lse.View());
+        ASSERT_TRUE(st.ok()) << st;
+        // Run 0: the backward twice on the same inputs (determinism); run 1: once.
+        std::vector<float> grads[2][3];
+        for (int rep = 0; rep < (run == 0 ? 2 : 1); ++rep) {
+          Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
+                 g_dv = Poisoned(DType::kBF16, ks);
+          st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
+                                 g_do.View(), s, skv, scale, g_delta.View(), g_dq.View(),
+                                 g_dk.View(), g_dv.View());
+          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          grads[rep][0] = testing::ToFloatVector(g_dq.View());
+          grads[rep][1] = testing::ToFloatVector(g_dk.View());
+          grads[rep][2] = testing::ToFloatVector(g_dv.View());
+        }
+        if (run == 0) {
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(grads[1][i], grads[0][i]) << "gradient " << i << " differs between runs";
+          }
+        }
+        o_run[run] = testing::ToFloatVector(g_o.View());
+        dq_run[run] = std::move(grads[0][0]);
+        dk_run[run] = std::move(grads[0][1]);
+      }
+      const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
+      auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
+                     size_t to) {
+        return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
+      };
+      EXPECT_TRUE(same(o_run[0], o_run[1], 0, first_seen * q_row))
+          << "o of rows that do not see the changed key";
+      EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, first_seen * q_row))
+          << "dq of rows that do not see the changed key";
+      EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, b * s * q_row)) << "o of sequence 1";
+      EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, b * s * q_row)) << "dq of sequence 1";
+      EXPECT_TRUE(same(dk_run[0], dk_run[1], skv * k_row, b * skv * k_row)) << "dk of sequence 1";
+      EXPECT_FALSE(same(o_run[0], o_run[1], first_seen * q_row, s * q_row))
+          << "o ignored the changed key";
+      std::printf(
+          "%s: bottom-right isolation and deterministic backward hold (B=2 S=256 Skv=768 Hq=4 "
+          "Hkv=2 D=%lld bf16, key %lld first seen by row %lld)\n",
+          AttentionBackendName(settings.backend), static_cast<long long>(d),
+          static_cast<long long>(j), static_cast<long long>(first_seen));
+    }
 }
 
 }  // namespace

@@ -9,11 +9,14 @@
 // exp2 domain with scale * log2(e) folded in; lse is stored in natural log. 8 warps per block.
 //   Forward:  block (query tile of 128, q head, sequence), heaviest (last) query tiles first;
 //             key tiles of 64 from 0 to the diagonal; online softmax; o and lse written once.
+//             The diagonal is bottom-right aligned (TcGeometry: query i sees keys j <= i + off,
+//             off = kv_len - q_len, 0 for the square mask; context parallelism's K/V prefix).
 //   Delta:    one warp per (token, q head): delta = rowsum(dO * o).
 //   dK/dV:    block (key tile of 128, kv head, sequence), each warp 16 keys; loops, in a fixed
 //             order, over the group's query heads and the query tiles (64 rows at D = 64, 32 at
-//             D = 128) at or after the key tile, computing S^T = K Q^T and dP^T = V dO^T, then dV
-//             += P^T dO and dK += dS^T Q in registers. No atomics: deterministic.
+//             D = 128) that see the key tile (rows >= key - off), computing S^T = K Q^T and
+//             dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q in registers. No atomics:
+//             deterministic.
 //   dQ:       block (query tile of 128, q head, sequence); key tiles of 64 up to the diagonal;
 //             dQ += dS K.
 // Rows past the sequence are zero-filled in smem (never read from global memory) and never
@@ -42,8 +45,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
 
+// Bottom-right causal mask: query row i of a sequence (s_n rows) sees keys j <= i + off of the
+// same sequence (kv_n rows, off = kv_n - s_n >= 0; off = 0 is the square causal mask). Query rows
+// of sequence b start at b * s_n, key rows at b * kv_n.
 struct TcGeometry {
   int s_n, hq, hkv, group;  // group = Hq / Hkv
+  int kv_n, off;            // keys per sequence, kv_n - s_n
   float scale, scale_log2;  // scale_log2 = scale * log2(e)
 };
 
@@ -227,14 +234,15 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 2 : 1)  // 2 blocks at D 
   const int n_qt = (g.s_n + kRowTile - 1) / kRowTile;
   const int qt = n_qt - 1 - static_cast<int>(blockIdx.x);  // longest rows first
   const int h = blockIdx.y, kvh = h / g.group;
-  const int64_t b = blockIdx.z, base = b * g.s_n;
+  const int64_t b = blockIdx.z, base = b * g.s_n, kbase = b * g.kv_n;
   const int q0 = qt * kRowTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_w = q0 + warp * kWarpRows, r_lo = row_w + lane / 4;
-  const int n_kt = (min(q0 + kRowTile, g.s_n) - 1) / kColTile + 1;
+  // Key tiles up to the one holding the last key the block's last row sees (< kv_n).
+  const int n_kt = (min(q0 + kRowTile, g.s_n) - 1 + g.off) / kColTile + 1;
 
   LoadTile<kRowTile, kD>(q, base, q0, g.s_n, g.hq, h, q_s);
-  LoadTile<kColTile, kD>(k, base, 0, g.s_n, g.hkv, kvh, kv_s);
-  LoadTile<kColTile, kD>(v, base, 0, g.s_n, g.hkv, kvh, kv_s + L::kKv);
+  LoadTile<kColTile, kD>(k, kbase, 0, g.kv_n, g.hkv, kvh, kv_s);
+  LoadTile<kColTile, kD>(v, kbase, 0, g.kv_n, g.hkv, kvh, kv_s + L::kKv);
   CpAsyncCommit();
 
   float acc[kD / 8][4];
@@ -244,8 +252,8 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 2 : 1)  // 2 blocks at D 
     const uint32_t k_s = kv_s + 2 * (kt & 1) * L::kKv, v_s = k_s + L::kKv;
     if (kt + 1 < n_kt) {
       const uint32_t nk_s = kv_s + 2 * ((kt + 1) & 1) * L::kKv;
-      LoadTile<kColTile, kD>(k, base, (kt + 1) * kColTile, g.s_n, g.hkv, kvh, nk_s);
-      LoadTile<kColTile, kD>(v, base, (kt + 1) * kColTile, g.s_n, g.hkv, kvh, nk_s + L::kKv);
+      LoadTile<kColTile, kD>(k, kbase, (kt + 1) * kColTile, g.kv_n, g.hkv, kvh, nk_s);
+      LoadTile<kColTile, kD>(v, kbase, (kt + 1) * kColTile, g.kv_n, g.hkv, kvh, nk_s + L::kKv);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -253,11 +261,11 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 2 : 1)  // 2 blocks at D 
     }
     __syncthreads();
     const int k0 = kt * kColTile;
-    if (row_w < g.s_n && k0 <= row_w + kWarpRows - 1) {  // warp-uniform: any visible key
+    if (row_w < g.s_n && k0 <= row_w + kWarpRows - 1 + g.off) {  // warp-uniform: a visible key
       float s[kColTile / 8][4];
       Zero(s);
       MmaABt<kD, kColTile>(q_s, warp * kWarpRows, k_s, s, lane);
-      const bool masked = k0 + kColTile - 1 > row_w || k0 + kColTile > g.s_n;
+      const bool masked = k0 + kColTile - 1 > row_w + g.off || k0 + kColTile > g.kv_n;
       float mx[2] = {m[0], m[1]};
 #pragma unroll
       for (int nb = 0; nb < kColTile / 8; ++nb) {
@@ -266,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 2 : 1)  // 2 blocks at D 
           float x = s[nb][e] * g.scale_log2;
           if (masked) {
             const int key = k0 + nb * 8 + 2 * (lane % 4) + (e & 1), row = r_lo + 8 * (e / 2);
-            if (key > row || key >= g.s_n) x = -INFINITY;
+            if (key > row + g.off || key >= g.kv_n) x = -INFINITY;
           }
           s[nb][e] = x;
           mx[e / 2] = fmaxf(mx[e / 2], x);
@@ -369,15 +377,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_qt = (g.s_n + kRowTile - 1) / kRowTile;
   const int qt = n_qt - 1 - static_cast<int>(blockIdx.x);
   const int h = blockIdx.y, kvh = h / g.group;
-  const int64_t b = blockIdx.z, base = b * g.s_n, stat = (b * g.hq + h) * g.s_n;
+  const int64_t b = blockIdx.z, base = b * g.s_n, kbase = b * g.kv_n;
+  const int64_t stat = (b * g.hq + h) * g.s_n;
   const int q0 = qt * kRowTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_w = q0 + warp * kWarpRows, r_lo = row_w + lane / 4;
-  const int n_kt = (min(q0 + kRowTile, g.s_n) - 1) / kColTile + 1;
+  const int n_kt = (min(q0 + kRowTile, g.s_n) - 1 + g.off) / kColTile + 1;
 
   LoadTile<kRowTile, kD>(q, base, q0, g.s_n, g.hq, h, q_s);
   LoadTile<kRowTile, kD>(d_o, base, q0, g.s_n, g.hq, h, do_s);
-  LoadTile<kColTile, kD>(k, base, 0, g.s_n, g.hkv, kvh, kv_s);
-  LoadTile<kColTile, kD>(v, base, 0, g.s_n, g.hkv, kvh, kv_s + L::kKv);
+  LoadTile<kColTile, kD>(k, kbase, 0, g.kv_n, g.hkv, kvh, kv_s);
+  LoadTile<kColTile, kD>(v, kbase, 0, g.kv_n, g.hkv, kvh, kv_s + L::kKv);
   CpAsyncCommit();
   float l2[2], dl[2];
 #pragma unroll
@@ -393,8 +402,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t k_s = kv_s + 2 * (kt & 1) * L::kKv, v_s = k_s + L::kKv;
     if (kt + 1 < n_kt) {
       const uint32_t nk_s = kv_s + 2 * ((kt + 1) & 1) * L::kKv;
-      LoadTile<kColTile, kD>(k, base, (kt + 1) * kColTile, g.s_n, g.hkv, kvh, nk_s);
-      LoadTile<kColTile, kD>(v, base, (kt + 1) * kColTile, g.s_n, g.hkv, kvh, nk_s + L::kKv);
+      LoadTile<kColTile, kD>(k, kbase, (kt + 1) * kColTile, g.kv_n, g.hkv, kvh, nk_s);
+      LoadTile<kColTile, kD>(v, kbase, (kt + 1) * kColTile, g.kv_n, g.hkv, kvh, nk_s + L::kKv);
       CpAsyncCommit();
       CpAsyncWait<1>();
     } else {
@@ -402,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     const int k0 = kt * kColTile;
-    if (row_w < g.s_n && k0 <= row_w + kWarpRows - 1) {
+    if (row_w < g.s_n && k0 <= row_w + kWarpRows - 1 + g.off) {
       float s[kColTile / 8][4], dp[kColTile / 8][4];
       Zero(s);
       Zero(dp);
@@ -413,8 +422,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + nb * 8 + 2 * (lane % 4) + (e & 1), row = r_lo + 8 * (e / 2);
-          const float p =
-              key <= row && key < g.s_n ? FastExp2(s[nb][e] * g.scale_log2 - l2[e / 2]) : 0.0f;
+          const float p = key <= row + g.off && key < g.kv_n
+                              ? FastExp2(s[nb][e] * g.scale_log2 - l2[e / 2])
+                              : 0.0f;
           s[nb][e] = p * (dp[nb][e] - dl[e / 2]);  // dS without the scale
         }
       }
@@ -455,10 +465,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t k_s = SmemAddr(smem), v_s = k_s + L::kKv, st_s = v_s + L::kKv;
   const int kt = blockIdx.x, kvh = blockIdx.y;
-  const int64_t b = blockIdx.z, base = b * g.s_n;
+  const int64_t b = blockIdx.z, base = b * g.s_n, kbase = b * g.kv_n;
   const int k0 = kt * kRowTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kw0 = k0 + warp * kWarpRows;  // this warp's first key
-  const int n_qt = (g.s_n + kStep - 1) / kStep, qt_begin = k0 / kStep;
+  // Query i sees key j iff i >= j - off: the first query tile that sees key k0 holds row
+  // max(0, k0 - off). k0 < kv_n gives k0 - off < s_n, so n_local >= 1.
+  const int n_qt = (g.s_n + kStep - 1) / kStep, qt_begin = max(0, k0 - g.off) / kStep;
   const int n_local = n_qt - qt_begin, n_items = g.group * n_local;
   // Item `it`: query head kvh * group + it / n_local, query tile qt_begin + it % n_local.
   auto load_item = [&](int it, int st) {
@@ -471,8 +483,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     LoadStat<kStep>(delta + stat, q0, g.s_n, s + 2 * L::kQ + L::kStat);
   };
 
-  LoadTile<kRowTile, kD>(k, base, k0, g.s_n, g.hkv, kvh, k_s);
-  LoadTile<kRowTile, kD>(v, base, k0, g.s_n, g.hkv, kvh, v_s);
+  LoadTile<kRowTile, kD>(k, kbase, k0, g.kv_n, g.hkv, kvh, k_s);
+  LoadTile<kRowTile, kD>(v, kbase, k0, g.kv_n, g.hkv, kvh, v_s);
   load_item(0, 0);
   CpAsyncCommit();
 
@@ -494,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     const int q0 = (qt_begin + it % n_local) * kStep;
-    if (kw0 < g.s_n && q0 + kStep - 1 >= kw0) {  // warp-uniform: any query sees these keys
+    if (kw0 < g.kv_n && q0 + kStep - 1 + g.off >= kw0) {  // warp-uniform: any query sees these keys
       float s[kStep / 8][4], dp[kStep / 8][4];
       Zero(s);
       Zero(dp);
@@ -506,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int col = nb * 8 + 2 * (lane % 4) + (e & 1), query = q0 + col;
           const int key = kw0 + lane / 4 + 8 * (e / 2);
-          const float p = query >= key && query < g.s_n
+          const float p = query + g.off >= key && query < g.s_n
                               ? FastExp2(s[nb][e] * g.scale_log2 - lse_s[col] * kLog2e)
                               : 0.0f;
           s[nb][e] = p;
@@ -522,8 +534,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
   const int key_lo = kw0 + lane / 4;
-  StoreRows<kD>(dk_acc, g.scale, dk, base, key_lo, g.s_n, g.hkv, kvh, lane);
-  StoreRows<kD>(dv_acc, 1.0f, dv, base, key_lo, g.s_n, g.hkv, kvh, lane);
+  StoreRows<kD>(dk_acc, g.scale, dk, kbase, key_lo, g.kv_n, g.hkv, kvh, lane);
+  StoreRows<kD>(dv_acc, 1.0f, dv, kbase, key_lo, g.kv_n, g.hkv, kvh, lane);
 }
 
 template <typename Kernel>
@@ -533,11 +545,14 @@ absl::Status AllowSmem(Kernel kernel, int bytes) {
   return absl::OkStatus();
 }
 
-TcGeometry MakeGeometry(const Tensor& q, const Tensor& k, int64_t seq_len, float scale) {
+TcGeometry MakeGeometry(const Tensor& q, const Tensor& k, int64_t seq_len, int64_t kv_seq_len,
+                        float scale) {
   return TcGeometry{static_cast<int>(seq_len),
                     static_cast<int>(q.dim(1)),
                     static_cast<int>(k.dim(1)),
                     static_cast<int>(q.dim(1) / k.dim(1)),
+                    static_cast<int>(kv_seq_len),
+                    static_cast<int>(kv_seq_len - seq_len),
                     scale,
                     scale * kLog2e};
 }
@@ -551,8 +566,9 @@ absl::Status CheckGrid(int64_t tiles, int64_t heads, int64_t batches) {
 
 template <int kD>
 absl::Status Forward(const Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
-                     int64_t seq_len, float scale, const Tensor& o, const Tensor& lse) {
-  const TcGeometry g = MakeGeometry(q, k, seq_len, scale);
+                     int64_t seq_len, int64_t kv_seq_len, float scale, const Tensor& o,
+                     const Tensor& lse) {
+  const TcGeometry g = MakeGeometry(q, k, seq_len, kv_seq_len, scale);
   const int64_t tiles = (seq_len + kRowTile - 1) / kRowTile, batches = q.dim(0) / seq_len;
   SY_RETURN_IF_ERROR(CheckGrid(tiles, g.hq, batches));
   constexpr int kSmem = FwdSmem<kD>::kBytes;
@@ -570,13 +586,14 @@ absl::Status Forward(const Stream& stream, const Tensor& q, const Tensor& k, con
 template <int kD>
 absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& o, const Tensor& lse, const Tensor& d_o, int64_t seq_len,
-                      float scale, const Tensor& delta, const Tensor& dq, const Tensor& dk,
-                      const Tensor& dv) {
-  const TcGeometry g = MakeGeometry(q, k, seq_len, scale);
+                      int64_t kv_seq_len, float scale, const Tensor& delta, const Tensor& dq,
+                      const Tensor& dk, const Tensor& dv) {
+  const TcGeometry g = MakeGeometry(q, k, seq_len, kv_seq_len, scale);
   const int64_t t_n = q.dim(0), batches = t_n / seq_len;
   const int64_t q_tiles = (seq_len + kRowTile - 1) / kRowTile;
-  const int64_t k_tiles = (seq_len + kRowTile - 1) / kRowTile;
+  const int64_t k_tiles = (kv_seq_len + kRowTile - 1) / kRowTile;
   SY_RETURN_IF_ERROR(CheckGrid(q_tiles, g.hq, batches));
+  SY_RETURN_IF_ERROR(CheckGrid(k_tiles, g.hkv, batches));
   const auto cs = static_cast<cudaStream_t>(stream.cuda_stream);
 
   const int64_t rows = t_n * g.hq, delta_blocks = (rows + kWarps - 1) / kWarps;
@@ -605,8 +622,10 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
 
 }  // namespace
 
-bool AttentionTcApplies(int64_t seq_len, std::initializer_list<const Tensor*> tensors) {
-  if (seq_len <= 0 || seq_len >= (int64_t{1} << 30)) return false;
+bool AttentionTcApplies(int64_t seq_len, int64_t kv_seq_len,
+                        std::initializer_list<const Tensor*> tensors) {
+  // kv_seq_len < 2^30 keeps every int row index (row + off, tile ends) below 2^31.
+  if (seq_len <= 0 || kv_seq_len < seq_len || kv_seq_len >= (int64_t{1} << 30)) return false;
   for (const Tensor* t : tensors) {
     if (t->dtype != DType::kBF16 || reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
   }
@@ -614,21 +633,22 @@ bool AttentionTcApplies(int64_t seq_len, std::initializer_list<const Tensor*> te
 }
 
 absl::Status AttentionForwardTc(const Stream& stream, const Tensor& q, const Tensor& k,
-                                const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
-                                const Tensor& lse) {
-  if (q.dim(2) == 64) return Forward<64>(stream, q, k, v, seq_len, scale, o, lse);
-  return Forward<128>(stream, q, k, v, seq_len, scale, o, lse);
+                                const Tensor& v, int64_t seq_len, int64_t kv_seq_len, float scale,
+                                const Tensor& o, const Tensor& lse) {
+  if (q.dim(2) == 64) return Forward<64>(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
+  return Forward<128>(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
 }
 
 absl::Status AttentionBackwardTc(const Stream& stream, const Tensor& q, const Tensor& k,
                                  const Tensor& v, const Tensor& o, const Tensor& lse,
-                                 const Tensor& d_o, int64_t seq_len, float scale,
-                                 const Tensor& delta, const Tensor& dq, const Tensor& dk,
-                                 const Tensor& dv) {
+                                 const Tensor& d_o, int64_t seq_len, int64_t kv_seq_len,
+                                 float scale, const Tensor& delta, const Tensor& dq,
+                                 const Tensor& dk, const Tensor& dv) {
   if (q.dim(2) == 64) {
-    return Backward<64>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv);
+    return Backward<64>(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale, delta, dq, dk,
+                        dv);
   }
-  return Backward<128>(stream, q, k, v, o, lse, d_o, seq_len, scale, delta, dq, dk, dv);
+  return Backward<128>(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale, delta, dq, dk, dv);
 }
 
 }  // namespace switchyard::kernels::internal

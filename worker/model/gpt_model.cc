@@ -506,13 +506,6 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
   if (device.is_cuda() && config.dtype == DType::kF64) {
     return absl::InvalidArgumentError("GptModel: f64 runs on the CPU only");
   }
-  if (config.cp_size > 1 && device.is_cuda()) {
-    // Fail at planning time, not at the first attention call of a step.
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.context_parallel_size (", config.cp_size,
-        "): context-parallel attention runs on the CPU only for now (on CUDA only cuDNN has the "
-        "bottom-right causal mask it needs, and that path has not run on a GPU yet)"));
-  }
   if (config.cp_size > 1 && (groups.cp == nullptr || groups.cp->size() != config.cp_size ||
                              groups.cp->rank() != config.cp_rank)) {
     return absl::InvalidArgumentError(

@@ -100,10 +100,11 @@
 // layers) and no overlap of communication with compute; the ring is the better choice at large
 // CP on GPUs and is left for later. Loss: each rank's CE sum over its own tokens; the trainer's
 // 1/(global tokens) scale and the SUM of gradients over DP×CP make it the one-process loss. The
-// MoE aux losses reduce their counts over CP (MoEParallelGroups::cp). On CUDA only cuDNN runs the
-// bottom-right mask (the native kernels refuse it), and neither it nor this CP path has run on a
-// GPU yet: Create refuses a CUDA model with cp_size > 1 (UNIMPLEMENTED naming
-// parallel.context_parallel_size) until they have. RoPE's CUDA path does take CP positions.
+// MoE aux losses reduce their counts over CP (MoEParallelGroups::cp). On CUDA the same code runs
+// on device: the K/V all-gather and dK/dV reduce-scatter over the CP communicator (NCCL), the
+// chunk re-ordering as device copies, RoPE with CP positions (rope.cu), and the bottom-right mask
+// in cuDNN and in both native attention kernel families. The CUDA CP path is compiled but has not
+// run on a GPU yet (distributed_gpu_test's CP cases, attention_gpu_test's bottom-right cases).
 //
 // Tensor and context parallelism (tp_size > 1 and cp_size > 1, megatron_parallel.md §2.9): CP
 // chooses the positions this rank holds (chunks cp_rank and 2·CP−1−cp_rank, a local sequence of

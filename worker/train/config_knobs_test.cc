@@ -143,14 +143,15 @@ const std::vector<Knob>& Table() {
        "parallel.virtual_pipeline_model_parallel_size (2) requires "
        "parallel.pipeline_model_parallel_size > 1"},
       // Uneven pipeline layouts: GptConfig.layer_begin/layer_end of each stage
-      // (PipelineStageLayers); on this one-process job only the PP > 1 rule can be seen.
+      // (common/model/pipeline_layout.h StageLayers); on this one-process job only the PP > 1 rule
+      // can be seen.
       {"parallel.decoder_first_pipeline_num_layers",
-       "trainer: PipelineStageLayers -> GptConfig.layer_begin/layer_end",
+       "trainer: StageLayers -> GptConfig.layer_begin/layer_end",
        [](v1::JobSpec* s) { P(s)->set_decoder_first_pipeline_num_layers(1); },
        "parallel.decoder_first_pipeline_num_layers (1) requires "
        "parallel.pipeline_model_parallel_size > 1"},
       {"parallel.decoder_last_pipeline_num_layers",
-       "trainer: PipelineStageLayers -> GptConfig.layer_begin/layer_end",
+       "trainer: StageLayers -> GptConfig.layer_begin/layer_end",
        [](v1::JobSpec* s) { P(s)->set_decoder_last_pipeline_num_layers(1); },
        "parallel.decoder_last_pipeline_num_layers (1) requires "
        "parallel.pipeline_model_parallel_size > 1"},

@@ -8,7 +8,8 @@
 // the tiny MoE model of distributed_trainer_test.cc (mock data, 20 steps) and is compared with the
 // single-GPU bf16 run of the same spec on the same global batch; one run saves a distributed
 // checkpoint at step 10 and another layout resumes from it. Expert tensor parallelism (ETP2 and
-// ETP2·EP2, each dispatcher) is compared the same way. Pipeline parallelism (PP2, 1F1B with NCCL
+// ETP2·EP2, each dispatcher), tensor parallelism (TP2, TP2·EP2) and context parallelism (CP2,
+// CP2·EP2, TP2·CP2) are compared the same way. Pipeline parallelism (PP2, 1F1B with NCCL
 // Send/Recv) trains a 4-layer untied variant of the model and is compared with its own single-GPU
 // run (not yet run on GPUs).
 //
@@ -100,11 +101,12 @@ std::string CountsText(const StepResult& r) {
 }
 
 // `etp`: parallel.expert_tensor_parallel_size; `dispatcher`: model.moe_token_dispatcher_type
-// (the spec's default when empty); tp > 1: tensor parallelism with sequence parallelism.
-// pp > 0: the pipeline variant (4 layers MoE, dense, MoE, MoE with untied embeddings: PP needs
-// them untied) at PP = pp (pp = 1: its single-GPU reference).
+// (the spec's default when empty); tp > 1: tensor parallelism with sequence parallelism; cp > 1:
+// context parallelism (parallel.context_parallel_size). pp > 0: the pipeline variant (4 layers
+// MoE, dense, MoE, MoE with untied embeddings: PP needs them untied) at PP = pp (pp = 1: its
+// single-GPU reference).
 v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "", int tp = 1,
-                 int pp = 0) {
+                 int cp = 1, int pp = 0) {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (pp > 0) {
@@ -126,6 +128,7 @@ v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher =
     spec->mutable_parallel()->set_sequence_parallel(true);
     spec->mutable_parallel()->set_expert_tensor_parallel_size(etp);
   }
+  if (cp > 1) spec->mutable_parallel()->set_context_parallel_size(cp);
   return *spec;
 }
 
@@ -159,7 +162,7 @@ int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_
   CHILD_CUDA(cudaSetDevice(0));
   {
     // The trainer creates and owns its stream (no process groups).
-    auto t = Trainer::Create(Spec(1, 1, 1, "", 1, pipeline_variant ? 1 : 0), CudaBf16(0));
+    auto t = Trainer::Create(Spec(1, 1, 1, "", 1, 1, pipeline_variant ? 1 : 0), CudaBf16(0));
     SY_CHILD_OK(t.status());
     std::fprintf(stderr, "single GPU: %s\n", (*t)->Describe().c_str());
     if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
@@ -175,7 +178,7 @@ int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_
 // as SingleGpuBody (rank 0 writes the curve); saves to `save_root` at the end if given.
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root, int etp = 1,
-             const std::string& dispatcher = "", int tp = 1, int pp = 0) {
+             const std::string& dispatcher = "", int tp = 1, int cp = 1, int pp = 0) {
   CHILD_CUDA(cudaSetDevice(rank));
   cudaStream_t cs = nullptr;
   CHILD_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -187,6 +190,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     dims.expert_model_parallel_size = ep;
     dims.tensor_model_parallel_size = tp;
     dims.expert_tensor_parallel_size = etp;
+    dims.context_parallel_size = cp;
     dims.pipeline_model_parallel_size = std::max(pp, 1);
     comm::NcclOptions nopt;
     nopt.timeout = absl::Seconds(120);
@@ -196,8 +200,9 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     opt.groups = groups->get();
     opt.cuda_stream = cs;
     {
-      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp, pp), opt);
+      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp, cp, pp), opt);
       SY_CHILD_OK(t.status());
+      SY_CHILD_CHECK((*t)->model_config().cp_size == cp);
       if (rank == 0) std::fprintf(stderr, "rank 0: %s\n", (*t)->Describe().c_str());
       if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
       std::ofstream f;
@@ -422,6 +427,48 @@ TEST_P(TensorParallelGpuTest, TracksSingleGpu) {
   ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
 }
 
+// Context parallelism on NCCL (worker/model/gpt_model.h, "Context parallelism"): each rank holds
+// chunks r and 2·CP−1−r of every sequence, K/V are all-gathered over the CP communicator on
+// device and every local chunk attends to its K/V prefix with the bottom-right causal mask (cuDNN
+// or the native kernels, per the attention backend); RoPE rotates by global positions on device.
+// CP2 (2 GPUs), CP2·EP2 (4 GPUs, DP2: EP spans DP×CP) and TP2·CP2 (4 GPUs) track the single-GPU
+// curve with the tolerances above (not yet run on GPUs). The tiny spec's seq_length 16 gives
+// chunks of 4 tokens at CP2 and 2 per TP rank at TP2·CP2 (16 % (2·CP·TP) == 0).
+struct CpGpuLayout {
+  int world, cp, ep, tp;
+};
+class ContextParallelGpuTest : public ::testing::TestWithParam<CpGpuLayout> {};
+
+TEST_P(ContextParallelGpuTest, TracksSingleGpu) {
+  const CpGpuLayout l = GetParam();
+  REQUIRE_GPUS(l.world);
+  const Curve& ref = Reference();
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps)) << "single-GPU reference failed";
+  const std::string store = ct::UniqueStoreDir("gpu_cp_store");
+  const std::string out = OutFile("gpu_cp_curve");
+  const absl::Time start = absl::Now();
+  const std::vector<int> codes = RunRanks(l.world, [&](int rank) {
+    return RankBody(rank, l.world, l.ep, store, out, kSteps, "", "", 1, "", l.tp, l.cp);
+  });
+  for (int r = 0; r < l.world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  const std::string what =
+      absl::StrCat("CP=", l.cp, " TP=", l.tp, " EP=", l.ep, " (", l.world, " GPUs, NCCL, bf16)");
+  std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
+              absl::ToDoubleSeconds(absl::Now() - start));
+  const Curve got = ReadCurve(out);
+  ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps)) << what;
+  ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ContextParallelGpuTest,
+                         ::testing::Values(CpGpuLayout{2, 2, 1, 1}, CpGpuLayout{4, 2, 2, 1},
+                                           CpGpuLayout{4, 2, 1, 2}),
+                         [](const auto& info) {
+                           const CpGpuLayout& l = info.param;
+                           return absl::StrCat(l.tp > 1 ? absl::StrCat("TP", l.tp, "_") : "", "CP",
+                                               l.cp, "_EP", l.ep, "_W", l.world);
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Layouts, DistributedGpuEtpTest,
                          ::testing::Values(std::make_tuple(2, 1, std::string("allgather")),
                                            std::make_tuple(2, 1, std::string("alltoall")),
@@ -454,7 +501,7 @@ TEST(PipelineParallelGpuTest, TracksSingleGpu) {
   const std::string out = OutFile("gpu_pp_curve");
   const absl::Time start = absl::Now();
   const std::vector<int> codes = RunRanks(2, [&](int rank) {
-    return RankBody(rank, 2, 1, store, out, kSteps, "", "", 1, "", 1, /*pp=*/2);
+    return RankBody(rank, 2, 1, store, out, kSteps, "", "", 1, "", 1, /*cp=*/1, /*pp=*/2);
   });
   for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
   const std::string what = "PP=2 (2 GPUs, NCCL, bf16)";

@@ -13,7 +13,6 @@
 #include <map>
 #include <optional>
 #include <thread>
-#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -24,11 +23,11 @@
 #include "absl/strings/str_split.h"
 #include "common/config/config.h"
 #include "common/config/config_defaults.h"
-#include "common/config/parallel_rules.h"
 #include "common/config/validate.h"
 #include "common/cuda_status.h"
 #include "common/logging.h"
 #include "common/model/engine_support.h"
+#include "common/model/pipeline_layout.h"
 #include "common/status.h"
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
@@ -385,9 +384,18 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     pp_rank_ = pl.RankInGroup(ParallelGroup::kPipeline, groups_->rank);
     config.pp_size = pp_;
     config.pp_rank = pp_rank_;
-    std::tie(config.layer_begin, config.layer_end) =
-        PipelineStageLayers(config.num_layers, pp_, par.decoder_first_pipeline_num_layers(),
-                            par.decoder_last_pipeline_num_layers(), pp_rank_);
+    PipelineSplit split;
+    split.num_layers = config.num_layers;
+    split.pp = pp_;
+    if (par.has_decoder_first_pipeline_num_layers()) {
+      split.first_stage_layers = par.decoder_first_pipeline_num_layers();
+    }
+    if (par.has_decoder_last_pipeline_num_layers()) {
+      split.last_stage_layers = par.decoder_last_pipeline_num_layers();
+    }
+    SY_ASSIGN_OR_RETURN(const LayerRange stage, StageLayers(split, pp_rank_, /*chunk=*/0));
+    config.layer_begin = stage.begin;
+    config.layer_end = stage.begin + stage.count;
     model_groups = {groups_->expert, groups_->tdc, groups_->etp,
                     groups_->etp_ep, groups_->tp,  groups_->cp};
   }
