@@ -51,4 +51,61 @@ std::vector<std::string> ParallelDivisibilityViolations(absl::string_view prefix
   return out;
 }
 
+std::vector<std::string> PipelineLayoutViolations(int64_t num_layers, int64_t pp, int64_t vpp,
+                                                  int64_t first, int64_t last) {
+  std::vector<std::string> out;
+  const char* kFirst = "parallel.decoder_first_pipeline_num_layers";
+  const char* kLast = "parallel.decoder_last_pipeline_num_layers";
+  if (first == 0 && last == 0) {
+    if (num_layers % pp != 0) {
+      out.push_back(absl::StrCat("model.num_layers (", num_layers,
+                                 ") must be divisible by parallel.pipeline_model_parallel_size (",
+                                 pp, ")"));
+    } else if (vpp > 1 && num_layers % (pp * vpp) != 0) {
+      out.push_back(absl::StrCat("model.num_layers (", num_layers,
+                                 ") must be divisible by parallel.pipeline_model_parallel_size * "
+                                 "parallel.virtual_pipeline_model_parallel_size (",
+                                 pp, " * ", vpp, " = ", pp * vpp, ")"));
+    }
+    return out;
+  }
+  if (pp <= 1) {
+    out.push_back(absl::StrCat(first > 0 ? kFirst : kLast, " (", first > 0 ? first : last,
+                               ") requires parallel.pipeline_model_parallel_size > 1 (got ", pp,
+                               ")"));
+    return out;
+  }
+  for (auto [name, v] : {std::pair<const char*, int64_t>{kFirst, first}, {kLast, last}}) {
+    if (v < 0) out.push_back(absl::StrCat(name, " (", v, ") must be > 0 when set"));
+    if (v > 0 && vpp > 1 && v % vpp != 0) {
+      out.push_back(absl::StrCat(name, " (", v,
+                                 ") must be divisible by "
+                                 "parallel.virtual_pipeline_model_parallel_size (",
+                                 vpp, ")"));
+    }
+  }
+  if (!out.empty()) return out;
+  const int64_t set = (first > 0 ? 1 : 0) + (last > 0 ? 1 : 0);
+  const int64_t middle_stages = pp - set, rest = num_layers - first - last;
+  const std::string what = absl::StrCat("model.num_layers (", num_layers, ") - ", kFirst, " (",
+                                        first, ") - ", kLast, " (", last, ") = ", rest, " layers");
+  if (middle_stages == 0) {
+    if (rest != 0) {
+      out.push_back(absl::StrCat(what, " must be 0: parallel.pipeline_model_parallel_size (", pp,
+                                 ") leaves no other stage"));
+    }
+  } else if (rest < middle_stages || rest % middle_stages != 0) {
+    out.push_back(absl::StrCat(what, " must divide into the ", middle_stages,
+                               " other stages of parallel.pipeline_model_parallel_size (", pp,
+                               "), at least one layer each"));
+  } else if (vpp > 1 && (rest / middle_stages) % vpp != 0) {
+    out.push_back(absl::StrCat(what, " over ", middle_stages, " stages gives ",
+                               rest / middle_stages,
+                               " per stage, which must be divisible by "
+                               "parallel.virtual_pipeline_model_parallel_size (",
+                               vpp, ")"));
+  }
+  return out;
+}
+
 }  // namespace switchyard

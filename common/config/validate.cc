@@ -53,6 +53,8 @@ constexpr Range kRanges[] = {
     {"parallel.expert_model_parallel_size", 1, kMaxParallel},
     {"parallel.expert_tensor_parallel_size", 1, kMaxParallel},
     {"parallel.virtual_pipeline_model_parallel_size", 1, int64_t{1} << 10},
+    {"parallel.decoder_first_pipeline_num_layers", 1, int64_t{1} << 14},
+    {"parallel.decoder_last_pipeline_num_layers", 1, int64_t{1} << 14},
     {"parallel.num_distributed_optimizer_instances", 1, kMaxParallel},
     {"parallel.world_size", 1, kMaxParallel},
     {"training.micro_batch_size", 1, int64_t{1} << 20},

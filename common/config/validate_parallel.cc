@@ -45,20 +45,18 @@ void CheckParallel(const v1::JobSpec& spec, Violations* v) {
            p.cp, " * ", p.tp, " = ", 2 * p.cp * p.tp,
            "): causal context parallelism splits each sequence into 2 * CP chunks");
   }
-  if (m.num_layers() > 0) {
-    CheckDivisible(v, "model.num_layers", m.num_layers(), "parallel.pipeline_model_parallel_size",
-                   p.pp);
+  if (pc.has_virtual_pipeline_model_parallel_size() && p.pp <= 1) {
+    v->Add("parallel.virtual_pipeline_model_parallel_size (", p.vpp,
+           ") requires parallel.pipeline_model_parallel_size > 1 (got ", p.pp, ")");
   }
-  if (pc.has_virtual_pipeline_model_parallel_size()) {
-    if (p.pp <= 1) {
-      v->Add("parallel.virtual_pipeline_model_parallel_size (", p.vpp,
-             ") requires parallel.pipeline_model_parallel_size > 1 (got ", p.pp, ")");
-    } else if (m.num_layers() > 0 && m.num_layers() % p.pp == 0 &&
-               m.num_layers() % (p.pp * p.vpp) != 0) {
-      v->Add("model.num_layers (", m.num_layers(),
-             ") must be divisible by parallel.pipeline_model_parallel_size * "
-             "parallel.virtual_pipeline_model_parallel_size (",
-             p.pp, " * ", p.vpp, " = ", p.pp * p.vpp, ")");
+  // How the layers split over the stages (even, or the first / last stage fixed): one rule set
+  // shared with the trainer's stage assignment (parallel_rules.h).
+  if (m.num_layers() > 0 && p.pp > 0) {
+    const int64_t vpp = pc.has_virtual_pipeline_model_parallel_size() && p.pp > 1 ? p.vpp : 1;
+    for (const std::string& why :
+         PipelineLayoutViolations(m.num_layers(), p.pp, vpp, pc.decoder_first_pipeline_num_layers(),
+                                  pc.decoder_last_pipeline_num_layers())) {
+      v->Add(why);
     }
   }
   if (p.instances > 1 && !pc.use_distributed_optimizer()) {

@@ -45,6 +45,30 @@ TEST(ValidateParallelTest, NumLayersDivisibleByVirtualPipelineStages) {
                          "parallel.virtual_pipeline_model_parallel_size (2 * 3 = 6)"});
 }
 
+// Megatron's decoder_first/last_pipeline_num_layers: the first / last stage fixed, the rest split
+// equally over the other stages (PP 2 and 8 layers in the baseline).
+TEST(ValidateParallelTest, UnevenPipelineLayout) {
+  v1::JobSpec spec = RawBaseline();
+  spec.mutable_parallel()->set_decoder_first_pipeline_num_layers(3);  // 3 | 5
+  ExpectValid(spec);
+  spec.mutable_parallel()->set_decoder_last_pipeline_num_layers(3);  // 3 | 3, 2 left over
+  ExpectViolation(spec, {"model.num_layers (8) - parallel.decoder_first_pipeline_num_layers (3) - "
+                         "parallel.decoder_last_pipeline_num_layers (3) = 2 layers must be 0: "
+                         "parallel.pipeline_model_parallel_size (2) leaves no other stage"});
+  spec.mutable_parallel()->clear_decoder_last_pipeline_num_layers();
+  spec.mutable_parallel()->set_decoder_first_pipeline_num_layers(8);  // nothing for stage 1
+  ExpectViolation(spec, {"= 0 layers must divide into the 1 other stages of "
+                         "parallel.pipeline_model_parallel_size (2), at least one layer each"});
+  spec.mutable_parallel()->set_decoder_first_pipeline_num_layers(3);
+  spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  ExpectViolation(spec, {"parallel.decoder_first_pipeline_num_layers (3) must be divisible by "
+                         "parallel.virtual_pipeline_model_parallel_size (2)"});
+  spec.mutable_parallel()->clear_virtual_pipeline_model_parallel_size();
+  spec.mutable_parallel()->set_pipeline_model_parallel_size(1);
+  ExpectViolation(spec, {"parallel.decoder_first_pipeline_num_layers (3) requires "
+                         "parallel.pipeline_model_parallel_size > 1 (got 1)"});
+}
+
 TEST(ValidateParallelTest, WorldDivisibleByAttentionModelParallel) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_parallel()->set_context_parallel_size(3);

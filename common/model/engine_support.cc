@@ -14,8 +14,10 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
   // TP (with sequence parallelism, worker/model/gpt_model.h), CP (worker/model/gpt_model.h,
   // "Context parallelism") and ETP (worker/model/README.md, "Expert tensor parallelism") run at
   // any size the layout rules accept, TP and CP together too (CP picks a rank's positions, SP
-  // shards them over TP); only PP is refused. The arguments stay so that every caller keeps one
-  // call shape while dimensions are lifted.
+  // shards them over TP); only PP is refused. The trainer runs PP itself (1F1B on the CPU over
+  // Gloo, worker/train/trainer.h) and passes 1 here; the worker agent and the coordinator still
+  // refuse it until the pipeline has run on GPUs. The arguments stay so that every caller keeps
+  // one call shape while dimensions are lifted.
   (void)tensor_model_parallel_size;
   (void)context_parallel_size;
   (void)expert_tensor_parallel_size;

@@ -13,7 +13,9 @@
 // evenly, e.g. 14 layers, PP 4, first 3, last 3: 3 | 4 | 4 | 3 (the embedding rides on the first
 // stage and the LM head on the last, which is why they are made lighter).
 //
-// Pure arithmetic; nothing calls it yet (the trainer still refuses PP > 1).
+// Pure arithmetic. The trainer assigns each stage's layers with StageLayers (chunk 0; VPP does not
+// run yet); the JobSpec fields parallel.decoder_first/last_pipeline_num_layers are validated by
+// common/config (PipelineLayoutViolations, the same rules).
 #ifndef SWITCHYARD_COMMON_MODEL_PIPELINE_LAYOUT_H_
 #define SWITCHYARD_COMMON_MODEL_PIPELINE_LAYOUT_H_
 

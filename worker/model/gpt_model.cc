@@ -171,6 +171,30 @@ absl::Status GptConfig::Validate() const {
     }
     SY_RETURN_IF_ERROR(m.Validate());
   }
+  if (pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size || layer_begin < 0 ||
+      layer_begin >= stage_layer_end() || stage_layer_end() > num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: pipeline stage ", pp_rank, " of ", pp_size, " must hold a non-empty layer range [",
+        layer_begin, ", ", stage_layer_end(), ") inside [0, model.num_layers = ", num_layers, ")"));
+  }
+  if (pp_size > 1 && !untie_embeddings) {
+    // Megatron keeps a copy of the embedding on the last stage and all-reduces its gradient
+    // between the first and the last stage; not done yet.
+    return absl::UnimplementedError(
+        "model.untie_embeddings_and_output_weights: must be true with "
+        "parallel.pipeline_model_parallel_size > 1 (tied embedding and LM head across pipeline "
+        "stages is not implemented yet)");
+  }
+  if (pp_size > 1 && num_moe_layers() > 0) {
+    for (const auto& aux : moe.router.aux_losses) {
+      if (aux.type == kernels::AuxLossType::kGlobalAuxLoss) {
+        // Its running counts live in each MoE layer, and a stage has one per in-flight slot.
+        return absl::UnimplementedError(
+            "model.moe_aux_loss_type: global_aux_loss is not supported with "
+            "parallel.pipeline_model_parallel_size > 1 yet");
+      }
+    }
+  }
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: tp_rank (", tp_rank, ") must be in [0, tp_size ", tp_size, ")"));
@@ -233,6 +257,7 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads, hkv = c.num_kv_heads;
   const int64_t tp = c.tp_size;
   std::vector<ParamInfo> all;
+  uint64_t next_seed = 0;  // definition order over the WHOLE model (pipeline stages skip some)
   // `shape` is the whole tensor; a TP-sharded one (tp_dim >= 0) keeps 1/tp of dimension tp_dim.
   auto add = [&](std::string name, std::vector<int64_t> shape, bool scaled = false, int tp_dim = -1,
                  int tp_parts = 1) {
@@ -250,7 +275,7 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
     p.weight_decay = p.shape.size() >= 2;
     p.ones_init = p.shape.size() == 1;
     p.scaled_init = scaled;
-    p.seed_index = all.size();
+    p.seed_index = next_seed++;
     if (absl::StrContains(p.name, ".moe.experts.")) {
       // shape[0] is the local expert count L; the global tensor has E rows and, with ETP, the
       // whole F (see ParamInfo).
@@ -277,7 +302,14 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
     all.push_back(std::move(p));
   };
   add("embedding.weight", {c.vocab_size, h});
+  // Pipeline: this stage keeps only its tensors (below), each with the seed_index of the whole
+  // model's definition order, so its initial values are one process's.
+  auto keep = [&](size_t from, bool yes) {
+    if (!yes) all.resize(from);
+  };
+  keep(0, c.first_stage());
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    const size_t layer_from = all.size();
     const std::string pre = absl::StrCat("layers.", l, ".");
     add(pre + "input_norm.weight", {h});
     add(pre + "attention.q.weight", {hq * d, h}, false, /*tp_dim=*/0);
@@ -299,9 +331,12 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
           /*tp_parts=*/2);
       add(pre + "mlp.fc2.weight", {h, c.ffn_hidden_size}, /*scaled=*/true, /*tp_dim=*/1);
     }
+    keep(layer_from, c.HoldsLayer(l));
   }
+  const size_t head_from = all.size();
   add("final_norm.weight", {h});
   if (c.untie_embeddings) add("output.weight", {c.vocab_size, h});
+  keep(head_from, c.last_stage());
 
   GptParamLayout layout;
   int64_t offset = 0;
@@ -444,7 +479,19 @@ struct GptModel::Layer {
 
 GptModel::~GptModel() = default;
 
-MoELayer* GptModel::moe_layer(int64_t l) const { return layers_[l].moe.get(); }
+MoELayer* GptModel::moe_layer(int64_t l) const {
+  if (!config_.HoldsLayer(l)) return nullptr;  // another pipeline stage's layer
+  return layers_[l - config_.layer_begin].moe.get();
+}
+
+void GptModel::SelectSlot(int k) {
+  if (k == cur_slot_) return;
+  std::swap(layers_, slot_layers_[cur_slot_]);
+  std::swap(resid_, slot_resid_[cur_slot_]);
+  std::swap(layers_, slot_layers_[k]);
+  std::swap(resid_, slot_resid_[k]);
+  cur_slot_ = k;
+}
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, Device device,
                                                            int64_t max_micro_batch,
@@ -544,10 +591,6 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     num_moe_terms_ = static_cast<int64_t>(c.moe.router.aux_losses.size()) + 1;
   }
 
-  for (int64_t l = 0; l <= c.num_layers; ++l) {
-    SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {tl, h}));
-    resid_.push_back(x);
-  }
   // The MoE layers see this rank's sequence shard (MoELayerConfig::sp_size) of its local
   // sequences (S / CP under context parallelism): seq_aux_loss's B and S are this rank's.
   MoELayerConfig moe_config = c.moe;
@@ -565,75 +608,96 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(ids_loc_, Alloc(DType::kI32, {tl}));
     SY_ASSIGN_OR_RETURN(targets_loc_, Alloc(DType::kI32, {tl}));
   }
-  int64_t moe_index = 0;
-  layers_.resize(c.num_layers);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    Layer& L = layers_[l];
-    L.index = l;
-    L.is_moe = c.moe_layers[l];
-    const std::string pre = absl::StrCat("layers.", l, ".");
-    auto bind = [&](const std::string& name, Tensor* w, Tensor* g) {
-      *w = P(pre + name);
-      *g = G(pre + name);
-    };
-    bind("input_norm.weight", &L.w_in, &L.g_in);
-    bind("attention.q.weight", &L.wq, &L.gq);
-    bind("attention.k.weight", &L.wk, &L.gk);
-    bind("attention.v.weight", &L.wv, &L.gv);
-    bind("attention.o.weight", &L.wo, &L.go);
-    if (c.qk_layernorm) {
-      bind("attention.q_norm.weight", &L.w_qn, &L.g_qn);
-      bind("attention.k_norm.weight", &L.w_kn, &L.g_kn);
+  // One set of layers (activations, MoE layers) and residual stream per in-flight micro-batch slot
+  // (see "Pipeline parallelism"): a stage that is not the last has at most pp_size - pp_rank
+  // micro-batches between their forward and backward.
+  const int64_t first = c.layer_begin, local_layers = c.stage_layer_end() - c.layer_begin;
+  const int64_t slots =
+      c.pp_size > 1 && !c.last_stage() ? std::min(c.pp_size - c.pp_rank, max_micro_batches) : 1;
+  slot_layers_.resize(slots);
+  slot_resid_.resize(slots);
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    std::vector<Tensor>& resid = slot_resid_[slot];
+    for (int64_t l = 0; l <= local_layers; ++l) {
+      SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {tl, h}));
+      resid.push_back(x);
     }
-    bind("post_attention_norm.weight", &L.w_post, &L.g_post);
-    SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {tl, h}));
-    SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {tl}));
-    if (c.qk_layernorm) {
-      SY_ASSIGN_OR_RETURN(L.q_pre, Alloc(dt, {t, hq, d}));
-      SY_ASSIGN_OR_RETURN(L.k_pre, Alloc(dt, {t, hkv, d}));
-      SY_ASSIGN_OR_RETURN(L.q_rstd, Alloc(L.rstd1.dtype, {t * hq}));
-      SY_ASSIGN_OR_RETURN(L.k_rstd, Alloc(L.rstd1.dtype, {t * hkv}));
-    }
-    SY_ASSIGN_OR_RETURN(L.q, Alloc(dt, {t, hq, d}));
-    SY_ASSIGN_OR_RETURN(L.k, Alloc(dt, {t, hkv, d}));
-    SY_ASSIGN_OR_RETURN(L.v, Alloc(dt, {t, hkv, d}));
-    SY_ASSIGN_OR_RETURN(L.o, Alloc(dt, {t, hq, d}));
-    SY_ASSIGN_OR_RETURN(L.lse, Alloc(L.rstd1.dtype, {t * hq}));
-    SY_ASSIGN_OR_RETURN(L.mid, Alloc(dt, {tl, h}));
-    SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {tl, h}));
-    SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {tl}));
-    if (L.is_moe) {
-      L.moe_index = moe_index++;
-      moe_config.layer_number = L.index;  // names the layer in its dispatcher's errors
-      SY_ASSIGN_OR_RETURN(
-          L.moe, MoELayer::Create(moe_config, device_, tl,
-                                  MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp,
-                                                    groups_.etp_ep, tp > 1 ? groups_.tp : nullptr,
-                                                    c.cp_size > 1 ? groups_.cp : nullptr}));
-      if (c.cp_size > 1) {
-        SY_RETURN_IF_ERROR(
-            L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
-      }
-      auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
-        if (layout_.Find(pre + "moe." + name) == nullptr) return;
-        *p = P(pre + "moe." + name);
-        *g = G(pre + "moe." + name);
+    int64_t moe_index = 0;  // global: the MoE layers of the earlier stages come first
+    for (int64_t l = 0; l < first; ++l) moe_index += c.moe_layers[l] ? 1 : 0;
+    std::vector<Layer>& layers = slot_layers_[slot];
+    layers.resize(local_layers);
+    for (int64_t i = 0; i < local_layers; ++i) {
+      const int64_t l = first + i;
+      Layer& L = layers[i];
+      L.index = l;
+      L.is_moe = c.moe_layers[l];
+      const std::string pre = absl::StrCat("layers.", l, ".");
+      auto bind = [&](const std::string& name, Tensor* w, Tensor* g) {
+        *w = P(pre + name);
+        *g = G(pre + name);
       };
-      slot("router.weight", &L.mp.router_weight, &L.mg.router_weight);
-      slot("experts.fc1", &L.mp.fc1, &L.mg.fc1);
-      slot("experts.fc2", &L.mp.fc2, &L.mg.fc2);
-      slot("shared_expert.fc1", &L.mp.shared_fc1, &L.mg.shared_fc1);
-      slot("shared_expert.fc2", &L.mp.shared_fc2, &L.mg.shared_fc2);
-      slot("shared_expert.gate", &L.mp.shared_gate, &L.mg.shared_gate);
-      L.rs.expert_bias = Slice(expert_bias_.View(), L.moe_index * e, {e});
-      L.rs.local_tokens_per_expert = Slice(local_counts_.View(), L.moe_index * e, {e});
-    } else {
-      bind("mlp.fc1.weight", &L.w_fc1, &L.g_fc1);
-      bind("mlp.fc2.weight", &L.w_fc2, &L.g_fc2);
-      SY_ASSIGN_OR_RETURN(L.h, Alloc(dt, {t, 2 * f}));
-      SY_ASSIGN_OR_RETURN(L.a, Alloc(dt, {t, f}));
+      bind("input_norm.weight", &L.w_in, &L.g_in);
+      bind("attention.q.weight", &L.wq, &L.gq);
+      bind("attention.k.weight", &L.wk, &L.gk);
+      bind("attention.v.weight", &L.wv, &L.gv);
+      bind("attention.o.weight", &L.wo, &L.go);
+      if (c.qk_layernorm) {
+        bind("attention.q_norm.weight", &L.w_qn, &L.g_qn);
+        bind("attention.k_norm.weight", &L.w_kn, &L.g_kn);
+      }
+      bind("post_attention_norm.weight", &L.w_post, &L.g_post);
+      SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {tl, h}));
+      SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {tl}));
+      if (c.qk_layernorm) {
+        SY_ASSIGN_OR_RETURN(L.q_pre, Alloc(dt, {t, hq, d}));
+        SY_ASSIGN_OR_RETURN(L.k_pre, Alloc(dt, {t, hkv, d}));
+        SY_ASSIGN_OR_RETURN(L.q_rstd, Alloc(L.rstd1.dtype, {t * hq}));
+        SY_ASSIGN_OR_RETURN(L.k_rstd, Alloc(L.rstd1.dtype, {t * hkv}));
+      }
+      SY_ASSIGN_OR_RETURN(L.q, Alloc(dt, {t, hq, d}));
+      SY_ASSIGN_OR_RETURN(L.k, Alloc(dt, {t, hkv, d}));
+      SY_ASSIGN_OR_RETURN(L.v, Alloc(dt, {t, hkv, d}));
+      SY_ASSIGN_OR_RETURN(L.o, Alloc(dt, {t, hq, d}));
+      SY_ASSIGN_OR_RETURN(L.lse, Alloc(L.rstd1.dtype, {t * hq}));
+      SY_ASSIGN_OR_RETURN(L.mid, Alloc(dt, {tl, h}));
+      SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {tl, h}));
+      SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {tl}));
+      if (L.is_moe) {
+        L.moe_index = moe_index++;
+        moe_config.layer_number = L.index;  // names the layer in its dispatcher's errors
+        SY_ASSIGN_OR_RETURN(
+            L.moe, MoELayer::Create(moe_config, device_, tl,
+                                    MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp,
+                                                      groups_.etp_ep, tp > 1 ? groups_.tp : nullptr,
+                                                      c.cp_size > 1 ? groups_.cp : nullptr}));
+        if (c.cp_size > 1) {
+          SY_RETURN_IF_ERROR(
+              L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
+        }
+        auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
+          if (layout_.Find(pre + "moe." + name) == nullptr) return;
+          *p = P(pre + "moe." + name);
+          *g = G(pre + "moe." + name);
+        };
+        slot("router.weight", &L.mp.router_weight, &L.mg.router_weight);
+        slot("experts.fc1", &L.mp.fc1, &L.mg.fc1);
+        slot("experts.fc2", &L.mp.fc2, &L.mg.fc2);
+        slot("shared_expert.fc1", &L.mp.shared_fc1, &L.mg.shared_fc1);
+        slot("shared_expert.fc2", &L.mp.shared_fc2, &L.mg.shared_fc2);
+        slot("shared_expert.gate", &L.mp.shared_gate, &L.mg.shared_gate);
+        L.rs.expert_bias = Slice(expert_bias_.View(), L.moe_index * e, {e});
+        L.rs.local_tokens_per_expert = Slice(local_counts_.View(), L.moe_index * e, {e});
+      } else {
+        bind("mlp.fc1.weight", &L.w_fc1, &L.g_fc1);
+        bind("mlp.fc2.weight", &L.w_fc2, &L.g_fc2);
+        SY_ASSIGN_OR_RETURN(L.h, Alloc(dt, {t, 2 * f}));
+        SY_ASSIGN_OR_RETURN(L.a, Alloc(dt, {t, f}));
+      }
     }
-  }
+  }  // slots
+  cur_slot_ = 0;
+  std::swap(layers_, slot_layers_[0]);
+  std::swap(resid_, slot_resid_[0]);
   const DType rdt = layers_.empty() ? DType::kF32 : layers_[0].rstd1.dtype;
   SY_ASSIGN_OR_RETURN(final_n_, Alloc(dt, {tl, h}));
   SY_ASSIGN_OR_RETURN(final_rstd_, Alloc(rdt, {tl}));
@@ -797,7 +861,8 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   const int64_t d = c.head_dim, hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size;
   const float eps = static_cast<float>(c.norm_epsilon);
   const float base = static_cast<float>(c.rotary_base);
-  const Tensor x = Rows(resid_[L.index], tl), x_next = Rows(resid_[L.index + 1], tl);
+  const int64_t li = L.index - c.layer_begin;  // this stage's residual stream is local
+  const Tensor x = Rows(resid_[li], tl), x_next = Rows(resid_[li + 1], tl);
   const Tensor n1 = Rows(L.n1, tl), mid = Rows(L.mid, tl), n2 = Rows(L.n2, tl);
   const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
 
@@ -878,7 +943,7 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
 }
 
 absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t seq_len, int micro,
-                                   bool training) {
+                                   bool training, const Tensor& input) {
   const int64_t t = ids.numel();
   if (ids.dtype != DType::kI32 || ids.device != device_ || s.device != device_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -918,7 +983,12 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
   tokens_ = t;
   const int64_t tl = t / config_.tp_size;
   ++step_counter_;
-  {
+  if (!config_.first_stage()) {
+    // Pipeline: the previous stage's output is this stage's x_0.
+    SY_RETURN_IF_ERROR(CheckTensor(input, "GptModel: pipeline stage input", config_.dtype,
+                                   {tl, config_.hidden_size}));
+    SY_RETURN_IF_ERROR(CopyAsync(s, input, Rows(resid_[0], tl)));
+  } else {
     ScopedRange range(s, "embedding.fwd");
     // SP: this rank embeds its own positions of every sequence (the table is whole, see the
     // header), straight into its residual-stream shard.
@@ -928,6 +998,7 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
         kernels::EmbeddingForward(s, local_ids, P("embedding.weight"), Rows(resid_[0], tl)));
   }
   for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
+  if (!config_.last_stage()) return absl::OkStatus();
   ScopedRange range(s, "final_norm.fwd");
   SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), tl), P("final_norm.weight"),
                                              static_cast<float>(config_.norm_epsilon),
@@ -937,6 +1008,12 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
 
 absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                                int64_t seq_len, int micro, const Tensor& logits) {
+  if (config_.pp_size > 1) {
+    return absl::UnimplementedError(
+        "GptModel::Forward: evaluation with parallel.pipeline_model_parallel_size > 1 (the "
+        "forward-only pipeline schedule is not implemented)");
+  }
+  SelectSlot(0);
   SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
   const int64_t t = tokens_, tl = t / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
@@ -966,8 +1043,6 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
 
 // Local rows of a CP rank: sequence b's local chunk j (j = 0: chunk r, j = 1: chunk 2·CP−1−r) is
 // rows [b·s_loc + j·c, +c); in the whole sequence that chunk is rows [b·S + id·c, +c).
-namespace {}  // namespace
-
 absl::Status GptModel::CpGatherKv(const Stream& s, const Tensor& local, const Tensor& whole,
                                   int64_t b, int64_t s_loc) {
   const int64_t cp = config_.cp_size, c = s_loc / 2, seq = s_loc * cp;
@@ -1080,7 +1155,7 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   const int64_t t = tokens_, tl = t / c.tp_size, b = t / seq_len, d = c.head_dim;
   const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size;
   const float base = static_cast<float>(c.rotary_base);
-  const Tensor x = Rows(resid_[L.index], tl);
+  const Tensor x = Rows(resid_[L.index - c.layer_begin], tl);
   const Tensor n1 = Rows(L.n1, tl), mid = Rows(L.mid, tl), n2 = Rows(L.n2, tl);
   const Tensor g = Rows(g_, tl), dn = Rows(dn_, tl);
   // SP: the gathered output gradient, and the input gradient's partial sums [t, H].
@@ -1157,10 +1232,20 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
 
 absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const Tensor& targets,
                                        int64_t seq_len, float ce_scale, double aux_grad_scale,
-                                       int micro) {
+                                       int micro, const Tensor& input, Tensor* input_grad) {
   if (micro < 0) return absl::InvalidArgumentError("GptModel: micro-batch slot must be >= 0");
+  if (!config_.last_stage()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptModel::ForwardBackward: pipeline stage ", config_.pp_rank,
+                     " is not the last (it has no LM head): use ForwardStage / BackwardStage"));
+  }
+  if (!config_.first_stage() && input_grad == nullptr) {
+    return absl::InvalidArgumentError(
+        "GptModel::ForwardBackward: a later pipeline stage must take input_grad");
+  }
   ScopedRange range(s, "forward_backward", micro);
-  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true));
+  SelectSlot(0);
+  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input));
   const int64_t tl = tokens_ / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
@@ -1185,17 +1270,67 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
                                                 G("final_norm.weight"), true, rms_ws_));
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
-  for (int64_t l = config_.num_layers - 1; l >= 0; --l) {
-    SY_RETURN_IF_ERROR(LayerBackward(s, layers_[l], seq_len, aux_grad_scale));
-    if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(l));
+  (void)local_ids;
+  return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad);
+}
+
+absl::Status GptModel::LayersBackward(const Stream& s, const Tensor& ids, int64_t seq_len,
+                                      double aux_grad_scale, Tensor* input_grad) {
+  // g_ holds d(loss)/d(x_L) of this stage's last layer.
+  const int64_t tl = tokens_ / config_.tp_size;
+  const Tensor g = Rows(g_, tl);
+  for (int64_t i = static_cast<int64_t>(layers_.size()) - 1; i >= 0; --i) {
+    SY_RETURN_IF_ERROR(LayerBackward(s, layers_[i], seq_len, aux_grad_scale));
+    if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(layers_[i].index));
+  }
+  if (!config_.first_stage()) {
+    if (input_grad != nullptr) *input_grad = g;  // sent to the previous stage by the trainer
+    return absl::OkStatus();
   }
   {
     ScopedRange emb(s, "embedding.bwd");
+    // SP: this rank's ids again (another micro-batch may have used ids_loc_ since the forward).
+    const bool tp = config_.tp_size > 1;
+    const Tensor local_ids = tp ? Rows(ids_loc_, tl) : ids;
+    if (tp) SY_RETURN_IF_ERROR(KeepShard(s, ids, local_ids, seq_len));
     SY_RETURN_IF_ERROR(
         kernels::EmbeddingBackward(s, local_ids, g, G("embedding.weight"), true, emb_ws_));
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(-1));
   return absl::OkStatus();
+}
+
+absl::Status GptModel::ForwardStage(const Stream& s, const Tensor& ids, const Tensor& input,
+                                    int64_t seq_len, int micro, int slot, Tensor* output) {
+  if (config_.last_stage() || slot < 0 || slot >= num_slots() || micro < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel::ForwardStage: needs a pipeline stage before the last (stage ",
+                     config_.pp_rank, " of ", config_.pp_size, "), slot in [0, ", num_slots(),
+                     ") (got ", slot, ") and micro >= 0"));
+  }
+  ScopedRange range(s, "forward_stage", micro);
+  SelectSlot(slot);
+  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input));
+  *output = Rows(resid_.back(), tokens_ / config_.tp_size);
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::BackwardStage(const Stream& s, const Tensor& ids, const Tensor& output_grad,
+                                     int64_t seq_len, double aux_grad_scale, int slot,
+                                     Tensor* input_grad) {
+  if (config_.last_stage() || slot < 0 || slot >= num_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel::BackwardStage: needs a pipeline stage before the last (stage ", config_.pp_rank,
+        " of ", config_.pp_size, ") and slot in [0, ", num_slots(), ") (got ", slot, ")"));
+  }
+  ScopedRange range(s, "backward_stage", slot);
+  SelectSlot(slot);
+  tokens_ = ids.numel();  // the slot's micro-batch (all micro-batches have the same size)
+  const int64_t tl = tokens_ / config_.tp_size;
+  SY_RETURN_IF_ERROR(CheckTensor(output_grad, "GptModel::BackwardStage.output_grad", config_.dtype,
+                                 {tl, config_.hidden_size}));
+  SY_RETURN_IF_ERROR(CopyAsync(s, output_grad, Rows(g_, tl)));
+  return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1255,6 +1390,12 @@ absl::Status GptModel::EndGlobalBatch(const Stream& stream) {
     // Global token counts per expert (spec §1.5): one all-reduce for every MoE layer.
     SY_RETURN_IF_ERROR(
         groups_.tdc->AllReduce(local_counts_.View(), local_counts_.View(), comm::ReduceOp::kSum));
+  }
+  // The other in-flight slots' MoE layers (pipeline) share the bias and counts: reset only.
+  for (auto& layers : slot_layers_) {
+    for (Layer& L : layers) {
+      if (L.is_moe) SY_RETURN_IF_ERROR(L.moe->ResetGlobalBatch());
+    }
   }
   for (Layer& L : layers_) {
     if (!L.is_moe) continue;

@@ -119,6 +119,21 @@
 // Megatron's (the CP split happens in the data loader, SP inside the model), so the per-sequence
 // statistics, RoPE and jitter positions keep the meanings the two features have alone.
 //
+// Pipeline parallelism (pp_size > 1; megatron_parallel.md PP, Megatron's non-interleaved 1F1B):
+// this stage holds only layers [layer_begin, layer_end) under their GLOBAL names and indices
+// (init seeds, jitter offsets, checkpoint names as one process); the first stage also holds the
+// embedding, the last the final norm and the LM head (output.weight: tied embeddings are refused
+// at PP > 1 for now, see Validate). The trainer drives the schedule: a stage that is not the last
+// runs ForwardStage (input: the received activation [t/TP, H], or the embedding on the first
+// stage) and later BackwardStage (the received gradient of its output); the last stage runs
+// ForwardBackward with the received input and returns the gradient of that input. Several
+// micro-batches are in flight between a stage's forward and its backward (at most
+// pp_size - pp_rank), so every per-micro-batch activation (residual stream, each layer's saved
+// tensors and its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch
+// m uses slot m % slots); the scratch used only inside one pass is shared. The MoE layers of all
+// slots share the expert-bias and token-count buffers (one update per global batch); the running
+// global_aux_loss counts live inside a MoE layer, so global_aux_loss is refused at PP > 1.
+//
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
 // {norm_qkv_rope, attention, oproj_residual_norm, moe (> moe.fwd > its phases) | mlp},
@@ -174,6 +189,15 @@ struct GptConfig {
   // Tensor parallelism with sequence parallelism (see "Tensor and sequence parallelism" above):
   // this rank is tp_rank of tp_size; GptParallelGroups::tp must be that group when tp_size > 1.
   int64_t tp_size = 1, tp_rank = 0;
+  // Pipeline parallelism (see "Pipeline parallelism" below): this rank is stage pp_rank of
+  // pp_size and holds the layers [layer_begin, layer_end) (global indices; layer_end = -1: all);
+  // num_layers stays the WHOLE model's count (scaled init, names and RNG match one process).
+  int64_t pp_size = 1, pp_rank = 0;
+  int64_t layer_begin = 0, layer_end = -1;
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
+  int64_t stage_layer_end() const { return layer_end < 0 ? num_layers : layer_end; }
+  bool HoldsLayer(int64_t l) const { return l >= layer_begin && l < stage_layer_end(); }
 
   // From a defaulted and validated ModelConfig (common/config/config_defaults.h, validate.h).
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
@@ -332,8 +356,25 @@ class GptModel {
   // to grads(). ids, targets: [B·S] i32 on the model's device (B <= max_micro_batch, S =
   // seq_len <= config.seq_length; targets may be kernels::kIgnoreTarget). The loss sum and the
   // MoE statistics go to stats slot `micro` (< max_micro_batches).
+  // Pipeline (not the first stage): `input` [B·S/TP, H] is the previous stage's output for this
+  // micro-batch (model dtype, model device) and *input_grad receives a view of its gradient
+  // (valid until the next pass). On the last stage only (it holds the LM head).
   absl::Status ForwardBackward(const Stream& stream, const Tensor& ids, const Tensor& targets,
-                               int64_t seq_len, float ce_scale, double aux_grad_scale, int micro);
+                               int64_t seq_len, float ce_scale, double aux_grad_scale, int micro,
+                               const Tensor& input = Tensor(), Tensor* input_grad = nullptr);
+  // Pipeline, a stage that is not the last (see "Pipeline parallelism"): the forward of this
+  // stage's layers for micro-batch `micro` into in-flight slot `slot` (< num_slots()); `input` as
+  // in ForwardBackward (ignored on the first stage, which embeds `ids`). *output: a view of the
+  // stage's output [B·S/TP, H], valid until the slot is used again.
+  absl::Status ForwardStage(const Stream& stream, const Tensor& ids, const Tensor& input,
+                            int64_t seq_len, int micro, int slot, Tensor* output);
+  // The backward of slot `slot`'s micro-batch (ids: the same ids as its forward) given the
+  // gradient of the stage's output; *input_grad (not on the first stage, which runs the
+  // embedding backward): a view valid until the next pass. Backward hooks run as in
+  // ForwardBackward.
+  absl::Status BackwardStage(const Stream& stream, const Tensor& ids, const Tensor& output_grad,
+                             int64_t seq_len, double aux_grad_scale, int slot, Tensor* input_grad);
+  int num_slots() const { return static_cast<int>(slot_layers_.size()); }
   // Forward only: the loss sum into slot `micro` (targets given) and/or the logits [B·S, V] f32
   // (when `logits` is non-empty). Does not disturb gradients. At TP > 1 the final-norm sequence
   // shards are all-gathered over TP for the logits (only when asked: generation / eval), so every
@@ -372,7 +413,11 @@ class GptModel {
   GptModel() = default;
   absl::Status Build(int64_t max_micro_batch, int64_t max_micro_batches);
   absl::Status ForwardPass(const Stream& stream, const Tensor& ids, int64_t seq_len, int micro,
-                           bool training);
+                           bool training, const Tensor& input = Tensor());
+  // Makes slot k's layers and residual stream the active ones (layers_, resid_).
+  void SelectSlot(int k);
+  absl::Status LayersBackward(const Stream& s, const Tensor& ids, int64_t seq_len,
+                              double aux_grad_scale, Tensor* input_grad);
   absl::Status BackwardPass(const Stream& stream, const Tensor& ids, int64_t seq_len,
                             double aux_grad_scale);
   absl::Status LayerForward(const Stream& s, Layer& layer, int64_t seq_len, int micro,
@@ -399,7 +444,12 @@ class GptModel {
   uint64_t step_counter_ = 0;  // jitter offsets
   kernels::Buffer params_, grads_, expert_bias_, local_counts_;
   std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;             // the active slot's layers (this stage's, in order)
+  // Pipeline: the inactive slots (slot_layers_[cur_slot_] is empty while active) and residual
+  // streams; one slot without PP.
+  std::vector<std::vector<Layer>> slot_layers_;
+  std::vector<std::vector<Tensor>> slot_resid_;
+  int cur_slot_ = 0;
   std::unique_ptr<kernels::FusedLinearCrossEntropy> ce_;
   GptParallelGroups groups_;
   std::function<absl::Status(int64_t)> backward_hook_;

@@ -120,7 +120,8 @@ const std::vector<Knob>& Table() {
        "planner; ParallelLayout, GptConfig.tp_size (TP with SP)",
        [](v1::JobSpec* s) { P(s)->set_tensor_model_parallel_size(2); },
        "parallel.tensor_model_parallel_size"},
-      {"parallel.pipeline_model_parallel_size", "planner; ParallelLayout (PP = 1 in the worker)",
+      {"parallel.pipeline_model_parallel_size",
+       "planner; ParallelLayout, GptConfig.pp_size (the launched layout's)",
        [](v1::JobSpec* s) { P(s)->set_pipeline_model_parallel_size(3); },
        "parallel.pipeline_model_parallel_size"},
       {"parallel.context_parallel_size",
@@ -140,6 +141,19 @@ const std::vector<Knob>& Table() {
       {"parallel.virtual_pipeline_model_parallel_size", nullptr,
        [](v1::JobSpec* s) { P(s)->set_virtual_pipeline_model_parallel_size(2); },
        "parallel.virtual_pipeline_model_parallel_size (2) requires "
+       "parallel.pipeline_model_parallel_size > 1"},
+      // Uneven pipeline layouts: GptConfig.layer_begin/layer_end of each stage
+      // (common/model/pipeline_layout.h StageLayers); on this one-process job only the PP > 1 rule
+      // can be seen.
+      {"parallel.decoder_first_pipeline_num_layers",
+       "trainer: StageLayers -> GptConfig.layer_begin/layer_end",
+       [](v1::JobSpec* s) { P(s)->set_decoder_first_pipeline_num_layers(1); },
+       "parallel.decoder_first_pipeline_num_layers (1) requires "
+       "parallel.pipeline_model_parallel_size > 1"},
+      {"parallel.decoder_last_pipeline_num_layers",
+       "trainer: StageLayers -> GptConfig.layer_begin/layer_end",
+       [](v1::JobSpec* s) { P(s)->set_decoder_last_pipeline_num_layers(1); },
+       "parallel.decoder_last_pipeline_num_layers (1) requires "
        "parallel.pipeline_model_parallel_size > 1"},
       {"parallel.use_distributed_optimizer", "planner (explicit value kept); placement",
        [](v1::JobSpec* s) {

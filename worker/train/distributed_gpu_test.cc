@@ -9,7 +9,9 @@
 // single-GPU bf16 run of the same spec on the same global batch; one run saves a distributed
 // checkpoint at step 10 and another layout resumes from it. Expert tensor parallelism (ETP2 and
 // ETP2·EP2, each dispatcher), tensor parallelism (TP2, TP2·EP2) and context parallelism (CP2,
-// CP2·EP2, TP2·CP2) are compared the same way.
+// CP2·EP2, TP2·CP2) are compared the same way. Pipeline parallelism (PP2, 1F1B with NCCL
+// Send/Recv) trains a 4-layer untied variant of the model and is compared with its own single-GPU
+// run (not yet run on GPUs).
 //
 // The parent never initialises CUDA (a process that forks after CUDA is initialised cannot use
 // CUDA in the child): the GPU count comes from a probe child, the single-GPU reference runs in a
@@ -100,11 +102,21 @@ std::string CountsText(const StepResult& r) {
 
 // `etp`: parallel.expert_tensor_parallel_size; `dispatcher`: model.moe_token_dispatcher_type
 // (the spec's default when empty); tp > 1: tensor parallelism with sequence parallelism; cp > 1:
-// context parallelism (parallel.context_parallel_size).
+// context parallelism (parallel.context_parallel_size). pp > 0: the pipeline variant (4 layers
+// MoE, dense, MoE, MoE with untied embeddings: PP needs them untied) at PP = pp (pp = 1: its
+// single-GPU reference).
 v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "", int tp = 1,
-                 int cp = 1) {
+                 int cp = 1, int pp = 0) {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
+  if (pp > 0) {
+    v1::ModelConfig* m = spec->mutable_model();
+    m->set_num_layers(4);
+    m->clear_moe_layer_pattern();
+    for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
+    m->set_untie_embeddings_and_output_weights(true);
+    if (pp > 1) spec->mutable_parallel()->set_pipeline_model_parallel_size(pp);
+  }
   if (world > 1) {
     spec->mutable_parallel()->set_world_size(world);
     spec->mutable_parallel()->set_expert_model_parallel_size(ep);
@@ -145,11 +157,12 @@ absl::Status TrainTo(Trainer& t, int64_t last, std::ofstream* out) {
 
 // The single-GPU reference (forked child, device 0): optionally loads `load_root`, trains to
 // `last` and writes its curve to `out`.
-int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_root) {
+int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_root,
+                  bool pipeline_variant = false) {
   CHILD_CUDA(cudaSetDevice(0));
   {
     // The trainer creates and owns its stream (no process groups).
-    auto t = Trainer::Create(Spec(1, 1), CudaBf16(0));
+    auto t = Trainer::Create(Spec(1, 1, 1, "", 1, 1, pipeline_variant ? 1 : 0), CudaBf16(0));
     SY_CHILD_OK(t.status());
     std::fprintf(stderr, "single GPU: %s\n", (*t)->Describe().c_str());
     if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
@@ -165,7 +178,7 @@ int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_
 // as SingleGpuBody (rank 0 writes the curve); saves to `save_root` at the end if given.
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root, int etp = 1,
-             const std::string& dispatcher = "", int tp = 1, int cp = 1) {
+             const std::string& dispatcher = "", int tp = 1, int cp = 1, int pp = 0) {
   CHILD_CUDA(cudaSetDevice(rank));
   cudaStream_t cs = nullptr;
   CHILD_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -178,6 +191,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     dims.tensor_model_parallel_size = tp;
     dims.expert_tensor_parallel_size = etp;
     dims.context_parallel_size = cp;
+    dims.pipeline_model_parallel_size = std::max(pp, 1);
     comm::NcclOptions nopt;
     nopt.timeout = absl::Seconds(120);
     auto groups = CreateNcclProcessGroups(store, rank, dims, rank, cs, nopt);
@@ -186,7 +200,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     opt.groups = groups->get();
     opt.cuda_stream = cs;
     {
-      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp, cp), opt);
+      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp, cp, pp), opt);
       SY_CHILD_OK(t.status());
       SY_CHILD_CHECK((*t)->model_config().cp_size == cp);
       if (rank == 0) std::fprintf(stderr, "rank 0: %s\n", (*t)->Describe().c_str());
@@ -471,6 +485,32 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelGpuTest,
                          [](const auto& info) {
                            return absl::StrCat("TP2_EP", info.param.second, "_W", info.param.first);
                          });
+
+// PP2 (2 GPUs: one stage each, 1F1B with NCCL Send/Recv of the bf16 activations) tracks the
+// single-GPU run of the same 4-layer untied model with the same tolerances (not yet run on GPUs).
+TEST(PipelineParallelGpuTest, TracksSingleGpu) {
+  REQUIRE_GPUS(2);
+  const std::string ref_out = OutFile("single_gpu_pp_curve");
+  const std::vector<int> ref_codes = ct::RunProcesses(1, absl::Minutes(5), [&](int) {
+    return SingleGpuBody(ref_out, kSteps, "", /*pipeline_variant=*/true);
+  });
+  ASSERT_EQ(ref_codes[0], 0) << "single-GPU reference child";
+  const Curve ref = ReadCurve(ref_out);
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps)) << "single-GPU reference failed";
+  const std::string store = ct::UniqueStoreDir("gpu_pp_store");
+  const std::string out = OutFile("gpu_pp_curve");
+  const absl::Time start = absl::Now();
+  const std::vector<int> codes = RunRanks(2, [&](int rank) {
+    return RankBody(rank, 2, 1, store, out, kSteps, "", "", 1, "", 1, /*cp=*/1, /*pp=*/2);
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  const std::string what = "PP=2 (2 GPUs, NCCL, bf16)";
+  std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
+              absl::ToDoubleSeconds(absl::Now() - start));
+  const Curve got = ReadCurve(out);
+  ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps)) << what;
+  ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
+}
 
 // Save at step 10 with EP = 2 on 2 GPUs, resume with EP = 1 × EDP = 2 (resharded experts) and,
 // in a forked child, on one GPU: both continue close to the uninterrupted single-GPU curve.

@@ -29,8 +29,8 @@
 //
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Every valid layout gets
-// its groups, PP > 1 included; whether the engine runs it is checked where a job is accepted
-// (common/model/engine_support.h: the trainer, the worker agent, the coordinator).
+// its groups, PP > 1 included; the trainer runs PP (its 1F1B schedule sends on `pp`), the worker
+// agent and the coordinator still refuse it (common/model/engine_support.h).
 #ifndef SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 #define SWITCHYARD_WORKER_TRAIN_PROCESS_GROUPS_H_
 

@@ -27,6 +27,7 @@
 #include "common/cuda_status.h"
 #include "common/logging.h"
 #include "common/model/engine_support.h"
+#include "common/model/pipeline_layout.h"
 #include "common/status.h"
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
@@ -238,9 +239,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
   const v1::ParallelConfig& par = spec.parallel();
-  if (std::string why = UnsupportedByEngine(
-          "parallel.", par.tensor_model_parallel_size(), par.context_parallel_size(),
-          par.pipeline_model_parallel_size(), par.expert_tensor_parallel_size());
+  // The trainer runs pipeline parallelism itself (the 1F1B schedule in Step): PP is not asked.
+  if (std::string why = UnsupportedByEngine("parallel.", par.tensor_model_parallel_size(),
+                                            par.context_parallel_size(), /*pipeline=*/1,
+                                            par.expert_tensor_parallel_size());
       !why.empty()) {
     return absl::InvalidArgumentError(why);
   }
@@ -257,6 +259,20 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.context_parallel_size (", par.context_parallel_size(), ") must be ",
                      launched_cp, groups_ ? " (the launched layout)" : " for a standalone worker"));
+  }
+  // Pipeline parallelism: the launched layout's, or none for a standalone worker.
+  const int64_t launched_pp = groups_ != nullptr ? groups_->layout.pp() : 1;
+  if (par.pipeline_model_parallel_size() != launched_pp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.pipeline_model_parallel_size (", par.pipeline_model_parallel_size(), ") must be ",
+        launched_pp, groups_ ? " (the launched layout)" : " for a standalone worker"));
+  }
+  if (par.has_virtual_pipeline_model_parallel_size() &&
+      par.virtual_pipeline_model_parallel_size() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.virtual_pipeline_model_parallel_size (",
+        par.virtual_pipeline_model_parallel_size(),
+        "): the interleaved pipeline schedule is not implemented yet (1F1B without VPP is)"));
   }
   // Expert parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_ep = groups_ != nullptr ? groups_->layout.ep() : 1;
@@ -362,6 +378,24 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     config.tp_rank = pl.RankInGroup(ParallelGroup::kTensor, groups_->rank);
     config.cp_size = cp_;
     config.cp_rank = cp_rank_;
+    // Pipeline: stage pp_rank_'s layers, an equal share or the uneven layout of
+    // parallel.decoder_first/last_pipeline_num_layers (rules checked by ValidateJobSpec).
+    pp_ = pl.pp();
+    pp_rank_ = pl.RankInGroup(ParallelGroup::kPipeline, groups_->rank);
+    config.pp_size = pp_;
+    config.pp_rank = pp_rank_;
+    PipelineSplit split;
+    split.num_layers = config.num_layers;
+    split.pp = pp_;
+    if (par.has_decoder_first_pipeline_num_layers()) {
+      split.first_stage_layers = par.decoder_first_pipeline_num_layers();
+    }
+    if (par.has_decoder_last_pipeline_num_layers()) {
+      split.last_stage_layers = par.decoder_last_pipeline_num_layers();
+    }
+    SY_ASSIGN_OR_RETURN(const LayerRange stage, StageLayers(split, pp_rank_, /*chunk=*/0));
+    config.layer_begin = stage.begin;
+    config.layer_end = stage.begin + stage.count;
     model_groups = {groups_->expert, groups_->tdc, groups_->etp,
                     groups_->etp_ep, groups_->tp,  groups_->cp};
   }
@@ -450,6 +484,12 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     so.num_samples = total_samples;
     SY_ASSIGN_OR_RETURN(GptSamples samples, GptSamples::Build(docs, so));
     samples_ = std::make_shared<const GptSamples>(std::move(samples));
+  }
+  if (pp_ > 1) {
+    const int64_t tl = micro_batch_ * local_seq_ / model_->config().tp_size;
+    const int64_t h = model_->config().hidden_size;
+    SY_ASSIGN_OR_RETURN(pp_input_, Buffer::ForTensor(dtype, {tl, h}, device));
+    SY_ASSIGN_OR_RETURN(pp_output_grad_, Buffer::ForTensor(dtype, {tl, h}, device));
   }
   const int64_t t = micro_batch_ * seq_;
   SY_ASSIGN_OR_RETURN(host_ids_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
@@ -549,7 +589,17 @@ absl::StatusOr<StepResult> Trainer::Step() {
     }
     return absl::OkStatus();
   };
-  for (int64_t m = 0; m < num_micro_; ++m) {
+  if (pp_ > 1) {
+    absl::Status st = PipelineMicroBatches(ce_scale, aux_scale, counter0, hook);
+    if (reducer_ != nullptr) {
+      model::ScopedRange range(s, "grad_reduce_wait");
+      const absl::Status reduced = reducer_->Wait();
+      for (PlannedBucket& pb : bucket_plan_) pb.launched = false;
+      if (st.ok()) st = reduced;
+    }
+    SY_RETURN_IF_ERROR(st);
+  }
+  for (int64_t m = 0; pp_ == 1 && m < num_micro_; ++m) {
     // Micro-batch j of the global batch (this rank's m-th; j = m with one process).
     const int64_t j = m * dp_ + dp_rank_;
     {
@@ -603,6 +653,128 @@ absl::StatusOr<StepResult> Trainer::Step() {
   consumed_samples_ += gbs;
   ++step_;
   return FinishStepResult(r, stats, last_timing_.step_ms);
+}
+
+absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
+                                           const std::function<absl::Status(int64_t)>& hook) {
+  // Megatron's forward_backward_pipelining_without_interleaving: warm-up forwards (PP - stage -
+  // 1), then one forward and one backward each (1F1B), then the remaining backwards. Every stage
+  // runs its micro-batches in order m = 0..M-1 (this DP rank's), so the jitter counter and the
+  // stats slot of micro-batch m are one process's. The last stage computes the loss and the
+  // backward in its forward step (ForwardBackward); its backward step only hands that gradient on.
+  const Stream& s = stream_;
+  comm::Communicator* pp = groups_->pp;
+  const bool first = pp_rank_ == 0, last = pp_rank_ == pp_ - 1;
+  const int64_t num = num_micro_;
+  const int64_t warmup = std::min<int64_t>(pp_ - pp_rank_ - 1, num), remaining = num - warmup;
+  const int slots = last ? 1 : model_->num_slots();
+  const bool tp = model_->config().tp_size > 1;
+  const bool with_hook = reducer_ != nullptr || tp;
+  const int64_t n = micro_batch_ * local_seq_;
+  const Tensor ids = Slice(s.is_cuda() ? ids_.View() : host_ids_.View(), 0, {n});
+  const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
+  const Tensor input = pp_input_.View(), output_grad = pp_output_grad_.View();
+  // Tags: activation of micro-batch m 2m, its gradient 2m + 1 (unique within a step).
+  auto act_tag = [](int64_t m) { return static_cast<uint32_t>(2 * m); };
+  auto grad_tag = [](int64_t m) { return static_cast<uint32_t>(2 * m + 1); };
+  // One exchange in Megatron's blocking order (p2p_communication._p2p_ops): even stages send to
+  // the next stage first, odd stages receive from the previous one first, so two neighbours never
+  // both wait in a Send. A null tensor skips that operation (and the edges of the pipeline).
+  struct Op {
+    const Tensor* t = nullptr;
+    int64_t micro = 0;
+  };
+  auto communicate = [&](Op send_next, Op recv_prev, Op send_prev, Op recv_next) -> absl::Status {
+    model::ScopedRange range(s, "pipeline_p2p");
+    auto sn = [&]() -> absl::Status {
+      if (last || send_next.t == nullptr) return absl::OkStatus();
+      return pp->Send(*send_next.t, pp_rank_ + 1, act_tag(send_next.micro));
+    };
+    auto rp = [&]() -> absl::Status {
+      if (first || recv_prev.t == nullptr) return absl::OkStatus();
+      return pp->Recv(*recv_prev.t, pp_rank_ - 1, act_tag(recv_prev.micro));
+    };
+    auto sp = [&]() -> absl::Status {
+      if (first || send_prev.t == nullptr) return absl::OkStatus();
+      return pp->Send(*send_prev.t, pp_rank_ - 1, grad_tag(send_prev.micro));
+    };
+    auto rn = [&]() -> absl::Status {
+      if (last || recv_next.t == nullptr) return absl::OkStatus();
+      return pp->Recv(*recv_next.t, pp_rank_ + 1, grad_tag(recv_next.micro));
+    };
+    if (pp_rank_ % 2 == 0) {
+      SY_RETURN_IF_ERROR(sn());
+      SY_RETURN_IF_ERROR(rp());
+      SY_RETURN_IF_ERROR(sp());
+      return rn();
+    }
+    SY_RETURN_IF_ERROR(rp());
+    SY_RETURN_IF_ERROR(sn());
+    SY_RETURN_IF_ERROR(rn());
+    return sp();
+  };
+  auto load = [&](int64_t m) -> absl::Status {
+    // Micro-batch j of the global batch (this rank's m-th), as without PP.
+    const int64_t j = m * dp_ + dp_rank_;
+    model::ScopedRange range(s, "data", m);
+    SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + j * micro_batch_, micro_batch_));
+    model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
+    return absl::OkStatus();
+  };
+  Tensor last_input_grad;  // last stage: the gradient of its input from ForwardBackward
+  auto forward_step = [&](int64_t m, Tensor* output) -> absl::Status {
+    SY_RETURN_IF_ERROR(load(m));
+    if (!last) {
+      return model_->ForwardStage(s, ids, first ? Tensor() : input, local_seq_, static_cast<int>(m),
+                                  static_cast<int>(m % slots), output);
+    }
+    if (with_hook && m + 1 == num) model_->SetBackwardHook(hook);
+    absl::Status st = model_->ForwardBackward(s, ids, targets, local_seq_, ce_scale, aux_scale,
+                                              static_cast<int>(m), first ? Tensor() : input,
+                                              first ? nullptr : &last_input_grad);
+    model_->SetBackwardHook(nullptr);
+    return st;
+  };
+  auto backward_step = [&](int64_t m, Tensor* input_grad) -> absl::Status {
+    if (last) {
+      *input_grad = last_input_grad;
+      return absl::OkStatus();
+    }
+    SY_RETURN_IF_ERROR(load(m));  // the ids again: the embedding backward (and TP shard) read them
+    if (with_hook && m + 1 == num) model_->SetBackwardHook(hook);
+    absl::Status st = model_->BackwardStage(s, ids, output_grad, local_seq_, aux_scale,
+                                            static_cast<int>(m % slots), input_grad);
+    model_->SetBackwardHook(nullptr);
+    return st;
+  };
+  int64_t fm = 0, bm = 0;  // next micro-batch to run forward / backward
+  Tensor output, input_grad;
+  for (int64_t i = 0; i < warmup; ++i) {
+    SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {}, {}));
+    SY_RETURN_IF_ERROR(forward_step(fm, &output));
+    SY_RETURN_IF_ERROR(communicate({&output, fm}, {}, {}, {}));
+    ++fm;
+  }
+  if (remaining > 0) SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {}, {}));
+  for (int64_t i = 0; i < remaining; ++i) {
+    SY_RETURN_IF_ERROR(forward_step(fm, &output));
+    SY_RETURN_IF_ERROR(communicate({&output, fm}, {}, {}, {&output_grad, bm}));
+    ++fm;
+    SY_RETURN_IF_ERROR(backward_step(bm, &input_grad));
+    if (i + 1 == remaining) {
+      SY_RETURN_IF_ERROR(communicate({}, {}, {&input_grad, bm}, {}));
+    } else {
+      SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {&input_grad, bm}, {}));
+    }
+    ++bm;
+  }
+  for (int64_t i = 0; i < warmup; ++i) {
+    SY_RETURN_IF_ERROR(communicate({}, {}, {}, {&output_grad, bm}));
+    SY_RETURN_IF_ERROR(backward_step(bm, &input_grad));
+    SY_RETURN_IF_ERROR(communicate({}, {}, {&input_grad, bm}, {}));
+    ++bm;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
@@ -825,9 +997,17 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
   if (expert_opt_ != nullptr) {
     SY_ASSIGN_OR_RETURN(float sq, expert_opt_->PrepareStep(s, Region(grads, 0, lay.expert_end)));
     sq_expert[0] = sq;
+  }
+  // A pipeline stage without MoE layers still joins the ETP×EP×PP sum (its share is 0): the
+  // group spans the stages, and a missing member would pair this all-reduce with another.
+  if (expert_opt_ != nullptr || pp_ > 1) {
     SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->expert_model, &sq_expert));
   }
-  const float total = sq_dense + static_cast<float>(sq_shard[0]) + static_cast<float>(sq_expert[0]);
+  // Pipeline: every stage holds different dense tensors; their squares are added over PP (the
+  // expert part is already summed over ETP×EP×PP).
+  std::vector<double> sq_stage = {static_cast<double>(sq_dense) + sq_shard[0]};
+  if (pp_ > 1) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->pp, &sq_stage));
+  const float total = static_cast<float>(sq_stage[0]) + static_cast<float>(sq_expert[0]);
   StepResult& r = *result;
   r.lr = lr_->LrAt(step_);
   const int64_t adam_step = step_ - skipped_steps_ + 1;
@@ -863,6 +1043,9 @@ absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
     for (int64_t c : counts) v.push_back(static_cast<double>(c));
   }
   SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tdc, &v));
+  // Pipeline: the loss is the last stage's, each MoE layer's statistics its stage's (zero on the
+  // others), so the sum over PP puts them together.
+  if (pp_ > 1) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->pp, &v));
   size_t i = 0;
   stats->loss_sum = v[i++];
   stats->tokens = static_cast<int64_t>(v[i++]);
@@ -1056,7 +1239,26 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
       }
     }
   }
-  if (c.num_moe_layers() > 0 && (!distributed() || groups_->rank == 0)) {
+  if (c.num_moe_layers() > 0 && pp_ > 1) {
+    // Pipeline: each stage's first rank saves the rows of its own MoE layers (the other rows of
+    // its expert_bias are not its layers'); a stage without MoE layers saves none.
+    const int64_t stage_ranks = groups_->layout.world_size() / pp_;
+    int64_t moe_begin = 0, moe_end = 0;
+    for (int64_t l = 0; l < c.stage_layer_end(); ++l) {
+      if (!c.moe_layers[l]) continue;
+      if (l < c.layer_begin) ++moe_begin;
+      ++moe_end;
+    }
+    if (groups_->rank % stage_ranks == 0 && moe_end > moe_begin) {
+      const Tensor bias = model_->expert_bias();
+      ShardSlice rows;
+      rows.global_shape = bias.shape;
+      rows.runs = {{{moe_begin, moe_end - moe_begin}}, {{0, bias.shape[1]}}};
+      const int64_t e = bias.shape[1];
+      SY_RETURN_IF_ERROR(
+          add("expert_bias", rows, Slice(bias, moe_begin * e, {moe_end - moe_begin, e})));
+    }
+  } else if (c.num_moe_layers() > 0 && (!distributed() || groups_->rank == 0)) {
     const Tensor bias = model_->expert_bias();
     SY_RETURN_IF_ERROR(add("expert_bias", ShardSlice::Whole(bias.shape), bias));
   }

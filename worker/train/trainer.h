@@ -31,8 +31,15 @@
 // whole tensors. Load reshards from any saved mapping, and reads the older single-file format
 // (model.safetensors, optimizer.safetensors, router.safetensors: whole tensors, same names).
 //
-// Distributed (TrainerOptions::groups; data, expert, tensor and context parallelism in any
-// combination, PP = 1): every rank holds the dense parameters (its TP shard of the TP-split
+// Pipeline parallelism (PP > 1; PipelineMicroBatches, Megatron's non-interleaved 1F1B): each stage
+// holds its layers only (GptModel "Pipeline parallelism"), runs its DP rank's micro-batches in
+// order (warm-up forwards PP - stage - 1, steady 1F1B, cool-down backwards) and sends activations
+// and their gradients with Send/Recv on ProcessGroups::pp, blocking (no overlap with compute).
+// Loss and MoE statistics are summed over PP for the log line, the dense squared grad norm over
+// PP too. Tied embeddings, global_aux_loss, VPP and EvalLoss are refused at PP > 1.
+//
+// Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
+// any combination): every rank holds the dense parameters (its TP shard of the TP-split
 // ones: GptModel's "Tensor and sequence parallelism") and its EP rank's experts (megatron_moe.md
 // §3.2, §5). The TP ranks of one DP rank run the same micro-batches, each on its sequence shard;
 // under context parallelism the CP ranks of one DP rank run the same micro-batches, each with its
@@ -241,9 +248,15 @@ class Trainer {
   v1::JobSpec spec_;
   TrainerOptions options_;
   ProcessGroups* groups_ = nullptr;
-  int dp_ = 1, dp_rank_ = 0;      // size(DP) and this rank's position in it (micro-batch owner)
-  int cp_ = 1, cp_rank_ = 0;      // context parallelism: this rank holds chunks cp_rank_ and
-                                  // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
+  int dp_ = 1, dp_rank_ = 0;  // size(DP) and this rank's position in it (micro-batch owner)
+  int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank holds chunks cp_rank_ and
+                              // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
+  int pp_ = 1, pp_rank_ = 0;  // pipeline: this rank is stage pp_rank_ of pp_
+  // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
+  kernels::Buffer pp_input_, pp_output_grad_;
+  // Pipeline: the 1F1B schedule of one step (Step), Megatron's non-interleaved order.
+  absl::Status PipelineMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
+                                    const std::function<absl::Status(int64_t)>& hook);
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
   // TP-sharded dense region (null without TP); expert_opt_: the experts.
