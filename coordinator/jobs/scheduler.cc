@@ -135,6 +135,10 @@ void Scheduler::OnExit(const std::string& worker_id, const v1::WorkerExit& exit)
 void Scheduler::OnLost(const cluster::WorkerInfo& worker, const std::string& why) {
   Push(LostEvent{worker, why});
 }
+void Scheduler::OnCheckpointSaved(const std::string& worker_id, const v1::CheckpointSaved& saved) {
+  Push(CheckpointEvent{worker_id, saved});
+}
+
 void Scheduler::OnJobChanged() {
   absl::MutexLock lock(&mu_);
   wake_ = true;
@@ -193,6 +197,7 @@ void Scheduler::Loop() {
     }
     if (!events.empty()) workers_changed_ = true;
     CheckAdoptions();
+    CheckPreemptions();
     CheckDrains();
     const uint64_t version = hub_->version();
     const absl::Time now = absl::Now();
@@ -283,6 +288,13 @@ void Scheduler::SchedulePass() {
     if (!blocking_priority.has_value() && wait != current_wait_.end() &&
         wait->second.first == kWaitingForWorkers) {
       blocking_priority = job.spec().priority();
+      // Only the first job that waits for workers may preempt: it is first in admission order,
+      // and the workers freed go to it.
+      auto spec = resolved_.find(job.name());
+      if (options_.preemption && spec != resolved_.end() && spec->second.ok()) {
+        Preempt(job, WorkerRange(*spec->second).first,
+                static_cast<int32_t>(EligibleFor(job.name(), idle).size()));
+      }
     }
     const std::string queue = QueueOf(job.spec());
     v1::QueueStatus& status = statuses[job.name()];
@@ -319,6 +331,60 @@ void Scheduler::SchedulePass() {
   }
   for (auto it = resolved_.begin(); it != resolved_.end();) {
     it = waiting.count(it->first) > 0 ? std::next(it) : resolved_.erase(it);
+  }
+}
+
+void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible) {
+  // One preemption at a time, and none while workers are being freed by a drain: those workers
+  // may be all the job needs, and a second pick would take more victims than needed.
+  for (const auto& [name, run] : runs_) {
+    if (run.preempting || run.draining) return;
+  }
+  const int32_t priority = job.spec().priority();
+  std::vector<const Run*> candidates;
+  for (const auto& [name, run] : runs_) {
+    // Only a running generation can save on demand; never for equal or lower priority.
+    if (!run.running || run.adopting || run.priority >= priority) continue;
+    candidates.push_back(&run);
+  }
+  // Lowest priority first, then the youngest (highest id): the least important, least invested.
+  auto id_of = [](const Run* r) { return jobs::ParseJobName(r->job).value_or(0); };
+  std::sort(candidates.begin(), candidates.end(), [&](const Run* a, const Run* b) {
+    if (a->priority != b->priority) return a->priority < b->priority;
+    return id_of(a) > id_of(b);
+  });
+  int32_t freed = idle_eligible;
+  std::vector<std::string> victims;
+  for (const Run* run : candidates) {
+    if (freed >= needed) break;
+    int32_t usable = 0;
+    for (const auto& [id, rank] : run->rank_of) {
+      std::optional<cluster::WorkerInfo> w = workers_->Get(id);
+      // Only workers the waiting job may run on (unscoped or scoped to it) count.
+      if (w && w->state != cluster::WorkerState::kLost &&
+          (w->scope.empty() || w->scope == job.name())) {
+        ++usable;
+      }
+    }
+    if (usable == 0) continue;
+    freed += usable;
+    victims.push_back(run->job);
+  }
+  if (freed < needed) return;  // preempting cannot admit it: preempt nobody
+  for (const std::string& name : victims) {
+    Run& run = runs_[name];
+    run.preempting = true;
+    run.preempted_for = job.name();
+    run.preempt_deadline = absl::Now() + options_.preempt_save_timeout;
+    const std::string message =
+        absl::StrCat("preempting for ", job.name(), " (priority ", priority, " > ", run.priority,
+                     "): on-demand checkpoint requested");
+    SY_LOG(INFO) << "scheduler: " << name << " generation " << run.generation << ": " << message;
+    v1::CoordinatorMessage checkpoint;
+    checkpoint.mutable_checkpoint();
+    for (const auto& [id, rank] : run.rank_of) {
+      if (run.exit_code.count(id) == 0) Send(id, checkpoint);
+    }
   }
 }
 
@@ -473,6 +539,7 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
   run.job = job.name();
   run.generation = generation;
   run.queue = queue;
+  run.priority = job.spec().priority();
   (*in_use)[queue] += world;
   std::vector<std::string> ranks;
   for (int32_t rank = 0; rank < world; ++rank) {
