@@ -98,6 +98,18 @@
 //   the same way ("... did not save within 60s; resumes from its last checkpoint (step M)").
 //   A preemption does not count against max_restarts. No new victims are picked while another
 //   preemption or any drain is in flight (the workers being freed may be enough).
+// - Scale-up (SchedulerOptions.scale_up, --scale-up=on|off, default on): when no job waits for
+//   admission and idle workers remain after a pass, the first running generation in admission
+//   order that has run at least scale_up_delay, runs below its max_workers, has idle eligible
+//   workers within its queue's quota, and for which the planner gives a strictly larger world
+//   with them, gets CheckpointNow (one scale-up at a time, none during a preemption or drain).
+//   At its CheckpointSaved(requested) at step N it goes RUNNING -> PENDING (SCALING_UP,
+//   "scaling up from W1 to W2 worker(s) at step N") and is stopped; the next pass plans it again
+//   on its freed workers plus the idle ones (the SCHEDULED event names the new world) and it
+//   resumes from that checkpoint, resharding. A scale-up whose save does not come within
+//   preempt_save_timeout is abandoned (the generation keeps running). Hysteresis: the delay
+//   (default 5 min) since the generation started, and the strictly-larger-plan rule, so a job
+//   is never restarted for a world the planner would not use.
 // - Zombies: an idle worker whose heartbeats report a generation (it still runs one this
 //   coordinator ended or does not know) gets one Stop per generation, checked every
 //   rescan_interval. A worker that a live run counts as its rank is never a zombie: the registry
@@ -169,6 +181,11 @@ struct SchedulerOptions {
   // How long a victim may take to answer CheckpointNow with a CheckpointSaved before it is
   // stopped anyway (it then resumes from its last checkpoint).
   absl::Duration preempt_save_timeout = absl::Seconds(60);
+  // Scale-up at a checkpoint boundary (scheduler.h "Scale-up"; --scale-up=on|off,
+  // --scale-up-delay). A generation grows only after it has run scale_up_delay: each growth
+  // costs a save and a restart, so this bounds how often a job can be re-planned (hysteresis).
+  bool scale_up = true;
+  absl::Duration scale_up_delay = absl::Minutes(5);
 };
 
 // One generation in flight, for tests and the metrics.
@@ -242,6 +259,11 @@ class Scheduler {
     std::string preempted_for;  // the waiting job's name, for the event
     absl::Time preempt_deadline = absl::InfiniteFuture();
     int64_t last_checkpoint = -1;  // rank 0's last CheckpointSaved step in this generation
+    absl::Time started = absl::InfiniteFuture();  // when this process started the generation
+    // Scale-up in progress: CheckpointNow was sent; at the requested CheckpointSaved the job
+    // goes PENDING (SCALING_UP) and is planned again on more workers. 0: none.
+    int32_t scaling_to = 0;
+    absl::Time scale_deadline = absl::InfiniteFuture();
   };
   struct RegisteredEvent {
     cluster::Registered registered;
@@ -299,8 +321,14 @@ class Scheduler {
   // Ends a preempting run: PENDING (PREEMPTED) and Stop to its ranks. `step` >= 0: the step of
   // its on-demand checkpoint; -1: it did not save in time.
   void EndPreempted(Run& run, int64_t step);
-  // Victims whose save timed out.
+  // Victims whose save timed out; scale-ups whose save timed out are abandoned.
   void CheckPreemptions();
+  // Scale-up (scheduler.h "Scale-up"): when no job waits, asks at most one running generation
+  // that the idle workers can grow for an on-demand checkpoint.
+  void MaybeScaleUp(const std::vector<cluster::WorkerInfo>& idle,
+                    const std::map<std::string, int32_t>& in_use);
+  // Ends a generation being scaled up at its checkpoint of `step`: PENDING (SCALING_UP), Stop.
+  void EndForScaleUp(Run& run, int64_t step);
   void CheckDrains();
   void CheckAdoptions();
   // Sends Stop (once per worker and generation) to idle workers whose heartbeats report a

@@ -174,7 +174,26 @@ void Scheduler::Handle(const CheckpointEvent& e) {
                       << ": " << job.status();
     }
   }
-  if (run->preempting && saved.requested()) EndPreempted(*run, saved.step());
+  if (run->preempting && saved.requested()) {
+    EndPreempted(*run, saved.step());
+  } else if (run->scaling_to > 0 && saved.requested()) {
+    EndForScaleUp(*run, saved.step());
+  }
+}
+
+void Scheduler::EndForScaleUp(Run& run, int64_t step) {
+  const std::string message =
+      absl::StrCat("scaling up from ", run.rank_of.size(), " to ", run.scaling_to,
+                   " worker(s) at step ", step, "; resumes from the checkpoint of step ", step);
+  run.scaling_to = 0;
+  absl::StatusOr<Job> job = hub_->Transition(run.job, Job::PENDING, kScalingUp, message);
+  if (!job.ok()) {
+    SY_LOG(WARNING) << "scheduler: " << run.job << " -> PENDING: " << job.status();
+    CheckRunStates();
+    return;
+  }
+  SY_LOG(INFO) << "scheduler: " << run.job << " generation " << run.generation << ": " << message;
+  Drain(run, absl::StrCat(kScalingUp, ": ", message));
 }
 
 void Scheduler::EndPreempted(Run& run, int64_t step) {
@@ -206,6 +225,13 @@ void Scheduler::CheckPreemptions() {
   const absl::Time now = absl::Now();
   for (auto& [name, run] : runs_) {
     if (run.preempting && !run.draining && now >= run.preempt_deadline) EndPreempted(run, -1);
+    if (run.scaling_to > 0 && now >= run.scale_deadline) {
+      SY_LOG(WARNING) << "scheduler: " << name << ": no checkpoint within "
+                      << absl::FormatDuration(options_.preempt_save_timeout)
+                      << "; scale-up abandoned";
+      run.scaling_to = 0;
+      run.started = now;  // wait scale_up_delay again before the next try
+    }
   }
 }
 

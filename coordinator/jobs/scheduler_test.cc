@@ -657,6 +657,67 @@ TEST_F(SchedulerTest, PreemptsTheYoungestLowerPriorityJobAtItsCheckpoint) {
   h_->WaitForState(j1, Job::SUCCEEDED);
 }
 
+// Scale-up at a checkpoint boundary (scheduler.h "Scale-up"): a job of [1, 4] workers runs on
+// the only worker; a second worker attaches. After scale_up_delay (300 ms here) the running
+// generation gets CheckpointNow; at its CheckpointSaved(step 3, requested) it goes PENDING
+// (SCALING_UP, "scaling up from 1 to 2 worker(s) at step 3") and generation 2 runs on both.
+TEST_F(SchedulerTest, ScalesUpAtACheckpointWhenAWorkerAttaches) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  api::WorkerPlaneOptions options =
+      api::testing::FastOptions(absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints"));
+  options.scheduler.scale_up_delay = absl::Milliseconds(300);
+  h_ = Harness::Start("sched_scale_up.db", true, options);
+  ASSERT_NE(h_, nullptr);
+  fleet_ = std::make_unique<Fleet>(h_.get(), 1);
+  FakeWorker* w0 = Raw(*fleet_)[0];
+  job_ = h_->Submit(api::testing::SmallSpec(1, 4));
+  auto ranks = ExpectGeneration({w0}, job_, 1, 1);
+  ASSERT_EQ(ranks.size(), 1u);
+  w0->SendStep(1, 5.0);
+  h_->WaitForState(job_, Job::RUNNING);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(w0->CountReceived(CoordinatorMessage::kCheckpoint), 0)
+      << "no idle worker: nothing to grow onto";
+
+  auto w1 = std::make_unique<FakeWorker>(api::testing::MakeChannel(h_->port()), "w1", "host-a");
+  w1->Attach();
+  fleet_->ticker->Add(w1.get());
+  ASSERT_TRUE(w0->WaitFor(CoordinatorMessage::kCheckpoint).has_value());
+  EXPECT_EQ(h_->hub()->GetJob(job_)->state(), Job::RUNNING);
+  v1::WorkerMessage m;
+  v1::CheckpointSaved* c = m.mutable_checkpoint_saved();
+  c->set_job(job_);
+  c->set_generation(1);
+  c->set_rank(0);
+  c->set_step(3);
+  c->set_requested(true);
+  w0->SendRaw(m);
+  auto grown = ExpectGeneration({w0, w1.get()}, job_, 2, 2);
+  EXPECT_EQ(grown.size(), 2u);
+  Job job = *h_->hub()->GetJob(job_);
+  EXPECT_EQ(job.last_checkpoint_step(), 3);
+  EXPECT_EQ(job.restart_count(), 0);
+  PrintEvents();
+  auto events = h_->registry()->ListEvents(job_);
+  ASSERT_TRUE(events.ok());
+  bool found = false;
+  for (const v1::JobEvent& e : *events) {
+    if (e.reason() != "SCALING_UP") continue;
+    found = true;
+    EXPECT_NE(e.message().find("scaling up from 1 to 2 worker(s) at step 3"), std::string::npos)
+        << e.message();
+  }
+  EXPECT_TRUE(found) << "no SCALING_UP event";
+  // Generation 2 uses every attached worker: no further CheckpointNow.
+  for (auto& [rank, w] : grown) w->SendStep(4, 4.0);
+  absl::SleepFor(absl::Milliseconds(800));
+  EXPECT_EQ(w1->CountReceived(CoordinatorMessage::kCheckpoint), 0);
+  for (auto& [rank, w] : grown) w->SendExit(0);
+  h_->WaitForState(job_, Job::SUCCEEDED);
+  fleet_->ticker.reset();
+  w1.reset();
+}
+
 TEST_F(SchedulerTest, NoFeasiblePlanFails) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_noplan.db", 2));
   v1::JobSpec spec = api::testing::SmallSpec(2, 2);

@@ -348,8 +348,8 @@ void Agent::TrainingThread(Generation* g) {
     *r->mutable_metrics() = m;
     Enqueue(std::move(msg));
   };
-  // Every rank reports its saves (the coordinator records rank 0's): a preemption or scale-up
-  // waits for the reply to its CheckpointNow before it stops the generation.
+  // Every rank reports its saves (the coordinator records rank 0's): a preemption waits for the
+  // reply to its CheckpointNow before it stops the generation.
   env.on_saved = [this, g, &a](int64_t step, const std::string& dir, bool requested) {
     if (g->exit_sent.load()) return;
     v1::WorkerMessage msg;
