@@ -133,12 +133,12 @@ TEST(E2ePreemptTest, PreemptionResumesContinuouslyAndScaleUpWhenAWorkerAttaches)
   }
   EXPECT_TRUE(saved_n) << "no CHECKPOINT_SAVED at step " << n;
   // The ranks stop at the Stop that follows the save, so they may run (and, at
-  // training.save_interval, save) a step or two more: generation 2 resumes from the latest
-  // checkpoint, at least N+1, and no step is lost (it continues at most one past the last step
-  // generation 1 reported).
+  // training.save_interval = 5, save) a step or two more whose reports the coordinator drops
+  // (the generation is draining): generation 2 resumes from the latest committed checkpoint,
+  // at least N+1 and at most one save interval past the last step reported before the stop.
   const int64_t last1 = LastStepOf(w2, 1);
   EXPECT_GE(resumed_at, n + 1) << "generation 2 started before the on-demand checkpoint";
-  EXPECT_LE(resumed_at, last1 + 1) << "steps lost: generation 1 reached " << last1;
+  EXPECT_LE(resumed_at, last1 + 1 + 5) << "generation 1 reported up to " << last1;
   // Scale-up: from 1 to 2 workers at step M, generation 3 from M+1 on 2 workers.
   const v1::JobEvent* scaling = Find(ev2, "SCALING_UP");
   ASSERT_NE(scaling, nullptr);
@@ -146,7 +146,7 @@ TEST(E2ePreemptTest, PreemptionResumesContinuouslyAndScaleUpWhenAWorkerAttaches)
       << scaling->message();
   const int64_t m = StepIn(scaling->message());
   EXPECT_GE(FirstStepOf(w2, 3), m + 1);
-  EXPECT_LE(FirstStepOf(w2, 3), LastStepOf(w2, 2) + 1);
+  EXPECT_LE(FirstStepOf(w2, 3), LastStepOf(w2, 2) + 1 + 5);
   int starts1 = 0;
   for (const SeenEvent& e : ev2) {
     if (e.event.state() != Job::STARTING) continue;
