@@ -93,6 +93,19 @@ ABSL_FLAG(std::string, queues, "",
           "Queues and their worker quotas, NAME=WORKERS[,NAME=WORKERS...] (e.g. a=2,b=2): a job "
           "names its queue in JobSpec.queue (empty: default, which has no quota unless listed); "
           "each queue runs at most WORKERS workers at once.");
+ABSL_FLAG(std::string, preemption, "on",
+          "on|off: a job that waits for workers held by lower-priority jobs preempts them at an "
+          "on-demand checkpoint (coordinator/jobs/scheduler.h \"Preemption\"); they return to "
+          "the queue and resume from it.");
+ABSL_FLAG(absl::Duration, preempt_save_timeout, absl::Seconds(60),
+          "How long a preemption victim may take to save its on-demand checkpoint before it is "
+          "stopped anyway (it then resumes from its last checkpoint).");
+ABSL_FLAG(std::string, scale_up, "on",
+          "on|off: a running job below its max_workers grows onto idle workers at an on-demand "
+          "checkpoint when no job waits (coordinator/jobs/scheduler.h \"Scale-up\").");
+ABSL_FLAG(absl::Duration, scale_up_delay, absl::Minutes(5),
+          "A generation must have run this long before it is scaled up (hysteresis: each "
+          "scale-up costs a save and a restart).");
 ABSL_FLAG(bool, require_job_scoped_workers, false,
           "Refuse workers that are not scoped to a job (switchyard-worker --job jobs/<id>): every "
           "worker then runs one job only (Kubernetes: one pod set per job).");
@@ -214,6 +227,24 @@ int main(int argc, char** argv) {
   options.worker_options.service.require_job_scoped_workers =
       absl::GetFlag(FLAGS_require_job_scoped_workers);
   options.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
+  const std::string preemption = absl::GetFlag(FLAGS_preemption);
+  if (preemption != "on" && preemption != "off") {
+    return Usage(absl::StrCat("--preemption (\"", preemption, "\") must be on or off"));
+  }
+  options.worker_options.scheduler.preemption = preemption == "on";
+  options.worker_options.scheduler.preempt_save_timeout = absl::GetFlag(FLAGS_preempt_save_timeout);
+  if (options.worker_options.scheduler.preempt_save_timeout <= absl::ZeroDuration()) {
+    return Usage("--preempt-save-timeout must be positive");
+  }
+  const std::string scale_up = absl::GetFlag(FLAGS_scale_up);
+  if (scale_up != "on" && scale_up != "off") {
+    return Usage(absl::StrCat("--scale-up (\"", scale_up, "\") must be on or off"));
+  }
+  options.worker_options.scheduler.scale_up = scale_up == "on";
+  options.worker_options.scheduler.scale_up_delay = absl::GetFlag(FLAGS_scale_up_delay);
+  if (options.worker_options.scheduler.scale_up_delay < absl::ZeroDuration()) {
+    return Usage("--scale-up-delay must not be negative");
+  }
   absl::StatusOr<std::map<std::string, int32_t>> queues =
       switchyard::jobs::ParseQueueQuotas(absl::GetFlag(FLAGS_queues));
   if (!queues.ok()) return Usage(std::string(queues.status().message()));

@@ -144,7 +144,8 @@ class WorkerServiceImpl::AttachReactor
     }
     if (message.msg_case() == v1::WorkerMessage::MSG_NOT_SET) {
       return absl::InvalidArgumentError(
-          "WorkerMessage.msg must be set (registration, heartbeat, step or exit)");
+          "WorkerMessage.msg must be set (registration, heartbeat, step, exit or "
+          "checkpoint_saved)");
     }
     if (id_.empty()) {
       return absl::FailedPreconditionError("the first WorkerMessage must be a registration");
@@ -160,6 +161,10 @@ class WorkerServiceImpl::AttachReactor
       case v1::WorkerMessage::kStep:
         (void)service_->workers_->Touch(id_, -1);
         service_->scheduler_->OnStep(id_, message.step());
+        break;
+      case v1::WorkerMessage::kCheckpointSaved:
+        (void)service_->workers_->Touch(id_, -1);
+        service_->scheduler_->OnCheckpointSaved(id_, message.checkpoint_saved());
         break;
       case v1::WorkerMessage::kExit:
         (void)service_->workers_->Touch(id_, -1);

@@ -44,6 +44,7 @@ v1::Job ToJob(const store::JobRow& row) {
   job.set_failure_reason(row.failure_reason);
   if (row.plan) *job.mutable_plan() = *row.plan;
   if (row.last_step) *job.mutable_last_step() = *row.last_step;
+  if (row.last_checkpoint_step) job.set_last_checkpoint_step(*row.last_checkpoint_step);
   return job;
 }
 

@@ -592,7 +592,7 @@ TEST_F(JobRegistryTest, EveryAllowedTransitionAndRefusedOnesWriteNothing) {
       {pending->name(), v1::Job::RESTARTING, "from PENDING to RESTARTING"},
       {pending->name(), v1::Job::PENDING, "from PENDING to PENDING"},
       {running->name(), v1::Job::STARTING, "from RUNNING to STARTING"},
-      {running->name(), v1::Job::PENDING, "from RUNNING to PENDING"},
+      {running->name(), v1::Job::RUNNING, "from RUNNING to RUNNING"},
       {running->name(), v1::Job::STATE_UNSPECIFIED, "from RUNNING to STATE_UNSPECIFIED"},
       {"jobs/1", v1::Job::RUNNING, "from SUCCEEDED to RUNNING"},
       {"jobs/2", v1::Job::STARTING, "from FAILED to STARTING"},

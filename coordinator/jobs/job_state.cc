@@ -14,13 +14,22 @@ struct Edge {
 };
 
 constexpr Edge kTransitions[] = {
-    {v1::Job::PENDING, v1::Job::STARTING},    {v1::Job::PENDING, v1::Job::FAILED},
-    {v1::Job::PENDING, v1::Job::CANCELLED},   {v1::Job::STARTING, v1::Job::RUNNING},
-    {v1::Job::STARTING, v1::Job::RESTARTING}, {v1::Job::STARTING, v1::Job::FAILED},
-    {v1::Job::STARTING, v1::Job::CANCELLED},  {v1::Job::RUNNING, v1::Job::SUCCEEDED},
-    {v1::Job::RUNNING, v1::Job::RESTARTING},  {v1::Job::RUNNING, v1::Job::FAILED},
-    {v1::Job::RUNNING, v1::Job::CANCELLED},   {v1::Job::RESTARTING, v1::Job::STARTING},
-    {v1::Job::RESTARTING, v1::Job::FAILED},   {v1::Job::RESTARTING, v1::Job::CANCELLED},
+    {v1::Job::PENDING, v1::Job::STARTING},
+    {v1::Job::PENDING, v1::Job::FAILED},
+    {v1::Job::PENDING, v1::Job::CANCELLED},
+    {v1::Job::STARTING, v1::Job::RUNNING},
+    {v1::Job::STARTING, v1::Job::RESTARTING},
+    {v1::Job::STARTING, v1::Job::FAILED},
+    {v1::Job::STARTING, v1::Job::CANCELLED},
+    {v1::Job::RUNNING, v1::Job::SUCCEEDED},
+    {v1::Job::RUNNING, v1::Job::RESTARTING},
+    {v1::Job::RUNNING, v1::Job::FAILED},
+    {v1::Job::RUNNING, v1::Job::CANCELLED},
+    {v1::Job::RESTARTING, v1::Job::STARTING},
+    // Preempted at a checkpoint (scheduler.h "Preemption"): back to the queue, no restart spent.
+    {v1::Job::RUNNING, v1::Job::PENDING},
+    {v1::Job::RESTARTING, v1::Job::FAILED},
+    {v1::Job::RESTARTING, v1::Job::CANCELLED},
 };
 
 std::string Name(State s) {

@@ -15,7 +15,8 @@
 //   from        to
 //   PENDING     STARTING, FAILED, CANCELLED
 //   STARTING    RUNNING, RESTARTING, FAILED, CANCELLED
-//   RUNNING     SUCCEEDED, RESTARTING, FAILED, CANCELLED
+//   RUNNING     SUCCEEDED, RESTARTING, FAILED, CANCELLED, PENDING (preempted at a checkpoint,
+//               scheduler.h "Preemption": back in the queue, no restart spent)
 //   RESTARTING  STARTING, FAILED, CANCELLED
 //
 // FAILED is reachable from every non-terminal state (a planner that finds no mapping fails a
@@ -55,8 +56,8 @@ bool IsTerminal(State state);
 std::vector<State> AllowedTargets(State from);
 
 // OK if the table allows from -> to, else FAILED_PRECONDITION such as
-// "job cannot go from RUNNING to PENDING (RUNNING allows SUCCEEDED, RESTARTING, FAILED,
-// CANCELLED)".
+// "job cannot go from RUNNING to STARTING (RUNNING allows PENDING, SUCCEEDED, RESTARTING,
+// FAILED, CANCELLED)".
 absl::Status CheckTransition(State from, State to);
 
 // OK if `reason` is a machine-readable reason: 1..63 characters of A-Z, 0-9 and '_', starting

@@ -135,6 +135,10 @@ void Scheduler::OnExit(const std::string& worker_id, const v1::WorkerExit& exit)
 void Scheduler::OnLost(const cluster::WorkerInfo& worker, const std::string& why) {
   Push(LostEvent{worker, why});
 }
+void Scheduler::OnCheckpointSaved(const std::string& worker_id, const v1::CheckpointSaved& saved) {
+  Push(CheckpointEvent{worker_id, saved});
+}
+
 void Scheduler::OnJobChanged() {
   absl::MutexLock lock(&mu_);
   wake_ = true;
@@ -193,6 +197,7 @@ void Scheduler::Loop() {
     }
     if (!events.empty()) workers_changed_ = true;
     CheckAdoptions();
+    CheckPreemptions();
     CheckDrains();
     const uint64_t version = hub_->version();
     const absl::Time now = absl::Now();
@@ -283,6 +288,13 @@ void Scheduler::SchedulePass() {
     if (!blocking_priority.has_value() && wait != current_wait_.end() &&
         wait->second.first == kWaitingForWorkers) {
       blocking_priority = job.spec().priority();
+      // Only the first job that waits for workers may preempt: it is first in admission order,
+      // and the workers freed go to it.
+      auto spec = resolved_.find(job.name());
+      if (options_.preemption && spec != resolved_.end() && spec->second.ok()) {
+        Preempt(job, WorkerRange(*spec->second).first,
+                static_cast<int32_t>(EligibleFor(job.name(), idle).size()));
+      }
     }
     const std::string queue = QueueOf(job.spec());
     v1::QueueStatus& status = statuses[job.name()];
@@ -307,6 +319,7 @@ void Scheduler::SchedulePass() {
     usage[queue].queue = queue;
     usage[queue].pending = n;
   }
+  if (options_.scale_up && waiting.empty() && !idle.empty()) MaybeScaleUp(idle, in_use);
   std::vector<JobHub::QueueUsage> usage_list;
   for (auto& [queue, u] : usage) usage_list.push_back(std::move(u));
   hub_->SetQueueState(std::move(statuses), std::move(usage_list));
@@ -319,6 +332,127 @@ void Scheduler::SchedulePass() {
   }
   for (auto it = resolved_.begin(); it != resolved_.end();) {
     it = waiting.count(it->first) > 0 ? std::next(it) : resolved_.erase(it);
+  }
+}
+
+void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible) {
+  // One preemption at a time, and none while workers are being freed by a drain: those workers
+  // may be all the job needs, and a second pick would take more victims than needed.
+  for (const auto& [name, run] : runs_) {
+    if (run.preempting || run.draining) return;
+  }
+  // A scale-up in flight is abandoned: the waiting job comes first.
+  for (auto& [name, run] : runs_) run.scaling_to = 0;
+  const int32_t priority = job.spec().priority();
+  std::vector<const Run*> candidates;
+  for (const auto& [name, run] : runs_) {
+    // Only a running generation can save on demand; never for equal or lower priority.
+    if (!run.running || run.adopting || run.priority >= priority) continue;
+    candidates.push_back(&run);
+  }
+  // Lowest priority first, then the youngest (highest id): the least important, least invested.
+  auto id_of = [](const Run* r) { return jobs::ParseJobName(r->job).value_or(0); };
+  std::sort(candidates.begin(), candidates.end(), [&](const Run* a, const Run* b) {
+    if (a->priority != b->priority) return a->priority < b->priority;
+    return id_of(a) > id_of(b);
+  });
+  int32_t freed = idle_eligible;
+  std::vector<std::string> victims;
+  for (const Run* run : candidates) {
+    if (freed >= needed) break;
+    int32_t usable = 0;
+    for (const auto& [id, rank] : run->rank_of) {
+      std::optional<cluster::WorkerInfo> w = workers_->Get(id);
+      // Only workers the waiting job may run on (unscoped or scoped to it) count.
+      if (w && w->state != cluster::WorkerState::kLost &&
+          (w->scope.empty() || w->scope == job.name())) {
+        ++usable;
+      }
+    }
+    if (usable == 0) continue;
+    freed += usable;
+    victims.push_back(run->job);
+  }
+  if (freed < needed) return;  // preempting cannot admit it: preempt nobody
+  for (const std::string& name : victims) {
+    Run& run = runs_[name];
+    run.preempting = true;
+    run.preempted_for = job.name();
+    run.preempt_deadline = absl::Now() + options_.preempt_save_timeout;
+    const std::string message =
+        absl::StrCat("preempting for ", job.name(), " (priority ", priority, " > ", run.priority,
+                     "): on-demand checkpoint requested");
+    SY_LOG(INFO) << "scheduler: " << name << " generation " << run.generation << ": " << message;
+    v1::CoordinatorMessage checkpoint;
+    checkpoint.mutable_checkpoint();
+    for (const auto& [id, rank] : run.rank_of) {
+      if (run.exit_code.count(id) == 0) Send(id, checkpoint);
+    }
+  }
+}
+
+void Scheduler::MaybeScaleUp(const std::vector<cluster::WorkerInfo>& idle,
+                             const std::map<std::string, int32_t>& in_use) {
+  for (const auto& [name, run] : runs_) {
+    if (run.preempting || run.draining || run.scaling_to > 0) return;
+  }
+  std::vector<Run*> candidates;
+  for (auto& [name, run] : runs_) {
+    if (run.running && !run.adopting && absl::Now() - run.started >= options_.scale_up_delay) {
+      candidates.push_back(&run);
+    }
+  }
+  auto id_of = [](const Run* r) { return jobs::ParseJobName(r->job).value_or(0); };
+  std::sort(candidates.begin(), candidates.end(), [&](const Run* a, const Run* b) {
+    if (a->priority != b->priority) return a->priority > b->priority;
+    return id_of(a) < id_of(b);
+  });
+  for (Run* run : candidates) {
+    const int32_t world = static_cast<int32_t>(run->rank_of.size());
+    absl::StatusOr<Job> job = hub_->GetJob(run->job);
+    if (!job.ok() || job->state() != Job::RUNNING) continue;
+    jobs::CoordinatorContext context = hub_->context();
+    context.checkpoint_root = options_.checkpoint_root;
+    absl::StatusOr<v1::JobSpec> spec = jobs::ResolveJobSpec(job->spec(), context);
+    if (!spec.ok()) continue;
+    const auto [min_workers, max_workers] = WorkerRange(*spec);
+    int32_t room = max_workers - world;
+    if (std::optional<int32_t> quota = QueueQuota(hub_->context(), run->queue); quota) {
+      auto used = in_use.find(run->queue);
+      room = std::min(room, *quota - (used == in_use.end() ? 0 : used->second));
+    }
+    std::vector<cluster::WorkerInfo> eligible = EligibleFor(run->job, idle);
+    const int32_t extra = std::min(room, static_cast<int32_t>(eligible.size()));
+    if (extra <= 0) continue;
+    std::vector<cluster::WorkerInfo> chosen;
+    for (const auto& [id, rank] : run->rank_of) {
+      std::optional<cluster::WorkerInfo> w = workers_->Get(id);
+      if (w) chosen.push_back(*w);
+    }
+    chosen.insert(chosen.end(), eligible.begin(), eligible.begin() + extra);
+    ClusterDefaults defaults;
+    defaults.cpu_worker_memory_bytes = options_.cpu_worker_memory_bytes;
+    defaults.intra_node_bandwidth_bytes_per_second = options_.intra_node_bandwidth_bytes_per_second;
+    defaults.inter_node_bandwidth_bytes_per_second = options_.inter_node_bandwidth_bytes_per_second;
+    defaults.peak_flops = options_.peak_flops;
+    absl::StatusOr<v1::Plan> plan =
+        planner::PlanJob(PlanRequestFor(*spec, min_workers, chosen, defaults));
+    if (!plan.ok()) continue;
+    const v1::Mapping& m = plan->best().mapping();
+    const int32_t grown = m.data_parallel_size() * m.tensor_model_parallel_size() *
+                          m.context_parallel_size() * m.pipeline_model_parallel_size();
+    if (grown <= world) continue;  // the planner would not use the idle workers: no restart
+    run->scaling_to = grown;
+    run->scale_deadline = absl::Now() + options_.preempt_save_timeout;
+    SY_LOG(INFO) << "scheduler: " << run->job << " generation " << run->generation
+                 << ": scaling up from " << world << " to " << grown
+                 << " worker(s): on-demand checkpoint requested";
+    v1::CoordinatorMessage checkpoint;
+    checkpoint.mutable_checkpoint();
+    for (const auto& [id, rank] : run->rank_of) {
+      if (run->exit_code.count(id) == 0) Send(id, checkpoint);
+    }
+    return;  // one at a time
   }
 }
 
@@ -473,6 +607,8 @@ bool Scheduler::TrySchedule(const Job& job, std::vector<cluster::WorkerInfo>* id
   run.job = job.name();
   run.generation = generation;
   run.queue = queue;
+  run.priority = job.spec().priority();
+  run.started = absl::Now();
   (*in_use)[queue] += world;
   std::vector<std::string> ranks;
   for (int32_t rank = 0; rank < world; ++rank) {

@@ -81,6 +81,35 @@
 //   again with the same worker_id before that, it keeps its rank when its first heartbeat
 //   reports the generation; another generation restarts the job (WORKER_LOST). A worker that
 //   re-attaches after its generation ended here gets Stop and is idle.
+// - Checkpoints: every rank sends CheckpointSaved after each committed save; rank 0's step is
+//   recorded as Job.last_checkpoint_step with an event CHECKPOINT_SAVED ("checkpoint saved at
+//   step N", "(on demand)" when it answered CheckpointNow). RequestCheckpoint sends CheckpointNow.
+// - Preemption (SchedulerOptions.preemption, --preemption=on|off, default on): when a job waits
+//   with WAITING_FOR_WORKERS (its queue's quota allows it: QUEUE_QUOTA_EXCEEDED never preempts)
+//   and running generations of jobs of a strictly lower priority hold enough workers it may use,
+//   the scheduler picks victims (lowest priority, then youngest: highest id) until the idle
+//   workers plus theirs reach the job's minimum, and only then (never a preemption that cannot
+//   admit it), sends them CheckpointNow (logged; the job store records events of RUNNING jobs
+//   only for checkpoints and transitions). At the victim's
+//   CheckpointSaved(requested) at step N it goes RUNNING -> PENDING (PREEMPTED, "preempted at
+//   step N for jobs/X (priority P); resumes from the checkpoint of step N") and its ranks get
+//   Stop; it waits in the queue and resumes from that checkpoint (load = save), so no step
+//   beyond the save is lost. A victim that does not save within preempt_save_timeout is stopped
+//   the same way ("... did not save within 60s; resumes from its last checkpoint (step M)").
+//   A preemption does not count against max_restarts. No new victims are picked while another
+//   preemption or any drain is in flight (the workers being freed may be enough).
+// - Scale-up (SchedulerOptions.scale_up, --scale-up=on|off, default on): when no job waits for
+//   admission and idle workers remain after a pass, the first running generation in admission
+//   order that has run at least scale_up_delay, runs below its max_workers, has idle eligible
+//   workers within its queue's quota, and for which the planner gives a strictly larger world
+//   with them, gets CheckpointNow (one scale-up at a time, none during a preemption or drain).
+//   At its CheckpointSaved(requested) at step N it goes RUNNING -> PENDING (SCALING_UP,
+//   "scaling up from W1 to W2 worker(s) at step N") and is stopped; the next pass plans it again
+//   on its freed workers plus the idle ones (the SCHEDULED event names the new world) and it
+//   resumes from that checkpoint, resharding. A scale-up whose save does not come within
+//   preempt_save_timeout is abandoned (the generation keeps running). Hysteresis: the delay
+//   (default 5 min) since the generation started, and the strictly-larger-plan rule, so a job
+//   is never restarted for a world the planner would not use.
 // - Zombies: an idle worker whose heartbeats report a generation (it still runs one this
 //   coordinator ended or does not know) gets one Stop per generation, checked every
 //   rescan_interval. A worker that a live run counts as its rank is never a zombie: the registry
@@ -145,6 +174,18 @@ struct SchedulerOptions {
   double intra_node_bandwidth_bytes_per_second = 450e9;
   double inter_node_bandwidth_bytes_per_second = 50e9;
   double peak_flops = 989e12;
+  // Preemption at checkpoints (scheduler.h "Preemption"; --preemption=on|off). On by default:
+  // priorities mean little if a low-priority job can hold the workers for days, and a preempted
+  // job loses no steps beyond its on-demand save.
+  bool preemption = true;
+  // How long a victim may take to answer CheckpointNow with a CheckpointSaved before it is
+  // stopped anyway (it then resumes from its last checkpoint).
+  absl::Duration preempt_save_timeout = absl::Seconds(60);
+  // Scale-up at a checkpoint boundary (scheduler.h "Scale-up"; --scale-up=on|off,
+  // --scale-up-delay). A generation grows only after it has run scale_up_delay: each growth
+  // costs a save and a restart, so this bounds how often a job can be re-planned (hysteresis).
+  bool scale_up = true;
+  absl::Duration scale_up_delay = absl::Minutes(5);
 };
 
 // One generation in flight, for tests and the metrics.
@@ -182,6 +223,9 @@ class Scheduler {
   void OnExit(const std::string& worker_id, const v1::WorkerExit& exit);
   void OnLost(const cluster::WorkerInfo& worker, const std::string& why);
   void OnJobChanged();
+  // A CheckpointSaved from a rank: rank 0's is recorded (Job.last_checkpoint_step, event
+  // CHECKPOINT_SAVED); a requested one ends a generation being preempted.
+  void OnCheckpointSaved(const std::string& worker_id, const v1::CheckpointSaved& saved);
 
   // Sends CheckpointNow to every rank of the job's running generation (a collective: all ranks
   // get it). FAILED_PRECONDITION naming the job when no generation of it is running here.
@@ -207,7 +251,19 @@ class Scheduler {
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
     absl::Time last_step_saved = absl::InfinitePast();  // rank 0's step, to the store
-    std::string queue;  // the job's queue, whose quota its workers count against
+    std::string queue;     // the job's queue, whose quota its workers count against
+    int32_t priority = 0;  // JobSpec.priority: preemption victims are the lowest
+    // Preemption in progress: CheckpointNow was sent; the generation ends (job PENDING,
+    // PREEMPTED) at the requested CheckpointSaved or at preempt_deadline, whichever is first.
+    bool preempting = false;
+    std::string preempted_for;  // the waiting job's name, for the event
+    absl::Time preempt_deadline = absl::InfiniteFuture();
+    int64_t last_checkpoint = -1;  // rank 0's last CheckpointSaved step in this generation
+    absl::Time started = absl::InfiniteFuture();  // when this process started the generation
+    // Scale-up in progress: CheckpointNow was sent; at the requested CheckpointSaved the job
+    // goes PENDING (SCALING_UP) and is planned again on more workers. 0: none.
+    int32_t scaling_to = 0;
+    absl::Time scale_deadline = absl::InfiniteFuture();
   };
   struct RegisteredEvent {
     cluster::Registered registered;
@@ -224,7 +280,11 @@ class Scheduler {
     cluster::WorkerInfo worker;
     std::string why;
   };
-  using Event = std::variant<RegisteredEvent, StepEvent, ExitEvent, LostEvent>;
+  struct CheckpointEvent {
+    std::string worker;
+    v1::CheckpointSaved saved;
+  };
+  using Event = std::variant<RegisteredEvent, StepEvent, ExitEvent, LostEvent, CheckpointEvent>;
 
   Scheduler(jobs::JobHub* hub, cluster::WorkerRegistry* workers,
             cluster::RendezvousStore* rendezvous, StepHub* steps, SchedulerOptions options);
@@ -234,6 +294,7 @@ class Scheduler {
   void Handle(const StepEvent& e);
   void Handle(const ExitEvent& e);
   void Handle(const LostEvent& e);
+  void Handle(const CheckpointEvent& e);
 
   // The schedule pass and the periodic checks.
   void SchedulePass();
@@ -253,6 +314,21 @@ class Scheduler {
   // so the job is retried rather than lost.
   void FailUnstarted(const v1::Job& job, const std::string& reason, const std::string& message);
   void CheckRunStates();
+  // Preemption (scheduler.h "Preemption"): picks victims for `job`, which waits for workers
+  // held by lower-priority runs, and sends them CheckpointNow. `idle_eligible`: idle workers it
+  // may use; `needed`: its minimum.
+  void Preempt(const v1::Job& job, int32_t needed, int32_t idle_eligible);
+  // Ends a preempting run: PENDING (PREEMPTED) and Stop to its ranks. `step` >= 0: the step of
+  // its on-demand checkpoint; -1: it did not save in time.
+  void EndPreempted(Run& run, int64_t step);
+  // Victims whose save timed out; scale-ups whose save timed out are abandoned.
+  void CheckPreemptions();
+  // Scale-up (scheduler.h "Scale-up"): when no job waits, asks at most one running generation
+  // that the idle workers can grow for an on-demand checkpoint.
+  void MaybeScaleUp(const std::vector<cluster::WorkerInfo>& idle,
+                    const std::map<std::string, int32_t>& in_use);
+  // Ends a generation being scaled up at its checkpoint of `step`: PENDING (SCALING_UP), Stop.
+  void EndForScaleUp(Run& run, int64_t step);
   void CheckDrains();
   void CheckAdoptions();
   // Sends Stop (once per worker and generation) to idle workers whose heartbeats report a

@@ -26,6 +26,8 @@ inline constexpr char kQueueQuotaExceeded[] = "QUEUE_QUOTA_EXCEEDED";
 inline constexpr char kWaitingForPriority[] = "WAITING_FOR_PRIORITY";
 inline constexpr char kInvalidPaths[] = "INVALID_PATHS";
 inline constexpr char kCoordinatorRestarted[] = "COORDINATOR_RESTARTED";
+inline constexpr char kPreempted[] = "PREEMPTED";
+inline constexpr char kScalingUp[] = "SCALING_UP";
 inline constexpr int32_t kStoppedOnRequest = 143;
 
 inline v1::CoordinatorMessage StopMessage(const std::string& reason) {

@@ -157,6 +157,84 @@ void Scheduler::Handle(const LostEvent& e) {
   }
 }
 
+void Scheduler::Handle(const CheckpointEvent& e) {
+  const v1::CheckpointSaved& saved = e.saved;
+  Run* run = FindRun(saved.job(), saved.generation());
+  if (run == nullptr || run->draining) return;
+  auto it = run->rank_of.find(e.worker);
+  if (it == run->rank_of.end() || saved.rank() != 0) return;  // rank 0's is the job's
+  if (it->second >= 0 && it->second != 0) return;
+  // The checkpoint is committed (the ranks' saves are collective): record it before anything
+  // depends on it.
+  if (saved.step() > run->last_checkpoint) {
+    run->last_checkpoint = saved.step();
+    absl::StatusOr<Job> job = hub_->RecordCheckpoint(run->job, saved.step());
+    if (!job.ok()) {
+      SY_LOG(WARNING) << "scheduler: " << run->job << ": recording checkpoint " << saved.step()
+                      << ": " << job.status();
+    }
+  }
+  if (run->preempting && saved.requested()) {
+    EndPreempted(*run, saved.step());
+  } else if (run->scaling_to > 0 && saved.requested()) {
+    EndForScaleUp(*run, saved.step());
+  }
+}
+
+void Scheduler::EndForScaleUp(Run& run, int64_t step) {
+  const std::string message =
+      absl::StrCat("scaling up from ", run.rank_of.size(), " to ", run.scaling_to,
+                   " worker(s) at step ", step, "; resumes from the checkpoint of step ", step);
+  run.scaling_to = 0;
+  absl::StatusOr<Job> job = hub_->Transition(run.job, Job::PENDING, kScalingUp, message);
+  if (!job.ok()) {
+    SY_LOG(WARNING) << "scheduler: " << run.job << " -> PENDING: " << job.status();
+    CheckRunStates();
+    return;
+  }
+  SY_LOG(INFO) << "scheduler: " << run.job << " generation " << run.generation << ": " << message;
+  Drain(run, absl::StrCat(kScalingUp, ": ", message));
+}
+
+void Scheduler::EndPreempted(Run& run, int64_t step) {
+  std::string message;
+  if (step >= 0) {
+    message = absl::StrCat("preempted at step ", step, " for ", run.preempted_for,
+                           "; resumes from the checkpoint of step ", step);
+  } else {
+    message = absl::StrCat(
+        "preempted for ", run.preempted_for, ": no checkpoint saved within ",
+        absl::FormatDuration(options_.preempt_save_timeout), "; resumes from its last checkpoint",
+        run.last_checkpoint >= 0 ? absl::StrCat(" (step ", run.last_checkpoint, ")")
+                                 : std::string(" (none in this generation)"));
+  }
+  absl::StatusOr<Job> job = hub_->Transition(run.job, Job::PENDING, kPreempted, message);
+  if (!job.ok()) {
+    // Cancelled or failed meanwhile: CheckRunStates ends the generation its own way.
+    SY_LOG(WARNING) << "scheduler: " << run.job << " -> PENDING: " << job.status();
+    run.preempting = false;
+    CheckRunStates();
+    return;
+  }
+  SY_LOG(INFO) << "scheduler: " << run.job << " generation " << run.generation << ": " << message;
+  run.preempting = false;
+  Drain(run, absl::StrCat(kPreempted, ": ", message));
+}
+
+void Scheduler::CheckPreemptions() {
+  const absl::Time now = absl::Now();
+  for (auto& [name, run] : runs_) {
+    if (run.preempting && !run.draining && now >= run.preempt_deadline) EndPreempted(run, -1);
+    if (run.scaling_to > 0 && now >= run.scale_deadline) {
+      SY_LOG(WARNING) << "scheduler: " << name << ": no checkpoint within "
+                      << absl::FormatDuration(options_.preempt_save_timeout)
+                      << "; scale-up abandoned";
+      run.scaling_to = 0;
+      run.started = now;  // wait scale_up_delay again before the next try
+    }
+  }
+}
+
 // --- ending a generation ----------------------------------------------------------------------
 
 void Scheduler::Drain(Run& run, const std::string& why) {

@@ -565,6 +565,159 @@ TEST_F(SchedulerTest, QueuesAdmitByPriorityWithinQuotaAndWholeGangsOnly) {
   workers.clear();
 }
 
+// Preemption at checkpoints (scheduler.h "Preemption"): 4 workers run jobs/1 and jobs/2 (priority
+// 0, 2 workers each); jobs/3 (priority 10, 2 workers) arrives. The youngest victim (jobs/2) and
+// only it gets CheckpointNow; at its CheckpointSaved(step 5, requested) it goes PENDING
+// (PREEMPTED, "preempted at step 5"), its ranks get Stop and jobs/3 starts on them as one gang.
+// jobs/1 is untouched. When jobs/3 ends, jobs/2 starts again (generation 2) on those workers.
+TEST_F(SchedulerTest, PreemptsTheYoungestLowerPriorityJobAtItsCheckpoint) {
+  ASSERT_NO_FATAL_FAILURE(StartFleet("sched_preempt.db", 4));
+  auto spec = [](int priority) {
+    v1::JobSpec s = api::testing::SmallSpec(2, 2);
+    s.set_priority(priority);
+    return s;
+  };
+  const std::string j1 = h_->Submit(spec(0));
+  // Ranks go to the first idle workers by host, then id: w0 and w1.
+  auto ranks1 = ExpectGeneration({Raw(*fleet_)[0], Raw(*fleet_)[1]}, j1, 1, 2);
+  ASSERT_EQ(ranks1.size(), 2u);
+  std::vector<FakeWorker*> rest;
+  for (FakeWorker* w : Raw(*fleet_)) {
+    if (w != ranks1[0] && w != ranks1[1]) rest.push_back(w);
+  }
+  const std::string j2 = h_->Submit(spec(0));
+  auto ranks2 = ExpectGeneration(rest, j2, 1, 2);
+  ASSERT_EQ(ranks2.size(), 2u);
+  for (auto* ranks : {&ranks1, &ranks2}) {
+    for (auto& [rank, w] : *ranks) w->SendStep(1, 5.0);
+  }
+  h_->WaitForState(j1, Job::RUNNING);
+  h_->WaitForState(j2, Job::RUNNING);
+  // An interval save of jobs/2 at step 4 is recorded (rank 0's report), not a preemption.
+  auto saved = [&](FakeWorker* w, const std::string& job, int64_t generation, int32_t rank,
+                   int64_t step, bool requested) {
+    v1::WorkerMessage m;
+    v1::CheckpointSaved* c = m.mutable_checkpoint_saved();
+    c->set_job(job);
+    c->set_generation(generation);
+    c->set_rank(rank);
+    c->set_step(step);
+    c->set_dir(absl::StrCat("/ckpt/step_", step));
+    c->set_requested(requested);
+    w->SendRaw(m);
+  };
+  for (auto& [rank, w] : ranks2) saved(w, j2, 1, rank, 4, false);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!h_->hub()->GetJob(j2)->has_last_checkpoint_step() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(h_->hub()->GetJob(j2)->last_checkpoint_step(), 4);
+
+  const std::string j3 = h_->Submit(spec(10));
+  for (auto& [rank, w] : ranks2) {
+    EXPECT_TRUE(w->WaitFor(CoordinatorMessage::kCheckpoint).has_value()) << "jobs/2 rank " << rank;
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(h_->hub()->GetJob(j2)->state(), Job::RUNNING) << "stopped before its save";
+  EXPECT_EQ(rest[0]->CountReceived(CoordinatorMessage::kStop), 0);
+  for (auto& [rank, w] : ranks2) saved(w, j2, 1, rank, 5, true);
+  Job preempted = h_->WaitForState(j2, Job::PENDING);
+  EXPECT_EQ(preempted.last_checkpoint_step(), 5);
+  EXPECT_EQ(preempted.restart_count(), 0) << "a preemption spends no restart";
+  auto ranks3 = ExpectGeneration(rest, j3, 1, 2);
+  EXPECT_EQ(ranks3.size(), 2u);
+  for (auto& [rank, w] : ranks1) {
+    EXPECT_EQ(w->CountReceived(CoordinatorMessage::kCheckpoint), 0) << "jobs/1 is not a victim";
+    EXPECT_EQ(w->CountReceived(CoordinatorMessage::kStop), 0);
+  }
+  job_ = j2;
+  PrintEvents();
+  auto events = h_->registry()->ListEvents(j2);
+  ASSERT_TRUE(events.ok());
+  bool found = false;
+  for (const v1::JobEvent& e : *events) {
+    if (e.reason() == "PREEMPTED") {
+      found = true;
+      EXPECT_EQ(e.state(), Job::PENDING);
+      EXPECT_NE(e.message().find("preempted at step 5 for " + j3), std::string::npos)
+          << e.message();
+    }
+  }
+  EXPECT_TRUE(found) << "no PREEMPTED event";
+  EXPECT_TRUE(HasEvent(Job::RUNNING, "CHECKPOINT_SAVED"));
+
+  // jobs/3 ends: jobs/2 resumes (generation 2) on the freed workers.
+  for (auto& [rank, w] : ranks3) w->SendExit(0);
+  h_->WaitForState(j3, Job::SUCCEEDED);
+  auto again = ExpectGeneration(rest, j2, 2, 2);
+  EXPECT_EQ(again.size(), 2u);
+  for (auto& [rank, w] : again) w->SendExit(0);
+  for (auto& [rank, w] : ranks1) w->SendExit(0);
+  h_->WaitForState(j2, Job::SUCCEEDED);
+  h_->WaitForState(j1, Job::SUCCEEDED);
+}
+
+// Scale-up at a checkpoint boundary (scheduler.h "Scale-up"): a job of [1, 4] workers runs on
+// the only worker; a second worker attaches. After scale_up_delay (300 ms here) the running
+// generation gets CheckpointNow; at its CheckpointSaved(step 3, requested) it goes PENDING
+// (SCALING_UP, "scaling up from 1 to 2 worker(s) at step 3") and generation 2 runs on both.
+TEST_F(SchedulerTest, ScalesUpAtACheckpointWhenAWorkerAttaches) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  api::WorkerPlaneOptions options =
+      api::testing::FastOptions(absl::StrCat(dir != nullptr ? dir : "/tmp", "/checkpoints"));
+  options.scheduler.scale_up_delay = absl::Milliseconds(300);
+  h_ = Harness::Start("sched_scale_up.db", true, options);
+  ASSERT_NE(h_, nullptr);
+  fleet_ = std::make_unique<Fleet>(h_.get(), 1);
+  FakeWorker* w0 = Raw(*fleet_)[0];
+  job_ = h_->Submit(api::testing::SmallSpec(1, 4));
+  auto ranks = ExpectGeneration({w0}, job_, 1, 1);
+  ASSERT_EQ(ranks.size(), 1u);
+  w0->SendStep(1, 5.0);
+  h_->WaitForState(job_, Job::RUNNING);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(w0->CountReceived(CoordinatorMessage::kCheckpoint), 0)
+      << "no idle worker: nothing to grow onto";
+
+  auto w1 = std::make_unique<FakeWorker>(api::testing::MakeChannel(h_->port()), "w1", "host-a");
+  w1->Attach();
+  fleet_->ticker->Add(w1.get());
+  ASSERT_TRUE(w0->WaitFor(CoordinatorMessage::kCheckpoint).has_value());
+  EXPECT_EQ(h_->hub()->GetJob(job_)->state(), Job::RUNNING);
+  v1::WorkerMessage m;
+  v1::CheckpointSaved* c = m.mutable_checkpoint_saved();
+  c->set_job(job_);
+  c->set_generation(1);
+  c->set_rank(0);
+  c->set_step(3);
+  c->set_requested(true);
+  w0->SendRaw(m);
+  auto grown = ExpectGeneration({w0, w1.get()}, job_, 2, 2);
+  EXPECT_EQ(grown.size(), 2u);
+  Job job = *h_->hub()->GetJob(job_);
+  EXPECT_EQ(job.last_checkpoint_step(), 3);
+  EXPECT_EQ(job.restart_count(), 0);
+  PrintEvents();
+  auto events = h_->registry()->ListEvents(job_);
+  ASSERT_TRUE(events.ok());
+  bool found = false;
+  for (const v1::JobEvent& e : *events) {
+    if (e.reason() != "SCALING_UP") continue;
+    found = true;
+    EXPECT_NE(e.message().find("scaling up from 1 to 2 worker(s) at step 3"), std::string::npos)
+        << e.message();
+  }
+  EXPECT_TRUE(found) << "no SCALING_UP event";
+  // Generation 2 uses every attached worker: no further CheckpointNow.
+  for (auto& [rank, w] : grown) w->SendStep(4, 4.0);
+  absl::SleepFor(absl::Milliseconds(800));
+  EXPECT_EQ(w1->CountReceived(CoordinatorMessage::kCheckpoint), 0);
+  for (auto& [rank, w] : grown) w->SendExit(0);
+  h_->WaitForState(job_, Job::SUCCEEDED);
+  fleet_->ticker.reset();
+  w1.reset();
+}
+
 TEST_F(SchedulerTest, NoFeasiblePlanFails) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_noplan.db", 2));
   v1::JobSpec spec = api::testing::SmallSpec(2, 2);

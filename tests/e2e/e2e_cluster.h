@@ -253,6 +253,8 @@ class Cluster {
 
   // The coordinator's --queues (before StartCoordinator).
   void SetQueues(const std::string& queues) { flags_.queues = queues; }
+  // One more coordinator flag (before StartCoordinator).
+  void AddCoordinatorFlag(const std::string& flag) { flags_.extra.push_back(flag); }
 
   bool StartCoordinator() {
     flags_.log_path = TmpPath(absl::StrCat(name_, "_coordinator", ++coordinator_runs_, ".log"));

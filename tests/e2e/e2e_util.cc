@@ -152,6 +152,7 @@ std::unique_ptr<CoordinatorProcess> CoordinatorProcess::Start(const CoordinatorF
     argv.push_back(f.data_root);
   }
   if (!f.queues.empty()) argv.push_back("--queues=" + f.queues);
+  for (const std::string& flag : f.extra) argv.push_back(flag);
   c->process_ = std::make_unique<Process>(argv, f.log_path, /*pipe_stdout=*/true);
   const std::string line = c->process_->ReadLine(20);
   std::printf("coordinator pid %d: %s\n", c->pid(), line.c_str());

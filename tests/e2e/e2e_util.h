@@ -64,9 +64,10 @@ struct CoordinatorFlags {
   std::string token_file;
   std::string worker_token_file;  // --worker-token-file
   std::string checkpoint_root;
-  std::string data_root;  // empty: the coordinator's default
-  std::string queues;     // --queues (empty: none)
-  int grpc_port = 0;      // 0: any
+  std::string data_root;           // empty: the coordinator's default
+  std::string queues;              // --queues (empty: none)
+  std::vector<std::string> extra;  // more flags, e.g. "--scale-up-delay=2s"
+  int grpc_port = 0;               // 0: any
   int http_port = 0;
   std::string log_path;
 };

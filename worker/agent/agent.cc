@@ -348,6 +348,20 @@ void Agent::TrainingThread(Generation* g) {
     *r->mutable_metrics() = m;
     Enqueue(std::move(msg));
   };
+  // Every rank reports its saves (the coordinator records rank 0's): a preemption waits for the
+  // reply to its CheckpointNow before it stops the generation.
+  env.on_saved = [this, g, &a](int64_t step, const std::string& dir, bool requested) {
+    if (g->exit_sent.load()) return;
+    v1::WorkerMessage msg;
+    v1::CheckpointSaved* c = msg.mutable_checkpoint_saved();
+    c->set_job(a.job());
+    c->set_generation(a.generation());
+    c->set_rank(a.rank());
+    c->set_step(step);
+    c->set_dir(dir);
+    c->set_requested(requested);
+    Enqueue(std::move(msg));
+  };
   env.log = [this, &a](const std::string& line) {
     Log(absl::StrCat("job ", a.job(), " generation ", a.generation(), " rank ", a.rank(), ": ",
                      line));

@@ -325,6 +325,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   };
   hooks.on_saved = [&](const std::string& dir, bool requested) {
     log(absl::StrCat("saved checkpoint ", dir, requested ? " (CheckpointNow)" : ""));
+    if (env.on_saved) env.on_saved(trainer->step(), dir, requested);
   };
   hooks.on_request_ignored = [&] {
     log("CheckpointNow ignored: the spec has no training.save directory");

@@ -133,6 +133,10 @@ struct GenerationEnv {
   double peak_tflops = 989.4;
   // Called on the training thread after every optimizer step.
   std::function<void(const v1::StepMetrics&)> on_step;
+  // Called on the training thread after every committed checkpoint save (the saves are
+  // synchronous here), with the step it holds, its directory and whether it answered a
+  // CheckpointNow; may be empty.
+  std::function<void(int64_t step, const std::string& dir, bool requested)> on_saved;
   // Called with one line per event (resumed, saved, finished); may be empty.
   std::function<void(const std::string&)> log;
 };
