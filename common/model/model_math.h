@@ -161,12 +161,12 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               and their gradient 2r·k, dx a·H, input jitter a·H; shared expert a·(6Ssh + 2H)
 //               (+ gate 2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs and their
 //               gradients 6a·R·Fe/ETP; the dispatcher:
-//                 local (EP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
+//                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
 //                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
-//                 allgather (EP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
+//                 allgather (EP or ETP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
 //                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
 //                   reduced y and probs a·t·H + r·t·k, expert side 4a·R·H + 2r·R;
-//                 alltoall (EP > 1): send side (t·k rows), one buffer for the permuted rows,
+//                 alltoall (EP or ETP > 1): send side (t·k rows), one buffer for the permuted rows,
 //                   the combined rows and their gradient in turn, a·t·k·H + r·t·k, + row map
 //                   4t·k; receive side sized by the counts
 //                   (alltoall_dispatcher.h "Receive buffers"), estimated at its initial size,
