@@ -6,14 +6,26 @@
 // minus used before Trainer::Create (the CUDA context exists before), and the CUDA Buffer
 // counter (kernels/buffer.h) for the engine's own buffers. |estimate / measured - 1| <= 0.15
 // for the device total, and for the buffers alone. Prints both. Skips without a GPU.
+//
+// Issue 13's folds (TP 2, CP 2, TP 2 x CP 2, ETP 2 x EP 2) of the small model at seq 4096: one
+// forked rank per GPU over NCCL; each rank's CUDA Buffer counter after 2 steps must be within
+// 5 % of the estimated buffers; the cudaMemGetInfo delta is printed against the estimated total
+// but not asserted (the NCCL runtime term, 1.5 GiB per communicator, is calibrated on EP runs
+// only). Skips below the GPUs a fold needs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "bench/bench_model.h"
 #include "common/config/config_defaults.h"
 #include "common/model/model_math.h"
@@ -21,6 +33,8 @@
 #include "kernels/buffer.h"
 #include "kernels/testing/gpu.h"
 #include "switchyard/v1/config.pb.h"
+#include "worker/comm/testing/forked_ranks.h"
+#include "worker/train/process_groups.h"
 #include "worker/train/trainer.h"
 
 namespace switchyard {
@@ -99,6 +113,118 @@ TEST(MemoryEstimateGpuTest, SmallModelLongSequence) {
   bench::BenchModel m = *bench::BenchModelByName("small");
   m.seq = 4096;
   CheckOnGpu({"small model, seq 4096", m});
+}
+
+namespace ct = ::switchyard::comm::testing;
+
+constexpr double kFoldTolerance = 0.05;
+
+struct Fold {
+  const char* name;
+  int world, tp, cp, ep, etp;
+};
+
+// GPU count from a probe child, so the parent never initialises CUDA before it forks.
+int ProbeGpuCount() {
+  std::vector<int> codes = ct::RunProcesses(1, absl::Seconds(60), [](int) {
+    std::string why;
+    return std::min(::switchyard::testing::CudaDeviceCount(&why), 100);
+  });
+  return codes[0] > 100 ? 0 : codes[0];
+}
+
+void CheckFold(const Fold& fold) {
+  const int gpus = ProbeGpuCount();
+  if (gpus < fold.world) {
+    GTEST_SKIP() << fold.name << " needs " << fold.world << " CUDA devices, found " << gpus;
+  }
+  bench::BenchModel b = *bench::BenchModelByName("small");
+  b.seq = 4096;
+  v1::JobSpec spec = bench::MakeBenchSpec("small", b, 2);
+  v1::ParallelConfig* p = spec.mutable_parallel();
+  p->set_world_size(fold.world);
+  p->set_tensor_model_parallel_size(fold.tp);
+  p->set_sequence_parallel(fold.tp > 1);
+  p->set_context_parallel_size(fold.cp);
+  p->set_expert_model_parallel_size(fold.ep);
+  p->set_expert_tensor_parallel_size(fold.etp);
+  const std::string store = ct::UniqueStoreDir("memest_gpu_store");
+  const std::string out = ct::UniqueStoreDir("memest_gpu_out");
+  setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink SHARP is off on the GPU hosts
+  const std::vector<int> codes = ct::RunProcesses(fold.world, absl::Minutes(5), [&](int rank) {
+    if (cudaSetDevice(rank) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) return 2;
+    cudaStream_t cs = nullptr;
+    if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess) return 3;
+    double used = 0, buffers = 0;
+    {
+      std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
+      SY_CHILD_CHECK(kv != nullptr);
+      ParallelDims dims;
+      dims.world_size = fold.world;
+      dims.tensor_model_parallel_size = fold.tp;
+      dims.context_parallel_size = fold.cp;
+      dims.expert_model_parallel_size = fold.ep;
+      dims.expert_tensor_parallel_size = fold.etp;
+      comm::NcclOptions nopt;
+      nopt.timeout = absl::Seconds(120);
+      // Measured from before the communicators, as the estimate's runtime term counts them.
+      const double before = MemUsed();
+      const int64_t buffers_before = kernels::BufferMemory(DeviceType::kCuda).current_bytes;
+      auto groups = train::CreateNcclProcessGroups(kv, rank, dims, rank, cs, nopt);
+      SY_CHILD_OK(groups.status());
+      train::TrainerOptions opt;
+      opt.device = Device::Cuda(rank);
+      opt.groups = groups->get();
+      opt.cuda_stream = cs;
+      auto t = train::Trainer::Create(spec, opt);
+      SY_CHILD_OK(t.status());
+      for (int i = 0; i < 2; ++i) SY_CHILD_OK((*t)->Step().status());
+      if (cudaDeviceSynchronize() != cudaSuccess) return 4;
+      used = MemUsed() - before;
+      buffers = static_cast<double>(kernels::BufferMemory(DeviceType::kCuda).current_bytes -
+                                    buffers_before);
+    }  // the trainer, then the communicators, go before the stream
+    cudaStreamDestroy(cs);
+    std::ofstream f(absl::StrCat(out, "_rank", rank, ".txt"));
+    f << used << " " << buffers << "\n";
+    return f.good() ? 0 : 1;
+  });
+  for (int r = 0; r < fold.world; ++r) ASSERT_EQ(codes[r], 0) << fold.name << " rank " << r;
+
+  v1::JobSpec defaulted = spec;
+  ApplyDefaults(&defaulted);
+  absl::StatusOr<ModelShape> model = ModelShape::FromProto(defaulted.model());
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<v1::Mapping> mapping = planner::MappingOfSpec(defaulted);
+  ASSERT_TRUE(mapping.ok()) << mapping.status();
+  EngineMemory e;
+  const v1::MemoryEstimate est = planner::EstimateMemory(*model, *mapping, nullptr, {}, &e);
+  for (int r = 0; r < fold.world; ++r) {
+    std::ifstream f(absl::StrCat(out, "_rank", r, ".txt"));
+    double used = 0, buffers = 0;
+    f >> used >> buffers;
+    ASSERT_TRUE(f) << fold.name << " rank " << r << " wrote no counters";
+    const double buffer_ratio = e.buffers() / buffers;
+    std::printf(
+        "%s, rank %d: estimate %.3f GiB (buffers %.3f, runtime %.3f) | cudaMemGetInfo delta "
+        "%.3f GiB -> est/measured %.4f (not asserted) | Buffer counter %.3f GiB vs estimated "
+        "buffers %.3f GiB -> %.4f (tolerance %.2f)\n",
+        fold.name, r, est.total() / kGiB, e.buffers() / kGiB, e.runtime / kGiB, used / kGiB,
+        est.total() / used, buffers / kGiB, e.buffers() / kGiB, buffer_ratio, kFoldTolerance);
+    EXPECT_LE(std::abs(buffer_ratio - 1), kFoldTolerance) << fold.name << " rank " << r;
+  }
+}
+
+TEST(MemoryEstimateGpuTest, FoldTensorParallelTwo) { CheckFold({"small TP2", 2, 2, 1, 1, 1}); }
+
+TEST(MemoryEstimateGpuTest, FoldContextParallelTwo) { CheckFold({"small CP2", 2, 1, 2, 1, 1}); }
+
+TEST(MemoryEstimateGpuTest, FoldTensorTwoContextTwo) {
+  CheckFold({"small TP2 CP2", 4, 2, 2, 1, 1});
+}
+
+TEST(MemoryEstimateGpuTest, FoldExpertTensorTwoExpertTwo) {
+  CheckFold({"small ETP2 EP2", 4, 1, 1, 2, 2});
 }
 
 }  // namespace

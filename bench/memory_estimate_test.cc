@@ -2,12 +2,13 @@
 // common/model/model_math.h) against what the engine really allocates, on the CPU: real Trainers of
 // small configurations (dense; MoE top-2 with a shared expert, at two micro-batch sizes and with
 // pad-to-capacity; MoE top-4 with dense layers, input jitter and seq_aux_loss; the MoE model over
-// 2 forked Gloo ranks with EP = 2, and with TP = 2) run 2
-// optimizer steps, and the process-wide Buffer counters (kernels/buffer.h) give the bytes held
-// after the steps (the steady state) and the peak. The estimate of the CPU engine (f32
-// parameters and activations, fp64 statistics, no runtime term) must be within 15 % of the
-// steady state; the distributed run's peak during Trainer::Create (full fp32 master and Adam
-// copies before sharding) within 15 % of buffers + create_transient. Prints both, per component.
+// forked Gloo ranks with EP = 2 and, issue 13's folds, TP = 2, CP = 2, TP = 2 x CP = 2 and
+// ETP = 2 x EP = 2) run 2 optimizer steps, and the process-wide Buffer counters
+// (kernels/buffer.h) give the bytes held after the steps (the steady state) and the peak. The
+// estimate of the CPU engine (f32 parameters and activations, fp64 statistics, no runtime term)
+// must be within 15 % of the steady state (5 % for the TP/CP/ETP folds, on every rank); the peak
+// within the same tolerance of buffers + create_transient (Create holds no full-size copy).
+// Prints both, per component.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -63,7 +64,7 @@ const char kDense[] =
     "  mock_data: true\n";
 
 // MoE top-2: GQA, qk_layernorm, shared expert with gate, aux and z losses, untied output.
-std::string MoeTop2(int world, int ep, int tp = 1) {
+std::string MoeTop2(int world, int ep, int tp = 1, int cp = 1, int etp = 1) {
   std::string s =
       "model:\n"
       "  num_layers: 2\n"
@@ -94,9 +95,10 @@ std::string MoeTop2(int world, int ep, int tp = 1) {
                     "\n");
   }
   if (tp > 1) {
-    absl::StrAppend(&s, "  tensor_model_parallel_size: ", tp,
-                    "\n  sequence_parallel: true\n  expert_tensor_parallel_size: 1\n");
+    absl::StrAppend(&s, "  tensor_model_parallel_size: ", tp, "\n  sequence_parallel: true\n");
   }
+  if (cp > 1) absl::StrAppend(&s, "  context_parallel_size: ", cp, "\n");
+  if (tp > 1 || etp > 1) absl::StrAppend(&s, "  expert_tensor_parallel_size: ", etp, "\n");
   return s;
 }
 
@@ -163,18 +165,18 @@ EngineMemory Estimate(const v1::JobSpec& raw, v1::MemoryEstimate* proto) {
 }
 
 void Report(const std::string& name, const EngineMemory& e, const v1::MemoryEstimate& proto,
-            const Measured& m) {
+            const Measured& m, double tolerance = kTolerance) {
   const double ratio = proto.total() / m.steady;
   std::printf(
       "%-34s estimate %10.0f B (weights %.0f, grads %.0f, optimizer %.0f, layer activations "
       "%.0f, MoE %.0f, head %.0f, runtime %.0f) | measured steady %10.0f B -> est/measured "
       "%.4f (tolerance %.2f); peak %10.0f B vs buffers + create transient %10.0f B\n",
       name.c_str(), proto.total(), e.weights, e.gradients, e.optimizer_states, e.layer_activations,
-      e.moe_buffers, e.head_buffers, e.runtime, m.steady, ratio, kTolerance, m.peak,
+      e.moe_buffers, e.head_buffers, e.runtime, m.steady, ratio, tolerance, m.peak,
       e.buffers() + e.create_transient);
   EXPECT_NEAR(proto.total(), e.total(), 1e-6 * e.total()) << name;
-  EXPECT_LE(std::abs(ratio - 1), kTolerance) << name;
-  EXPECT_LE(std::abs((e.buffers() + e.create_transient) / m.peak - 1), kTolerance) << name;
+  EXPECT_LE(std::abs(ratio - 1), tolerance) << name;
+  EXPECT_LE(std::abs((e.buffers() + e.create_transient) / m.peak - 1), tolerance) << name;
 }
 
 void CheckSingleProcess(const std::string& name, const std::string& yaml) {
@@ -218,9 +220,18 @@ TEST(MemoryEstimateTest, MoeTop2PadToCapacity) {
 
 // `world` forked ranks over Gloo: each rank writes its counters to a file; every rank's are
 // compared with the estimate.
+// The folds of issue 13 (TP, CP, ETP) are held to 5 % (kFoldTolerance), the other cases to
+// kTolerance.
+constexpr double kFoldTolerance = 0.05;
+
+struct Fold {
+  int tp = 1, cp = 1, etp = 1;
+};
+
 void CheckRanks(const std::string& name, int world, int ep, int tp,
-                const std::string& dispatcher = "") {
-  std::string yaml = MoeTop2(world, ep, tp);
+                const std::string& dispatcher = "", Fold fold = {}, double tolerance = kTolerance) {
+  fold.tp = tp;
+  std::string yaml = MoeTop2(world, ep, tp, fold.cp, fold.etp);
   if (!dispatcher.empty()) {
     const std::string at = "  moe_z_loss_coeff: 0.001\n";
     yaml.replace(yaml.find(at), at.size(),
@@ -236,7 +247,8 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
     dims.world_size = world;
     dims.expert_model_parallel_size = ep;
     dims.tensor_model_parallel_size = tp;
-    dims.expert_tensor_parallel_size = 1;
+    dims.context_parallel_size = fold.cp;
+    dims.expert_tensor_parallel_size = fold.etp;
     comm::GlooOptions gopt;
     gopt.timeout = absl::Seconds(60);
     // The process groups exist before the measurement starts, as in the benchmark.
@@ -258,7 +270,7 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
     Measured m;
     f >> m.steady >> m.peak;
     ASSERT_TRUE(f) << "rank " << r << " wrote no counters";
-    Report(absl::StrCat(name, ", rank ", r), e, proto, m);
+    Report(absl::StrCat(name, ", rank ", r), e, proto, m, tolerance);
   }
 }
 
@@ -274,15 +286,32 @@ TEST(MemoryEstimateTest, MoeTop2ExpertParallelAllToAllTwoRanks) {
   CheckRanks("MoE top-2 EP=2 alltoall over Gloo", 2, 2, 1, "alltoall");
 }
 
+// Issue 13's folds, each within 5 % on every rank. The estimate follows the engine's layout:
+// the embedding, LM head and shared expert whole on every TP rank, the SP scratch, the CP K/V
+// gather buffers, and the EP/ETP dispatcher at ETP > 1 (EstimateEngineMemory).
 // 2 forked ranks over Gloo, TP = 2 with sequence parallelism (DP 1, EDP 2): the TP-split
-// attention and dense weights, the sequence-sharded activations. The estimate describes
-// Megatron's layout, which the engine does not have in full yet: it divides the embedding / LM
-// head (vocab-parallel) and the shared expert by TP, where the engine keeps them whole on every
-// TP rank, and it leaves out the engine's SP scratch ([t, H] gathered input and partial sums);
-// measured here: estimate / engine = 0.87 (an estimate that follows the engine's layout gives
-// 0.999, tried and not kept: it changes the planner's hand-computed TP plans).
+// attention and dense weights, the sequence-sharded activations, the SP scratch, and the
+// embedding / LM head / shared expert whole on every TP rank as the engine keeps them (the
+// estimate divided them by TP before issue 13 and measured 0.87 here at 15 %).
 TEST(MemoryEstimateTest, MoeTop2TensorParallelTwoRanks) {
-  CheckRanks("MoE top-2 TP=2 over Gloo", 2, 1, 2);
+  CheckRanks("MoE top-2 TP=2 over Gloo", 2, 1, 2, "", Fold{}, kFoldTolerance);
+}
+
+TEST(MemoryEstimateTest, FoldContextParallelTwo) {
+  CheckRanks("MoE top-2 CP=2 over Gloo", 2, 1, 1, "", Fold{1, 2, 1}, kFoldTolerance);
+}
+
+TEST(MemoryEstimateTest, FoldTensorTwoContextTwo) {
+  CheckRanks("MoE top-2 TP=2 CP=2 over Gloo", 4, 1, 2, "", Fold{2, 2, 1}, kFoldTolerance);
+}
+
+TEST(MemoryEstimateTest, FoldExpertTensorTwoExpertTwo) {
+  CheckRanks("MoE top-2 ETP=2 EP=2 over Gloo", 4, 2, 1, "", Fold{1, 1, 2}, kFoldTolerance);
+}
+
+TEST(MemoryEstimateTest, FoldExpertTensorTwoExpertTwoAllToAll) {
+  CheckRanks("MoE top-2 ETP=2 EP=2 alltoall over Gloo", 4, 2, 1, "alltoall", Fold{1, 1, 2},
+             kFoldTolerance);
 }
 
 }  // namespace

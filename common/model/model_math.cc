@@ -201,14 +201,19 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
       s.dense += Align64(m.num_experts * h);  // router
       s.expert += Align64(local * h * 2 * fe) + Align64(local * fe * h);
       if (m.shared_ffn_size > 0) {
-        s.dense += Align64(h * 2 * m.shared_ffn_size / tp) + Align64(m.shared_ffn_size / tp * h);
+        // Whole on every TP rank: the engine does not shard the shared expert yet
+        // (MoELayerTensors::ParamShapes). Divide by TP here when it does.
+        s.dense += Align64(h * 2 * m.shared_ffn_size) + Align64(m.shared_ffn_size * h);
         if (m.shared_expert_gate) s.dense += Align64(h);
       }
     } else {
       s.dense += Align64(2 * m.ffn_hidden_size / tp * h) + Align64(h * m.ffn_hidden_size / tp);
     }
   }
-  const int64_t vocab = Align64(m.vocab_size / tp * h);
+  // The embedding and the output layer are whole on every TP rank (MakeGptParamLayout keeps
+  // them unsharded; the engine's logits are computed over the whole vocabulary). Divide by TP
+  // here when they become vocab-parallel.
+  const int64_t vocab = Align64(m.vocab_size * h);
   if (z.pp == 1) {
     s.dense += vocab * (m.untie_embeddings ? 2 : 1) + Align64(h);
   } else if (stage == 0) {
@@ -283,13 +288,15 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
     double per_token = 2 * r * e + (a == 2 ? 2 * e : 0) + 8 * k + 2 * r * k + a * h;
     if (m.moe_input_jitter) per_token += a * h;
     if (ssh > 0) {
-      per_token += a * (6 * ssh / tp + 2 * h);
+      // The shared expert is whole on every TP rank (see StageLayoutElements), on the rank's
+      // sequence shard.
+      per_token += a * (6 * ssh + 2 * h);
       if (m.shared_expert_gate) per_token += 2 * r + a * (2 * h + 1);
     }
     double bytes = tr * per_token;
     double rows = 0;
-    if (z.ep == 1) {
-      rows = tr * k * z.etp;
+    if (z.ep == 1 && z.etp == 1) {
+      rows = tr * k;
       if (m.moe_pad_to_capacity && m.moe_capacity_factor > 0) {
         const double c = std::ceil(tr * k / e * m.moe_capacity_factor);
         rows = e * (c >= tr ? tr : c);
@@ -317,7 +324,10 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       // in turn) and the row map.
       // Receive side: the receipt, the expert input and one buffer for the expert output and
       // the two expert-side gradients (shared, dispatcher.h), 3a·R·H, with 3 probs buffers.
-      bytes += a * sent * h + r * sent + 4 * sent + 3 * a * rows * h + 3 * r * rows;
+      // With ETP > 1 the receipt (R/ETP rows) is all-gathered over ETP into R rows and padded
+      // (GrowExpertSide: tp_x, padded_x and their probs), two more R-row buffers.
+      const double recv = rows / z.etp, expert_side = recv + (z.etp > 1 ? 4 : 2) * rows;
+      bytes += a * sent * h + r * sent + 4 * sent + (a * h + r) * expert_side;
       bytes += 4 * z.ep * e + 4 * (z.ep * local + local);
       if (o.cuda) bytes += std::max((std::ceil(tr / 128) + 1) * e * 4, (2 * z.ep * local + 1) * 8);
     }
@@ -341,13 +351,26 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   if (dense_layers > 0 || m.num_moe_layers() < m.num_layers) head += tr * 3 * a * f;
   if (last) {
     const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
-    const double chunk = std::max(1.0, std::min(tr, std::floor(budget / (v / tp * 8))));
-    head += o.cuda ? chunk * (v / tp) * 6 + 4 * tr : chunk * (v / tp) * 8;
+    // The whole vocabulary on every TP rank (the engine's LM head is not vocab-parallel yet).
+    const double chunk = std::max(1.0, std::min(tr, std::floor(budget / (v * 8))));
+    head += o.cuda ? chunk * v * 6 + 4 * tr : chunk * v * 8;
   }
   if (o.cuda) {
     auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
     head += std::max(rms_ws(tr, h), rms_ws(tr * hq, d));  // RMSNorm backward
     head += 4 * ((v + 1) + v + 2 * tr);                   // embedding backward
+  }
+  if (z.tp > 1) {
+    // Sequence parallelism's scratch (GptModel::Build): the all-gathered input and the partial
+    // sums before the reduce-scatter, [t, H] each, a third [t, H] for the permuted rows when a
+    // micro-batch holds more than one sequence, and this rank's ids and targets (i32).
+    head += a * t * h * (z.mbs > 1 ? 3 : 2) + 8 * tr;
+  }
+  if (z.cp > 1) {
+    // Context parallelism's K/V gather (GptModel::Build): the gathered rows, the whole K and V
+    // and their gradients, B·S rows of Hkv/TP heads each, and two partial gradients of S rows.
+    const double kv_row = a * (hkv / tp) * d;
+    head += kv_row * (5 * t * z.cp + 2 * static_cast<double>(m.seq_length));
   }
   const double n_moe = static_cast<double>(m.num_moe_layers());
   head += st * z.m + r * z.m * n_moe * (m.moe_aux_terms + 1) + 4 * z.m * n_moe * e;

@@ -96,14 +96,16 @@ double TrainingFlopsPerToken(const ModelShape& m);
 // Memory of the engine.
 //
 // Elements of one rank's flat parameter buffer for pipeline stage `stage` (GptParamLayout of
-// worker/model/gpt_model.h): every tensor padded to 64 elements; matrices split by TP (attention,
-// dense MLP, shared expert, embedding/output rows), experts E/EP per rank with Fe/ETP columns,
-// norms, router and shared-expert gate replicated. Stage s holds layers [s·L/PP, (s+1)·L/PP);
-// PP = 1: embedding + final norm (+ output when untied); PP > 1: embedding on the first stage,
-// final norm + output (or the tied copy) on the last. `*_padded`: the regions as the layout pads
-// them for the distributed optimizer (dense to 64·DP·CP, expert to 64·EDP elements).
-// Preconditions: mapping sizes positive and dividing the model (as validate.h checks), 0 <= stage
-// < PP.
+// worker/model/gpt_model.h): every tensor padded to 64 elements; attention and dense-MLP
+// matrices split by TP, experts E/EP per rank with Fe/ETP columns; norms, router, shared expert
+// (and its gate), embedding and output layer WHOLE on every TP rank, as MakeGptParamLayout keeps
+// them today (Megatron shards the shared expert and the vocabulary over TP: when the engine
+// does, this must divide them by TP again, and bench/memory_estimate_test will say so). Stage s
+// holds layers [s·L/PP, (s+1)·L/PP); PP = 1: embedding + final norm (+ output when untied); PP > 1:
+// embedding on the first stage, final norm + output (or the tied copy) on the last. `*_padded`: the
+// regions as the layout pads them for the distributed optimizer (dense to 64·DP·CP, expert to
+// 64·EDP elements). Preconditions: mapping sizes positive and dividing the model (as validate.h
+// checks), 0 <= stage < PP.
 struct StageParamElements {
   int64_t dense = 0, expert = 0;
   int64_t dense_padded = 0, expert_padded = 0;
@@ -159,19 +161,21 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               and their gradient 2r·k, dx a·H, input jitter a·H; shared expert a·(6Ssh + 2H)
 //               (+ gate 2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs and their
 //               gradients 6a·R·Fe/ETP; the dispatcher:
-//                 local (EP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
+//                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
 //                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
-//                 allgather (EP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
+//                 allgather (EP or ETP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
 //                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
 //                   reduced y and probs a·t·H + r·t·k, expert side 4a·R·H + 2r·R;
-//                 alltoall (EP > 1): send side (t·k rows), one buffer for the permuted rows,
+//                 alltoall (EP or ETP > 1): send side (t·k rows), one buffer for the permuted rows,
 //                   the combined rows and their gradient in turn, a·t·k·H + r·t·k, + row map
 //                   4t·k; receive side sized by the counts
 //                   (alltoall_dispatcher.h "Receive buffers"), estimated at its initial size,
 //                   the balanced receipt plus a quarter: R = ETP·min(B, t·k + ⌊t·k/4⌋) rows with
 //                   B = EP·t·min(k, E/EP) the bound (every token of every EP rank routed here),
 //                   3a·R·H + 3r·R (receipt, expert input, and one buffer for the expert
-//                   output and both expert-side gradients); routing more uneven than 1.25x the
+//                   output and both expert-side gradients; with ETP > 1 the receipt is R/ETP
+//                   rows and the ETP-gathered and padded copies add 2 of R rows, so
+//                   (a·H + r)·(R/ETP + 4R)); routing more uneven than 1.25x the
 //                   mean grows R (and the
 //                   6a·R·Fe/ETP above) on the ranks that receive more, up to ETP·B;
 //               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
@@ -179,20 +183,23 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
 //               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
 //               LM-head cross-entropy's logits chunk (c = min(t, budget / 8V) rows, budget
-//               512 MiB CUDA / 64 MiB CPU) c·V·(4 + 2) on CUDA (fp32 logits + bf16 gradient)
-//               + 4t, c·V·8 on the CPU; CUDA RMSNorm and embedding backward workspaces;
-//               statistics slots per micro-batch; ids and targets 8t.
+//               512 MiB CUDA / 64 MiB CPU; the whole V on every TP rank) c·V·(4 + 2) on CUDA
+//               (fp32 logits + bf16 gradient) + 4t, c·V·8 on the CPU; CUDA RMSNorm and
+//               embedding backward workspaces; statistics slots per micro-batch; ids and targets
+//               8t. TP > 1: the SP scratch, gathered input and partial sums a·t·H each (+ a
+//               permuted copy a·t·H when mbs > 1) and the rank's ids and targets 8t/TP.
+//               CP > 1: the K/V gather buffers, 5 of mbs·S rows (gathered, whole K, V, dK, dV)
+//               and 2 of S rows (partial dK, dV), each row a·(Hkv/TP)·D.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards
 //               directly through the fp32 gradient buffer: worker/train/create_memory_test.)
 //               Kept so that callers that add it to the peak stay correct.
-// TP, CP, PP, ETP > 1 extrapolate (the worker runs PP = ETP = 1; its TP keeps the
-// embedding / LM head and the shared expert whole on every TP rank, which this estimate divides
-// by TP: bench/memory_estimate_test measures 0.87 of the engine at TP2; at CP > 1 it also holds
-// the context-parallel K/V gather buffers, 5·B·S + 2·S rows of Hkv·D, not counted here): every
-// per-token term is divided by TP (sequence parallelism), tokens by CP, expert widths by ETP, and
-// the per-layer terms are multiplied by min(PP − stage, m) micro-batches in flight under 1F1B.
+// TP, CP and ETP follow the engine (bench/memory_estimate_test checks TP2, CP2, TP2·CP2 and
+// ETP2·EP2 on every rank within 5 %): every per-token term is divided by TP (sequence
+// parallelism), tokens by CP, expert widths by ETP (ETP > 1 uses the EP dispatchers, even at
+// EP = 1, as MoELayer::Create does), the SP and CP scratch above. PP > 1 multiplies the
+// per-layer terms by min(PP − stage, m) micro-batches in flight under 1F1B (not measured here).
 struct EngineMemory {
   double weights = 0, gradients = 0, optimizer_states = 0;
   double layer_activations = 0, moe_buffers = 0, head_buffers = 0;

@@ -187,9 +187,9 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   EXPECT_TRUE(plan->best().mapping().use_distributed_optimizer());
   EXPECT_EQ(plan->best().mapping().num_micro_batches(), 8);
   // Stage 1 (last; layer 1): attention 4,194,304/2 + norms 2048 + router 8192 = 2,107,392;
-  // + output (tied copy) 33,554,432/2 = 16,777,216 + final norm 1024 -> P_d = 18,885,632;
-  // P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456. Stage 0 (layer 0): P_d = 2,107,392 +
-  // embedding 16,777,216 = 18,884,608, same P_x, N = 25,176,064.
+  // + output (tied copy) 33,554,432, whole on every TP rank as the engine keeps it (issue 13),
+  // + final norm 1024 -> P_d = 35,662,848; P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456.
+  // Stage 0 (layer 0): P_d = 2,107,392 + embedding 33,554,432 = 35,661,824, same P_x.
   // t = 1024, TP 2: 512 tokens per rank. Stage 0 has 2 micro-batches in flight (min(PP - 0, m)),
   // stage 1 one, but stage 1 is the larger (its LM head):
   //   layers: (residual 2*1024*2 + one layer 14,376 (case A)) = 18,472 * 512 = 9,457,664, x2.
@@ -202,32 +202,34 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //   Stage 0: x2 in flight = 53,646,512;
   //   head (no LM head on stage 0): 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 +
   //     embedding ws 4*(32769 + 32768 + 1024) = 266,244; stats 4*8 + 4*8*2*2 + 4*8*2*8 + 8*2*8 +
-  //     8*1024 = 8,992 -> 8,684,328.
-  //   stage 0 activations = 18,915,328 + 53,646,512 + 8,684,328 = 81,246,168.
-  //   Stage 1 (reported): 9,457,664 + 26,823,256 + head 59,018,024 (with the 512-row LM-head
-  //   chunk of V/TP = 16,384 columns, 50,333,696) = 95,298,944.
-  // Stage 1: N = 18,885,632 + 6,291,456 = 25,177,088; weights 2N = 50,354,176; gradients 4N =
-  //   100,708,352.
-  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 15,734,272 + 24,612 = 314,710,052. (A replicated optimizer,
-  //   12N + 8,204 = 302,133,260, would be 12,576,792 bytes less: not what the worker runs.)
+  //     8*1024 = 8,992; SP scratch 2 * 2*1024*1024 + 8*512 = 4,198,400 -> 12,882,728.
+  //   stage 0 activations = 18,915,328 + 53,646,512 + 12,882,728 = 85,444,568.
+  //   Stage 1 (reported): 9,457,664 + 26,823,256 + head 113,548,072 (with the 512-row LM-head
+  //   chunk of the whole V = 32,768 columns, 100,665,344, and the SP scratch of issue 13,
+  //   gathered input and partial sums 2 * 2*1024*1024 + ids/targets 8*512 = 4,198,400)
+  //   = 149,828,992.
+  // Stage 1: N = 35,662,848 + 6,291,456 = 41,954,304; weights 2N = 83,908,608; gradients 4N =
+  //   167,817,216.
+  // optimizer (distributed): 20 * (35,662,848 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 24,122,880 + 24,612 = 482,482,212. (A replicated optimizer,
+  //   12N + 8,204 = 503,459,852, would be more here.)
   // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 50,354,176 + 100,708,352 + 314,710,052 + 95,298,944 + 8,187,281,408
-  //   = 8,748,352,932 (also the peak during Create, which holds no full copy; fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314710052, 95298944, 8748352932.0});
+  // total = 83,908,608 + 167,817,216 + 482,482,212 + 149,828,992 + 8,187,281,408
+  //   = 9,071,318,436 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  ExpectMemory(plan->best().memory(), {83908608, 167817216, 482482212, 149828992, 9071318436.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
-  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,885,632 / 1e11
-  //   = 0.00075542528; EDP 1: none.
+  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 35,662,848 / 1e11
+  //   = 0.00142651392; EDP 1: none.
   // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
   //       = 0.01643630297088 / 8 = 0.00205453787136.
-  // total = 0.01643630297088 + 0.00075542528 + 0.00205453787136 = 0.01924626612224.
+  // total = 0.01643630297088 + 0.00142651392 + 0.00205453787136 = 0.01991735476224.
   ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075542528, 0.00205453787136, 0.01924626612224});
+                                   0.00142651392, 0.00205453787136, 0.01991735476224});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -278,13 +280,15 @@ TEST(PlannerTest, HandComputedDenseContextParallel) {
   //   head: per token 6*1024 + 2*2*10*128 + 4*10 = 11,304 -> 23,150,592 + 4; dense backward
   //     dh, da 3*2*4096*2048 = 50,331,648; LM-head chunk 2048 rows: 2048*32768*6 + 4*2048 =
   //     402,661,376; RMSNorm ws 1,048,576 + embedding ws 4*(32769 + 32768 + 4096) = 278,532;
-  //     stats 4*2 + ids 8*2048 = 16,392 -> 477,487,120.
-  //   activations = 159,547,392 + 477,487,120 = 637,034,512.
+  //     stats 4*2 + ids 8*2048 = 16,392; CP K/V gather buffers (issue 13: GptModel::Build),
+  //     rows of Hkv 2 * D 128 * 2 B = 512 B: 5 * (t 2048 * CP 2) + 2 * S 2048 = 24,576 rows
+  //     = 12,582,912 -> 490,070,032.
+  //   activations = 159,547,392 + 490,070,032 = 649,617,424.
   // runtime: world (4), grad_data, grad_expert_data (EDP 4), CP = 4 communicators
   //   -> 6,576,668,672.
-  // total = 195,045,376 + 390,090,752 + 487,629,848 + 637,034,512 + 6,576,668,672
-  //       = 8,286,469,160.
-  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 637034512, 8286469160.0});
+  // total = 195,045,376 + 390,090,752 + 487,629,848 + 649,617,424 + 6,576,668,672
+  //       = 8,299,052,072.
+  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 649617424, 8299052072.0});
   // FLOPs/token forward: attention 2*1024*(1024 + 512) + 2*1024*1024 = 5,242,880; core
   // 2*2*8*128*1024 = 4,194,304; MLP 2*3*1024*4096 = 25,165,824; two layers 69,206,016; head
   // 67,108,864; sum 136,314,880, times 3 = 408,944,640.
@@ -326,33 +330,39 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   EXPECT_EQ(plan->best().mapping().expert_data_parallel_size(), 1);
   EXPECT_EQ(plan->best().mapping().num_micro_batches(), 2);
   // Per layer: attention 4 * 1024*1024 / TP 2 = 2,097,152; norms 2048; dense MLP
-  // 3*2048*1024 / 2 = 3,145,728; router 4*1024 = 4096; shared 3*1024*1024 / 2 = 1,572,864,
-  // gate 1024 (replicated); routed 3*4*1024*512 / EP 2 / ETP 2 = 1,572,864.
-  // MoE layer dense part 2,097,152 + 2048 + 4096 + 1,572,864 + 1024 = 3,677,184; dense layer
-  // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 0: 3,677,184 + 5,244,928 + embedding
-  // 32768*1024/2 = 16,777,216 -> P_d = 25,699,328; P_x = 1,572,864; N = 27,272,192. (Stage 1:
-  // output + final norm, P_d = 25,700,352.)
-  // Stage 0 is the larger (2 micro-batches in flight); t = 1024, 512 tokens per TP rank.
+  // 3*2048*1024 / 2 = 3,145,728; router 4*1024 = 4096; shared 3*1024*1024 = 3,145,728 and
+  // gate 1024 (whole on every TP rank, as the engine keeps them: issue 13); routed
+  // 3*4*1024*512 / EP 2 / ETP 2 = 1,572,864.
+  // MoE layer dense part 2,097,152 + 2048 + 4096 + 3,145,728 + 1024 = 5,250,048; dense layer
+  // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 0: 5,250,048 + 5,244,928 + embedding
+  // 32768*1024 (whole) = 33,554,432 -> P_d = 44,049,408; P_x = 1,572,864. Stage 1: output +
+  // final norm, P_d = 44,050,432, N = 45,623,296.
+  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight (before issue 13 it
+  // was the larger); with the whole-vocabulary LM head stage 1 is now the larger:
   //   layers: residual 2*1024*3 = 6144 + 2 * 14,376 (case A) + dense 3*2*2048 = 12,288
   //     -> 47,184 * 512 = 24,158,208, x2 = 48,316,416.
-  //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert 2*(6*1024/2 +
-  //     2*1024) = 10,240; gate 2*4 + 2*(2*1024 + 1) = 4106 -> 16,466 * 512 = 8,430,592.
-  //     Send 1024 rows 2,105,344 (case B); receive R = ETP 2 * min(EP 2 * 512 * min(2, 2) =
-  //     2048, 1024 + 256) = 2560 rows 15,759,360; counts 4*2*4 + 4*(2*2 + 2) = 56; permute ws
-  //     (4+1)*4*4 = 80 -> 17,864,840; expert rows 6*2*2560*(512/ETP 2) = 7,864,320; small
+  //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert (whole)
+  //     2*(6*1024 + 2*1024) = 16,384; gate 2*4 + 2*(2*1024 + 1) = 4106 -> 22,610 * 512 =
+  //     11,576,320. Send 1024 rows 2,105,344 (case B); receive R = ETP 2 * min(EP 2 * 512 *
+  //     min(2, 2) = 2048, 1024 + 256) = 2560 rows: the receipt R/ETP = 1280 rows, the
+  //     ETP-gathered and padded copies, the expert input and the expert output, 4R, each row
+  //     2*1024 + 4 -> 11,520 * 2052 = 23,639,040; counts 4*2*4 + 4*(2*2 + 2) = 56; permute ws
+  //     (4+1)*4*4 = 80 -> 25,744,520; expert rows 6*2*2560*(512/ETP 2) = 7,864,320; small
   //     (8+4+4)*4 + 16*4 + 4*2 + 8 = 144 + aux ws 1024 + 256 + router ws 768 = 2192
-  //     -> 34,161,944, x2 = 68,323,888.
-  //   head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA ws
-  //     1,314,820 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360
-  //     -> 14,975,152.
-  //   activations = 48,316,416 + 68,323,888 + 14,975,152 = 131,615,456.
-  //   (Stage 1: 24,158,208 + 34,161,944 + head 65,308,848 = 123,629,000; smaller in sum.)
-  // weights 2N = 54,544,384; gradients 4N = 109,088,768;
-  // optimizer 20 * (25,699,328 / 2 + 1,572,864 / 1) + 24,612 = 288,475,172.
+  //     -> 45,187,352 (stage 0: x2 in flight).
+  //   Stage 0 head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA
+  //     ws 1,314,820 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP
+  //     scratch 2 * 2*1024*1024 + 8*512 = 4,198,400 -> 19,173,552. Stage 0 activations =
+  //     48,316,416 + 90,374,704 + 19,173,552 = 157,864,672.
+  //   Stage 1 (reported): layers 24,158,208 + MoE 45,187,352 + head 119,838,896 (stage 0's
+  //     19,173,552 + the LM-head chunk of 512 rows of the whole V, 512*32768*6 + 4*512 =
+  //     100,665,344) = 189,184,456.
+  // Stage 1: weights 2N = 91,246,592; gradients 4N = 182,493,184;
+  // optimizer 20 * (44,050,432 / 2 + 1,572,864 / 1) + 24,612 = 471,986,212.
   // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 54,544,384 + 109,088,768 + 288,475,172 + 131,615,456 + 8,187,281,408
-  //       = 8,771,005,188.
-  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 131615456, 8771005188.0});
+  // total = 91,246,592 + 182,493,184 + 471,986,212 + 189,184,456 + 8,187,281,408
+  //       = 9,122,191,852.
+  ExpectMemory(plan->best().memory(), {91246592, 182493184, 471986212, 189184456, 9122191852.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -362,13 +372,13 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
-  // DP (stage 0, reported by the memory estimate): 2 * 1/2 * 4 * 25,699,328 / 1e11 =
-  //   0.00102797312; EDP 1: none.
+  // DP (stage 1, reported by the memory estimate): 2 * 1/2 * 4 * 44,050,432 / 1e11 =
+  //   0.00176201728; EDP 1: none.
   // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
   //       = 0.00544215138304 / 2 = 0.00272107569152.
-  // total = 0.00544215138304 + 0.00102797312 + 0.00272107569152 = 0.00919120019456.
+  // total = 0.00544215138304 + 0.00176201728 + 0.00272107569152 = 0.00992524435456.
   ExpectTime(plan->best().time(), {0.00489689186304, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00102797312, 0.00272107569152, 0.00919120019456});
+                                   0.00176201728, 0.00272107569152, 0.00992524435456});
 }
 
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {
