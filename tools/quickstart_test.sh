@@ -69,8 +69,12 @@ rc=$?
 [[ $rc -eq 0 ]] || { tail -20 "$tmp/standalone.out" >&2; fail "switchyard-worker --standalone exited $rc"; }
 grep -E '^step (10|100)/' "$tmp/standalone.out" | sed 's/^/    /'
 for step in 50 100; do
-  [[ -f quickstart-checkpoints/step_$step/model.safetensors ]] ||
-    fail "no ./quickstart-checkpoints/step_$step/model.safetensors: $(ls -R quickstart-checkpoints)"
+  # The sharded format (worker/checkpoint/README.md): one process writes shard_0 and the
+  # manifest, which is written last (a committed step has both).
+  for f in shard_0.safetensors manifest.json; do
+    [[ -f quickstart-checkpoints/step_$step/$f ]] ||
+      fail "no ./quickstart-checkpoints/step_$step/$f: $(ls -R quickstart-checkpoints)"
+  done
 done
 echo "ok: switchyard-worker --standalone --config examples/quickstart.yaml in" \
   "$((SECONDS - start)) s; checkpoints $(cd quickstart-checkpoints && echo step_*)"
