@@ -1441,6 +1441,14 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
     absl::StatusOr<std::string> dir = trainer->Save(tr.save());
     if (!dir.ok()) return Annotate(dir.status(), absl::StrCat(what, " ", step));
     last_saved = step;
+    // An on-demand save (the coordinator's CheckpointNow, agreed over the ranks) is reported
+    // only once committed: the coordinator stops a preempted job on that report, so it must name
+    // a checkpoint that loads. With async_save that means finishing this save now (collective:
+    // every rank took the same decision); interval saves stay in the background.
+    if (requested) {
+      absl::Status st = trainer->WaitForSave();
+      if (!st.ok()) return Annotate(st, absl::StrCat(what, " ", step));
+    }
     if (hooks.on_saved) hooks.on_saved(*dir, requested);
     return absl::OkStatus();
   };

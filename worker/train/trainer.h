@@ -313,8 +313,9 @@ struct TrainingLoopHooks {
   // interval (the agent's CheckpointNow, agreed over the ranks). Null: never.
   std::function<absl::StatusOr<bool>(const StepResult&)> checkpoint_requested;
   // A checkpoint was written to `dir` (`requested`: checkpoint_requested asked for this one).
-  // With TrainerOptions::async_save: the save was started; it commits after a later step
-  // (PollSave) or at the end of the loop, whose error then ends the loop.
+  // With TrainerOptions::async_save: an interval save was started; it commits after a later
+  // step (PollSave) or at the end of the loop, whose error then ends the loop. A requested save
+  // is committed (WaitForSave) before this is called.
   std::function<void(const std::string& dir, bool requested)> on_saved;
   // A checkpoint was requested but training.save is empty.
   std::function<void()> on_request_ignored;
