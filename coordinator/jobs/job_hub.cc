@@ -117,6 +117,10 @@ absl::Status JobHub::RecordLastStep(absl::string_view name, const v1::StepMetric
   return registry_->RecordLastStep(name, step);
 }
 
+absl::Status JobHub::RecordLastValidation(absl::string_view name, const v1::StepMetrics& step) {
+  return registry_->RecordLastValidation(name, step);
+}
+
 absl::StatusOr<v1::Job> JobHub::RecordCheckpoint(absl::string_view name, int64_t step) {
   return Notify(registry_->RecordCheckpoint(name, step));
 }

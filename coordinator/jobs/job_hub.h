@@ -84,6 +84,7 @@ class JobHub {
   const jobs::CoordinatorContext& context() const { return registry_->context(); }
   // Not a job change: watchers are not woken (they get steps from the StepHub).
   absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
+  absl::Status RecordLastValidation(absl::string_view name, const v1::StepMetrics& step);
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
   // AIP-135 (job.proto's DeleteJobRequest): NOT_FOUND for an absent job unless allow_missing;
   // FAILED_PRECONDITION naming the state for an unfinished one; with delete_checkpoints and no
