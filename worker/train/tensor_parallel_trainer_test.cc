@@ -3,18 +3,21 @@
 // Tensor parallelism with sequence parallelism over Gloo between real forked processes (CPU):
 // TP2, TP4, TP2·EP2 (world 4), TP2·EP2 at world 8, TP2·EP2 with two sequences per
 // micro-batch and seq_aux_loss, and the folds TP2·CP2 (world 4, also with two sequences and
-// seq_aux_loss), TP2·CP2·EP2 (world 8) and TP2·EP2·ETP2 (world 4) train the tiny MoE model of
+// seq_aux_loss), TP2·CP2·EP2 (world 8) and TP2·EP2·ETP2 (world 4), and TP2 and TP2·EP2 with an
+// untied LM head train the tiny MoE model of
 // worker/train/testing/tiny_moe_spec.h for 20 steps and must give one process's routing (tokens
 // per expert of every MoE layer, every step) and loss curve within 1e-5 relative; a TP2
 // checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (sharded on
-// disk, resharded on load); a KV-head count or a sequence length that TP does not divide is
-// rejected naming the field and the rule; GptModel::Forward's logits at TP2 (gathered over TP)
-// match one process's after 2 steps.
+// disk, resharded on load); a KV-head count, a sequence length or a vocabulary size that TP does
+// not divide is rejected naming the field and the rule; GptModel::Forward's logits at TP2 (each
+// rank's vocabulary columns gathered over TP) match one process's after 2 steps.
 //
 // The tiny model exercises every TP path: column-parallel q/k/v with QK-norm and GQA (4 heads in
 // 2 groups; 4 groups at TP4), row-parallel o-proj, a dense SwiGLU layer (column fc1, row fc2),
 // two MoE layers on the sequence shards (aux loss and z-loss counted over TP, input jitter at the
-// global positions, expert bias), TP-replicated norms, router, shared expert and embedding.
+// global positions, expert bias), TP-replicated norms and router, the vocabulary-parallel
+// embedding / LM head (tied, and untied in two cases) with the fused vocabulary-parallel
+// cross-entropy, and the shared expert.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -67,6 +70,7 @@ struct Variant {
   bool seq_aux = false;     // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
   std::string dispatcher;   // model.moe_token_dispatcher_type; empty: the default (allgather)
   bool no_overlap = false;  // TrainerOptions::overlap_grad_reduce off (reduce after backward)
+  bool untie = false;       // untie_embeddings_and_output_weights (the tiny spec ties them)
   std::string Name() const {
     std::string s;
     if (query_groups > 0) absl::StrAppend(&s, ", ", query_groups, " groups");
@@ -74,6 +78,7 @@ struct Variant {
     if (seq_aux) absl::StrAppend(&s, ", seq_aux_loss");
     if (!dispatcher.empty()) absl::StrAppend(&s, ", ", dispatcher);
     if (no_overlap) absl::StrAppend(&s, ", no overlap");
+    if (untie) absl::StrAppend(&s, ", untied LM head");
     return s;
   }
 };
@@ -89,6 +94,7 @@ v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
     spec->mutable_model()->add_moe_router_load_balancing_type("seq_aux_loss");
   }
   if (!v.dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(v.dispatcher);
+  if (v.untie) spec->mutable_model()->set_untie_embeddings_and_output_weights(true);
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
@@ -207,6 +213,9 @@ TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
 // The folds: TP2·CP2 (world 4: CP picks each rank's two chunks, SP shards them over TP), TP2·CP2
 // with two sequences per micro-batch and the per-sequence aux loss, TP2·CP2·EP2 (world 8), and
 // TP2·EP2·ETP2 (world 4, expert-tensor split of the experts beside the dense TP split).
+// Every case has the tiny spec's shared expert and tied embeddings (the vocabulary-parallel
+// embedding is also the LM head); TP2 and TP2·EP2 run once more with an untied LM head
+// (output.weight split by vocabulary rows beside the embedding).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, TensorParallelTrainerTest,
     ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}}, Case{{4, 2, 2}, {}},
@@ -214,16 +223,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{{4, 2, 2}, {0, 0, false, "alltoall"}},
                       Case{{2, 2, 1}, {0, 0, false, "", true}}, Case{{4, 2, 1, 2}, {}},
                       Case{{8, 2, 2, 2}, {}}, Case{{4, 2, 1, 2}, {0, 2, true}},
-                      Case{{4, 2, 2, 1, 2}, {}}),
+                      Case{{4, 2, 2, 1, 2}, {}}, Case{{2, 2, 1}, {0, 0, false, "", false, true}},
+                      Case{{4, 2, 2}, {0, 0, false, "", false, true}}),
     [](const auto& info) {
       const Layout& l = info.param.layout;
       const Variant& v = info.param.variant;
-      return absl::StrCat(
-          "TP", l.tp, l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", "_EP", l.ep,
-          l.etp > 1 ? absl::StrCat("_ETP", l.etp) : "", "_W", l.world,
-          v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
-          v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "", v.seq_aux ? "_SeqAux" : "",
-          v.dispatcher.empty() ? "" : "_" + v.dispatcher, v.no_overlap ? "_NoOverlap" : "");
+      return absl::StrCat("TP", l.tp, l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", "_EP", l.ep,
+                          l.etp > 1 ? absl::StrCat("_ETP", l.etp) : "", "_W", l.world,
+                          v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
+                          v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "",
+                          v.seq_aux ? "_SeqAux" : "",
+                          v.dispatcher.empty() ? "" : "_" + v.dispatcher,
+                          v.no_overlap ? "_NoOverlap" : "", v.untie ? "_Untied" : "");
     });
 
 // A TP2 checkpoint (each TP rank's shards): one process resumes it and continues the curve; a
@@ -245,8 +256,9 @@ TEST(TensorParallelCheckpointTest, ResumesAcrossTensorParallelSizes) {
 }
 
 // GptModel::Forward's logits at TP2 (generation / eval): after 2 training steps each TP rank
-// gathers the final-norm shards over TP and returns the full [S, V] logits of one sequence. Both
-// ranks' logits must be bitwise equal (same gathered input, same GEMM) and match one process
+// gathers the final-norm shards over TP, computes its V/TP vocabulary columns and all-gathers
+// them, returning the full [S, V] logits of one sequence. Both ranks' logits must be bitwise
+// equal (the same gathered columns) and match one process
 // after the same 2 steps within 1e-5 relative to the largest logit (f32; the loss curves of the
 // fold tests agree to 1e-5 too). Before, TP > 1 returned UNIMPLEMENTED.
 std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
@@ -323,8 +335,9 @@ TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
 }
 
 // What TP cannot split is rejected on every rank with INVALID_ARGUMENT naming the field and the
-// rule: GQA with one KV head at TP2 (the KV head is not replicated), and a sequence length TP
-// does not divide (sequence parallelism).
+// rule: GQA with one KV head at TP2 (the KV head is not replicated), a sequence length TP
+// does not divide (sequence parallelism), and a vocabulary TP does not divide (vocabulary-parallel
+// embedding and LM head; no padded vocabulary in the spec).
 TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
   struct Bad {
     std::function<void(v1::JobSpec*)> edit;
@@ -336,6 +349,9 @@ TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
       {[](v1::JobSpec* s) { s->mutable_model()->set_seq_length(15); },
        "model.seq_length (15) must be divisible by parallel.tensor_model_parallel_size (2): "
        "sequence parallelism splits every sequence over the TP ranks"},
+      {[](v1::JobSpec* s) { s->mutable_model()->set_vocab_size(63); },
+       "model.vocab_size (63) must be divisible by parallel.tensor_model_parallel_size (2): the "
+       "embedding and the LM head are split over the TP ranks by vocabulary rows"},
   };
   for (const Bad& bad : cases) {
     const std::string store = ct::UniqueStoreDir("tp_bad_store");
