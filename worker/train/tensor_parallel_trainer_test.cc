@@ -10,7 +10,8 @@
 // checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (sharded on
 // disk, resharded on load); a KV-head count, a sequence length or a vocabulary size that TP does
 // not divide is rejected naming the field and the rule; GptModel::Forward's logits at TP2 (each
-// rank's vocabulary columns gathered over TP) match one process's after 2 steps.
+// rank's vocabulary columns gathered over TP) and its evaluation loss (vocabulary-parallel CE, on
+// TP rank 0) match one process's after 2 steps.
 //
 // The tiny model exercises every TP path: column-parallel q/k/v with QK-norm and GQA (4 heads in
 // 2 groups; 4 groups at TP4), row-parallel o-proj, a dense SwiGLU layer (column fc1, row fc2),
@@ -258,9 +259,11 @@ TEST(TensorParallelCheckpointTest, ResumesAcrossTensorParallelSizes) {
 // GptModel::Forward's logits at TP2 (generation / eval): after 2 training steps each TP rank
 // gathers the final-norm shards over TP, computes its V/TP vocabulary columns and all-gathers
 // them, returning the full [S, V] logits of one sequence. Both ranks' logits must be bitwise
-// equal (the same gathered columns) and match one process
-// after the same 2 steps within 1e-5 relative to the largest logit (f32; the loss curves of the
-// fold tests agree to 1e-5 too). Before, TP > 1 returned UNIMPLEMENTED.
+// equal (the same gathered columns) and match one process after the same 2 steps within 1e-5
+// relative to the largest logit (f32; the loss curves of the fold tests agree to 1e-5 too).
+// Before, TP > 1 returned UNIMPLEMENTED. Then Forward with targets (the evaluation loss through
+// the vocabulary-parallel cross-entropy): TP rank 0's loss sum within 1e-5 of one process's,
+// rank 1's exactly 0 (the trainer sums the ranks' shares over TP).
 std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
   while (t->step() < 2) {
     if (!t->Step().ok()) return {};
@@ -268,10 +271,13 @@ std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
   const model::GptConfig& c = t->model_config();
   const int64_t n = c.seq_length, v = c.vocab_size;
   auto ids = Buffer::ForTensor(DType::kI32, {n}, Device::Cpu());
+  auto targets = Buffer::ForTensor(DType::kI32, {n}, Device::Cpu());
   auto logits = Buffer::ForTensor(DType::kF32, {n, v}, Device::Cpu());
-  if (!ids.ok() || !logits.ok()) return {};
-  for (int64_t i = 0; i < n; ++i)
+  if (!ids.ok() || !targets.ok() || !logits.ok()) return {};
+  for (int64_t i = 0; i < n; ++i) {
     ids->View().as<int32_t>()[i] = static_cast<int32_t>((7 * i + 3) % v);
+    targets->View().as<int32_t>()[i] = static_cast<int32_t>((7 * i + 10) % v);
+  }
   const float poison = std::nanf("");
   for (int64_t i = 0; i < n * v; ++i) logits->View().as<float>()[i] = poison;
   absl::Status st = t->model().Forward(Stream::Cpu(), ids->View(), Tensor(), n, 0, logits->View());
@@ -279,7 +285,18 @@ std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
     std::fprintf(stderr, "Forward: %s\n", st.ToString().c_str());
     return {};
   }
-  return std::vector<float>(logits->View().as<float>(), logits->View().as<float>() + n * v);
+  std::vector<float> out(logits->View().as<float>(), logits->View().as<float>() + n * v);
+  // The evaluation loss of the same sequence (Forward with targets, no logits): at TP > 1 the
+  // vocabulary-parallel cross-entropy, reported by TP rank 0 (0 on the others). Appended last.
+  st = t->model().Forward(Stream::Cpu(), ids->View(), targets->View(), n, 0, Tensor());
+  if (!st.ok()) {
+    std::fprintf(stderr, "Forward (loss): %s\n", st.ToString().c_str());
+    return {};
+  }
+  auto stats = t->model().ReadStepStats(Stream::Cpu(), 1);
+  if (!stats.ok()) return {};
+  out.push_back(static_cast<float>(stats->loss_sum));
+  return out;
 }
 
 TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
@@ -316,12 +333,23 @@ TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
     return f.good() ? 0 : 1;
   });
   for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  // The last element is the evaluation loss sum (see LogitsAfterTwoSteps).
+  const float ref_loss = ref.back();
   std::vector<std::vector<float>> got(2, std::vector<float>(ref.size()));
   for (int r = 0; r < 2; ++r) {
     std::ifstream f(absl::StrCat(out, ".", r), std::ios::binary);
     f.read(reinterpret_cast<char*>(got[r].data()), got[r].size() * sizeof(float));
     ASSERT_TRUE(f.good()) << "rank " << r << " wrote fewer than " << ref.size() << " logits";
   }
+  // Evaluation loss: TP rank 0 holds the micro-batch's sum (every rank computed it), rank 1 0.
+  std::printf("TP2 eval loss sum: rank 0 %.6f, rank 1 %.6f, one process %.6f\n", got[0].back(),
+              got[1].back(), ref_loss);
+  EXPECT_GT(ref_loss, 0);
+  EXPECT_NEAR(got[0].back(), ref_loss, 1e-5 * ref_loss);
+  EXPECT_EQ(got[1].back(), 0.0f);
+  ref.pop_back();
+  got[0].pop_back();
+  got[1].pop_back();
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[0][i])) << "logit " << i << " not written";
