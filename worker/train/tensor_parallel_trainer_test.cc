@@ -402,6 +402,10 @@ TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
       if (rank == 0) std::printf("rejected: %s\n", t.status().ToString().c_str());
       SY_CHILD_CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
       SY_CHILD_CHECK(absl::StrContains(t.status().message(), bad.needle));
+      // Neither rank exits before the other has finished connecting its groups: under load a
+      // rank that was rejected first closed its sockets while its peer was still connecting the
+      // last group ("Connection closed by peer" in CreateGlooProcessGroups, seen once here).
+      SY_CHILD_OK((*groups)->world->Barrier());
       return 0;
     });
     for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << bad.needle << " rank " << r;
