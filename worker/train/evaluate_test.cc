@@ -305,6 +305,27 @@ TEST(RunEvaluationTest, CheckpointAndHfExportGiveTheInTrainingLoss) {
   }
 }
 
+// --eval may use another global batch size than the run (no data position is resumed): the
+// loss is then over other batches of the valid split, but the checkpoint loads.
+TEST(RunEvaluationTest, AnotherGlobalBatchSizeLoads) {
+  const std::string save = Fresh("eval_gbs");
+  v1::JobSpec spec = Spec(4, 2, 1);
+  spec.mutable_training()->set_save(save);
+  auto t = Trainer::Create(spec, CpuF32());
+  ASSERT_TRUE(t.ok()) << t.status();
+  Train(t->get());
+  ASSERT_TRUE(HasCommittedStep(save, 4));
+  v1::JobSpec eval_spec = Spec(4, 0, 2);
+  eval_spec.mutable_training()->set_global_batch_size(4);
+  absl::StatusOr<double> got = RunEvaluation(eval_spec, CpuF32(), {save}, stdout);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // The same 8 samples as the run's one evaluation batch of 8 (eval_iters 2 x 4): the same loss.
+  auto run_eval = (*t)->Evaluate();
+  ASSERT_TRUE(run_eval.ok());
+  std::printf("global batch 4 x 2: %.9f, the run's 8 x 1: %.9f\n", *got, *run_eval);
+  EXPECT_NEAR(*got, *run_eval, 1e-6);
+}
+
 TEST(RunEvaluationTest, RefusesWhatItCannotEvaluate) {
   v1::JobSpec spec = Spec(4, 0, 1);
   auto no_load = RunEvaluation(spec, CpuF32(), {""}, stdout);

@@ -1324,7 +1324,9 @@ absl::Status Trainer::Load(const std::string& root, int64_t step) {
   SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
   SY_ASSIGN_OR_RETURN(std::string counter, ckpt.GetString("forward_counter"));
   const int64_t gbs = num_micro_global_ * micro_batch_;
-  if (consumed != ck_step * gbs) {
+  // An evaluate-only trainer (--eval) never resumes the data position, so it may score a
+  // checkpoint with another global batch size.
+  if (consumed != ck_step * gbs && !options_.evaluate_only) {
     return absl::FailedPreconditionError(
         absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
                      ") x training.global_batch_size (", gbs, "): the global batch size changed"));

@@ -157,7 +157,8 @@ struct TrainerOptions {
   bool async_save = false;
   // Evaluation only (RunEvaluation, `switchyard-worker --eval`): no training samples are built
   // (a split may give training no document: "0,1,0" evaluates a whole dataset), Step() is
-  // refused, and the valid split is prepared even without training.eval_interval.
+  // refused, the valid split is prepared even without training.eval_interval, and Load accepts
+  // a checkpoint saved with another global batch size (no data position to resume).
   bool evaluate_only = false;
 };
 
