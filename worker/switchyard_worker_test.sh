@@ -79,6 +79,20 @@ grep -q "^$val4 | 2 global batches" <<<"$out" || fail "--eval: not the in-traini
 out=$("$bin" --eval --load "$TEST_TMPDIR/eval_ckpt/step_2" --config "$TEST_TMPDIR/eval.yaml" \
   --device cpu) || fail "--eval step_2 exited $?"
 grep -q "^$val2 | " <<<"$out" || fail "--eval step_2: not the in-training $val2: $out"
+# Two ranks (DP 2 over Gloo) evaluate the one-process checkpoint: the same loss within 1e-5.
+"$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --rank 1 --world-size 2 \
+  --rendezvous "$TEST_TMPDIR/rdzv_eval" --config "$TEST_TMPDIR/eval.yaml" --device cpu \
+  >"$TEST_TMPDIR/ev1.out" 2>"$TEST_TMPDIR/ev1.err" &
+pid1=$!
+out=$("$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --rank 0 --world-size 2 \
+  --rendezvous "$TEST_TMPDIR/rdzv_eval" --config "$TEST_TMPDIR/eval.yaml" --device cpu) ||
+  fail "--eval on 2 ranks: rank 0 exited $?"
+wait $pid1 || fail "--eval on 2 ranks: rank 1 exited $?: $(cat "$TEST_TMPDIR/ev1.err")"
+echo "$out"
+got=$(grep -Eo '^validation loss [0-9.]+' <<<"$out" | awk '{print $3}')
+want=$(awk '{print $3}' <<<"$val4")
+awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(a != "" && d < 1e-5 && d > -1e-5) }' ||
+  fail "--eval on 2 ranks: $got, one process $want"
 "$bin" --eval --config "$TEST_TMPDIR/eval.yaml" >/dev/null 2>"$TEST_TMPDIR/err"; rc=$?
 [[ $rc -eq 2 ]] || fail "--eval without --load: exit $rc, want 2"
 "$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --config "$TEST_TMPDIR/job.yaml" --device cpu \
