@@ -443,5 +443,47 @@ TEST(DistributedEvaluateTest, WorldTwoEqualsOneProcess) {
   }
 }
 
+// PP > 1: no forward-only pipeline schedule yet, so a job that evaluates is refused at Create on
+// every stage, naming the field and the reason (4 layers, untied head: a valid PP2 job otherwise).
+TEST(DistributedEvaluateTest, PipelineParallelIsRefusedAtCreate) {
+  const std::string store = ct::UniqueStoreDir("eval_store_pp2");
+  const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
+    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
+    SY_CHILD_CHECK(kv != nullptr);
+    ParallelDims dims;
+    dims.world_size = 2;
+    dims.pipeline_model_parallel_size = 2;
+    comm::GlooOptions gopt;
+    gopt.timeout = absl::Seconds(60);
+    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    SY_CHILD_OK(groups.status());
+    TrainerOptions opt = CpuF32();
+    opt.groups = groups->get();
+    for (bool evaluate : {false, true}) {
+      v1::JobSpec spec = Spec(6, evaluate ? 3 : 0, 2);
+      v1::ModelConfig* m = spec.mutable_model();
+      m->set_num_layers(4);
+      m->clear_moe_layer_pattern();
+      for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
+      m->set_untie_embeddings_and_output_weights(true);
+      spec.mutable_parallel()->set_world_size(2);
+      spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
+      auto t = Trainer::Create(spec, opt);
+      if (!evaluate) {
+        SY_CHILD_OK(t.status());  // the same job without evaluation trains at PP2
+        continue;
+      }
+      if (rank == 0) std::printf("PP2 with eval_interval: %s\n", t.status().ToString().c_str());
+      SY_CHILD_CHECK(t.status().code() == absl::StatusCode::kUnimplemented);
+      SY_CHILD_CHECK(absl::StrContains(t.status().message(),
+                                       "training.eval_interval: evaluation with "
+                                       "parallel.pipeline_model_parallel_size 2 > 1 is not "
+                                       "implemented"));
+    }
+    return 0;
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
 }  // namespace
 }  // namespace switchyard::train
