@@ -96,7 +96,9 @@ TEST(EvaluateGpuTest, SameTrainingAndTheCpuValidationLoss) {
   ASSERT_TRUE(b[3].validation_loss.has_value());
   auto again = (*evaluating)->Evaluate();
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(*again, *b[3].validation_loss);  // the same batches, deterministic kernels
+  // The same batches again (bit-identical on the CPU; here within 1e-6 relative in case a GPU
+  // library picks another reduction order between calls).
+  EXPECT_LT(std::abs(*again - *b[3].validation_loss) / *again, 1e-6);
 
   // The GPU-trained state (weights and expert biases: a checkpoint) on the CPU (fp32): the same
   // validation loss.
