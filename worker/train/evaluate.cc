@@ -60,9 +60,11 @@ absl::Status Trainer::InitEvaluation(const std::shared_ptr<TokenDocuments>& all,
   if (!tr.has_eval_interval() && !options_.evaluate_only) return absl::OkStatus();
   const char* why = tr.has_eval_interval() ? "training.eval_interval is set" : "--eval";
   if (pp_ > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size ", pp_,
-        " > 1 is not implemented (no forward-only pipeline schedule yet); unset eval_interval"));
+    return absl::UnimplementedError(
+        absl::StrCat(tr.has_eval_interval() ? "training.eval_interval" : "--eval",
+                     ": evaluation with parallel.pipeline_model_parallel_size ", pp_,
+                     " > 1 is not implemented (no forward-only pipeline schedule yet)",
+                     tr.has_eval_interval() ? "; unset eval_interval" : ""));
   }
   const std::string& split = spec_.data().split();
   if (!valid.has_value() || valid->size() <= 0) {
