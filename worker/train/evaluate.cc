@@ -141,8 +141,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
                         model_->ReadStepStats(s, static_cast<int>(num_micro_)));
     local += stats.loss_sum;
   }
-  // The step loss's fold (ReduceStats): every TP or CP rank holds its share of its DP rank's
-  // tokens, so the sum over TP×DP×CP is the whole loss sum. PP is 1 here: TDC is the world.
+  // The step loss's fold (ReduceStats): each rank's loss sum is its share of its DP rank's
+  // tokens (CP: its chunks; TP: the vocabulary-parallel loss, reported by TP rank 0, 0 on the
+  // others), so the sum over TP×DP×CP is the whole loss sum. PP is 1 here: TDC is the world.
   std::vector<double> v = {local};
   if (distributed()) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tdc, &v));
   return v[0] / static_cast<double>(eval_iters_ * gbs * seq_);
