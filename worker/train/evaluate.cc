@@ -26,6 +26,10 @@
 namespace switchyard::train {
 namespace {
 
+// The first mock sample of the valid batches (data.mock_data with training.eval_interval): far
+// past any training run's samples (train_iters x global batch), so the two never share tokens.
+constexpr int64_t kMockValidFirstSample = int64_t{1} << 48;
+
 // Documents [begin, end) of `base`, renumbered from 0: the valid share of data.split.
 class DocumentRangeView final : public TokenDocuments {
  public:
@@ -93,14 +97,14 @@ absl::Status Trainer::InitEvaluation(const std::shared_ptr<TokenDocuments>& all,
 
 bool Trainer::EvaluationDue(int64_t step) const {
   const v1::TrainingConfig& tr = spec_.training();
-  if (valid_samples_ == nullptr || !tr.has_eval_interval() || tr.eval_interval() <= 0) {
+  if (!evaluates() || !tr.has_eval_interval() || tr.eval_interval() <= 0) {
     return false;
   }
   return step % tr.eval_interval() == 0 || step == tr.train_iters();
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
-  if (valid_samples_ == nullptr) {
+  if (!evaluates()) {
     return absl::FailedPreconditionError(
         "Trainer::Evaluate: this trainer has no valid split (set training.eval_interval, or use "
         "TrainerOptions.evaluate_only)");
@@ -127,8 +131,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
     for (int64_t m = 0; m < num_micro_; ++m) {
       // Micro-batch j of evaluation batch k, as Step's micro-batch j of a training batch.
       const int64_t j = m * dp_ + dp_rank_;
-      SY_RETURN_IF_ERROR(
-          LoadMicroBatch(k * gbs + j * micro_batch_, micro_batch_, valid_samples_.get()));
+      // Mock data: LoadMicroBatch's mock tokens of an index range no training run reaches.
+      const int64_t first = (mock_eval_ ? kMockValidFirstSample : 0) + k * gbs + j * micro_batch_;
+      SY_RETURN_IF_ERROR(LoadMicroBatch(first, micro_batch_, valid_samples_.get()));
       const int64_t n = micro_batch_ * local_seq_;
       const Tensor ids = Tensor(DType::kI32, {n}, s.device,
                                 s.is_cuda() ? ids_.View().data : host_ids_.View().data);

@@ -198,6 +198,44 @@ TEST(EvaluateTest, EqualsAnIndependentComputationOnTheValidDocuments) {
   EXPECT_GT(std::abs(*train_batch - *got), 1e-4);
 }
 
+// Mock data (data.mock_data) evaluates on mock valid batches of their own: the training steps
+// are bit-identical to a run without evaluation, the valid batches are not the training ones,
+// and every evaluation scores the same tokens.
+TEST(EvaluateTest, MockDataEvaluatesOnItsOwnMockBatches) {
+  auto mock = [](int64_t eval_interval) {
+    auto spec = ParseJobSpecYaml(switchyard::test_specs::TinyMoeSpecYaml(4, true));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    spec->mutable_data()->set_mock_data(true);
+    if (eval_interval > 0) {
+      spec->mutable_training()->set_eval_interval(eval_interval);
+      spec->mutable_training()->set_eval_iters(2);
+    }
+    return *spec;
+  };
+  auto plain = Trainer::Create(mock(0), CpuF32());
+  auto evaluating = Trainer::Create(mock(2), CpuF32());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(evaluating.ok()) << evaluating.status();
+  EXPECT_EQ((*evaluating)->eval_iters(), 2);
+  const std::vector<StepResult> a = Train(plain->get());
+  const std::vector<StepResult> b = Train(evaluating->get());
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_EQ(a[s].loss, b[s].loss) << "step " << s + 1;  // bitwise
+    EXPECT_EQ(b[s].validation_loss.has_value(), (s + 1) % 2 == 0) << "step " << s + 1;
+  }
+  auto again = (*evaluating)->Evaluate();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *b[3].validation_loss);
+  auto train_batch = (*evaluating)->EvalLoss();  // the first training batch
+  ASSERT_TRUE(train_batch.ok());
+  std::printf("mock: validation loss %.9f (step 2) %.9f (step 4), first training batch %.9f\n",
+              *b[1].validation_loss, *b[3].validation_loss, *train_batch);
+  EXPECT_GT(std::abs(*train_batch - *again), 1e-6);
+  EXPECT_NE(*b[1].validation_loss, *b[3].validation_loss);
+}
+
 // Evaluation between steps must leave the training bit-identical: jitter counter, expert-bias
 // counts, aux-loss statistics (global_aux_loss's running counts), data position.
 class EvaluateStateTest : public ::testing::TestWithParam<bool> {};
