@@ -5,8 +5,10 @@
 //
 // WHY a file of its own: trainer.cc is edited by several people at once; evaluation only needs
 // LoadMicroBatch, GptModel::Forward and the stats all-reduce, which it reaches as members.
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -154,6 +156,32 @@ absl::StatusOr<double> Trainer::Evaluate() {
   return v[0] / static_cast<double>(eval_iters_ * gbs * seq_);
 }
 
+absl::Status Trainer::WriteValidationTokens(const std::string& path) const {
+  if (distributed()) {
+    return absl::FailedPreconditionError("--eval_tokens_out: one process only (no --rank)");
+  }
+  if (valid_samples_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "--eval_tokens_out: this trainer has no valid split of a dataset to write");
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_tokens_out: cannot create ", path, ": ", std::strerror(errno)));
+  }
+  absl::Cleanup close = [f] { std::fclose(f); };
+  std::vector<int32_t> sample(seq_ + 1);
+  // Evaluate's order: batch k, micro-batch j (over all DP ranks), row b.
+  const int64_t samples = eval_iters_ * num_micro_global_ * micro_batch_;
+  for (int64_t i = 0; i < samples; ++i) {
+    SY_RETURN_IF_ERROR(valid_samples_->Sample(i, absl::MakeSpan(sample)));
+    if (std::fwrite(sample.data(), sizeof(int32_t), sample.size(), f) != sample.size()) {
+      return absl::DataLossError(absl::StrCat("--eval_tokens_out: short write to ", path));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> RunEvaluation(v1::JobSpec spec, TrainerOptions options,
                                      const EvaluationOptions& evaluation, std::FILE* out) {
   if (evaluation.load.empty()) {
@@ -204,6 +232,14 @@ absl::StatusOr<double> RunEvaluation(v1::JobSpec spec, TrainerOptions options,
                  static_cast<long long>(trainer->step()));
   }
   SY_ASSIGN_OR_RETURN(const double loss, trainer->Evaluate());
+  if (!evaluation.tokens_out.empty()) {
+    SY_RETURN_IF_ERROR(trainer->WriteValidationTokens(evaluation.tokens_out));
+    std::fprintf(out, "wrote the scored token windows to %s (int32 [%lld, %lld])\n",
+                 evaluation.tokens_out.c_str(),
+                 static_cast<long long>(trainer->eval_iters() * trainer->tokens_per_step() /
+                                        trainer->spec().model().seq_length()),
+                 static_cast<long long>(trainer->spec().model().seq_length() + 1));
+  }
   const int64_t tokens = trainer->eval_iters() * trainer->tokens_per_step();
   std::fprintf(out,
                "validation loss %.6f | validation ppl %.4f | %lld global batches, %lld tokens of "

@@ -204,6 +204,10 @@ class Trainer {
   // collective when distributed. FAILED_PRECONDITION when the trainer has no valid split
   // (neither training.eval_interval nor TrainerOptions::evaluate_only).
   absl::StatusOr<double> Evaluate();
+  // Writes the samples Evaluate scores (all ranks' share, evaluation order) to `path` as int32
+  // [eval_iters x global batch, seq_length + 1]; one process only (FAILED_PRECONDITION when
+  // distributed), a dataset's valid split only (not mock data).
+  absl::Status WriteValidationTokens(const std::string& path) const;
   // training.eval_iters (its default when unset); 0 when this trainer does not evaluate.
   int64_t eval_iters() const { return evaluates() ? eval_iters_ : 0; }
   // Whether RunTrainingLoop evaluates after completed step `step` (training.eval_interval).
@@ -400,6 +404,9 @@ struct EvaluationOptions {
   // step_<N> directories; or a Hugging Face directory (it holds config.json: ImportHfModel, whose
   // config replaces spec.model, seq_length kept; one process only).
   std::string load;
+  // Non-empty (one process only): the token windows scored, written here as int32 [samples,
+  // seq_length + 1] in evaluation order (inputs [:, :-1], targets [:, 1:]).
+  std::string tokens_out;
 };
 // Loads `evaluation.load` into an evaluate-only trainer of `spec` and returns Evaluate(): the
 // loss over training.eval_iters (default 100) global batches of data.split's valid share
