@@ -15,7 +15,7 @@
 # Exit 0 only when every comparison held.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-bin=$1
+bin=$(realpath "$1")
 spec=$(realpath "${2:-examples/quickstart.yaml}")
 out=${3:-/tmp/switchyard-eval-check}
 worker=$bin/switchyard-worker
