@@ -1,13 +1,17 @@
 // File: common/model/engine_support.h
 //
 // What the worker's engine executes today: data, tensor (with sequence parallelism,
-// worker/model/gpt_model.h), context, expert and expert-tensor parallelism, TP and CP folded
-// together, with PP = 1 (any sizes the parallel layout accepts, with model.seq_length %
-// (2·CP·TP) == 0 and moe_ffn_hidden_size % ETP == 0 as common/config/validate*.cc checks).
+// worker/model/gpt_model.h), context, expert, expert-tensor and pipeline parallelism, all folded
+// together (any sizes the parallel layout accepts, with model.seq_length % (2·CP·TP) == 0,
+// moe_ffn_hidden_size % ETP == 0 and the pipeline layout rules as common/config/validate*.cc
+// checks). Pipeline parallelism runs Megatron's non-interleaved 1F1B (worker/train/trainer.h):
+// virtual pipeline stages (the interleaved schedule) are refused, and so are two model features
+// at PP > 1 that need cross-stage state (UnsupportedAtPipeline).
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
-// (coordinator/jobs/resolve_spec.h, before the planner), the worker's check of an assignment
+// (coordinator/jobs/resolve_spec.h, before the planner), the planner's candidates
+// (coordinator/planner/planner.cc), the worker's check of an assignment
 // (worker/agent/generation.cc) and a run without a coordinator (worker/train/trainer.cc). When
-// the engine learns a dimension, this is the one place to change.
+// the engine learns a dimension or feature, this is the one place to change.
 #ifndef SWITCHYARD_COMMON_MODEL_ENGINE_SUPPORT_H_
 #define SWITCHYARD_COMMON_MODEL_ENGINE_SUPPORT_H_
 
@@ -15,17 +19,36 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "switchyard/v1/config.pb.h"
 
 namespace switchyard {
 
 // "" when the engine runs these sizes; otherwise the first unsupported one, as
-// "<prefix>pipeline_model_parallel_size (N) must be 1: workers run data, tensor, context and
-// expert parallelism only" (expert parallelism here includes its tensor split, ETP), with
-// `prefix` the field path of the caller's message ("parallel." for a job spec,
-// "assignment.mapping." for an assignment).
+// "<prefix>virtual_pipeline_model_parallel_size (2) must be 1: ..." with `prefix` the field path
+// of the caller's message ("parallel." for a job spec, "assignment.spec.parallel." for an
+// assignment). Every TP, CP, PP and ETP size runs; the arguments stay so that every caller keeps
+// one call shape while dimensions are lifted.
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
-                                int64_t expert_tensor_parallel_size);
+                                int64_t expert_tensor_parallel_size,
+                                int64_t virtual_pipeline_model_parallel_size);
+
+// "" when a model with these features runs at `pipeline_model_parallel_size`; otherwise the rule,
+// naming the field under `prefix` ("model." for a job spec, "assignment.spec.model." for an
+// assignment): at PP > 1 the embedding and the LM head must be untied
+// (untie_embeddings_and_output_weights; Megatron's first/last-stage embedding group is not
+// implemented) and no MoE layer may use global_aux_loss (moe_router_load_balancing_type: its
+// running counts live per in-flight micro-batch slot of a stage). The model itself
+// (GptConfig::Validate) refuses the same with UNIMPLEMENTED.
+std::string UnsupportedAtPipeline(absl::string_view prefix, int64_t pipeline_model_parallel_size,
+                                  bool untie_embeddings_and_output_weights,
+                                  bool moe_global_aux_loss);
+
+// Both rules for a whole job spec (defaults applied or not: unset sizes count as 1):
+// UnsupportedByEngine on spec.parallel (field paths "<prefix>parallel.") and
+// UnsupportedAtPipeline on spec.model ("<prefix>model."), the first violation or "". `prefix`:
+// "" for a job spec, "assignment.spec." for an assignment's.
+std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec);
 
 }  // namespace switchyard
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/config_defaults.h"
 #include "common/config/validate.h"
+#include "common/model/engine_support.h"
 #include "common/model/model_math.h"
 #include "common/model/parallel_state.h"
 #include "common/status.h"
@@ -108,6 +109,9 @@ std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int6
   spec.mutable_training()->set_global_batch_size(static_cast<int32_t>(global_batch));
   ApplyDefaults(&spec);
   std::vector<std::string> violations = AllViolations(spec);
+  // Every mapping the planner returns must run in the workers: what the engine does not run
+  // (common/model/engine_support.h; e.g. a tied embedding at PP > 1) is a rejection too.
+  if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) violations.push_back(why);
   // The sequence-length rule of CP (2·CP·TP) is one of AllViolations' (common/config).
   if (violations.empty()) {
     ParallelDims dims;

@@ -268,10 +268,21 @@ std::vector<SpecCase> SpecCases() {
       {"vocab_size_missing_mock_data",
        [](Json& s) { s["model"].erase("vocab_size"); },
        {"model.vocab_size is required with data.mock_data"}},
-      {"pipeline_parallel_2",
+      // PP runs in the workers (1F1B); what it does not run yet is refused at submit: a tied
+      // embedding / LM head at PP > 1, and virtual pipeline stages.
+      {"pipeline_parallel_2_tied_embeddings",
        [](Json& s) { s["parallel"]["pipeline_model_parallel_size"] = 2; },
-       {"parallel.pipeline_model_parallel_size (2) must be 1: workers run data, tensor, "
-        "context and expert parallelism only"}},
+       {"model.untie_embeddings_and_output_weights must be true with "
+        "pipeline_model_parallel_size 2 > 1"}},
+      {"virtual_pipeline_2",
+       [](Json& s) {
+         s["model"]["num_layers"] = 4;
+         s["model"]["untie_embeddings_and_output_weights"] = true;
+         s["parallel"]["pipeline_model_parallel_size"] = 2;
+         s["parallel"]["virtual_pipeline_model_parallel_size"] = 2;
+       },
+       {"parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
+        "non-interleaved 1F1B pipeline schedule only"}},
       // CP runs in the workers; a size whose 2·CP chunks do not divide the sequence does not.
       {"context_parallel_3",
        [](Json& s) { s["parallel"]["context_parallel_size"] = 3; },
@@ -659,7 +670,7 @@ std::vector<Case> AllCases() {
                    },
                    kInvalid,
                    {"display_name must not contain control characters"}});
-  cases.push_back({"plan_tensor_parallel_2",
+  cases.push_back({"plan_pipeline_parallel_2_tied",
                    Via::kGrpc,
                    [](Env& env) {
                      v1::PlanRequest request;
@@ -670,7 +681,8 @@ std::vector<Case> AllCases() {
                      return FromGrpc(env.plans().Plan(GrpcContext().get(), request, &out));
                    },
                    kInvalid,
-                   {"parallel.pipeline_model_parallel_size (2) must be 1"}});
+                   {"model.untie_embeddings_and_output_weights must be true with "
+                    "pipeline_model_parallel_size 2 > 1"}});
   cases.push_back({"plan_no_spec",
                    Via::kGrpc,
                    [](Env& env) {

@@ -73,6 +73,19 @@ TEST(PrepareGenerationTest, FillsTheParallelSizes) {
   EXPECT_EQ(p->spec.parallel().expert_tensor_parallel_size(), 1);
 }
 
+// Pipeline parallelism runs (1F1B): the mapping's PP reaches the process-group dims and the spec
+// (PP2 on 2 ranks, untied embeddings as the engine requires at PP > 1).
+TEST(PrepareGenerationTest, CarriesTheMappingsPipelineParallelSize) {
+  v1::Assignment a = Valid(1, 2, 1);
+  a.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(true);
+  a.mutable_mapping()->set_pipeline_model_parallel_size(2);
+  a.mutable_mapping()->set_data_parallel_size(1);
+  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.pipeline_model_parallel_size, 2);
+  EXPECT_EQ(p->spec.parallel().pipeline_model_parallel_size(), 2);
+}
+
 // Expert tensor parallelism runs: the mapping's ETP reaches the process-group dims and the spec;
 // a spec that says another ETP is refused naming the field.
 TEST(PrepareGenerationTest, CarriesTheMappingsExpertTensorParallelSize) {
@@ -138,9 +151,22 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.tensor_model_parallel_size");
+  // PP runs (1F1B); a spec PP that contradicts the mapping's, a tied embedding at PP > 1 and
+  // virtual pipeline stages do not.
+  a = Valid();
+  a.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(4);
+  a.mutable_mapping()->set_pipeline_model_parallel_size(2);
+  ExpectRejected(a, absl::StatusCode::kInvalidArgument,
+                 "spec.parallel.pipeline_model_parallel_size");
   a = Valid();
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
-  ExpectRejected(a, absl::StatusCode::kUnimplemented, "pipeline_model_parallel_size");
+  a.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(false);
+  ExpectRejected(a, absl::StatusCode::kUnimplemented,
+                 "assignment.spec.model.untie_embeddings_and_output_weights");
+  a.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(true);
+  a.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  ExpectRejected(a, absl::StatusCode::kUnimplemented,
+                 "assignment.spec.parallel.virtual_pipeline_model_parallel_size (2) must be 1");
   ExpectRejected(Valid(0, 3, 3), absl::StatusCode::kInvalidArgument, "assignment.spec");
 }
 

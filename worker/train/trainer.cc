@@ -239,12 +239,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
   const v1::ParallelConfig& par = spec.parallel();
-  // The trainer runs pipeline parallelism itself (the 1F1B schedule in Step): PP is not asked.
-  if (std::string why = UnsupportedByEngine("parallel.", par.tensor_model_parallel_size(),
-                                            par.context_parallel_size(), /*pipeline=*/1,
-                                            par.expert_tensor_parallel_size());
-      !why.empty()) {
-    return absl::InvalidArgumentError(why);
+  // The engine's one rule (common/model/engine_support.h): the interleaved schedule (VPP),
+  // tied embeddings and global_aux_loss at PP > 1 are not implemented.
+  if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) {
+    return absl::UnimplementedError(why);
   }
   // Tensor parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_tp = groups_ != nullptr ? groups_->layout.tp() : 1;
@@ -266,13 +264,6 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.pipeline_model_parallel_size (", par.pipeline_model_parallel_size(), ") must be ",
         launched_pp, groups_ ? " (the launched layout)" : " for a standalone worker"));
-  }
-  if (par.has_virtual_pipeline_model_parallel_size() &&
-      par.virtual_pipeline_model_parallel_size() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.virtual_pipeline_model_parallel_size (",
-        par.virtual_pipeline_model_parallel_size(),
-        "): the interleaved pipeline schedule is not implemented yet (1F1B without VPP is)"));
   }
   // Expert parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_ep = groups_ != nullptr ? groups_->layout.ep() : 1;
