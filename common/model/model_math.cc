@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/pipeline_layout.h"
 
 namespace switchyard {
 namespace {
@@ -185,13 +186,25 @@ Dims DimsOf(const v1::Mapping& p) {
 
 }  // namespace
 
+std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int64_t stage) {
+  PipelineSplit split;
+  split.num_layers = m.num_layers;
+  split.pp = pp;
+  split.first_stage_layers = m.pipeline_first_layers;
+  split.last_stage_layers = m.pipeline_last_layers;
+  absl::StatusOr<LayerRange> r = StageLayers(split, stage, /*chunk=*/0);
+  if (r.ok()) return {r->begin, r->begin + r->count};
+  const int64_t per_stage = m.num_layers / std::max<int64_t>(pp, 1);
+  return {stage * per_stage, (stage + 1) * per_stage};
+}
+
 StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
                                        int64_t stage) {
   const Dims z = DimsOf(mapping);
   const int64_t h = m.hidden_size, d = m.head_dim, tp = z.tp;
-  const int64_t per_stage = m.num_layers / z.pp;
+  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
   StageParamElements s;
-  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
     s.dense += 2 * Align64(h);                            // input and post-attention norms
     if (m.qk_layernorm) s.dense += 2 * Align64(d);        // q_norm, k_norm
     s.dense += 2 * Align64(m.num_heads * d / tp * h);     // q, o
@@ -250,7 +263,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double ssh = m.shared_ffn_size, tp = z.tp;
   const double t = static_cast<double>(z.mbs * m.seq_length / z.cp);  // tokens per micro-batch
   const double tr = t / tp;  // tokens per rank of the TP group (sequence parallelism)
-  const int64_t per_stage = m.num_layers / z.pp;
+  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
   const bool last = stage == z.pp - 1;
 
   EngineMemory out;
@@ -273,7 +286,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
 
   // Layers: attention, norms, dense MLP (per token, then times t / TP).
   int64_t layers = 0, moe_layers = 0, dense_layers = 0;
-  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
     ++layers;
     (m.is_moe(l) ? moe_layers : dense_layers) += 1;
   }

@@ -20,6 +20,7 @@
 #define SWITCHYARD_COMMON_MODEL_MODEL_MATH_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,6 +57,11 @@ struct ModelShape {
   // moe_token_dispatcher_type allgather (the default) rather than alltoall: the dispatcher's
   // buffers at EP > 1 (EstimateEngineMemory).
   bool moe_allgather = false;
+  // Uneven pipeline layouts (parallel.decoder_first/last_pipeline_num_layers; < 0: unset): the
+  // decoder layers of the first / last stage (common/model/pipeline_layout.h). Not part of
+  // ModelConfig: the planner sets them from the spec's parallel config after FromProto.
+  int64_t pipeline_first_layers = -1;
+  int64_t pipeline_last_layers = -1;
 
   // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
@@ -101,11 +107,12 @@ double TrainingFlopsPerToken(const ModelShape& m);
 // (and its gate), embedding and output layer WHOLE on every TP rank, as MakeGptParamLayout keeps
 // them today (Megatron shards the shared expert and the vocabulary over TP: when the engine
 // does, this must divide them by TP again, and bench/memory_estimate_test will say so). Stage s
-// holds layers [s·L/PP, (s+1)·L/PP); PP = 1: embedding + final norm (+ output when untied); PP > 1:
-// embedding on the first stage, final norm + output (or the tied copy) on the last. `*_padded`: the
-// regions as the layout pads them for the distributed optimizer (dense to 64·DP·CP, expert to
-// 64·EDP elements). Preconditions: mapping sizes positive and dividing the model (as validate.h
-// checks), 0 <= stage < PP.
+// holds the layers common/model/pipeline_layout.h StageLayers gives it ([s·L/PP, (s+1)·L/PP)
+// without an uneven layout; StageLayerRange below); PP = 1: embedding + final norm (+ output when
+// untied); PP > 1: embedding on the first stage, final norm + output (or the tied copy) on the
+// last. `*_padded`: the regions as the layout pads them for the distributed optimizer (dense to
+// 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive and dividing the
+// model (as validate.h checks), 0 <= stage < PP.
 struct StageParamElements {
   int64_t dense = 0, expert = 0;
   int64_t dense_padded = 0, expert_padded = 0;
@@ -113,6 +120,11 @@ struct StageParamElements {
 };
 StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
                                        int64_t stage);
+
+// The decoder layers [begin, end) of pipeline stage `stage` of `pp` (StageLayers with the shape's
+// uneven first/last counts). A split the layout rules refuse (which validation reports first)
+// falls back to the even one, floor(L / PP) per stage.
+std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int64_t stage);
 
 // The engine's precision and the memory it uses outside its own buffers.
 struct EngineMemoryOptions {

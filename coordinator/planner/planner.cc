@@ -272,7 +272,15 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
       raw.parallel().tensor_model_parallel_size() > 1);
   ApplyDefaults(&defaulted);
   SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
-  SY_ASSIGN_OR_RETURN(const ModelShape model, ModelShape::FromProto(defaulted.model()));
+  SY_ASSIGN_OR_RETURN(ModelShape model, ModelShape::FromProto(defaulted.model()));
+  // An uneven pipeline layout sizes each stage (memory and time follow the largest).
+  const v1::ParallelConfig& par = defaulted.parallel();
+  if (par.has_decoder_first_pipeline_num_layers()) {
+    model.pipeline_first_layers = par.decoder_first_pipeline_num_layers();
+  }
+  if (par.has_decoder_last_pipeline_num_layers()) {
+    model.pipeline_last_layers = par.decoder_last_pipeline_num_layers();
+  }
 
   const int64_t gpus = request.cluster().num_gpus();
   int64_t max_world = gpus, min_world = gpus;
