@@ -1,7 +1,8 @@
 // File: worker/train/pipeline_parallel_trainer_test.cc
 //
 // Pipeline parallelism (Megatron's non-interleaved 1F1B schedule) over Gloo between real forked
-// processes (CPU): PP2, PP4, PP2·EP2, PP2·TP2, DP·PP2·EP2 (world 8) and three uneven layouts
+// processes (CPU): PP2, PP4, PP2·EP2, PP2·TP2, DP·PP2·EP2 (world 8), PP2·CP2, PP2·TP2·EP2
+// (world 8) and three uneven layouts
 // (parallel.decoder_first/last_pipeline_num_layers) train a 4-layer variant of
 // the tiny MoE model of worker/train/testing/tiny_moe_spec.h (MoE, dense, MoE, MoE; untied
 // embedding and LM head) for 20 steps and must give one process's routing (tokens per expert of
@@ -46,11 +47,13 @@ struct Layout {
   // layer of every stage they give (worked out by hand; empty: the even split).
   int first = 0, last = 0;
   std::vector<int> begins;
+  int cp = 1;
   std::string Name() const {
     return absl::StrCat("PP=", pp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "",
+                        cp > 1 ? absl::StrCat(" CP=", cp) : "",
                         first > 0 ? absl::StrCat(" first=", first) : "",
                         last > 0 ? absl::StrCat(" last=", last) : "", " (world ", world, ", DP ",
-                        world / (pp * tp), ")");
+                        world / (pp * tp * cp), ")");
   }
 };
 
@@ -70,6 +73,7 @@ v1::JobSpec Spec(const Layout& layout) {
     p->set_expert_model_parallel_size(layout.ep);
     if (layout.first > 0) p->set_decoder_first_pipeline_num_layers(layout.first);
     if (layout.last > 0) p->set_decoder_last_pipeline_num_layers(layout.last);
+    if (layout.cp > 1) p->set_context_parallel_size(layout.cp);
     if (layout.tp > 1) {
       p->set_tensor_model_parallel_size(layout.tp);
       p->set_sequence_parallel(true);  // required with MoE (validate_moe.cc)
@@ -114,6 +118,7 @@ std::unique_ptr<ProcessGroups> JoinGroups(int rank, const Layout& layout,
   dims.pipeline_model_parallel_size = layout.pp;
   dims.expert_model_parallel_size = layout.ep;
   dims.tensor_model_parallel_size = layout.tp;
+  dims.context_parallel_size = layout.cp;
   dims.expert_tensor_parallel_size = 1;
   comm::GlooOptions gopt;
   gopt.timeout = absl::Seconds(60);
@@ -193,7 +198,9 @@ TEST_P(PipelineParallelTrainerTest, MatchesSingleProcess) {
 
 // PP2 (2 stages of 2 layers), PP4 (one layer per stage: the middle stages only receive and
 // send), PP2·EP2 (DP2 per stage, experts split), PP2·TP2 (sequence-parallel shards sent between
-// stages), DP4·PP2·EP2 (world 8).
+// stages), DP4·PP2·EP2 (world 8), PP2·CP2 (each CP rank sends its two chunks of every sequence;
+// EP1), PP2·TP2·EP2 (world 8: DP2, the sequence-parallel shards of each CP-less TP pair sent
+// between stages, experts split over EP2 × EDP2 on each stage).
 // Uneven: PP2 with one layer on the first stage (1 | 3), PP3 with two on the first (2 | 1 | 1: an
 // odd stage count, the middle stage odd in the send order) and PP2·EP2 with one on the last
 // (3 | 1).
@@ -201,10 +208,12 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineParallelTrainerTest,
     ::testing::Values(Layout{2, 2, 1, 1}, Layout{4, 4, 1, 1}, Layout{4, 2, 2, 1},
                       Layout{4, 2, 1, 2}, Layout{8, 2, 2, 1}, Layout{2, 2, 1, 1, 1, 0, {0, 1}},
-                      Layout{3, 3, 1, 1, 2, 0, {0, 2, 3}}, Layout{4, 2, 2, 1, 0, 1, {0, 3}}),
+                      Layout{3, 3, 1, 1, 2, 0, {0, 2, 3}}, Layout{4, 2, 2, 1, 0, 1, {0, 3}},
+                      Layout{4, 2, 1, 1, 0, 0, {}, 2}, Layout{8, 2, 2, 2}),
     [](const auto& info) {
       const Layout& l = info.param;
       return absl::StrCat("PP", l.pp, "_EP", l.ep, l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
+                          l.cp > 1 ? absl::StrCat("_CP", l.cp) : "",
                           l.first > 0 ? absl::StrCat("_First", l.first) : "",
                           l.last > 0 ? absl::StrCat("_Last", l.last) : "", "_W", l.world);
     });
