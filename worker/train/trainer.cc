@@ -41,6 +41,7 @@
 #include "worker/checkpoint/hf_convert.h"
 #include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/train/checkpoint_shards.h"
+#include "worker/train/pipeline_schedule.h"
 #include "worker/train/resume.h"
 
 namespace switchyard::train {
@@ -657,7 +658,6 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
   comm::Communicator* pp = groups_->pp;
   const bool first = pp_rank_ == 0, last = pp_rank_ == pp_ - 1;
   const int64_t num = num_micro_;
-  const int64_t warmup = std::min<int64_t>(pp_ - pp_rank_ - 1, num), remaining = num - warmup;
   const int slots = last ? 1 : model_->num_slots();
   const bool tp = model_->config().tp_size > 1;
   const bool with_hook = reducer_ != nullptr || tp;
@@ -738,32 +738,36 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
     model_->SetBackwardHook(nullptr);
     return st;
   };
-  int64_t fm = 0, bm = 0;  // next micro-batch to run forward / backward
+  // The op order is pipeline_schedule.h's (one source of truth for the schedule arithmetic). The
+  // exchanges around each op follow Megatron's 1F1B loop: a forward first receives its input
+  // (unless the previous exchange already did), then sends its output, fused with the receive of
+  // the gradient when a backward follows (send_forward_recv_backward); a backward first receives
+  // its output gradient (unless already received), then sends its input gradient, fused with the
+  // receive of the next forward's input when a forward follows (send_backward_recv_forward).
+  SY_ASSIGN_OR_RETURN(const std::vector<PipelineOp> ops,
+                      PipelineSchedule(pp_, pp_rank_, /*vpp=*/1, num));
   Tensor output, input_grad;
-  for (int64_t i = 0; i < warmup; ++i) {
-    SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {}, {}));
-    SY_RETURN_IF_ERROR(forward_step(fm, &output));
-    SY_RETURN_IF_ERROR(communicate({&output, fm}, {}, {}, {}));
-    ++fm;
-  }
-  if (remaining > 0) SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {}, {}));
-  for (int64_t i = 0; i < remaining; ++i) {
-    SY_RETURN_IF_ERROR(forward_step(fm, &output));
-    SY_RETURN_IF_ERROR(communicate({&output, fm}, {}, {}, {&output_grad, bm}));
-    ++fm;
-    SY_RETURN_IF_ERROR(backward_step(bm, &input_grad));
-    if (i + 1 == remaining) {
-      SY_RETURN_IF_ERROR(communicate({}, {}, {&input_grad, bm}, {}));
+  bool have_input = false, have_output_grad = false;  // received by the previous exchange
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
+    const PipelineOp* next = i + 1 < ops.size() ? &ops[i + 1] : nullptr;
+    if (op.forward) {
+      if (!have_input) SY_RETURN_IF_ERROR(communicate({}, {&input, op.micro}, {}, {}));
+      SY_RETURN_IF_ERROR(forward_step(op.micro, &output));
+      have_output_grad = next != nullptr && !next->forward;
+      SY_RETURN_IF_ERROR(communicate({&output, op.micro}, {}, {},
+                                     have_output_grad ? Op{&output_grad, next->micro} : Op{}));
+      have_input = false;
     } else {
-      SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {&input_grad, bm}, {}));
+      if (!have_output_grad) {
+        SY_RETURN_IF_ERROR(communicate({}, {}, {}, {&output_grad, op.micro}));
+      }
+      SY_RETURN_IF_ERROR(backward_step(op.micro, &input_grad));
+      have_input = next != nullptr && next->forward;
+      SY_RETURN_IF_ERROR(communicate({}, have_input ? Op{&input, next->micro} : Op{},
+                                     {&input_grad, op.micro}, {}));
+      have_output_grad = false;
     }
-    ++bm;
-  }
-  for (int64_t i = 0; i < warmup; ++i) {
-    SY_RETURN_IF_ERROR(communicate({}, {}, {}, {&output_grad, bm}));
-    SY_RETURN_IF_ERROR(backward_step(bm, &input_grad));
-    SY_RETURN_IF_ERROR(communicate({}, {}, {&input_grad, bm}, {}));
-    ++bm;
   }
   return absl::OkStatus();
 }
