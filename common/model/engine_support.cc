@@ -29,19 +29,8 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
 }
 
 std::string UnsupportedAtPipeline(absl::string_view prefix, int64_t pipeline_model_parallel_size,
-                                  bool untie_embeddings_and_output_weights,
                                   bool moe_global_aux_loss) {
   if (pipeline_model_parallel_size <= 1) return "";
-  if (!untie_embeddings_and_output_weights) {
-    // Megatron keeps a copy of the embedding on the last stage and sums its gradient over the
-    // first and last stage (megatron_parallel.md §3.7); the engine does not yet.
-    return absl::StrCat(prefix,
-                        "untie_embeddings_and_output_weights must be true with "
-                        "pipeline_model_parallel_size ",
-                        pipeline_model_parallel_size,
-                        " > 1: a tied embedding and LM head across pipeline stages is not "
-                        "implemented yet");
-  }
   if (moe_global_aux_loss) {
     return absl::StrCat(prefix,
                         "moe_router_load_balancing_type must not include global_aux_loss with "
@@ -69,8 +58,7 @@ std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec
   for (const std::string& type : m.moe_router_load_balancing_type()) {
     global_aux = global_aux || (m.num_experts() > 0 && type == "global_aux_loss");
   }
-  return UnsupportedAtPipeline(absl::StrCat(prefix, "model."), pp,
-                               m.untie_embeddings_and_output_weights(), global_aux);
+  return UnsupportedAtPipeline(absl::StrCat(prefix, "model."), pp, global_aux);
 }
 
 }  // namespace switchyard

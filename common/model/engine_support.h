@@ -4,9 +4,9 @@
 // worker/model/gpt_model.h), context, expert, expert-tensor and pipeline parallelism, all folded
 // together (any sizes the parallel layout accepts, with model.seq_length % (2·CP·TP) == 0,
 // moe_ffn_hidden_size % ETP == 0 and the pipeline layout rules as common/config/validate*.cc
-// checks). Pipeline parallelism runs Megatron's non-interleaved 1F1B (worker/train/trainer.h):
-// virtual pipeline stages (the interleaved schedule) are refused, and so are two model features
-// at PP > 1 that need cross-stage state (UnsupportedAtPipeline).
+// checks). Pipeline parallelism runs Megatron's non-interleaved 1F1B (worker/train/trainer.h),
+// tied embeddings included: virtual pipeline stages (the interleaved schedule) are refused, and
+// so is global_aux_loss at PP > 1 (UnsupportedAtPipeline).
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
 // (coordinator/jobs/resolve_spec.h, before the planner), the planner's candidates
 // (coordinator/planner/planner.cc), the worker's check of an assignment
@@ -35,13 +35,11 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
 
 // "" when a model with these features runs at `pipeline_model_parallel_size`; otherwise the rule,
 // naming the field under `prefix` ("model." for a job spec, "assignment.spec.model." for an
-// assignment): at PP > 1 the embedding and the LM head must be untied
-// (untie_embeddings_and_output_weights; Megatron's first/last-stage embedding group is not
-// implemented) and no MoE layer may use global_aux_loss (moe_router_load_balancing_type: its
-// running counts live per in-flight micro-batch slot of a stage). The model itself
-// (GptConfig::Validate) refuses the same with UNIMPLEMENTED.
+// assignment): at PP > 1 no MoE layer may use global_aux_loss (moe_router_load_balancing_type:
+// its running counts live per in-flight micro-batch slot of a stage). The model itself
+// (GptConfig::Validate) refuses the same with UNIMPLEMENTED. (Tied embeddings run at PP > 1: the
+// trainer sums the embedding gradient over the first and the last stage.)
 std::string UnsupportedAtPipeline(absl::string_view prefix, int64_t pipeline_model_parallel_size,
-                                  bool untie_embeddings_and_output_weights,
                                   bool moe_global_aux_loss);
 
 // Both rules for a whole job spec (defaults applied or not: unset sizes count as 1):

@@ -33,16 +33,12 @@ TEST(EngineSupportTest, EveryParallelSizeButVirtualPipelineStages) {
       0u);
 }
 
-TEST(EngineSupportTest, TiedEmbeddingsAndGlobalAuxLossAreRefusedAtPipelineSizesAboveOne) {
+TEST(EngineSupportTest, GlobalAuxLossIsRefusedAtPipelineSizesAboveOne) {
   // PP 1: anything.
-  EXPECT_EQ(UnsupportedAtPipeline("model.", 1, false, true), "");
-  // PP > 1: untied embeddings and no global_aux_loss run.
-  EXPECT_EQ(UnsupportedAtPipeline("model.", 2, true, false), "");
-  EXPECT_EQ(UnsupportedAtPipeline("model.", 2, false, false),
-            "model.untie_embeddings_and_output_weights must be true with "
-            "pipeline_model_parallel_size 2 > 1: a tied embedding and LM head across pipeline "
-            "stages is not implemented yet");
-  EXPECT_EQ(UnsupportedAtPipeline("assignment.spec.model.", 4, true, true)
+  EXPECT_EQ(UnsupportedAtPipeline("model.", 1, true), "");
+  // PP > 1: without global_aux_loss (tied embeddings run: the embedding group).
+  EXPECT_EQ(UnsupportedAtPipeline("model.", 2, false), "");
+  EXPECT_EQ(UnsupportedAtPipeline("assignment.spec.model.", 4, true)
                 .rfind("assignment.spec.model.moe_router_load_balancing_type must not include "
                        "global_aux_loss with pipeline_model_parallel_size 4 > 1",
                        0),
@@ -53,9 +49,7 @@ TEST(EngineSupportTest, JobSpecNamesTheFieldUnderThePrefix) {
   v1::JobSpec spec;
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");  // unset sizes count as 1
   spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
-  EXPECT_EQ(UnsupportedJobSpec("", spec).rfind("model.untie_embeddings_and_output_weights", 0), 0u);
-  spec.mutable_model()->set_untie_embeddings_and_output_weights(true);
-  EXPECT_EQ(UnsupportedJobSpec("", spec), "");
+  EXPECT_EQ(UnsupportedJobSpec("", spec), "");  // tied embeddings run at PP 2
   // global_aux_loss matters only for a MoE model.
   spec.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");

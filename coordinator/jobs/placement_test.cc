@@ -145,7 +145,7 @@ TEST(PlacementTest, ContextParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
 
 // Pipeline parallelism runs in the workers (1F1B): a spec that fixes PP = 2 is planned with it
 // on 4 workers and every rank is assigned it; the assigned spec passes the rules and the engine
-// check. A tied embedding at PP 2 has no feasible mapping: the planner rejects every candidate
+// check. global_aux_loss at PP 2 has no feasible mapping: the planner rejects every candidate
 // with the engine's rule rather than return one the workers would refuse.
 TEST(PlacementTest, PipelineParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
   v1::JobSpec stored = api::testing::SmallSpec(4, 4);  // 2 layers, 12 experts, GBS 12
@@ -176,13 +176,15 @@ TEST(PlacementTest, PipelineParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
   const absl::Status valid = ValidateJobSpec(defaulted);
   EXPECT_TRUE(valid.ok()) << valid;
 
-  v1::JobSpec tied = stored;
-  tied.mutable_model()->set_untie_embeddings_and_output_weights(false);
-  absl::StatusOr<v1::Plan> tied_plan =
-      planner::PlanJob(PlanRequestFor(tied, 4, workers, ClusterDefaults{}));
-  ASSERT_EQ(tied_plan.status().code(), absl::StatusCode::kInvalidArgument) << tied_plan.status();
-  std::printf("tied embedding at PP 2: %s\n", std::string(tied_plan.status().message()).c_str());
-  EXPECT_NE(tied_plan.status().message().find("model.untie_embeddings_and_output_weights"),
+  v1::JobSpec global_aux = stored;
+  global_aux.mutable_model()->clear_moe_router_load_balancing_type();
+  global_aux.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
+  absl::StatusOr<v1::Plan> aux_plan =
+      planner::PlanJob(PlanRequestFor(global_aux, 4, workers, ClusterDefaults{}));
+  ASSERT_EQ(aux_plan.status().code(), absl::StatusCode::kInvalidArgument) << aux_plan.status();
+  std::printf("global_aux_loss at PP 2: %s\n", std::string(aux_plan.status().message()).c_str());
+  EXPECT_NE(aux_plan.status().message().find(
+                "model.moe_router_load_balancing_type must not include global_aux_loss"),
             absl::string_view::npos);
 }
 

@@ -85,9 +85,9 @@ TEST(ResolveSpecTest, SaveIntervalNeedsADirectory) {
   ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"", 4096}), "training.save");
 }
 
-// Pipeline parallelism runs in the workers (1F1B): a PP2 job with untied embeddings is accepted
-// and keeps its PP. What the engine does not run yet is refused, naming the field: virtual
-// pipeline stages, and at PP > 1 a tied embedding / LM head or global_aux_loss.
+// Pipeline parallelism runs in the workers (1F1B): a PP2 job, with untied or tied embeddings, is
+// accepted and keeps its PP. What the engine does not run yet is refused, naming the field:
+// virtual pipeline stages, and at PP > 1 global_aux_loss.
 TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   const CoordinatorContext context{"/ckpt", 4096};
   v1::JobSpec spec = CorpusSpec();
@@ -99,9 +99,7 @@ TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
 
   v1::JobSpec tied = spec;
   tied.mutable_model()->set_untie_embeddings_and_output_weights(false);
-  ExpectInvalid(ResolveJobSpec(tied, context),
-                "model.untie_embeddings_and_output_weights must be true with "
-                "pipeline_model_parallel_size 2 > 1");
+  EXPECT_TRUE(ResolveJobSpec(tied, context).ok());  // the embedding group sums its gradient
   v1::JobSpec global_aux = spec;
   global_aux.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   ExpectInvalid(ResolveJobSpec(global_aux, context),

@@ -178,9 +178,6 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
   FixMapping(req.mutable_spec(), 2, 1, 2, 1, 4);
-  // The engine runs PP > 1 only with an untied LM head (common/model/engine_support.h); the
-  // last stage's output matrix has the tied copy's size, so the numbers below are unchanged.
-  req.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(true);
   req.mutable_spec()->mutable_training()->set_global_batch_size(16);
   *req.mutable_cluster() = Cluster8(4);
   auto plan = PlanJob(req);

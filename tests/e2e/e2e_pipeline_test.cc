@@ -3,9 +3,10 @@
 // A pipeline-parallel job end to end with real processes on loopback: the switchyard-coordinator
 // binary plans the job's PP = 2 (the spec fixes it; jobs/resolve_spec.h keeps it), assigns it to
 // two switchyard-worker --coordinator agents (CPU, Gloo), which run Megatron's 1F1B schedule
-// (stage 0: layers 0-1 and the embedding; stage 1: layers 2-3, the final norm and the LM head) and
-// save sharded checkpoints at PP 2. The job SUCCEEDS, and its losses equal one standalone process
-// training the same spec without PP (within the standalone log's 4-decimal rounding).
+// (stage 0: layers 0-1 and the embedding; stage 1: layers 2-3, the final norm and the tied LM head,
+// a copy of the embedding) and save sharded checkpoints at PP 2. The job SUCCEEDS, and its losses
+// equal one standalone process training the same spec without PP (within the standalone log's
+// 4-decimal rounding).
 //
 //   e2e_pipeline_test <switchyard-coordinator> <switchyard-worker>
 #include <algorithm>
@@ -27,14 +28,14 @@ namespace {
 
 constexpr int64_t kPipelineIters = 20;
 
-// The e2e spec with 4 layers (MoE, dense, MoE, MoE: two per stage), an untied LM head (the engine
-// runs PP > 1 only so) and `pp` pipeline stages.
+// The e2e spec with 4 layers (MoE, dense, MoE, MoE: two per stage; the embedding and the LM head
+// tied, so the last stage's LM head is a copy of the embedding whose gradient the two stages
+// sum) and `pp` pipeline stages.
 void PipelineSpec(v1::JobSpec& spec, int pp) {
   v1::ModelConfig* m = spec.mutable_model();
   m->set_num_layers(4);
   m->clear_moe_layer_pattern();
   for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
-  m->set_untie_embeddings_and_output_weights(true);
   spec.mutable_training()->set_train_iters(kPipelineIters);
   if (pp > 1) spec.mutable_parallel()->set_pipeline_model_parallel_size(pp);
   spec.set_max_workers(2);

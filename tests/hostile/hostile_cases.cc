@@ -268,11 +268,14 @@ std::vector<SpecCase> SpecCases() {
       {"vocab_size_missing_mock_data",
        [](Json& s) { s["model"].erase("vocab_size"); },
        {"model.vocab_size is required with data.mock_data"}},
-      // PP runs in the workers (1F1B); what it does not run yet is refused at submit: a tied
-      // embedding / LM head at PP > 1, and virtual pipeline stages.
-      {"pipeline_parallel_2_tied_embeddings",
-       [](Json& s) { s["parallel"]["pipeline_model_parallel_size"] = 2; },
-       {"model.untie_embeddings_and_output_weights must be true with "
+      // PP runs in the workers (1F1B, tied embeddings too); what it does not run yet is refused
+      // at submit: global_aux_loss at PP > 1, and virtual pipeline stages.
+      {"pipeline_parallel_2_global_aux_loss",
+       [](Json& s) {
+         s["parallel"]["pipeline_model_parallel_size"] = 2;
+         s["model"]["moe_router_load_balancing_type"] = Json::array({"global_aux_loss"});
+       },
+       {"model.moe_router_load_balancing_type must not include global_aux_loss with "
         "pipeline_model_parallel_size 2 > 1"}},
       {"virtual_pipeline_2",
        [](Json& s) {
@@ -670,18 +673,20 @@ std::vector<Case> AllCases() {
                    },
                    kInvalid,
                    {"display_name must not contain control characters"}});
-  cases.push_back({"plan_pipeline_parallel_2_tied",
+  cases.push_back({"plan_pipeline_parallel_2_global_aux_loss",
                    Via::kGrpc,
                    [](Env& env) {
                      v1::PlanRequest request;
                      *request.mutable_spec() = *ParseJobSpecJson(BaseSpec().dump());
                      request.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(
                          2);
+                     request.mutable_spec()->mutable_model()->add_moe_router_load_balancing_type(
+                         "global_aux_loss");
                      v1::Plan out;
                      return FromGrpc(env.plans().Plan(GrpcContext().get(), request, &out));
                    },
                    kInvalid,
-                   {"model.untie_embeddings_and_output_weights must be true with "
+                   {"model.moe_router_load_balancing_type must not include global_aux_loss with "
                     "pipeline_model_parallel_size 2 > 1"}});
   cases.push_back({"plan_no_spec",
                    Via::kGrpc,

@@ -74,10 +74,9 @@ TEST(PrepareGenerationTest, FillsTheParallelSizes) {
 }
 
 // Pipeline parallelism runs (1F1B): the mapping's PP reaches the process-group dims and the spec
-// (PP2 on 2 ranks, untied embeddings as the engine requires at PP > 1).
+// (PP2 on 2 ranks; tied embeddings: the engine sums the embedding gradient over the two stages).
 TEST(PrepareGenerationTest, CarriesTheMappingsPipelineParallelSize) {
   v1::Assignment a = Valid(1, 2, 1);
-  a.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(true);
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
   a.mutable_mapping()->set_data_parallel_size(1);
   absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu(), JobRoots{});
@@ -151,7 +150,7 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.tensor_model_parallel_size");
-  // PP runs (1F1B); a spec PP that contradicts the mapping's, a tied embedding at PP > 1 and
+  // PP runs (1F1B); a spec PP that contradicts the mapping's, global_aux_loss at PP > 1 and
   // virtual pipeline stages do not.
   a = Valid();
   a.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(4);
@@ -160,10 +159,10 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
                  "spec.parallel.pipeline_model_parallel_size");
   a = Valid();
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
-  a.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(false);
+  a.mutable_spec()->mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   ExpectRejected(a, absl::StatusCode::kUnimplemented,
-                 "assignment.spec.model.untie_embeddings_and_output_weights");
-  a.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(true);
+                 "assignment.spec.model.moe_router_load_balancing_type");
+  a.mutable_spec()->mutable_model()->clear_moe_router_load_balancing_type();
   a.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kUnimplemented,
                  "assignment.spec.parallel.virtual_pipeline_model_parallel_size (2) must be 1");

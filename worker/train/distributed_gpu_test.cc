@@ -103,7 +103,8 @@ std::string CountsText(const StepResult& r) {
 // `etp`: parallel.expert_tensor_parallel_size; `dispatcher`: model.moe_token_dispatcher_type
 // (the spec's default when empty); tp > 1: tensor parallelism with sequence parallelism; cp > 1:
 // context parallelism (parallel.context_parallel_size). pp > 0: the pipeline variant (4 layers
-// MoE, dense, MoE, MoE with untied embeddings: PP needs them untied) at PP = pp (pp = 1: its
+// MoE, dense, MoE, MoE with untied embeddings; tied ones run at PP > 1 too, on the CPU) at
+// PP = pp (pp = 1: its
 // single-GPU reference).
 v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "", int tp = 1,
                  int cp = 1, int pp = 0) {

@@ -241,7 +241,7 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   }
   const v1::ParallelConfig& par = spec.parallel();
   // The engine's one rule (common/model/engine_support.h): the interleaved schedule (VPP),
-  // tied embeddings and global_aux_loss at PP > 1 are not implemented.
+  // global_aux_loss at PP > 1 are not implemented.
   if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) {
     return absl::UnimplementedError(why);
   }
@@ -396,6 +396,8 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   local_seq_ = seq_ / cp_;  // GptConfig::Validate checked seq_length % (2·CP) == 0
   SY_ASSIGN_OR_RETURN(model_,
                       GptModel::Create(config, device, micro_batch_, num_micro_, model_groups));
+  shared_embedding_ =
+      pp_ > 1 && !config.untie_embeddings && (config.first_stage() || config.last_stage());
   flops_per_token_ = model::GptTrainingFlopsPerToken(config);
 
   // Optimizer state: master (f32, or f64 for an f64 CPU model), exp_avg, exp_avg_sq.
@@ -482,6 +484,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     const int64_t h = model_->config().hidden_size;
     SY_ASSIGN_OR_RETURN(pp_input_, Buffer::ForTensor(dtype, {tl, h}, device));
     SY_ASSIGN_OR_RETURN(pp_output_grad_, Buffer::ForTensor(dtype, {tl, h}, device));
+    if (shared_embedding_) {
+      SY_ASSIGN_OR_RETURN(const Tensor g, model_->Grad("embedding.weight"));
+      SY_ASSIGN_OR_RETURN(embedding_grad_peer_, Buffer::ForTensor(g.dtype, g.shape, device));
+    }
   }
   const int64_t t = micro_batch_ * seq_;
   SY_ASSIGN_OR_RETURN(host_ids_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
@@ -590,6 +596,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
       if (st.ok()) st = reduced;
     }
     SY_RETURN_IF_ERROR(st);
+    SY_RETURN_IF_ERROR(SumSharedEmbeddingGrad());
   }
   for (int64_t m = 0; pp_ == 1 && m < num_micro_; ++m) {
     // Micro-batch j of the global batch (this rank's m-th; j = m with one process).
@@ -929,11 +936,11 @@ void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64
   const bool can_cut = options_.overlap_grad_reduce && 64 % dp == 0;
   int64_t start = 0, min_ready = std::numeric_limits<int64_t>::max();
   for (size_t i = 0; i < in.size(); ++i) {
-    const int64_t r = model_->GradReadyIndex(*in[i]);
+    const int64_t r = ReadyIndex(*in[i]);
     min_ready = std::min(min_ready, r);
     if (!can_cut || i + 1 == in.size()) continue;
     const int64_t next = in[i + 1]->offset - begin;
-    if (model_->GradReadyIndex(*in[i + 1]) != r && next - start >= options_.grad_bucket_elements) {
+    if (ReadyIndex(*in[i + 1]) != r && next - start >= options_.grad_bucket_elements) {
       ends->push_back(next);
       ready->push_back(min_ready);
       start = next;
@@ -944,10 +951,76 @@ void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64
   ready->push_back(min_ready);
 }
 
+absl::StatusOr<double> Trainer::SharedEmbeddingSquaredNorm() {
+  // The embedding's part of this rank's reduced dense shard (between PrepareStep and FinishStep),
+  // summed over the dense optimizer's group: the squared norm of the whole (summed) gradient.
+  const model::GptParamLayout& lay = model_->layout();
+  const ParamInfo* e = lay.Find("embedding.weight");
+  if (e == nullptr) return absl::InternalError("shared embedding: embedding.weight not in layout");
+  const int64_t lo_e = e->offset - lay.replicated_begin, hi_e = lo_e + e->numel;
+  const Tensor shard = dense_opt_->grad_shard();
+  bool any = false;
+  for (const DistributedAdamW::OwnedRun& run : dense_opt_->OwnedRuns()) {
+    const int64_t lo = std::max(run.begin, lo_e), hi = std::min(run.begin + run.length, hi_e);
+    if (lo >= hi) continue;
+    SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(
+        stream_, Slice(shard, run.shard_offset + lo - run.begin, {hi - lo}), norm_ws_.View(),
+        sum_sq_.View(), /*accumulate=*/any));
+    any = true;
+  }
+  std::vector<double> sq = {0.0};
+  if (any) {
+    float host = 0;
+    if (stream_.is_cuda()) {
+      cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
+      SY_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(&host, sum_sq_.data(), sizeof(float), cudaMemcpyDeviceToHost, cs));
+      SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+    } else {
+      host = sum_sq_.View().as<float>()[0];
+    }
+    sq[0] = host;
+  }
+  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->data, &sq));
+  return sq[0];
+}
+
+int64_t Trainer::ReadyIndex(const ParamInfo& p) const {
+  if (shared_embedding_ && p.name == "embedding.weight") return kReadyAfterSchedule;
+  return model_->GradReadyIndex(p);
+}
+
+absl::Status Trainer::SumSharedEmbeddingGrad() {
+  if (!shared_embedding_) return absl::OkStatus();
+  model::ScopedRange range(stream_, "embedding_grad_sum");
+  SY_ASSIGN_OR_RETURN(const Tensor g, model_->Grad("embedding.weight"));
+  // TP: the embedding is whole on every TP rank, each with its sequence shard's part of the
+  // gradient; no backward hook has its ready index, so its TP sum is done here (as
+  // AllReduceTpReplicatedGrads does for the other replicated tensors).
+  if (model_->config().tp_size > 1) {
+    SY_RETURN_IF_ERROR(groups_->tp->AllReduce(g, g, comm::ReduceOp::kSum));
+  }
+  // Megatron's _allreduce_word_embedding_grads over {first stage, last stage}, as one exchange on
+  // the pipeline group (first sends first, the last receives first: Gloo's Send blocks until the
+  // peer receives). Both add own + peer: fp32 addition commutes, so the two copies stay equal.
+  constexpr uint32_t kTag = 0x7fff0000u;  // above every activation / gradient tag of a step
+  const bool first = pp_rank_ == 0;
+  const int peer = first ? pp_ - 1 : 0;
+  const Tensor other = embedding_grad_peer_.View();
+  if (first) {
+    SY_RETURN_IF_ERROR(groups_->pp->Send(g, peer, kTag));
+    SY_RETURN_IF_ERROR(groups_->pp->Recv(other, peer, kTag));
+  } else {
+    SY_RETURN_IF_ERROR(groups_->pp->Recv(other, peer, kTag));
+    SY_RETURN_IF_ERROR(groups_->pp->Send(g, peer, kTag));
+  }
+  return kernels::Axpby(stream_, 1.0f, g, 1.0f, other, g);
+}
+
 absl::Status Trainer::AllReduceTpReplicatedGrads(int64_t index) {
   if (model_->config().tp_size == 1) return absl::OkStatus();
   for (const ParamInfo& p : model_->layout().params) {
-    if (p.expert || p.tp_sharded() || model_->GradReadyIndex(p) != index) continue;
+    if (p.expert || p.tp_sharded() || ReadyIndex(p) != index) continue;
     SY_ASSIGN_OR_RETURN(Tensor g, model_->Grad(p.name));
     SY_RETURN_IF_ERROR(groups_->tp->AllReduce(g, g, comm::ReduceOp::kSum));
   }
@@ -999,8 +1072,14 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
     SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->expert_model, &sq_expert));
   }
   // Pipeline: every stage holds different dense tensors; their squares are added over PP (the
-  // expert part is already summed over ETP×EP×PP).
+  // expert part is already summed over ETP×EP×PP). A tied embedding is held by the first and the
+  // last stage with the same (summed) gradient: the last stage's copy is left out, as Megatron's
+  // norm skips parameters marked shared.
   std::vector<double> sq_stage = {static_cast<double>(sq_dense) + sq_shard[0]};
+  if (shared_embedding_ && pp_rank_ != 0) {
+    SY_ASSIGN_OR_RETURN(const double copy, SharedEmbeddingSquaredNorm());
+    sq_stage[0] -= copy;
+  }
   if (pp_ > 1) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->pp, &sq_stage));
   const float total = static_cast<float>(sq_stage[0]) + static_cast<float>(sq_expert[0]);
   StepResult& r = *result;
@@ -1204,7 +1283,8 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
     // is identical on every TP rank: TP rank 0 saves it. Pipeline parallelism (the `pp` work):
     // a stage's layout holds its own layers under their GLOBAL names, so each stage simply
     // saves a subset of the names and Load reads its subset; a tensor two stages both hold
-    // (the tied embedding of the first and last stage) must be saved by one of them only, or
+    // (the tied embedding of the first and last stage) must be saved by one of them only (the
+    // first: see below), or
     // the commit's element count check refuses the checkpoint.
     struct Part {
       const DistributedAdamW* opt;
@@ -1221,6 +1301,9 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
       for (const DistributedAdamW::OwnedRun& run : part.opt->OwnedRuns()) {
         const int64_t begin = part.region_begin + run.begin, end = begin + run.length;
         for (const ParamInfo& p : lay.params) {
+          // The last stage's copy of a tied embedding: the first stage saves it (Megatron's
+          // replica_id (1, 0, dp) copy, never a main replica).
+          if (shared_embedding_ && !c.first_stage() && p.name == "embedding.weight") continue;
           const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
           if (lo >= hi) continue;  // not in this run (or padding)
           ShardSlice slice = ModelParallelSlice(p, c);
@@ -1269,7 +1352,7 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
   w.SetMetadata("expert_model_parallel_size", static_cast<int64_t>(c.moe.ep_size));
   w.SetMetadata("expert_tensor_parallel_size", static_cast<int64_t>(c.moe.etp_size));
   w.SetMetadata("data_parallel_size", static_cast<int64_t>(dp_));
-  w.SetMetadata("pipeline_model_parallel_size", int64_t{1});
+  w.SetMetadata("pipeline_model_parallel_size", static_cast<int64_t>(pp_));
   const CheckpointGroup group = CheckpointGroupOf();
   if (!options_.async_save) return w.Commit(root, step_, group);
 
