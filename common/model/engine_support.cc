@@ -28,37 +28,16 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
   return "";
 }
 
-std::string UnsupportedAtPipeline(absl::string_view prefix, int64_t pipeline_model_parallel_size,
-                                  bool moe_global_aux_loss) {
-  if (pipeline_model_parallel_size <= 1) return "";
-  if (moe_global_aux_loss) {
-    return absl::StrCat(prefix,
-                        "moe_router_load_balancing_type must not include global_aux_loss with "
-                        "pipeline_model_parallel_size ",
-                        pipeline_model_parallel_size,
-                        " > 1: its running counts across in-flight micro-batches are not "
-                        "implemented yet");
-  }
-  return "";
-}
-
 std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec) {
   const v1::ParallelConfig& p = spec.parallel();
   auto size = [](bool has, int64_t v) { return has && v > 0 ? v : int64_t{1}; };
   const int64_t pp = size(p.has_pipeline_model_parallel_size(), p.pipeline_model_parallel_size());
-  std::string why = UnsupportedByEngine(
+  return UnsupportedByEngine(
       absl::StrCat(prefix, "parallel."),
       size(p.has_tensor_model_parallel_size(), p.tensor_model_parallel_size()),
       size(p.has_context_parallel_size(), p.context_parallel_size()), pp,
       size(p.has_expert_tensor_parallel_size(), p.expert_tensor_parallel_size()),
       size(p.has_virtual_pipeline_model_parallel_size(), p.virtual_pipeline_model_parallel_size()));
-  if (!why.empty()) return why;
-  const v1::ModelConfig& m = spec.model();
-  bool global_aux = false;
-  for (const std::string& type : m.moe_router_load_balancing_type()) {
-    global_aux = global_aux || (m.num_experts() > 0 && type == "global_aux_loss");
-  }
-  return UnsupportedAtPipeline(absl::StrCat(prefix, "model."), pp, global_aux);
 }
 
 }  // namespace switchyard

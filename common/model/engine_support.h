@@ -5,8 +5,8 @@
 // together (any sizes the parallel layout accepts, with model.seq_length % (2·CP·TP) == 0,
 // moe_ffn_hidden_size % ETP == 0 and the pipeline layout rules as common/config/validate*.cc
 // checks). Pipeline parallelism runs Megatron's non-interleaved 1F1B (worker/train/trainer.h),
-// tied embeddings included: virtual pipeline stages (the interleaved schedule) are refused, and
-// so is global_aux_loss at PP > 1 (UnsupportedAtPipeline).
+// with tied embeddings and global_aux_loss: only virtual pipeline stages (the interleaved
+// schedule) are refused.
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
 // (coordinator/jobs/resolve_spec.h, before the planner), the planner's candidates
 // (coordinator/planner/planner.cc), the worker's check of an assignment
@@ -33,19 +33,10 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
                                 int64_t expert_tensor_parallel_size,
                                 int64_t virtual_pipeline_model_parallel_size);
 
-// "" when a model with these features runs at `pipeline_model_parallel_size`; otherwise the rule,
-// naming the field under `prefix` ("model." for a job spec, "assignment.spec.model." for an
-// assignment): at PP > 1 no MoE layer may use global_aux_loss (moe_router_load_balancing_type:
-// its running counts live per in-flight micro-batch slot of a stage). The model itself
-// (GptConfig::Validate) refuses the same with UNIMPLEMENTED. (Tied embeddings run at PP > 1: the
-// trainer sums the embedding gradient over the first and the last stage.)
-std::string UnsupportedAtPipeline(absl::string_view prefix, int64_t pipeline_model_parallel_size,
-                                  bool moe_global_aux_loss);
-
-// Both rules for a whole job spec (defaults applied or not: unset sizes count as 1):
-// UnsupportedByEngine on spec.parallel (field paths "<prefix>parallel.") and
-// UnsupportedAtPipeline on spec.model ("<prefix>model."), the first violation or "". `prefix`:
-// "" for a job spec, "assignment.spec." for an assignment's.
+// The rule for a whole job spec (defaults applied or not: unset sizes count as 1):
+// UnsupportedByEngine on spec.parallel, field paths "<prefix>parallel.". `prefix`: "" for a job
+// spec, "assignment.spec." for an assignment's. (Every model feature runs at PP > 1: tied
+// embeddings through the embedding group, global_aux_loss with one running count per layer.)
 std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec);
 
 }  // namespace switchyard

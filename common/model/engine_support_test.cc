@@ -33,30 +33,15 @@ TEST(EngineSupportTest, EveryParallelSizeButVirtualPipelineStages) {
       0u);
 }
 
-TEST(EngineSupportTest, GlobalAuxLossIsRefusedAtPipelineSizesAboveOne) {
-  // PP 1: anything.
-  EXPECT_EQ(UnsupportedAtPipeline("model.", 1, true), "");
-  // PP > 1: without global_aux_loss (tied embeddings run: the embedding group).
-  EXPECT_EQ(UnsupportedAtPipeline("model.", 2, false), "");
-  EXPECT_EQ(UnsupportedAtPipeline("assignment.spec.model.", 4, true)
-                .rfind("assignment.spec.model.moe_router_load_balancing_type must not include "
-                       "global_aux_loss with pipeline_model_parallel_size 4 > 1",
-                       0),
-            0u);
-}
-
 TEST(EngineSupportTest, JobSpecNamesTheFieldUnderThePrefix) {
   v1::JobSpec spec;
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");  // unset sizes count as 1
   spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");  // tied embeddings run at PP 2
-  // global_aux_loss matters only for a MoE model.
+  // global_aux_loss too (one running count per layer across the pipeline slots).
+  spec.mutable_model()->set_num_experts(4);
   spec.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");
-  spec.mutable_model()->set_num_experts(4);
-  EXPECT_EQ(UnsupportedJobSpec("assignment.spec.", spec)
-                .rfind("assignment.spec.model.moe_router_load_balancing_type", 0),
-            0u);
   spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
   EXPECT_EQ(UnsupportedJobSpec("assignment.spec.", spec)
                 .rfind("assignment.spec.parallel.virtual_pipeline_model_parallel_size (2)", 0),

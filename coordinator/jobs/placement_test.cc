@@ -145,8 +145,8 @@ TEST(PlacementTest, ContextParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
 
 // Pipeline parallelism runs in the workers (1F1B): a spec that fixes PP = 2 is planned with it
 // on 4 workers and every rank is assigned it; the assigned spec passes the rules and the engine
-// check. global_aux_loss at PP 2 has no feasible mapping: the planner rejects every candidate
-// with the engine's rule rather than return one the workers would refuse.
+// check. Virtual pipeline stages (VPP 2) have no feasible mapping: the planner rejects every
+// candidate with the engine's rule rather than return one the workers would refuse.
 TEST(PlacementTest, PipelineParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
   v1::JobSpec stored = api::testing::SmallSpec(4, 4);  // 2 layers, 12 experts, GBS 12
   stored.mutable_parallel()->set_pipeline_model_parallel_size(2);
@@ -176,15 +176,15 @@ TEST(PlacementTest, PipelineParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
   const absl::Status valid = ValidateJobSpec(defaulted);
   EXPECT_TRUE(valid.ok()) << valid;
 
-  v1::JobSpec global_aux = stored;
-  global_aux.mutable_model()->clear_moe_router_load_balancing_type();
-  global_aux.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
-  absl::StatusOr<v1::Plan> aux_plan =
-      planner::PlanJob(PlanRequestFor(global_aux, 4, workers, ClusterDefaults{}));
-  ASSERT_EQ(aux_plan.status().code(), absl::StatusCode::kInvalidArgument) << aux_plan.status();
-  std::printf("global_aux_loss at PP 2: %s\n", std::string(aux_plan.status().message()).c_str());
-  EXPECT_NE(aux_plan.status().message().find(
-                "model.moe_router_load_balancing_type must not include global_aux_loss"),
+  v1::JobSpec vpp = stored;
+  vpp.mutable_model()->set_num_layers(4);  // PP 2 x VPP 2 chunks of one layer
+  vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  absl::StatusOr<v1::Plan> vpp_plan =
+      planner::PlanJob(PlanRequestFor(vpp, 4, workers, ClusterDefaults{}));
+  ASSERT_EQ(vpp_plan.status().code(), absl::StatusCode::kInvalidArgument) << vpp_plan.status();
+  std::printf("VPP 2: %s\n", std::string(vpp_plan.status().message()).c_str());
+  EXPECT_NE(vpp_plan.status().message().find(
+                "parallel.virtual_pipeline_model_parallel_size (2) must be 1"),
             absl::string_view::npos);
 }
 

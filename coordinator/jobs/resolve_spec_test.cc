@@ -85,9 +85,9 @@ TEST(ResolveSpecTest, SaveIntervalNeedsADirectory) {
   ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"", 4096}), "training.save");
 }
 
-// Pipeline parallelism runs in the workers (1F1B): a PP2 job, with untied or tied embeddings, is
-// accepted and keeps its PP. What the engine does not run yet is refused, naming the field:
-// virtual pipeline stages, and at PP > 1 global_aux_loss.
+// Pipeline parallelism runs in the workers (1F1B): a PP2 job, with untied or tied embeddings or
+// global_aux_loss, is accepted and keeps its PP. What the engine does not run yet is refused,
+// naming the field: virtual pipeline stages.
 TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   const CoordinatorContext context{"/ckpt", 4096};
   v1::JobSpec spec = CorpusSpec();
@@ -102,9 +102,7 @@ TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   EXPECT_TRUE(ResolveJobSpec(tied, context).ok());  // the embedding group sums its gradient
   v1::JobSpec global_aux = spec;
   global_aux.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
-  ExpectInvalid(ResolveJobSpec(global_aux, context),
-                "model.moe_router_load_balancing_type must not include global_aux_loss with "
-                "pipeline_model_parallel_size 2 > 1");
+  EXPECT_TRUE(ResolveJobSpec(global_aux, context).ok());  // one running count per layer
   v1::JobSpec vpp = spec;
   vpp.mutable_model()->set_num_layers(4);  // divisible by PP * VPP: only the engine refuses it
   vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);

@@ -268,15 +268,8 @@ std::vector<SpecCase> SpecCases() {
       {"vocab_size_missing_mock_data",
        [](Json& s) { s["model"].erase("vocab_size"); },
        {"model.vocab_size is required with data.mock_data"}},
-      // PP runs in the workers (1F1B, tied embeddings too); what it does not run yet is refused
-      // at submit: global_aux_loss at PP > 1, and virtual pipeline stages.
-      {"pipeline_parallel_2_global_aux_loss",
-       [](Json& s) {
-         s["parallel"]["pipeline_model_parallel_size"] = 2;
-         s["model"]["moe_router_load_balancing_type"] = Json::array({"global_aux_loss"});
-       },
-       {"model.moe_router_load_balancing_type must not include global_aux_loss with "
-        "pipeline_model_parallel_size 2 > 1"}},
+      // PP runs in the workers (1F1B, with tied embeddings and global_aux_loss); virtual
+      // pipeline stages are refused at submit.
       {"virtual_pipeline_2",
        [](Json& s) {
          s["model"]["num_layers"] = 4;
@@ -673,21 +666,20 @@ std::vector<Case> AllCases() {
                    },
                    kInvalid,
                    {"display_name must not contain control characters"}});
-  cases.push_back({"plan_pipeline_parallel_2_global_aux_loss",
+  cases.push_back({"plan_virtual_pipeline_2",
                    Via::kGrpc,
                    [](Env& env) {
                      v1::PlanRequest request;
                      *request.mutable_spec() = *ParseJobSpecJson(BaseSpec().dump());
-                     request.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(
-                         2);
-                     request.mutable_spec()->mutable_model()->add_moe_router_load_balancing_type(
-                         "global_aux_loss");
+                     v1::JobSpec& spec = *request.mutable_spec();
+                     spec.mutable_model()->set_num_layers(4);
+                     spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
+                     spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
                      v1::Plan out;
                      return FromGrpc(env.plans().Plan(GrpcContext().get(), request, &out));
                    },
                    kInvalid,
-                   {"model.moe_router_load_balancing_type must not include global_aux_loss with "
-                    "pipeline_model_parallel_size 2 > 1"}});
+                   {"parallel.virtual_pipeline_model_parallel_size (2) must be 1"}});
   cases.push_back({"plan_no_spec",
                    Via::kGrpc,
                    [](Env& env) {

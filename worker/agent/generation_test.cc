@@ -150,8 +150,7 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.tensor_model_parallel_size");
-  // PP runs (1F1B); a spec PP that contradicts the mapping's, global_aux_loss at PP > 1 and
-  // virtual pipeline stages do not.
+  // PP runs (1F1B); a spec PP that contradicts the mapping's and virtual pipeline stages do not.
   a = Valid();
   a.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(4);
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
@@ -159,10 +158,6 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
                  "spec.parallel.pipeline_model_parallel_size");
   a = Valid();
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
-  a.mutable_spec()->mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
-  ExpectRejected(a, absl::StatusCode::kUnimplemented,
-                 "assignment.spec.model.moe_router_load_balancing_type");
-  a.mutable_spec()->mutable_model()->clear_moe_router_load_balancing_type();
   a.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kUnimplemented,
                  "assignment.spec.parallel.virtual_pipeline_model_parallel_size (2) must be 1");

@@ -177,16 +177,6 @@ absl::Status GptConfig::Validate() const {
         "model: pipeline stage ", pp_rank, " of ", pp_size, " must hold a non-empty layer range [",
         layer_begin, ", ", stage_layer_end(), ") inside [0, model.num_layers = ", num_layers, ")"));
   }
-  if (pp_size > 1 && num_moe_layers() > 0) {
-    for (const auto& aux : moe.router.aux_losses) {
-      if (aux.type == kernels::AuxLossType::kGlobalAuxLoss) {
-        // Its running counts live in each MoE layer, and a stage has one per in-flight slot.
-        return absl::UnimplementedError(
-            "model.moe_aux_loss_type: global_aux_loss is not supported with "
-            "parallel.pipeline_model_parallel_size > 1 yet");
-      }
-    }
-  }
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: tp_rank (", tp_rank, ") must be in [0, tp_size ", tp_size, ")"));
@@ -669,6 +659,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
           SY_RETURN_IF_ERROR(
               L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
         }
+        // global_aux_loss: one running count for all slots of this layer (slot 0's).
+        if (slot > 0) L.moe->ShareGlobalAuxCounts(slot_layers_[0][i].moe.get());
         auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
           if (layout_.Find(pre + "moe." + name) == nullptr) return;
           *p = P(pre + "moe." + name);

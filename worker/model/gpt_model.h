@@ -132,8 +132,9 @@
 // pp_rank), so every per-micro-batch activation (residual stream, each layer's saved tensors and
 // its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch m uses slot
 // m % slots); the scratch used only inside one pass is shared. The MoE layers of all slots share
-// the expert-bias and token-count buffers (one update per global batch); the running
-// global_aux_loss counts live inside a MoE layer, so global_aux_loss is refused at PP > 1.
+// the expert-bias and token-count buffers (one update per global batch) and the running
+// global_aux_loss counts (slot 0's MoE layer holds them, MoELayer::ShareGlobalAuxCounts), which
+// the micro-batches then accumulate in order, as in one process.
 //
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >

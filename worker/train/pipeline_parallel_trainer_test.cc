@@ -48,10 +48,12 @@ struct Layout {
   int first = 0, last = 0;
   std::vector<int> begins;
   int cp = 1;
-  bool tied = false;  // tied embedding and LM head (the last stage holds a copy)
+  bool tied = false;        // tied embedding and LM head (the last stage holds a copy)
+  bool global_aux = false;  // moe_router_load_balancing_type global_aux_loss (not aux_loss)
   std::string Name() const {
     return absl::StrCat("PP=", pp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "",
                         cp > 1 ? absl::StrCat(" CP=", cp) : "", tied ? " tied" : "",
+                        global_aux ? " global_aux_loss" : "",
                         first > 0 ? absl::StrCat(" first=", first) : "",
                         last > 0 ? absl::StrCat(" last=", last) : "", " (world ", world, ", DP ",
                         world / (pp * tp * cp), ")");
@@ -68,6 +70,10 @@ v1::JobSpec Spec(const Layout& layout) {
   m->clear_moe_layer_pattern();
   for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
   m->set_untie_embeddings_and_output_weights(!layout.tied);
+  if (layout.global_aux) {
+    m->clear_moe_router_load_balancing_type();
+    m->add_moe_router_load_balancing_type("global_aux_loss");
+  }
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
@@ -94,10 +100,11 @@ TrainerOptions CpuF32() {
 
 // One process: steps up to `last` after loading `load_root` (if given); saves to `save_root`.
 Curve SingleProcess(int64_t last, const std::string& load_root = "",
-                    const std::string& save_root = "", bool tied = false) {
+                    const std::string& save_root = "", bool tied = false, bool global_aux = false) {
   Curve c;
   Layout one;
   one.tied = tied;
+  one.global_aux = global_aux;
   auto t = Trainer::Create(Spec(one), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
@@ -194,7 +201,7 @@ class PipelineParallelTrainerTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(PipelineParallelTrainerTest, MatchesSingleProcess) {
   const Layout layout = GetParam();
-  const Curve ref = SingleProcess(kSteps, "", "", layout.tied);
+  const Curve ref = SingleProcess(kSteps, "", "", layout.tied, layout.global_aux);
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
   const Curve got = RunLayout(layout, kSteps);
   ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps));
@@ -211,21 +218,29 @@ TEST_P(PipelineParallelTrainerTest, MatchesSingleProcess) {
 // embedding, its gradient summed with the first stage's after the schedule, counted once in the
 // norm): PP2, PP4 (the first and last stage are not neighbours), PP2·EP2 (DP2: the copy's part of
 // the norm is taken from every DP shard), PP2·TP2 (the copy's gradient summed over TP first).
+// global_aux_loss (its running counts over the global batch's micro-batches: one per layer for
+// all in-flight slots of a stage): PP2, PP4 (4 slots on the first stage), PP2·TP2·EP2 and
+// PP2·CP2 (the counts summed over TP×DP×CP per micro-batch), all at DP = 1: at DP > 1 the running
+// mean is taken per DP rank's micro-batches and differs from one process's by design (spec §2.3,
+// as distributed_trainer_test notes).
 // Uneven: PP2 with one layer on the first stage (1 | 3), PP3 with two on the first (2 | 1 | 1: an
 // odd stage count, the middle stage odd in the send order) and PP2·EP2 with one on the last
 // (3 | 1).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineParallelTrainerTest,
-    ::testing::Values(Layout{2, 2, 1, 1}, Layout{4, 4, 1, 1}, Layout{4, 2, 2, 1},
-                      Layout{4, 2, 1, 2}, Layout{8, 2, 2, 1}, Layout{2, 2, 1, 1, 1, 0, {0, 1}},
-                      Layout{3, 3, 1, 1, 2, 0, {0, 2, 3}}, Layout{4, 2, 2, 1, 0, 1, {0, 3}},
-                      Layout{4, 2, 1, 1, 0, 0, {}, 2}, Layout{8, 2, 2, 2},
-                      Layout{2, 2, 1, 1, 0, 0, {}, 1, true}, Layout{4, 4, 1, 1, 0, 0, {}, 1, true},
-                      Layout{4, 2, 2, 1, 0, 0, {}, 1, true}, Layout{4, 2, 1, 2, 0, 0, {}, 1, true}),
+    ::testing::Values(
+        Layout{2, 2, 1, 1}, Layout{4, 4, 1, 1}, Layout{4, 2, 2, 1}, Layout{4, 2, 1, 2},
+        Layout{8, 2, 2, 1}, Layout{2, 2, 1, 1, 1, 0, {0, 1}}, Layout{3, 3, 1, 1, 2, 0, {0, 2, 3}},
+        Layout{4, 2, 2, 1, 0, 1, {0, 3}}, Layout{4, 2, 1, 1, 0, 0, {}, 2}, Layout{8, 2, 2, 2},
+        Layout{2, 2, 1, 1, 0, 0, {}, 1, true}, Layout{4, 4, 1, 1, 0, 0, {}, 1, true},
+        Layout{4, 2, 2, 1, 0, 0, {}, 1, true}, Layout{4, 2, 1, 2, 0, 0, {}, 1, true},
+        Layout{2, 2, 1, 1, 0, 0, {}, 1, false, true}, Layout{4, 4, 1, 1, 0, 0, {}, 1, false, true},
+        Layout{4, 2, 2, 2, 0, 0, {}, 1, false, true}, Layout{4, 2, 1, 1, 0, 0, {}, 2, false, true}),
     [](const auto& info) {
       const Layout& l = info.param;
       return absl::StrCat("PP", l.pp, "_EP", l.ep, l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
                           l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", l.tied ? "_Tied" : "",
+                          l.global_aux ? "_GlobalAux" : "",
                           l.first > 0 ? absl::StrCat("_First", l.first) : "",
                           l.last > 0 ? absl::StrCat("_Last", l.last) : "", "_W", l.world);
     });

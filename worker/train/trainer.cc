@@ -240,8 +240,8 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
   const v1::ParallelConfig& par = spec.parallel();
-  // The engine's one rule (common/model/engine_support.h): the interleaved schedule (VPP),
-  // global_aux_loss at PP > 1 are not implemented.
+  // The engine's one rule (common/model/engine_support.h): the interleaved schedule (VPP) is
+  // not implemented.
   if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) {
     return absl::UnimplementedError(why);
   }

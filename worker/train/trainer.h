@@ -38,8 +38,8 @@
 // Loss and MoE statistics are summed over PP for the log line, the dense squared grad norm over
 // PP too. Tied embeddings: the last stage holds a copy of the embedding as its LM head, and the
 // two stages sum their embedding gradients after the schedule (Megatron's embedding group); the
-// copy is counted once in the norm and saved once. global_aux_loss, VPP and EvalLoss are refused
-// at PP > 1.
+// copy is counted once in the norm and saved once. global_aux_loss: one running count per layer
+// over the stage's in-flight slots (GptModel). VPP and EvalLoss are refused at PP > 1.
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
 // any combination): every rank holds the dense parameters (its TP shard of the TP-split
