@@ -249,6 +249,10 @@ std::string JobDetail(const v1::Job& job) {
                            : "-"},
       {"Mapping:", job.plan().has_best() ? MappingText(job.plan().best().mapping()) : "-"},
       {"Last step:", job.has_last_step() ? StepLine(job.last_step()) : "-"},
+      {"Validation:", job.has_last_validation()
+                          ? absl::StrCat("step ", job.last_validation().step(), " ",
+                                         ValidationText(job.last_validation()))
+                          : "-"},
   };
   if (!job.failure_reason().empty()) rows.push_back({"Failure:", job.failure_reason()});
   if (job.has_queue_status()) {
@@ -301,9 +305,17 @@ std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alterna
 std::string StepLine(const v1::StepMetrics& s) {
   // Workers without a known peak (CPU) report a negative MFU.
   const std::string mfu = s.mfu() < 0 ? "-" : absl::StrFormat("%.1f%%", s.mfu() * 100.0);
-  return absl::StrFormat("step %d loss %.4f aux %.4f lr %.2e gnorm %.3f %.1f ms %.0f tok/s mfu %s",
-                         s.step(), s.loss(), s.aux_loss(), s.lr(), s.grad_norm(), s.step_ms(),
-                         s.tokens_per_second(), mfu);
+  std::string line = absl::StrFormat(
+      "step %d loss %.4f aux %.4f lr %.2e gnorm %.3f %.1f ms %.0f tok/s mfu %s", s.step(), s.loss(),
+      s.aux_loss(), s.lr(), s.grad_norm(), s.step_ms(), s.tokens_per_second(), mfu);
+  // An evaluation step (training.eval_interval) also carries the held-out loss.
+  if (s.has_validation_loss()) absl::StrAppend(&line, " ", ValidationText(s));
+  return line;
+}
+
+std::string ValidationText(const v1::StepMetrics& s) {
+  return absl::StrFormat("val_loss %.4f val_ppl %.3f", s.validation_loss(),
+                         s.validation_perplexity());
 }
 
 std::string EventLine(const v1::JobEvent& e) {

@@ -68,6 +68,9 @@ std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alterna
 
 // "step 12 loss 3.2100 aux 0.0123 lr 3.00e-04 gnorm 1.23 123.4 ms 12345 tok/s mfu 31.0%".
 std::string StepLine(const v1::StepMetrics& step);
+// "val_loss L val_ppl P" of an evaluation step (StepMetrics.validation_loss set); StepLine
+// appends it to such a step's line.
+std::string ValidationText(const v1::StepMetrics& step);
 
 // "2026-11-22T18:20:39Z RUNNING gen 1 STARTED: all 8 workers attached".
 std::string EventLine(const v1::JobEvent& event);

@@ -110,6 +110,20 @@ TEST(Render, Tables) {
   std::printf("%s", detail.c_str());
   EXPECT_NE(detail.find("EP2"), std::string::npos);
   EXPECT_NE(detail.find("step 7 loss 3.2500"), std::string::npos);
+  EXPECT_NE(detail.find("Validation:    -"), std::string::npos) << detail;
+  EXPECT_EQ(StepLine(job.last_step()).find("val_loss"), std::string::npos);
+  // An evaluation step: its line (syctl watch) and the job's detail (syctl get) show it.
+  v1::Job evaluated = SampleJob();
+  v1::StepMetrics* v = evaluated.mutable_last_validation();
+  v->set_step(6);
+  v->set_validation_loss(2.5);
+  v->set_validation_perplexity(12.182);
+  EXPECT_NE(StepLine(*v).find("step 6 loss 0.0000"), std::string::npos) << StepLine(*v);
+  EXPECT_NE(StepLine(*v).find(" val_loss 2.5000 val_ppl 12.182"), std::string::npos)
+      << StepLine(*v);
+  EXPECT_NE(JobDetail(evaluated).find("Validation:    step 6 val_loss 2.5000 val_ppl 12.182"),
+            std::string::npos)
+      << JobDetail(evaluated);
 
   v1::Plan plan;
   plan.mutable_best()->mutable_mapping()->set_data_parallel_size(8);

@@ -15,66 +15,17 @@
 set -euo pipefail
 # The token, the store, its backups and the checkpoints are readable by this user only.
 umask 077
-bin=$1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tools/cluster_lib.sh
+. "$here/cluster_lib.sh"
 spec=${2:-examples/quickstart.yaml}
-# BIN_DIR is bazel-bin (coordinator/, worker/, cli/ subfolders) or a flat folder (the GPU bundle).
-exe() {
-  if [[ -x $bin/$1/$2 ]]; then echo "$bin/$1/$2"; else echo "$bin/$2"; fi
-}
-coordinator_bin=$(exe coordinator switchyard-coordinator)
-worker_bin=$(exe worker switchyard-worker)
-syctl_bin=$(exe cli syctl)
-# The GPU bundle carries the default corpus in BIN_DIR/data: use it unless told otherwise, so the
-# bundle's quickstart needs no environment.
-if [[ -z ${SWITCHYARD_DATA_DIR:-} && -f $bin/data/kjv/corpus.json ]]; then
-  export SWITCHYARD_DATA_DIR="$(cd "$bin/data" && pwd)"
-fi
 run=${QUICKSTART_DIR:-/tmp/switchyard-quickstart}
-rm -rf "$run"
-mkdir -p "$run" "$run/checkpoints" "$run/data"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-# Two tokens: the API's (syctl) and the workers' own (coordinator/api/auth.h).
-od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/token"
-od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$run/worker-token"
-"$coordinator_bin" --store "$run/store.db" --create-store --host 127.0.0.1 \
-  --grpc-port 0 --http-port 0 --token-file "$run/token" --worker-token-file "$run/worker-token" \
-  --checkpoint-root "$run/checkpoints" --data-root "$run/data" \
-  >"$run/coordinator.log" 2>&1 &
-pids+=($!)
-grpc=""
-for _ in $(seq 300); do
-  grpc=$(sed -n 's/.*listening grpc=\([^ ]*\) http=.*/\1/p' "$run/coordinator.log" | head -1)
-  [[ -n $grpc ]] && break
-  kill -0 "${pids[0]}" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ -z $grpc ]]; then
-  echo "quickstart: the coordinator did not start:" >&2
-  cat "$run/coordinator.log" >&2
-  exit 1
-fi
-echo "quickstart: coordinator at $grpc (store $run/store.db, logs in $run)" >&2
-
-gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+cluster_init "$1" "$run"
+cluster_start_coordinator
+echo "quickstart: coordinator at $cluster_grpc (store $run/store.db, logs in $run)" >&2
+gpus=$(cluster_gpus)
 n=${QUICKSTART_WORKERS:-$((gpus > 0 ? gpus : 2))}
-for ((i = 0; i < n; i++)); do
-  device=cpu
-  [[ $gpus -gt 0 ]] && device="cuda:$((i % gpus))"
-  metrics=()
-  if [[ -n ${QUICKSTART_METRICS_PORT:-} ]]; then
-    metrics=(--metrics-port $((QUICKSTART_METRICS_PORT + i)) --metrics-bind-address 127.0.0.1)
-  fi
-  "$worker_bin" --coordinator "$grpc" --token-file "$run/worker-token" \
-    --checkpoint-root "$run/checkpoints" --data-root "$run/data" \
-    --device "$device" "${metrics[@]}" >"$run/worker$i.log" 2>&1 &
-  pids+=($!)
-done
+cluster_start_workers "$n"
 echo "quickstart: $n worker(s) on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU")" >&2
 
 # The job: the example spec (its relative training.save lands under the run directory's
@@ -95,4 +46,4 @@ fi
     printf 'parallel:\n  expert_model_parallel_size: %d\n' "$n"
   fi
 } >"$run/job.yaml"
-"$syctl_bin" --coordinator "$grpc" --token-file "$run/token" submit -f "$run/job.yaml" --wait
+cluster_syctl submit -f "$run/job.yaml" --wait

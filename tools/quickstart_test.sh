@@ -33,6 +33,7 @@ ln -s "$coordinator" "$bundle/switchyard-coordinator"
 ln -s "$worker" "$bundle/switchyard-worker"
 ln -s "$syctl" "$bundle/syctl"
 cp "$cluster_script" "$bundle/quickstart_cluster.sh"
+cp "$(dirname "$cluster_script")/cluster_lib.sh" "$bundle/cluster_lib.sh"
 cp "$example" "$bundle/quickstart.yaml"
 ln -s "$data/kjv" "$bundle/data/kjv"
 grep -q 'vocab_size' "$bundle/quickstart.yaml" &&

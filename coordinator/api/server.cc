@@ -154,7 +154,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
   s->registry_ = std::make_unique<jobs::JobRegistry>(s->store_.get(), context);
   metrics::CoordinatorMetrics* metrics = s->metrics_.get();
   s->hub_ = std::make_unique<jobs::JobHub>(
-      s->registry_.get(), [metrics] { metrics->IncrementJobRestarts(); }, options.checkpoint_root,
+      s->registry_.get(),
+      [metrics](const v1::Job& job, absl::string_view reason) {
+        metrics->CountTransition(job.state(), reason);
+      },
+      options.checkpoint_root,
       /*make_job_directories=*/options.workers);
   jobs::JobHub* hub = s->hub_.get();
   s->metrics_->SetJobCounter([hub]() -> absl::StatusOr<std::map<v1::Job::State, int64_t>> {

@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -120,8 +121,12 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
   ASSERT_EQ(ranks.size(), 2u);
   // Steps are published once the job runs; give the watch time to subscribe first.
   absl::SleepFor(absl::Milliseconds(200));
+  // Step 2 is an evaluation step (validation loss 4 + rank: rank 0's is the job's).
   for (int step = 1; step <= 3; ++step) {
-    for (auto& [rank, w] : ranks) w->SendStep(step, 10.0 - step + 0.5 * rank);
+    for (auto& [rank, w] : ranks) {
+      w->SendStep(step, 10.0 - step + 0.5 * rank,
+                  step == 2 ? std::optional<double>(4.0 + rank) : std::nullopt);
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
   v1::Job got;
@@ -141,6 +146,12 @@ TEST(ServerWorkersTest, FakeWorkersRunAJobSubmittedThroughTheApi) {
   ASSERT_TRUE(rest);
   nlohmann::json rest_job = nlohmann::json::parse(rest->body);
   EXPECT_EQ(rest_job["last_step"]["step"], "3") << rest->body;  // int64 as a string
+  // Job.last_validation: rank 0's evaluation step, kept while later steps overwrite last_step.
+  EXPECT_EQ(got.last_validation().step(), 2);
+  EXPECT_DOUBLE_EQ(got.last_validation().validation_loss(), 4.0);
+  EXPECT_NEAR(got.last_validation().validation_perplexity(), std::exp(4.0), 1e-9);
+  EXPECT_EQ(rest_job["last_validation"]["step"], "2") << rest->body;
+  EXPECT_DOUBLE_EQ(rest_job["last_validation"]["validation_loss"].get<double>(), 4.0);
 
   // WorkerAdminService.ListWorkers (and GET /v1/workers): both workers busy on this job with
   // ranks 0 and 1, the wrong-token one absent; no token -> UNAUTHENTICATED.

@@ -1,6 +1,7 @@
 // File: coordinator/api/worker_test_util.cc
 #include "coordinator/api/worker_test_util.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -185,7 +186,7 @@ void FakeWorker::Heartbeat() {
   Write(message);
 }
 
-void FakeWorker::SendStep(int64_t step, double loss) {
+void FakeWorker::SendStep(int64_t step, double loss, std::optional<double> validation_loss) {
   v1::WorkerMessage message;
   {
     absl::MutexLock lock(&mu_);
@@ -196,6 +197,10 @@ void FakeWorker::SendStep(int64_t step, double loss) {
     report->set_rank(assignment_->rank());
     report->mutable_metrics()->set_step(step);
     report->mutable_metrics()->set_loss(loss);
+    if (validation_loss.has_value()) {
+      report->mutable_metrics()->set_validation_loss(*validation_loss);
+      report->mutable_metrics()->set_validation_perplexity(std::exp(*validation_loss));
+    }
   }
   Write(message);
 }

@@ -105,7 +105,8 @@ class FakeWorker {
   void set_scope(const std::string& job) { scope_ = job; }
   // Sends a heartbeat with the current generation (0 when idle).
   void Heartbeat();
-  void SendStep(int64_t step, double loss);
+  // `validation_loss` (when set) as an evaluation step reports it (perplexity = exp of it).
+  void SendStep(int64_t step, double loss, std::optional<double> validation_loss = std::nullopt);
   // Sends WorkerExit for the current assignment and becomes idle.
   void SendExit(int32_t code, const std::string& message = "");
   void SendRaw(const v1::WorkerMessage& message);

@@ -17,10 +17,10 @@
 
 namespace switchyard::jobs {
 
-JobHub::JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart,
+JobHub::JobHub(jobs::JobRegistry* registry, TransitionCallback on_transition,
                std::string checkpoint_root, bool make_job_directories)
     : registry_(registry),
-      on_restart_(std::move(on_restart)),
+      on_transition_(std::move(on_transition)),
       checkpoint_root_(std::move(checkpoint_root)),
       make_job_directories_(make_job_directories) {}
 
@@ -109,12 +109,16 @@ absl::StatusOr<v1::Job> JobHub::Transition(absl::string_view name, jobs::State t
                                            absl::string_view reason, absl::string_view message,
                                            const v1::Plan* plan) {
   absl::StatusOr<v1::Job> job = Notify(registry_->Transition(name, to, reason, message, plan));
-  if (job.ok() && job->state() == v1::Job::RESTARTING && on_restart_) on_restart_();
+  if (job.ok() && on_transition_) on_transition_(*job, reason);
   return job;
 }
 
 absl::Status JobHub::RecordLastStep(absl::string_view name, const v1::StepMetrics& step) {
   return registry_->RecordLastStep(name, step);
+}
+
+absl::Status JobHub::RecordLastValidation(absl::string_view name, const v1::StepMetrics& step) {
+  return registry_->RecordLastValidation(name, step);
 }
 
 absl::StatusOr<v1::Job> JobHub::RecordCheckpoint(absl::string_view name, int64_t step) {

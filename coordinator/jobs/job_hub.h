@@ -7,8 +7,8 @@
 // mutations that bypass it (another process writing the same store file) are still seen, but
 // only when a watcher re-reads on its periodic wake-up (kWatchRefresh).
 //
-// The hub also feeds the restart counter metric: a transition that lands in RESTARTING calls the
-// `on_restart` callback.
+// The hub also feeds the lifecycle counter metrics (restarts, preemptions, scale-ups): every
+// successful transition calls the `on_transition` callback with the job and the reason.
 //
 // DeleteJob removes a finished job (JobRegistry::DeleteJob) and, when asked, its checkpoint
 // directory jobs::JobCheckpointDir(checkpoint_root, id) = <checkpoint_root>/jobs/<id> first (every
@@ -44,11 +44,13 @@ inline constexpr absl::Duration kWatchRefresh = absl::Seconds(1);
 
 class JobHub {
  public:
-  // `registry` must outlive the hub. `on_restart` (may be empty) is called after each transition
-  // whose result is RESTARTING. `checkpoint_root` (empty: unknown) is where the scheduler puts
-  // job checkpoints (ServerOptions.checkpoint_root); `make_job_directories`: CreateJob creates
-  // each new job's directory under it (a coordinator that serves workers).
-  explicit JobHub(jobs::JobRegistry* registry, std::function<void()> on_restart = {},
+  // `registry` must outlive the hub. `on_transition` (may be empty) is called after each
+  // successful transition with the job as it now is and the transition's reason. `checkpoint_root`
+  // (empty: unknown) is where the scheduler puts job checkpoints (ServerOptions.checkpoint_root);
+  // `make_job_directories`: CreateJob creates each new job's directory under it (a coordinator that
+  // serves workers).
+  using TransitionCallback = std::function<void(const v1::Job& job, absl::string_view reason)>;
+  explicit JobHub(jobs::JobRegistry* registry, TransitionCallback on_transition = {},
                   std::string checkpoint_root = "", bool make_job_directories = false);
   JobHub(const JobHub&) = delete;
   JobHub& operator=(const JobHub&) = delete;
@@ -84,6 +86,7 @@ class JobHub {
   const jobs::CoordinatorContext& context() const { return registry_->context(); }
   // Not a job change: watchers are not woken (they get steps from the StepHub).
   absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
+  absl::Status RecordLastValidation(absl::string_view name, const v1::StepMetrics& step);
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
   // AIP-135 (job.proto's DeleteJobRequest): NOT_FOUND for an absent job unless allow_missing;
   // FAILED_PRECONDITION naming the state for an unfinished one; with delete_checkpoints and no
@@ -106,7 +109,7 @@ class JobHub {
   absl::StatusOr<v1::Job> Notify(absl::StatusOr<v1::Job> result);
 
   jobs::JobRegistry* const registry_;
-  const std::function<void()> on_restart_;
+  const TransitionCallback on_transition_;
   mutable absl::Mutex queue_mu_;
   std::map<std::string, v1::QueueStatus> waiting_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<QueueUsage> usage_ ABSL_GUARDED_BY(queue_mu_);

@@ -44,6 +44,7 @@ v1::Job ToJob(const store::JobRow& row) {
   job.set_failure_reason(row.failure_reason);
   if (row.plan) *job.mutable_plan() = *row.plan;
   if (row.last_step) *job.mutable_last_step() = *row.last_step;
+  if (row.last_validation) *job.mutable_last_validation() = *row.last_validation;
   if (row.last_checkpoint_step) job.set_last_checkpoint_step(*row.last_checkpoint_step);
   return job;
 }
@@ -301,6 +302,16 @@ absl::StatusOr<v1::Job> JobRegistry::RecordWaitReason(absl::string_view name,
 absl::Status JobRegistry::RecordLastStep(absl::string_view name, const v1::StepMetrics& step) {
   SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
   absl::Status st = store_->SetLastStep(id, step);
+  if (st.code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(name, " does not exist"));
+  }
+  return st;
+}
+
+absl::Status JobRegistry::RecordLastValidation(absl::string_view name,
+                                               const v1::StepMetrics& step) {
+  SY_ASSIGN_OR_RETURN(int64_t id, ParseJobName(name));
+  absl::Status st = store_->SetLastValidation(id, step);
   if (st.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat(name, " does not exist"));
   }

@@ -120,6 +120,8 @@ class JobRegistry {
   absl::StatusOr<v1::Job> RecordCheckpoint(absl::string_view name, int64_t step);
   // Saves rank 0's latest step report as Job.last_step (no event; survives a restart).
   absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);
+  // Saves rank 0's latest report with a validation loss as Job.last_validation (likewise).
+  absl::Status RecordLastValidation(absl::string_view name, const v1::StepMetrics& step);
   // The last recorded checkpoint step, if any.
   absl::StatusOr<std::optional<int64_t>> LastCheckpointStep(absl::string_view name);
 

@@ -273,6 +273,7 @@ void Scheduler::SchedulePass() {
   std::map<std::string, int32_t> pending;    // per queue
   std::optional<int32_t> blocking_priority;  // of the first job that waits for workers
   std::set<std::string> waiting;
+  std::set<std::string> quota_preempted;  // queues whose first quota-blocked job was considered
   for (const Job& job : candidates) {
     bool done = false;
     if (blocking_priority.has_value() && job.spec().priority() < *blocking_priority) {
@@ -293,7 +294,19 @@ void Scheduler::SchedulePass() {
       auto spec = resolved_.find(job.name());
       if (options_.preemption && spec != resolved_.end() && spec->second.ok()) {
         Preempt(job, WorkerRange(*spec->second).first,
-                static_cast<int32_t>(EligibleFor(job.name(), idle).size()));
+                static_cast<int32_t>(EligibleFor(job.name(), idle).size()), std::nullopt);
+      }
+    }
+    // Within a full queue (scheduler.h "Preemption"): the first job of each queue that waits for
+    // its quota may preempt lower-priority jobs of that queue.
+    if (wait != current_wait_.end() && wait->second.first == kQueueQuotaExceeded &&
+        options_.preemption && quota_preempted.insert(QueueOf(job.spec())).second) {
+      auto spec = resolved_.find(job.name());
+      const std::optional<int32_t> quota = QueueQuota(context, QueueOf(job.spec()));
+      if (spec != resolved_.end() && spec->second.ok() && quota.has_value()) {
+        Preempt(job, WorkerRange(*spec->second).first,
+                static_cast<int32_t>(EligibleFor(job.name(), idle).size()),
+                std::max(0, *quota - in_use[QueueOf(job.spec())]));
       }
     }
     const std::string queue = QueueOf(job.spec());
@@ -335,7 +348,8 @@ void Scheduler::SchedulePass() {
   }
 }
 
-void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible) {
+void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible,
+                        std::optional<int32_t> quota_free) {
   // One preemption at a time, and none while workers are being freed by a drain: those workers
   // may be all the job needs, and a second pick would take more victims than needed.
   for (const auto& [name, run] : runs_) {
@@ -348,6 +362,8 @@ void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible) {
   for (const auto& [name, run] : runs_) {
     // Only a running generation can save on demand; never for equal or lower priority.
     if (!run.running || run.adopting || run.priority >= priority) continue;
+    // Blocked by its queue's quota: only runs of that queue free any of it.
+    if (quota_free.has_value() && run.queue != QueueOf(job.spec())) continue;
     candidates.push_back(&run);
   }
   // Lowest priority first, then the youngest (highest id): the least important, least invested.
@@ -357,9 +373,11 @@ void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible) {
     return id_of(a) > id_of(b);
   });
   int32_t freed = idle_eligible;
+  // Without a quota the workers are the only limit.
+  int32_t quota_room = quota_free.value_or(std::numeric_limits<int32_t>::max());
   std::vector<std::string> victims;
   for (const Run* run : candidates) {
-    if (freed >= needed) break;
+    if (freed >= needed && quota_room >= needed) break;
     int32_t usable = 0;
     for (const auto& [id, rank] : run->rank_of) {
       std::optional<cluster::WorkerInfo> w = workers_->Get(id);
@@ -369,11 +387,14 @@ void Scheduler::Preempt(const Job& job, int32_t needed, int32_t idle_eligible) {
         ++usable;
       }
     }
-    if (usable == 0) continue;
+    if (usable == 0 && !(quota_free.has_value() && quota_room < needed)) continue;
     freed += usable;
+    // Every rank of the run counts against its queue's quota (WorkersInUse), usable or not.
+    if (quota_free.has_value()) quota_room += static_cast<int32_t>(run->rank_of.size());
     victims.push_back(run->job);
   }
-  if (freed < needed) return;  // preempting cannot admit it: preempt nobody
+  // Preempting cannot admit it: preempt nobody.
+  if (freed < needed || quota_room < needed) return;
   for (const std::string& name : victims) {
     Run& run = runs_[name];
     run.preempting = true;

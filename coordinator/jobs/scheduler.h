@@ -85,11 +85,14 @@
 //   recorded as Job.last_checkpoint_step with an event CHECKPOINT_SAVED ("checkpoint saved at
 //   step N", "(on demand)" when it answered CheckpointNow). RequestCheckpoint sends CheckpointNow.
 // - Preemption (SchedulerOptions.preemption, --preemption=on|off, default on): when a job waits
-//   with WAITING_FOR_WORKERS (its queue's quota allows it: QUEUE_QUOTA_EXCEEDED never preempts)
-//   and running generations of jobs of a strictly lower priority hold enough workers it may use,
-//   the scheduler picks victims (lowest priority, then youngest: highest id) until the idle
-//   workers plus theirs reach the job's minimum, and only then (never a preemption that cannot
-//   admit it), sends them CheckpointNow (logged; the job store records events of RUNNING jobs
+//   with WAITING_FOR_WORKERS and running generations of jobs of a strictly lower priority hold
+//   enough workers it may use, the scheduler picks victims (lowest priority, then youngest:
+//   highest id) until the idle workers plus theirs reach the job's minimum, and only then (never
+//   a preemption that cannot admit it), sends them CheckpointNow. A job that waits with
+//   QUEUE_QUOTA_EXCEEDED (the first such job of its queue in admission order) preempts the same
+//   way within its queue: victims are lower-priority runs of that queue, picked until the quota
+//   they free and the workers (idle plus theirs) both reach its minimum (Kueue's
+//   withinClusterQueue: LowerPriority) (logged; the job store records events of RUNNING jobs
 //   only for checkpoints and transitions). At the victim's
 //   CheckpointSaved(requested) at step N it goes RUNNING -> PENDING (PREEMPTED, "preempted at
 //   step N for jobs/X (priority P); resumes from the checkpoint of step N") and its ranks get
@@ -316,8 +319,11 @@ class Scheduler {
   void CheckRunStates();
   // Preemption (scheduler.h "Preemption"): picks victims for `job`, which waits for workers
   // held by lower-priority runs, and sends them CheckpointNow. `idle_eligible`: idle workers it
-  // may use; `needed`: its minimum.
-  void Preempt(const v1::Job& job, int32_t needed, int32_t idle_eligible);
+  // may use; `needed`: its minimum; `quota_free`: set when the job waits for its queue's quota
+  // (QUEUE_QUOTA_EXCEEDED), the quota left: victims are then runs of its queue only, until both
+  // the quota and the workers freed admit it.
+  void Preempt(const v1::Job& job, int32_t needed, int32_t idle_eligible,
+               std::optional<int32_t> quota_free);
   // Ends a preempting run: PENDING (PREEMPTED) and Stop to its ranks. `step` >= 0: the step of
   // its on-demand checkpoint; -1: it did not save in time.
   void EndPreempted(Run& run, int64_t step);

@@ -80,6 +80,12 @@ void Scheduler::Handle(const StepEvent& e) {
       absl::Status saved = hub_->RecordLastStep(run->job, e.report.metrics());
       if (!saved.ok()) SY_LOG(WARNING) << "scheduler: " << run->job << " last step: " << saved;
     }
+    // Job.last_validation: every report with a validation loss (rare: every eval_interval steps)
+    // is saved at once, not rate-limited, so none is lost to the one-a-second rule above.
+    if (e.report.metrics().has_validation_loss()) {
+      absl::Status saved = hub_->RecordLastValidation(run->job, e.report.metrics());
+      if (!saved.ok()) SY_LOG(WARNING) << "scheduler: " << run->job << " validation: " << saved;
+    }
   }
 }
 

@@ -543,9 +543,15 @@ TEST_F(SchedulerTest, QueuesAdmitByPriorityWithinQuotaAndWholeGangsOnly) {
   EXPECT_EQ(pending->jobs(0).name(), j1);
   EXPECT_EQ(pending->jobs(0).queue_status().position(), 1);
   EXPECT_EQ(pending->jobs(0).queue_status().reason(), "QUEUE_QUOTA_EXCEEDED");
-  // The scheduler's per-queue view (the switchyard_queue_* gauges).
+  // The scheduler's per-queue view (the switchyard_queue_* gauges), as the pass after jobs/3's
+  // start publishes it (its workers get the Start before the pass ends).
   std::map<std::string, JobHub::QueueUsage> usage;
-  for (const JobHub::QueueUsage& u : h_->hub()->QueueState()) usage[u.queue] = u;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    usage.clear();
+    for (const JobHub::QueueUsage& u : h_->hub()->QueueState()) usage[u.queue] = u;
+    if (usage["b"].workers_in_use == 2) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   EXPECT_EQ(usage["a"].quota, 2);
   EXPECT_EQ(usage["a"].workers_in_use, 2);
   EXPECT_EQ(usage["a"].pending, 1);
@@ -661,6 +667,82 @@ TEST_F(SchedulerTest, PreemptsTheYoungestLowerPriorityJobAtItsCheckpoint) {
   for (auto& [rank, w] : ranks1) w->SendExit(0);
   h_->WaitForState(j2, Job::SUCCEEDED);
   h_->WaitForState(j1, Job::SUCCEEDED);
+}
+
+// Preemption within a full queue (scheduler.h "Preemption"): queue a has a quota of 2. jobs/1
+// (queue a, priority 0, 2 workers) and jobs/2 (default queue, priority -1, 1 worker) run on 3 of
+// 4 workers; jobs/3 (queue a, priority 10, 2 workers) waits with QUEUE_QUOTA_EXCEEDED although
+// one worker is idle. jobs/1, the lower-priority job of its queue, gets CheckpointNow and at its
+// save goes PENDING (PREEMPTED); jobs/3 starts. jobs/2, of lower priority but another queue (its
+// workers free none of queue a's quota), is never a victim.
+TEST_F(SchedulerTest, PreemptsWithinAFullQueue) {
+  h_ = Harness::Start("sched_queue_preempt.db", true, {}, {{"a", 2}});
+  ASSERT_NE(h_, nullptr);
+  fleet_ = std::make_unique<Fleet>(h_.get(), 4);
+  auto spec = [](const std::string& queue, int priority, int workers) {
+    v1::JobSpec s = api::testing::SmallSpec(workers, workers);
+    s.set_queue(queue);
+    s.set_priority(priority);
+    return s;
+  };
+  const std::string j1 = h_->Submit(spec("a", 0, 2));
+  auto ranks1 = ExpectGeneration({Raw(*fleet_)[0], Raw(*fleet_)[1]}, j1, 1, 2);
+  ASSERT_EQ(ranks1.size(), 2u);
+  std::vector<FakeWorker*> rest;
+  for (FakeWorker* w : Raw(*fleet_)) {
+    if (w != ranks1[0] && w != ranks1[1]) rest.push_back(w);
+  }
+  const std::string j2 = h_->Submit(spec("", -1, 1));
+  auto ranks2 = ExpectGeneration({rest[0]}, j2, 1, 1);  // the first idle worker by id
+  ASSERT_EQ(ranks2.size(), 1u);
+  for (auto* ranks : {&ranks1, &ranks2}) {
+    for (auto& [rank, w] : *ranks) w->SendStep(1, 5.0);
+  }
+  h_->WaitForState(j1, Job::RUNNING);
+  h_->WaitForState(j2, Job::RUNNING);
+
+  const std::string j3 = h_->Submit(spec("a", 10, 2));
+  for (auto& [rank, w] : ranks1) {
+    EXPECT_TRUE(w->WaitFor(CoordinatorMessage::kCheckpoint).has_value()) << "jobs/1 rank " << rank;
+  }
+  // The pass that preempted publishes why jobs/3 waits once it ends.
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+       h_->hub()->GetJob(j3)->queue_status().reason().empty() && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(h_->hub()->GetJob(j3)->queue_status().reason(), "QUEUE_QUOTA_EXCEEDED");
+  for (auto& [rank, w] : ranks1) {
+    v1::WorkerMessage m;
+    v1::CheckpointSaved* c = m.mutable_checkpoint_saved();
+    c->set_job(j1);
+    c->set_generation(1);
+    c->set_rank(rank);
+    c->set_step(7);
+    c->set_dir("/ckpt/step_7");
+    c->set_requested(true);
+    w->SendRaw(m);
+  }
+  Job preempted = h_->WaitForState(j1, Job::PENDING);
+  EXPECT_EQ(preempted.last_checkpoint_step(), 7);
+  // The first idle workers by id: jobs/1's two (the one idle before, rest[1], sorts after them).
+  const std::vector<FakeWorker*> freed = {ranks1[0], ranks1[1]};
+  auto ranks3 = ExpectGeneration(freed, j3, 1, 2);
+  EXPECT_EQ(ranks3.size(), 2u);
+  EXPECT_EQ(ranks2[0]->CountReceived(CoordinatorMessage::kCheckpoint), 0)
+      << "another queue's job frees none of queue a's quota";
+  EXPECT_EQ(ranks2[0]->CountReceived(CoordinatorMessage::kStop), 0);
+  job_ = j1;
+  PrintEvents();
+  EXPECT_TRUE(HasEvent(Job::PENDING, "PREEMPTED"));
+
+  for (auto& [rank, w] : ranks3) w->SendExit(0);
+  h_->WaitForState(j3, Job::SUCCEEDED);
+  auto again = ExpectGeneration(freed, j1, 2, 2);
+  EXPECT_EQ(again.size(), 2u);
+  for (auto& [rank, w] : again) w->SendExit(0);
+  for (auto& [rank, w] : ranks2) w->SendExit(0);
+  h_->WaitForState(j1, Job::SUCCEEDED);
+  h_->WaitForState(j2, Job::SUCCEEDED);
 }
 
 // Scale-up at a checkpoint boundary (scheduler.h "Scale-up"): a job of [1, 4] workers runs on

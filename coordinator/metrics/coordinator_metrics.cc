@@ -37,6 +37,18 @@ CoordinatorMetrics::CoordinatorMetrics()
               .Help("Job restarts (entries into RESTARTING) since the coordinator started.")
               .Register(*registry_)
               .Add({})),
+      preemptions_(prometheus::BuildCounter()
+                       .Name(std::string(kPreemptionsMetric))
+                       .Help("Jobs preempted at an on-demand checkpoint (RUNNING -> PENDING, "
+                             "PREEMPTED) since the coordinator started.")
+                       .Register(*registry_)
+                       .Add({})),
+      scale_ups_(prometheus::BuildCounter()
+                     .Name(std::string(kScaleUpsMetric))
+                     .Help("Jobs stopped at an on-demand checkpoint to grow onto more workers "
+                           "(RUNNING -> PENDING, SCALING_UP) since the coordinator started.")
+                     .Register(*registry_)
+                     .Add({})),
       queue_quota_(prometheus::BuildGauge()
                        .Name(std::string(kQueueQuotaMetric))
                        .Help("Worker quota of a queue (no series: the queue has no quota).")
@@ -76,6 +88,14 @@ void CoordinatorMetrics::ObserveRpc(absl::string_view method, absl::string_view 
 }
 
 void CoordinatorMetrics::IncrementJobRestarts() { job_restarts_.Increment(); }
+
+void CoordinatorMetrics::CountTransition(v1::Job::State to, absl::string_view reason) {
+  // The reasons are scheduler_internal.h's kPreempted / kScalingUp (the JobEvent reason strings
+  // users see; metrics must not depend on the scheduler's internals).
+  if (to == v1::Job::RESTARTING) job_restarts_.Increment();
+  if (to == v1::Job::PENDING && reason == "PREEMPTED") preemptions_.Increment();
+  if (to == v1::Job::PENDING && reason == "SCALING_UP") scale_ups_.Increment();
+}
 
 void CoordinatorMetrics::SetWorkersAttached(int64_t count) {
   workers_attached_.Set(static_cast<double>(count));

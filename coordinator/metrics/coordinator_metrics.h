@@ -7,6 +7,12 @@
 //   switchyard_coordinator_workers_attached                         gauge
 //   switchyard_coordinator_rpc_duration_seconds{method,code}        histogram
 //   switchyard_coordinator_job_restarts_total                       counter
+//   switchyard_coordinator_preemptions_total                        counter, jobs preempted at a
+//                                                                    checkpoint (PENDING,
+//                                                                    PREEMPTED)
+//   switchyard_coordinator_scale_ups_total                          counter, jobs stopped at a
+//                                                                    checkpoint to grow
+//                                                                    (SCALING_UP)
 //   switchyard_queue_quota_workers{queue}                            gauge, a queue's worker quota
 //                                                                    (absent: no quota)
 //   switchyard_queue_workers_in_use{queue}                           gauge, workers of its jobs'
@@ -57,6 +63,8 @@ inline constexpr absl::string_view kWorkersAttachedMetric =
 inline constexpr absl::string_view kRpcDurationMetric =
     "switchyard_coordinator_rpc_duration_seconds";
 inline constexpr absl::string_view kJobRestartsMetric = "switchyard_coordinator_job_restarts_total";
+inline constexpr absl::string_view kPreemptionsMetric = "switchyard_coordinator_preemptions_total";
+inline constexpr absl::string_view kScaleUpsMetric = "switchyard_coordinator_scale_ups_total";
 inline constexpr absl::string_view kQueueQuotaMetric = "switchyard_queue_quota_workers";
 inline constexpr absl::string_view kQueueInUseMetric = "switchyard_queue_workers_in_use";
 inline constexpr absl::string_view kQueuePendingMetric = "switchyard_queue_pending_jobs";
@@ -82,6 +90,9 @@ class CoordinatorMetrics {
   // Records one finished API call. `seconds` >= 0.
   void ObserveRpc(absl::string_view method, absl::string_view code, double seconds);
   void IncrementJobRestarts();
+  // Counts one job transition (JobHub's callback): into RESTARTING a restart; into PENDING with
+  // reason PREEMPTED a preemption, with SCALING_UP a scale-up (coordinator/jobs/scheduler.h).
+  void CountTransition(v1::Job::State to, absl::string_view reason);
   // Sets the workers gauge now (0 until something sets it).
   void SetWorkersAttached(int64_t count);
   void SetJobCounter(JobCounter counter);
@@ -103,6 +114,8 @@ class CoordinatorMetrics {
   prometheus::Gauge& workers_attached_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   prometheus::Counter& job_restarts_;
+  prometheus::Counter& preemptions_;
+  prometheus::Counter& scale_ups_;
 
   absl::Mutex mu_;
   std::map<v1::Job::State, prometheus::Gauge*> job_gauges_ ABSL_GUARDED_BY(mu_);

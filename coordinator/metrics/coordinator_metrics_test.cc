@@ -36,6 +36,14 @@ TEST(CoordinatorMetricsTest, ExposesEveryMetricWithItsLabels) {
   metrics.SetWorkersAttached(4);
   metrics.IncrementJobRestarts();
   metrics.IncrementJobRestarts();
+  // JobHub's transition callback: one more restart, two preemptions, one scale-up; a PENDING
+  // with another reason counts as none of them.
+  metrics.CountTransition(v1::Job::RESTARTING, "WORKER_LOST");
+  metrics.CountTransition(v1::Job::PENDING, "PREEMPTED");
+  metrics.CountTransition(v1::Job::PENDING, "PREEMPTED");
+  metrics.CountTransition(v1::Job::PENDING, "SCALING_UP");
+  metrics.CountTransition(v1::Job::PENDING, "WAITING_FOR_WORKERS");
+  metrics.CountTransition(v1::Job::RUNNING, "FIRST_STEP");
   metrics.ObserveRpc("CreateJob", "OK", 0.003);
   metrics.ObserveRpc("CreateJob", "OK", 0.2);
   metrics.ObserveRpc("GetJob", "NOT_FOUND", 0.0001);
@@ -61,7 +69,9 @@ TEST(CoordinatorMetricsTest, ExposesEveryMetricWithItsLabels) {
   EXPECT_EQ(s["switchyard_queue_workers_in_use{queue=\"a\"}"], 2);
   EXPECT_EQ(s["switchyard_queue_pending_jobs{queue=\"a\"}"], 1);
   EXPECT_EQ(s["switchyard_queue_pending_jobs{queue=\"default\"}"], 3);
-  EXPECT_EQ(s["switchyard_coordinator_job_restarts_total"], 2);
+  EXPECT_EQ(s["switchyard_coordinator_job_restarts_total"], 3);
+  EXPECT_EQ(s["switchyard_coordinator_preemptions_total"], 2);
+  EXPECT_EQ(s["switchyard_coordinator_scale_ups_total"], 1);
   EXPECT_EQ(
       s["switchyard_coordinator_rpc_duration_seconds_count{code=\"OK\",method=\"CreateJob\"}"], 2);
   EXPECT_NEAR(

@@ -3,6 +3,7 @@
 
 #include <sqlite3.h>
 
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,10 @@ DROP TRIGGER job_events_no_delete;
 CREATE TRIGGER job_events_no_delete BEFORE DELETE ON job_events
 WHEN (SELECT state FROM jobs WHERE id = OLD.job_id) NOT IN (5, 6, 7)
 BEGIN SELECT RAISE(ABORT, 'job_events is append-only (events go only with their finished job)'); END;
+)sql",
+    // 4 -> 5: rank 0's latest step report that carried a validation loss (Job.last_validation).
+    R"sql(
+ALTER TABLE jobs ADD COLUMN last_validation BLOB;
 )sql",
 };
 static_assert(v1::Job::SUCCEEDED == 5 && v1::Job::FAILED == 6 && v1::Job::CANCELLED == 7,
@@ -170,7 +175,7 @@ absl::StatusOr<v1::Job::State> StateFromColumn(int64_t value, absl::string_view 
 
 constexpr const char* kJobColumns =
     "id, request_id, spec, state, generation, restart_count, failure_reason, "
-    "last_checkpoint_step, create_time_us, update_time_us, plan, last_step";
+    "last_checkpoint_step, create_time_us, update_time_us, plan, last_step, last_validation";
 
 absl::StatusOr<JobRow> JobFromRow(Statement& s) {
   JobRow job;
@@ -194,12 +199,16 @@ absl::StatusOr<JobRow> JobFromRow(Statement& s) {
     }
     job.plan = std::move(plan);
   }
-  if (!s.IsNull(11)) {
+  for (const auto& [column, name, out] :
+       {std::make_tuple(11, "last_step", &job.last_step),
+        std::make_tuple(12, "last_validation", &job.last_validation)}) {
+    if (s.IsNull(column)) continue;
     v1::StepMetrics step;
-    if (!step.ParseFromString(s.Text(11))) {
-      return absl::DataLossError(absl::StrCat("jobs.last_step of job ", job.id, " does not parse"));
+    if (!step.ParseFromString(s.Text(column))) {
+      return absl::DataLossError(
+          absl::StrCat("jobs.", name, " of job ", job.id, " does not parse"));
     }
-    job.last_step = std::move(step);
+    *out = std::move(step);
   }
   return job;
 }
@@ -731,10 +740,18 @@ absl::Status Store::RecordHeartbeat(const std::string& id) {
 }
 
 absl::Status Store::SetLastStep(int64_t id, const v1::StepMetrics& step) {
+  return SetStepColumn(id, "last_step", step);
+}
+
+absl::Status Store::SetLastValidation(int64_t id, const v1::StepMetrics& step) {
+  return SetStepColumn(id, "last_validation", step);
+}
+
+absl::Status Store::SetStepColumn(int64_t id, const char* column, const v1::StepMetrics& step) {
   absl::MutexLock lock(&mu_);
   return Guard([&]() -> absl::Status {
-    SY_ASSIGN_OR_RETURN(Statement s,
-                        Statement::Prepare(db_, "UPDATE jobs SET last_step = ?2 WHERE id = ?1"));
+    const std::string sql = absl::StrCat("UPDATE jobs SET ", column, " = ?2 WHERE id = ?1");
+    SY_ASSIGN_OR_RETURN(Statement s, Statement::Prepare(db_, sql));
     SY_RETURN_IF_ERROR(s.Bind(1, id));
     SY_RETURN_IF_ERROR(s.BindBlob(2, step.SerializeAsString()));
     SY_RETURN_IF_ERROR(s.Run());

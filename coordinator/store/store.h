@@ -12,6 +12,8 @@
 //               create_time_us, update_time_us (microseconds since the Unix epoch),
 //               plan BLOB (serialized v1::Plan of the current generation; NULL: none; v2),
 //               last_step BLOB (serialized v1::StepMetrics, rank 0's latest saved; NULL: none; v3)
+//               last_validation BLOB (serialized v1::StepMetrics, rank 0's latest report that
+//               carried a validation loss; NULL: none; v5)
 //   job_events  (job_id, sequence) primary key, sequence 1, 2, ... per job; time_us, state,
 //               generation, reason, message. Append-only: triggers abort UPDATE, and DELETE
 //               unless the job is finished (SUCCEEDED, FAILED, CANCELLED; DeleteJob; v4).
@@ -68,7 +70,7 @@ struct sqlite3;
 
 namespace switchyard::store {
 
-inline constexpr int kSchemaVersion = 4;
+inline constexpr int kSchemaVersion = 5;
 
 // One row of `jobs`.
 struct JobRow {
@@ -80,10 +82,11 @@ struct JobRow {
   int32_t restart_count = 0;
   std::string failure_reason;
   std::optional<int64_t> last_checkpoint_step;
-  std::optional<v1::Plan> plan;                // the current generation's plan (set when it starts)
-  std::optional<v1::StepMetrics> last_step;    // SetLastStep's latest (no event, no update_time)
-  absl::Time create_time = absl::UnixEpoch();  // set by InsertJob
-  absl::Time update_time = absl::UnixEpoch();  // set by InsertJob and UpdateJob
+  std::optional<v1::Plan> plan;              // the current generation's plan (set when it starts)
+  std::optional<v1::StepMetrics> last_step;  // SetLastStep's latest (no event, no update_time)
+  std::optional<v1::StepMetrics> last_validation;  // SetLastValidation's latest (likewise)
+  absl::Time create_time = absl::UnixEpoch();      // set by InsertJob
+  absl::Time update_time = absl::UnixEpoch();      // set by InsertJob and UpdateJob
 };
 
 // One row of `job_events`.
@@ -221,6 +224,9 @@ class Store {
   // Overwrites job `id`'s last_step (one-row UPDATE, no event, update_time unchanged: step
   // progress is not a state change). NOT_FOUND for an unknown job.
   absl::Status SetLastStep(int64_t id, const v1::StepMetrics& step);
+  // Overwrites job `id`'s last_validation (rank 0's latest step report with a validation loss),
+  // as SetLastStep does last_step.
+  absl::Status SetLastValidation(int64_t id, const v1::StepMetrics& step);
   // Sets state and job; NOT_FOUND when absent.
   absl::Status SetWorkerState(const std::string& id, WorkerState state, const std::string& job);
 
@@ -256,6 +262,8 @@ class Store {
   absl::StatusOr<std::optional<JobRow>> ReadJob(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AppendEvent(JobEventRow event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> Count(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SetLastStep / SetLastValidation: `column` is one of those two names (never user input).
+  absl::Status SetStepColumn(int64_t id, const char* column, const v1::StepMetrics& step);
   // Runs a public method's body: refuses it once the store is corrupt, and marks the store
   // corrupt (log, on_corruption) when the body returns DATA_LOSS.
   template <typename Body>

@@ -389,9 +389,9 @@ TEST(StoreTest, ReopenKeepsJobsEventsAndWorkers) {
               static_cast<long long>(job->generation), events->size(), workers->size());
 }
 
-// A file of schema version 1 (made here by dropping the v2 and v3 columns from a current one,
-// the exact v1 table) opens, is upgraded to kSchemaVersion, keeps its job, and takes a plan and
-// a last step again.
+// A file of schema version 1 (made here by dropping the v2, v3 and v5 columns from a current
+// one, the exact v1 table) opens, is upgraded to kSchemaVersion, keeps its job, and takes a plan,
+// a last step and a last validation again.
 TEST(StoreTest, UpgradesAVersion1File) {
   std::string path = TempFile("v1.db");
   int64_t id = 0;
@@ -403,6 +403,7 @@ TEST(StoreTest, UpgradesAVersion1File) {
     id = inserted->job.id;
   }
   ASSERT_EQ(RawExec(path,
+                    "ALTER TABLE jobs DROP COLUMN last_validation; "
                     "ALTER TABLE jobs DROP COLUMN last_step; ALTER TABLE jobs DROP COLUMN plan; "
                     "PRAGMA user_version=1;"),
             "");
@@ -424,6 +425,21 @@ TEST(StoreTest, UpgradesAVersion1File) {
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(job->last_step.has_value());
   EXPECT_EQ(job->last_step->step(), 5);
+  EXPECT_FALSE(job->last_validation.has_value());
+  // The v5 column: a validation report is kept apart from the (overwritten) last step.
+  v1::StepMetrics validated;
+  validated.set_step(4);
+  validated.set_validation_loss(2.5);
+  ASSERT_TRUE((*store)->SetLastValidation(id, validated).ok());
+  step.set_step(6);
+  ASSERT_TRUE((*store)->SetLastStep(id, step).ok());
+  job = (*store)->GetJob(id);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(job->last_validation.has_value());
+  EXPECT_EQ(job->last_validation->step(), 4);
+  EXPECT_EQ(job->last_validation->validation_loss(), 2.5);
+  EXPECT_EQ(job->last_step->step(), 6);
+  EXPECT_EQ((*store)->SetLastValidation(id + 1000, validated).code(), absl::StatusCode::kNotFound);
   std::printf("v1 file upgraded to v%d; job %lld kept; last step %lld stored after the upgrade\n",
               *version, static_cast<long long>(id), static_cast<long long>(job->last_step->step()));
 }

@@ -160,6 +160,11 @@ TEST(E2ePreemptTest, PreemptionResumesContinuouslyAndScaleUpWhenAWorkerAttaches)
     EXPECT_NE(e.event.reason(), "PREEMPTED") << "jobs/1 is older: never the victim";
   }
   EXPECT_EQ(starts1, 1);
+  // The coordinator's counters: one preemption, one scale-up.
+  auto scraped = c.http().Get("/metrics");
+  ASSERT_TRUE(scraped);
+  EXPECT_EQ(MetricValue(scraped->body, "switchyard_coordinator_preemptions_total"), 1);
+  EXPECT_EQ(MetricValue(scraped->body, "switchyard_coordinator_scale_ups_total"), 1);
   std::printf(
       "jobs/2: preempted at step %lld (generation 1 reported up to %lld), generation 2 from "
       "step %lld; scaled up at step %lld (generation 2 up to %lld), generation 3 from step %lld\n",

@@ -56,7 +56,12 @@ WorkerMetrics::WorkerMetrics()
       expert_mean_(GaugeFamily(*registry_, "switchyard_worker_expert_tokens_mean",
                                "Mean tokens per expert of the MoE layer, last step")),
       expert_imbalance_(GaugeFamily(*registry_, "switchyard_worker_expert_load_imbalance",
-                                    "Max / mean tokens per expert of the MoE layer, last step")) {}
+                                    "Max / mean tokens per expert of the MoE layer, last step")),
+      validation_loss_(GaugeFamily(*registry_, "switchyard_job_validation_loss",
+                                   "Held-out (valid split) loss of the last evaluation "
+                                   "(training.eval_interval), nats/token")),
+      validation_perplexity_(GaugeFamily(*registry_, "switchyard_job_validation_perplexity",
+                                         "exp(validation loss) of the last evaluation")) {}
 
 WorkerMetrics::~WorkerMetrics() {
   if (server_ != nullptr) server_->Stop();
@@ -115,6 +120,16 @@ void WorkerMetrics::Record(const v1::StepMetrics& m) {
     it->second.mean->Set(load.mean_tokens());
     it->second.imbalance->Set(load.imbalance());
   }
+  if (m.has_validation_loss()) {
+    // Created at the first evaluation, not before: a 0 would read as a perfect loss (and as
+    // the 6-hour minimum of alerts.yml's SwitchyardValidationLossRising).
+    if (validation_loss_value_ == nullptr) {
+      validation_loss_value_ = &validation_loss_.Add({});
+      validation_perplexity_value_ = &validation_perplexity_.Add({});
+    }
+    validation_loss_value_->Set(m.validation_loss());
+    validation_perplexity_value_->Set(m.validation_perplexity());
+  }
 }
 
 void WorkerMetrics::SetGeneration(int64_t generation) {
@@ -133,6 +148,12 @@ void WorkerMetrics::SetGeneration(int64_t generation) {
     expert_imbalance_.Remove(l.imbalance);
   }
   layers_.clear();
+  if (validation_loss_value_ != nullptr) {
+    validation_loss_.Remove(validation_loss_value_);
+    validation_perplexity_.Remove(validation_perplexity_value_);
+    validation_loss_value_ = nullptr;
+    validation_perplexity_value_ = nullptr;
+  }
 }
 
 std::string WorkerMetrics::Serialize() const {

@@ -21,9 +21,13 @@
 //   switchyard_worker_expert_tokens_mean{layer} the series count does not grow with E
 //   switchyard_worker_expert_load_imbalance{layer}   max / mean
 //   switchyard_worker_generation                the generation running (0 idle)
+//   switchyard_job_validation_loss              held-out loss of the last evaluation (every
+//   switchyard_job_validation_perplexity        training.eval_interval steps), and exp of it;
+//                                               named as deploy/prometheus/alerts.yml expects
 //
 // Every metric above exists on every backend from the start (the per-layer ones once a step
-// reported the layer), so dashboards and alerts see the same series on CPU and GPU workers.
+// reported the layer, the validation ones from the first evaluation: a 0 before it would read
+// as a perfect loss), so dashboards and alerts see the same series on CPU and GPU workers.
 // An idle worker reports no job's numbers: SetGeneration(0) (the generation ended: finished,
 // failed, stopped) sets every step gauge back to 0 and removes the per-layer series, and a
 // Record while idle (a late step of a generation already reported ended) is dropped.
@@ -96,9 +100,13 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>& expert_max_;
   prometheus::Family<prometheus::Gauge>& expert_mean_;
   prometheus::Family<prometheus::Gauge>& expert_imbalance_;
+  prometheus::Family<prometheus::Gauge>& validation_loss_;
+  prometheus::Family<prometheus::Gauge>& validation_perplexity_;
   absl::Mutex mu_;  // orders Record against SetGeneration's reset
   int64_t generation_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, Layer> layers_ ABSL_GUARDED_BY(mu_);
+  prometheus::Gauge* validation_loss_value_ ABSL_GUARDED_BY(mu_) = nullptr;  // null: none yet
+  prometheus::Gauge* validation_perplexity_value_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace switchyard::agent

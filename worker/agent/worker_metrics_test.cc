@@ -67,6 +67,42 @@ TEST(WorkerMetricsTest, ScrapeAnswersUnderSlowloris) {
               absl::ToDoubleMilliseconds(absl::Now() - start));
 }
 
+// Validation loss (issue 18 item 1): no series before the first evaluation (a 0 would read as a
+// perfect loss), the last evaluation's value between evaluations, gone when the generation ends.
+TEST(WorkerMetricsTest, ValidationLossFromTheFirstEvaluationUntilTheGenerationEnds) {
+  auto metrics = WorkerMetrics::Create("127.0.0.1", 0);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  httplib::Client client("127.0.0.1", (*metrics)->port());
+  auto scrape = [&] {
+    httplib::Result r = client.Get("/metrics");
+    EXPECT_TRUE(r);
+    return r ? r->body : std::string();
+  };
+  (*metrics)->SetGeneration(3);
+  v1::StepMetrics step;
+  step.set_step(9);
+  step.set_loss(3.0);
+  (*metrics)->Record(step);
+  std::string body = scrape();
+  EXPECT_FALSE(absl::StrContains(body, "switchyard_job_validation_loss ")) << body;
+  step.set_step(10);
+  step.set_validation_loss(2.75);
+  step.set_validation_perplexity(15.642632);
+  (*metrics)->Record(step);
+  step.set_step(11);  // a training step after it: the evaluation's value stays
+  step.clear_validation_loss();
+  step.clear_validation_perplexity();
+  (*metrics)->Record(step);
+  body = scrape();
+  EXPECT_TRUE(absl::StrContains(body, "switchyard_job_validation_loss 2.75")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "switchyard_job_validation_perplexity 15.642632")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "switchyard_worker_step 11")) << body;
+  (*metrics)->SetGeneration(0);
+  body = scrape();
+  EXPECT_FALSE(absl::StrContains(body, "switchyard_job_validation_loss ")) << body;
+  EXPECT_FALSE(absl::StrContains(body, "switchyard_job_validation_perplexity ")) << body;
+}
+
 TEST(WorkerMetricsTest, BadPortsAreRefused) {
   EXPECT_EQ(WorkerMetrics::Create("127.0.0.1", 70000).status().code(),
             absl::StatusCode::kInvalidArgument);
