@@ -362,7 +362,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   // Head: final norm, backward scratch, the fused LM-head loss, statistics, the batch.
   double head = tr * (3 * a * h + 2 * a * (hq + hkv) * d + st * (hq + 2)) + 4;
   if (dense_layers > 0 || m.num_moe_layers() < m.num_layers) head += tr * 3 * a * f;
-  if (last) {
+  {
+    // Every pipeline stage: GptModel::Build creates the fused LM-head loss on every stage,
+    // although only the last uses it (measured at PP2: the first stage holds it too).
     const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
     // The whole vocabulary on every TP rank (the engine's LM head is not vocab-parallel yet).
     const double chunk = std::max(1.0, std::min(tr, std::floor(budget / (v * 8))));
@@ -389,6 +391,13 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += st * z.m + r * z.m * n_moe * (m.moe_aux_terms + 1) + 4 * z.m * n_moe * e;
   head += 8 * n_moe * e;  // expert bias and local token counts
   head += 8 * t;          // ids and targets
+  if (z.pp > 1) {
+    // The trainer's pipeline receive buffers (a stage's input and its output's gradient,
+    // [t/TP, H]) and, with a tied embedding, the other end's embedding gradient [V, H] on the
+    // first and the last stage (Trainer::SumSharedEmbeddingGrad).
+    head += 2 * a * tr * h;
+    if (!m.untie_embeddings && (stage == 0 || last)) head += g * v * h;
+  }
   out.head_buffers = head;
 
   out.runtime =

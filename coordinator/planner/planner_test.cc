@@ -191,7 +191,8 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // + final norm 1024 -> P_d = 35,662,848; P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456.
   // Stage 0 (layer 0): P_d = 2,107,392 + embedding 33,554,432 = 35,661,824, same P_x.
   // t = 1024, TP 2: 512 tokens per rank. Stage 0 has 2 micro-batches in flight (min(PP - 0, m)),
-  // stage 1 one, but stage 1 is the larger (its LM head):
+  // stage 1 one; both hold the LM-head chunk (the engine creates it on every stage), so stage 0
+  // is the larger:
   //   layers: (residual 2*1024*2 + one layer 14,376 (case A)) = 18,472 * 512 = 9,457,664, x2.
   //   MoE layer: per token 2160 (case A) -> 1,105,920; send 1024 rows: 2*1024*1024 + 4*1024 +
   //   4*1024
@@ -203,33 +204,37 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //   head (no LM head on stage 0): 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 +
   //     embedding ws 4*(32769 + 32768 + 1024) = 266,244; stats 4*8 + 4*8*2*2 + 4*8*2*8 + 8*2*8 +
   //     8*1024 = 8,992; SP scratch 2 * 2*1024*1024 + 8*512 = 4,198,400 -> 12,882,728.
-  //   stage 0 activations = 18,915,328 + 53,646,512 + 12,882,728 = 85,444,568.
-  //   Stage 1 (reported): 9,457,664 + 26,823,256 + head 113,548,072 (with the 512-row LM-head
-  //   chunk of the whole V = 32,768 columns, 100,665,344, and the SP scratch of issue 13,
-  //   gathered input and partial sums 2 * 2*1024*1024 + ids/targets 8*512 = 4,198,400)
-  //   = 149,828,992.
-  // Stage 1: N = 35,662,848 + 6,291,456 = 41,954,304; weights 2N = 83,908,608; gradients 4N =
-  //   167,817,216.
-  // optimizer (distributed): 20 * (35,662,848 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 24,122,880 + 24,612 = 482,482,212. (A replicated optimizer,
-  //   12N + 8,204 = 503,459,852, would be more here.)
+  //   Every stage also holds the 512-row LM-head chunk of the whole V = 32,768 columns,
+  //   512*32768*6 + 4*512 = 100,665,344 (GptModel creates it on every stage), the pipeline
+  //   receive buffers 2 * 2*512*1024 = 2,097,152, and (tied embedding) the other end's
+  //   embedding gradient 4*32768*1024 = 134,217,728.
+  //   Stage 0 (reported) activations = 18,915,328 + 53,646,512 + 12,882,728 + 100,665,344 +
+  //   2,097,152 + 134,217,728 = 322,424,792.
+  //   Stage 1: 9,457,664 + 26,823,256 + head 113,548,072 (the chunk and the SP scratch of issue
+  //   13, gathered input and partial sums 2 * 2*1024*1024 + ids/targets 8*512 = 4,198,400)
+  //   + 2,097,152 + 134,217,728 = 286,143,872.
+  // Stage 0: N = 35,661,824 + 6,291,456 = 41,953,280; weights 2N = 83,906,560; gradients 4N =
+  //   167,813,120.
+  // optimizer (distributed): 20 * (35,661,824 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 24,122,368 + 24,612 = 482,471,972. (A replicated optimizer,
+  //   12N + 8,204 = 503,447,564, would be more here.)
   // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 83,908,608 + 167,817,216 + 482,482,212 + 149,828,992 + 8,187,281,408
-  //   = 9,071,318,436 (also the peak during Create, which holds no full copy; fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {83908608, 167817216, 482482212, 149828992, 9071318436.0});
+  // total = 83,906,560 + 167,813,120 + 482,471,972 + 322,424,792 + 8,187,281,408
+  //   = 9,243,897,852 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  ExpectMemory(plan->best().memory(), {83906560, 167813120, 482471972, 322424792, 9243897852.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
-  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 35,662,848 / 1e11
-  //   = 0.00142651392; EDP 1: none.
+  // DP (P_d of stage 0, the stage the memory estimate reports): 2 * 1/2 * 4 * 35,661,824 / 1e11
+  //   = 0.00142647296; EDP 1: none.
   // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
   //       = 0.01643630297088 / 8 = 0.00205453787136.
-  // total = 0.01643630297088 + 0.00142651392 + 0.00205453787136 = 0.01991735476224.
+  // total = 0.01643630297088 + 0.00142647296 + 0.00205453787136 = 0.01991731380224.
   ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00142651392, 0.00205453787136, 0.01991735476224});
+                                   0.00142647296, 0.00205453787136, 0.01991731380224});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -337,8 +342,8 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 0: 5,250,048 + 5,244,928 + embedding
   // 32768*1024 (whole) = 33,554,432 -> P_d = 44,049,408; P_x = 1,572,864. Stage 1: output +
   // final norm, P_d = 44,050,432, N = 45,623,296.
-  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight (before issue 13 it
-  // was the larger); with the whole-vocabulary LM head stage 1 is now the larger:
+  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight; both stages hold
+  // the LM-head chunk (the engine creates it on every stage), so stage 0 is the larger:
   //   layers: residual 2*1024*3 = 6144 + 2 * 14,376 (case A) + dense 3*2*2048 = 12,288
   //     -> 47,184 * 512 = 24,158,208, x2 = 48,316,416.
   //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert (whole)
@@ -352,17 +357,19 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   //     -> 45,187,352 (stage 0: x2 in flight).
   //   Stage 0 head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA
   //     ws 1,314,820 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP
-  //     scratch 2 * 2*1024*1024 + 8*512 = 4,198,400 -> 19,173,552. Stage 0 activations =
-  //     48,316,416 + 90,374,704 + 19,173,552 = 157,864,672.
-  //   Stage 1 (reported): layers 24,158,208 + MoE 45,187,352 + head 119,838,896 (stage 0's
-  //     19,173,552 + the LM-head chunk of 512 rows of the whole V, 512*32768*6 + 4*512 =
-  //     100,665,344) = 189,184,456.
-  // Stage 1: weights 2N = 91,246,592; gradients 4N = 182,493,184;
-  // optimizer 20 * (44,050,432 / 2 + 1,572,864 / 1) + 24,612 = 471,986,212.
+  //     scratch 2 * 2*1024*1024 + 8*512 = 4,198,400 -> 19,173,552; the LM-head chunk of 512
+  //     rows of the whole V, 512*32768*6 + 4*512 = 100,665,344, and the pipeline receive
+  //     buffers 2 * 2*512*1024 = 2,097,152 (both on every stage).
+  //   Stage 0 (reported) activations = 48,316,416 + 90,374,704 + 19,173,552 + 100,665,344 +
+  //     2,097,152 = 260,627,168.
+  //   Stage 1: layers 24,158,208 + MoE 45,187,352 + head 119,838,896 + 2,097,152 = 191,281,608.
+  // Stage 0: N = 44,049,408 + 1,572,864 = 45,622,272; weights 2N = 91,244,544; gradients 4N =
+  //   182,489,088;
+  // optimizer 20 * (44,049,408 / 2 + 1,572,864 / 1) + 24,612 = 471,975,972.
   // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 91,246,592 + 182,493,184 + 471,986,212 + 189,184,456 + 8,187,281,408
-  //       = 9,122,191,852.
-  ExpectMemory(plan->best().memory(), {91246592, 182493184, 471986212, 189184456, 9122191852.0});
+  // total = 91,244,544 + 182,489,088 + 471,975,972 + 260,627,168 + 8,187,281,408
+  //       = 9,193,618,180.
+  ExpectMemory(plan->best().memory(), {91244544, 182489088, 471975972, 260627168, 9193618180.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -372,13 +379,13 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
-  // DP (stage 1, reported by the memory estimate): 2 * 1/2 * 4 * 44,050,432 / 1e11 =
-  //   0.00176201728; EDP 1: none.
+  // DP (stage 0, reported by the memory estimate): 2 * 1/2 * 4 * 44,049,408 / 1e11 =
+  //   0.00176197632; EDP 1: none.
   // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
   //       = 0.00544215138304 / 2 = 0.00272107569152.
-  // total = 0.00544215138304 + 0.00176201728 + 0.00272107569152 = 0.00992524435456.
+  // total = 0.00544215138304 + 0.00176197632 + 0.00272107569152 = 0.00992520339456.
   ExpectTime(plan->best().time(), {0.00489689186304, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00176201728, 0.00272107569152, 0.00992524435456});
+                                   0.00176197632, 0.00272107569152, 0.00992520339456});
 }
 
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {
