@@ -314,12 +314,12 @@ TEST(MemoryEstimateTest, MoeTop2ExpertParallelAllToAllTwoRanks) {
 }
 
 // Issue 13's folds, each within 5 % on every rank. The estimate follows the engine's layout:
-// the embedding, LM head and shared expert whole on every TP rank, the SP scratch, the CP K/V
-// gather buffers, and the EP/ETP dispatcher at ETP > 1 (EstimateEngineMemory).
+// the vocabulary-parallel embedding and LM head (V/TP rows, the fused cross-entropy over the
+// whole micro-batch), the shared expert split over TP, the SP scratch, the CP K/V gather
+// buffers, and the EP/ETP dispatcher at ETP > 1 (EstimateEngineMemory).
 // 2 forked ranks over Gloo, TP = 2 with sequence parallelism (DP 1, EDP 2): the TP-split
-// attention and dense weights, the sequence-sharded activations, the SP scratch, and the
-// embedding / LM head / shared expert whole on every TP rank as the engine keeps them (the
-// estimate divided them by TP before issue 13 and measured 0.87 here at 15 %).
+// attention, dense and shared-expert weights, the vocabulary-parallel embedding / LM head, the
+// sequence-sharded activations and the SP scratch.
 TEST(MemoryEstimateTest, MoeTop2TensorParallelTwoRanks) {
   CheckRanks("MoE top-2 TP=2 over Gloo", 2, 1, 2, "", Fold{}, kFoldTolerance);
 }

@@ -218,6 +218,22 @@ void CheckModel(const v1::JobSpec& spec, Violations* v) {
       CheckDivisible(v, "model.ffn_hidden_size", m.ffn_hidden_size(),
                      "parallel.tensor_model_parallel_size", p.tp);
     }
+    // The embedding and the LM head are vocabulary-parallel (rank r holds rows [r·V/TP, ...),
+    // megatron_parallel.md §1.7-1.8). Megatron pads V to a multiple of
+    // make_vocab_size_divisible_by·TP; the spec has no such field (checkpoints keep [V, H]), so V
+    // itself must divide.
+    if (p.tp > 1 && m.vocab_size() > 0 && m.vocab_size() % p.tp != 0) {
+      v->Add("model.vocab_size (", m.vocab_size(),
+             ") must be divisible by parallel.tensor_model_parallel_size (", p.tp,
+             "): the embedding and the LM head are split over the TP ranks by vocabulary rows");
+    }
+    // The shared expert is split over TP like the dense MLP (fc1 column-, fc2 row-parallel).
+    if (p.tp > 1 && m.moe_shared_expert_intermediate_size() > 0 &&
+        m.moe_shared_expert_intermediate_size() % p.tp != 0) {
+      v->Add("model.moe_shared_expert_intermediate_size (", m.moe_shared_expert_intermediate_size(),
+             ") must be divisible by parallel.tensor_model_parallel_size (", p.tp,
+             "): the shared expert is split over the TP ranks like the dense MLP");
+    }
     // Sequence parallelism (on whenever TP > 1) gives every TP rank S / TP positions of each
     // sequence (megatron_parallel.md §0). With CP > 1 the 2·CP·TP rule (validate_parallel.cc)
     // covers it, so one bad seq_length gets one message.

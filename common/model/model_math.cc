@@ -214,19 +214,17 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
       s.dense += Align64(m.num_experts * h);  // router
       s.expert += Align64(local * h * 2 * fe) + Align64(local * fe * h);
       if (m.shared_ffn_size > 0) {
-        // Whole on every TP rank: the engine does not shard the shared expert yet
-        // (MoELayerTensors::ParamShapes). Divide by TP here when it does.
-        s.dense += Align64(h * 2 * m.shared_ffn_size) + Align64(m.shared_ffn_size * h);
+        // Split over TP like the dense MLP (fc1 [H, 2S/TP], fc2 [S/TP, H]); the gate is whole.
+        const int64_t ssh = m.shared_ffn_size / tp;
+        s.dense += Align64(h * 2 * ssh) + Align64(ssh * h);
         if (m.shared_expert_gate) s.dense += Align64(h);
       }
     } else {
       s.dense += Align64(2 * m.ffn_hidden_size / tp * h) + Align64(h * m.ffn_hidden_size / tp);
     }
   }
-  // The embedding and the output layer are whole on every TP rank (MakeGptParamLayout keeps
-  // them unsharded; the engine's logits are computed over the whole vocabulary). Divide by TP
-  // here when they become vocab-parallel.
-  const int64_t vocab = Align64(m.vocab_size * h);
+  // The embedding and the output layer are vocabulary-parallel: V/TP rows on every TP rank.
+  const int64_t vocab = Align64(m.vocab_size / tp * h);
   if (z.pp == 1) {
     s.dense += vocab * (m.untie_embeddings ? 2 : 1) + Align64(h);
   } else if (stage == 0) {
@@ -301,9 +299,11 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
     double per_token = 2 * r * e + (a == 2 ? 2 * e : 0) + 8 * k + 2 * r * k + a * h;
     if (m.moe_input_jitter) per_token += a * h;
     if (ssh > 0) {
-      // The shared expert is whole on every TP rank (see StageLayoutElements), on the rank's
-      // sequence shard.
+      // The shared expert: its output and dx on the rank's sequence shard (2H); fc1/SwiGLU and
+      // their gradients over the TP-gathered t = TP·tr tokens with S/TP units, i.e. 6S per
+      // shard token at any TP; at TP > 1 the gathered x and the partial sums, [t, H] each.
       per_token += a * (6 * ssh + 2 * h);
+      if (z.tp > 1) per_token += 2 * a * h * tp;
       if (m.shared_expert_gate) per_token += 2 * r + a * (2 * h + 1);
     }
     double bytes = tr * per_token;
@@ -362,24 +362,30 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   // Head: final norm, backward scratch, the fused LM-head loss, statistics, the batch.
   double head = tr * (3 * a * h + 2 * a * (hq + hkv) * d + st * (hq + 2)) + 4;
   if (dense_layers > 0 || m.num_moe_layers() < m.num_layers) head += tr * 3 * a * f;
+  // Vocabulary-parallel embedding and LM head: V/TP rows per TP rank, over the whole micro-batch
+  // (t tokens; tr == t without TP).
+  const double vl = v / tp;
   {
     // Every pipeline stage: GptModel::Build creates the fused LM-head loss on every stage,
     // although only the last uses it (measured at PP2: the first stage holds it too).
     const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
-    // The whole vocabulary on every TP rank (the engine's LM head is not vocab-parallel yet).
-    const double chunk = std::max(1.0, std::min(tr, std::floor(budget / (v * 8))));
-    head += o.cuda ? chunk * v * 6 + 4 * tr : chunk * v * 8;
+    const double chunk = std::max(1.0, std::min(t, std::floor(budget / (vl * 8))));
+    // Logits chunk (+ bf16 gradient on CUDA), per-token loss terms (CUDA), the vocabulary-
+    // parallel statistics 3·chunk, and the lse of all t tokens (tr of them counted above).
+    head += o.cuda ? chunk * vl * 6 + 4 * t + 3 * 4 * chunk : chunk * vl * 8 + 3 * 8 * chunk;
+    head += st * (t - tr);
   }
   if (o.cuda) {
     auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
     head += std::max(rms_ws(tr, h), rms_ws(tr * hq, d));  // RMSNorm backward
-    head += 4 * ((v + 1) + v + 2 * tr);                   // embedding backward
+    head += 4 * ((vl + 1) + vl + 2 * t);                  // embedding backward
   }
   if (z.tp > 1) {
     // Sequence parallelism's scratch (GptModel::Build): the all-gathered input and the partial
     // sums before the reduce-scatter, [t, H] each, a third [t, H] for the permuted rows when a
-    // micro-batch holds more than one sequence, and this rank's ids and targets (i32).
-    head += a * t * h * (z.mbs > 1 ? 3 : 2) + 8 * tr;
+    // micro-batch holds more than one sequence, and the micro-batch's ids mapped to this rank's
+    // vocabulary rows (i32 [t]).
+    head += a * t * h * (z.mbs > 1 ? 3 : 2) + 4 * t;
   }
   if (z.cp > 1) {
     // Context parallelism's K/V gather (GptModel::Build): the gathered rows, the whole K and V
@@ -393,10 +399,10 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += 8 * t;          // ids and targets
   if (z.pp > 1) {
     // The trainer's pipeline receive buffers (a stage's input and its output's gradient,
-    // [t/TP, H]) and, with a tied embedding, the other end's embedding gradient [V, H] on the
-    // first and the last stage (Trainer::SumSharedEmbeddingGrad).
+    // [t/TP, H]) and, with a tied embedding, the other end's embedding gradient [V/TP, H] on
+    // the first and the last stage (Trainer::SumSharedEmbeddingGrad).
     head += 2 * a * tr * h;
-    if (!m.untie_embeddings && (stage == 0 || last)) head += g * v * h;
+    if (!m.untie_embeddings && (stage == 0 || last)) head += g * vl * h;
   }
   out.head_buffers = head;
 

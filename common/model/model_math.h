@@ -103,16 +103,15 @@ double TrainingFlopsPerToken(const ModelShape& m);
 //
 // Elements of one rank's flat parameter buffer for pipeline stage `stage` (GptParamLayout of
 // worker/model/gpt_model.h): every tensor padded to 64 elements; attention and dense-MLP
-// matrices split by TP, experts E/EP per rank with Fe/ETP columns; norms, router, shared expert
-// (and its gate), embedding and output layer WHOLE on every TP rank, as MakeGptParamLayout keeps
-// them today (Megatron shards the shared expert and the vocabulary over TP: when the engine
-// does, this must divide them by TP again, and bench/memory_estimate_test will say so). Stage s
-// holds the layers common/model/pipeline_layout.h StageLayers gives it ([s·L/PP, (s+1)·L/PP)
-// without an uneven layout; StageLayerRange below); PP = 1: embedding + final norm (+ output when
-// untied); PP > 1: embedding on the first stage, final norm + output (or the tied copy) on the
-// last. `*_padded`: the regions as the layout pads them for the distributed optimizer (dense to
-// 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive and dividing the
-// model (as validate.h checks), 0 <= stage < PP.
+// matrices split by TP, experts E/EP per rank with Fe/ETP columns, the shared expert's fc1 / fc2
+// split by TP like the dense MLP, embedding and output layer V/TP vocabulary rows per TP rank
+// (vocabulary-parallel, as MakeGptParamLayout); norms, router and the shared-expert gate WHOLE on
+// every TP rank. Stage s holds the layers common/model/pipeline_layout.h StageLayers gives it
+// ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerRange below); PP = 1: embedding +
+// final norm (+ output when untied); PP > 1: embedding on the first stage, final norm + output (or
+// the tied copy) on the last. `*_padded`: the regions as the layout pads them for the distributed
+// optimizer (dense to 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive
+// and dividing the model (as validate.h checks), 0 <= stage < PP.
 struct StageParamElements {
   int64_t dense = 0, expert = 0;
   int64_t dense_padded = 0, expert_padded = 0;
@@ -171,7 +170,9 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //   MoE buffers, per MoE layer (MoELayer, its dispatcher, its grouped GEMM), per token: logits
 //               and dlogits 2r·E, bf16 dlogits 2E (a = 2), topk/selected indices 8k, topk probs
 //               and their gradient 2r·k, dx a·H, input jitter a·H; shared expert a·(6Ssh + 2H)
-//               (+ gate 2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs and their
+//               (fc1/SwiGLU over the TP-gathered tokens with Ssh/TP units: the same 6Ssh per
+//               shard token) + at TP > 1 its gathered x and partial sums 2a·H·TP (+ gate
+//               2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs and their
 //               gradients 6a·R·Fe/ETP; the dispatcher:
 //                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
 //                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
@@ -194,17 +195,19 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
 //               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
-//               LM-head cross-entropy's logits chunk (c = min(t, budget / 8V) rows, budget
-//               512 MiB CUDA / 64 MiB CPU; the whole V on every TP rank, and on every pipeline
-//               stage: the engine creates it on every stage, only the last uses it)
-//               c·V·(4 + 2) on CUDA (fp32 logits + bf16 gradient) + 4t, c·V·8 on the CPU; CUDA
-//               RMSNorm and embedding backward workspaces; statistics slots per micro-batch; ids
-//               and targets 8t. TP > 1: the SP scratch, gathered input and partial sums a·t·H each
-//               (+ a permuted copy a·t·H when mbs > 1) and the rank's ids and targets 8t/TP. CP >
-//               1: the K/V gather buffers, 5 of mbs·S rows (gathered, whole K, V, dK, dV) and 2 of
-//               S rows (partial dK, dV), each row a·(Hkv/TP)·D. PP > 1: the pipeline receive
-//               buffers 2a·t·H/TP, and with a tied embedding on the first and the last stage the
-//               other stage's embedding gradient g·V·H.
+//               vocabulary-parallel LM-head cross-entropy over the whole micro-batch (t tokens,
+//               Vl = V/TP rows; on every pipeline stage: the engine creates it on every stage,
+//               only the last uses it): its logits chunk (c = min(t, budget / 8Vl) rows, budget
+//               512 MiB CUDA / 64 MiB CPU) c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16
+//               gradient, loss terms, TP statistics), c·Vl·8 + 24c on the CPU, the lse of t
+//               tokens; CUDA RMSNorm and embedding backward (t, Vl) workspaces; statistics slots
+//               per micro-batch; ids and targets 8t. TP > 1: the SP scratch, gathered input and
+//               partial sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids
+//               mapped to this rank's vocabulary rows 4t.
+//               CP > 1: the K/V gather buffers, 5 of mbs·S rows (gathered, whole K, V, dK, dV)
+//               and 2 of S rows (partial dK, dV), each row a·(Hkv/TP)·D. PP > 1: the pipeline
+//               receive buffers 2a·t·H/TP, and with a tied embedding on the first and the last
+//               stage the other stage's embedding gradient g·Vl·H.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards

@@ -106,6 +106,56 @@ TEST(ModelMathTest, StageLayersFollowThePipelineLayout) {
             << ", first 1: " << first.dense << " | " << last.dense << "\n";
 }
 
+// One rank's flat layout at TP1 and TP2 (StageLayoutElements, the engine's GptParamLayout):
+// attention, dense MLP, the shared expert (fc1 columns, fc2 rows) and the vocabulary-parallel
+// embedding / output are divided by TP; norms, router and the shared-expert gate are whole.
+TEST(ModelMathTest, TensorParallelLayoutShardsVocabularyAndSharedExpert) {
+  v1::ModelConfig m;
+  m.set_num_layers(4);
+  m.set_hidden_size(16);
+  m.set_num_attention_heads(4);  // D = 4, Hkv = 4
+  m.set_ffn_hidden_size(32);
+  m.set_vocab_size(128);
+  m.set_seq_length(8);
+  m.set_num_experts(4);
+  m.set_moe_ffn_hidden_size(8);
+  m.set_moe_router_topk(2);
+  m.set_moe_shared_expert_intermediate_size(8);
+  m.set_moe_shared_expert_gate(true);
+  m.set_moe_layer_freq(2);  // layers 0 and 2 are MoE
+  m.set_qk_layernorm(true);
+  m.set_untie_embeddings_and_output_weights(true);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto mapping = [](int tp) {
+    v1::Mapping p;
+    p.set_tensor_model_parallel_size(tp);
+    p.set_context_parallel_size(1);
+    p.set_data_parallel_size(1);
+    p.set_pipeline_model_parallel_size(1);
+    p.set_expert_tensor_parallel_size(1);
+    p.set_expert_model_parallel_size(1);
+    p.set_expert_data_parallel_size(tp);
+    p.set_micro_batch_size(1);
+    p.set_num_micro_batches(1);
+    return p;
+  };
+  // Every tensor 64-aligned. TP1: per layer norms 2*64 + QK-norms 2*64 + q, o 2*256 + k, v 2*256
+  // = 1280 (x4 = 5120); MoE layer router 64 + shared fc1 256 + fc2 128 + gate 64 = 512 (x2);
+  // dense MLP 1024 + 512 = 1536 (x2); embedding + output 2*2048 + final norm 64 = 4160.
+  // dense = 5120 + 1024 + 3072 + 4160 = 13,376; experts 2 * (1024 + 512) = 3072.
+  const StageParamElements one = StageLayoutElements(*s, mapping(1), 0);
+  EXPECT_EQ(one.dense, 13376);
+  EXPECT_EQ(one.expert, 3072);
+  // TP2: per layer 128 + 128 + q, o 2*128 + k, v 2*128 = 768 (x4 = 3072); MoE layer router 64 +
+  // shared fc1 [16, 2*4] 128 + fc2 [4, 16] 64 + gate 64 = 320 (x2); dense MLP 512 + 256 = 768
+  // (x2); embedding + output 2 * (128/2 * 16 = 1024) + 64 = 2112.
+  // dense = 3072 + 640 + 1536 + 2112 = 7360; experts (EP 1) unchanged.
+  const StageParamElements two = StageLayoutElements(*s, mapping(2), 0);
+  EXPECT_EQ(two.dense, 7360);
+  EXPECT_EQ(two.expert, 3072);
+}
+
 TEST(ModelMathTest, MissingOrBadFieldsNameTheField) {
   v1::ModelConfig m;
   m.set_num_attention_heads(2);

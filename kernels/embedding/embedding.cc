@@ -129,4 +129,112 @@ absl::Status EmbeddingBackward(const Stream& stream, const Tensor& ids, const Te
   return absl::OkStatus();
 }
 
+namespace {
+
+// The vocabulary-parallel ops' shared checks and the local-id map (see embedding.h).
+absl::Status LocalIds(const Stream& stream, const Tensor& ids, int64_t vocab_start,
+                      int64_t local_vocab, int64_t vocab_size, const Tensor& local_ids,
+                      absl::string_view op) {
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&ids, &local_ids}));
+  SY_RETURN_IF_ERROR(CheckIds(ids, op));
+  SY_RETURN_IF_ERROR(CheckIds(local_ids, op));
+  if (local_ids.numel() != ids.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": local_ids ", local_ids.DebugString(),
+                                                   " must have the shape of ids ",
+                                                   ids.DebugString()));
+  }
+  if (vocab_start < 0 || local_vocab < 0 || vocab_start + local_vocab > vocab_size ||
+      vocab_size > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the vocabulary slice [", vocab_start, ", ", vocab_start + local_vocab,
+                     ") must lie inside [0, ", vocab_size, ") (vocab_size <= INT32_MAX)"));
+  }
+  if (stream.is_cuda()) {
+    return internal::LocalVocabIdsCuda(stream, ids, vocab_start, local_vocab, local_ids);
+  }
+  SY_RETURN_IF_ERROR(CheckIdRange(ids, vocab_size, op));
+  const int32_t* id = ids.as<int32_t>();
+  int32_t* local = local_ids.as<int32_t>();
+  for (int64_t t = 0; t < ids.numel(); ++t) {
+    const int64_t l = static_cast<int64_t>(id[t]) - vocab_start;
+    local[t] = l >= 0 && l < local_vocab ? static_cast<int32_t>(l) : -1;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status VocabShardEmbeddingForward(const Stream& stream, const Tensor& ids,
+                                        const Tensor& table, int64_t vocab_start,
+                                        int64_t vocab_size, const Tensor& local_ids,
+                                        const Tensor& out) {
+  constexpr absl::string_view kOp = "VocabShardEmbeddingForward";
+  if (table.rank() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": table must be [V_l, H], got ", table.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(LocalIds(stream, ids, vocab_start, table.dim(0), vocab_size, local_ids, kOp));
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&table, &out}));
+  SY_RETURN_IF_ERROR(CheckFloat(stream, kOp, {&table, &out}));
+  if (out.rank() != 2 || out.dim(0) != ids.dim(0) || out.dim(1) != table.dim(1) ||
+      out.dtype != table.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": expected out [T, H] of table's dtype with T = ", ids.dim(0),
+                     ", got table ", table.DebugString(), ", out ", out.DebugString()));
+  }
+  // CUDA: the plain lookup writes a zero row for the −1 entries.
+  if (stream.is_cuda()) return internal::EmbeddingForwardCuda(stream, local_ids, table, out);
+  const int64_t t_n = out.dim(0), h_n = out.dim(1);
+  const int32_t* local = local_ids.as<int32_t>();
+  for (int64_t t = 0; t < t_n; ++t) {
+    for (int64_t h = 0; h < h_n; ++h) {
+      StoreFromDouble(out, t * h_n + h,
+                      local[t] < 0 ? 0.0 : LoadAsDouble(table, local[t] * h_n + h));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VocabShardEmbeddingBackward(const Stream& stream, const Tensor& ids,
+                                         const Tensor& dout, const Tensor& dtable,
+                                         int64_t vocab_start, int64_t vocab_size,
+                                         const Tensor& local_ids, bool accumulate,
+                                         const Tensor& workspace) {
+  constexpr absl::string_view kOp = "VocabShardEmbeddingBackward";
+  if (dtable.rank() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": dtable must be [V_l, H], got ", dtable.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(LocalIds(stream, ids, vocab_start, dtable.dim(0), vocab_size, local_ids, kOp));
+  if (stream.is_cuda()) {
+    // The plain backward drops the −1 tokens (no gradient).
+    return EmbeddingBackward(stream, local_ids, dout, dtable, accumulate, workspace);
+  }
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&dout, &dtable}));
+  SY_RETURN_IF_ERROR(CheckFloat(stream, kOp, {&dout, &dtable}));
+  if (dout.rank() != 2 || dout.dim(0) != ids.dim(0) || dout.dim(1) != dtable.dim(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": expected dout [T, H] with T = ", ids.dim(0), ", got dout ",
+                     dout.DebugString(), ", dtable ", dtable.DebugString()));
+  }
+  // The tokens this rank owns, in ascending order, per local row: the same fp64 row sums as
+  // EmbeddingBackward's (and one process's for these rows).
+  const int64_t t_n = dout.dim(0), v_n = dtable.dim(0), h_n = dout.dim(1);
+  const int32_t* local = local_ids.as<int32_t>();
+  std::vector<std::vector<int64_t>> tokens(v_n);
+  for (int64_t t = 0; t < t_n; ++t) {
+    if (local[t] >= 0) tokens[local[t]].push_back(t);
+  }
+  std::vector<double> row(h_n);
+  for (int64_t v = 0; v < v_n; ++v) {
+    if (tokens[v].empty() && accumulate) continue;
+    for (int64_t h = 0; h < h_n; ++h) row[h] = accumulate ? LoadAsDouble(dtable, v * h_n + h) : 0;
+    for (int64_t t : tokens[v]) {
+      for (int64_t h = 0; h < h_n; ++h) row[h] += LoadAsDouble(dout, t * h_n + h);
+    }
+    for (int64_t h = 0; h < h_n; ++h) StoreFromDouble(dtable, v * h_n + h, row[h]);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace switchyard::kernels

@@ -167,7 +167,27 @@ absl::Status LaunchReduce(const Stream& stream, const Tensor& dout, const int32_
   return absl::OkStatus();
 }
 
+__global__ void LocalVocabIdsKernel(const int32_t* __restrict__ ids, int32_t* __restrict__ local,
+                                    int64_t t_n, int64_t start, int64_t local_vocab) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < t_n;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = static_cast<int64_t>(ids[t]) - start;
+    local[t] = l >= 0 && l < local_vocab ? static_cast<int32_t>(l) : -1;
+  }
+}
+
 }  // namespace
+
+absl::Status LocalVocabIdsCuda(const Stream& stream, const Tensor& ids, int64_t vocab_start,
+                               int64_t local_vocab, const Tensor& local_ids) {
+  const int64_t t_n = ids.numel();
+  if (t_n == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  LocalVocabIdsKernel<<<Blocks(t_n, kTokenThreads, 1 << 16), kTokenThreads, 0, S(stream)>>>(
+      ids.as<int32_t>(), local_ids.as<int32_t>(), t_n, vocab_start, local_vocab);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(LocalVocabIdsKernel);
+  return absl::OkStatus();
+}
 
 absl::Status EmbeddingForwardCuda(const Stream& stream, const Tensor& ids, const Tensor& table,
                                   const Tensor& out) {

@@ -22,6 +22,15 @@
 // both ops are graph-capturable. Cost of the rank step: sum over ids of count(id)^2 L2-cached
 // int reads, spread over T threads (8192 tokens of one id: 67M reads); fine for training
 // batches, slow for a huge batch dominated by a single id.
+//
+// Vocabulary-parallel lookup (tensor parallelism, megatron_parallel.md §1.7, Megatron's
+// VocabParallelEmbedding): the table is this TP rank's rows [vocab_start, vocab_start + V_l) of a
+// vocabulary of vocab_size; a token whose id another rank owns gets a zero row in the forward
+// and contributes no gradient in the backward (the caller sums the ranks' rows: all-reduce or
+// reduce-scatter over TP). Both ops first map ids to local rows (id − vocab_start, −1 when not
+// owned) in a caller-given scratch, then run the plain lookup / backward, whose CUDA paths
+// already treat −1 as "zero row / no gradient"; the CPU path masks explicitly and still rejects
+// ids outside the WHOLE vocabulary [0, vocab_size).
 #ifndef SWITCHYARD_KERNELS_EMBEDDING_EMBEDDING_H_
 #define SWITCHYARD_KERNELS_EMBEDDING_EMBEDDING_H_
 
@@ -52,7 +61,27 @@ int64_t EmbeddingBackwardWorkspaceBytes(int64_t num_tokens, int64_t vocab);
 absl::Status EmbeddingBackward(const Stream& stream, const Tensor& ids, const Tensor& dout,
                                const Tensor& dtable, bool accumulate, const Tensor& workspace);
 
+// out[t] = table[ids[t] − vocab_start] for ids in [vocab_start, vocab_start + V_l), else 0.
+//   ids [T] i32 (whole-vocabulary ids); table [V_l, H] (this rank's rows); out [T, H];
+//   local_ids [T] i32 scratch (overwritten with the local row or −1). The slice must lie inside
+//   [0, vocab_size).
+absl::Status VocabShardEmbeddingForward(const Stream& stream, const Tensor& ids,
+                                        const Tensor& table, int64_t vocab_start,
+                                        int64_t vocab_size, const Tensor& local_ids,
+                                        const Tensor& out);
+// Backward of VocabShardEmbeddingForward: dtable [V_l, H] gets the rows of the ids this rank
+// owns, summed in ascending token order (as EmbeddingBackward); the other tokens are skipped.
+// workspace as EmbeddingBackward's for (T, V_l).
+absl::Status VocabShardEmbeddingBackward(const Stream& stream, const Tensor& ids,
+                                         const Tensor& dout, const Tensor& dtable,
+                                         int64_t vocab_start, int64_t vocab_size,
+                                         const Tensor& local_ids, bool accumulate,
+                                         const Tensor& workspace);
+
 namespace internal {
+// local[t] = ids[t] − vocab_start if in [0, local_vocab), else −1.
+absl::Status LocalVocabIdsCuda(const Stream& stream, const Tensor& ids, int64_t vocab_start,
+                               int64_t local_vocab, const Tensor& local_ids);
 absl::Status EmbeddingForwardCuda(const Stream& stream, const Tensor& ids, const Tensor& table,
                                   const Tensor& out);
 absl::Status EmbeddingBackwardCuda(const Stream& stream, const Tensor& ids, const Tensor& dout,

@@ -1,5 +1,6 @@
 // CPU embedding lookup against naive loops; the backward as the fp64 adjoint of the forward;
-// repeated and unused ids, T = 1, and argument errors.
+// repeated and unused ids, T = 1, and argument errors; the vocabulary-parallel lookup and
+// backward at TP = 1, 2, 4 against the whole table (rows summed over the ranks).
 #include "kernels/embedding/embedding.h"
 
 #include <gtest/gtest.h>
@@ -195,6 +196,75 @@ TEST(EmbeddingTest, RejectsInvalidIdsAndShapes) {
 TEST(EmbeddingTest, WorkspaceBytes) {
   EXPECT_EQ(EmbeddingBackwardWorkspaceBytes(0, 0), 4);
   EXPECT_EQ(EmbeddingBackwardWorkspaceBytes(8192, 151936), 4 * (151937 + 151936 + 2 * 8192));
+}
+
+// Every TP rank's VocabShard lookup summed over the ranks is the whole-table lookup (exactly:
+// one non-zero term per element); each rank's backward rows are the whole backward's rows.
+TEST(EmbeddingTest, VocabShardMatchesWholeTable) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int tp : {1, 2, 4}) {
+    const int64_t t_n = 41, v_n = 24, h_n = 5, vl = v_n / tp;
+    std::vector<int32_t> ids = Ids(t_n, v_n, rng);
+    ids[0] = 0;
+    ids[1] = static_cast<int32_t>(v_n - 1);
+    const std::vector<double> table = Normal(v_n * h_n, rng);
+    const std::vector<double> dout = Normal(t_n * h_n, rng);
+    const std::vector<double> init = Normal(v_n * h_n, rng);
+    std::vector<double> whole(t_n * h_n, NAN), dwhole = init;
+    ASSERT_TRUE(
+        EmbeddingForward(Stream::Cpu(), View(ids, DType::kI32, {t_n}),
+                         View(const_cast<std::vector<double>&>(table), DType::kF64, {v_n, h_n}),
+                         View(whole, DType::kF64, {t_n, h_n}))
+            .ok());
+    ASSERT_TRUE(
+        EmbeddingBackward(Stream::Cpu(), View(ids, DType::kI32, {t_n}),
+                          View(const_cast<std::vector<double>&>(dout), DType::kF64, {t_n, h_n}),
+                          View(dwhole, DType::kF64, {v_n, h_n}), true, kNoWorkspace)
+            .ok());
+    std::vector<double> sum(t_n * h_n, 0.0);
+    for (int r = 0; r < tp; ++r) {
+      std::vector<double> slice(table.begin() + r * vl * h_n, table.begin() + (r + 1) * vl * h_n);
+      std::vector<double> out(t_n * h_n, NAN),
+          dslice(init.begin() + r * vl * h_n, init.begin() + (r + 1) * vl * h_n);
+      std::vector<int32_t> local(t_n, 77);
+      ASSERT_TRUE(VocabShardEmbeddingForward(Stream::Cpu(), View(ids, DType::kI32, {t_n}),
+                                             View(slice, DType::kF64, {vl, h_n}), r * vl, v_n,
+                                             View(local, DType::kI32, {t_n}),
+                                             View(out, DType::kF64, {t_n, h_n}))
+                      .ok());
+      for (int64_t t = 0; t < t_n; ++t) {
+        const bool mine = ids[t] >= r * vl && ids[t] < (r + 1) * vl;
+        ASSERT_EQ(local[t], mine ? ids[t] - r * vl : -1) << t;
+        for (int64_t h = 0; h < h_n; ++h) {
+          if (!mine) ASSERT_EQ(out[t * h_n + h], 0.0) << "rank " << r << " token " << t;
+          sum[t * h_n + h] += out[t * h_n + h];
+        }
+      }
+      ASSERT_TRUE(VocabShardEmbeddingBackward(
+                      Stream::Cpu(), View(ids, DType::kI32, {t_n}),
+                      View(const_cast<std::vector<double>&>(dout), DType::kF64, {t_n, h_n}),
+                      View(dslice, DType::kF64, {vl, h_n}), r * vl, v_n,
+                      View(local, DType::kI32, {t_n}), true, kNoWorkspace)
+                      .ok());
+      for (int64_t i = 0; i < vl * h_n; ++i) {
+        ASSERT_EQ(dslice[i], dwhole[r * vl * h_n + i]) << "tp " << tp << " rank " << r << " " << i;
+      }
+    }
+    EXPECT_EQ(sum, whole) << "tp " << tp;
+  }
+  // Errors: an id outside the whole vocabulary, a slice outside it, local_ids of another length.
+  std::vector<int32_t> ids = {0, 7, 8}, local(3);
+  std::vector<double> slice(4 * 2), out(3 * 2);
+  auto fwd = [&](int64_t start, int64_t vocab, int64_t n_local) {
+    return VocabShardEmbeddingForward(
+               Stream::Cpu(), View(ids, DType::kI32, {3}), View(slice, DType::kF64, {4, 2}), start,
+               vocab, View(local, DType::kI32, {n_local}), View(out, DType::kF64, {3, 2}))
+        .code();
+  };
+  EXPECT_EQ(fwd(4, 9, 3), absl::StatusCode::kOk);
+  EXPECT_EQ(fwd(4, 8, 3), absl::StatusCode::kInvalidArgument);  // id 8 outside [0, 8)
+  EXPECT_EQ(fwd(6, 9, 3), absl::StatusCode::kInvalidArgument);  // [6, 10) not inside [0, 9)
+  EXPECT_EQ(fwd(4, 9, 2), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

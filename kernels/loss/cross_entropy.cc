@@ -149,15 +149,18 @@ absl::StatusOr<std::unique_ptr<FusedLinearCrossEntropy>> FusedLinearCrossEntropy
     SY_ASSIGN_OR_RETURN(plan->logits_, Buffer::ForTensor(DType::kF32, {chunk, vocab}, device));
     SY_ASSIGN_OR_RETURN(plan->grad_bf16_, Buffer::ForTensor(DType::kBF16, {chunk, vocab}, device));
     SY_ASSIGN_OR_RETURN(plan->row_loss_, Buffer::ForTensor(DType::kF32, {max_tokens}, device));
+    SY_ASSIGN_OR_RETURN(plan->vp_stats_, Buffer::ForTensor(DType::kF32, {3 * chunk}, device));
   } else {
     SY_ASSIGN_OR_RETURN(plan->logits_, Buffer::ForTensor(DType::kF64, {chunk, vocab}, device));
+    SY_ASSIGN_OR_RETURN(plan->vp_stats_, Buffer::ForTensor(DType::kF64, {3 * chunk}, device));
   }
   return plan;
 }
 
 absl::Status FusedLinearCrossEntropy::Check(const Stream& stream, const Tensor& h, const Tensor& w,
                                             const Tensor& targets, const Tensor& lse,
-                                            absl::string_view op) const {
+                                            absl::string_view op, int64_t target_vocab) const {
+  if (target_vocab < 0) target_vocab = vocab_;
   if (stream.device != device_) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": plan was created for ",
                                                    device_.ToString(), ", stream is on ",
@@ -184,9 +187,9 @@ absl::Status FusedLinearCrossEntropy::Check(const Stream& stream, const Tensor& 
   if (!stream.is_cuda()) {
     const int32_t* tg = targets.as<int32_t>();
     for (int64_t t = 0; t < t_n; ++t) {
-      if (tg[t] != kIgnoreTarget && (tg[t] < 0 || tg[t] >= vocab_)) {
-        return absl::InvalidArgumentError(absl::StrCat(op, ": targets[", t, "] = ", tg[t],
-                                                       " is outside [0, ", vocab_, ") and not -1"));
+      if (tg[t] != kIgnoreTarget && (tg[t] < 0 || tg[t] >= target_vocab)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op, ": targets[", t, "] = ", tg[t], " is outside [0, ", target_vocab, ") and not -1"));
       }
     }
   }
@@ -256,6 +259,136 @@ absl::Status FusedLinearCrossEntropy::ForwardBackward(const Stream& stream, cons
   // The CPU reference: literally Forward then Backward.
   SY_RETURN_IF_ERROR(ForwardCpu(h, w, targets, loss_sum, num_valid, lse));
   return BackwardCpu(h, w, targets, lse, dloss, dh, dw);
+}
+
+absl::Status FusedLinearCrossEntropy::CheckShard(const VocabShard& shard,
+                                                 absl::string_view op) const {
+  if (shard.start < 0 || shard.vocab_size < vocab_ || shard.start > shard.vocab_size - vocab_ ||
+      shard.vocab_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the vocabulary slice [", shard.start, ", ", shard.start + vocab_,
+                     ") must lie inside the whole vocabulary [0, ", shard.vocab_size, ")"));
+  }
+  if (!shard.all_reduce) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": VocabShard.all_reduce must be set (the TP all-reduce)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FusedLinearCrossEntropy::VocabParallelForward(const Stream& stream, const Tensor& h,
+                                                           const Tensor& w, const Tensor& targets,
+                                                           const VocabShard& shard,
+                                                           const Tensor& loss_sum,
+                                                           const Tensor& num_valid,
+                                                           const Tensor& lse) const {
+  constexpr absl::string_view kOp = "FusedLinearCrossEntropy::VocabParallelForward";
+  // Targets index the whole vocabulary: Check validates them against it.
+  SY_RETURN_IF_ERROR(CheckShard(shard, kOp));
+  SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp, shard.vocab_size));
+  SY_RETURN_IF_ERROR(CheckLossOutputs(stream, loss_sum, num_valid, lse, kOp));
+  return RunVocabParallel(stream, h, w, targets, shard, false, 0.0f, loss_sum, num_valid, lse,
+                          Tensor(), Tensor());
+}
+
+absl::Status FusedLinearCrossEntropy::VocabParallelForwardBackward(
+    const Stream& stream, const Tensor& h, const Tensor& w, const Tensor& targets,
+    const VocabShard& shard, float dloss, const Tensor& loss_sum, const Tensor& num_valid,
+    const Tensor& lse, const Tensor& dh, const Tensor& dw) const {
+  constexpr absl::string_view kOp = "FusedLinearCrossEntropy::VocabParallelForwardBackward";
+  SY_RETURN_IF_ERROR(CheckShard(shard, kOp));
+  SY_RETURN_IF_ERROR(Check(stream, h, w, targets, lse, kOp, shard.vocab_size));
+  SY_RETURN_IF_ERROR(CheckLossOutputs(stream, loss_sum, num_valid, lse, kOp));
+  SY_RETURN_IF_ERROR(CheckGradOutputs(stream, h, w, dh, dw, kOp));
+  return RunVocabParallel(stream, h, w, targets, shard, true, dloss, loss_sum, num_valid, lse, dh,
+                          dw);
+}
+
+absl::Status FusedLinearCrossEntropy::RunVocabParallel(const Stream& stream, const Tensor& h,
+                                                       const Tensor& w, const Tensor& targets,
+                                                       const VocabShard& shard, bool with_grad,
+                                                       float dloss, const Tensor& loss_sum,
+                                                       const Tensor& num_valid, const Tensor& lse,
+                                                       const Tensor& dh, const Tensor& dw) const {
+  const int64_t t_n = h.dim(0), v_n = vocab_, start = shard.start;
+  const int32_t* tg = targets.as<int32_t>();
+  const DType sdt = vp_stats_.View().dtype;
+  char* st = static_cast<char*>(vp_stats_.data());
+  double loss = 0;
+  int32_t valid = 0;
+  for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
+    const int64_t rows = std::min(chunk_, t_n - t0);
+    // [rows] maxima, then [rows, 2] (sum-exp, target logit) right after them.
+    const Tensor row_max(sdt, {rows}, device_, st);
+    const Tensor stats(sdt, {2 * rows}, device_, st + rows * DTypeSize(sdt));
+    if (stream.is_cuda()) {
+      const Tensor z(DType::kF32, {rows, v_n}, device_, logits_.data());
+      const Tensor hc = Rows(h, t0, rows);
+      SY_RETURN_IF_ERROR(Gemm(stream, hc, false, w, true, z));
+      SY_RETURN_IF_ERROR(
+          internal::VpRowMaxCuda(stream, z.as<float>(), rows, v_n, row_max.as<float>()));
+      SY_RETURN_IF_ERROR(shard.all_reduce(row_max, /*max=*/true));
+      SY_RETURN_IF_ERROR(internal::VpRowSumCuda(stream, z.as<float>(), rows, v_n, tg + t0, start,
+                                                row_max.as<float>(), stats.as<float>()));
+      SY_RETURN_IF_ERROR(shard.all_reduce(stats, /*max=*/false));
+      SY_RETURN_IF_ERROR(internal::VpFinishCuda(
+          stream, rows, tg + t0, shard.vocab_size, row_max.as<float>(), stats.as<float>(),
+          lse.as<float>() + t0, row_loss_.View().as<float>() + t0));
+      if (!with_grad) continue;
+      void* g_data = w.dtype == DType::kBF16 ? grad_bf16_.data() : logits_.data();
+      SY_RETURN_IF_ERROR(internal::SoftmaxGradRowsCuda(stream, z.as<float>(), rows, v_n, tg + t0,
+                                                       lse.as<float>() + t0, dloss, g_data, w.dtype,
+                                                       start));
+      const Tensor g(w.dtype, {rows, v_n}, device_, g_data);
+      SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, Rows(dh, t0, rows)));
+      SY_RETURN_IF_ERROR(Gemm(stream, g, true, hc, false, dw, 1.0f, 1.0f));
+      continue;
+    }
+    // The CPU reference: the same steps in fp64.
+    double* z = static_cast<double*>(logits_.data());
+    double* m = row_max.as<double>();
+    double* sp = stats.as<double>();
+    Logits(h, w, t0, rows, z);
+    for (int64_t r = 0; r < rows; ++r) m[r] = *std::max_element(z + r * v_n, z + (r + 1) * v_n);
+    SY_RETURN_IF_ERROR(shard.all_reduce(row_max, /*max=*/true));
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* zr = z + r * v_n;
+      double s = 0;
+      for (int64_t v = 0; v < v_n; ++v) s += std::exp(zr[v] - m[r]);
+      const int64_t local = static_cast<int64_t>(tg[t0 + r]) - start;
+      sp[2 * r] = s;
+      sp[2 * r + 1] = tg[t0 + r] != kIgnoreTarget && local >= 0 && local < v_n ? zr[local] : 0.0;
+    }
+    SY_RETURN_IF_ERROR(shard.all_reduce(stats, /*max=*/false));
+    for (int64_t r = 0; r < rows; ++r) {
+      const double row_lse = m[r] + std::log(sp[2 * r]);
+      StoreFromDouble(lse, t0 + r, row_lse);
+      if (tg[t0 + r] != kIgnoreTarget) {
+        loss += row_lse - sp[2 * r + 1];
+        ++valid;
+      }
+    }
+    if (!with_grad) continue;
+    for (int64_t r = 0; r < rows; ++r) {
+      double* zr = z + r * v_n;
+      const int32_t target = tg[t0 + r];
+      const int64_t local = static_cast<int64_t>(target) - start;
+      const double row_lse = LoadAsDouble(lse, t0 + r);
+      for (int64_t v = 0; v < v_n; ++v) {
+        zr[v] = target == kIgnoreTarget
+                    ? 0.0
+                    : dloss * (std::exp(zr[v] - row_lse) - (v == local ? 1.0 : 0.0));
+      }
+    }
+    GradChunk(h, w, z, t0, rows, dh, dw);
+  }
+  if (stream.is_cuda()) {
+    return internal::ReduceLossCuda(stream, row_loss_.View().as<float>(), tg, t_n,
+                                    loss_sum.as<float>(), num_valid.as<int32_t>());
+  }
+  StoreFromDouble(loss_sum, 0, loss);
+  num_valid.as<int32_t>()[0] = valid;
+  return absl::OkStatus();
 }
 
 absl::Status FusedLinearCrossEntropy::ForwardCpu(const Tensor& h, const Tensor& w,

@@ -73,15 +73,19 @@ __global__ void CrossEntropyRowsKernel(const float* logits, int64_t vocab, const
 }
 
 __global__ void SoftmaxGradRowsKernel(float* logits, int64_t vocab, const int32_t* targets,
-                                      const float* lse, float dloss, void* grad, bool bf16) {
+                                      const float* lse, float dloss, void* grad, bool bf16,
+                                      int64_t vocab_start) {
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
+  // The target's local column (vocabulary-parallel: may lie outside this rank's [0, vocab), then
+  // no column matches; an ignored target never matches either, it is tested first).
+  const int64_t t_local = static_cast<int64_t>(t) - vocab_start;
   const float row_lse = lse[row];
   float* z = logits + row * vocab;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kGradThreads;
   for (int64_t v = blockIdx.y * int64_t(kGradThreads) + threadIdx.x; v < vocab; v += step) {
     const float g =
-        t == kIgnoreTarget ? 0.0f : dloss * (__expf(z[v] - row_lse) - (v == t ? 1.0f : 0.0f));
+        t == kIgnoreTarget ? 0.0f : dloss * (__expf(z[v] - row_lse) - (v == t_local ? 1.0f : 0.0f));
     if (bf16) {
       static_cast<__nv_bfloat16*>(grad)[row * vocab + v] = __float2bfloat16_rn(g);
     } else {
@@ -116,7 +120,102 @@ __global__ void ReduceLossKernel(const float* row_loss, const int32_t* targets, 
   }
 }
 
+// Vocabulary-parallel statistics (see cross_entropy.h). Block reductions in a fixed tree: the
+// per-thread partials in ascending v, then the warp shuffles, then warp 0 in order.
+__global__ void VpRowMaxKernel(const float* logits, int64_t vocab, float* row_max) {
+  __shared__ float warp_part[kRowThreads / 32];
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) m = fmaxf(m, z[v]);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, offset));
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_part[warp] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = warp_part[0];
+    for (int i = 1; i < kRowThreads / 32; ++i) total = fmaxf(total, warp_part[i]);
+    row_max[row] = total;
+  }
+}
+
+__global__ void VpRowSumKernel(const float* logits, int64_t vocab, const int32_t* targets,
+                               int64_t vocab_start, const float* row_max, float* stats) {
+  __shared__ float warp_part[kRowThreads / 32];
+  const int64_t row = blockIdx.x;
+  const float* z = logits + row * vocab;
+  const float m = row_max[row];
+  float s = 0.0f;
+  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) s += __expf(z[v] - m);
+  for (int offset = 16; offset > 0; offset /= 2) s += __shfl_down_sync(0xffffffffu, s, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_part[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = warp_part[0];
+    for (int i = 1; i < kRowThreads / 32; ++i) total += warp_part[i];
+    stats[2 * row] = total;
+    const int32_t t = targets[row];
+    const int64_t local = static_cast<int64_t>(t) - vocab_start;
+    stats[2 * row + 1] = (t != kIgnoreTarget && local >= 0 && local < vocab) ? z[local] : 0.0f;
+  }
+}
+
+__global__ void VpFinishKernel(int64_t rows, const int32_t* targets, int64_t vocab_size,
+                               const float* row_max, const float* stats, float* lse,
+                               float* row_loss) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (row >= rows) return;
+  const float row_lse = row_max[row] + logf(stats[2 * row]);
+  lse[row] = row_lse;
+  const int32_t t = targets[row];
+  float term;
+  if (t == kIgnoreTarget) {
+    term = 0.0f;
+  } else if (t >= 0 && t < vocab_size) {
+    term = row_lse - stats[2 * row + 1];
+  } else {
+    term = NAN;  // invalid target: make the loss visibly wrong
+  }
+  row_loss[row] = term;
+}
+
 }  // namespace
+
+absl::Status VpRowMaxCuda(const Stream& stream, const float* logits, int64_t rows, int64_t vocab,
+                          float* row_max) {
+  if (rows == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  VpRowMaxKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, S(stream)>>>(logits, vocab,
+                                                                             row_max);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(VpRowMaxKernel);
+  return absl::OkStatus();
+}
+
+absl::Status VpRowSumCuda(const Stream& stream, const float* logits, int64_t rows, int64_t vocab,
+                          const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          float* stats) {
+  if (rows == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  VpRowSumKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, S(stream)>>>(
+      logits, vocab, targets, vocab_start, row_max, stats);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(VpRowSumKernel);
+  return absl::OkStatus();
+}
+
+absl::Status VpFinishCuda(const Stream& stream, int64_t rows, const int32_t* targets,
+                          int64_t vocab_size, const float* row_max, const float* stats, float* lse,
+                          float* row_loss) {
+  if (rows == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  constexpr int kThreads = 256;
+  VpFinishKernel<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0,
+                   S(stream)>>>(rows, targets, vocab_size, row_max, stats, lse, row_loss);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(VpFinishKernel);
+  return absl::OkStatus();
+}
 
 absl::Status CrossEntropyRowsCuda(const Stream& stream, const float* logits, int64_t rows,
                                   int64_t vocab, const int32_t* targets, float* lse,
@@ -131,7 +230,7 @@ absl::Status CrossEntropyRowsCuda(const Stream& stream, const float* logits, int
 
 absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t rows, int64_t vocab,
                                  const int32_t* targets, const float* lse, float dloss, void* grad,
-                                 DType grad_dtype) {
+                                 DType grad_dtype, int64_t vocab_start) {
   if (rows == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   if (grad_dtype != DType::kBF16 && grad_dtype != DType::kF32) {
@@ -141,8 +240,8 @@ absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t ro
   int64_t per_row = (vocab + kGradThreads * 8 - 1) / (kGradThreads * 8);
   per_row = per_row < 1 ? 1 : (per_row > 64 ? 64 : per_row);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(per_row));
-  SoftmaxGradRowsKernel<<<grid, kGradThreads, 0, S(stream)>>>(logits, vocab, targets, lse, dloss,
-                                                              grad, grad_dtype == DType::kBF16);
+  SoftmaxGradRowsKernel<<<grid, kGradThreads, 0, S(stream)>>>(
+      logits, vocab, targets, lse, dloss, grad, grad_dtype == DType::kBF16, vocab_start);
   SY_CUDA_RETURN_IF_LAUNCH_ERROR(SoftmaxGradRowsKernel);
   return absl::OkStatus();
 }

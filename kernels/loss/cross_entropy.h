@@ -12,10 +12,27 @@
 //
 // Dtypes: CUDA: h, w bf16 or f32 (fp32 math inside); CPU: f32, f64 or bf16 (fp64 math). The CPU
 // path is the reference: the same chunked algorithm with direct fp64 loops.
+//
+// Vocabulary-parallel mode (tensor parallelism, megatron_parallel.md §1.8, Megatron's
+// _VocabParallelCrossEntropy): w is this TP rank's slice of the LM head, global vocabulary rows
+// [start, start + vocab) of the whole V, and every TP rank passes the SAME tokens h (the SP
+// all-gather of the final norm). Per chunk, with z the LOCAL logits [rows, vocab]:
+//   m    = all_reduce_MAX_tp( max_j z_j )
+//   (Σ, p) = all_reduce_SUM_tp( Σ_j exp(z_j − m),  z[target − start] if this rank owns the target
+//            else 0 )                               (one collective for both: Megatron's fused
+//            path)
+//   lse  = m + log Σ,  loss_t = lse − p
+//   g    = dloss · (exp(z − lse) − onehot_local(target − start))   (backward local: no collective)
+// so full-vocabulary logits are never gathered; dh is this rank's PARTIAL sum over its vocabulary
+// rows (the caller reduce-scatters / all-reduces it over TP) and dw the gradient of its own rows.
+// The collectives are the caller's (kernels do not depend on a communicator): VocabShard's
+// all_reduce, stream-ordered, called twice per chunk in the same order on every TP rank. Every
+// rank gets the same loss_sum, num_valid and lse (up to the rounding of the all-reduce order).
 #ifndef SWITCHYARD_KERNELS_LOSS_CROSS_ENTROPY_H_
 #define SWITCHYARD_KERNELS_LOSS_CROSS_ENTROPY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -27,6 +44,16 @@ namespace switchyard::kernels {
 
 // Value of `targets` for a token that takes no part in the loss (padding, masked prompt).
 inline constexpr int32_t kIgnoreTarget = -1;
+
+// This TP rank's slice of the vocabulary for the vocabulary-parallel mode (see the file comment).
+struct VocabShard {
+  int64_t start = 0;       // first global vocabulary row held by this rank (w's row 0)
+  int64_t vocab_size = 0;  // the whole vocabulary V: targets are in [0, V) or kIgnoreTarget
+  // All-reduces `t` IN PLACE over the TP group: the maximum when `max`, else the sum. `t` is a
+  // contiguous [n] tensor of the plan's statistics dtype (f32 on CUDA, f64 on the CPU) on the
+  // plan's device; on CUDA the reduction must be ordered on the stream passed to the op.
+  std::function<absl::Status(const Tensor& t, bool max)> all_reduce;
+};
 
 // A plan for one (max_tokens, hidden, vocab) LM head on one device. Owns the workspace: one chunk
 // of logits ([chunk_tokens, V] f32, plus a bf16 copy of the gradient chunk on CUDA) and a
@@ -74,6 +101,22 @@ class FusedLinearCrossEntropy {
                                const Tensor& num_valid, const Tensor& lse, const Tensor& dh,
                                const Tensor& dw) const;
 
+  // Vocabulary-parallel Forward and ForwardBackward (see the file comment): w [vocab, H] is the
+  // rows [shard.start, shard.start + vocab) of the whole [shard.vocab_size, H] LM head; targets
+  // index the WHOLE vocabulary. Outputs as in Forward / ForwardBackward, except that dh is this
+  // rank's partial sum (its vocabulary rows only) and dw the gradient of its own rows. The CPU
+  // path is the fp64 reference of the CUDA one (same signature, same algorithm). INVALID_ARGUMENT
+  // when the slice does not fit in [0, vocab_size) or all_reduce is empty.
+  absl::Status VocabParallelForward(const Stream& stream, const Tensor& h, const Tensor& w,
+                                    const Tensor& targets, const VocabShard& shard,
+                                    const Tensor& loss_sum, const Tensor& num_valid,
+                                    const Tensor& lse) const;
+  absl::Status VocabParallelForwardBackward(const Stream& stream, const Tensor& h, const Tensor& w,
+                                            const Tensor& targets, const VocabShard& shard,
+                                            float dloss, const Tensor& loss_sum,
+                                            const Tensor& num_valid, const Tensor& lse,
+                                            const Tensor& dh, const Tensor& dw) const;
+
   int64_t chunk_tokens() const { return chunk_; }
 
  private:
@@ -82,7 +125,8 @@ class FusedLinearCrossEntropy {
       : device_(device), max_tokens_(max_tokens), hidden_(hidden), vocab_(vocab), chunk_(chunk) {}
 
   absl::Status Check(const Stream& stream, const Tensor& h, const Tensor& w, const Tensor& targets,
-                     const Tensor& lse, absl::string_view op) const;
+                     const Tensor& lse, absl::string_view op,
+                     int64_t target_vocab = -1) const;  // -1: the plan's vocab
   absl::Status CheckLossOutputs(const Stream& stream, const Tensor& loss_sum,
                                 const Tensor& num_valid, const Tensor& lse,
                                 absl::string_view op) const;
@@ -104,11 +148,21 @@ class FusedLinearCrossEntropy {
                        float dloss, const Tensor& loss_sum, const Tensor& num_valid,
                        const Tensor& dh, const Tensor& dw) const;
 
+  absl::Status CheckShard(const VocabShard& shard, absl::string_view op) const;
+  // Both vocabulary-parallel ops: the chunk loop on either device.
+  absl::Status RunVocabParallel(const Stream& stream, const Tensor& h, const Tensor& w,
+                                const Tensor& targets, const VocabShard& shard, bool with_grad,
+                                float dloss, const Tensor& loss_sum, const Tensor& num_valid,
+                                const Tensor& lse, const Tensor& dh, const Tensor& dw) const;
+
   const Device device_;
   const int64_t max_tokens_, hidden_, vocab_, chunk_;
   Buffer logits_;     // [chunk, V] f32 on CUDA, f64 on the CPU
   Buffer grad_bf16_;  // [chunk, V] bf16, CUDA only: g for bf16 weights
   Buffer row_loss_;   // [max_tokens] f32, CUDA only: lse_t - z_t[target_t], 0 when ignored
+  // Vocabulary-parallel statistics of one chunk: [chunk] maxima, then [chunk, 2] (sum-exp,
+  // target logit); f32 on CUDA, f64 on the CPU (the all-reduced tensors).
+  Buffer vp_stats_;
 };
 
 namespace internal {
@@ -117,9 +171,27 @@ absl::Status CrossEntropyRowsCuda(const Stream& stream, const float* logits, int
                                   int64_t vocab, const int32_t* targets, float* lse,
                                   float* row_loss);
 // Writes g = dloss * (softmax - onehot) over `logits` in place (f32) or into `grad` (bf16).
+// vocab_start: the global index of column 0 (vocabulary-parallel: the one-hot is at
+// target - vocab_start when this rank owns the target; 0 otherwise).
 absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t rows, int64_t vocab,
                                  const int32_t* targets, const float* lse, float dloss, void* grad,
-                                 DType grad_dtype);
+                                 DType grad_dtype, int64_t vocab_start = 0);
+// Vocabulary-parallel row statistics over local logits [rows, vocab] f32 (one block per row,
+// fixed reduction tree: deterministic):
+//   VpRowMax:   row_max[r] = max_j z[r, j]
+//   VpRowSum:   stats[2r] = sum_j exp(z[r, j] - row_max[r]) (row_max: the all-reduced maximum),
+//               stats[2r + 1] = z[r, targets[r] - vocab_start] if that column is this rank's,
+//               else 0
+//   VpFinish:   lse[r] = row_max[r] + log(stats[2r]); row_loss[r] = lse[r] - stats[2r + 1]
+//               (0 for kIgnoreTarget, NaN for a target outside [0, vocab_size))
+absl::Status VpRowMaxCuda(const Stream& stream, const float* logits, int64_t rows, int64_t vocab,
+                          float* row_max);
+absl::Status VpRowSumCuda(const Stream& stream, const float* logits, int64_t rows, int64_t vocab,
+                          const int32_t* targets, int64_t vocab_start, const float* row_max,
+                          float* stats);
+absl::Status VpFinishCuda(const Stream& stream, int64_t rows, const int32_t* targets,
+                          int64_t vocab_size, const float* row_max, const float* stats, float* lse,
+                          float* row_loss);
 // loss_sum[0] = sum of row_loss[0..T) in a fixed order (fp64), num_valid[0] = #(targets != -1).
 absl::Status ReduceLossCuda(const Stream& stream, const float* row_loss, const int32_t* targets,
                             int64_t tokens, float* loss_sum, int32_t* num_valid);

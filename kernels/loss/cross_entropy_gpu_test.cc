@@ -5,15 +5,23 @@
 // it checks 16 sampled tokens (lse, loss terms and dh rows through the CPU plan on those rows)
 // and 32 sampled vocabulary rows of dw (fp64 from the inputs and the already checked GPU lse);
 // the loss is checked against fp64 target logits plus the GPU lse of every token.
+// VocabParallelBf16MatchesCpuReference: the vocabulary-parallel mode at TP = 2 and 4 (ranks as
+// threads, each on its own stream of GPU 0, joined by an in-process all-reduce through the host)
+// against the CPU reference of the WHOLE vocabulary, same tolerances (loss, lse 1e-3 relative;
+// dh = the sum of the ranks' partial sums and dw = the ranks' rows concatenated, 1e-2 rel L2).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "kernels/buffer.h"
 #include "kernels/loss/cross_entropy.h"
+#include "kernels/loss/thread_all_reduce_testing.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {
@@ -215,6 +223,129 @@ TEST_P(CrossEntropyGpuTest, Bf16MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpuTest,
                          ::testing::Values(Shape{7, 64, 1000, 4}, Shape{512, 256, 32000, 200},
                                            Shape{2048, 1024, 151936, 768}));
+
+struct VpShape {
+  int tp;
+  int64_t t_n, h_n, v_n, chunk;
+};
+
+class CrossEntropyVocabParallelGpuTest : public ::testing::TestWithParam<VpShape> {};
+
+TEST_P(CrossEntropyVocabParallelGpuTest, VocabParallelBf16MatchesCpuReference) {
+  SY_REQUIRE_GPU();
+  const VpShape p = GetParam();
+  const int tp = p.tp;
+  const int64_t t_n = p.t_n, h_n = p.h_n, v_n = p.v_n, vl = v_n / tp;
+  const Shape s{t_n, h_n, v_n, p.chunk};
+  std::mt19937_64 rng(std::random_device{}());
+  Buffer h = Host(DType::kBF16, {t_n, h_n}), w = Host(DType::kBF16, {v_n, h_n});
+  Buffer tg = Host(DType::kI32, {t_n}), dw0 = Host(DType::kF32, {v_n, h_n});
+  testing::FillRandom(h.View(), rng);
+  testing::FillRandom(w.View(), rng, 2.0f / std::sqrt(static_cast<float>(h_n)));
+  testing::FillRandom(dw0.View(), rng, 0.01f);
+  int32_t* targets = tg.View().as<int32_t>();
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
+  int valid = 0;
+  for (int64_t t = 0; t < t_n; ++t) {
+    targets[t] = t % 5 == 3 ? kIgnoreTarget : pick(rng);
+    valid += targets[t] != kIgnoreTarget;
+  }
+  const float dloss = 1.0f / static_cast<float>(std::max(valid, 1));
+
+  // The CPU reference over the whole vocabulary.
+  auto cpu_plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, v_n, p.chunk).value();
+  Buffer loss = Host(DType::kF32, {1}), n = Host(DType::kI32, {1}), lse = Host(DType::kF32, {t_n});
+  Buffer dh = Host(DType::kBF16, {t_n, h_n}), dw = Host(DType::kF32, {v_n, h_n});
+  ASSERT_TRUE(CopyTensor(dw0.View(), dw.View()).ok());
+  ASSERT_TRUE(
+      cpu_plan
+          ->Forward(Stream::Cpu(), h.View(), w.View(), tg.View(), loss.View(), n.View(), lse.View())
+          .ok());
+  ASSERT_TRUE(cpu_plan
+                  ->Backward(Stream::Cpu(), h.View(), w.View(), tg.View(), lse.View(), dloss,
+                             dh.View(), dw.View())
+                  .ok());
+
+  // The TP ranks: each its own stream, plan, slice of w and slice of the dw accumulator.
+  loss_testing::ThreadAllReduce ar(tp);
+  struct Rank {
+    absl::Status st;
+    float loss = 0;
+    int32_t valid = -1;
+    std::vector<float> lse, dh, dw_delta;
+  };
+  std::vector<Rank> out(tp);
+  Buffer d_h = Upload(h), d_tg = Upload(tg);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      Rank& o = out[r];
+      auto fail = [&](absl::Status st) { o.st = std::move(st); };
+      if (cudaSetDevice(0) != cudaSuccess) return fail(absl::InternalError("cudaSetDevice"));
+      cudaStream_t cs = nullptr;
+      if (cudaStreamCreate(&cs) != cudaSuccess) return fail(absl::InternalError("stream"));
+      const Stream gpu{Device::Cuda(0), cs};
+      Buffer w_r = Host(DType::kBF16, {vl, h_n}), dw_r = Host(DType::kF32, {vl, h_n});
+      std::copy(w.View().as<BF16>() + r * vl * h_n, w.View().as<BF16>() + (r + 1) * vl * h_n,
+                w_r.View().as<BF16>());
+      std::copy(dw0.View().as<float>() + r * vl * h_n, dw0.View().as<float>() + (r + 1) * vl * h_n,
+                dw_r.View().as<float>());
+      Buffer d_w = Upload(w_r), d_dw = Upload(dw_r);
+      Buffer d_loss = Poisoned(DType::kF32, {1}), d_valid = Poisoned(DType::kI32, {1});
+      Buffer d_lse = Poisoned(DType::kF32, {t_n}), d_dh = Poisoned(DType::kBF16, {t_n, h_n});
+      auto plan = FusedLinearCrossEntropy::Create(Device::Cuda(0), t_n, h_n, vl, p.chunk);
+      if (!plan.ok()) return fail(plan.status());
+      VocabShard shard;
+      shard.start = r * vl;
+      shard.vocab_size = v_n;
+      // Through the host: wait for the stream, reduce, copy back (stream-ordered for the caller).
+      shard.all_reduce = [&, r, cs](const Tensor& t, bool max) -> absl::Status {
+        if (cudaStreamSynchronize(cs) != cudaSuccess) return absl::InternalError("sync");
+        Buffer host = Host(t.dtype, t.shape);
+        SY_RETURN_IF_ERROR(CopyTensor(t, host.View()));
+        SY_RETURN_IF_ERROR(ar.Run(r, host.View(), max));
+        return CopyTensor(host.View(), t);
+      };
+      absl::Status st = (*plan)->VocabParallelForwardBackward(
+          gpu, d_h.View(), d_w.View(), d_tg.View(), shard, dloss, d_loss.View(), d_valid.View(),
+          d_lse.View(), d_dh.View(), d_dw.View());
+      if (!st.ok()) return fail(st);
+      if (cudaStreamSynchronize(cs) != cudaSuccess) return fail(absl::InternalError("sync"));
+      o.loss = testing::ToFloatVector(d_loss.View())[0];
+      Buffer hv = Host(DType::kI32, {1});
+      if (!CopyTensor(d_valid.View(), hv.View()).ok()) return fail(absl::InternalError("copy"));
+      o.valid = hv.View().as<int32_t>()[0];
+      o.lse = testing::ToFloatVector(d_lse.View());
+      o.dh = testing::ToFloatVector(d_dh.View());
+      o.dw_delta = Minus(testing::ToFloatVector(d_dw.View()), testing::ToFloatVector(dw_r.View()));
+      cudaStreamDestroy(cs);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const float cpu_loss = loss.View().as<float>()[0];
+  std::vector<float> dh_sum(t_n * h_n, 0.0f), dw_all;
+  for (int r = 0; r < tp; ++r) {
+    ASSERT_TRUE(out[r].st.ok()) << "rank " << r << ": " << out[r].st;
+    EXPECT_EQ(out[r].valid, valid);
+    std::printf("TP=%d rank %d: loss gpu %.6f cpu %.6f\n", tp, r, out[r].loss, cpu_loss);
+    Report("vocab-parallel loss", s, std::abs(out[r].loss - cpu_loss) / std::abs(cpu_loss), 1e-3);
+    Report("vocab-parallel lse", s,
+           testing::RelativeError(out[r].lse, testing::ToFloatVector(lse.View())), 1e-3);
+    for (size_t i = 0; i < dh_sum.size(); ++i) dh_sum[i] += out[r].dh[i];
+    dw_all.insert(dw_all.end(), out[r].dw_delta.begin(), out[r].dw_delta.end());
+  }
+  Report("vocab-parallel dh (sum over TP)", s,
+         testing::RelativeError(dh_sum, testing::ToFloatVector(dh.View())), 1e-2);
+  Report("vocab-parallel dw delta (rows of all ranks)", s,
+         testing::RelativeError(
+             dw_all, Minus(testing::ToFloatVector(dw.View()), testing::ToFloatVector(dw0.View()))),
+         1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyVocabParallelGpuTest,
+                         ::testing::Values(VpShape{2, 7, 64, 1000, 4},
+                                           VpShape{4, 300, 128, 8192, 128},
+                                           VpShape{2, 512, 256, 32000, 200}));
 
 }  // namespace
 }  // namespace switchyard::kernels

@@ -1,6 +1,8 @@
 // CPU reference of the fused LM-head cross-entropy against a naive fp64 full-logit softmax
 // cross-entropy (value, lse and both gradients), with chunk sizes that do not divide T, ignored
-// targets, a finite-difference check in fp64 and argument validation.
+// targets, a finite-difference check in fp64 and argument validation; and the vocabulary-parallel
+// mode at TP = 1, 2, 4 (ranks as threads joined by an in-process all-reduce) against the naive
+// full-vocabulary cross-entropy.
 #include "kernels/loss/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -8,9 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernels/buffer.h"
+#include "kernels/loss/thread_all_reduce_testing.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {
@@ -303,6 +307,125 @@ TEST(CrossEntropyCpuTest, RejectsBadArguments) {
   EXPECT_EQ(
       plan->Forward(Stream{Device::Cuda(0), nullptr}, th, tw, ttg, tloss, tvalid, tlse).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// Vocabulary-parallel CE at TP ranks (threads) vs the naive full-vocabulary reference: loss, lse
+// (every rank), dh (the sum of the ranks' partial sums) and dw (each rank's rows), in f64 with
+// chunks that do not divide T and ignored targets, through Forward and ForwardBackward.
+void RunVocabParallel(int tp, int64_t t_n, int64_t h_n, int64_t v_n, int64_t chunk) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> h(t_n * h_n), w(v_n * h_n);
+  for (auto& x : h) x = normal(rng);
+  for (auto& x : w) x = normal(rng) * 0.7;
+  std::vector<int32_t> tg(t_n);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
+  for (int64_t t = 0; t < t_n; ++t) tg[t] = t % 5 == 2 ? kIgnoreTarget : pick(rng);
+  const int n_valid =
+      static_cast<int>(std::count_if(tg.begin(), tg.end(), [](int32_t x) { return x >= 0; }));
+  const float dloss = 1.0f / static_cast<float>(std::max(1, n_valid));
+  const Naive ref = NaiveCrossEntropy(h, w, tg, t_n, h_n, v_n, dloss);
+
+  const int64_t vl = v_n / tp;
+  const Device cpu = Device::Cpu();
+  constexpr double kPoison = 12345.0;
+  struct Out {
+    std::vector<double> loss, fb_loss, lse, fb_lse, dh, dw;
+    std::vector<int32_t> valid, fb_valid;
+    absl::Status st;
+  };
+  std::vector<Out> out(tp);
+  loss_testing::ThreadAllReduce ar(tp);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < tp; ++r) {
+    ranks.emplace_back([&, r] {
+      Out& o = out[r];
+      o.loss.assign(1, kPoison);
+      o.fb_loss.assign(1, kPoison);
+      o.lse.assign(t_n, kPoison);
+      o.fb_lse.assign(t_n, kPoison);
+      o.dh.assign(t_n * h_n, kPoison);
+      o.dw.assign(vl * h_n, 0.0);  // an accumulator
+      o.valid.assign(1, -5);
+      o.fb_valid.assign(1, -5);
+      auto plan = FusedLinearCrossEntropy::Create(cpu, t_n, h_n, vl, chunk);
+      if (!plan.ok()) {
+        o.st = plan.status();
+        return;
+      }
+      std::vector<double> wr(w.begin() + r * vl * h_n, w.begin() + (r + 1) * vl * h_n);
+      VocabShard shard;
+      shard.start = r * vl;
+      shard.vocab_size = v_n;
+      shard.all_reduce = [&, r](const Tensor& t, bool max) { return ar.Run(r, t, max); };
+      Tensor th(DType::kF64, {t_n, h_n}, cpu, h.data()), tw(DType::kF64, {vl, h_n}, cpu, wr.data());
+      Tensor ttg(DType::kI32, {t_n}, cpu, tg.data());
+      auto T1 = [&](std::vector<double>& v) { return Tensor(DType::kF64, {1}, cpu, v.data()); };
+      auto TT = [&](std::vector<double>& v) { return Tensor(DType::kF64, {t_n}, cpu, v.data()); };
+      o.st =
+          (*plan)->VocabParallelForward(Stream::Cpu(), th, tw, ttg, shard, T1(o.loss),
+                                        Tensor(DType::kI32, {1}, cpu, o.valid.data()), TT(o.lse));
+      if (!o.st.ok()) return;
+      o.st = (*plan)->VocabParallelForwardBackward(
+          Stream::Cpu(), th, tw, ttg, shard, dloss, T1(o.fb_loss),
+          Tensor(DType::kI32, {1}, cpu, o.fb_valid.data()), TT(o.fb_lse),
+          Tensor(DType::kF64, {t_n, h_n}, cpu, o.dh.data()),
+          Tensor(DType::kF64, {vl, h_n}, cpu, o.dw.data()));
+    });
+  }
+  for (auto& t : ranks) t.join();
+  std::vector<double> dh_sum(t_n * h_n, 0.0), dw_all;
+  for (int r = 0; r < tp; ++r) {
+    const Out& o = out[r];
+    ASSERT_TRUE(o.st.ok()) << "rank " << r << ": " << o.st;
+    EXPECT_EQ(o.valid[0], ref.valid);
+    EXPECT_EQ(o.fb_valid[0], ref.valid);
+    // Every rank sees the whole-vocabulary loss and lse.
+    EXPECT_NEAR(o.loss[0], ref.loss, 1e-10 * std::abs(ref.loss)) << "rank " << r;
+    EXPECT_EQ(o.fb_loss[0], o.loss[0]);
+    EXPECT_LT(MaxRelDiff(o.lse, ref.lse), 1e-12) << "rank " << r;
+    EXPECT_EQ(o.fb_lse, o.lse);
+    for (size_t i = 0; i < dh_sum.size(); ++i) dh_sum[i] += o.dh[i];
+    dw_all.insert(dw_all.end(), o.dw.begin(), o.dw.end());
+  }
+  const double dh_err = MaxRelDiff(dh_sum, ref.dh), dw_err = MaxRelDiff(dw_all, ref.dw);
+  std::printf(
+      "vocab-parallel TP=%d T=%ld H=%ld V=%ld chunk=%ld: loss %.12f (naive %.12f), dh %.2g, "
+      "dw %.2g (tol 1e-10)\n",
+      tp, t_n, h_n, v_n, chunk, out[0].loss[0], ref.loss, dh_err, dw_err);
+  EXPECT_LT(dh_err, 1e-10);
+  EXPECT_LT(dw_err, 1e-10);
+}
+
+TEST(CrossEntropyCpuTest, VocabParallelMatchesFullVocabulary) {
+  RunVocabParallel(1, 13, 6, 20, 4);
+  RunVocabParallel(2, 13, 6, 20, 4);
+  RunVocabParallel(4, 17, 8, 36, 5);
+  RunVocabParallel(2, 9, 5, 64, 64);  // one chunk
+}
+
+TEST(CrossEntropyCpuTest, VocabParallelRejectsBadShards) {
+  const int64_t t_n = 3, h_n = 2, vl = 4;
+  auto plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, vl, 2).value();
+  std::vector<double> h(t_n * h_n), w(vl * h_n), lse(t_n), loss(1);
+  std::vector<int32_t> tg = {0, 7, 1}, valid(1);
+  const Device cpu = Device::Cpu();
+  Tensor th(DType::kF64, {t_n, h_n}, cpu, h.data()), tw(DType::kF64, {vl, h_n}, cpu, w.data());
+  Tensor ttg(DType::kI32, {t_n}, cpu, tg.data()), tlse(DType::kF64, {t_n}, cpu, lse.data());
+  Tensor tloss(DType::kF64, {1}, cpu, loss.data()), tvalid(DType::kI32, {1}, cpu, valid.data());
+  VocabShard shard{4, 8, [](const Tensor&, bool) { return absl::OkStatus(); }};
+  auto fwd = [&] {
+    return plan->VocabParallelForward(Stream::Cpu(), th, tw, ttg, shard, tloss, tvalid, tlse);
+  };
+  EXPECT_EQ(fwd().code(), absl::StatusCode::kOk);  // target 7 is in the whole vocabulary
+  tg[1] = 8;
+  EXPECT_EQ(fwd().code(), absl::StatusCode::kInvalidArgument);  // outside [0, 8)
+  tg[1] = 7;
+  shard.start = 5;  // [5, 9) does not fit in [0, 8)
+  EXPECT_EQ(fwd().code(), absl::StatusCode::kInvalidArgument);
+  shard.start = 4;
+  shard.all_reduce = nullptr;
+  EXPECT_EQ(fwd().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

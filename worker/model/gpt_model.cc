@@ -183,18 +183,29 @@ absl::Status GptConfig::Validate() const {
   }
   if (tp_size > 1) {
     // The same rules as common/config/validate.cc, for a config not made from a job spec.
+    // vocab_size: the embedding and the LM head are vocabulary-parallel (rank r holds rows
+    // [r·V/TP, (r+1)·V/TP)). Megatron pads V to a multiple of make_vocab_size_divisible_by·TP;
+    // the job spec has no such field (and the checkpoint keeps [V, H] under today's names), so
+    // V must divide by TP instead.
     const std::pair<const char*, int64_t> split[] = {
         {"num_attention_heads", num_heads},
         {"num_query_groups", num_kv_heads},
         {"ffn_hidden_size", ffn_hidden_size},
         {"seq_length", seq_length},
+        {"vocab_size", vocab_size},
+        // The shared expert is split over TP like the dense MLP (MoELayerConfig::sp_size).
+        {"moe_shared_expert_intermediate_size", num_moe_layers() > 0 ? moe.shared_ffn_size : 0},
     };
     for (const auto& [field, v] : split) {
       if (v % tp_size != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model.", field, " (", v,
-                         ") must be divisible by parallel.tensor_model_parallel_size (", tp_size,
-                         ")", std::string(field) == "seq_length" ? " (sequence parallelism)" : ""));
+        const std::string f = field;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.", field, " (", v,
+            ") must be divisible by parallel.tensor_model_parallel_size (", tp_size, ")",
+            f == "seq_length"   ? " (sequence parallelism)"
+            : f == "vocab_size" ? " (vocabulary-parallel embedding and LM head)"
+            : f == "moe_shared_expert_intermediate_size" ? " (the shared expert is split over TP)"
+                                                         : ""));
       }
     }
   }
@@ -283,7 +294,9 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
     }
     all.push_back(std::move(p));
   };
-  add("embedding.weight", {c.vocab_size, h});
+  // Vocabulary-parallel (TP): rank r holds rows [r·V/TP, (r+1)·V/TP) of the embedding and of the
+  // LM head (megatron_parallel.md §1.7-1.8).
+  add("embedding.weight", {c.vocab_size, h}, false, /*tp_dim=*/0);
   // Pipeline: this stage keeps only its tensors (below), each with the seed_index of the whole
   // model's definition order, so its initial values are one process's.
   auto keep = [&](size_t from, bool yes) {
@@ -307,9 +320,17 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
     }
     add(pre + "post_attention_norm.weight", {h});
     if (c.moe_layers[l]) {
+      // c.moe has sp_size 1: the whole shapes. The shared expert is split over TP like the dense
+      // MLP (MoELayerConfig::sp_size): fc1 [H, 2S] by columns (gate_r, up_r), fc2 [S, H] by rows.
       for (auto& [name, shape] : MoELayerTensors::ParamShapes(c.moe)) {
         const bool scaled = name == "experts.fc2" || name == "shared_expert.fc2";
-        add(pre + "moe." + name, shape, scaled);
+        if (name == "shared_expert.fc1") {
+          add(pre + "moe." + name, shape, scaled, /*tp_dim=*/1, /*tp_parts=*/2);
+        } else if (name == "shared_expert.fc2") {
+          add(pre + "moe." + name, shape, scaled, /*tp_dim=*/0);
+        } else {
+          add(pre + "moe." + name, shape, scaled);
+        }
       }
     } else {
       add(pre + "mlp.fc1.weight", {2 * c.ffn_hidden_size, h}, false, /*tp_dim=*/0,
@@ -320,7 +341,7 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   }
   const size_t head_from = all.size();
   add("final_norm.weight", {h});
-  if (c.untie_embeddings) add("output.weight", {c.vocab_size, h});
+  if (c.untie_embeddings) add("output.weight", {c.vocab_size, h}, false, /*tp_dim=*/0);
   keep(head_from, c.last_stage());
 
   GptParamLayout layout;
@@ -590,8 +611,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     if (max_micro_batch > 1) {
       SY_ASSIGN_OR_RETURN(perm_, Alloc(dt, {t, h}));
     }
-    SY_ASSIGN_OR_RETURN(ids_loc_, Alloc(DType::kI32, {tl}));
-    SY_ASSIGN_OR_RETURN(targets_loc_, Alloc(DType::kI32, {tl}));
+    // The whole micro-batch's ids mapped to this rank's vocabulary rows (VocabShardEmbedding*).
+    SY_ASSIGN_OR_RETURN(ids_loc_, Alloc(DType::kI32, {t}));
   }
   // One set of layers (activations, MoE layers) and residual stream per in-flight micro-batch slot
   // (see "Pipeline parallelism"): a stage that is not the last has at most pp_size - pp_rank
@@ -688,7 +709,9 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   const DType rdt = layers_.empty() ? DType::kF32 : layers_[0].rstd1.dtype;
   SY_ASSIGN_OR_RETURN(final_n_, Alloc(dt, {tl, h}));
   SY_ASSIGN_OR_RETURN(final_rstd_, Alloc(rdt, {tl}));
-  SY_ASSIGN_OR_RETURN(ce_lse_, Alloc(stat_dt, {tl}));
+  // The LM head sees every token of the micro-batch at TP > 1 (vocabulary-parallel: the SP
+  // shards are gathered, the vocabulary is split), its shard only without TP (tl == t).
+  SY_ASSIGN_OR_RETURN(ce_lse_, Alloc(stat_dt, {t}));
   SY_ASSIGN_OR_RETURN(ce_num_valid_, Alloc(DType::kI32, {1}));
   SY_ASSIGN_OR_RETURN(g_, Alloc(dt, {tl, h}));
   SY_ASSIGN_OR_RETURN(dn_, Alloc(dt, {tl, h}));
@@ -716,13 +739,15 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
                                         kernels::RmsNormBackwardWorkspaceBytes(t * hq, d)});
     SY_ASSIGN_OR_RETURN(rms_ws_, Alloc(DType::kU8, {rms_bytes}));
     SY_ASSIGN_OR_RETURN(
-        emb_ws_, Alloc(DType::kU8, {kernels::EmbeddingBackwardWorkspaceBytes(tl, c.vocab_size)}));
+        emb_ws_,
+        Alloc(DType::kU8, {kernels::EmbeddingBackwardWorkspaceBytes(t, c.vocab_size / tp)}));
   }
-  // One chunk of fp32 logits of at most ~512 MiB (CUDA) / 64 MiB (CPU).
+  // One chunk of fp32 logits of at most ~512 MiB (CUDA) / 64 MiB (CPU), over this rank's V/TP
+  // vocabulary rows for the whole micro-batch's t tokens (tl == t without TP).
   const int64_t budget = device_.is_cuda() ? (int64_t{512} << 20) : (int64_t{64} << 20);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(tl, budget / (c.vocab_size * 8)));
-  SY_ASSIGN_OR_RETURN(
-      ce_, kernels::FusedLinearCrossEntropy::Create(device_, tl, h, c.vocab_size, chunk));
+  const int64_t vl = c.vocab_size / tp;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t, budget / (vl * 8)));
+  SY_ASSIGN_OR_RETURN(ce_, kernels::FusedLinearCrossEntropy::Create(device_, t, h, vl, chunk));
   SY_ASSIGN_OR_RETURN(stat_ce_, Alloc(stat_dt, {max_micro_}));
   if (n_moe > 0) {
     SY_ASSIGN_OR_RETURN(stat_moe_losses_,
@@ -795,13 +820,53 @@ absl::Status GptModel::ZeroGrads(const Stream& stream) { return ZeroAsync(stream
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-absl::Status GptModel::KeepShard(const Stream& s, const Tensor& whole, const Tensor& local,
-                                 int64_t seq_len) const {
-  const int64_t tp = config_.tp_size, r = config_.tp_rank, s_loc = seq_len / tp;
-  const int64_t w = whole.numel() / whole.dim(0), b = whole.dim(0) / seq_len;
-  for (int64_t bb = 0; bb < b; ++bb) {
-    SY_RETURN_IF_ERROR(CopyAsync(s, Slice(whole, (bb * seq_len + r * s_loc) * w, {s_loc * w}),
-                                 Slice(local, bb * s_loc * w, {s_loc * w})));
+kernels::VocabShard GptModel::MakeVocabShard() {
+  kernels::VocabShard shard;
+  const int64_t vl = config_.vocab_size / config_.tp_size;
+  shard.start = config_.tp_rank * vl;
+  shard.vocab_size = config_.vocab_size;
+  shard.all_reduce = [this](const Tensor& t, bool max) {
+    return groups_.tp->AllReduce(t, t, max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
+  };
+  return shard;
+}
+
+absl::Status GptModel::KeepLossOnFirstTpRank(const Stream& s, const Tensor& loss) {
+  // Every TP rank computed the same loss sum of the WHOLE micro-batch; the trainer sums the
+  // ranks' shares over TP×DP×CP, so TP rank 0 reports it and the others report 0.
+  if (config_.tp_rank == 0) return absl::OkStatus();
+  return ZeroAsync(s, loss);
+}
+
+absl::Status GptModel::GatherLogits(const Stream& s, const Tensor& normed, const Tensor& w_out,
+                                    const Tensor& logits) {
+  // Forward logits at TP > 1 (generation / eval, on request only): this rank's [t, V/TP]
+  // columns, all-gathered over TP ([TP][t][V/TP]) and interleaved into [t, V]. The scratch is
+  // allocated on first use: the training step never needs it.
+  const int64_t t = normed.dim(0), tp = config_.tp_size, vl = config_.vocab_size / tp;
+  const int64_t need = (tp + 1) * t * vl;
+  if (logits_ws_.data() == nullptr || logits_ws_.View().dtype != logits.dtype ||
+      logits_ws_.View().numel() < need) {
+    SY_ASSIGN_OR_RETURN(logits_ws_, Buffer::ForTensor(logits.dtype, {need}, device_));
+  }
+  const Tensor ws(logits.dtype, {need}, device_, logits_ws_.data());
+  const Tensor local = Slice(ws, 0, {t, vl});
+  const Tensor gathered = Slice(ws, t * vl, {tp * t * vl});
+  const Tensor out = logits;
+  SY_RETURN_IF_ERROR(Gemm(s, normed, false, w_out, true, local));
+  SY_RETURN_IF_ERROR(groups_.tp->AllGather(local, gathered));
+  const size_t es = DTypeSize(logits.dtype);
+  const size_t width = vl * es, src_pitch = width, dst_pitch = config_.vocab_size * es;
+  for (int64_t r = 0; r < tp; ++r) {
+    const char* src = static_cast<const char*>(gathered.data) + r * t * width;
+    char* dst = static_cast<char*>(out.data) + r * width;
+    if (s.is_cuda()) {
+      SY_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, t,
+                                                cudaMemcpyDefault,
+                                                static_cast<cudaStream_t>(s.cuda_stream)));
+    } else {
+      for (int64_t i = 0; i < t; ++i) std::memcpy(dst + i * dst_pitch, src + i * src_pitch, width);
+    }
   }
   return absl::OkStatus();
 }
@@ -977,12 +1042,19 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
     SY_RETURN_IF_ERROR(CopyAsync(s, input, Rows(resid_[0], tl)));
   } else {
     ScopedRange range(s, "embedding.fwd");
-    // SP: this rank embeds its own positions of every sequence (the table is whole, see the
-    // header), straight into its residual-stream shard.
-    const Tensor local_ids = config_.tp_size > 1 ? Rows(ids_loc_, tl) : ids;
-    if (config_.tp_size > 1) SY_RETURN_IF_ERROR(KeepShard(s, ids, local_ids, seq_len));
-    SY_RETURN_IF_ERROR(
-        kernels::EmbeddingForward(s, local_ids, P("embedding.weight"), Rows(resid_[0], tl)));
+    if (config_.tp_size > 1) {
+      // Vocabulary-parallel (§1.7): every token of the micro-batch looked up in this rank's rows
+      // (zero rows for the others' ids), then reduce-scattered onto this rank's sequence shard:
+      // the sum over TP has exactly one non-zero term per token.
+      const int64_t vl = config_.vocab_size / config_.tp_size;
+      SY_RETURN_IF_ERROR(
+          kernels::VocabShardEmbeddingForward(s, ids, P("embedding.weight"), config_.tp_rank * vl,
+                                              config_.vocab_size, Rows(ids_loc_, t), Rows(rs_, t)));
+      SY_RETURN_IF_ERROR(ReduceScatterSeq(s, Rows(rs_, t), Rows(resid_[0], tl), seq_len));
+    } else {
+      SY_RETURN_IF_ERROR(
+          kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], tl)));
+    }
   }
   for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
   if (!config_.last_stage()) return absl::OkStatus();
@@ -1004,23 +1076,31 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
   SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
   const int64_t t = tokens_, tl = t / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
-  if (targets.data != nullptr) {
-    const Tensor local_targets = config_.tp_size > 1 ? Rows(targets_loc_, tl) : targets;
-    if (config_.tp_size > 1) SY_RETURN_IF_ERROR(KeepShard(stream, targets, local_targets, seq_len));
-    SY_RETURN_IF_ERROR(ce_->Forward(stream, Rows(final_n_, tl), w_out, local_targets,
-                                    Slice(stat_ce_, micro, {1}), ce_num_valid_, Rows(ce_lse_, tl)));
-  }
+  const bool tp = config_.tp_size > 1;
   if (logits.data != nullptr) {
     SY_RETURN_IF_ERROR(
         CheckTensor(logits, "GptModel::Forward.logits", logits.dtype, {t, config_.vocab_size}));
-    // TP > 1: each rank holds the final norm of its sequence shard only. Gather the shards over
-    // TP (on request only: generation / eval; the loss never needs it) into the all-gather
-    // scratch, which no layer uses after the forward pass, then one GEMM against the LM head,
-    // which is whole on every TP rank today, so every rank gets the same full [t, V] logits.
-    const Tensor normed = config_.tp_size > 1 ? Rows(ag_, t) : Rows(final_n_, t);
-    if (config_.tp_size > 1)
-      SY_RETURN_IF_ERROR(GatherSeq(stream, Rows(final_n_, tl), normed, seq_len));
-    SY_RETURN_IF_ERROR(Gemm(stream, normed, false, w_out, true, logits));
+  }
+  // TP > 1: the LM head is vocabulary-parallel over the whole micro-batch: gather the final
+  // norm's sequence shards into the all-gather scratch (no layer uses it after the forward).
+  const Tensor normed = tp ? Rows(ag_, t) : Rows(final_n_, t);
+  if (tp && (targets.data != nullptr || logits.data != nullptr)) {
+    SY_RETURN_IF_ERROR(GatherSeq(stream, Rows(final_n_, tl), normed, seq_len));
+  }
+  if (targets.data != nullptr) {
+    const Tensor loss = Slice(stat_ce_, micro, {1});
+    if (tp) {
+      SY_RETURN_IF_ERROR(ce_->VocabParallelForward(stream, normed, w_out, targets, MakeVocabShard(),
+                                                   loss, ce_num_valid_, Rows(ce_lse_, t)));
+      SY_RETURN_IF_ERROR(KeepLossOnFirstTpRank(stream, loss));
+    } else {
+      SY_RETURN_IF_ERROR(
+          ce_->Forward(stream, normed, w_out, targets, loss, ce_num_valid_, Rows(ce_lse_, t)));
+    }
+  }
+  if (logits.data != nullptr) {
+    if (!tp) return Gemm(stream, normed, false, w_out, true, logits);
+    SY_RETURN_IF_ERROR(GatherLogits(stream, normed, w_out, logits));
   }
   return absl::OkStatus();
 }
@@ -1233,21 +1313,32 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
   ScopedRange range(s, "forward_backward", micro);
   SelectSlot(0);
   SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input));
-  const int64_t tl = tokens_ / config_.tp_size;
+  const int64_t t = tokens_, tl = t / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
-  const Tensor fn = Rows(final_n_, tl), lse = Rows(ce_lse_, tl);
+  const Tensor fn = Rows(final_n_, tl), lse = Rows(ce_lse_, t);
   const Tensor dn = Rows(dn_, tl), g = Rows(g_, tl);
   const bool tp = config_.tp_size > 1;
-  const Tensor local_ids = tp ? Rows(ids_loc_, tl) : ids;
-  const Tensor local_targets = tp ? Rows(targets_loc_, tl) : targets;
-  if (tp) SY_RETURN_IF_ERROR(KeepShard(s, targets, local_targets, seq_len));
   {
     // LM head loss and its gradient in one pass (the logits of each chunk computed once).
     ScopedRange head(s, "lm_head_loss");
-    SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, local_targets, ce_scale,
-                                            Slice(stat_ce_, micro, {1}), ce_num_valid_, lse, dn,
-                                            dw_out));
+    const Tensor loss = Slice(stat_ce_, micro, {1});
+    if (tp) {
+      // Vocabulary-parallel (§1.8): the whole micro-batch's final norm (SP all-gather) against
+      // this rank's V/TP rows; max and (sum-exp, target logit) all-reduced over TP inside, never
+      // the logits. The input gradient is this rank's partial sum over its vocabulary rows:
+      // reduce-scattered onto the sequence shard (the all-gather's backward).
+      const Tensor fn_all = Rows(ag_, t), dfn_all = Rows(rs_, t);
+      SY_RETURN_IF_ERROR(GatherSeq(s, fn, fn_all, seq_len));
+      SY_RETURN_IF_ERROR(ce_->VocabParallelForwardBackward(s, fn_all, w_out, targets,
+                                                           MakeVocabShard(), ce_scale, loss,
+                                                           ce_num_valid_, lse, dfn_all, dw_out));
+      SY_RETURN_IF_ERROR(KeepLossOnFirstTpRank(s, loss));
+      SY_RETURN_IF_ERROR(ReduceScatterSeq(s, dfn_all, dn, seq_len));
+    } else {
+      SY_RETURN_IF_ERROR(ce_->ForwardBackward(s, fn, w_out, targets, ce_scale, loss, ce_num_valid_,
+                                              lse, dn, dw_out));
+    }
   }
   {
     // Backward: final norm, then the layers in reverse, then the embedding.
@@ -1257,7 +1348,6 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
                                                 G("final_norm.weight"), true, rms_ws_));
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
-  (void)local_ids;
   return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad);
 }
 
@@ -1276,12 +1366,19 @@ absl::Status GptModel::LayersBackward(const Stream& s, const Tensor& ids, int64_
   }
   {
     ScopedRange emb(s, "embedding.bwd");
-    // SP: this rank's ids again (another micro-batch may have used ids_loc_ since the forward).
-    const bool tp = config_.tp_size > 1;
-    const Tensor local_ids = tp ? Rows(ids_loc_, tl) : ids;
-    if (tp) SY_RETURN_IF_ERROR(KeepShard(s, ids, local_ids, seq_len));
-    SY_RETURN_IF_ERROR(
-        kernels::EmbeddingBackward(s, local_ids, g, G("embedding.weight"), true, emb_ws_));
+    if (config_.tp_size > 1) {
+      // Vocabulary-parallel: the reduce-scatter's backward (all-gather of the shard gradients),
+      // then this rank's rows get every token they embedded (ids mapped again: another
+      // micro-batch may have used ids_loc_ since the forward).
+      const int64_t t = tokens_, vl = config_.vocab_size / config_.tp_size;
+      SY_RETURN_IF_ERROR(GatherSeq(s, g, Rows(ag_, t), seq_len));
+      SY_RETURN_IF_ERROR(kernels::VocabShardEmbeddingBackward(
+          s, ids, Rows(ag_, t), G("embedding.weight"), config_.tp_rank * vl, config_.vocab_size,
+          Rows(ids_loc_, t), true, emb_ws_));
+    } else {
+      SY_RETURN_IF_ERROR(
+          kernels::EmbeddingBackward(s, ids, g, G("embedding.weight"), true, emb_ws_));
+    }
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(-1));
   return absl::OkStatus();

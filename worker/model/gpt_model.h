@@ -53,9 +53,12 @@
 //                 not replicated)
 //   o, mlp.fc2    row-parallel: rank r holds the columns of its heads / its F/TP units
 //   mlp.fc1       column-parallel over both halves: rows [gate_r ; up_r], SwiGLU stays local
-//   everything else (embedding, output, norms, q_norm / k_norm, the MoE router and shared expert)
+//   embedding, output   vocabulary-parallel (§1.7-1.8): rank r holds rows [r·V/TP, (r+1)·V/TP)
+//                 (model.vocab_size % TP == 0: no padded vocabulary in the spec; the checkpoint
+//                 keeps the whole [V, H] under the same names)
+//   everything else (norms, q_norm / k_norm, the MoE router and shared expert)
 //                 whole on every TP rank, gradients all-reduced over TP (§1.9); the expert
-//                 weights follow EP only (ETP = 1)
+//                 weights follow EP (and ETP, moe_layer.h)
 // The residual stream between blocks, the norms and the MoE layers work on this rank's SEQUENCE
 // SHARD; the all-gather of the normed input precedes q/k/v and fc1, the reduce-scatter follows
 // o-proj and fc2 (in the backward: all-gather of the output gradient, reduce-scatter of the input
@@ -66,12 +69,18 @@
 // meaning: seq_aux_loss sums a sequence's shards over TP exactly as the spec (§1.11 /
 // megatron_moe.md §2.3), and the MoE jitter and RoPE positions map one-to-one; with B = 1 the
 // all-gather needs no reordering, with B > 1 one copy per (sequence, rank) block.
-// The embedding and the LM head are NOT vocab-parallel yet: each rank looks up its shard's
-// tokens in the whole table and computes the cross-entropy of its shard's tokens against the
-// whole vocabulary (no full-batch logits either way; V·H memory per rank; their gradients are
-// all-reduced over TP like the other replicated tensors). Every TP rank is given the whole
-// micro-batch (ids, targets) and keeps its shard. Loss sums and MoE statistics are this rank's
-// share: the trainer sums them over TP×DP×CP.
+// Every TP rank is given the whole micro-batch (ids, targets). The embedding looks every token up
+// in this rank's vocabulary rows (zero rows for ids another rank owns,
+// kernels::VocabShardEmbeddingForward) and reduce-scatters the [t, H] partial sums onto the
+// sequence shard (one non-zero term per token); its backward all-gathers the shard gradients and
+// gives this rank's rows every token they embedded. The LM head all-gathers the final norm's
+// shards and runs the fused vocabulary-parallel cross-entropy over the whole micro-batch against
+// its V/TP rows (kernels::FusedLinearCrossEntropy::VocabParallelForwardBackward: max and
+// (sum-exp, target logit) all-reduced over TP per chunk, never the logits); the input gradient,
+// a partial sum over this rank's rows, is reduce-scattered onto the shard; the weight gradients
+// are whole for this rank's rows (no TP all-reduce). Tied embeddings share the vocabulary slice.
+// The loss sum of a micro-batch is then the same on every TP rank: TP rank 0 reports it, the
+// others 0. MoE statistics are this rank's share. The trainer sums both over TP×DP×CP.
 //
 // Activations are bf16 on CUDA (fp32 math in kernels), the parameter dtype on the CPU. The model
 // holds one micro-batch in flight: ForwardBackward runs both passes. Nothing synchronises with
@@ -379,8 +388,10 @@ class GptModel {
   int num_slots() const { return static_cast<int>(slot_layers_.size()); }
   // Forward only: the loss sum into slot `micro` (targets given) and/or the logits [B·S, V] f32
   // (when `logits` is non-empty). Does not disturb gradients. At TP > 1 the final-norm sequence
-  // shards are all-gathered over TP for the logits (only when asked: generation / eval), so every
-  // TP rank gets the same full logits of its (CP-local) tokens in the order of `ids`.
+  // shards are all-gathered over TP, the loss is the vocabulary-parallel one (on TP rank 0, as in
+  // ForwardBackward), and the logits (only when asked: generation / eval) are each rank's V/TP
+  // columns all-gathered over TP, so every TP rank gets the same full logits of its (CP-local)
+  // tokens in the order of `ids` (a [(TP+1)·t·V/TP] scratch is allocated on first use).
   absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                        int64_t seq_len, int micro, const Tensor& logits);
 
@@ -431,9 +442,15 @@ class GptModel {
                          int64_t seq_len);
   absl::Status ReduceScatterSeq(const Stream& s, const Tensor& whole, const Tensor& local,
                                 int64_t seq_len);
-  // This rank's rows of a whole [t, w] tensor (no communication: ids and targets).
-  absl::Status KeepShard(const Stream& s, const Tensor& whole, const Tensor& local,
-                         int64_t seq_len) const;
+  // Vocabulary-parallel LM head (tp_size > 1): this rank's slice and the TP all-reduce.
+  kernels::VocabShard MakeVocabShard();
+  // The loss sum of a micro-batch is the same on every TP rank: kept on TP rank 0, zeroed on the
+  // others (the trainer sums the stats over TP).
+  absl::Status KeepLossOnFirstTpRank(const Stream& s, const Tensor& loss);
+  // Forward logits [t, V] f32 at TP > 1 from the gathered final norm [t, H]: local columns, TP
+  // all-gather, interleave (logits_ws_).
+  absl::Status GatherLogits(const Stream& s, const Tensor& normed, const Tensor& w_out,
+                            const Tensor& logits);
   Tensor P(const std::string& name) const;  // parameter view (name must exist)
   Tensor G(const std::string& name) const;  // gradient view
   // Allocates a zeroed activation or scratch buffer owned by the model.
@@ -459,10 +476,11 @@ class GptModel {
   std::vector<Tensor> resid_;
   Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;
   Tensor g_, dn_, d_o_, dq_, dk_, dv_, delta_, dh_, da_, rms_ws_, emb_ws_;
-  // TP only: the gathered [t, H] input of q/k/v and fc1 (and gathered gradients), the partial
-  // [t, H] sums before a reduce-scatter, the reordering scratch for B > 1, this rank's ids and
-  // targets [t/TP].
-  Tensor ag_, rs_, perm_, ids_loc_, targets_loc_;
+  // TP only: the gathered [t, H] input of q/k/v, fc1 and the LM head (and gathered gradients),
+  // the partial [t, H] sums before a reduce-scatter (also the embedding lookup's), the reordering
+  // scratch for B > 1, the micro-batch's ids mapped to this rank's vocabulary rows [t].
+  Tensor ag_, rs_, perm_, ids_loc_;
+  kernels::Buffer logits_ws_;  // GatherLogits' scratch, allocated on first use
   // Context parallelism (cp_size > 1), shared by the layers: the CP-ordered all-gather [CP·T_loc,
   // Hkv, D], the whole-sequence K and V [B·S, Hkv, D] in natural order, their gradients, and one
   // chunk's dK/dV [S, Hkv, D] before it is added.

@@ -89,8 +89,16 @@ TEST(GptParamLayoutTest, TensorParallelShardsRegionsAndCopies) {
   EXPECT_EQ(shape("layers.0.attention.o.weight"), (V{16, 16}));  // columns of 2 heads
   EXPECT_EQ(shape("layers.1.mlp.fc1.weight"), (V{24, 16}));      // gate_r ; up_r
   EXPECT_EQ(shape("layers.1.mlp.fc2.weight"), (V{16, 12}));
-  EXPECT_EQ(shape("layers.0.attention.q_norm.weight"), (V{8}));  // whole
-  EXPECT_EQ(shape("layers.0.moe.router.weight"), (V{4, 16}));    // whole
+  EXPECT_EQ(shape("layers.0.attention.q_norm.weight"), (V{8}));     // whole
+  EXPECT_EQ(shape("layers.0.moe.router.weight"), (V{4, 16}));       // whole
+  EXPECT_EQ(shape("layers.0.moe.shared_expert.gate"), (V{16, 1}));  // whole
+  // Vocabulary-parallel embedding and LM head: rows [16·r, 16·r + 16) of the 32.
+  EXPECT_EQ(shape("embedding.weight"), (V{16, 16}));
+  EXPECT_EQ(shape("output.weight"), (V{16, 16}));
+  EXPECT_EQ(layout.Find("embedding.weight")->global_shape, (V{32, 16}));
+  // The shared expert split like the dense MLP: fc1 [H, 2S] by columns (gate_r, up_r), fc2 rows.
+  EXPECT_EQ(shape("layers.0.moe.shared_expert.fc1"), (V{16, 8}));
+  EXPECT_EQ(shape("layers.0.moe.shared_expert.fc2"), (V{4, 16}));
   EXPECT_EQ(layout.Find("layers.1.mlp.fc1.weight")->global_shape, (V{48, 16}));
   EXPECT_EQ((layout.replicated_begin - layout.expert_end) % 128, 0);
   int sharded = 0;
@@ -105,7 +113,9 @@ TEST(GptParamLayoutTest, TensorParallelShardsRegionsAndCopies) {
       EXPECT_GE(p.offset, layout.replicated_begin) << p.name;
     }
   }
-  EXPECT_EQ(sharded, 2 * 4 + 2);  // q, k, v, o per layer; fc1, fc2 of the dense layer
+  // q, k, v, o per layer; fc1, fc2 of the dense layer; embedding and output (vocabulary rows);
+  // the MoE layer's shared expert fc1 and fc2.
+  EXPECT_EQ(sharded, 2 * 4 + 2 + 2 + 2);
   // Without TP nothing is sharded and the layout is the single-process one.
   const GptParamLayout one = MakeGptParamLayout(TinyConfig(DType::kF32, true));
   EXPECT_EQ(one.replicated_begin, one.expert_end);
@@ -128,6 +138,15 @@ TEST(GptParamLayoutTest, TensorParallelShardsRegionsAndCopies) {
       if (p.name == "layers.0.attention.o.weight") {
         // Row i of the shard is columns [16·r, 16·r + 16) of row i.
         EXPECT_EQ(shard[3 * 16 + 5], static_cast<float>(3 * cols + 16 * r + 5)) << p.name;
+      }
+      if (p.name == "layers.0.moe.shared_expert.fc1") {
+        // [16, 16] whole = gate columns 0-7, up columns 8-15; rank r: [4r, 4r+4) and [8+4r, +4).
+        EXPECT_EQ(shard[0], static_cast<float>(4 * r)) << p.name;
+        EXPECT_EQ(shard[4], static_cast<float>(8 + 4 * r)) << p.name;
+        EXPECT_EQ(shard[8], static_cast<float>(cols + 4 * r)) << p.name;  // row 1
+      }
+      if (p.name == "embedding.weight") {
+        EXPECT_EQ(shard[0], static_cast<float>(16 * r * cols)) << p.name;  // vocabulary row 16·r
       }
       if (p.name == "layers.0.attention.k.weight") {
         EXPECT_EQ(shard[0], static_cast<float>(8 * r * cols)) << p.name;  // group r's rows
@@ -155,6 +174,21 @@ TEST(GptConfigTest, TensorParallelSplitRules) {
   EXPECT_EQ(s.message(),
             "model.seq_length (7) must be divisible by parallel.tensor_model_parallel_size (2) "
             "(sequence parallelism)");
+  // The vocabulary-parallel embedding / LM head and the TP-split shared expert.
+  c = TinyConfig(DType::kF32, false);
+  c.tp_size = 2;
+  c.vocab_size = 33;
+  s = c.Validate();
+  EXPECT_EQ(s.message(),
+            "model.vocab_size (33) must be divisible by parallel.tensor_model_parallel_size (2) "
+            "(vocabulary-parallel embedding and LM head)");
+  c = TinyConfig(DType::kF32, false);
+  c.tp_size = 2;
+  c.moe.shared_ffn_size = 7;
+  s = c.Validate();
+  EXPECT_EQ(s.message(),
+            "model.moe_shared_expert_intermediate_size (7) must be divisible by "
+            "parallel.tensor_model_parallel_size (2) (the shared expert is split over TP)");
   c = TinyConfig(DType::kF32, false);
   c.tp_size = 2;
   c.tp_rank = 2;

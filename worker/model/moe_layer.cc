@@ -62,6 +62,12 @@ absl::Status MoELayerConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("moe layer: sp_rank (", sp_rank, ") must be in [0, sp_size ", sp_size, ")"));
   }
+  if (sp_size > 1 && shared_ffn_size % sp_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.moe_shared_expert_intermediate_size (", shared_ffn_size,
+                     ") must be divisible by parallel.tensor_model_parallel_size (", sp_size,
+                     "): the shared expert is split over the TP ranks like the dense MLP"));
+  }
   if (sp_size > 1 && router.seq_length < 1) {
     return absl::InvalidArgumentError(
         "moe layer: sequence parallelism needs router.seq_length (the local sequence length)");
@@ -156,7 +162,10 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   const kernels::RouterConfig& rc = config.router;
   // f: this rank's slice of the experts' intermediate size (F / ETP).
   const int64_t t = max_tokens, h = config.hidden_size, f = config.local_ffn_size();
-  const int64_t e = rc.num_experts, k = rc.topk, s = config.shared_ffn_size;
+  // s: this rank's shared-expert units; ts: the rows the shared expert's GEMMs see (the TP-gathered
+  // tokens at sp_size > 1).
+  const int64_t e = rc.num_experts, k = rc.topk, s = config.local_shared_ffn_size();
+  const int64_t ts = t * config.sp_size;
   const DType dt = config.dtype, rdt = config.router_dtype();
   for (const auto& term : rc.aux_losses) {
     l->has_aux_ = true;
@@ -280,12 +289,16 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_RETURN_IF_ERROR(alloc(DType::kBF16, {lowp ? t : 0, e}, &l->dlogits_lowp_));
   SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->dx_tmp_));
   if (s > 0) {
-    SY_RETURN_IF_ERROR(alloc(dt, {t, 2 * s}, &l->sh_h_));
-    SY_RETURN_IF_ERROR(alloc(dt, {t, s}, &l->sh_a_));
+    SY_RETURN_IF_ERROR(alloc(dt, {ts, 2 * s}, &l->sh_h_));
+    SY_RETURN_IF_ERROR(alloc(dt, {ts, s}, &l->sh_a_));
     SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_y_));
-    SY_RETURN_IF_ERROR(alloc(dt, {t, s}, &l->sh_da_));
-    SY_RETURN_IF_ERROR(alloc(dt, {t, 2 * s}, &l->sh_dh_));
+    SY_RETURN_IF_ERROR(alloc(dt, {ts, s}, &l->sh_da_));
+    SY_RETURN_IF_ERROR(alloc(dt, {ts, 2 * s}, &l->sh_dh_));
     SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_dx_));
+    if (config.sp_size > 1) {
+      SY_RETURN_IF_ERROR(alloc(dt, {ts, h}, &l->sh_xall_));
+      SY_RETURN_IF_ERROR(alloc(dt, {ts, h}, &l->sh_part_));
+    }
     if (config.shared_expert_gate) {
       SY_RETURN_IF_ERROR(alloc(rdt, {t, 1}, &l->sh_g_));
       SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_dy_));
@@ -293,7 +306,8 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
       SY_RETURN_IF_ERROR(alloc(rdt, {t}, &l->sh_dg_));
       SY_RETURN_IF_ERROR(alloc(dt, {t, 1}, &l->sh_dg_lowp_));
     }
-    if (device.is_cuda() && config.shared_expert_overlap) {
+    // At sp_size > 1 the shared expert's TP collectives run on the layer's stream: no side stream.
+    if (device.is_cuda() && config.shared_expert_overlap && config.sp_size == 1) {
       SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
       cudaStream_t side;
       cudaEvent_t fork, join;
@@ -542,11 +556,22 @@ absl::Status MoELayer::FitExpertRows(int64_t rows) {
 }
 
 absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x) {
-  const int64_t t = tokens_;
-  const Tensor sh_h = Rows(sh_h_, t), sh_a = Rows(sh_a_, t), sh_y = Rows(sh_y_, t);
-  SY_RETURN_IF_ERROR(kernels::Gemm(s, x, false, p.shared_fc1, false, sh_h));
+  const int64_t t = tokens_, ts = t * config_.sp_size;
+  const bool tp = config_.sp_size > 1;
+  const Tensor sh_h = Rows(sh_h_, ts), sh_a = Rows(sh_a_, ts), sh_y = Rows(sh_y_, t);
+  // TP (see MoELayerConfig::sp_size): column-parallel fc1 over the gathered tokens, row-parallel
+  // fc2 whose partial sums are reduce-scattered back onto this rank's rows.
+  const Tensor x_in = tp ? Rows(sh_xall_, ts) : x;
+  if (tp) SY_RETURN_IF_ERROR(tp_->AllGather(x, x_in));
+  SY_RETURN_IF_ERROR(kernels::Gemm(s, x_in, false, p.shared_fc1, false, sh_h));
   SY_RETURN_IF_ERROR(kernels::SwigluForward(s, sh_h, Tensor(), Tensor(), sh_a));
-  SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, false, p.shared_fc2, false, sh_y));
+  if (tp) {
+    const Tensor part = Rows(sh_part_, ts);
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, false, p.shared_fc2, false, part));
+    SY_RETURN_IF_ERROR(tp_->ReduceScatter(part, sh_y, comm::ReduceOp::kSum));
+  } else {
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, false, p.shared_fc2, false, sh_y));
+  }
   if (config_.shared_expert_gate) {
     // sh_y keeps the ungated output (needed by the gate's backward); sh_gated is what is added.
     const Tensor g = Rows(sh_g_, t);
@@ -626,9 +651,11 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
 
 absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,
                                       const MoELayerParams& g, const Tensor& dy, float grad_beta) {
-  const int64_t t = tokens_;
+  const int64_t t = tokens_, ts = t * config_.sp_size;
+  const bool tp = config_.sp_size > 1;
   const Tensor& x = x_saved_;
   Tensor dys = dy;
+  Tensor dg_gate;  // TP: the gate's dg, whose dx GEMM is added after the reduce-scatter
   if (config_.shared_expert_gate) {
     const Tensor gl = Rows(sh_g_, t);
     Tensor g1(gl.dtype, {t}, gl.device, gl.data);
@@ -639,11 +666,32 @@ absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,
     const Tensor dg_lowp = Rows(sh_dg_lowp_, t);
     SY_RETURN_IF_ERROR(kernels::Cast(s, dg, dg_lowp));
     SY_RETURN_IF_ERROR(kernels::Gemm(s, x, true, dg_lowp, false, g.shared_gate, 1.0f, grad_beta));
-    SY_RETURN_IF_ERROR(
-        kernels::Gemm(s, dg_lowp, false, p.shared_gate, true, Rows(sh_dx_, t), 1.0f, 0.0f));
+    if (tp) {
+      dg_gate = dg_lowp;
+    } else {
+      SY_RETURN_IF_ERROR(
+          kernels::Gemm(s, dg_lowp, false, p.shared_gate, true, Rows(sh_dx_, t), 1.0f, 0.0f));
+    }
   }
-  const Tensor sh_h = Rows(sh_h_, t), sh_a = Rows(sh_a_, t), sh_da = Rows(sh_da_, t);
-  const Tensor sh_dh = Rows(sh_dh_, t), sh_dx = Rows(sh_dx_, t);
+  const Tensor sh_h = Rows(sh_h_, ts), sh_a = Rows(sh_a_, ts), sh_da = Rows(sh_da_, ts);
+  const Tensor sh_dh = Rows(sh_dh_, ts), sh_dx = Rows(sh_dx_, t);
+  if (tp) {
+    // The reduce-scatter's backward: all-gather dy; fc2 and fc1 over the gathered rows; the
+    // partial dx reduce-scattered (the all-gather's backward), then the gate's dx added.
+    const Tensor part = Rows(sh_part_, ts), x_all = Rows(sh_xall_, ts);
+    SY_RETURN_IF_ERROR(tp_->AllGather(dys, part));
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, part, false, p.shared_fc2, true, sh_da));
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, true, part, false, g.shared_fc2, 1.0f, grad_beta));
+    SY_RETURN_IF_ERROR(
+        kernels::SwigluBackward(s, sh_da, sh_h, Tensor(), Tensor(), sh_dh, Tensor()));
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, x_all, true, sh_dh, false, g.shared_fc1, 1.0f, grad_beta));
+    SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_dh, false, p.shared_fc1, true, part));
+    SY_RETURN_IF_ERROR(tp_->ReduceScatter(part, sh_dx, comm::ReduceOp::kSum));
+    if (dg_gate.data != nullptr) {
+      SY_RETURN_IF_ERROR(kernels::Gemm(s, dg_gate, false, p.shared_gate, true, sh_dx, 1.0f, 1.0f));
+    }
+    return absl::OkStatus();
+  }
   SY_RETURN_IF_ERROR(kernels::Gemm(s, dys, false, p.shared_fc2, true, sh_da));
   SY_RETURN_IF_ERROR(kernels::Gemm(s, sh_a, true, dys, false, g.shared_fc2, 1.0f, grad_beta));
   SY_RETURN_IF_ERROR(kernels::SwigluBackward(s, sh_da, sh_h, Tensor(), Tensor(), sh_dh, Tensor()));

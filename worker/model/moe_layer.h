@@ -72,8 +72,8 @@ struct MoELayerConfig {
   // local), fc2 row-parallel. The dispatcher gathers the peers' tokens so every peer runs the same
   // rows, and its combine sums the partial fc2 outputs. Needs F % etp_size == 0 and the ETP groups
   // at Create (MoEParallelGroups: etp for alltoall, etp_ep for allgather). The shared expert is
-  // NOT split by ETP: Megatron runs it on the attention TP group (§4.4), so with TP = 1 it is
-  // replicated and its gradients are dense (reduced over DP×CP).
+  // NOT split by ETP: Megatron runs it on the attention TP group (§4.4, sp_size below), so with
+  // TP = 1 it is replicated and its gradients are dense (reduced over DP×CP).
   int64_t etp_size = 1, etp_rank = 0;
   // moe_token_dispatcher_type: the dispatcher used when ep_size > 1 (with ep_size = 1 every
   // expert is local and LocalDispatcher runs whatever this says, as Megatron's dispatchers
@@ -93,6 +93,17 @@ struct MoELayerConfig {
   // c_z' = c_z / size(TP×CP)), global_aux_loss's gradient factor counts DP only, and the input
   // jitter of a token is the one its global position would get, so every loss, value and
   // gradient summed over the TP ranks is the single-process one.
+  // The shared expert is split over TP like the dense MLP (Megatron's SharedExpertMLP with
+  // ColumnParallelLinear / RowParallelLinear, megatron_parallel.md §1.4, §1.6): this rank holds
+  // S' = S / sp_size units, fc1 [H, 2S'] = the gate columns [sp_rank·S', +S') then the up columns
+  // [S + sp_rank·S', +S') (SwiGLU stays local), fc2 [S', H] = those rows; the layer all-gathers the
+  // shards' x over TP ([sp_size·T, H], rank-major: the expert is per token, so the order only has
+  // to match the reduce-scatter's), and reduce-scatters fc2's partial sums back onto the shard;
+  // backward: all-gather of dy, reduce-scatter of dx (the gathered x is kept from the forward,
+  // sp_size·T·H per layer, instead of gathered again). The gate [H, 1] stays whole (TP-replicated,
+  // its gradient all-reduced over TP by the trainer) and gates the shard's rows. Needs
+  // S % sp_size == 0. The collectives run on the layer's stream: moe_shared_expert_overlap is
+  // ignored at sp_size > 1 (no side stream).
   int sp_size = 1;
   int sp_rank = 0;
   // The model's layer index of this MoE layer (0-based, as StepMetrics' expert_load names it);
@@ -101,6 +112,8 @@ struct MoELayerConfig {
   int64_t num_local_experts() const { return router.num_experts / ep_size; }
   // F' = F / ETP: this rank's slice of each expert's intermediate size.
   int64_t local_ffn_size() const { return ffn_hidden_size / etp_size; }
+  // This rank's units of the shared expert (S / sp_size; see sp_size).
+  int64_t local_shared_ffn_size() const { return shared_ffn_size / sp_size; }
 
   // From a defaulted and validated ModelConfig (common/config/config_defaults.h,
   // common/config/validate.h).
@@ -114,7 +127,8 @@ struct MoELayerConfig {
 //   router_weight [E, H], fc1 [L, H, 2F'] (gate columns first), fc2 [L, F', H] (L = local experts,
 //   E without expert parallelism; F' = F / ETP: fc1's gate and up columns [etp_rank·F', +F') of
 //   the global [E, H, 2F], fc2's rows [etp_rank·F', +F') of the global [E, F, H]),
-//   shared_fc1 [H, 2S], shared_fc2 [S, H], shared_gate [H, 1] (empty when absent).
+//   shared_fc1 [H, 2S'], shared_fc2 [S', H], shared_gate [H, 1] (empty when absent; S' = S /
+//   sp_size, this TP rank's slice, MoELayerConfig::sp_size).
 // Parameters have the layer dtype; gradients are f32 on CUDA (fp32 accumulation, DESIGN.md) or
 // the layer dtype on the CPU, and are ACCUMULATED into by Backward.
 struct MoELayerParams {
@@ -267,6 +281,9 @@ class MoELayer {
   Tensor global_counts_, global_mean_counts_;
   Tensor h_, a_, da_, dh_, dtopk_probs_, dlogits_, dlogits_lowp_, dx_tmp_;
   Tensor sh_h_, sh_a_, sh_y_, sh_gated_, sh_g_, sh_dy_, sh_da_, sh_dh_, sh_dg_, sh_dg_lowp_, sh_dx_;
+  // sp_size > 1: the shared expert's TP-gathered input [sp_size·T, H] (kept for fc1's weight
+  // gradient) and the partial sums / gathered dy [sp_size·T, H].
+  Tensor sh_xall_, sh_part_;
   Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
   // h_, a_, da_, dh_ ([R, 2F'], [R, F'], [R, F'], [R, 2F']) with R = expert_rows_, the
   // dispatcher's current expert-row capacity.

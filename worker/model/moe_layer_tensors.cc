@@ -32,7 +32,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> MoELayerTensors::Param
     const MoELayerConfig& c) {
   // f: this rank's ETP slice of the experts' intermediate size.
   const int64_t e = c.router.num_experts, h = c.hidden_size, f = c.local_ffn_size();
-  const int64_t s = c.shared_ffn_size, l = c.num_local_experts();
+  // s: this TP rank's shared-expert units (the whole S without sequence parallelism).
+  const int64_t s = c.local_shared_ffn_size(), l = c.num_local_experts();
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
       {"router.weight", {e, h}}, {"experts.fc1", {l, h, 2 * f}}, {"experts.fc2", {l, f, h}}};
   if (s > 0) {

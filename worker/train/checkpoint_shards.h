@@ -17,7 +17,10 @@ namespace switchyard::train {
 // The model-parallel shard of `p` (a ParamInfo of the layout of `config`) that this rank holds:
 //   dense, not TP-split:   the whole tensor;
 //   TP-split (tp_dim):     per part j of tp_parts, global indices [j·part + tp_rank·piece, +piece)
-//                          of dimension tp_dim (fc1's gate piece, then its up piece);
+//                          of dimension tp_dim (fc1's gate piece, then its up piece; the shared
+//                          expert's fc1 columns likewise); the vocabulary slice of
+//                          embedding.weight / output.weight [V, H] is rows
+//                          [tp_rank·V/TP, +V/TP) (tp_dim 0, one part);
 //   expert:                rows [ep_rank·L, +L) of the E experts; with ETP > 1 fc1 [E, H, 2F]
 //                          keeps columns [etp_rank·F', +F') then [F + etp_rank·F', +F'), fc2
 //                          [E, F, H] rows [etp_rank·F', +F') of dimension 1.

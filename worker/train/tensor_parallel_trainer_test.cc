@@ -3,18 +3,22 @@
 // Tensor parallelism with sequence parallelism over Gloo between real forked processes (CPU):
 // TP2, TP4, TP2·EP2 (world 4), TP2·EP2 at world 8, TP2·EP2 with two sequences per
 // micro-batch and seq_aux_loss, and the folds TP2·CP2 (world 4, also with two sequences and
-// seq_aux_loss), TP2·CP2·EP2 (world 8) and TP2·EP2·ETP2 (world 4) train the tiny MoE model of
+// seq_aux_loss), TP2·CP2·EP2 (world 8) and TP2·EP2·ETP2 (world 4), and TP2 and TP2·EP2 with an
+// untied LM head train the tiny MoE model of
 // worker/train/testing/tiny_moe_spec.h for 20 steps and must give one process's routing (tokens
 // per expert of every MoE layer, every step) and loss curve within 1e-5 relative; a TP2
 // checkpoint resumes in one process and a one-process checkpoint resumes at TP2 (sharded on
-// disk, resharded on load); a KV-head count or a sequence length that TP does not divide is
-// rejected naming the field and the rule; GptModel::Forward's logits at TP2 (gathered over TP)
-// match one process's after 2 steps.
+// disk, resharded on load); a KV-head count, a sequence length or a vocabulary size that TP does
+// not divide is rejected naming the field and the rule; GptModel::Forward's logits at TP2 (each
+// rank's vocabulary columns gathered over TP) and its evaluation loss (vocabulary-parallel CE, on
+// TP rank 0) match one process's after 2 steps.
 //
 // The tiny model exercises every TP path: column-parallel q/k/v with QK-norm and GQA (4 heads in
 // 2 groups; 4 groups at TP4), row-parallel o-proj, a dense SwiGLU layer (column fc1, row fc2),
 // two MoE layers on the sequence shards (aux loss and z-loss counted over TP, input jitter at the
-// global positions, expert bias), TP-replicated norms, router, shared expert and embedding.
+// global positions, expert bias), TP-replicated norms and router, the vocabulary-parallel
+// embedding / LM head (tied, and untied in two cases) with the fused vocabulary-parallel
+// cross-entropy, and the shared expert.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -67,6 +71,7 @@ struct Variant {
   bool seq_aux = false;     // moe_router_load_balancing_type seq_aux_loss instead of aux_loss
   std::string dispatcher;   // model.moe_token_dispatcher_type; empty: the default (allgather)
   bool no_overlap = false;  // TrainerOptions::overlap_grad_reduce off (reduce after backward)
+  bool untie = false;       // untie_embeddings_and_output_weights (the tiny spec ties them)
   std::string Name() const {
     std::string s;
     if (query_groups > 0) absl::StrAppend(&s, ", ", query_groups, " groups");
@@ -74,6 +79,7 @@ struct Variant {
     if (seq_aux) absl::StrAppend(&s, ", seq_aux_loss");
     if (!dispatcher.empty()) absl::StrAppend(&s, ", ", dispatcher);
     if (no_overlap) absl::StrAppend(&s, ", no overlap");
+    if (untie) absl::StrAppend(&s, ", untied LM head");
     return s;
   }
 };
@@ -89,6 +95,7 @@ v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
     spec->mutable_model()->add_moe_router_load_balancing_type("seq_aux_loss");
   }
   if (!v.dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(v.dispatcher);
+  if (v.untie) spec->mutable_model()->set_untie_embeddings_and_output_weights(true);
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
@@ -207,6 +214,9 @@ TEST_P(TensorParallelTrainerTest, MatchesSingleProcess) {
 // The folds: TP2·CP2 (world 4: CP picks each rank's two chunks, SP shards them over TP), TP2·CP2
 // with two sequences per micro-batch and the per-sequence aux loss, TP2·CP2·EP2 (world 8), and
 // TP2·EP2·ETP2 (world 4, expert-tensor split of the experts beside the dense TP split).
+// Every case has the tiny spec's shared expert and tied embeddings (the vocabulary-parallel
+// embedding is also the LM head); TP2 and TP2·EP2 run once more with an untied LM head
+// (output.weight split by vocabulary rows beside the embedding).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, TensorParallelTrainerTest,
     ::testing::Values(Case{{2, 2, 1}, {}}, Case{{4, 4, 1}, {4, 0, false}}, Case{{4, 2, 2}, {}},
@@ -214,16 +224,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{{4, 2, 2}, {0, 0, false, "alltoall"}},
                       Case{{2, 2, 1}, {0, 0, false, "", true}}, Case{{4, 2, 1, 2}, {}},
                       Case{{8, 2, 2, 2}, {}}, Case{{4, 2, 1, 2}, {0, 2, true}},
-                      Case{{4, 2, 2, 1, 2}, {}}),
+                      Case{{4, 2, 2, 1, 2}, {}}, Case{{2, 2, 1}, {0, 0, false, "", false, true}},
+                      Case{{4, 2, 2}, {0, 0, false, "", false, true}}),
     [](const auto& info) {
       const Layout& l = info.param.layout;
       const Variant& v = info.param.variant;
-      return absl::StrCat(
-          "TP", l.tp, l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", "_EP", l.ep,
-          l.etp > 1 ? absl::StrCat("_ETP", l.etp) : "", "_W", l.world,
-          v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
-          v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "", v.seq_aux ? "_SeqAux" : "",
-          v.dispatcher.empty() ? "" : "_" + v.dispatcher, v.no_overlap ? "_NoOverlap" : "");
+      return absl::StrCat("TP", l.tp, l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", "_EP", l.ep,
+                          l.etp > 1 ? absl::StrCat("_ETP", l.etp) : "", "_W", l.world,
+                          v.query_groups > 0 ? absl::StrCat("_G", v.query_groups) : "",
+                          v.micro_batch > 0 ? absl::StrCat("_MBS", v.micro_batch) : "",
+                          v.seq_aux ? "_SeqAux" : "",
+                          v.dispatcher.empty() ? "" : "_" + v.dispatcher,
+                          v.no_overlap ? "_NoOverlap" : "", v.untie ? "_Untied" : "");
     });
 
 // A TP2 checkpoint (each TP rank's shards): one process resumes it and continues the curve; a
@@ -245,10 +257,13 @@ TEST(TensorParallelCheckpointTest, ResumesAcrossTensorParallelSizes) {
 }
 
 // GptModel::Forward's logits at TP2 (generation / eval): after 2 training steps each TP rank
-// gathers the final-norm shards over TP and returns the full [S, V] logits of one sequence. Both
-// ranks' logits must be bitwise equal (same gathered input, same GEMM) and match one process
-// after the same 2 steps within 1e-5 relative to the largest logit (f32; the loss curves of the
-// fold tests agree to 1e-5 too). Before, TP > 1 returned UNIMPLEMENTED.
+// gathers the final-norm shards over TP, computes its V/TP vocabulary columns and all-gathers
+// them, returning the full [S, V] logits of one sequence. Both ranks' logits must be bitwise
+// equal (the same gathered columns) and match one process after the same 2 steps within 1e-5
+// relative to the largest logit (f32; the loss curves of the fold tests agree to 1e-5 too).
+// Before, TP > 1 returned UNIMPLEMENTED. Then Forward with targets (the evaluation loss through
+// the vocabulary-parallel cross-entropy): TP rank 0's loss sum within 1e-5 of one process's,
+// rank 1's exactly 0 (the trainer sums the ranks' shares over TP).
 std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
   while (t->step() < 2) {
     if (!t->Step().ok()) return {};
@@ -256,10 +271,13 @@ std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
   const model::GptConfig& c = t->model_config();
   const int64_t n = c.seq_length, v = c.vocab_size;
   auto ids = Buffer::ForTensor(DType::kI32, {n}, Device::Cpu());
+  auto targets = Buffer::ForTensor(DType::kI32, {n}, Device::Cpu());
   auto logits = Buffer::ForTensor(DType::kF32, {n, v}, Device::Cpu());
-  if (!ids.ok() || !logits.ok()) return {};
-  for (int64_t i = 0; i < n; ++i)
+  if (!ids.ok() || !targets.ok() || !logits.ok()) return {};
+  for (int64_t i = 0; i < n; ++i) {
     ids->View().as<int32_t>()[i] = static_cast<int32_t>((7 * i + 3) % v);
+    targets->View().as<int32_t>()[i] = static_cast<int32_t>((7 * i + 10) % v);
+  }
   const float poison = std::nanf("");
   for (int64_t i = 0; i < n * v; ++i) logits->View().as<float>()[i] = poison;
   absl::Status st = t->model().Forward(Stream::Cpu(), ids->View(), Tensor(), n, 0, logits->View());
@@ -267,7 +285,18 @@ std::vector<float> LogitsAfterTwoSteps(Trainer* t) {
     std::fprintf(stderr, "Forward: %s\n", st.ToString().c_str());
     return {};
   }
-  return std::vector<float>(logits->View().as<float>(), logits->View().as<float>() + n * v);
+  std::vector<float> out(logits->View().as<float>(), logits->View().as<float>() + n * v);
+  // The evaluation loss of the same sequence (Forward with targets, no logits): at TP > 1 the
+  // vocabulary-parallel cross-entropy, reported by TP rank 0 (0 on the others). Appended last.
+  st = t->model().Forward(Stream::Cpu(), ids->View(), targets->View(), n, 0, Tensor());
+  if (!st.ok()) {
+    std::fprintf(stderr, "Forward (loss): %s\n", st.ToString().c_str());
+    return {};
+  }
+  auto stats = t->model().ReadStepStats(Stream::Cpu(), 1);
+  if (!stats.ok()) return {};
+  out.push_back(static_cast<float>(stats->loss_sum));
+  return out;
 }
 
 TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
@@ -304,12 +333,23 @@ TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
     return f.good() ? 0 : 1;
   });
   for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  // The last element is the evaluation loss sum (see LogitsAfterTwoSteps).
+  const float ref_loss = ref.back();
   std::vector<std::vector<float>> got(2, std::vector<float>(ref.size()));
   for (int r = 0; r < 2; ++r) {
     std::ifstream f(absl::StrCat(out, ".", r), std::ios::binary);
     f.read(reinterpret_cast<char*>(got[r].data()), got[r].size() * sizeof(float));
     ASSERT_TRUE(f.good()) << "rank " << r << " wrote fewer than " << ref.size() << " logits";
   }
+  // Evaluation loss: TP rank 0 holds the micro-batch's sum (every rank computed it), rank 1 0.
+  std::printf("TP2 eval loss sum: rank 0 %.6f, rank 1 %.6f, one process %.6f\n", got[0].back(),
+              got[1].back(), ref_loss);
+  EXPECT_GT(ref_loss, 0);
+  EXPECT_NEAR(got[0].back(), ref_loss, 1e-5 * ref_loss);
+  EXPECT_EQ(got[1].back(), 0.0f);
+  ref.pop_back();
+  got[0].pop_back();
+  got[1].pop_back();
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[0][i])) << "logit " << i << " not written";
@@ -323,8 +363,9 @@ TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
 }
 
 // What TP cannot split is rejected on every rank with INVALID_ARGUMENT naming the field and the
-// rule: GQA with one KV head at TP2 (the KV head is not replicated), and a sequence length TP
-// does not divide (sequence parallelism).
+// rule: GQA with one KV head at TP2 (the KV head is not replicated), a sequence length TP
+// does not divide (sequence parallelism), and a vocabulary TP does not divide (vocabulary-parallel
+// embedding and LM head; no padded vocabulary in the spec).
 TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
   struct Bad {
     std::function<void(v1::JobSpec*)> edit;
@@ -336,6 +377,9 @@ TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
       {[](v1::JobSpec* s) { s->mutable_model()->set_seq_length(15); },
        "model.seq_length (15) must be divisible by parallel.tensor_model_parallel_size (2): "
        "sequence parallelism splits every sequence over the TP ranks"},
+      {[](v1::JobSpec* s) { s->mutable_model()->set_vocab_size(63); },
+       "model.vocab_size (63) must be divisible by parallel.tensor_model_parallel_size (2): the "
+       "embedding and the LM head are split over the TP ranks by vocabulary rows"},
   };
   for (const Bad& bad : cases) {
     const std::string store = ct::UniqueStoreDir("tp_bad_store");
@@ -358,6 +402,10 @@ TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
       if (rank == 0) std::printf("rejected: %s\n", t.status().ToString().c_str());
       SY_CHILD_CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
       SY_CHILD_CHECK(absl::StrContains(t.status().message(), bad.needle));
+      // Neither rank exits before the other has finished connecting its groups: under load a
+      // rank that was rejected first closed its sockets while its peer was still connecting the
+      // last group ("Connection closed by peer" in CreateGlooProcessGroups, seen once here).
+      SY_CHILD_OK((*groups)->world->Barrier());
       return 0;
     });
     for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << bad.needle << " rank " << r;

@@ -952,15 +952,19 @@ void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64
 }
 
 absl::StatusOr<double> Trainer::SharedEmbeddingSquaredNorm() {
-  // The embedding's part of this rank's reduced dense shard (between PrepareStep and FinishStep),
-  // summed over the dense optimizer's group: the squared norm of the whole (summed) gradient.
+  // The embedding's part of this rank's reduced shard (between PrepareStep and FinishStep) of the
+  // optimizer that holds it, summed as DistributedUpdate sums that optimizer's squares: over its
+  // group, and for the TP-sharded region (a vocabulary-parallel embedding) over TP too.
   const model::GptParamLayout& lay = model_->layout();
   const ParamInfo* e = lay.Find("embedding.weight");
   if (e == nullptr) return absl::InternalError("shared embedding: embedding.weight not in layout");
-  const int64_t lo_e = e->offset - lay.replicated_begin, hi_e = lo_e + e->numel;
-  const Tensor shard = dense_opt_->grad_shard();
+  const bool sharded = e->tp_sharded() && tp_shard_opt_ != nullptr;
+  const DistributedAdamW* opt = sharded ? tp_shard_opt_.get() : dense_opt_.get();
+  const int64_t region = sharded ? lay.expert_end : lay.replicated_begin;
+  const int64_t lo_e = e->offset - region, hi_e = lo_e + e->numel;
+  const Tensor shard = opt->grad_shard();
   bool any = false;
-  for (const DistributedAdamW::OwnedRun& run : dense_opt_->OwnedRuns()) {
+  for (const DistributedAdamW::OwnedRun& run : opt->OwnedRuns()) {
     const int64_t lo = std::max(run.begin, lo_e), hi = std::min(run.begin + run.length, hi_e);
     if (lo >= hi) continue;
     SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(
@@ -982,6 +986,7 @@ absl::StatusOr<double> Trainer::SharedEmbeddingSquaredNorm() {
     sq[0] = host;
   }
   SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->data, &sq));
+  if (sharded) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tp, &sq));
   return sq[0];
 }
 
@@ -994,15 +999,17 @@ absl::Status Trainer::SumSharedEmbeddingGrad() {
   if (!shared_embedding_) return absl::OkStatus();
   model::ScopedRange range(stream_, "embedding_grad_sum");
   SY_ASSIGN_OR_RETURN(const Tensor g, model_->Grad("embedding.weight"));
-  // TP: the embedding is whole on every TP rank, each with its sequence shard's part of the
-  // gradient; no backward hook has its ready index, so its TP sum is done here (as
-  // AllReduceTpReplicatedGrads does for the other replicated tensors).
-  if (model_->config().tp_size > 1) {
+  // TP: a vocabulary-parallel embedding (TP-sharded: this rank's V/TP rows) has its rows' whole
+  // gradient here; one whole on every TP rank would hold its sequence shard's part, and as no
+  // backward hook has its ready index, its TP sum (AllReduceTpReplicatedGrads') is done here.
+  const ParamInfo* e = model_->layout().Find("embedding.weight");
+  if (model_->config().tp_size > 1 && e != nullptr && !e->tp_sharded()) {
     SY_RETURN_IF_ERROR(groups_->tp->AllReduce(g, g, comm::ReduceOp::kSum));
   }
   // Megatron's _allreduce_word_embedding_grads over {first stage, last stage}, as one exchange on
   // the pipeline group (first sends first, the last receives first: Gloo's Send blocks until the
-  // peer receives). Both add own + peer: fp32 addition commutes, so the two copies stay equal.
+  // peer receives); the two ranks share their TP / CP / DP coordinates, so they hold the same
+  // vocabulary rows. Both add own + peer: fp32 addition commutes, so the copies stay equal.
   constexpr uint32_t kTag = 0x7fff0000u;  // above every activation / gradient tag of a step
   const bool first = pp_rank_ == 0;
   const int peer = first ? pp_ - 1 : 0;
