@@ -120,6 +120,11 @@ ABSL_FLAG(int, ep, 1, "expert-parallel size (divides --world and the model's num
 ABSL_FLAG(int, cp, 1,
           "context-parallel size (divides --world; 2 * cp divides the sequence length): the "
           "cp ranks of a DP rank share its sequences, each holding 2 of their 2 * cp chunks");
+ABSL_FLAG(int, tp, 1,
+          "tensor-parallel size, with sequence parallelism (divides --world): the tp ranks of a "
+          "DP rank share its sequences, each holding the 1/tp column/row shards of the dense "
+          "layers, the attention heads and the vocabulary");
+ABSL_FLAG(int, etp, 0, "expert-tensor-parallel size (0: Megatron's default, = --tp)");
 ABSL_FLAG(int, rank_timeout_s, 1200, "--world > 1: ranks still running after this are killed");
 
 namespace switchyard::bench {
@@ -228,8 +233,8 @@ int DryRun(const std::string& name, const BenchModel& b) {
 struct DistPlan {
   std::string name;
   BenchModel per_gpu;  // the single-GPU benchmark's batch (tokens per GPU)
-  BenchModel global;   // global_batch = per_gpu.global * DP (DP = world / cp)
-  int world = 1, ep = 1, edp = 1, cp = 1, dp = 1;
+  BenchModel global;   // global_batch = per_gpu.global * DP (DP = world / (tp * cp))
+  int world = 1, ep = 1, edp = 1, cp = 1, dp = 1, tp = 1, etp = 1;
   int steps = 1, warmup = 0;
   double peak = 0;
   v1::JobSpec
@@ -255,7 +260,18 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
     return absl::InvalidArgumentError(
         absl::StrCat("--cp (", p.cp, ") must be >= 1 and divide --world (", p.world, ")"));
   }
-  p.dp = p.world / p.cp;
+  p.tp = absl::GetFlag(FLAGS_tp);
+  if (p.tp < 1 || p.world % (p.tp * p.cp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp (", p.tp, ") must be >= 1 and tp * cp (",
+                                                   p.tp * p.cp, ") must divide --world (", p.world,
+                                                   ")"));
+  }
+  p.etp = absl::GetFlag(FLAGS_etp) > 0 ? absl::GetFlag(FLAGS_etp) : p.tp;
+  if (p.world % (p.etp * p.ep) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--etp (", p.etp, ") * --ep (", p.ep,
+                                                   ") must divide --world (", p.world, ")"));
+  }
+  p.dp = p.world / (p.cp * p.tp);
   if (p.world % p.ep != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ep (", p.ep, ") must divide --world (", p.world, ")"));
@@ -277,9 +293,10 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
                                                    ") must be a multiple of 2 * --cp (", 2 * p.cp,
                                                    "): each CP rank holds two equal chunks"));
   }
-  p.edp = p.world / p.ep;
+  p.edp = p.world / (p.ep * p.etp);
   p.global = p.per_gpu;
-  // The CP ranks of a DP rank share its sequences: the batch scales with DP, not the world.
+  // The TP and CP ranks of a DP rank share its sequences: the batch scales with DP, not the
+  // world (tokens per GPU shrink by tp * cp against the single-GPU benchmark).
   p.global.global = p.per_gpu.global * p.dp;
   p.steps = std::max(1, absl::GetFlag(FLAGS_steps));
   p.warmup = std::max(0, absl::GetFlag(FLAGS_warmup));
@@ -288,11 +305,18 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
   p.spec.mutable_parallel()->set_world_size(p.world);
   p.spec.mutable_parallel()->set_expert_model_parallel_size(p.ep);
   if (p.cp > 1) p.spec.mutable_parallel()->set_context_parallel_size(p.cp);
+  if (p.tp > 1) {
+    p.spec.mutable_parallel()->set_tensor_model_parallel_size(p.tp);
+    p.spec.mutable_parallel()->set_sequence_parallel(true);
+  }
+  if (p.etp != p.tp) p.spec.mutable_parallel()->set_expert_tensor_parallel_size(p.etp);
   ApplyDefaults(&p.spec);
   SY_RETURN_IF_ERROR(Annotate(ValidateJobSpec(p.spec), "distributed benchmark spec"));
   p.dims.world_size = p.world;
   p.dims.expert_model_parallel_size = p.ep;
   p.dims.context_parallel_size = p.cp;
+  p.dims.tensor_model_parallel_size = p.tp;
+  p.dims.expert_tensor_parallel_size = p.etp;
   SY_RETURN_IF_ERROR(Annotate(ParallelLayout::Create(p.dims).status(), "parallel layout"));
   SY_ASSIGN_OR_RETURN(model::GptConfig cfg,
                       model::GptConfig::FromProto(p.spec.model(), DType::kBF16));
@@ -308,13 +332,15 @@ void PrintDistPlan(const DistPlan& p) {
   const int micro_per_gpu = p.per_gpu.global / p.per_gpu.micro;
   std::printf(
       "train_benchmark plan: model %s (%s total / %s active, %.4f GFLOP/token), world %d = "
-      "DP %d x CP %d; EP %d x EDP %d (%d experts per GPU); global batch %d x seq %d = %lld "
+      "TP %d x DP %d x CP %d; ETP %d x EP %d x EDP %d (%d experts per GPU); global batch %d x seq "
+      "%d = %lld "
       "tokens/step, %d micro-batches of %d per DP rank (%lld tokens per GPU); %d warm-up + %d "
       "timed steps\n",
       p.name.c_str(), Human(p.params_total).c_str(), Human(p.params_active).c_str(),
-      p.flops_per_token / 1e9, p.world, p.dp, p.cp, p.ep, p.edp, p.per_gpu.experts / p.ep,
-      p.global.global, p.global.seq, static_cast<long long>(p.tokens_per_step), micro_per_gpu,
-      p.per_gpu.micro, static_cast<long long>(p.tokens_per_step / p.world), p.warmup, p.steps);
+      p.flops_per_token / 1e9, p.world, p.tp, p.dp, p.cp, p.etp, p.ep, p.edp,
+      p.per_gpu.experts / p.ep, p.global.global, p.global.seq,
+      static_cast<long long>(p.tokens_per_step), micro_per_gpu, p.per_gpu.micro,
+      static_cast<long long>(p.tokens_per_step / p.world), p.warmup, p.steps);
   const nlohmann::json plan = {{"bench", "train"},
                                {"dry_run", absl::GetFlag(FLAGS_dry_run)},
                                {"model", p.name},
@@ -322,6 +348,8 @@ void PrintDistPlan(const DistPlan& p) {
                                {"ep", p.ep},
                                {"edp", p.edp},
                                {"cp", p.cp},
+                               {"tp", p.tp},
+                               {"etp", p.etp},
                                {"global_batch", p.global.global},
                                {"micro_batch", p.global.micro},
                                {"seq_length", p.global.seq},
@@ -511,8 +539,8 @@ int DistributedMain(const DistPlan& p) {
   std::printf("\n%-26s %s\n", "model", p.name.c_str());
   std::printf("%-26s %s total / %s active\n", "parameters", Human(p.params_total).c_str(),
               Human(p.params_active).c_str());
-  std::printf("%-26s %d x %s: DP %d x CP %d, EP %d x EDP %d\n", "layout", p.world, device.c_str(),
-              p.dp, p.cp, p.ep, p.edp);
+  std::printf("%-26s %d x %s: TP %d x DP %d x CP %d, ETP %d x EP %d x EDP %d\n", "layout", p.world,
+              device.c_str(), p.tp, p.dp, p.cp, p.etp, p.ep, p.edp);
   std::printf("%-26s %lld (%d DP ranks x %d micro-batches x %d x %d)\n", "tokens/step",
               static_cast<long long>(p.tokens_per_step), p.dp, p.per_gpu.global / p.per_gpu.micro,
               p.per_gpu.micro, p.global.seq);
@@ -538,6 +566,8 @@ int DistributedMain(const DistPlan& p) {
       {"ep", p.ep},
       {"edp", p.edp},
       {"cp", p.cp},
+      {"tp", p.tp},
+      {"etp", p.etp},
       {"params_total", p.params_total},
       {"params_active", p.params_active},
       {"global_batch", p.global.global},
@@ -564,7 +594,7 @@ int DistributedMain(const DistPlan& p) {
 
 int Main() {
   if (absl::GetFlag(FLAGS_world) != 1 || absl::GetFlag(FLAGS_ep) != 1 ||
-      absl::GetFlag(FLAGS_cp) != 1) {
+      absl::GetFlag(FLAGS_cp) != 1 || absl::GetFlag(FLAGS_tp) != 1) {
     absl::StatusOr<DistPlan> plan = MakeDistPlan();
     if (!plan.ok()) {
       std::fprintf(stderr, "train_benchmark: %s\n", plan.status().ToString().c_str());

@@ -9,6 +9,15 @@
 //                  steps; --init-from-hf DIR / --export-hf DIR import and export HuggingFace
 //                  Mixtral / Qwen3-MoE checkpoints. Exit 0 when training completes, 1 on an error
 //                  (the message names the field or file).
+//   --eval --load DIR --config job.yaml
+//                  print the validation loss of a checkpoint (worker/train/trainer.h,
+//                  RunEvaluation): DIR is a training.save directory (its latest step), one of its
+//                  step_<N> directories, or a HuggingFace directory (config.json: ImportHfModel);
+//                  the loss over training.eval_iters (default 100) global batches of the valid
+//                  share of data.split (default "969,30,1") of the spec's dataset, the number the
+//                  training run's log line shows for those weights. With --rank/--world-size/
+//                  --rendezvous (our checkpoints only) the ranks evaluate together. Exit 0, or 1
+//                  with the error.
 //   --rank R --world-size W --rendezvous DIR --config job.yaml
 //                  run rank R of a W-process job (data, tensor, context, expert and
 //                  expert-tensor parallelism: parallel.tensor_model_parallel_size,
@@ -57,11 +66,17 @@
 ABSL_FLAG(bool, self_check, false,
           "Print the version and the compute backend found (CUDA devices or CPU only), then exit.");
 ABSL_FLAG(bool, standalone, false, "Train the job of --config in this process.");
+ABSL_FLAG(bool, eval, false,
+          "Print the validation loss of the checkpoint --load names on the valid split of "
+          "--config's dataset (training.eval_iters global batches), then exit.");
+ABSL_FLAG(std::string, load, "",
+          "With --eval: a checkpoint directory (its latest step), one of its step_<N> "
+          "directories, or a HuggingFace Mixtral/Qwen3-MoE directory (one process).");
 ABSL_FLAG(bool, async_save, false,
           "Write checkpoints in a background thread (Megatron's --async-save; standalone and "
           "multi-process jobs): the state is copied to the host on the step, the next save or "
           "step commits it and reports a failed write.");
-ABSL_FLAG(std::string, config, "", "Job spec file (YAML or JSON) for --standalone.");
+ABSL_FLAG(std::string, config, "", "Job spec file (YAML or JSON) for --standalone and --eval.");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N");
 ABSL_FLAG(int64_t, steps, 0, "Stop after this many steps (0: run to training.train_iters).");
 ABSL_FLAG(std::string, init_from_hf, "",
@@ -107,6 +122,8 @@ constexpr char kUsage[] =
     "  switchyard-worker --standalone --config job.yaml [--device auto|cpu|cuda:N] [--steps N]\n"
     "                    [--init-from-hf DIR] [--export-hf DIR] [--async-save]\n"
     "                    train in this process\n"
+    "  switchyard-worker --eval --load DIR --config job.yaml [--device ...]\n"
+    "                    validation loss of a checkpoint (ours or HuggingFace) on the valid split\n"
     "  switchyard-worker --rank R --world-size W --rendezvous DIR --config job.yaml\n"
     "                    [--device ...] [--steps N] [--async-save]   run rank R of a W-process "
     "job\n"
@@ -258,7 +275,13 @@ int Distributed() {
   standalone.max_steps = absl::GetFlag(FLAGS_steps);
   standalone.progress_bar = rank == 0;
   std::FILE* out = rank == 0 ? stdout : std::fopen("/dev/null", "w");
-  absl::Status st = switchyard::train::RunStandalone(*spec, options, standalone, out);
+  absl::Status st;
+  if (absl::GetFlag(FLAGS_eval)) {
+    st =
+        switchyard::train::RunEvaluation(*spec, options, {absl::GetFlag(FLAGS_load)}, out).status();
+  } else {
+    st = switchyard::train::RunStandalone(*spec, options, standalone, out);
+  }
   if (out != stdout && out != nullptr) std::fclose(out);
   if (!st.ok()) {
     st = (*monitor)->AnnotateFailure(st);
@@ -320,6 +343,33 @@ int Standalone() {
   return 0;
 }
 
+// --eval in one process: RunEvaluation on --load's checkpoint.
+int Evaluate() {
+  const std::string path = absl::GetFlag(FLAGS_config), load = absl::GetFlag(FLAGS_load);
+  if (path.empty() || load.empty()) {
+    std::fprintf(stderr, "switchyard-worker: --eval needs --load DIR and --config job.yaml\n");
+    return 2;
+  }
+  absl::StatusOr<switchyard::v1::JobSpec> spec = switchyard::LoadJobSpecFile(path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<switchyard::Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", device.status().ToString().c_str());
+    return 2;
+  }
+  switchyard::train::TrainerOptions options;
+  options.device = *device;
+  absl::StatusOr<double> loss = switchyard::train::RunEvaluation(*spec, options, {load}, stdout);
+  if (!loss.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", loss.status().ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -347,9 +397,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_self_check)) return SelfCheck();
+  const bool multi = absl::GetFlag(FLAGS_world_size) > 0 || absl::GetFlag(FLAGS_rank) >= 0;
+  if (absl::GetFlag(FLAGS_eval) && absl::GetFlag(FLAGS_standalone)) {
+    std::fprintf(stderr, "switchyard-worker: --eval and --standalone are separate modes\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_eval) && !multi) return Evaluate();
   if (absl::GetFlag(FLAGS_standalone)) return Standalone();
   if (!absl::GetFlag(FLAGS_coordinator).empty()) return Agent();
-  if (absl::GetFlag(FLAGS_world_size) > 0 || absl::GetFlag(FLAGS_rank) >= 0) return Distributed();
+  if (multi) return Distributed();
   std::fprintf(stderr, "switchyard-worker: %s\n", kUsage);
   return 2;
 }

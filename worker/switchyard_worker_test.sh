@@ -57,6 +57,49 @@ out=$("$bin" --standalone --config "$TEST_TMPDIR/job.yaml" --device cpu --steps 
   --init-from-hf "$TEST_TMPDIR/hf") || fail "--init-from-hf exited $?"
 grep -q "initialised from" <<<"$out" || fail "no HF init line"
 
+# Validation loss (training.eval_interval) on the default corpus (data.split defaults to
+# "969,30,1" for a job that evaluates), then --eval on the saved checkpoint: the same number.
+sed -e "/vocab_size/d" -e "/mock_data/d" -e "s|^data:|data: {}|" \
+  -e "s|^training:|training:\n  save: $TEST_TMPDIR/eval_ckpt\n  save_interval: 2\n  eval_interval: 2\n  eval_iters: 2|" \
+  -e "s|train_iters: 6|train_iters: 4|" "$TEST_TMPDIR/job.yaml" >"$TEST_TMPDIR/eval.yaml"
+out=$("$bin" --standalone --config "$TEST_TMPDIR/eval.yaml" --device cpu) ||
+  fail "--standalone with eval_interval exited $?"
+echo "$out"
+grep -q 'split "969,30,1": [0-9]* training documents, [1-9][0-9]* validation documents' <<<"$out" ||
+  fail "no default split with evaluation"
+val2=$(grep '^step 2/4 ' <<<"$out" | grep -Eo 'validation loss [0-9.]+ \| validation ppl [0-9.]+')
+val4=$(grep '^step 4/4 ' <<<"$out" | grep -Eo 'validation loss [0-9.]+ \| validation ppl [0-9.]+')
+[[ -n "$val2" && -n "$val4" ]] || fail "no validation loss on steps 2 and 4"
+grep '^step 1/4 \|^step 3/4 ' <<<"$out" | grep -q 'validation' && fail "validation off-interval"
+out=$("$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --config "$TEST_TMPDIR/eval.yaml" \
+  --device cpu) || fail "--eval exited $?"
+echo "$out"
+grep -q "loaded .*eval_ckpt at step 4" <<<"$out" || fail "--eval: did not load step 4"
+grep -q "^$val4 | 2 global batches" <<<"$out" || fail "--eval: not the in-training $val4"
+out=$("$bin" --eval --load "$TEST_TMPDIR/eval_ckpt/step_2" --config "$TEST_TMPDIR/eval.yaml" \
+  --device cpu) || fail "--eval step_2 exited $?"
+grep -q "^$val2 | " <<<"$out" || fail "--eval step_2: not the in-training $val2: $out"
+# Two ranks (DP 2 over Gloo) evaluate the one-process checkpoint: the same loss within 1e-5.
+"$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --rank 1 --world-size 2 \
+  --rendezvous "$TEST_TMPDIR/rdzv_eval" --config "$TEST_TMPDIR/eval.yaml" --device cpu \
+  >"$TEST_TMPDIR/ev1.out" 2>"$TEST_TMPDIR/ev1.err" &
+pid1=$!
+out=$("$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --rank 0 --world-size 2 \
+  --rendezvous "$TEST_TMPDIR/rdzv_eval" --config "$TEST_TMPDIR/eval.yaml" --device cpu) ||
+  fail "--eval on 2 ranks: rank 0 exited $?"
+wait $pid1 || fail "--eval on 2 ranks: rank 1 exited $?: $(cat "$TEST_TMPDIR/ev1.err")"
+echo "$out"
+got=$(grep -Eo '^validation loss [0-9.]+' <<<"$out" | awk '{print $3}')
+want=$(awk '{print $3}' <<<"$val4")
+awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(a != "" && d < 1e-5 && d > -1e-5) }' ||
+  fail "--eval on 2 ranks: $got, one process $want"
+"$bin" --eval --config "$TEST_TMPDIR/eval.yaml" >/dev/null 2>"$TEST_TMPDIR/err"; rc=$?
+[[ $rc -eq 2 ]] || fail "--eval without --load: exit $rc, want 2"
+"$bin" --eval --load "$TEST_TMPDIR/eval_ckpt" --config "$TEST_TMPDIR/job.yaml" --device cpu \
+  >/dev/null 2>"$TEST_TMPDIR/err"; rc=$?
+[[ $rc -eq 1 ]] || fail "--eval on mock data: exit $rc, want 1"
+grep -q 'data.mock_data' "$TEST_TMPDIR/err" || fail "--eval on mock data: $(cat "$TEST_TMPDIR/err")"
+
 # Bad input: exit 1 and a message naming the field.
 sed 's/num_query_groups: 2/num_query_groups: 3/' "$TEST_TMPDIR/job.yaml" >"$TEST_TMPDIR/bad.yaml"
 "$bin" --standalone --config "$TEST_TMPDIR/bad.yaml" --device cpu >/dev/null 2>"$TEST_TMPDIR/err"

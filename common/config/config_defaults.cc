@@ -102,6 +102,7 @@ void ApplyTrainingDefaults(v1::TrainingConfig* t, const v1::ParallelConfig& p) {
   SY_DEFAULT(t, clip_grad, 1.0);
   SY_DEFAULT(t, seed, 1234);
   SY_DEFAULT(t, log_interval, 1);
+  if (t->has_eval_interval()) SY_DEFAULT(t, eval_iters, kDefaultEvalIters);
 }
 
 #undef SY_DEFAULT
@@ -118,7 +119,12 @@ void ApplyDefaults(v1::JobSpec* spec) {
     if (!spec->has_max_workers()) spec->set_max_workers(spec->parallel().world_size());
   }
   if (!spec->has_max_restarts()) spec->set_max_restarts(3);
-  spec->mutable_data();  // present, so printed specs show every section
+  // A job that evaluates needs a held-out share: Megatron's split, only for such jobs (see the
+  // header: an empty split keeps its "all training data" meaning for every other job).
+  v1::DataConfig* data = spec->mutable_data();  // present, so printed specs show every section
+  if (spec->training().has_eval_interval() && data->split().empty() && !data->mock_data()) {
+    data->set_split(kDefaultEvalSplit);
+  }
 }
 
 }  // namespace switchyard

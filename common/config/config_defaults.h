@@ -25,12 +25,26 @@
 //   the wrong length is left alone for the validator to reject (Megatron requires equal lengths).
 // - training.bf16 stays unset ("true on GPU" is decided by the worker that knows its device);
 //   model.vocab_size stays unset (it comes from the tokenizer).
+// - Evaluation (issue 18): training.eval_iters defaults to Megatron's 100 only when
+//   training.eval_interval is set. data.split defaults to Megatron's kDefaultEvalSplit
+//   ("969,30,1") only when training.eval_interval is set, data.split is empty and the job reads a
+//   dataset (not mock_data). WHY only then: an empty split means "every document is training
+//   data", and a job that does not evaluate keeps exactly the training data (and loss curve) it
+//   had before evaluation existed; a job that asks for evaluation needs a held-out share, and
+//   gets Megatron's.
 #ifndef SWITCHYARD_COMMON_CONFIG_CONFIG_DEFAULTS_H_
 #define SWITCHYARD_COMMON_CONFIG_CONFIG_DEFAULTS_H_
+
+#include <cstdint>
 
 #include "switchyard/v1/config.pb.h"
 
 namespace switchyard {
+
+// Megatron's default --split: the data.split of a job that evaluates and names none.
+inline constexpr char kDefaultEvalSplit[] = "969,30,1";
+// Megatron's default --eval-iters.
+inline constexpr int64_t kDefaultEvalIters = 100;
 
 void ApplyDefaults(v1::JobSpec* spec);
 

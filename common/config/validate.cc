@@ -64,6 +64,8 @@ constexpr Range kRanges[] = {
     {"training.lr_decay_iters", 1, int64_t{1} << 40},
     {"training.save_interval", 1, int64_t{1} << 40},
     {"training.log_interval", 1, int64_t{1} << 40},
+    {"training.eval_interval", 1, int64_t{1} << 40},
+    {"training.eval_iters", 1, int64_t{1} << 40},
     {"min_workers", 1, kMaxParallel},
     {"max_workers", 1, kMaxParallel},
     {"max_restarts", 0, int64_t{1} << 20},

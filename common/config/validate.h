@@ -34,6 +34,8 @@
 //   difference).
 // - Non-finite doubles, negative coefficients and rates, a capacity factor of 0 and malformed
 //   data.data_path / data.split strings are rejected.
+// - training.eval_interval needs a positive valid weight in data.split (Megatron then builds no
+//   valid dataset and silently skips evaluation) and a dataset (not data.mock_data).
 // Not checked, as in the anchor: moe_router_topk % moe_router_group_topk (the router uses the
 // integer division topk / group_topk).
 #ifndef SWITCHYARD_COMMON_CONFIG_VALIDATE_H_

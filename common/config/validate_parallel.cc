@@ -188,7 +188,20 @@ void CheckElasticAndData(const v1::JobSpec& spec, Violations* v) {
       v->Add("data.split (\"", config_internal::DisplayKey(d.split()),
              "\") must be up to 3 non-negative numbers separated by ',' or '/' with a positive sum "
              "(e.g. \"969,30,1\")");
+    } else if (spec.training().has_eval_interval()) {
+      // Evaluation reads the second share (worker/train/data_split.h): a zero weight leaves it
+      // empty on every dataset. (A positive weight that rounds to no document on a small dataset
+      // is refused by the worker, which knows the document count.)
+      double valid = 0;
+      if (parts.size() < 2 || !ParseNonNegative(parts[1], &valid) || !(valid > 0)) {
+        v->Add("data.split (\"", config_internal::DisplayKey(d.split()),
+               "\") must give the valid split a positive weight (its second number, e.g. "
+               "\"969,30,1\") when training.eval_interval is set");
+      }
     }
+  }
+  if (spec.training().has_eval_interval() && d.mock_data()) {
+    v->Add("training.eval_interval needs a dataset: data.mock_data has no valid split to evaluate");
   }
 }
 

@@ -3,6 +3,7 @@
 // (common/config/validate_test_util.h: world 32 = TP 2 x PP 2 x DP 8; experts ETP 1 x EP 4 x EDP 4
 // x PP 2), break exactly that rule, check INVALID_ARGUMENT and the field paths and rule in the
 // message.
+#include "absl/strings/str_cat.h"
 #include "common/config/validate.h"
 #include "common/config/validate_test_util.h"
 #include "gtest/gtest.h"
@@ -306,6 +307,30 @@ TEST(ValidateParallelTest, SplitIsUpToThreeNonNegativeNumbers) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_data()->set_split("90/10");
   ExpectValid(spec);
+}
+
+// Evaluation (training.eval_interval) reads the second share of data.split: a zero or missing
+// weight leaves it empty on every dataset, and mock data has no documents to split.
+TEST(ValidateParallelTest, EvaluationNeedsAValidShare) {
+  v1::JobSpec spec = RawBaseline();  // split "98,2,0"
+  spec.mutable_training()->set_eval_interval(10);
+  ExpectValid(spec);
+  for (const char* split : {"100,0,0", "100", "1,0"}) {
+    spec.mutable_data()->set_split(split);
+    ExpectViolation(spec, {absl::StrCat("data.split (\"", split,
+                                        "\") must give the valid split a positive weight (its "
+                                        "second number, e.g. \"969,30,1\") when "
+                                        "training.eval_interval is set")});
+  }
+  spec.mutable_training()->clear_eval_interval();
+  ExpectValid(spec);  // "1,0" is fine for a job that does not evaluate
+  spec = RawBaseline();
+  spec.mutable_training()->set_eval_interval(10);
+  spec.mutable_data()->clear_data_path();
+  spec.mutable_data()->clear_split();
+  spec.mutable_data()->set_mock_data(true);
+  ExpectViolation(spec, {"training.eval_interval needs a dataset: data.mock_data has no valid "
+                         "split to evaluate"});
 }
 
 }  // namespace

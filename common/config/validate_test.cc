@@ -111,6 +111,38 @@ TEST(ValidateTest, ApplyDefaultsFillsMegatronDefaults) {
   EXPECT_EQ(spec.max_restarts(), 3);
 }
 
+// Evaluation defaults (config_defaults.h): eval_iters 100 and Megatron's split "969,30,1" only
+// for a job that sets eval_interval, so that every other job keeps its training data.
+TEST(ValidateTest, EvaluationDefaultsOnlyForJobsThatEvaluate) {
+  v1::JobSpec spec = RawBaseline();
+  spec.mutable_data()->clear_split();
+  v1::JobSpec plain = spec;
+  ApplyDefaults(&plain);
+  EXPECT_FALSE(plain.training().has_eval_iters());
+  EXPECT_EQ(plain.data().split(), "");  // all documents stay training data
+
+  spec.mutable_training()->set_eval_interval(50);
+  v1::JobSpec evaluating = spec;
+  ApplyDefaults(&evaluating);
+  EXPECT_EQ(evaluating.training().eval_iters(), 100);
+  EXPECT_EQ(evaluating.data().split(), "969,30,1");
+  ExpectValid(evaluating);
+
+  spec.mutable_training()->set_eval_iters(7);
+  spec.mutable_data()->set_split("90,10");
+  ApplyDefaults(&spec);
+  EXPECT_EQ(spec.training().eval_iters(), 7);
+  EXPECT_EQ(spec.data().split(), "90,10");
+
+  v1::JobSpec mock = RawBaseline();
+  mock.mutable_data()->clear_split();
+  mock.mutable_data()->clear_data_path();
+  mock.mutable_data()->set_mock_data(true);
+  mock.mutable_training()->set_eval_interval(5);
+  ApplyDefaults(&mock);
+  EXPECT_EQ(mock.data().split(), "");  // no documents to split: the validator refuses the job
+}
+
 TEST(ValidateTest, ApplyDefaultsNeverOverwritesExplicitValues) {
   v1::JobSpec spec = RawBaseline();
   spec.mutable_model()->set_num_query_groups(0);  // explicit zeros stay, for the validator
@@ -202,6 +234,8 @@ TEST(ValidateTest, SizesAndCountsMustBePositive) {
                              "training.lr_decay_iters",
                              "training.save_interval",
                              "training.log_interval",
+                             "training.eval_interval",
+                             "training.eval_iters",
                              "min_workers",
                              "max_workers"};
   for (const char* path : kPositive) {

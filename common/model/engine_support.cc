@@ -32,12 +32,21 @@ std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec
   const v1::ParallelConfig& p = spec.parallel();
   auto size = [](bool has, int64_t v) { return has && v > 0 ? v : int64_t{1}; };
   const int64_t pp = size(p.has_pipeline_model_parallel_size(), p.pipeline_model_parallel_size());
-  return UnsupportedByEngine(
+  std::string why = UnsupportedByEngine(
       absl::StrCat(prefix, "parallel."),
       size(p.has_tensor_model_parallel_size(), p.tensor_model_parallel_size()),
       size(p.has_context_parallel_size(), p.context_parallel_size()), pp,
       size(p.has_expert_tensor_parallel_size(), p.expert_tensor_parallel_size()),
       size(p.has_virtual_pipeline_model_parallel_size(), p.virtual_pipeline_model_parallel_size()));
+  if (!why.empty()) return why;
+  // Evaluation runs forward only, and there is no forward-only pipeline schedule yet (the
+  // trainer's InitEvaluation refuses it too; stated here so that a job is refused at submit).
+  if (pp > 1 && spec.training().has_eval_interval()) {
+    return absl::StrCat(prefix, "training.eval_interval: evaluation with ", prefix,
+                        "parallel.pipeline_model_parallel_size ", pp,
+                        " > 1 is not implemented (no forward-only pipeline schedule yet)");
+  }
+  return "";
 }
 
 }  // namespace switchyard

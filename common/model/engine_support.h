@@ -6,7 +6,7 @@
 // moe_ffn_hidden_size % ETP == 0 and the pipeline layout rules as common/config/validate*.cc
 // checks). Pipeline parallelism runs Megatron's non-interleaved 1F1B (worker/train/trainer.h),
 // with tied embeddings and global_aux_loss: only virtual pipeline stages (the interleaved
-// schedule) are refused.
+// schedule) and evaluation (training.eval_interval) at PP > 1 are refused.
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
 // (coordinator/jobs/resolve_spec.h, before the planner), the planner's candidates
 // (coordinator/planner/planner.cc), the worker's check of an assignment
@@ -34,8 +34,10 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
                                 int64_t virtual_pipeline_model_parallel_size);
 
 // The rule for a whole job spec (defaults applied or not: unset sizes count as 1):
-// UnsupportedByEngine on spec.parallel, field paths "<prefix>parallel.". `prefix`: "" for a job
-// spec, "assignment.spec." for an assignment's. (Every model feature runs at PP > 1: tied
+// UnsupportedByEngine on spec.parallel, field paths "<prefix>parallel.", then evaluation at
+// PP > 1 ("<prefix>training.eval_interval: evaluation with <prefix>parallel.pipeline_model_
+// parallel_size N > 1 is not implemented ...": no forward-only pipeline schedule). `prefix`: ""
+// for a job spec, "assignment.spec." for an assignment's. (Every model feature runs at PP > 1: tied
 // embeddings through the embedding group, global_aux_loss with one running count per layer.)
 std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec);
 

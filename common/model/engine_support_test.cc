@@ -42,6 +42,12 @@ TEST(EngineSupportTest, JobSpecNamesTheFieldUnderThePrefix) {
   spec.mutable_model()->set_num_experts(4);
   spec.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");
+  // Evaluation at PP > 1: no forward-only pipeline schedule yet.
+  spec.mutable_training()->set_eval_interval(10);
+  EXPECT_EQ(UnsupportedJobSpec("", spec),
+            "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size 2 > 1 "
+            "is not implemented (no forward-only pipeline schedule yet)");
+  spec.mutable_training()->clear_eval_interval();
   spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
   EXPECT_EQ(UnsupportedJobSpec("assignment.spec.", spec)
                 .rfind("assignment.spec.parallel.virtual_pipeline_model_parallel_size (2)", 0),

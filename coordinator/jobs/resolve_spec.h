@@ -22,7 +22,8 @@
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
 //   c. What the workers run (common/model/engine_support.h UnsupportedJobSpec): any TP, CP, ETP
-//      and PP; parallel.virtual_pipeline_model_parallel_size unset or 1.
+//      and PP; parallel.virtual_pipeline_model_parallel_size unset or 1; no
+//      training.eval_interval at PP > 1.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
 //      '..', load only another job's checkpoint by name.
 //   e. The queue rules: queue is empty (the default queue) or one of the coordinator's queues;

@@ -87,7 +87,7 @@ TEST(ResolveSpecTest, SaveIntervalNeedsADirectory) {
 
 // Pipeline parallelism runs in the workers (1F1B): a PP2 job, with untied or tied embeddings or
 // global_aux_loss, is accepted and keeps its PP. What the engine does not run yet is refused,
-// naming the field: virtual pipeline stages.
+// naming the field: virtual pipeline stages, and evaluation (training.eval_interval) at PP > 1.
 TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   const CoordinatorContext context{"/ckpt", 4096};
   v1::JobSpec spec = CorpusSpec();
@@ -103,6 +103,11 @@ TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   v1::JobSpec global_aux = spec;
   global_aux.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   EXPECT_TRUE(ResolveJobSpec(global_aux, context).ok());  // one running count per layer
+  v1::JobSpec eval = spec;
+  eval.mutable_training()->set_eval_interval(5);
+  ExpectInvalid(ResolveJobSpec(eval, context),
+                "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size 2 "
+                "> 1 is not implemented");
   v1::JobSpec vpp = spec;
   vpp.mutable_model()->set_num_layers(4);  // divisible by PP * VPP: only the engine refuses it
   vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -23,12 +24,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config/config.h"
+#include "data/indexed_dataset.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "worker/agent/testing/fake_coordinator.h"
 #include "worker/agent/testing/running_agent.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/train/testing/tiny_moe_spec.h"
+#include "worker/train/trainer.h"
 
 namespace switchyard::agent {
 namespace {
@@ -430,6 +433,77 @@ TEST(AgentTest, TrainStopResumeMetrics) {
   EXPECT_TRUE(a0->result.ok()) << a0->result;
   EXPECT_TRUE(a1->result.ok()) << a1->result;
   EXPECT_EQ(fake.Workers().at("w0").registrations, 1) << "one stream all along";
+}
+
+// Validation loss through the Attach stream (issue 18 item 1): a job with
+// training.eval_interval on a dataset in the data root reports validation_loss and
+// validation_perplexity (= exp) on the steps that evaluated (2 and 4, the last) and on no other,
+// each equal bit for bit to what the same spec gives in-process (RunTrainingLoop): the agent
+// passes StepResult::validation_loss through its StepReport unchanged.
+TEST(AgentTest, ReportsTheValidationLossOfTheStepsThatEvaluated) {
+  const std::string prefix = TmpDir("agent_eval_docs");
+  {
+    IndexedDatasetWriter writer(IndexedDType::kUInt16);
+    for (int d = 0; d < 40; ++d) {
+      std::vector<int64_t> tokens;
+      for (int i = 0; i < 30 + d % 17; ++i) tokens.push_back((d * 5 + i * (1 + d % 3)) % 63);
+      tokens.push_back(63);
+      ASSERT_TRUE(writer.Add(tokens).ok());
+      writer.EndDocument();
+    }
+    ASSERT_TRUE(writer.Finalize(prefix).ok());
+  }
+  v1::CoordinatorMessage assignment =
+      AssignmentMsg("job-v", 1, 0, 1, 4, TmpDir("ckpt_v"), "unused");
+  v1::JobSpec* spec = assignment.mutable_assignment()->mutable_spec();
+  spec->mutable_data()->set_mock_data(false);
+  spec->mutable_data()->add_data_path(prefix);
+  spec->mutable_data()->set_split("80,20,0");
+  spec->mutable_training()->set_eval_interval(2);
+  spec->mutable_training()->set_eval_iters(2);
+
+  // The reference: the same spec in this process (the agent trains f32 on the CPU too).
+  v1::JobSpec local = *spec;
+  local.mutable_training()->clear_save();
+  local.mutable_training()->clear_load();
+  auto trainer = train::Trainer::Create(local, train::TrainerOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  std::map<int64_t, double> want;
+  train::TrainingLoopHooks hooks;
+  hooks.on_step = [&](const train::StepResult& r) {
+    if (r.validation_loss.has_value()) want[r.step] = *r.validation_loss;
+  };
+  ASSERT_TRUE(train::RunTrainingLoop(trainer->get(), hooks).ok());
+  ASSERT_EQ(want.size(), 2u);
+
+  FakeCoordinator fake(kToken);
+  auto a0 = StartAgent(fake, "w0", WriteTokenFile("token_v", kToken), /*metrics_port=*/-1);
+  ASSERT_TRUE(a0);
+  ASSERT_TRUE(
+      fake.WaitUntil([](const Workers& ws) { return ws.count("w0") > 0; }, absl::Seconds(20)));
+  assignment.mutable_assignment()->set_rendezvous_address(fake.address());
+  ASSERT_TRUE(fake.Send("w0", assignment));
+  ASSERT_TRUE(fake.Send("w0", StartMsg()));
+  ASSERT_TRUE(fake.WaitUntil([](const Workers& ws) { return HasExit(ws, "w0", "job-v", 1); },
+                             absl::Seconds(120)));
+  const WorkerRecord w = fake.Workers().at("w0");
+  EXPECT_EQ(ExitOf(w, "job-v", 1)->exit_code(), 0) << ExitOf(w, "job-v", 1)->message();
+  const std::vector<v1::StepReport> steps = StepsOf(w, "job-v", 1);
+  ASSERT_EQ(steps.size(), 4u);
+  for (const v1::StepReport& s : steps) {
+    const v1::StepMetrics& m = s.metrics();
+    std::printf("job-v step %lld: %s\n", static_cast<long long>(m.step()),
+                m.has_validation_loss()
+                    ? absl::StrCat("validation loss ", m.validation_loss(), " ppl ",
+                                   m.validation_perplexity(), " (in-process ", want[m.step()], ")")
+                          .c_str()
+                    : "no validation loss");
+    ASSERT_EQ(m.has_validation_loss(), m.step() % 2 == 0) << m.ShortDebugString();
+    EXPECT_EQ(m.has_validation_perplexity(), m.has_validation_loss());
+    if (!m.has_validation_loss()) continue;
+    EXPECT_EQ(m.validation_loss(), want[m.step()]);
+    EXPECT_DOUBLE_EQ(m.validation_perplexity(), std::exp(m.validation_loss()));
+  }
 }
 
 TEST(AgentTest, ReattachesWithTheSameIdAndKeepsTraining) {

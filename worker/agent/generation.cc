@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -221,6 +222,12 @@ v1::StepMetrics ToStepMetrics(const train::StepResult& r, const std::vector<bool
   m.set_tokens_per_second(r.tokens_per_s);
   m.set_tflops(r.tflops);
   m.set_mfu(r.mfu);
+  // Only on the steps that evaluated (training.eval_interval, the last step): absent otherwise,
+  // so the coordinator can tell "not evaluated" from a loss of 0.
+  if (r.validation_loss.has_value()) {
+    m.set_validation_loss(*r.validation_loss);
+    m.set_validation_perplexity(std::exp(*r.validation_loss));
+  }
   std::vector<int> layer_of;
   for (size_t l = 0; l < moe_layers.size(); ++l) {
     if (moe_layers[l]) layer_of.push_back(static_cast<int>(l));

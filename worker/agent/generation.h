@@ -91,7 +91,8 @@ inline constexpr int kStoppedExitCode = 143;
 
 // StepMetrics of one step; expert load per MoE layer labelled with its model layer index
 // (`moe_layers[l]` true for MoE layer l), summarised min / max / mean / imbalance (max / mean),
-// with the full vector.
+// with the full vector; validation_loss and validation_perplexity (= exp) only when the step
+// evaluated (StepResult::validation_loss).
 v1::StepMetrics ToStepMetrics(const train::StepResult& r, const std::vector<bool>& moe_layers);
 
 // Shared by the agent (any thread) and the training thread of one generation.

@@ -1,6 +1,7 @@
 // PrepareGeneration's rules, the WorkerExit code table and the StepMetrics summary.
 #include "worker/agent/generation.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/match.h"
@@ -209,6 +210,24 @@ TEST(ToStepMetricsTest, SummarisesExpertLoadPerMoeLayer) {
   EXPECT_DOUBLE_EQ(m.expert_load(0).imbalance(), 1.5);
   EXPECT_DOUBLE_EQ(m.expert_load(1).imbalance(), 4.0);
   EXPECT_EQ(m.expert_load(1).tokens_per_expert_size(), 4);
+}
+
+// The validation loss of a step that evaluated reaches the StepReport unchanged, with its
+// perplexity; a step that did not evaluate carries neither field (absent, not 0).
+TEST(ToStepMetricsTest, ValidationLossOnlyOnEvaluatedSteps) {
+  train::StepResult r;
+  r.step = 10;
+  r.loss = 3.25;
+  v1::StepMetrics plain = ToStepMetrics(r, {});
+  EXPECT_FALSE(plain.has_validation_loss());
+  EXPECT_FALSE(plain.has_validation_perplexity());
+  r.validation_loss = 2.718281828459045;
+  v1::StepMetrics m = ToStepMetrics(r, {});
+  std::printf("%s\n", m.ShortDebugString().c_str());
+  ASSERT_TRUE(m.has_validation_loss());
+  EXPECT_EQ(m.validation_loss(), 2.718281828459045);  // bit for bit
+  EXPECT_DOUBLE_EQ(m.validation_perplexity(), std::exp(2.718281828459045));
+  EXPECT_EQ(m.loss(), 3.25);
 }
 
 }  // namespace

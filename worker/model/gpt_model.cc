@@ -1065,6 +1065,12 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
   return absl::OkStatus();
 }
 
+void GptModel::SetTraining(bool training) {
+  for (Layer& L : layers_) {
+    if (L.moe != nullptr) L.moe->set_training(training);
+  }
+}
+
 absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                                int64_t seq_len, int micro, const Tensor& logits) {
   if (config_.pp_size > 1) {

@@ -395,6 +395,13 @@ class GptModel {
   absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                        int64_t seq_len, int micro, const Tensor& logits);
 
+  // Training (the default) or evaluation mode of every MoE layer's router for the passes that
+  // follow (Megatron's model.train() / model.eval(); MoELayer::set_training): in evaluation no
+  // input jitter, no aux/z-loss statistics (nor global_aux_loss running counts), no expert-bias
+  // counts, sinkhorn routed by top-k. The trainer's Evaluate wraps its Forward passes in it, so a
+  // training step after an evaluation is the one it would have been without it.
+  void SetTraining(bool training);
+
   // Synchronises the stream and reads the statistics of slots [0, num_micro). In a distributed
   // model they are this rank's (its micro-batches' tokens); the trainer reduces them.
   absl::StatusOr<GptStepStats> ReadStepStats(const Stream& stream, int num_micro) const;

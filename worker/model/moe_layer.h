@@ -228,6 +228,12 @@ class MoELayer {
   // token's row in the whole micro-batch; Forward's jitter_offset is the whole micro-batch's).
   absl::Status SetContextParallelJitter(int64_t cp_size, int64_t cp_rank, int64_t local_seq_len);
   const MoELayerConfig& config() const { return config_; }
+  // Training (the default) or evaluation mode of the router (kernels::RouterConfig::training):
+  // evaluation draws no input jitter, computes no aux/z-loss (so no global_aux_loss running
+  // counts and no collective for them), adds nothing to local_tokens_per_expert (the
+  // expert-bias update) and routes sinkhorn by plain top-k, as Megatron's model.eval() under
+  // torch.no_grad(). GptModel::SetTraining switches every MoE layer.
+  void set_training(bool training) { config_.router.training = training; }
   // The dispatcher in use: "local" (EP = 1), "allgather" or "alltoall".
   const char* dispatcher_name() const { return dispatcher_->name(); }
 

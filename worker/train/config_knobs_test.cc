@@ -193,6 +193,12 @@ const std::vector<Knob>& Table() {
       {"training.load", "Trainer::Load (resume)"},
       {"training.log_interval", "RunStandalone (log lines)"},
       {"training.deterministic_mode", "Trainer::Init -> kernels::SetAttentionSettings (CUDA)"},
+      {"training.eval_interval",
+       "RunTrainingLoop -> Trainer::Evaluate (evaluate.cc: validation loss every N steps)",
+       [](v1::JobSpec* s) { T(s)->set_eval_interval(5); },  // the base spec is mock data
+       "training.eval_interval needs a dataset: data.mock_data has no valid split"},
+      {"training.eval_iters", "Trainer::Evaluate / RunEvaluation (global batches per evaluation)",
+       [](v1::JobSpec* s) { T(s)->set_eval_iters(0); }, "training.eval_iters (0) must be positive"},
       // --- DataConfig --------------------------------------------------------------------------
       {"data.data_path", "Trainer (IndexedDataset prefix)",
        [](v1::JobSpec* s) {
@@ -210,7 +216,8 @@ const std::vector<Knob>& Table() {
       {"data.tokenizer_model", "Trainer (BpeTokenizer::Load: default and bound of vocab_size)",
        [](v1::JobSpec* s) { D(s)->set_tokenizer_model("/nonexistent/tokenizer.json"); },
        "data.tokenizer_model (\"/nonexistent/tokenizer.json\")", absl::StatusCode::kNotFound},
-      {"data.split", "Trainer (TrainDocuments: Megatron's training share of the documents)",
+      {"data.split",
+       "Trainer (SplitDocuments: training reads the first share, Evaluate the second)",
        [](v1::JobSpec* s) { D(s)->set_split("969,30,1"); },
        "data.split (\"969,30,1\") needs a dataset"},
       {"data.mock_data", "Trainer (random tokens)"},

@@ -7,8 +7,9 @@
 // [split_indices[1], split_indices[2]), test [split_indices[2], N).
 //
 // WHY a separate file: validation loss (issue 18 item 1) needs the valid range, and trainer.cc
-// is edited by several helpers at once; this keeps the arithmetic in one tested place.
-// trainer.cc's TrainDocuments predates it and computes the same training share.
+// is edited by several helpers at once; this keeps the arithmetic in one tested place. The
+// trainer takes both ranges from here (Trainer::Init; TrainDocuments is a wrapper kept for its
+// callers), so training and evaluation can never disagree on where the valid share starts.
 
 #ifndef SWITCHYARD_WORKER_TRAIN_DATA_SPLIT_H_
 #define SWITCHYARD_WORKER_TRAIN_DATA_SPLIT_H_

@@ -132,37 +132,13 @@ class FirstDocuments final : public TokenDocuments {
 }  // namespace
 
 absl::StatusOr<int64_t> TrainDocuments(const std::string& split, int64_t num_documents) {
-  // Megatron's parse_and_normalize_split and _get_split_indices: the weights are normalised,
-  // split_indices[i + 1] = split_indices[i] + round(w_i * N), then every index after the first
-  // is shifted so that the last is N. Training reads documents [0, split_indices[1]).
-  std::vector<std::string> parts = absl::StrSplit(split, absl::ByAnyChar(",/"));
-  std::vector<double> w;
-  double sum = 0;
-  for (const std::string& part : parts) {
-    double x = 0;
-    if (!absl::SimpleAtod(part, &x) || !(x >= 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.split (\"", split, "\") must be non-negative numbers"));
-    }
-    w.push_back(x);
-    sum += x;
-  }
-  if (!(sum > 0) || w.size() > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.split (\"", split, "\") must be up to 3 numbers with a positive sum"));
-  }
-  std::vector<int64_t> idx = {0};
-  for (double x : w) {
-    idx.push_back(idx.back() + static_cast<int64_t>(
-                                   std::nearbyint(x / sum * static_cast<double>(num_documents))));
-  }
-  const int64_t shift = idx.back() - num_documents;
-  const int64_t train = idx[1] - shift;
-  if (train <= 0) {
+  // Megatron's _get_split_indices (data_split.h): training reads documents [0, split_indices[1]).
+  SY_ASSIGN_OR_RETURN(const auto ranges, SplitDocuments(split, num_documents));
+  if (ranges[0].size() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.split (\"", split, "\") leaves no training document of ", num_documents));
   }
-  return std::min(train, num_documents);
+  return ranges[0].size();
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(v1::JobSpec spec,
@@ -461,23 +437,38 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   mock_seed_ = seed ^ 0x5eed5eed5eedull;
   if (!mock_) {
     SY_ASSIGN_OR_RETURN(IndexedDataset dataset, IndexedDataset::Open(prefix));
-    std::shared_ptr<TokenDocuments> docs =
+    const std::shared_ptr<TokenDocuments> all =
         std::make_shared<IndexedDatasetDocuments>(std::move(dataset));
+    const int64_t num_docs = all->num_documents();
+    std::shared_ptr<TokenDocuments> docs = all;
+    std::optional<DocumentRange> valid;  // none without a split: every document trains
     if (!spec.data().split().empty()) {
-      SY_ASSIGN_OR_RETURN(const int64_t train_docs,
-                          TrainDocuments(spec.data().split(), docs->num_documents()));
-      if (train_docs < docs->num_documents()) {
+      // SplitDocuments' train range is [0, n): the same FirstDocuments view (so the same sample
+      // index and loss curve) as before the valid range was used.
+      SY_ASSIGN_OR_RETURN(const auto ranges, SplitDocuments(spec.data().split(), num_docs));
+      const int64_t train_docs = ranges[0].size();
+      if (train_docs <= 0 && !options.evaluate_only) {
+        return absl::InvalidArgumentError(absl::StrCat("data.split (\"", spec.data().split(),
+                                                       "\") leaves no training document of ",
+                                                       num_docs));
+      }
+      if (train_docs < num_docs) {
         docs = std::make_shared<FirstDocuments>(std::move(docs), train_docs);
       }
-      data_description_ += absl::StrCat(", split \"", spec.data().split(), "\": ", train_docs,
-                                        " training documents");
+      valid = ranges[1];
+      data_description_ +=
+          absl::StrCat(", split \"", spec.data().split(), "\": ", train_docs,
+                       " training documents, ", ranges[1].size(), " validation documents");
     }
-    GptSampleOptions so;
-    so.seq_length = seq_;
-    so.seed = seed;
-    so.num_samples = total_samples;
-    SY_ASSIGN_OR_RETURN(GptSamples samples, GptSamples::Build(docs, so));
-    samples_ = std::make_shared<const GptSamples>(std::move(samples));
+    if (!options.evaluate_only) {
+      GptSampleOptions so;
+      so.seq_length = seq_;
+      so.seed = seed;
+      so.num_samples = total_samples;
+      SY_ASSIGN_OR_RETURN(GptSamples samples, GptSamples::Build(docs, so));
+      samples_ = std::make_shared<const GptSamples>(std::move(samples));
+    }
+    SY_RETURN_IF_ERROR(InitEvaluation(all, valid, num_docs));
   }
   if (pp_ > 1) {
     const int64_t tl = micro_batch_ * local_seq_ / model_->config().tp_size;
@@ -505,17 +496,18 @@ absl::Status Trainer::CastMasterToParams(const Stream& stream) {
   return kernels::Cast(stream, master_.View(), model_->params());
 }
 
-absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count) {
+absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count, const GptSamples* from) {
+  const GptSamples* samples = from != nullptr ? from : samples_.get();
   const int64_t vocab = model_->config().vocab_size;
   int32_t* ids = host_ids_.View().as<int32_t>();
   int32_t* targets = host_targets_.View().as<int32_t>();
   std::vector<int32_t> sample(seq_ + 1);
   for (int64_t b = 0; b < count; ++b) {
     const int64_t i = first_sample + b;
-    if (mock_) {
+    if (mock_ && from == nullptr) {
       for (int64_t j = 0; j <= seq_; ++j) sample[j] = MockToken(mock_seed_, i, j, vocab);
     } else {
-      SY_RETURN_IF_ERROR(samples_->Sample(i, absl::MakeSpan(sample)));
+      SY_RETURN_IF_ERROR(samples->Sample(i, absl::MakeSpan(sample)));
     }
     for (int64_t j = 0; j < seq_; ++j) {
       if (sample[j] < 0 || sample[j] >= vocab || sample[j + 1] < 0 || sample[j + 1] >= vocab) {
@@ -556,6 +548,11 @@ absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count) {
 absl::StatusOr<StepResult> Trainer::Step() {
   const v1::TrainingConfig& tr = spec_.training();
   const int64_t gbs = num_micro_global_ * micro_batch_;
+  if (options_.evaluate_only) {
+    return absl::FailedPreconditionError(
+        "Trainer::Step: this trainer was created with TrainerOptions.evaluate_only (no training "
+        "samples)");
+  }
   if (consumed_samples_ + gbs > tr.train_iters() * gbs) {
     return absl::OutOfRangeError(
         absl::StrCat("training finished: ", step_, " of ", tr.train_iters(), " steps done"));
@@ -1168,6 +1165,10 @@ std::string Trainer::FormatLogLine(const StepResult& r) const {
     absl::StrAppend(&line, " | imbalance");
     for (double v : r.expert_imbalance) absl::StrAppend(&line, absl::StrFormat(" %.2f", v));
   }
+  if (r.validation_loss.has_value()) {
+    absl::StrAppend(&line, absl::StrFormat(" | validation loss %.6f | validation ppl %.4f",
+                                           *r.validation_loss, std::exp(*r.validation_loss)));
+  }
   if (r.skipped) absl::StrAppend(&line, " | SKIPPED (non-finite grad norm)");
   return line;
 }
@@ -1408,7 +1409,9 @@ absl::Status Trainer::Load(const std::string& root, int64_t step) {
   SY_ASSIGN_OR_RETURN(int64_t skipped, ckpt.GetInt("skipped_steps"));
   SY_ASSIGN_OR_RETURN(std::string counter, ckpt.GetString("forward_counter"));
   const int64_t gbs = num_micro_global_ * micro_batch_;
-  if (consumed != ck_step * gbs) {
+  // An evaluate-only trainer (--eval) never resumes the data position, so it may score a
+  // checkpoint with another global batch size.
+  if (consumed != ck_step * gbs && !options_.evaluate_only) {
     return absl::FailedPreconditionError(
         absl::StrCat(ckpt.dir(), ": consumed_samples (", consumed, ") != step (", ck_step,
                      ") x training.global_batch_size (", gbs, "): the global batch size changed"));
@@ -1547,6 +1550,13 @@ absl::StatusOr<TrainingLoopResult> RunTrainingLoop(Trainer* trainer,
     absl::StatusOr<StepResult> r = trainer->Step();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("step ", trainer->step() + 1));
     ++result.steps;
+    // Evaluation (every rank: it is collective) after the update, before the step is reported
+    // and saved, as Megatron's train loop: the step's report carries its validation loss.
+    if (trainer->EvaluationDue(r->step)) {
+      absl::StatusOr<double> v = trainer->Evaluate();
+      if (!v.ok()) return Annotate(v.status(), absl::StrCat("evaluating after step ", r->step));
+      r->validation_loss = *v;
+    }
     if (hooks.on_step) hooks.on_step(*r);
     // An asynchronous save commits once every rank's background write is done; its error ends
     // the loop here (the next step), not silently.
@@ -1613,7 +1623,8 @@ absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
   hooks.max_steps = standalone.max_steps;
   hooks.on_step = [&](const StepResult& r) {
     if (bar) std::fputs("\r\033[K", stderr);
-    if (r.step % log_interval == 0 || r.step == trainer->train_iters() || r.skipped) {
+    if (r.step % log_interval == 0 || r.step == trainer->train_iters() || r.skipped ||
+        r.validation_loss.has_value()) {
       std::fprintf(out, "%s\n", trainer->FormatLogLine(r).c_str());
       std::fflush(out);
     }

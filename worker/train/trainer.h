@@ -39,7 +39,7 @@
 // PP too. Tied embeddings: the last stage holds a copy of the embedding as its LM head, and the
 // two stages sum their embedding gradients after the schedule (Megatron's embedding group); the
 // copy is counted once in the norm and saved once. global_aux_loss: one running count per layer
-// over the stage's in-flight slots (GptModel). VPP and EvalLoss are refused at PP > 1.
+// over the stage's in-flight slots (GptModel). VPP, EvalLoss and Evaluate are refused at PP > 1.
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
 // any combination): every rank holds the dense parameters (its TP shard of the TP-split
@@ -74,9 +74,26 @@
 // master weights. The checkpoint directory must be visible to every rank (one machine, or a
 // shared file system). TrainerOptions::async_save writes in a background thread (Save).
 //
-// data.split (Megatron's "969,30,1" train/valid/test weights): training reads only the first
-// share of the documents, as Megatron's _get_split_indices cuts it (TrainDocuments below); there
-// is no validation or test evaluation, so the other shares are not read at all.
+// data.split (Megatron's "969,30,1" train/valid/test weights, worker/train/data_split.h):
+// training reads the first share of the documents, as Megatron's _get_split_indices cuts it (the
+// same documents, hence the same samples, as before evaluation existed); evaluation reads the
+// second; the third (test) is not read. An empty split is all documents for training (and, with
+// training.eval_interval, defaults to "969,30,1": common/config/config_defaults.h).
+//
+// Validation (Evaluate, in evaluate.cc; Megatron's evaluate): training.eval_iters global batches
+// of the valid split, sample i of the evaluation being GptSamples::Sample(i) of the valid
+// documents' own index (same seed and seq_length, built for eval_iters × global_batch_size
+// samples), read from its start at EVERY evaluation, each DP rank its micro-batches as in a
+// step. Forward only, in evaluation mode (GptModel::SetTraining(false): no input jitter, no
+// aux-loss statistics, no expert-bias counts; the jitter counter restored); no gradient, optimizer,
+// data position or RNG change, so the training steps after it are exactly those of a run without
+// it. The loss is the sum of the cross-entropy terms over all tokens, all-reduced over TP×DP×CP
+// like the step loss, divided by eval_iters × global batch tokens. RunTrainingLoop calls it every
+// training.eval_interval steps and after the last step (StepResult::validation_loss). Refused
+// at PP > 1 (no forward-only pipeline schedule yet). Deliberate difference from Megatron: its
+// valid iterator continues across evaluations (consumed_valid_samples grows, each evaluation sees
+// the next eval_iters batches); ours restarts, so every evaluation (and RunEvaluation on a
+// checkpoint) scores the same tokens and the curve compares like with like.
 // data.tokenizer_model: the tokenizer.json the dataset was made with (data/bpe_tokenizer.h); its
 // vocabulary is the default model.vocab_size, and a smaller explicit one is rejected.
 // model.attention_backend and training.deterministic_mode select the CUDA attention settings
@@ -94,6 +111,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,6 +125,7 @@
 #include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/model/gpt_model.h"
 #include "worker/model/profiling.h"
+#include "worker/train/data_split.h"
 #include "worker/train/distributed_optimizer.h"
 #include "worker/train/grad_reducer.h"
 #include "worker/train/lr_schedule.h"
@@ -139,6 +158,11 @@ struct TrainerOptions {
   // the files in a background thread; the next Save (or Load, PollSave, WaitForSave) waits for
   // it and reports its error.
   bool async_save = false;
+  // Evaluation only (RunEvaluation, `switchyard-worker --eval`): no training samples are built
+  // (a split may give training no document: "0,1,0" evaluates a whole dataset), Step() is
+  // refused, the valid split is prepared even without training.eval_interval, and Load accepts
+  // a checkpoint saved with another global batch size (no data position to resume).
+  bool evaluate_only = false;
 };
 
 struct StepResult {
@@ -158,6 +182,9 @@ struct StepResult {
   std::vector<double> expert_imbalance;  // per MoE layer: max / mean tokens per expert
   // Per MoE layer: tokens routed to each expert over the whole global batch (all ranks).
   std::vector<std::vector<int64_t>> expert_tokens;
+  // Set by RunTrainingLoop on the steps where it evaluated (Trainer::Evaluate, after this step's
+  // update): the validation loss (nats/token); perplexity = exp(validation_loss).
+  std::optional<double> validation_loss;
 };
 
 class Trainer {
@@ -174,6 +201,14 @@ class Trainer {
   // Mean cross-entropy of the current parameters on the first global batch of the run (forward
   // only; nothing changes). For comparing the same weights across devices.
   absl::StatusOr<double> EvalLoss();
+  // The validation loss of the current parameters (see "Validation" above; evaluate.cc):
+  // collective when distributed. FAILED_PRECONDITION when the trainer has no valid split
+  // (neither training.eval_interval nor TrainerOptions::evaluate_only).
+  absl::StatusOr<double> Evaluate();
+  // training.eval_iters (its default when unset); 0 when this trainer does not evaluate.
+  int64_t eval_iters() const { return valid_samples_ != nullptr ? eval_iters_ : 0; }
+  // Whether RunTrainingLoop evaluates after completed step `step` (training.eval_interval).
+  bool EvaluationDue(int64_t step) const;
   // Completed optimizer steps.
   int64_t step() const { return step_; }
   int64_t train_iters() const { return spec_.training().train_iters(); }
@@ -225,7 +260,13 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status Init(const TrainerOptions& options);
-  absl::Status LoadMicroBatch(int64_t first_sample, int64_t count);
+  // Samples [first_sample, first_sample + count) of `from` (default: the training samples).
+  absl::Status LoadMicroBatch(int64_t first_sample, int64_t count,
+                              const GptSamples* from = nullptr);
+  // The valid split's sample index (evaluate.cc), when this trainer evaluates: `all` the
+  // dataset's documents, `valid` the valid range of data.split (none when the split is empty).
+  absl::Status InitEvaluation(const std::shared_ptr<TokenDocuments>& all,
+                              const std::optional<DocumentRange>& valid, int64_t num_documents);
   absl::Status CastMasterToParams(const Stream& stream);
   bool distributed() const { return groups_ != nullptr; }
   // One process: norm, clip and two AdamW launches over the whole flat buffer.
@@ -304,6 +345,8 @@ class Trainer {
   model::StepTiming last_timing_;
   std::unique_ptr<LrSchedule> lr_;
   std::shared_ptr<const GptSamples> samples_;
+  std::shared_ptr<const GptSamples> valid_samples_;  // evaluation only; null: no evaluation
+  int64_t eval_iters_ = 0;
   std::string data_description_;
   int64_t step_ = 0, consumed_samples_ = 0, skipped_steps_ = 0;
   int64_t micro_batch_ = 1, num_micro_ = 1, seq_ = 0;  // seq_: the whole sequence (S)
@@ -363,9 +406,24 @@ struct StandaloneOptions {
 absl::Status RunStandalone(v1::JobSpec spec, const TrainerOptions& options,
                            const StandaloneOptions& standalone, std::FILE* out);
 
+// Evaluating a checkpoint (RunEvaluation; `switchyard-worker --eval --load DIR`).
+struct EvaluationOptions {
+  // Our checkpoint: a training.save directory (its latest committed step) or one of its
+  // step_<N> directories; or a Hugging Face directory (it holds config.json: ImportHfModel, whose
+  // config replaces spec.model, seq_length kept; one process only).
+  std::string load;
+};
+// Loads `evaluation.load` into an evaluate-only trainer of `spec` and returns Evaluate(): the
+// loss over training.eval_iters (default 100) global batches of data.split's valid share
+// (default "969,30,1" when the spec has no split) of the spec's dataset, the same number the
+// training run printed for those weights. Prints the run description, what was loaded and
+// "validation loss X | validation ppl Y ..." to `out`. Collective when options.groups is set.
+absl::StatusOr<double> RunEvaluation(v1::JobSpec spec, TrainerOptions options,
+                                     const EvaluationOptions& evaluation, std::FILE* out);
+
 // The number of documents (of `num_documents`) that training reads under data.split `split`:
-// Megatron's first split share (e.g. "969,30,1" of 1000 documents: 969). INVALID_ARGUMENT naming
-// data.split when it is malformed or leaves training no document.
+// Megatron's first split share (e.g. "969,30,1" of 1000 documents: 969), SplitDocuments' train
+// range. INVALID_ARGUMENT naming data.split when it is malformed or leaves training no document.
 absl::StatusOr<int64_t> TrainDocuments(const std::string& split, int64_t num_documents);
 
 }  // namespace switchyard::train

@@ -1,0 +1,212 @@
+// File: worker/train/evaluate.cc
+//
+// Validation loss (issue 18 item 1): Trainer::Evaluate, the valid split's sample index, and
+// RunEvaluation (`switchyard-worker --eval`). The semantics are in trainer.h, "Validation".
+//
+// WHY a file of its own: trainer.cc is edited by several people at once; evaluation only needs
+// LoadMicroBatch, GptModel::Forward and the stats all-reduce, which it reaches as members.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config/config_defaults.h"
+#include "common/config/job_paths.h"
+#include "common/status.h"
+#include "worker/checkpoint/hf_convert.h"
+#include "worker/train/trainer.h"
+
+namespace switchyard::train {
+namespace {
+
+// Documents [begin, end) of `base`, renumbered from 0: the valid share of data.split.
+class DocumentRangeView final : public TokenDocuments {
+ public:
+  DocumentRangeView(std::shared_ptr<TokenDocuments> base, DocumentRange range)
+      : base_(std::move(base)), range_(range) {}
+  int64_t num_documents() const override { return range_.size(); }
+  int64_t DocumentLength(int64_t doc) const override {
+    return base_->DocumentLength(range_.begin + doc);
+  }
+  absl::Status ReadTokens(int64_t doc, int64_t offset, absl::Span<int32_t> out) const override {
+    return base_->ReadTokens(range_.begin + doc, offset, out);
+  }
+
+ private:
+  std::shared_ptr<TokenDocuments> base_;
+  DocumentRange range_;
+};
+
+bool FileExists(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  std::fclose(f);
+  return true;
+}
+
+}  // namespace
+
+absl::Status Trainer::InitEvaluation(const std::shared_ptr<TokenDocuments>& all,
+                                     const std::optional<DocumentRange>& valid,
+                                     int64_t num_documents) {
+  const v1::TrainingConfig& tr = spec_.training();
+  if (!tr.has_eval_interval() && !options_.evaluate_only) return absl::OkStatus();
+  const char* why = tr.has_eval_interval() ? "training.eval_interval is set" : "--eval";
+  if (pp_ > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat(tr.has_eval_interval() ? "training.eval_interval" : "--eval",
+                     ": evaluation with parallel.pipeline_model_parallel_size ", pp_,
+                     " > 1 is not implemented (no forward-only pipeline schedule yet)",
+                     tr.has_eval_interval() ? "; unset eval_interval" : ""));
+  }
+  const std::string& split = spec_.data().split();
+  if (!valid.has_value() || valid->size() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.split (\"", split, "\") leaves the valid split empty (",
+        valid.has_value() ? valid->size() : 0, " of ", num_documents, " documents) but ", why,
+        ": evaluation needs at least one valid document (e.g. \"969,30,1\")"));
+  }
+  eval_iters_ = tr.has_eval_iters() ? tr.eval_iters() : kDefaultEvalIters;
+  GptSampleOptions so;
+  so.seq_length = seq_;
+  so.seed = static_cast<uint64_t>(tr.seed());
+  // The same eval_iters global batches at every evaluation: an index of exactly that many
+  // samples (more epochs of the valid documents when they hold fewer windows, as Megatron).
+  so.num_samples = eval_iters_ * num_micro_global_ * micro_batch_;
+  auto docs = std::make_shared<DocumentRangeView>(all, *valid);
+  absl::StatusOr<GptSamples> samples = GptSamples::Build(docs, so);
+  if (!samples.ok()) {
+    return Annotate(samples.status(),
+                    absl::StrCat("data.split (\"", split, "\"): the valid split (", valid->size(),
+                                 " documents)"));
+  }
+  valid_samples_ = std::make_shared<const GptSamples>(*std::move(samples));
+  return absl::OkStatus();
+}
+
+bool Trainer::EvaluationDue(int64_t step) const {
+  const v1::TrainingConfig& tr = spec_.training();
+  if (valid_samples_ == nullptr || !tr.has_eval_interval() || tr.eval_interval() <= 0) {
+    return false;
+  }
+  return step % tr.eval_interval() == 0 || step == tr.train_iters();
+}
+
+absl::StatusOr<double> Trainer::Evaluate() {
+  if (valid_samples_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "Trainer::Evaluate: this trainer has no valid split (set training.eval_interval, or use "
+        "TrainerOptions.evaluate_only)");
+  }
+  if (pp_ > 1) {
+    return absl::UnimplementedError(
+        "Trainer::Evaluate: parallel.pipeline_model_parallel_size > 1 is not implemented");
+  }
+  const Stream& s = stream_;
+  model::ScopedRange range(s, "evaluate", step_);
+  // Evaluation mode (GptModel::SetTraining) and the jitter counter (each Forward pass advances
+  // it; it is checkpointed training state) restored on every path out, errors included.
+  const uint64_t counter = model_->forward_counter();
+  model_->SetTraining(false);
+  absl::Cleanup restore = [this, counter] {
+    model_->SetTraining(true);
+    model_->set_forward_counter(counter);
+  };
+  const int64_t gbs = num_micro_global_ * micro_batch_;
+  // This rank's share of the loss sum, in f64 over the batches (each batch's micro-batch sums
+  // come from the CE kernel's f32 slots, read once per batch by ReadStepStats).
+  double local = 0;
+  for (int64_t k = 0; k < eval_iters_; ++k) {
+    for (int64_t m = 0; m < num_micro_; ++m) {
+      // Micro-batch j of evaluation batch k, as Step's micro-batch j of a training batch.
+      const int64_t j = m * dp_ + dp_rank_;
+      SY_RETURN_IF_ERROR(
+          LoadMicroBatch(k * gbs + j * micro_batch_, micro_batch_, valid_samples_.get()));
+      const int64_t n = micro_batch_ * local_seq_;
+      const Tensor ids = Tensor(DType::kI32, {n}, s.device,
+                                s.is_cuda() ? ids_.View().data : host_ids_.View().data);
+      const Tensor targets = Tensor(DType::kI32, {n}, s.device,
+                                    s.is_cuda() ? targets_.View().data : host_targets_.View().data);
+      SY_RETURN_IF_ERROR(
+          model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
+    }
+    SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
+                        model_->ReadStepStats(s, static_cast<int>(num_micro_)));
+    local += stats.loss_sum;
+  }
+  // The step loss's fold (ReduceStats): each rank's loss sum is its share of its DP rank's
+  // tokens (CP: its chunks; TP: the vocabulary-parallel loss, reported by TP rank 0, 0 on the
+  // others), so the sum over TP×DP×CP is the whole loss sum. PP is 1 here: TDC is the world.
+  std::vector<double> v = {local};
+  if (distributed()) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tdc, &v));
+  return v[0] / static_cast<double>(eval_iters_ * gbs * seq_);
+}
+
+absl::StatusOr<double> RunEvaluation(v1::JobSpec spec, TrainerOptions options,
+                                     const EvaluationOptions& evaluation, std::FILE* out) {
+  if (evaluation.load.empty()) {
+    return absl::InvalidArgumentError(
+        "--load: required with --eval (a checkpoint directory, one of its step_<N> directories, "
+        "or a Hugging Face model directory)");
+  }
+  if (spec.data().mock_data()) {
+    return absl::InvalidArgumentError(
+        "data.mock_data: --eval needs a dataset (data.data_path, or the default corpus when "
+        "empty) to take the valid split from");
+  }
+  // An HF directory holds config.json; our checkpoints never do (manifest.json per step).
+  std::optional<model::HfCheckpoint> hf;
+  if (FileExists(evaluation.load + "/config.json")) {
+    SY_ASSIGN_OR_RETURN(model::HfCheckpoint imported, model::ImportHfModel(evaluation.load));
+    const v1::ModelConfig user = spec.model();
+    *spec.mutable_model() = imported.config;
+    if (user.has_seq_length()) spec.mutable_model()->set_seq_length(user.seq_length());
+    hf = std::move(imported);
+  }
+  // The held-out share even when the spec never asked for evaluation: Megatron's default split
+  // and eval_iters (config_defaults.h), as a training run with eval_interval would have them.
+  if (spec.data().split().empty()) {
+    spec.mutable_data()->set_split(kDefaultEvalSplit);
+  }
+  if (!spec.training().has_eval_iters()) {
+    spec.mutable_training()->set_eval_iters(kDefaultEvalIters);
+  }
+  options.evaluate_only = true;
+  SY_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(spec, options));
+  std::fprintf(out, "%s\n", trainer->Describe().c_str());
+  if (hf.has_value()) {
+    SY_RETURN_IF_ERROR(
+        Annotate(trainer->SetParameters([&](const std::string& name) { return hf->Get(name); }),
+                 absl::StrCat("--load ", evaluation.load, " (", hf->architecture, ")")));
+    std::fprintf(out, "loaded %s (%s)\n", evaluation.load.c_str(), hf->architecture.c_str());
+  } else {
+    std::string root = evaluation.load;
+    int64_t step = -1;
+    if (auto split = SplitStepDirectory(evaluation.load); split.has_value()) {
+      root = split->first;
+      step = split->second;
+    }
+    SY_RETURN_IF_ERROR(
+        Annotate(trainer->Load(root, step), absl::StrCat("--load ", evaluation.load)));
+    std::fprintf(out, "loaded %s at step %lld\n", evaluation.load.c_str(),
+                 static_cast<long long>(trainer->step()));
+  }
+  SY_ASSIGN_OR_RETURN(const double loss, trainer->Evaluate());
+  const int64_t tokens = trainer->eval_iters() * trainer->tokens_per_step();
+  std::fprintf(out,
+               "validation loss %.6f | validation ppl %.4f | %lld global batches, %lld tokens of "
+               "the valid split of data.split \"%s\"\n",
+               loss, std::exp(loss), static_cast<long long>(trainer->eval_iters()),
+               static_cast<long long>(tokens), trainer->spec().data().split().c_str());
+  std::fflush(out);
+  return loss;
+}
+
+}  // namespace switchyard::train
