@@ -11,7 +11,8 @@
 #     run_gpu_tests.sh, run_gpu_bench.sh, quickstart_cluster.sh (+ quickstart.yaml and
 #     cluster_lib.sh: the cluster quickstart, `./quickstart_cluster.sh . quickstart.yaml`),
 #     preempt_demo.sh (`./preempt_demo.sh . quickstart.yaml`: preemption at a checkpoint on two
-#     workers) and MANIFEST.
+#     workers), eval_check.sh + hf_eval_check.py (`./eval_check.sh . quickstart.yaml`: validation
+#     loss in training, --eval on the checkpoint and on the HF export vs transformers) and MANIFEST.
 # The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
 # the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
 # those are never bundled. tools/bundle_binaries.sh does the library half: copies the other
@@ -160,10 +161,11 @@ else
 fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
-cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh "$bundle/"
+cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh tools/eval_check.sh \
+  tools/hf_eval_check.py "$bundle/"
 cp examples/quickstart.yaml "$bundle/quickstart.yaml"
 chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/quickstart_cluster.sh" \
-  "$bundle/preempt_demo.sh"
+  "$bundle/preempt_demo.sh" "$bundle/eval_check.sh"
 
 {
   echo "Switchyard GPU bundle"

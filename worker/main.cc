@@ -72,6 +72,10 @@ ABSL_FLAG(bool, eval, false,
 ABSL_FLAG(std::string, load, "",
           "With --eval: a checkpoint directory (its latest step), one of its step_<N> "
           "directories, or a HuggingFace Mixtral/Qwen3-MoE directory (one process).");
+ABSL_FLAG(std::string, eval_tokens_out, "",
+          "With --eval (one process): also write the token windows it scored to this file, "
+          "int32 little-endian [samples, seq_length + 1] (inputs are [:, :-1], targets [:, 1:]), "
+          "so another implementation can score the same tokens (tools/hf_eval_check.py).");
 ABSL_FLAG(bool, async_save, false,
           "Write checkpoints in a background thread (Megatron's --async-save; standalone and "
           "multi-process jobs): the state is copied to the host on the step, the next save or "
@@ -362,7 +366,11 @@ int Evaluate() {
   }
   switchyard::train::TrainerOptions options;
   options.device = *device;
-  absl::StatusOr<double> loss = switchyard::train::RunEvaluation(*spec, options, {load}, stdout);
+  switchyard::train::EvaluationOptions evaluation;
+  evaluation.load = load;
+  evaluation.tokens_out = absl::GetFlag(FLAGS_eval_tokens_out);
+  absl::StatusOr<double> loss =
+      switchyard::train::RunEvaluation(*spec, options, evaluation, stdout);
   if (!loss.ok()) {
     std::fprintf(stderr, "switchyard-worker: %s\n", loss.status().ToString().c_str());
     return 1;

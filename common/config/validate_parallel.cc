@@ -200,9 +200,6 @@ void CheckElasticAndData(const v1::JobSpec& spec, Violations* v) {
       }
     }
   }
-  if (spec.training().has_eval_interval() && d.mock_data()) {
-    v->Add("training.eval_interval needs a dataset: data.mock_data has no valid split to evaluate");
-  }
 }
 
 }  // namespace validate_internal

@@ -195,8 +195,8 @@ const std::vector<Knob>& Table() {
       {"training.deterministic_mode", "Trainer::Init -> kernels::SetAttentionSettings (CUDA)"},
       {"training.eval_interval",
        "RunTrainingLoop -> Trainer::Evaluate (evaluate.cc: validation loss every N steps)",
-       [](v1::JobSpec* s) { T(s)->set_eval_interval(5); },  // the base spec is mock data
-       "training.eval_interval needs a dataset: data.mock_data has no valid split"},
+       [](v1::JobSpec* s) { T(s)->set_eval_interval(0); },
+       "training.eval_interval (0) must be positive"},
       {"training.eval_iters", "Trainer::Evaluate / RunEvaluation (global batches per evaluation)",
        [](v1::JobSpec* s) { T(s)->set_eval_iters(0); }, "training.eval_iters (0) must be positive"},
       // --- DataConfig --------------------------------------------------------------------------

@@ -5,8 +5,10 @@
 //
 // WHY a file of its own: trainer.cc is edited by several people at once; evaluation only needs
 // LoadMicroBatch, GptModel::Forward and the stats all-reduce, which it reaches as members.
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +27,10 @@
 
 namespace switchyard::train {
 namespace {
+
+// The first mock sample of the valid batches (data.mock_data with training.eval_interval): far
+// past any training run's samples (train_iters x global batch), so the two never share tokens.
+constexpr int64_t kMockValidFirstSample = int64_t{1} << 48;
 
 // Documents [begin, end) of `base`, renumbered from 0: the valid share of data.split.
 class DocumentRangeView final : public TokenDocuments {
@@ -93,14 +99,14 @@ absl::Status Trainer::InitEvaluation(const std::shared_ptr<TokenDocuments>& all,
 
 bool Trainer::EvaluationDue(int64_t step) const {
   const v1::TrainingConfig& tr = spec_.training();
-  if (valid_samples_ == nullptr || !tr.has_eval_interval() || tr.eval_interval() <= 0) {
+  if (!evaluates() || !tr.has_eval_interval() || tr.eval_interval() <= 0) {
     return false;
   }
   return step % tr.eval_interval() == 0 || step == tr.train_iters();
 }
 
 absl::StatusOr<double> Trainer::Evaluate() {
-  if (valid_samples_ == nullptr) {
+  if (!evaluates()) {
     return absl::FailedPreconditionError(
         "Trainer::Evaluate: this trainer has no valid split (set training.eval_interval, or use "
         "TrainerOptions.evaluate_only)");
@@ -127,8 +133,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
     for (int64_t m = 0; m < num_micro_; ++m) {
       // Micro-batch j of evaluation batch k, as Step's micro-batch j of a training batch.
       const int64_t j = m * dp_ + dp_rank_;
-      SY_RETURN_IF_ERROR(
-          LoadMicroBatch(k * gbs + j * micro_batch_, micro_batch_, valid_samples_.get()));
+      // Mock data: LoadMicroBatch's mock tokens of an index range no training run reaches.
+      const int64_t first = (mock_eval_ ? kMockValidFirstSample : 0) + k * gbs + j * micro_batch_;
+      SY_RETURN_IF_ERROR(LoadMicroBatch(first, micro_batch_, valid_samples_.get()));
       const int64_t n = micro_batch_ * local_seq_;
       const Tensor ids = Tensor(DType::kI32, {n}, s.device,
                                 s.is_cuda() ? ids_.View().data : host_ids_.View().data);
@@ -147,6 +154,32 @@ absl::StatusOr<double> Trainer::Evaluate() {
   std::vector<double> v = {local};
   if (distributed()) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tdc, &v));
   return v[0] / static_cast<double>(eval_iters_ * gbs * seq_);
+}
+
+absl::Status Trainer::WriteValidationTokens(const std::string& path) const {
+  if (distributed()) {
+    return absl::FailedPreconditionError("--eval_tokens_out: one process only (no --rank)");
+  }
+  if (valid_samples_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "--eval_tokens_out: this trainer has no valid split of a dataset to write");
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval_tokens_out: cannot create ", path, ": ", std::strerror(errno)));
+  }
+  absl::Cleanup close = [f] { std::fclose(f); };
+  std::vector<int32_t> sample(seq_ + 1);
+  // Evaluate's order: batch k, micro-batch j (over all DP ranks), row b.
+  const int64_t samples = eval_iters_ * num_micro_global_ * micro_batch_;
+  for (int64_t i = 0; i < samples; ++i) {
+    SY_RETURN_IF_ERROR(valid_samples_->Sample(i, absl::MakeSpan(sample)));
+    if (std::fwrite(sample.data(), sizeof(int32_t), sample.size(), f) != sample.size()) {
+      return absl::DataLossError(absl::StrCat("--eval_tokens_out: short write to ", path));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> RunEvaluation(v1::JobSpec spec, TrainerOptions options,
@@ -199,6 +232,14 @@ absl::StatusOr<double> RunEvaluation(v1::JobSpec spec, TrainerOptions options,
                  static_cast<long long>(trainer->step()));
   }
   SY_ASSIGN_OR_RETURN(const double loss, trainer->Evaluate());
+  if (!evaluation.tokens_out.empty()) {
+    SY_RETURN_IF_ERROR(trainer->WriteValidationTokens(evaluation.tokens_out));
+    std::fprintf(out, "wrote the scored token windows to %s (int32 [%lld, %lld])\n",
+                 evaluation.tokens_out.c_str(),
+                 static_cast<long long>(trainer->eval_iters() * trainer->tokens_per_step() /
+                                        trainer->spec().model().seq_length()),
+                 static_cast<long long>(trainer->spec().model().seq_length() + 1));
+  }
   const int64_t tokens = trainer->eval_iters() * trainer->tokens_per_step();
   std::fprintf(out,
                "validation loss %.6f | validation ppl %.4f | %lld global batches, %lld tokens of "

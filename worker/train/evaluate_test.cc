@@ -133,7 +133,8 @@ std::vector<StepResult> Train(Trainer* t) {
 // sequence length, eval_iters × global batch samples), each sample's logits from
 // GptModel::Forward in evaluation mode and CE = logsumexp(logits) − logits[target] in double,
 // averaged over every token of every sample.
-double IndependentValidationLoss(Trainer* t) {
+// The valid windows Evaluate scores, built here from the valid documents' tokens.
+std::vector<std::vector<int32_t>> IndependentValidSamples(Trainer* t) {
   const v1::JobSpec& spec = t->spec();
   auto ds = IndexedDataset::Open(spec.data().data_path(0));
   EXPECT_TRUE(ds.ok()) << ds.status();
@@ -155,15 +156,24 @@ double IndependentValidationLoss(Trainer* t) {
   so.num_samples = n;
   auto samples = GptSamples::Build(std::make_shared<InMemoryDocuments>(docs), so);
   EXPECT_TRUE(samples.ok()) << samples.status();
+  std::vector<std::vector<int32_t>> out(n, std::vector<int32_t>(seq + 1));
+  for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(samples->Sample(i, absl::MakeSpan(out[i])).ok());
+  return out;
+}
+
+double IndependentValidationLoss(Trainer* t) {
+  const v1::JobSpec& spec = t->spec();
+  const int64_t seq = spec.model().seq_length(), vocab = spec.model().vocab_size();
+  const std::vector<std::vector<int32_t>> samples = IndependentValidSamples(t);
+  const int64_t n = static_cast<int64_t>(samples.size());
   auto ids = kernels::Buffer::ForTensor(DType::kI32, {seq}, Device::Cpu());
   auto logits = kernels::Buffer::ForTensor(DType::kF32, {seq, vocab}, Device::Cpu());
   EXPECT_TRUE(ids.ok() && logits.ok());
   double sum = 0;
-  std::vector<int32_t> sample(seq + 1);
   // Megatron's model.eval(): no input jitter (this spec jitters in training), no aux statistics.
   t->model().SetTraining(false);
   for (int64_t i = 0; i < n; ++i) {
-    EXPECT_TRUE(samples->Sample(i, absl::MakeSpan(sample)).ok());
+    const std::vector<int32_t>& sample = samples[i];
     for (int64_t j = 0; j < seq; ++j) ids->View().as<int32_t>()[j] = sample[j];
     EXPECT_TRUE(
         t->model().Forward(Stream::Cpu(), ids->View(), Tensor(), seq, 0, logits->View()).ok());
@@ -196,6 +206,55 @@ TEST(EvaluateTest, EqualsAnIndependentComputationOnTheValidDocuments) {
   ASSERT_TRUE(train_batch.ok());
   std::printf("first training batch %.9f\n", *train_batch);
   EXPECT_GT(std::abs(*train_batch - *got), 1e-4);
+  // --eval_tokens_out: the file holds exactly those windows, in order.
+  const std::string path = TempDir() + "/valid_tokens.i32";
+  ASSERT_TRUE((*t)->WriteValidationTokens(path).ok());
+  const std::vector<std::vector<int32_t>> want_samples = IndependentValidSamples(t->get());
+  std::ifstream f(path, std::ios::binary);
+  std::vector<int32_t> row(want_samples[0].size());
+  for (const std::vector<int32_t>& w : want_samples) {
+    ASSERT_TRUE(f.read(reinterpret_cast<char*>(row.data()), row.size() * sizeof(int32_t)));
+    EXPECT_EQ(row, w);
+  }
+  EXPECT_EQ(f.peek(), std::char_traits<char>::eof()) << "more than the scored windows";
+}
+
+// Mock data (data.mock_data) evaluates on mock valid batches of their own: the training steps
+// are bit-identical to a run without evaluation, the valid batches are not the training ones,
+// and every evaluation scores the same tokens.
+TEST(EvaluateTest, MockDataEvaluatesOnItsOwnMockBatches) {
+  auto mock = [](int64_t eval_interval) {
+    auto spec = ParseJobSpecYaml(switchyard::test_specs::TinyMoeSpecYaml(4, true));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    spec->mutable_data()->set_mock_data(true);
+    if (eval_interval > 0) {
+      spec->mutable_training()->set_eval_interval(eval_interval);
+      spec->mutable_training()->set_eval_iters(2);
+    }
+    return *spec;
+  };
+  auto plain = Trainer::Create(mock(0), CpuF32());
+  auto evaluating = Trainer::Create(mock(2), CpuF32());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(evaluating.ok()) << evaluating.status();
+  EXPECT_EQ((*evaluating)->eval_iters(), 2);
+  const std::vector<StepResult> a = Train(plain->get());
+  const std::vector<StepResult> b = Train(evaluating->get());
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_EQ(a[s].loss, b[s].loss) << "step " << s + 1;  // bitwise
+    EXPECT_EQ(b[s].validation_loss.has_value(), (s + 1) % 2 == 0) << "step " << s + 1;
+  }
+  auto again = (*evaluating)->Evaluate();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *b[3].validation_loss);
+  auto train_batch = (*evaluating)->EvalLoss();  // the first training batch
+  ASSERT_TRUE(train_batch.ok());
+  std::printf("mock: validation loss %.9f (step 2) %.9f (step 4), first training batch %.9f\n",
+              *b[1].validation_loss, *b[3].validation_loss, *train_batch);
+  EXPECT_GT(std::abs(*train_batch - *again), 1e-6);
+  EXPECT_NE(*b[1].validation_loss, *b[3].validation_loss);
 }
 
 // Evaluation between steps must leave the training bit-identical: jitter counter, expert-bias

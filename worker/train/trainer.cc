@@ -435,6 +435,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   // Samples.
   const int64_t total_samples = tr.train_iters() * gbs;
   mock_seed_ = seed ^ 0x5eed5eed5eedull;
+  if (mock_ && tr.has_eval_interval()) {
+    eval_iters_ = tr.has_eval_iters() ? tr.eval_iters() : kDefaultEvalIters;
+    mock_eval_ = true;
+  }
   if (!mock_) {
     SY_ASSIGN_OR_RETURN(IndexedDataset dataset, IndexedDataset::Open(prefix));
     const std::shared_ptr<TokenDocuments> all =

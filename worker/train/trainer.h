@@ -93,7 +93,9 @@
 // at PP > 1 (no forward-only pipeline schedule yet). Deliberate difference from Megatron: its
 // valid iterator continues across evaluations (consumed_valid_samples grows, each evaluation sees
 // the next eval_iters batches); ours restarts, so every evaluation (and RunEvaluation on a
-// checkpoint) scores the same tokens and the curve compares like with like.
+// checkpoint) scores the same tokens and the curve compares like with like. With
+// data.mock_data the valid batches are mock samples of an index range of their own (from 2^48;
+// Megatron builds a mock valid dataset likewise), so a mock-data job can evaluate too.
 // data.tokenizer_model: the tokenizer.json the dataset was made with (data/bpe_tokenizer.h); its
 // vocabulary is the default model.vocab_size, and a smaller explicit one is rejected.
 // model.attention_backend and training.deterministic_mode select the CUDA attention settings
@@ -205,8 +207,12 @@ class Trainer {
   // collective when distributed. FAILED_PRECONDITION when the trainer has no valid split
   // (neither training.eval_interval nor TrainerOptions::evaluate_only).
   absl::StatusOr<double> Evaluate();
+  // Writes the samples Evaluate scores (all ranks' share, evaluation order) to `path` as int32
+  // [eval_iters x global batch, seq_length + 1]; one process only (FAILED_PRECONDITION when
+  // distributed), a dataset's valid split only (not mock data).
+  absl::Status WriteValidationTokens(const std::string& path) const;
   // training.eval_iters (its default when unset); 0 when this trainer does not evaluate.
-  int64_t eval_iters() const { return valid_samples_ != nullptr ? eval_iters_ : 0; }
+  int64_t eval_iters() const { return evaluates() ? eval_iters_ : 0; }
   // Whether RunTrainingLoop evaluates after completed step `step` (training.eval_interval).
   bool EvaluationDue(int64_t step) const;
   // Completed optimizer steps.
@@ -346,6 +352,10 @@ class Trainer {
   std::unique_ptr<LrSchedule> lr_;
   std::shared_ptr<const GptSamples> samples_;
   std::shared_ptr<const GptSamples> valid_samples_;  // evaluation only; null: no evaluation
+  // Mock data (data.mock_data) with training.eval_interval: the valid batches are mock samples
+  // of their own index range (kMockValidFirstSample on), as Megatron builds a mock valid dataset.
+  bool mock_eval_ = false;
+  bool evaluates() const { return valid_samples_ != nullptr || mock_eval_; }
   int64_t eval_iters_ = 0;
   std::string data_description_;
   int64_t step_ = 0, consumed_samples_ = 0, skipped_steps_ = 0;
@@ -412,6 +422,9 @@ struct EvaluationOptions {
   // step_<N> directories; or a Hugging Face directory (it holds config.json: ImportHfModel, whose
   // config replaces spec.model, seq_length kept; one process only).
   std::string load;
+  // Non-empty (one process only): the token windows scored, written here as int32 [samples,
+  // seq_length + 1] in evaluation order (inputs [:, :-1], targets [:, 1:]).
+  std::string tokens_out;
 };
 // Loads `evaluation.load` into an evaluate-only trainer of `spec` and returns Evaluate(): the
 // loss over training.eval_iters (default 100) global batches of data.split's valid share
