@@ -226,7 +226,26 @@ constexpr double kFoldTolerance = 0.05;
 
 struct Fold {
   int tp = 1, cp = 1, etp = 1;
+  int pp = 1;         // pipeline stages (the outermost axis: rank r is stage r / (world / pp))
+  bool tied = false;  // a tied embedding / LM head (the last stage holds a copy)
 };
+
+// The estimate of pipeline stage `stage` alone (EstimateMemory reports the largest stage).
+EngineMemory EstimateStage(const v1::JobSpec& raw, int64_t stage, v1::MemoryEstimate* proto) {
+  v1::JobSpec spec = raw;
+  ApplyDefaults(&spec);
+  absl::StatusOr<ModelShape> shape = ModelShape::FromProto(spec.model());
+  EXPECT_TRUE(shape.ok()) << shape.status();
+  absl::StatusOr<v1::Mapping> mapping = planner::MappingOfSpec(spec);
+  EXPECT_TRUE(mapping.ok()) << mapping.status();
+  if (!shape.ok() || !mapping.ok()) return EngineMemory{};
+  EngineMemoryOptions cpu;
+  cpu.cuda = false;
+  cpu.param_bytes = 4;
+  const EngineMemory e = EstimateEngineMemory(*shape, *mapping, stage, cpu);
+  proto->set_total(e.total());
+  return e;
+}
 
 void CheckRanks(const std::string& name, int world, int ep, int tp,
                 const std::string& dispatcher = "", Fold fold = {}, double tolerance = kTolerance) {
@@ -236,6 +255,11 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
     const std::string at = "  moe_z_loss_coeff: 0.001\n";
     yaml.replace(yaml.find(at), at.size(),
                  at + "  moe_token_dispatcher_type: " + dispatcher + "\n");
+  }
+  if (fold.pp > 1) absl::StrAppend(&yaml, "  pipeline_model_parallel_size: ", fold.pp, "\n");
+  if (fold.tied) {
+    const std::string untied = "  untie_embeddings_and_output_weights: true\n";
+    yaml.replace(yaml.find(untied), untied.size(), "");
   }
   const v1::JobSpec spec = Spec(yaml);
   const std::string store = ct::UniqueStoreDir("memest_store");
@@ -249,6 +273,7 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
     dims.tensor_model_parallel_size = tp;
     dims.context_parallel_size = fold.cp;
     dims.expert_tensor_parallel_size = fold.etp;
+    dims.pipeline_model_parallel_size = fold.pp;
     comm::GlooOptions gopt;
     gopt.timeout = absl::Seconds(60);
     // The process groups exist before the measurement starts, as in the benchmark.
@@ -264,12 +289,14 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
   });
   for (int r = 0; r < world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
   v1::MemoryEstimate proto;
-  const EngineMemory e = Estimate(spec, &proto);
+  EngineMemory e = Estimate(spec, &proto);
   for (int r = 0; r < world; ++r) {
     std::ifstream f(absl::StrCat(out, "_rank", r, ".txt"));
     Measured m;
     f >> m.steady >> m.peak;
     ASSERT_TRUE(f) << "rank " << r << " wrote no counters";
+    // Pipeline: each rank against its own stage's estimate.
+    if (fold.pp > 1) e = EstimateStage(spec, r / (world / fold.pp), &proto);
     Report(absl::StrCat(name, ", rank ", r), e, proto, m, tolerance);
   }
 }
@@ -307,6 +334,18 @@ TEST(MemoryEstimateTest, FoldTensorTwoContextTwo) {
 
 TEST(MemoryEstimateTest, FoldExpertTensorTwoExpertTwo) {
   CheckRanks("MoE top-2 ETP=2 EP=2 over Gloo", 4, 2, 1, "", Fold{1, 1, 2}, kFoldTolerance);
+}
+
+// Pipeline stages (1F1B): each stage's layers, its in-flight slots of activations and MoE layers,
+// the embedding on the first and the LM head on the last, the receive buffers; tied: the last
+// stage's embedding copy and both ends' peer-gradient buffer.
+TEST(MemoryEstimateTest, FoldPipelineTwo) {
+  CheckRanks("MoE top-2 PP=2 over Gloo", 2, 1, 1, "", Fold{1, 1, 1, 2}, kFoldTolerance);
+}
+
+TEST(MemoryEstimateTest, FoldPipelineTwoTiedExpertTwo) {
+  CheckRanks("MoE top-2 PP=2 EP=2 tied over Gloo", 4, 2, 1, "", Fold{1, 1, 1, 2, true},
+             kFoldTolerance);
 }
 
 TEST(MemoryEstimateTest, FoldExpertTensorTwoExpertTwoAllToAll) {

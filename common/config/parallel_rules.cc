@@ -4,7 +4,9 @@
 // :1447-1449).
 #include "common/config/parallel_rules.h"
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,11 +54,12 @@ std::vector<std::string> ParallelDivisibilityViolations(absl::string_view prefix
 }
 
 std::vector<std::string> PipelineLayoutViolations(int64_t num_layers, int64_t pp, int64_t vpp,
-                                                  int64_t first, int64_t last) {
+                                                  std::optional<int64_t> first,
+                                                  std::optional<int64_t> last) {
   std::vector<std::string> out;
   const char* kFirst = "parallel.decoder_first_pipeline_num_layers";
   const char* kLast = "parallel.decoder_last_pipeline_num_layers";
-  if (first == 0 && last == 0) {
+  if (!first.has_value() && !last.has_value()) {
     if (num_layers % pp != 0) {
       out.push_back(absl::StrCat("model.num_layers (", num_layers,
                                  ") must be divisible by parallel.pipeline_model_parallel_size (",
@@ -70,25 +73,29 @@ std::vector<std::string> PipelineLayoutViolations(int64_t num_layers, int64_t pp
     return out;
   }
   if (pp <= 1) {
-    out.push_back(absl::StrCat(first > 0 ? kFirst : kLast, " (", first > 0 ? first : last,
-                               ") requires parallel.pipeline_model_parallel_size > 1 (got ", pp,
-                               ")"));
+    out.push_back(
+        absl::StrCat(first.has_value() ? kFirst : kLast, " (", first.has_value() ? *first : *last,
+                     ") requires parallel.pipeline_model_parallel_size > 1 (got ", pp, ")"));
     return out;
   }
-  for (auto [name, v] : {std::pair<const char*, int64_t>{kFirst, first}, {kLast, last}}) {
-    if (v < 0) out.push_back(absl::StrCat(name, " (", v, ") must be > 0 when set"));
-    if (v > 0 && vpp > 1 && v % vpp != 0) {
-      out.push_back(absl::StrCat(name, " (", v,
+  for (auto [name, v] :
+       {std::pair<const char*, std::optional<int64_t>>{kFirst, first}, {kLast, last}}) {
+    if (!v.has_value()) continue;
+    // transformer_config.py: the first / last stage counts are > 0 when given.
+    if (*v <= 0) out.push_back(absl::StrCat(name, " (", *v, ") must be > 0 when set"));
+    if (*v > 0 && vpp > 1 && *v % vpp != 0) {
+      out.push_back(absl::StrCat(name, " (", *v,
                                  ") must be divisible by "
                                  "parallel.virtual_pipeline_model_parallel_size (",
                                  vpp, ")"));
     }
   }
   if (!out.empty()) return out;
-  const int64_t set = (first > 0 ? 1 : 0) + (last > 0 ? 1 : 0);
-  const int64_t middle_stages = pp - set, rest = num_layers - first - last;
-  const std::string what = absl::StrCat("model.num_layers (", num_layers, ") - ", kFirst, " (",
-                                        first, ") - ", kLast, " (", last, ") = ", rest, " layers");
+  const int64_t f = first.value_or(0), l = last.value_or(0);
+  const int64_t set = (first.has_value() ? 1 : 0) + (last.has_value() ? 1 : 0);
+  const int64_t middle_stages = pp - set, rest = num_layers - f - l;
+  const std::string what = absl::StrCat("model.num_layers (", num_layers, ") - ", kFirst, " (", f,
+                                        ") - ", kLast, " (", l, ") = ", rest, " layers");
   if (middle_stages == 0) {
     if (rest != 0) {
       out.push_back(absl::StrCat(what, " must be 0: parallel.pipeline_model_parallel_size (", pp,

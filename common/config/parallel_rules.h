@@ -7,6 +7,7 @@
 #define SWITCHYARD_COMMON_CONFIG_PARALLEL_RULES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,17 +26,19 @@ std::vector<std::string> ParallelDivisibilityViolations(absl::string_view prefix
 
 // Pipeline layouts (megatron_parallel.md §3.8, mechanism 2: Megatron's
 // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers). `first` and `last`
-// (0: unset) fix the decoder layers of the first and the last stage; the other stages share the
-// rest equally; with neither set every stage gets num_layers / pp. One message per violated rule
-// (transformer_config.py:2294-2368), fields named with `prefix` ("parallel." / "model." for a job
-// spec): first / last need PP > 1 and are > 0; the remaining layers must divide over the middle
+// (nullopt: unset) fix the decoder layers of the first and the last stage; the other stages share
+// the rest equally; with neither set every stage gets num_layers / pp. One message per violated
+// rule (transformer_config.py:2294-2368), fields named with `prefix` ("parallel." / "model." for a
+// job spec): first / last need PP > 1 and are > 0; the remaining layers must divide over the middle
 // stages, every middle stage getting at least one (no empty stage), or be 0 when there are none;
 // with VPP (vpp > 1) every stage's count must be divisible by it. Preconditions: num_layers > 0,
-// pp > 0, vpp > 0. These are the JobSpec's rules (common/config may not depend on common/model);
-// common/model/pipeline_layout.h ValidatePipelineSplit states the same ones, and its StageLayers
-// assigns the trainer's stage layers.
+// pp > 0, vpp > 0. The one statement of these rules: the JobSpec's (common/config/
+// validate_parallel.cc) and the trainer's stage assignment (common/model/pipeline_layout.h
+// ValidatePipelineSplit, which StageLayers calls) both report them from here, with the JobSpec's
+// field paths ("model.num_layers", "parallel.decoder_first_pipeline_num_layers", ...).
 std::vector<std::string> PipelineLayoutViolations(int64_t num_layers, int64_t pp, int64_t vpp,
-                                                  int64_t first, int64_t last);
+                                                  std::optional<int64_t> first,
+                                                  std::optional<int64_t> last);
 
 }  // namespace switchyard
 

@@ -3,6 +3,7 @@
 // Parallel mapping (megatron_moe.md §5.2), training schedule and optimizer, elastic range and
 // data rules.
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,13 +50,17 @@ void CheckParallel(const v1::JobSpec& spec, Violations* v) {
     v->Add("parallel.virtual_pipeline_model_parallel_size (", p.vpp,
            ") requires parallel.pipeline_model_parallel_size > 1 (got ", p.pp, ")");
   }
-  // How the layers split over the stages (even, or the first / last stage fixed): one rule set
-  // shared with the trainer's stage assignment (parallel_rules.h).
+  // How the layers split over the stages (even, or the first / last stage fixed): the one rule
+  // set, which the trainer's stage assignment (common/model/pipeline_layout.h) reports too.
   if (m.num_layers() > 0 && p.pp > 0) {
     const int64_t vpp = pc.has_virtual_pipeline_model_parallel_size() && p.pp > 1 ? p.vpp : 1;
+    auto given = [](bool has, int64_t v) { return has ? std::optional<int64_t>(v) : std::nullopt; };
     for (const std::string& why :
-         PipelineLayoutViolations(m.num_layers(), p.pp, vpp, pc.decoder_first_pipeline_num_layers(),
-                                  pc.decoder_last_pipeline_num_layers())) {
+         PipelineLayoutViolations(m.num_layers(), p.pp, vpp,
+                                  given(pc.has_decoder_first_pipeline_num_layers(),
+                                        pc.decoder_first_pipeline_num_layers()),
+                                  given(pc.has_decoder_last_pipeline_num_layers(),
+                                        pc.decoder_last_pipeline_num_layers()))) {
       v->Add(why);
     }
   }

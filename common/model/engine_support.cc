@@ -2,7 +2,6 @@
 #include "common/model/engine_support.h"
 
 #include <string>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,26 +9,42 @@ namespace switchyard {
 
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
-                                int64_t expert_tensor_parallel_size) {
+                                int64_t expert_tensor_parallel_size,
+                                int64_t virtual_pipeline_model_parallel_size) {
   // TP (with sequence parallelism, worker/model/gpt_model.h), CP (worker/model/gpt_model.h,
-  // "Context parallelism") and ETP (worker/model/README.md, "Expert tensor parallelism") run at
-  // any size the layout rules accept, TP and CP together too (CP picks a rank's positions, SP
-  // shards them over TP); only PP is refused. The trainer runs PP itself (1F1B on the CPU over
-  // Gloo, worker/train/trainer.h) and passes 1 here; the worker agent and the coordinator still
-  // refuse it until the pipeline has run on GPUs. The arguments stay so that every caller keeps
-  // one call shape while dimensions are lifted.
+  // "Context parallelism"), ETP (worker/model/README.md, "Expert tensor parallelism") and PP
+  // (worker/train/trainer.h, 1F1B) run at any size the layout rules accept, all folded together.
+  // Only the interleaved schedule (virtual pipeline stages) is refused.
   (void)tensor_model_parallel_size;
   (void)context_parallel_size;
+  (void)pipeline_model_parallel_size;
   (void)expert_tensor_parallel_size;
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"pipeline_model_parallel_size", pipeline_model_parallel_size},
-  };
-  for (const auto& [name, value] : sizes) {
-    if (value > 1) {
-      return absl::StrCat(
-          prefix, name, " (", value,
-          ") must be 1: workers run data, tensor, context and expert parallelism only");
-    }
+  if (virtual_pipeline_model_parallel_size > 1) {
+    return absl::StrCat(prefix, "virtual_pipeline_model_parallel_size (",
+                        virtual_pipeline_model_parallel_size,
+                        ") must be 1: workers run the non-interleaved 1F1B pipeline schedule only "
+                        "(the interleaved schedule is not implemented yet)");
+  }
+  return "";
+}
+
+std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec) {
+  const v1::ParallelConfig& p = spec.parallel();
+  auto size = [](bool has, int64_t v) { return has && v > 0 ? v : int64_t{1}; };
+  const int64_t pp = size(p.has_pipeline_model_parallel_size(), p.pipeline_model_parallel_size());
+  std::string why = UnsupportedByEngine(
+      absl::StrCat(prefix, "parallel."),
+      size(p.has_tensor_model_parallel_size(), p.tensor_model_parallel_size()),
+      size(p.has_context_parallel_size(), p.context_parallel_size()), pp,
+      size(p.has_expert_tensor_parallel_size(), p.expert_tensor_parallel_size()),
+      size(p.has_virtual_pipeline_model_parallel_size(), p.virtual_pipeline_model_parallel_size()));
+  if (!why.empty()) return why;
+  // Evaluation runs forward only, and there is no forward-only pipeline schedule yet (the
+  // trainer's InitEvaluation refuses it too; stated here so that a job is refused at submit).
+  if (pp > 1 && spec.training().has_eval_interval()) {
+    return absl::StrCat(prefix, "training.eval_interval: evaluation with ", prefix,
+                        "parallel.pipeline_model_parallel_size ", pp,
+                        " > 1 is not implemented (no forward-only pipeline schedule yet)");
   }
   return "";
 }

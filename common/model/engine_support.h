@@ -1,13 +1,17 @@
 // File: common/model/engine_support.h
 //
 // What the worker's engine executes today: data, tensor (with sequence parallelism,
-// worker/model/gpt_model.h), context, expert and expert-tensor parallelism, TP and CP folded
-// together, with PP = 1 (any sizes the parallel layout accepts, with model.seq_length %
-// (2·CP·TP) == 0 and moe_ffn_hidden_size % ETP == 0 as common/config/validate*.cc checks).
+// worker/model/gpt_model.h), context, expert, expert-tensor and pipeline parallelism, all folded
+// together (any sizes the parallel layout accepts, with model.seq_length % (2·CP·TP) == 0,
+// moe_ffn_hidden_size % ETP == 0 and the pipeline layout rules as common/config/validate*.cc
+// checks). Pipeline parallelism runs Megatron's non-interleaved 1F1B (worker/train/trainer.h),
+// with tied embeddings and global_aux_loss: only virtual pipeline stages (the interleaved
+// schedule) and evaluation (training.eval_interval) at PP > 1 are refused.
 // One rule, used by every place that must refuse the rest: the coordinator's validation path
-// (coordinator/jobs/resolve_spec.h, before the planner), the worker's check of an assignment
+// (coordinator/jobs/resolve_spec.h, before the planner), the planner's candidates
+// (coordinator/planner/planner.cc), the worker's check of an assignment
 // (worker/agent/generation.cc) and a run without a coordinator (worker/train/trainer.cc). When
-// the engine learns a dimension, this is the one place to change.
+// the engine learns a dimension or feature, this is the one place to change.
 #ifndef SWITCHYARD_COMMON_MODEL_ENGINE_SUPPORT_H_
 #define SWITCHYARD_COMMON_MODEL_ENGINE_SUPPORT_H_
 
@@ -15,17 +19,27 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "switchyard/v1/config.pb.h"
 
 namespace switchyard {
 
 // "" when the engine runs these sizes; otherwise the first unsupported one, as
-// "<prefix>pipeline_model_parallel_size (N) must be 1: workers run data, tensor, context and
-// expert parallelism only" (expert parallelism here includes its tensor split, ETP), with
-// `prefix` the field path of the caller's message ("parallel." for a job spec,
-// "assignment.mapping." for an assignment).
+// "<prefix>virtual_pipeline_model_parallel_size (2) must be 1: ..." with `prefix` the field path
+// of the caller's message ("parallel." for a job spec, "assignment.spec.parallel." for an
+// assignment). Every TP, CP, PP and ETP size runs; the arguments stay so that every caller keeps
+// one call shape while dimensions are lifted.
 std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_parallel_size,
                                 int64_t context_parallel_size, int64_t pipeline_model_parallel_size,
-                                int64_t expert_tensor_parallel_size);
+                                int64_t expert_tensor_parallel_size,
+                                int64_t virtual_pipeline_model_parallel_size);
+
+// The rule for a whole job spec (defaults applied or not: unset sizes count as 1):
+// UnsupportedByEngine on spec.parallel, field paths "<prefix>parallel.", then evaluation at
+// PP > 1 ("<prefix>training.eval_interval: evaluation with <prefix>parallel.pipeline_model_
+// parallel_size N > 1 is not implemented ...": no forward-only pipeline schedule). `prefix`: ""
+// for a job spec, "assignment.spec." for an assignment's. (Every model feature runs at PP > 1: tied
+// embeddings through the embedding group, global_aux_loss with one running count per layer.)
+std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec);
 
 }  // namespace switchyard
 

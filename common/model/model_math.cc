@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/pipeline_layout.h"
 
 namespace switchyard {
 namespace {
@@ -185,13 +186,25 @@ Dims DimsOf(const v1::Mapping& p) {
 
 }  // namespace
 
+std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int64_t stage) {
+  PipelineSplit split;
+  split.num_layers = m.num_layers;
+  split.pp = pp;
+  split.first_stage_layers = m.pipeline_first_layers;
+  split.last_stage_layers = m.pipeline_last_layers;
+  absl::StatusOr<LayerRange> r = StageLayers(split, stage, /*chunk=*/0);
+  if (r.ok()) return {r->begin, r->begin + r->count};
+  const int64_t per_stage = m.num_layers / std::max<int64_t>(pp, 1);
+  return {stage * per_stage, (stage + 1) * per_stage};
+}
+
 StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
                                        int64_t stage) {
   const Dims z = DimsOf(mapping);
   const int64_t h = m.hidden_size, d = m.head_dim, tp = z.tp;
-  const int64_t per_stage = m.num_layers / z.pp;
+  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
   StageParamElements s;
-  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
     s.dense += 2 * Align64(h);                            // input and post-attention norms
     if (m.qk_layernorm) s.dense += 2 * Align64(d);        // q_norm, k_norm
     s.dense += 2 * Align64(m.num_heads * d / tp * h);     // q, o
@@ -248,7 +261,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double ssh = m.shared_ffn_size, tp = z.tp;
   const double t = static_cast<double>(z.mbs * m.seq_length / z.cp);  // tokens per micro-batch
   const double tr = t / tp;  // tokens per rank of the TP group (sequence parallelism)
-  const int64_t per_stage = m.num_layers / z.pp;
+  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
   const bool last = stage == z.pp - 1;
 
   EngineMemory out;
@@ -271,7 +284,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
 
   // Layers: attention, norms, dense MLP (per token, then times t / TP).
   int64_t layers = 0, moe_layers = 0, dense_layers = 0;
-  for (int64_t l = stage * per_stage; l < (stage + 1) * per_stage; ++l) {
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
     ++layers;
     (m.is_moe(l) ? moe_layers : dense_layers) += 1;
   }
@@ -352,7 +365,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   // Vocabulary-parallel embedding and LM head: V/TP rows per TP rank, over the whole micro-batch
   // (t tokens; tr == t without TP).
   const double vl = v / tp;
-  if (last) {
+  {
+    // Every pipeline stage: GptModel::Build creates the fused LM-head loss on every stage,
+    // although only the last uses it (measured at PP2: the first stage holds it too).
     const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
     const double chunk = std::max(1.0, std::min(t, std::floor(budget / (vl * 8))));
     // Logits chunk (+ bf16 gradient on CUDA), per-token loss terms (CUDA), the vocabulary-
@@ -382,6 +397,13 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += st * z.m + r * z.m * n_moe * (m.moe_aux_terms + 1) + 4 * z.m * n_moe * e;
   head += 8 * n_moe * e;  // expert bias and local token counts
   head += 8 * t;          // ids and targets
+  if (z.pp > 1) {
+    // The trainer's pipeline receive buffers (a stage's input and its output's gradient,
+    // [t/TP, H]) and, with a tied embedding, the other end's embedding gradient [V/TP, H] on
+    // the first and the last stage (Trainer::SumSharedEmbeddingGrad).
+    head += 2 * a * tr * h;
+    if (!m.untie_embeddings && (stage == 0 || last)) head += g * vl * h;
+  }
   out.head_buffers = head;
 
   out.runtime =

@@ -20,6 +20,7 @@
 #define SWITCHYARD_COMMON_MODEL_MODEL_MATH_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,6 +57,11 @@ struct ModelShape {
   // moe_token_dispatcher_type allgather (the default) rather than alltoall: the dispatcher's
   // buffers at EP > 1 (EstimateEngineMemory).
   bool moe_allgather = false;
+  // Uneven pipeline layouts (parallel.decoder_first/last_pipeline_num_layers; < 0: unset): the
+  // decoder layers of the first / last stage (common/model/pipeline_layout.h). Not part of
+  // ModelConfig: the planner sets them from the spec's parallel config after FromProto.
+  int64_t pipeline_first_layers = -1;
+  int64_t pipeline_last_layers = -1;
 
   // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
@@ -100,12 +106,12 @@ double TrainingFlopsPerToken(const ModelShape& m);
 // matrices split by TP, experts E/EP per rank with Fe/ETP columns, the shared expert's fc1 / fc2
 // split by TP like the dense MLP, embedding and output layer V/TP vocabulary rows per TP rank
 // (vocabulary-parallel, as MakeGptParamLayout); norms, router and the shared-expert gate WHOLE on
-// every TP rank. Stage s
-// holds layers [s·L/PP, (s+1)·L/PP); PP = 1: embedding + final norm (+ output when untied); PP > 1:
-// embedding on the first stage, final norm + output (or the tied copy) on the last. `*_padded`: the
-// regions as the layout pads them for the distributed optimizer (dense to 64·DP·CP, expert to
-// 64·EDP elements). Preconditions: mapping sizes positive and dividing the model (as validate.h
-// checks), 0 <= stage < PP.
+// every TP rank. Stage s holds the layers common/model/pipeline_layout.h StageLayers gives it
+// ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerRange below); PP = 1: embedding +
+// final norm (+ output when untied); PP > 1: embedding on the first stage, final norm + output (or
+// the tied copy) on the last. `*_padded`: the regions as the layout pads them for the distributed
+// optimizer (dense to 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive
+// and dividing the model (as validate.h checks), 0 <= stage < PP.
 struct StageParamElements {
   int64_t dense = 0, expert = 0;
   int64_t dense_padded = 0, expert_padded = 0;
@@ -113,6 +119,11 @@ struct StageParamElements {
 };
 StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
                                        int64_t stage);
+
+// The decoder layers [begin, end) of pipeline stage `stage` of `pp` (StageLayers with the shape's
+// uneven first/last counts). A split the layout rules refuse (which validation reports first)
+// falls back to the even one, floor(L / PP) per stage.
+std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int64_t stage);
 
 // The engine's precision and the memory it uses outside its own buffers.
 struct EngineMemoryOptions {
@@ -135,7 +146,7 @@ inline constexpr double kNcclCommunicatorBytes = 1.5 * 1024 * 1024 * 1024;
 // Communicators of more than one rank that worker/train/process_groups.h creates for `mapping`
 // (roles with the same members share one): the world (= DP×CP = TP×DP×CP) and its gradient
 // copy when W > 1; the EP group when 1 < EP·ETP < W; EDP when 1 < EDP < W and its gradient copy
-// when EDP > 1; one each for TP, CP, PP > 1 (PP extrapolated: the worker runs PP = 1; a CP group
+// when EDP > 1; one each for TP, CP, PP > 1 (the PP group's share not measured on GPUs; a CP group
 // equal to the world is counted although the worker shares it).
 int64_t EngineCommunicators(const v1::Mapping& mapping);
 
@@ -185,7 +196,8 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
 //               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
 //               vocabulary-parallel LM-head cross-entropy over the whole micro-batch (t tokens,
-//               Vl = V/TP rows): its logits chunk (c = min(t, budget / 8Vl) rows, budget
+//               Vl = V/TP rows; on every pipeline stage: the engine creates it on every stage,
+//               only the last uses it): its logits chunk (c = min(t, budget / 8Vl) rows, budget
 //               512 MiB CUDA / 64 MiB CPU) c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16
 //               gradient, loss terms, TP statistics), c·Vl·8 + 24c on the CPU, the lse of t
 //               tokens; CUDA RMSNorm and embedding backward (t, Vl) workspaces; statistics slots
@@ -193,7 +205,9 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               partial sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids
 //               mapped to this rank's vocabulary rows 4t.
 //               CP > 1: the K/V gather buffers, 5 of mbs·S rows (gathered, whole K, V, dK, dV)
-//               and 2 of S rows (partial dK, dV), each row a·(Hkv/TP)·D.
+//               and 2 of S rows (partial dK, dV), each row a·(Hkv/TP)·D. PP > 1: the pipeline
+//               receive buffers 2a·t·H/TP, and with a tied embedding on the first and the last
+//               stage the other stage's embedding gradient g·Vl·H.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards
@@ -203,7 +217,8 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 // ETP2·EP2 on every rank within 5 %): every per-token term is divided by TP (sequence
 // parallelism), tokens by CP, expert widths by ETP (ETP > 1 uses the EP dispatchers, even at
 // EP = 1, as MoELayer::Create does), the SP and CP scratch above. PP > 1 multiplies the
-// per-layer terms by min(PP − stage, m) micro-batches in flight under 1F1B (not measured here).
+// per-layer terms by min(PP − stage, m) micro-batches in flight under 1F1B (bench/
+// memory_estimate_test: PP2 and tied PP2·EP2, each stage within 5 %, measured 1.0000 on the CPU).
 struct EngineMemory {
   double weights = 0, gradients = 0, optimizer_states = 0;
   double layer_activations = 0, moe_buffers = 0, head_buffers = 0;

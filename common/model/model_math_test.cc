@@ -70,6 +70,42 @@ TEST(ModelMathTest, MoeModelHandComputed) {
   std::cout << "params " << TotalParams(*s) << " flops/token " << TrainingFlopsPerToken(*s) << "\n";
 }
 
+// Pipeline stages hold the layers of common/model/pipeline_layout.h: even (2 | 2) without an
+// uneven layout, 1 | 3 with decoder_first_pipeline_num_layers 1, and the stage's parameter
+// elements follow (stage 1 of 1 | 3 holds three layers' norms: 3 · 2 · Align64(16) = 384 of them
+// against two layers' 256 in the even split, besides attention and MLPs).
+TEST(ModelMathTest, StageLayersFollowThePipelineLayout) {
+  v1::ModelConfig m;
+  m.set_num_layers(4);
+  m.set_hidden_size(16);
+  m.set_num_attention_heads(4);
+  m.set_ffn_hidden_size(32);
+  m.set_vocab_size(100);
+  m.set_seq_length(8);
+  m.set_untie_embeddings_and_output_weights(true);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(StageLayerRange(*s, 2, 0), (std::pair<int64_t, int64_t>{0, 2}));
+  EXPECT_EQ(StageLayerRange(*s, 2, 1), (std::pair<int64_t, int64_t>{2, 4}));
+  v1::Mapping pp2;
+  pp2.set_pipeline_model_parallel_size(2);
+  const StageParamElements even0 = StageLayoutElements(*s, pp2, 0);
+  const StageParamElements even1 = StageLayoutElements(*s, pp2, 1);
+  ModelShape uneven = *s;
+  uneven.pipeline_first_layers = 1;
+  EXPECT_EQ(StageLayerRange(uneven, 2, 0), (std::pair<int64_t, int64_t>{0, 1}));
+  EXPECT_EQ(StageLayerRange(uneven, 2, 1), (std::pair<int64_t, int64_t>{1, 4}));
+  const StageParamElements first = StageLayoutElements(uneven, pp2, 0);
+  const StageParamElements last = StageLayoutElements(uneven, pp2, 1);
+  // One layer: norms 2·64, q, k, v, o 4·Align64(256) = 1024, MLP Align64(1024) + Align64(512).
+  const int64_t layer = 2 * 64 + 4 * 256 + 1024 + 512;
+  EXPECT_EQ(layer, 2688);
+  EXPECT_EQ(even0.dense - first.dense, layer);
+  EXPECT_EQ(last.dense - even1.dense, layer);
+  std::cout << "stage dense elements: even " << even0.dense << " | " << even1.dense
+            << ", first 1: " << first.dense << " | " << last.dense << "\n";
+}
+
 // One rank's flat layout at TP1 and TP2 (StageLayoutElements, the engine's GptParamLayout):
 // attention, dense MLP, the shared expert (fc1 columns, fc2 rows) and the vocabulary-parallel
 // embedding / output are divided by TP; norms, router and the shared-expert gate are whole.

@@ -3,17 +3,16 @@
 // Megatron-Core's layer offsets per pipeline stage and model chunk (see the header).
 #include "common/model/pipeline_layout.h"
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/config/parallel_rules.h"
 
 namespace switchyard {
 namespace {
-
-constexpr char kFirst[] = "decoder_first_pipeline_num_layers";
-constexpr char kLast[] = "decoder_last_pipeline_num_layers";
 
 // Layers of the first / last / each middle stage.
 struct StageCounts {
@@ -33,72 +32,34 @@ StageCounts Counts(const PipelineSplit& s) {
   return c;
 }
 
+std::optional<int64_t> Given(int64_t layers) {
+  return layers >= 0 ? std::optional<int64_t>(layers) : std::nullopt;
+}
+
 }  // namespace
 
 absl::Status ValidatePipelineSplit(const PipelineSplit& s) {
+  // The preconditions of PipelineLayoutViolations, then its rules (the JobSpec's, one source).
   if (s.num_layers < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_layers (", s.num_layers, ") must be at least 1"));
+        absl::StrCat("model.num_layers (", s.num_layers, ") must be at least 1"));
   }
   if (s.pp < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pipeline_model_parallel_size (", s.pp, ") must be at least 1"));
+        absl::StrCat("parallel.pipeline_model_parallel_size (", s.pp, ") must be at least 1"));
   }
   if (s.vpp < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("virtual_pipeline_model_parallel_size (", s.vpp, ") must be at least 1"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.virtual_pipeline_model_parallel_size (", s.vpp, ") must be at least 1"));
   }
   if (s.vpp > 1 && s.pp == 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("virtual_pipeline_model_parallel_size (", s.vpp,
-                     ") requires pipeline_model_parallel_size > 1 (got 1)"));
+        absl::StrCat("parallel.virtual_pipeline_model_parallel_size (", s.vpp,
+                     ") requires parallel.pipeline_model_parallel_size > 1 (got 1)"));
   }
-  const bool has_first = s.first_stage_layers >= 0, has_last = s.last_stage_layers >= 0;
-  if ((has_first || has_last) && s.pp == 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        has_first ? kFirst : kLast, " requires pipeline_model_parallel_size > 1 (got 1)"));
-  }
-  const int64_t given =
-      (has_first ? s.first_stage_layers : 0) + (has_last ? s.last_stage_layers : 0);
-  if (given > s.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kFirst, " + ", kLast, " (", given, ") must be at most num_layers (", s.num_layers, ")"));
-  }
-  const StageCounts c = Counts(s);
-  const int64_t rest = s.num_layers - given;
-  if (c.middle_stages == 0 && rest != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kFirst, " + ", kLast, " (", given, ") must equal num_layers (", s.num_layers,
-        ") when they are the only pipeline stages (pipeline_model_parallel_size ", s.pp, ")"));
-  }
-  if (c.middle_stages > 0 && rest % c.middle_stages != 0 && !has_first && !has_last) {
-    return absl::InvalidArgumentError(absl::StrCat("num_layers (", s.num_layers,
-                                                   ") must be divisible by ",
-                                                   "pipeline_model_parallel_size (", s.pp, ")"));
-  }
-  if (c.middle_stages > 0 && rest % c.middle_stages != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_layers", has_first ? absl::StrCat(" - ", kFirst) : "",
-        has_last ? absl::StrCat(" - ", kLast) : "", " (", rest,
-        ") must be divisible by the number of other pipeline stages (", c.middle_stages, ")"));
-  }
-  if (s.vpp > 1) {
-    // Every model chunk of a stage holds the same number of layers (Megatron divides each
-    // stage's count by VPP).
-    auto check = [&](const std::string& name, int64_t count) -> absl::Status {
-      if (count % s.vpp == 0) return absl::OkStatus();
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " (", count, ") must be divisible by virtual_pipeline_model_parallel_size (", s.vpp,
-          "): every model chunk of a stage holds the same number of layers"));
-    };
-    if (has_first) SY_RETURN_IF_ERROR(check(kFirst, c.first));
-    if (has_last) SY_RETURN_IF_ERROR(check(kLast, c.last));
-    if (c.middle_stages > 0) {
-      SY_RETURN_IF_ERROR(check(has_first || has_last ? "layers per other pipeline stage"
-                                                     : "num_layers / pipeline_model_parallel_size",
-                               c.middle));
-    }
-  }
+  const std::vector<std::string> violations = PipelineLayoutViolations(
+      s.num_layers, s.pp, s.vpp, Given(s.first_stage_layers), Given(s.last_stage_layers));
+  if (!violations.empty()) return absl::InvalidArgumentError(violations.front());
   return absl::OkStatus();
 }
 

@@ -14,8 +14,9 @@
 // stage and the LM head on the last, which is why they are made lighter).
 //
 // Pure arithmetic. The trainer assigns each stage's layers with StageLayers (chunk 0; VPP does not
-// run yet); the JobSpec fields parallel.decoder_first/last_pipeline_num_layers are validated by
-// common/config (PipelineLayoutViolations, the same rules).
+// run yet) and the planner sizes the stages with it (common/model/model_math.h StageLayerRange).
+// The rules are stated once, in common/config/parallel_rules.h PipelineLayoutViolations, which
+// validates the JobSpec fields parallel.decoder_first/last_pipeline_num_layers too.
 #ifndef SWITCHYARD_COMMON_MODEL_PIPELINE_LAYOUT_H_
 #define SWITCHYARD_COMMON_MODEL_PIPELINE_LAYOUT_H_
 
@@ -38,10 +39,11 @@ struct LayerRange {
   int64_t count = 0;
 };
 
-// INVALID_ARGUMENT naming the field (Megatron's names) and the rule when the split cannot be
-// made: num_layers < 1, pp < 1, vpp < 1, a first/last count at pp = 1 (or both at pp = 2 not
-// adding up to num_layers), counts that leave a negative remainder, a remainder that the middle
-// stages cannot share evenly, or (vpp > 1) a per-stage count not divisible by vpp.
+// INVALID_ARGUMENT naming the field (the JobSpec's paths: model.num_layers, parallel.*) and the
+// rule when the split cannot be made: num_layers < 1, pp < 1, vpp < 1, vpp > 1 at pp = 1, then
+// the first violation of PipelineLayoutViolations (a first/last count at pp = 1 or <= 0, counts
+// that leave the other stages a remainder they cannot share evenly with at least one layer each,
+// or none to stages that must be empty, and with vpp > 1 a per-stage count not divisible by vpp).
 absl::Status ValidatePipelineSplit(const PipelineSplit& split);
 
 // The layers of model chunk `chunk` (in [0, vpp)) of stage `stage` (in [0, pp)).

@@ -1,8 +1,9 @@
 // File: common/model/pipeline_layout_test.cc
 //
 // StageLayers / ValidatePipelineSplit: Megatron's example layouts by hand, the rules with their
-// field names, and for many splits the property that walking the chunks in model order (chunk 0
-// of stages 0 .. PP − 1, then chunk 1, ...) visits every layer exactly once, in order.
+// field names (common/config/parallel_rules.h PipelineLayoutViolations, the one statement of them),
+// and for many splits the property that walking the chunks in model order (chunk 0 of stages 0 ..
+// PP − 1, then chunk 1, ...) visits every layer exactly once, in order.
 #include "common/model/pipeline_layout.h"
 
 #include <vector>
@@ -47,20 +48,29 @@ TEST(PipelineLayoutTest, RulesNameTheField) {
     const char* needle;
   };
   for (const Case& c : std::vector<Case>{
-           {{0, 1, 1, -1, -1}, "num_layers (0) must be at least 1"},
-           {{8, 1, 2, -1, -1}, "virtual_pipeline_model_parallel_size (2) requires"},
-           {{8, 1, 1, 3, -1}, "decoder_first_pipeline_num_layers requires"},
-           {{8, 2, 1, 6, 6}, "(12) must be at most num_layers (8)"},
-           {{8, 2, 1, 3, 3}, "(6) must equal num_layers (8)"},
+           {{0, 1, 1, -1, -1}, "model.num_layers (0) must be at least 1"},
+           {{8, 1, 2, -1, -1}, "parallel.virtual_pipeline_model_parallel_size (2) requires"},
+           {{8, 1, 1, 3, -1},
+            "parallel.decoder_first_pipeline_num_layers (3) requires "
+            "parallel.pipeline_model_parallel_size > 1"},
+           {{8, 2, 1, 6, 6}, "= -4 layers must be 0"},
+           {{8, 2, 1, 3, 3}, "= 2 layers must be 0"},
            {{9, 3, 1, 2, -1},
-            "num_layers - decoder_first_pipeline_num_layers (7) must be "
-            "divisible by the number of other pipeline stages (2)"},
+            "model.num_layers (9) - parallel.decoder_first_pipeline_num_layers (2) - "
+            "parallel.decoder_last_pipeline_num_layers (0) = 7 layers must divide into the 2 "
+            "other stages"},
            {{9, 4, 1, -1, -1},
-            "num_layers (9) must be divisible by pipeline_model_parallel_size (4)"},
+            "model.num_layers (9) must be divisible by parallel.pipeline_model_parallel_size (4)"},
            {{12, 2, 2, 3, -1},
-            "decoder_first_pipeline_num_layers (3) must be divisible by "
-            "virtual_pipeline_model_parallel_size (2)"},
-           {{12, 4, 2, -1, -1}, "num_layers / pipeline_model_parallel_size (3) must be divisible"},
+            "parallel.decoder_first_pipeline_num_layers (3) must be divisible by "
+            "parallel.virtual_pipeline_model_parallel_size (2)"},
+           {{12, 4, 2, -1, -1},
+            "model.num_layers (12) must be divisible by parallel.pipeline_model_parallel_size * "
+            "parallel.virtual_pipeline_model_parallel_size (4 * 2 = 8)"},
+           // Rules the JobSpec had and the trainer's split did not (one source now): a stage
+           // count of 0, and a middle stage left without a layer.
+           {{8, 2, 1, 0, -1}, "parallel.decoder_first_pipeline_num_layers (0) must be > 0"},
+           {{8, 3, 1, 4, 4}, "= 0 layers must divide into the 1 other stages"},
        }) {
     absl::Status st = ValidatePipelineSplit(c.split);
     ASSERT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.needle;

@@ -67,10 +67,11 @@ absl::StatusOr<v1::JobSpec> AssignedSpec(const v1::JobSpec& stored, const v1::Ma
   v1::JobSpec assigned = stored;
   v1::ParallelConfig& p = *assigned.mutable_parallel();
   p.set_world_size(world);
-  // The planned grids: TP, CP, ETP and EP as the mapping says (1 for a mapping without TP / CP
-  // / ETP).
+  // The planned grids: TP, CP, PP, ETP and EP as the mapping says (1 for a mapping without TP /
+  // CP / PP / ETP).
   p.set_tensor_model_parallel_size(std::max(1, mapping.tensor_model_parallel_size()));
   p.set_context_parallel_size(std::max(1, mapping.context_parallel_size()));
+  p.set_pipeline_model_parallel_size(std::max(1, mapping.pipeline_model_parallel_size()));
   p.set_expert_tensor_parallel_size(std::max(1, mapping.expert_tensor_parallel_size()));
   PinWorkerParallelism(&p);
   p.set_expert_model_parallel_size(mapping.expert_model_parallel_size());

@@ -48,17 +48,18 @@ using ::switchyard::kJobDirectoryPlaceholder;
 
 // The planner request for `stored` on `workers` (k = workers.size() >= 1): the spec with
 // world_size cleared, the spec's TP (1 when unset) and ETP (1 when unset), CP as `stored` fixes it
-// (else 1: the planner picks CP only when asked, the CUDA attention does not run it yet), PP = 1,
-// sequence parallelism exactly when TP > 1, min_workers =
-// `min_workers`, max_workers = k, an empty training.save set to kJobDirectoryPlaceholder; a cluster
-// of k GPUs whose memory is the smallest GpuInfo memory_bytes (cpu_worker_memory_bytes for a worker
-// without one) and whose gpus_per_node is the largest number of the workers on one host.
+// (else 1: the planner picks CP only when asked, the CUDA attention does not run it yet), PP as
+// `stored` fixes it (else 1: the planner does not pick PP on its own), sequence parallelism exactly
+// when TP > 1, min_workers = `min_workers`, max_workers = k, an empty training.save set to
+// kJobDirectoryPlaceholder; a cluster of k GPUs whose memory is the smallest GpuInfo memory_bytes
+// (cpu_worker_memory_bytes for a worker without one) and whose gpus_per_node is the largest number
+// of the workers on one host.
 v1::PlanRequest PlanRequestFor(const v1::JobSpec& stored, int32_t min_workers,
                                const std::vector<cluster::WorkerInfo>& workers,
                                const ClusterDefaults& defaults);
 
 // The spec every rank of a generation runs: `stored` with parallel.world_size = `world`,
-// the mapping's TP (sequence parallelism on exactly when it is > 1), CP, ETP and EP, PP = 1,
+// the mapping's TP (sequence parallelism on exactly when it is > 1), CP, PP, ETP and EP,
 // optimizer and micro-batch size, global batch = micro_batch_size × num_micro_batches × DP, and
 // its paths resolved under `roots` for the job of `job_name` ("jobs/{id}") by ResolveJobSpecPaths
 // (common/config/job_paths.h): training.save = <checkpoint_root>/jobs/<id>[/<save>],

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "common/config/config_defaults.h"
 #include "common/config/validate.h"
+#include "common/model/engine_support.h"
 #include "coordinator/api/worker_test_util.h"
 #include "coordinator/planner/planner.h"
 #include "gtest/gtest.h"
@@ -65,9 +66,12 @@ TEST(PlacementTest, UnsupportedParallelismNamesTheField) {
   p.set_tensor_model_parallel_size(1);
   p.set_expert_model_parallel_size(8);  // EP is what workers do
   EXPECT_EQ(UnsupportedParallelism(p), "");
-  p.set_pipeline_model_parallel_size(2);
-  EXPECT_NE(UnsupportedParallelism(p).find("parallel.pipeline_model_parallel_size (2) must be 1"),
-            std::string::npos);
+  p.set_pipeline_model_parallel_size(2);  // PP runs (1F1B)
+  EXPECT_EQ(UnsupportedParallelism(p), "");
+  p.set_virtual_pipeline_model_parallel_size(2);  // the interleaved schedule does not yet
+  EXPECT_NE(
+      UnsupportedParallelism(p).find("parallel.virtual_pipeline_model_parallel_size (2) must be 1"),
+      std::string::npos);
   std::printf("%s\n", UnsupportedParallelism(p).c_str());
 }
 
@@ -137,6 +141,51 @@ TEST(PlacementTest, ContextParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
       planner::PlanJob(PlanRequestFor(plain, 4, workers, ClusterDefaults{}));
   ASSERT_TRUE(plain_plan.ok()) << plain_plan.status();
   EXPECT_EQ(plain_plan->best().mapping().context_parallel_size(), 1);
+}
+
+// Pipeline parallelism runs in the workers (1F1B): a spec that fixes PP = 2 is planned with it
+// on 4 workers and every rank is assigned it; the assigned spec passes the rules and the engine
+// check. Virtual pipeline stages (VPP 2) have no feasible mapping: the planner rejects every
+// candidate with the engine's rule rather than return one the workers would refuse.
+TEST(PlacementTest, PipelineParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
+  v1::JobSpec stored = api::testing::SmallSpec(4, 4);  // 2 layers, 12 experts, GBS 12
+  stored.mutable_parallel()->set_pipeline_model_parallel_size(2);
+  stored.mutable_model()->set_untie_embeddings_and_output_weights(true);
+  ApplyDefaults(&stored);
+  const std::vector<cluster::WorkerInfo> workers = {
+      Worker("a", "n1", 80LL << 30), Worker("b", "n1", 80LL << 30), Worker("c", "n1", 80LL << 30),
+      Worker("d", "n1", 80LL << 30)};
+  const v1::PlanRequest r = PlanRequestFor(stored, 4, workers, ClusterDefaults{});
+  EXPECT_EQ(r.spec().parallel().pipeline_model_parallel_size(), 2);
+  absl::StatusOr<v1::Plan> plan = planner::PlanJob(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::Mapping& m = plan->best().mapping();
+  std::printf("PP fixed to 2, 4 workers: %s (bubble %.3g s of %.3g s)\n",
+              planner::MappingToString(m).c_str(), plan->best().time().pipeline_bubble(),
+              plan->best().time().total());
+  EXPECT_EQ(m.pipeline_model_parallel_size(), 2);
+  EXPECT_EQ(m.data_parallel_size(), 2);
+  EXPECT_GT(plan->best().time().pipeline_bubble(), 0);
+  absl::StatusOr<v1::JobSpec> assigned =
+      AssignedSpec(stored, m, 4, "jobs/6", JobRoots{"/ckpt", "/data"});
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->parallel().pipeline_model_parallel_size(), 2);
+  EXPECT_EQ(UnsupportedJobSpec("", *assigned), "");
+  v1::JobSpec defaulted = *assigned;
+  ApplyDefaults(&defaulted);
+  const absl::Status valid = ValidateJobSpec(defaulted);
+  EXPECT_TRUE(valid.ok()) << valid;
+
+  v1::JobSpec vpp = stored;
+  vpp.mutable_model()->set_num_layers(4);  // PP 2 x VPP 2 chunks of one layer
+  vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  absl::StatusOr<v1::Plan> vpp_plan =
+      planner::PlanJob(PlanRequestFor(vpp, 4, workers, ClusterDefaults{}));
+  ASSERT_EQ(vpp_plan.status().code(), absl::StatusCode::kInvalidArgument) << vpp_plan.status();
+  std::printf("VPP 2: %s\n", std::string(vpp_plan.status().message()).c_str());
+  EXPECT_NE(vpp_plan.status().message().find(
+                "parallel.virtual_pipeline_model_parallel_size (2) must be 1"),
+            absl::string_view::npos);
 }
 
 TEST(PlacementTest, AssignedSpecCheckpointDirAndValidity) {

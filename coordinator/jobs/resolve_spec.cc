@@ -123,7 +123,8 @@ absl::StatusOr<std::map<std::string, int32_t>> ParseQueueQuotas(absl::string_vie
 
 std::string UnsupportedParallelism(const v1::ParallelConfig& p) {
   return UnsupportedByEngine("parallel.", p.tensor_model_parallel_size(), p.context_parallel_size(),
-                             p.pipeline_model_parallel_size(), p.expert_tensor_parallel_size());
+                             p.pipeline_model_parallel_size(), p.expert_tensor_parallel_size(),
+                             p.virtual_pipeline_model_parallel_size());
 }
 
 void PinWorkerParallelism(v1::ParallelConfig* p) {
@@ -132,7 +133,9 @@ void PinWorkerParallelism(v1::ParallelConfig* p) {
   // CP runs in the workers (on the CPU; a CUDA model refuses it for now) but is planned only when
   // the spec fixes it: the planner must not pick it on its own.
   if (!p->has_context_parallel_size()) p->set_context_parallel_size(1);
-  p->set_pipeline_model_parallel_size(1);
+  // PP runs in the workers (1F1B, worker/train/trainer.h) and, like CP, is the spec's choice:
+  // the planner plans the spec's PP (1 when unset) and never picks one on its own.
+  if (!p->has_pipeline_model_parallel_size()) p->set_pipeline_model_parallel_size(1);
   p->set_sequence_parallel(p->tensor_model_parallel_size() > 1);
 }
 
@@ -159,7 +162,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 
   SY_RETURN_IF_ERROR(ValidateJobSpec(checked));
   SY_RETURN_IF_ERROR(CheckVocabSize(resolved));
-  if (std::string why = UnsupportedParallelism(resolved.parallel()); !why.empty()) {
+  if (std::string why = UnsupportedJobSpec("", resolved); !why.empty()) {
     return absl::InvalidArgumentError(why);
   }
   SY_RETURN_IF_ERROR(CheckJobSpecPaths(resolved));  // common/config/job_paths.h

@@ -21,8 +21,9 @@
 //   a. ValidateJobSpec (common/config/validate.h): bounds (sizes, control characters), then
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
-//   c. The parallelism the workers run (common/model/engine_support.h): any TP, CP and ETP; PP
-//      must be unset or 1.
+//   c. What the workers run (common/model/engine_support.h UnsupportedJobSpec): any TP, CP, ETP
+//      and PP; parallel.virtual_pipeline_model_parallel_size unset or 1; no
+//      training.eval_interval at PP > 1.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
 //      '..', load only another job's checkpoint by name.
 //   e. The queue rules: queue is empty (the default queue) or one of the coordinator's queues;
@@ -86,7 +87,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // PlanService's request as the scheduler would plan it: the spec resolved (ResolveJobSpec, no
 // job id; its defaults fix every parallel size the spec leaves unset, EP included, to 1, as in
 // the stored spec the scheduler plans), the spec's TP (sequence parallelism exactly when > 1),
-// ETP (1 when unset) and CP (1 when unset), PP = 1 (the parallelism the workers run), and
+// ETP, CP and PP (each 1 when unset; the parallelism the workers run), and
 // min_workers 1 when neither it nor parallel.world_size is set (the scheduler's worker range), so
 // the largest feasible world up to cluster.num_gpus is planned. `syctl plan` thus shows the
 // mapping the scheduler would start on that many workers; there are no alternatives of other
@@ -95,8 +96,9 @@ absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& reques
                                                    const CoordinatorContext& context);
 
 // The parallelism the workers run (jobs/placement.h PlanRequestFor and AssignedSpec, and
-// ResolvePlanRequest): the spec's TP, ETP and CP (1 when unset; CP is planned only when the
-// spec fixes it), PP = 1, sequence parallelism exactly when TP > 1 (Megatron requires it for MoE).
+// ResolvePlanRequest): the spec's TP, ETP, CP and PP (1 when unset; CP and PP are planned only
+// when the spec fixes them), sequence parallelism exactly when TP > 1 (Megatron requires it for
+// MoE).
 // One function so the planner request, the plan `syctl plan` shows and the spec the ranks get
 // cannot drift apart.
 void PinWorkerParallelism(v1::ParallelConfig* parallel);
@@ -109,8 +111,10 @@ void PinWorkerParallelism(v1::ParallelConfig* parallel);
 // kept. Used by ResolveJobSpec, ResolvePlanRequest and PlanRequestFor alike.
 void StandInJobDirectory(bool has_checkpoint_root, v1::JobSpec* spec);
 
-// "" when CP, PP and ETP are unset or 1 (any TP runs); otherwise the first one that is not, as a
-// rule text naming the field ("parallel.pipeline_model_parallel_size (2) must be 1: ...").
+// "" when the workers run these parallel sizes (common/model/engine_support.h: every TP, CP, PP
+// and ETP; virtual pipeline stages are refused); otherwise the rule text naming the field
+// ("parallel.virtual_pipeline_model_parallel_size (2) must be 1: ..."). ResolveJobSpec also
+// refuses the model features the engine does not run at PP > 1 (UnsupportedJobSpec).
 std::string UnsupportedParallelism(const v1::ParallelConfig& parallel);
 
 }  // namespace switchyard::jobs

@@ -85,12 +85,41 @@ TEST(ResolveSpecTest, SaveIntervalNeedsADirectory) {
   ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"", 4096}), "training.save");
 }
 
+// Pipeline parallelism runs in the workers (1F1B): a PP2 job, with untied or tied embeddings or
+// global_aux_loss, is accepted and keeps its PP. What the engine does not run yet is refused,
+// naming the field: virtual pipeline stages, and evaluation (training.eval_interval) at PP > 1.
 TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
+  const CoordinatorContext context{"/ckpt", 4096};
   v1::JobSpec spec = CorpusSpec();
   spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
-  ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"/ckpt", 4096}),
-                "parallel.pipeline_model_parallel_size (2) must be 1: workers run data, "
-                "tensor, context and expert parallelism only");
+  spec.mutable_model()->set_untie_embeddings_and_output_weights(true);
+  auto pp2 = ResolveJobSpec(spec, context);
+  ASSERT_TRUE(pp2.ok()) << pp2.status();
+  EXPECT_EQ(pp2->parallel().pipeline_model_parallel_size(), 2);
+
+  v1::JobSpec tied = spec;
+  tied.mutable_model()->set_untie_embeddings_and_output_weights(false);
+  EXPECT_TRUE(ResolveJobSpec(tied, context).ok());  // the embedding group sums its gradient
+  v1::JobSpec global_aux = spec;
+  global_aux.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
+  EXPECT_TRUE(ResolveJobSpec(global_aux, context).ok());  // one running count per layer
+  v1::JobSpec eval = spec;
+  eval.mutable_training()->set_eval_interval(5);
+  ExpectInvalid(ResolveJobSpec(eval, context),
+                "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size 2 "
+                "> 1 is not implemented");
+  v1::JobSpec vpp = spec;
+  vpp.mutable_model()->set_num_layers(4);  // divisible by PP * VPP: only the engine refuses it
+  vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  ExpectInvalid(ResolveJobSpec(vpp, context),
+                "parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
+                "non-interleaved 1F1B pipeline schedule only");
+  // A PP that does not divide the layers is still Megatron's rule (common/config).
+  v1::JobSpec pp3 = spec;
+  pp3.mutable_parallel()->set_pipeline_model_parallel_size(3);
+  ExpectInvalid(ResolveJobSpec(pp3, context),
+                "model.num_layers (2) must be divisible by parallel.pipeline_model_parallel_size "
+                "(3)");
 }
 
 TEST(ResolveSpecTest, BoundsComeFirst) {
@@ -151,6 +180,13 @@ TEST(ResolveSpecTest, PlanRequestIsPinnedToTheWorkersParallelism) {
   EXPECT_EQ(resolved->spec().parallel().pipeline_model_parallel_size(), 1);
   EXPECT_EQ(resolved->spec().model().vocab_size(), 4096);
   EXPECT_EQ(resolved->spec().min_workers(), 1);  // smaller worlds are planned, as scheduled
+  // The spec's PP is planned (the workers run it), not pinned to 1.
+  v1::PlanRequest pp2 = request;
+  pp2.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(2);
+  pp2.mutable_spec()->mutable_model()->set_untie_embeddings_and_output_weights(true);
+  auto resolved_pp2 = ResolvePlanRequest(pp2, CoordinatorContext{"/ckpt", 4096});
+  ASSERT_TRUE(resolved_pp2.ok()) << resolved_pp2.status();
+  EXPECT_EQ(resolved_pp2->spec().parallel().pipeline_model_parallel_size(), 2);
   EXPECT_EQ(ResolvePlanRequest(v1::PlanRequest(), CoordinatorContext{}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -127,8 +127,18 @@ v1::TimeEstimate EstimateTime(const ModelShape& model, const v1::Cluster& cluste
   const double h = model.hidden_size;
   const double gbs = z.mbs * z.m * z.dp;
   const double t = z.mbs * model.seq_length / z.cp;  // tokens per micro-batch on a rank
-  const double layers = model.num_layers / z.pp;
-  const double moe_layers = model.num_moe_layers() / z.pp;
+  // Per-stage layers: the stage with the most decoder layers (an uneven layout's first or last
+  // stage may hold fewer) sets the pace of the pipeline's per-layer communication.
+  double layers = 0, moe_layers = 0;
+  for (int64_t s = 0; s < p.pipeline_model_parallel_size(); ++s) {
+    const auto [begin, end] = StageLayerRange(model, p.pipeline_model_parallel_size(), s);
+    double moe = 0;
+    for (int64_t l = begin; l < end; ++l) moe += model.is_moe(l) ? 1 : 0;
+    if (end - begin > layers) {
+      layers = static_cast<double>(end - begin);
+      moe_layers = moe;
+    }
+  }
   auto bw = [&](ParallelGroup g) { return GroupBandwidth(cluster, layout, g); };
 
   v1::TimeEstimate e;

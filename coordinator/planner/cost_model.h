@@ -51,7 +51,8 @@
 //               (rank / gpus_per_node equal; groups from common/model/parallel_state.h), else
 //               inter_node. A collective over n ranks moves (n−1)/n of its buffer per rank for
 //               all-gather or reduce-scatter (ring), 2(n−1)/n for all-reduce.
-//   tp_communication (per step, m micro-batches, L_s = L/PP layers of which Lm_s = L_moe/PP MoE):
+//   tp_communication (per step, m micro-batches; L_s layers of which Lm_s MoE: those of the
+//               stage with the most layers, StageLayerRange: L/PP each without an uneven layout):
 //               TP: each attention block and each dense MLP does all-gather + reduce-scatter
 //               forward and backward (4 collectives) on [t, H] bf16:
 //                 m · (4·L_s + 4·(L_s − Lm_s)) · (TP−1)/TP · 2·t·H / bw(TP)

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/config_defaults.h"
 #include "common/config/validate.h"
+#include "common/model/engine_support.h"
 #include "common/model/model_math.h"
 #include "common/model/parallel_state.h"
 #include "common/status.h"
@@ -108,6 +109,9 @@ std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int6
   spec.mutable_training()->set_global_batch_size(static_cast<int32_t>(global_batch));
   ApplyDefaults(&spec);
   std::vector<std::string> violations = AllViolations(spec);
+  // Every mapping the planner returns must run in the workers: what the engine does not run
+  // (common/model/engine_support.h: virtual pipeline stages) is a rejection too.
+  if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) violations.push_back(why);
   // The sequence-length rule of CP (2·CP·TP) is one of AllViolations' (common/config).
   if (violations.empty()) {
     ParallelDims dims;
@@ -268,7 +272,15 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
       raw.parallel().tensor_model_parallel_size() > 1);
   ApplyDefaults(&defaulted);
   SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
-  SY_ASSIGN_OR_RETURN(const ModelShape model, ModelShape::FromProto(defaulted.model()));
+  SY_ASSIGN_OR_RETURN(ModelShape model, ModelShape::FromProto(defaulted.model()));
+  // An uneven pipeline layout sizes each stage (memory and time follow the largest).
+  const v1::ParallelConfig& par = defaulted.parallel();
+  if (par.has_decoder_first_pipeline_num_layers()) {
+    model.pipeline_first_layers = par.decoder_first_pipeline_num_layers();
+  }
+  if (par.has_decoder_last_pipeline_num_layers()) {
+    model.pipeline_last_layers = par.decoder_last_pipeline_num_layers();
+  }
 
   const int64_t gpus = request.cluster().num_gpus();
   int64_t max_world = gpus, min_world = gpus;

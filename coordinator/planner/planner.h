@@ -22,7 +22,12 @@
 // - Parallel sizes set in the spec (tensor/context/pipeline/expert-model/expert-tensor parallel
 //   size) restrict the enumeration to that value; unset ones are enumerated (ETP independently
 //   of TP). For a dense model (no model.num_experts) the expert grid is not enumerated: EP = 1,
-//   ETP = TP.
+//   ETP = TP. The coordinator's requests fix PP (jobs/resolve_spec.h PinWorkerParallelism: the
+//   spec's, 1 when unset), so PP > 1 is planned when a job asks for it.
+// - Every returned mapping runs in the workers: a candidate the engine does not run
+//   (common/model/engine_support.h UnsupportedJobSpec: virtual pipeline stages) is
+//   rejected with that rule, as is one that breaks a common/config rule (e.g. a PP that does not
+//   divide model.num_layers, or fewer micro-batches than PP).
 // - The optimizer is the engine's, not the request's: every candidate of W > 1 ranks has
 //   use_distributed_optimizer = true and is estimated with DistributedAdamW's shards, because the
 //   worker shards its optimizer whenever it runs more than one rank (worker/agent/generation.cc

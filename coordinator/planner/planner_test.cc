@@ -192,7 +192,8 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // -> P_d = 18,885,632; P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456.
   // Stage 0 (layer 0): P_d = 2,107,392 + embedding 16,777,216 = 18,884,608, same P_x.
   // t = 1024, TP 2: 512 tokens per rank. Stage 0 has 2 micro-batches in flight (min(PP - 0, m)),
-  // stage 1 one, but stage 1 is the larger (its LM head):
+  // stage 1 one; both hold the LM-head loss (the engine creates it on every stage), so stage 0
+  // is the larger:
   //   layers: (residual 2*1024*2 + one layer 14,376 (case A)) = 18,472 * 512 = 9,457,664, x2.
   //   MoE layer: per token 2160 (case A) -> 1,105,920; send 1024 rows: 2*1024*1024 + 4*1024 +
   //   4*1024
@@ -205,33 +206,37 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //     embedding ws of the V/TP = 16,384 rows over t = 1024 tokens 4*(16385 + 16384 + 2048) =
   //     139,268; stats 4*8 + 4*8*2*2 + 4*8*2*8 + 8*2*8 + 8*1024 = 8,992; SP scratch
   //     2 * 2*1024*1024 + the mapped ids 4*1024 = 4,198,400 -> 12,755,752.
-  //   stage 0 activations = 18,915,328 + 53,646,512 + 12,755,752 = 85,317,592.
-  //   Stage 1 (reported): 9,457,664 + 26,823,256 + head 113,437,480 (with the vocabulary-
-  //   parallel LM head over the whole micro-batch: a chunk of all t = 1024 rows of V/TP = 16,384
-  //   columns 1024*16384*6 + loss terms 4*1024 + TP statistics 12*1024 + the lse of the other
-  //   512 tokens 4*512 = 100,681,728) = 149,718,400.
-  // Stage 1: N = 18,885,632 + 6,291,456 = 25,177,088; weights 2N = 50,354,176; gradients 4N =
-  //   100,708,352.
-  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 15,734,272 + 24,612 = 314,710,052. (A replicated optimizer,
-  //   12N + 8,204 = 302,133,260, would be less here: the worker shards anyway.)
+  //   Every stage: the vocabulary-parallel LM-head loss over the whole micro-batch (a chunk of
+  //   all t = 1024 rows of V/TP = 16,384 columns 1024*16384*6 + loss terms 4*1024 + TP
+  //   statistics 12*1024 + the lse of the other 512 tokens 4*512 = 100,681,728), the pipeline
+  //   receive buffers 2 * 2*512*1024 = 2,097,152 and (tied) the other end's embedding gradient
+  //   of V/TP rows 4*16384*1024 = 67,108,864.
+  //   Stage 0 (reported) activations = 18,915,328 + 53,646,512 + 12,755,752 + 100,681,728 +
+  //   2,097,152 + 67,108,864 = 255,205,336.
+  //   Stage 1: 9,457,664 + 26,823,256 + head 113,437,480 (12,755,752 + 100,681,728) + 2,097,152
+  //   + 67,108,864 = 218,924,416.
+  // Stage 0: N = 18,884,608 + 6,291,456 = 25,176,064; weights 2N = 50,352,128; gradients 4N =
+  //   100,704,256.
+  // optimizer (distributed): 20 * (18,884,608 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 15,733,760 + 24,612 = 314,699,812. (A replicated optimizer,
+  //   12N + 8,204 = 302,120,972, would be less here: the worker shards anyway.)
   // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 50,354,176 + 100,708,352 + 314,710,052 + 149,718,400 + 8,187,281,408
-  //   = 8,802,772,388 (also the peak during Create, which holds no full copy; fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314710052, 149718400, 8802772388.0});
+  // total = 50,352,128 + 100,704,256 + 314,699,812 + 255,205,336 + 8,187,281,408
+  //   = 8,908,242,940 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 255205336, 8908242940.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
-  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,885,632 / 1e11
-  //   = 0.00075542528; EDP 1: none.
+  // DP (P_d of stage 0, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,884,608 / 1e11
+  //   = 0.00075538432; EDP 1: none.
   // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
   //       = 0.01643630297088 / 8 = 0.00205453787136.
-  // total = 0.01643630297088 + 0.00075542528 + 0.00205453787136 = 0.01924626612224.
+  // total = 0.01643630297088 + 0.00075538432 + 0.00205453787136 = 0.01924622516224.
   ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075542528, 0.00205453787136, 0.01924626612224});
+                                   0.00075538432, 0.00205453787136, 0.01924622516224});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -339,8 +344,8 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 0: 3,677,184 + 5,244,928 + embedding
   // 32768/TP 2 * 1024 = 16,777,216 -> P_d = 25,699,328; P_x = 1,572,864. Stage 1: output +
   // final norm, P_d = 25,700,352, N = 27,273,216.
-  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight (before issue 13 it
-  // was the larger); with the LM head (over the whole micro-batch) stage 1 is the larger:
+  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight; both stages hold
+  // the LM-head loss (the engine creates it on every stage), so stage 0 is the larger:
   //   layers: residual 2*1024*3 = 6144 + 2 * 14,376 (case A) + dense 3*2*2048 = 12,288
   //     -> 47,184 * 512 = 24,158,208, x2 = 48,316,416.
   //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert
@@ -355,16 +360,18 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   //     -> 49,381,656 (stage 0: x2 in flight).
   //   Stage 0 head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA
   //     ws 1,187,844 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP
-  //     scratch 4,198,400 (case B) -> 19,046,576. Stage 0 activations =
-  //     48,316,416 + 98,763,312 + 19,046,576 = 166,126,304.
-  //   Stage 1 (reported): layers 24,158,208 + MoE 49,381,656 + head 119,728,304 (stage 0's
-  //     19,046,576 + the vocabulary-parallel LM head of case B, 100,681,728) = 193,268,168.
-  // Stage 1: weights 2N = 54,546,432; gradients 4N = 109,092,864;
-  // optimizer 20 * (25,700,352 / 2 + 1,572,864 / 1) + 24,612 = 288,485,412.
+  //     scratch 4,198,400 (case B) -> 19,046,576; on every stage the vocabulary-parallel LM head
+  //     of case B, 100,681,728, and the pipeline receive buffers 2,097,152 (case B).
+  //   Stage 0 (reported) activations = 48,316,416 + 98,763,312 + 19,046,576 + 100,681,728 +
+  //     2,097,152 = 268,905,184.
+  //   Stage 1: layers 24,158,208 + MoE 49,381,656 + head 119,728,304 + 2,097,152 = 195,365,320.
+  // Stage 0: N = 25,699,328 + 1,572,864 = 27,272,192; weights 2N = 54,544,384; gradients 4N =
+  //   109,088,768;
+  // optimizer 20 * (25,699,328 / 2 + 1,572,864 / 1) + 24,612 = 288,475,172.
   // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 54,546,432 + 109,092,864 + 288,485,412 + 193,268,168 + 8,187,281,408
-  //       = 8,832,674,284.
-  ExpectMemory(plan->best().memory(), {54546432, 109092864, 288485412, 193268168, 8832674284.0});
+  // total = 54,544,384 + 109,088,768 + 288,475,172 + 268,905,184 + 8,187,281,408
+  //       = 8,908,294,916.
+  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 268905184, 8908294916.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -374,13 +381,13 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
-  // DP (stage 1, reported by the memory estimate): 2 * 1/2 * 4 * 25,700,352 / 1e11 =
-  //   0.00102801408; EDP 1: none.
+  // DP (stage 0, reported by the memory estimate): 2 * 1/2 * 4 * 25,699,328 / 1e11 =
+  //   0.00102797312; EDP 1: none.
   // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
   //       = 0.00544215138304 / 2 = 0.00272107569152.
-  // total = 0.00544215138304 + 0.00102801408 + 0.00272107569152 = 0.00919124115456.
+  // total = 0.00544215138304 + 0.00102797312 + 0.00272107569152 = 0.00919120019456.
   ExpectTime(plan->best().time(), {0.00489689186304, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00102801408, 0.00272107569152, 0.00919124115456});
+                                   0.00102797312, 0.00272107569152, 0.00919120019456});
 }
 
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {

@@ -268,10 +268,17 @@ std::vector<SpecCase> SpecCases() {
       {"vocab_size_missing_mock_data",
        [](Json& s) { s["model"].erase("vocab_size"); },
        {"model.vocab_size is required with data.mock_data"}},
-      {"pipeline_parallel_2",
-       [](Json& s) { s["parallel"]["pipeline_model_parallel_size"] = 2; },
-       {"parallel.pipeline_model_parallel_size (2) must be 1: workers run data, tensor, "
-        "context and expert parallelism only"}},
+      // PP runs in the workers (1F1B, with tied embeddings and global_aux_loss); virtual
+      // pipeline stages are refused at submit.
+      {"virtual_pipeline_2",
+       [](Json& s) {
+         s["model"]["num_layers"] = 4;
+         s["model"]["untie_embeddings_and_output_weights"] = true;
+         s["parallel"]["pipeline_model_parallel_size"] = 2;
+         s["parallel"]["virtual_pipeline_model_parallel_size"] = 2;
+       },
+       {"parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
+        "non-interleaved 1F1B pipeline schedule only"}},
       // CP runs in the workers; a size whose 2·CP chunks do not divide the sequence does not.
       {"context_parallel_3",
        [](Json& s) { s["parallel"]["context_parallel_size"] = 3; },
@@ -659,18 +666,20 @@ std::vector<Case> AllCases() {
                    },
                    kInvalid,
                    {"display_name must not contain control characters"}});
-  cases.push_back({"plan_tensor_parallel_2",
+  cases.push_back({"plan_virtual_pipeline_2",
                    Via::kGrpc,
                    [](Env& env) {
                      v1::PlanRequest request;
                      *request.mutable_spec() = *ParseJobSpecJson(BaseSpec().dump());
-                     request.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(
-                         2);
+                     v1::JobSpec& spec = *request.mutable_spec();
+                     spec.mutable_model()->set_num_layers(4);
+                     spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
+                     spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
                      v1::Plan out;
                      return FromGrpc(env.plans().Plan(GrpcContext().get(), request, &out));
                    },
                    kInvalid,
-                   {"parallel.pipeline_model_parallel_size (2) must be 1"}});
+                   {"parallel.virtual_pipeline_model_parallel_size (2) must be 1"}});
   cases.push_back({"plan_no_spec",
                    Via::kGrpc,
                    [](Env& env) {

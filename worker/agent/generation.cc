@@ -103,7 +103,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   const v1::Mapping& m = a.mapping();
   if (std::string why = UnsupportedByEngine(
           "assignment.mapping.", m.tensor_model_parallel_size(), m.context_parallel_size(),
-          m.pipeline_model_parallel_size(), m.expert_tensor_parallel_size());
+          m.pipeline_model_parallel_size(), m.expert_tensor_parallel_size(), /*vpp=*/1);
       !why.empty()) {
     return absl::UnimplementedError(why);
   }
@@ -158,6 +158,22 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
     par->set_sequence_parallel(true);
     if (!par->has_expert_tensor_parallel_size()) par->set_expert_tensor_parallel_size(1);
   }
+  // Pipeline parallelism (1F1B): the mapping's, which must agree with a spec that sets it.
+  int pp = par->has_pipeline_model_parallel_size() ? par->pipeline_model_parallel_size() : 1;
+  if (m.pipeline_model_parallel_size() > 0) {
+    if (par->has_pipeline_model_parallel_size() && pp != m.pipeline_model_parallel_size()) {
+      return Field(
+          "spec.parallel.pipeline_model_parallel_size",
+          absl::StrCat("(", pp, ") must equal assignment.mapping.pipeline_model_parallel_size (",
+                       m.pipeline_model_parallel_size(), ")"));
+    }
+    pp = m.pipeline_model_parallel_size();
+  }
+  if (pp > 1) par->set_pipeline_model_parallel_size(pp);
+  // What the engine does not run (virtual pipeline stages), named under the assignment's spec.
+  if (std::string why = UnsupportedJobSpec("assignment.spec.", p.spec); !why.empty()) {
+    return absl::UnimplementedError(why);
+  }
   v1::JobSpec checked = p.spec;
   ApplyDefaults(&checked);
   absl::Status valid = ValidateJobSpec(checked);
@@ -169,6 +185,7 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   p.dims.expert_model_parallel_size = ep;
   p.dims.tensor_model_parallel_size = tp;
   p.dims.context_parallel_size = cp;
+  p.dims.pipeline_model_parallel_size = pp;
   p.dims.expert_tensor_parallel_size = etp;
   return p;
 }

@@ -66,16 +66,17 @@ namespace switchyard::agent {
 struct PreparedGeneration {
   v1::Assignment assignment;
   JobRoots roots;    // the worker's own roots, which every path of `spec` must resolve into
-  v1::JobSpec spec;  // parallel.world_size and expert_model_parallel_size as assigned
+  v1::JobSpec spec;  // parallel.world_size and the mapping's parallel sizes as assigned
   Device device;
   ParallelDims dims;
 };
 
 // INVALID_ARGUMENT naming the field and the rule for a bad assignment (empty job, generation
-// < 1, rank outside [0, world_size), a spec world size or EP size that contradicts the assignment,
-// a spec that fails ValidateJobSpec, a path of the spec outside `roots`: "assignment.spec.
-// training.save (\"/etc/cron.d\") resolves to /etc/cron.d, outside the checkpoint root ...");
-// UNIMPLEMENTED for TP, CP, PP or ETP > 1 in the mapping.
+// < 1, rank outside [0, world_size), a spec world size or EP, CP, ETP, TP or PP size that
+// contradicts the assignment's mapping, a spec that fails ValidateJobSpec, a path of the spec
+// outside `roots`: "assignment.spec.training.save (\"/etc/cron.d\") resolves to /etc/cron.d,
+// outside the checkpoint root ..."); UNIMPLEMENTED for what the engine does not run
+// (common/model/engine_support.h: virtual pipeline stages), named under "assignment.spec.".
 absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& assignment,
                                                      const Device& device, const JobRoots& roots);
 

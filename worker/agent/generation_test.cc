@@ -74,6 +74,18 @@ TEST(PrepareGenerationTest, FillsTheParallelSizes) {
   EXPECT_EQ(p->spec.parallel().expert_tensor_parallel_size(), 1);
 }
 
+// Pipeline parallelism runs (1F1B): the mapping's PP reaches the process-group dims and the spec
+// (PP2 on 2 ranks; tied embeddings: the engine sums the embedding gradient over the two stages).
+TEST(PrepareGenerationTest, CarriesTheMappingsPipelineParallelSize) {
+  v1::Assignment a = Valid(1, 2, 1);
+  a.mutable_mapping()->set_pipeline_model_parallel_size(2);
+  a.mutable_mapping()->set_data_parallel_size(1);
+  absl::StatusOr<PreparedGeneration> p = PrepareGeneration(a, Device::Cpu(), JobRoots{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dims.pipeline_model_parallel_size, 2);
+  EXPECT_EQ(p->spec.parallel().pipeline_model_parallel_size(), 2);
+}
+
 // Expert tensor parallelism runs: the mapping's ETP reaches the process-group dims and the spec;
 // a spec that says another ETP is refused naming the field.
 TEST(PrepareGenerationTest, CarriesTheMappingsExpertTensorParallelSize) {
@@ -139,9 +151,17 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.tensor_model_parallel_size");
+  // PP runs (1F1B); a spec PP that contradicts the mapping's and virtual pipeline stages do not.
+  a = Valid();
+  a.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(4);
+  a.mutable_mapping()->set_pipeline_model_parallel_size(2);
+  ExpectRejected(a, absl::StatusCode::kInvalidArgument,
+                 "spec.parallel.pipeline_model_parallel_size");
   a = Valid();
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
-  ExpectRejected(a, absl::StatusCode::kUnimplemented, "pipeline_model_parallel_size");
+  a.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  ExpectRejected(a, absl::StatusCode::kUnimplemented,
+                 "assignment.spec.parallel.virtual_pipeline_model_parallel_size (2) must be 1");
   ExpectRejected(Valid(0, 3, 3), absl::StatusCode::kInvalidArgument, "assignment.spec");
 }
 

@@ -177,24 +177,6 @@ absl::Status GptConfig::Validate() const {
         "model: pipeline stage ", pp_rank, " of ", pp_size, " must hold a non-empty layer range [",
         layer_begin, ", ", stage_layer_end(), ") inside [0, model.num_layers = ", num_layers, ")"));
   }
-  if (pp_size > 1 && !untie_embeddings) {
-    // Megatron keeps a copy of the embedding on the last stage and all-reduces its gradient
-    // between the first and the last stage; not done yet.
-    return absl::UnimplementedError(
-        "model.untie_embeddings_and_output_weights: must be true with "
-        "parallel.pipeline_model_parallel_size > 1 (tied embedding and LM head across pipeline "
-        "stages is not implemented yet)");
-  }
-  if (pp_size > 1 && num_moe_layers() > 0) {
-    for (const auto& aux : moe.router.aux_losses) {
-      if (aux.type == kernels::AuxLossType::kGlobalAuxLoss) {
-        // Its running counts live in each MoE layer, and a stage has one per in-flight slot.
-        return absl::UnimplementedError(
-            "model.moe_aux_loss_type: global_aux_loss is not supported with "
-            "parallel.pipeline_model_parallel_size > 1 yet");
-      }
-    }
-  }
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: tp_rank (", tp_rank, ") must be in [0, tp_size ", tp_size, ")"));
@@ -320,7 +302,10 @@ GptParamLayout MakeGptParamLayout(const GptConfig& c) {
   auto keep = [&](size_t from, bool yes) {
     if (!yes) all.resize(from);
   };
-  keep(0, c.first_stage());
+  // Tied embeddings at PP > 1: the last stage holds a copy of embedding.weight as its LM head
+  // (Megatron's shared embedding, megatron_parallel.md §3.7), with the first stage's initial
+  // values (same seed_index); the trainer sums its gradient over the two stages every step.
+  keep(0, c.first_stage() || (c.last_stage() && !c.untie_embeddings));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const size_t layer_from = all.size();
     const std::string pre = absl::StrCat("layers.", l, ".");
@@ -695,6 +680,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
           SY_RETURN_IF_ERROR(
               L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
         }
+        // global_aux_loss: one running count for all slots of this layer (slot 0's).
+        if (slot > 0) L.moe->ShareGlobalAuxCounts(slot_layers_[0][i].moe.get());
         auto slot = [&](const std::string& name, Tensor* p, Tensor* g) {
           if (layout_.Find(pre + "moe." + name) == nullptr) return;
           *p = P(pre + "moe." + name);

@@ -131,17 +131,19 @@
 // Pipeline parallelism (pp_size > 1; megatron_parallel.md PP, Megatron's non-interleaved 1F1B):
 // this stage holds only layers [layer_begin, layer_end) under their GLOBAL names and indices
 // (init seeds, jitter offsets, checkpoint names as one process); the first stage also holds the
-// embedding, the last the final norm and the LM head (output.weight: tied embeddings are refused
-// at PP > 1 for now, see Validate). The trainer drives the schedule: a stage that is not the last
-// runs ForwardStage (input: the received activation [t/TP, H], or the embedding on the first
-// stage) and later BackwardStage (the received gradient of its output); the last stage runs
-// ForwardBackward with the received input and returns the gradient of that input. Several
-// micro-batches are in flight between a stage's forward and its backward (at most
-// pp_size - pp_rank), so every per-micro-batch activation (residual stream, each layer's saved
-// tensors and its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch
-// m uses slot m % slots); the scratch used only inside one pass is shared. The MoE layers of all
-// slots share the expert-bias and token-count buffers (one update per global batch); the running
-// global_aux_loss counts live inside a MoE layer, so global_aux_loss is refused at PP > 1.
+// embedding, the last the final norm and the LM head (output.weight; with tied embeddings a copy
+// of embedding.weight, initialised as the first stage's, whose gradient the trainer sums over
+// the first and the last stage: Megatron's embedding group). The trainer drives the schedule: a
+// stage that is not the last runs ForwardStage (input: the received activation [t/TP, H], or the
+// embedding on the first stage) and later BackwardStage (the received gradient of its output); the
+// last stage runs ForwardBackward with the received input and returns the gradient of that input.
+// Several micro-batches are in flight between a stage's forward and its backward (at most pp_size -
+// pp_rank), so every per-micro-batch activation (residual stream, each layer's saved tensors and
+// its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch m uses slot
+// m % slots); the scratch used only inside one pass is shared. The MoE layers of all slots share
+// the expert-bias and token-count buffers (one update per global batch) and the running
+// global_aux_loss counts (slot 0's MoE layer holds them, MoELayer::ShareGlobalAuxCounts), which
+// the micro-batches then accumulate in order, as in one process.
 //
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >

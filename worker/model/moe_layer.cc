@@ -465,20 +465,21 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     norms.dp_size = std::max(1, dp_size_ / (config_.sp_size * cp_size_));
     if (has_global_aux_) {
       // Running mean of the counts over the micro-batches of this global batch (spec §2.3),
-      // each micro-batch's counts summed over TP x DP x CP first.
+      // each micro-batch's counts summed over TP x DP x CP first. The running counts are the
+      // owner's (ShareGlobalAuxCounts: one for all pipeline slots of this decoder layer).
+      Tensor& counts = global_owner_->global_counts_;
       if (tdc_ != nullptr) {
         SY_RETURN_IF_ERROR(kernels::FillBytes(global_step_counts_, 0));
         SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, global_step_counts_));
         SY_RETURN_IF_ERROR(
             tdc_->AllReduce(global_step_counts_, global_step_counts_, comm::ReduceOp::kSum));
-        SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, global_counts_, 1.0f, global_step_counts_,
-                                          global_counts_));
+        SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, counts, 1.0f, global_step_counts_, counts));
       } else {
-        SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, global_counts_));
+        SY_RETURN_IF_ERROR(kernels::AddColumnSums(stream, stats.counts, counts));
       }
-      ++global_steps_;
-      SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f / global_steps_, global_counts_, 0.0f,
-                                        global_counts_, global_mean_counts_));
+      const int64_t steps = ++global_owner_->global_steps_;
+      SY_RETURN_IF_ERROR(
+          kernels::Axpby(stream, 1.0f / steps, counts, 0.0f, counts, global_mean_counts_));
       norms.global_counts = global_mean_counts_;
       // N = T · size(TP×DP×CP): the tokens the all-reduced counts were taken over (§2.3).
       norms.global_num_tokens = static_cast<double>(t) * dp_size_;

@@ -216,6 +216,11 @@ class MoELayer {
   // global_aux_loss: counts accumulated over the micro-batches of the global batch. Call once
   // per global batch (after the optimizer step).
   absl::Status ResetGlobalBatch();
+  // Pipeline slots (worker/model/gpt_model.h "Pipeline parallelism"): the MoE layers of one
+  // decoder layer's in-flight slots see the micro-batches in turn, so their global_aux_loss
+  // running counts must be one: this layer then accumulates into (and averages) `owner`'s
+  // (borrowed; outlives this layer), and owner's ResetGlobalBatch resets them.
+  void ShareGlobalAuxCounts(MoELayer* owner) { global_owner_ = owner; }
   void set_dp_size(int dp) { dp_size_ = dp; }
   // Context parallelism: the layer's tokens are local sequences of `local_seq_len` rows, chunks
   // cp_rank and 2·cp_size−1−cp_rank of sequences of local_seq_len·cp_size tokens. The input
@@ -264,6 +269,7 @@ class MoELayer {
   Tensor global_step_counts_;  // [E] f32: this micro-batch's counts, all-reduced
   bool has_aux_ = false, has_global_aux_ = false;
   int64_t global_steps_ = 0;
+  MoELayer* global_owner_ = this;  // whose global_counts_ / global_steps_ accumulate (see above)
   uint64_t jitter_offset_ = 0;
   int64_t tokens_ = 0;  // T of the micro-batch in flight
 

@@ -10,8 +10,9 @@
 // checkpoint at step 10 and another layout resumes from it. Expert tensor parallelism (ETP2 and
 // ETP2·EP2, each dispatcher), tensor parallelism (TP2, TP2·EP2) and context parallelism (CP2,
 // CP2·EP2, TP2·CP2) are compared the same way. Pipeline parallelism (PP2, 1F1B with NCCL
-// Send/Recv) trains a 4-layer untied variant of the model and is compared with its own single-GPU
-// run (not yet run on GPUs).
+// Send/Recv) trains a 4-layer untied variant of the model, and a tied one (the embedding group's
+// gradient exchange), each compared with its own single-GPU run (the tied case not yet run on
+// GPUs).
 //
 // The parent never initialises CUDA (a process that forks after CUDA is initialised cannot use
 // CUDA in the child): the GPU count comes from a probe child, the single-GPU reference runs in a
@@ -103,10 +104,11 @@ std::string CountsText(const StepResult& r) {
 // `etp`: parallel.expert_tensor_parallel_size; `dispatcher`: model.moe_token_dispatcher_type
 // (the spec's default when empty); tp > 1: tensor parallelism with sequence parallelism; cp > 1:
 // context parallelism (parallel.context_parallel_size). pp > 0: the pipeline variant (4 layers
-// MoE, dense, MoE, MoE with untied embeddings: PP needs them untied) at PP = pp (pp = 1: its
+// MoE, dense, MoE, MoE with untied embeddings, or tied with `tied`: the last stage's LM head is
+// then a copy of the embedding whose gradient the two stages sum) at PP = pp (pp = 1: its
 // single-GPU reference).
 v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher = "", int tp = 1,
-                 int cp = 1, int pp = 0) {
+                 int cp = 1, int pp = 0, bool tied = false) {
   auto spec = ParseJobSpecYaml(kSpec);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (pp > 0) {
@@ -114,7 +116,7 @@ v1::JobSpec Spec(int world, int ep, int etp = 1, const std::string& dispatcher =
     m->set_num_layers(4);
     m->clear_moe_layer_pattern();
     for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
-    m->set_untie_embeddings_and_output_weights(true);
+    m->set_untie_embeddings_and_output_weights(!tied);
     if (pp > 1) spec->mutable_parallel()->set_pipeline_model_parallel_size(pp);
   }
   if (world > 1) {
@@ -158,11 +160,11 @@ absl::Status TrainTo(Trainer& t, int64_t last, std::ofstream* out) {
 // The single-GPU reference (forked child, device 0): optionally loads `load_root`, trains to
 // `last` and writes its curve to `out`.
 int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_root,
-                  bool pipeline_variant = false) {
+                  bool pipeline_variant = false, bool tied = false) {
   CHILD_CUDA(cudaSetDevice(0));
   {
     // The trainer creates and owns its stream (no process groups).
-    auto t = Trainer::Create(Spec(1, 1, 1, "", 1, 1, pipeline_variant ? 1 : 0), CudaBf16(0));
+    auto t = Trainer::Create(Spec(1, 1, 1, "", 1, 1, pipeline_variant ? 1 : 0, tied), CudaBf16(0));
     SY_CHILD_OK(t.status());
     std::fprintf(stderr, "single GPU: %s\n", (*t)->Describe().c_str());
     if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
@@ -178,7 +180,8 @@ int SingleGpuBody(const std::string& out, int64_t last, const std::string& load_
 // as SingleGpuBody (rank 0 writes the curve); saves to `save_root` at the end if given.
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root, int etp = 1,
-             const std::string& dispatcher = "", int tp = 1, int cp = 1, int pp = 0) {
+             const std::string& dispatcher = "", int tp = 1, int cp = 1, int pp = 0,
+             bool tied = false) {
   CHILD_CUDA(cudaSetDevice(rank));
   cudaStream_t cs = nullptr;
   CHILD_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -200,7 +203,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
     opt.groups = groups->get();
     opt.cuda_stream = cs;
     {
-      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp, cp, pp), opt);
+      auto t = Trainer::Create(Spec(world, ep, etp, dispatcher, tp, cp, pp, tied), opt);
       SY_CHILD_OK(t.status());
       SY_CHILD_CHECK((*t)->model_config().cp_size == cp);
       if (rank == 0) std::fprintf(stderr, "rank 0: %s\n", (*t)->Describe().c_str());
@@ -505,6 +508,36 @@ TEST(PipelineParallelGpuTest, TracksSingleGpu) {
   });
   for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
   const std::string what = "PP=2 (2 GPUs, NCCL, bf16)";
+  std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
+              absl::ToDoubleSeconds(absl::Now() - start));
+  const Curve got = ReadCurve(out);
+  ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps)) << what;
+  ExpectCloseCurve(ref, got, 0, what, /*same_start=*/true);
+}
+
+// PP2 with a tied embedding and LM head (2 GPUs): the last stage's LM head is a copy of the
+// embedding; after the schedule the two stages sum its gradient over NCCL Send/Recv, and the
+// copy's part of the norm (a slice of the reduced shard) is subtracted on the GPU. Tracks the
+// single-GPU run of the tied 4-layer model with the same tolerances (not yet run on GPUs: the CPU
+// pipeline_parallel_trainer_test checks the same to 1e-5 over Gloo).
+TEST(PipelineParallelGpuTest, TiedEmbeddingTracksSingleGpu) {
+  REQUIRE_GPUS(2);
+  const std::string ref_out = OutFile("single_gpu_pp_tied_curve");
+  const std::vector<int> ref_codes = ct::RunProcesses(1, absl::Minutes(5), [&](int) {
+    return SingleGpuBody(ref_out, kSteps, "", /*pipeline_variant=*/true, /*tied=*/true);
+  });
+  ASSERT_EQ(ref_codes[0], 0) << "single-GPU reference child";
+  const Curve ref = ReadCurve(ref_out);
+  ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps)) << "single-GPU reference failed";
+  const std::string store = ct::UniqueStoreDir("gpu_pp_tied_store");
+  const std::string out = OutFile("gpu_pp_tied_curve");
+  const absl::Time start = absl::Now();
+  const std::vector<int> codes = RunRanks(2, [&](int rank) {
+    return RankBody(rank, 2, 1, store, out, kSteps, "", "", 1, "", 1, /*cp=*/1, /*pp=*/2,
+                    /*tied=*/true);
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  const std::string what = "PP=2 tied embedding (2 GPUs, NCCL, bf16)";
   std::printf("%s: %d steps in %.1f s\n", what.c_str(), kSteps,
               absl::ToDoubleSeconds(absl::Now() - start));
   const Curve got = ReadCurve(out);

@@ -194,6 +194,9 @@ class DistributedAdamW {
   Tensor master_shard() const { return master_.View(); }
   Tensor exp_avg_shard() const { return exp_avg_.View(); }
   Tensor exp_avg_sq_shard() const { return exp_avg_sq_.View(); }
+  // The reduced, scaled gradients of this rank's shard, f32 [shard_size()] (laid out as
+  // OwnedRuns says): valid between PrepareStep and FinishStep (e.g. to take a part of the norm).
+  Tensor grad_shard() const { return grad_shard_.View(); }
 
  private:
   DistributedAdamW() = default;

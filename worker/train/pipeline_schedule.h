@@ -23,8 +23,9 @@
 // send first, odd stages receive first, or sends on a thread of their own), as Megatron does with
 // batched isend/irecv (p2p_communication.py).
 //
-// Pure arithmetic: no communication, used by the trainer's pipeline step (not wired yet) and
-// checked by pipeline_schedule_test (every stage's order is executable against the others').
+// Pure arithmetic: no communication. The trainer's pipeline step (Trainer::PipelineMicroBatches)
+// runs the ops of this order and pairs each with Megatron's exchanges; pipeline_schedule_test
+// checks that every stage's order is executable against the others'.
 #ifndef SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
 #define SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
 

@@ -41,6 +41,7 @@
 #include "worker/checkpoint/hf_convert.h"
 #include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/train/checkpoint_shards.h"
+#include "worker/train/pipeline_schedule.h"
 #include "worker/train/resume.h"
 
 namespace switchyard::train {
@@ -215,12 +216,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
   const v1::ParallelConfig& par = spec.parallel();
-  // The trainer runs pipeline parallelism itself (the 1F1B schedule in Step): PP is not asked.
-  if (std::string why = UnsupportedByEngine("parallel.", par.tensor_model_parallel_size(),
-                                            par.context_parallel_size(), /*pipeline=*/1,
-                                            par.expert_tensor_parallel_size());
-      !why.empty()) {
-    return absl::InvalidArgumentError(why);
+  // The engine's one rule (common/model/engine_support.h): the interleaved schedule (VPP) is
+  // not implemented.
+  if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) {
+    return absl::UnimplementedError(why);
   }
   // Tensor parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_tp = groups_ != nullptr ? groups_->layout.tp() : 1;
@@ -242,13 +241,6 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.pipeline_model_parallel_size (", par.pipeline_model_parallel_size(), ") must be ",
         launched_pp, groups_ ? " (the launched layout)" : " for a standalone worker"));
-  }
-  if (par.has_virtual_pipeline_model_parallel_size() &&
-      par.virtual_pipeline_model_parallel_size() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.virtual_pipeline_model_parallel_size (",
-        par.virtual_pipeline_model_parallel_size(),
-        "): the interleaved pipeline schedule is not implemented yet (1F1B without VPP is)"));
   }
   // Expert parallelism: the launched layout's, or none for a standalone worker.
   const int64_t launched_ep = groups_ != nullptr ? groups_->layout.ep() : 1;
@@ -380,6 +372,8 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
   local_seq_ = seq_ / cp_;  // GptConfig::Validate checked seq_length % (2·CP) == 0
   SY_ASSIGN_OR_RETURN(model_,
                       GptModel::Create(config, device, micro_batch_, num_micro_, model_groups));
+  shared_embedding_ =
+      pp_ > 1 && !config.untie_embeddings && (config.first_stage() || config.last_stage());
   flops_per_token_ = model::GptTrainingFlopsPerToken(config);
 
   // Optimizer state: master (f32, or f64 for an f64 CPU model), exp_avg, exp_avg_sq.
@@ -485,6 +479,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     const int64_t h = model_->config().hidden_size;
     SY_ASSIGN_OR_RETURN(pp_input_, Buffer::ForTensor(dtype, {tl, h}, device));
     SY_ASSIGN_OR_RETURN(pp_output_grad_, Buffer::ForTensor(dtype, {tl, h}, device));
+    if (shared_embedding_) {
+      SY_ASSIGN_OR_RETURN(const Tensor g, model_->Grad("embedding.weight"));
+      SY_ASSIGN_OR_RETURN(embedding_grad_peer_, Buffer::ForTensor(g.dtype, g.shape, device));
+    }
   }
   const int64_t t = micro_batch_ * seq_;
   SY_ASSIGN_OR_RETURN(host_ids_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
@@ -599,6 +597,7 @@ absl::StatusOr<StepResult> Trainer::Step() {
       if (st.ok()) st = reduced;
     }
     SY_RETURN_IF_ERROR(st);
+    SY_RETURN_IF_ERROR(SumSharedEmbeddingGrad());
   }
   for (int64_t m = 0; pp_ == 1 && m < num_micro_; ++m) {
     // Micro-batch j of the global batch (this rank's m-th; j = m with one process).
@@ -667,7 +666,6 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
   comm::Communicator* pp = groups_->pp;
   const bool first = pp_rank_ == 0, last = pp_rank_ == pp_ - 1;
   const int64_t num = num_micro_;
-  const int64_t warmup = std::min<int64_t>(pp_ - pp_rank_ - 1, num), remaining = num - warmup;
   const int slots = last ? 1 : model_->num_slots();
   const bool tp = model_->config().tp_size > 1;
   const bool with_hook = reducer_ != nullptr || tp;
@@ -748,32 +746,36 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
     model_->SetBackwardHook(nullptr);
     return st;
   };
-  int64_t fm = 0, bm = 0;  // next micro-batch to run forward / backward
+  // The op order is pipeline_schedule.h's (one source of truth for the schedule arithmetic). The
+  // exchanges around each op follow Megatron's 1F1B loop: a forward first receives its input
+  // (unless the previous exchange already did), then sends its output, fused with the receive of
+  // the gradient when a backward follows (send_forward_recv_backward); a backward first receives
+  // its output gradient (unless already received), then sends its input gradient, fused with the
+  // receive of the next forward's input when a forward follows (send_backward_recv_forward).
+  SY_ASSIGN_OR_RETURN(const std::vector<PipelineOp> ops,
+                      PipelineSchedule(pp_, pp_rank_, /*vpp=*/1, num));
   Tensor output, input_grad;
-  for (int64_t i = 0; i < warmup; ++i) {
-    SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {}, {}));
-    SY_RETURN_IF_ERROR(forward_step(fm, &output));
-    SY_RETURN_IF_ERROR(communicate({&output, fm}, {}, {}, {}));
-    ++fm;
-  }
-  if (remaining > 0) SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {}, {}));
-  for (int64_t i = 0; i < remaining; ++i) {
-    SY_RETURN_IF_ERROR(forward_step(fm, &output));
-    SY_RETURN_IF_ERROR(communicate({&output, fm}, {}, {}, {&output_grad, bm}));
-    ++fm;
-    SY_RETURN_IF_ERROR(backward_step(bm, &input_grad));
-    if (i + 1 == remaining) {
-      SY_RETURN_IF_ERROR(communicate({}, {}, {&input_grad, bm}, {}));
+  bool have_input = false, have_output_grad = false;  // received by the previous exchange
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
+    const PipelineOp* next = i + 1 < ops.size() ? &ops[i + 1] : nullptr;
+    if (op.forward) {
+      if (!have_input) SY_RETURN_IF_ERROR(communicate({}, {&input, op.micro}, {}, {}));
+      SY_RETURN_IF_ERROR(forward_step(op.micro, &output));
+      have_output_grad = next != nullptr && !next->forward;
+      SY_RETURN_IF_ERROR(communicate({&output, op.micro}, {}, {},
+                                     have_output_grad ? Op{&output_grad, next->micro} : Op{}));
+      have_input = false;
     } else {
-      SY_RETURN_IF_ERROR(communicate({}, {&input, fm}, {&input_grad, bm}, {}));
+      if (!have_output_grad) {
+        SY_RETURN_IF_ERROR(communicate({}, {}, {}, {&output_grad, op.micro}));
+      }
+      SY_RETURN_IF_ERROR(backward_step(op.micro, &input_grad));
+      have_input = next != nullptr && next->forward;
+      SY_RETURN_IF_ERROR(communicate({}, have_input ? Op{&input, next->micro} : Op{},
+                                     {&input_grad, op.micro}, {}));
+      have_output_grad = false;
     }
-    ++bm;
-  }
-  for (int64_t i = 0; i < warmup; ++i) {
-    SY_RETURN_IF_ERROR(communicate({}, {}, {}, {&output_grad, bm}));
-    SY_RETURN_IF_ERROR(backward_step(bm, &input_grad));
-    SY_RETURN_IF_ERROR(communicate({}, {}, {&input_grad, bm}, {}));
-    ++bm;
   }
   return absl::OkStatus();
 }
@@ -935,11 +937,11 @@ void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64
   const bool can_cut = options_.overlap_grad_reduce && 64 % dp == 0;
   int64_t start = 0, min_ready = std::numeric_limits<int64_t>::max();
   for (size_t i = 0; i < in.size(); ++i) {
-    const int64_t r = model_->GradReadyIndex(*in[i]);
+    const int64_t r = ReadyIndex(*in[i]);
     min_ready = std::min(min_ready, r);
     if (!can_cut || i + 1 == in.size()) continue;
     const int64_t next = in[i + 1]->offset - begin;
-    if (model_->GradReadyIndex(*in[i + 1]) != r && next - start >= options_.grad_bucket_elements) {
+    if (ReadyIndex(*in[i + 1]) != r && next - start >= options_.grad_bucket_elements) {
       ends->push_back(next);
       ready->push_back(min_ready);
       start = next;
@@ -950,10 +952,83 @@ void Trainer::PlanBuckets(int64_t begin, int64_t size, int dp, std::vector<int64
   ready->push_back(min_ready);
 }
 
+absl::StatusOr<double> Trainer::SharedEmbeddingSquaredNorm() {
+  // The embedding's part of this rank's reduced shard (between PrepareStep and FinishStep) of the
+  // optimizer that holds it, summed as DistributedUpdate sums that optimizer's squares: over its
+  // group, and for the TP-sharded region (a vocabulary-parallel embedding) over TP too.
+  const model::GptParamLayout& lay = model_->layout();
+  const ParamInfo* e = lay.Find("embedding.weight");
+  if (e == nullptr) return absl::InternalError("shared embedding: embedding.weight not in layout");
+  const bool sharded = e->tp_sharded() && tp_shard_opt_ != nullptr;
+  const DistributedAdamW* opt = sharded ? tp_shard_opt_.get() : dense_opt_.get();
+  const int64_t region = sharded ? lay.expert_end : lay.replicated_begin;
+  const int64_t lo_e = e->offset - region, hi_e = lo_e + e->numel;
+  const Tensor shard = opt->grad_shard();
+  bool any = false;
+  for (const DistributedAdamW::OwnedRun& run : opt->OwnedRuns()) {
+    const int64_t lo = std::max(run.begin, lo_e), hi = std::min(run.begin + run.length, hi_e);
+    if (lo >= hi) continue;
+    SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(
+        stream_, Slice(shard, run.shard_offset + lo - run.begin, {hi - lo}), norm_ws_.View(),
+        sum_sq_.View(), /*accumulate=*/any));
+    any = true;
+  }
+  std::vector<double> sq = {0.0};
+  if (any) {
+    float host = 0;
+    if (stream_.is_cuda()) {
+      cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
+      SY_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(&host, sum_sq_.data(), sizeof(float), cudaMemcpyDeviceToHost, cs));
+      SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+    } else {
+      host = sum_sq_.View().as<float>()[0];
+    }
+    sq[0] = host;
+  }
+  SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->data, &sq));
+  if (sharded) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tp, &sq));
+  return sq[0];
+}
+
+int64_t Trainer::ReadyIndex(const ParamInfo& p) const {
+  if (shared_embedding_ && p.name == "embedding.weight") return kReadyAfterSchedule;
+  return model_->GradReadyIndex(p);
+}
+
+absl::Status Trainer::SumSharedEmbeddingGrad() {
+  if (!shared_embedding_) return absl::OkStatus();
+  model::ScopedRange range(stream_, "embedding_grad_sum");
+  SY_ASSIGN_OR_RETURN(const Tensor g, model_->Grad("embedding.weight"));
+  // TP: a vocabulary-parallel embedding (TP-sharded: this rank's V/TP rows) has its rows' whole
+  // gradient here; one whole on every TP rank would hold its sequence shard's part, and as no
+  // backward hook has its ready index, its TP sum (AllReduceTpReplicatedGrads') is done here.
+  const ParamInfo* e = model_->layout().Find("embedding.weight");
+  if (model_->config().tp_size > 1 && e != nullptr && !e->tp_sharded()) {
+    SY_RETURN_IF_ERROR(groups_->tp->AllReduce(g, g, comm::ReduceOp::kSum));
+  }
+  // Megatron's _allreduce_word_embedding_grads over {first stage, last stage}, as one exchange on
+  // the pipeline group (first sends first, the last receives first: Gloo's Send blocks until the
+  // peer receives); the two ranks share their TP / CP / DP coordinates, so they hold the same
+  // vocabulary rows. Both add own + peer: fp32 addition commutes, so the copies stay equal.
+  constexpr uint32_t kTag = 0x7fff0000u;  // above every activation / gradient tag of a step
+  const bool first = pp_rank_ == 0;
+  const int peer = first ? pp_ - 1 : 0;
+  const Tensor other = embedding_grad_peer_.View();
+  if (first) {
+    SY_RETURN_IF_ERROR(groups_->pp->Send(g, peer, kTag));
+    SY_RETURN_IF_ERROR(groups_->pp->Recv(other, peer, kTag));
+  } else {
+    SY_RETURN_IF_ERROR(groups_->pp->Recv(other, peer, kTag));
+    SY_RETURN_IF_ERROR(groups_->pp->Send(g, peer, kTag));
+  }
+  return kernels::Axpby(stream_, 1.0f, g, 1.0f, other, g);
+}
+
 absl::Status Trainer::AllReduceTpReplicatedGrads(int64_t index) {
   if (model_->config().tp_size == 1) return absl::OkStatus();
   for (const ParamInfo& p : model_->layout().params) {
-    if (p.expert || p.tp_sharded() || model_->GradReadyIndex(p) != index) continue;
+    if (p.expert || p.tp_sharded() || ReadyIndex(p) != index) continue;
     SY_ASSIGN_OR_RETURN(Tensor g, model_->Grad(p.name));
     SY_RETURN_IF_ERROR(groups_->tp->AllReduce(g, g, comm::ReduceOp::kSum));
   }
@@ -1005,8 +1080,14 @@ absl::Status Trainer::DistributedUpdate(StepResult* result) {
     SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->expert_model, &sq_expert));
   }
   // Pipeline: every stage holds different dense tensors; their squares are added over PP (the
-  // expert part is already summed over ETP×EP×PP).
+  // expert part is already summed over ETP×EP×PP). A tied embedding is held by the first and the
+  // last stage with the same (summed) gradient: the last stage's copy is left out, as Megatron's
+  // norm skips parameters marked shared.
   std::vector<double> sq_stage = {static_cast<double>(sq_dense) + sq_shard[0]};
+  if (shared_embedding_ && pp_rank_ != 0) {
+    SY_ASSIGN_OR_RETURN(const double copy, SharedEmbeddingSquaredNorm());
+    sq_stage[0] -= copy;
+  }
   if (pp_ > 1) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->pp, &sq_stage));
   const float total = static_cast<float>(sq_stage[0]) + static_cast<float>(sq_expert[0]);
   StepResult& r = *result;
@@ -1214,7 +1295,8 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
     // is identical on every TP rank: TP rank 0 saves it. Pipeline parallelism (the `pp` work):
     // a stage's layout holds its own layers under their GLOBAL names, so each stage simply
     // saves a subset of the names and Load reads its subset; a tensor two stages both hold
-    // (the tied embedding of the first and last stage) must be saved by one of them only, or
+    // (the tied embedding of the first and last stage) must be saved by one of them only (the
+    // first: see below), or
     // the commit's element count check refuses the checkpoint.
     struct Part {
       const DistributedAdamW* opt;
@@ -1231,6 +1313,9 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
       for (const DistributedAdamW::OwnedRun& run : part.opt->OwnedRuns()) {
         const int64_t begin = part.region_begin + run.begin, end = begin + run.length;
         for (const ParamInfo& p : lay.params) {
+          // The last stage's copy of a tied embedding: the first stage saves it (Megatron's
+          // replica_id (1, 0, dp) copy, never a main replica).
+          if (shared_embedding_ && !c.first_stage() && p.name == "embedding.weight") continue;
           const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
           if (lo >= hi) continue;  // not in this run (or padding)
           ShardSlice slice = ModelParallelSlice(p, c);
@@ -1279,7 +1364,7 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
   w.SetMetadata("expert_model_parallel_size", static_cast<int64_t>(c.moe.ep_size));
   w.SetMetadata("expert_tensor_parallel_size", static_cast<int64_t>(c.moe.etp_size));
   w.SetMetadata("data_parallel_size", static_cast<int64_t>(dp_));
-  w.SetMetadata("pipeline_model_parallel_size", int64_t{1});
+  w.SetMetadata("pipeline_model_parallel_size", static_cast<int64_t>(pp_));
   const CheckpointGroup group = CheckpointGroupOf();
   if (!options_.async_save) return w.Commit(root, step_, group);
 

@@ -36,7 +36,10 @@
 // order (warm-up forwards PP - stage - 1, steady 1F1B, cool-down backwards) and sends activations
 // and their gradients with Send/Recv on ProcessGroups::pp, blocking (no overlap with compute).
 // Loss and MoE statistics are summed over PP for the log line, the dense squared grad norm over
-// PP too. Tied embeddings, global_aux_loss, VPP, EvalLoss and Evaluate are refused at PP > 1.
+// PP too. Tied embeddings: the last stage holds a copy of the embedding as its LM head, and the
+// two stages sum their embedding gradients after the schedule (Megatron's embedding group); the
+// copy is counted once in the norm and saved once. global_aux_loss: one running count per layer
+// over the stage's in-flight slots (GptModel). VPP, EvalLoss and Evaluate are refused at PP > 1.
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
 // any combination): every rank holds the dense parameters (its TP shard of the TP-split
@@ -301,6 +304,21 @@ class Trainer {
   int pp_ = 1, pp_rank_ = 0;  // pipeline: this rank is stage pp_rank_ of pp_
   // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
   kernels::Buffer pp_input_, pp_output_grad_;
+  // Tied embeddings at PP > 1 (Megatron's embedding group, megatron_parallel.md §3.7): the first
+  // and the last stage each hold embedding.weight (the last as its LM head); after the schedule
+  // their gradients are summed between the two (SumSharedEmbeddingGrad), so both copies take the
+  // same update. The last stage's copy is left out of the norm and of checkpoints.
+  bool shared_embedding_ = false;
+  kernels::Buffer embedding_grad_peer_;  // the other stage's embedding gradient [V, H]
+  absl::Status SumSharedEmbeddingGrad();
+  // The last stage's part of the global squared norm that is its embedding copy (see
+  // DistributedUpdate); collective over the dense optimizer's group.
+  absl::StatusOr<double> SharedEmbeddingSquaredNorm();
+  // GptModel::GradReadyIndex, except the shared embedding: kReadyAfterSchedule (no backward hook
+  // has it: its gradient is complete only after SumSharedEmbeddingGrad, so its bucket is reduced
+  // with the optimizer step, and its TP sum is SumSharedEmbeddingGrad's too).
+  static constexpr int64_t kReadyAfterSchedule = -2;
+  int64_t ReadyIndex(const model::ParamInfo& p) const;
   // Pipeline: the 1F1B schedule of one step (Step), Megatron's non-interleaved order.
   absl::Status PipelineMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
                                     const std::function<absl::Status(int64_t)>& hook);
