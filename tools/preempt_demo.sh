@@ -15,7 +15,8 @@
 #
 # Usage: tools/preempt_demo.sh BIN_DIR [SPEC]  (BIN_DIR: bazel-bin, or `.` in the GPU bundle)
 # Environment: PREEMPT_DIR (run directory, default /tmp/switchyard-preempt), LOW_ITERS (default
-# 3000 on GPUs, 400 on the CPU), LOW_AT (default LOW_ITERS / 10), HIGH_ITERS (default 200).
+# 3000 on GPUs, 400 on the CPU), LOW_AT (default LOW_ITERS / 10), HIGH_ITERS (default 200),
+# PREEMPT_WORKERS (default 2; 1: both jobs on one worker, e.g. a host with one GPU).
 # Exit status 0 only when every rule held.
 set -euo pipefail
 umask 077
@@ -30,10 +31,12 @@ low_iters=${LOW_ITERS:-$((gpus > 0 ? 3000 : 400))}
 low_at=${LOW_AT:-$((low_iters / 10))}
 high_iters=${HIGH_ITERS:-200}
 cluster_start_coordinator --preemption=on --preempt-save-timeout=120s
-cluster_start_workers 2
-echo "preempt_demo: coordinator at $cluster_grpc, 2 workers on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU"), logs in $run" >&2
+workers=${PREEMPT_WORKERS:-2}
+cluster_start_workers "$workers"
+echo "preempt_demo: coordinator at $cluster_grpc, $workers worker(s) on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU"), logs in $run" >&2
 
-# A job file: SPEC on both workers with expert parallelism 2, ITERS steps, a name and a priority;
+# A job file: SPEC on every worker (expert parallelism = the worker count), ITERS steps, a name
+# and a priority;
 # log every 10 steps, warm-up ITERS / 10, a checkpoint every ITERS / 2 steps (so the preemption's save is on demand).
 job_file() {
   local name=$1 iters=$2 priority=$3
@@ -42,8 +45,9 @@ job_file() {
     -e "s/^  lr_warmup_iters: .*/  lr_warmup_iters: $((iters / 10))/" \
     -e "s/^  save_interval: .*/  save_interval: $((iters / 2))/" \
     -e "s/^  micro_batch_size: .*/  micro_batch_size: 4/" "$spec"
-  printf 'display_name: %s\npriority: %d\nmin_workers: 2\nmax_workers: 2\n' "$name" "$priority"
-  printf 'parallel:\n  expert_model_parallel_size: 2\n'
+  printf 'display_name: %s\npriority: %d\nmin_workers: %d\nmax_workers: %d\n' "$name" \
+    "$priority" "$workers" "$workers"
+  printf 'parallel:\n  expert_model_parallel_size: %d\n' "$workers"
 }
 job_file low "$low_iters" 0 >"$run/low.yaml"
 job_file high "$high_iters" 10 >"$run/high.yaml"
