@@ -2,12 +2,12 @@
 //
 // Validation loss on one GPU (trainer.h "Validation"; the same code as on the CPU, with the ids
 // and targets copied to the device): the tiny MoE job (input jitter, expert bias, aux and z
-// losses; fp32 on the GPU so that the comparison is not bf16 noise) trained on the GPU with
-// training.eval_interval gives the same training losses as without it (within 1e-6 relative:
-// deterministic kernels, native attention) and validation losses on steps 2 and 4 only; the
-// GPU-trained state (its checkpoint, expert biases included) evaluated by the GPU and by the fp32
-// CPU model agree within 1e-4 relative (fp32 on both; the GPU's GEMMs and reductions round in
-// another order).
+// losses; bf16, the only MoE precision on GPUs: fp32 is refused naming training.bf16) trained on
+// the GPU with training.eval_interval gives the same training losses as without it (within 1e-6
+// relative: deterministic kernels, native attention) and validation losses on steps 2 and 4
+// only; the GPU-trained state (its checkpoint, expert biases included) evaluated by the GPU and
+// by the CPU model in bf16 storage agree within 1e-2 relative (bf16 activations; the GPU's GEMMs
+// and reductions round in another order).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "common/config/config.h"
 #include "data/indexed_dataset.h"
 #include "kernels/testing/gpu.h"
@@ -46,7 +47,6 @@ v1::JobSpec Spec(const std::string& prefix, int64_t eval_interval) {
   auto spec = ParseJobSpecYaml(switchyard::test_specs::TinyMoeSpecYaml(4, true, /*kv=*/64));
   EXPECT_TRUE(spec.ok()) << spec.status();
   spec->mutable_model()->set_attention_backend("native");
-  spec->mutable_training()->set_bf16(false);
   spec->mutable_training()->set_deterministic_mode(true);
   v1::DataConfig* d = spec->mutable_data();
   d->set_mock_data(false);
@@ -74,6 +74,18 @@ std::vector<StepResult> Train(Trainer* t) {
 TEST(EvaluateGpuTest, SameTrainingAndTheCpuValidationLoss) {
   SY_REQUIRE_GPU();
   const std::string prefix = DatasetPrefix();
+  // fp32 on a GPU is refused up front, naming the field (the grouped GEMM is bf16-only there).
+  {
+    v1::JobSpec f32 = Spec(prefix, 2);
+    f32.mutable_training()->set_bf16(false);
+    TrainerOptions o;
+    o.device = Device::Cuda(0);
+    auto refused = Trainer::Create(f32, o);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "training.bf16 (false)"))
+        << refused.status();
+  }
   TrainerOptions gpu;
   gpu.device = Device::Cuda(0);
   auto plain = Trainer::Create(Spec(prefix, 0), gpu);
@@ -108,7 +120,7 @@ TEST(EvaluateGpuTest, SameTrainingAndTheCpuValidationLoss) {
   ASSERT_TRUE((*evaluating)->Save(root).ok());
   TrainerOptions cpu;
   cpu.force_dtype = true;
-  cpu.dtype = DType::kF32;
+  cpu.dtype = DType::kBF16;  // bf16 storage, as on the GPU (the CPU does its math in fp64)
   auto on_cpu = Trainer::Create(Spec(prefix, 2), cpu);
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   const absl::Status loaded = (*on_cpu)->Load(root);
@@ -117,10 +129,10 @@ TEST(EvaluateGpuTest, SameTrainingAndTheCpuValidationLoss) {
   ASSERT_TRUE(cpu_loss.ok()) << cpu_loss.status();
   const double rel = std::abs(*cpu_loss - *again) / *cpu_loss;
   std::printf(
-      "validation loss of the GPU-trained weights: GPU %.7f, CPU %.7f (rel %.2e, "
-      "tolerance 1e-4)\n",
+      "validation loss of the GPU-trained weights: GPU %.7f, CPU bf16 %.7f (rel %.2e, "
+      "tolerance 1e-2: bf16 activations, other accumulation orders)\n",
       *again, *cpu_loss, rel);
-  EXPECT_LT(rel, 1e-4);
+  EXPECT_LT(rel, 1e-2);
 }
 
 }  // namespace

@@ -289,6 +289,14 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     dtype = DType::kF32;
   }
   if (options.force_dtype) dtype = options.dtype;
+  // The CUDA grouped GEMM (kernels/gemm/grouped_gemm.h) takes bf16 inputs only: an MoE model in
+  // fp32 on a GPU would fail at its first step; refuse it here, naming the field.
+  if (device.is_cuda() && dtype != DType::kBF16 && spec.model().num_experts() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.bf16 (false) on a CUDA device: the MoE layers' grouped GEMM runs in bf16 only "
+        "on GPUs (the fp32 reference is the CPU engine); leave training.bf16 unset or true, got ",
+        DTypeName(dtype)));
+  }
   stream_ = Stream{device, nullptr};
   if (device.is_cuda() && options.cuda_stream != nullptr) {
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
