@@ -33,18 +33,24 @@ verbs:
        [--wait]                          times (default 5) with the same ID, the deadline S
                                          (default 30 s) doubling each retry, so a retry returns the
                                          job an earlier attempt created; --wait follows the job as
-                                         watch does and exits like it
-  get jobs/ID | ID                       show one job
-  list [--state STATE] [--page-size N]   list jobs (one page; --all follows every page)
-       [--page-token T] [--all]
+                                         watch does and exits like it. The spec's queue and
+                                         priority decide admission (the coordinator's --queues
+                                         quotas); a waiting job preempts lower-priority ones at
+                                         an on-demand checkpoint (they resume from it)
+  get jobs/ID | ID                       show one job (last step, last validation loss, queue
+                                         position and reason while it waits)
+  list [--state STATE] [--page-size N]   list jobs (one page; --all follows every page), with
+       [--page-token T] [--all]          each waiting job's queue position and reason
   cancel jobs/ID | ID                    cancel a job
   delete jobs/ID | ID                    delete a finished job (SUCCEEDED, FAILED, CANCELLED) and
        [--delete-checkpoints]            its events; --delete-checkpoints also removes its
        [--allow-missing]                 checkpoint directory; --allow-missing: an absent job is OK
-  watch jobs/ID | ID                     follow a job's events and step metrics until it ends: one
-                                         line per step, or a progress bar with ETA on stderr when
-                                         stderr and stdout are terminals; exit 0 when the job
-                                         SUCCEEDED, 1 when it ended FAILED or CANCELLED
+  watch jobs/ID | ID                     follow a job's events (PREEMPTED, SCALING_UP, ...) and
+                                         step metrics (val_loss / val_ppl on evaluation steps)
+                                         until it ends: one line per step, or a progress bar with
+                                         ETA on stderr when stderr and stdout are terminals; exit
+                                         0 when the job SUCCEEDED, 1 when it ended FAILED or
+                                         CANCELLED
   workers                                list the attached workers (state, job, rank, heartbeat)
   k8s-workers jobs/ID | ID               print the Kubernetes manifest of the job's workers: an
        [--image IMG] [--namespace NS]    Indexed batch/v1 Job, one pod per worker the job needs,
