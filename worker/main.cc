@@ -314,24 +314,33 @@ int Agent() {
   return switchyard::agent::AgentMain(o);  // before any other thread starts
 }
 
+// --config's spec and --device's device for the one-process modes; 0, or the exit code (the
+// reason printed): 1 for a spec that does not load, 2 for a bad --device.
+int LoadSpecAndDevice(switchyard::v1::JobSpec* spec, switchyard::Device* device) {
+  absl::StatusOr<switchyard::v1::JobSpec> loaded =
+      switchyard::LoadJobSpecFile(absl::GetFlag(FLAGS_config));
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", loaded.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<switchyard::Device> parsed = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "switchyard-worker: %s\n", parsed.status().ToString().c_str());
+    return 2;
+  }
+  *spec = *std::move(loaded);
+  *device = *parsed;
+  return 0;
+}
+
 int Standalone() {
-  const std::string path = absl::GetFlag(FLAGS_config);
-  if (path.empty()) {
+  if (absl::GetFlag(FLAGS_config).empty()) {
     std::fprintf(stderr, "switchyard-worker: --standalone needs --config job.yaml\n");
     return 2;
   }
-  absl::StatusOr<switchyard::v1::JobSpec> spec = switchyard::LoadJobSpecFile(path);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "switchyard-worker: %s\n", spec.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<switchyard::Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    std::fprintf(stderr, "switchyard-worker: %s\n", device.status().ToString().c_str());
-    return 2;
-  }
+  switchyard::v1::JobSpec spec;
   switchyard::train::TrainerOptions options;
-  options.device = *device;
+  if (int rc = LoadSpecAndDevice(&spec, &options.device)) return rc;
   options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   options.async_save = absl::GetFlag(FLAGS_async_save);
   switchyard::train::StandaloneOptions standalone;
@@ -339,7 +348,7 @@ int Standalone() {
   standalone.init_from_hf = absl::GetFlag(FLAGS_init_from_hf);
   standalone.export_hf = absl::GetFlag(FLAGS_export_hf);
   standalone.hf_architecture = absl::GetFlag(FLAGS_hf_architecture);
-  absl::Status st = switchyard::train::RunStandalone(*spec, options, standalone, stdout);
+  absl::Status st = switchyard::train::RunStandalone(spec, options, standalone, stdout);
   if (!st.ok()) {
     std::fprintf(stderr, "switchyard-worker: %s\n", st.ToString().c_str());
     return 1;
@@ -349,28 +358,18 @@ int Standalone() {
 
 // --eval in one process: RunEvaluation on --load's checkpoint.
 int Evaluate() {
-  const std::string path = absl::GetFlag(FLAGS_config), load = absl::GetFlag(FLAGS_load);
-  if (path.empty() || load.empty()) {
+  const std::string load = absl::GetFlag(FLAGS_load);
+  if (absl::GetFlag(FLAGS_config).empty() || load.empty()) {
     std::fprintf(stderr, "switchyard-worker: --eval needs --load DIR and --config job.yaml\n");
     return 2;
   }
-  absl::StatusOr<switchyard::v1::JobSpec> spec = switchyard::LoadJobSpecFile(path);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "switchyard-worker: %s\n", spec.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<switchyard::Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    std::fprintf(stderr, "switchyard-worker: %s\n", device.status().ToString().c_str());
-    return 2;
-  }
+  switchyard::v1::JobSpec spec;
   switchyard::train::TrainerOptions options;
-  options.device = *device;
+  if (int rc = LoadSpecAndDevice(&spec, &options.device)) return rc;
   switchyard::train::EvaluationOptions evaluation;
   evaluation.load = load;
   evaluation.tokens_out = absl::GetFlag(FLAGS_eval_tokens_out);
-  absl::StatusOr<double> loss =
-      switchyard::train::RunEvaluation(*spec, options, evaluation, stdout);
+  absl::StatusOr<double> loss = switchyard::train::RunEvaluation(spec, options, evaluation, stdout);
   if (!loss.ok()) {
     std::fprintf(stderr, "switchyard-worker: %s\n", loss.status().ToString().c_str());
     return 1;
