@@ -6,8 +6,8 @@
 // the GPU with training.eval_interval gives the same training losses as without it (within 1e-6
 // relative: deterministic kernels, native attention) and validation losses on steps 2 and 4
 // only; the GPU-trained state (its checkpoint, expert biases included) evaluated by the GPU and
-// by the CPU model in bf16 storage agree within 1e-2 relative (bf16 activations; the GPU's GEMMs
-// and reductions round in another order).
+// by the CPU model in bf16 storage agree within 3e-3 relative (bf16 activations; the GPU's GEMMs
+// and reductions round in another order; 2.9e-4 measured on an H200).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -130,9 +130,9 @@ TEST(EvaluateGpuTest, SameTrainingAndTheCpuValidationLoss) {
   const double rel = std::abs(*cpu_loss - *again) / *cpu_loss;
   std::printf(
       "validation loss of the GPU-trained weights: GPU %.7f, CPU bf16 %.7f (rel %.2e, "
-      "tolerance 1e-2: bf16 activations, other accumulation orders)\n",
+      "tolerance 3e-3: bf16 activations, other accumulation orders; measured 2.9e-4)\n",
       *again, *cpu_loss, rel);
-  EXPECT_LT(rel, 1e-2);
+  EXPECT_LT(rel, 3e-3);
 }
 
 }  // namespace
