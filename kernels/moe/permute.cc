@@ -77,7 +77,8 @@ absl::Status TokensPerExpert(const Stream& stream, const Tensor& topk_idx, int64
 absl::Status Permute(const Stream& stream, const Tensor& x, const Tensor& topk_idx,
                      const Tensor& topk_probs, int64_t num_experts, int64_t pad_to_capacity,
                      const Tensor& permuted_x, const Tensor& permuted_probs, const Tensor& row_map,
-                     const Tensor& tokens_per_expert, const Tensor& workspace) {
+                     const Tensor& tokens_per_expert, const Tensor& workspace,
+                     int64_t max_routed_rows) {
   constexpr absl::string_view kOp = "Permute";
   SY_RETURN_IF_ERROR(Annotate(CheckDevice(stream, {&x, &topk_idx, &topk_probs, &permuted_x,
                                                    &permuted_probs, &row_map, &tokens_per_expert}),
@@ -105,11 +106,18 @@ absl::Status Permute(const Stream& stream, const Tensor& x, const Tensor& topk_i
   if (pad_to_capacity < 0) {
     return Invalid(kOp, absl::StrCat("pad_to_capacity (", pad_to_capacity, ") must be >= 0"));
   }
-  const int64_t needed_rows = pad_to_capacity > 0 ? num_experts * pad_to_capacity : t * k;
+  if (max_routed_rows < 0 || (max_routed_rows > 0 && pad_to_capacity > 0)) {
+    return Invalid(kOp, absl::StrCat("max_routed_rows (", max_routed_rows,
+                                     ") must be >= 0, and 0 with pad_to_capacity"));
+  }
+  const int64_t needed_rows = pad_to_capacity > 0   ? num_experts * pad_to_capacity
+                              : max_routed_rows > 0 ? max_routed_rows
+                                                    : t * k;
   if (max_rows < needed_rows) {
-    return Invalid(
-        kOp, absl::StrCat("permuted_x has ", max_rows, " rows; needs >= ", needed_rows,
-                          pad_to_capacity > 0 ? " (num_experts * pad_to_capacity)" : " (T * k)"));
+    return Invalid(kOp, absl::StrCat("permuted_x has ", max_rows, " rows; needs >= ", needed_rows,
+                                     pad_to_capacity > 0   ? " (num_experts * pad_to_capacity)"
+                                     : max_routed_rows > 0 ? " (max_routed_rows)"
+                                                           : " (T * k)"));
   }
   if (!stream.is_cuda()) {
     return internal::PermuteCpu(x, topk_idx, topk_probs, num_experts, pad_to_capacity, permuted_x,

@@ -120,8 +120,8 @@ __global__ void ExpertOffsetsKernel(int32_t* __restrict__ chunk_base, int64_t nu
 __global__ void __launch_bounds__(kRankThreads)
     PermuteRankKernel(const int32_t* __restrict__ idx, const float* __restrict__ probs,
                       int64_t num_tokens, int k, int num_experts, int capacity,
-                      const int32_t* __restrict__ chunk_base, int32_t* __restrict__ row_map,
-                      float* __restrict__ permuted_probs) {
+                      const int32_t* __restrict__ chunk_base, int64_t max_rows,
+                      int32_t* __restrict__ row_map, float* __restrict__ permuted_probs) {
   extern __shared__ int32_t smem[];
   int32_t* running = smem;                 // [E]: rows of each expert taken earlier in the chunk
   int32_t* warp_cnt = smem + num_experts;  // [kRankWarps][E]: this round's count per warp
@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(kRankThreads)
         const int32_t row = base[e] + rank;
         // Pad mode: rank past the capacity is an error state; drop it rather than overflow.
         if (capacity == 0 || row - e * capacity < capacity) dest = row;
+        // A routing keeping more slots than permuted_x has rows (a wrong max_routed_rows):
+        // drop them rather than write out of bounds.
+        if (dest >= max_rows) dest = -1;
       }
       row_map[f] = dest;
       if (dest >= 0) permuted_probs[dest] = probs[f];
@@ -338,7 +341,7 @@ absl::Status PermuteCuda(const Stream& stream, const Tensor& x, const Tensor& to
     PermuteRankKernel<<<static_cast<unsigned>(chunks), kRankThreads,
                         num_experts*(kRankWarps + 1) * sizeof(int32_t), cs>>>(
         topk_idx.as<int32_t>(), topk_probs.as<float>(), t, k, e_count, capacity, chunk_base,
-        row_map.as<int32_t>(), permuted_probs.as<float>());
+        permuted_x.dim(0), row_map.as<int32_t>(), permuted_probs.as<float>());
     SY_CUDA_RETURN_IF_LAUNCH_ERROR(PermuteRankKernel);
   }
   const int64_t row_bytes = x.dim(1) * static_cast<int64_t>(DTypeSize(x.dtype));

@@ -58,10 +58,16 @@ absl::Status TokensPerExpert(const Stream& stream, const Tensor& topk_idx, int64
 //   row_map [T, k] i32, tokens_per_expert [E] i32.
 //   workspace: any dtype, >= PermuteWorkspaceBytes(T, E) bytes on the stream's CUDA device;
 //   ignored on the CPU (may be an empty Tensor).
+//   max_routed_rows (dropless only): 0 = permuted_x needs T*k rows; > 0 = the caller's bound on
+//   the kept (non -1) slots, and permuted_x needs only that many rows (a sparse routing, e.g.
+//   ep_routing.h's, keeps far fewer than T*k). A routing that keeps more slots than permuted_x
+//   has rows is INVALID_ARGUMENT on the CPU; on CUDA the slots past the last row are dropped
+//   (row_map -1), so nothing writes out of bounds.
 absl::Status Permute(const Stream& stream, const Tensor& x, const Tensor& topk_idx,
                      const Tensor& topk_probs, int64_t num_experts, int64_t pad_to_capacity,
                      const Tensor& permuted_x, const Tensor& permuted_probs, const Tensor& row_map,
-                     const Tensor& tokens_per_expert, const Tensor& workspace);
+                     const Tensor& tokens_per_expert, const Tensor& workspace,
+                     int64_t max_routed_rows = 0);
 
 // out[t] = sum over the non-dropped slots s of y[row_map[t, s]], in slot order (zeros when every
 // slot is dropped). y [max_rows, H], row_map [T, k] i32, out [T, H], y and out of one dtype.

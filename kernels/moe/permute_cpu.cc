@@ -68,6 +68,13 @@ absl::Status PermuteCpu(const Tensor& x, const Tensor& topk_idx, const Tensor& t
   for (int64_t i = 0; i < t_count * k; ++i) {
     if (idx[i] >= 0) ++counts[idx[i]];
   }
+  int64_t kept = 0;
+  for (int64_t n : counts) kept += n;
+  if (pad_to_capacity == 0 && kept > permuted_x.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("Permute: the routing keeps ", kept,
+                                                   " slots, more than permuted_x's ",
+                                                   permuted_x.dim(0), " rows (max_routed_rows)"));
+  }
   std::vector<int64_t> start(num_experts, 0);
   for (int64_t e = 0; e < num_experts; ++e) {
     if (pad_to_capacity > 0 && counts[e] > pad_to_capacity) {

@@ -280,6 +280,36 @@ TEST(PermuteCpuTest, AllDroppedTokenGetsZerosAndUnmappedRowsAreKept) {
   EXPECT_EQ(dy, (std::vector<double>{9, 10, 0, 0, 9, 10}));
 }
 
+// max_routed_rows: a sparse routing (most slots dropped, as ep_routing.h's) fits a permuted_x of
+// the bound's rows, in the same order as with T*k rows; a routing keeping more slots than the
+// rows is refused, naming the rule.
+TEST(PermuteCpuTest, SparseRoutingWithARoutedRowBound) {
+  const int64_t t = 4, k = 3, e = 2, h = 2;
+  std::vector<double> x = {1, 2, 3, 4, 5, 6, 7, 8}, probs(t * k, 0.5);
+  std::vector<int32_t> idx = {1, -1, -1, -1, 0, -1, -1, -1, -1, 0, 1, -1};  // 4 kept slots
+  std::vector<double> px(4 * h, NAN), pp(4, NAN), full(t * k * h, NAN), fp(t * k, NAN);
+  std::vector<int32_t> map(t * k), full_map(t * k), tpe(e), full_tpe(e);
+  ASSERT_TRUE(Permute(Stream::Cpu(), T64(x, {t, h}), T32(idx, {t, k}), T64(probs, {t, k}), e, 0,
+                      T64(px, {4, h}), T64(pp, {4}), T32(map, {t, k}), T32(tpe, {e}), Tensor(),
+                      /*max_routed_rows=*/4)
+                  .ok());
+  ASSERT_TRUE(Permute(Stream::Cpu(), T64(x, {t, h}), T32(idx, {t, k}), T64(probs, {t, k}), e, 0,
+                      T64(full, {t * k, h}), T64(fp, {t * k}), T32(full_map, {t, k}),
+                      T32(full_tpe, {e}), Tensor())
+                  .ok());
+  EXPECT_EQ(map, full_map);
+  EXPECT_EQ(tpe, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(px, (std::vector<double>(full.begin(), full.begin() + 4 * h)));
+  EXPECT_EQ(px, (std::vector<double>{3, 4, 7, 8, 1, 2, 7, 8}));
+  const absl::Status s =
+      Permute(Stream::Cpu(), T64(x, {t, h}), T32(idx, {t, k}), T64(probs, {t, k}), e, 0,
+              T64(px, {3, h}), T64(pp, {3}), T32(map, {t, k}), T32(tpe, {e}), Tensor(), 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("keeps 4 slots, more than permuted_x's 3 rows"),
+            absl::string_view::npos)
+      << s;
+}
+
 TEST(PermuteCpuTest, RejectsBadInput) {
   const int64_t t = 4, k = 2, e = 4, h = 3;
   std::vector<double> x(t * h, 1), probs(t * k, 0.5), px(t * k * h), pp(t * k);
