@@ -11,6 +11,7 @@
 #   cluster_start_workers N           one agent per GPU (cuda:i mod GPUs), or CPU agents without
 #                                     GPUs; QUICKSTART_METRICS_PORT: worker i serves /metrics on
 #                                     127.0.0.1:PORT+i; CLUSTER_WORKER_FLAGS: extra worker flags
+#                                     (all workers), CLUSTER_WORKER<i>_FLAGS: worker i's own
 #   cluster_worker_pid I              the pid of worker I (0-based)
 #   cluster_syctl ARGS...             syctl against this coordinator with the API token
 
@@ -80,9 +81,11 @@ cluster_start_workers() {
     if [[ -n ${QUICKSTART_METRICS_PORT:-} ]]; then
       metrics=(--metrics-port $((QUICKSTART_METRICS_PORT + i)) --metrics-bind-address 127.0.0.1)
     fi
+    local own="CLUSTER_WORKER${i}_FLAGS"
     "$cluster_worker_bin" --coordinator "$cluster_grpc" --token-file "$cluster_run/worker-token" \
       --checkpoint-root "$cluster_run/checkpoints" --data-root "$cluster_run/data" \
-      --device "$device" "${metrics[@]}" ${CLUSTER_WORKER_FLAGS:-} >"$cluster_run/worker$i.log" 2>&1 &
+      --device "$device" "${metrics[@]}" ${CLUSTER_WORKER_FLAGS:-} ${!own:-} \
+      >"$cluster_run/worker$i.log" 2>&1 &
     cluster_pids+=($!)
     cluster_worker_pids+=($!)
   done
