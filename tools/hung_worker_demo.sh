@@ -6,8 +6,8 @@
 # timeout, naming it; the coordinator restarts the job from its checkpoint"). A coordinator and two
 # switchyard-worker agents (one per GPU, or CPU workers without GPUs) with --comm-timeout
 # COMM_TIMEOUT (default 8 s), then
-#   1. a job on both workers with expert parallelism 2 (every MoE layer dispatches over the two
-#      ranks) and a checkpoint every SAVE_INTERVAL steps trains;
+#   1. a job on both workers with expert parallelism 2 and the alltoall dispatcher (every MoE
+#      layer dispatches over the two ranks) and a checkpoint every SAVE_INTERVAL steps trains;
 #   2. after step STALL_AT, worker 1's process is SIGSTOPped: it stops inside a collective (the
 #      dispatch all-to-alls are most of the communication); worker 0's collective times out after
 #      COMM_TIMEOUT and its error names the MoE layer, phase and group; the coordinator marks
@@ -46,7 +46,8 @@ sed -e "s/^  train_iters: .*/  train_iters: $iters/" \
   -e "s/^  log_interval: .*/  log_interval: 10/" \
   -e "s/^  lr_warmup_iters: .*/  lr_warmup_iters: $((iters / 10))/" \
   -e "s/^  save_interval: .*/  save_interval: $save_interval/" \
-  -e "s/^  micro_batch_size: .*/  micro_batch_size: 4/" "$spec" >"$run/job.yaml"
+  -e "s/^  micro_batch_size: .*/  micro_batch_size: 4/" \
+  -e "s/^model:$/model:\n  moe_token_dispatcher_type: alltoall/" "$spec" >"$run/job.yaml"
 printf 'display_name: hung-worker\nmin_workers: 2\nmax_workers: 2\nmax_restarts: 3\n' >>"$run/job.yaml"
 printf 'parallel:\n  expert_model_parallel_size: 2\n' >>"$run/job.yaml"
 
