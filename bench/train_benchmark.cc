@@ -23,7 +23,7 @@
 //   train_benchmark [--model benchmark|small] [--steps 5] [--warmup 2] [--micro_batch N]
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
 //                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--cp 1] [--dry_run]
-//                   [--breakdown] [--delay_wgrad_compute]
+//                   [--breakdown] [--delay_wgrad_compute] [--checkpoint_dir DIR]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
@@ -112,6 +112,10 @@ ABSL_FLAG(bool, dry_run, false,
 ABSL_FLAG(bool, delay_wgrad_compute, false,
           "model.delay_wgrad_compute: the experts' fc1 wgrad on a side stream, overlapping the "
           "dispatch-backward all-to-all");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "--world N > 1: after the timed steps, time sharded checkpoints under this directory "
+          "(an asynchronous save with one training step during its write, a save waited for at "
+          "once, and a load of it); empty: none");
 ABSL_FLAG(bool, breakdown, false,
           "after the timed steps, run one more step with per-phase CUDA-event timing and print "
           "where the step's time goes (the timing itself synchronises once per micro-batch)");
@@ -369,6 +373,51 @@ void PrintDistPlan(const DistPlan& p) {
 
 // One rank: device `rank`, one non-blocking stream for the NCCL groups and the trainer. Writes
 // {"device", "step_ms": [...], "mem_used_gb", "final_loss"} to <dir>/rank_<rank>.json.
+// --checkpoint_dir (issue 14, "sharded save of that model"): on every rank, (1) an asynchronous
+// save (Save copies the state to the host, a background thread writes this rank's shards) with
+// one training step run while it writes, then WaitForSave (commits the manifest); (2) a save
+// waited for at once; (3) a Load of that checkpoint into the same trainer. Host-clock seconds;
+// bytes = every file of the step's directory (all ranks' shards and the manifest).
+absl::StatusOr<nlohmann::json> TimeCheckpoints(train::Trainer& tr, const std::string& root,
+                                               int rank, int world) {
+  auto seconds = [](absl::Time t0) { return absl::ToDoubleSeconds(absl::Now() - t0); };
+  absl::Time t0 = absl::Now();
+  SY_ASSIGN_OR_RETURN(const std::string async_dir, tr.Save(root));
+  const double copy_s = seconds(t0);
+  SY_ASSIGN_OR_RETURN(const train::StepResult during, tr.Step());
+  SY_RETURN_IF_ERROR(tr.WaitForSave());
+  const double async_total_s = seconds(t0);
+  int64_t bytes = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(async_dir)) {
+    if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
+  }
+  // Rank 0 removes the first checkpoint (disk space: a large model's two checkpoints may not
+  // fit); WaitForSave committed it, so every rank has finished writing, and nothing reads it.
+  if (rank == 0) std::filesystem::remove_all(async_dir);
+  t0 = absl::Now();
+  SY_ASSIGN_OR_RETURN(const std::string dir, tr.Save(root));
+  SY_RETURN_IF_ERROR(tr.WaitForSave());
+  const double save_s = seconds(t0);
+  t0 = absl::Now();
+  SY_RETURN_IF_ERROR(tr.Load(root, tr.step()));
+  const double load_s = seconds(t0);
+  if (rank == 0) {
+    std::printf(
+        "checkpoint (rank 0 of %d, %s): async save: host copy %.2f s, written and committed "
+        "%.2f s after it started, the step run during the write %.1f ms; save waited at once "
+        "%.2f s; load %.2f s; %.3f GiB on disk (%.3f GiB per rank)\n",
+        world, dir.c_str(), copy_s, async_total_s, during.step_ms, save_s, load_s,
+        bytes / 1073741824.0, bytes / 1073741824.0 / world);
+    std::fflush(stdout);
+  }
+  return nlohmann::json{{"async_copy_s", copy_s},
+                        {"async_total_s", async_total_s},
+                        {"step_ms_during_save", during.step_ms},
+                        {"save_s", save_s},
+                        {"load_s", load_s},
+                        {"bytes", bytes}};
+}
+
 absl::Status RankMain(const DistPlan& p, const std::string& dir, int rank) {
   int count = 0;
   SY_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
@@ -397,6 +446,8 @@ absl::Status RankMain(const DistPlan& p, const std::string& dir, int rank) {
     opt.peak_tflops = p.peak;
     opt.groups = groups.get();
     opt.cuda_stream = cs;
+    const std::string ckpt = absl::GetFlag(FLAGS_checkpoint_dir);
+    opt.async_save = !ckpt.empty();
     SY_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainer> tr, train::Trainer::Create(p.spec, opt));
     if (rank == 0) std::printf("device: %s x %d\n%s\n", prop.name, p.world, tr->Describe().c_str());
     std::vector<double> ms;
@@ -414,7 +465,12 @@ absl::Status RankMain(const DistPlan& p, const std::string& dir, int rank) {
       SY_ASSIGN_OR_RETURN(const size_t used, MemUsed());
       mem_max = std::max(mem_max, used);
     }
+    nlohmann::json ckpt_times;
+    if (!ckpt.empty()) {
+      SY_ASSIGN_OR_RETURN(ckpt_times, TimeCheckpoints(*tr, ckpt, rank, p.world));
+    }
     result = {{"device", prop.name},
+              {"checkpoint", ckpt_times},
               {"step_ms", ms},
               {"mem_used_gb", static_cast<double>(mem_max - mem_before) / (1024.0 * 1024 * 1024)},
               {"final_loss", last_loss}};
