@@ -91,6 +91,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "coordinator/planner/cost_model.h"
+#include "kernels/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
@@ -473,6 +474,11 @@ absl::Status RankMain(const DistPlan& p, const std::string& dir, int rank) {
               {"checkpoint", ckpt_times},
               {"step_ms", ms},
               {"mem_used_gb", static_cast<double>(mem_max - mem_before) / (1024.0 * 1024 * 1024)},
+              // The engine's own device buffers (kernels::Buffer counter) at their peak: what the
+              // planner's buffer terms estimate; mem_used_gb minus this is the CUDA/NCCL runtime.
+              {"buffers_peak_gb",
+               static_cast<double>(kernels::BufferMemory(DeviceType::kCuda).peak_bytes) /
+                   (1024.0 * 1024 * 1024)},
               {"final_loss", last_loss}};
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
   }  // the trainer, then the communicators, go before the stream
@@ -587,7 +593,17 @@ int DistributedMain(const DistPlan& p) {
     }
     spread = std::max(spread, slowest[i] - fastest);
   }
-  for (const nlohmann::json& rj : ranks) mem_gb = std::max(mem_gb, rj["mem_used_gb"].get<double>());
+  double buffers_gb = 0;
+  for (const nlohmann::json& rj : ranks) {
+    if (rj["mem_used_gb"].get<double>() >= mem_gb) {
+      mem_gb = rj["mem_used_gb"].get<double>();
+      buffers_gb = rj.value("buffers_peak_gb", 0.0);
+    }
+  }
+  std::printf(
+      "memory of the largest rank: %.2f GiB used (cudaMemGetInfo), %.2f GiB of it the "
+      "engine's buffers (peak of the Buffer counter), %.2f GiB CUDA/NCCL runtime\n",
+      mem_gb, buffers_gb, mem_gb - buffers_gb);
   const double step_ms = Median(slowest);
   const double tok_s = static_cast<double>(p.tokens_per_step) / (step_ms / 1e3);
   const double tflops_gpu = p.flops_per_token * tok_s / 1e12 / p.world;
