@@ -51,6 +51,10 @@ absl::StatusOr<bool> AnyRank(train::ProcessGroups* groups, bool mine, const Devi
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dev.data, &flag, sizeof(float), cudaMemcpyHostToDevice, stream));
   SY_RETURN_IF_ERROR(groups->world->AllReduce(dev, dev, comm::ReduceOp::kMax));
+  // The all-reduce returns before completing (communicator.h, "Completion"); the copy below to
+  // pageable memory blocks the host until the stream reaches it: wait for the collective first,
+  // bounded by the group's timeout (it follows everything enqueued on the stream before it).
+  SY_RETURN_IF_ERROR(groups->world->Synchronize());
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(&flag, dev.data, sizeof(float), cudaMemcpyDeviceToHost, stream));
   SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
