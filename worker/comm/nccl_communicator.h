@@ -262,9 +262,11 @@ class NcclCommunicator final : public Communicator {
 
 // Waits for `event` (recorded on some stream after collectives of `comms`) without risking an
 // unbounded host wait on a peer: first Synchronize() on every communicator in `comms` (each
-// bounded by its timeout; a failure is returned prefixed with `what`), after which every
+// bounded by its timeout; a failure is returned as is: it names the group, this rank and the
+// failed operation), after which every
 // collective those communicators enqueued before the event has completed, so what remains before
-// the event is local work; then cudaEventSynchronize(event). `comms` must list every
+// the event is local work; then cudaEventSynchronize(event) (a CUDA error is prefixed with
+// `what`). `comms` must list every
 // communicator whose operations precede the event (null entries are skipped). Use it in place of
 // a bare cudaEventSynchronize / cudaStreamSynchronize after collectives.
 absl::Status WaitEvent(absl::Span<Communicator* const> comms, cudaEvent_t event,

@@ -207,8 +207,8 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, cs));
     // The AllGather returned once enqueued: a bounded wait (the EP group's Synchronize, then the
     // event, which then waits for local work only), so a stuck peer fails here naming the layer.
-    SY_RETURN_IF_ERROR(Comm("dispatch (forward)",
-                            comm::WaitEvent(*ep_, done, "waiting for the gathered token counts")));
+    SY_RETURN_IF_ERROR(
+        Comm("dispatch (forward)", comm::WaitEvent(*ep_, done, "the gathered token counts")));
     c = host_counts;
   }
   global_tokens_ = 0;
