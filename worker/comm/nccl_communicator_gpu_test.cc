@@ -311,6 +311,7 @@ int RunCollectives(const std::string& dir, int rank, int world, bool blocking) {
         Exact("Broadcast", got, [](int64_t i) { return static_cast<double>(i % 200 - 100); }));
   }
   SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
 
   // Argument errors come back before any communication and name the group.
   {
@@ -322,6 +323,7 @@ int RunCollectives(const std::string& dir, int rank, int world, bool blocking) {
     SY_CHILD_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
     SY_CHILD_OK(comm.Barrier());  // not broken by an argument error
+    SY_CHILD_OK(comm.Synchronize());
   }
 
   {  // Sub-groups: by parity (NCCL split colors 0 and 1), and all ranks in reverse order.
@@ -357,6 +359,7 @@ int RunCollectives(const std::string& dir, int rank, int world, bool blocking) {
     CHILD_CUDA(all.Download(&got));
     SY_CHILD_CHECK(Exact("reversed AllGather", got, [&](int64_t c) { return w - 1.0 - c; }));
     SY_CHILD_OK(comm.Barrier());  // the world group still works after the splits
+    SY_CHILD_OK(comm.Synchronize());
   }
 
   // Abort: later calls are ABORTED; idempotent.
@@ -384,6 +387,7 @@ int RunKilledPeer(const std::string& dir, int rank, int world) {
   CHILD_CUDA(v.Upload(std::vector<int32_t>(1024, 1), rank));
   SY_CHILD_OK(comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
   SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
   if (rank == world - 1) {
     std::fflush(nullptr);
     _exit(0);  // dies without tearing NCCL down
@@ -417,7 +421,7 @@ void SetBlockingEnv(const char* value) {
 // in < 100 ms, before the collective can complete (an event recorded on the stream right after
 // the call is still pending), Synchronize() then waits about kDelay and the data is exact.
 // Blocking (NcclOptions::blocking or SWITCHYARD_NCCL_BLOCKING=1): the other ranks' call itself
-// takes about kDelay, the event after it has completed at once, and the output is exact.
+// takes about kDelay and the output is exact when read right after it, before Synchronize().
 constexpr absl::Duration kDelay = absl::Seconds(1);
 
 int RunDelayedPeer(const std::string& dir, int rank, int world, bool blocking_option,
@@ -446,6 +450,7 @@ int RunDelayedPeer(const std::string& dir, int rank, int world, bool blocking_op
   SY_CHILD_OK(comm.Barrier());
   SY_CHILD_OK(comm.Synchronize());
   CHILD_CUDA(cudaMemset(out.tensor().data, 0xFF, n * sizeof(float)));
+  CHILD_CUDA(cudaDeviceSynchronize());  // the legacy-stream memset is done before the collective
 
   if (rank == 0) absl::SleepFor(kDelay);
   const absl::Time start = absl::Now();
@@ -455,6 +460,15 @@ int RunDelayedPeer(const std::string& dir, int rank, int world, bool blocking_op
   CHILD_CUDA(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
   CHILD_CUDA(cudaEventRecord(after, comm.stream()));
   const cudaError_t pending = cudaEventQuery(after);
+  if (want_blocking) {
+    // The call returned only after the collective completed: the output is readable at once,
+    // without Synchronize() (the copy below runs on the legacy stream, not after comm.stream()).
+    std::vector<float> early;
+    CHILD_CUDA(out.Download(&early));
+    SY_CHILD_CHECK(Exact("blocking AllReduce read right after the call", early, [&](int64_t i) {
+      return world * (world + 1) / 2.0 * static_cast<double>(i % 13);
+    }));
+  }
   const absl::Time sync_start = absl::Now();
   SY_CHILD_OK(comm.Synchronize());
   const absl::Duration sync = absl::Now() - sync_start;
@@ -466,7 +480,6 @@ int RunDelayedPeer(const std::string& dir, int rank, int world, bool blocking_op
     if (want_blocking) {
       // The call waited for rank 0 (a little slack for its clock starting before ours).
       SY_CHILD_CHECK(call >= kDelay - absl::Milliseconds(300));
-      SY_CHILD_CHECK(pending == cudaSuccess);
     } else {
       SY_CHILD_CHECK(call < absl::Milliseconds(100));
       SY_CHILD_CHECK(pending == cudaErrorNotReady);  // the collective had not completed
