@@ -20,10 +20,11 @@
 // cudaMemcpyAsync, the next collective) is ordered after it, so device-side consumers need
 // nothing more. The HOST must not read an output, nor reuse or free an input or output, until
 // the operation has completed: call Synchronize() (bounded by the timeout), or record an event
-// after the call and wait for it with comm::WaitEvent below. NEVER use an unbounded
-// cudaStreamSynchronize / cudaEventSynchronize / synchronous cudaMemcpy to wait for a collective:
-// a stuck peer would hang it (and a synchronous cudaMemcpy on the legacy default stream does not
-// even wait for a non-blocking stream). Only the enqueue itself can briefly wait on the host: a
+// after the call and wait for it with comm::WaitEvent below. Do not wait for a collective with a
+// bare cudaStreamSynchronize / cudaEventSynchronize / synchronous cudaMemcpy: with a stuck peer it
+// returns only when the watchdog aborts the communicator at the deadline, and then with garbage
+// and no error (and a synchronous cudaMemcpy on the legacy default stream does not even wait for
+// a non-blocking stream). Only the enqueue itself can briefly wait on the host: a
 // non-blocking NCCL communicator may return ncclInProgress before its kernels are on the stream
 // (e.g. while it connects to a peer the first time), and the call polls ncclCommGetAsyncError,
 // bounded by the timeout, until NCCL has finished enqueueing, so that the event follows the work.
