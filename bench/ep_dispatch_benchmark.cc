@@ -5,14 +5,16 @@
 // uniformly random top-k routing (k distinct experts per token), it times with CUDA events on the
 // dispatcher's stream, median over --iters after --warmup:
 //   dispatch   the Dispatch phase (count all-gather, the one D2H split copy + sync, the all-to-alls
-//              of rows and probs)
-//   combine    the Combine phase (the all-to-all of the expert outputs back)
+//              of the token rows and of their routing rows: each token once per destination rank)
+//   combine    the Combine phase (the all-to-all of the per-token partial sums back)
 //   6 phases   DispatchPreprocess .. CombinePostprocess (no expert compute: expert_out is zeros)
 // and, for comparison, a plain NcclCommunicator::AllToAllV moving the SAME bytes per peer (rows +
-// probs for dispatch, rows for combine) on the same communicator: the "NCCL all-to-all peak for
-// the same bytes". Bandwidth = bytes this rank sends to OTHER ranks / time, averaged over ranks,
-// with each rank's median time and the SLOWEST rank's time used (a phase ends when the last rank
-// is done). Prints a table and one JSON line (prefix "JSON ").
+// routing rows for dispatch, rows for combine) on the same communicator: the "NCCL all-to-all peak
+// for the same bytes". Bandwidth = bytes this rank sends to OTHER ranks / time, averaged over
+// ranks, with each rank's median time and the SLOWEST rank's time used (a phase ends when the last
+// rank is done). "slot MB" is what a per-(token, expert) dispatch (Megatron's alltoall) would send
+// to other ranks for the same routing (H bf16 + one f32 prob per slot): the deduplication's saving.
+// Prints a table and one JSON line (prefix "JSON ").
 //
 //   ep_dispatch_benchmark --ep 2|4 [--configs qwen3_30b_a3b,dsv3_layer] [--iters 20] [--warmup 5]
 //                         [--dry_run]
@@ -117,6 +119,7 @@ double Median(std::vector<double> v) {
 struct RankResult {
   double dispatch_ms = 0, combine_ms = 0, total_ms = 0, nccl_dispatch_ms = 0, nccl_combine_ms = 0;
   int64_t dispatch_bytes_off = 0, combine_bytes_off = 0;  // sent to other ranks
+  int64_t slot_bytes_off = 0;  // what a per-slot dispatch would send to other ranks
 };
 
 // k distinct uniformly random experts per token, probs in (0, 1); x uniform in [-1, 1) (bf16).
@@ -211,15 +214,19 @@ absl::StatusOr<RankResult> RunConfig(comm::NcclCommunicator& comm, cudaStream_t 
   }
 
   // The same bytes per peer through one plain AllToAllV (bf16 elements): dispatch moves H bf16 +
-  // one f32 prob (= 2 bf16 elements) per row, combine H bf16 per row.
+  // the routing row (2k f32 = 4k bf16 elements) per token row, combine H bf16 per row.
   const std::vector<int64_t>& in_rows = d->input_splits();
   const std::vector<int64_t>& out_rows = d->output_splits();
   RankResult r;
+  const int64_t local = c.e / ep;
+  for (int32_t e : hidx) {
+    if (e >= 0 && e / local != rank) r.slot_bytes_off += (c.h + 2) * 2;
+  }
   std::vector<int64_t> send_d(ep), recv_d(ep), send_c(ep), recv_c(ep);
   int64_t sent_d = 0, recv_dn = 0, sent_c = 0, recv_cn = 0;
   for (int j = 0; j < ep; ++j) {
-    send_d[j] = in_rows[j] * (c.h + 2);
-    recv_d[j] = out_rows[j] * (c.h + 2);
+    send_d[j] = in_rows[j] * (c.h + 4 * c.k);
+    recv_d[j] = out_rows[j] * (c.h + 4 * c.k);
     send_c[j] = out_rows[j] * c.h;
     recv_c[j] = in_rows[j] * c.h;
     sent_d += send_d[j];
@@ -285,7 +292,8 @@ absl::Status RankMain(const Args& a, const std::string& dir, int rank) {
                        {"nccl_dispatch_ms", r->nccl_dispatch_ms},
                        {"nccl_combine_ms", r->nccl_combine_ms},
                        {"dispatch_bytes_off", r->dispatch_bytes_off},
-                       {"combine_bytes_off", r->combine_bytes_off}};
+                       {"combine_bytes_off", r->combine_bytes_off},
+                       {"slot_bytes_off", r->slot_bytes_off}};
     }
   }
   SY_CUDA_RETURN_IF_ERROR(cudaStreamDestroy(cs));
@@ -337,11 +345,15 @@ void PrintPlan(const Args& a) {
   json plan = json::array();
   for (const std::string& name : a.configs) {
     const EpConfig& c = Configs().at(name);
-    // Uniform routing: a rank sends (EP-1)/EP of its T*k rows to other ranks.
-    const double rows_off = static_cast<double>(c.t * c.k) * (a.ep - 1) / a.ep;
-    const double mb = rows_off * (2.0 * c.h + 4.0) / 1e6;
+    // Uniform routing (k distinct experts): a token reaches another given rank unless none of
+    // its k slots is there, with probability 1 - C(E - L, k) / C(E, k); it is sent there once.
+    const int64_t l = c.e / a.ep;
+    double none = 1.0;
+    for (int64_t s = 0; s < c.k; ++s) none *= static_cast<double>(c.e - l - s) / (c.e - s);
+    const double rows_off = static_cast<double>(c.t) * (a.ep - 1) * (1.0 - none);
+    const double mb = rows_off * (2.0 * c.h + 8.0 * c.k) / 1e6;
     std::printf(
-        "  %-14s H=%ld E=%ld (L=%ld per rank) k=%ld T=%ld per GPU: ~%.0f rows, ~%.1f MB "
+        "  %-14s H=%ld E=%ld (L=%ld per rank) k=%ld T=%ld per GPU: ~%.0f token rows, ~%.1f MB "
         "off-rank per dispatch\n",
         name.c_str(), static_cast<long>(c.h), static_cast<long>(c.e), static_cast<long>(c.e / a.ep),
         static_cast<long>(c.k), static_cast<long>(c.t), rows_off, mb);
@@ -398,13 +410,13 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n%-14s %3s | %9s %9s %9s | %10s %9s %9s %6s | %10s %9s %9s %6s\n", "config", "EP",
-              "disp ms", "comb ms", "6ph ms", "disp MB", "disp GB/s", "nccl GB/s", "ratio",
-              "comb MB", "comb GB/s", "nccl GB/s", "ratio");
+  std::printf("\n%-14s %3s | %9s %9s %9s | %10s %9s %9s %9s %6s | %10s %9s %9s %6s\n", "config",
+              "EP", "disp ms", "comb ms", "6ph ms", "slot MB", "disp MB", "disp GB/s", "nccl GB/s",
+              "ratio", "comb MB", "comb GB/s", "nccl GB/s", "ratio");
   json rows = json::array();
   for (const std::string& name : a->configs) {
     // Slowest rank's median time; bytes averaged over ranks.
-    double dm = 0, cm = 0, tm = 0, ndm = 0, ncm = 0, db = 0, cb = 0;
+    double dm = 0, cm = 0, tm = 0, ndm = 0, ncm = 0, db = 0, cb = 0, sb = 0;
     for (const json& rj : ranks) {
       const json& v = rj.at(name);
       dm = std::max(dm, v.at("dispatch_ms").get<double>());
@@ -414,14 +426,15 @@ int Main(int argc, char** argv) {
       ncm = std::max(ncm, v.at("nccl_combine_ms").get<double>());
       db += v.at("dispatch_bytes_off").get<double>() / a->ep;
       cb += v.at("combine_bytes_off").get<double>() / a->ep;
+      sb += v.at("slot_bytes_off").get<double>() / a->ep;
     }
     auto gbs = [](double bytes, double ms) { return ms > 0 ? bytes / (ms * 1e6) : 0.0; };
     const double dbw = gbs(db, dm), ndbw = gbs(db, ndm), cbw = gbs(cb, cm), ncbw = gbs(cb, ncm);
     std::printf(
-        "%-14s %3d | %9.3f %9.3f %9.3f | %10.1f %9.1f %9.1f %6.2f | %10.1f %9.1f %9.1f "
+        "%-14s %3d | %9.3f %9.3f %9.3f | %10.1f %10.1f %9.1f %9.1f %6.2f | %10.1f %9.1f %9.1f "
         "%6.2f\n",
-        name.c_str(), a->ep, dm, cm, tm, db / 1e6, dbw, ndbw, ndbw > 0 ? dbw / ndbw : 0.0, cb / 1e6,
-        cbw, ncbw, ncbw > 0 ? cbw / ncbw : 0.0);
+        name.c_str(), a->ep, dm, cm, tm, sb / 1e6, db / 1e6, dbw, ndbw, ndbw > 0 ? dbw / ndbw : 0.0,
+        cb / 1e6, cbw, ncbw, ncbw > 0 ? cbw / ncbw : 0.0);
     rows.push_back({{"config", name},
                     {"dispatch_ms", dm},
                     {"combine_ms", cm},
@@ -430,6 +443,7 @@ int Main(int argc, char** argv) {
                     {"nccl_a2a_combine_bytes_ms", ncm},
                     {"dispatch_bytes_off_rank", db},
                     {"combine_bytes_off_rank", cb},
+                    {"slot_bytes_off_rank", sb},
                     {"dispatch_gbps", dbw},
                     {"nccl_peak_dispatch_gbps", ndbw},
                     {"combine_gbps", cbw},

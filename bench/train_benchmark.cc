@@ -23,7 +23,7 @@
 //   train_benchmark [--model benchmark|small] [--steps 5] [--warmup 2] [--micro_batch N]
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
 //                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--cp 1] [--dry_run]
-//                   [--breakdown]
+//                   [--breakdown] [--delay_wgrad_compute]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
@@ -109,6 +109,9 @@ ABSL_FLAG(int, layers, 0, "number of layers override (0: the model's)");
 ABSL_FLAG(std::string, torch_json, "", "results of torch_train_baseline.py --json, for the ratio");
 ABSL_FLAG(bool, dry_run, false,
           "validate the model's JobSpec and print its parameter and FLOP counts; no GPU needed");
+ABSL_FLAG(bool, delay_wgrad_compute, false,
+          "model.delay_wgrad_compute: the experts' fc1 wgrad on a side stream, overlapping the "
+          "dispatch-backward all-to-all");
 ABSL_FLAG(bool, breakdown, false,
           "after the timed steps, run one more step with per-phase CUDA-event timing and print "
           "where the step's time goes (the timing itself synchronises once per micro-batch)");
@@ -144,7 +147,9 @@ absl::StatusOr<BenchModel> SelectModel(const std::string& name) {
 }
 
 v1::JobSpec MakeSpec(const std::string& name, const BenchModel& b, int64_t iters) {
-  return MakeBenchSpec(name, b, iters);
+  v1::JobSpec spec = MakeBenchSpec(name, b, iters);
+  spec.mutable_model()->set_delay_wgrad_compute(absl::GetFlag(FLAGS_delay_wgrad_compute));
+  return spec;
 }
 
 // Device memory in use (total - free), in bytes.

@@ -10,7 +10,9 @@
 #   cluster_start_coordinator [FLAG...]   extra coordinator flags; sets cluster_grpc
 #   cluster_start_workers N           one agent per GPU (cuda:i mod GPUs), or CPU agents without
 #                                     GPUs; QUICKSTART_METRICS_PORT: worker i serves /metrics on
-#                                     127.0.0.1:PORT+i
+#                                     127.0.0.1:PORT+i; CLUSTER_WORKER_FLAGS: extra worker flags
+#                                     (all workers), CLUSTER_WORKER<i>_FLAGS: worker i's own
+#   cluster_worker_pid I              the pid of worker I (0-based)
 #   cluster_syctl ARGS...             syctl against this coordinator with the API token
 
 # Binary NAME under BIN_DIR/SUB (bazel-bin) or BIN_DIR (a flat folder).
@@ -22,6 +24,7 @@ cluster_init() {
   cluster_bin=$1
   cluster_run=$2
   cluster_pids=()
+  cluster_worker_pids=()
   cluster_coordinator_bin=$(cluster_exe coordinator switchyard-coordinator)
   cluster_worker_bin=$(cluster_exe worker switchyard-worker)
   cluster_syctl_bin=$(cluster_exe cli syctl)
@@ -78,11 +81,16 @@ cluster_start_workers() {
     if [[ -n ${QUICKSTART_METRICS_PORT:-} ]]; then
       metrics=(--metrics-port $((QUICKSTART_METRICS_PORT + i)) --metrics-bind-address 127.0.0.1)
     fi
+    local own="CLUSTER_WORKER${i}_FLAGS"
     "$cluster_worker_bin" --coordinator "$cluster_grpc" --token-file "$cluster_run/worker-token" \
       --checkpoint-root "$cluster_run/checkpoints" --data-root "$cluster_run/data" \
-      --device "$device" "${metrics[@]}" >"$cluster_run/worker$i.log" 2>&1 &
+      --device "$device" "${metrics[@]}" ${CLUSTER_WORKER_FLAGS:-} ${!own:-} \
+      >"$cluster_run/worker$i.log" 2>&1 &
     cluster_pids+=($!)
+    cluster_worker_pids+=($!)
   done
 }
+
+cluster_worker_pid() { echo "${cluster_worker_pids[$1]}"; }
 
 cluster_syctl() { "$cluster_syctl_bin" --coordinator "$cluster_grpc" --token-file "$cluster_run/token" "$@"; }

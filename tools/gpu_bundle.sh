@@ -10,6 +10,8 @@
 #     torch_train_baseline.py (the PyTorch training-step reference, from bench/),
 #     run_gpu_tests.sh, run_gpu_bench.sh, quickstart_cluster.sh (+ quickstart.yaml and
 #     cluster_lib.sh: the cluster quickstart, `./quickstart_cluster.sh . quickstart.yaml`),
+#     hung_worker_demo.sh (`./hung_worker_demo.sh . quickstart.yaml`: a worker SIGSTOPped inside the
+#     EP dispatch, the survivor fails within the timeout, the job restarts from its checkpoint),
 #     preempt_demo.sh (`./preempt_demo.sh . quickstart.yaml`: preemption at a checkpoint on two
 #     workers), eval_check.sh + hf_eval_check.py (`./eval_check.sh . quickstart.yaml`: validation
 #     loss in training, --eval on the checkpoint and on the HF export vs transformers) and MANIFEST.
@@ -161,11 +163,11 @@ else
 fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
-cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh tools/eval_check.sh \
+cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh tools/hung_worker_demo.sh tools/eval_check.sh \
   tools/hf_eval_check.py "$bundle/"
 cp examples/quickstart.yaml "$bundle/quickstart.yaml"
 chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/quickstart_cluster.sh" \
-  "$bundle/preempt_demo.sh" "$bundle/eval_check.sh"
+  "$bundle/preempt_demo.sh" "$bundle/hung_worker_demo.sh" "$bundle/eval_check.sh"
 
 {
   echo "Switchyard GPU bundle"

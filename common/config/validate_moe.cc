@@ -131,6 +131,15 @@ void CheckLayersAndExperts(const v1::JobSpec& spec, Violations* v) {
   const ParallelSizes p = ParallelSizes::From(spec.parallel());
   CheckOneOf(v, "model.moe_token_dispatcher_type", m.moe_token_dispatcher_type(),
              {"allgather", "alltoall"});
+  if (m.delay_wgrad_compute() && m.moe_token_dispatcher_type() != "alltoall") {
+    v->Add(
+        "model.delay_wgrad_compute requires model.moe_token_dispatcher_type \"alltoall\" (got "
+        "\"",
+        m.moe_token_dispatcher_type().empty()
+            ? "allgather"
+            : config_internal::DisplayKey(m.moe_token_dispatcher_type()),
+        "\")");
+  }
   if (m.moe_shared_expert_overlap() && m.moe_token_dispatcher_type() != "alltoall") {
     v->Add(
         "model.moe_shared_expert_overlap requires model.moe_token_dispatcher_type "

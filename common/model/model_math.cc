@@ -328,21 +328,32 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       bytes += 4 * a * rows * h + 2 * r * rows + 4 * local + 4 * (groups + 1);
       if (o.cuda) bytes += (std::ceil(g / 128) + 1) * local * 4;  // permute workspace
     } else {
-      const double sent = tr * k;
-      // The receive side follows the counts (AllToAllDispatcher, "Receive buffers"): it starts
-      // at the balanced receipt plus a quarter, min(B, t·k + floor(t·k/4)) rows per ETP peer
-      // (B = EP·t·min(k, E/EP) the bound), and grows only when routing is more uneven than that.
-      rows = z.etp * std::min(z.ep * tr * std::min(k, local), tr * k + std::floor(tr * k / 4));
-      // Send side: one buffer of rows and one of probs (permuted, combined and their gradients
-      // in turn) and the row map.
-      // Receive side: the receipt, the expert input and one buffer for the expert output and
-      // the two expert-side gradients (shared, dispatcher.h), 3a·R·H, with 3 probs buffers.
-      // With ETP > 1 the receipt (R/ETP rows) is all-gathered over ETP into R rows and padded
-      // (GrowExpertSide: tp_x, padded_x and their probs), two more R-row buffers.
-      const double recv = rows / z.etp, expert_side = recv + (z.etp > 1 ? 4 : 2) * rows;
-      bytes += a * sent * h + r * sent + 4 * sent + (a * h + r) * expert_side;
-      bytes += 4 * z.ep * e + 4 * (z.ep * local + local);
-      if (o.cuda) bytes += std::max((std::ceil(tr / 128) + 1) * e * 4, (2 * z.ep * local + 1) * 8);
+      // AllToAllDispatcher (worker/model/alltoall_dispatcher.cc, Create): token-deduplicating,
+      // each token sent once per destination rank with its routing row (2k probs-dtype values).
+      // Send side, S = t·min(EP, k) token rows: rows a·S·H, routing rows 2r·S·k, probs r·S; the
+      // rank routing (index, row map 8t·EP, two probs operands 2r·t·EP) and the routing rows
+      // 2r·t·k; counts 4(E + EP)(1 + EP (+ ETP·EP)) and tokens per expert 4L.
+      const double p = z.ep, q = z.etp, sent = tr * std::min(p, k);
+      bytes += a * sent * h + 2 * r * sent * k + r * sent;
+      bytes += 8 * tr * p + 2 * r * tr * p + 2 * r * tr * k;
+      bytes += 4 * (e + p) * (1 + p + (q > 1 ? q * p : 0)) + 4 * local;
+      // Received side, sized by the counts ("Receive buffers"), estimated at its initial size
+      // Rc = min(EP·t, S + ⌊S/4⌋) token rows per ETP peer: rows a·Rc·H and routing rows 2r·Rc·k;
+      // with ETP > 1 the gathered and padded copies 2a·ETP·Rc·H, 2r·ETP·Rc·k + r·ETP·Rc·k;
+      // the local routing (index, row map, probs) (8 + r)·ETP·Rc·k.
+      const double rc = std::min(p * tr, sent + std::floor(sent / 4));
+      bytes += a * rc * h + 2 * r * rc * k + (8 + r) * q * rc * k;
+      if (q > 1) bytes += 2 * a * q * rc * h + 3 * r * q * rc * k;
+      // Expert side, X = min(XB, ETP·(t·k + ⌊t·k/4⌋)) rows (XB = ETP·EP·t·min(k, L), the
+      // bound): input and one buffer for the output and both gradients (shared, dispatcher.h)
+      // 2a·X·H, probs and their gradient 2r·X. Routing more uneven than 1.25x the mean grows X
+      // (and the 6a·X·Fe/ETP below) on the ranks that receive more, up to XB.
+      rows = q * std::min(p * tr * std::min(k, local), tr * k + std::floor(tr * k / 4));
+      bytes += 2 * a * rows * h + 2 * r * rows;
+      if (o.cuda) {
+        bytes += std::max((std::ceil(tr / 128) + 1) * p * 4,
+                          (std::ceil(q * p * tr / 128) + 1) * local * 4);  // permute workspace
+      }
     }
     bytes += 6 * a * rows * fe;  // fc1 output, SwiGLU output and their gradients
     const double b = m.moe_seq_aux ? std::max(1.0, std::floor(tr / m.seq_length)) : 1;

@@ -179,18 +179,17 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //                 allgather (EP or ETP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
 //                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
 //                   reduced y and probs a·t·H + r·t·k, expert side 4a·R·H + 2r·R;
-//                 alltoall (EP or ETP > 1): send side (t·k rows), one buffer for the permuted rows,
-//                   the combined rows and their gradient in turn, a·t·k·H + r·t·k, + row map
-//                   4t·k; receive side sized by the counts
-//                   (alltoall_dispatcher.h "Receive buffers"), estimated at its initial size,
-//                   the balanced receipt plus a quarter: R = ETP·min(B, t·k + ⌊t·k/4⌋) rows with
-//                   B = EP·t·min(k, E/EP) the bound (every token of every EP rank routed here),
-//                   3a·R·H + 3r·R (receipt, expert input, and one buffer for the expert
-//                   output and both expert-side gradients; with ETP > 1 the receipt is R/ETP
-//                   rows and the ETP-gathered and padded copies add 2 of R rows, so
-//                   (a·H + r)·(R/ETP + 4R)); routing more uneven than 1.25x the
-//                   mean grows R (and the
-//                   6a·R·Fe/ETP above) on the ranks that receive more, up to ETP·B;
+//                 alltoall (EP or ETP > 1, token-deduplicating): send side S = t·min(EP, k)
+//                   token rows a·S·H + routing rows 2r·S·k + r·S, rank routing 8t·EP +
+//                   2r·t·EP + 2r·t·k, counts; received side at its initial size
+//                   Rc = min(EP·t, S + ⌊S/4⌋) token rows per ETP peer: a·Rc·H + 2r·Rc·k +
+//                   local routing (8 + r)·ETP·Rc·k (+ with ETP > 1 the gathered and padded
+//                   copies 2a·ETP·Rc·H + 3r·ETP·Rc·k); expert side R = ETP·min(B, t·k + ⌊t·k/4⌋)
+//                   rows (B = EP·t·min(k, E/EP), the bound): 2a·R·H + 2r·R (input, and one
+//                   buffer for the output and both gradients); both sides follow the counts
+//                   (alltoall_dispatcher.h "Receive buffers"): routing more uneven than 1.25x
+//                   the mean grows them (and the 6a·R·Fe/ETP above) on the ranks that receive
+//                   more, up to their bounds;
 //               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
 //               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense

@@ -10,8 +10,11 @@
 //   (a) LocalDispatcher on the concatenated global batch (ranks' tokens in rank order): the rows,
 //       probs and counts this rank's experts receive, and the expert-side gradient rows, must
 //       equal that run's rows for the same global experts, bit for bit and in the same order;
-//   (b) LocalDispatcher on this rank's own tokens: the combined output, dx and d_topk_probs must be
-//       bit-identical (both sum the same expert rows in the same slot order).
+//   (b) this rank's own tokens: the combined output and dx must equal, bit for bit, the
+//       deduplicating dispatcher's two-level sum (per EP rank in slot order, then over the ranks
+//       in rank order, each level in fp64 rounded once: ep_test::RunTwoLevel, the arithmetic of
+//       alltoall_dispatcher.h's "Numerics of the sums"), and d_topk_probs LocalDispatcher's on the
+//       same tokens; with one rank the two-level sum IS LocalDispatcher's (checked bit for bit).
 // The "experts" are identity experts that apply the routing prob (expert_out = expert_x * prob;
 // backward d_expert_x = d_expert_out * prob, d_prob = <d_expert_out, expert_x>), so the round trip
 // returns out[t] = sum over kept slots s of x[t] * p[t, s], i.e. x times the sum of the token's
@@ -21,6 +24,7 @@
 // different token counts) and one expert receives no token from any rank.
 #include "worker/model/alltoall_dispatcher.h"
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -48,6 +52,7 @@ using ep_test::PrintConfig;
 using ep_test::Result;
 using ep_test::RunLocal;
 using ep_test::RunStep;
+using ep_test::RunTwoLevel;
 using ep_test::SameBits;
 
 // Checks a dispatcher's result for `rank` against both references (see the file comment).
@@ -56,21 +61,23 @@ int CheckAgainstReferences(const Config& c, const std::vector<Batch>& all, int r
   const Batch& mine = all[rank];
   // (a) the global batch through one LocalDispatcher.
   if (CheckExpertSide(c, all, rank, got) != 0) return 1;
-  // (b) this rank's tokens through one LocalDispatcher: bit-identical output and gradients.
-  absl::StatusOr<Result> local = RunLocal(mine, c);
-  SY_CHILD_OK(local.status());
-  SY_CHILD_CHECK(SameBits(got.out, local->out));
-  SY_CHILD_CHECK(SameBits(got.dx, local->dx));
-  SY_CHILD_CHECK(SameBits(got.d_topk_probs, local->d_topk_probs));
-  // The round trip is x * (sum of the kept probs), summed in slot order in fp64, rounded once.
+  // (b) this rank's tokens: the two-level sums bit for bit, d_topk_probs exactly LocalDispatcher's.
+  absl::StatusOr<Result> want = RunTwoLevel(mine, c, c.world);
+  SY_CHILD_OK(want.status());
+  SY_CHILD_CHECK(SameBits(got.out, want->out));
+  SY_CHILD_CHECK(SameBits(got.dx, want->dx));
+  SY_CHILD_CHECK(SameBits(got.d_topk_probs, want->d_topk_probs));
+  // And within fp32 rounding of the one-level round trip x * (sum of the kept probs): the
+  // partial sums add at most one rounding per rank.
   for (int64_t t = 0; t < mine.t; ++t) {
     for (int64_t h = 0; h < c.hidden; ++h) {
-      double acc = 0;
+      double acc = 0, mag = 0;
       for (int s = 0; s < c.topk; ++s) {
         if (mine.idx[t * c.topk + s] < 0) continue;
         acc += mine.x[t * c.hidden + h] * mine.probs[t * c.topk + s];
+        mag += std::abs(mine.x[t * c.hidden + h] * mine.probs[t * c.topk + s]);
       }
-      SY_CHILD_CHECK(got.out[t * c.hidden + h] == static_cast<float>(acc));
+      SY_CHILD_CHECK(std::abs(got.out[t * c.hidden + h] - acc) <= 1e-6 * mag + 1e-30);
     }
   }
   return 0;
@@ -105,7 +112,8 @@ int DistributedChild(const Config& c, uint32_t seed, const std::string& dir, int
   // The expert side follows the counts (alltoall_dispatcher.h, "Receive buffers"): it holds this
   // micro-batch's rows, never more than the bound, and starts at the balanced receipt + 1/4.
   const int64_t cap = (*d)->ExpertRowCapacity(), bound = (*d)->ExpertRowBound();
-  const int64_t initial = std::min(bound, max_tokens * c.topk + (max_tokens * c.topk) / 4);
+  const int64_t initial =
+      std::min(bound, max_tokens * c.topk + (max_tokens * c.topk) / 4);  // ETP 1
   SY_CHILD_CHECK(cap >= recv && cap <= bound && cap >= initial);
   // Growth is to max(needed, 1.25 x current): at most a quarter above the most rows seen.
   if (max_rows_seen <= initial) SY_CHILD_CHECK(cap == initial);
@@ -239,8 +247,8 @@ TEST(AllToAllDispatcherTest, SixRanksOneReceivesOverFourTimesTheMean) {
 // outgrows the initial capacity (checked) and the ETP buffers (gathered rows, padded
 // reduce-scatter inputs) grow with it while EP rank 1's stay at their initial size. Identity-prob
 // experts run on every ETP peer, and the combine's ETP reduce-scatter sums the two peers' equal
-// outputs, so out, dx and d_topk_probs are exactly twice LocalDispatcher's on this rank's own
-// tokens.
+// outputs, so out, dx and d_topk_probs are exactly twice the two-level sums (RunTwoLevel) on this
+// rank's own tokens.
 int EtpChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
   absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> world = ConnectGloo(dir, rank, c.world);
   SY_CHILD_OK(world.status());
@@ -261,7 +269,7 @@ int EtpChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
     const std::vector<Batch> all = MakeGlobal(c, seed + step);
     Result got;
     SY_CHILD_OK(RunStep(**d, all[rank], c.hidden, c.topk, &got));
-    absl::StatusOr<Result> local = RunLocal(all[rank], c);
+    absl::StatusOr<Result> local = RunTwoLevel(all[rank], c, /*ep_size=*/2);
     SY_CHILD_OK(local.status());
     auto twice = [](std::vector<float> v) {
       for (float& x : v) x *= 2;
@@ -281,8 +289,8 @@ int EtpChild(const Config& c, uint32_t seed, const std::string& dir, int rank) {
                rank, etp_rank, ep_rank, static_cast<long>(most), static_cast<long>(cap),
                static_cast<long>(initial), static_cast<long>((*d)->ExpertRowBound()));
   SY_CHILD_CHECK(cap >= most && cap <= (*d)->ExpertRowBound());
-  // The hot EP rank grew (an ETP peer received more than initial / ETP: the gathered side is
-  // ETP x the largest peer's receipt).
+  // The hot EP rank grew (its ETP peers' expert rows together outgrew the initial ETP x the
+  // balanced receipt + 1/4).
   if (ep_rank == 0) SY_CHILD_CHECK(cap > initial);
   if (ep_rank == 1) SY_CHILD_CHECK(cap == initial);
   return 0;
@@ -294,7 +302,8 @@ TEST(AllToAllDispatcherTest, EtpTwoEpTwoHotExpertsGrowTheGatheredSide) {
   c.num_experts = 4;
   c.topk = 2;
   c.hidden = 4;
-  c.tokens = {12, 5, 16, 9};
+  // ~110 of the 122 slots go to EP rank 0's experts: more than the initial 80 expert rows.
+  c.tokens = {16, 14, 16, 15};
   c.hot_experts = {0, 1};  // EP rank 0's
   const uint32_t seed = std::random_device{}();
   PrintConfig("etp2ep2hot", c, seed);

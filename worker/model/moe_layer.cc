@@ -88,6 +88,7 @@ absl::StatusOr<MoELayerConfig> MoELayerConfig::FromProto(const v1::ModelConfig& 
   c.shared_expert_gate = m.moe_shared_expert_gate();
   c.pad_to_capacity = m.moe_pad_expert_input_to_capacity();
   c.shared_expert_overlap = m.moe_shared_expert_overlap();
+  c.delay_wgrad = m.delay_wgrad_compute();
   const std::string& dispatcher = m.moe_token_dispatcher_type();
   if (dispatcher.empty() || dispatcher == "allgather") {
     c.dispatcher = MoELayerConfig::Dispatcher::kAllGather;
@@ -145,6 +146,9 @@ MoELayer::~MoELayer() {
   if (side_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(side_stream_));
   if (fork_event_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_event_));
   if (join_event_) cudaEventDestroy(static_cast<cudaEvent_t>(join_event_));
+  if (wgrad_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(wgrad_stream_));
+  if (wgrad_fork_) cudaEventDestroy(static_cast<cudaEvent_t>(wgrad_fork_));
+  if (wgrad_join_) cudaEventDestroy(static_cast<cudaEvent_t>(wgrad_join_));
 }
 
 absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig& config,
@@ -317,6 +321,17 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
       l->fork_event_ = fork;
       SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
       l->join_event_ = join;
+    }
+    if (device.is_cuda() && config.delay_wgrad) {
+      SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+      cudaStream_t side;
+      cudaEvent_t fork, join;
+      SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+      l->wgrad_stream_ = side;
+      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+      l->wgrad_fork_ = fork;
+      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+      l->wgrad_join_ = join;
     }
   }
   return l;
@@ -611,7 +626,20 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   phase.Next("fc1_dgrad");
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh_, p.fc1, tpe, state_.d_expert_x));
   phase.Next("fc1_wgrad");
-  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, accumulate));
+  if (wgrad_stream_ != nullptr) {
+    // delay_wgrad_compute: fc1's wgrad on the wgrad stream, after fc1's dgrad (its inputs,
+    // expert_x and dh_, are not written again before the next forward of this layer); joined at
+    // the end of Backward, before the gradient hooks can read g.fc1.
+    auto fork = static_cast<cudaEvent_t>(wgrad_fork_);
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, static_cast<cudaStream_t>(stream.cuda_stream)));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(wgrad_stream_), fork, 0));
+    SY_RETURN_IF_ERROR(gemm_->Wgrad(Stream{stream.device, wgrad_stream_}, state_.expert_x, dh_, tpe,
+                                    g.fc1, accumulate));
+    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(wgrad_join_),
+                                            static_cast<cudaStream_t>(wgrad_stream_)));
+  } else {
+    SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, accumulate));
+  }
   const Tensor dtopk = Rows(dtopk_probs_, t);
   phase.Next("dispatch");
   SY_RETURN_IF_ERROR(dispatcher_->DispatchBackward(stream, &state_, dx, dtopk));
@@ -641,6 +669,11 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   }
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   phase.Close();
+  if (wgrad_stream_ != nullptr) {
+    ScopedRange join(stream, "wgrad_join");
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.cuda_stream),
+                                                static_cast<cudaEvent_t>(wgrad_join_), 0));
+  }
   if (config_.shared_ffn_size > 0) {
     ScopedRange join(stream, "shared_join_add");
     SY_RETURN_IF_ERROR(Join(stream));

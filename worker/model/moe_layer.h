@@ -84,6 +84,12 @@ struct MoELayerConfig {
   // router input is ready, joined before its output is added), overlapping the routed path;
   // without it, on the layer's stream. On the CPU both are the same sequential computation.
   bool shared_expert_overlap = false;
+  // delay_wgrad_compute (Megatron's --delay-wgrad-compute, for the EP all-to-all overlap): on CUDA
+  // the routed experts' fc1 weight gradient runs on a wgrad stream, forked after fc1's data
+  // gradient and joined at the end of Backward, so the dispatch-backward all-to-all and the
+  // router's backward run while it does. fc2's wgrad stays in order: it reads d_expert_out, whose
+  // memory fc1's dgrad overwrites (dispatcher.h). Off, or on the CPU: in order on the stream.
+  bool delay_wgrad = false;
   // Sequence parallelism (worker/model/gpt_model.h, "Tensor and sequence parallelism"): the
   // layer's tokens are this rank's shard, positions [sp_rank·S_loc, (sp_rank+1)·S_loc) of every
   // sequence, with S_loc = router.seq_length (the LOCAL sequence length) and sp_size·S_loc the
@@ -279,6 +285,10 @@ class MoELayer {
   void* side_stream_ = nullptr;  // cudaStream_t
   void* fork_event_ = nullptr;   // cudaEvent_t
   void* join_event_ = nullptr;   // cudaEvent_t
+  // delay_wgrad: the stream fc1's wgrad runs on, and its fork / join events (CUDA; else null).
+  void* wgrad_stream_ = nullptr;  // cudaStream_t
+  void* wgrad_fork_ = nullptr;    // cudaEvent_t
+  void* wgrad_join_ = nullptr;    // cudaEvent_t
 
   // Saved activations and scratch; see moe_layer.cc for shapes.
   std::vector<kernels::Buffer> buffers_;

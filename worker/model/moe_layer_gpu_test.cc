@@ -25,6 +25,7 @@ struct Case {
   double capacity;
   bool pad;
   bool overlap = false;  // moe_shared_expert_overlap: the shared expert on the side stream
+  bool delay = false;    // delay_wgrad_compute: fc1's wgrad on the wgrad stream
 };
 
 class MoELayerGpuTest : public ::testing::TestWithParam<Case> {};
@@ -38,6 +39,7 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
   c.shared_ffn_size = k.shared;
   c.shared_expert_gate = k.gate;
   c.shared_expert_overlap = k.overlap;
+  c.delay_wgrad = k.delay;
   c.pad_to_capacity = k.pad;
   c.router.num_experts = k.experts;
   c.router.topk = k.topk;
@@ -161,6 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"small_softmax", 64, 128, 96, 0, 8, 2, false, false, 0, false},
         Case{"uneven_sigmoid_shared_gate", 512, 256, 128, 192, 16, 4, true, true, 0, false},
         Case{"shared_gate_overlap", 512, 256, 128, 192, 16, 4, true, true, 0, false, true},
+        Case{"shared_overlap_delay_wgrad", 512, 256, 128, 192, 16, 4, false, true, 0, false, true,
+             true},
         Case{"capacity_pad", 256, 128, 64, 0, 8, 2, false, false, 0.5, true},
         Case{"fine_grained", 1024, 512, 128, 0, 64, 8, false, false, 0, false}),
     [](const auto& info) { return std::string(info.param.name); });

@@ -104,6 +104,12 @@ const std::vector<Knob>& Table() {
          M(s)->set_moe_token_dispatcher_type("allgather");
        },
        "model.moe_shared_expert_overlap requires model.moe_token_dispatcher_type \"alltoall\""},
+      {"model.delay_wgrad_compute", "MoELayer (CUDA side stream for the experts' fc1 wgrad)",
+       [](v1::JobSpec* s) {
+         M(s)->set_delay_wgrad_compute(true);
+         M(s)->set_moe_token_dispatcher_type("allgather");
+       },
+       "model.delay_wgrad_compute requires model.moe_token_dispatcher_type \"alltoall\""},
       {"model.moe_layer_freq", "GptConfig::FromProto (MoE layer placement)"},
       {"model.moe_layer_pattern", "GptConfig::FromProto (MoE layer placement)"},
       {"model.moe_router_dtype", "MoELayerConfig::FromProto (fp32 router)",

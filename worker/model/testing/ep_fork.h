@@ -167,6 +167,37 @@ inline absl::StatusOr<Result> RunLocal(const Batch& b, const Config& c) {
   return r;
 }
 
+// What the token-deduplicating AllToAllDispatcher returns for `b` (alltoall_dispatcher.h,
+// "Numerics of the sums"), computed directly: each EP rank j (experts [j*L, (j+1)*L)) first sums
+// the token's identity-expert rows on its experts in slot order (fp64, rounded once to f32, as
+// Unpermute / PermuteBackward do on the CPU), then the token's rank partials are summed in rank
+// order (fp64, rounded once). out uses the rows x * p, dx the rows dout * p; d_topk_probs is
+// LocalDispatcher's (each slot's gradient comes from the one rank owning it, exactly).
+inline absl::StatusOr<Result> RunTwoLevel(const Batch& b, const Config& c, int ep_size) {
+  SY_ASSIGN_OR_RETURN(Result r, RunLocal(b, c));
+  const int local = c.num_experts / ep_size;
+  for (int64_t t = 0; t < b.t; ++t) {
+    for (int64_t h = 0; h < c.hidden; ++h) {
+      double out = 0, dx = 0;
+      for (int j = 0; j < ep_size; ++j) {
+        double part_out = 0, part_dx = 0;
+        for (int s = 0; s < c.topk; ++s) {
+          const int32_t e = b.idx[t * c.topk + s];
+          if (e < 0 || e / local != j) continue;
+          const float p = b.probs[t * c.topk + s];
+          part_out += b.x[t * c.hidden + h] * p;
+          part_dx += b.dout[t * c.hidden + h] * p;
+        }
+        out += static_cast<float>(part_out);
+        dx += static_cast<float>(part_dx);
+      }
+      r.out[t * c.hidden + h] = static_cast<float>(out);
+      r.dx[t * c.hidden + h] = static_cast<float>(dx);
+    }
+  }
+  return r;
+}
+
 // The expert side of `got` (rank `rank`, experts [rank*L, (rank+1)*L)) against LocalDispatcher on
 // the concatenated global batch: counts, rows, probs and d_expert_out rows bit for bit, in the same
 // order; the dead expert receives nothing. Returns 0 when all hold.
