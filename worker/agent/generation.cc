@@ -48,6 +48,9 @@ absl::StatusOr<bool> AnyRank(train::ProcessGroups* groups, bool mine, const Devi
     SY_ASSIGN_OR_RETURN(*device_flag, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
   }
   const Tensor dev = device_flag->View();
+  // A copy from pageable memory may wait for the stream: nothing unbounded may be pending on it
+  // (between steps nothing is; this only makes sure).
+  SY_RETURN_IF_ERROR(groups->Synchronize());
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dev.data, &flag, sizeof(float), cudaMemcpyHostToDevice, stream));
   SY_RETURN_IF_ERROR(groups->world->AllReduce(dev, dev, comm::ReduceOp::kMax));

@@ -1068,8 +1068,11 @@ absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<do
   const Tensor dev = Slice(scalar_ws_.View(), 0, {n});
   // Copies on stream_, the group's stream, so that they are ordered with the collective (the
   // synchronous CopyTensor runs on the legacy default stream, which the non-blocking stream_
-  // does not wait for). The all-reduce returns before completing: its bounded Synchronize comes
-  // before the device-to-host copy, which blocks the host until the stream reaches it.
+  // does not wait for). Copies between pageable memory and the device may block the host until
+  // the stream reaches them, so nothing unbounded may be pending before either: the groups'
+  // Synchronize first (callers come after a host read, so usually nothing is pending), and the
+  // all-reduce's own before the device-to-host copy.
+  SY_RETURN_IF_ERROR(SynchronizeGroups());
   cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dev.data, host.data, host.bytes(), cudaMemcpyHostToDevice, cs));
