@@ -121,10 +121,11 @@ absl::StatusOr<bool> BlockingFromEnvironment(bool fallback) {
   if (value == nullptr || value[0] == '\0') return fallback;
   const absl::string_view v(value);
   if (v == "1") return true;
-  if (v == "0") return fallback;
+  if (v == "0") return false;
   return absl::InvalidArgumentError(
       absl::StrCat("environment variable SWITCHYARD_NCCL_BLOCKING='", v,
-                   "' must be 1 (blocking NCCL calls) or 0 / unset (NcclOptions::blocking)"));
+                   "' must be 1 (blocking NCCL calls), 0 (non-blocking) or unset "
+                   "(NcclOptions::blocking)"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -504,7 +505,15 @@ absl::Status NcclCommunicator::Run(absl::string_view op, Fn&& enqueue) {
     comm = comm_;
   }
   const absl::Time deadline = absl::Now() + options_.timeout;
-  const absl::Status enqueued = enqueue(comm);
+  absl::Status enqueued;
+  {
+    // NCCL does not allow two threads on one communicator at once: the watchdog's
+    // ncclCommGetAsyncError (which also progresses a non-blocking communicator's async jobs)
+    // must not run during the enqueue. Without this lock the first GPU run (2026-11-28) failed
+    // with "ncclCommGetAsyncError failed: ... ncclAsyncJobComplete: job ... failed".
+    absl::MutexLock handle_lock(&handle_mu_);
+    enqueued = enqueue(comm);
+  }
   if (!enqueued.ok()) return Fail(op, enqueued);
   if (options_.blocking) return Wait(op);
   SY_RETURN_IF_ERROR(WaitEnqueued(op, comm, deadline));
@@ -526,7 +535,11 @@ absl::Status NcclCommunicator::WaitEnqueued(absl::string_view op, ncclComm_t com
   for (;;) {
     if (aborted_.load()) return Fail(op, absl::AbortedError("aborted while enqueueing"));
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    ncclResult_t query;
+    {
+      absl::MutexLock handle_lock(&handle_mu_);  // one thread on the handle (see Run)
+      query = ncclCommGetAsyncError(comm, &state);
+    }
     if (query != ncclSuccess) {
       return Fail(op, NcclErrorToStatus(query, "ncclCommGetAsyncError", __FILE__, __LINE__));
     }

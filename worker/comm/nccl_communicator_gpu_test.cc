@@ -10,7 +10,7 @@
 // through their exit code and print the failing check to stderr.
 //
 // Both modes of the stream contract (nccl_communicator.h): the collectives in the non-blocking
-// (default) and the blocking mode; a rank joining 1 s late (non-blocking: the others' call
+// and the blocking (default) mode; a rank joining 1 s late (non-blocking: the others' call
 // returns in < 100 ms and Synchronize() waits; blocking, by option or SWITCHYARD_NCCL_BLOCKING=1:
 // the call itself waits); a peer that never joins (Synchronize() fails at the timeout naming the
 // group and the operation, later calls too); a killed peer.
@@ -520,6 +520,7 @@ int RunPeerNeverJoins(const std::string& dir, int rank, int world) {
   std::shared_ptr<KvStore> store = std::move(store_or).value();
   NcclOptions options;
   options.timeout = kHangTimeout;
+  options.blocking = false;  // the watchdog mode (the default is blocking, nccl_communicator.h)
   auto comm_or = NcclCommunicator::Create(store, rank, world, rank, nullptr, options, "world");
   SY_CHILD_OK(comm_or.status());
   NcclCommunicator& comm = **comm_or;

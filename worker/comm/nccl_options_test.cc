@@ -21,16 +21,20 @@ class BlockingEnvTest : public ::testing::Test {
   void TearDown() override { unsetenv("SWITCHYARD_NCCL_BLOCKING"); }
 };
 
-TEST_F(BlockingEnvTest, UnsetOrEmptyOrZeroKeepsTheOption) {
+TEST_F(BlockingEnvTest, UnsetOrEmptyKeepsTheOption) {
   unsetenv("SWITCHYARD_NCCL_BLOCKING");
   EXPECT_EQ(*BlockingFromEnvironment(false), false);
   EXPECT_EQ(*BlockingFromEnvironment(true), true);
   setenv("SWITCHYARD_NCCL_BLOCKING", "", 1);
   EXPECT_EQ(*BlockingFromEnvironment(false), false);
   EXPECT_EQ(*BlockingFromEnvironment(true), true);
+  EXPECT_TRUE(NcclOptions{}.blocking);  // the default until the watchdog mode passes on GPUs
+}
+
+TEST_F(BlockingEnvTest, ZeroForcesNonBlocking) {
   setenv("SWITCHYARD_NCCL_BLOCKING", "0", 1);
   EXPECT_EQ(*BlockingFromEnvironment(false), false);
-  EXPECT_EQ(*BlockingFromEnvironment(true), true);
+  EXPECT_EQ(*BlockingFromEnvironment(true), false);
 }
 
 TEST_F(BlockingEnvTest, OneForcesBlocking) {
