@@ -12,19 +12,15 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
                                 int64_t expert_tensor_parallel_size,
                                 int64_t virtual_pipeline_model_parallel_size) {
   // TP (with sequence parallelism, worker/model/gpt_model.h), CP (worker/model/gpt_model.h,
-  // "Context parallelism"), ETP (worker/model/README.md, "Expert tensor parallelism") and PP
-  // (worker/train/trainer.h, 1F1B) run at any size the layout rules accept, all folded together.
-  // Only the interleaved schedule (virtual pipeline stages) is refused.
+  // "Context parallelism"), ETP (worker/model/README.md, "Expert tensor parallelism"), PP
+  // (worker/train/trainer.h, 1F1B) and VPP (the interleaved 1F1B schedule) run at any size the
+  // layout rules accept (common/config validates them), all folded together.
+  (void)prefix;
   (void)tensor_model_parallel_size;
   (void)context_parallel_size;
   (void)pipeline_model_parallel_size;
   (void)expert_tensor_parallel_size;
-  if (virtual_pipeline_model_parallel_size > 1) {
-    return absl::StrCat(prefix, "virtual_pipeline_model_parallel_size (",
-                        virtual_pipeline_model_parallel_size,
-                        ") must be 1: workers run the non-interleaved 1F1B pipeline schedule only "
-                        "(the interleaved schedule is not implemented yet)");
-  }
+  (void)virtual_pipeline_model_parallel_size;
   return "";
 }
 

@@ -108,12 +108,16 @@ TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   ExpectInvalid(ResolveJobSpec(eval, context),
                 "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size 2 "
                 "> 1 is not implemented");
+  // Virtual pipeline stages run (the interleaved schedule) when the layers divide into PP·VPP
+  // chunks; 2 layers at PP 2 · VPP 2 do not (Megatron's rule, common/config).
   v1::JobSpec vpp = spec;
-  vpp.mutable_model()->set_num_layers(4);  // divisible by PP * VPP: only the engine refuses it
+  vpp.mutable_model()->set_num_layers(4);
   vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  EXPECT_TRUE(ResolveJobSpec(vpp, context).ok());
+  vpp.mutable_model()->set_num_layers(2);
   ExpectInvalid(ResolveJobSpec(vpp, context),
-                "parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
-                "non-interleaved 1F1B pipeline schedule only");
+                "model.num_layers (2) must be divisible by parallel.pipeline_model_parallel_size "
+                "* parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)");
   // A PP that does not divide the layers is still Megatron's rule (common/config).
   v1::JobSpec pp3 = spec;
   pp3.mutable_parallel()->set_pipeline_model_parallel_size(3);

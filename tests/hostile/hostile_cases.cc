@@ -268,17 +268,17 @@ std::vector<SpecCase> SpecCases() {
       {"vocab_size_missing_mock_data",
        [](Json& s) { s["model"].erase("vocab_size"); },
        {"model.vocab_size is required with data.mock_data"}},
-      // PP runs in the workers (1F1B, with tied embeddings and global_aux_loss); virtual
-      // pipeline stages are refused at submit.
-      {"virtual_pipeline_2",
+      // PP runs in the workers (1F1B and, with virtual stages, interleaved 1F1B); layers that
+      // do not divide into PP·VPP chunks are refused at submit.
+      {"virtual_pipeline_2_layers_2",
        [](Json& s) {
-         s["model"]["num_layers"] = 4;
+         s["model"]["num_layers"] = 2;
          s["model"]["untie_embeddings_and_output_weights"] = true;
          s["parallel"]["pipeline_model_parallel_size"] = 2;
          s["parallel"]["virtual_pipeline_model_parallel_size"] = 2;
        },
-       {"parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
-        "non-interleaved 1F1B pipeline schedule only"}},
+       {"model.num_layers (2) must be divisible by parallel.pipeline_model_parallel_size * "
+        "parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"}},
       // CP runs in the workers; a size whose 2·CP chunks do not divide the sequence does not.
       {"context_parallel_3",
        [](Json& s) { s["parallel"]["context_parallel_size"] = 3; },

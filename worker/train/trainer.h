@@ -302,6 +302,10 @@ class Trainer {
   int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank holds chunks cp_rank_ and
                               // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
   int pp_ = 1, pp_rank_ = 0;  // pipeline: this rank is stage pp_rank_ of pp_
+  int vpp_ = 1;               // model chunks per stage (interleaved schedule when > 1)
+  // Interleaved: spare [t/TP, H] buffers for received activations and gradients (reused over
+  // the rounds and steps of InterleavedMicroBatches).
+  std::vector<kernels::Buffer> pp_spare_;
   // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
   kernels::Buffer pp_input_, pp_output_grad_;
   // Tied embeddings at PP > 1 (Megatron's embedding group, megatron_parallel.md §3.7): the first
@@ -322,6 +326,9 @@ class Trainer {
   // Pipeline: the 1F1B schedule of one step (Step), Megatron's non-interleaved order.
   absl::Status PipelineMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
                                     const std::function<absl::Status(int64_t)>& hook);
+  // Pipeline with VPP > 1: Megatron's interleaved 1F1B as pipeline_schedule.h's PipelineProgram.
+  absl::Status InterleavedMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
+                                       const std::function<absl::Status(int64_t)>& hook);
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
   // TP-sharded dense region (null without TP); expert_opt_: the experts.
