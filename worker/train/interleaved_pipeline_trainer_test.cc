@@ -93,7 +93,9 @@ Curve SingleProcess(int64_t last, const std::string& load_root = "",
     if (!st.ok()) return c;
   }
   c = StepUntil(t->get(), last);
-  if (!save_root.empty()) EXPECT_TRUE((*t)->Save(save_root).ok());
+  if (!save_root.empty()) {
+    EXPECT_TRUE((*t)->Save(save_root).ok());
+  }
   return c;
 }
 

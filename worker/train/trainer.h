@@ -39,7 +39,11 @@
 // PP too. Tied embeddings: the last stage holds a copy of the embedding as its LM head, and the
 // two stages sum their embedding gradients after the schedule (Megatron's embedding group); the
 // copy is counted once in the norm and saved once. global_aux_loss: one running count per layer
-// over the stage's in-flight slots (GptModel). VPP, EvalLoss and Evaluate are refused at PP > 1.
+// over the stage's in-flight slots (GptModel). EvalLoss and Evaluate are refused at PP > 1.
+// Interleaved (VPP > 1; InterleavedMicroBatches): each stage holds VPP model chunks (chunk v of
+// stage p = layer chunk v·PP + p of PP·VPP, pipeline_layout.h) and runs Megatron's interleaved
+// order as pipeline_schedule.h's PipelineProgram: lock-step rounds, each round's messages in one
+// global order (deadlock-free with blocking Send/Recv), received tensors held until their op.
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
 // any combination): every rank holds the dense parameters (its TP shard of the TP-split
