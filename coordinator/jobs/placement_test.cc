@@ -184,9 +184,9 @@ TEST(PlacementTest, PipelineParallelIsPlannedAndAssignedWhenTheSpecFixesIt) {
   vpp_plan = planner::PlanJob(PlanRequestFor(vpp, 4, workers, ClusterDefaults{}));
   ASSERT_EQ(vpp_plan.status().code(), absl::StatusCode::kInvalidArgument) << vpp_plan.status();
   std::printf("VPP 2, 6 layers: %s\n", std::string(vpp_plan.status().message()).c_str());
-  EXPECT_NE(vpp_plan.status().message().find(
-                "parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"),
-            absl::string_view::npos);
+  EXPECT_NE(
+      vpp_plan.status().message().find("parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"),
+      absl::string_view::npos);
 }
 
 TEST(PlacementTest, AssignedSpecCheckpointDirAndValidity) {

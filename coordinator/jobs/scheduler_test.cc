@@ -384,9 +384,9 @@ TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallel
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   std::printf("PP=2 VPP=2 job of 6 layers refused at submit: %s\n",
               std::string(refused.status().message()).c_str());
-  EXPECT_NE(refused.status().message().find(
-                "parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"),
-            absl::string_view::npos);
+  EXPECT_NE(
+      refused.status().message().find("parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"),
+      absl::string_view::npos);
   // The wait reason appears once, however many passes run meanwhile (rescan every 1 s here).
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   Job pending;

@@ -666,20 +666,21 @@ std::vector<Case> AllCases() {
                    },
                    kInvalid,
                    {"display_name must not contain control characters"}});
-  cases.push_back({"plan_virtual_pipeline_2",
+  // Virtual pipeline stages run; 6 layers do not divide into PP·VPP = 4 chunks.
+  cases.push_back({"plan_virtual_pipeline_2_layers_6",
                    Via::kGrpc,
                    [](Env& env) {
                      v1::PlanRequest request;
                      *request.mutable_spec() = *ParseJobSpecJson(BaseSpec().dump());
                      v1::JobSpec& spec = *request.mutable_spec();
-                     spec.mutable_model()->set_num_layers(4);
+                     spec.mutable_model()->set_num_layers(6);
                      spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
                      spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
                      v1::Plan out;
                      return FromGrpc(env.plans().Plan(GrpcContext().get(), request, &out));
                    },
                    kInvalid,
-                   {"parallel.virtual_pipeline_model_parallel_size (2) must be 1"}});
+                   {"parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"}});
   cases.push_back({"plan_no_spec",
                    Via::kGrpc,
                    [](Env& env) {
