@@ -34,15 +34,9 @@ std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec
       size(p.has_context_parallel_size(), p.context_parallel_size()), pp,
       size(p.has_expert_tensor_parallel_size(), p.expert_tensor_parallel_size()),
       size(p.has_virtual_pipeline_model_parallel_size(), p.virtual_pipeline_model_parallel_size()));
-  if (!why.empty()) return why;
-  // Evaluation runs forward only, and there is no forward-only pipeline schedule yet (the
-  // trainer's InitEvaluation refuses it too; stated here so that a job is refused at submit).
-  if (pp > 1 && spec.training().has_eval_interval()) {
-    return absl::StrCat(prefix, "training.eval_interval: evaluation with ", prefix,
-                        "parallel.pipeline_model_parallel_size ", pp,
-                        " > 1 is not implemented (no forward-only pipeline schedule yet)");
-  }
-  return "";
+  // Every model and training feature runs at PP > 1 too (evaluation through the forward-only
+  // pipeline schedule, worker/train/evaluate.cc): the parallel sizes are the whole rule.
+  return why;
 }
 
 }  // namespace switchyard

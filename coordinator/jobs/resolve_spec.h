@@ -22,7 +22,7 @@
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
 //   c. What the workers run (common/model/engine_support.h UnsupportedJobSpec): any TP, CP, ETP,
-//      PP and VPP the layout rules accept; no training.eval_interval at PP > 1.
+//      PP and VPP the layout rules accept, evaluation included.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
 //      '..', load only another job's checkpoint by name.
 //   e. The queue rules: queue is empty (the default queue) or one of the coordinator's queues;
@@ -112,8 +112,7 @@ void StandInJobDirectory(bool has_checkpoint_root, v1::JobSpec* spec);
 
 // "" when the workers run these parallel sizes (common/model/engine_support.h: every TP, CP, PP,
 // VPP and ETP the layout rules accept, so today always ""); otherwise the rule text naming the
-// field. ResolveJobSpec also refuses the features the engine does not run at PP > 1
-// (UnsupportedJobSpec: evaluation).
+// field. ResolveJobSpec also applies UnsupportedJobSpec (the whole spec's rule; "" today).
 std::string UnsupportedParallelism(const v1::ParallelConfig& parallel);
 
 }  // namespace switchyard::jobs

@@ -1108,21 +1108,37 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
 }
 
 void GptModel::SetTraining(bool training) {
+  // Every in-flight slot's MoE layers (the inactive slots' vector of the active one is empty).
   for (Layer& L : layers_) {
     if (L.moe != nullptr) L.moe->set_training(training);
+  }
+  for (auto& layers : slot_layers_) {
+    for (Layer& L : layers) {
+      if (L.moe != nullptr) L.moe->set_training(training);
+    }
   }
 }
 
 absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
-                               int64_t seq_len, int micro, const Tensor& logits) {
-  if (config_.pp_size > 1) {
-    return absl::UnimplementedError(
-        "GptModel::Forward: evaluation with parallel.pipeline_model_parallel_size > 1 (the "
-        "forward-only pipeline schedule is not implemented)");
+                               int64_t seq_len, int micro, const Tensor& logits,
+                               const Tensor& input, int chunk, Tensor* output) {
+  if (chunk < 0 || chunk >= config_.num_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::Forward: chunk (", chunk,
+                                                   ") must be in [0, ", config_.num_chunks(), ")"));
   }
+  if (!config_.HeadIn(chunk) && output == nullptr) {
+    return absl::InvalidArgumentError(
+        "GptModel::Forward: a chunk without the LM head must take output");
+  }
+  // Slot 0: evaluation runs between steps, no training micro-batch is in flight.
   SelectSlot(0);
-  SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
+  SY_RETURN_IF_ERROR(
+      ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false, input, chunk));
   const int64_t t = tokens_, tl = t / config_.tp_size;
+  if (!config_.HeadIn(chunk)) {
+    *output = ChunkOutput(chunk, tl);  // handed to the next (virtual) stage by the trainer
+    return absl::OkStatus();
+  }
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const bool tp = config_.tp_size > 1;
   if (logits.data != nullptr) {

@@ -430,8 +430,13 @@ class GptModel {
   // ForwardBackward), and the logits (only when asked: generation / eval) are each rank's V/TP
   // columns all-gathered over TP, so every TP rank gets the same full logits of its (CP-local)
   // tokens in the order of `ids` (a [(TP+1)·t·V/TP] scratch is allocated on first use).
+  // Pipeline (the trainer's forward-only schedule, Trainer::Evaluate): the pass of model chunk
+  // `chunk` of this stage, `input` as in ForwardBackward (none where the chunk embeds); a chunk
+  // without the LM head only runs its layers and sets *output (its output [B·S/TP, H], valid
+  // until the next pass), the loss and logits are the head chunk's.
   absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
-                       int64_t seq_len, int micro, const Tensor& logits);
+                       int64_t seq_len, int micro, const Tensor& logits,
+                       const Tensor& input = Tensor(), int chunk = 0, Tensor* output = nullptr);
 
   // Training (the default) or evaluation mode of every MoE layer's router for the passes that
   // follow (Megatron's model.train() / model.eval(); MoELayer::set_training): in evaluation no

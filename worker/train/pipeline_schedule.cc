@@ -29,7 +29,7 @@ PipelineOp Virtual(int64_t k, bool forward, int64_t pp, int64_t vpp) {
 }  // namespace
 
 absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t stage, int64_t vpp,
-                                                         int64_t num_micro) {
+                                                         int64_t num_micro, bool forward_only) {
   if (pp < 1) return absl::InvalidArgumentError(absl::StrCat("pp (", pp, ") must be at least 1"));
   if (stage < 0 || stage >= pp) {
     return absl::InvalidArgumentError(
@@ -49,6 +49,13 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
                      vpp, ") > 1: the interleaved schedule runs groups of pp"));
   }
   std::vector<PipelineOp> ops;
+  if (forward_only) {
+    // schedules.py: forward_only puts every virtual micro-batch in warm-up.
+    for (int64_t k = 0; k < num_micro * vpp; ++k) {
+      ops.push_back(vpp == 1 ? PipelineOp{true, k, 0} : Virtual(k, true, pp, vpp));
+    }
+    return ops;
+  }
   if (vpp == 1) {
     const int64_t warmup = std::min(pp - stage - 1, num_micro);
     for (int64_t i = 0; i < warmup; ++i) ops.push_back({true, i, 0});
@@ -72,14 +79,16 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
 }
 
 absl::StatusOr<std::vector<PipelineRound>> PipelineProgram(int64_t pp, int64_t vpp,
-                                                           int64_t num_micro) {
+                                                           int64_t num_micro, bool forward_only) {
   // The argument rules are PipelineSchedule's (stage 0 exists for every valid pp).
-  absl::StatusOr<std::vector<PipelineOp>> first = PipelineSchedule(pp, 0, vpp, num_micro);
+  absl::StatusOr<std::vector<PipelineOp>> first =
+      PipelineSchedule(pp, 0, vpp, num_micro, forward_only);
   if (!first.ok()) return first.status();
   std::vector<std::vector<PipelineOp>> ops(pp);
   ops[0] = *std::move(first);
   for (int64_t s = 1; s < pp; ++s) {
-    absl::StatusOr<std::vector<PipelineOp>> o = PipelineSchedule(pp, s, vpp, num_micro);
+    absl::StatusOr<std::vector<PipelineOp>> o =
+        PipelineSchedule(pp, s, vpp, num_micro, forward_only);
     if (!o.ok()) return o.status();
     ops[s] = *std::move(o);
   }

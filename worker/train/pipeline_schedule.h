@@ -62,8 +62,11 @@ struct PipelineOp {
 // plain 1F1B). INVALID_ARGUMENT naming the argument and the rule for pp < 1, a stage outside
 // [0, pp), vpp < 1, num_micro < pp (both schedules need one micro-batch per stage in flight) or,
 // with vpp > 1, num_micro not a multiple of pp.
+// forward_only (evaluation; Megatron's forward_only: every op in warm-up): the forwards only, in
+// the same order (micro-batch order with VPP 1, the chunk table's with VPP > 1).
 absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t stage, int64_t vpp,
-                                                         int64_t num_micro);
+                                                         int64_t num_micro,
+                                                         bool forward_only = false);
 
 // One point-to-point message of a PipelineProgram: after the op of virtual stage
 // (from, chunk_from) for `micro`, its output activation (forward) or input gradient (backward)
@@ -95,8 +98,10 @@ struct PipelineRound {
 // next virtual stage's gradient, none for the last virtual stage, whose forward computes the
 // loss). Messages of one round: activations first, then gradients, each by sender stage. Errors
 // as PipelineSchedule's; INTERNAL if the orders could not finish (never for Megatron's orders).
+// forward_only: of PipelineSchedule's forward-only orders (activations only).
 absl::StatusOr<std::vector<PipelineRound>> PipelineProgram(int64_t pp, int64_t vpp,
-                                                           int64_t num_micro);
+                                                           int64_t num_micro,
+                                                           bool forward_only = false);
 
 // The most micro-batches that are alive at once in `ops` (one stage's order): micro-batch m is
 // alive from its first forward (chunk 0) to its last backward (chunk 0). Both happen in

@@ -227,6 +227,63 @@ TEST(PipelineScheduleTest, InterleavedProgramIsDeadlockFreeAsBlockingSendRecv) {
   EXPECT_EQ(PipelineProgram(2, 2, 5).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Forward-only (evaluation): every op in warm-up, the forwards in the schedule's order (the
+// chunk table with VPP: PP 2, VPP 2, M 4 -> (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1)); the
+// program carries activations only and runs as blocking rendezvous Send/Recv.
+TEST(PipelineScheduleTest, ForwardOnlyOrdersAndProgram) {
+  auto one = PipelineSchedule(4, 2, 1, 4, /*forward_only=*/true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(Show(*one), Show(Parse("F0.0 F1.0 F2.0 F3.0")));
+  auto vpp = PipelineSchedule(2, 1, 2, 4, /*forward_only=*/true);
+  ASSERT_TRUE(vpp.ok()) << vpp.status();
+  EXPECT_EQ(Show(*vpp), Show(Parse("F0.0 F1.0 F0.1 F1.1 F2.0 F3.0 F2.1 F3.1")));
+  for (int64_t pp : {2, 3, 4}) {
+    for (int64_t v : {1, 2, 3}) {
+      auto program = PipelineProgram(pp, v, 2 * pp, /*forward_only=*/true);
+      ASSERT_TRUE(program.ok()) << program.status();
+      std::vector<std::vector<std::pair<bool, int64_t>>> acts(pp);  // (send, peer)
+      std::set<std::tuple<int64_t, int64_t, int64_t>> arrived;      // (to, micro, chunk)
+      int64_t forwards = 0;
+      for (const PipelineRound& r : *program) {
+        for (int64_t s = 0; s < pp; ++s) {
+          if (!r.has_op[s]) continue;
+          EXPECT_TRUE(r.ops[s].forward);
+          ++forwards;
+          if (r.ops[s].chunk * pp + s > 0) {
+            EXPECT_TRUE(arrived.count({s, r.ops[s].micro, r.ops[s].chunk}))
+                << "PP " << pp << " VPP " << v << ": input missing";
+          }
+        }
+        for (const PipelineMessage& m : r.messages) {
+          EXPECT_TRUE(m.activation);
+          arrived.insert({m.to, m.micro, m.chunk});
+          acts[m.from].push_back({true, m.to});
+          acts[m.to].push_back({false, m.from});
+        }
+      }
+      EXPECT_EQ(forwards, pp * v * 2 * pp);
+      // Blocking rendezvous over the global order (as RunProgramAsRendezvous).
+      std::vector<size_t> at(pp, 0);
+      bool progressed = true;
+      while (progressed) {
+        progressed = false;
+        for (int64_t s = 0; s < pp; ++s) {
+          if (at[s] == acts[s].size() || !acts[s][at[s]].first) continue;
+          const int64_t p = acts[s][at[s]].second;
+          if (at[p] < acts[p].size() && !acts[p][at[p]].first && acts[p][at[p]].second == s) {
+            ++at[s];
+            ++at[p];
+            progressed = true;
+          }
+        }
+      }
+      for (int64_t s = 0; s < pp; ++s) {
+        EXPECT_EQ(at[s], acts[s].size()) << "deadlock at PP " << pp << " VPP " << v;
+      }
+    }
+  }
+}
+
 TEST(PipelineScheduleTest, AliveMicroBatchesBoundTheActivationSlots) {
   // 1F1B: stage s keeps min(PP − s, M) micro-batches alive (Megatron's memory claim).
   for (int64_t s = 0; s < 4; ++s) {

@@ -1315,7 +1315,18 @@ absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
 
 absl::StatusOr<double> Trainer::EvalLoss() {
   const Stream& s = stream_;
-  for (int64_t m = 0; m < num_micro_; ++m) {
+  if (pp_ > 1) {
+    // The forward-only pipeline schedule (Evaluate's), over the first global batch.
+    SY_ASSIGN_OR_RETURN(const std::vector<PipelineRound> program,
+                        PipelineProgram(pp_, vpp_, num_micro_, /*forward_only=*/true));
+    const int64_t n = micro_batch_ * local_seq_;
+    const Tensor ids = Slice(s.is_cuda() ? ids_.View() : host_ids_.View(), 0, {n});
+    const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
+    SY_RETURN_IF_ERROR(PipelineForwardOnly(program, ids, targets, [&](int64_t m) {
+      return LoadMicroBatch((m * dp_ + dp_rank_) * micro_batch_, micro_batch_);
+    }));
+  }
+  for (int64_t m = 0; pp_ == 1 && m < num_micro_; ++m) {
     SY_RETURN_IF_ERROR(LoadMicroBatch((m * dp_ + dp_rank_) * micro_batch_, micro_batch_));
     // This rank's tokens: micro_batch_ × local_seq_ (the whole sequences without CP).
     const int64_t n = micro_batch_ * local_seq_;
