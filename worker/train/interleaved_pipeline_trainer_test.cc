@@ -7,7 +7,8 @@
 // so every micro-batch goes stage 0 -> 1 -> 0 -> 1 and its gradient back the same way. PP2·VPP2,
 // PP2·VPP2·EP2, PP2·VPP2·TP2 and PP2·VPP2 with tied embeddings (the LM head's copy on stage 1's
 // last chunk) train for 20 steps and must give one process's routing (tokens per expert of
-// every MoE layer, every step) and loss / grad-norm curve within 1e-5 relative (curve.h). A
+// every MoE layer, every step) and loss / grad-norm curve within 1e-5 relative (curve.h); so do
+// PP2·VPP2·CP2 and PP2·VPP2 with global_aux_loss. A
 // PP2·VPP2·EP2 checkpoint resumes in one process and at PP2 without VPP, and a one-process
 // checkpoint at PP2·VPP2·EP2; a micro-batch count that is not a multiple of PP is rejected on
 // every rank with INVALID_ARGUMENT naming the fields and the rule.
@@ -43,9 +44,13 @@ constexpr int kSteps = 20;
 struct Layout {
   int world = 1, pp = 1, vpp = 1, ep = 1, tp = 1;
   bool tied = false;
+  int cp = 1;
+  bool global_aux = false;  // moe_router_load_balancing_type global_aux_loss (not aux_loss)
   std::string Name() const {
     return absl::StrCat("PP=", pp, " VPP=", vpp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "",
-                        tied ? " tied" : "", " (world ", world, ", DP ", world / (pp * tp), ")");
+                        cp > 1 ? absl::StrCat(" CP=", cp) : "", tied ? " tied" : "",
+                        global_aux ? " global_aux_loss" : "", " (world ", world, ", DP ",
+                        world / (pp * tp * cp), ")");
   }
 };
 
@@ -57,12 +62,17 @@ v1::JobSpec Spec(const Layout& layout) {
   m->clear_moe_layer_pattern();
   for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
   m->set_untie_embeddings_and_output_weights(!layout.tied);
+  if (layout.global_aux) {
+    m->clear_moe_router_load_balancing_type();
+    m->add_moe_router_load_balancing_type("global_aux_loss");
+  }
   if (layout.world > 1) {
     v1::ParallelConfig* p = spec->mutable_parallel();
     p->set_world_size(layout.world);
     p->set_pipeline_model_parallel_size(layout.pp);
     if (layout.vpp > 1) p->set_virtual_pipeline_model_parallel_size(layout.vpp);
     p->set_expert_model_parallel_size(layout.ep);
+    if (layout.cp > 1) p->set_context_parallel_size(layout.cp);
     if (layout.tp > 1) {
       p->set_tensor_model_parallel_size(layout.tp);
       p->set_sequence_parallel(true);  // required with MoE (validate_moe.cc)
@@ -80,10 +90,11 @@ TrainerOptions CpuF32() {
 }
 
 Curve SingleProcess(int64_t last, const std::string& load_root = "",
-                    const std::string& save_root = "", bool tied = false) {
+                    const std::string& save_root = "", bool tied = false, bool global_aux = false) {
   Curve c;
   Layout one;
   one.tied = tied;
+  one.global_aux = global_aux;
   auto t = Trainer::Create(Spec(one), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
@@ -108,6 +119,7 @@ std::unique_ptr<ProcessGroups> JoinGroups(int rank, const Layout& layout,
   dims.pipeline_model_parallel_size = layout.pp;
   dims.expert_model_parallel_size = layout.ep;
   dims.tensor_model_parallel_size = layout.tp;
+  dims.context_parallel_size = layout.cp;
   dims.expert_tensor_parallel_size = 1;
   comm::GlooOptions gopt;
   gopt.timeout = absl::Seconds(60);
@@ -175,7 +187,7 @@ class InterleavedPipelineTrainerTest : public ::testing::TestWithParam<Layout> {
 
 TEST_P(InterleavedPipelineTrainerTest, MatchesSingleProcess) {
   const Layout layout = GetParam();
-  const Curve ref = SingleProcess(kSteps, "", "", layout.tied);
+  const Curve ref = SingleProcess(kSteps, "", "", layout.tied, layout.global_aux);
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
   const Curve got = RunLayout(layout, kSteps);
   ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps));
@@ -186,15 +198,22 @@ TEST_P(InterleavedPipelineTrainerTest, MatchesSingleProcess) {
 // PP2·VPP2 (8 micro-batches: stage 0 keeps 4 alive, 3 on stage 1), PP2·VPP2·EP2 (DP2: 4
 // micro-batches per DP rank, experts split), PP2·VPP2·TP2 (sequence-parallel shards sent between
 // the virtual stages, the TP-replicated gradients summed in each chunk's last backward) and
-// PP2·VPP2 tied (the embedding group: stage 0's chunk 0 and stage 1's chunk 1).
+// PP2·VPP2 tied (the embedding group: stage 0's chunk 0 and stage 1's chunk 1), PP2·VPP2·CP2
+// (each CP rank sends its two chunks of every sequence between the virtual stages) and
+// PP2·VPP2 with global_aux_loss (the running counts of each layer shared by its slots,
+// accumulated in micro-batch order; DP 1, as pipeline_parallel_trainer_test explains).
 INSTANTIATE_TEST_SUITE_P(Layouts, InterleavedPipelineTrainerTest,
                          ::testing::Values(Layout{2, 2, 2, 1, 1}, Layout{4, 2, 2, 2, 1},
-                                           Layout{4, 2, 2, 1, 2}, Layout{2, 2, 2, 1, 1, true}),
+                                           Layout{4, 2, 2, 1, 2}, Layout{2, 2, 2, 1, 1, true},
+                                           Layout{4, 2, 2, 1, 1, false, 2},
+                                           Layout{2, 2, 2, 1, 1, false, 1, true}),
                          [](const auto& info) {
                            const Layout& l = info.param;
                            return absl::StrCat("PP", l.pp, "_VPP", l.vpp, "_EP", l.ep,
                                                l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
-                                               l.tied ? "_Tied" : "", "_W", l.world);
+                                               l.cp > 1 ? absl::StrCat("_CP", l.cp) : "",
+                                               l.tied ? "_Tied" : "",
+                                               l.global_aux ? "_GlobalAux" : "", "_W", l.world);
                          });
 
 // Layer names are global, so a PP2·VPP2·EP2 checkpoint (each stage's chunks, the expert-bias rows

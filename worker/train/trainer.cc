@@ -233,8 +233,8 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
   const v1::ParallelConfig& par = spec.parallel();
-  // The engine's one rule (common/model/engine_support.h): evaluation at PP > 1 is not
-  // implemented.
+  // The engine's one rule (common/model/engine_support.h; nothing the layout rules accept is
+  // refused today).
   if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) {
     return absl::UnimplementedError(why);
   }
