@@ -150,6 +150,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
             model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
       }
     }
+    // The forward's collectives return before completing: their groups' bounded Synchronize
+    // before ReadStepStats synchronises the stream.
+    SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
                         model_->ReadStepStats(s, static_cast<int>(num_micro_)));
     // Only the last stage computes a loss (its head chunk); the others' slots are never written.
