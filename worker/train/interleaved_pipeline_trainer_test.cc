@@ -8,13 +8,15 @@
 // PP2·VPP2·EP2, PP2·VPP2·TP2 and PP2·VPP2 with tied embeddings (the LM head's copy on stage 1's
 // last chunk) train for 20 steps and must give one process's routing (tokens per expert of
 // every MoE layer, every step) and loss / grad-norm curve within 1e-5 relative (curve.h); so do
-// PP2·VPP2·CP2 and PP2·VPP2 with global_aux_loss. A
+// PP2·VPP2·CP2, PP2·VPP2 with global_aux_loss, PP4·VPP2 (8 layers) and PP2·VPP2 with an uneven
+// layout. A
 // PP2·VPP2·EP2 checkpoint resumes in one process and at PP2 without VPP, and a one-process
 // checkpoint at PP2·VPP2·EP2; a micro-batch count that is not a multiple of PP is rejected on
 // every rank with INVALID_ARGUMENT naming the fields and the rule.
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -46,10 +48,19 @@ struct Layout {
   bool tied = false;
   int cp = 1;
   bool global_aux = false;  // moe_router_load_balancing_type global_aux_loss (not aux_loss)
+  // The model's layers (MoE, dense, MoE, MoE repeated) and the uneven layout
+  // (parallel.decoder_first/last_pipeline_num_layers, 0: unset) with the [begin, end) of every
+  // stage's chunks worked out by hand (empty: the even split, chunk v of stage p = layer chunk
+  // v·PP + p).
+  int layers = 4;
+  int first = 0, last = 0;
+  std::vector<std::vector<std::pair<int, int>>> chunks;
   std::string Name() const {
     return absl::StrCat("PP=", pp, " VPP=", vpp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "",
                         cp > 1 ? absl::StrCat(" CP=", cp) : "", tied ? " tied" : "",
-                        global_aux ? " global_aux_loss" : "", " (world ", world, ", DP ",
+                        global_aux ? " global_aux_loss" : "", " layers=", layers,
+                        first > 0 ? absl::StrCat(" first=", first) : "",
+                        last > 0 ? absl::StrCat(" last=", last) : "", " (world ", world, ", DP ",
                         world / (pp * tp * cp), ")");
   }
 };
@@ -58,9 +69,9 @@ v1::JobSpec Spec(const Layout& layout) {
   auto spec = ParseJobSpecYaml(switchyard::test_specs::TinyMoeSpecYaml(kSteps, /*jitter=*/true));
   EXPECT_TRUE(spec.ok()) << spec.status();
   v1::ModelConfig* m = spec->mutable_model();
-  m->set_num_layers(4);
+  m->set_num_layers(layout.layers);
   m->clear_moe_layer_pattern();
-  for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
+  for (int l = 0; l < layout.layers; ++l) m->add_moe_layer_pattern(l % 4 == 1 ? 0 : 1);
   m->set_untie_embeddings_and_output_weights(!layout.tied);
   if (layout.global_aux) {
     m->clear_moe_router_load_balancing_type();
@@ -73,6 +84,8 @@ v1::JobSpec Spec(const Layout& layout) {
     if (layout.vpp > 1) p->set_virtual_pipeline_model_parallel_size(layout.vpp);
     p->set_expert_model_parallel_size(layout.ep);
     if (layout.cp > 1) p->set_context_parallel_size(layout.cp);
+    if (layout.first > 0) p->set_decoder_first_pipeline_num_layers(layout.first);
+    if (layout.last > 0) p->set_decoder_last_pipeline_num_layers(layout.last);
     if (layout.tp > 1) {
       p->set_tensor_model_parallel_size(layout.tp);
       p->set_sequence_parallel(true);  // required with MoE (validate_moe.cc)
@@ -89,12 +102,14 @@ TrainerOptions CpuF32() {
   return opt;
 }
 
+// One process of `model`'s model (its parallel fields ignored).
 Curve SingleProcess(int64_t last, const std::string& load_root = "",
-                    const std::string& save_root = "", bool tied = false, bool global_aux = false) {
+                    const std::string& save_root = "", const Layout& model = Layout{}) {
   Curve c;
   Layout one;
-  one.tied = tied;
-  one.global_aux = global_aux;
+  one.tied = model.tied;
+  one.global_aux = model.global_aux;
+  one.layers = model.layers;
   auto t = Trainer::Create(Spec(one), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
@@ -143,17 +158,27 @@ int RankBody(int rank, const Layout& layout, const std::string& store_dir, const
   SY_CHILD_OK(t.status());
   const model::GptConfig& mc = (*t)->model_config();
   SY_CHILD_CHECK(mc.pp_size == layout.pp && mc.num_chunks() == layout.vpp);
-  // With VPP 2, chunk v of stage p holds layer v·PP + p (4 layers, PP·VPP chunks of one): the
-  // stage's layers are not contiguous, and no other layer is in its layout.
-  const model::GptParamLayout& lay = (*t)->model().layout();
-  for (int l = 0; l < 4; ++l) {
-    const bool held = lay.Find(absl::StrCat("layers.", l, ".input_norm.weight")) != nullptr;
-    // Layer l is in layer chunk l / (4 / (PP·VPP)), which is virtual stage v·PP + p.
-    SY_CHILD_CHECK(held == ((l / (4 / (layout.pp * layout.vpp))) % layout.pp == mc.pp_rank));
+  // Even split: chunk v of stage p is layer chunk v·PP + p of L / (PP·VPP) layers (with 4 layers
+  // at PP2·VPP2: stage 0 holds layers 0 and 2); the stage's layers are not contiguous, and no
+  // other layer is in its layout. Uneven: the hand-written chunks.
+  std::vector<std::pair<int, int>> want;
+  if (layout.chunks.empty()) {
+    const int per = layout.layers / (layout.pp * layout.vpp);
+    for (int v = 0; v < layout.vpp; ++v) {
+      want.push_back({(v * layout.pp + mc.pp_rank) * per, (v * layout.pp + mc.pp_rank + 1) * per});
+    }
+  } else {
+    want = layout.chunks[mc.pp_rank];
   }
-  for (int v = 0; v < layout.vpp && layout.vpp > 1; ++v) {
-    SY_CHILD_CHECK(mc.ChunkBegin(v) == v * layout.pp + mc.pp_rank &&
-                   mc.ChunkEnd(v) == mc.ChunkBegin(v) + 1);
+  const model::GptParamLayout& lay = (*t)->model().layout();
+  for (int l = 0; l < layout.layers; ++l) {
+    const bool held = lay.Find(absl::StrCat("layers.", l, ".input_norm.weight")) != nullptr;
+    bool in_chunk = false;
+    for (const auto& [b, e] : want) in_chunk = in_chunk || (l >= b && l < e);
+    SY_CHILD_CHECK(held == in_chunk);
+  }
+  for (int v = 0; v < layout.vpp; ++v) {
+    SY_CHILD_CHECK(mc.ChunkBegin(v) == want[v].first && mc.ChunkEnd(v) == want[v].second);
   }
   const bool holds_embedding = mc.first_stage() || (layout.tied && mc.last_stage());
   SY_CHILD_CHECK((lay.Find("embedding.weight") != nullptr) == holds_embedding);
@@ -187,7 +212,7 @@ class InterleavedPipelineTrainerTest : public ::testing::TestWithParam<Layout> {
 
 TEST_P(InterleavedPipelineTrainerTest, MatchesSingleProcess) {
   const Layout layout = GetParam();
-  const Curve ref = SingleProcess(kSteps, "", "", layout.tied, layout.global_aux);
+  const Curve ref = SingleProcess(kSteps, "", "", layout);
   ASSERT_EQ(ref.loss.size(), static_cast<size_t>(kSteps));
   const Curve got = RunLayout(layout, kSteps);
   ASSERT_EQ(got.loss.size(), static_cast<size_t>(kSteps));
@@ -201,20 +226,26 @@ TEST_P(InterleavedPipelineTrainerTest, MatchesSingleProcess) {
 // PP2·VPP2 tied (the embedding group: stage 0's chunk 0 and stage 1's chunk 1), PP2·VPP2·CP2
 // (each CP rank sends its two chunks of every sequence between the virtual stages) and
 // PP2·VPP2 with global_aux_loss (the running counts of each layer shared by its slots,
-// accumulated in micro-batch order; DP 1, as pipeline_parallel_trainer_test explains).
-INSTANTIATE_TEST_SUITE_P(Layouts, InterleavedPipelineTrainerTest,
-                         ::testing::Values(Layout{2, 2, 2, 1, 1}, Layout{4, 2, 2, 2, 1},
-                                           Layout{4, 2, 2, 1, 2}, Layout{2, 2, 2, 1, 1, true},
-                                           Layout{4, 2, 2, 1, 1, false, 2},
-                                           Layout{2, 2, 2, 1, 1, false, 1, true}),
-                         [](const auto& info) {
-                           const Layout& l = info.param;
-                           return absl::StrCat("PP", l.pp, "_VPP", l.vpp, "_EP", l.ep,
-                                               l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
-                                               l.cp > 1 ? absl::StrCat("_CP", l.cp) : "",
-                                               l.tied ? "_Tied" : "",
-                                               l.global_aux ? "_GlobalAux" : "", "_W", l.world);
-                         });
+// accumulated in micro-batch order; DP 1, as pipeline_parallel_trainer_test explains). PP4·VPP2
+// with 8 layers (world 4: a ring of four stages, chunks of one layer, 4 micro-batches alive on
+// stage 0) and PP2·VPP2 with the uneven layout first = 2, last = 4 of 6 layers (per chunk: stage
+// 0 holds 1 layer, stage 1 holds 2; Megatron's offsets: stage 0 layers 0 and 3, stage 1 layers
+// 1-2 and 4-5).
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, InterleavedPipelineTrainerTest,
+    ::testing::Values(
+        Layout{2, 2, 2, 1, 1}, Layout{4, 2, 2, 2, 1}, Layout{4, 2, 2, 1, 2},
+        Layout{2, 2, 2, 1, 1, true}, Layout{4, 2, 2, 1, 1, false, 2},
+        Layout{2, 2, 2, 1, 1, false, 1, true}, Layout{4, 4, 2, 1, 1, false, 1, false, 8},
+        Layout{2, 2, 2, 1, 1, false, 1, false, 6, 2, 4, {{{0, 1}, {3, 4}}, {{1, 3}, {4, 6}}}}),
+    [](const auto& info) {
+      const Layout& l = info.param;
+      return absl::StrCat(
+          "PP", l.pp, "_VPP", l.vpp, "_EP", l.ep, l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
+          l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", l.tied ? "_Tied" : "",
+          l.global_aux ? "_GlobalAux" : "", l.layers != 4 ? absl::StrCat("_L", l.layers) : "",
+          l.first > 0 ? absl::StrCat("_First", l.first) : "", "_W", l.world);
+    });
 
 // Layer names are global, so a PP2·VPP2·EP2 checkpoint (each stage's chunks, the expert-bias rows
 // of each chunk's MoE layers) resumes in one process and at PP2 without VPP (other layers per
