@@ -145,10 +145,11 @@
 // its own stretch of the slot's residual stream (chunk v's x_0 .. x_n), so the chunks of one
 // micro-batch never overwrite each other's saved activations.
 // Several micro-batches are in flight between a stage's forward and its backward (at most pp_size -
-// pp_rank), so every per-micro-batch activation (residual stream, each layer's saved tensors and
-// its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch m uses slot
-// m % slots); the scratch used only inside one pass is shared. The MoE layers of all slots share
-// the expert-bias and token-count buffers (one update per global batch) and the running
+// pp_rank with 1F1B; with the interleaved schedule the trainer's GptConfig::pipeline_slots, on
+// the last stage too), so every per-micro-batch activation (residual stream, each layer's saved
+// tensors and its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch
+// m uses slot m % slots); the scratch used only inside one pass is shared. The MoE layers of all
+// slots share the expert-bias and token-count buffers (one update per global batch) and the running
 // global_aux_loss counts (slot 0's MoE layer holds them, MoELayer::ShareGlobalAuxCounts), which
 // the micro-batches then accumulate in order, as in one process.
 //
