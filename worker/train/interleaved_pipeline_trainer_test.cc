@@ -8,8 +8,8 @@
 // PP2·VPP2·EP2, PP2·VPP2·TP2 and PP2·VPP2 with tied embeddings (the LM head's copy on stage 1's
 // last chunk) train for 20 steps and must give one process's routing (tokens per expert of
 // every MoE layer, every step) and loss / grad-norm curve within 1e-5 relative (curve.h); so do
-// PP2·VPP2·CP2, PP2·VPP2 with global_aux_loss, PP4·VPP2 (8 layers) and PP2·VPP2 with an uneven
-// layout. A
+// PP2·VPP2·CP2, PP2·VPP2 with global_aux_loss, PP4·VPP2 (8 layers), PP3·VPP2 (6 layers) and
+// PP2·VPP2 with an uneven layout. A
 // PP2·VPP2·EP2 checkpoint resumes in one process and at PP2 without VPP, and a one-process
 // checkpoint at PP2·VPP2·EP2; a micro-batch count that is not a multiple of PP is rejected on
 // every rank with INVALID_ARGUMENT naming the fields and the rule.
@@ -55,13 +55,15 @@ struct Layout {
   int layers = 4;
   int first = 0, last = 0;
   std::vector<std::vector<std::pair<int, int>>> chunks;
+  int global_batch = 0;  // training.global_batch_size (0: the tiny spec's 8)
   std::string Name() const {
     return absl::StrCat("PP=", pp, " VPP=", vpp, " EP=", ep, tp > 1 ? absl::StrCat(" TP=", tp) : "",
                         cp > 1 ? absl::StrCat(" CP=", cp) : "", tied ? " tied" : "",
                         global_aux ? " global_aux_loss" : "", " layers=", layers,
                         first > 0 ? absl::StrCat(" first=", first) : "",
-                        last > 0 ? absl::StrCat(" last=", last) : "", " (world ", world, ", DP ",
-                        world / (pp * tp * cp), ")");
+                        last > 0 ? absl::StrCat(" last=", last) : "",
+                        global_batch > 0 ? absl::StrCat(" GBS=", global_batch) : "", " (world ",
+                        world, ", DP ", world / (pp * tp * cp), ")");
   }
 };
 
@@ -73,6 +75,7 @@ v1::JobSpec Spec(const Layout& layout) {
   m->clear_moe_layer_pattern();
   for (int l = 0; l < layout.layers; ++l) m->add_moe_layer_pattern(l % 4 == 1 ? 0 : 1);
   m->set_untie_embeddings_and_output_weights(!layout.tied);
+  if (layout.global_batch > 0) spec->mutable_training()->set_global_batch_size(layout.global_batch);
   if (layout.global_aux) {
     m->clear_moe_router_load_balancing_type();
     m->add_moe_router_load_balancing_type("global_aux_loss");
@@ -110,6 +113,7 @@ Curve SingleProcess(int64_t last, const std::string& load_root = "",
   one.tied = model.tied;
   one.global_aux = model.global_aux;
   one.layers = model.layers;
+  one.global_batch = model.global_batch;
   auto t = Trainer::Create(Spec(one), CpuF32());
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return c;
@@ -230,20 +234,23 @@ TEST_P(InterleavedPipelineTrainerTest, MatchesSingleProcess) {
 // with 8 layers (world 4: a ring of four stages, chunks of one layer, 4 micro-batches alive on
 // stage 0) and PP2·VPP2 with the uneven layout first = 2, last = 4 of 6 layers (per chunk: stage
 // 0 holds 1 layer, stage 1 holds 2; Megatron's offsets: stage 0 layers 0 and 3, stage 1 layers
-// 1-2 and 4-5).
+// 1-2 and 4-5). PP3·VPP2 (6 layers, 6 micro-batches: an odd ring, stage 2's chunk 0 feeding
+// stage 0's chunk 1).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, InterleavedPipelineTrainerTest,
     ::testing::Values(
         Layout{2, 2, 2, 1, 1}, Layout{4, 2, 2, 2, 1}, Layout{4, 2, 2, 1, 2},
         Layout{2, 2, 2, 1, 1, true}, Layout{4, 2, 2, 1, 1, false, 2},
         Layout{2, 2, 2, 1, 1, false, 1, true}, Layout{4, 4, 2, 1, 1, false, 1, false, 8},
-        Layout{2, 2, 2, 1, 1, false, 1, false, 6, 2, 4, {{{0, 1}, {3, 4}}, {{1, 3}, {4, 6}}}}),
+        Layout{2, 2, 2, 1, 1, false, 1, false, 6, 2, 4, {{{0, 1}, {3, 4}}, {{1, 3}, {4, 6}}}},
+        Layout{3, 3, 2, 1, 1, false, 1, false, 6, 0, 0, {}, 6}),
     [](const auto& info) {
       const Layout& l = info.param;
       return absl::StrCat(
           "PP", l.pp, "_VPP", l.vpp, "_EP", l.ep, l.tp > 1 ? absl::StrCat("_TP", l.tp) : "",
           l.cp > 1 ? absl::StrCat("_CP", l.cp) : "", l.tied ? "_Tied" : "",
           l.global_aux ? "_GlobalAux" : "", l.layers != 4 ? absl::StrCat("_L", l.layers) : "",
+
           l.first > 0 ? absl::StrCat("_First", l.first) : "", "_W", l.world);
     });
 
