@@ -12,19 +12,15 @@ std::string UnsupportedByEngine(absl::string_view prefix, int64_t tensor_model_p
                                 int64_t expert_tensor_parallel_size,
                                 int64_t virtual_pipeline_model_parallel_size) {
   // TP (with sequence parallelism, worker/model/gpt_model.h), CP (worker/model/gpt_model.h,
-  // "Context parallelism"), ETP (worker/model/README.md, "Expert tensor parallelism") and PP
-  // (worker/train/trainer.h, 1F1B) run at any size the layout rules accept, all folded together.
-  // Only the interleaved schedule (virtual pipeline stages) is refused.
+  // "Context parallelism"), ETP (worker/model/README.md, "Expert tensor parallelism"), PP
+  // (worker/train/trainer.h, 1F1B) and VPP (the interleaved 1F1B schedule) run at any size the
+  // layout rules accept (common/config validates them), all folded together.
+  (void)prefix;
   (void)tensor_model_parallel_size;
   (void)context_parallel_size;
   (void)pipeline_model_parallel_size;
   (void)expert_tensor_parallel_size;
-  if (virtual_pipeline_model_parallel_size > 1) {
-    return absl::StrCat(prefix, "virtual_pipeline_model_parallel_size (",
-                        virtual_pipeline_model_parallel_size,
-                        ") must be 1: workers run the non-interleaved 1F1B pipeline schedule only "
-                        "(the interleaved schedule is not implemented yet)");
-  }
+  (void)virtual_pipeline_model_parallel_size;
   return "";
 }
 
@@ -38,15 +34,9 @@ std::string UnsupportedJobSpec(absl::string_view prefix, const v1::JobSpec& spec
       size(p.has_context_parallel_size(), p.context_parallel_size()), pp,
       size(p.has_expert_tensor_parallel_size(), p.expert_tensor_parallel_size()),
       size(p.has_virtual_pipeline_model_parallel_size(), p.virtual_pipeline_model_parallel_size()));
-  if (!why.empty()) return why;
-  // Evaluation runs forward only, and there is no forward-only pipeline schedule yet (the
-  // trainer's InitEvaluation refuses it too; stated here so that a job is refused at submit).
-  if (pp > 1 && spec.training().has_eval_interval()) {
-    return absl::StrCat(prefix, "training.eval_interval: evaluation with ", prefix,
-                        "parallel.pipeline_model_parallel_size ", pp,
-                        " > 1 is not implemented (no forward-only pipeline schedule yet)");
-  }
-  return "";
+  // Every model and training feature runs at PP > 1 too (evaluation through the forward-only
+  // pipeline schedule, worker/train/evaluate.cc): the parallel sizes are the whole rule.
+  return why;
 }
 
 }  // namespace switchyard

@@ -6,7 +6,7 @@
 namespace switchyard {
 namespace {
 
-TEST(EngineSupportTest, EveryParallelSizeButVirtualPipelineStages) {
+TEST(EngineSupportTest, EveryParallelSizeRuns) {
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 1, 1), "");
   // Tensor parallelism (with sequence parallelism) runs.
   EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 1, 1, 1, 1), "");
@@ -22,15 +22,9 @@ TEST(EngineSupportTest, EveryParallelSizeButVirtualPipelineStages) {
   // Expert tensor parallelism runs (issue 13 item 2): any ETP is accepted here.
   EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 1, 8, 1), "");
   EXPECT_EQ(UnsupportedByEngine("parallel.", 2, 2, 2, 2, 1), "");
-  // Virtual pipeline stages (the interleaved schedule) are refused, named under the prefix,
-  // whatever else is set.
-  EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 1, 2),
-            "parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
-            "non-interleaved 1F1B pipeline schedule only (the interleaved schedule is not "
-            "implemented yet)");
-  EXPECT_EQ(
-      UnsupportedByEngine("", 2, 2, 2, 2, 4).rfind("virtual_pipeline_model_parallel_size (4)", 0),
-      0u);
+  // Virtual pipeline stages run (the interleaved 1F1B schedule), folded with everything else.
+  EXPECT_EQ(UnsupportedByEngine("parallel.", 1, 1, 2, 1, 2), "");
+  EXPECT_EQ(UnsupportedByEngine("", 2, 2, 2, 2, 4), "");
 }
 
 TEST(EngineSupportTest, JobSpecNamesTheFieldUnderThePrefix) {
@@ -42,16 +36,11 @@ TEST(EngineSupportTest, JobSpecNamesTheFieldUnderThePrefix) {
   spec.mutable_model()->set_num_experts(4);
   spec.mutable_model()->add_moe_router_load_balancing_type("global_aux_loss");
   EXPECT_EQ(UnsupportedJobSpec("", spec), "");
-  // Evaluation at PP > 1: no forward-only pipeline schedule yet.
+  // Evaluation at PP > 1 runs (the forward-only pipeline schedule), with VPP too.
   spec.mutable_training()->set_eval_interval(10);
-  EXPECT_EQ(UnsupportedJobSpec("", spec),
-            "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size 2 > 1 "
-            "is not implemented (no forward-only pipeline schedule yet)");
-  spec.mutable_training()->clear_eval_interval();
+  EXPECT_EQ(UnsupportedJobSpec("", spec), "");
   spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
-  EXPECT_EQ(UnsupportedJobSpec("assignment.spec.", spec)
-                .rfind("assignment.spec.parallel.virtual_pipeline_model_parallel_size (2)", 0),
-            0u);
+  EXPECT_EQ(UnsupportedJobSpec("assignment.spec.", spec), "");
 }
 
 }  // namespace

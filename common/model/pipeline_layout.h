@@ -13,8 +13,9 @@
 // evenly, e.g. 14 layers, PP 4, first 3, last 3: 3 | 4 | 4 | 3 (the embedding rides on the first
 // stage and the LM head on the last, which is why they are made lighter).
 //
-// Pure arithmetic. The trainer assigns each stage's layers with StageLayers (chunk 0; VPP does not
-// run yet) and the planner sizes the stages with it (common/model/model_math.h StageLayerRange).
+// Pure arithmetic. The trainer assigns each stage's chunks with StageLayers (one chunk without
+// VPP, GptConfig::chunk_begin/chunk_end with it) and the planner sizes the stages with it
+// (common/model/model_math.h StageLayerRange; chunk 0, VPP not modelled).
 // The rules are stated once, in common/config/parallel_rules.h PipelineLayoutViolations, which
 // validates the JobSpec fields parallel.decoder_first/last_pipeline_num_layers too.
 #ifndef SWITCHYARD_COMMON_MODEL_PIPELINE_LAYOUT_H_

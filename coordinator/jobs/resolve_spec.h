@@ -21,9 +21,8 @@
 //   a. ValidateJobSpec (common/config/validate.h): bounds (sizes, control characters), then
 //      Megatron's rules.
 //   b. model.vocab_size is required (the planner sizes the embedding from it).
-//   c. What the workers run (common/model/engine_support.h UnsupportedJobSpec): any TP, CP, ETP
-//      and PP; parallel.virtual_pipeline_model_parallel_size unset or 1; no
-//      training.eval_interval at PP > 1.
+//   c. What the workers run (common/model/engine_support.h UnsupportedJobSpec): any TP, CP, ETP,
+//      PP and VPP the layout rules accept, evaluation included.
 //   d. The job-path rules (common/config/job_paths.h CheckJobSpecPaths): every path relative, no
 //      '..', load only another job's checkpoint by name.
 //   e. The queue rules: queue is empty (the default queue) or one of the coordinator's queues;
@@ -111,10 +110,9 @@ void PinWorkerParallelism(v1::ParallelConfig* parallel);
 // kept. Used by ResolveJobSpec, ResolvePlanRequest and PlanRequestFor alike.
 void StandInJobDirectory(bool has_checkpoint_root, v1::JobSpec* spec);
 
-// "" when the workers run these parallel sizes (common/model/engine_support.h: every TP, CP, PP
-// and ETP; virtual pipeline stages are refused); otherwise the rule text naming the field
-// ("parallel.virtual_pipeline_model_parallel_size (2) must be 1: ..."). ResolveJobSpec also
-// refuses the model features the engine does not run at PP > 1 (UnsupportedJobSpec).
+// "" when the workers run these parallel sizes (common/model/engine_support.h: every TP, CP, PP,
+// VPP and ETP the layout rules accept, so today always ""); otherwise the rule text naming the
+// field. ResolveJobSpec also applies UnsupportedJobSpec (the whole spec's rule; "" today).
 std::string UnsupportedParallelism(const v1::ParallelConfig& parallel);
 
 }  // namespace switchyard::jobs

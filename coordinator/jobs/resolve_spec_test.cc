@@ -85,9 +85,9 @@ TEST(ResolveSpecTest, SaveIntervalNeedsADirectory) {
   ExpectInvalid(ResolveJobSpec(spec, CoordinatorContext{"", 4096}), "training.save");
 }
 
-// Pipeline parallelism runs in the workers (1F1B): a PP2 job, with untied or tied embeddings or
-// global_aux_loss, is accepted and keeps its PP. What the engine does not run yet is refused,
-// naming the field: virtual pipeline stages, and evaluation (training.eval_interval) at PP > 1.
+// Pipeline parallelism runs in the workers (1F1B, interleaved with virtual stages): a PP2 job,
+// with untied or tied embeddings, global_aux_loss or evaluation, is accepted and keeps its PP; a
+// layer count that does not divide into the stages' chunks is refused, naming the fields.
 TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   const CoordinatorContext context{"/ckpt", 4096};
   v1::JobSpec spec = CorpusSpec();
@@ -105,15 +105,17 @@ TEST(ResolveSpecTest, ParallelismTheWorkersCannotRunIsRejected) {
   EXPECT_TRUE(ResolveJobSpec(global_aux, context).ok());  // one running count per layer
   v1::JobSpec eval = spec;
   eval.mutable_training()->set_eval_interval(5);
-  ExpectInvalid(ResolveJobSpec(eval, context),
-                "training.eval_interval: evaluation with parallel.pipeline_model_parallel_size 2 "
-                "> 1 is not implemented");
+  EXPECT_TRUE(ResolveJobSpec(eval, context).ok());  // the forward-only pipeline schedule
+  // Virtual pipeline stages run (the interleaved schedule) when the layers divide into PP·VPP
+  // chunks; 2 layers at PP 2 · VPP 2 do not (Megatron's rule, common/config).
   v1::JobSpec vpp = spec;
-  vpp.mutable_model()->set_num_layers(4);  // divisible by PP * VPP: only the engine refuses it
+  vpp.mutable_model()->set_num_layers(4);
   vpp.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  EXPECT_TRUE(ResolveJobSpec(vpp, context).ok());
+  vpp.mutable_model()->set_num_layers(2);
   ExpectInvalid(ResolveJobSpec(vpp, context),
-                "parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
-                "non-interleaved 1F1B pipeline schedule only");
+                "model.num_layers (2) must be divisible by parallel.pipeline_model_parallel_size "
+                "* parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)");
   // A PP that does not divide the layers is still Megatron's rule (common/config).
   v1::JobSpec pp3 = spec;
   pp3.mutable_parallel()->set_pipeline_model_parallel_size(3);

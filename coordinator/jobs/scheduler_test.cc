@@ -371,9 +371,10 @@ TEST_F(SchedulerTest, CancelStopsEveryRank) {
 TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallelism) {
   ASSERT_NO_FATAL_FAILURE(StartFleet("sched_wait.db", 1));
   job_ = h_->Submit(api::testing::SmallSpec(2, 2));
-  // PP runs in the workers (1F1B); virtual pipeline stages (the interleaved schedule) do not.
+  // PP runs in the workers (1F1B, interleaved with virtual stages); layers that do not divide
+  // into PP·VPP chunks do not.
   v1::JobSpec vpp2 = api::testing::SmallSpec(1, 1);
-  vpp2.mutable_model()->set_num_layers(4);
+  vpp2.mutable_model()->set_num_layers(6);
   vpp2.mutable_model()->set_untie_embeddings_and_output_weights(true);
   vpp2.mutable_parallel()->set_pipeline_model_parallel_size(2);
   vpp2.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
@@ -381,11 +382,11 @@ TEST_F(SchedulerTest, WaitsForMinWorkersWithAReasonAndRefusesUnsupportedParallel
   *bad.mutable_spec() = vpp2;
   absl::StatusOr<Job> refused = h_->hub()->CreateJob(bad);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  std::printf("PP=2 VPP=2 job refused at submit: %s\n",
+  std::printf("PP=2 VPP=2 job of 6 layers refused at submit: %s\n",
               std::string(refused.status().message()).c_str());
-  EXPECT_NE(refused.status().message().find(
-                "parallel.virtual_pipeline_model_parallel_size (2) must be 1"),
-            absl::string_view::npos);
+  EXPECT_NE(
+      refused.status().message().find("parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"),
+      absl::string_view::npos);
   // The wait reason appears once, however many passes run meanwhile (rescan every 1 s here).
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   Job pending;

@@ -110,7 +110,7 @@ std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int6
   ApplyDefaults(&spec);
   std::vector<std::string> violations = AllViolations(spec);
   // Every mapping the planner returns must run in the workers: what the engine does not run
-  // (common/model/engine_support.h: virtual pipeline stages) is a rejection too.
+  // (common/model/engine_support.h; nothing the layout rules accept today) is a rejection too.
   if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) violations.push_back(why);
   // The sequence-length rule of CP (2·CP·TP) is one of AllViolations' (common/config).
   if (violations.empty()) {

@@ -25,7 +25,7 @@
 //   ETP = TP. The coordinator's requests fix PP (jobs/resolve_spec.h PinWorkerParallelism: the
 //   spec's, 1 when unset), so PP > 1 is planned when a job asks for it.
 // - Every returned mapping runs in the workers: a candidate the engine does not run
-//   (common/model/engine_support.h UnsupportedJobSpec: virtual pipeline stages) is
+//   (common/model/engine_support.h UnsupportedJobSpec; none today) is
 //   rejected with that rule, as is one that breaks a common/config rule (e.g. a PP that does not
 //   divide model.num_layers, or fewer micro-batches than PP).
 // - The optimizer is the engine's, not the request's: every candidate of W > 1 ranks has

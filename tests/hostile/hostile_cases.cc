@@ -268,17 +268,17 @@ std::vector<SpecCase> SpecCases() {
       {"vocab_size_missing_mock_data",
        [](Json& s) { s["model"].erase("vocab_size"); },
        {"model.vocab_size is required with data.mock_data"}},
-      // PP runs in the workers (1F1B, with tied embeddings and global_aux_loss); virtual
-      // pipeline stages are refused at submit.
-      {"virtual_pipeline_2",
+      // PP runs in the workers (1F1B and, with virtual stages, interleaved 1F1B); layers that
+      // do not divide into PP·VPP chunks are refused at submit.
+      {"virtual_pipeline_2_layers_2",
        [](Json& s) {
-         s["model"]["num_layers"] = 4;
+         s["model"]["num_layers"] = 2;
          s["model"]["untie_embeddings_and_output_weights"] = true;
          s["parallel"]["pipeline_model_parallel_size"] = 2;
          s["parallel"]["virtual_pipeline_model_parallel_size"] = 2;
        },
-       {"parallel.virtual_pipeline_model_parallel_size (2) must be 1: workers run the "
-        "non-interleaved 1F1B pipeline schedule only"}},
+       {"model.num_layers (2) must be divisible by parallel.pipeline_model_parallel_size * "
+        "parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"}},
       // CP runs in the workers; a size whose 2·CP chunks do not divide the sequence does not.
       {"context_parallel_3",
        [](Json& s) { s["parallel"]["context_parallel_size"] = 3; },
@@ -666,20 +666,21 @@ std::vector<Case> AllCases() {
                    },
                    kInvalid,
                    {"display_name must not contain control characters"}});
-  cases.push_back({"plan_virtual_pipeline_2",
+  // Virtual pipeline stages run; 6 layers do not divide into PP·VPP = 4 chunks.
+  cases.push_back({"plan_virtual_pipeline_2_layers_6",
                    Via::kGrpc,
                    [](Env& env) {
                      v1::PlanRequest request;
                      *request.mutable_spec() = *ParseJobSpecJson(BaseSpec().dump());
                      v1::JobSpec& spec = *request.mutable_spec();
-                     spec.mutable_model()->set_num_layers(4);
+                     spec.mutable_model()->set_num_layers(6);
                      spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
                      spec.mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
                      v1::Plan out;
                      return FromGrpc(env.plans().Plan(GrpcContext().get(), request, &out));
                    },
                    kInvalid,
-                   {"parallel.virtual_pipeline_model_parallel_size (2) must be 1"}});
+                   {"parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)"}});
   cases.push_back({"plan_no_spec",
                    Via::kGrpc,
                    [](Env& env) {

@@ -177,7 +177,8 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
     pp = m.pipeline_model_parallel_size();
   }
   if (pp > 1) par->set_pipeline_model_parallel_size(pp);
-  // What the engine does not run (virtual pipeline stages), named under the assignment's spec.
+  // What the engine does not run (nothing the layout rules accept today), named under the
+  // assignment's spec.
   if (std::string why = UnsupportedJobSpec("assignment.spec.", p.spec); !why.empty()) {
     return absl::UnimplementedError(why);
   }

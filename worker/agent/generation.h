@@ -76,7 +76,8 @@ struct PreparedGeneration {
 // contradicts the assignment's mapping, a spec that fails ValidateJobSpec, a path of the spec
 // outside `roots`: "assignment.spec.training.save (\"/etc/cron.d\") resolves to /etc/cron.d,
 // outside the checkpoint root ..."); UNIMPLEMENTED for what the engine does not run
-// (common/model/engine_support.h: virtual pipeline stages), named under "assignment.spec.".
+// (common/model/engine_support.h; nothing the layout rules accept today), named under
+// "assignment.spec.".
 absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& assignment,
                                                      const Device& device, const JobRoots& roots);
 

@@ -151,7 +151,8 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
   a.mutable_mapping()->set_tensor_model_parallel_size(2);
   ExpectRejected(a, absl::StatusCode::kInvalidArgument, "spec.parallel.tensor_model_parallel_size");
-  // PP runs (1F1B); a spec PP that contradicts the mapping's and virtual pipeline stages do not.
+  // PP runs (1F1B, and interleaved with virtual stages); a spec PP that contradicts the
+  // mapping's does not, nor 2 layers at PP 2 · VPP 2 (Megatron's layer rule).
   a = Valid();
   a.mutable_spec()->mutable_parallel()->set_pipeline_model_parallel_size(4);
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
@@ -160,8 +161,8 @@ TEST(PrepareGenerationTest, RejectsBadAssignmentsNamingTheField) {
   a = Valid();
   a.mutable_mapping()->set_pipeline_model_parallel_size(2);
   a.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
-  ExpectRejected(a, absl::StatusCode::kUnimplemented,
-                 "assignment.spec.parallel.virtual_pipeline_model_parallel_size (2) must be 1");
+  ExpectRejected(a, absl::StatusCode::kInvalidArgument,
+                 "parallel.virtual_pipeline_model_parallel_size (2 * 2 = 4)");
   ExpectRejected(Valid(0, 3, 3), absl::StatusCode::kInvalidArgument, "assignment.spec");
 }
 

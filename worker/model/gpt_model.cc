@@ -171,6 +171,21 @@ absl::Status GptConfig::Validate() const {
     }
     SY_RETURN_IF_ERROR(m.Validate());
   }
+  if (chunk_begin.size() != chunk_end.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: chunk_begin (", chunk_begin.size(), " entries) and chunk_end (",
+                     chunk_end.size(), " entries) must have one entry per model chunk"));
+  }
+  for (size_t v = 0; v < chunk_begin.size(); ++v) {
+    // Interleaved pipeline: ascending, disjoint, non-empty chunks inside the model.
+    const int64_t lo = v == 0 ? 0 : chunk_end[v - 1];
+    if (chunk_begin[v] < lo || chunk_end[v] <= chunk_begin[v] || chunk_end[v] > num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: pipeline stage ", pp_rank, " chunk ", v, " [", chunk_begin[v], ", ",
+                       chunk_end[v], ") must be a non-empty layer range inside [", lo,
+                       ", model.num_layers = ", num_layers, ") after the previous chunk"));
+    }
+  }
   if (pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size || layer_begin < 0 ||
       layer_begin >= stage_layer_end() || stage_layer_end() > num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -471,6 +486,7 @@ int64_t GptActiveParams(const GptConfig& c) { return ActiveParams(c.Shape()); }
 
 struct GptModel::Layer {
   int64_t index = 0;
+  int64_t resid = 0;  // its input is resid_[resid], its output resid_[resid + 1]
   bool is_moe = false;
   int64_t moe_index = -1;
   std::unique_ptr<MoELayer> moe;
@@ -486,8 +502,10 @@ struct GptModel::Layer {
 GptModel::~GptModel() = default;
 
 MoELayer* GptModel::moe_layer(int64_t l) const {
-  if (!config_.HoldsLayer(l)) return nullptr;  // another pipeline stage's layer
-  return layers_[l - config_.layer_begin].moe.get();
+  for (const Layer& L : layers_) {
+    if (L.index == l) return L.moe.get();
+  }
+  return nullptr;  // another pipeline stage's layer
 }
 
 void GptModel::SelectSlot(int k) {
@@ -617,25 +635,42 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   // One set of layers (activations, MoE layers) and residual stream per in-flight micro-batch slot
   // (see "Pipeline parallelism"): a stage that is not the last has at most pp_size - pp_rank
   // micro-batches between their forward and backward.
-  const int64_t first = c.layer_begin, local_layers = c.stage_layer_end() - c.layer_begin;
-  const int64_t slots =
-      c.pp_size > 1 && !c.last_stage() ? std::min(c.pp_size - c.pp_rank, max_micro_batches) : 1;
+  // Interleaved: more micro-batches are alive (the trainer's count, c.pipeline_slots).
+  // The stage's layers, chunk after chunk (one chunk without VPP); each chunk's residual stream
+  // x_0 .. x_n is its own stretch of the slot's resid (see "Pipeline parallelism").
+  std::vector<int64_t> local;  // global layer index of each local layer
+  std::vector<int64_t> resid_of;
+  chunk_layer_.clear();
+  chunk_resid_.clear();
+  for (int64_t v = 0; v < c.num_chunks(); ++v) {
+    chunk_layer_.push_back(static_cast<int64_t>(local.size()));
+    chunk_resid_.push_back(static_cast<int64_t>(local.size()) + v);
+    for (int64_t l = c.ChunkBegin(v); l < c.ChunkEnd(v); ++l) {
+      resid_of.push_back(static_cast<int64_t>(local.size()) + v);
+      local.push_back(l);
+    }
+  }
+  chunk_layer_.push_back(static_cast<int64_t>(local.size()));
+  const int64_t local_layers = static_cast<int64_t>(local.size());
+  const int64_t slots = c.pipeline_slots > 0 ? std::min(c.pipeline_slots, max_micro_batches)
+                        : c.pp_size > 1 && !c.last_stage()
+                            ? std::min(c.pp_size - c.pp_rank, max_micro_batches)
+                            : 1;
   slot_layers_.resize(slots);
   slot_resid_.resize(slots);
   for (int64_t slot = 0; slot < slots; ++slot) {
     std::vector<Tensor>& resid = slot_resid_[slot];
-    for (int64_t l = 0; l <= local_layers; ++l) {
+    for (int64_t l = 0; l < local_layers + c.num_chunks(); ++l) {
       SY_ASSIGN_OR_RETURN(Tensor x, Alloc(dt, {tl, h}));
       resid.push_back(x);
     }
-    int64_t moe_index = 0;  // global: the MoE layers of the earlier stages come first
-    for (int64_t l = 0; l < first; ++l) moe_index += c.moe_layers[l] ? 1 : 0;
     std::vector<Layer>& layers = slot_layers_[slot];
     layers.resize(local_layers);
     for (int64_t i = 0; i < local_layers; ++i) {
-      const int64_t l = first + i;
+      const int64_t l = local[i];
       Layer& L = layers[i];
       L.index = l;
+      L.resid = resid_of[i];
       L.is_moe = c.moe_layers[l];
       const std::string pre = absl::StrCat("layers.", l, ".");
       auto bind = [&](const std::string& name, Tensor* w, Tensor* g) {
@@ -669,7 +704,9 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
       SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {tl, h}));
       SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {tl}));
       if (L.is_moe) {
-        L.moe_index = moe_index++;
+        // Global: the MoE layers of the earlier stages (and chunks) come first.
+        L.moe_index = 0;
+        for (int64_t j = 0; j < l; ++j) L.moe_index += c.moe_layers[j] ? 1 : 0;
         moe_config.layer_number = L.index;  // names the layer in its dispatcher's errors
         SY_ASSIGN_OR_RETURN(
             L.moe, MoELayer::Create(moe_config, device_, tl,
@@ -913,8 +950,7 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   const int64_t d = c.head_dim, hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size;
   const float eps = static_cast<float>(c.norm_epsilon);
   const float base = static_cast<float>(c.rotary_base);
-  const int64_t li = L.index - c.layer_begin;  // this stage's residual stream is local
-  const Tensor x = Rows(resid_[li], tl), x_next = Rows(resid_[li + 1], tl);
+  const Tensor x = Rows(resid_[L.resid], tl), x_next = Rows(resid_[L.resid + 1], tl);
   const Tensor n1 = Rows(L.n1, tl), mid = Rows(L.mid, tl), n2 = Rows(L.n2, tl);
   const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
 
@@ -994,8 +1030,12 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   return absl::OkStatus();
 }
 
+Tensor GptModel::ChunkOutput(int chunk, int64_t rows) const {
+  return Rows(resid_[chunk_resid_[chunk] + chunk_layer_[chunk + 1] - chunk_layer_[chunk]], rows);
+}
+
 absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t seq_len, int micro,
-                                   bool training, const Tensor& input) {
+                                   bool training, const Tensor& input, int chunk) {
   const int64_t t = ids.numel();
   if (ids.dtype != DType::kI32 || ids.device != device_ || s.device != device_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1035,11 +1075,12 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
   tokens_ = t;
   const int64_t tl = t / config_.tp_size;
   ++step_counter_;
-  if (!config_.first_stage()) {
-    // Pipeline: the previous stage's output is this stage's x_0.
+  const Tensor x0 = Rows(resid_[chunk_resid_[chunk]], tl);
+  if (!config_.EmbedsIn(chunk)) {
+    // Pipeline: the previous (virtual) stage's output is this chunk's x_0.
     SY_RETURN_IF_ERROR(CheckTensor(input, "GptModel: pipeline stage input", config_.dtype,
                                    {tl, config_.hidden_size}));
-    SY_RETURN_IF_ERROR(CopyAsync(s, input, Rows(resid_[0], tl)));
+    SY_RETURN_IF_ERROR(CopyAsync(s, input, x0));
   } else {
     ScopedRange range(s, "embedding.fwd");
     if (config_.tp_size > 1) {
@@ -1050,37 +1091,54 @@ absl::Status GptModel::ForwardPass(const Stream& s, const Tensor& ids, int64_t s
       SY_RETURN_IF_ERROR(
           kernels::VocabShardEmbeddingForward(s, ids, P("embedding.weight"), config_.tp_rank * vl,
                                               config_.vocab_size, Rows(ids_loc_, t), Rows(rs_, t)));
-      SY_RETURN_IF_ERROR(ReduceScatterSeq(s, Rows(rs_, t), Rows(resid_[0], tl), seq_len));
+      SY_RETURN_IF_ERROR(ReduceScatterSeq(s, Rows(rs_, t), x0, seq_len));
     } else {
-      SY_RETURN_IF_ERROR(
-          kernels::EmbeddingForward(s, ids, P("embedding.weight"), Rows(resid_[0], tl)));
+      SY_RETURN_IF_ERROR(kernels::EmbeddingForward(s, ids, P("embedding.weight"), x0));
     }
   }
-  for (Layer& L : layers_) SY_RETURN_IF_ERROR(LayerForward(s, L, seq_len, micro, training));
-  if (!config_.last_stage()) return absl::OkStatus();
+  for (int64_t i = chunk_layer_[chunk]; i < chunk_layer_[chunk + 1]; ++i) {
+    SY_RETURN_IF_ERROR(LayerForward(s, layers_[i], seq_len, micro, training));
+  }
+  if (!config_.HeadIn(chunk)) return absl::OkStatus();
   ScopedRange range(s, "final_norm.fwd");
-  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Rows(resid_.back(), tl), P("final_norm.weight"),
+  SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, ChunkOutput(chunk, tl), P("final_norm.weight"),
                                              static_cast<float>(config_.norm_epsilon),
                                              Rows(final_n_, tl), Rows(final_rstd_, tl)));
   return absl::OkStatus();
 }
 
 void GptModel::SetTraining(bool training) {
+  // Every in-flight slot's MoE layers (the inactive slots' vector of the active one is empty).
   for (Layer& L : layers_) {
     if (L.moe != nullptr) L.moe->set_training(training);
+  }
+  for (auto& layers : slot_layers_) {
+    for (Layer& L : layers) {
+      if (L.moe != nullptr) L.moe->set_training(training);
+    }
   }
 }
 
 absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
-                               int64_t seq_len, int micro, const Tensor& logits) {
-  if (config_.pp_size > 1) {
-    return absl::UnimplementedError(
-        "GptModel::Forward: evaluation with parallel.pipeline_model_parallel_size > 1 (the "
-        "forward-only pipeline schedule is not implemented)");
+                               int64_t seq_len, int micro, const Tensor& logits,
+                               const Tensor& input, int chunk, Tensor* output) {
+  if (chunk < 0 || chunk >= config_.num_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::Forward: chunk (", chunk,
+                                                   ") must be in [0, ", config_.num_chunks(), ")"));
   }
+  if (!config_.HeadIn(chunk) && output == nullptr) {
+    return absl::InvalidArgumentError(
+        "GptModel::Forward: a chunk without the LM head must take output");
+  }
+  // Slot 0: evaluation runs between steps, no training micro-batch is in flight.
   SelectSlot(0);
-  SY_RETURN_IF_ERROR(ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false));
+  SY_RETURN_IF_ERROR(
+      ForwardPass(stream, ids, seq_len, targets.data ? micro : -1, false, input, chunk));
   const int64_t t = tokens_, tl = t / config_.tp_size;
+  if (!config_.HeadIn(chunk)) {
+    *output = ChunkOutput(chunk, tl);  // handed to the next (virtual) stage by the trainer
+    return absl::OkStatus();
+  }
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const bool tp = config_.tp_size > 1;
   if (logits.data != nullptr) {
@@ -1228,7 +1286,7 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   const int64_t t = tokens_, tl = t / c.tp_size, b = t / seq_len, d = c.head_dim;
   const int64_t hq = c.num_heads / c.tp_size, hkv = c.num_kv_heads / c.tp_size;
   const float base = static_cast<float>(c.rotary_base);
-  const Tensor x = Rows(resid_[L.index - c.layer_begin], tl);
+  const Tensor x = Rows(resid_[L.resid], tl);
   const Tensor n1 = Rows(L.n1, tl), mid = Rows(L.mid, tl), n2 = Rows(L.n2, tl);
   const Tensor g = Rows(g_, tl), dn = Rows(dn_, tl);
   // SP: the gathered output gradient, and the input gradient's partial sums [t, H].
@@ -1305,20 +1363,26 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
 
 absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const Tensor& targets,
                                        int64_t seq_len, float ce_scale, double aux_grad_scale,
-                                       int micro, const Tensor& input, Tensor* input_grad) {
+                                       int micro, const Tensor& input, Tensor* input_grad,
+                                       int slot) {
   if (micro < 0) return absl::InvalidArgumentError("GptModel: micro-batch slot must be >= 0");
+  if (slot < 0 || slot >= num_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat("GptModel::ForwardBackward: slot (", slot,
+                                                   ") must be in [0, ", num_slots(), ")"));
+  }
+  const int head = static_cast<int>(config_.num_chunks() - 1);
   if (!config_.last_stage()) {
     return absl::FailedPreconditionError(
         absl::StrCat("GptModel::ForwardBackward: pipeline stage ", config_.pp_rank,
                      " is not the last (it has no LM head): use ForwardStage / BackwardStage"));
   }
-  if (!config_.first_stage() && input_grad == nullptr) {
+  if (!config_.EmbedsIn(head) && input_grad == nullptr) {
     return absl::InvalidArgumentError(
         "GptModel::ForwardBackward: a later pipeline stage must take input_grad");
   }
   ScopedRange range(s, "forward_backward", micro);
-  SelectSlot(0);
-  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input));
+  SelectSlot(slot);
+  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input, head));
   const int64_t t = tokens_, tl = t / config_.tp_size;
   const Tensor w_out = config_.untie_embeddings ? P("output.weight") : P("embedding.weight");
   const Tensor dw_out = config_.untie_embeddings ? G("output.weight") : G("embedding.weight");
@@ -1349,24 +1413,24 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
   {
     // Backward: final norm, then the layers in reverse, then the embedding.
     ScopedRange norm(s, "final_norm.bwd");
-    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, Rows(resid_.back(), tl),
+    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, ChunkOutput(head, tl),
                                                 P("final_norm.weight"), Rows(final_rstd_, tl), g,
                                                 G("final_norm.weight"), true, rms_ws_));
   }
   if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(config_.num_layers));
-  return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad);
+  return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad, head);
 }
 
 absl::Status GptModel::LayersBackward(const Stream& s, const Tensor& ids, int64_t seq_len,
-                                      double aux_grad_scale, Tensor* input_grad) {
+                                      double aux_grad_scale, Tensor* input_grad, int chunk) {
   // g_ holds d(loss)/d(x_L) of this stage's last layer.
   const int64_t tl = tokens_ / config_.tp_size;
   const Tensor g = Rows(g_, tl);
-  for (int64_t i = static_cast<int64_t>(layers_.size()) - 1; i >= 0; --i) {
+  for (int64_t i = chunk_layer_[chunk + 1] - 1; i >= chunk_layer_[chunk]; --i) {
     SY_RETURN_IF_ERROR(LayerBackward(s, layers_[i], seq_len, aux_grad_scale));
     if (backward_hook_) SY_RETURN_IF_ERROR(backward_hook_(layers_[i].index));
   }
-  if (!config_.first_stage()) {
+  if (!config_.EmbedsIn(chunk)) {
     if (input_grad != nullptr) *input_grad = g;  // sent to the previous stage by the trainer
     return absl::OkStatus();
   }
@@ -1391,27 +1455,31 @@ absl::Status GptModel::LayersBackward(const Stream& s, const Tensor& ids, int64_
 }
 
 absl::Status GptModel::ForwardStage(const Stream& s, const Tensor& ids, const Tensor& input,
-                                    int64_t seq_len, int micro, int slot, Tensor* output) {
-  if (config_.last_stage() || slot < 0 || slot >= num_slots() || micro < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GptModel::ForwardStage: needs a pipeline stage before the last (stage ",
-                     config_.pp_rank, " of ", config_.pp_size, "), slot in [0, ", num_slots(),
-                     ") (got ", slot, ") and micro >= 0"));
+                                    int64_t seq_len, int micro, int slot, Tensor* output,
+                                    int chunk) {
+  if (chunk < 0 || chunk >= config_.num_chunks() || config_.HeadIn(chunk) || slot < 0 ||
+      slot >= num_slots() || micro < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel::ForwardStage: needs a chunk without the LM head (stage ", config_.pp_rank,
+        " of ", config_.pp_size, ", chunk ", chunk, " of ", config_.num_chunks(), "), slot in [0, ",
+        num_slots(), ") (got ", slot, ") and micro >= 0"));
   }
   ScopedRange range(s, "forward_stage", micro);
   SelectSlot(slot);
-  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input));
-  *output = Rows(resid_.back(), tokens_ / config_.tp_size);
+  SY_RETURN_IF_ERROR(ForwardPass(s, ids, seq_len, micro, true, input, chunk));
+  *output = ChunkOutput(chunk, tokens_ / config_.tp_size);
   return absl::OkStatus();
 }
 
 absl::Status GptModel::BackwardStage(const Stream& s, const Tensor& ids, const Tensor& output_grad,
                                      int64_t seq_len, double aux_grad_scale, int slot,
-                                     Tensor* input_grad) {
-  if (config_.last_stage() || slot < 0 || slot >= num_slots()) {
+                                     Tensor* input_grad, int chunk) {
+  if (chunk < 0 || chunk >= config_.num_chunks() || config_.HeadIn(chunk) || slot < 0 ||
+      slot >= num_slots()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "GptModel::BackwardStage: needs a pipeline stage before the last (stage ", config_.pp_rank,
-        " of ", config_.pp_size, ") and slot in [0, ", num_slots(), ") (got ", slot, ")"));
+        "GptModel::BackwardStage: needs a chunk without the LM head (stage ", config_.pp_rank,
+        " of ", config_.pp_size, ", chunk ", chunk, " of ", config_.num_chunks(),
+        ") and slot in [0, ", num_slots(), ") (got ", slot, ")"));
   }
   ScopedRange range(s, "backward_stage", slot);
   SelectSlot(slot);
@@ -1420,7 +1488,7 @@ absl::Status GptModel::BackwardStage(const Stream& s, const Tensor& ids, const T
   SY_RETURN_IF_ERROR(CheckTensor(output_grad, "GptModel::BackwardStage.output_grad", config_.dtype,
                                  {tl, config_.hidden_size}));
   SY_RETURN_IF_ERROR(CopyAsync(s, output_grad, Rows(g_, tl)));
-  return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad);
+  return LayersBackward(s, ids, seq_len, aux_grad_scale, input_grad, chunk);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -137,11 +137,19 @@
 // stage that is not the last runs ForwardStage (input: the received activation [t/TP, H], or the
 // embedding on the first stage) and later BackwardStage (the received gradient of its output); the
 // last stage runs ForwardBackward with the received input and returns the gradient of that input.
+// Interleaved (virtual stages, GptConfig::chunk_begin/chunk_end): the stage holds several model
+// chunks (non-contiguous layer ranges); every pass names its chunk. The embedding is in chunk 0
+// of the first stage, the final norm and LM head in the last chunk of the last stage (the only
+// chunk that runs ForwardBackward); every other chunk of every stage runs ForwardStage /
+// BackwardStage, taking its input from and handing its output to the trainer. Each chunk has
+// its own stretch of the slot's residual stream (chunk v's x_0 .. x_n), so the chunks of one
+// micro-batch never overwrite each other's saved activations.
 // Several micro-batches are in flight between a stage's forward and its backward (at most pp_size -
-// pp_rank), so every per-micro-batch activation (residual stream, each layer's saved tensors and
-// its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch m uses slot
-// m % slots); the scratch used only inside one pass is shared. The MoE layers of all slots share
-// the expert-bias and token-count buffers (one update per global batch) and the running
+// pp_rank with 1F1B; with the interleaved schedule the trainer's GptConfig::pipeline_slots, on
+// the last stage too), so every per-micro-batch activation (residual stream, each layer's saved
+// tensors and its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch
+// m uses slot m % slots); the scratch used only inside one pass is shared. The MoE layers of all
+// slots share the expert-bias and token-count buffers (one update per global batch) and the running
 // global_aux_loss counts (slot 0's MoE layer holds them, MoELayer::ShareGlobalAuxCounts), which
 // the micro-batches then accumulate in order, as in one process.
 //
@@ -205,10 +213,34 @@ struct GptConfig {
   // num_layers stays the WHOLE model's count (scaled init, names and RNG match one process).
   int64_t pp_size = 1, pp_rank = 0;
   int64_t layer_begin = 0, layer_end = -1;
+  // Interleaved pipeline (virtual stages, see "Pipeline parallelism"): this stage's model chunks,
+  // chunk v holding the global layers [chunk_begin[v], chunk_end[v]) (ascending, disjoint, the
+  // layout of common/model/pipeline_layout.h). Empty: one chunk, [layer_begin, stage_layer_end()).
+  std::vector<int64_t> chunk_begin, chunk_end;
+  // In-flight activation slots (micro-batch m uses slot m % slots); 0: 1F1B's count
+  // (pp_size - pp_rank on a stage before the last, 1 on the last). The interleaved schedule's
+  // trainer sets it (pipeline_schedule.h MaxAliveMicroBatches).
+  int64_t pipeline_slots = 0;
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
   int64_t stage_layer_end() const { return layer_end < 0 ? num_layers : layer_end; }
-  bool HoldsLayer(int64_t l) const { return l >= layer_begin && l < stage_layer_end(); }
+  int64_t num_chunks() const {
+    return chunk_begin.empty() ? 1 : static_cast<int64_t>(chunk_begin.size());
+  }
+  int64_t ChunkBegin(int64_t v) const { return chunk_begin.empty() ? layer_begin : chunk_begin[v]; }
+  int64_t ChunkEnd(int64_t v) const {
+    return chunk_begin.empty() ? stage_layer_end() : chunk_end[v];
+  }
+  bool HoldsLayer(int64_t l) const {
+    for (int64_t v = 0; v < num_chunks(); ++v) {
+      if (l >= ChunkBegin(v) && l < ChunkEnd(v)) return true;
+    }
+    return false;
+  }
+  // The chunk that embeds (chunk 0 of the first stage) and the one that holds the final norm and
+  // LM head (the last chunk of the last stage): Megatron's pre_process / post_process.
+  bool EmbedsIn(int64_t chunk) const { return first_stage() && chunk == 0; }
+  bool HeadIn(int64_t chunk) const { return last_stage() && chunk == num_chunks() - 1; }
 
   // From a defaulted and validated ModelConfig (common/config/config_defaults.h, validate.h).
   static absl::StatusOr<GptConfig> FromProto(const v1::ModelConfig& model, DType dtype);
@@ -370,21 +402,28 @@ class GptModel {
   // Pipeline (not the first stage): `input` [B·S/TP, H] is the previous stage's output for this
   // micro-batch (model dtype, model device) and *input_grad receives a view of its gradient
   // (valid until the next pass). On the last stage only (it holds the LM head).
+  // Interleaved: the pass of the last chunk (the one with the LM head) in in-flight slot `slot`.
   absl::Status ForwardBackward(const Stream& stream, const Tensor& ids, const Tensor& targets,
                                int64_t seq_len, float ce_scale, double aux_grad_scale, int micro,
-                               const Tensor& input = Tensor(), Tensor* input_grad = nullptr);
+                               const Tensor& input = Tensor(), Tensor* input_grad = nullptr,
+                               int slot = 0);
   // Pipeline, a stage that is not the last (see "Pipeline parallelism"): the forward of this
   // stage's layers for micro-batch `micro` into in-flight slot `slot` (< num_slots()); `input` as
   // in ForwardBackward (ignored on the first stage, which embeds `ids`). *output: a view of the
   // stage's output [B·S/TP, H], valid until the slot is used again.
+  // Interleaved: of model chunk `chunk` (any but the last stage's last; the embedding only in
+  // the first stage's chunk 0).
   absl::Status ForwardStage(const Stream& stream, const Tensor& ids, const Tensor& input,
-                            int64_t seq_len, int micro, int slot, Tensor* output);
+                            int64_t seq_len, int micro, int slot, Tensor* output, int chunk = 0);
   // The backward of slot `slot`'s micro-batch (ids: the same ids as its forward) given the
   // gradient of the stage's output; *input_grad (not on the first stage, which runs the
   // embedding backward): a view valid until the next pass. Backward hooks run as in
   // ForwardBackward.
+  // Interleaved: of model chunk `chunk` (as ForwardStage's); *input_grad for every chunk but the
+  // first stage's chunk 0.
   absl::Status BackwardStage(const Stream& stream, const Tensor& ids, const Tensor& output_grad,
-                             int64_t seq_len, double aux_grad_scale, int slot, Tensor* input_grad);
+                             int64_t seq_len, double aux_grad_scale, int slot, Tensor* input_grad,
+                             int chunk = 0);
   int num_slots() const { return static_cast<int>(slot_layers_.size()); }
   // Forward only: the loss sum into slot `micro` (targets given) and/or the logits [B·S, V] f32
   // (when `logits` is non-empty). Does not disturb gradients. At TP > 1 the final-norm sequence
@@ -392,8 +431,13 @@ class GptModel {
   // ForwardBackward), and the logits (only when asked: generation / eval) are each rank's V/TP
   // columns all-gathered over TP, so every TP rank gets the same full logits of its (CP-local)
   // tokens in the order of `ids` (a [(TP+1)·t·V/TP] scratch is allocated on first use).
+  // Pipeline (the trainer's forward-only schedule, Trainer::Evaluate): the pass of model chunk
+  // `chunk` of this stage, `input` as in ForwardBackward (none where the chunk embeds); a chunk
+  // without the LM head only runs its layers and sets *output (its output [B·S/TP, H], valid
+  // until the next pass), the loss and logits are the head chunk's.
   absl::Status Forward(const Stream& stream, const Tensor& ids, const Tensor& targets,
-                       int64_t seq_len, int micro, const Tensor& logits);
+                       int64_t seq_len, int micro, const Tensor& logits,
+                       const Tensor& input = Tensor(), int chunk = 0, Tensor* output = nullptr);
 
   // Training (the default) or evaluation mode of every MoE layer's router for the passes that
   // follow (Megatron's model.train() / model.eval(); MoELayer::set_training): in evaluation no
@@ -433,11 +477,15 @@ class GptModel {
   GptModel() = default;
   absl::Status Build(int64_t max_micro_batch, int64_t max_micro_batches);
   absl::Status ForwardPass(const Stream& stream, const Tensor& ids, int64_t seq_len, int micro,
-                           bool training, const Tensor& input = Tensor());
+                           bool training, const Tensor& input = Tensor(), int chunk = 0);
+  // Chunk v's layers are layers_[chunk_layer_[v], chunk_layer_[v + 1]); its input is
+  // resid_[chunk_resid_[v]] and its output resid_[chunk_resid_[v] + its layer count].
+  std::vector<int64_t> chunk_layer_, chunk_resid_;
+  Tensor ChunkOutput(int chunk, int64_t rows) const;
   // Makes slot k's layers and residual stream the active ones (layers_, resid_).
   void SelectSlot(int k);
   absl::Status LayersBackward(const Stream& s, const Tensor& ids, int64_t seq_len,
-                              double aux_grad_scale, Tensor* input_grad);
+                              double aux_grad_scale, Tensor* input_grad, int chunk = 0);
   absl::Status BackwardPass(const Stream& stream, const Tensor& ids, int64_t seq_len,
                             double aux_grad_scale);
   absl::Status LayerForward(const Stream& s, Layer& layer, int64_t seq_len, int micro,

@@ -144,7 +144,11 @@ const std::vector<Knob>& Table() {
       {"parallel.sequence_parallel", "planner (on exactly when TP > 1)",
        [](v1::JobSpec* s) { P(s)->set_sequence_parallel(true); },
        "parallel.sequence_parallel requires parallel.tensor_model_parallel_size > 1"},
-      {"parallel.virtual_pipeline_model_parallel_size", nullptr,
+      // VPP runs (the interleaved schedule: StageLayers per chunk -> GptConfig.chunk_begin/
+      // chunk_end); on this one-process job only the PP > 1 rule can be seen.
+      {"parallel.virtual_pipeline_model_parallel_size",
+       "trainer: StageLayers per chunk -> GptConfig.chunk_begin/chunk_end, "
+       "InterleavedMicroBatches",
        [](v1::JobSpec* s) { P(s)->set_virtual_pipeline_model_parallel_size(2); },
        "parallel.virtual_pipeline_model_parallel_size (2) requires "
        "parallel.pipeline_model_parallel_size > 1"},

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +29,8 @@
 
 namespace switchyard::train {
 namespace {
+
+using kernels::Buffer;
 
 // The first mock sample of the valid batches (data.mock_data with training.eval_interval): far
 // past any training run's samples (train_iters x global batch), so the two never share tokens.
@@ -65,13 +69,6 @@ absl::Status Trainer::InitEvaluation(const std::shared_ptr<TokenDocuments>& all,
   const v1::TrainingConfig& tr = spec_.training();
   if (!tr.has_eval_interval() && !options_.evaluate_only) return absl::OkStatus();
   const char* why = tr.has_eval_interval() ? "training.eval_interval is set" : "--eval";
-  if (pp_ > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat(tr.has_eval_interval() ? "training.eval_interval" : "--eval",
-                     ": evaluation with parallel.pipeline_model_parallel_size ", pp_,
-                     " > 1 is not implemented (no forward-only pipeline schedule yet)",
-                     tr.has_eval_interval() ? "; unset eval_interval" : ""));
-  }
   const std::string& split = spec_.data().split();
   if (!valid.has_value() || valid->size() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -111,10 +108,6 @@ absl::StatusOr<double> Trainer::Evaluate() {
         "Trainer::Evaluate: this trainer has no valid split (set training.eval_interval, or use "
         "TrainerOptions.evaluate_only)");
   }
-  if (pp_ > 1) {
-    return absl::UnimplementedError(
-        "Trainer::Evaluate: parallel.pipeline_model_parallel_size > 1 is not implemented");
-  }
   const Stream& s = stream_;
   model::ScopedRange range(s, "evaluate", step_);
   // Evaluation mode (GptModel::SetTraining) and the jitter counter (each Forward pass advances
@@ -129,34 +122,107 @@ absl::StatusOr<double> Trainer::Evaluate() {
   // This rank's share of the loss sum, in f64 over the batches (each batch's micro-batch sums
   // come from the CE kernel's f32 slots, read once per batch by ReadStepStats).
   double local = 0;
+  const int64_t n = micro_batch_ * local_seq_;
+  const Tensor ids =
+      Tensor(DType::kI32, {n}, s.device, s.is_cuda() ? ids_.View().data : host_ids_.View().data);
+  const Tensor targets = Tensor(DType::kI32, {n}, s.device,
+                                s.is_cuda() ? targets_.View().data : host_targets_.View().data);
+  // PP > 1: Megatron's forward-only pipeline (every op in warm-up: the forwards of this stage's
+  // chunks in the schedule's order), run as PipelineProgram rounds like a training step.
+  std::vector<PipelineRound> program;
+  if (pp_ > 1) {
+    SY_ASSIGN_OR_RETURN(program, PipelineProgram(pp_, vpp_, num_micro_, /*forward_only=*/true));
+  }
   for (int64_t k = 0; k < eval_iters_; ++k) {
-    for (int64_t m = 0; m < num_micro_; ++m) {
+    auto load = [&](int64_t m) -> absl::Status {
       // Micro-batch j of evaluation batch k, as Step's micro-batch j of a training batch.
       const int64_t j = m * dp_ + dp_rank_;
       // Mock data: LoadMicroBatch's mock tokens of an index range no training run reaches.
       const int64_t first = (mock_eval_ ? kMockValidFirstSample : 0) + k * gbs + j * micro_batch_;
-      SY_RETURN_IF_ERROR(LoadMicroBatch(first, micro_batch_, valid_samples_.get()));
-      const int64_t n = micro_batch_ * local_seq_;
-      const Tensor ids = Tensor(DType::kI32, {n}, s.device,
-                                s.is_cuda() ? ids_.View().data : host_ids_.View().data);
-      const Tensor targets = Tensor(DType::kI32, {n}, s.device,
-                                    s.is_cuda() ? targets_.View().data : host_targets_.View().data);
-      SY_RETURN_IF_ERROR(
-          model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
+      return LoadMicroBatch(first, micro_batch_, valid_samples_.get());
+    };
+    if (pp_ > 1) {
+      SY_RETURN_IF_ERROR(PipelineForwardOnly(program, ids, targets, load));
+    } else {
+      for (int64_t m = 0; m < num_micro_; ++m) {
+        SY_RETURN_IF_ERROR(load(m));
+        SY_RETURN_IF_ERROR(
+            model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
+      }
     }
     // The forward's collectives return before completing: their groups' bounded Synchronize
     // before ReadStepStats synchronises the stream.
     SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
                         model_->ReadStepStats(s, static_cast<int>(num_micro_)));
-    local += stats.loss_sum;
+    // Only the last stage computes a loss (its head chunk); the others' slots are never written.
+    if (pp_ == 1 || pp_rank_ == pp_ - 1) local += stats.loss_sum;
   }
   // The step loss's fold (ReduceStats): each rank's loss sum is its share of its DP rank's
   // tokens (CP: its chunks; TP: the vocabulary-parallel loss, reported by TP rank 0, 0 on the
-  // others), so the sum over TP×DP×CP is the whole loss sum. PP is 1 here: TDC is the world.
+  // others), so the sum over TP×DP×CP is the whole loss sum; then over PP (the last stage's
+  // value, 0 from the others), so every rank of every stage returns the same validation loss.
   std::vector<double> v = {local};
   if (distributed()) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->tdc, &v));
+  if (pp_ > 1) SY_RETURN_IF_ERROR(AllReduceDoubles(groups_->pp, &v));
   return v[0] / static_cast<double>(eval_iters_ * gbs * seq_);
+}
+
+absl::Status Trainer::PipelineForwardOnly(const std::vector<PipelineRound>& program,
+                                          const Tensor& ids, const Tensor& targets,
+                                          const std::function<absl::Status(int64_t)>& load) {
+  // InterleavedMicroBatches' round loop without backwards: after its op of a round, every stage
+  // walks the round's messages (activations only) in the program's global order; a received
+  // activation waits in a spare buffer until its chunk's forward.
+  const Stream& s = stream_;
+  comm::Communicator* pp = groups_->pp;
+  const model::GptConfig& c = model_->config();
+  const Tensor shape = pp_input_.View();               // [t/TP, H] in the model dtype
+  std::map<std::pair<int64_t, int64_t>, Buffer> held;  // (micro, chunk) -> its input
+  for (const PipelineRound& round : program) {
+    Tensor outgoing;
+    if (round.has_op[pp_rank_]) {
+      const PipelineOp& op = round.ops[pp_rank_];
+      const int m = static_cast<int>(op.micro), chunk = static_cast<int>(op.chunk);
+      SY_RETURN_IF_ERROR(load(m));
+      Tensor input;
+      auto it = held.find({m, chunk});
+      if (!c.EmbedsIn(chunk)) {
+        if (it == held.end()) {
+          return absl::InternalError(absl::StrCat("forward-only pipeline: stage ", pp_rank_,
+                                                  " has no input for micro-batch ", m, " chunk ",
+                                                  chunk));
+        }
+        input = it->second.View();
+      }
+      SY_RETURN_IF_ERROR(model_->Forward(s, ids, targets, local_seq_, m, Tensor(), input, chunk,
+                                         c.HeadIn(chunk) ? nullptr : &outgoing));
+      if (it != held.end()) {
+        pp_spare_.push_back(std::move(it->second));
+        held.erase(it);
+      }
+    }
+    for (const PipelineMessage& msg : round.messages) {
+      if (msg.from == pp_rank_) {
+        SY_RETURN_IF_ERROR(pp->Send(outgoing, static_cast<int>(msg.to), msg.tag));
+      } else if (msg.to == pp_rank_) {
+        Buffer b;
+        if (!pp_spare_.empty()) {
+          b = std::move(pp_spare_.back());
+          pp_spare_.pop_back();
+        } else {
+          SY_ASSIGN_OR_RETURN(b, Buffer::ForTensor(shape.dtype, shape.shape, shape.device));
+        }
+        SY_RETURN_IF_ERROR(pp->Recv(b.View(), static_cast<int>(msg.from), msg.tag));
+        held.emplace(std::make_pair(msg.micro, msg.chunk), std::move(b));
+      }
+    }
+  }
+  if (!held.empty()) {
+    return absl::InternalError(absl::StrCat("forward-only pipeline: stage ", pp_rank_,
+                                            " ended with ", held.size(), " unused inputs"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::WriteValidationTokens(const std::string& path) const {

@@ -16,6 +16,9 @@
 //   - at world 2 (DP2, EP2, CP2, TP2; forked processes over Gloo) the in-training validation losses
 //     equal one process's within 1e-5 relative, and one process's RunEvaluation of the world-2
 //     checkpoint equals the world-2 final validation loss within 1e-5;
+//   - with pipeline parallelism (PP2, PP2·VPP2, PP2·EP2: the forward-only pipeline schedule)
+//     every rank reports the same validation losses, equal to one process's within 1e-5
+//     relative, and one process evaluates the pipeline checkpoint to the final one;
 //   - a split that leaves the valid share empty on the real dataset is INVALID_ARGUMENT naming
 //     data.split and the rule.
 #include <unistd.h>
@@ -502,46 +505,103 @@ TEST(DistributedEvaluateTest, WorldTwoEqualsOneProcess) {
   }
 }
 
-// PP > 1: no forward-only pipeline schedule yet, so a job that evaluates is refused at Create on
-// every stage, naming the field and the reason (4 layers, untied head: a valid PP2 job otherwise).
-TEST(DistributedEvaluateTest, PipelineParallelIsRefusedAtCreate) {
-  const std::string store = ct::UniqueStoreDir("eval_store_pp2");
-  const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = 2;
-    dims.pipeline_model_parallel_size = 2;
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
-    SY_CHILD_OK(groups.status());
-    TrainerOptions opt = CpuF32();
-    opt.groups = groups->get();
-    for (bool evaluate : {false, true}) {
-      v1::JobSpec spec = Spec(6, evaluate ? 3 : 0, 2);
-      v1::ModelConfig* m = spec.mutable_model();
-      m->set_num_layers(4);
-      m->clear_moe_layer_pattern();
-      for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
-      m->set_untie_embeddings_and_output_weights(true);
-      spec.mutable_parallel()->set_world_size(2);
-      spec.mutable_parallel()->set_pipeline_model_parallel_size(2);
+// PP > 1: Megatron's forward-only pipeline schedule. The 4-layer variant (MoE, dense, MoE, MoE;
+// untied head) at PP2 (2 stages of 2 layers), PP2·VPP2 (chunks of one layer: stage 0 holds
+// layers 0 and 2, stage 1 layers 1 and 3) and PP2·EP2 (world 4, DP2) trains 6 steps evaluating
+// at steps 3 and 6: EVERY rank (each stage, each DP rank) reports the same validation losses,
+// equal to one process's within 1e-5 relative; one process evaluates the final PP checkpoint
+// (resharded) to the same number.
+struct PipeLayout {
+  const char* name;
+  int world, pp, vpp, ep;
+};
+
+v1::JobSpec PipeSpec(const PipeLayout* l) {
+  v1::JobSpec spec = Spec(6, 3, 2);
+  v1::ModelConfig* m = spec.mutable_model();
+  m->set_num_layers(4);
+  m->clear_moe_layer_pattern();
+  for (int x : {1, 0, 1, 1}) m->add_moe_layer_pattern(x);
+  m->set_untie_embeddings_and_output_weights(true);
+  if (l != nullptr) {
+    v1::ParallelConfig* p = spec.mutable_parallel();
+    p->set_world_size(l->world);
+    p->set_pipeline_model_parallel_size(l->pp);
+    if (l->vpp > 1) p->set_virtual_pipeline_model_parallel_size(l->vpp);
+    p->set_expert_model_parallel_size(l->ep);
+  }
+  return spec;
+}
+
+TEST(DistributedEvaluateTest, PipelineEqualsOneProcess) {
+  auto one = Trainer::Create(PipeSpec(nullptr), CpuF32());
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::vector<StepResult> ref = Train(one->get());
+  std::map<int64_t, double> want;
+  for (const StepResult& r : ref) {
+    if (r.validation_loss.has_value()) want[r.step] = *r.validation_loss;
+  }
+  ASSERT_EQ(want.size(), 2u);
+  const PipeLayout layouts[] = {
+      {"PP2", 2, 2, 1, 1}, {"PP2_VPP2", 2, 2, 2, 1}, {"PP2_EP2", 4, 2, 1, 2}};
+  for (const PipeLayout& l : layouts) {
+    const std::string what = l.name;
+    const std::string store = ct::UniqueStoreDir(absl::StrCat("eval_store_", what));
+    const std::string out = Fresh(absl::StrCat("eval_pipe_", what));
+    const std::string save = Fresh(absl::StrCat("eval_pipe_ckpt_", what));
+    const std::vector<int> codes = ct::RunProcesses(l.world, absl::Minutes(5), [&](int rank) {
+      std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
+      SY_CHILD_CHECK(kv != nullptr);
+      ParallelDims dims;
+      dims.world_size = l.world;
+      dims.pipeline_model_parallel_size = l.pp;
+      dims.expert_model_parallel_size = l.ep;
+      dims.expert_tensor_parallel_size = 1;
+      comm::GlooOptions gopt;
+      gopt.timeout = absl::Seconds(60);
+      auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+      SY_CHILD_OK(groups.status());
+      TrainerOptions opt = CpuF32();
+      opt.groups = groups->get();
+      v1::JobSpec spec = PipeSpec(&l);
+      spec.mutable_training()->set_save(save);
       auto t = Trainer::Create(spec, opt);
-      if (!evaluate) {
-        SY_CHILD_OK(t.status());  // the same job without evaluation trains at PP2
-        continue;
+      SY_CHILD_OK(t.status());
+      // Every rank writes its own validation losses: all stages must report the same value.
+      std::ofstream f(absl::StrCat(out, ".", rank));
+      TrainingLoopHooks hooks;
+      hooks.on_step = [&](const StepResult& r) {
+        if (r.validation_loss.has_value()) {
+          f << absl::StrFormat("%d %.17g\n", r.step, *r.validation_loss);
+        }
+      };
+      SY_CHILD_OK(RunTrainingLoop(t->get(), hooks).status());
+      return 0;
+    });
+    for (int r = 0; r < l.world; ++r) ASSERT_EQ(codes[r], 0) << what << " rank " << r;
+    std::map<int64_t, double> rank0;
+    for (int r = 0; r < l.world; ++r) {
+      std::ifstream f(absl::StrCat(out, ".", r));
+      std::map<int64_t, double> got;
+      int64_t step = 0;
+      double v = 0;
+      while (f >> step >> v) got[step] = v;
+      ASSERT_EQ(got.size(), want.size()) << what << " rank " << r;
+      if (r == 0) rank0 = got;
+      for (const auto& [st, w] : want) {
+        const double rel = std::abs(got[st] - w) / std::abs(w);
+        std::printf("%s rank %d step %lld: validation loss %.9f, one process %.9f, rel diff %.3g\n",
+                    what.c_str(), r, static_cast<long long>(st), got[st], w, rel);
+        EXPECT_LT(rel, 1e-5) << what << " rank " << r << " step " << st;
+        EXPECT_EQ(got[st], rank0[st]) << what << ": rank " << r << " differs from rank 0";
       }
-      if (rank == 0) std::printf("PP2 with eval_interval: %s\n", t.status().ToString().c_str());
-      SY_CHILD_CHECK(t.status().code() == absl::StatusCode::kUnimplemented);
-      SY_CHILD_CHECK(absl::StrContains(t.status().message(),
-                                       "training.eval_interval: evaluation with "
-                                       "parallel.pipeline_model_parallel_size 2 > 1 is not "
-                                       "implemented"));
     }
-    return 0;
-  });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+    absl::StatusOr<double> single = RunEvaluation(PipeSpec(nullptr), CpuF32(), {save}, stdout);
+    ASSERT_TRUE(single.ok()) << single.status();
+    std::printf("%s checkpoint evaluated by one process: %.9f (pipeline: %.9f)\n", what.c_str(),
+                *single, rank0[6]);
+    EXPECT_NEAR(*single, rank0[6], 1e-5) << what;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 #include "worker/train/pipeline_schedule.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -26,7 +29,7 @@ PipelineOp Virtual(int64_t k, bool forward, int64_t pp, int64_t vpp) {
 }  // namespace
 
 absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t stage, int64_t vpp,
-                                                         int64_t num_micro) {
+                                                         int64_t num_micro, bool forward_only) {
   if (pp < 1) return absl::InvalidArgumentError(absl::StrCat("pp (", pp, ") must be at least 1"));
   if (stage < 0 || stage >= pp) {
     return absl::InvalidArgumentError(
@@ -46,6 +49,13 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
                      vpp, ") > 1: the interleaved schedule runs groups of pp"));
   }
   std::vector<PipelineOp> ops;
+  if (forward_only) {
+    // schedules.py: forward_only puts every virtual micro-batch in warm-up.
+    for (int64_t k = 0; k < num_micro * vpp; ++k) {
+      ops.push_back(vpp == 1 ? PipelineOp{true, k, 0} : Virtual(k, true, pp, vpp));
+    }
+    return ops;
+  }
   if (vpp == 1) {
     const int64_t warmup = std::min(pp - stage - 1, num_micro);
     for (int64_t i = 0; i < warmup; ++i) ops.push_back({true, i, 0});
@@ -57,9 +67,8 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
     return ops;
   }
   const int64_t total = num_micro * vpp;
-  int64_t warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp;
-  if (num_micro == pp) warmup = total;  // schedules.py: all warm-up
-  warmup = std::min(warmup, total);
+  // get_pp_rank_microbatches: capped at the total ("all micro-batches in warm-up").
+  const int64_t warmup = std::min((pp - stage - 1) * 2 + (vpp - 1) * pp, total);
   for (int64_t k = 0; k < warmup; ++k) ops.push_back(Virtual(k, true, pp, vpp));
   for (int64_t k = 0; k < total - warmup; ++k) {
     ops.push_back(Virtual(warmup + k, true, pp, vpp));
@@ -67,6 +76,86 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
   }
   for (int64_t k = total - warmup; k < total; ++k) ops.push_back(Virtual(k, false, pp, vpp));
   return ops;
+}
+
+absl::StatusOr<std::vector<PipelineRound>> PipelineProgram(int64_t pp, int64_t vpp,
+                                                           int64_t num_micro, bool forward_only) {
+  // The argument rules are PipelineSchedule's (stage 0 exists for every valid pp).
+  absl::StatusOr<std::vector<PipelineOp>> first =
+      PipelineSchedule(pp, 0, vpp, num_micro, forward_only);
+  if (!first.ok()) return first.status();
+  std::vector<std::vector<PipelineOp>> ops(pp);
+  ops[0] = *std::move(first);
+  for (int64_t s = 1; s < pp; ++s) {
+    absl::StatusOr<std::vector<PipelineOp>> o =
+        PipelineSchedule(pp, s, vpp, num_micro, forward_only);
+    if (!o.ok()) return o.status();
+    ops[s] = *std::move(o);
+  }
+  const int64_t last_virtual = pp * vpp - 1;
+  // delivered[(activation, stage, micro, chunk)]: the round whose messages brought that input.
+  std::map<std::tuple<bool, int64_t, int64_t, int64_t>, int64_t> delivered;
+  auto has_input = [&](const PipelineOp& op, int64_t s, int64_t round) {
+    const int64_t virt = op.chunk * pp + s;
+    if (op.forward && virt == 0) return true;              // embeds its ids
+    if (!op.forward && virt == last_virtual) return true;  // its forward computed the loss
+    auto it = delivered.find({op.forward, s, op.micro, op.chunk});
+    return it != delivered.end() && it->second < round;
+  };
+  std::vector<size_t> next(pp, 0);
+  size_t remaining = 0;
+  for (const auto& o : ops) remaining += o.size();
+  std::vector<PipelineRound> rounds;
+  for (int64_t round = 0; remaining > 0; ++round) {
+    PipelineRound r;
+    r.ops.assign(pp, PipelineOp{});
+    r.has_op.assign(pp, false);
+    std::vector<PipelineMessage> grads;
+    for (int64_t s = 0; s < pp; ++s) {
+      if (next[s] == ops[s].size()) continue;
+      const PipelineOp& op = ops[s][next[s]];
+      // A backward also needs its own forward: the stage's order has it earlier (every order
+      // of PipelineSchedule runs F(m, c) before B(m, c)).
+      if (!has_input(op, s, round)) continue;
+      r.ops[s] = op;
+      r.has_op[s] = true;
+      ++next[s];
+      --remaining;
+      const int64_t virt = op.chunk * pp + s;
+      if (op.forward ? virt == last_virtual : virt == 0) continue;  // nothing to hand on
+      const int64_t to_virt = op.forward ? virt + 1 : virt - 1;
+      PipelineMessage m;
+      m.activation = op.forward;
+      m.micro = op.micro;
+      m.chunk = to_virt / pp;
+      m.from = s;
+      m.to = to_virt % pp;
+      m.tag = static_cast<uint32_t>(2 * (m.micro * vpp + m.chunk) + (op.forward ? 0 : 1));
+      delivered[{op.forward, m.to, m.micro, m.chunk}] = round;
+      (op.forward ? r.messages : grads).push_back(m);
+    }
+    r.messages.insert(r.messages.end(), grads.begin(), grads.end());
+    bool any = false;
+    for (bool b : r.has_op) any = any || b;
+    if (!any) {
+      return absl::InternalError(absl::StrCat("PipelineProgram(pp ", pp, ", vpp ", vpp,
+                                              ", num_micro ", num_micro, "): stuck in round ",
+                                              round, " with ", remaining, " ops left"));
+    }
+    rounds.push_back(std::move(r));
+  }
+  return rounds;
+}
+
+int64_t MaxAliveMicroBatches(const std::vector<PipelineOp>& ops) {
+  std::set<int64_t> alive;
+  size_t most = 0;
+  for (const PipelineOp& op : ops) {
+    if (op.forward && op.chunk == 0) alive.insert(op.micro);
+    most = std::max(most, alive.size());
+    if (!op.forward && op.chunk == 0) alive.erase(op.micro);
+  }
+  return static_cast<int64_t>(most);
 }
 
 }  // namespace switchyard::train

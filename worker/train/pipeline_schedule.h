@@ -12,8 +12,12 @@
 //   interleaving): M * VPP virtual micro-batches k; k's chunk is (k mod (PP * VPP)) / PP
 //   (reversed for backwards) and its micro-batch (k / (PP * VPP)) * PP + k mod PP, i.e. the
 //   micro-batches go through each chunk in groups of PP (so M must be a multiple of PP, a rule
-//   common/config checks). Warm-up = min((PP - s - 1) * 2 + (VPP - 1) * PP, M * VPP), all of them
-//   when M == PP.
+//   common/config checks). Warm-up = min((PP - s - 1) * 2 + (VPP - 1) * PP, M * VPP)
+//   (get_pp_rank_microbatches at the reference's HEAD: capped at the total, no M == PP special
+//   case any more).
+//   Virtual stage v·PP + s (chunk v of stage s) holds the v·PP + s-th of the PP·VPP layer chunks
+//   (common/model/pipeline_layout.h): activations go from (s, v) to (s + 1, v), and from the last
+//   stage's chunk v to the first stage's chunk v + 1; gradients the other way.
 //
 // Communication is the caller's, and its order matters: on Gloo, Communicator::Send does not
 // return until the peer has posted the matching Recv (measured: two ranks that both Send 4 KB
@@ -23,9 +27,18 @@
 // send first, odd stages receive first, or sends on a thread of their own), as Megatron does with
 // batched isend/irecv (p2p_communication.py).
 //
-// Pure arithmetic: no communication. The trainer's pipeline step (Trainer::PipelineMicroBatches)
-// runs the ops of this order and pairs each with Megatron's exchanges; pipeline_schedule_test
-// checks that every stage's order is executable against the others'.
+// Pure arithmetic: no communication. The trainer's 1F1B step (Trainer::PipelineMicroBatches)
+// runs the ops of this order and pairs each with Megatron's exchanges. The interleaved step
+// (Trainer::InterleavedMicroBatches) runs a PipelineProgram instead: the same per-stage orders,
+// executed by all stages in lock-step rounds, with the messages of each round in one global
+// order that every stage walks (it sends or receives the ones that name it). Why: with VPP the
+// stages form a ring (the last stage's chunk v feeds the first stage's chunk v + 1), so the
+// even/odd pairing of 1F1B no longer orders the blocking Send/Recv of two neighbours that are
+// each other's next and previous stage (PP 2); walking one global order is deadlock-free for any
+// PP (the earliest unfinished message always has both its ends waiting on it), on Gloo (blocking
+// rendezvous) and NCCL (stream-ordered) alike. pipeline_schedule_test checks that every stage's
+// order is executable against the others', and simulates the program's messages as blocking
+// rendezvous Send/Recv.
 #ifndef SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
 #define SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
 
@@ -49,8 +62,52 @@ struct PipelineOp {
 // plain 1F1B). INVALID_ARGUMENT naming the argument and the rule for pp < 1, a stage outside
 // [0, pp), vpp < 1, num_micro < pp (both schedules need one micro-batch per stage in flight) or,
 // with vpp > 1, num_micro not a multiple of pp.
+// forward_only (evaluation; Megatron's forward_only: every op in warm-up): the forwards only, in
+// the same order (micro-batch order with VPP 1, the chunk table's with VPP > 1).
 absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t stage, int64_t vpp,
-                                                         int64_t num_micro);
+                                                         int64_t num_micro,
+                                                         bool forward_only = false);
+
+// One point-to-point message of a PipelineProgram: after the op of virtual stage
+// (from, chunk_from) for `micro`, its output activation (forward) or input gradient (backward)
+// goes to stage `to`, model chunk `chunk` (the receiver's chunk, the one that consumes it).
+struct PipelineMessage {
+  bool activation = true;  // false: a gradient (travels to the previous virtual stage)
+  int64_t micro = 0;
+  int64_t chunk = 0;  // the receiver's chunk
+  int64_t from = 0, to = 0;
+  // Unique within a step for a (from, to) pair: 2·(micro·VPP + chunk) + (gradient ? 1 : 0).
+  uint32_t tag = 0;
+  bool operator==(const PipelineMessage& o) const {
+    return activation == o.activation && micro == o.micro && chunk == o.chunk && from == o.from &&
+           to == o.to && tag == o.tag;
+  }
+};
+
+// One lock-step round: ops[s] is the op stage s runs in it (has_op[s] false: it waits), then
+// `messages` are exchanged, every stage walking them in this order.
+struct PipelineRound {
+  std::vector<PipelineOp> ops;
+  std::vector<bool> has_op;
+  std::vector<PipelineMessage> messages;
+};
+
+// The whole step of all `pp` stages: each stage runs PipelineSchedule(pp, s, vpp, num_micro) in
+// order, an op in the first round in which its inputs arrived in an earlier round's messages (a
+// forward: the previous virtual stage's activation, none for virtual stage 0; a backward: the
+// next virtual stage's gradient, none for the last virtual stage, whose forward computes the
+// loss). Messages of one round: activations first, then gradients, each by sender stage. Errors
+// as PipelineSchedule's; INTERNAL if the orders could not finish (never for Megatron's orders).
+// forward_only: of PipelineSchedule's forward-only orders (activations only).
+absl::StatusOr<std::vector<PipelineRound>> PipelineProgram(int64_t pp, int64_t vpp,
+                                                           int64_t num_micro,
+                                                           bool forward_only = false);
+
+// The most micro-batches that are alive at once in `ops` (one stage's order): micro-batch m is
+// alive from its first forward (chunk 0) to its last backward (chunk 0). Both happen in
+// increasing m (Megatron's orders), so the alive ones are always consecutive and m % result
+// names a free activation slot (GptModel's in-flight slots).
+int64_t MaxAliveMicroBatches(const std::vector<PipelineOp>& ops);
 
 }  // namespace switchyard::train
 

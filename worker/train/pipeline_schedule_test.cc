@@ -9,11 +9,16 @@
 // exactly once per stage, and for 1F1B take exactly 2·(M + PP − 1) rounds (the bubble is
 // 2·(PP − 1) op slots) with at most min(PP − s, M) micro-batches alive on stage s; interleaved,
 // where a round is one chunk op, the bubble is 2·(PP − 1) chunk ops (VPP times smaller).
+// Interleaved orders of PP 2·VPP 2 and PP 4·VPP 2 with 8 micro-batches against lists written by
+// hand from megatron_parallel.md §3.4, and PipelineProgram's messages run as blocking rendezvous
+// Send/Recv (deadlock-free, every input arrived before its op, the stages' orders unchanged).
 #include "worker/train/pipeline_schedule.h"
 
 #include <cstdio>
 #include <map>
 #include <set>
+#include <sstream>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -72,6 +77,223 @@ TEST(PipelineScheduleTest, RejectsBadArguments) {
         << ops.status().message();
   }
   EXPECT_TRUE(PipelineSchedule(4, 0, 1, 5).ok());  // 1F1B: any M >= PP
+}
+
+// "F0.1 B3.0 ...": forward / backward of micro-batch 0 / 3 in chunk 1 / 0.
+std::vector<PipelineOp> Parse(const std::string& text) {
+  std::vector<PipelineOp> out;
+  std::istringstream in(text);
+  std::string w;
+  while (in >> w) {
+    PipelineOp op;
+    op.forward = w[0] == 'F';
+    const size_t dot = w.find('.');
+    op.micro = std::stoll(w.substr(1, dot - 1));
+    op.chunk = std::stoll(w.substr(dot + 1));
+    out.push_back(op);
+  }
+  return out;
+}
+
+std::string Show(const std::vector<PipelineOp>& ops) {
+  std::string out;
+  for (const PipelineOp& op : ops) {
+    out +=
+        (op.forward ? "F" : "B") + std::to_string(op.micro) + "." + std::to_string(op.chunk) + " ";
+  }
+  return out;
+}
+
+// Written by hand from megatron_parallel.md §3.4 (not from the code): the table of M = 8, V = 2,
+// N = PP (groups of PP micro-batches, chunk 0 then chunk 1 of each group; a backward walks the
+// same table with the chunks reversed), warm-up 2·(PP − s − 1) + (V − 1)·PP table entries, then
+// "forward k + warm-up, backward k", then the remaining backwards.
+TEST(PipelineScheduleTest, InterleavedOrdersOfPp2Vpp2AndPp4Vpp2WithEightMicroBatches) {
+  struct Case {
+    int64_t pp, stage;
+    const char* want;
+  };
+  const Case cases[] = {
+      // PP 2: table (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1) ...; stage 0 warm-up 4.
+      {2, 0,
+       "F0.0 F1.0 F0.1 F1.1 "
+       "F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 F4.0 B2.1 F5.0 B3.1 F4.1 B2.0 F5.1 B3.0 "
+       "F6.0 B4.1 F7.0 B5.1 F6.1 B4.0 F7.1 B5.0 "
+       "B6.1 B7.1 B6.0 B7.0"},
+      // Stage 1 warm-up 2.
+      {2, 1,
+       "F0.0 F1.0 "
+       "F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 F4.0 B2.0 F5.0 B3.0 "
+       "F4.1 B4.1 F5.1 B5.1 F6.0 B4.0 F7.0 B5.0 F6.1 B6.1 F7.1 B7.1 "
+       "B6.0 B7.0"},
+      // PP 4: table (0..3, 0) (0..3, 1) (4..7, 0) (4..7, 1); stage 0 warm-up 2·3 + 4 = 10.
+      {4, 0,
+       "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 F5.0 "
+       "F6.0 B0.1 F7.0 B1.1 F4.1 B2.1 F5.1 B3.1 F6.1 B0.0 F7.1 B1.0 "
+       "B2.0 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0"},
+      // Stage 1 warm-up 8.
+      {4, 1,
+       "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 "
+       "F4.0 B0.1 F5.0 B1.1 F6.0 B2.1 F7.0 B3.1 F4.1 B0.0 F5.1 B1.0 F6.1 B2.0 F7.1 B3.0 "
+       "B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0"},
+      // Stage 3 warm-up 4.
+      {4, 3,
+       "F0.0 F1.0 F2.0 F3.0 "
+       "F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 F4.0 B0.0 F5.0 B1.0 F6.0 B2.0 F7.0 B3.0 "
+       "F4.1 B4.1 F5.1 B5.1 F6.1 B6.1 F7.1 B7.1 "
+       "B4.0 B5.0 B6.0 B7.0"},
+  };
+  for (const Case& c : cases) {
+    auto ops = PipelineSchedule(c.pp, c.stage, /*vpp=*/2, /*num_micro=*/8);
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    EXPECT_EQ(Show(*ops), Show(Parse(c.want))) << "PP " << c.pp << " stage " << c.stage;
+  }
+}
+
+// The program's messages as BLOCKING rendezvous Send/Recv (Gloo's Send does not return before
+// the peer's Recv): every stage walks, round by round, its op and then the round's messages that
+// name it; a Send and the peer's Recv complete only together, when both stages stand at them.
+// Returns false on a deadlock (no pair can complete). Also checks that every op's input arrived
+// in an earlier round and that the program runs exactly PipelineSchedule's order per stage.
+bool RunProgramAsRendezvous(int64_t pp, int64_t vpp, int64_t m) {
+  auto program = PipelineProgram(pp, vpp, m);
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return false;
+  struct Action {
+    bool send;
+    int64_t peer;
+    uint32_t tag;
+  };
+  std::vector<std::vector<Action>> actions(pp);
+  std::vector<std::vector<PipelineOp>> ran(pp);
+  std::set<std::tuple<bool, int64_t, int64_t, int64_t>> arrived;  // (activation, to, micro, chunk)
+  for (const PipelineRound& r : *program) {
+    for (int64_t s = 0; s < pp; ++s) {
+      if (!r.has_op[s]) continue;
+      const PipelineOp& op = r.ops[s];
+      ran[s].push_back(op);
+      const int64_t virt = op.chunk * pp + s;
+      const bool needs = op.forward ? virt != 0 : virt != pp * vpp - 1;
+      EXPECT_TRUE(!needs || arrived.count({op.forward, s, op.micro, op.chunk}))
+          << "PP " << pp << " VPP " << vpp << " M " << m << ": stage " << s << " runs "
+          << Show({op}) << "before its input arrived";
+    }
+    for (const PipelineMessage& msg : r.messages) {
+      EXPECT_NE(msg.from, msg.to);
+      EXPECT_EQ((msg.from + (msg.activation ? 1 : pp - 1)) % pp, msg.to);
+      EXPECT_TRUE(arrived.insert({msg.activation, msg.to, msg.micro, msg.chunk}).second)
+          << "a message is sent twice";
+      actions[msg.from].push_back({true, msg.to, msg.tag});
+      actions[msg.to].push_back({false, msg.from, msg.tag});
+    }
+  }
+  for (int64_t s = 0; s < pp; ++s) {
+    auto want = PipelineSchedule(pp, s, vpp, m);
+    EXPECT_EQ(Show(ran[s]), Show(*want)) << "stage " << s;
+  }
+  std::vector<size_t> at(pp, 0);
+  size_t left = 0;
+  for (const auto& a : actions) left += a.size();
+  while (left > 0) {
+    bool progressed = false;
+    for (int64_t s = 0; s < pp; ++s) {
+      if (at[s] == actions[s].size() || !actions[s][at[s]].send) continue;
+      const Action& a = actions[s][at[s]];
+      const int64_t p = a.peer;
+      if (at[p] == actions[p].size()) continue;
+      const Action& b = actions[p][at[p]];
+      if (b.send || b.peer != s || b.tag != a.tag) continue;
+      ++at[s];
+      ++at[p];
+      left -= 2;
+      progressed = true;
+    }
+    if (!progressed) return false;
+  }
+  return true;
+}
+
+TEST(PipelineScheduleTest, InterleavedProgramIsDeadlockFreeAsBlockingSendRecv) {
+  for (int64_t pp : {2, 3, 4, 8}) {
+    for (int64_t vpp : {2, 3, 4}) {
+      for (int64_t m : {pp, 2 * pp, 4 * pp}) {
+        EXPECT_TRUE(RunProgramAsRendezvous(pp, vpp, m))
+            << "deadlock at PP " << pp << " VPP " << vpp << " M " << m;
+      }
+    }
+  }
+  // 1F1B too (the program is defined for VPP 1; the trainer runs its own pairing there).
+  EXPECT_TRUE(RunProgramAsRendezvous(4, 1, 6));
+  EXPECT_EQ(PipelineProgram(2, 2, 5).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Forward-only (evaluation): every op in warm-up, the forwards in the schedule's order (the
+// chunk table with VPP: PP 2, VPP 2, M 4 -> (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1)); the
+// program carries activations only and runs as blocking rendezvous Send/Recv.
+TEST(PipelineScheduleTest, ForwardOnlyOrdersAndProgram) {
+  auto one = PipelineSchedule(4, 2, 1, 4, /*forward_only=*/true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(Show(*one), Show(Parse("F0.0 F1.0 F2.0 F3.0")));
+  auto vpp = PipelineSchedule(2, 1, 2, 4, /*forward_only=*/true);
+  ASSERT_TRUE(vpp.ok()) << vpp.status();
+  EXPECT_EQ(Show(*vpp), Show(Parse("F0.0 F1.0 F0.1 F1.1 F2.0 F3.0 F2.1 F3.1")));
+  for (int64_t pp : {2, 3, 4}) {
+    for (int64_t v : {1, 2, 3}) {
+      auto program = PipelineProgram(pp, v, 2 * pp, /*forward_only=*/true);
+      ASSERT_TRUE(program.ok()) << program.status();
+      std::vector<std::vector<std::pair<bool, int64_t>>> acts(pp);  // (send, peer)
+      std::set<std::tuple<int64_t, int64_t, int64_t>> arrived;      // (to, micro, chunk)
+      int64_t forwards = 0;
+      for (const PipelineRound& r : *program) {
+        for (int64_t s = 0; s < pp; ++s) {
+          if (!r.has_op[s]) continue;
+          EXPECT_TRUE(r.ops[s].forward);
+          ++forwards;
+          if (r.ops[s].chunk * pp + s > 0) {
+            EXPECT_TRUE(arrived.count({s, r.ops[s].micro, r.ops[s].chunk}))
+                << "PP " << pp << " VPP " << v << ": input missing";
+          }
+        }
+        for (const PipelineMessage& m : r.messages) {
+          EXPECT_TRUE(m.activation);
+          arrived.insert({m.to, m.micro, m.chunk});
+          acts[m.from].push_back({true, m.to});
+          acts[m.to].push_back({false, m.from});
+        }
+      }
+      EXPECT_EQ(forwards, pp * v * 2 * pp);
+      // Blocking rendezvous over the global order (as RunProgramAsRendezvous).
+      std::vector<size_t> at(pp, 0);
+      bool progressed = true;
+      while (progressed) {
+        progressed = false;
+        for (int64_t s = 0; s < pp; ++s) {
+          if (at[s] == acts[s].size() || !acts[s][at[s]].first) continue;
+          const int64_t p = acts[s][at[s]].second;
+          if (at[p] < acts[p].size() && !acts[p][at[p]].first && acts[p][at[p]].second == s) {
+            ++at[s];
+            ++at[p];
+            progressed = true;
+          }
+        }
+      }
+      for (int64_t s = 0; s < pp; ++s) {
+        EXPECT_EQ(at[s], acts[s].size()) << "deadlock at PP " << pp << " VPP " << v;
+      }
+    }
+  }
+}
+
+TEST(PipelineScheduleTest, AliveMicroBatchesBoundTheActivationSlots) {
+  // 1F1B: stage s keeps min(PP − s, M) micro-batches alive (Megatron's memory claim).
+  for (int64_t s = 0; s < 4; ++s) {
+    EXPECT_EQ(MaxAliveMicroBatches(*PipelineSchedule(4, s, 1, 8)), 4 - s);
+  }
+  // PP 2, VPP 2, M 8, stage 0 (order above): F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 -> 0..3 alive
+  // before B0.0 frees micro-batch 0.
+  EXPECT_EQ(MaxAliveMicroBatches(*PipelineSchedule(2, 0, 2, 8)), 4);
+  // Stage 1: F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0: 0..2 alive.
+  EXPECT_EQ(MaxAliveMicroBatches(*PipelineSchedule(2, 1, 2, 8)), 3);
 }
 
 // Runs all stages in lock step; returns the number of rounds, or -1 on a deadlock.

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -55,6 +56,22 @@ using model::ParamInfo;
 Tensor Slice(const Tensor& flat, int64_t offset, std::vector<int64_t> shape) {
   return Tensor(flat.dtype, std::move(shape), flat.device,
                 static_cast<char*>(flat.data) + offset * DTypeSize(flat.dtype));
+}
+
+// Copies src to dst (same bytes) in stream order (memcpy on the CPU).
+absl::Status CopyAsync(const Stream& s, const Tensor& src, const Tensor& dst) {
+  if (src.bytes() != dst.bytes()) {
+    return absl::InternalError(
+        absl::StrCat("CopyAsync: ", src.DebugString(), " -> ", dst.DebugString()));
+  }
+  if (src.bytes() == 0) return absl::OkStatus();
+  if (!s.is_cuda()) {
+    std::memcpy(dst.data, src.data, src.bytes());
+    return absl::OkStatus();
+  }
+  SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault,
+                                          static_cast<cudaStream_t>(s.cuda_stream)));
+  return absl::OkStatus();
 }
 
 // Token j of mock sample i: a counter-based hash, the same on every run and device.
@@ -216,8 +233,8 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
         "model.vocab_size: required with mock data or a dataset prefix (no tokenizer to ask)");
   }
   const v1::ParallelConfig& par = spec.parallel();
-  // The engine's one rule (common/model/engine_support.h): the interleaved schedule (VPP) is
-  // not implemented.
+  // The engine's one rule (common/model/engine_support.h; nothing the layout rules accept is
+  // refused today).
   if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) {
     return absl::UnimplementedError(why);
   }
@@ -369,9 +386,28 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     if (par.has_decoder_last_pipeline_num_layers()) {
       split.last_stage_layers = par.decoder_last_pipeline_num_layers();
     }
-    SY_ASSIGN_OR_RETURN(const LayerRange stage, StageLayers(split, pp_rank_, /*chunk=*/0));
-    config.layer_begin = stage.begin;
-    config.layer_end = stage.begin + stage.count;
+    // Interleaved (VPP > 1): model chunk v of this stage is the v·PP + stage-th of the PP·VPP
+    // layer chunks (pipeline_layout.h); the stage's layers are the chunks together.
+    vpp_ = par.has_virtual_pipeline_model_parallel_size() && pp_ > 1
+               ? std::max<int>(1, par.virtual_pipeline_model_parallel_size())
+               : 1;
+    split.vpp = vpp_;
+    for (int v = 0; v < vpp_; ++v) {
+      SY_ASSIGN_OR_RETURN(const LayerRange chunk, StageLayers(split, pp_rank_, v));
+      if (vpp_ > 1) {
+        config.chunk_begin.push_back(chunk.begin);
+        config.chunk_end.push_back(chunk.begin + chunk.count);
+      }
+      if (v == 0) config.layer_begin = chunk.begin;
+      config.layer_end = chunk.begin + chunk.count;
+    }
+    if (vpp_ > 1) {
+      // The interleaved order keeps more micro-batches alive than 1F1B (and on the last stage
+      // too): one activation slot for each (pipeline_schedule.h MaxAliveMicroBatches).
+      SY_ASSIGN_OR_RETURN(const std::vector<PipelineOp> ops,
+                          PipelineSchedule(pp_, pp_rank_, vpp_, num_micro_global_ / dp_));
+      config.pipeline_slots = MaxAliveMicroBatches(ops);
+    }
     model_groups = {groups_->expert, groups_->tdc, groups_->etp,
                     groups_->etp_ep, groups_->tp,  groups_->cp};
   }
@@ -604,7 +640,8 @@ absl::StatusOr<StepResult> Trainer::Step() {
     return absl::OkStatus();
   };
   if (pp_ > 1) {
-    absl::Status st = PipelineMicroBatches(ce_scale, aux_scale, counter0, hook);
+    absl::Status st = vpp_ > 1 ? InterleavedMicroBatches(ce_scale, aux_scale, counter0, hook)
+                               : PipelineMicroBatches(ce_scale, aux_scale, counter0, hook);
     if (reducer_ != nullptr) {
       model::ScopedRange range(s, "grad_reduce_wait");
       const absl::Status reduced = reducer_->Wait();
@@ -794,6 +831,132 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
                                      {&input_grad, op.micro}, {}));
       have_output_grad = false;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
+                                              const std::function<absl::Status(int64_t)>& hook) {
+  // Megatron's forward_backward_pipelining_with_interleaving, run as pipeline_schedule.h's
+  // PipelineProgram: this stage's ops in Megatron's order, round by round, and after each round
+  // the round's messages in the program's one global order (Send / Recv of those naming this
+  // stage; see pipeline_schedule.h for why this is deadlock-free with blocking Send/Recv).
+  // Micro-batch m keeps its activations in slot m % slots over all its chunks (MaxAliveMicroBatches
+  // sized them). The last chunk of the last stage computes the loss and its backward in its
+  // forward op (ForwardBackward, as 1F1B's last stage); its backward op only sends that input
+  // gradient, which waits in a buffer until then.
+  const Stream& s = stream_;
+  comm::Communicator* pp = groups_->pp;
+  const int64_t num = num_micro_;
+  const int slots = model_->num_slots();
+  const GptConfig& c = model_->config();
+  const bool tp = c.tp_size > 1;
+  const bool with_hook = reducer_ != nullptr || tp;
+  const int64_t n = micro_batch_ * local_seq_;
+  const Tensor ids = Slice(s.is_cuda() ? ids_.View() : host_ids_.View(), 0, {n});
+  const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
+  const Tensor shape = pp_input_.View();  // [t/TP, H] in the model dtype
+  // Buffers held between rounds: received activations (kind 0) and gradients (kind 1), and the
+  // head chunk's input gradients (kind 2), by (kind, micro, chunk); spare ones are reused.
+  std::map<std::tuple<int, int64_t, int64_t>, Buffer> held;
+  auto take = [&](std::tuple<int, int64_t, int64_t> key) -> absl::StatusOr<Tensor> {
+    Buffer b;
+    if (!pp_spare_.empty()) {
+      b = std::move(pp_spare_.back());
+      pp_spare_.pop_back();
+    } else {
+      SY_ASSIGN_OR_RETURN(b, Buffer::ForTensor(shape.dtype, shape.shape, shape.device));
+    }
+    const Tensor view = b.View();
+    if (!held.emplace(key, std::move(b)).second) {
+      return absl::InternalError("interleaved pipeline: a buffer is received twice");
+    }
+    return view;
+  };
+  auto find = [&](std::tuple<int, int64_t, int64_t> key) -> absl::StatusOr<Tensor> {
+    auto it = held.find(key);
+    if (it == held.end()) {
+      return absl::InternalError(absl::StrCat("interleaved pipeline: stage ", pp_rank_,
+                                              " has no input for micro-batch ", std::get<1>(key),
+                                              " chunk ", std::get<2>(key)));
+    }
+    return it->second.View();
+  };
+  auto release = [&](std::tuple<int, int64_t, int64_t> key) {
+    auto it = held.find(key);
+    if (it == held.end()) return;
+    pp_spare_.push_back(std::move(it->second));
+    held.erase(it);
+  };
+  SY_ASSIGN_OR_RETURN(const std::vector<PipelineRound> program, PipelineProgram(pp_, vpp_, num));
+  for (const PipelineRound& round : program) {
+    Tensor outgoing;  // what this stage's op of the round hands on (its message)
+    std::tuple<int, int64_t, int64_t> sent_then_free{-1, 0, 0};
+    if (round.has_op[pp_rank_]) {
+      const PipelineOp& op = round.ops[pp_rank_];
+      const int m = static_cast<int>(op.micro), chunk = static_cast<int>(op.chunk);
+      const int slot = m % slots;
+      const bool head = c.HeadIn(chunk);
+      {
+        // Micro-batch j of the global batch (this rank's m-th), as without PP; the ids again
+        // for a backward (the embedding backward and the TP vocabulary shard read them).
+        const int64_t j = m * dp_ + dp_rank_;
+        model::ScopedRange range(s, "data", m);
+        SY_RETURN_IF_ERROR(LoadMicroBatch(consumed_samples_ + j * micro_batch_, micro_batch_));
+        model_->set_forward_counter(counter0 + static_cast<uint64_t>(j));
+      }
+      // The last micro-batch's backward of each chunk (all of the chunk's gradients are final
+      // after it: the chunks' backwards run in micro-batch order) launches the buckets; the
+      // chunks finish in decreasing layer order, as the hook indices require.
+      const bool last_backward = m + 1 == num && (op.forward ? head : !head);
+      if (with_hook && last_backward) model_->SetBackwardHook(hook);
+      absl::Status st;
+      if (op.forward) {
+        Tensor input;
+        if (!c.EmbedsIn(chunk)) {
+          SY_ASSIGN_OR_RETURN(input, find({0, m, chunk}));
+        }
+        if (head) {
+          Tensor input_grad;
+          st = model_->ForwardBackward(s, ids, targets, local_seq_, ce_scale, aux_scale, m, input,
+                                       &input_grad, slot);
+          if (st.ok()) {
+            SY_ASSIGN_OR_RETURN(const Tensor keep, take({2, m, chunk}));
+            st = CopyAsync(s, input_grad, keep);
+          }
+        } else {
+          st = model_->ForwardStage(s, ids, input, local_seq_, m, slot, &outgoing, chunk);
+        }
+        release({0, m, chunk});
+      } else if (head) {
+        SY_ASSIGN_OR_RETURN(outgoing, find({2, m, chunk}));
+        sent_then_free = {2, m, chunk};
+      } else {
+        SY_ASSIGN_OR_RETURN(const Tensor output_grad, find({1, m, chunk}));
+        st = model_->BackwardStage(s, ids, output_grad, local_seq_, aux_scale, slot, &outgoing,
+                                   chunk);
+        release({1, m, chunk});
+      }
+      model_->SetBackwardHook(nullptr);
+      SY_RETURN_IF_ERROR(st);
+    }
+    if (!round.messages.empty()) {
+      model::ScopedRange range(s, "pipeline_p2p");
+      for (const PipelineMessage& msg : round.messages) {
+        if (msg.from == pp_rank_) {
+          SY_RETURN_IF_ERROR(pp->Send(outgoing, static_cast<int>(msg.to), msg.tag));
+        } else if (msg.to == pp_rank_) {
+          SY_ASSIGN_OR_RETURN(const Tensor into,
+                              take({msg.activation ? 0 : 1, msg.micro, msg.chunk}));
+          SY_RETURN_IF_ERROR(pp->Recv(into, static_cast<int>(msg.from), msg.tag));
+        }
+      }
+    }
+    if (std::get<0>(sent_then_free) >= 0) release(sent_then_free);
+  }
+  if (!held.empty()) {
+    return absl::InternalError(absl::StrCat("interleaved pipeline: stage ", pp_rank_,
+                                            " ended with ", held.size(), " unused buffers"));
   }
   return absl::OkStatus();
 }
@@ -1182,7 +1345,18 @@ absl::Status Trainer::ReduceStats(model::GptStepStats* stats) {
 
 absl::StatusOr<double> Trainer::EvalLoss() {
   const Stream& s = stream_;
-  for (int64_t m = 0; m < num_micro_; ++m) {
+  if (pp_ > 1) {
+    // The forward-only pipeline schedule (Evaluate's), over the first global batch.
+    SY_ASSIGN_OR_RETURN(const std::vector<PipelineRound> program,
+                        PipelineProgram(pp_, vpp_, num_micro_, /*forward_only=*/true));
+    const int64_t n = micro_batch_ * local_seq_;
+    const Tensor ids = Slice(s.is_cuda() ? ids_.View() : host_ids_.View(), 0, {n});
+    const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
+    SY_RETURN_IF_ERROR(PipelineForwardOnly(program, ids, targets, [&](int64_t m) {
+      return LoadMicroBatch((m * dp_ + dp_rank_) * micro_batch_, micro_batch_);
+    }));
+  }
+  for (int64_t m = 0; pp_ == 1 && m < num_micro_; ++m) {
     SY_RETURN_IF_ERROR(LoadMicroBatch((m * dp_ + dp_rank_) * micro_batch_, micro_batch_));
     // This rank's tokens: micro_batch_ × local_seq_ (the whole sequences without CP).
     const int64_t n = micro_batch_ * local_seq_;
@@ -1373,14 +1547,16 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
   if (c.num_moe_layers() > 0 && pp_ > 1) {
     // Pipeline: each stage's first rank saves the rows of its own MoE layers (the other rows of
     // its expert_bias are not its layers'); a stage without MoE layers saves none.
+    // Interleaved: one piece per model chunk (the chunks' rows are not contiguous).
     const int64_t stage_ranks = groups_->layout.world_size() / pp_;
-    int64_t moe_begin = 0, moe_end = 0;
-    for (int64_t l = 0; l < c.stage_layer_end(); ++l) {
-      if (!c.moe_layers[l]) continue;
-      if (l < c.layer_begin) ++moe_begin;
-      ++moe_end;
-    }
-    if (groups_->rank % stage_ranks == 0 && moe_end > moe_begin) {
+    for (int64_t v = 0; v < c.num_chunks(); ++v) {
+      int64_t moe_begin = 0, moe_end = 0;
+      for (int64_t l = 0; l < c.ChunkEnd(v); ++l) {
+        if (!c.moe_layers[l]) continue;
+        if (l < c.ChunkBegin(v)) ++moe_begin;
+        ++moe_end;
+      }
+      if (groups_->rank % stage_ranks != 0 || moe_end == moe_begin) continue;
       const Tensor bias = model_->expert_bias();
       ShardSlice rows;
       rows.global_shape = bias.shape;
@@ -1406,6 +1582,7 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
   w.SetMetadata("expert_tensor_parallel_size", static_cast<int64_t>(c.moe.etp_size));
   w.SetMetadata("data_parallel_size", static_cast<int64_t>(dp_));
   w.SetMetadata("pipeline_model_parallel_size", static_cast<int64_t>(pp_));
+  w.SetMetadata("virtual_pipeline_model_parallel_size", static_cast<int64_t>(vpp_));
   const CheckpointGroup group = CheckpointGroupOf();
   if (!options_.async_save) return w.Commit(root, step_, group);
 

@@ -39,7 +39,12 @@
 // PP too. Tied embeddings: the last stage holds a copy of the embedding as its LM head, and the
 // two stages sum their embedding gradients after the schedule (Megatron's embedding group); the
 // copy is counted once in the norm and saved once. global_aux_loss: one running count per layer
-// over the stage's in-flight slots (GptModel). VPP, EvalLoss and Evaluate are refused at PP > 1.
+// over the stage's in-flight slots (GptModel). EvalLoss and Evaluate run Megatron's forward-only
+// pipeline schedule (PipelineForwardOnly), the loss summed over PP so every rank gets it.
+// Interleaved (VPP > 1; InterleavedMicroBatches): each stage holds VPP model chunks (chunk v of
+// stage p = layer chunk v·PP + p of PP·VPP, pipeline_layout.h) and runs Megatron's interleaved
+// order as pipeline_schedule.h's PipelineProgram: lock-step rounds, each round's messages in one
+// global order (deadlock-free with blocking Send/Recv), received tensors held until their op.
 //
 // Distributed (TrainerOptions::groups; data, expert, tensor, context and pipeline parallelism in
 // any combination): every rank holds the dense parameters (its TP shard of the TP-split
@@ -89,8 +94,10 @@
 // data position or RNG change, so the training steps after it are exactly those of a run without
 // it. The loss is the sum of the cross-entropy terms over all tokens, all-reduced over TP×DP×CP
 // like the step loss, divided by eval_iters × global batch tokens. RunTrainingLoop calls it every
-// training.eval_interval steps and after the last step (StepResult::validation_loss). Refused
-// at PP > 1 (no forward-only pipeline schedule yet). Deliberate difference from Megatron: its
+// training.eval_interval steps and after the last step (StepResult::validation_loss). At PP > 1
+// (VPP too) Megatron's forward-only pipeline schedule runs the micro-batches (every op in
+// warm-up, PipelineProgram rounds); the last stage's loss sum is all-reduced over PP as well, so
+// every rank returns (and logs) the same validation loss. Deliberate difference from Megatron: its
 // valid iterator continues across evaluations (consumed_valid_samples grows, each evaluation sees
 // the next eval_iters batches); ours restarts, so every evaluation (and RunEvaluation on a
 // checkpoint) scores the same tokens and the curve compares like with like. With
@@ -131,6 +138,7 @@
 #include "worker/train/distributed_optimizer.h"
 #include "worker/train/grad_reducer.h"
 #include "worker/train/lr_schedule.h"
+#include "worker/train/pipeline_schedule.h"
 #include "worker/train/process_groups.h"
 
 namespace switchyard::train {
@@ -306,6 +314,10 @@ class Trainer {
   int cp_ = 1, cp_rank_ = 0;  // context parallelism: this rank holds chunks cp_rank_ and
                               // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
   int pp_ = 1, pp_rank_ = 0;  // pipeline: this rank is stage pp_rank_ of pp_
+  int vpp_ = 1;               // model chunks per stage (interleaved schedule when > 1)
+  // Interleaved: spare [t/TP, H] buffers for received activations and gradients (reused over
+  // the rounds and steps of InterleavedMicroBatches).
+  std::vector<kernels::Buffer> pp_spare_;
   // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
   kernels::Buffer pp_input_, pp_output_grad_;
   // Tied embeddings at PP > 1 (Megatron's embedding group, megatron_parallel.md §3.7): the first
@@ -326,6 +338,14 @@ class Trainer {
   // Pipeline: the 1F1B schedule of one step (Step), Megatron's non-interleaved order.
   absl::Status PipelineMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
                                     const std::function<absl::Status(int64_t)>& hook);
+  // Evaluation at PP > 1 (evaluate.cc): one batch's forward-only PipelineProgram; `load(m)`
+  // loads this rank's micro-batch m into ids / targets.
+  absl::Status PipelineForwardOnly(const std::vector<PipelineRound>& program, const Tensor& ids,
+                                   const Tensor& targets,
+                                   const std::function<absl::Status(int64_t)>& load);
+  // Pipeline with VPP > 1: Megatron's interleaved 1F1B as pipeline_schedule.h's PipelineProgram.
+  absl::Status InterleavedMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
+                                       const std::function<absl::Status(int64_t)>& hook);
   int64_t num_micro_global_ = 1;  // micro-batches per global batch over all DP ranks
   // dense_opt_: the TP-replicated dense region (all of it without TP); tp_shard_opt_: the
   // TP-sharded dense region (null without TP); expert_opt_: the experts.
