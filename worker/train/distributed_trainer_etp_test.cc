@@ -26,6 +26,7 @@
 #include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -39,6 +40,8 @@ using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true);
 constexpr int kSteps = 20;
@@ -81,15 +84,7 @@ Curve SingleProcess() {
 
 absl::StatusOr<std::unique_ptr<ProcessGroups>> Groups(const Layout& l, int rank,
                                                       const std::string& store_dir) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  if (store == nullptr) return absl::InternalError("no store");
-  ParallelDims dims;
-  dims.world_size = l.world;
-  dims.expert_model_parallel_size = l.ep;
-  dims.expert_tensor_parallel_size = l.etp;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  return CreateGlooProcessGroups(store, rank, dims, gopt);
+  return JoinGlooGroups(store_dir, rank, LayoutDims(l.world, /*tp=*/1, l.ep, /*cp=*/1, l.etp));
 }
 
 // One rank: trains steps [step, last) (after loading `load_root` if given), rank 0 appends

@@ -23,6 +23,7 @@
 #include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -36,6 +37,8 @@ using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 // The shared tiny MoE job (worker/train/testing/tiny_moe_spec.h explains its init_method_std).
 // Two MoE layers and a dense one; sigmoid routing with expert bias (counts all-reduced), aux and
@@ -91,15 +94,7 @@ Curve SingleProcess(bool seq_global_aux = false) {
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root,
              const std::string& dispatcher = "", int cp = 1, bool seq_global_aux = false) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = world;
-  dims.expert_model_parallel_size = ep;
-  dims.context_parallel_size = cp;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = JoinGlooGroups(store_dir, rank, LayoutDims(world, /*tp=*/1, ep, cp));
   SY_CHILD_OK(groups.status());
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();
@@ -284,14 +279,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistributedTrainerCpTest,
 TEST(DistributedTrainerCpTest, SequenceNotAMultipleOfTwiceCpIsRejected) {
   const std::string store = ct::UniqueStoreDir("cp_bad_store");
   const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = 2;
-    dims.context_parallel_size = 2;
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    auto groups = JoinGlooGroups(store, rank, LayoutDims(2, /*tp=*/1, /*ep=*/1, /*cp=*/2));
     SY_CHILD_OK(groups.status());
     TrainerOptions opt = CpuF32();
     opt.groups = groups->get();

@@ -44,6 +44,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/data_split.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -51,6 +52,8 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 std::string TempDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -433,17 +436,7 @@ v1::JobSpec WorldTwoSpec(const Layout& l) {
 
 int RankBody(int rank, const Layout& l, const std::string& store_dir, const std::string& out,
              const std::string& save) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = 2;
-  dims.tensor_model_parallel_size = l.tp;
-  dims.expert_model_parallel_size = l.ep;
-  dims.context_parallel_size = l.cp;
-  dims.expert_tensor_parallel_size = 1;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = JoinGlooGroups(store_dir, rank, LayoutDims(2, l.tp, l.ep, l.cp, /*etp=*/1));
   SY_CHILD_OK(groups.status());
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();
@@ -507,14 +500,8 @@ TEST(DistributedEvaluateTest, WorldTwoEqualsOneProcess) {
 TEST(DistributedEvaluateTest, PipelineParallelIsRefusedAtCreate) {
   const std::string store = ct::UniqueStoreDir("eval_store_pp2");
   const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = 2;
-    dims.pipeline_model_parallel_size = 2;
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    auto groups = JoinGlooGroups(store, rank,
+                                 LayoutDims(2, /*tp=*/1, /*ep=*/1, /*cp=*/1, /*etp=*/0, /*pp=*/2));
     SY_CHILD_OK(groups.status());
     TrainerOptions opt = CpuF32();
     opt.groups = groups->get();

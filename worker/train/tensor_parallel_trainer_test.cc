@@ -37,6 +37,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -51,6 +52,8 @@ using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
 using kernels::Buffer;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 constexpr int kSteps = 20;
 
@@ -141,17 +144,8 @@ Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root
 int RankBody(int rank, const Layout& layout, const Variant& v, const std::string& store_dir,
              const std::string& out, int64_t last, const std::string& load_root,
              const std::string& save_root) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = layout.world;
-  dims.tensor_model_parallel_size = layout.tp;
-  dims.expert_model_parallel_size = layout.ep;
-  dims.context_parallel_size = layout.cp;
-  dims.expert_tensor_parallel_size = layout.etp;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = JoinGlooGroups(
+      store_dir, rank, LayoutDims(layout.world, layout.tp, layout.ep, layout.cp, layout.etp));
   SY_CHILD_OK(groups.status());
   SY_CHILD_CHECK((*groups)->tp != nullptr && (*groups)->tp->size() == layout.tp);
   TrainerOptions opt = CpuF32();
@@ -313,15 +307,9 @@ TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
   const std::string store = ct::UniqueStoreDir("tp_logits_store");
   const std::string out = OutFile("tp_logits");
   const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(5), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = 2;
-    dims.tensor_model_parallel_size = 2;
-    dims.expert_tensor_parallel_size = 1;  // as the spec (Layout::etp)
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    // ETP 1 as the spec (Layout::etp).
+    auto groups =
+        JoinGlooGroups(store, rank, LayoutDims(2, /*tp=*/2, /*ep=*/1, /*cp=*/1, /*etp=*/1));
     SY_CHILD_OK(groups.status());
     TrainerOptions opt = CpuF32();
     opt.groups = groups->get();
@@ -386,15 +374,8 @@ TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
   for (const Bad& bad : cases) {
     const std::string store = ct::UniqueStoreDir("tp_bad_store");
     const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
-      std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-      SY_CHILD_CHECK(kv != nullptr);
-      ParallelDims dims;
-      dims.world_size = 2;
-      dims.tensor_model_parallel_size = 2;
-      dims.expert_tensor_parallel_size = 1;
-      comm::GlooOptions gopt;
-      gopt.timeout = absl::Seconds(60);
-      auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+      auto groups =
+          JoinGlooGroups(store, rank, LayoutDims(2, /*tp=*/2, /*ep=*/1, /*cp=*/1, /*etp=*/1));
       SY_CHILD_OK(groups.status());
       TrainerOptions opt = CpuF32();
       opt.groups = groups->get();
