@@ -27,6 +27,7 @@
 #include "kernels/buffer.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
 #include "worker/train/testing/gloo_groups.h"
 #include "worker/train/trainer.h"
 
@@ -34,6 +35,7 @@ namespace switchyard {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using train::curves::CpuF32;
 
 constexpr double kTolerance = 0.15;
 
@@ -126,13 +128,6 @@ const char kMoeTop4Mixed[] =
     "  train_iters: 2\n"
     "data:\n"
     "  mock_data: true\n";
-
-train::TrainerOptions CpuF32() {
-  train::TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
 
 // Creates the trainer, runs 2 steps; the Buffer counters before, after and at the peak.
 absl::StatusOr<Measured> TrainAndMeasure(const v1::JobSpec& spec, train::TrainerOptions opt) {

@@ -13,7 +13,6 @@
 // extend that file's rank body in parallel, merge without conflicts.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -34,12 +33,13 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using curves::TrainRank;
 using test_groups::JoinGlooGroups;
 using test_groups::LayoutDims;
 
@@ -65,13 +65,6 @@ v1::JobSpec Spec(const Layout& l) {
   }
   if (!l.dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(l.dispatcher);
   return *spec;
-}
-
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
 }
 
 Curve SingleProcess() {
@@ -123,18 +116,7 @@ int RankBody(const Layout& l, int rank, const std::string& store_dir, const std:
                   static_cast<long>(fc1->global_shape[2]));
     }
   }
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) {
-      f << CurveLine(*r);
-    }
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 const Curve& Reference() {

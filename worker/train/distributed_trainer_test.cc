@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,12 +30,13 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using curves::TrainRank;
 using test_groups::JoinGlooGroups;
 using test_groups::LayoutDims;
 
@@ -70,13 +70,6 @@ v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "", int cp =
   if (cp > 1) spec->mutable_parallel()->set_context_parallel_size(cp);
   if (!dispatcher.empty()) spec->mutable_model()->set_moe_token_dispatcher_type(dispatcher);
   return *spec;
-}
-
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
 }
 
 Curve SingleProcess(bool seq_global_aux = false) {
@@ -117,18 +110,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
                 (*t)->num_overlapped_buckets());
   }
   SY_CHILD_CHECK((*t)->num_overlapped_buckets() >= 6);
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) {
-      f << CurveLine(*r);
-    }
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 class DistributedTrainerTest : public ::testing::TestWithParam<std::pair<int, int>> {};

@@ -44,6 +44,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/data_split.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
 #include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
@@ -52,6 +53,7 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using test_groups::JoinGlooGroups;
 using test_groups::LayoutDims;
 
@@ -113,13 +115,6 @@ v1::JobSpec Spec(int64_t train_iters, int64_t eval_interval, int64_t eval_iters,
     m->set_moe_z_loss_coeff(0);
   }
   return *spec;
-}
-
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
 }
 
 std::vector<StepResult> Train(Trainer* t) {

@@ -45,12 +45,13 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using curves::TrainRank;
 using kernels::Buffer;
 using test_groups::JoinGlooGroups;
 using test_groups::LayoutDims;
@@ -113,13 +114,6 @@ v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
   return *spec;
 }
 
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
-
 // One process: steps (first, last] after loading `load_root` (if given); saves to `save_root`.
 Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root = "",
                     const std::string& save_root = "") {
@@ -157,18 +151,7 @@ int RankBody(int rank, const Layout& layout, const Variant& v, const std::string
   SY_CHILD_CHECK((*t)->model_config().tp_size == layout.tp);
   SY_CHILD_CHECK((*t)->model_config().cp_size == layout.cp);
   SY_CHILD_CHECK((*t)->model_config().moe.etp_size == layout.etp);
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) {
-      f << CurveLine(*r);
-    }
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 // Runs `layout` for steps (0, last] (after loading `load_root` if given) and returns rank 0's
