@@ -202,7 +202,8 @@ absl::StatusOr<RankResult> RunConfig(comm::NcclCommunicator& comm, cudaStream_t 
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[4], cs));
     SY_RETURN_IF_ERROR(d->CombinePostprocess(stream, &st, out.View()));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[5], cs));
-    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev[5]));
+    // The collectives return once enqueued: a bounded wait (a stuck peer fails, never hangs).
+    SY_RETURN_IF_ERROR(comm::WaitEvent(comm, ev[5], "ep_dispatch_benchmark dispatcher iteration"));
     if (it < a.warmup) continue;
     SY_ASSIGN_OR_RETURN(double dm, elapsed(1, 2));
     SY_ASSIGN_OR_RETURN(double cm, elapsed(3, 4));
@@ -250,7 +251,7 @@ absl::StatusOr<RankResult> RunConfig(comm::NcclCommunicator& comm, cudaStream_t 
       SY_RETURN_IF_ERROR(comm.AllToAllV(a2a_in.View(DType::kBF16, {ns}), send,
                                         a2a_out.View(DType::kBF16, {nr}), recv));
       SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev[1], cs));
-      SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev[1]));
+      SY_RETURN_IF_ERROR(comm::WaitEvent(comm, ev[1], "ep_dispatch_benchmark plain AllToAllV"));
       if (it < a.warmup) continue;
       SY_ASSIGN_OR_RETURN(double m, elapsed(0, 1));
       ms.push_back(m);

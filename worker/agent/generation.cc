@@ -48,9 +48,16 @@ absl::StatusOr<bool> AnyRank(train::ProcessGroups* groups, bool mine, const Devi
     SY_ASSIGN_OR_RETURN(*device_flag, kernels::Buffer::ForTensor(DType::kF32, {1}, device));
   }
   const Tensor dev = device_flag->View();
+  // A copy from pageable memory may wait for the stream: nothing unbounded may be pending on it
+  // (between steps nothing is; this only makes sure).
+  SY_RETURN_IF_ERROR(groups->Synchronize());
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dev.data, &flag, sizeof(float), cudaMemcpyHostToDevice, stream));
   SY_RETURN_IF_ERROR(groups->world->AllReduce(dev, dev, comm::ReduceOp::kMax));
+  // The all-reduce returns before completing (communicator.h, "Completion"); the copy below to
+  // pageable memory blocks the host until the stream reaches it: wait for the collective first,
+  // bounded by the group's timeout (it follows everything enqueued on the stream before it).
+  SY_RETURN_IF_ERROR(groups->world->Synchronize());
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(&flag, dev.data, sizeof(float), cudaMemcpyDeviceToHost, stream));
   SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));

@@ -18,6 +18,14 @@
 //   DEADLINE_EXCEEDED when a peer did not take part within the timeout, UNAVAILABLE when a peer
 //   connection failed (peer died), ABORTED after Abort(). After a communication error the
 //   communicator is broken: every later call returns that first error.
+// - Completion (DESIGN.md "Communicator": calls are stream-ordered and do not block the host): a
+//   call returns once its work is ISSUED, not necessarily complete. On the CPU (Gloo, single
+//   rank) issued means done: the call returns with the result in `out`. NCCL (by default)
+//   enqueues on its stream and returns at once; later work on that stream sees the result, but
+//   the HOST may read an output, or reuse/free an input or output, only after Synchronize()
+//   returned OK (or after waiting on a CUDA event recorded after the call, via a bounded wait
+//   such as comm::WaitEvent in nccl_communicator.h). A communication failure may therefore be
+//   reported by a later call or by Synchronize() instead of by the call that caused it.
 // - Created by a factory returning StatusOr<std::unique_ptr<...>>; not copyable or movable; used
 //   from one thread, except Abort(), which any thread may call.
 #ifndef SWITCHYARD_WORKER_COMM_COMMUNICATOR_H_
@@ -68,14 +76,21 @@ class Communicator {
   // send_counts[rank()] on rank r. Zero counts are allowed.
   virtual absl::Status AllToAllV(const Tensor& in, absl::Span<const int64_t> send_counts,
                                  const Tensor& out, absl::Span<const int64_t> recv_counts) = 0;
-  // Point to point with `peer` (a group rank != rank()). Send returns once `t` may be reused; Recv
-  // once `t` holds the data. `tag` distinguishes concurrent streams of messages between the same
-  // pair; the receiver's numel must equal the sender's.
+  // Point to point with `peer` (a group rank != rank()). Once the call has completed (see
+  // "Completion" above) a Send's `t` may be reused and a Recv's `t` holds the data. `tag`
+  // distinguishes concurrent streams of messages between the same pair; the receiver's numel must
+  // equal the sender's.
   virtual absl::Status Send(const Tensor& t, int peer, uint32_t tag) = 0;
   virtual absl::Status Recv(const Tensor& t, int peer, uint32_t tag) = 0;
   // In place: every rank's t becomes root's t.
   virtual absl::Status Broadcast(const Tensor& t, int root) = 0;
   virtual absl::Status Barrier() = 0;
+  // Waits until every operation issued so far on this communicator has completed, bounded by the
+  // implementation's timeout, and returns the communicator's first error if it is broken
+  // (ABORTED after Abort()). Not a collective: no peer takes part, so ranks may call it at
+  // different points. Implementations whose calls complete before returning (Gloo, single rank)
+  // only report their state.
+  virtual absl::Status Synchronize() = 0;
   // Tears the group down: later calls return ABORTED; the PEERS' pending operations fail (their
   // connections to this rank close). A call blocked in another thread of THIS process returns
   // ABORTED at once: NCCL within about a millisecond; Gloo because Abort signals every pair
@@ -106,6 +121,7 @@ class SingleRankCommunicator final : public Communicator {
   absl::Status Recv(const Tensor& t, int peer, uint32_t tag) override;
   absl::Status Broadcast(const Tensor& t, int root) override;
   absl::Status Barrier() override;
+  absl::Status Synchronize() override { return Check("Synchronize"); }
   void Abort() override { aborted_ = true; }
 
  private:

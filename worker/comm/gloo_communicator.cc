@@ -583,6 +583,8 @@ absl::Status GlooCommunicator::Barrier() {
   });
 }
 
+absl::Status GlooCommunicator::Synchronize() { return Usable("Synchronize"); }
+
 void GlooCommunicator::Abort() {
   if (aborted_.exchange(true)) return;
   // Wake this process's own waiting operations first (closeConnections alone does not), then

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -109,7 +110,22 @@ void FreeDevice(void* p) {
   if (p != nullptr) (void)cudaFree(p);
 }
 
+// Synchronize leaves a timeout to the watchdog (which names the oldest stuck operation, the more
+// useful one) unless the watchdog is late by this much.
+constexpr absl::Duration kSynchronizeGrace = absl::Milliseconds(200);
+
 }  // namespace
+
+absl::StatusOr<bool> BlockingFromEnvironment(bool fallback) {
+  const char* value = std::getenv("SWITCHYARD_NCCL_BLOCKING");
+  if (value == nullptr || value[0] == '\0') return fallback;
+  const absl::string_view v(value);
+  if (v == "1") return true;
+  if (v == "0") return fallback;
+  return absl::InvalidArgumentError(
+      absl::StrCat("environment variable SWITCHYARD_NCCL_BLOCKING='", v,
+                   "' must be 1 (blocking NCCL calls) or 0 / unset (NcclOptions::blocking)"));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Creation and teardown.
@@ -125,7 +141,10 @@ NcclCommunicator::NcclCommunicator(std::string name, int rank, int size, int dev
       owned_stream_(std::move(owned_stream)),
       stream_(stream),
       scratch_(scratch),
-      comm_(comm) {}
+      comm_(comm) {
+  // The watchdog follows the operations of the non-blocking mode only (see the header).
+  if (!options_.blocking) watchdog_ = std::thread([this] { WatchdogLoop(); });
+}
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<KvStore> store, int rank, int size, int device, cudaStream_t stream,
@@ -142,6 +161,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   const std::string where =
       absl::StrCat("group '", name, "' rank ", rank, "/", size, " Create on cuda:", device);
+  // Read once here; sub-groups inherit the resolved options.
+  NcclOptions resolved = options;
+  {
+    absl::StatusOr<bool> blocking = BlockingFromEnvironment(options.blocking);
+    if (!blocking.ok()) return Annotate(blocking.status(), where);
+    resolved.blocking = *blocking;
+  }
   int device_count = 0;
   SY_RETURN_IF_ERROR(Annotate(
       [&]() -> absl::Status {
@@ -202,10 +228,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return Annotate(status, where);
   }
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
-      std::move(name), rank, size, device, options, owned_stream, stream, comm, scratch));
+      std::move(name), rank, size, device, resolved, owned_stream, stream, comm, scratch));
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
   ncclComm_t comm = nullptr;
   bool healthy = false;
   {
@@ -232,6 +263,11 @@ NcclCommunicator::~NcclCommunicator() {
     }
   }
   FreeDevice(scratch_);
+  // Events still pending on the stream are released by CUDA once they complete.
+  absl::MutexLock lock(&mu_);
+  DropPending();
+  for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+  free_events_.clear();
 }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateSubgroup(
@@ -375,12 +411,15 @@ void NcclCommunicator::End() {
   {
     absl::MutexLock lock(&mu_);
     in_flight_ = false;
-    abort_now = aborted_.load() && comm_ != nullptr;
+    // An Abort() or a watchdog failure that arrived during the call left the handle to us.
+    abort_now = (aborted_.load() || !broken_.ok()) && comm_ != nullptr;
   }
   if (abort_now) AbortHandle();
 }
 
 void NcclCommunicator::AbortHandle() {
+  // handle_mu_ keeps the watchdog's ncclCommGetAsyncError off a handle being aborted.
+  absl::MutexLock handle_lock(&handle_mu_);
   ncclComm_t comm = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -392,14 +431,13 @@ void NcclCommunicator::AbortHandle() {
 
 void NcclCommunicator::Abort() {
   aborted_.store(true);
-  ncclComm_t comm = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (in_flight_) return;  // the in-flight call aborts the handle (see the header)
-    comm = comm_;
-    comm_ = nullptr;
+    // The in-flight call aborts the handle (see the header). A call that begins after this point
+    // sees aborted_ and does not touch the handle.
+    if (in_flight_) return;
   }
-  if (comm != nullptr) (void)ncclCommAbort(comm);
+  AbortHandle();
 }
 
 absl::Status NcclCommunicator::Fail(absl::string_view op, const absl::Status& status) {
@@ -446,16 +484,16 @@ absl::Status NcclCommunicator::Wait(absl::string_view op) {
       }
     }
     if (absl::Now() > deadline) {
-      return Fail(op, absl::DeadlineExceededError(absl::StrCat(
-                          "a peer did not take part within the timeout ",
-                          absl::FormatDuration(options_.timeout), " (NCCL communicator aborted)")));
+      return Fail(op, TimeoutError());
     }
     backoff.Pause();
   }
 }
 
-// Runs one operation: Begin, `enqueue(comm)` (NCCL/CUDA calls on stream_), Wait, End. An
-// enqueue error breaks the communicator like a communication error (the NCCL state is unknown).
+// Runs one operation: Begin, `enqueue(comm)` (NCCL/CUDA calls on stream_), then Wait (blocking
+// mode: the call returns once the stream drained) or WaitEnqueued + Watch (the call returns once
+// the work is on the stream and the watchdog follows it), End. An enqueue error breaks the
+// communicator like a communication error (the NCCL state is unknown).
 template <typename Fn>
 absl::Status NcclCommunicator::Run(absl::string_view op, Fn&& enqueue) {
   SY_RETURN_IF_ERROR(Begin(op));
@@ -465,9 +503,241 @@ absl::Status NcclCommunicator::Run(absl::string_view op, Fn&& enqueue) {
     absl::MutexLock lock(&mu_);
     comm = comm_;
   }
+  const absl::Time deadline = absl::Now() + options_.timeout;
   const absl::Status enqueued = enqueue(comm);
   if (!enqueued.ok()) return Fail(op, enqueued);
-  return Wait(op);
+  if (options_.blocking) return Wait(op);
+  SY_RETURN_IF_ERROR(WaitEnqueued(op, comm, deadline));
+  return Watch(op, deadline);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-blocking mode: enqueue completion, the watchdog, Synchronize.
+
+absl::Status NcclCommunicator::TimeoutError() const {
+  return absl::DeadlineExceededError(absl::StrCat("a peer did not take part within the timeout ",
+                                                  absl::FormatDuration(options_.timeout),
+                                                  " (NCCL communicator aborted)"));
+}
+
+absl::Status NcclCommunicator::WaitEnqueued(absl::string_view op, ncclComm_t comm,
+                                            absl::Time deadline) {
+  Backoff backoff;
+  for (;;) {
+    if (aborted_.load()) return Fail(op, absl::AbortedError("aborted while enqueueing"));
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    if (query != ncclSuccess) {
+      return Fail(op, NcclErrorToStatus(query, "ncclCommGetAsyncError", __FILE__, __LINE__));
+    }
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      const absl::Status nccl =
+          NcclErrorToStatus(state, "NCCL asynchronous error", __FILE__, __LINE__);
+      return Fail(op, absl::UnavailableError(nccl.message()));
+    }
+    // Still enqueueing (e.g. connecting to a peer for the first time): that can need the peers.
+    if (absl::Now() > deadline) return Fail(op, TimeoutError());
+    backoff.Pause();
+  }
+}
+
+absl::Status NcclCommunicator::Watch(absl::string_view op, absl::Time deadline) {
+  cudaEvent_t event = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_events_.empty()) {
+      event = free_events_.back();
+      free_events_.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    const cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      return Fail(op, CudaErrorToStatus(err, "cudaEventCreateWithFlags", __FILE__, __LINE__));
+    }
+  }
+  const cudaError_t err = cudaEventRecord(event, stream_);
+  if (err != cudaSuccess) {
+    (void)cudaEventDestroy(event);
+    return Fail(op, CudaErrorToStatus(err, "cudaEventRecord(event, stream)", __FILE__, __LINE__));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) {
+    // The watchdog failed an earlier operation during this call: report it now (End() aborts).
+    free_events_.push_back(event);
+    return absl::Status(
+        broken_.code(),
+        absl::StrCat(Where(op), ": broken by an earlier error: ", broken_.message()));
+  }
+  pending_.push_back(Pending{std::string(op), event, deadline});
+  return absl::OkStatus();
+}
+
+bool NcclCommunicator::WatchdogHasWork() const { return stop_ || !pending_.empty(); }
+
+void NcclCommunicator::DropPending() {
+  for (const Pending& p : pending_) free_events_.push_back(p.event);
+  pending_.clear();
+}
+
+void NcclCommunicator::FailAsync(absl::string_view op, const absl::Status& status) {
+  const bool aborted = aborted_.load();
+  const absl::Status recorded(
+      aborted ? absl::StatusCode::kAborted : status.code(),
+      absl::StrCat(Where(op), ": ", status.message(), aborted ? " (aborted)" : ""));
+  bool abort_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = recorded;
+    // Recorded under the same lock as the in_flight_ check: a call that begins later sees
+    // broken_ and does not touch the handle; one in flight aborts it in End().
+    abort_now = !in_flight_;
+  }
+  if (abort_now) AbortHandle();
+}
+
+void NcclCommunicator::WatchdogLoop() {
+  // Events and NCCL belong to device_; make it current for this thread's CUDA calls.
+  (void)cudaSetDevice(device_);
+  cudaEvent_t watched = nullptr;
+  int polls = 0;
+  for (;;) {
+    Pending front;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &NcclCommunicator::WatchdogHasWork));
+      if (stop_) return;
+      if (aborted_.load() || !broken_.ok() || comm_ == nullptr) {
+        // Failed or aborted: the handle is (being) aborted, which drains the stream; nothing is
+        // left to watch, and every later call reports the state.
+        DropPending();
+        continue;
+      }
+      front = pending_.front();
+    }
+    if (front.event != watched) {
+      watched = front.event;
+      polls = 0;
+    }
+    absl::Status failure;
+    {
+      absl::MutexLock handle_lock(&handle_mu_);
+      ncclComm_t comm = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        comm = comm_;
+      }
+      if (comm != nullptr) {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+        if (query != ncclSuccess) {
+          failure = NcclErrorToStatus(query, "ncclCommGetAsyncError", __FILE__, __LINE__);
+        } else if (state != ncclSuccess && state != ncclInProgress) {
+          // As in Wait: enqueued work that then failed is a lost peer or link.
+          failure = absl::UnavailableError(
+              NcclErrorToStatus(state, "NCCL asynchronous error", __FILE__, __LINE__).message());
+        }
+      }
+    }
+    if (failure.ok()) {
+      const cudaError_t err = cudaEventQuery(front.event);
+      if (err == cudaSuccess) {
+        // Only this thread removes entries (DropPending included), so the front is unchanged.
+        absl::MutexLock lock(&mu_);
+        if (!pending_.empty() && pending_.front().event == front.event) {
+          free_events_.push_back(front.event);
+          pending_.pop_front();
+        }
+        watched = nullptr;
+        continue;
+      }
+      if (err != cudaErrorNotReady) {
+        failure = CudaErrorToStatus(err, "cudaEventQuery(event)", __FILE__, __LINE__);
+      } else if (absl::Now() > front.deadline) {
+        failure = TimeoutError();
+      }
+    }
+    if (!failure.ok()) {
+      FailAsync(front.op, failure);
+      continue;
+    }
+    // A quick poll at first (small collectives finish in microseconds), then a slower one: the
+    // watchdog only bounds failures; Synchronize polls the events itself.
+    std::this_thread::sleep_for(std::chrono::microseconds(++polls < 100 ? 50 : 500));
+  }
+}
+
+absl::Status NcclCommunicator::Synchronize() {
+  const char* kOp = "Synchronize";
+  Backoff backoff;
+  for (;;) {
+    Pending last;
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_.load()) return absl::AbortedError(absl::StrCat(Where(kOp), ": aborted"));
+      if (!broken_.ok()) {
+        return absl::Status(
+            broken_.code(),
+            absl::StrCat(Where(kOp), ": broken by an earlier error: ", broken_.message()));
+      }
+      if (comm_ == nullptr) {
+        return absl::AbortedError(absl::StrCat(Where(kOp), ": NCCL communicator is gone"));
+      }
+      if (pending_.empty()) return absl::OkStatus();
+      last = pending_.back();
+    }
+    const cudaError_t err = cudaEventQuery(last.event);
+    if (err == cudaSuccess) {
+      // Everything enqueued so far has completed. Check NCCL's asynchronous state once more, so
+      // an error the watchdog has not polled yet is not reported as success.
+      absl::Status failure;
+      {
+        absl::MutexLock handle_lock(&handle_mu_);
+        ncclComm_t comm = nullptr;
+        {
+          absl::MutexLock lock(&mu_);
+          comm = comm_;
+        }
+        ncclResult_t state = ncclSuccess;
+        if (comm != nullptr && ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
+            state != ncclSuccess && state != ncclInProgress) {
+          failure = absl::UnavailableError(
+              NcclErrorToStatus(state, "NCCL asynchronous error", __FILE__, __LINE__).message());
+        }
+      }
+      if (failure.ok()) return absl::OkStatus();
+      FailAsync(last.op, failure);
+      continue;  // returns the recorded status
+    }
+    if (err != cudaErrorNotReady) {
+      FailAsync(last.op, CudaErrorToStatus(err, "cudaEventQuery(event)", __FILE__, __LINE__));
+      continue;
+    }
+    if (absl::Now() > last.deadline + kSynchronizeGrace) {
+      FailAsync(last.op, TimeoutError());
+      continue;
+    }
+    backoff.Pause();
+  }
+}
+
+absl::Status WaitEvent(absl::Span<Communicator* const> comms, cudaEvent_t event,
+                       absl::string_view what) {
+  for (Communicator* c : comms) {
+    if (c == nullptr) continue;
+    // Unchanged: it already names the group, this rank and the operation that failed, and
+    // callers prefix their own context (e.g. "MoE layer 7 dispatch (forward): group 'ep' ...").
+    SY_RETURN_IF_ERROR(c->Synchronize());
+  }
+  // Every collective of `comms` enqueued before the event has completed: what is left before it
+  // is local work, which cannot wait on a peer.
+  const cudaError_t err = cudaEventSynchronize(event);
+  if (err != cudaSuccess) {
+    return Annotate(CudaErrorToStatus(err, "cudaEventSynchronize(event)", __FILE__, __LINE__),
+                    what);
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------

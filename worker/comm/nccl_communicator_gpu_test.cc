@@ -8,6 +8,12 @@
 // Every collective uses small integer-valued data that every dtype (bf16 included) represents
 // exactly, so checks are exact equality; outputs are poisoned (0xFF bytes) first. Children report
 // through their exit code and print the failing check to stderr.
+//
+// Both modes of the stream contract (nccl_communicator.h): the collectives in the non-blocking
+// (default) and the blocking mode; a rank joining 1 s late (non-blocking: the others' call
+// returns in < 100 ms and Synchronize() waits; blocking, by option or SWITCHYARD_NCCL_BLOCKING=1:
+// the call itself waits); a peer that never joins (Synchronize() fails at the timeout naming the
+// group and the operation, later calls too); a killed peer.
 #include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -150,6 +156,7 @@ int CheckAllReduce(NcclCommunicator& comm, int device) {
     CHILD_CUDA(out.Poisoned(n, device));
     SY_CHILD_OK(comm.AllReduce(in.tensor(), out.tensor(), op));
     std::vector<T> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(out.Download(&got));
     const std::string what =
         absl::StrCat("AllReduce ", DTypeName(DTypeOf<T>()), " ", ReduceOpName(op));
@@ -170,6 +177,7 @@ int CheckAllReduce(NcclCommunicator& comm, int device) {
   CHILD_CUDA(io.Upload(host, device));
   SY_CHILD_OK(comm.AllReduce(io.tensor(), io.tensor(), ReduceOp::kSum));
   std::vector<T> got;
+  SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
   CHILD_CUDA(io.Download(&got));
   SY_CHILD_CHECK(Exact("AllReduce in place", got, [&](int64_t i) {
     return w * (w + 1) / 2.0 * static_cast<double>(i % 7 - 3);
@@ -177,16 +185,18 @@ int CheckAllReduce(NcclCommunicator& comm, int device) {
   return 0;
 }
 
-int RunCollectives(const std::string& dir, int rank, int world) {
+int RunCollectives(const std::string& dir, int rank, int world, bool blocking) {
   auto store_or = FileKvStore::Create(dir);
   SY_CHILD_OK(store_or.status());
   std::shared_ptr<KvStore> store = std::move(store_or).value();
   NcclOptions options;
   options.timeout = absl::Seconds(60);
+  options.blocking = blocking;
   auto comm_or = NcclCommunicator::Create(store, rank, world, rank, nullptr, options, "world");
   SY_CHILD_OK(comm_or.status());
   NcclCommunicator& comm = **comm_or;
   SY_CHILD_CHECK(comm.rank() == rank && comm.size() == world && comm.name() == "world");
+  SY_CHILD_CHECK(comm.blocking() == blocking);
   const int dev = rank;
   const int w = world, r = rank;
 
@@ -205,6 +215,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(out.Poisoned(n, dev));
     SY_CHILD_OK(comm.ReduceScatter(in.tensor(), out.tensor(), ReduceOp::kSum));
     std::vector<int32_t> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(out.Download(&got));
     SY_CHILD_CHECK(Exact("ReduceScatter", got, [&](int64_t i) {
       return w * (w + 1) / 2.0 * static_cast<double>((r * n + i) % 11 - 5);
@@ -219,6 +230,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(out.Poisoned(n * w, dev));
     SY_CHILD_OK(comm.AllGather(in.tensor(), out.tensor()));
     std::vector<int64_t> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(out.Download(&got));
     SY_CHILD_CHECK(Exact("AllGather", got, [&](int64_t j) { return (j / n) * 1000.0 + j % n; }));
   }
@@ -233,6 +245,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(out.Poisoned(total, dev));
     SY_CHILD_OK(comm.AllGatherV(in.tensor(), out.tensor(), counts));
     std::vector<float> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(out.Download(&got));
     std::vector<double> want;
     for (int c = 0; c < w; ++c) {
@@ -255,6 +268,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(out.Poisoned(static_cast<int64_t>(want.size()), dev));
     SY_CHILD_OK(comm.AllToAllV(in.tensor(), send, out.tensor(), recv));
     std::vector<int32_t> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(out.Download(&got));
     SY_CHILD_CHECK(Exact("AllToAllV", got, [&](int64_t j) { return want[j]; }));
   }
@@ -274,6 +288,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
       SY_CHILD_OK(comm.Send(sbuf.tensor(), next, 5));
     }
     std::vector<int32_t> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(rbuf.Download(&got));
     SY_CHILD_CHECK(Exact("Recv", got, [&](int64_t i) { return prev * 7.0 + i; }));
   }
@@ -290,11 +305,13 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     }
     SY_CHILD_OK(comm.Broadcast(t.tensor(), root));
     std::vector<BF16> got;
+    SY_CHILD_OK(comm.Synchronize());  // the host reads the result next
     CHILD_CUDA(t.Download(&got));
     SY_CHILD_CHECK(
         Exact("Broadcast", got, [](int64_t i) { return static_cast<double>(i % 200 - 100); }));
   }
   SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
 
   // Argument errors come back before any communication and name the group.
   {
@@ -306,6 +323,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     SY_CHILD_CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
     SY_CHILD_OK(comm.Barrier());  // not broken by an argument error
+    SY_CHILD_OK(comm.Synchronize());
   }
 
   {  // Sub-groups: by parity (NCCL split colors 0 and 1), and all ranks in reverse order.
@@ -321,6 +339,7 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(v.Upload({r + 1}, dev));
     SY_CHILD_OK(sub.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
     std::vector<int32_t> got;
+    SY_CHILD_OK(sub.Synchronize());  // the host reads the result next
     CHILD_CUDA(v.Download(&got));
     double want = 0;
     for (int q : parity) want += q + 1;
@@ -336,9 +355,11 @@ int RunCollectives(const std::string& dir, int rank, int world) {
     CHILD_CUDA(mine.Upload({r}, dev));
     CHILD_CUDA(all.Poisoned(w, dev));
     SY_CHILD_OK(rev.AllGather(mine.tensor(), all.tensor()));
+    SY_CHILD_OK(rev.Synchronize());  // the host reads the result next
     CHILD_CUDA(all.Download(&got));
     SY_CHILD_CHECK(Exact("reversed AllGather", got, [&](int64_t c) { return w - 1.0 - c; }));
     SY_CHILD_OK(comm.Barrier());  // the world group still works after the splits
+    SY_CHILD_OK(comm.Synchronize());
   }
 
   // Abort: later calls are ABORTED; idempotent.
@@ -350,9 +371,9 @@ int RunCollectives(const std::string& dir, int rank, int world) {
   return 0;
 }
 
-// The last rank exits after a first successful collective; the others' next AllReduce must fail
-// within the timeout (plus slack) with UNAVAILABLE or DEADLINE_EXCEEDED naming the group, and the
-// communicator must stay broken.
+// The last rank exits after a first successful collective; the others' next AllReduce (or, as it
+// only enqueues, the Synchronize() after it) must fail within the timeout (plus slack) with
+// UNAVAILABLE or DEADLINE_EXCEEDED naming the group, and the communicator must stay broken.
 int RunKilledPeer(const std::string& dir, int rank, int world) {
   auto store_or = FileKvStore::Create(dir);
   SY_CHILD_OK(store_or.status());
@@ -366,12 +387,15 @@ int RunKilledPeer(const std::string& dir, int rank, int world) {
   CHILD_CUDA(v.Upload(std::vector<int32_t>(1024, 1), rank));
   SY_CHILD_OK(comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
   SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
   if (rank == world - 1) {
     std::fflush(nullptr);
     _exit(0);  // dies without tearing NCCL down
   }
   const absl::Time start = absl::Now();
-  const absl::Status s = comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum);
+  // Non-blocking: the call may return OK (enqueued) and the failure show at Synchronize().
+  absl::Status s = comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum);
+  if (s.ok()) s = comm.Synchronize();
   const absl::Duration took = absl::Now() - start;
   std::fprintf(stderr, "rank %d: after peer death: %s (%s)\n", rank, s.ToString().c_str(),
                absl::FormatDuration(took).c_str());
@@ -381,6 +405,157 @@ int RunKilledPeer(const std::string& dir, int rank, int world) {
   SY_CHILD_CHECK(took < options.timeout + absl::Seconds(10));
   const absl::Status again = comm.Barrier();
   SY_CHILD_CHECK(again.code() == s.code());
+  return 0;
+}
+
+// Reads SWITCHYARD_NCCL_BLOCKING in this child only (forked, so the parent is unaffected).
+void SetBlockingEnv(const char* value) {
+  if (value == nullptr) {
+    unsetenv("SWITCHYARD_NCCL_BLOCKING");
+  } else {
+    setenv("SWITCHYARD_NCCL_BLOCKING", value, 1);
+  }
+}
+
+// Rank 0 joins the AllReduce kDelay late. Non-blocking (default): every other rank's call returns
+// in < 100 ms, before the collective can complete (an event recorded on the stream right after
+// the call is still pending), Synchronize() then waits about kDelay and the data is exact.
+// Blocking (NcclOptions::blocking or SWITCHYARD_NCCL_BLOCKING=1): the other ranks' call itself
+// takes about kDelay and the output is exact when read right after it, before Synchronize().
+constexpr absl::Duration kDelay = absl::Seconds(1);
+
+int RunDelayedPeer(const std::string& dir, int rank, int world, bool blocking_option,
+                   const char* env, bool want_blocking) {
+  SetBlockingEnv(env);
+  auto store_or = FileKvStore::Create(dir);
+  SY_CHILD_OK(store_or.status());
+  std::shared_ptr<KvStore> store = std::move(store_or).value();
+  NcclOptions options;
+  options.timeout = absl::Seconds(30);
+  options.blocking = blocking_option;
+  auto comm_or = NcclCommunicator::Create(store, rank, world, rank, nullptr, options, "world");
+  SY_CHILD_OK(comm_or.status());
+  NcclCommunicator& comm = **comm_or;
+  SY_CHILD_CHECK(comm.blocking() == want_blocking);
+  const int64_t n = 1 << 20;
+  std::vector<float> host(n);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>((rank + 1) * (i % 13));
+  DeviceVec<float> in, out;
+  CHILD_CUDA(in.Upload(host, rank));
+  CHILD_CUDA(out.Poisoned(n, rank));
+  // Warm-up with the same size and type: NCCL connects its peers at the first collective, which
+  // can hold the enqueue itself; the timed call below must only enqueue.
+  SY_CHILD_OK(comm.AllReduce(in.tensor(), out.tensor(), ReduceOp::kSum));
+  SY_CHILD_OK(comm.Synchronize());
+  SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
+  CHILD_CUDA(cudaMemset(out.tensor().data, 0xFF, n * sizeof(float)));
+  CHILD_CUDA(cudaDeviceSynchronize());  // the legacy-stream memset is done before the collective
+
+  if (rank == 0) absl::SleepFor(kDelay);
+  const absl::Time start = absl::Now();
+  SY_CHILD_OK(comm.AllReduce(in.tensor(), out.tensor(), ReduceOp::kSum));
+  const absl::Duration call = absl::Now() - start;
+  cudaEvent_t after = nullptr;
+  CHILD_CUDA(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  CHILD_CUDA(cudaEventRecord(after, comm.stream()));
+  const cudaError_t pending = cudaEventQuery(after);
+  if (want_blocking) {
+    // The call returned only after the collective completed: the output is readable at once,
+    // without Synchronize() (the copy below runs on the legacy stream, not after comm.stream()).
+    std::vector<float> early;
+    CHILD_CUDA(out.Download(&early));
+    SY_CHILD_CHECK(Exact("blocking AllReduce read right after the call", early, [&](int64_t i) {
+      return world * (world + 1) / 2.0 * static_cast<double>(i % 13);
+    }));
+  }
+  const absl::Time sync_start = absl::Now();
+  SY_CHILD_OK(comm.Synchronize());
+  const absl::Duration sync = absl::Now() - sync_start;
+  std::fprintf(stderr, "rank %d (%s): AllReduce call %s, Synchronize %s, event right after: %s\n",
+               rank, want_blocking ? "blocking" : "non-blocking",
+               absl::FormatDuration(call).c_str(), absl::FormatDuration(sync).c_str(),
+               cudaGetErrorName(pending));
+  if (rank != 0) {
+    if (want_blocking) {
+      // The call waited for rank 0 (a little slack for its clock starting before ours).
+      SY_CHILD_CHECK(call >= kDelay - absl::Milliseconds(300));
+    } else {
+      SY_CHILD_CHECK(call < absl::Milliseconds(100));
+      SY_CHILD_CHECK(pending == cudaErrorNotReady);  // the collective had not completed
+      SY_CHILD_CHECK(sync >= kDelay - absl::Milliseconds(300));
+    }
+  }
+  CHILD_CUDA(cudaEventDestroy(after));
+  std::vector<float> got;
+  CHILD_CUDA(out.Download(&got));
+  SY_CHILD_CHECK(Exact("delayed AllReduce", got, [&](int64_t i) {
+    return world * (world + 1) / 2.0 * static_cast<double>(i % 13);
+  }));
+  // Several operations in a row are enqueued back to back, and Synchronize covers all of them.
+  if (!want_blocking) {
+    for (int k = 0; k < 3; ++k) {
+      SY_CHILD_OK(comm.AllReduce(out.tensor(), out.tensor(), ReduceOp::kMax));
+    }
+    SY_CHILD_OK(comm.Synchronize());
+    CHILD_CUDA(out.Download(&got));
+    SY_CHILD_CHECK(Exact("AllReduce max x3", got, [&](int64_t i) {
+      return world * (world + 1) / 2.0 * static_cast<double>(i % 13);
+    }));
+  }
+  SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
+  return 0;
+}
+
+// The last rank never joins the second AllReduce (it stays alive, so NCCL sees no error: only
+// the deadline can end the wait). Non-blocking: the others' AllReduce returns OK at once, their
+// Synchronize() fails with DEADLINE_EXCEEDED within the timeout plus a margin, naming the group,
+// the rank and the operation, and the next call returns the same broken status.
+constexpr absl::Duration kHangTimeout = absl::Seconds(4);
+
+int RunPeerNeverJoins(const std::string& dir, int rank, int world) {
+  auto store_or = FileKvStore::Create(dir);
+  SY_CHILD_OK(store_or.status());
+  std::shared_ptr<KvStore> store = std::move(store_or).value();
+  NcclOptions options;
+  options.timeout = kHangTimeout;
+  auto comm_or = NcclCommunicator::Create(store, rank, world, rank, nullptr, options, "world");
+  SY_CHILD_OK(comm_or.status());
+  NcclCommunicator& comm = **comm_or;
+  SY_CHILD_CHECK(!comm.blocking());
+  DeviceVec<int32_t> v;
+  CHILD_CUDA(v.Upload(std::vector<int32_t>(4096, 1), rank));
+  SY_CHILD_OK(comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
+  SY_CHILD_OK(comm.Synchronize());
+  SY_CHILD_OK(comm.Barrier());
+  SY_CHILD_OK(comm.Synchronize());
+  if (rank == world - 1) {
+    // Outlive the others' timeout without taking part, then leave without tearing NCCL down.
+    absl::SleepFor(kHangTimeout + absl::Seconds(10));
+    std::fflush(nullptr);
+    _exit(0);
+  }
+  const absl::Time start = absl::Now();
+  SY_CHILD_OK(comm.AllReduce(v.tensor(), v.tensor(), ReduceOp::kSum));
+  const absl::Duration call = absl::Now() - start;
+  const absl::Status s = comm.Synchronize();
+  const absl::Duration took = absl::Now() - start;
+  std::fprintf(stderr, "rank %d: call %s; Synchronize after %s: %s\n", rank,
+               absl::FormatDuration(call).c_str(), absl::FormatDuration(took).c_str(),
+               s.ToString().c_str());
+  SY_CHILD_CHECK(call < absl::Milliseconds(100));
+  SY_CHILD_CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  SY_CHILD_CHECK(absl::StrContains(s.message(), "group 'world' rank"));
+  SY_CHILD_CHECK(absl::StrContains(s.message(), "AllReduce"));
+  SY_CHILD_CHECK(absl::StrContains(s.message(), "did not take part within the timeout"));
+  SY_CHILD_CHECK(took >= kHangTimeout - absl::Milliseconds(100));
+  SY_CHILD_CHECK(took < kHangTimeout + absl::Seconds(3));
+  const absl::Status again = comm.Barrier();
+  SY_CHILD_CHECK(again.code() == absl::StatusCode::kDeadlineExceeded);
+  SY_CHILD_CHECK(absl::StrContains(again.message(), "AllReduce"));
+  const absl::Status sync_again = comm.Synchronize();
+  SY_CHILD_CHECK(sync_again.code() == absl::StatusCode::kDeadlineExceeded);
   return 0;
 }
 
@@ -414,9 +589,71 @@ TEST(NcclCommunicatorGpuTest, EveryCollectiveExact) {
   setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink SHARP is off on the GPU hosts
   const std::string dir = comm::testing::UniqueStoreDir("collectives");
   const std::vector<int> codes = comm::testing::RunProcesses(
-      world, absl::Seconds(300), [&](int rank) { return RunCollectives(dir, rank, world); });
+      world, absl::Seconds(300), [&](int rank) { return RunCollectives(dir, rank, world, false); });
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
   std::printf("nccl communicator: %d ranks, every collective exact, sub-groups, abort OK\n", world);
+}
+
+// The same checks in the blocking mode (the pre-watchdog behaviour, NcclOptions::blocking).
+TEST(NcclCommunicatorGpuTest, EveryCollectiveExactBlocking) {
+  std::string why;
+  const int world = WorldSize(&why);
+  REQUIRE_TWO_GPUS(world, why);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::string dir = comm::testing::UniqueStoreDir("collectives_blocking");
+  const std::vector<int> codes = comm::testing::RunProcesses(
+      world, absl::Seconds(300), [&](int rank) { return RunCollectives(dir, rank, world, true); });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(NcclCommunicatorGpuTest, NonBlockingCallReturnsBeforeADelayedPeerJoins) {
+  std::string why;
+  const int world = WorldSize(&why);
+  REQUIRE_TWO_GPUS(world, why);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::string dir = comm::testing::UniqueStoreDir("delayed");
+  const std::vector<int> codes =
+      comm::testing::RunProcesses(world, absl::Seconds(120), [&](int rank) {
+        return RunDelayedPeer(dir, rank, world, /*blocking_option=*/false, nullptr, false);
+      });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(NcclCommunicatorGpuTest, BlockingOptionWaitsForADelayedPeer) {
+  std::string why;
+  const int world = WorldSize(&why);
+  REQUIRE_TWO_GPUS(world, why);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::string dir = comm::testing::UniqueStoreDir("delayed_blocking");
+  const std::vector<int> codes =
+      comm::testing::RunProcesses(world, absl::Seconds(120), [&](int rank) {
+        return RunDelayedPeer(dir, rank, world, /*blocking_option=*/true, nullptr, true);
+      });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(NcclCommunicatorGpuTest, BlockingEnvironmentOverrideWaitsForADelayedPeer) {
+  std::string why;
+  const int world = WorldSize(&why);
+  REQUIRE_TWO_GPUS(world, why);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::string dir = comm::testing::UniqueStoreDir("delayed_env");
+  const std::vector<int> codes =
+      comm::testing::RunProcesses(world, absl::Seconds(120), [&](int rank) {
+        return RunDelayedPeer(dir, rank, world, /*blocking_option=*/false, "1", true);
+      });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(NcclCommunicatorGpuTest, PeerThatNeverJoinsFailsSynchronizeWithinTimeout) {
+  std::string why;
+  const int world = WorldSize(&why);
+  REQUIRE_TWO_GPUS(world, why);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::string dir = comm::testing::UniqueStoreDir("never_joins");
+  const std::vector<int> codes = comm::testing::RunProcesses(
+      world, absl::Seconds(120), [&](int rank) { return RunPeerNeverJoins(dir, rank, world); });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 TEST(NcclCommunicatorGpuTest, KilledPeerFailsWithinTimeout) {

@@ -189,8 +189,8 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
   int32_t* host_counts = static_cast<int32_t*>(pinned_.get());  // CUDA only
   if (device_.is_cuda()) {
-    // The pinned word is free: the previous H2D from it finished before the previous AllGather
-    // returned (host-synchronous, same stream).
+    // The pinned word is free: the previous Dispatch waited (WaitEvent below) for an event
+    // recorded after the previous H2D from it (same stream).
     host_counts[group_size_] = static_cast<int32_t>(num_tokens_);
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(my_count_.data(), host_counts + group_size_,
                                             sizeof(int32_t), cudaMemcpyHostToDevice, cs));
@@ -205,7 +205,10 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         host_counts, counts_.data(), group_size_ * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, cs));
-    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
+    // The AllGather returned once enqueued: a bounded wait (the EP group's Synchronize, then the
+    // event, which then waits for local work only), so a stuck peer fails here naming the layer.
+    SY_RETURN_IF_ERROR(
+        Comm("dispatch (forward)", comm::WaitEvent(*ep_, done, "the gathered token counts")));
     c = host_counts;
   }
   global_tokens_ = 0;

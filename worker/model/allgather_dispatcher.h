@@ -50,15 +50,17 @@
 //   CPU:  the counts are host memory and are read directly.
 //   CUDA: T goes to the device with one cudaMemcpyAsync from pinned memory, the AllGather of the
 //         counts runs on the device (NCCL), then ONE cudaMemcpyAsync of the [EP] gathered counts
-//         into pinned host memory, an event recorded after it and one cudaEventSynchronize. That
-//         is the only host sync of the micro-batch; the backward reuses the sizes. The
+//         into pinned host memory, an event recorded after it and one bounded wait for it
+//         (comm::WaitEvent: the EP group's Synchronize, then the event). That is the only host
+//         sync of the micro-batch; the backward reuses the sizes. The
 //         local-expert filter of topk_idx is a small kernel (allgather_dispatcher.cu); the padded
 //         layout of the reduce-scatter is one cudaMemcpyAsync + one cudaMemsetAsync per rank.
 //
 // Stream contract (CUDA): the EP communicator must be a comm::NcclCommunicator created with the
-// SAME cudaStream_t as the `stream` passed to every phase (and on the same device). Its calls are
-// host-synchronous and run on that stream, so the collectives are ordered after the kernels that
-// produce their inputs, and the kernels after them, with no extra events. The inputs set in
+// SAME cudaStream_t as the `stream` passed to every phase (and on the same device). Its calls run
+// on that stream and return once enqueued (stream-ordered), so the collectives are ordered after
+// the kernels that produce their inputs, and the kernels after them, with no extra events; the
+// one host read (the counts) waits as described above. The inputs set in
 // DispatchState before DispatchPreprocess (x, topk_idx, topk_probs) must be ready on that stream
 // and stay valid until Dispatch. Create checks that the group is an NcclCommunicator on `device`;
 // every phase checks that `stream` is on `device` and, on CUDA, that stream.cuda_stream == the

@@ -381,7 +381,12 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
     SY_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host_g, counts.data(), counts.bytes(), cudaMemcpyDeviceToHost, s));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, s));
-    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
+    // The all-gather(s) returned once enqueued (communicator.h, "Completion"): a bounded wait (the
+    // groups' Synchronize, then the event, which then waits for local work only), so a stuck or
+    // dead peer fails here naming the layer and phase instead of yielding garbage counts.
+    comm::Communicator* const waited[] = {ep_, etp_size_ > 1 ? etp_ : nullptr};
+    SY_RETURN_IF_ERROR(
+        Comm("dispatch (forward)", comm::WaitEvent(waited, done, "the gathered token counts")));
     g_all = host_g;
   }
   SY_RETURN_IF_ERROR(ReadCounts(g_all));

@@ -95,10 +95,10 @@
 //   CUDA: RouteToRanks / TokensPerExpert / Permute write c on the device; the AllGather of c (and,
 //         with ETP, of G over ETP) runs on the device (NCCL); then ONE cudaMemcpyAsync of G
 //         (EP * (E + P) i32; with ETP, ETP times that) into pinned host memory, an event recorded
-//         after it and one wait on that event (the spec's cuda_sync_point before_ep_alltoall). No
-//         host-to-device copy: tokens_per_expert is computed on the device by the local Permute.
-//         No other host sync in the forward; the backward reuses the forward's splits and does
-//         not sync at all.
+//         after it and one bounded wait on it (comm::WaitEvent: the EP/ETP groups' Synchronize(),
+//         then the event) (the spec's cuda_sync_point before_ep_alltoall). No host-to-device copy:
+//         tokens_per_expert is computed on the device by the local Permute. No other host sync in
+//         the forward; the backward reuses the forward's splits and does not sync at all.
 //
 // Stream contract (CUDA): the EP (and ETP) communicator must be a comm::NcclCommunicator created
 // with the SAME cudaStream_t as the `stream` passed to every phase (and on the same device), so

@@ -90,6 +90,7 @@ class DyingCommunicator final : public comm::Communicator {
   }
   absl::Status Broadcast(const Tensor& t, int root) override { return inner_->Broadcast(t, root); }
   absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::Status Synchronize() override { return inner_->Synchronize(); }
   void Abort() override { inner_->Abort(); }
 
  private:

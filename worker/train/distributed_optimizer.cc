@@ -90,10 +90,15 @@ absl::Status AllocNormScratch(Device device, kernels::Buffer* ws, kernels::Buffe
   return absl::OkStatus();
 }
 
-// Reads an f32 [1] device value on the host (the one synchronisation of a step).
-absl::StatusOr<float> ReadScalar(const Stream& stream, const Tensor& t) {
+// Reads an f32 [1] device value on the host (the one synchronisation of a step). `group`'s
+// collectives run on `stream` and return before they complete (communicator.h, "Completion"):
+// its Synchronize() first bounds the wait by its timeout (a stuck peer fails it instead of hanging
+// the stream synchronisation below, which then waits only for local work: the group's last
+// operation follows everything enqueued on the stream before it).
+absl::StatusOr<float> ReadScalar(const Stream& stream, const Tensor& t, comm::Communicator* group) {
   float v = 0;
   if (stream.is_cuda()) {
+    SY_RETURN_IF_ERROR(group->Synchronize());
     cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&v, t.data, sizeof(float), cudaMemcpyDeviceToHost, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
@@ -103,9 +108,11 @@ absl::StatusOr<float> ReadScalar(const Stream& stream, const Tensor& t) {
   return v;
 }
 
-// Writes a host float into an f32 [1] device value.
-absl::Status WriteScalar(const Stream& stream, float v, const Tensor& t) {
+// Writes a host float into an f32 [1] device value (bounded like ReadScalar).
+absl::Status WriteScalar(const Stream& stream, float v, const Tensor& t,
+                         comm::Communicator* group) {
   if (stream.is_cuda()) {
+    SY_RETURN_IF_ERROR(group->Synchronize());
     cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data, &v, sizeof(float), cudaMemcpyHostToDevice, cs));
     // &v is pageable stack memory: wait before it goes out of scope.
@@ -237,7 +244,7 @@ absl::StatusOr<float> DistributedAdamW::PrepareStep(const Stream& stream, const 
   // (2) This instance's squared norm: local sum of squares, summed over the group.
   SY_RETURN_IF_ERROR(kernels::GradSquaredNorm(stream, g, norm_ws_.View(), sum_sq_.View()));
   SY_RETURN_IF_ERROR(dp_->AllReduce(sum_sq_.View(), sum_sq_.View(), comm::ReduceOp::kSum));
-  SY_ASSIGN_OR_RETURN(const float sq, ReadScalar(stream, sum_sq_.View()));
+  SY_ASSIGN_OR_RETURN(const float sq, ReadScalar(stream, sum_sq_.View(), dp_));
   prepared_ = true;
   return sq;
 }
@@ -256,11 +263,11 @@ absl::StatusOr<OptimizerStepResult> DistributedAdamW::FinishStep(const Stream& s
   prepared_ = false;
   const Tensor g = grad_shard_.View();
   // The clip coefficient from the combined squared norm.
-  SY_RETURN_IF_ERROR(WriteScalar(stream, total_sq_norm, sum_sq_.View()));
+  SY_RETURN_IF_ERROR(WriteScalar(stream, total_sq_norm, sum_sq_.View(), dp_));
   SY_RETURN_IF_ERROR(
       kernels::ClipCoefficient(stream, sum_sq_.View(), clip_grad, norm_.View(), coef_.View()));
   OptimizerStepResult r;
-  SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View()));
+  SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View(), dp_));
   r.skipped = !std::isfinite(r.grad_norm);  // the same on every rank (total_sq_norm is)
   if (r.skipped) return r;
   // (3) AdamW on the shard, split at the decay boundary.
@@ -280,7 +287,7 @@ absl::StatusOr<OptimizerStepResult> DistributedAdamW::FinishStep(const Stream& s
     SY_RETURN_IF_ERROR(dp_->AllGather(Slice(shard_params, b.shard_offset, Chunk(b)),
                                       Slice(Flat(params), b.begin, b.chunk())));
   }
-  SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View()));
+  SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View(), dp_));
   return r;
 }
 
@@ -386,7 +393,7 @@ absl::StatusOr<OptimizerStepResult> ReplicatedAdamW::Step(const Stream& stream, 
   SY_RETURN_IF_ERROR(
       kernels::ClipCoefficient(stream, sum_sq_.View(), clip_grad, norm_.View(), coef_.View()));
   OptimizerStepResult r;
-  SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View()));
+  SY_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(stream, norm_.View(), dp_));
   r.skipped = !std::isfinite(r.grad_norm);
   if (r.skipped) return r;
   kernels::AdamWHyperParams hp = hp_;
@@ -394,7 +401,7 @@ absl::StatusOr<OptimizerStepResult> ReplicatedAdamW::Step(const Stream& stream, 
   hp.step = step;
   SY_RETURN_IF_ERROR(AdamWRange(stream, hp, 0, n_, decay_end_, g, coef_.View(), master_.View(),
                                 exp_avg_.View(), exp_avg_sq_.View(), Flat(params)));
-  SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View()));
+  SY_ASSIGN_OR_RETURN(r.clip_coef, ReadScalar(stream, coef_.View(), dp_));
   return r;
 }
 

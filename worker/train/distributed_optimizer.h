@@ -45,7 +45,9 @@
 // the `stream` passed to Step (or synchronised with it): every buffer is already a device buffer,
 // the kernels (GradSquaredNorm, ClipCoefficient, AdamW, elementwise Axpby for the 1/dp mean) have
 // CUDA paths, and NCCL reduces f32 on the device. The only host synchronisation per Step is the
-// 4-byte norm read (to report it and to skip non-finite steps), as in the trainer. Run on H200s by
+// 4-byte norm read (to report it and to skip non-finite steps), as in the trainer; collectives
+// return once enqueued (communicator.h, "Completion"), so every host read of a device scalar first
+// calls the dp group's Synchronize(), which bounds the wait by the group's timeout. Run on H200s by
 // //worker/train:distributed_gpu_test (2 and 4 GPUs, NCCL) and every multi-GPU benchmark.
 //
 // Two instances, one global norm (megatron_moe.md §2.4, §5; Megatron's ChainedOptimizer over the
@@ -132,6 +134,8 @@ class DistributedAdamW {
       std::optional<float> grad_scale = std::nullopt, std::vector<int64_t> bucket_ends = {});
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // The data-parallel group given to Create (ReduceBucket's default group).
+  comm::Communicator* dp_group() const { return dp_; }
   // [begin, end) of bucket b in the padded flat buffer.
   std::pair<int64_t, int64_t> bucket_range(int b) const {
     return {buckets_[b].begin, buckets_[b].end};
@@ -141,7 +145,8 @@ class DistributedAdamW {
   // order; nullptr = the dp group). May run on another thread than the other calls, while the
   // caller computes, as long as only this thread uses `group` and the bucket's gradients are
   // final; `stream` is the stream `group` runs on. Each bucket at most once per step; PrepareStep
-  // then reduces the others.
+  // then reduces the others. The reduce-scatter may still be running when this returns (NCCL):
+  // before another stream reads the shard, `group` must be synchronised (GradReducer::Wait does).
   absl::Status ReduceBucket(const Stream& stream, const Tensor& grads, int b,
                             comm::Communicator* group = nullptr);
 
@@ -181,7 +186,8 @@ class DistributedAdamW {
   // state views below): copies this rank's chunk of every bucket. Local, no communication.
   absl::Status ScatterFull(const Tensor& full, const Tensor& shard) const;
   // shard-shaped `shard` -> full (f32 [Np] on the state's device), every rank's chunks:
-  // collective (one AllGather per bucket over the dp group).
+  // collective (one AllGather per bucket over the dp group), stream-ordered: the host reads
+  // `full` only after the dp group's Synchronize().
   absl::Status GatherFull(const Tensor& shard, const Tensor& full) const;
   // Where this rank's shard lies in the padded flat buffer, one run per bucket: elements
   // [begin, begin + length) of the flat buffer are shard elements [shard_offset, +length) (for

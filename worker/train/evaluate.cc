@@ -144,6 +144,9 @@ absl::StatusOr<double> Trainer::Evaluate() {
       SY_RETURN_IF_ERROR(
           model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
     }
+    // The forward's collectives return before completing: their groups' bounded Synchronize
+    // before ReadStepStats synchronises the stream.
+    SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
                         model_->ReadStepStats(s, static_cast<int>(num_micro_)));
     local += stats.loss_sum;

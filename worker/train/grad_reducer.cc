@@ -1,7 +1,11 @@
+// File: worker/train/grad_reducer.cc
+//
 // Background gradient reduce-scatters overlapped with the backward pass.
 #include "worker/train/grad_reducer.h"
 
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "common/cuda_status.h"
 #include "common/status.h"
@@ -57,13 +61,25 @@ absl::Status GradReducer::Launch(const Stream& compute, const Job& job) {
 }
 
 absl::Status GradReducer::Wait() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](GradReducer* r)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->queue_.empty() && r->running_ == 0; },
-      this));
-  absl::Status st = error_;
-  error_ = absl::OkStatus();
+  absl::Status st;
+  std::vector<comm::Communicator*> used;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](GradReducer* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+          return r->queue_.empty() && r->running_ == 0;
+        },
+        this));
+    st = error_;
+    error_ = absl::OkStatus();
+    used.swap(used_);
+  }
+  // The reducer thread is idle (nothing queued or running), so this thread may use the groups.
+  // Their reduce-scatters were only enqueued: wait (bounded) for them to complete.
+  for (comm::Communicator* g : used) {
+    const absl::Status synced = g->Synchronize();
+    if (st.ok() && !synced.ok()) st = synced;
+  }
   return st;
 }
 
@@ -86,6 +102,11 @@ void GradReducer::Loop() {
         --running_;
         continue;
       }
+    }
+    comm::Communicator* group = job.group != nullptr ? job.group : job.optimizer->dp_group();
+    {
+      absl::MutexLock lock(&mu_);
+      if (std::find(used_.begin(), used_.end(), group) == used_.end()) used_.push_back(group);
     }
     absl::Status st;
     {

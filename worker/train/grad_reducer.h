@@ -12,8 +12,15 @@
 // bucket's gradients only after the kernels that wrote them; on the CPU the gradients are final
 // when Launch is called. Jobs run in launch order, which is the same on every rank (the backward
 // pass visits the layers in the same order), so the collectives match across ranks. Wait()
-// returns once every launched job has finished (host-synchronous communicators: the reduced
-// shards are then complete) with the first error; after an error later jobs are skipped.
+// returns once every launched job has run AND its reduce-scatter has completed: a job only
+// enqueues its collective (NCCL returns before completion, communicator.h "Completion"), so
+// Wait() calls Synchronize() on every group its jobs used, from the calling thread once the
+// reducer thread is idle (bounded by each group's timeout; a stuck or dead peer fails it). The
+// reduced shards are then complete on the device, and the compute stream, which did not wait
+// for the reducer's stream, may read them (the optimizer step runs on the compute stream; a
+// host wait was chosen over an event the compute stream waits on so that a failed reduction is
+// reported by this Wait() rather than by a later collective). Returns the first error; after an
+// error later jobs are skipped.
 //
 // The groups given with the jobs must not be used by any other thread meanwhile (the dedicated
 // ProcessGroups::grad_* communicators). One compute thread calls Launch and Wait.
@@ -68,6 +75,8 @@ class GradReducer {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;  // jobs popped, not finished
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // Groups the jobs ran on since the last Wait() (Synchronize()d by it), in first-use order.
+  std::vector<comm::Communicator*> used_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -82,6 +82,14 @@ void ProcessGroups::AbortAll() {
   for (auto& c : owned) c->Abort();
 }
 
+absl::Status ProcessGroups::Synchronize() const {
+  for (const auto& c : owned) {
+    if (c.get() == grad_data || c.get() == grad_expert_data) continue;
+    SY_RETURN_IF_ERROR(c->Synchronize());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
     std::shared_ptr<comm::KvStore> store, int rank, const ParallelDims& dims,
     const comm::GlooOptions& options) {

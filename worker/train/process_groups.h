@@ -27,6 +27,10 @@
 //                 runs during the backward pass; on NCCL they run on `grad_stream`, a stream of
 //                 their own made here (the compute stream keeps computing meanwhile).
 //
+// Every NCCL communicator here runs on the compute stream given to CreateNcclProcessGroups (the
+// grad_* ones on grad_stream) and returns before its collectives complete; Synchronize() below is
+// the bounded host wait for all of the compute thread's groups.
+//
 // Creation is collective over the world: every rank calls the same factory with the same dims
 // and store (scoped to the job and generation, e.g. a PrefixedKvStore). Every valid layout gets
 // its groups, PP > 1 included; the trainer runs PP (its 1F1B schedule sends on `pp`), the worker
@@ -68,6 +72,14 @@ struct ProcessGroups {
   ~ProcessGroups();
   // Aborts every communicator (unblocks a rank stuck in a collective). Any thread.
   void AbortAll();
+  // Synchronize() on every communicator the compute thread uses (all but grad_data and
+  // grad_expert_data, which belong to the GradReducer's thread and are synchronised by its
+  // Wait()): returns once every collective they enqueued has completed, or the first error
+  // (each wait bounded by the communicators' timeout). NCCL collectives return before they
+  // complete (communicator.h, "Completion"): call this before the host reads a collective's
+  // result or waits on the compute stream (comm::WaitEvent's rule); on Gloo it only reports the
+  // groups' state.
+  absl::Status Synchronize() const;
   std::vector<std::unique_ptr<comm::Communicator>> owned;
 };
 

@@ -5,6 +5,7 @@
 // kPipeline group, rank order tp-cp-ep-dp-pp, megatron_moe.md §5), its group rank is the stage,
 // and an activation sent stage s -> s + 1 and its gradient sent back s + 1 -> s arrive intact
 // (what the pipeline schedule will do with Send/Recv). At PP = 1 the group is the rank alone.
+// ProcessGroups::Synchronize skips the gradient-reduction groups.
 #include "worker/train/process_groups.h"
 
 #include <cstdio>
@@ -79,6 +80,14 @@ int PipelineBody(int rank, const std::string& dir, const ParallelDims& dims) {
     }
   }
   SY_CHILD_OK(g.world->Barrier());
+  // ProcessGroups::Synchronize covers the compute thread's groups only: the GradReducer thread's
+  // grad_* groups are its Wait()'s business, so aborting them (no rank uses them here) leaves it
+  // OK, while the same abort makes those groups' own Synchronize() report ABORTED.
+  SY_CHILD_OK(g.Synchronize());
+  g.grad_data->Abort();
+  g.grad_expert_data->Abort();
+  SY_CHILD_CHECK(g.grad_data->Synchronize().code() == absl::StatusCode::kAborted);
+  SY_CHILD_OK(g.Synchronize());
   return 0;
 }
 

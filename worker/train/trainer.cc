@@ -425,8 +425,12 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     SY_RETURN_IF_ERROR(InitDistributedOptimizer(init));
     // The gradient buffer is zero again before the first step. On CUDA the shards were copied
     // with cudaMemcpy, which may return before a device-to-device copy is done and is not ordered
-    // with stream_ (non-blocking): wait for the device before overwriting the values.
-    if (device.is_cuda()) SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    // with stream_ (non-blocking): wait for the device before overwriting the values (after the
+    // groups' bounded Synchronize, so that the device wait cannot hang on a collective).
+    if (device.is_cuda()) {
+      SY_RETURN_IF_ERROR(SynchronizeGroups());
+      SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    }
     SY_RETURN_IF_ERROR(model_->ZeroGrads(stream_));
   }
 
@@ -551,7 +555,10 @@ absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count, const 
         cudaMemcpyAsync(ids_.data(), ids, count * local_seq_ * 4, cudaMemcpyHostToDevice, s));
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_.data(), targets, count * local_seq_ * 4,
                                             cudaMemcpyHostToDevice, s));
-    // The host staging buffers are reused by the next micro-batch: wait for the copies.
+    // The host staging buffers are reused by the next micro-batch: wait for the copies. The
+    // stream also holds the previous micro-batch's collectives, which return before completing:
+    // their groups' bounded Synchronize first, so that this wait is for local work only.
+    SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   }
   return absl::OkStatus();
@@ -652,6 +659,9 @@ absl::StatusOr<StepResult> Trainer::Step() {
   model::GptStepStats stats;
   {
     model::ScopedRange range(s, "step_stats");
+    // ReadStepStats synchronises the stream, which holds the step's collectives: wait for those
+    // first, bounded (a stuck peer fails here, naming its group, instead of hanging).
+    SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_ASSIGN_OR_RETURN(stats, model_->ReadStepStats(s, static_cast<int>(num_micro_)));
     if (distributed()) SY_RETURN_IF_ERROR(ReduceStats(&stats));
   }
@@ -986,6 +996,9 @@ absl::StatusOr<double> Trainer::SharedEmbeddingSquaredNorm() {
     float host = 0;
     if (stream_.is_cuda()) {
       cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
+      // The copy to pageable memory blocks the host until the stream reaches it: wait for the
+      // stream's collectives first, bounded.
+      SY_RETURN_IF_ERROR(SynchronizeGroups());
       SY_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(&host, sum_sq_.data(), sizeof(float), cudaMemcpyDeviceToHost, cs));
       SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
@@ -1053,9 +1066,26 @@ absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<do
     SY_ASSIGN_OR_RETURN(scalar_ws_, Buffer::ForTensor(DType::kF64, {n}, options_.device));
   }
   const Tensor dev = Slice(scalar_ws_.View(), 0, {n});
-  SY_RETURN_IF_ERROR(kernels::CopyTensor(host, dev));
+  // Copies on stream_, the group's stream, so that they are ordered with the collective (the
+  // synchronous CopyTensor runs on the legacy default stream, which the non-blocking stream_
+  // does not wait for). Copies between pageable memory and the device may block the host until
+  // the stream reaches them, so nothing unbounded may be pending before either: the groups'
+  // Synchronize first (callers come after a host read, so usually nothing is pending), and the
+  // all-reduce's own before the device-to-host copy.
+  SY_RETURN_IF_ERROR(SynchronizeGroups());
+  cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
+  SY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dev.data, host.data, host.bytes(), cudaMemcpyHostToDevice, cs));
   SY_RETURN_IF_ERROR(group->AllReduce(dev, dev, comm::ReduceOp::kSum));
-  return kernels::CopyTensor(dev, host);
+  SY_RETURN_IF_ERROR(group->Synchronize());
+  SY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host.data, dev.data, host.bytes(), cudaMemcpyDeviceToHost, cs));
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SynchronizeGroups() {
+  return groups_ != nullptr ? groups_->Synchronize() : absl::OkStatus();
 }
 
 absl::Status Trainer::DistributedUpdate(StepResult* result) {
@@ -1160,6 +1190,7 @@ absl::StatusOr<double> Trainer::EvalLoss() {
     const Tensor targets = Slice(s.is_cuda() ? targets_.View() : host_targets_.View(), 0, {n});
     SY_RETURN_IF_ERROR(model_->Forward(s, ids, targets, local_seq_, static_cast<int>(m), Tensor()));
   }
+  SY_RETURN_IF_ERROR(SynchronizeGroups());  // before ReadStepStats' stream synchronisation
   SY_ASSIGN_OR_RETURN(model::GptStepStats stats,
                       model_->ReadStepStats(s, static_cast<int>(num_micro_)));
   if (distributed()) SY_RETURN_IF_ERROR(ReduceStats(&stats));
@@ -1269,6 +1300,8 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
   // is this call's.
   SY_RETURN_IF_ERROR(WaitForSave());
   if (stream_.is_cuda()) {
+    // After the groups' bounded Synchronize (their collectives return before completing).
+    SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
   }
   auto save = std::make_unique<AsyncSave>();
@@ -1520,6 +1553,8 @@ absl::Status Trainer::Load(const std::string& root, int64_t step) {
     SY_RETURN_IF_ERROR(read("expert_bias", ShardSlice::Whole(bias.shape), bias));
   }
   if (stream_.is_cuda()) {
+    // After the groups' bounded Synchronize (their collectives return before completing).
+    SY_RETURN_IF_ERROR(SynchronizeGroups());
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
   }
   step_ = ck_step;

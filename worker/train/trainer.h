@@ -287,6 +287,10 @@ class Trainer {
   absl::Status AllReduceTpReplicatedGrads(int64_t index);
   // Sums `v` over `group` (staged through the device on CUDA).
   absl::Status AllReduceDoubles(comm::Communicator* group, std::vector<double>* v);
+  // groups_->Synchronize() when distributed (OK otherwise): the bounded wait for every
+  // collective the compute thread enqueued, due before the host reads a result or waits on
+  // stream_ (NCCL collectives return before completing; communicator.h "Completion").
+  absl::Status SynchronizeGroups();
   // Distributed stats: sums over the data-parallel group (loss, counts; aux losses averaged).
   absl::Status ReduceStats(model::GptStepStats* stats);
   // Distributed: master, exp_avg, exp_avg_sq of the full LOCAL layout, gathered from the shards.
