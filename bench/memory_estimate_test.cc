@@ -27,12 +27,15 @@
 #include "kernels/buffer.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/trainer.h"
 
 namespace switchyard {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using train::curves::CpuF32;
 
 constexpr double kTolerance = 0.15;
 
@@ -125,13 +128,6 @@ const char kMoeTop4Mixed[] =
     "  train_iters: 2\n"
     "data:\n"
     "  mock_data: true\n";
-
-train::TrainerOptions CpuF32() {
-  train::TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
 
 // Creates the trainer, runs 2 steps; the Buffer counters before, after and at the peak.
 absl::StatusOr<Measured> TrainAndMeasure(const v1::JobSpec& spec, train::TrainerOptions opt) {
@@ -265,19 +261,9 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
   const std::string store = ct::UniqueStoreDir("memest_store");
   const std::string out = ct::UniqueStoreDir("memest_out");
   const std::vector<int> codes = ct::RunProcesses(world, absl::Minutes(5), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = world;
-    dims.expert_model_parallel_size = ep;
-    dims.tensor_model_parallel_size = tp;
-    dims.context_parallel_size = fold.cp;
-    dims.expert_tensor_parallel_size = fold.etp;
-    dims.pipeline_model_parallel_size = fold.pp;
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
     // The process groups exist before the measurement starts, as in the benchmark.
-    auto groups = train::CreateGlooProcessGroups(kv, rank, dims, gopt);
+    auto groups = train::test_groups::JoinGlooGroups(
+        store, rank, train::test_groups::LayoutDims(world, tp, ep, fold.cp, fold.etp, fold.pp));
     SY_CHILD_OK(groups.status());
     train::TrainerOptions opt = CpuF32();
     opt.groups = groups->get();

@@ -255,6 +255,24 @@ struct DistPlan {
   EngineMemory mem_est;  // the planner's per-rank estimate
 };
 
+// The plan's fields that both PLAN_JSON and RESULT_JSON carry (the model, the layout, the batch
+// and the model's size), under the same keys. nlohmann::json objects keep their keys sorted, so
+// adding the other fields to it prints what one literal would.
+nlohmann::json PlanFields(const DistPlan& p) {
+  return {{"model", p.name},
+          {"world", p.world},
+          {"ep", p.ep},
+          {"edp", p.edp},
+          {"cp", p.cp},
+          {"tp", p.tp},
+          {"etp", p.etp},
+          {"global_batch", p.global.global},
+          {"tokens_per_step", p.tokens_per_step},
+          {"flops_per_token", p.flops_per_token},
+          {"params_total", p.params_total},
+          {"params_active", p.params_active}};
+}
+
 // INVALID_ARGUMENT naming the flag and the rule; the spec's own validation for the rest.
 absl::StatusOr<DistPlan> MakeDistPlan() {
   DistPlan p;
@@ -351,23 +369,12 @@ void PrintDistPlan(const DistPlan& p) {
       p.per_gpu.experts / p.ep, p.global.global, p.global.seq,
       static_cast<long long>(p.tokens_per_step), micro_per_gpu, p.per_gpu.micro,
       static_cast<long long>(p.tokens_per_step / p.world), p.warmup, p.steps);
-  const nlohmann::json plan = {{"bench", "train"},
-                               {"dry_run", absl::GetFlag(FLAGS_dry_run)},
-                               {"model", p.name},
-                               {"world", p.world},
-                               {"ep", p.ep},
-                               {"edp", p.edp},
-                               {"cp", p.cp},
-                               {"tp", p.tp},
-                               {"etp", p.etp},
-                               {"global_batch", p.global.global},
-                               {"micro_batch", p.global.micro},
-                               {"seq_length", p.global.seq},
-                               {"tokens_per_step", p.tokens_per_step},
-                               {"flops_per_token", p.flops_per_token},
-                               {"params_total", p.params_total},
-                               {"params_active", p.params_active},
-                               {"mem_est_gib", p.mem_est.total() / kGiB}};
+  nlohmann::json plan = PlanFields(p);
+  plan.update({{"bench", "train"},
+               {"dry_run", absl::GetFlag(FLAGS_dry_run)},
+               {"micro_batch", p.global.micro},
+               {"seq_length", p.global.seq},
+               {"mem_est_gib", p.mem_est.total() / kGiB}});
   PrintEstimate(p.mem_est);
   std::printf("PLAN_JSON %s\n", plan.dump().c_str());
 }
@@ -636,20 +643,9 @@ int DistributedMain(const DistPlan& p) {
   std::printf(
       "(step ms: median over timed steps of the slowest rank; largest rank spread %.1f ms)\n",
       spread);
-  const nlohmann::json out = {
-      {"model", p.name},
+  nlohmann::json out = PlanFields(p);
+  out.update({
       {"device", device},
-      {"world", p.world},
-      {"ep", p.ep},
-      {"edp", p.edp},
-      {"cp", p.cp},
-      {"tp", p.tp},
-      {"etp", p.etp},
-      {"params_total", p.params_total},
-      {"params_active", p.params_active},
-      {"global_batch", p.global.global},
-      {"tokens_per_step", p.tokens_per_step},
-      {"flops_per_token", p.flops_per_token},
       {"steps", p.steps},
       {"warmup", p.warmup},
       {"step_ms_median", step_ms},
@@ -664,7 +660,7 @@ int DistributedMain(const DistPlan& p) {
       {"mem_ratio", mem_ratio},
       {"mem_est_create_peak_gib", (p.mem_est.total() + p.mem_est.create_transient) / kGiB},
       {"final_loss", last_loss},
-  };
+  });
   std::printf("RESULT_JSON %s\n", out.dump().c_str());
   return 0;
 }

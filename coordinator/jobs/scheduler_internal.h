@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "coordinator/metrics/job_event_reasons.h"
 #include "switchyard/v1/worker.pb.h"
 
 namespace switchyard::jobs::scheduler_internal {
@@ -26,8 +27,9 @@ inline constexpr char kQueueQuotaExceeded[] = "QUEUE_QUOTA_EXCEEDED";
 inline constexpr char kWaitingForPriority[] = "WAITING_FOR_PRIORITY";
 inline constexpr char kInvalidPaths[] = "INVALID_PATHS";
 inline constexpr char kCoordinatorRestarted[] = "COORDINATOR_RESTARTED";
-inline constexpr char kPreempted[] = "PREEMPTED";
-inline constexpr char kScalingUp[] = "SCALING_UP";
+// The two reasons CoordinatorMetrics counts are defined with the metrics, which sit below us.
+using ::switchyard::metrics::kPreempted;
+using ::switchyard::metrics::kScalingUp;
 inline constexpr int32_t kStoppedOnRequest = 143;
 
 inline v1::CoordinatorMessage StopMessage(const std::string& reason) {

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "coordinator/metrics/job_event_reasons.h"
 #include "prometheus/text_serializer.h"
 
 namespace switchyard::metrics {
@@ -90,11 +91,10 @@ void CoordinatorMetrics::ObserveRpc(absl::string_view method, absl::string_view 
 void CoordinatorMetrics::IncrementJobRestarts() { job_restarts_.Increment(); }
 
 void CoordinatorMetrics::CountTransition(v1::Job::State to, absl::string_view reason) {
-  // The reasons are scheduler_internal.h's kPreempted / kScalingUp (the JobEvent reason strings
-  // users see; metrics must not depend on the scheduler's internals).
+  // The scheduler emits these reasons from the same constants (job_event_reasons.h).
   if (to == v1::Job::RESTARTING) job_restarts_.Increment();
-  if (to == v1::Job::PENDING && reason == "PREEMPTED") preemptions_.Increment();
-  if (to == v1::Job::PENDING && reason == "SCALING_UP") scale_ups_.Increment();
+  if (to == v1::Job::PENDING && reason == kPreempted) preemptions_.Increment();
+  if (to == v1::Job::PENDING && reason == kScalingUp) scale_ups_.Increment();
 }
 
 void CoordinatorMetrics::SetWorkersAttached(int64_t count) {

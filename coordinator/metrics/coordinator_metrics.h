@@ -91,7 +91,8 @@ class CoordinatorMetrics {
   void ObserveRpc(absl::string_view method, absl::string_view code, double seconds);
   void IncrementJobRestarts();
   // Counts one job transition (JobHub's callback): into RESTARTING a restart; into PENDING with
-  // reason PREEMPTED a preemption, with SCALING_UP a scale-up (coordinator/jobs/scheduler.h).
+  // reason PREEMPTED a preemption, with SCALING_UP a scale-up (job_event_reasons.h, emitted by
+  // coordinator/jobs/scheduler.h).
   void CountTransition(v1::Job::State to, absl::string_view reason);
   // Sets the workers gauge now (0 until something sets it).
   void SetWorkersAttached(int64_t count);

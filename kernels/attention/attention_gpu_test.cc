@@ -46,6 +46,114 @@ struct SettingsGuard {
   ~SettingsGuard() { SetAttentionSettings(AttentionSettings{}); }
 };
 
+// One attention problem on the host: B sequences of `s` queries against `skv` keys each (skv == s
+// is the ordinary causal mask: the seq_len-only overloads forward to kv_seq_len = seq_len), fresh
+// random inputs, and (after RunReference) the CPU reference's outputs.
+struct HostProblem {
+  int64_t s = 0, skv = 0;
+  float scale = 0;
+  std::vector<int64_t> qs, ks, ls;  // shapes of q (o, dq, d_o), k (v, dk, dv), lse (delta)
+  Buffer q, k, v, d_o;
+  Buffer o, lse, delta, dq, dk, dv;
+};
+
+HostProblem RandomProblem(DType dt, int64_t b, int64_t s, int64_t skv, int64_t hq, int64_t hkv,
+                          int64_t d, std::mt19937_64& rng) {
+  HostProblem p;
+  p.s = s;
+  p.skv = skv;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.qs = {b * s, hq, d};
+  p.ks = {b * skv, hkv, d};
+  p.ls = {b, hq, s};
+  p.q = Host(dt, p.qs);
+  p.k = Host(dt, p.ks);
+  p.v = Host(dt, p.ks);
+  p.d_o = Host(dt, p.qs);
+  for (Buffer* x : {&p.q, &p.k, &p.v, &p.d_o}) testing::FillRandom(x->View(), rng);
+  return p;
+}
+
+// The fp64 CPU reference's forward and backward into p.o .. p.dv.
+absl::Status RunReference(HostProblem& p) {
+  const Stream cpu = Stream::Cpu();
+  const DType dt = p.q.View().dtype;
+  p.o = Host(dt, p.qs);
+  p.lse = Host(DType::kF32, p.ls);
+  p.delta = Host(DType::kF32, p.ls);
+  p.dq = Host(dt, p.qs);
+  p.dk = Host(dt, p.ks);
+  p.dv = Host(dt, p.ks);
+  absl::Status st = AttentionForward(cpu, p.q.View(), p.k.View(), p.v.View(), p.s, p.skv, p.scale,
+                                     p.o.View(), p.lse.View());
+  if (!st.ok()) return st;
+  return AttentionBackward(cpu, p.q.View(), p.k.View(), p.v.View(), p.o.View(), p.lse.View(),
+                           p.d_o.View(), p.s, p.skv, p.scale, p.delta.View(), p.dq.View(),
+                           p.dk.View(), p.dv.View());
+}
+
+// A problem's inputs on the GPU and its GPU outputs, poisoned until a run writes them.
+struct GpuRun {
+  explicit GpuRun(const HostProblem& p)
+      : q(Upload(p.q)),
+        k(Upload(p.k)),
+        v(Upload(p.v)),
+        d_o(Upload(p.d_o)),
+        o(Poisoned(p.q.View().dtype, p.qs)),
+        lse(Poisoned(DType::kF32, p.ls)),
+        delta(Poisoned(DType::kF32, p.ls)) {
+    PoisonGradients(p);
+  }
+  // Fresh poisoned dq, dk, dv (a second backward on the same forward).
+  void PoisonGradients(const HostProblem& p) {
+    const DType dt = p.q.View().dtype;
+    dq = Poisoned(dt, p.qs);
+    dk = Poisoned(dt, p.ks);
+    dv = Poisoned(dt, p.ks);
+  }
+  // On the GPU with the current AttentionSettings. The backward consumes the GPU's own o and lse
+  // (as training does). Neither synchronizes.
+  absl::Status Forward(const HostProblem& p) {
+    return AttentionForward(Stream{Device::Cuda(0), nullptr}, q.View(), k.View(), v.View(), p.s,
+                            p.skv, p.scale, o.View(), lse.View());
+  }
+  absl::Status Backward(const HostProblem& p) {
+    return AttentionBackward(Stream{Device::Cuda(0), nullptr}, q.View(), k.View(), v.View(),
+                             o.View(), lse.View(), d_o.View(), p.s, p.skv, p.scale, delta.View(),
+                             dq.View(), dk.View(), dv.View());
+  }
+  // Every output against the CPU reference within `tol`; delta only when `with_delta` (it is
+  // scratch: only the native backward leaves rowsum(dO * O) in it).
+  void ExpectMatches(const HostProblem& p, double tol, bool with_delta) const {
+    ExpectClose(o.View(), p.o.View(), tol, "o");
+    ExpectClose(lse.View(), p.lse.View(), tol, "lse");
+    if (with_delta) ExpectClose(delta.View(), p.delta.View(), tol, "delta");
+    ExpectClose(dq.View(), p.dq.View(), tol, "dq");
+    ExpectClose(dk.View(), p.dk.View(), tol, "dk");
+    ExpectClose(dv.View(), p.dv.View(), tol, "dv");
+  }
+
+  Buffer q, k, v, d_o;
+  Buffer o, lse, delta, dq, dk, dv;
+};
+
+// Elements [from, to) of a and b are equal (bf16 outputs widen to float exactly).
+bool SameRange(const std::vector<float>& a, const std::vector<float>& b, size_t from, size_t to) {
+  return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
+}
+
+// Replaces key and value row `row` (of the flattened [B * Skv] rows) with fresh random values.
+void PerturbKeyValueRow(Buffer& k, Buffer& v, int64_t row, std::mt19937_64& rng) {
+  const Tensor kt = k.View();
+  const int64_t hkv = kt.shape[1], d = kt.shape[2];
+  Buffer noise = Host(kt.dtype, {1, hkv, d});
+  const size_t row_bytes = static_cast<size_t>(hkv * d) * DTypeSize(kt.dtype);
+  for (Buffer* x : {&k, &v}) {
+    testing::FillRandom(noise.View(), rng);
+    std::memcpy(static_cast<char*>(x->View().data) + row * row_bytes, noise.View().data, row_bytes);
+  }
+}
+
 TEST(AttentionGpuTest, CudnnLoads) {
   SY_REQUIRE_GPU();
   absl::StatusOr<std::string> loaded = internal::LoadCudnn();
@@ -57,8 +165,6 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
   SY_REQUIRE_GPU();
   SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
-  const Stream gpu{Device::Cuda(0), nullptr};
-  const Stream cpu = Stream::Cpu();
   struct Case {
     int64_t b, s, hq, hkv, d;
   };
@@ -70,28 +176,10 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
       if (dt == DType::kF32 && c.s > 1000) continue;  // the SIMT f32 path: keep the test short
       const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;
-      const int64_t t_n = c.b * c.s;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-      const std::vector<int64_t> qs = {t_n, c.hq, c.d}, ks = {t_n, c.hkv, c.d},
-                                 ls = {c.b, c.hq, c.s};
       std::printf("Attention B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld %s\n", (long long)c.b,
                   (long long)c.s, (long long)c.hq, (long long)c.hkv, (long long)c.d, DTypeName(dt));
-      Buffer q = Host(dt, qs), k = Host(dt, ks), v = Host(dt, ks), d_o = Host(dt, qs);
-      testing::FillRandom(q.View(), rng);
-      testing::FillRandom(k.View(), rng);
-      testing::FillRandom(v.View(), rng);
-      testing::FillRandom(d_o.View(), rng);
-      Buffer o = Host(dt, qs), lse = Host(DType::kF32, ls), delta = Host(DType::kF32, ls);
-      Buffer dq = Host(dt, qs), dk = Host(dt, ks), dv = Host(dt, ks);
-      ASSERT_TRUE(
-          AttentionForward(cpu, q.View(), k.View(), v.View(), c.s, scale, o.View(), lse.View())
-              .ok());
-      ASSERT_TRUE(AttentionBackward(cpu, q.View(), k.View(), v.View(), o.View(), lse.View(),
-                                    d_o.View(), c.s, scale, delta.View(), dq.View(), dk.View(),
-                                    dv.View())
-                      .ok());
-
-      Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+      HostProblem p = RandomProblem(dt, c.b, c.s, c.s, c.hq, c.hkv, c.d, rng);
+      ASSERT_TRUE(RunReference(p).ok());
       const std::vector<std::pair<AttentionSettings, AttentionSettings>> pairs =
           dt == DType::kBF16
               ? std::vector<std::pair<AttentionSettings, AttentionSettings>>{{kNative, kNative},
@@ -106,12 +194,9 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
             "  forward %s, backward %s%s\n", AttentionBackendName(fwd.backend),
             AttentionBackendName(bwd.backend),
             bwd.backend == AttentionBackend::kCudnn && !bwd.deterministic ? " (atomic dQ)" : "");
-        Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
-               g_delta = Poisoned(DType::kF32, ls);
-        Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
+        GpuRun g(p);
         SetAttentionSettings(fwd);
-        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, scale,
-                                           g_o.View(), g_lse.View());
+        absl::Status st = g.Forward(p);
         if (fwd.backend == AttentionBackend::kCudnn && absl::IsFailedPrecondition(st) &&
             c.s < 512) {
           // cuDNN may decline a small or odd shape (auto then runs the native kernels); the
@@ -121,9 +206,7 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
         }
         ASSERT_TRUE(st.ok()) << st;
         SetAttentionSettings(bwd);
-        st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                               g_do.View(), c.s, scale, g_delta.View(), g_dq.View(), g_dk.View(),
-                               g_dv.View());
+        st = g.Backward(p);
         if (bwd.backend == AttentionBackend::kCudnn && absl::IsFailedPrecondition(st) &&
             c.s < 512) {
           std::printf("  cuDNN declined this case: %s\n", std::string(st.message()).c_str());
@@ -131,15 +214,7 @@ TEST(AttentionGpuTest, MatchesCpuReference) {
         }
         ASSERT_TRUE(st.ok()) << st;
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ExpectClose(g_o.View(), o.View(), tol, "o");
-        ExpectClose(g_lse.View(), lse.View(), tol, "lse");
-        // delta is scratch: only the native backward leaves rowsum(dO * O) in it.
-        if (bwd.backend == AttentionBackend::kNative) {
-          ExpectClose(g_delta.View(), delta.View(), tol, "delta");
-        }
-        ExpectClose(g_dq.View(), dq.View(), tol, "dq");
-        ExpectClose(g_dk.View(), dk.View(), tol, "dk");
-        ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+        g.ExpectMatches(p, tol, /*with_delta=*/bwd.backend == AttentionBackend::kNative);
       }
       SetAttentionSettings(AttentionSettings{});
     }
@@ -154,29 +229,16 @@ TEST(AttentionGpuTest, BackwardIsDeterministic) {
   for (const AttentionSettings& settings : {kNative, kCudnn}) {
     SetAttentionSettings(settings);
     std::mt19937_64 rng(std::random_device{}());
-    const Stream gpu{Device::Cuda(0), nullptr};
-    const int64_t b = 2, s = 100, hq = 8, hkv = 2, d = 128, t_n = b * s;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
-    Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
-           d_o = Host(DType::kBF16, qs);
-    for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
-    Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-    Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
-           g_delta = Poisoned(DType::kF32, ls);
-    ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
-                                 g_lse.View())
-                    .ok());
+    const HostProblem p = RandomProblem(DType::kBF16, /*b=*/2, /*s=*/100, /*skv=*/100, /*hq=*/8,
+                                        /*hkv=*/2, /*d=*/128, rng);
+    GpuRun g(p);
+    ASSERT_TRUE(g.Forward(p).ok());
     std::vector<float> first[3];
     for (int run = 0; run < 2; ++run) {
-      Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-             g_dv = Poisoned(DType::kBF16, ks);
-      ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
-                                    g_lse.View(), g_do.View(), s, scale, g_delta.View(),
-                                    g_dq.View(), g_dk.View(), g_dv.View())
-                      .ok());
+      g.PoisonGradients(p);
+      ASSERT_TRUE(g.Backward(p).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const Tensor outs[3] = {g_dq.View(), g_dk.View(), g_dv.View()};
+      const Tensor outs[3] = {g.dq.View(), g.dk.View(), g.dv.View()};
       for (int i = 0; i < 3; ++i) {
         std::vector<float> now = testing::ToFloatVector(outs[i]);
         if (run == 0) {
@@ -197,56 +259,35 @@ TEST(AttentionGpuTest, FutureKeysAndOtherSequencesDoNotLeak) {
   SY_REQUIRE_GPU();
   SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
-  const Stream gpu{Device::Cuda(0), nullptr};
   for (const AttentionSettings& settings : {kNative, kCudnn})
     for (int64_t d : {64, 128}) {
       SetAttentionSettings(settings);
       const int64_t b = 2, s = 300, hq = 4, hkv = 2, t_n = b * s, j = 150;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-      const std::vector<int64_t> qs = {t_n, hq, d}, ks = {t_n, hkv, d}, ls = {b, hq, s};
-      Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
-             d_o = Host(DType::kBF16, qs);
-      for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+      HostProblem p = RandomProblem(DType::kBF16, b, s, s, hq, hkv, d, rng);
       std::vector<float> o_run[2], dq_run[2], dk_run[2];
       for (int run = 0; run < 2; ++run) {
-        if (run == 1) {  // perturb key and value row j of sequence 0
-          Buffer noise = Host(DType::kBF16, {1, hkv, d});
-          testing::FillRandom(noise.View(), rng);
-          const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
-          std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
-                      row_bytes);
-          testing::FillRandom(noise.View(), rng);
-          std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
-                      row_bytes);
-        }
-        Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-        Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
-               g_delta = Poisoned(DType::kF32, ls);
-        Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-               g_dv = Poisoned(DType::kBF16, ks);
-        ASSERT_TRUE(AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, scale, g_o.View(),
-                                     g_lse.View())
-                        .ok());
-        ASSERT_TRUE(AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(),
-                                      g_lse.View(), g_do.View(), s, scale, g_delta.View(),
-                                      g_dq.View(), g_dk.View(), g_dv.View())
-                        .ok());
+        if (run == 1) PerturbKeyValueRow(p.k, p.v, j, rng);  // row j of sequence 0
+        GpuRun g(p);
+        ASSERT_TRUE(g.Forward(p).ok());
+        ASSERT_TRUE(g.Backward(p).ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        o_run[run] = testing::ToFloatVector(g_o.View());
-        dq_run[run] = testing::ToFloatVector(g_dq.View());
-        dk_run[run] = testing::ToFloatVector(g_dk.View());
+        o_run[run] = testing::ToFloatVector(g.o.View());
+        dq_run[run] = testing::ToFloatVector(g.dq.View());
+        dk_run[run] = testing::ToFloatVector(g.dk.View());
       }
       const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
-      auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
-                     size_t to) {
-        return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
-      };
-      EXPECT_TRUE(same(o_run[0], o_run[1], 0, j * q_row)) << "o of rows before the changed key";
-      EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, j * q_row)) << "dq of rows before the changed key";
-      EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, t_n * q_row)) << "o of the other sequence";
-      EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, t_n * q_row)) << "dq of the other sequence";
-      EXPECT_TRUE(same(dk_run[0], dk_run[1], s * k_row, t_n * k_row)) << "dk of the other sequence";
-      EXPECT_FALSE(same(o_run[0], o_run[1], j * q_row, s * q_row)) << "o ignored the changed key";
+      EXPECT_TRUE(SameRange(o_run[0], o_run[1], 0, j * q_row))
+          << "o of rows before the changed key";
+      EXPECT_TRUE(SameRange(dq_run[0], dq_run[1], 0, j * q_row))
+          << "dq of rows before the changed key";
+      EXPECT_TRUE(SameRange(o_run[0], o_run[1], s * q_row, t_n * q_row))
+          << "o of the other sequence";
+      EXPECT_TRUE(SameRange(dq_run[0], dq_run[1], s * q_row, t_n * q_row))
+          << "dq of the other sequence";
+      EXPECT_TRUE(SameRange(dk_run[0], dk_run[1], s * k_row, t_n * k_row))
+          << "dk of the other sequence";
+      EXPECT_FALSE(SameRange(o_run[0], o_run[1], j * q_row, s * q_row))
+          << "o ignored the changed key";
       std::printf(
           "%s: causal/sequence isolation holds (B=2 S=300 Hq=4 Hkv=2 D=%lld bf16, key %lld)\n",
           AttentionBackendName(settings.backend), static_cast<long long>(d),
@@ -277,8 +318,6 @@ TEST(AttentionGpuTest, BottomRightMatchesCpuReference) {
   SY_REQUIRE_GPU();
   SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
-  const Stream gpu{Device::Cuda(0), nullptr};
-  const Stream cpu = Stream::Cpu();
   struct Case {
     int64_t b, s, skv, hq, hkv, d;
     bool cudnn;  // cuDNN may decline ragged shapes; the native kernels must not
@@ -298,27 +337,11 @@ TEST(AttentionGpuTest, BottomRightMatchesCpuReference) {
   for (const Case& c : cases) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
       const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-      const std::vector<int64_t> qs = {c.b * c.s, c.hq, c.d}, ks = {c.b * c.skv, c.hkv, c.d},
-                                 ls = {c.b, c.hq, c.s};
       std::printf("Bottom-right attention B=%lld S=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s\n",
                   (long long)c.b, (long long)c.s, (long long)c.skv, (long long)c.hq,
                   (long long)c.hkv, (long long)c.d, DTypeName(dt));
-      Buffer q = Host(dt, qs), k = Host(dt, ks), v = Host(dt, ks), d_o = Host(dt, qs);
-      testing::FillRandom(q.View(), rng);
-      testing::FillRandom(k.View(), rng);
-      testing::FillRandom(v.View(), rng);
-      testing::FillRandom(d_o.View(), rng);
-      Buffer o = Host(dt, qs), lse = Host(DType::kF32, ls), delta = Host(DType::kF32, ls);
-      Buffer dq = Host(dt, qs), dk = Host(dt, ks), dv = Host(dt, ks);
-      ASSERT_TRUE(AttentionForward(cpu, q.View(), k.View(), v.View(), c.s, c.skv, scale, o.View(),
-                                   lse.View())
-                      .ok());
-      ASSERT_TRUE(AttentionBackward(cpu, q.View(), k.View(), v.View(), o.View(), lse.View(),
-                                    d_o.View(), c.s, c.skv, scale, delta.View(), dq.View(),
-                                    dk.View(), dv.View())
-                      .ok());
-      Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
+      HostProblem p = RandomProblem(dt, c.b, c.s, c.skv, c.hq, c.hkv, c.d, rng);
+      ASSERT_TRUE(RunReference(p).ok());
       std::vector<AttentionSettings> runs = {kNative};
       if (dt == DType::kBF16 && c.cudnn) {
         runs.push_back(kCudnn);
@@ -327,25 +350,14 @@ TEST(AttentionGpuTest, BottomRightMatchesCpuReference) {
       for (const AttentionSettings& settings : runs) {
         const bool native = settings.backend == AttentionBackend::kNative;
         SCOPED_TRACE(native ? "native" : (settings.deterministic ? "cudnn" : "cudnn atomic"));
-        Buffer g_o = Poisoned(dt, qs), g_lse = Poisoned(DType::kF32, ls),
-               g_delta = Poisoned(DType::kF32, ls);
-        Buffer g_dq = Poisoned(dt, qs), g_dk = Poisoned(dt, ks), g_dv = Poisoned(dt, ks);
+        GpuRun g(p);
         SetAttentionSettings(settings);
-        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), c.s, c.skv,
-                                           scale, g_o.View(), g_lse.View());
+        absl::Status st = g.Forward(p);
         ASSERT_TRUE(st.ok()) << st;
-        // The backward consumes the GPU's own o and lse (as training does).
-        st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                               g_do.View(), c.s, c.skv, scale, g_delta.View(), g_dq.View(),
-                               g_dk.View(), g_dv.View());
+        st = g.Backward(p);
         ASSERT_TRUE(st.ok()) << st;
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ExpectClose(g_o.View(), o.View(), tol, "o");
-        ExpectClose(g_lse.View(), lse.View(), tol, "lse");
-        if (native) ExpectClose(g_delta.View(), delta.View(), tol, "delta");
-        ExpectClose(g_dq.View(), dq.View(), tol, "dq");
-        ExpectClose(g_dk.View(), dk.View(), tol, "dk");
-        ExpectClose(g_dv.View(), dv.View(), tol, "dv");
+        g.ExpectMatches(p, tol, /*with_delta=*/native);
       }
     }
   }
@@ -363,72 +375,49 @@ TEST(AttentionGpuTest, BottomRightMaskIsolatesAndIsDeterministic) {
   SY_REQUIRE_GPU();
   SettingsGuard guard;
   std::mt19937_64 rng(std::random_device{}());
-  const Stream gpu{Device::Cuda(0), nullptr};
   for (const AttentionSettings& settings : {kNative, kCudnn})
     for (int64_t d : {64, 128}) {
       SetAttentionSettings(settings);
       SCOPED_TRACE(absl::StrCat(AttentionBackendName(settings.backend), " D=", d));
       const int64_t b = 2, s = 256, skv = 768, off = skv - s, hq = 4, hkv = 2, j = 600;
       const int64_t first_seen = j - off;  // the first query row of sequence 0 that sees key j
-      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-      const std::vector<int64_t> qs = {b * s, hq, d}, ks = {b * skv, hkv, d}, ls = {b, hq, s};
-      Buffer q = Host(DType::kBF16, qs), k = Host(DType::kBF16, ks), v = Host(DType::kBF16, ks),
-             d_o = Host(DType::kBF16, qs);
-      for (Buffer* x : {&q, &k, &v, &d_o}) testing::FillRandom(x->View(), rng);
+      HostProblem p = RandomProblem(DType::kBF16, b, s, skv, hq, hkv, d, rng);
       std::vector<float> o_run[2], dq_run[2], dk_run[2];
       for (int run = 0; run < 2; ++run) {
-        if (run == 1) {  // perturb key and value row j of sequence 0
-          Buffer noise = Host(DType::kBF16, {1, hkv, d});
-          const size_t row_bytes = static_cast<size_t>(hkv * d) * 2;
-          testing::FillRandom(noise.View(), rng);
-          std::memcpy(static_cast<char*>(k.View().data) + j * row_bytes, noise.View().data,
-                      row_bytes);
-          testing::FillRandom(noise.View(), rng);
-          std::memcpy(static_cast<char*>(v.View().data) + j * row_bytes, noise.View().data,
-                      row_bytes);
-        }
-        Buffer g_q = Upload(q), g_k = Upload(k), g_v = Upload(v), g_do = Upload(d_o);
-        Buffer g_o = Poisoned(DType::kBF16, qs), g_lse = Poisoned(DType::kF32, ls),
-               g_delta = Poisoned(DType::kF32, ls);
-        absl::Status st = AttentionForward(gpu, g_q.View(), g_k.View(), g_v.View(), s, skv, scale,
-                                           g_o.View(), g_lse.View());
+        if (run == 1) PerturbKeyValueRow(p.k, p.v, j, rng);  // row j of sequence 0
+        GpuRun g(p);
+        absl::Status st = g.Forward(p);
         ASSERT_TRUE(st.ok()) << st;
         // Run 0: the backward twice on the same inputs (determinism); run 1: once.
         std::vector<float> grads[2][3];
         for (int rep = 0; rep < (run == 0 ? 2 : 1); ++rep) {
-          Buffer g_dq = Poisoned(DType::kBF16, qs), g_dk = Poisoned(DType::kBF16, ks),
-                 g_dv = Poisoned(DType::kBF16, ks);
-          st = AttentionBackward(gpu, g_q.View(), g_k.View(), g_v.View(), g_o.View(), g_lse.View(),
-                                 g_do.View(), s, skv, scale, g_delta.View(), g_dq.View(),
-                                 g_dk.View(), g_dv.View());
+          g.PoisonGradients(p);
+          st = g.Backward(p);
           ASSERT_TRUE(st.ok()) << st;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          grads[rep][0] = testing::ToFloatVector(g_dq.View());
-          grads[rep][1] = testing::ToFloatVector(g_dk.View());
-          grads[rep][2] = testing::ToFloatVector(g_dv.View());
+          grads[rep][0] = testing::ToFloatVector(g.dq.View());
+          grads[rep][1] = testing::ToFloatVector(g.dk.View());
+          grads[rep][2] = testing::ToFloatVector(g.dv.View());
         }
         if (run == 0) {
           for (int i = 0; i < 3; ++i) {
             EXPECT_EQ(grads[1][i], grads[0][i]) << "gradient " << i << " differs between runs";
           }
         }
-        o_run[run] = testing::ToFloatVector(g_o.View());
+        o_run[run] = testing::ToFloatVector(g.o.View());
         dq_run[run] = std::move(grads[0][0]);
         dk_run[run] = std::move(grads[0][1]);
       }
       const size_t q_row = static_cast<size_t>(hq * d), k_row = static_cast<size_t>(hkv * d);
-      auto same = [](const std::vector<float>& a, const std::vector<float>& b, size_t from,
-                     size_t to) {
-        return std::equal(a.begin() + from, a.begin() + to, b.begin() + from);
-      };
-      EXPECT_TRUE(same(o_run[0], o_run[1], 0, first_seen * q_row))
+      EXPECT_TRUE(SameRange(o_run[0], o_run[1], 0, first_seen * q_row))
           << "o of rows that do not see the changed key";
-      EXPECT_TRUE(same(dq_run[0], dq_run[1], 0, first_seen * q_row))
+      EXPECT_TRUE(SameRange(dq_run[0], dq_run[1], 0, first_seen * q_row))
           << "dq of rows that do not see the changed key";
-      EXPECT_TRUE(same(o_run[0], o_run[1], s * q_row, b * s * q_row)) << "o of sequence 1";
-      EXPECT_TRUE(same(dq_run[0], dq_run[1], s * q_row, b * s * q_row)) << "dq of sequence 1";
-      EXPECT_TRUE(same(dk_run[0], dk_run[1], skv * k_row, b * skv * k_row)) << "dk of sequence 1";
-      EXPECT_FALSE(same(o_run[0], o_run[1], first_seen * q_row, s * q_row))
+      EXPECT_TRUE(SameRange(o_run[0], o_run[1], s * q_row, b * s * q_row)) << "o of sequence 1";
+      EXPECT_TRUE(SameRange(dq_run[0], dq_run[1], s * q_row, b * s * q_row)) << "dq of sequence 1";
+      EXPECT_TRUE(SameRange(dk_run[0], dk_run[1], skv * k_row, b * skv * k_row))
+          << "dk of sequence 1";
+      EXPECT_FALSE(SameRange(o_run[0], o_run[1], first_seen * q_row, s * q_row))
           << "o ignored the changed key";
       std::printf(
           "%s: bottom-right isolation and deterministic backward hold (B=2 S=256 Skv=768 Hq=4 "

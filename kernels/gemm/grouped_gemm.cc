@@ -49,6 +49,27 @@ absl::Status CheckTokens(const char* what, const Tensor& tokens) {
   return absl::OkStatus();
 }
 
+// The call Fprop, Dgrad and Wgrad build once validated: `a` and `b` into `out`, R rows of
+// capacity, K, N and G groups (capped to int; Run then refuses more groups than the GroupedGemm
+// was created for).
+GroupedGemmCall MakeCall(GroupedGemmOp op, const Tensor& a, const Tensor& b, const Tensor& out,
+                         const Tensor& tokens_per_group, int64_t r, int64_t k, int64_t n,
+                         int64_t g) {
+  GroupedGemmCall call;
+  call.op = op;
+  call.a = a.data;
+  call.b = b.data;
+  call.out = out.data;
+  call.tokens_per_group = tokens_per_group.as<int32_t>();
+  call.in_dtype = a.dtype;
+  call.out_dtype = out.dtype;
+  call.rows = r;
+  call.k = k;
+  call.n = n;
+  call.groups = static_cast<int>(std::min<int64_t>(g, std::numeric_limits<int>::max()));
+  return call;
+}
+
 }  // namespace
 
 const char* GroupedGemmPathName(GroupedGemmPath path) {
@@ -164,19 +185,7 @@ absl::Status GroupedGemm::Fprop(const Stream& stream, const Tensor& x, const Ten
         absl::StrCat(what, ": x and w dtypes differ: ", x.DebugString(), " vs ", w.DebugString()));
   }
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&x, &w, &tokens_per_group, &y}));
-  GroupedGemmCall call;
-  call.op = GroupedGemmOp::kFprop;
-  call.a = x.data;
-  call.b = w.data;
-  call.out = y.data;
-  call.tokens_per_group = tokens_per_group.as<int32_t>();
-  call.in_dtype = x.dtype;
-  call.out_dtype = y.dtype;
-  call.rows = r;
-  call.k = k;
-  call.n = n;
-  call.groups = static_cast<int>(std::min<int64_t>(g, std::numeric_limits<int>::max()));
-  return Run(what, stream, call);
+  return Run(what, stream, MakeCall(GroupedGemmOp::kFprop, x, w, y, tokens_per_group, r, k, n, g));
 }
 
 absl::Status GroupedGemm::Dgrad(const Stream& stream, const Tensor& dy, const Tensor& w,
@@ -193,19 +202,8 @@ absl::Status GroupedGemm::Dgrad(const Stream& stream, const Tensor& dy, const Te
         what, ": dy and w dtypes differ: ", dy.DebugString(), " vs ", w.DebugString()));
   }
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&dy, &w, &tokens_per_group, &dx}));
-  GroupedGemmCall call;
-  call.op = GroupedGemmOp::kDgrad;
-  call.a = dy.data;
-  call.b = w.data;
-  call.out = dx.data;
-  call.tokens_per_group = tokens_per_group.as<int32_t>();
-  call.in_dtype = dy.dtype;
-  call.out_dtype = dx.dtype;
-  call.rows = r;
-  call.k = k;
-  call.n = n;
-  call.groups = static_cast<int>(std::min<int64_t>(g, std::numeric_limits<int>::max()));
-  return Run(what, stream, call);
+  return Run(what, stream,
+             MakeCall(GroupedGemmOp::kDgrad, dy, w, dx, tokens_per_group, r, k, n, g));
 }
 
 absl::Status GroupedGemm::Wgrad(const Stream& stream, const Tensor& x, const Tensor& dy,
@@ -222,18 +220,7 @@ absl::Status GroupedGemm::Wgrad(const Stream& stream, const Tensor& x, const Ten
         what, ": x and dy dtypes differ: ", x.DebugString(), " vs ", dy.DebugString()));
   }
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&x, &dy, &tokens_per_group, &dw}));
-  GroupedGemmCall call;
-  call.op = GroupedGemmOp::kWgrad;
-  call.a = x.data;
-  call.b = dy.data;
-  call.out = dw.data;
-  call.tokens_per_group = tokens_per_group.as<int32_t>();
-  call.in_dtype = x.dtype;
-  call.out_dtype = dw.dtype;
-  call.rows = r;
-  call.k = k;
-  call.n = n;
-  call.groups = static_cast<int>(std::min<int64_t>(g, std::numeric_limits<int>::max()));
+  GroupedGemmCall call = MakeCall(GroupedGemmOp::kWgrad, x, dy, dw, tokens_per_group, r, k, n, g);
   call.accumulate = accumulate;
   return Run(what, stream, call);
 }

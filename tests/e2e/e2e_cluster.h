@@ -2,9 +2,10 @@
 //
 // Shared pieces of the end-to-end tests (header-only, testonly): the tiny CPU MoE spec, a
 // JobWatcher that follows a job through gRPC WatchJob (events with arrival times, rank 0's steps
-// tagged with the generation they belong to, re-watching across a coordinator restart), and a
+// tagged with the generation they belong to, re-watching across a coordinator restart), a
 // Cluster: one switchyard-coordinator process and CPU switchyard-worker agents with their logs,
-// REST submission, /metrics scrapes. The binaries' paths come from main (e2e_main.cc).
+// REST submission, /metrics scrapes, and the comparison of a job's losses with one standalone
+// process's. The binaries' paths come from main (e2e_main.cc).
 #ifndef SWITCHYARD_TESTS_E2E_E2E_CLUSTER_H_
 #define SWITCHYARD_TESTS_E2E_E2E_CLUSTER_H_
 
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -415,6 +417,47 @@ inline void StartTwoWorkers(Cluster& c, int comm_timeout_s = 10) {
   c.StartWorker(comm_timeout_s);
   c.StartWorker(comm_timeout_s);
   ASSERT_TRUE(c.WaitForAttached(2, 30)) << (c.PrintLogs(), "");
+}
+
+// Trains `spec` in one `switchyard-worker --standalone` process (CPU; its checkpoints, YAML and
+// log under TEST_TMPDIR/<name>_standalone*) and compares its losses with `steps`, a job's rank 0
+// reports: every reported step must be in the standalone log, within 1e-4 (the log prints 4
+// decimals, so it rounds to 5e-5). Prints the evidence, `what` naming the job's layout. Fatal
+// failures inside: call it under ASSERT_NO_FATAL_FAILURE when code follows.
+inline void ExpectSameLossesAsStandalone(v1::JobSpec spec, const std::string& name,
+                                         const std::vector<SeenStep>& steps,
+                                         const std::string& what) {
+  ASSERT_FALSE(steps.empty());
+  spec.mutable_training()->set_save(TmpPath(name + "_standalone_checkpoints"));
+  const std::string spec_path = TmpPath(name + "_standalone.yaml");
+  ASSERT_TRUE(WriteText(spec_path, JobSpecToYaml(spec)));
+  Process standalone({g_worker, "--standalone", "--config", spec_path, "--device", "cpu"},
+                     TmpPath(name + "_standalone.log"), /*pipe_stdout=*/true);
+  std::map<int64_t, double> single;
+  for (std::string line = standalone.ReadLine(60); !line.empty(); line = standalone.ReadLine(60)) {
+    long long step = 0, total = 0;
+    double loss = 0;
+    if (std::sscanf(line.c_str(), "step %lld/%lld | loss %lf", &step, &total, &loss) == 3) {
+      single[step] = loss;
+    }
+  }
+  EXPECT_EQ(standalone.Wait(30), 0) << standalone.Log();
+  double max_diff = 0;
+  int compared = 0;
+  for (const SeenStep& s : steps) {
+    auto it = single.find(s.metrics.step());
+    if (it == single.end()) continue;
+    max_diff = std::max(max_diff, std::abs(it->second - s.metrics.loss()));
+    ++compared;
+  }
+  const int64_t last = steps.back().metrics.step();
+  std::printf(
+      "%s vs one standalone process: %d steps compared, max |loss diff| %.2e (tolerance 1e-4; "
+      "step %lld: %.4f vs %.4f)\n",
+      what.c_str(), compared, max_diff, static_cast<long long>(last), steps.back().metrics.loss(),
+      single[last]);
+  EXPECT_EQ(compared, static_cast<int>(steps.size()));
+  EXPECT_LT(max_diff, 1e-4);  // the log rounds to 5e-5
 }
 
 // The last step generation 1 reported, and the first of generation 2: it resumed right after a

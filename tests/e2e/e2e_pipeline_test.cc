@@ -9,10 +9,7 @@
 // 4-decimal rounding).
 //
 //   e2e_pipeline_test <switchyard-coordinator> <switchyard-worker>
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -71,35 +68,7 @@ TEST(E2ePipelineTest, PipelineParallelJobTrainsOnTwoWorkersAndMatchesOneProcess)
   auto spec = ParseJobSpecYaml(kSpec);
   ASSERT_TRUE(spec.ok()) << spec.status();
   PipelineSpec(*spec, 1);
-  spec->mutable_training()->set_save(TmpPath("pipeline_standalone_checkpoints"));
-  const std::string spec_path = TmpPath("pipeline_standalone.yaml");
-  ASSERT_TRUE(WriteText(spec_path, JobSpecToYaml(*spec)));
-  Process standalone({g_worker, "--standalone", "--config", spec_path, "--device", "cpu"},
-                     TmpPath("pipeline_standalone.log"), /*pipe_stdout=*/true);
-  std::map<int64_t, double> single;
-  for (std::string line = standalone.ReadLine(60); !line.empty(); line = standalone.ReadLine(60)) {
-    long long step = 0, total = 0;
-    double loss = 0;
-    if (std::sscanf(line.c_str(), "step %lld/%lld | loss %lf", &step, &total, &loss) == 3) {
-      single[step] = loss;
-    }
-  }
-  EXPECT_EQ(standalone.Wait(30), 0) << standalone.Log();
-  double max_diff = 0;
-  int compared = 0;
-  for (const SeenStep& s : steps) {
-    auto it = single.find(s.metrics.step());
-    if (it == single.end()) continue;
-    max_diff = std::max(max_diff, std::abs(it->second - s.metrics.loss()));
-    ++compared;
-  }
-  std::printf(
-      "PP2 job vs one standalone process: %d steps compared, max |loss diff| %.2e (tolerance "
-      "1e-4; step %lld: %.4f vs %.4f)\n",
-      compared, max_diff, static_cast<long long>(kPipelineIters), steps.back().metrics.loss(),
-      single[kPipelineIters]);
-  EXPECT_EQ(compared, static_cast<int>(steps.size()));
-  EXPECT_LT(max_diff, 1e-4);  // the log rounds to 5e-5
+  ASSERT_NO_FATAL_FAILURE(ExpectSameLossesAsStandalone(*spec, "pipeline", steps, "PP2 job"));
   EXPECT_LT(MeanLoss(steps, steps.size() - 5, steps.size()), MeanLoss(steps, 0, 5));  // it trains
 }
 

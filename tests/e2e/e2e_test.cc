@@ -9,10 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,34 +66,7 @@ TEST(E2eTest, SubmitTrainsOnTwoWorkersToSucceeded) {
   // on the same global batch, to fp32 rounding on CPU; the standalone log prints 4 decimals).
   auto spec = ParseJobSpecYaml(kSpec);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  spec->mutable_training()->set_save(TmpPath("succeed_standalone_checkpoints"));
-  const std::string spec_path = TmpPath("succeed_standalone.yaml");
-  ASSERT_TRUE(WriteText(spec_path, JobSpecToYaml(*spec)));
-  Process standalone({g_worker, "--standalone", "--config", spec_path, "--device", "cpu"},
-                     TmpPath("succeed_standalone.log"), /*pipe_stdout=*/true);
-  std::map<int64_t, double> single;
-  for (std::string line = standalone.ReadLine(60); !line.empty(); line = standalone.ReadLine(60)) {
-    long long step = 0, total = 0;
-    double loss = 0;
-    if (std::sscanf(line.c_str(), "step %lld/%lld | loss %lf", &step, &total, &loss) == 3) {
-      single[step] = loss;
-    }
-  }
-  EXPECT_EQ(standalone.Wait(30), 0) << standalone.Log();
-  double max_diff = 0;
-  int compared = 0;
-  for (const SeenStep& s : steps) {
-    auto it = single.find(s.metrics.step());
-    if (it == single.end()) continue;
-    max_diff = std::max(max_diff, std::abs(it->second - s.metrics.loss()));
-    ++compared;
-  }
-  std::printf(
-      "world 2 vs one standalone process: %d steps compared, max |loss diff| %.2e "
-      "(tolerance 1e-4; step 40: %.4f vs %.4f)\n",
-      compared, max_diff, steps.back().metrics.loss(), single[kTrainIters]);
-  EXPECT_EQ(compared, static_cast<int>(steps.size()));
-  EXPECT_LT(max_diff, 1e-4);  // the log rounds to 5e-5
+  ExpectSameLossesAsStandalone(*spec, "succeed", steps, "world 2");
 }
 
 TEST(E2eTest, CancelMidJobEndsEveryWorkersGeneration) {

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -115,27 +116,40 @@ absl::Status MakeDirectories(const std::string& dir) {
 }
 
 // Reads a small file whole. kNotFound if it does not exist.
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+// Reads `path` from start to end in chunks of at most `chunk_bytes`, handing each to `consume`,
+// and stops at the first error: open / read failures as ErrnoError naming the path, or what
+// `consume` returns. The one read loop of ReadSmallFile and DigestFile (EINTR retried, the
+// descriptor closed on every path).
+absl::Status ForEachChunk(const std::string& path, size_t chunk_bytes,
+                          const std::function<absl::Status(absl::string_view)>& consume) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, absl::StrCat(path, ": open"));
-  std::string out;
-  char buf[65536];
-  while (true) {
-    const ssize_t r = read(fd, buf, sizeof(buf));
+  std::vector<char> buf(chunk_bytes);
+  absl::Status status;
+  while (status.ok()) {
+    const ssize_t r = read(fd, buf.data(), buf.size());
     if (r < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
-      close(fd);
-      return ErrnoError(err, absl::StrCat(path, ": read"));
+      status = ErrnoError(err, absl::StrCat(path, ": read"));
+      break;
     }
     if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
-    if (out.size() > max_bytes) {
-      close(fd);
-      return absl::DataLossError(absl::StrCat(path, ": larger than ", max_bytes, " bytes"));
-    }
+    status = consume(absl::string_view(buf.data(), static_cast<size_t>(r)));
   }
   close(fd);
+  return status;
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
+  std::string out;
+  SY_RETURN_IF_ERROR(ForEachChunk(path, 65536, [&](absl::string_view chunk) {
+    out.append(chunk.data(), chunk.size());
+    if (out.size() > max_bytes) {
+      return absl::DataLossError(absl::StrCat(path, ": larger than ", max_bytes, " bytes"));
+    }
+    return absl::OkStatus();
+  }));
   return out;
 }
 
@@ -146,23 +160,12 @@ struct FileDigest {
 
 // Size and CRC32C of the bytes of `path` as read back from the file system.
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat(path, ": open"));
-  std::vector<char> buf(size_t{4} << 20);
   FileDigest d;
-  while (true) {
-    const ssize_t r = read(fd, buf.data(), buf.size());
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return ErrnoError(err, absl::StrCat(path, ": read"));
-    }
-    if (r == 0) break;
-    d.crc32c = Crc32c(absl::string_view(buf.data(), static_cast<size_t>(r)), d.crc32c);
-    d.size += static_cast<uint64_t>(r);
-  }
-  close(fd);
+  SY_RETURN_IF_ERROR(ForEachChunk(path, size_t{4} << 20, [&](absl::string_view chunk) {
+    d.crc32c = Crc32c(chunk, d.crc32c);
+    d.size += static_cast<uint64_t>(chunk.size());
+    return absl::OkStatus();
+  }));
   return d;
 }
 

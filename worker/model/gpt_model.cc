@@ -79,6 +79,29 @@ absl::Status ZeroAsync(const Stream& s, const Tensor& t) {
   return absl::OkStatus();
 }
 
+// The chunk copies between context parallelism's CP-ordered gather buffer and the whole
+// sequences. Local rows of a CP rank: sequence bb's local chunk j (j = 0: chunk r, j = 1: chunk
+// 2·CP−1−r) is rows [bb·s_loc + j·c, +c); rank r's local rows start at r·b·s_loc in `gather`; in
+// `whole` that chunk is rows [bb·S + id·c, +c). `to_whole`: gather → whole (after the K/V
+// all-gather), else whole → gather (before the dK/dV reduce-scatter). `row`: elements per row.
+absl::Status CopyCpChunks(const Stream& s, const Tensor& gather, const Tensor& whole, int64_t cp,
+                          int64_t b, int64_t s_loc, int64_t row, bool to_whole) {
+  const int64_t c = s_loc / 2, seq = s_loc * cp, n_local = b * s_loc;
+  for (int64_t r = 0; r < cp; ++r) {
+    for (int64_t bb = 0; bb < b; ++bb) {
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t g = r * n_local + bb * s_loc + j * c;
+        const int64_t w = bb * seq + kernels::CpChunkId(j, cp, r) * c;
+        const Tensor in_gather = Slice(gather, g * row, {c * row});
+        const Tensor in_whole = Slice(whole, w * row, {c * row});
+        SY_RETURN_IF_ERROR(to_whole ? CopyAsync(s, in_gather, in_whole)
+                                    : CopyAsync(s, in_whole, in_gather));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 uint64_t MixSeed(uint64_t seed, uint64_t i) {
   uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 1;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -1172,43 +1195,23 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
 // ---------------------------------------------------------------------------------------------
 // Context-parallel attention (all-gather of K/V; see the header's "Context parallelism")
 
-// Local rows of a CP rank: sequence b's local chunk j (j = 0: chunk r, j = 1: chunk 2·CP−1−r) is
-// rows [b·s_loc + j·c, +c); in the whole sequence that chunk is rows [b·S + id·c, +c).
+// The chunk layout is CopyCpChunks'.
 absl::Status GptModel::CpGatherKv(const Stream& s, const Tensor& local, const Tensor& whole,
                                   int64_t b, int64_t s_loc) {
-  const int64_t cp = config_.cp_size, c = s_loc / 2, seq = s_loc * cp;
+  const int64_t cp = config_.cp_size;
   const int64_t row = local.numel() / local.dim(0), n_local = b * s_loc;
   const Tensor gather = Slice(cp_gather_, 0, {cp * n_local * row});
   SY_RETURN_IF_ERROR(groups_.cp->AllGather(Slice(local, 0, {n_local * row}), gather));
   // The gather is in CP order (rank r's local rows, rank by rank): put every chunk at its place.
-  for (int64_t r = 0; r < cp; ++r) {
-    for (int64_t bb = 0; bb < b; ++bb) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const int64_t src = r * n_local + bb * s_loc + j * c;
-        const int64_t dst = bb * seq + kernels::CpChunkId(j, cp, r) * c;
-        SY_RETURN_IF_ERROR(
-            CopyAsync(s, Slice(gather, src * row, {c * row}), Slice(whole, dst * row, {c * row})));
-      }
-    }
-  }
-  return absl::OkStatus();
+  return CopyCpChunks(s, gather, whole, cp, b, s_loc, row, /*to_whole=*/true);
 }
 
 absl::Status GptModel::CpReduceScatterKv(const Stream& s, const Tensor& whole, const Tensor& local,
                                          int64_t b, int64_t s_loc) {
-  const int64_t cp = config_.cp_size, c = s_loc / 2, seq = s_loc * cp;
+  const int64_t cp = config_.cp_size;
   const int64_t row = local.numel() / local.dim(0), n_local = b * s_loc;
   const Tensor gather = Slice(cp_gather_, 0, {cp * n_local * row});
-  for (int64_t r = 0; r < cp; ++r) {
-    for (int64_t bb = 0; bb < b; ++bb) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const int64_t dst = r * n_local + bb * s_loc + j * c;
-        const int64_t src = bb * seq + kernels::CpChunkId(j, cp, r) * c;
-        SY_RETURN_IF_ERROR(
-            CopyAsync(s, Slice(whole, src * row, {c * row}), Slice(gather, dst * row, {c * row})));
-      }
-    }
-  }
+  SY_RETURN_IF_ERROR(CopyCpChunks(s, gather, whole, cp, b, s_loc, row, /*to_whole=*/false));
   // Rank r receives the sum over the CP ranks of the gradient of its own K/V rows.
   return groups_.cp->ReduceScatter(gather, Slice(local, 0, {n_local * row}), comm::ReduceOp::kSum);
 }

@@ -142,6 +142,24 @@ absl::StatusOr<MoELayerConfig> MoELayerConfig::FromProto(const v1::ModelConfig& 
   return c;
 }
 
+namespace {
+// A non-blocking stream on `device` with a fork and a join event (timing off), each stored in its
+// slot (the layer's void* members) as soon as it exists: a failure part-way leaves what was made
+// to the layer's destructor. The shared expert's overlap and delay_wgrad each own one.
+absl::Status CreateSideStream(int device, void** stream, void** fork, void** join) {
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t s;
+  SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  *stream = s;
+  for (void** slot : {fork, join}) {
+    cudaEvent_t e;
+    SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *slot = e;
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 MoELayer::~MoELayer() {
   if (side_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(side_stream_));
   if (fork_event_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_event_));
@@ -312,26 +330,12 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     }
     // At sp_size > 1 the shared expert's TP collectives run on the layer's stream: no side stream.
     if (device.is_cuda() && config.shared_expert_overlap && config.sp_size == 1) {
-      SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
-      cudaStream_t side;
-      cudaEvent_t fork, join;
-      SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-      l->side_stream_ = side;
-      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-      l->fork_event_ = fork;
-      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-      l->join_event_ = join;
+      SY_RETURN_IF_ERROR(
+          CreateSideStream(device.index, &l->side_stream_, &l->fork_event_, &l->join_event_));
     }
     if (device.is_cuda() && config.delay_wgrad) {
-      SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
-      cudaStream_t side;
-      cudaEvent_t fork, join;
-      SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-      l->wgrad_stream_ = side;
-      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-      l->wgrad_fork_ = fork;
-      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-      l->wgrad_join_ = join;
+      SY_RETURN_IF_ERROR(
+          CreateSideStream(device.index, &l->wgrad_stream_, &l->wgrad_fork_, &l->wgrad_join_));
     }
   }
   return l;

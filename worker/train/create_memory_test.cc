@@ -23,6 +23,7 @@
 #include "kernels/buffer.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -30,6 +31,8 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 constexpr int kWorld = 2;
 
@@ -40,12 +43,9 @@ double MaxRssMiB() {
 }
 
 int RankBody(int rank, const std::string& dir) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = kWorld;
-  dims.expert_model_parallel_size = kWorld;
-  auto groups = CreateGlooProcessGroups(store, rank, dims, comm::GlooOptions());
+  // GlooOptions' default timeout, as before the shared helper.
+  auto groups = JoinGlooGroups(dir, rank, LayoutDims(kWorld, /*tp=*/1, /*ep=*/kWorld),
+                               comm::GlooOptions().timeout);
   SY_CHILD_OK(groups.status());
   TrainerOptions opt;
   opt.force_dtype = true;

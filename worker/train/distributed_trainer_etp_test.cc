@@ -13,7 +13,6 @@
 // extend that file's rank body in parallel, merge without conflicts.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +25,7 @@
 #include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -33,12 +33,15 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using curves::TrainRank;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 const std::string kSpec = switchyard::test_specs::TinyMoeSpecYaml(20, /*jitter=*/true);
 constexpr int kSteps = 20;
@@ -64,13 +67,6 @@ v1::JobSpec Spec(const Layout& l) {
   return *spec;
 }
 
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
-
 Curve SingleProcess() {
   Curve c;
   auto t = Trainer::Create(Spec(Layout{}), CpuF32());
@@ -81,15 +77,7 @@ Curve SingleProcess() {
 
 absl::StatusOr<std::unique_ptr<ProcessGroups>> Groups(const Layout& l, int rank,
                                                       const std::string& store_dir) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  if (store == nullptr) return absl::InternalError("no store");
-  ParallelDims dims;
-  dims.world_size = l.world;
-  dims.expert_model_parallel_size = l.ep;
-  dims.expert_tensor_parallel_size = l.etp;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  return CreateGlooProcessGroups(store, rank, dims, gopt);
+  return JoinGlooGroups(store_dir, rank, LayoutDims(l.world, /*tp=*/1, l.ep, /*cp=*/1, l.etp));
 }
 
 // One rank: trains steps [step, last) (after loading `load_root` if given), rank 0 appends
@@ -128,18 +116,7 @@ int RankBody(const Layout& l, int rank, const std::string& store_dir, const std:
                   static_cast<long>(fc1->global_shape[2]));
     }
   }
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) {
-      f << CurveLine(*r);
-    }
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 const Curve& Reference() {

@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "worker/model/moe_layer.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -30,12 +30,15 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using curves::TrainRank;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 // The shared tiny MoE job (worker/train/testing/tiny_moe_spec.h explains its init_method_std).
 // Two MoE layers and a dense one; sigmoid routing with expert bias (counts all-reduced), aux and
@@ -69,13 +72,6 @@ v1::JobSpec Spec(int world, int ep, const std::string& dispatcher = "", int cp =
   return *spec;
 }
 
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
-
 Curve SingleProcess(bool seq_global_aux = false) {
   Curve c;
   auto t = Trainer::Create(Spec(1, 1, "", 1, seq_global_aux), CpuF32());
@@ -91,15 +87,7 @@ Curve SingleProcess(bool seq_global_aux = false) {
 int RankBody(int rank, int world, int ep, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root,
              const std::string& dispatcher = "", int cp = 1, bool seq_global_aux = false) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = world;
-  dims.expert_model_parallel_size = ep;
-  dims.context_parallel_size = cp;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = JoinGlooGroups(store_dir, rank, LayoutDims(world, /*tp=*/1, ep, cp));
   SY_CHILD_OK(groups.status());
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();
@@ -122,18 +110,7 @@ int RankBody(int rank, int world, int ep, const std::string& store_dir, const st
                 (*t)->num_overlapped_buckets());
   }
   SY_CHILD_CHECK((*t)->num_overlapped_buckets() >= 6);
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) {
-      f << CurveLine(*r);
-    }
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 class DistributedTrainerTest : public ::testing::TestWithParam<std::pair<int, int>> {};
@@ -284,14 +261,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistributedTrainerCpTest,
 TEST(DistributedTrainerCpTest, SequenceNotAMultipleOfTwiceCpIsRejected) {
   const std::string store = ct::UniqueStoreDir("cp_bad_store");
   const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = 2;
-    dims.context_parallel_size = 2;
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    auto groups = JoinGlooGroups(store, rank, LayoutDims(2, /*tp=*/1, /*ep=*/1, /*cp=*/2));
     SY_CHILD_OK(groups.status());
     TrainerOptions opt = CpuF32();
     opt.groups = groups->get();

@@ -47,6 +47,8 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/data_split.h"
 #include "worker/train/process_groups.h"
+#include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -54,6 +56,9 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 std::string TempDir() {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -113,13 +118,6 @@ v1::JobSpec Spec(int64_t train_iters, int64_t eval_interval, int64_t eval_iters,
     m->set_moe_z_loss_coeff(0);
   }
   return *spec;
-}
-
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
 }
 
 std::vector<StepResult> Train(Trainer* t) {
@@ -436,17 +434,7 @@ v1::JobSpec WorldTwoSpec(const Layout& l) {
 
 int RankBody(int rank, const Layout& l, const std::string& store_dir, const std::string& out,
              const std::string& save) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = 2;
-  dims.tensor_model_parallel_size = l.tp;
-  dims.expert_model_parallel_size = l.ep;
-  dims.context_parallel_size = l.cp;
-  dims.expert_tensor_parallel_size = 1;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = JoinGlooGroups(store_dir, rank, LayoutDims(2, l.tp, l.ep, l.cp, /*etp=*/1));
   SY_CHILD_OK(groups.status());
   TrainerOptions opt = CpuF32();
   opt.groups = groups->get();

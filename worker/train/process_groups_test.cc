@@ -17,6 +17,7 @@
 #include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "worker/comm/testing/forked_ranks.h"
+#include "worker/train/testing/gloo_groups.h"
 
 namespace switchyard::train {
 namespace {
@@ -33,11 +34,7 @@ float Payload(int world_rank, int micro, int i, bool gradient) {
 }
 
 int PipelineBody(int rank, const std::string& dir, const ParallelDims& dims) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(dir);
-  SY_CHILD_CHECK(store != nullptr);
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = test_groups::JoinGlooGroups(dir, rank, dims);
   SY_CHILD_OK(groups.status());
   ProcessGroups& g = **groups;
   SY_CHILD_CHECK(g.pp != nullptr);

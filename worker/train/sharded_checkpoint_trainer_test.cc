@@ -37,6 +37,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -49,6 +50,8 @@ using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 constexpr int kSteps = 10;
 constexpr int kSave = 5;
@@ -109,17 +112,8 @@ int RankBody(int rank, const Layout& layout, const RunOptions& o, const std::str
   opt.grad_bucket_elements = 1;  // one bucket per layer: several owned runs per optimizer shard
   std::unique_ptr<ProcessGroups> groups;
   if (layout.world > 1) {
-    std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-    SY_CHILD_CHECK(store != nullptr);
-    ParallelDims dims;
-    dims.world_size = layout.world;
-    dims.tensor_model_parallel_size = layout.tp;
-    dims.expert_model_parallel_size = layout.ep;
-    dims.context_parallel_size = layout.cp;
-    dims.expert_tensor_parallel_size = layout.etp;
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto g = CreateGlooProcessGroups(store, rank, dims, gopt);
+    auto g = JoinGlooGroups(store_dir, rank,
+                            LayoutDims(layout.world, layout.tp, layout.ep, layout.cp, layout.etp));
     SY_CHILD_OK(g.status());
     groups = std::move(*g);
     opt.groups = groups.get();

@@ -37,6 +37,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -44,13 +45,16 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
 using curves::StepUntil;
+using curves::TrainRank;
 using kernels::Buffer;
+using test_groups::JoinGlooGroups;
+using test_groups::LayoutDims;
 
 constexpr int kSteps = 20;
 
@@ -110,13 +114,6 @@ v1::JobSpec Spec(const Layout& layout, const Variant& v = {}) {
   return *spec;
 }
 
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
-
 // One process: steps (first, last] after loading `load_root` (if given); saves to `save_root`.
 Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root = "",
                     const std::string& save_root = "") {
@@ -141,17 +138,8 @@ Curve SingleProcess(const Variant& v, int64_t last, const std::string& load_root
 int RankBody(int rank, const Layout& layout, const Variant& v, const std::string& store_dir,
              const std::string& out, int64_t last, const std::string& load_root,
              const std::string& save_root) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  SY_CHILD_CHECK(store != nullptr);
-  ParallelDims dims;
-  dims.world_size = layout.world;
-  dims.tensor_model_parallel_size = layout.tp;
-  dims.expert_model_parallel_size = layout.ep;
-  dims.context_parallel_size = layout.cp;
-  dims.expert_tensor_parallel_size = layout.etp;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
+  auto groups = JoinGlooGroups(
+      store_dir, rank, LayoutDims(layout.world, layout.tp, layout.ep, layout.cp, layout.etp));
   SY_CHILD_OK(groups.status());
   SY_CHILD_CHECK((*groups)->tp != nullptr && (*groups)->tp->size() == layout.tp);
   TrainerOptions opt = CpuF32();
@@ -163,18 +151,7 @@ int RankBody(int rank, const Layout& layout, const Variant& v, const std::string
   SY_CHILD_CHECK((*t)->model_config().tp_size == layout.tp);
   SY_CHILD_CHECK((*t)->model_config().cp_size == layout.cp);
   SY_CHILD_CHECK((*t)->model_config().moe.etp_size == layout.etp);
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) {
-      f << CurveLine(*r);
-    }
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 // Runs `layout` for steps (0, last] (after loading `load_root` if given) and returns rank 0's
@@ -313,15 +290,9 @@ TEST(TensorParallelLogitsTest, GatheredLogitsMatchSingleProcess) {
   const std::string store = ct::UniqueStoreDir("tp_logits_store");
   const std::string out = OutFile("tp_logits");
   const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(5), [&](int rank) {
-    std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-    SY_CHILD_CHECK(kv != nullptr);
-    ParallelDims dims;
-    dims.world_size = 2;
-    dims.tensor_model_parallel_size = 2;
-    dims.expert_tensor_parallel_size = 1;  // as the spec (Layout::etp)
-    comm::GlooOptions gopt;
-    gopt.timeout = absl::Seconds(60);
-    auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+    // ETP 1 as the spec (Layout::etp).
+    auto groups =
+        JoinGlooGroups(store, rank, LayoutDims(2, /*tp=*/2, /*ep=*/1, /*cp=*/1, /*etp=*/1));
     SY_CHILD_OK(groups.status());
     TrainerOptions opt = CpuF32();
     opt.groups = groups->get();
@@ -386,15 +357,8 @@ TEST(TensorParallelTrainerTest, RejectsWhatTensorParallelismCannotSplit) {
   for (const Bad& bad : cases) {
     const std::string store = ct::UniqueStoreDir("tp_bad_store");
     const std::vector<int> codes = ct::RunProcesses(2, absl::Minutes(2), [&](int rank) {
-      std::shared_ptr<comm::KvStore> kv = ct::OpenFileStore(store);
-      SY_CHILD_CHECK(kv != nullptr);
-      ParallelDims dims;
-      dims.world_size = 2;
-      dims.tensor_model_parallel_size = 2;
-      dims.expert_tensor_parallel_size = 1;
-      comm::GlooOptions gopt;
-      gopt.timeout = absl::Seconds(60);
-      auto groups = CreateGlooProcessGroups(kv, rank, dims, gopt);
+      auto groups =
+          JoinGlooGroups(store, rank, LayoutDims(2, /*tp=*/2, /*ep=*/1, /*cp=*/1, /*etp=*/1));
       SY_CHILD_OK(groups.status());
       TrainerOptions opt = CpuF32();
       opt.groups = groups->get();

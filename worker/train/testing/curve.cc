@@ -14,6 +14,13 @@
 
 namespace switchyard::train::curves {
 
+TrainerOptions CpuF32() {
+  TrainerOptions opt;
+  opt.force_dtype = true;
+  opt.dtype = DType::kF32;
+  return opt;
+}
+
 std::string CountsText(const StepResult& r) {
   std::string s;
   for (const auto& layer : r.expert_tokens) {
@@ -40,6 +47,20 @@ std::string CurveLine(const StepResult& r) {
   char line[128];
   std::snprintf(line, sizeof(line), "%.17g %.17g ", r.loss, r.grad_norm);
   return absl::StrCat(line, CountsText(r), "\n");
+}
+
+int TrainRank(Trainer* trainer, int rank, const std::string& out, int64_t last,
+              const std::string& load_root, const std::string& save_root) {
+  if (!load_root.empty()) SY_CHILD_OK(trainer->Load(load_root));
+  std::ofstream f;
+  if (rank == 0) f.open(out, std::ios::app);
+  while (trainer->step() < last) {
+    absl::StatusOr<StepResult> r = trainer->Step();
+    SY_CHILD_OK(r.status());
+    if (rank == 0) f << CurveLine(*r);
+  }
+  if (!save_root.empty()) SY_CHILD_OK(trainer->Save(save_root).status());
+  return 0;
 }
 
 Curve ReadCurve(const std::string& path) {

@@ -3,7 +3,9 @@
 // The training curve the distributed CPU tests compare with one process's (distributed_trainer,
 // distributed_trainer_etp, tensor_parallel_trainer tests): per step the loss, the grad norm and
 // every MoE layer's tokens per expert as text (routing is compared exactly). Rank 0 of a forked
-// run appends CurveLine(step) to a file; the parent reads it back with ReadCurve.
+// run appends CurveLine(step) to a file (TrainRank: the end of those tests' rank bodies); the
+// parent reads it back with ReadCurve. CpuF32: the trainer options of these tests (also used by
+// evaluate_test and bench/memory_estimate_test).
 #ifndef SWITCHYARD_WORKER_TRAIN_TESTING_CURVE_H_
 #define SWITCHYARD_WORKER_TRAIN_TESTING_CURVE_H_
 
@@ -20,6 +22,10 @@ struct Curve {
   std::vector<std::string> counts;  // per step: every MoE layer's tokens per expert, as text
 };
 
+// The trainer options of the CPU curve tests: f32 forced, so that every layout and the
+// one-process reference compute in the same precision.
+TrainerOptions CpuF32();
+
 // "c0,c1,...;c0,c1,...;" : tokens per expert of every MoE layer.
 std::string CountsText(const StepResult& r);
 // Steps `trainer` (in this process) until its step count reaches `last`, one curve entry per
@@ -27,6 +33,12 @@ std::string CountsText(const StepResult& r);
 Curve StepUntil(Trainer* trainer, int64_t last);
 // "<loss> <grad_norm> <counts>\n", 17 significant digits (what a rank writes).
 std::string CurveLine(const StepResult& r);
+// The end of a forked rank's body: loads `load_root` if given, steps `trainer` until its step
+// count reaches `last` (rank 0 appends CurveLine of every step to `out`) and saves to
+// `save_root` if given. Returns the rank's exit code for RunProcesses: 0, or 1 after printing the
+// failed call and the rank on stderr (SY_CHILD_OK).
+int TrainRank(Trainer* trainer, int rank, const std::string& out, int64_t last,
+              const std::string& load_root, const std::string& save_root);
 // The lines of `path` (missing file: an empty curve).
 Curve ReadCurve(const std::string& path);
 // A fresh path for a curve file (under the test's temporary directory).
