@@ -13,7 +13,7 @@
 // recorded/waited) by the caller first; passing the compute stream as the communicator's stream
 // makes this implicit.
 //
-// Stream contract (NcclOptions::blocking = false, the default; DESIGN.md "Communicator"): a call
+// Stream contract (NcclOptions::blocking = false, opt-in; DESIGN.md "Communicator"): a call
 // checks its arguments, enqueues its NCCL work on the stream, records a CUDA event after it,
 // hands (operation, event, deadline = now + timeout) to this communicator's WATCHDOG and returns
 // OK without waiting for the collective. Work enqueued later on the same stream (kernels,
@@ -45,13 +45,17 @@
 // One thread per communicator rather than one per process keeps the lifetime simple (the thread
 // dies with its communicator) at the cost of a few idle threads (one per process group).
 //
-// Blocking mode (NcclOptions::blocking = true, or the environment variable
+// Blocking mode (NcclOptions::blocking = true, THE DEFAULT, or the environment variable
 // SWITCHYARD_NCCL_BLOCKING=1 read once by Create and inherited by sub-groups): every call waits
 // for its own completion before returning, exactly as before the watchdog existed: after
 // enqueueing it polls ncclCommGetAsyncError and cudaStreamQuery (the WHOLE stream must drain; no
 // blocking cudaStreamSynchronize) bounded by the timeout, so an output may be read, and an input
 // reused, as soon as the call returns. No watchdog thread runs; Synchronize() only reports the
-// state. The mode exists as a fallback should the non-blocking one show a problem on GPUs.
+// state. It stays the default until the non-blocking mode passes the GPU tests: its first GPU
+// run (2026-11-28, 2 × H200) failed in nccl_communicator_gpu_test and distributed_gpu_test with
+// "ncclCommGetAsyncError failed: ... ncclAsyncJobComplete: job ... failed" (the watchdog's query
+// ran while the caller enqueued on the same communicator; now serialised by handle_mu_, not yet
+// re-run on GPUs). SWITCHYARD_NCCL_BLOCKING=0 (or NcclOptions::blocking = false) opts in.
 //
 // Either way a failure aborts the NCCL communicator (ncclCommAbort, which also ends the stuck
 // kernels) and breaks the communicator: every later call returns the first error.
