@@ -23,6 +23,7 @@
 #include "kernels/norm/rmsnorm.h"
 #include "worker/model/moe_layer_tensors.h"
 #include "worker/model/profiling.h"
+#include "worker/model/tensor_copy.h"
 
 namespace switchyard::model {
 namespace {
@@ -45,27 +46,6 @@ Tensor Rows(const Tensor& t, int64_t rows) {
 // `t` (contiguous) viewed with another shape of at most the same element count.
 Tensor Reshape(const Tensor& t, std::vector<int64_t> shape) {
   return Tensor(t.dtype, std::move(shape), t.device, t.data);
-}
-
-// Element `i` of a flat tensor viewed as `shape`.
-Tensor Slice(const Tensor& flat, int64_t offset, std::vector<int64_t> shape) {
-  return Tensor(flat.dtype, std::move(shape), flat.device,
-                static_cast<char*>(flat.data) + offset * DTypeSize(flat.dtype));
-}
-
-absl::Status CopyAsync(const Stream& s, const Tensor& src, const Tensor& dst) {
-  if (src.bytes() != dst.bytes()) {
-    return absl::InternalError(
-        absl::StrCat("CopyAsync: ", src.DebugString(), " -> ", dst.DebugString()));
-  }
-  if (src.bytes() == 0) return absl::OkStatus();
-  if (!s.is_cuda()) {
-    std::memcpy(dst.data, src.data, src.bytes());
-    return absl::OkStatus();
-  }
-  SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault,
-                                          static_cast<cudaStream_t>(s.cuda_stream)));
-  return absl::OkStatus();
 }
 
 absl::Status ZeroAsync(const Stream& s, const Tensor& t) {

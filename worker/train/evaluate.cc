@@ -206,13 +206,7 @@ absl::Status Trainer::PipelineForwardOnly(const std::vector<PipelineRound>& prog
       if (msg.from == pp_rank_) {
         SY_RETURN_IF_ERROR(pp->Send(outgoing, static_cast<int>(msg.to), msg.tag));
       } else if (msg.to == pp_rank_) {
-        Buffer b;
-        if (!pp_spare_.empty()) {
-          b = std::move(pp_spare_.back());
-          pp_spare_.pop_back();
-        } else {
-          SY_ASSIGN_OR_RETURN(b, Buffer::ForTensor(shape.dtype, shape.shape, shape.device));
-        }
+        SY_ASSIGN_OR_RETURN(Buffer b, TakePipelineBuffer());
         SY_RETURN_IF_ERROR(pp->Recv(b.View(), static_cast<int>(msg.from), msg.tag));
         held.emplace(std::make_pair(msg.micro, msg.chunk), std::move(b));
       }

@@ -149,7 +149,7 @@ std::vector<std::vector<int32_t>> IndependentValidSamples(Trainer* t) {
     EXPECT_TRUE(ds->ReadTokens(d, 0, absl::MakeSpan(tokens)).ok());
     docs.push_back(tokens);
   }
-  const int64_t seq = spec.model().seq_length(), vocab = spec.model().vocab_size();
+  const int64_t seq = spec.model().seq_length();
   const int64_t n = spec.training().eval_iters() * spec.training().global_batch_size();
   GptSampleOptions so;
   so.seq_length = seq;

@@ -41,6 +41,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf_convert.h"
 #include "worker/checkpoint/sharded_checkpoint.h"
+#include "worker/model/tensor_copy.h"
 #include "worker/train/checkpoint_shards.h"
 #include "worker/train/pipeline_schedule.h"
 #include "worker/train/resume.h"
@@ -48,31 +49,13 @@
 namespace switchyard::train {
 namespace {
 
+using model::CopyAsync;
+using model::Slice;
+
 using kernels::Buffer;
 using model::GptConfig;
 using model::GptModel;
 using model::ParamInfo;
-
-Tensor Slice(const Tensor& flat, int64_t offset, std::vector<int64_t> shape) {
-  return Tensor(flat.dtype, std::move(shape), flat.device,
-                static_cast<char*>(flat.data) + offset * DTypeSize(flat.dtype));
-}
-
-// Copies src to dst (same bytes) in stream order (memcpy on the CPU).
-absl::Status CopyAsync(const Stream& s, const Tensor& src, const Tensor& dst) {
-  if (src.bytes() != dst.bytes()) {
-    return absl::InternalError(
-        absl::StrCat("CopyAsync: ", src.DebugString(), " -> ", dst.DebugString()));
-  }
-  if (src.bytes() == 0) return absl::OkStatus();
-  if (!s.is_cuda()) {
-    std::memcpy(dst.data, src.data, src.bytes());
-    return absl::OkStatus();
-  }
-  SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault,
-                                          static_cast<cudaStream_t>(s.cuda_stream)));
-  return absl::OkStatus();
-}
 
 // Token j of mock sample i: a counter-based hash, the same on every run and device.
 int32_t MockToken(uint64_t seed, int64_t i, int64_t j, int64_t vocab) {
@@ -835,6 +818,16 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
   return absl::OkStatus();
 }
 
+absl::StatusOr<Buffer> Trainer::TakePipelineBuffer() {
+  if (!pp_spare_.empty()) {
+    Buffer b = std::move(pp_spare_.back());
+    pp_spare_.pop_back();
+    return b;
+  }
+  const Tensor shape = pp_input_.View();
+  return Buffer::ForTensor(shape.dtype, shape.shape, shape.device);
+}
+
 absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
                                               const std::function<absl::Status(int64_t)>& hook) {
   // Megatron's forward_backward_pipelining_with_interleaving, run as pipeline_schedule.h's
@@ -860,13 +853,7 @@ absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, 
   // head chunk's input gradients (kind 2), by (kind, micro, chunk); spare ones are reused.
   std::map<std::tuple<int, int64_t, int64_t>, Buffer> held;
   auto take = [&](std::tuple<int, int64_t, int64_t> key) -> absl::StatusOr<Tensor> {
-    Buffer b;
-    if (!pp_spare_.empty()) {
-      b = std::move(pp_spare_.back());
-      pp_spare_.pop_back();
-    } else {
-      SY_ASSIGN_OR_RETURN(b, Buffer::ForTensor(shape.dtype, shape.shape, shape.device));
-    }
+    SY_ASSIGN_OR_RETURN(Buffer b, TakePipelineBuffer());
     const Tensor view = b.View();
     if (!held.emplace(key, std::move(b)).second) {
       return absl::InternalError("interleaved pipeline: a buffer is received twice");

@@ -318,6 +318,8 @@ class Trainer {
   // Interleaved: spare [t/TP, H] buffers for received activations and gradients (reused over
   // the rounds and steps of InterleavedMicroBatches).
   std::vector<kernels::Buffer> pp_spare_;
+  // A pipeline message buffer shaped like pp_input_: a spare one (pp_spare_) or a new one.
+  absl::StatusOr<kernels::Buffer> TakePipelineBuffer();
   // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
   kernels::Buffer pp_input_, pp_output_grad_;
   // Tied embeddings at PP > 1 (Megatron's embedding group, megatron_parallel.md §3.7): the first
