@@ -14,7 +14,6 @@
 // checkpoint at PP2·VPP2·EP2; a micro-batch count that is not a multiple of PP is rejected on
 // every rank with INVALID_ARGUMENT naming the fields and the rule.
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +26,7 @@
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"
+#include "worker/train/testing/gloo_groups.h"
 #include "worker/train/testing/tiny_moe_spec.h"
 #include "worker/train/trainer.h"
 
@@ -34,8 +34,8 @@ namespace switchyard::train {
 namespace {
 
 namespace ct = ::switchyard::comm::testing;
+using curves::CpuF32;
 using curves::Curve;
-using curves::CurveLine;
 using curves::ExpectSameCurve;
 using curves::OutFile;
 using curves::ReadCurve;
@@ -98,13 +98,6 @@ v1::JobSpec Spec(const Layout& layout) {
   return *spec;
 }
 
-TrainerOptions CpuF32() {
-  TrainerOptions opt;
-  opt.force_dtype = true;
-  opt.dtype = DType::kF32;
-  return opt;
-}
-
 // One process of `model`'s model (its parallel fields ignored).
 Curve SingleProcess(int64_t last, const std::string& load_root = "",
                     const std::string& save_root = "", const Layout& model = Layout{}) {
@@ -129,34 +122,21 @@ Curve SingleProcess(int64_t last, const std::string& load_root = "",
   return c;
 }
 
-std::unique_ptr<ProcessGroups> JoinGroups(int rank, const Layout& layout,
-                                          const std::string& store_dir) {
-  std::shared_ptr<comm::KvStore> store = ct::OpenFileStore(store_dir);
-  if (store == nullptr) return nullptr;
-  ParallelDims dims;
-  dims.world_size = layout.world;
-  dims.pipeline_model_parallel_size = layout.pp;
-  dims.expert_model_parallel_size = layout.ep;
-  dims.tensor_model_parallel_size = layout.tp;
-  dims.context_parallel_size = layout.cp;
-  dims.expert_tensor_parallel_size = 1;
-  comm::GlooOptions gopt;
-  gopt.timeout = absl::Seconds(60);
-  auto groups = CreateGlooProcessGroups(store, rank, dims, gopt);
-  if (!groups.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, groups.status().ToString().c_str());
-    return nullptr;
-  }
-  return std::move(*groups);
+// Rank `rank`'s Gloo groups for `layout` (ETP 1), through the store in `store_dir`.
+absl::StatusOr<std::unique_ptr<ProcessGroups>> JoinLayout(const std::string& store_dir, int rank,
+                                                          const Layout& layout) {
+  return test_groups::JoinGlooGroups(
+      store_dir, rank,
+      test_groups::LayoutDims(layout.world, layout.tp, layout.ep, layout.cp, /*etp=*/1, layout.pp));
 }
 
 // One rank: trains up to step `last`; rank 0 appends the curve lines to `out`.
 int RankBody(int rank, const Layout& layout, const std::string& store_dir, const std::string& out,
              int64_t last, const std::string& load_root, const std::string& save_root) {
-  std::unique_ptr<ProcessGroups> groups = JoinGroups(rank, layout, store_dir);
-  SY_CHILD_CHECK(groups != nullptr);
+  auto groups = JoinLayout(store_dir, rank, layout);
+  SY_CHILD_OK(groups.status());
   TrainerOptions opt = CpuF32();
-  opt.groups = groups.get();
+  opt.groups = groups->get();
   opt.grad_bucket_elements = 1;  // one bucket per layer, reduced during the last backwards
   auto t = Trainer::Create(Spec(layout), opt);
   SY_CHILD_OK(t.status());
@@ -187,16 +167,7 @@ int RankBody(int rank, const Layout& layout, const std::string& store_dir, const
   const bool holds_embedding = mc.first_stage() || (layout.tied && mc.last_stage());
   SY_CHILD_CHECK((lay.Find("embedding.weight") != nullptr) == holds_embedding);
   SY_CHILD_CHECK((lay.Find("output.weight") != nullptr) == (mc.last_stage() && !layout.tied));
-  if (!load_root.empty()) SY_CHILD_OK((*t)->Load(load_root));
-  std::ofstream f;
-  if (rank == 0) f.open(out, std::ios::app);
-  while ((*t)->step() < last) {
-    auto r = (*t)->Step();
-    SY_CHILD_OK(r.status());
-    if (rank == 0) f << CurveLine(*r);
-  }
-  if (!save_root.empty()) SY_CHILD_OK((*t)->Save(save_root).status());
-  return 0;
+  return curves::TrainRank(t->get(), rank, out, last, load_root, save_root);
 }
 
 Curve RunLayout(const Layout& layout, int64_t last, const std::string& load_root = "",
@@ -283,10 +254,10 @@ TEST(InterleavedPipelineTrainerTest, RejectsMicroBatchCountNotAMultipleOfPp) {
   const Layout layout{2, 2, 2, 1, 1};
   const std::string store = ct::UniqueStoreDir("vpp_bad_store");
   const std::vector<int> codes = ct::RunProcesses(layout.world, absl::Minutes(2), [&](int rank) {
-    std::unique_ptr<ProcessGroups> groups = JoinGroups(rank, layout, store);
-    SY_CHILD_CHECK(groups != nullptr);
+    auto groups = JoinLayout(store, rank, layout);
+    SY_CHILD_OK(groups.status());
     TrainerOptions opt = CpuF32();
-    opt.groups = groups.get();
+    opt.groups = groups->get();
     v1::JobSpec spec = Spec(layout);
     spec.mutable_training()->set_global_batch_size(3);  // 3 micro-batches, PP 2
     auto t = Trainer::Create(spec, opt);
