@@ -14,6 +14,9 @@
 #                                     (all workers), CLUSTER_WORKER<i>_FLAGS: worker i's own
 #   cluster_worker_pid I              the pid of worker I (0-based)
 #   cluster_syctl ARGS...             syctl against this coordinator with the API token
+#   cluster_job_yaml SPEC ITERS SAVE  SPEC's training section for a demo job: ITERS steps, a log
+#                                     line every 10, warm-up ITERS / 10, a checkpoint every SAVE
+#                                     steps, micro-batches of 4 (printed; the caller appends)
 
 # Binary NAME under BIN_DIR/SUB (bazel-bin) or BIN_DIR (a flat folder).
 cluster_exe() {
@@ -94,3 +97,12 @@ cluster_start_workers() {
 cluster_worker_pid() { echo "${cluster_worker_pids[$1]}"; }
 
 cluster_syctl() { "$cluster_syctl_bin" --coordinator "$cluster_grpc" --token-file "$cluster_run/token" "$@"; }
+
+cluster_job_yaml() {
+  local spec=$1 iters=$2 save=$3
+  sed -e "s/^  train_iters: .*/  train_iters: $iters/" \
+    -e "s/^  log_interval: .*/  log_interval: 10/" \
+    -e "s/^  lr_warmup_iters: .*/  lr_warmup_iters: $((iters / 10))/" \
+    -e "s/^  save_interval: .*/  save_interval: $save/" \
+    -e "s/^  micro_batch_size: .*/  micro_batch_size: 4/" "$spec"
+}

@@ -42,12 +42,8 @@ cluster_start_coordinator
 CLUSTER_WORKER_FLAGS="--comm-timeout $comm_timeout" cluster_start_workers 2
 echo "hung_worker_demo: coordinator at $cluster_grpc, 2 workers on $([[ $gpus -gt 0 ]] && echo "$gpus GPU(s)" || echo "the CPU"), comm timeout ${comm_timeout}s, logs in $run" >&2
 
-sed -e "s/^  train_iters: .*/  train_iters: $iters/" \
-  -e "s/^  log_interval: .*/  log_interval: 10/" \
-  -e "s/^  lr_warmup_iters: .*/  lr_warmup_iters: $((iters / 10))/" \
-  -e "s/^  save_interval: .*/  save_interval: $save_interval/" \
-  -e "s/^  micro_batch_size: .*/  micro_batch_size: 4/" \
-  -e "s/^model:$/model:\n  moe_token_dispatcher_type: alltoall/" "$spec" >"$run/job.yaml"
+cluster_job_yaml "$spec" "$iters" "$save_interval" |
+  sed -e "s/^model:$/model:\n  moe_token_dispatcher_type: alltoall/" >"$run/job.yaml"
 printf 'display_name: hung-worker\nmin_workers: 2\nmax_workers: 2\nmax_restarts: 3\n' >>"$run/job.yaml"
 printf 'parallel:\n  expert_model_parallel_size: 2\n' >>"$run/job.yaml"
 

@@ -40,11 +40,7 @@ echo "preempt_demo: coordinator at $cluster_grpc, $workers worker(s) on $([[ $gp
 # log every 10 steps, warm-up ITERS / 10, a checkpoint every ITERS / 2 steps (so the preemption's save is on demand).
 job_file() {
   local name=$1 iters=$2 priority=$3
-  sed -e "s/^  train_iters: .*/  train_iters: $iters/" \
-    -e "s/^  log_interval: .*/  log_interval: 10/" \
-    -e "s/^  lr_warmup_iters: .*/  lr_warmup_iters: $((iters / 10))/" \
-    -e "s/^  save_interval: .*/  save_interval: $((iters / 2))/" \
-    -e "s/^  micro_batch_size: .*/  micro_batch_size: 4/" "$spec"
+  cluster_job_yaml "$spec" "$iters" $((iters / 2))
   printf 'display_name: %s\npriority: %d\nmin_workers: %d\nmax_workers: %d\n' "$name" \
     "$priority" "$workers" "$workers"
   printf 'parallel:\n  expert_model_parallel_size: %d\n' "$workers"

@@ -24,14 +24,8 @@ absl::Status OutOfOrder(const char* phase, const char* needs) {
 
 // Zeroes a buffer on its device (the probability operands whose values are never used).
 absl::Status Zero(const Buffer& b, Device device) {
-  if (b.View().bytes() == 0) return absl::OkStatus();
-  if (device.is_cuda()) {
-    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
-    SY_CUDA_RETURN_IF_ERROR(cudaMemset(b.data(), 0, b.View().bytes()));
-    return absl::OkStatus();
-  }
-  std::memset(b.data(), 0, b.View().bytes());
-  return absl::OkStatus();
+  if (device.is_cuda()) SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
+  return kernels::FillBytes(b.View(), 0);
 }
 
 }  // namespace
