@@ -18,11 +18,11 @@
 #include "absl/flags/usage.h"
 #include "bench/bench_util.h"
 #include "common/command_line.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/attention/attention.h"
-#include "kernels/buffer.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/cuda_status.h"
 
 ABSL_FLAG(int, iters, 20, "timed iterations (median reported)");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations");

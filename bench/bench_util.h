@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
+#include "kernels/runtime/stream.h"
 
 namespace switchyard::bench {
 
@@ -22,20 +23,20 @@ absl::StatusOr<double> MedianMs(Fn fn, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) SY_RETURN_IF_ERROR(fn());
   SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   std::vector<double> ms;
-  cudaEvent_t a, b;
-  SY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&a));
-  SY_CUDA_RETURN_IF_ERROR(cudaEventCreate(&b));
+  int device = 0;
+  SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  using kernels::Event;
+  SY_ASSIGN_OR_RETURN(Event a, Event::Create(Device::Cuda(device), Event::Timing::kOn));
+  SY_ASSIGN_OR_RETURN(Event b, Event::Create(Device::Cuda(device), Event::Timing::kOn));
+  const Stream legacy{Device::Cuda(device), nullptr};
   for (int i = 0; i < iters; ++i) {
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(a));
+    SY_RETURN_IF_ERROR(a.Record(legacy));
     SY_RETURN_IF_ERROR(fn());
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(b));
-    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(b));
-    float t = 0;
-    SY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, a, b));
+    SY_RETURN_IF_ERROR(b.Record(legacy));
+    SY_RETURN_IF_ERROR(b.Synchronize());
+    SY_ASSIGN_OR_RETURN(const float t, b.ElapsedMsSince(a));
     ms.push_back(t);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }

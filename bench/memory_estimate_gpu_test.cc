@@ -30,7 +30,7 @@
 #include "common/config/config_defaults.h"
 #include "common/model/model_math.h"
 #include "coordinator/planner/cost_model.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/comm/testing/forked_ranks.h"

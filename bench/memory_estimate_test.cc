@@ -24,7 +24,7 @@
 #include "common/status.h"
 #include "coordinator/planner/cost_model.h"
 #include "gtest/gtest.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/curve.h"

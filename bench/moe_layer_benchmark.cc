@@ -26,11 +26,11 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "common/command_line.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
-#include "kernels/buffer.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/cuda_status.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/model/moe_layer.h"
@@ -147,7 +147,7 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
     const absl::Status st = step();
     SY_RETURN_IF_ERROR(timer.EndStep(s));
     SY_RETURN_IF_ERROR(st);
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(s.cuda_stream)));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s.cuda_stream));
     SY_ASSIGN_OR_RETURN(model::StepTiming timing, timer.Resolve());
     std::fprintf(stderr, "%s phases (ms, forward+backward %.3f):", name.c_str(), timing.step_ms);
     for (const model::PhaseTotal& p : model::SumByPath(timing)) {

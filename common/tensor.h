@@ -17,6 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st* (cuda_runtime_api.h)
+
 namespace switchyard {
 
 enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64, kU8, kBool };
@@ -61,11 +63,13 @@ struct Device {
   std::string ToString() const;
 };
 
-// Where an op runs. For CUDA, `cuda_stream` is a cudaStream_t (nullptr = the legacy default
-// stream). Not owning; cheap to copy.
+// Where an op runs. For CUDA, `cuda_stream` IS a cudaStream_t (the runtime's
+// `typedef struct CUstream_st* cudaStream_t`, declared above so that common/ needs no CUDA
+// header; nullptr = the legacy default stream): no cast anywhere. Not owning; cheap to copy;
+// kernels::OwnedStream (kernels/runtime/stream.h) creates and destroys the streams.
 struct Stream {
   Device device;
-  void* cuda_stream = nullptr;
+  CUstream_st* cuda_stream = nullptr;
   static Stream Cpu() { return {Device::Cpu(), nullptr}; }
   bool is_cuda() const { return device.is_cuda(); }
 };

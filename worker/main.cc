@@ -56,6 +56,7 @@
 #include "common/command_line.h"
 #include "common/config/config.h"
 #include "common/version.h"
+#include "kernels/runtime/stream.h"
 #include "worker/agent/agent.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/peer_monitor.h"
@@ -241,17 +242,21 @@ int Distributed() {
     dims.expert_tensor_parallel_size = par.expert_tensor_parallel_size();
   }
   const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout));
+  // The compute stream outlives the groups and the trainer (declared before them).
+  switchyard::kernels::OwnedStream stream;
   absl::StatusOr<std::unique_ptr<switchyard::train::ProcessGroups>> groups;
-  cudaStream_t stream = nullptr;
   if (device->is_cuda()) {
-    if (cudaSetDevice(device->index) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-      return fail(absl::InternalError("cannot create a CUDA stream on " + device->ToString()));
+    if (cudaSetDevice(device->index) != cudaSuccess) {
+      return fail(absl::InternalError("cannot use " + device->ToString()));
     }
+    absl::StatusOr<switchyard::kernels::OwnedStream> created =
+        switchyard::kernels::OwnedStream::Create(*device);
+    if (!created.ok()) return fail(created.status());
+    stream = *std::move(created);
     switchyard::comm::NcclOptions nopt;
     nopt.timeout = timeout;
-    groups =
-        switchyard::train::CreateNcclProcessGroups(shared, rank, dims, device->index, stream, nopt);
+    groups = switchyard::train::CreateNcclProcessGroups(shared, rank, dims, device->index,
+                                                        stream.view().cuda_stream, nopt);
   } else {
     switchyard::comm::GlooOptions gopt;
     gopt.hostname = absl::GetFlag(FLAGS_gloo_host);
@@ -273,7 +278,7 @@ int Distributed() {
   options.device = *device;
   options.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   options.groups = groups->get();
-  options.cuda_stream = stream;
+  options.cuda_stream = stream.view().cuda_stream;
   options.async_save = absl::GetFlag(FLAGS_async_save);
   switchyard::train::StandaloneOptions standalone;
   standalone.max_steps = absl::GetFlag(FLAGS_steps);

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cuda_status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::worker {
 namespace {

@@ -22,10 +22,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_tc.h"
 #include "kernels/device_convert.cuh"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -358,9 +358,8 @@ absl::Status Forward(const Stream& stream, const Tensor& q, const Tensor& k, con
   SY_RETURN_IF_ERROR(PrepareSmem(AttentionForwardKernel<T, kD>, smem));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(g.hq),
                   static_cast<unsigned>(batches));
-  AttentionForwardKernel<T, kD>
-      <<<grid, kThreads, smem, static_cast<cudaStream_t>(stream.cuda_stream)>>>(
-          q.as<const T>(), k.as<const T>(), v.as<const T>(), o.as<T>(), lse.as<float>(), g);
+  AttentionForwardKernel<T, kD><<<grid, kThreads, smem, stream.cuda_stream>>>(
+      q.as<const T>(), k.as<const T>(), v.as<const T>(), o.as<T>(), lse.as<float>(), g);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -375,7 +374,7 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
   const int64_t kv_tiles = (kv_seq_len + kTile - 1) / kTile;
   SY_RETURN_IF_ERROR(CheckGrid(tiles, g.hq, batches));
   SY_RETURN_IF_ERROR(CheckGrid(kv_tiles, g.hkv, batches));
-  const auto cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  const auto cs = stream.cuda_stream;
   const int64_t warps = t_n * g.hq, delta_blocks = (warps + kWarps - 1) / kWarps;
   if (delta_blocks > INT32_MAX) return absl::InvalidArgumentError("Attention CUDA: T too large");
   AttentionDeltaKernel<T, kD><<<static_cast<unsigned>(delta_blocks), kThreads, 0, cs>>>(

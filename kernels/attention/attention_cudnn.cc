@@ -25,8 +25,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
 
 // The frontend's dynamic-loading mode resolves every cuDNN backend call through this handle
 // (declared `extern` by cudnn_frontend_shim.h; the program defines it).
@@ -213,8 +213,7 @@ absl::Status Run(const Stream& stream, PlanKey key, float scale,
       plan = std::move(built);  // remembered either way: a rejected shape is not rebuilt
     }
     SY_RETURN_IF_ERROR(plan->status);
-    const cudnnStatus_t st =
-        fe::detail::set_stream(h->second, static_cast<cudaStream_t>(stream.cuda_stream));
+    const cudnnStatus_t st = fe::detail::set_stream(h->second, stream.cuda_stream);
     if (st != CUDNN_STATUS_SUCCESS) {
       return absl::InternalError(absl::StrCat("cuDNN attention: cudnnSetStream failed with status ",
                                               static_cast<int>(st)));

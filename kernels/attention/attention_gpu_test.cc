@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_cudnn.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

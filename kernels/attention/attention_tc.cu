@@ -27,8 +27,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/attention/attention_tc.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -575,10 +575,8 @@ absl::Status Forward(const Stream& stream, const Tensor& q, const Tensor& k, con
   SY_RETURN_IF_ERROR(AllowSmem(AttentionForwardTcKernel<kD>, kSmem));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(g.hq),
                   static_cast<unsigned>(batches));
-  AttentionForwardTcKernel<kD>
-      <<<grid, kThreads, kSmem, static_cast<cudaStream_t>(stream.cuda_stream)>>>(
-          q.as<const bf16>(), k.as<const bf16>(), v.as<const bf16>(), o.as<bf16>(), lse.as<float>(),
-          g);
+  AttentionForwardTcKernel<kD><<<grid, kThreads, kSmem, stream.cuda_stream>>>(
+      q.as<const bf16>(), k.as<const bf16>(), v.as<const bf16>(), o.as<bf16>(), lse.as<float>(), g);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }
@@ -594,7 +592,7 @@ absl::Status Backward(const Stream& stream, const Tensor& q, const Tensor& k, co
   const int64_t k_tiles = (kv_seq_len + kRowTile - 1) / kRowTile;
   SY_RETURN_IF_ERROR(CheckGrid(q_tiles, g.hq, batches));
   SY_RETURN_IF_ERROR(CheckGrid(k_tiles, g.hkv, batches));
-  const auto cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  const auto cs = stream.cuda_stream;
 
   const int64_t rows = t_n * g.hq, delta_blocks = (rows + kWarps - 1) / kWarps;
   if (delta_blocks > INT32_MAX) return absl::InvalidArgumentError("Attention CUDA: T too large");

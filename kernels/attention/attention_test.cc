@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/attention/attention_cudnn.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

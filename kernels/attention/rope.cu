@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/attention/rope.h"
 #include "kernels/device_convert.cuh"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -64,7 +64,7 @@ absl::Status Launch(const Stream& stream, const Tensor& x, int64_t seq_len, Rope
   const int64_t w32 = (work + 31) / 32 * 32;
   const int threads = static_cast<int>(w32 < 64 ? 64 : (w32 > 256 ? 256 : w32));
   const unsigned blocks = static_cast<unsigned>(t_n < 65536 ? t_n : 65536);
-  RopeKernel<T, kVec><<<blocks, threads, 0, static_cast<cudaStream_t>(stream.cuda_stream)>>>(
+  RopeKernel<T, kVec><<<blocks, threads, 0, stream.cuda_stream>>>(
       x.as<const T>(), out.as<T>(), table, t_n, heads, half, seq_len, cp, sign);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

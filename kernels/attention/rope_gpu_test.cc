@@ -5,7 +5,7 @@
 #include <random>
 
 #include "kernels/attention/rope.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

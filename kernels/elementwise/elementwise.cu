@@ -3,8 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "common/cuda_status.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -82,7 +82,7 @@ int Blocks(int64_t n) {
   return static_cast<int>(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
 
-cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t S(const Stream& s) { return s.cuda_stream; }
 
 }  // namespace
 

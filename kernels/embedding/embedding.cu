@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/device_convert.cuh"
 #include "kernels/embedding/embedding.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -21,7 +21,7 @@ constexpr int kScanThreads = 1024;
 constexpr int kReduceThreads = 128;
 constexpr int kReduceCols = 8;  // columns per thread held in registers
 
-cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t S(const Stream& s) { return s.cuda_stream; }
 
 unsigned Blocks(int64_t n, int threads, int64_t cap) {
   const int64_t b = (n + threads - 1) / threads;

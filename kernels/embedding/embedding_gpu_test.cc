@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

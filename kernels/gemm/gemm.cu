@@ -5,8 +5,8 @@
 #include <map>
 #include <utility>
 
-#include "common/cuda_status.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -44,8 +44,7 @@ absl::Status GemmCuda(const Stream& stream, const Tensor& a, bool trans_a, const
                       int64_t k) {
   if (m == 0 || n == 0) return absl::OkStatus();
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
-  SY_ASSIGN_OR_RETURN(cublasHandle_t h, HandleFor(stream.device.index,
-                                                  static_cast<cudaStream_t>(stream.cuda_stream)));
+  SY_ASSIGN_OR_RETURN(cublasHandle_t h, HandleFor(stream.device.index, stream.cuda_stream));
   SY_ASSIGN_OR_RETURN(cudaDataType_t ab_type, CudaType(a.dtype));
   SY_ASSIGN_OR_RETURN(cudaDataType_t c_type, CudaType(c.dtype));
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.

@@ -4,8 +4,8 @@
 
 #include <random>
 
-#include "kernels/buffer.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

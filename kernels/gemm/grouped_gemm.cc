@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels {
 namespace {

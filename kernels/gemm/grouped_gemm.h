@@ -80,7 +80,7 @@ struct GroupedGemmCall {
   int64_t n = 0;
   int groups = 0;
   bool accumulate = false;
-  void* cuda_stream = nullptr;
+  CUstream_st* cuda_stream = nullptr;  // a cudaStream_t
   GroupedGemmTile tile = GroupedGemmTile::kAuto;
 };
 

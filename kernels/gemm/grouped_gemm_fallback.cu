@@ -15,10 +15,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
-#include "kernels/buffer.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/gemm/grouped_gemm_scan.cuh"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -182,7 +182,7 @@ class FallbackPath final : public GroupedGemmCudaPath {
 
   absl::Status Run(const GroupedGemmCall& call) override {
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    cudaStream_t stream = static_cast<cudaStream_t>(call.cuda_stream);
+    cudaStream_t stream = call.cuda_stream;
     const GroupArrays arrays = ArraysFor(call.op);
     FallbackSetupKernel<<<1, kSetupThreads, 0, stream>>>(call.tokens_per_group, call.groups,
                                                          call.rows, arrays);

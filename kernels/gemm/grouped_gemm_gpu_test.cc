@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

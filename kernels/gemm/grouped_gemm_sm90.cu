@@ -10,11 +10,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "cutlass/arch/config.h"
-#include "kernels/buffer.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/gemm/grouped_gemm_sm90.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -135,8 +135,7 @@ class Sm90Path final : public GroupedGemmCudaPath {
       // The empty groups are problems (0, N, 0), untouched by CUTLASS: zero them here.
       const int64_t bytes_per_group =
           call.k * call.n * static_cast<int64_t>(DTypeSize(call.out_dtype));
-      ZeroEmptyGroupsKernel<<<2 * sm_count_, kZeroThreads, 0,
-                              static_cast<cudaStream_t>(call.cuda_stream)>>>(
+      ZeroEmptyGroupsKernel<<<2 * sm_count_, kZeroThreads, 0, call.cuda_stream>>>(
           arrays_[op].empty_groups, static_cast<uint4*>(call.out), bytes_per_group / 16);
       SY_CUDA_RETURN_IF_LAUNCH_ERROR(ZeroEmptyGroupsKernel);
     }

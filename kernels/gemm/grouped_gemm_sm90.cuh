@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "cutlass/arch/config.h"
 #include "cutlass/cutlass.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/gemm/grouped_gemm_scan.cuh"
 #include "kernels/gemm/grouped_gemm_sm90.h"
+#include "kernels/runtime/cuda_status.h"
 
 #if defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED)
 #define SY_GROUPED_GEMM_SM90 1
@@ -223,7 +223,7 @@ class Runner final : public KernelRunner {
   }
 
   absl::Status Run(const GroupedGemmCall& call, const OpArrays& arrays) override {
-    cudaStream_t stream = static_cast<cudaStream_t>(call.cuda_stream);
+    cudaStream_t stream = call.cuda_stream;
     SetupParams p;
     p.counts = call.tokens_per_group;
     p.groups = call.groups;

@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "common/cuda_status.h"
 #include "kernels/loss/cross_entropy.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -17,7 +17,7 @@ constexpr int kRowThreads = 512;
 constexpr int kGradThreads = 256;
 constexpr int kReduceThreads = 1024;
 
-cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t S(const Stream& s) { return s.cuda_stream; }
 
 struct MaxSum {
   float m;  // running max

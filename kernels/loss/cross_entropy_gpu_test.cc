@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kernels/buffer.h"
 #include "kernels/loss/cross_entropy.h"
 #include "kernels/loss/thread_all_reduce_testing.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/loss/thread_all_reduce_testing.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

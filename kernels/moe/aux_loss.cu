@@ -4,9 +4,9 @@
 // token. Compiled with -fmad=false like router.cu.
 #include <cuda_runtime.h>
 
-#include "common/cuda_status.h"
 #include "kernels/moe/router_device.h"
 #include "kernels/moe/router_internal.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxBackwardKernel(AuxBack
 
 absl::Status AuxLossStatsCuda(const Stream& stream, const AuxPlan& plan, const Tensor& logits,
                               const AuxLossStats& stats, const Tensor& workspace) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats.counts.data, 0, stats.counts.bytes(), s));
   StatsArgs args;
@@ -289,7 +289,7 @@ absl::Status AuxLossForwardCuda(const Stream& stream, const RouterConfig& config
                                 const AuxPlan& plan, const AuxLossStats& stats,
                                 const AuxLossNorms& norms, const Tensor& losses,
                                 const Tensor& grad_weights) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   LossArgs args;
   args.prob_sums = stats.prob_sums.as<double>();
@@ -326,7 +326,7 @@ absl::Status AuxLossBackwardCuda(const Stream& stream, const RouterConfig& confi
                                  const Tensor& grad_weights, double aux_grad_scale,
                                  const Tensor& dlogits) {
   if (plan.num_tokens == 0) return absl::OkStatus();
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   AuxBackwardArgs args;
   args.logits = logits.as<float>();

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/moe/ep_routing.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -57,7 +57,7 @@ absl::Status RouteToRanksCuda(const Stream& stream, const Tensor& topk_idx,
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   const int64_t t = topk_idx.dim(0);
   const int k = static_cast<int>(topk_idx.dim(1));
-  RouteToRanksKernel<<<Blocks(t), kThreads, 0, static_cast<cudaStream_t>(stream.cuda_stream)>>>(
+  RouteToRanksKernel<<<Blocks(t), kThreads, 0, stream.cuda_stream>>>(
       topk_idx.as<int32_t>(), topk_probs.as<float>(), t, k, static_cast<int>(num_experts),
       static_cast<int>(num_experts / ep_size), static_cast<int>(ep_size), rank_idx.as<int32_t>(),
       meta.as<float>());
@@ -71,8 +71,7 @@ absl::Status LocalizeRoutingCuda(const Stream& stream, const Tensor& meta, int64
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   const int64_t r = meta.dim(0);
   const int k = static_cast<int>(meta.dim(1) / 2);
-  LocalizeRoutingKernel<<<Blocks(r * k), kThreads, 0,
-                          static_cast<cudaStream_t>(stream.cuda_stream)>>>(
+  LocalizeRoutingKernel<<<Blocks(r * k), kThreads, 0, stream.cuda_stream>>>(
       meta.as<float>(), r, k, first_expert, num_local, local_idx.as<int32_t>(),
       local_probs.as<float>());
   SY_CUDA_RETURN_IF_LAUNCH_ERROR(LocalizeRoutingKernel);

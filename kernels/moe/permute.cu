@@ -20,9 +20,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/device_convert.cuh"
 #include "kernels/moe/permute.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -35,7 +35,7 @@ constexpr int kScanThreads = 1024;
 static_assert(kMaxExpertsCuda <= kScanThreads, "ExpertOffsetsKernel: one thread per expert");
 static_assert(kScanThreads / 32 <= 32, "ExpertOffsetsKernel: one warp scans the warp sums");
 
-cudaStream_t CudaStreamOf(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t CudaStreamOf(const Stream& s) { return s.cuda_stream; }
 
 int ThreadsFor(int64_t units) {
   return static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 32, 256));

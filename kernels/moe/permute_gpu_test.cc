@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/moe/permute.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

@@ -5,10 +5,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "common/cuda_status.h"
 #include "kernels/moe/rng.h"
 #include "kernels/moe/router_device.h"
 #include "kernels/moe/router_internal.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -255,7 +255,7 @@ unsigned ElementwiseBlocks(long long n) {
 absl::Status RouterForwardCuda(const Stream& stream, const RoutingPlan& plan, const Tensor& logits,
                                const Tensor& expert_bias, const Tensor& local_tokens_per_expert,
                                const RouterOutputs& out, const Tensor& workspace) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   const RouterWorkspaceLayout layout = MakeRouterWorkspaceLayout(plan);
   char* ws = static_cast<char*>(workspace.data);
@@ -300,7 +300,7 @@ absl::Status RouterBackwardCuda(const Stream& stream, const RoutingPlan& plan, c
                                 const Tensor& selected_idx, const Tensor& topk_idx,
                                 const Tensor& dtopk_probs, const Tensor& dlogits) {
   if (plan.num_tokens == 0) return absl::OkStatus();
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   BackwardArgs args;
   args.logits = logits.as<float>();
@@ -323,7 +323,7 @@ absl::Status RouterBackwardCuda(const Stream& stream, const RoutingPlan& plan, c
 
 absl::Status UpdateExpertBiasCuda(const Stream& stream, const Tensor& counts, const Tensor& bias,
                                   float rate) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   UpdateExpertBiasKernel<<<1, 512, 0, s>>>(counts.as<float>(), bias.as<float>(),
                                            static_cast<int>(bias.numel()), rate);
@@ -335,7 +335,7 @@ absl::Status JitterScaleCuda(const Stream& stream, const Tensor& in, float eps, 
                              uint64_t offset, const Tensor& out) {
   const long long n = in.numel();
   if (n == 0) return absl::OkStatus();
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   if (in.dtype == DType::kF32) {
     JitterScaleKernel<<<ElementwiseBlocks(n), 256, 0, s>>>(in.as<float>(), out.as<float>(), n, eps,
@@ -351,7 +351,7 @@ absl::Status JitterScaleCuda(const Stream& stream, const Tensor& in, float eps, 
 absl::Status CastF32ToBf16Cuda(const Stream& stream, const Tensor& in, const Tensor& out) {
   const long long n = in.numel();
   if (n == 0) return absl::OkStatus();
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   CastF32ToBf16Kernel<<<ElementwiseBlocks(n), 256, 0, s>>>(in.as<float>(), out.as<__nv_bfloat16>(),
                                                            n);

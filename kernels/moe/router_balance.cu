@@ -7,9 +7,9 @@
 
 #include <algorithm>
 
-#include "common/cuda_status.h"
 #include "kernels/moe/router_device.h"
 #include "kernels/moe/router_internal.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -195,16 +195,16 @@ absl::Status SinkhornCuda(const Stream& stream, const RoutingPlan& plan, const f
   double* partial = reinterpret_cast<double*>(workspace + layout.partial);
   int* flag = reinterpret_cast<int*>(workspace + layout.flag);
   void* args[] = {&z, &t, &e, &d0, &d1, &d1_next, &diff, &partial, &flag};
-  SY_CUDA_RETURN_IF_ERROR(cudaLaunchCooperativeKernel(
-      reinterpret_cast<void*>(SinkhornKernel), dim3(blocks), dim3(kSinkhornThreads), args, 0,
-      static_cast<cudaStream_t>(stream.cuda_stream)));
+  SY_CUDA_RETURN_IF_ERROR(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(SinkhornKernel),
+                                                      dim3(blocks), dim3(kSinkhornThreads), args, 0,
+                                                      stream.cuda_stream));
   return absl::OkStatus();
 }
 
 absl::Status DropOverCapacityCuda(const Stream& stream, const RoutingPlan& plan,
                                   const RouterOutputs& out, float* local_tokens_per_expert,
                                   const RouterWorkspaceLayout& layout, char* workspace) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
+  cudaStream_t s = stream.cuda_stream;
   const int e_count = static_cast<int>(plan.num_experts);
   const int* counts = reinterpret_cast<const int*>(workspace + layout.counts);
   if (plan.capacity >= 0 && plan.num_tokens > 0) {

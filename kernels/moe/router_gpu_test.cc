@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/moe/aux_loss.h"
 #include "kernels/moe/rng.h"
 #include "kernels/moe/router.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

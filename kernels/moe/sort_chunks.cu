@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/moe/sort_chunks.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -32,7 +32,7 @@ struct OrderParam {
   uint16_t order[kMaxSortChunks];
 };
 
-cudaStream_t CudaStreamOf(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t CudaStreamOf(const Stream& s) { return s.cuda_stream; }
 
 // Largest power-of-two unit (<= 16 bytes) dividing the row size and both base addresses.
 int UnitBytes(int64_t row_bytes, const void* a, const void* b) {

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/cuda_status.h"
 #include "kernels/device_convert.cuh"
 #include "kernels/moe/swiglu.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -162,7 +162,7 @@ absl::Status BackwardAs(cudaStream_t cs, const Tensor& da, const Tensor& h, cons
 absl::Status SwigluForwardCuda(const Stream& stream, const Tensor& h, const Tensor& probs,
                                const Tensor& row_counts, const Tensor& a) {
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  const cudaStream_t cs = stream.cuda_stream;
   if (h.dim(0) == 0 || a.dim(1) == 0) return absl::OkStatus();
   const int64_t f = a.dim(1);
   const bool aligned = Aligned16({h.data, a.data});
@@ -178,7 +178,7 @@ absl::Status SwigluBackwardCuda(const Stream& stream, const Tensor& da, const Te
                                 const Tensor& probs, const Tensor& row_counts, const Tensor& dh,
                                 const Tensor& dprobs) {
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  const cudaStream_t cs = stream.cuda_stream;
   if (h.dim(0) == 0) return absl::OkStatus();
   const int64_t f = da.dim(1);
   const bool aligned = Aligned16({da.data, h.data, dh.data});

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/moe/swiglu.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

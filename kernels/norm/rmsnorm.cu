@@ -10,9 +10,9 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "kernels/device_convert.cuh"
 #include "kernels/norm/rmsnorm.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -185,7 +185,7 @@ __global__ void RmsNormDwReduceKernel(const float* partial, int64_t blocks, int6
   dw[h] = FromFloat<DW>(accumulate ? ToFloat(dw[h]) + s : s);
 }
 
-cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t S(const Stream& s) { return s.cuda_stream; }
 
 // Threads per row: enough warps to cover the row's vectors once, capped at max_threads.
 int RowThreads(int64_t vectors, int max_threads) {

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <random>
 
-#include "kernels/buffer.h"
 #include "kernels/norm/rmsnorm.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

@@ -3,8 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "common/cuda_status.h"
 #include "kernels/optim/adamw.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -45,7 +45,7 @@ absl::Status Launch(const Stream& stream, const AdamWCoefficients& c, const Tens
                     const float* scale_device, const Tensor& master, const Tensor& exp_avg,
                     const Tensor& exp_avg_sq, const Tensor& params) {
   const int64_t n = master.numel();
-  AdamWKernel<G, P><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream.cuda_stream)>>>(
+  AdamWKernel<G, P><<<Blocks(n), kThreads, 0, stream.cuda_stream>>>(
       c, grads.as<G>(), scale_device, master.as<float>(), exp_avg.as<float>(),
       exp_avg_sq.as<float>(), params.as<P>(), n);
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -3,8 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "common/cuda_status.h"
 #include "kernels/optim/grad_norm.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
@@ -59,7 +59,7 @@ __global__ void ClipCoefficientKernel(const float* sum_sq, float max_norm, float
   coef[0] = (max_norm > 0.0f && c < 1.0f) ? c : 1.0f;
 }
 
-cudaStream_t S(const Stream& s) { return static_cast<cudaStream_t>(s.cuda_stream); }
+cudaStream_t S(const Stream& s) { return s.cuda_stream; }
 
 }  // namespace
 

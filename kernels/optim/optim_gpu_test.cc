@@ -8,9 +8,9 @@
 #include <cstring>
 #include <random>
 
-#include "kernels/buffer.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

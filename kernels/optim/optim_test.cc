@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "kernels/buffer.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 
 namespace switchyard::kernels {

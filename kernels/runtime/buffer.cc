@@ -1,4 +1,4 @@
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 
 #include <cuda_runtime.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels {
 namespace {

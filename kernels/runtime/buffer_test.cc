@@ -1,5 +1,5 @@
 // Buffer ownership: moves transfer the memory exactly once (no leak, no double free).
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/cuda_status.h"
+#include "kernels/runtime/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 
 namespace switchyard::testing {
 

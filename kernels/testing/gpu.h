@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/tensor.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 
 namespace switchyard::testing {
 

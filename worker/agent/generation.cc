@@ -12,10 +12,11 @@
 #include "common/config/config_defaults.h"
 #include "common/config/job_paths.h"
 #include "common/config/validate.h"
-#include "common/cuda_status.h"
 #include "common/model/engine_support.h"
 #include "common/status.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/cuda_status.h"
+#include "kernels/runtime/stream.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/train/resume.h"
 
@@ -70,12 +71,11 @@ struct Resources {
   GenerationControl* control = nullptr;
   std::shared_ptr<RendezvousKvStore> store;
   std::unique_ptr<train::ProcessGroups> groups;
-  cudaStream_t stream = nullptr;
+  kernels::OwnedStream stream;  // CUDA: the compute stream, destroyed after the groups
   ~Resources() {
     control->SetGroups(nullptr);
     control->SetStore(nullptr);
     groups.reset();
-    if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
 
@@ -298,7 +298,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   if (p.device.is_cuda()) {
     // The current device is per thread: this is the training thread.
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(p.device.index));
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&res.stream, cudaStreamNonBlocking));
+    SY_ASSIGN_OR_RETURN(res.stream, kernels::OwnedStream::Create(p.device));
   }
   if (a.world_size() > 1) {
     RendezvousKvStore::Options store_options;
@@ -311,8 +311,8 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
     if (p.device.is_cuda()) {
       comm::NcclOptions nopt;
       nopt.timeout = env.comm_timeout;
-      groups =
-          train::CreateNcclProcessGroups(res.store, rank, p.dims, p.device.index, res.stream, nopt);
+      groups = train::CreateNcclProcessGroups(res.store, rank, p.dims, p.device.index,
+                                              res.stream.view().cuda_stream, nopt);
     } else {
       comm::GlooOptions gopt;
       gopt.hostname = env.gloo_host;
@@ -331,7 +331,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   options.device = p.device;
   options.peak_tflops = env.peak_tflops;
   options.groups = res.groups.get();
-  options.cuda_stream = res.stream;
+  options.cuda_stream = res.stream.view().cuda_stream;
   absl::StatusOr<std::unique_ptr<train::Trainer>> created = train::Trainer::Create(p.spec, options);
   if (!created.ok()) return Annotate(created.status(), "creating the trainer");
   std::unique_ptr<train::Trainer> trainer = std::move(*created);
@@ -351,7 +351,7 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
     bool requested = control->TakeCheckpointRequest();
     if (res.groups == nullptr) return requested;
     absl::StatusOr<bool> any =
-        AnyRank(res.groups.get(), requested, p.device, res.stream, &device_flag);
+        AnyRank(res.groups.get(), requested, p.device, res.stream.view().cuda_stream, &device_flag);
     if (!any.ok()) return Annotate(any.status(), "agreeing on CheckpointNow");
     return *any;
   };

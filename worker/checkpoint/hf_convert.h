@@ -66,7 +66,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/gpt_model.h"
 

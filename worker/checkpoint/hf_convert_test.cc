@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/model/gpt_model.h"
 
 namespace switchyard::model {

@@ -39,7 +39,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/cuda_status.h"
+#include "kernels/runtime/cuda_status.h"
 #include "kernels/testing/gpu.h"
 
 extern char** environ;

@@ -14,8 +14,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::comm {
 namespace {

@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/moe/permute.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::model {
 
@@ -100,14 +100,10 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
     if (e == cudaSuccess) {
       d->pinned_ = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
     }
-    cudaEvent_t event = nullptr;
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-      d->event_ = std::shared_ptr<void>(
-          event, [](void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); });
-    }
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
     SY_CUDA_RETURN_IF_ERROR(e);
+    SY_ASSIGN_OR_RETURN(kernels::Event event, kernels::Event::Create(device));
+    d->event_ = std::make_shared<kernels::Event>(std::move(event));
   }
   return d;
 }
@@ -133,7 +129,7 @@ absl::Status AllGatherDispatcher::CopyOnStream(const Stream& stream, const Tenso
   if (src.bytes() == 0) return absl::OkStatus();
   if (!device_.is_cuda()) return kernels::CopyTensor(src, dst);
   SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice,
-                                          static_cast<cudaStream_t>(stream.cuda_stream)));
+                                          stream.cuda_stream));
   return absl::OkStatus();
 }
 
@@ -186,7 +182,7 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   (void)state;
   if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
   SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  const cudaStream_t cs = stream.cuda_stream;
   int32_t* host_counts = static_cast<int32_t*>(pinned_.get());  // CUDA only
   if (device_.is_cuda()) {
     // The pinned word is free: the previous Dispatch waited (WaitEvent below) for an event
@@ -201,7 +197,7 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
   const int32_t* c = counts_.View().as<int32_t>();
   if (device_.is_cuda()) {
     // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
-    const cudaEvent_t done = static_cast<cudaEvent_t>(event_.get());
+    const cudaEvent_t done = event_->cuda_event();
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         host_counts, counts_.data(), group_size_ * sizeof(int32_t), cudaMemcpyDeviceToHost, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, cs));

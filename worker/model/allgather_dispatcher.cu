@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "common/cuda_status.h"
 #include "common/tensor.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::model::internal {
 namespace {
@@ -30,8 +30,7 @@ absl::Status LocalExpertIdsCuda(const Stream& stream, const Tensor& global_idx, 
   const int64_t n = global_idx.numel();
   if (n == 0) return absl::OkStatus();
   const int64_t blocks = (n + kThreads - 1) / kThreads;
-  LocalExpertIdsKernel<<<static_cast<unsigned>(blocks), kThreads, 0,
-                         static_cast<cudaStream_t>(stream.cuda_stream)>>>(
+  LocalExpertIdsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream.cuda_stream>>>(
       global_idx.as<int32_t>(), n, first, num_local, local_idx.as<int32_t>());
   SY_CUDA_RETURN_IF_LAUNCH_ERROR(LocalExpertIdsKernel);
   return absl::OkStatus();

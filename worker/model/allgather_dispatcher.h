@@ -83,7 +83,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/stream.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/model/dispatcher.h"
@@ -156,9 +157,10 @@ class AllGatherDispatcher final : public TokenDispatcher {
       d_expert_x_, d_expert_probs_;
   // CUDA only: pinned host memory, [EP] i32 (D2H target of the gathered counts) then one i32 (H2D
   // staging of this rank's T), and the event that the D2H copy is waited on with.
-  std::shared_ptr<void> pinned_, event_;
-  Tensor row_map_view_;   // [T', k] of the current micro-batch
-  DispatchState inputs_;  // x / topk_idx / topk_probs of the current micro-batch
+  std::shared_ptr<void> pinned_;
+  std::shared_ptr<kernels::Event> event_;  // the counts' device-to-host copy (CUDA)
+  Tensor row_map_view_;                    // [T', k] of the current micro-batch
+  DispatchState inputs_;                   // x / topk_idx / topk_probs of the current micro-batch
   int64_t num_tokens_ = 0, global_tokens_ = 0, max_rank_tokens_ = 0;
   std::vector<int64_t> tokens_per_rank_;
   enum class Phase { kIdle, kPreprocessed, kDispatched, kPostprocessed, kCombinePre, kCombined };

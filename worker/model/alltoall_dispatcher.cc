@@ -6,10 +6,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/moe/ep_routing.h"
 #include "kernels/moe/permute.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::model {
 
@@ -137,14 +137,10 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     cudaError_t e = cudaMallocHost(&pinned, pinned_bytes);
     if (e == cudaSuccess)
       d->pinned_ = std::shared_ptr<void>(pinned, [](void* ptr) { cudaFreeHost(ptr); });
-    cudaEvent_t event = nullptr;
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-      d->event_ = std::shared_ptr<void>(
-          event, [](void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); });
-    }
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
     SY_CUDA_RETURN_IF_ERROR(e);
+    SY_ASSIGN_OR_RETURN(kernels::Event event, kernels::Event::Create(device));
+    d->event_ = std::make_shared<kernels::Event>(std::move(event));
   }
   return d;
 }
@@ -369,8 +365,8 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
   const int32_t* g_all = counts.View().as<int32_t>();
   if (device_.is_cuda()) {
     // The one device-to-host copy of the micro-batch (see "Host synchronisation" in the header).
-    const cudaStream_t s = static_cast<cudaStream_t>(stream.cuda_stream);
-    const cudaEvent_t done = static_cast<cudaEvent_t>(event_.get());
+    const cudaStream_t s = stream.cuda_stream;
+    const cudaEvent_t done = event_->cuda_event();
     int32_t* host_g = static_cast<int32_t*>(pinned_.get());
     SY_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host_g, counts.data(), counts.bytes(), cudaMemcpyDeviceToHost, s));

@@ -140,7 +140,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/stream.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/model/dispatcher.h"
@@ -264,8 +265,9 @@ class AllToAllDispatcher final : public TokenDispatcher {
   kernels::Buffer expert_x_, expert_probs_, expert_out_, d_expert_probs_;
   // CUDA only: pinned host memory, [ETP * EP * (E + P)] i32 (D2H target of the gathered counts),
   // and the event the D2H copy is waited on with.
-  std::shared_ptr<void> pinned_, event_;
-  Tensor rank_map_view_;  // [T, EP] of the current micro-batch
+  std::shared_ptr<void> pinned_;
+  std::shared_ptr<kernels::Event> event_;  // the counts' device-to-host copy (CUDA)
+  Tensor rank_map_view_;                   // [T, EP] of the current micro-batch
   int64_t num_tokens_ = 0, sent_rows_ = 0, recv_rows_ = 0, expert_rows_ = 0;
   int64_t tp_total_rows_ = 0, tp_max_rows_ = 0;  // sum / max of tp_rows_
   std::vector<int64_t> input_splits_, output_splits_;

@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/moe/permute.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::model {
 
@@ -133,7 +133,7 @@ absl::Status SpreadRows(const Stream& stream, const Tensor& compact,
   }
   const char* src = static_cast<const char*>(compact.data);
   char* dst = static_cast<char*>(padded.data);
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+  const cudaStream_t cs = stream.cuda_stream;
   int64_t first = 0;
   for (size_t j = 0; j < rows_per_rank.size(); ++j) {
     const int64_t n = rows_per_rank[j];
@@ -163,7 +163,7 @@ absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& 
         absl::StrCat(who, "::", phase, ": stream of ", stream.device.ToString(),
                      " must be on the dispatcher's device ", device.ToString()));
   }
-  if (nccl != nullptr && static_cast<cudaStream_t>(stream.cuda_stream) != nccl->stream()) {
+  if (nccl != nullptr && stream.cuda_stream != nccl->stream()) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, "::", phase, ": stream must be the EP communicator's stream (group '", nccl->name(),
         "'): create the NcclCommunicator with the stream the phases run on"));

@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/nccl_communicator.h"
 

@@ -44,7 +44,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 #include "worker/comm/kv_store.h"
 #include "worker/comm/nccl_communicator.h"
@@ -133,7 +133,7 @@ absl::StatusOr<std::vector<float>> Download(const Tensor& t, int64_t n) {
 }
 
 absl::Status Sync(const Stream& stream) {
-  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream.cuda_stream));
+  const cudaError_t e = cudaStreamSynchronize(stream.cuda_stream);
   if (e != cudaSuccess) return absl::InternalError(cudaGetErrorString(e));
   return absl::OkStatus();
 }

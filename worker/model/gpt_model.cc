@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/rope.h"
@@ -21,6 +20,7 @@
 #include "kernels/moe/router.h"
 #include "kernels/moe/swiglu.h"
 #include "kernels/norm/rmsnorm.h"
+#include "kernels/runtime/cuda_status.h"
 #include "worker/model/moe_layer_tensors.h"
 #include "worker/model/profiling.h"
 #include "worker/model/tensor_copy.h"
@@ -54,8 +54,7 @@ absl::Status ZeroAsync(const Stream& s, const Tensor& t) {
     std::memset(t.data, 0, t.bytes());
     return absl::OkStatus();
   }
-  SY_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(t.data, 0, t.bytes(), static_cast<cudaStream_t>(s.cuda_stream)));
+  SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.data, 0, t.bytes(), s.cuda_stream));
   return absl::OkStatus();
 }
 
@@ -902,8 +901,7 @@ absl::Status GptModel::GatherLogits(const Stream& s, const Tensor& normed, const
     char* dst = static_cast<char*>(out.data) + r * width;
     if (s.is_cuda()) {
       SY_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, t,
-                                                cudaMemcpyDefault,
-                                                static_cast<cudaStream_t>(s.cuda_stream)));
+                                                cudaMemcpyDefault, s.cuda_stream));
     } else {
       for (int64_t i = 0; i < t; ++i) std::memcpy(dst + i * dst_pitch, src + i * src_pitch, width);
     }
@@ -1483,7 +1481,7 @@ absl::StatusOr<GptStepStats> GptModel::ReadStepStats(const Stream& stream, int n
                                                    num_micro, ") not in [1, ", max_micro_, "]"));
   }
   if (stream.is_cuda()) {
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.cuda_stream)));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.cuda_stream));
   }
   GptStepStats out;
   auto to_host = [](const Tensor& t) -> absl::StatusOr<Buffer> {

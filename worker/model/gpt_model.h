@@ -171,8 +171,8 @@
 #include "absl/status/statusor.h"
 #include "common/model/model_math.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
 #include "kernels/loss/cross_entropy.h"
+#include "kernels/runtime/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/moe_layer.h"
 

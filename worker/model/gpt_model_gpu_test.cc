@@ -12,8 +12,8 @@
 #include <cmath>
 #include <random>
 
-#include "kernels/buffer.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/testing/gpu.h"
 #include "worker/model/gpt_model.h"
 

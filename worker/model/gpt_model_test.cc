@@ -10,7 +10,7 @@
 #include <iostream>
 #include <random>
 
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 
 namespace switchyard::model {
 namespace {

@@ -6,13 +6,13 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/attention/rope.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/moe/aux_loss.h"
 #include "kernels/moe/swiglu.h"
+#include "kernels/runtime/cuda_status.h"
 #include "worker/model/allgather_dispatcher.h"
 #include "worker/model/alltoall_dispatcher.h"
 #include "worker/model/profiling.h"
@@ -142,32 +142,7 @@ absl::StatusOr<MoELayerConfig> MoELayerConfig::FromProto(const v1::ModelConfig& 
   return c;
 }
 
-namespace {
-// A non-blocking stream on `device` with a fork and a join event (timing off), each stored in its
-// slot (the layer's void* members) as soon as it exists: a failure part-way leaves what was made
-// to the layer's destructor. The shared expert's overlap and delay_wgrad each own one.
-absl::Status CreateSideStream(int device, void** stream, void** fork, void** join) {
-  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  cudaStream_t s;
-  SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  *stream = s;
-  for (void** slot : {fork, join}) {
-    cudaEvent_t e;
-    SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    *slot = e;
-  }
-  return absl::OkStatus();
-}
-}  // namespace
-
-MoELayer::~MoELayer() {
-  if (side_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(side_stream_));
-  if (fork_event_) cudaEventDestroy(static_cast<cudaEvent_t>(fork_event_));
-  if (join_event_) cudaEventDestroy(static_cast<cudaEvent_t>(join_event_));
-  if (wgrad_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(wgrad_stream_));
-  if (wgrad_fork_) cudaEventDestroy(static_cast<cudaEvent_t>(wgrad_fork_));
-  if (wgrad_join_) cudaEventDestroy(static_cast<cudaEvent_t>(wgrad_join_));
-}
+MoELayer::~MoELayer() = default;
 
 absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig& config,
                                                            Device device, int64_t max_tokens,
@@ -330,35 +305,23 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     }
     // At sp_size > 1 the shared expert's TP collectives run on the layer's stream: no side stream.
     if (device.is_cuda() && config.shared_expert_overlap && config.sp_size == 1) {
-      SY_RETURN_IF_ERROR(
-          CreateSideStream(device.index, &l->side_stream_, &l->fork_event_, &l->join_event_));
+      SY_ASSIGN_OR_RETURN(l->side_, kernels::SideStream::Create(device));
     }
     if (device.is_cuda() && config.delay_wgrad) {
-      SY_RETURN_IF_ERROR(
-          CreateSideStream(device.index, &l->wgrad_stream_, &l->wgrad_fork_, &l->wgrad_join_));
+      SY_ASSIGN_OR_RETURN(l->wgrad_, kernels::SideStream::Create(device));
     }
   }
   return l;
 }
 
-Stream MoELayer::SideStream(const Stream& main) const {
-  return side_stream_ ? Stream{main.device, side_stream_} : main;
-}
+Stream MoELayer::SideStream(const Stream& main) const { return side_ ? side_->view() : main; }
 
 absl::Status MoELayer::Fork(const Stream& main) {
-  if (!side_stream_) return absl::OkStatus();
-  auto ev = static_cast<cudaEvent_t>(fork_event_);
-  SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, static_cast<cudaStream_t>(main.cuda_stream)));
-  SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(side_stream_), ev, 0));
-  return absl::OkStatus();
+  return side_ ? side_->Fork(main) : absl::OkStatus();
 }
 
 absl::Status MoELayer::Join(const Stream& main) {
-  if (!side_stream_) return absl::OkStatus();
-  auto ev = static_cast<cudaEvent_t>(join_event_);
-  SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev, static_cast<cudaStream_t>(side_stream_)));
-  SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(main.cuda_stream), ev, 0));
-  return absl::OkStatus();
+  return side_ ? side_->Join(main) : absl::OkStatus();
 }
 
 namespace {
@@ -630,17 +593,13 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   phase.Next("fc1_dgrad");
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh_, p.fc1, tpe, state_.d_expert_x));
   phase.Next("fc1_wgrad");
-  if (wgrad_stream_ != nullptr) {
+  if (wgrad_) {
     // delay_wgrad_compute: fc1's wgrad on the wgrad stream, after fc1's dgrad (its inputs,
     // expert_x and dh_, are not written again before the next forward of this layer); joined at
     // the end of Backward, before the gradient hooks can read g.fc1.
-    auto fork = static_cast<cudaEvent_t>(wgrad_fork_);
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, static_cast<cudaStream_t>(stream.cuda_stream)));
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(wgrad_stream_), fork, 0));
-    SY_RETURN_IF_ERROR(gemm_->Wgrad(Stream{stream.device, wgrad_stream_}, state_.expert_x, dh_, tpe,
-                                    g.fc1, accumulate));
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(wgrad_join_),
-                                            static_cast<cudaStream_t>(wgrad_stream_)));
+    SY_RETURN_IF_ERROR(wgrad_->Fork(stream));
+    SY_RETURN_IF_ERROR(gemm_->Wgrad(wgrad_->view(), state_.expert_x, dh_, tpe, g.fc1, accumulate));
+    SY_RETURN_IF_ERROR(wgrad_->RecordJoin());
   } else {
     SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, accumulate));
   }
@@ -673,10 +632,9 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   }
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   phase.Close();
-  if (wgrad_stream_ != nullptr) {
+  if (wgrad_) {
     ScopedRange join(stream, "wgrad_join");
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.cuda_stream),
-                                                static_cast<cudaEvent_t>(wgrad_join_), 0));
+    SY_RETURN_IF_ERROR(wgrad_->WaitJoin(stream));
   }
   if (config_.shared_ffn_size > 0) {
     ScopedRange join(stream, "shared_join_add");

@@ -36,13 +36,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
 #include "kernels/gemm/grouped_gemm.h"
 #include "kernels/moe/router.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/stream.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/dispatcher.h"
@@ -282,13 +284,9 @@ class MoELayer {
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<kernels::GroupedGemm> gemm_;
   DispatchState state_;
-  void* side_stream_ = nullptr;  // cudaStream_t
-  void* fork_event_ = nullptr;   // cudaEvent_t
-  void* join_event_ = nullptr;   // cudaEvent_t
-  // delay_wgrad: the stream fc1's wgrad runs on, and its fork / join events (CUDA; else null).
-  void* wgrad_stream_ = nullptr;  // cudaStream_t
-  void* wgrad_fork_ = nullptr;    // cudaEvent_t
-  void* wgrad_join_ = nullptr;    // cudaEvent_t
+  std::optional<kernels::SideStream> side_;  // the shared expert's overlap (CUDA; else none)
+  // delay_wgrad: the stream fc1's wgrad runs on, with its fork / join events (CUDA; else none).
+  std::optional<kernels::SideStream> wgrad_;
 
   // Saved activations and scratch; see moe_layer.cc for shapes.
   std::vector<kernels::Buffer> buffers_;

@@ -18,8 +18,8 @@
 #include "common/config/validate.h"
 #include "common/safetensors.h"
 #include "common/status.h"
-#include "kernels/buffer.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/model/moe_layer.h"
 #include "worker/model/moe_layer_tensors.h"
 

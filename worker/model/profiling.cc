@@ -4,8 +4,8 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::model {
 namespace {
@@ -34,8 +34,6 @@ void NvtxPop() {
   if (range_recorder != nullptr) range_recorder->OnPop();
 }
 
-cudaEvent_t Ev(void* e) { return static_cast<cudaEvent_t>(e); }
-
 }  // namespace
 
 RangeRecorder* SetRangeRecorderForTesting(RangeRecorder* recorder) {
@@ -48,7 +46,6 @@ PhaseTimer* PhaseTimer::Active() { return active_timer; }
 
 PhaseTimer::~PhaseTimer() {
   if (active_timer == this) active_timer = nullptr;
-  for (void* e : pool_) cudaEventDestroy(Ev(e));
 }
 
 void PhaseTimer::Fail(absl::Status st) {
@@ -58,18 +55,16 @@ void PhaseTimer::Fail(absl::Status st) {
 int PhaseTimer::RecordEvent(const Stream& stream) {
   if (used_ == pool_.size()) {
     // Only while the pool grows (the first step, or a step with more ranges than any before).
-    cudaEvent_t e;
-    const cudaError_t err = cudaEventCreate(&e);
-    if (err != cudaSuccess) {
-      Fail(CudaErrorToStatus(err, "cudaEventCreate(&e)", __FILE__, __LINE__));
+    absl::StatusOr<kernels::Event> e =
+        kernels::Event::Create(stream.device, kernels::Event::Timing::kOn);
+    if (!e.ok()) {
+      Fail(e.status());
       return -1;
     }
-    pool_.push_back(e);
+    pool_.push_back(*std::move(e));
   }
-  const cudaError_t err =
-      cudaEventRecord(Ev(pool_[used_]), static_cast<cudaStream_t>(stream.cuda_stream));
-  if (err != cudaSuccess) {
-    Fail(CudaErrorToStatus(err, "cudaEventRecord(event, stream)", __FILE__, __LINE__));
+  if (absl::Status st = pool_[used_].Record(stream); !st.ok()) {
+    Fail(std::move(st));
     return -1;
   }
   return static_cast<int>(used_++);
@@ -178,8 +173,7 @@ absl::Status PhaseTimer::ResolveInto(StepTiming* out) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   auto event_ms = [this](int a, int b) -> absl::StatusOr<double> {
-    float ms = 0;
-    SY_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, Ev(pool_[a]), Ev(pool_[b])));
+    SY_ASSIGN_OR_RETURN(const float ms, pool_[b].ElapsedMsSince(pool_[a]));
     return static_cast<double>(ms);
   };
   if (device_) {
@@ -187,7 +181,7 @@ absl::Status PhaseTimer::ResolveInto(StepTiming* out) {
       return absl::FailedPreconditionError("PhaseTimer::Resolve: no step recorded");
     }
     // Already complete after the caller's synchronisation; this only guards against misuse.
-    SY_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Ev(pool_[step_end_])));
+    SY_RETURN_IF_ERROR(pool_[step_end_].Synchronize());
     SY_ASSIGN_OR_RETURN(t.step_ms, event_ms(step_start_, step_end_));
   } else {
     t.step_ms = host_ms(host_start_, host_end_);

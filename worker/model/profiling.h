@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
+#include "kernels/runtime/stream.h"
 
 namespace switchyard::model {
 
@@ -135,8 +136,8 @@ class PhaseTimer {
   int max_depth_ = -1;
   int skipped_ = 0;  // open ranges below max_depth_ (always the innermost ones)
   absl::Status status_;
-  std::vector<void*> pool_;  // cudaEvent_t, created once, reused every step
-  size_t used_ = 0;          // events used this step
+  std::vector<kernels::Event> pool_;  // timing events, created once, reused every step
+  size_t used_ = 0;                   // events used this step
   int step_start_ = -1, step_end_ = -1;
   std::chrono::steady_clock::time_point host_start_, host_end_;
   std::vector<Record> records_;

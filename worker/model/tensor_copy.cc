@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::model {
 
@@ -25,8 +25,8 @@ absl::Status CopyAsync(const Stream& s, const Tensor& src, const Tensor& dst) {
     std::memcpy(dst.data, src.data, src.bytes());
     return absl::OkStatus();
   }
-  SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault,
-                                          static_cast<cudaStream_t>(s.cuda_stream)));
+  SY_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, s.cuda_stream));
   return absl::OkStatus();
 }
 

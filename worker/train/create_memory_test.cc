@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/config.h"
 #include "gtest/gtest.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/process_groups.h"
 #include "worker/train/testing/gloo_groups.h"

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
 #include "cuda_runtime.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/optim/grad_norm.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::train {
 namespace {
@@ -99,7 +99,7 @@ absl::StatusOr<float> ReadScalar(const Stream& stream, const Tensor& t, comm::Co
   float v = 0;
   if (stream.is_cuda()) {
     SY_RETURN_IF_ERROR(group->Synchronize());
-    cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+    cudaStream_t cs = stream.cuda_stream;
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&v, t.data, sizeof(float), cudaMemcpyDeviceToHost, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
   } else {
@@ -113,7 +113,7 @@ absl::Status WriteScalar(const Stream& stream, float v, const Tensor& t,
                          comm::Communicator* group) {
   if (stream.is_cuda()) {
     SY_RETURN_IF_ERROR(group->Synchronize());
-    cudaStream_t cs = static_cast<cudaStream_t>(stream.cuda_stream);
+    cudaStream_t cs = stream.cuda_stream;
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data, &v, sizeof(float), cudaMemcpyHostToDevice, cs));
     // &v is pageable stack memory: wait before it goes out of scope.
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));

@@ -100,8 +100,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
-#include "kernels/buffer.h"
 #include "kernels/optim/adamw.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/comm/communicator.h"
 
 namespace switchyard::train {

@@ -42,7 +42,7 @@
 #include "data/gpt_samples.h"
 #include "data/indexed_dataset.h"
 #include "gtest/gtest.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/comm/testing/forked_ranks.h"
 #include "worker/train/data_split.h"

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
 #include "worker/model/profiling.h"
 
 namespace switchyard::train {
@@ -16,19 +16,18 @@ namespace {
 constexpr int kEvents = 64;  // more than the buckets of one step
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(Device device, void* grad_stream) {
-  if (device.is_cuda() && grad_stream == nullptr) {
+absl::StatusOr<std::unique_ptr<GradReducer>> GradReducer::Create(Device device,
+                                                                 const Stream& grad_stream) {
+  if (device.is_cuda() && (!grad_stream.is_cuda() || grad_stream.cuda_stream == nullptr)) {
     return absl::InvalidArgumentError("GradReducer: a CUDA device needs the reducer's stream");
   }
   std::unique_ptr<GradReducer> r(new GradReducer());
   r->device_ = device;
-  r->grad_stream_ = grad_stream;
+  r->grad_stream_ = device.is_cuda() ? grad_stream : Stream{device, nullptr};
   if (device.is_cuda()) {
-    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
     for (int i = 0; i < kEvents; ++i) {
-      cudaEvent_t e;
-      SY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      r->events_.push_back(e);
+      SY_ASSIGN_OR_RETURN(kernels::Event e, kernels::Event::Create(device));
+      r->events_.push_back(std::move(e));
     }
   }
   r->thread_ = std::thread([p = r.get()] { p->Loop(); });
@@ -42,7 +41,6 @@ GradReducer::~GradReducer() {
     queue_.clear();
   }
   if (thread_.joinable()) thread_.join();
-  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
 
 absl::Status GradReducer::Launch(const Stream& compute, const Job& job) {
@@ -50,9 +48,8 @@ absl::Status GradReducer::Launch(const Stream& compute, const Job& job) {
   if (device_.is_cuda()) {
     // The reducer's stream waits for the kernels enqueued so far on the compute stream. Events
     // are reused round robin: Wait() runs every step, long before kEvents launches are pending.
-    auto e = static_cast<cudaEvent_t>(events_[next_event_++ % events_.size()]);
-    SY_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, static_cast<cudaStream_t>(compute.cuda_stream)));
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(grad_stream_), e, 0));
+    kernels::Event& e = events_[next_event_++ % events_.size()];
+    SY_RETURN_IF_ERROR(kernels::StreamWaitStream(grad_stream_, compute, e));
   }
   absl::MutexLock lock(&mu_);
   queue_.push_back(job);
@@ -85,7 +82,7 @@ absl::Status GradReducer::Wait() {
 
 void GradReducer::Loop() {
   if (device_.is_cuda()) cudaSetDevice(device_.index);
-  const Stream stream{device_, grad_stream_};
+  const Stream stream = grad_stream_;
   while (true) {
     Job job;
     {

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/tensor.h"
+#include "kernels/runtime/stream.h"
 #include "worker/comm/communicator.h"
 #include "worker/train/distributed_optimizer.h"
 
@@ -51,9 +52,10 @@ class GradReducer {
     comm::Communicator* group = nullptr;
   };
 
-  // device: where the gradients live; grad_stream: the stream the jobs' groups run on (CUDA;
-  // nullptr on the CPU).
-  static absl::StatusOr<std::unique_ptr<GradReducer>> Create(Device device, void* grad_stream);
+  // device: where the gradients live; grad_stream: the stream the jobs' groups run on (on CUDA a
+  // real stream, borrowed: it outlives the reducer; ignored on the CPU).
+  static absl::StatusOr<std::unique_ptr<GradReducer>> Create(Device device,
+                                                             const Stream& grad_stream);
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
   ~GradReducer();  // waits for the running job, drops the others, joins the thread
@@ -67,8 +69,8 @@ class GradReducer {
   void Loop();
 
   Device device_;
-  void* grad_stream_ = nullptr;  // cudaStream_t
-  std::vector<void*> events_;    // cudaEvent_t, reused round robin
+  Stream grad_stream_;
+  std::vector<kernels::Event> events_;  // CUDA: reused round robin
   size_t next_event_ = 0;
   int64_t launched_ = 0;
   absl::Mutex mu_;

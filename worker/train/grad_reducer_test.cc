@@ -92,7 +92,7 @@ struct Fixture {
                                       std::nullopt, {4, kN});
     EXPECT_TRUE(o.ok()) << o.status();
     opt = std::move(*o);
-    auto r = GradReducer::Create(Device::Cpu(), nullptr);
+    auto r = GradReducer::Create(Device::Cpu(), Stream::Cpu());
     EXPECT_TRUE(r.ok()) << r.status();
     reducer = std::move(*r);
   }

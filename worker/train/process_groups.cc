@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/cuda_status.h"
 #include "common/status.h"
+#include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::train {
 namespace {
@@ -75,7 +75,6 @@ absl::Status FillRoles(ProcessGroups& g, Make&& make) {
 
 ProcessGroups::~ProcessGroups() {
   owned.clear();  // the communicators first: they run on grad_stream
-  if (grad_stream != nullptr) cudaStreamDestroy(grad_stream);
 }
 
 void ProcessGroups::AbortAll() {
@@ -144,11 +143,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
                                }));
   // Dedicated gradient-reduction groups on a stream of their own: a second world communicator
   // (its own unique id) and its splits, in the same order on every rank.
-  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&g->grad_stream, cudaStreamNonBlocking));
-  SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> gw,
-                      comm::NcclCommunicator::Create(store, rank, g->layout.world_size(), device,
-                                                     g->grad_stream, options, "grad_world"));
+  SY_ASSIGN_OR_RETURN(g->grad_stream, kernels::OwnedStream::Create(Device::Cuda(device)));
+  SY_ASSIGN_OR_RETURN(
+      std::unique_ptr<comm::NcclCommunicator> gw,
+      comm::NcclCommunicator::Create(store, rank, g->layout.world_size(), device,
+                                     g->grad_stream.view().cuda_stream, options, "grad_world"));
   comm::NcclCommunicator* gwp = gw.get();
   g->owned.push_back(std::move(gw));
   for (auto [group, name, slot] :

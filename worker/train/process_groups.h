@@ -44,6 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/parallel_state.h"
+#include "kernels/runtime/stream.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/kv_store.h"
@@ -68,7 +69,7 @@ struct ProcessGroups {
   comm::Communicator* pp = nullptr;
   comm::Communicator* grad_data = nullptr;
   comm::Communicator* grad_expert_data = nullptr;
-  cudaStream_t grad_stream = nullptr;  // NCCL only; destroyed with the groups
+  kernels::OwnedStream grad_stream;  // NCCL only (inert on Gloo); destroyed after the groups
   ~ProcessGroups();
   // Aborts every communicator (unblocks a rank stuck in a collective). Any thread.
   void AbortAll();

@@ -25,7 +25,6 @@
 #include "common/config/config.h"
 #include "common/config/config_defaults.h"
 #include "common/config/validate.h"
-#include "common/cuda_status.h"
 #include "common/logging.h"
 #include "common/model/engine_support.h"
 #include "common/model/pipeline_layout.h"
@@ -38,6 +37,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/grad_norm.h"
+#include "kernels/runtime/cuda_status.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/hf_convert.h"
 #include "worker/checkpoint/sharded_checkpoint.h"
@@ -105,10 +105,7 @@ Trainer::~Trainer() {
                     << async_save_->save.step << " unfinished (call WaitForSave); it is dropped";
     async_save_.reset();
   }
-  if (cuda_stream_ != nullptr) {
-    model_.reset();
-    cudaStreamDestroy(static_cast<cudaStream_t>(cuda_stream_));
-  }
+  // model_ is destroyed before own_stream_ (declared after it), the stream its work ran on.
 }
 
 namespace {
@@ -308,10 +305,8 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
           "NCCL communicators run on)");
     }
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
-    cudaStream_t s;
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cuda_stream_ = s;
-    stream_.cuda_stream = s;
+    SY_ASSIGN_OR_RETURN(own_stream_, kernels::OwnedStream::Create(device));
+    stream_ = own_stream_.view();
   }
 
   // Model.
@@ -569,7 +564,7 @@ absl::Status Trainer::LoadMicroBatch(int64_t first_sample, int64_t count, const 
   }
   if (stream_.is_cuda()) {
     // The previous micro-batch's kernels may still read ids_/targets_: copies on the stream.
-    cudaStream_t s = static_cast<cudaStream_t>(stream_.cuda_stream);
+    cudaStream_t s = stream_.cuda_stream;
     SY_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(ids_.data(), ids, count * local_seq_ * 4, cudaMemcpyHostToDevice, s));
     SY_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(targets_.data(), targets, count * local_seq_ * 4,
@@ -960,7 +955,7 @@ absl::Status Trainer::SingleProcessUpdate(StepResult* result) {
                                               norm_.View(), coef_.View()));
   float norm = 0;
   if (s.is_cuda()) {
-    cudaStream_t cs = static_cast<cudaStream_t>(s.cuda_stream);
+    cudaStream_t cs = s.cuda_stream;
     SY_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(&norm, norm_.data(), sizeof(float), cudaMemcpyDeviceToHost, cs));
     SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cs));
@@ -1085,7 +1080,7 @@ absl::Status Trainer::InitDistributedOptimizer(const Tensor& master_init) {
       bucket_plan_.push_back({expert_opt_.get(), b, expert_ready[b],
                               Region(grads, 0, lay.expert_end), groups_->grad_expert_data});
     }
-    SY_ASSIGN_OR_RETURN(reducer_, GradReducer::Create(device, groups_->grad_stream));
+    SY_ASSIGN_OR_RETURN(reducer_, GradReducer::Create(device, groups_->grad_stream.view()));
   }
   return absl::OkStatus();
 }
@@ -1145,7 +1140,7 @@ absl::StatusOr<double> Trainer::SharedEmbeddingSquaredNorm() {
   if (any) {
     float host = 0;
     if (stream_.is_cuda()) {
-      cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
+      cudaStream_t cs = stream_.cuda_stream;
       // The copy to pageable memory blocks the host until the stream reaches it: wait for the
       // stream's collectives first, bounded.
       SY_RETURN_IF_ERROR(SynchronizeGroups());
@@ -1223,7 +1218,7 @@ absl::Status Trainer::AllReduceDoubles(comm::Communicator* group, std::vector<do
   // Synchronize first (callers come after a host read, so usually nothing is pending), and the
   // all-reduce's own before the device-to-host copy.
   SY_RETURN_IF_ERROR(SynchronizeGroups());
-  cudaStream_t cs = static_cast<cudaStream_t>(stream_.cuda_stream);
+  cudaStream_t cs = stream_.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dev.data, host.data, host.bytes(), cudaMemcpyHostToDevice, cs));
   SY_RETURN_IF_ERROR(group->AllReduce(dev, dev, comm::ReduceOp::kSum));
@@ -1463,7 +1458,7 @@ absl::StatusOr<std::string> Trainer::Save(const std::string& root) {
   if (stream_.is_cuda()) {
     // After the groups' bounded Synchronize (their collectives return before completing).
     SY_RETURN_IF_ERROR(SynchronizeGroups());
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.cuda_stream));
   }
   auto save = std::make_unique<AsyncSave>();
   ShardedCheckpointWriter& w = save->writer;
@@ -1719,7 +1714,7 @@ absl::Status Trainer::Load(const std::string& root, int64_t step) {
   if (stream_.is_cuda()) {
     // After the groups' bounded Synchronize (their collectives return before completing).
     SY_RETURN_IF_ERROR(SynchronizeGroups());
-    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_.cuda_stream)));
+    SY_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.cuda_stream));
   }
   step_ = ck_step;
   consumed_samples_ = consumed;

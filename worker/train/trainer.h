@@ -129,7 +129,8 @@
 #include "common/tensor.h"
 #include "data/gpt_samples.h"
 #include "kernels/attention/attention.h"
-#include "kernels/buffer.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/stream.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/model/gpt_model.h"
@@ -153,9 +154,9 @@ struct TrainerOptions {
   // Distributed run: this process is rank `groups->rank` of the job (see "Distributed" above).
   // Borrowed; outlives the trainer. nullptr: one process.
   ProcessGroups* groups = nullptr;
-  // CUDA only: the compute stream (borrowed). Required with NCCL groups (it must be the stream
-  // their communicators run on); nullptr otherwise makes the trainer create its own.
-  void* cuda_stream = nullptr;
+  // CUDA only: the compute stream (a cudaStream_t, borrowed). Required with NCCL groups (it must
+  // be the stream their communicators run on); nullptr otherwise makes the trainer create its own.
+  CUstream_st* cuda_stream = nullptr;
   // Distributed: reduce-scatter gradient buckets on a background thread during the last
   // micro-batch's backward pass (ProcessGroups::grad_* groups), as Megatron's
   // --overlap-grad-reduce. Buckets are cut at layer boundaries once they hold at least
@@ -371,7 +372,7 @@ class Trainer {
                    std::vector<int64_t>* ready) const;
   kernels::Buffer scalar_ws_;  // device f64 staging for AllReduceDoubles
   Stream stream_;
-  void* cuda_stream_ = nullptr;
+  kernels::OwnedStream own_stream_;  // the compute stream when the options gave none (CUDA)
   std::unique_ptr<model::GptModel> model_;
   model::PhaseTimer timer_;  // the step's sections; events pooled across steps
   model::StepTiming last_timing_;
