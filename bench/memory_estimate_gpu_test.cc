@@ -4,8 +4,8 @@
 // 2, global batch 16: ~9 GiB) and the benchmark's "small" model at seq 4096 (~4 GiB) train 2
 // optimizer steps. Measured as the benchmark measures: cudaMemGetInfo used after the steps
 // minus used before Trainer::Create (the CUDA context exists before), and the CUDA Buffer
-// counter (kernels/buffer.h) for the engine's own buffers. |estimate / measured - 1| <= 0.15
-// for the device total, and for the buffers alone. Prints both. Skips without a GPU.
+// counter (kernels/runtime/buffer.h) for the engine's own buffers. |estimate / measured - 1| <=
+// 0.15 for the device total, and for the buffers alone. Prints both. Skips without a GPU.
 //
 // Issue 13's folds (TP 2, CP 2, TP 2 x CP 2, ETP 2 x EP 2) of the small model at seq 4096: one
 // forked rank per GPU over NCCL; each rank's CUDA Buffer counter after 2 steps must be within

@@ -4,8 +4,8 @@
 // pad-to-capacity; MoE top-4 with dense layers, input jitter and seq_aux_loss; the MoE model over
 // forked Gloo ranks with EP = 2 and, issue 13's folds, TP = 2, CP = 2, TP = 2 x CP = 2 and
 // ETP = 2 x EP = 2) run 2 optimizer steps, and the process-wide Buffer counters
-// (kernels/buffer.h) give the bytes held after the steps (the steady state) and the peak. The
-// estimate of the CPU engine (f32 parameters and activations, fp64 statistics, no runtime term)
+// (kernels/runtime/buffer.h) give the bytes held after the steps (the steady state) and the peak.
+// The estimate of the CPU engine (f32 parameters and activations, fp64 statistics, no runtime term)
 // must be within 15 % of the steady state (5 % for the TP/CP/ETP folds, on every rank); the peak
 // within the same tolerance of buffers + create_transient (Create holds no full-size copy).
 // Prints both, per component.

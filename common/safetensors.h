@@ -47,13 +47,13 @@ namespace switchyard {
 // Lifetime: copies of a SafetensorsFile share the mapping; it is unmapped when the last copy is
 // destroyed. A Tensor from `Get` is valid while any copy lives.
 // The views are READ-ONLY although `Tensor::data` is not const: writing through one faults.
-// Copy into a Buffer (kernels/buffer.h CopyTensor) to modify. As with any mapping, a file that
-// another process truncates while mapped makes reads of the lost pages fault (SIGBUS); files are
-// replaced by rename (as SafetensorsWriter does), never rewritten in place.
-// Alignment: every view is aligned to its dtype size. Files from the reference writer (and from
-// SafetensorsWriter) are laid out so; the tensors of a file that is not are copied once, at
-// Open, into aligned memory owned with the mapping.
-// Thread-safety: all methods are const and may be called from any thread concurrently.
+// Copy into a Buffer (kernels/runtime/buffer.h CopyTensor) to modify. As with any mapping, a file
+// that another process truncates while mapped makes reads of the lost pages fault (SIGBUS); files
+// are replaced by rename (as SafetensorsWriter does), never rewritten in place. Alignment: every
+// view is aligned to its dtype size. Files from the reference writer (and from SafetensorsWriter)
+// are laid out so; the tensors of a file that is not are copied once, at Open, into aligned memory
+// owned with the mapping. Thread-safety: all methods are const and may be called from any thread
+// concurrently.
 class SafetensorsFile {
  public:
   // Maps and validates `path`. kNotFound if it does not exist, kInvalidArgument if it is not a

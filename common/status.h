@@ -10,8 +10,8 @@
 //   SY_NCCL_RETURN_IF_ERROR(ncclAllReduce(...));
 //
 // Our Abseil (20220623) has no status macros, so the project keeps this one pair. CUDA, cuBLAS and
-// NCCL converters live in common/cuda_status.h and the gRPC ones in common/grpc_status.h, so that
-// a target pays only for the libraries it uses.
+// NCCL converters live in kernels/runtime/cuda_status.h and the gRPC ones in common/grpc_status.h,
+// so that a target pays only for the libraries it uses.
 #ifndef SWITCHYARD_COMMON_STATUS_H_
 #define SWITCHYARD_COMMON_STATUS_H_
 

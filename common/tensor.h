@@ -4,7 +4,7 @@
 // `Stream`: where an op runs (the CPU, or a CUDA stream). Ops are free functions
 // `absl::Status Op(const Stream&, inputs..., outputs...)`; the device of the tensors selects the
 // CPU reference or the CUDA implementation. This header needs no CUDA: a CUDA stream is carried
-// as an opaque pointer. Owning buffers live in kernels/buffer.h.
+// as an opaque pointer. Owning buffers live in kernels/runtime/buffer.h.
 #ifndef SWITCHYARD_COMMON_TENSOR_H_
 #define SWITCHYARD_COMMON_TENSOR_H_
 

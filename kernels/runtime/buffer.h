@@ -1,9 +1,9 @@
-// File: kernels/buffer.h
+// File: kernels/runtime/buffer.h
 //
 // `Buffer`: owning, contiguous memory on the CPU or one CUDA device, from which `Tensor` views
 // are taken. Allocation is a plan-time act (STYLE.md rule 5): ops never allocate.
-#ifndef SWITCHYARD_KERNELS_BUFFER_H_
-#define SWITCHYARD_KERNELS_BUFFER_H_
+#ifndef SWITCHYARD_KERNELS_RUNTIME_BUFFER_H_
+#define SWITCHYARD_KERNELS_RUNTIME_BUFFER_H_
 
 #include <memory>
 #include <vector>
@@ -66,4 +66,4 @@ void ResetBufferPeak(DeviceType type);
 
 }  // namespace switchyard::kernels
 
-#endif  // SWITCHYARD_KERNELS_BUFFER_H_
+#endif  // SWITCHYARD_KERNELS_RUNTIME_BUFFER_H_

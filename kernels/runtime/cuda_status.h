@@ -1,11 +1,11 @@
-// File: common/cuda_status.h
+// File: kernels/runtime/cuda_status.h
 //
 // Converters from CUDA runtime, cuBLAS and NCCL error codes to absl::Status, applied at the edge
 // by macros that keep the failing expression's text. Codes: resource exhaustion (out of memory)
 // becomes RESOURCE_EXHAUSTED, invalid arguments INVALID_ARGUMENT, NCCL remote/system errors
 // UNAVAILABLE (retryable: a lost peer), everything else INTERNAL.
-#ifndef SWITCHYARD_COMMON_CUDA_STATUS_H_
-#define SWITCHYARD_COMMON_CUDA_STATUS_H_
+#ifndef SWITCHYARD_KERNELS_RUNTIME_CUDA_STATUS_H_
+#define SWITCHYARD_KERNELS_RUNTIME_CUDA_STATUS_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -45,4 +45,4 @@ absl::Status NcclErrorToStatus(ncclResult_t err, const char* expr, const char* f
       return ::switchyard::NcclErrorToStatus(sy_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#endif  // SWITCHYARD_COMMON_CUDA_STATUS_H_
+#endif  // SWITCHYARD_KERNELS_RUNTIME_CUDA_STATUS_H_

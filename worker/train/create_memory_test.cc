@@ -5,7 +5,8 @@
 // is what it keeps. Two forked ranks (Gloo on loopback, EP = 2: the dense parameters sharded over
 // DP = 2, each rank's experts its own) create the trainer of a ~10 M-parameter MoE model on the
 // CPU. Each rank measures, around Create:
-//   - the Buffer counters (kernels/buffer.h): peak bytes held during Create vs bytes held after it;
+//   - the Buffer counters (kernels/runtime/buffer.h): peak bytes held during Create vs bytes held
+//   after it;
 //   - the process's peak resident set (getrusage ru_maxrss) before and after, for the report.
 // The peak during Create must exceed what is held after it by at most 1 MiB + 1 % (before this
 // change the full fp32 master and both Adam moments, 12 bytes per local parameter, were held
