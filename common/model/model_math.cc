@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -141,23 +142,42 @@ int64_t ActiveParams(const ModelShape& m) {
   return TotalParams(m) - m.num_moe_layers() * (routed_all - routed_active);
 }
 
-double TrainingFlopsPerToken(const ModelShape& m) {
+namespace {
+
+// Forward FLOPs per token of decoder layer `l` and of the LM head: the terms of
+// TrainingFlopsPerToken (model_math.h). Every term is an integer below 2^53, so sums are exact in
+// any order (a stage's sum and the whole model's agree to the last bit).
+double LayerForwardFlops(const ModelShape& m, int64_t l) {
   const double h = m.hidden_size, d = m.head_dim, hq = m.num_heads, hkv = m.num_kv_heads;
   const double attn = 2 * h * (hq * d + 2 * hkv * d) + 2 * hq * d * h;  // q, k, v, o
   const double attn_core = 2.0 * 2.0 * hq * d * (m.seq_length / 2.0);   // q·kᵀ and p·v, causal
-  double total = 0;
-  for (int64_t l = 0; l < m.num_layers; ++l) {
-    total += attn + attn_core;
-    if (m.is_moe(l)) {
-      total += 2 * h * m.num_experts;                                     // router
-      total += 2.0 * m.moe_topk * 3 * h * m.moe_ffn_hidden_size;          // routed experts
-      total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
-      if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
-    } else {
-      total += 2.0 * 3 * h * m.ffn_hidden_size;
-    }
+  double total = attn + attn_core;
+  if (m.is_moe(l)) {
+    total += 2 * h * m.num_experts;                                     // router
+    total += 2.0 * m.moe_topk * 3 * h * m.moe_ffn_hidden_size;          // routed experts
+    total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
+    if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
+  } else {
+    total += 2.0 * 3 * h * m.ffn_hidden_size;
   }
-  total += 2 * h * m.vocab_size;  // LM head
+  return total;
+}
+
+double LmHeadForwardFlops(const ModelShape& m) { return 2.0 * m.hidden_size * m.vocab_size; }
+
+}  // namespace
+
+double TrainingFlopsPerToken(const ModelShape& m) {
+  double total = 0;
+  for (int64_t l = 0; l < m.num_layers; ++l) total += LayerForwardFlops(m, l);
+  total += LmHeadForwardFlops(m);
+  return 3 * total;
+}
+
+double StageTrainingFlopsPerToken(const ModelShape& m, int64_t pp, int64_t stage) {
+  double total = 0;
+  for (int64_t l : StageLayerIndices(m, pp, stage)) total += LayerForwardFlops(m, l);
+  if (stage == pp - 1) total += LmHeadForwardFlops(m);  // the embedding (a lookup) counts 0
   return 3 * total;
 }
 
@@ -198,13 +218,33 @@ std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int
   return {stage * per_stage, (stage + 1) * per_stage};
 }
 
+std::vector<int64_t> StageLayerIndices(const ModelShape& m, int64_t pp, int64_t stage) {
+  PipelineSplit split;
+  split.num_layers = m.num_layers;
+  split.pp = pp;
+  split.vpp = pp > 1 ? std::max<int64_t>(1, m.pipeline_virtual_stages) : 1;
+  split.first_stage_layers = m.pipeline_first_layers;
+  split.last_stage_layers = m.pipeline_last_layers;
+  std::vector<int64_t> layers;
+  if (ValidatePipelineSplit(split).ok()) {
+    for (int64_t chunk = 0; chunk < split.vpp; ++chunk) {
+      absl::StatusOr<LayerRange> r = StageLayers(split, stage, chunk);
+      if (!r.ok()) break;
+      for (int64_t l = r->begin; l < r->begin + r->count; ++l) layers.push_back(l);
+    }
+    if (!layers.empty()) return layers;
+  }
+  const auto [begin, end] = StageLayerRange(m, pp, stage);
+  for (int64_t l = begin; l < end; ++l) layers.push_back(l);
+  return layers;
+}
+
 StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
                                        int64_t stage) {
   const Dims z = DimsOf(mapping);
   const int64_t h = m.hidden_size, d = m.head_dim, tp = z.tp;
-  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
   StageParamElements s;
-  for (int64_t l = layer_begin; l < layer_end; ++l) {
+  for (int64_t l : StageLayerIndices(m, z.pp, stage)) {
     s.dense += 2 * Align64(h);                            // input and post-attention norms
     if (m.qk_layernorm) s.dense += 2 * Align64(d);        // q_norm, k_norm
     s.dense += 2 * Align64(m.num_heads * d / tp * h);     // q, o
@@ -261,7 +301,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double ssh = m.shared_ffn_size, tp = z.tp;
   const double t = static_cast<double>(z.mbs * m.seq_length / z.cp);  // tokens per micro-batch
   const double tr = t / tp;  // tokens per rank of the TP group (sequence parallelism)
-  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
+  const std::vector<int64_t> stage_layers = StageLayerIndices(m, z.pp, stage);
   const bool last = stage == z.pp - 1;
 
   EngineMemory out;
@@ -284,7 +324,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
 
   // Layers: attention, norms, dense MLP (per token, then times t / TP).
   int64_t layers = 0, moe_layers = 0, dense_layers = 0;
-  for (int64_t l = layer_begin; l < layer_end; ++l) {
+  for (int64_t l : stage_layers) {
     ++layers;
     (m.is_moe(l) ? moe_layers : dense_layers) += 1;
   }

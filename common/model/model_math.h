@@ -62,6 +62,10 @@ struct ModelShape {
   // ModelConfig: the planner sets them from the spec's parallel config after FromProto.
   int64_t pipeline_first_layers = -1;
   int64_t pipeline_last_layers = -1;
+  // Interleaved 1F1B (parallel.virtual_pipeline_model_parallel_size; 1: plain 1F1B): the model
+  // chunks per stage (StageLayerIndices deals the layers chunk-major, as the trainer does). Set by
+  // the planner from the spec like the two counts above; meaningful only when PP > 1.
+  int64_t pipeline_virtual_stages = 1;
 
   // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
@@ -97,6 +101,10 @@ int64_t ActiveParams(const ModelShape& m);
 // products q·kᵀ and p·v (2·2·Hq·D·S/2 per token). Embedding lookups, norms and elementwise ops
 // are not counted.
 double TrainingFlopsPerToken(const ModelShape& m);
+// The same formula restricted to pipeline stage `stage` of `pp`: the decoder layers of
+// StageLayerIndices, plus the LM head on the last stage (the embedding, a lookup, counts 0 on the
+// first). Over the stages of any layout it sums to TrainingFlopsPerToken; with pp = 1 it is it.
+double StageTrainingFlopsPerToken(const ModelShape& m, int64_t pp, int64_t stage);
 
 // ---------------------------------------------------------------------------------------------
 // Memory of the engine.
@@ -107,7 +115,7 @@ double TrainingFlopsPerToken(const ModelShape& m);
 // split by TP like the dense MLP, embedding and output layer V/TP vocabulary rows per TP rank
 // (vocabulary-parallel, as MakeGptParamLayout); norms, router and the shared-expert gate WHOLE on
 // every TP rank. Stage s holds the layers common/model/pipeline_layout.h StageLayers gives it
-// ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerRange below); PP = 1: embedding +
+// ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerIndices below); PP = 1: embedding +
 // final norm (+ output when untied); PP > 1: embedding on the first stage, final norm + output (or
 // the tied copy) on the last. `*_padded`: the regions as the layout pads them for the distributed
 // optimizer (dense to 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive
@@ -124,6 +132,12 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
 // uneven first/last counts). A split the layout rules refuse (which validation reports first)
 // falls back to the even one, floor(L / PP) per stage.
 std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int64_t stage);
+// The global indices, ascending, of every decoder layer stage `stage` of `pp` holds over all its
+// model chunks (m.pipeline_virtual_stages of them, StageLayers chunk by chunk: with VPP 2, L 8,
+// PP 2 stage 0 holds 0, 1, 4, 5). What the estimates size a stage by (memory and step time): the
+// same layer count as StageLayerRange, but the layers themselves (MoE or dense) differ under
+// interleaving. A split the rules refuse falls back as StageLayerRange does, without chunks.
+std::vector<int64_t> StageLayerIndices(const ModelShape& m, int64_t pp, int64_t stage);
 
 // The engine's precision and the memory it uses outside its own buffers.
 struct EngineMemoryOptions {

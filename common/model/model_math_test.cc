@@ -106,6 +106,49 @@ TEST(ModelMathTest, StageLayersFollowThePipelineLayout) {
             << ", first 1: " << first.dense << " | " << last.dense << "\n";
 }
 
+// Interleaved stages (VPP 2, L 8, PP 2) hold their chunks' layers, chunk-major: stage 0 the
+// layers 0, 1, 4, 5, stage 1 2, 3, 6, 7 (megatron_parallel.md §3.4), and with a MoE layer every
+// other layer each stage holds two of them either way. The stage FLOPs (its layers, the LM head
+// on the last) sum to the model's.
+TEST(ModelMathTest, StageLayerIndicesAndFlopsFollowVirtualStages) {
+  v1::ModelConfig m;
+  m.set_num_layers(8);
+  m.set_hidden_size(16);
+  m.set_num_attention_heads(4);
+  m.set_ffn_hidden_size(32);
+  m.set_vocab_size(100);
+  m.set_seq_length(8);
+  m.set_num_experts(4);
+  m.set_moe_ffn_hidden_size(8);
+  m.set_moe_router_topk(2);
+  for (int moe : {1, 1, 0, 0, 1, 1, 0, 0}) m.add_moe_layer_pattern(moe);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(StageLayerIndices(*s, 2, 0), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(StageLayerIndices(*s, 2, 1), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(StageLayerIndices(*s, 1, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  ModelShape vpp = *s;
+  vpp.pipeline_virtual_stages = 2;
+  EXPECT_EQ(StageLayerIndices(vpp, 2, 0), (std::vector<int64_t>{0, 1, 4, 5}));
+  EXPECT_EQ(StageLayerIndices(vpp, 2, 1), (std::vector<int64_t>{2, 3, 6, 7}));
+  // Forward FLOPs/token: attention 2*16*48 + 2*16*16 = 2048 + core 2*2*4*4*4 = 256 -> 2304 per
+  // layer; MoE router 2*16*4 = 128 + experts 2*2*3*16*8 = 1536; dense 2*3*16*32 = 3072; head
+  // 2*16*100 = 3200. MoE layer 3968, dense 5376.
+  // Even: stage 0 = layers 0-3 = 2 MoE + 2 dense = 18,688, stage 1 the same + head = 21,888.
+  // VPP 2: stage 0 = 0, 1, 4, 5 = 4 MoE = 15,872; stage 1 = 4 dense + head = 24,704.
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(*s, 2, 0), 3.0 * 18688);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(*s, 2, 1), 3.0 * 21888);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(vpp, 2, 0), 3.0 * 15872);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(vpp, 2, 1), 3.0 * 24704);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(*s, 1, 0), TrainingFlopsPerToken(*s));
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(*s), 3.0 * 40576);
+  // The memory estimate sizes stage 0 by its own layers too: under VPP it holds four MoE layers'
+  // experts instead of two, 2 * (fc1 4*16*2*8 + fc2 4*8*16) = 3072 more expert elements.
+  v1::Mapping pp2;
+  pp2.set_pipeline_model_parallel_size(2);
+  EXPECT_EQ(StageLayoutElements(vpp, pp2, 0).expert - StageLayoutElements(*s, pp2, 0).expert, 3072);
+}
+
 // One rank's flat layout at TP1 and TP2 (StageLayoutElements, the engine's GptParamLayout):
 // attention, dense MLP, the shared expert (fc1 columns, fc2 rows) and the vocabulary-parallel
 // embedding / output are divided by TP; norms, router and the shared-expert gate are whole.

@@ -230,17 +230,22 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 255404104, 8908441708.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
-  // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
+  // Per stage (its own layers; the LM head on the last): FLOPs/token stage 0 = 3 * 23,085,056
+  // (layer 0, case A) = 69,255,168; stage 1 = 3 * (23,085,056 + head 67,108,864) = 270,581,760.
+  // Stage 1 is the slowest (the same TP, EP and PP traffic, one MoE layer each):
+  // compute = 270,581,760 * GBS 16 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.0221660577792.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
   // DP (P_d of stage 0, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,884,608 / 1e11
   //   = 0.00075538432; EDP 1: none.
-  // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
-  //       = 0.01643630297088 / 8 = 0.00205453787136.
-  // total = 0.01643630297088 + 0.00075538432 + 0.00205453787136 = 0.01924622516224.
-  ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075538432, 0.00205453787136, 0.01924622516224});
+  // bubble: (0.0221660577792 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/(1*8)
+  //       = 0.0246826401792 / 8 = 0.0030853300224.
+  // total = 0.0246826401792 + 0.00075538432 + 0.0030853300224 = 0.0285233545216.
+  // (Before the per-stage model: compute = all FLOPs / W = 0.01391972057088, total
+  // 0.01924622516224, as if stage 0 carried half the LM head.)
+  ExpectTime(plan->best().time(), {0.0221660577792, 0.00033554432, 0.00050331648, 0.0016777216,
+                                   0.00075538432, 0.0030853300224, 0.0285233545216});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -383,18 +388,135 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
   // 25,186,304; head 67,108,864. Sum 159,404,032, x3 = 478,212,096.
-  // compute = 478,212,096 * 4 * 1024 / (8 * 1e14 * 0.5) = 0.00489689186304.
+  // Per stage: a MoE layer 8,388,608 + 2,097,152 + 8192 + 6,291,456 + 6,291,456 + 2048 =
+  // 23,078,912 and a dense one 8,388,608 + 2,097,152 + 12,582,912 = 23,068,672, so stage 0
+  // (layers 0, 1) 46,147,584 and stage 1 (layers 2, 3 + head) 113,256,448, x3 = 339,769,344.
+  // Both stages have the same traffic (L_s = 2, Lm_s = 1): stage 1 is the slowest.
+  // compute = 339,769,344 * 4 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.00695847616512.
   // All groups in one node (1e11). L_s = 2, Lm_s = 1, t = 1024.
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
   // DP (stage 0, reported by the memory estimate): 2 * 1/2 * 4 * 25,699,328 / 1e11 =
   //   0.00102797312; EDP 1: none.
-  // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
-  //       = 0.00544215138304 / 2 = 0.00272107569152.
-  // total = 0.00544215138304 + 0.00102797312 + 0.00272107569152 = 0.00919120019456.
-  ExpectTime(plan->best().time(), {0.00489689186304, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00102797312, 0.00272107569152, 0.00919120019456});
+  // bubble: (0.00695847616512 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/(1*2)
+  //       = 0.00750373568512 / 2 = 0.00375186784256.
+  // total = 0.00750373568512 + 0.00102797312 + 0.00375186784256 = 0.01228357664768.
+  // (Before the per-stage model: compute 0.00489689186304, total 0.00919120019456.)
+  ExpectTime(plan->best().time(), {0.00695847616512, 0.00025165824, 0.00025165824, 4.194304e-05,
+                                   0.00102797312, 0.00375186784256, 0.01228357664768});
+}
+
+// A dense model for the pipeline-time cases: `layers` layers, H 1024, 8 heads (D 128, Hkv 8),
+// F 4096, V 32768, S 1024, tied embeddings; parallel.world_size `world`, TP `tp`, PP `pp`
+// (CP 1), mbs 1, global batch 4. FLOPs/token forward per layer: attention 2*1024*(1024 +
+// 2*1024) + 2*1024*1024 = 8,388,608, core 2*2*8*128*512 = 2,097,152, MLP 2*3*1024*4096 =
+// 25,165,824 -> 35,651,584; LM head 2*1024*32768 = 67,108,864 (on the last stage only).
+v1::PlanRequest DensePipelineRequest(int layers, int world, int tp, int pp) {
+  v1::PlanRequest req;
+  v1::JobSpec* spec = req.mutable_spec();
+  v1::ModelConfig* m = spec->mutable_model();
+  m->set_num_layers(layers);
+  m->set_hidden_size(1024);
+  m->set_num_attention_heads(8);
+  m->set_ffn_hidden_size(4096);
+  m->set_vocab_size(32768);
+  m->set_seq_length(1024);
+  spec->mutable_training()->set_train_iters(100);
+  spec->mutable_training()->set_global_batch_size(4);
+  spec->mutable_data()->set_mock_data(true);
+  v1::ParallelConfig* p = spec->mutable_parallel();
+  p->set_world_size(world);
+  p->set_tensor_model_parallel_size(tp);
+  p->set_context_parallel_size(1);
+  p->set_pipeline_model_parallel_size(pp);
+  *req.mutable_cluster() = Cluster8(8);
+  return req;
+}
+
+// Case E: an uneven PP2 layout, decoder_first_pipeline_num_layers 1 (stage 0 layer 0, stage 1
+// layers 1-3 and the LM head), L 4, TP2 PP2 DP1 on 4 of the 8 GPUs (one node, 1e11 B/s), m = 4.
+// The pipeline runs at the pace of stage 1, which holds 3 layers and the head.
+TEST(PlannerTest, HandComputedUnevenPipelineRunsAtTheSlowestStage) {
+  v1::PlanRequest req = DensePipelineRequest(4, 4, 2, 2);
+  req.mutable_spec()->mutable_parallel()->set_decoder_first_pipeline_num_layers(1);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("E best", plan->best());
+  EXPECT_EQ(plan->best().mapping().num_micro_batches(), 4);
+  // FLOPs/token: stage 0 3 * 35,651,584 = 106,954,752; stage 1 3 * (3 * 35,651,584 +
+  // 67,108,864) = 522,190,848.
+  // compute (stage 1) = 522,190,848 * GBS 4 * 1024 / (W/PP 2 * 1e14 * 0.5) = 0.02138893713408
+  //   (stage 0: 0.00438086664192).
+  // TP (stage 1, 3 dense layers): m 4 * (4*3 + 4*3) * 1/2 * 2*1024*1024 / 1e11 = 100,663,296 /
+  //   1e11 = 0.00100663296 (stage 0: 0.00033554432).
+  // PP: 4 * 2 * 2*1024*1024 / TP 2 / 1e11 = 8,388,608 / 1e11 = 8.388608e-05. EP none, DP 1.
+  // work = 0.02138893713408 + 0.00100663296 + 8.388608e-05 = 0.02247945617408;
+  // bubble = work * (2-1) / (1*4) = 0.00561986404352; total = 0.0280993202176.
+  // (Before: compute = all FLOPs / W = 3 * 209,715,200 * 4096 / (4 * 5e13) = 0.012884901888,
+  // total 0.01746927616, 38 % less than the pipeline can run.)
+  ExpectTime(plan->best().time(), {0.02138893713408, 0.00100663296, 0, 8.388608e-05, 0,
+                                   0.00561986404352, 0.0280993202176});
+}
+
+// Case F: interleaved 1F1B, PP2 with virtual_pipeline_model_parallel_size 2, L 4 (stage 0 holds
+// chunks [0] and [2], stage 1 [1] and [3] with the LM head), TP1 PP2 DP1 on 2 GPUs, m = 4,
+// against the same job on plain 1F1B.
+TEST(PlannerTest, HandComputedInterleavedPipelineShortensTheBubble) {
+  v1::PlanRequest req = DensePipelineRequest(4, 2, 1, 2);
+  auto plain = PlanJob(req);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  Print("F plain 1F1B", plain->best());
+  req.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("F interleaved", plan->best());
+  // FLOPs/token of stage 1: 3 * (2 * 35,651,584 + 67,108,864) = 415,236,096 (stage 0:
+  // 213,909,504). compute = 415,236,096 * 4 * 1024 / (W/PP 1 * 5e13) = 0.03401614098432.
+  // Plain: PP 4 * 2 * 2*1024*1024 / 1e11 = 0.00016777216; work 0.03418391314432; bubble
+  //   work * 1/4 = 0.00854597828608; total 0.0427298914304.
+  // VPP 2: every micro-batch crosses the stage boundary twice as often: PP 2 * 0.00016777216 =
+  //   0.00033554432; work 0.03435168530432; bubble work * (2-1) / (2*4) = 0.00429396066304;
+  //   total 0.03864564596736.
+  ExpectTime(plain->best().time(),
+             {0.03401614098432, 0, 0, 0.00016777216, 0, 0.00854597828608, 0.0427298914304});
+  ExpectTime(plan->best().time(),
+             {0.03401614098432, 0, 0, 0.00033554432, 0, 0.00429396066304, 0.03864564596736});
+}
+
+// Case G: L 8 on PP2 (TP1 DP1, 2 GPUs, m = 4): the even 4 | 4 split leaves the LM head on top of
+// stage 1's four layers; decoder_first_pipeline_num_layers 5 (5 | 3) balances the stages, 6 | 2
+// overshoots. The step time ranks them 5 | 3, 4 | 4, 6 | 2. Before the per-stage model all three
+// had the same time (all FLOPs / W: compute 0.04329327034368, total 0.0543263031296), so the
+// memory estimate decided.
+TEST(PlannerTest, BalancedPipelineLayoutRanksAboveUnbalanced) {
+  // Slowest stage FLOPs/token (x3 of the forward): 4 | 4: stage 1 4 * 35,651,584 + 67,108,864
+  // -> 629,145,600; 5 | 3: stage 0 5 * 35,651,584 -> 534,773,760 (stage 1 522,190,848);
+  // 6 | 2: stage 0 -> 641,728,512. compute = F * 4 * 1024 / 5e13; PP 0.00016777216 (case F);
+  // bubble = work / 4:
+  //   4 | 4: 0.051539607552 + 0.00016777216 = 0.051707379712, total 0.06463422464
+  //   5 | 3: 0.0438086664192 + 0.00016777216 = 0.0439764385792, total 0.054970548224
+  //   6 | 2: 0.05257039970304 + 0.00016777216 = 0.05273817186304, total 0.0659227148288
+  struct Layout {
+    int first;  // 0: even
+    double compute, bubble, total;
+  };
+  const Layout layouts[] = {{5, 0.0438086664192, 0.0109941096448, 0.054970548224},
+                            {0, 0.051539607552, 0.012926844928, 0.06463422464},
+                            {6, 0.05257039970304, 0.01318454296576, 0.0659227148288}};
+  double previous = 0;
+  for (const Layout& l : layouts) {
+    v1::PlanRequest req = DensePipelineRequest(8, 2, 1, 2);
+    if (l.first > 0) {
+      req.mutable_spec()->mutable_parallel()->set_decoder_first_pipeline_num_layers(l.first);
+    }
+    auto plan = PlanJob(req);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    Print(l.first == 0 ? "G even 4 | 4" : l.first == 5 ? "G 5 | 3" : "G 6 | 2", plan->best());
+    ExpectTime(plan->best().time(), {l.compute, 0, 0, 0.00016777216, 0, l.bubble, l.total});
+    EXPECT_GT(plan->best().time().total(), previous) << "first stage layers " << l.first;
+    previous = plan->best().time().total();
+  }
 }
 
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {
