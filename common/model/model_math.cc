@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/parallel_state.h"
 #include "common/model/pipeline_layout.h"
 
 namespace switchyard {
@@ -277,16 +278,54 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
   return s;
 }
 
-int64_t EngineCommunicators(const v1::Mapping& mapping) {
+EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping& mapping) {
   const Dims z = DimsOf(mapping);
   const int64_t world = z.tp * z.cp * z.dp * z.pp;
-  int64_t n = 0;
-  if (world > 1) n += 2;                              // world (= data = tdc), grad_data
-  if (z.ep * z.etp > 1 && z.ep * z.etp < world) ++n;  // expert (= expert_model)
-  if (z.edp > 1 && z.edp < world) ++n;                // expert_data
-  if (z.edp > 1) ++n;                                 // grad_expert_data
-  n += (z.tp > 1) + (z.cp > 1) + (z.pp > 1);
-  return n;
+  EngineCommunicatorSet out;
+  if (world <= 1) return out;  // one process: no process groups
+  ParallelDims dims;
+  dims.world_size = world;
+  dims.tensor_model_parallel_size = z.tp;
+  dims.context_parallel_size = z.cp;
+  dims.pipeline_model_parallel_size = z.pp;
+  dims.expert_model_parallel_size = z.ep;
+  dims.expert_tensor_parallel_size = z.etp;
+  absl::StatusOr<ParallelLayout> layout = ParallelLayout::Create(dims);
+  out.communicators = 2;  // the world and grad_world, whatever the layout
+  if (!layout.ok()) return out;
+  // FillRoles of worker/train/process_groups.cc on rank 0: the world, then one communicator per
+  // role whose members no earlier one has (the roles of its kRoles table; order does not change
+  // which lists are distinct).
+  std::vector<std::vector<int>> made;
+  std::vector<int> everyone(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
+  made.push_back(everyone);
+  for (ParallelGroup role :
+       {ParallelGroup::kTensor, ParallelGroup::kDataContext, ParallelGroup::kContext,
+        ParallelGroup::kTensorDataContext, ParallelGroup::kExpert, ParallelGroup::kExpertTensor,
+        ParallelGroup::kExpertTensorExpert, ParallelGroup::kExpertData,
+        ParallelGroup::kExpertTensorExpertPipeline, ParallelGroup::kPipeline}) {
+    std::vector<int> members = layout->Group(role, 0);
+    if (std::find(made.begin(), made.end(), members) == made.end()) {
+      if (members.size() > 1) ++out.communicators;
+      made.push_back(std::move(members));
+    }
+  }
+  // grad_dp_cp and grad_edp: splits of grad_world, one communicator each even when their
+  // members equal another's.
+  if (z.dp * z.cp > 1) ++out.communicators;
+  if (z.edp > 1) ++out.communicators;
+  if (m.num_moe_layers() > 0 && !m.moe_allgather && z.ep > 1) out.p2p_peers += z.ep - 1;
+  if (z.pp > 1) out.p2p_peers += std::min<int64_t>(z.pp - 1, 2);
+  return out;
+}
+
+double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping) {
+  const EngineCommunicatorSet c = EngineCommunicators(m, mapping);
+  if (c.communicators == 0) return kCudaRuntimeBytes;
+  return kCudaRuntimeBytes + kNcclProcessBytes +
+         kNcclCommunicatorBytes * static_cast<double>(c.communicators) +
+         kNcclPeerBytes * static_cast<double>(c.p2p_peers);
 }
 
 EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mapping, int64_t stage,
@@ -457,11 +496,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   }
   out.head_buffers = head;
 
-  out.runtime =
-      o.runtime_bytes >= 0
-          ? o.runtime_bytes
-          : (o.cuda ? kCudaRuntimeBytes + kNcclCommunicatorBytes * EngineCommunicators(mapping)
-                    : 0.0);
+  out.runtime = o.runtime_bytes >= 0 ? o.runtime_bytes : (o.cuda ? RuntimeBytes(m, mapping) : 0.0);
   return out;
 }
 

@@ -144,8 +144,7 @@ struct EngineMemoryOptions {
   bool cuda = true;         // CUDA engine, or the CPU reference engine
   int64_t param_bytes = 2;  // parameters and activations: 2 (bf16, CUDA), 4 (f32), 8 (f64, CPU)
   // Device memory outside Buffers (cuBLAS workspaces and kernel code, NCCL communicators).
-  // < 0: the default: CUDA kCudaRuntimeBytes + kNcclCommunicatorBytes per communicator of more
-  // than one rank (EngineCommunicators); CPU 0.
+  // < 0: the default: CUDA RuntimeBytes (below); CPU 0.
   double runtime_bytes = -1;
 };
 
@@ -153,16 +152,54 @@ struct EngineMemoryOptions {
 // 41.4 GiB where the buffers below sum to 41.29 GiB, so cuBLAS handles, lazily loaded kernel code
 // and the CUDA allocator's rounding take ~0.1 GiB.
 inline constexpr double kCudaRuntimeBytes = 128.0 * 1024 * 1024;
-// NCCL's buffers per communicator (channels × peers × protocol buffers). Calibrated on the
-// benchmark's EP = world = 2 and 4 runs (61.1 and 82.0 GiB measured; buffers 58.3 and 78.5 GiB,
-// 2 communicators each): 2.8 and 3.5 GiB over two communicators, 1.5 GiB each on average.
-inline constexpr double kNcclCommunicatorBytes = 1.5 * 1024 * 1024 * 1024;
-// Communicators of more than one rank that worker/train/process_groups.h creates for `mapping`
-// (roles with the same members share one): the world (= DP×CP = TP×DP×CP) and its gradient
-// copy when W > 1; the EP group when 1 < EP·ETP < W; EDP when 1 < EDP < W and its gradient copy
-// when EDP > 1; one each for TP, CP, PP > 1 (the PP group's share not measured on GPUs; a CP group
-// equal to the world is counted although the worker shares it).
-int64_t EngineCommunicators(const v1::Mapping& mapping);
+// The NCCL communicators one rank holds, as worker/train/process_groups.cc
+// CreateNcclProcessGroups makes them for `mapping` (rank 0's; every rank's are alike): the world;
+// one communicator per distinct member list among the roles tp, dp_cp, cp, tp_dp_cp, ep, etp,
+// etp_ep, edp, etp_ep_pp and pp (FillRoles: a role whose members equal the world's or an
+// earlier role's shares that communicator); a second world, grad_world, the parent of the
+// gradient groups (it runs no collective itself); grad_dp_cp and grad_edp, split from it, never
+// shared. Only those of more than one rank are counted: a one-rank communicator connects to no
+// peer (and there is none at all when W = 1: one process, no process groups).
+struct EngineCommunicatorSet {
+  // Communicators of > 1 rank, grad_world included (the Gloo groups have no grad_world: they
+  // hold communicators - 1 of them).
+  int64_t communicators = 0;
+  // Point-to-point connections, summed over the communicators that run all-to-all or send/recv:
+  // the ep communicator, EP − 1 peers, when MoE layers use the alltoall dispatcher (the
+  // allgather dispatcher gathers over etp_ep instead); the pp communicator, min(PP − 1, 2) peers
+  // (a stage sends to the next and receives from the previous, the interleaved schedule wraps
+  // around).
+  int64_t p2p_peers = 0;
+};
+EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping& mapping);
+
+// NCCL's device memory (its kernels, channels and protocol buffers), as measured on H200s with
+// NCCL 2.28 over NVLink (NCCL_NVLS_ENABLE=0): runtime = cudaMemGetInfo delta − the Buffer
+// counter, so kCudaRuntimeBytes included. These are all the measurements there are (benchmark
+// model "bench" and "small" model of bench/bench_model.h; communicators as EngineCommunicators
+// counts them: n of > 1 rank, p point-to-point peers):
+//   layout                                   n  p   measured  estimate  est/measured  (old term)
+//   bench TP2·SP ETP2, W 2 (world ring only) 2  0   2.31 GiB  2.36      1.020         4.63
+//   small TP2 (ETP1, EDP2), W 2              3  0   2.40      2.40      1.000         6.13
+//   small CP2 (EDP2), W 2                    4  0   2.40      2.45      1.019         6.13
+//   bench DP2·EP2 = W 2 (world: all-to-all)  3  1   2.80      2.78      0.994         3.13
+//     the same, latest run                   3  1   2.91      2.78      0.956         3.13
+//   bench DP4·EP4 = W 4                      3  3   3.50      3.55      1.013         3.13
+// A constant per communicator does not fit them (least squares of base + per-peer alone leaves
+// 0.68 to 1.25: CP2 holds twice the communicators of bench TP2 and measured the same), so most
+// of the cost is per process, paid once NCCL runs (W > 1), with a small base per communicator
+// (these layouts cannot separate the two well: every one holds 5 communicators counting the
+// one-rank ones) and a term per point-to-point peer (all-to-all connects every peer; ring
+// collectives only the neighbours). Least-squares fit of the six points: process 2.14 GiB,
+// communicator 0.045 GiB, peer 0.38 GiB. Not measured: PP (its peers), EP < W, more than 4
+// ranks; the per-peer term extrapolates to EP 8 as 7 × 0.38 GiB.
+inline constexpr double kNcclProcessBytes = 2192.0 * 1024 * 1024;
+inline constexpr double kNcclCommunicatorBytes = 46.0 * 1024 * 1024;
+inline constexpr double kNcclPeerBytes = 391.0 * 1024 * 1024;
+// The CUDA engine's device memory outside its Buffers for `mapping`: kCudaRuntimeBytes, plus,
+// when W > 1, kNcclProcessBytes + kNcclCommunicatorBytes · communicators + kNcclPeerBytes ·
+// p2p_peers (EngineCommunicators).
+double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 
 // Per-rank memory of the engine for pipeline stage `stage`, in bytes, buffer by buffer as
 // Trainer::Create allocates them (every buffer at Create; nothing inside a step). Notation as
@@ -213,14 +250,15 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //               only the last uses it): its logits chunk (c = min(t, budget / 8Vl) rows, budget
 //               512 MiB CUDA / 64 MiB CPU) c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16
 //               gradient, loss terms, TP statistics), c·Vl·8 + 24c on the CPU, the lse of t
-//               tokens; CUDA RMSNorm and embedding backward (t, Vl) workspaces; statistics slots
-//               per micro-batch; ids and targets 8t. TP > 1: the SP scratch, gathered input and
-//               partial sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids
-//               mapped to this rank's vocabulary rows 4t.
-//               CP > 1: the K/V gather buffers, 5 of mbs·S rows (gathered, whole K, V, dK, dV)
-//               and 2 of S rows (partial dK, dV), each row a·(Hkv/TP)·D. PP > 1: the pipeline
-//               receive buffers 2a·t·H/TP, and with a tied embedding on the first and the last
-//               stage the other stage's embedding gradient g·Vl·H.
+//               tokens; CUDA
+//               RMSNorm and embedding backward (t, Vl) workspaces; statistics slots per
+//               micro-batch; ids and targets 8t. TP > 1: the SP scratch, gathered input and partial
+//               sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids mapped to this
+//               rank's vocabulary rows 4t. CP > 1: the K/V gather buffers, 5 of mbs·S rows
+//               (gathered, whole K, V, dK, dV) and 2 of S rows (partial dK, dV), each row
+//               a·(Hkv/TP)·D. PP > 1: the pipeline receive buffers 2a·t·H/TP, and with a tied
+//               embedding on the first and the last stage the other stage's embedding gradient
+//               g·Vl·H.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards

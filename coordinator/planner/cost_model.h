@@ -39,8 +39,13 @@
 //                outputs and gradients —, the
 //                LM head's fp32 logits chunk (≤ 512 MiB) and bf16 gradient chunk, backward
 //                scratch and statistics.
-//   total = weights + gradients + optimizer + activations + runtime, runtime = kCudaRuntimeBytes
-//           (cuBLAS, kernel code) + kNcclCommunicatorBytes per NCCL communicator of > 1 rank.
+//   total = weights + gradients + optimizer + activations + runtime, runtime = RuntimeBytes:
+//           kCudaRuntimeBytes (cuBLAS, kernel code) and, when W > 1, NCCL's memory by the kind
+//           of its communicators (EngineCommunicators, as worker/train/process_groups.cc makes
+//           them): kNcclProcessBytes once + kNcclCommunicatorBytes per communicator of > 1 rank
+//           + kNcclPeerBytes per point-to-point peer of the communicators that run all-to-all
+//           (EP, alltoall dispatcher) or send/recv (PP); fitted to six H200 measurements, the fit
+//           next to the constants in common/model/model_math.h.
 // Trainer::Create holds nothing beyond the steady state (the distributed optimizer's shards are
 // initialised directly); EngineMemory::create_transient is 0.
 //

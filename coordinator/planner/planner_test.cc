@@ -3,8 +3,10 @@
 // The planner against numbers computed by hand from the formulas of cost_model.h and
 // EstimateEngineMemory (common/model/model_math.h) (derivations in the comments), its rule
 // rejections, ranking, the no-fit error and bad input. Memory notation: a = 2 (bf16), r = s = 4
-// (fp32 router and statistics), runtime = kCudaRuntimeBytes 134,217,728 + kNcclCommunicatorBytes
-// 1,610,612,736 per communicator of > 1 rank; every tensor of these models is a multiple of 64
+// (fp32 router and statistics), runtime (RuntimeBytes) = kCudaRuntimeBytes 128 MiB and, for
+// W > 1, kNcclProcessBytes 2192 MiB + kNcclCommunicatorBytes 46 MiB per NCCL communicator of > 1
+// rank + kNcclPeerBytes 391 MiB per point-to-point peer (EngineCommunicators: the process groups
+// of rank 0, order tp-cp-ep-dp-pp); every tensor of these models is a multiple of 64
 // elements and the regions divide their shard padding, so N = P_d + P_x exactly.
 #include "coordinator/planner/planner.h"
 
@@ -155,10 +157,13 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
   //     4*(32769 + 32768 + 2048) = 270,340; stats 4 + 4*2*2 + 4*2*8 + 8*2*8 + ids 8*1024 = 8,404
   //     -> 217,391,324.
   //   activations = 35,733,504 + 107,819,752 + 217,391,324 = 360,944,580.
-  // runtime: W 8 = EP 8 = DP 8, EDP 1: world + grad_data = 2 communicators -> 3,355,443,200.
-  // total = 96,512,000 + 193,024,000 + 230,765,092 + 360,944,580 + 3,355,443,200
-  //       = 4,236,688,872.
-  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 360944580, 4236688872.0});
+  // runtime: W 8 = EP 8 = DP 8, EDP 1: every role of 8 ranks (dp_cp, tp_dp_cp, ep, etp_ep,
+  //   etp_ep_pp) is the world, the others one rank; + grad_world and grad_dp_cp (8 ranks) = 3
+  //   communicators; the world runs the all-to-all, 7 peers: 128 + 2192 + 3*46 + 7*391 = 5195 MiB
+  //   = 5,447,352,320 (before: 128 MiB + 2 * 1.5 GiB = 3,355,443,200).
+  // total = 96,512,000 + 193,024,000 + 230,765,092 + 360,944,580 + 5,447,352,320
+  //       = 6,328,597,992.
+  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 360944580, 6328597992.0});
   // Time. FLOPs/token forward: attention 2*1024*(1024 + 2*1024) + 2*1024*1024 = 8,388,608;
   // core 2*2*8*128*512 = 2,097,152; router 2*1024*8 = 16,384; experts 2*2*3*1024*1024 =
   // 12,582,912; per layer 23,085,056, two layers 46,170,112; head 2*1024*32768 = 67,108,864;
@@ -224,10 +229,13 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // optimizer (distributed): 20 * (18,884,608 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
   //   scratches 24,612 = 20 * 15,733,760 + 24,612 = 314,699,812. (A replicated optimizer,
   //   12N + 8,204 = 302,120,972, would be less here: the worker shards anyway.)
-  // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 50,352,128 + 100,704,256 + 314,699,812 + 255,404,104 + 8,187,281,408
-  //   = 8,908,441,708 (also the peak during Create, which holds no full copy; fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 255404104, 8908441708.0});
+  // runtime: rank 0's groups tp [0,1], dp_cp [0,2], tp_dp_cp [0..3] (= ep = etp_ep: shared),
+  //   pp [0,4], etp_ep_pp = the world; world + those 4 + grad_world + grad_dp_cp = 7
+  //   communicators; peers: the all-to-all over EP 4, 3, and the pipeline's 1: 128 + 2192 +
+  //   7*46 + 4*391 = 4206 MiB = 4,410,310,656 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
+  // total = 50,352,128 + 100,704,256 + 314,699,812 + 255,404,104 + 4,410,310,656
+  //   = 5,131,470,956 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 255404104, 5131470956.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // Per stage (its own layers; the LM head on the last): FLOPs/token stage 0 = 3 * 23,085,056
@@ -300,11 +308,12 @@ TEST(PlannerTest, HandComputedDenseContextParallel) {
   //     K/V gather buffers (issue 13: GptModel::Build), rows of Hkv 2 * D 128 * 2 B = 512 B:
   //     5 * (t 2048 * CP 2) + 2 * S 2048 = 24,576 rows = 12,582,912 -> 490,094,608.
   //   activations = 159,547,392 + 490,094,608 = 649,642,000.
-  // runtime: world (4), grad_data, grad_expert_data (EDP 4), CP = 4 communicators
-  //   -> 6,576,668,672.
-  // total = 195,045,376 + 390,090,752 + 487,629,848 + 649,642,000 + 6,576,668,672
-  //       = 8,299,076,648.
-  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 649642000, 8299076648.0});
+  // runtime: dp_cp, tp_dp_cp and edp (EDP 4) are the world; cp [0,1]; grad_world, grad_dp_cp,
+  //   grad_edp: 5 communicators, no point-to-point peer (dense): 128 + 2192 + 5*46 = 2550 MiB
+  //   = 2,673,868,800 (before: 4 * 1.5 GiB + 128 MiB = 6,576,668,672).
+  // total = 195,045,376 + 390,090,752 + 487,629,848 + 649,642,000 + 2,673,868,800
+  //       = 4,396,276,776.
+  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 649642000, 4396276776.0});
   // FLOPs/token forward: attention 2*1024*(1024 + 512) + 2*1024*1024 = 5,242,880; core
   // 2*2*8*128*1024 = 4,194,304; MLP 2*3*1024*4096 = 25,165,824; two layers 69,206,016; head
   // 67,108,864; sum 136,314,880, times 3 = 408,944,640.
@@ -380,10 +389,13 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // Stage 0: N = 25,699,328 + 1,572,864 = 27,272,192; weights 2N = 54,544,384; gradients 4N =
   //   109,088,768;
   // optimizer 20 * (25,699,328 / 2 + 1,572,864 / 1) + 24,612 = 288,475,172.
-  // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 54,544,384 + 109,088,768 + 288,475,172 + 263,914,560 + 8,187,281,408
-  //       = 8,903,304,292.
-  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 263914560, 8903304292.0});
+  // runtime: rank 0's groups tp [0,1] (= etp), dp_cp [0,2] (= ep), tp_dp_cp [0..3] (= etp_ep),
+  //   pp [0,4], etp_ep_pp = the world; world + 4 + grad_world + grad_dp_cp = 7 communicators;
+  //   peers: all-to-all over EP 2, 1, and the pipeline's 1: 128 + 2192 + 7*46 + 2*391 =
+  //   3424 MiB = 3,590,324,224 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
+  // total = 54,544,384 + 109,088,768 + 288,475,172 + 263,914,560 + 3,590,324,224
+  //       = 4,306,347,108.
+  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 263914560, 4306347108.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -563,31 +575,32 @@ TEST(PlannerTest, RejectsMappingsThatBreakARuleWithTheRuleText) {
             << ": " << plan->rejected(0).rejection() << "\n";
 }
 
-// Case A's mapping on 4.6 GiB GPUs (4,939,212,390 bytes). Before issue 15 its steady state fitted
-// but its peak during Trainer::Create (+ 12 N of full fp32 master and Adam copies, 4.76 GiB)
-// did not, and it was rejected. The worker now initialises the optimizer shards directly: the
-// peak is the steady state (4,236,688,872 bytes, 3.95 GiB, case A), so the mapping fits. On
-// 3.9 GiB GPUs (4,187,593,113 bytes) it does not: RESOURCE_EXHAUSTED naming the steady-state
-// peak and no Create peak.
+// Case A's mapping on 6.0 GiB GPUs (6,442,450,944 bytes). Before issue 15 its peak during
+// Trainer::Create held 12 N more than the steady state (the full fp32 master and Adam copies,
+// 579,072,000 bytes: 6,907,669,992 = 6.43 GiB), and it was rejected. The worker now initialises
+// the optimizer shards directly: the peak is the steady state (6,328,597,992 bytes, 5.89 GiB,
+// case A), so the mapping fits. On 5.8 GiB GPUs (6,227,702,579 bytes) it does not:
+// RESOURCE_EXHAUSTED naming the steady-state peak and no Create peak. (The GPU sizes were 4.6 and
+// 3.9 GiB while the runtime term was 1.5 GiB per communicator: case A's total was 3.95 GiB.)
 TEST(PlannerTest, TheCreatePeakIsTheSteadyState) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
   FixMapping(req.mutable_spec(), 1, 1, 1, 1, 8);
   *req.mutable_cluster() = Cluster8(8);
-  req.mutable_cluster()->set_gpu_memory_bytes(4.6 * kGiB);
+  req.mutable_cluster()->set_gpu_memory_bytes(6.0 * kGiB);
   auto plan = PlanJob(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  Print("4.6 GiB best", plan->best());
+  Print("6.0 GiB best", plan->best());
   EXPECT_TRUE(plan->best().mapping().use_distributed_optimizer());
-  ExpectRel(plan->best().memory().total(), 4236688872.0, "distributed total");
+  ExpectRel(plan->best().memory().total(), 6328597992.0, "distributed total");
 
-  req.mutable_cluster()->set_gpu_memory_bytes(3.9 * kGiB);
+  req.mutable_cluster()->set_gpu_memory_bytes(5.8 * kGiB);
   plan = PlanJob(req);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
-  std::cout << "3.9 GiB: " << plan.status() << "\n";
+  std::cout << "5.8 GiB: " << plan.status() << "\n";
   const std::string message(plan.status().message());
-  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 3.95 GiB")) << message;
-  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 3.95 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 5.89 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 5.89 GiB")) << message;
   EXPECT_FALSE(absl::StrContains(message, "during Trainer::Create")) << message;
 }
 
