@@ -455,16 +455,16 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   // Vocabulary-parallel embedding and LM head: V/TP rows per TP rank, over the whole micro-batch
   // (t tokens; tr == t without TP).
   const double vl = v / tp;
-  {
-    // Every pipeline stage: GptModel::Build creates the fused LM-head loss on every stage,
-    // although only the last uses it (measured at PP2: the first stage holds it too).
+  if (last) {
+    // The fused LM-head loss: GptModel::Build creates it on the stage holding the LM head only
+    // (the last; with virtual stages the one holding the last chunk). Its logits chunk (+ bf16
+    // gradient on CUDA), per-token loss terms (CUDA) and the vocabulary-parallel statistics
+    // 3·chunk.
     const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
     const double chunk = std::max(1.0, std::min(t, std::floor(budget / (vl * 8))));
-    // Logits chunk (+ bf16 gradient on CUDA), per-token loss terms (CUDA), the vocabulary-
-    // parallel statistics 3·chunk, and the lse of all t tokens (tr of them counted above).
     head += o.cuda ? chunk * vl * 6 + 4 * t + 3 * 4 * chunk : chunk * vl * 8 + 3 * 8 * chunk;
-    head += st * (t - tr);
   }
+  head += st * (t - tr);  // the lse of all t tokens (every stage; tr of them counted above)
   if (o.cuda) {
     auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
     head += std::max(rms_ws(tr, h), rms_ws(tr * hq, d));  // RMSNorm backward

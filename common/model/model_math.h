@@ -246,11 +246,10 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
 //               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
 //               vocabulary-parallel LM-head cross-entropy over the whole micro-batch (t tokens,
-//               Vl = V/TP rows; on every pipeline stage: the engine creates it on every stage,
-//               only the last uses it): its logits chunk (c = min(t, budget / 8Vl) rows, budget
-//               512 MiB CUDA / 64 MiB CPU) c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16
-//               gradient, loss terms, TP statistics), c·Vl·8 + 24c on the CPU, the lse of t
-//               tokens; CUDA
+//               Vl = V/TP rows; on the last pipeline stage only, which holds the LM head): its
+//               logits chunk (c = min(t, budget / 8Vl) rows, budget 512 MiB CUDA / 64 MiB CPU)
+//               c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16 gradient, loss terms, TP
+//               statistics), c·Vl·8 + 24c on the CPU; on every stage the lse of t tokens; CUDA
 //               RMSNorm and embedding backward (t, Vl) workspaces; statistics slots per
 //               micro-batch; ids and targets 8t. TP > 1: the SP scratch, gathered input and partial
 //               sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids mapped to this

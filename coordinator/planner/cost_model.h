@@ -36,9 +36,8 @@
 //                its receive side by the counts, estimated at its initial size ETP·min(B,
 //                1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k, E/EP), the bound it
 //                grows to at most under uneven routing) plus 6·Fe bytes·2 per row for fc1/SwiGLU
-//                outputs and gradients —, the
-//                LM head's fp32 logits chunk (≤ 512 MiB) and bf16 gradient chunk, backward
-//                scratch and statistics.
+//                outputs and gradients —, the LM head's fp32 logits chunk (≤ 512 MiB) and
+//                bf16 gradient chunk (on the last stage only), backward scratch and statistics.
 //   total = weights + gradients + optimizer + activations + runtime, runtime = RuntimeBytes:
 //           kCudaRuntimeBytes (cuBLAS, kernel code) and, when W > 1, NCCL's memory by the kind
 //           of its communicators (EngineCommunicators, as worker/train/process_groups.cc makes

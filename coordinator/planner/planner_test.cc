@@ -199,8 +199,7 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // -> P_d = 18,885,632; P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456.
   // Stage 0 (layer 0): P_d = 2,107,392 + embedding 16,777,216 = 18,884,608, same P_x.
   // t = 1024, TP 2: 512 tokens per rank. Stage 0 has 2 micro-batches in flight (min(PP - 0, m)),
-  // stage 1 one; both hold the LM-head loss (the engine creates it on every stage), so stage 0
-  // is the larger:
+  // stage 1 one but the LM-head loss (only the last stage builds it), and stage 1 is the larger:
   //   layers: (residual 2*1024*2 + one layer 14,376 (case A)) = 18,472 * 512 = 9,457,664, x2.
   //   MoE layer: per token 2160 (case A) -> 1,105,920; send S = 512 * min(4, 2) = 1024 token
   //     rows 2*1024*1024 + 2*4*1024*2 + 4*1024 = 2,117,632; rank routing 8*512*4 + 2*4*512*4 +
@@ -211,31 +210,33 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //     rows 6*2*1280*1024 = 15,728,640; small 272 + aux ws (32 chunks) 2048 + 256 + router ws
   //     768 = 3344 -> 26,922,640.
   //   Stage 0: x2 in flight = 53,845,280;
-  //   head (no LM head on stage 0): 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 +
-  //     embedding ws of the V/TP = 16,384 rows over t = 1024 tokens 4*(16385 + 16384 + 2048) =
-  //     139,268; stats 4*8 + 4*8*2*2 + 4*8*2*8 + 8*2*8 + 8*1024 = 8,992; SP scratch
-  //     2 * 2*1024*1024 + the mapped ids 4*1024 = 4,198,400 -> 12,755,752.
-  //   Every stage: the vocabulary-parallel LM-head loss over the whole micro-batch (a chunk of
+  //   head: 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 + embedding ws of the V/TP =
+  //     16,384 rows over t = 1024 tokens 4*(16385 + 16384 + 2048) = 139,268; stats 4*8 +
+  //     4*8*2*2 + 4*8*2*8 + 8*2*8 + 8*1024 = 8,992; SP scratch 2 * 2*1024*1024 + the mapped
+  //     ids 4*1024 = 4,198,400; the lse of the other 512 tokens 4*512 = 2048 -> 12,757,800.
+  //   Stage 1 only: the vocabulary-parallel LM-head loss over the whole micro-batch (a chunk of
   //   all t = 1024 rows of V/TP = 16,384 columns 1024*16384*6 + loss terms 4*1024 + TP
-  //   statistics 12*1024 + the lse of the other 512 tokens 4*512 = 100,681,728), the pipeline
-  //   receive buffers 2 * 2*512*1024 = 2,097,152 and (tied) the other end's embedding gradient
-  //   of V/TP rows 4*16384*1024 = 67,108,864.
-  //   Stage 0 (reported) activations = 18,915,328 + 53,845,280 + 12,755,752 + 100,681,728 +
-  //   2,097,152 + 67,108,864 = 255,404,104.
-  //   Stage 1: 9,457,664 + 26,922,640 + head 113,437,480 (12,755,752 + 100,681,728) + 2,097,152
-  //   + 67,108,864 = 219,023,800.
-  // Stage 0: N = 18,884,608 + 6,291,456 = 25,176,064; weights 2N = 50,352,128; gradients 4N =
-  //   100,704,256.
-  // optimizer (distributed): 20 * (18,884,608 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 15,733,760 + 24,612 = 314,699,812. (A replicated optimizer,
-  //   12N + 8,204 = 302,120,972, would be less here: the worker shards anyway.)
+  //   statistics 12*1024 = 100,679,680).
+  //   Every stage: the pipeline receive buffers 2 * 2*512*1024 = 2,097,152 and (tied) the other
+  //   end's embedding gradient of V/TP rows 4*16384*1024 = 67,108,864.
+  //   Stage 1 (reported) activations = 9,457,664 + 26,922,640 + 12,757,800 + 100,679,680 +
+  //   2,097,152 + 67,108,864 = 219,023,800.
+  //   Stage 0: 18,915,328 + 53,845,280 + 12,757,800 + 2,097,152 + 67,108,864 = 154,724,424
+  //   (255,404,104 while every stage built the loss, which made stage 0 the reported one).
+  // Stage 1: N = 18,885,632 + 6,291,456 = 25,177,088; weights 2N = 50,354,176; gradients 4N =
+  //   100,708,352.
+  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 15,734,272 + 24,612 = 314,710,052. (A replicated optimizer,
+  //   12N + 8,204 = 302,133,260, would be less here: the worker shards anyway.)
   // runtime: rank 0's groups tp [0,1], dp_cp [0,2], tp_dp_cp [0..3] (= ep = etp_ep: shared),
   //   pp [0,4], etp_ep_pp = the world; world + those 4 + grad_world + grad_dp_cp = 7
   //   communicators; peers: the all-to-all over EP 4, 3, and the pipeline's 1: 128 + 2192 +
   //   7*46 + 4*391 = 4206 MiB = 4,410,310,656 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
-  // total = 50,352,128 + 100,704,256 + 314,699,812 + 255,404,104 + 4,410,310,656
-  //   = 5,131,470,956 (also the peak during Create, which holds no full copy; fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 255404104, 5131470956.0});
+  // total = 50,354,176 + 100,708,352 + 314,710,052 + 219,023,800 + 4,410,310,656
+  //   = 5,095,107,036 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  //   Stage 0: 50,352,128 + 100,704,256 + 314,699,812 + 154,724,424 + 4,410,310,656 =
+  //   5,030,791,276.
+  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314710052, 219023800, 5095107036.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // Per stage (its own layers; the LM head on the last): FLOPs/token stage 0 = 3 * 23,085,056
@@ -245,15 +246,15 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
-  // DP (P_d of stage 0, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,884,608 / 1e11
-  //   = 0.00075538432; EDP 1: none.
+  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,885,632 / 1e11
+  //   = 0.00075542528; EDP 1: none.
   // bubble: (0.0221660577792 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/(1*8)
   //       = 0.0246826401792 / 8 = 0.0030853300224.
-  // total = 0.0246826401792 + 0.00075538432 + 0.0030853300224 = 0.0285233545216.
+  // total = 0.0246826401792 + 0.00075542528 + 0.0030853300224 = 0.0285233954816.
   // (Before the per-stage model: compute = all FLOPs / W = 0.01391972057088, total
   // 0.01924622516224, as if stage 0 carried half the LM head.)
   ExpectTime(plan->best().time(), {0.0221660577792, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075538432, 0.0030853300224, 0.0285233545216});
+                                   0.00075542528, 0.0030853300224, 0.0285233954816});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -362,8 +363,8 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 0: 3,677,184 + 5,244,928 + embedding
   // 32768/TP 2 * 1024 = 16,777,216 -> P_d = 25,699,328; P_x = 1,572,864. Stage 1: output +
   // final norm, P_d = 25,700,352, N = 27,273,216.
-  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight; both stages hold
-  // the LM-head loss (the engine creates it on every stage), so stage 0 is the larger:
+  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight, stage 1 one but
+  // the LM-head loss (only the last stage builds it), and stage 1 is the larger:
   //   layers: residual 2*1024*3 = 6144 + 2 * 14,376 (case A) + dense 3*2*2048 = 12,288
   //     -> 47,184 * 512 = 24,158,208, x2 = 48,316,416.
   //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert
@@ -379,23 +380,25 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   //     6*2*2560*(512/ETP 2) = 7,864,320; small (8+4+4)*4 + 16*4 + 4*2 + 8 = 144 + aux ws 1024 +
   //     256 + router ws 768 = 2192
   //     -> 46,886,344 (stage 0: x2 in flight).
-  //   Stage 0 head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA
-  //     ws 1,187,844 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP
-  //     scratch 4,198,400 (case B) -> 19,046,576; on every stage the vocabulary-parallel LM head
-  //     of case B, 100,681,728, and the pipeline receive buffers 2,097,152 (case B).
-  //   Stage 0 (reported) activations = 48,316,416 + 93,772,688 + 19,046,576 + 100,681,728 +
-  //     2,097,152 = 263,914,560.
-  //   Stage 1: layers 24,158,208 + MoE 46,886,344 + head 119,728,304 + 2,097,152 = 192,870,008.
-  // Stage 0: N = 25,699,328 + 1,572,864 = 27,272,192; weights 2N = 54,544,384; gradients 4N =
-  //   109,088,768;
-  // optimizer 20 * (25,699,328 / 2 + 1,572,864 / 1) + 24,612 = 288,475,172.
+  //   head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA ws
+  //     1,187,844 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP scratch
+  //     4,198,400 (case B); lse of the other 512 tokens 2048 -> 19,048,624; the pipeline
+  //     receive buffers 2,097,152 (case B); on stage 1 only the vocabulary-parallel LM-head loss
+  //     of case B, 100,679,680.
+  //   Stage 1 (reported) activations = layers 24,158,208 + MoE 46,886,344 + head 19,048,624 +
+  //     100,679,680 + 2,097,152 = 192,870,008.
+  //   Stage 0: 48,316,416 + 93,772,688 + 19,048,624 + 2,097,152 = 163,234,880 (263,914,560
+  //     while every stage built the loss, which made stage 0 the reported one).
+  // Stage 1: N = 25,700,352 + 1,572,864 = 27,273,216; weights 2N = 54,546,432; gradients 4N =
+  //   109,092,864;
+  // optimizer 20 * (25,700,352 / 2 + 1,572,864 / 1) + 24,612 = 288,485,412.
   // runtime: rank 0's groups tp [0,1] (= etp), dp_cp [0,2] (= ep), tp_dp_cp [0..3] (= etp_ep),
   //   pp [0,4], etp_ep_pp = the world; world + 4 + grad_world + grad_dp_cp = 7 communicators;
   //   peers: all-to-all over EP 2, 1, and the pipeline's 1: 128 + 2192 + 7*46 + 2*391 =
   //   3424 MiB = 3,590,324,224 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
-  // total = 54,544,384 + 109,088,768 + 288,475,172 + 263,914,560 + 3,590,324,224
-  //       = 4,306,347,108.
-  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 263914560, 4306347108.0});
+  // total = 54,546,432 + 109,092,864 + 288,485,412 + 192,870,008 + 3,590,324,224
+  //       = 4,235,318,940 (stage 0: 4,205,667,428).
+  ExpectMemory(plan->best().memory(), {54546432, 109092864, 288485412, 192870008, 4235318940.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
@@ -409,14 +412,14 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
-  // DP (stage 0, reported by the memory estimate): 2 * 1/2 * 4 * 25,699,328 / 1e11 =
-  //   0.00102797312; EDP 1: none.
+  // DP (stage 1, reported by the memory estimate): 2 * 1/2 * 4 * 25,700,352 / 1e11 =
+  //   0.00102801408; EDP 1: none.
   // bubble: (0.00695847616512 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/(1*2)
   //       = 0.00750373568512 / 2 = 0.00375186784256.
-  // total = 0.00750373568512 + 0.00102797312 + 0.00375186784256 = 0.01228357664768.
+  // total = 0.00750373568512 + 0.00102801408 + 0.00375186784256 = 0.01228361760768.
   // (Before the per-stage model: compute 0.00489689186304, total 0.00919120019456.)
   ExpectTime(plan->best().time(), {0.00695847616512, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00102797312, 0.00375186784256, 0.01228357664768});
+                                   0.00102801408, 0.00375186784256, 0.01228361760768});
 }
 
 // A dense model for the pipeline-time cases: `layers` layers, H 1024, 8 heads (D 128, Hkv 8),
