@@ -269,18 +269,37 @@ void CheckRanks(const std::string& name, int world, int ep, int tp,
     opt.groups = groups->get();
     absl::StatusOr<Measured> m = TrainAndMeasure(spec, opt);
     SY_CHILD_OK(m.status());
+    // The communicators of more than one rank this rank holds, for EngineCommunicators.
+    int communicators = 0;
+    for (const auto& c : (*groups)->owned) communicators += c->size() > 1 ? 1 : 0;
     std::ofstream f(absl::StrCat(out, "_rank", rank, ".txt"));
-    f << m->steady << " " << m->peak << "\n";
+    f << m->steady << " " << m->peak << " " << communicators << "\n";
     return f.good() ? 0 : 1;
   });
   for (int r = 0; r < world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
   v1::MemoryEstimate proto;
   EngineMemory e = Estimate(spec, &proto);
+  // The GPU runtime term counts the communicators worker/train/process_groups.cc makes
+  // (EngineCommunicators); the Gloo groups are the same but for NCCL's grad_world.
+  v1::JobSpec defaulted = spec;
+  ApplyDefaults(&defaulted);
+  absl::StatusOr<ModelShape> shape = ModelShape::FromProto(defaulted.model());
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  absl::StatusOr<v1::Mapping> mapping = planner::MappingOfSpec(defaulted);
+  ASSERT_TRUE(mapping.ok()) << mapping.status();
+  const EngineCommunicatorSet expected = EngineCommunicators(*shape, *mapping);
   for (int r = 0; r < world; ++r) {
     std::ifstream f(absl::StrCat(out, "_rank", r, ".txt"));
     Measured m;
-    f >> m.steady >> m.peak;
+    int communicators = -1;
+    f >> m.steady >> m.peak >> communicators;
     ASSERT_TRUE(f) << "rank " << r << " wrote no counters";
+    std::printf(
+        "%s, rank %d: %d Gloo communicators of > 1 rank; EngineCommunicators %lld "
+        "(grad_world included), %lld point-to-point peers\n",
+        name.c_str(), r, communicators, static_cast<long long>(expected.communicators),
+        static_cast<long long>(expected.p2p_peers));
+    EXPECT_EQ(communicators, expected.communicators - 1) << name << " rank " << r;
     // Pipeline: each rank against its own stage's estimate.
     if (fold.pp > 1) e = EstimateStage(spec, r / (world / fold.pp), &proto);
     Report(absl::StrCat(name, ", rank ", r), e, proto, m, tolerance);

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/parallel_state.h"
 #include "common/model/pipeline_layout.h"
 
 namespace switchyard {
@@ -141,23 +143,42 @@ int64_t ActiveParams(const ModelShape& m) {
   return TotalParams(m) - m.num_moe_layers() * (routed_all - routed_active);
 }
 
-double TrainingFlopsPerToken(const ModelShape& m) {
+namespace {
+
+// Forward FLOPs per token of decoder layer `l` and of the LM head: the terms of
+// TrainingFlopsPerToken (model_math.h). Every term is an integer below 2^53, so sums are exact in
+// any order (a stage's sum and the whole model's agree to the last bit).
+double LayerForwardFlops(const ModelShape& m, int64_t l) {
   const double h = m.hidden_size, d = m.head_dim, hq = m.num_heads, hkv = m.num_kv_heads;
   const double attn = 2 * h * (hq * d + 2 * hkv * d) + 2 * hq * d * h;  // q, k, v, o
   const double attn_core = 2.0 * 2.0 * hq * d * (m.seq_length / 2.0);   // q·kᵀ and p·v, causal
-  double total = 0;
-  for (int64_t l = 0; l < m.num_layers; ++l) {
-    total += attn + attn_core;
-    if (m.is_moe(l)) {
-      total += 2 * h * m.num_experts;                                     // router
-      total += 2.0 * m.moe_topk * 3 * h * m.moe_ffn_hidden_size;          // routed experts
-      total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
-      if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
-    } else {
-      total += 2.0 * 3 * h * m.ffn_hidden_size;
-    }
+  double total = attn + attn_core;
+  if (m.is_moe(l)) {
+    total += 2 * h * m.num_experts;                                     // router
+    total += 2.0 * m.moe_topk * 3 * h * m.moe_ffn_hidden_size;          // routed experts
+    total += 2.0 * 3 * h * m.shared_ffn_size;                           // shared expert
+    if (m.shared_ffn_size > 0 && m.shared_expert_gate) total += 2 * h;  // its gate
+  } else {
+    total += 2.0 * 3 * h * m.ffn_hidden_size;
   }
-  total += 2 * h * m.vocab_size;  // LM head
+  return total;
+}
+
+double LmHeadForwardFlops(const ModelShape& m) { return 2.0 * m.hidden_size * m.vocab_size; }
+
+}  // namespace
+
+double TrainingFlopsPerToken(const ModelShape& m) {
+  double total = 0;
+  for (int64_t l = 0; l < m.num_layers; ++l) total += LayerForwardFlops(m, l);
+  total += LmHeadForwardFlops(m);
+  return 3 * total;
+}
+
+double StageTrainingFlopsPerToken(const ModelShape& m, int64_t pp, int64_t stage) {
+  double total = 0;
+  for (int64_t l : StageLayerIndices(m, pp, stage)) total += LayerForwardFlops(m, l);
+  if (stage == pp - 1) total += LmHeadForwardFlops(m);  // the embedding (a lookup) counts 0
   return 3 * total;
 }
 
@@ -198,13 +219,33 @@ std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int
   return {stage * per_stage, (stage + 1) * per_stage};
 }
 
+std::vector<int64_t> StageLayerIndices(const ModelShape& m, int64_t pp, int64_t stage) {
+  PipelineSplit split;
+  split.num_layers = m.num_layers;
+  split.pp = pp;
+  split.vpp = pp > 1 ? std::max<int64_t>(1, m.pipeline_virtual_stages) : 1;
+  split.first_stage_layers = m.pipeline_first_layers;
+  split.last_stage_layers = m.pipeline_last_layers;
+  std::vector<int64_t> layers;
+  if (ValidatePipelineSplit(split).ok()) {
+    for (int64_t chunk = 0; chunk < split.vpp; ++chunk) {
+      absl::StatusOr<LayerRange> r = StageLayers(split, stage, chunk);
+      if (!r.ok()) break;
+      for (int64_t l = r->begin; l < r->begin + r->count; ++l) layers.push_back(l);
+    }
+    if (!layers.empty()) return layers;
+  }
+  const auto [begin, end] = StageLayerRange(m, pp, stage);
+  for (int64_t l = begin; l < end; ++l) layers.push_back(l);
+  return layers;
+}
+
 StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& mapping,
                                        int64_t stage) {
   const Dims z = DimsOf(mapping);
   const int64_t h = m.hidden_size, d = m.head_dim, tp = z.tp;
-  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
   StageParamElements s;
-  for (int64_t l = layer_begin; l < layer_end; ++l) {
+  for (int64_t l : StageLayerIndices(m, z.pp, stage)) {
     s.dense += 2 * Align64(h);                            // input and post-attention norms
     if (m.qk_layernorm) s.dense += 2 * Align64(d);        // q_norm, k_norm
     s.dense += 2 * Align64(m.num_heads * d / tp * h);     // q, o
@@ -237,16 +278,54 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
   return s;
 }
 
-int64_t EngineCommunicators(const v1::Mapping& mapping) {
+EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping& mapping) {
   const Dims z = DimsOf(mapping);
   const int64_t world = z.tp * z.cp * z.dp * z.pp;
-  int64_t n = 0;
-  if (world > 1) n += 2;                              // world (= data = tdc), grad_data
-  if (z.ep * z.etp > 1 && z.ep * z.etp < world) ++n;  // expert (= expert_model)
-  if (z.edp > 1 && z.edp < world) ++n;                // expert_data
-  if (z.edp > 1) ++n;                                 // grad_expert_data
-  n += (z.tp > 1) + (z.cp > 1) + (z.pp > 1);
-  return n;
+  EngineCommunicatorSet out;
+  if (world <= 1) return out;  // one process: no process groups
+  ParallelDims dims;
+  dims.world_size = world;
+  dims.tensor_model_parallel_size = z.tp;
+  dims.context_parallel_size = z.cp;
+  dims.pipeline_model_parallel_size = z.pp;
+  dims.expert_model_parallel_size = z.ep;
+  dims.expert_tensor_parallel_size = z.etp;
+  absl::StatusOr<ParallelLayout> layout = ParallelLayout::Create(dims);
+  out.communicators = 2;  // the world and grad_world, whatever the layout
+  if (!layout.ok()) return out;
+  // FillRoles of worker/train/process_groups.cc on rank 0: the world, then one communicator per
+  // role whose members no earlier one has (the roles of its kRoles table; order does not change
+  // which lists are distinct).
+  std::vector<std::vector<int>> made;
+  std::vector<int> everyone(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
+  made.push_back(everyone);
+  for (ParallelGroup role :
+       {ParallelGroup::kTensor, ParallelGroup::kDataContext, ParallelGroup::kContext,
+        ParallelGroup::kTensorDataContext, ParallelGroup::kExpert, ParallelGroup::kExpertTensor,
+        ParallelGroup::kExpertTensorExpert, ParallelGroup::kExpertData,
+        ParallelGroup::kExpertTensorExpertPipeline, ParallelGroup::kPipeline}) {
+    std::vector<int> members = layout->Group(role, 0);
+    if (std::find(made.begin(), made.end(), members) == made.end()) {
+      if (members.size() > 1) ++out.communicators;
+      made.push_back(std::move(members));
+    }
+  }
+  // grad_dp_cp and grad_edp: splits of grad_world, one communicator each even when their
+  // members equal another's.
+  if (z.dp * z.cp > 1) ++out.communicators;
+  if (z.edp > 1) ++out.communicators;
+  if (m.num_moe_layers() > 0 && !m.moe_allgather && z.ep > 1) out.p2p_peers += z.ep - 1;
+  if (z.pp > 1) out.p2p_peers += std::min<int64_t>(z.pp - 1, 2);
+  return out;
+}
+
+double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping) {
+  const EngineCommunicatorSet c = EngineCommunicators(m, mapping);
+  if (c.communicators == 0) return kCudaRuntimeBytes;
+  return kCudaRuntimeBytes + kNcclProcessBytes +
+         kNcclCommunicatorBytes * static_cast<double>(c.communicators) +
+         kNcclPeerBytes * static_cast<double>(c.p2p_peers);
 }
 
 EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mapping, int64_t stage,
@@ -261,7 +340,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double ssh = m.shared_ffn_size, tp = z.tp;
   const double t = static_cast<double>(z.mbs * m.seq_length / z.cp);  // tokens per micro-batch
   const double tr = t / tp;  // tokens per rank of the TP group (sequence parallelism)
-  const auto [layer_begin, layer_end] = StageLayerRange(m, z.pp, stage);
+  const std::vector<int64_t> stage_layers = StageLayerIndices(m, z.pp, stage);
   const bool last = stage == z.pp - 1;
 
   EngineMemory out;
@@ -284,7 +363,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
 
   // Layers: attention, norms, dense MLP (per token, then times t / TP).
   int64_t layers = 0, moe_layers = 0, dense_layers = 0;
-  for (int64_t l = layer_begin; l < layer_end; ++l) {
+  for (int64_t l : stage_layers) {
     ++layers;
     (m.is_moe(l) ? moe_layers : dense_layers) += 1;
   }
@@ -376,16 +455,16 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   // Vocabulary-parallel embedding and LM head: V/TP rows per TP rank, over the whole micro-batch
   // (t tokens; tr == t without TP).
   const double vl = v / tp;
-  {
-    // Every pipeline stage: GptModel::Build creates the fused LM-head loss on every stage,
-    // although only the last uses it (measured at PP2: the first stage holds it too).
+  if (last) {
+    // The fused LM-head loss: GptModel::Build creates it on the stage holding the LM head only
+    // (the last; with virtual stages the one holding the last chunk). Its logits chunk (+ bf16
+    // gradient on CUDA), per-token loss terms (CUDA) and the vocabulary-parallel statistics
+    // 3·chunk.
     const double budget = o.cuda ? 512.0 * 1024 * 1024 : 64.0 * 1024 * 1024;
     const double chunk = std::max(1.0, std::min(t, std::floor(budget / (vl * 8))));
-    // Logits chunk (+ bf16 gradient on CUDA), per-token loss terms (CUDA), the vocabulary-
-    // parallel statistics 3·chunk, and the lse of all t tokens (tr of them counted above).
     head += o.cuda ? chunk * vl * 6 + 4 * t + 3 * 4 * chunk : chunk * vl * 8 + 3 * 8 * chunk;
-    head += st * (t - tr);
   }
+  head += st * (t - tr);  // the lse of all t tokens (every stage; tr of them counted above)
   if (o.cuda) {
     auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
     head += std::max(rms_ws(tr, h), rms_ws(tr * hq, d));  // RMSNorm backward
@@ -417,11 +496,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   }
   out.head_buffers = head;
 
-  out.runtime =
-      o.runtime_bytes >= 0
-          ? o.runtime_bytes
-          : (o.cuda ? kCudaRuntimeBytes + kNcclCommunicatorBytes * EngineCommunicators(mapping)
-                    : 0.0);
+  out.runtime = o.runtime_bytes >= 0 ? o.runtime_bytes : (o.cuda ? RuntimeBytes(m, mapping) : 0.0);
   return out;
 }
 

@@ -62,6 +62,10 @@ struct ModelShape {
   // ModelConfig: the planner sets them from the spec's parallel config after FromProto.
   int64_t pipeline_first_layers = -1;
   int64_t pipeline_last_layers = -1;
+  // Interleaved 1F1B (parallel.virtual_pipeline_model_parallel_size; 1: plain 1F1B): the model
+  // chunks per stage (StageLayerIndices deals the layers chunk-major, as the trainer does). Set by
+  // the planner from the spec like the two counts above; meaningful only when PP > 1.
+  int64_t pipeline_virtual_stages = 1;
 
   // From a ModelConfig, defaults applied as in common/config/config_defaults.cc and
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
@@ -97,6 +101,10 @@ int64_t ActiveParams(const ModelShape& m);
 // products q·kᵀ and p·v (2·2·Hq·D·S/2 per token). Embedding lookups, norms and elementwise ops
 // are not counted.
 double TrainingFlopsPerToken(const ModelShape& m);
+// The same formula restricted to pipeline stage `stage` of `pp`: the decoder layers of
+// StageLayerIndices, plus the LM head on the last stage (the embedding, a lookup, counts 0 on the
+// first). Over the stages of any layout it sums to TrainingFlopsPerToken; with pp = 1 it is it.
+double StageTrainingFlopsPerToken(const ModelShape& m, int64_t pp, int64_t stage);
 
 // ---------------------------------------------------------------------------------------------
 // Memory of the engine.
@@ -107,7 +115,7 @@ double TrainingFlopsPerToken(const ModelShape& m);
 // split by TP like the dense MLP, embedding and output layer V/TP vocabulary rows per TP rank
 // (vocabulary-parallel, as MakeGptParamLayout); norms, router and the shared-expert gate WHOLE on
 // every TP rank. Stage s holds the layers common/model/pipeline_layout.h StageLayers gives it
-// ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerRange below); PP = 1: embedding +
+// ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerIndices below); PP = 1: embedding +
 // final norm (+ output when untied); PP > 1: embedding on the first stage, final norm + output (or
 // the tied copy) on the last. `*_padded`: the regions as the layout pads them for the distributed
 // optimizer (dense to 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive
@@ -124,14 +132,19 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
 // uneven first/last counts). A split the layout rules refuse (which validation reports first)
 // falls back to the even one, floor(L / PP) per stage.
 std::pair<int64_t, int64_t> StageLayerRange(const ModelShape& m, int64_t pp, int64_t stage);
+// The global indices, ascending, of every decoder layer stage `stage` of `pp` holds over all its
+// model chunks (m.pipeline_virtual_stages of them, StageLayers chunk by chunk: with VPP 2, L 8,
+// PP 2 stage 0 holds 0, 1, 4, 5). What the estimates size a stage by (memory and step time): the
+// same layer count as StageLayerRange, but the layers themselves (MoE or dense) differ under
+// interleaving. A split the rules refuse falls back as StageLayerRange does, without chunks.
+std::vector<int64_t> StageLayerIndices(const ModelShape& m, int64_t pp, int64_t stage);
 
 // The engine's precision and the memory it uses outside its own buffers.
 struct EngineMemoryOptions {
   bool cuda = true;         // CUDA engine, or the CPU reference engine
   int64_t param_bytes = 2;  // parameters and activations: 2 (bf16, CUDA), 4 (f32), 8 (f64, CPU)
   // Device memory outside Buffers (cuBLAS workspaces and kernel code, NCCL communicators).
-  // < 0: the default: CUDA kCudaRuntimeBytes + kNcclCommunicatorBytes per communicator of more
-  // than one rank (EngineCommunicators); CPU 0.
+  // < 0: the default: CUDA RuntimeBytes (below); CPU 0.
   double runtime_bytes = -1;
 };
 
@@ -139,16 +152,54 @@ struct EngineMemoryOptions {
 // 41.4 GiB where the buffers below sum to 41.29 GiB, so cuBLAS handles, lazily loaded kernel code
 // and the CUDA allocator's rounding take ~0.1 GiB.
 inline constexpr double kCudaRuntimeBytes = 128.0 * 1024 * 1024;
-// NCCL's buffers per communicator (channels × peers × protocol buffers). Calibrated on the
-// benchmark's EP = world = 2 and 4 runs (61.1 and 82.0 GiB measured; buffers 58.3 and 78.5 GiB,
-// 2 communicators each): 2.8 and 3.5 GiB over two communicators, 1.5 GiB each on average.
-inline constexpr double kNcclCommunicatorBytes = 1.5 * 1024 * 1024 * 1024;
-// Communicators of more than one rank that worker/train/process_groups.h creates for `mapping`
-// (roles with the same members share one): the world (= DP×CP = TP×DP×CP) and its gradient
-// copy when W > 1; the EP group when 1 < EP·ETP < W; EDP when 1 < EDP < W and its gradient copy
-// when EDP > 1; one each for TP, CP, PP > 1 (the PP group's share not measured on GPUs; a CP group
-// equal to the world is counted although the worker shares it).
-int64_t EngineCommunicators(const v1::Mapping& mapping);
+// The NCCL communicators one rank holds, as worker/train/process_groups.cc
+// CreateNcclProcessGroups makes them for `mapping` (rank 0's; every rank's are alike): the world;
+// one communicator per distinct member list among the roles tp, dp_cp, cp, tp_dp_cp, ep, etp,
+// etp_ep, edp, etp_ep_pp and pp (FillRoles: a role whose members equal the world's or an
+// earlier role's shares that communicator); a second world, grad_world, the parent of the
+// gradient groups (it runs no collective itself); grad_dp_cp and grad_edp, split from it, never
+// shared. Only those of more than one rank are counted: a one-rank communicator connects to no
+// peer (and there is none at all when W = 1: one process, no process groups).
+struct EngineCommunicatorSet {
+  // Communicators of > 1 rank, grad_world included (the Gloo groups have no grad_world: they
+  // hold communicators - 1 of them).
+  int64_t communicators = 0;
+  // Point-to-point connections, summed over the communicators that run all-to-all or send/recv:
+  // the ep communicator, EP − 1 peers, when MoE layers use the alltoall dispatcher (the
+  // allgather dispatcher gathers over etp_ep instead); the pp communicator, min(PP − 1, 2) peers
+  // (a stage sends to the next and receives from the previous, the interleaved schedule wraps
+  // around).
+  int64_t p2p_peers = 0;
+};
+EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping& mapping);
+
+// NCCL's device memory (its kernels, channels and protocol buffers), as measured on H200s with
+// NCCL 2.28 over NVLink (NCCL_NVLS_ENABLE=0): runtime = cudaMemGetInfo delta − the Buffer
+// counter, so kCudaRuntimeBytes included. These are all the measurements there are (benchmark
+// model "bench" and "small" model of bench/bench_model.h; communicators as EngineCommunicators
+// counts them: n of > 1 rank, p point-to-point peers):
+//   layout                                   n  p   measured  estimate  est/measured  (old term)
+//   bench TP2·SP ETP2, W 2 (world ring only) 2  0   2.31 GiB  2.36      1.020         4.63
+//   small TP2 (ETP1, EDP2), W 2              3  0   2.40      2.40      1.000         6.13
+//   small CP2 (EDP2), W 2                    4  0   2.40      2.45      1.019         6.13
+//   bench DP2·EP2 = W 2 (world: all-to-all)  3  1   2.80      2.78      0.994         3.13
+//     the same, latest run                   3  1   2.91      2.78      0.956         3.13
+//   bench DP4·EP4 = W 4                      3  3   3.50      3.55      1.013         3.13
+// A constant per communicator does not fit them (least squares of base + per-peer alone leaves
+// 0.68 to 1.25: CP2 holds twice the communicators of bench TP2 and measured the same), so most
+// of the cost is per process, paid once NCCL runs (W > 1), with a small base per communicator
+// (these layouts cannot separate the two well: every one holds 5 communicators counting the
+// one-rank ones) and a term per point-to-point peer (all-to-all connects every peer; ring
+// collectives only the neighbours). Least-squares fit of the six points: process 2.14 GiB,
+// communicator 0.045 GiB, peer 0.38 GiB. Not measured: PP (its peers), EP < W, more than 4
+// ranks; the per-peer term extrapolates to EP 8 as 7 × 0.38 GiB.
+inline constexpr double kNcclProcessBytes = 2192.0 * 1024 * 1024;
+inline constexpr double kNcclCommunicatorBytes = 46.0 * 1024 * 1024;
+inline constexpr double kNcclPeerBytes = 391.0 * 1024 * 1024;
+// The CUDA engine's device memory outside its Buffers for `mapping`: kCudaRuntimeBytes, plus,
+// when W > 1, kNcclProcessBytes + kNcclCommunicatorBytes · communicators + kNcclPeerBytes ·
+// p2p_peers (EngineCommunicators).
+double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 
 // Per-rank memory of the engine for pipeline stage `stage`, in bytes, buffer by buffer as
 // Trainer::Create allocates them (every buffer at Create; nothing inside a step). Notation as
@@ -195,18 +246,18 @@ int64_t EngineCommunicators(const v1::Mapping& mapping);
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
 //               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
 //               vocabulary-parallel LM-head cross-entropy over the whole micro-batch (t tokens,
-//               Vl = V/TP rows; on every pipeline stage: the engine creates it on every stage,
-//               only the last uses it): its logits chunk (c = min(t, budget / 8Vl) rows, budget
-//               512 MiB CUDA / 64 MiB CPU) c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16
-//               gradient, loss terms, TP statistics), c·Vl·8 + 24c on the CPU, the lse of t
-//               tokens; CUDA RMSNorm and embedding backward (t, Vl) workspaces; statistics slots
-//               per micro-batch; ids and targets 8t. TP > 1: the SP scratch, gathered input and
-//               partial sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids
-//               mapped to this rank's vocabulary rows 4t.
-//               CP > 1: the K/V gather buffers, 5 of mbs·S rows (gathered, whole K, V, dK, dV)
-//               and 2 of S rows (partial dK, dV), each row a·(Hkv/TP)·D. PP > 1: the pipeline
-//               receive buffers 2a·t·H/TP, and with a tied embedding on the first and the last
-//               stage the other stage's embedding gradient g·Vl·H.
+//               Vl = V/TP rows; on the last pipeline stage only, which holds the LM head): its
+//               logits chunk (c = min(t, budget / 8Vl) rows, budget 512 MiB CUDA / 64 MiB CPU)
+//               c·Vl·(4 + 2) + 4t + 12c on CUDA (fp32 logits + bf16 gradient, loss terms, TP
+//               statistics), c·Vl·8 + 24c on the CPU; on every stage the lse of t tokens; CUDA
+//               RMSNorm and embedding backward (t, Vl) workspaces; statistics slots per
+//               micro-batch; ids and targets 8t. TP > 1: the SP scratch, gathered input and partial
+//               sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids mapped to this
+//               rank's vocabulary rows 4t. CP > 1: the K/V gather buffers, 5 of mbs·S rows
+//               (gathered, whole K, V, dK, dV) and 2 of S rows (partial dK, dV), each row
+//               a·(Hkv/TP)·D. PP > 1: the pipeline receive buffers 2a·t·H/TP, and with a tied
+//               embedding on the first and the last stage the other stage's embedding gradient
+//               g·Vl·H.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards

@@ -106,6 +106,110 @@ TEST(ModelMathTest, StageLayersFollowThePipelineLayout) {
             << ", first 1: " << first.dense << " | " << last.dense << "\n";
 }
 
+// Interleaved stages (VPP 2, L 8, PP 2) hold their chunks' layers, chunk-major: stage 0 the
+// layers 0, 1, 4, 5, stage 1 2, 3, 6, 7 (megatron_parallel.md §3.4), and with a MoE layer every
+// other layer each stage holds two of them either way. The stage FLOPs (its layers, the LM head
+// on the last) sum to the model's.
+TEST(ModelMathTest, StageLayerIndicesAndFlopsFollowVirtualStages) {
+  v1::ModelConfig m;
+  m.set_num_layers(8);
+  m.set_hidden_size(16);
+  m.set_num_attention_heads(4);
+  m.set_ffn_hidden_size(32);
+  m.set_vocab_size(100);
+  m.set_seq_length(8);
+  m.set_num_experts(4);
+  m.set_moe_ffn_hidden_size(8);
+  m.set_moe_router_topk(2);
+  for (int moe : {1, 1, 0, 0, 1, 1, 0, 0}) m.add_moe_layer_pattern(moe);
+  auto s = ModelShape::FromProto(m);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(StageLayerIndices(*s, 2, 0), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(StageLayerIndices(*s, 2, 1), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(StageLayerIndices(*s, 1, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  ModelShape vpp = *s;
+  vpp.pipeline_virtual_stages = 2;
+  EXPECT_EQ(StageLayerIndices(vpp, 2, 0), (std::vector<int64_t>{0, 1, 4, 5}));
+  EXPECT_EQ(StageLayerIndices(vpp, 2, 1), (std::vector<int64_t>{2, 3, 6, 7}));
+  // Forward FLOPs/token: attention 2*16*48 + 2*16*16 = 2048 + core 2*2*4*4*4 = 256 -> 2304 per
+  // layer; MoE router 2*16*4 = 128 + experts 2*2*3*16*8 = 1536; dense 2*3*16*32 = 3072; head
+  // 2*16*100 = 3200. MoE layer 3968, dense 5376.
+  // Even: stage 0 = layers 0-3 = 2 MoE + 2 dense = 18,688, stage 1 the same + head = 21,888.
+  // VPP 2: stage 0 = 0, 1, 4, 5 = 4 MoE = 15,872; stage 1 = 4 dense + head = 24,704.
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(*s, 2, 0), 3.0 * 18688);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(*s, 2, 1), 3.0 * 21888);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(vpp, 2, 0), 3.0 * 15872);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(vpp, 2, 1), 3.0 * 24704);
+  EXPECT_DOUBLE_EQ(StageTrainingFlopsPerToken(*s, 1, 0), TrainingFlopsPerToken(*s));
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(*s), 3.0 * 40576);
+  // The memory estimate sizes stage 0 by its own layers too: under VPP it holds four MoE layers'
+  // experts instead of two, 2 * (fc1 4*16*2*8 + fc2 4*8*16) = 3072 more expert elements.
+  v1::Mapping pp2;
+  pp2.set_pipeline_model_parallel_size(2);
+  EXPECT_EQ(StageLayoutElements(vpp, pp2, 0).expert - StageLayoutElements(*s, pp2, 0).expert, 3072);
+}
+
+v1::Mapping Fold(int tp, int cp, int dp, int pp, int etp, int ep) {
+  v1::Mapping m;
+  m.set_tensor_model_parallel_size(tp);
+  m.set_context_parallel_size(cp);
+  m.set_data_parallel_size(dp);
+  m.set_pipeline_model_parallel_size(pp);
+  m.set_expert_tensor_parallel_size(etp);
+  m.set_expert_model_parallel_size(ep);
+  m.set_expert_data_parallel_size(tp * cp * dp / (etp * ep));
+  return m;
+}
+
+// The communicators of worker/train/process_groups.cc, counted by hand for the layouts the NCCL
+// runtime term was fitted on (model_math.h) and for two pipeline layouts. Ranks in the default
+// order tp-cp-ep-dp-pp; rank 0's groups.
+TEST(ModelMathTest, EngineCommunicatorsFollowTheProcessGroups) {
+  v1::ModelConfig c;
+  c.set_num_layers(4);
+  c.set_hidden_size(16);
+  c.set_num_attention_heads(4);
+  c.set_vocab_size(128);
+  c.set_num_experts(8);
+  c.set_moe_token_dispatcher_type("alltoall");
+  auto moe = ModelShape::FromProto(c);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  c.set_moe_token_dispatcher_type("allgather");
+  auto allgather = ModelShape::FromProto(c);
+  ASSERT_TRUE(allgather.ok()) << allgather.status();
+  c.clear_num_experts();
+  auto dense = ModelShape::FromProto(c);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  auto count = [](const ModelShape& m, const v1::Mapping& p) {
+    const EngineCommunicatorSet s = EngineCommunicators(m, p);
+    return std::pair<int64_t, int64_t>{s.communicators, s.p2p_peers};
+  };
+  using P = std::pair<int64_t, int64_t>;
+  // One process: none, and the runtime is the CUDA term alone.
+  EXPECT_EQ(count(*moe, Fold(1, 1, 1, 1, 1, 1)), (P{0, 0}));
+  EXPECT_EQ(RuntimeBytes(*moe, Fold(1, 1, 1, 1, 1, 1)), kCudaRuntimeBytes);
+  // TP2 ETP2, W 2: every role of 2 ranks is the world ([0,1]), the others [0]; grad_world; EDP 1
+  // and DP·CP 1, so grad_edp and grad_dp_cp are one rank: world + grad_world.
+  EXPECT_EQ(count(*moe, Fold(2, 1, 1, 1, 2, 1)), (P{2, 0}));
+  // TP2 ETP1, W 2: EDP 2 (edp = the world): world, grad_world, grad_edp.
+  EXPECT_EQ(count(*moe, Fold(2, 1, 1, 1, 1, 1)), (P{3, 0}));
+  // CP2, W 2: dp_cp, cp, edp are the world; grad_world, grad_dp_cp, grad_edp.
+  EXPECT_EQ(count(*moe, Fold(1, 2, 1, 1, 1, 1)), (P{4, 0}));
+  // DP2·EP2 = W 2: dp_cp, ep, etp_ep are the world, which runs the all-to-all (1 peer);
+  // grad_world, grad_dp_cp. The allgather dispatcher runs no all-to-all; a dense model neither.
+  EXPECT_EQ(count(*moe, Fold(1, 1, 2, 1, 1, 2)), (P{3, 1}));
+  EXPECT_EQ(count(*allgather, Fold(1, 1, 2, 1, 1, 2)), (P{3, 0}));
+  EXPECT_EQ(count(*moe, Fold(1, 1, 4, 1, 1, 4)), (P{3, 3}));
+  // TP2 PP2 DP2, EP4 (W 8): tp [0,1], dp_cp [0,2], tp_dp_cp [0..3] (shared by ep), pp [0,4];
+  // etp_ep_pp is the world; world, grad_world, grad_dp_cp: 7; peers EP 3 + PP 1.
+  EXPECT_EQ(count(*moe, Fold(2, 1, 2, 2, 1, 4)), (P{7, 4}));
+  // PP4 DP2 (dense, W 8): dp_cp = tp_dp_cp = edp [0,1] (ETP = TP = 1), pp [0,2,4,6]; world,
+  // grad_world, grad_dp_cp, grad_edp: 6; a middle stage has two pipeline peers.
+  EXPECT_EQ(count(*dense, Fold(1, 1, 2, 4, 1, 1)), (P{6, 2}));
+  // The runtime term of DP4·EP4: 128 MiB + 2192 MiB + 3 · 46 MiB + 3 · 391 MiB = 3631 MiB.
+  EXPECT_EQ(RuntimeBytes(*moe, Fold(1, 1, 4, 1, 1, 4)), 3631.0 * 1024 * 1024);
+}
+
 // One rank's flat layout at TP1 and TP2 (StageLayoutElements, the engine's GptParamLayout):
 // attention, dense MLP, the shared expert (fc1 columns, fc2 rows) and the vocabulary-parallel
 // embedding / output are divided by TP; norms, router and the shared-expert gate are whole.

@@ -15,7 +15,8 @@
 //
 // Pure arithmetic. The trainer assigns each stage's chunks with StageLayers (one chunk without
 // VPP, GptConfig::chunk_begin/chunk_end with it) and the planner sizes the stages with it
-// (common/model/model_math.h StageLayerRange; chunk 0, VPP not modelled).
+// (common/model/model_math.h StageLayerIndices: every chunk of the stage, for memory and step
+// time).
 // The rules are stated once, in common/config/parallel_rules.h PipelineLayoutViolations, which
 // validates the JobSpec fields parallel.decoder_first/last_pipeline_num_layers too.
 #ifndef SWITCHYARD_COMMON_MODEL_PIPELINE_LAYOUT_H_

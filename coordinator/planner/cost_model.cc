@@ -122,51 +122,62 @@ double GroupBandwidth(const v1::Cluster& cluster, const ParallelLayout& layout,
 v1::TimeEstimate EstimateTime(const ModelShape& model, const v1::Cluster& cluster,
                               const v1::Mapping& p, const ParallelLayout& layout) {
   const Sizes z = SizesOf(p);
+  const int64_t stages = p.pipeline_model_parallel_size();
   const double world = z.tp * z.cp * z.dp * z.pp;
   assert(world == layout.world_size());
   const double h = model.hidden_size;
   const double gbs = z.mbs * z.m * z.dp;
   const double t = z.mbs * model.seq_length / z.cp;  // tokens per micro-batch on a rank
-  // Per-stage layers: the stage with the most decoder layers (an uneven layout's first or last
-  // stage may hold fewer) sets the pace of the pipeline's per-layer communication.
-  double layers = 0, moe_layers = 0;
-  for (int64_t s = 0; s < p.pipeline_model_parallel_size(); ++s) {
-    const auto [begin, end] = StageLayerRange(model, p.pipeline_model_parallel_size(), s);
-    double moe = 0;
-    for (int64_t l = begin; l < end; ++l) moe += model.is_moe(l) ? 1 : 0;
-    if (end - begin > layers) {
-      layers = static_cast<double>(end - begin);
-      moe_layers = moe;
-    }
-  }
+  // Interleaved 1F1B: each stage runs v model chunks (the spec's VPP; 1 = plain 1F1B).
+  const double vpp =
+      stages > 1 ? static_cast<double>(std::max<int64_t>(1, model.pipeline_virtual_stages)) : 1;
   auto bw = [&](ParallelGroup g) { return GroupBandwidth(cluster, layout, g); };
 
+  // Each micro-batch crosses every stage boundary once per chunk forward (activations) and once
+  // backward (their gradient).
+  const double pp_comm =
+      z.pp > 1 ? vpp * z.m * 2 * 2 * t * h / z.tp / bw(ParallelGroup::kPipeline) : 0;
+
+  // Per stage, for the whole step (m micro-batches): its own layers' compute, plus the LM head on
+  // the last, over the W/PP ranks of the stage, and its layers' TP/CP and EP traffic. 1F1B runs
+  // at the pace of the slowest stage, whose terms are reported.
+  struct StageTime {
+    double compute = 0, tp = 0, ep = 0;
+    double work(double pp) const { return compute + tp + ep + pp; }
+  };
+  StageTime slowest;
+  for (int64_t s = 0; s < stages; ++s) {
+    double layers = 0, moe_layers = 0;
+    for (int64_t l : StageLayerIndices(model, stages, s)) {
+      layers += 1;
+      moe_layers += model.is_moe(l) ? 1 : 0;
+    }
+    StageTime st;
+    st.compute = StageTrainingFlopsPerToken(model, stages, s) * gbs * model.seq_length /
+                 (world / z.pp * cluster.peak_flops() * kComputeEfficiency);
+    if (z.tp > 1) {
+      st.tp += z.m * (4 * layers + 4 * (layers - moe_layers)) * Ring(z.tp) * 2 * t * h /
+               bw(ParallelGroup::kTensor);
+    }
+    if (z.cp > 1) {
+      st.tp += z.m * layers * 3 * (z.cp - 1) * 2 * 2 * t * model.num_kv_heads * model.head_dim /
+               z.tp / bw(ParallelGroup::kContext);
+    }
+    if (moe_layers > 0 && (z.ep > 1 || z.etp > 1)) {
+      const double routed_bytes = 2 * model.moe_topk * (t / z.tp) * h;
+      double per_byte = 0;
+      if (z.ep > 1) per_byte += Ring(z.ep) / bw(ParallelGroup::kExpert);
+      if (z.etp > 1) per_byte += (z.etp - 1) / bw(ParallelGroup::kExpertTensor);
+      st.ep = z.m * moe_layers * 4 * routed_bytes * per_byte;
+    }
+    if (s == 0 || st.work(pp_comm) > slowest.work(pp_comm)) slowest = st;
+  }
+
   v1::TimeEstimate e;
-  e.set_compute(TrainingFlopsPerToken(model) * gbs * model.seq_length /
-                (world * cluster.peak_flops() * kComputeEfficiency));
-
-  double tp = 0;
-  if (z.tp > 1) {
-    tp += z.m * (4 * layers + 4 * (layers - moe_layers)) * Ring(z.tp) * 2 * t * h /
-          bw(ParallelGroup::kTensor);
-  }
-  if (z.cp > 1) {
-    tp += z.m * layers * 3 * (z.cp - 1) * 2 * 2 * t * model.num_kv_heads * model.head_dim / z.tp /
-          bw(ParallelGroup::kContext);
-  }
-  e.set_tp_communication(tp);
-
-  double ep = 0;
-  if (moe_layers > 0 && (z.ep > 1 || z.etp > 1)) {
-    const double routed_bytes = 2 * model.moe_topk * (t / z.tp) * h;
-    double per_byte = 0;
-    if (z.ep > 1) per_byte += Ring(z.ep) / bw(ParallelGroup::kExpert);
-    if (z.etp > 1) per_byte += (z.etp - 1) / bw(ParallelGroup::kExpertTensor);
-    ep = z.m * moe_layers * 4 * routed_bytes * per_byte;
-  }
-  e.set_ep_communication(ep);
-
-  e.set_pp_communication(z.pp > 1 ? z.m * 2 * 2 * t * h / z.tp / bw(ParallelGroup::kPipeline) : 0);
+  e.set_compute(slowest.compute);
+  e.set_tp_communication(slowest.tp);
+  e.set_ep_communication(slowest.ep);
+  e.set_pp_communication(pp_comm);
 
   int64_t stage = 0;
   EstimateMemory(model, p, &stage);
@@ -179,9 +190,11 @@ v1::TimeEstimate EstimateTime(const ModelShape& model, const v1::Cluster& cluste
   }
   e.set_dp_communication(dp);
 
+  // The m micro-batches at the slowest stage's pace, plus the fill and drain: PP − 1 slots of one
+  // chunk's time (work / (v·m)) (Narayanan et al. 2021, interleaved 1F1B).
   const double work =
       e.compute() + e.tp_communication() + e.ep_communication() + e.pp_communication();
-  e.set_pipeline_bubble(work * (z.pp - 1) / z.m);
+  e.set_pipeline_bubble(work * (z.pp - 1) / (vpp * z.m));
   e.set_total(work + e.dp_communication() + e.pipeline_bubble());
   return e;
 }

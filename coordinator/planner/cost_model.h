@@ -36,23 +36,32 @@
 //                its receive side by the counts, estimated at its initial size ETP·min(B,
 //                1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k, E/EP), the bound it
 //                grows to at most under uneven routing) plus 6·Fe bytes·2 per row for fc1/SwiGLU
-//                outputs and gradients —, the
-//                LM head's fp32 logits chunk (≤ 512 MiB) and bf16 gradient chunk, backward
-//                scratch and statistics.
-//   total = weights + gradients + optimizer + activations + runtime, runtime = kCudaRuntimeBytes
-//           (cuBLAS, kernel code) + kNcclCommunicatorBytes per NCCL communicator of > 1 rank.
+//                outputs and gradients —, the LM head's fp32 logits chunk (≤ 512 MiB) and
+//                bf16 gradient chunk (on the last stage only), backward scratch and statistics.
+//   total = weights + gradients + optimizer + activations + runtime, runtime = RuntimeBytes:
+//           kCudaRuntimeBytes (cuBLAS, kernel code) and, when W > 1, NCCL's memory by the kind
+//           of its communicators (EngineCommunicators, as worker/train/process_groups.cc makes
+//           them): kNcclProcessBytes once + kNcclCommunicatorBytes per communicator of > 1 rank
+//           + kNcclPeerBytes per point-to-point peer of the communicators that run all-to-all
+//           (EP, alltoall dispatcher) or send/recv (PP); fitted to six H200 measurements, the fit
+//           next to the constants in common/model/model_math.h.
 // Trainer::Create holds nothing beyond the steady state (the distributed optimizer's shards are
 // initialised directly); EngineMemory::create_transient is 0.
 //
 // STEP TIME (seconds; communication is not overlapped with compute, a conservative bound).
-//   compute   = TrainingFlopsPerToken · GBS · S / (W · peak_flops · kComputeEfficiency)
-//               (the work splits evenly over all W ranks under balanced routing)
+// Each pipeline stage s is costed alone (its decoder layers StageLayerIndices: L/PP each, or the
+// spec's uneven decoder_first/last_pipeline_num_layers layout; L_s layers of which Lm_s MoE); the
+// step runs at the pace of the SLOWEST stage (largest compute + tp + ep + pp), whose terms are
+// reported. With PP = 1 the one stage is the whole model, as before.
+//   compute_s = StageTrainingFlopsPerToken(s) · GBS · S / ((W/PP) · peak_flops ·
+//               kComputeEfficiency): the FLOPs of the stage's layers, plus the LM head on the
+//               last stage (the embedding, a lookup, counts 0), over the W/PP ranks of a stage
+//               (balanced routing within a stage)
 //   bandwidth of a group = intra_node when every group of that kind lies inside one node
 //               (rank / gpus_per_node equal; groups from common/model/parallel_state.h), else
 //               inter_node. A collective over n ranks moves (n−1)/n of its buffer per rank for
 //               all-gather or reduce-scatter (ring), 2(n−1)/n for all-reduce.
-//   tp_communication (per step, m micro-batches; L_s layers of which Lm_s MoE: those of the
-//               stage with the most layers, StageLayerRange: L/PP each without an uneven layout):
+//   tp_communication_s (per step, m micro-batches):
 //               TP: each attention block and each dense MLP does all-gather + reduce-scatter
 //               forward and backward (4 collectives) on [t, H] bf16:
 //                 m · (4·L_s + 4·(L_s − Lm_s)) · (TP−1)/TP · 2·t·H / bw(TP)
@@ -60,19 +69,23 @@
 //               attention passes K and V (2·t·Hkv·D/TP bf16) CP−1 times forward and twice as
 //               much backward (K, V and their gradients):
 //                 m · L_s · 3·(CP−1) · 2·2·t·Hkv·D/TP / bw(CP)
-//   ep_communication: per MoE layer, dispatch and combine, forward and backward (4 all-to-alls)
-//               of k·t/TP routed bf16 tokens of width H, (EP−1)/EP leaving the rank; with
-//               ETP > 1 also an all-gather / reduce-scatter of those tokens over ETP:
+//   ep_communication_s: per MoE layer, dispatch and combine, forward and backward (4
+//               all-to-alls) of k·t/TP routed bf16 tokens of width H, (EP−1)/EP leaving the
+//               rank; with ETP > 1 also an all-gather / reduce-scatter of those tokens over ETP:
 //                 m · Lm_s · 4 · 2·k·(t/TP)·H · [(EP−1)/EP / bw(EP) + (ETP−1) / bw(ETP)]
-//   pp_communication: each micro-batch sends its activations forward and their gradient back:
-//                 m · 2 · 2·t·H/TP / bw(PP)        (0 when PP = 1)
+//   pp_communication: each micro-batch sends its activations forward and their gradient back,
+//               once per model chunk (v = virtual_pipeline_model_parallel_size, ModelShape::
+//               pipeline_virtual_stages; 1 without interleaving):
+//                 v · m · 2 · 2·t·H/TP / bw(PP)        (0 when PP = 1)
 //   dp_communication: gradient reduce-scatter + all-gather (or all-reduce; the same ring
 //               volume) of fp32 gradients once per step:
 //                 2(n_d−1)/n_d · 4·P_d / bw(DP×CP) + 2(EDP−1)/EDP · 4·P_x / bw(EDP),
 //               n_d = DP·CP, P_d and P_x of the stage reported in the memory estimate.
-//   pipeline_bubble: T_work = compute + tp + ep + pp communication runs in m micro-batch slots;
-//               1F1B takes m + PP − 1 slots, so the bubble is T_work·(PP−1)/m, i.e. a fraction
-//               (PP−1)/(m+PP−1) of the pipelined time.
+//   pipeline_bubble: T_work = compute + tp + ep + pp communication of the slowest stage runs in
+//               m micro-batch slots; (interleaved) 1F1B adds the fill and drain, PP − 1 slots
+//               of one chunk's time T_work/(v·m) (Narayanan et al. 2021; megatron_parallel.md
+//               §3.3-3.4): bubble = T_work·(PP−1)/(v·m). Lighter stages fill and drain faster
+//               than the slowest one; the bound charges them at its pace.
 //   total = compute + tp + ep + pp + dp communication + pipeline_bubble.
 #ifndef SWITCHYARD_COORDINATOR_PLANNER_COST_MODEL_H_
 #define SWITCHYARD_COORDINATOR_PLANNER_COST_MODEL_H_

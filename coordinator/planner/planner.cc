@@ -273,13 +273,19 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
   ApplyDefaults(&defaulted);
   SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
   SY_ASSIGN_OR_RETURN(ModelShape model, ModelShape::FromProto(defaulted.model()));
-  // An uneven pipeline layout sizes each stage (memory and time follow the largest).
+  // An uneven pipeline layout sizes each stage (memory follows the largest, step time the
+  // slowest), and the spec's virtual stages (interleaved 1F1B) shorten the bubble. Both are the
+  // spec's: the planner searches neither, and a candidate PP they do not fit is rejected by the
+  // layout rules (RuleViolations).
   const v1::ParallelConfig& par = defaulted.parallel();
   if (par.has_decoder_first_pipeline_num_layers()) {
     model.pipeline_first_layers = par.decoder_first_pipeline_num_layers();
   }
   if (par.has_decoder_last_pipeline_num_layers()) {
     model.pipeline_last_layers = par.decoder_last_pipeline_num_layers();
+  }
+  if (par.has_virtual_pipeline_model_parallel_size()) {
+    model.pipeline_virtual_stages = par.virtual_pipeline_model_parallel_size();
   }
 
   const int64_t gpus = request.cluster().num_gpus();

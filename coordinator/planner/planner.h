@@ -41,7 +41,11 @@
 // - micro_batch_size from the spec (default 1). The global batch from the spec; when unset it is
 //   micro_batch_size × W (what pure data parallelism would run), so every candidate trains the
 //   same number of sequences per step and step times compare. num_micro_batches = GBS / (mbs·DP).
-// - Virtual pipeline stages and multiple distributed-optimizer instances are not modelled.
+// - Pipeline layouts are the spec's: parallel.virtual_pipeline_model_parallel_size (interleaved
+//   1F1B: the step time's bubble and PP traffic, cost_model.h) and decoder_first/last_pipeline_
+//   num_layers (each stage's layers) are kept in every candidate, not searched; a candidate PP
+//   they do not fit breaks a layout rule and is rejected. Multiple distributed-optimizer
+//   instances are not modelled.
 //
 // Fit: a mapping fits when its per-rank estimate (cost_model.h EstimateMemory: the steady state
 // of the worker's buffers plus the runtime term) and the peak during Trainer::Create (the same

@@ -3,8 +3,10 @@
 // The planner against numbers computed by hand from the formulas of cost_model.h and
 // EstimateEngineMemory (common/model/model_math.h) (derivations in the comments), its rule
 // rejections, ranking, the no-fit error and bad input. Memory notation: a = 2 (bf16), r = s = 4
-// (fp32 router and statistics), runtime = kCudaRuntimeBytes 134,217,728 + kNcclCommunicatorBytes
-// 1,610,612,736 per communicator of > 1 rank; every tensor of these models is a multiple of 64
+// (fp32 router and statistics), runtime (RuntimeBytes) = kCudaRuntimeBytes 128 MiB and, for
+// W > 1, kNcclProcessBytes 2192 MiB + kNcclCommunicatorBytes 46 MiB per NCCL communicator of > 1
+// rank + kNcclPeerBytes 391 MiB per point-to-point peer (EngineCommunicators: the process groups
+// of rank 0, order tp-cp-ep-dp-pp); every tensor of these models is a multiple of 64
 // elements and the regions divide their shard padding, so N = P_d + P_x exactly.
 #include "coordinator/planner/planner.h"
 
@@ -155,10 +157,13 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
   //     4*(32769 + 32768 + 2048) = 270,340; stats 4 + 4*2*2 + 4*2*8 + 8*2*8 + ids 8*1024 = 8,404
   //     -> 217,391,324.
   //   activations = 35,733,504 + 107,819,752 + 217,391,324 = 360,944,580.
-  // runtime: W 8 = EP 8 = DP 8, EDP 1: world + grad_data = 2 communicators -> 3,355,443,200.
-  // total = 96,512,000 + 193,024,000 + 230,765,092 + 360,944,580 + 3,355,443,200
-  //       = 4,236,688,872.
-  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 360944580, 4236688872.0});
+  // runtime: W 8 = EP 8 = DP 8, EDP 1: every role of 8 ranks (dp_cp, tp_dp_cp, ep, etp_ep,
+  //   etp_ep_pp) is the world, the others one rank; + grad_world and grad_dp_cp (8 ranks) = 3
+  //   communicators; the world runs the all-to-all, 7 peers: 128 + 2192 + 3*46 + 7*391 = 5195 MiB
+  //   = 5,447,352,320 (before: 128 MiB + 2 * 1.5 GiB = 3,355,443,200).
+  // total = 96,512,000 + 193,024,000 + 230,765,092 + 360,944,580 + 5,447,352,320
+  //       = 6,328,597,992.
+  ExpectMemory(plan->best().memory(), {96512000, 193024000, 230765092, 360944580, 6328597992.0});
   // Time. FLOPs/token forward: attention 2*1024*(1024 + 2*1024) + 2*1024*1024 = 8,388,608;
   // core 2*2*8*128*512 = 2,097,152; router 2*1024*8 = 16,384; experts 2*2*3*1024*1024 =
   // 12,582,912; per layer 23,085,056, two layers 46,170,112; head 2*1024*32768 = 67,108,864;
@@ -194,8 +199,7 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // -> P_d = 18,885,632; P_x = 8/4 experts * 3*1024*1024 / ETP 1 = 6,291,456.
   // Stage 0 (layer 0): P_d = 2,107,392 + embedding 16,777,216 = 18,884,608, same P_x.
   // t = 1024, TP 2: 512 tokens per rank. Stage 0 has 2 micro-batches in flight (min(PP - 0, m)),
-  // stage 1 one; both hold the LM-head loss (the engine creates it on every stage), so stage 0
-  // is the larger:
+  // stage 1 one but the LM-head loss (only the last stage builds it), and stage 1 is the larger:
   //   layers: (residual 2*1024*2 + one layer 14,376 (case A)) = 18,472 * 512 = 9,457,664, x2.
   //   MoE layer: per token 2160 (case A) -> 1,105,920; send S = 512 * min(4, 2) = 1024 token
   //     rows 2*1024*1024 + 2*4*1024*2 + 4*1024 = 2,117,632; rank routing 8*512*4 + 2*4*512*4 +
@@ -206,41 +210,51 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //     rows 6*2*1280*1024 = 15,728,640; small 272 + aux ws (32 chunks) 2048 + 256 + router ws
   //     768 = 3344 -> 26,922,640.
   //   Stage 0: x2 in flight = 53,845,280;
-  //   head (no LM head on stage 0): 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 +
-  //     embedding ws of the V/TP = 16,384 rows over t = 1024 tokens 4*(16385 + 16384 + 2048) =
-  //     139,268; stats 4*8 + 4*8*2*2 + 4*8*2*8 + 8*2*8 + 8*1024 = 8,992; SP scratch
-  //     2 * 2*1024*1024 + the mapped ids 4*1024 = 4,198,400 -> 12,755,752.
-  //   Every stage: the vocabulary-parallel LM-head loss over the whole micro-batch (a chunk of
+  //   head: 14,376 * 512 + 4 = 7,360,516; RMSNorm ws 1,048,576 + embedding ws of the V/TP =
+  //     16,384 rows over t = 1024 tokens 4*(16385 + 16384 + 2048) = 139,268; stats 4*8 +
+  //     4*8*2*2 + 4*8*2*8 + 8*2*8 + 8*1024 = 8,992; SP scratch 2 * 2*1024*1024 + the mapped
+  //     ids 4*1024 = 4,198,400; the lse of the other 512 tokens 4*512 = 2048 -> 12,757,800.
+  //   Stage 1 only: the vocabulary-parallel LM-head loss over the whole micro-batch (a chunk of
   //   all t = 1024 rows of V/TP = 16,384 columns 1024*16384*6 + loss terms 4*1024 + TP
-  //   statistics 12*1024 + the lse of the other 512 tokens 4*512 = 100,681,728), the pipeline
-  //   receive buffers 2 * 2*512*1024 = 2,097,152 and (tied) the other end's embedding gradient
-  //   of V/TP rows 4*16384*1024 = 67,108,864.
-  //   Stage 0 (reported) activations = 18,915,328 + 53,845,280 + 12,755,752 + 100,681,728 +
-  //   2,097,152 + 67,108,864 = 255,404,104.
-  //   Stage 1: 9,457,664 + 26,922,640 + head 113,437,480 (12,755,752 + 100,681,728) + 2,097,152
-  //   + 67,108,864 = 219,023,800.
-  // Stage 0: N = 18,884,608 + 6,291,456 = 25,176,064; weights 2N = 50,352,128; gradients 4N =
-  //   100,704,256.
-  // optimizer (distributed): 20 * (18,884,608 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 15,733,760 + 24,612 = 314,699,812. (A replicated optimizer,
-  //   12N + 8,204 = 302,120,972, would be less here: the worker shards anyway.)
-  // runtime: world, grad_data, EP 4 (< W 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 50,352,128 + 100,704,256 + 314,699,812 + 255,404,104 + 8,187,281,408
-  //   = 8,908,441,708 (also the peak during Create, which holds no full copy; fits 80 GiB).
-  ExpectMemory(plan->best().memory(), {50352128, 100704256, 314699812, 255404104, 8908441708.0});
+  //   statistics 12*1024 = 100,679,680).
+  //   Every stage: the pipeline receive buffers 2 * 2*512*1024 = 2,097,152 and (tied) the other
+  //   end's embedding gradient of V/TP rows 4*16384*1024 = 67,108,864.
+  //   Stage 1 (reported) activations = 9,457,664 + 26,922,640 + 12,757,800 + 100,679,680 +
+  //   2,097,152 + 67,108,864 = 219,023,800.
+  //   Stage 0: 18,915,328 + 53,845,280 + 12,757,800 + 2,097,152 + 67,108,864 = 154,724,424
+  //   (255,404,104 while every stage built the loss, which made stage 0 the reported one).
+  // Stage 1: N = 18,885,632 + 6,291,456 = 25,177,088; weights 2N = 50,354,176; gradients 4N =
+  //   100,708,352.
+  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
+  //   scratches 24,612 = 20 * 15,734,272 + 24,612 = 314,710,052. (A replicated optimizer,
+  //   12N + 8,204 = 302,133,260, would be less here: the worker shards anyway.)
+  // runtime: rank 0's groups tp [0,1], dp_cp [0,2], tp_dp_cp [0..3] (= ep = etp_ep: shared),
+  //   pp [0,4], etp_ep_pp = the world; world + those 4 + grad_world + grad_dp_cp = 7
+  //   communicators; peers: the all-to-all over EP 4, 3, and the pipeline's 1: 128 + 2192 +
+  //   7*46 + 4*391 = 4206 MiB = 4,410,310,656 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
+  // total = 50,354,176 + 100,708,352 + 314,710,052 + 219,023,800 + 4,410,310,656
+  //   = 5,095,107,036 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  //   Stage 0: 50,352,128 + 100,704,256 + 314,699,812 + 154,724,424 + 4,410,310,656 =
+  //   5,030,791,276.
+  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314710052, 219023800, 5095107036.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
-  // compute = 339,836,928 * 16 * 1024 / (8 * 1e14 * 0.5) = 0.01391972057088.
+  // Per stage (its own layers; the LM head on the last): FLOPs/token stage 0 = 3 * 23,085,056
+  // (layer 0, case A) = 69,255,168; stage 1 = 3 * (23,085,056 + head 67,108,864) = 270,581,760.
+  // Stage 1 is the slowest (the same TP, EP and PP traffic, one MoE layer each):
+  // compute = 270,581,760 * GBS 16 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.0221660577792.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
-  // DP (P_d of stage 0, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,884,608 / 1e11
-  //   = 0.00075538432; EDP 1: none.
-  // bubble: (0.01391972057088 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/8
-  //       = 0.01643630297088 / 8 = 0.00205453787136.
-  // total = 0.01643630297088 + 0.00075538432 + 0.00205453787136 = 0.01924622516224.
-  ExpectTime(plan->best().time(), {0.01391972057088, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075538432, 0.00205453787136, 0.01924622516224});
+  // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,885,632 / 1e11
+  //   = 0.00075542528; EDP 1: none.
+  // bubble: (0.0221660577792 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/(1*8)
+  //       = 0.0246826401792 / 8 = 0.0030853300224.
+  // total = 0.0246826401792 + 0.00075542528 + 0.0030853300224 = 0.0285233954816.
+  // (Before the per-stage model: compute = all FLOPs / W = 0.01391972057088, total
+  // 0.01924622516224, as if stage 0 carried half the LM head.)
+  ExpectTime(plan->best().time(), {0.0221660577792, 0.00033554432, 0.00050331648, 0.0016777216,
+                                   0.00075542528, 0.0030853300224, 0.0285233954816});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -295,11 +309,12 @@ TEST(PlannerTest, HandComputedDenseContextParallel) {
   //     K/V gather buffers (issue 13: GptModel::Build), rows of Hkv 2 * D 128 * 2 B = 512 B:
   //     5 * (t 2048 * CP 2) + 2 * S 2048 = 24,576 rows = 12,582,912 -> 490,094,608.
   //   activations = 159,547,392 + 490,094,608 = 649,642,000.
-  // runtime: world (4), grad_data, grad_expert_data (EDP 4), CP = 4 communicators
-  //   -> 6,576,668,672.
-  // total = 195,045,376 + 390,090,752 + 487,629,848 + 649,642,000 + 6,576,668,672
-  //       = 8,299,076,648.
-  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 649642000, 8299076648.0});
+  // runtime: dp_cp, tp_dp_cp and edp (EDP 4) are the world; cp [0,1]; grad_world, grad_dp_cp,
+  //   grad_edp: 5 communicators, no point-to-point peer (dense): 128 + 2192 + 5*46 = 2550 MiB
+  //   = 2,673,868,800 (before: 4 * 1.5 GiB + 128 MiB = 6,576,668,672).
+  // total = 195,045,376 + 390,090,752 + 487,629,848 + 649,642,000 + 2,673,868,800
+  //       = 4,396,276,776.
+  ExpectMemory(plan->best().memory(), {195045376, 390090752, 487629848, 649642000, 4396276776.0});
   // FLOPs/token forward: attention 2*1024*(1024 + 512) + 2*1024*1024 = 5,242,880; core
   // 2*2*8*128*1024 = 4,194,304; MLP 2*3*1024*4096 = 25,165,824; two layers 69,206,016; head
   // 67,108,864; sum 136,314,880, times 3 = 408,944,640.
@@ -348,8 +363,8 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // 2,097,152 + 2048 + 3,145,728 = 5,244,928. Stage 0: 3,677,184 + 5,244,928 + embedding
   // 32768/TP 2 * 1024 = 16,777,216 -> P_d = 25,699,328; P_x = 1,572,864. Stage 1: output +
   // final norm, P_d = 25,700,352, N = 27,273,216.
-  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight; both stages hold
-  // the LM-head loss (the engine creates it on every stage), so stage 0 is the larger:
+  // t = 1024, 512 tokens per TP rank. Stage 0 has 2 micro-batches in flight, stage 1 one but
+  // the LM-head loss (only the last stage builds it), and stage 1 is the larger:
   //   layers: residual 2*1024*3 = 6144 + 2 * 14,376 (case A) + dense 3*2*2048 = 12,288
   //     -> 47,184 * 512 = 24,158,208, x2 = 48,316,416.
   //   MoE layer: per token 2*4*4 + 2*4 + 16 + 16 + 2048 = 2120; shared expert
@@ -365,36 +380,158 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   //     6*2*2560*(512/ETP 2) = 7,864,320; small (8+4+4)*4 + 16*4 + 4*2 + 8 = 144 + aux ws 1024 +
   //     256 + router ws 768 = 2192
   //     -> 46,886,344 (stage 0: x2 in flight).
-  //   Stage 0 head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA
-  //     ws 1,187,844 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP
-  //     scratch 4,198,400 (case B) -> 19,046,576; on every stage the vocabulary-parallel LM head
-  //     of case B, 100,681,728, and the pipeline receive buffers 2,097,152 (case B).
-  //   Stage 0 (reported) activations = 48,316,416 + 93,772,688 + 19,046,576 + 100,681,728 +
-  //     2,097,152 = 263,914,560.
-  //   Stage 1: layers 24,158,208 + MoE 46,886,344 + head 119,728,304 + 2,097,152 = 192,870,008.
-  // Stage 0: N = 25,699,328 + 1,572,864 = 27,272,192; weights 2N = 54,544,384; gradients 4N =
-  //   109,088,768;
-  // optimizer 20 * (25,699,328 / 2 + 1,572,864 / 1) + 24,612 = 288,475,172.
-  // runtime: world, grad_data, EP*ETP 4 (< 8), TP, PP = 5 communicators -> 8,187,281,408.
-  // total = 54,544,384 + 109,088,768 + 288,475,172 + 263,914,560 + 8,187,281,408
-  //       = 8,903,304,292.
-  ExpectMemory(plan->best().memory(), {54544384, 109088768, 288475172, 263914560, 8903304292.0});
+  //   head: 14,376 * 512 + 4 = 7,360,516; dense dh, da 3*2*2048*512 = 6,291,456; CUDA ws
+  //     1,187,844 (case B); stats 4*2 + 4*2*2*2 + 4*2*2*4 + 8*2*4 + 8*1024 = 8,360; SP scratch
+  //     4,198,400 (case B); lse of the other 512 tokens 2048 -> 19,048,624; the pipeline
+  //     receive buffers 2,097,152 (case B); on stage 1 only the vocabulary-parallel LM-head loss
+  //     of case B, 100,679,680.
+  //   Stage 1 (reported) activations = layers 24,158,208 + MoE 46,886,344 + head 19,048,624 +
+  //     100,679,680 + 2,097,152 = 192,870,008.
+  //   Stage 0: 48,316,416 + 93,772,688 + 19,048,624 + 2,097,152 = 163,234,880 (263,914,560
+  //     while every stage built the loss, which made stage 0 the reported one).
+  // Stage 1: N = 25,700,352 + 1,572,864 = 27,273,216; weights 2N = 54,546,432; gradients 4N =
+  //   109,092,864;
+  // optimizer 20 * (25,700,352 / 2 + 1,572,864 / 1) + 24,612 = 288,485,412.
+  // runtime: rank 0's groups tp [0,1] (= etp), dp_cp [0,2] (= ep), tp_dp_cp [0..3] (= etp_ep),
+  //   pp [0,4], etp_ep_pp = the world; world + 4 + grad_world + grad_dp_cp = 7 communicators;
+  //   peers: all-to-all over EP 2, 1, and the pipeline's 1: 128 + 2192 + 7*46 + 2*391 =
+  //   3424 MiB = 3,590,324,224 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
+  // total = 54,546,432 + 109,092,864 + 288,485,412 + 192,870,008 + 3,590,324,224
+  //       = 4,235,318,940 (stage 0: 4,205,667,428).
+  ExpectMemory(plan->best().memory(), {54546432, 109092864, 288485412, 192870008, 4235318940.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =
   // 25,186,304; head 67,108,864. Sum 159,404,032, x3 = 478,212,096.
-  // compute = 478,212,096 * 4 * 1024 / (8 * 1e14 * 0.5) = 0.00489689186304.
+  // Per stage: a MoE layer 8,388,608 + 2,097,152 + 8192 + 6,291,456 + 6,291,456 + 2048 =
+  // 23,078,912 and a dense one 8,388,608 + 2,097,152 + 12,582,912 = 23,068,672, so stage 0
+  // (layers 0, 1) 46,147,584 and stage 1 (layers 2, 3 + head) 113,256,448, x3 = 339,769,344.
+  // Both stages have the same traffic (L_s = 2, Lm_s = 1): stage 1 is the slowest.
+  // compute = 339,769,344 * 4 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.00695847616512.
   // All groups in one node (1e11). L_s = 2, Lm_s = 1, t = 1024.
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
-  // DP (stage 0, reported by the memory estimate): 2 * 1/2 * 4 * 25,699,328 / 1e11 =
-  //   0.00102797312; EDP 1: none.
-  // bubble: (0.00489689186304 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/2
-  //       = 0.00544215138304 / 2 = 0.00272107569152.
-  // total = 0.00544215138304 + 0.00102797312 + 0.00272107569152 = 0.00919120019456.
-  ExpectTime(plan->best().time(), {0.00489689186304, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00102797312, 0.00272107569152, 0.00919120019456});
+  // DP (stage 1, reported by the memory estimate): 2 * 1/2 * 4 * 25,700,352 / 1e11 =
+  //   0.00102801408; EDP 1: none.
+  // bubble: (0.00695847616512 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/(1*2)
+  //       = 0.00750373568512 / 2 = 0.00375186784256.
+  // total = 0.00750373568512 + 0.00102801408 + 0.00375186784256 = 0.01228361760768.
+  // (Before the per-stage model: compute 0.00489689186304, total 0.00919120019456.)
+  ExpectTime(plan->best().time(), {0.00695847616512, 0.00025165824, 0.00025165824, 4.194304e-05,
+                                   0.00102801408, 0.00375186784256, 0.01228361760768});
+}
+
+// A dense model for the pipeline-time cases: `layers` layers, H 1024, 8 heads (D 128, Hkv 8),
+// F 4096, V 32768, S 1024, tied embeddings; parallel.world_size `world`, TP `tp`, PP `pp`
+// (CP 1), mbs 1, global batch 4. FLOPs/token forward per layer: attention 2*1024*(1024 +
+// 2*1024) + 2*1024*1024 = 8,388,608, core 2*2*8*128*512 = 2,097,152, MLP 2*3*1024*4096 =
+// 25,165,824 -> 35,651,584; LM head 2*1024*32768 = 67,108,864 (on the last stage only).
+v1::PlanRequest DensePipelineRequest(int layers, int world, int tp, int pp) {
+  v1::PlanRequest req;
+  v1::JobSpec* spec = req.mutable_spec();
+  v1::ModelConfig* m = spec->mutable_model();
+  m->set_num_layers(layers);
+  m->set_hidden_size(1024);
+  m->set_num_attention_heads(8);
+  m->set_ffn_hidden_size(4096);
+  m->set_vocab_size(32768);
+  m->set_seq_length(1024);
+  spec->mutable_training()->set_train_iters(100);
+  spec->mutable_training()->set_global_batch_size(4);
+  spec->mutable_data()->set_mock_data(true);
+  v1::ParallelConfig* p = spec->mutable_parallel();
+  p->set_world_size(world);
+  p->set_tensor_model_parallel_size(tp);
+  p->set_context_parallel_size(1);
+  p->set_pipeline_model_parallel_size(pp);
+  *req.mutable_cluster() = Cluster8(8);
+  return req;
+}
+
+// Case E: an uneven PP2 layout, decoder_first_pipeline_num_layers 1 (stage 0 layer 0, stage 1
+// layers 1-3 and the LM head), L 4, TP2 PP2 DP1 on 4 of the 8 GPUs (one node, 1e11 B/s), m = 4.
+// The pipeline runs at the pace of stage 1, which holds 3 layers and the head.
+TEST(PlannerTest, HandComputedUnevenPipelineRunsAtTheSlowestStage) {
+  v1::PlanRequest req = DensePipelineRequest(4, 4, 2, 2);
+  req.mutable_spec()->mutable_parallel()->set_decoder_first_pipeline_num_layers(1);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("E best", plan->best());
+  EXPECT_EQ(plan->best().mapping().num_micro_batches(), 4);
+  // FLOPs/token: stage 0 3 * 35,651,584 = 106,954,752; stage 1 3 * (3 * 35,651,584 +
+  // 67,108,864) = 522,190,848.
+  // compute (stage 1) = 522,190,848 * GBS 4 * 1024 / (W/PP 2 * 1e14 * 0.5) = 0.02138893713408
+  //   (stage 0: 0.00438086664192).
+  // TP (stage 1, 3 dense layers): m 4 * (4*3 + 4*3) * 1/2 * 2*1024*1024 / 1e11 = 100,663,296 /
+  //   1e11 = 0.00100663296 (stage 0: 0.00033554432).
+  // PP: 4 * 2 * 2*1024*1024 / TP 2 / 1e11 = 8,388,608 / 1e11 = 8.388608e-05. EP none, DP 1.
+  // work = 0.02138893713408 + 0.00100663296 + 8.388608e-05 = 0.02247945617408;
+  // bubble = work * (2-1) / (1*4) = 0.00561986404352; total = 0.0280993202176.
+  // (Before: compute = all FLOPs / W = 3 * 209,715,200 * 4096 / (4 * 5e13) = 0.012884901888,
+  // total 0.01746927616, 38 % less than the pipeline can run.)
+  ExpectTime(plan->best().time(), {0.02138893713408, 0.00100663296, 0, 8.388608e-05, 0,
+                                   0.00561986404352, 0.0280993202176});
+}
+
+// Case F: interleaved 1F1B, PP2 with virtual_pipeline_model_parallel_size 2, L 4 (stage 0 holds
+// chunks [0] and [2], stage 1 [1] and [3] with the LM head), TP1 PP2 DP1 on 2 GPUs, m = 4,
+// against the same job on plain 1F1B.
+TEST(PlannerTest, HandComputedInterleavedPipelineShortensTheBubble) {
+  v1::PlanRequest req = DensePipelineRequest(4, 2, 1, 2);
+  auto plain = PlanJob(req);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  Print("F plain 1F1B", plain->best());
+  req.mutable_spec()->mutable_parallel()->set_virtual_pipeline_model_parallel_size(2);
+  auto plan = PlanJob(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Print("F interleaved", plan->best());
+  // FLOPs/token of stage 1: 3 * (2 * 35,651,584 + 67,108,864) = 415,236,096 (stage 0:
+  // 213,909,504). compute = 415,236,096 * 4 * 1024 / (W/PP 1 * 5e13) = 0.03401614098432.
+  // Plain: PP 4 * 2 * 2*1024*1024 / 1e11 = 0.00016777216; work 0.03418391314432; bubble
+  //   work * 1/4 = 0.00854597828608; total 0.0427298914304.
+  // VPP 2: every micro-batch crosses the stage boundary twice as often: PP 2 * 0.00016777216 =
+  //   0.00033554432; work 0.03435168530432; bubble work * (2-1) / (2*4) = 0.00429396066304;
+  //   total 0.03864564596736.
+  ExpectTime(plain->best().time(),
+             {0.03401614098432, 0, 0, 0.00016777216, 0, 0.00854597828608, 0.0427298914304});
+  ExpectTime(plan->best().time(),
+             {0.03401614098432, 0, 0, 0.00033554432, 0, 0.00429396066304, 0.03864564596736});
+}
+
+// Case G: L 8 on PP2 (TP1 DP1, 2 GPUs, m = 4): the even 4 | 4 split leaves the LM head on top of
+// stage 1's four layers; decoder_first_pipeline_num_layers 5 (5 | 3) balances the stages, 6 | 2
+// overshoots. The step time ranks them 5 | 3, 4 | 4, 6 | 2. Before the per-stage model all three
+// had the same time (all FLOPs / W: compute 0.04329327034368, total 0.0543263031296), so the
+// memory estimate decided.
+TEST(PlannerTest, BalancedPipelineLayoutRanksAboveUnbalanced) {
+  // Slowest stage FLOPs/token (x3 of the forward): 4 | 4: stage 1 4 * 35,651,584 + 67,108,864
+  // -> 629,145,600; 5 | 3: stage 0 5 * 35,651,584 -> 534,773,760 (stage 1 522,190,848);
+  // 6 | 2: stage 0 -> 641,728,512. compute = F * 4 * 1024 / 5e13; PP 0.00016777216 (case F);
+  // bubble = work / 4:
+  //   4 | 4: 0.051539607552 + 0.00016777216 = 0.051707379712, total 0.06463422464
+  //   5 | 3: 0.0438086664192 + 0.00016777216 = 0.0439764385792, total 0.054970548224
+  //   6 | 2: 0.05257039970304 + 0.00016777216 = 0.05273817186304, total 0.0659227148288
+  struct Layout {
+    int first;  // 0: even
+    double compute, bubble, total;
+  };
+  const Layout layouts[] = {{5, 0.0438086664192, 0.0109941096448, 0.054970548224},
+                            {0, 0.051539607552, 0.012926844928, 0.06463422464},
+                            {6, 0.05257039970304, 0.01318454296576, 0.0659227148288}};
+  double previous = 0;
+  for (const Layout& l : layouts) {
+    v1::PlanRequest req = DensePipelineRequest(8, 2, 1, 2);
+    if (l.first > 0) {
+      req.mutable_spec()->mutable_parallel()->set_decoder_first_pipeline_num_layers(l.first);
+    }
+    auto plan = PlanJob(req);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    Print(l.first == 0 ? "G even 4 | 4" : l.first == 5 ? "G 5 | 3" : "G 6 | 2", plan->best());
+    ExpectTime(plan->best().time(), {l.compute, 0, 0, 0.00016777216, 0, l.bubble, l.total});
+    EXPECT_GT(plan->best().time().total(), previous) << "first stage layers " << l.first;
+    previous = plan->best().time().total();
+  }
 }
 
 bool HasRejection(const v1::Plan& plan, int tp, int ep, const std::string& text) {
@@ -441,31 +578,32 @@ TEST(PlannerTest, RejectsMappingsThatBreakARuleWithTheRuleText) {
             << ": " << plan->rejected(0).rejection() << "\n";
 }
 
-// Case A's mapping on 4.6 GiB GPUs (4,939,212,390 bytes). Before issue 15 its steady state fitted
-// but its peak during Trainer::Create (+ 12 N of full fp32 master and Adam copies, 4.76 GiB)
-// did not, and it was rejected. The worker now initialises the optimizer shards directly: the
-// peak is the steady state (4,236,688,872 bytes, 3.95 GiB, case A), so the mapping fits. On
-// 3.9 GiB GPUs (4,187,593,113 bytes) it does not: RESOURCE_EXHAUSTED naming the steady-state
-// peak and no Create peak.
+// Case A's mapping on 6.0 GiB GPUs (6,442,450,944 bytes). Before issue 15 its peak during
+// Trainer::Create held 12 N more than the steady state (the full fp32 master and Adam copies,
+// 579,072,000 bytes: 6,907,669,992 = 6.43 GiB), and it was rejected. The worker now initialises
+// the optimizer shards directly: the peak is the steady state (6,328,597,992 bytes, 5.89 GiB,
+// case A), so the mapping fits. On 5.8 GiB GPUs (6,227,702,579 bytes) it does not:
+// RESOURCE_EXHAUSTED naming the steady-state peak and no Create peak. (The GPU sizes were 4.6 and
+// 3.9 GiB while the runtime term was 1.5 GiB per communicator: case A's total was 3.95 GiB.)
 TEST(PlannerTest, TheCreatePeakIsTheSteadyState) {
   v1::PlanRequest req;
   *req.mutable_spec() = SmallMoeSpec();
   FixMapping(req.mutable_spec(), 1, 1, 1, 1, 8);
   *req.mutable_cluster() = Cluster8(8);
-  req.mutable_cluster()->set_gpu_memory_bytes(4.6 * kGiB);
+  req.mutable_cluster()->set_gpu_memory_bytes(6.0 * kGiB);
   auto plan = PlanJob(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  Print("4.6 GiB best", plan->best());
+  Print("6.0 GiB best", plan->best());
   EXPECT_TRUE(plan->best().mapping().use_distributed_optimizer());
-  ExpectRel(plan->best().memory().total(), 4236688872.0, "distributed total");
+  ExpectRel(plan->best().memory().total(), 6328597992.0, "distributed total");
 
-  req.mutable_cluster()->set_gpu_memory_bytes(3.9 * kGiB);
+  req.mutable_cluster()->set_gpu_memory_bytes(5.8 * kGiB);
   plan = PlanJob(req);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
-  std::cout << "3.9 GiB: " << plan.status() << "\n";
+  std::cout << "5.8 GiB: " << plan.status() << "\n";
   const std::string message(plan.status().message());
-  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 3.95 GiB")) << message;
-  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 3.95 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "the smallest peak is 5.89 GiB")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "per-rank estimate 5.89 GiB")) << message;
   EXPECT_FALSE(absl::StrContains(message, "during Trainer::Create")) << message;
 }
 

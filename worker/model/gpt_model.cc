@@ -781,12 +781,18 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
         emb_ws_,
         Alloc(DType::kU8, {kernels::EmbeddingBackwardWorkspaceBytes(t, c.vocab_size / tp)}));
   }
-  // One chunk of fp32 logits of at most ~512 MiB (CUDA) / 64 MiB (CPU), over this rank's V/TP
-  // vocabulary rows for the whole micro-batch's t tokens (tl == t without TP).
-  const int64_t budget = device_.is_cuda() ? (int64_t{512} << 20) : (int64_t{64} << 20);
-  const int64_t vl = c.vocab_size / tp;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t, budget / (vl * 8)));
-  SY_ASSIGN_OR_RETURN(ce_, kernels::FusedLinearCrossEntropy::Create(device_, t, h, vl, chunk));
+  // The fused LM-head loss, only on the stage that holds the LM head (the last; with virtual
+  // stages the one holding the last model chunk, GptConfig::HeadIn): one chunk of fp32 logits of
+  // at most ~512 MiB (CUDA) / 64 MiB (CPU), over this rank's V/TP vocabulary rows for the whole
+  // micro-batch's t tokens (tl == t without TP). Other stages leave ce_ null (Forward and
+  // ForwardBackward refuse the head there). stat_ce_ is on every stage: ReadStepStats reads it
+  // (zeros where no loss is computed).
+  if (c.last_stage()) {
+    const int64_t budget = device_.is_cuda() ? (int64_t{512} << 20) : (int64_t{64} << 20);
+    const int64_t vl = c.vocab_size / tp;
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t, budget / (vl * 8)));
+    SY_ASSIGN_OR_RETURN(ce_, kernels::FusedLinearCrossEntropy::Create(device_, t, h, vl, chunk));
+  }
   SY_ASSIGN_OR_RETURN(stat_ce_, Alloc(stat_dt, {max_micro_}));
   if (n_moe > 0) {
     SY_ASSIGN_OR_RETURN(stat_moe_losses_,
@@ -1153,6 +1159,10 @@ absl::Status GptModel::Forward(const Stream& stream, const Tensor& ids, const Te
     SY_RETURN_IF_ERROR(GatherSeq(stream, Rows(final_n_, tl), normed, seq_len));
   }
   if (targets.data != nullptr) {
+    if (ce_ == nullptr) {  // HeadIn holds only on the last stage, which builds it
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GptModel::Forward: pipeline stage ", config_.pp_rank, " has no fused LM-head loss"));
+    }
     const Tensor loss = Slice(stat_ce_, micro, {1});
     if (tp) {
       SY_RETURN_IF_ERROR(ce_->VocabParallelForward(stream, normed, w_out, targets, MakeVocabShard(),
@@ -1352,10 +1362,11 @@ absl::Status GptModel::ForwardBackward(const Stream& s, const Tensor& ids, const
                                                    ") must be in [0, ", num_slots(), ")"));
   }
   const int head = static_cast<int>(config_.num_chunks() - 1);
-  if (!config_.last_stage()) {
+  if (!config_.last_stage() || ce_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("GptModel::ForwardBackward: pipeline stage ", config_.pp_rank,
-                     " is not the last (it has no LM head): use ForwardStage / BackwardStage"));
+                     " is not the last (it has no LM head and no fused loss): use ForwardStage / "
+                     "BackwardStage"));
   }
   if (!config_.EmbedsIn(head) && input_grad == nullptr) {
     return absl::InvalidArgumentError(
