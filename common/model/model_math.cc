@@ -315,7 +315,9 @@ EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping
   // members equal another's.
   if (z.dp * z.cp > 1) ++out.communicators;
   if (z.edp > 1) ++out.communicators;
-  if (m.num_moe_layers() > 0 && !m.moe_allgather && z.ep > 1) out.p2p_peers += z.ep - 1;
+  if (m.num_moe_layers() > 0 && !m.moe_allgather && z.ep > 1) {
+    out.p2p_peers += std::min<int64_t>(z.ep - 1, kNcclMaxCountedPeers);
+  }
   if (z.pp > 1) out.p2p_peers += std::min<int64_t>(z.pp - 1, 2);
   return out;
 }

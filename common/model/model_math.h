@@ -165,10 +165,10 @@ struct EngineCommunicatorSet {
   // hold communicators - 1 of them).
   int64_t communicators = 0;
   // Point-to-point connections, summed over the communicators that run all-to-all or send/recv:
-  // the ep communicator, EP − 1 peers, when MoE layers use the alltoall dispatcher (the
-  // allgather dispatcher gathers over etp_ep instead); the pp communicator, min(PP − 1, 2) peers
-  // (a stage sends to the next and receives from the previous, the interleaved schedule wraps
-  // around).
+  // the ep communicator, min(EP − 1, kNcclMaxCountedPeers) peers, when MoE layers use the
+  // alltoall dispatcher (the allgather dispatcher gathers over etp_ep instead); the pp
+  // communicator, min(PP − 1, 2) peers (a stage sends to the next and receives from the
+  // previous, the interleaved schedule wraps around).
   int64_t p2p_peers = 0;
 };
 EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping& mapping);
@@ -196,6 +196,13 @@ EngineCommunicatorSet EngineCommunicators(const ModelShape& m, const v1::Mapping
 inline constexpr double kNcclProcessBytes = 2192.0 * 1024 * 1024;
 inline constexpr double kNcclCommunicatorBytes = 46.0 * 1024 * 1024;
 inline constexpr double kNcclPeerBytes = 391.0 * 1024 * 1024;
+// Point-to-point peers counted per communicator at most: the 7 other GPUs of an 8-GPU node. The
+// 391 MiB per peer were measured over NVLink (NCCL's P2P transport, which connects only the GPUs of
+// one node); peers on other nodes go through the network transport, whose device buffers per peer
+// are not measured. Extrapolating the NVLink rate to them (EP 256: 97 GiB) would rule out the large
+// expert-parallel meshes Megatron trains on 80 GB GPUs, so they are not counted: for EP > 8 the
+// term is a lower bound until a multi-node run measures it.
+inline constexpr int64_t kNcclMaxCountedPeers = 7;
 // The CUDA engine's device memory outside its Buffers for `mapping`: kCudaRuntimeBytes, plus,
 // when W > 1, kNcclProcessBytes + kNcclCommunicatorBytes · communicators + kNcclPeerBytes ·
 // p2p_peers (EngineCommunicators).
