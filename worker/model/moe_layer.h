@@ -216,8 +216,9 @@ class MoELayer {
   MoELayer& operator=(const MoELayer&) = delete;
   ~MoELayer();
 
-  // y [T, H] = MoE(x [T, H]); saves what Backward needs. `x` must stay valid and unchanged
-  // until Backward (the model's activation arena keeps it; the layer does not copy it).
+  // y [T, H] = MoE(x [T, H]); saves what Backward needs. `x` must stay valid and hold the same
+  // values when Backward runs (the model's activation arena keeps it, or, with the "layernorm"
+  // recompute, GptModel recomputes it into the same scratch first; the layer does not copy it).
   // `jitter_offset` selects fresh jitter noise per step (ignored unless training with input
   // jitter).
   absl::Status Forward(const Stream& stream, const MoELayerParams& params,
