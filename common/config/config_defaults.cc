@@ -40,6 +40,11 @@ void ApplyModelDefaults(v1::ModelConfig* m) {
   SY_DEFAULT(m, rotary_base, 10000.0);
   SY_DEFAULT(m, init_method_std, 0.02);
   SY_DEFAULT_STRING(m, attention_backend, "auto");
+  // Megatron's recompute_modules default, ["core_attn"], where Megatron reads the list (selective
+  // granularity only; without it a list would be ignored, which validation rejects).
+  if (m->recompute_granularity() == "selective" && m->recompute_modules_size() == 0) {
+    m->add_recompute_modules("core_attn");
+  }
 
   if (!m->has_num_experts()) return;  // dense model: no MoE defaults
   if (m->has_ffn_hidden_size()) SY_DEFAULT(m, moe_ffn_hidden_size, m->ffn_hidden_size());

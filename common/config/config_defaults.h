@@ -23,6 +23,8 @@
 //   models, i.e. when model.num_experts is set; a dense spec stays free of MoE knobs.
 // - moe_aux_loss_coeff: when empty it gets one 0 per load-balancing type. A non-empty list of
 //   the wrong length is left alone for the validator to reject (Megatron requires equal lengths).
+// - model.recompute_modules: Megatron's ["core_attn"] only when model.recompute_granularity is
+//   "selective" and the list is empty (an empty list cannot be told from an unset one).
 // - training.bf16 stays unset ("true on GPU" is decided by the worker that knows its device);
 //   model.vocab_size stays unset (it comes from the tokenizer).
 // - Evaluation (issue 18): training.eval_iters defaults to Megatron's 100 only when

@@ -35,6 +35,7 @@ constexpr Bound kCountBounds[] = {
     {"model.moe_layer_pattern", size_t{1} << 14},  // one entry per layer (model.num_layers max)
     {"model.moe_router_load_balancing_type", 8},
     {"model.moe_aux_loss_coeff", 8},
+    {"model.recompute_modules", 16},  // Megatron has 7 module names
 };
 constexpr size_t kDefaultStringBytes = 64;  // choices such as "softmax", "969,30,1"
 constexpr size_t kDefaultCount = 64;

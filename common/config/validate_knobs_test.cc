@@ -2,6 +2,7 @@
 // (common/config/validate_knobs.cc). One test per rule: start from the valid baseline
 // (common/config/validate_test_util.h), break exactly that rule, check INVALID_ARGUMENT and the
 // field path and rule in the message; and check that the implemented values stay valid.
+#include "common/config/config_defaults.h"
 #include "common/config/validate.h"
 #include "common/config/validate_test_util.h"
 #include "gtest/gtest.h"
@@ -95,6 +96,74 @@ TEST(ValidateKnobsTest, TokenizerTypeIsKnownAndNeedsAModel) {
   spec.mutable_data()->clear_tokenizer_model();
   ExpectViolation(spec, {"data.tokenizer_type (\"HuggingFaceTokenizer\") requires "
                          "data.tokenizer_model"});
+}
+
+// Selective activation recompute (config.proto "activation recompute"): the honoured modules are
+// valid, alone and together; Megatron's default ["core_attn"] fills an empty list under
+// "selective"; "full", a module list without "selective", unknown names (with the allowed set)
+// and the modules the engine does not run are each rejected naming the field.
+TEST(ValidateKnobsTest, RecomputeGranularityAndModules) {
+  v1::JobSpec spec = RawBaseline();  // every layer MoE
+  spec.mutable_model()->set_recompute_granularity("selective");
+  ExpectValid(spec);
+  v1::JobSpec defaulted = spec;
+  ApplyDefaults(&defaulted);
+  ASSERT_EQ(defaulted.model().recompute_modules_size(), 1);
+  EXPECT_EQ(defaulted.model().recompute_modules(0), "core_attn");
+  for (const char* ok : {"core_attn", "moe_act", "layernorm"}) {
+    spec.mutable_model()->clear_recompute_modules();
+    spec.mutable_model()->add_recompute_modules(ok);
+    ExpectValid(spec);
+  }
+  for (const char* ok : {"core_attn", "moe_act"}) spec.mutable_model()->add_recompute_modules(ok);
+  ExpectValid(spec);  // layernorm, core_attn, moe_act
+  // "mlp" needs dense layers: every other layer dense is valid.
+  spec.mutable_model()->add_recompute_modules("mlp");
+  ExpectViolation(spec, {"model.recompute_modules[3] (\"mlp\") recomputes the dense MLP layers "
+                         "and this model has none"});
+  spec.mutable_model()->set_moe_layer_freq(2);
+  ExpectValid(spec);
+  spec.mutable_model()->clear_moe_layer_freq();
+  for (int x : {1, 0, 1, 1, 1, 1, 1, 1}) spec.mutable_model()->add_moe_layer_pattern(x);
+  ExpectValid(spec);
+
+  spec.mutable_model()->clear_recompute_modules();
+  spec.mutable_model()->add_recompute_modules("moe_act");
+  spec.mutable_model()->add_recompute_modules("attention");
+  ExpectViolation(spec, {"model.recompute_modules[1] (\"attention\") must be one of \"core_attn\", "
+                         "\"moe_act\", \"layernorm\", \"mla_up_proj\", \"mlp\", \"moe\", "
+                         "\"shared_experts\""});
+  spec.mutable_model()->set_recompute_modules(1, "moe");
+  ExpectViolation(spec, {"model.recompute_modules[1] (\"moe\") is not supported"});
+  spec.mutable_model()->set_recompute_modules(1, "shared_experts");
+  ExpectViolation(spec, {"model.recompute_modules[1] (\"shared_experts\") is not supported"});
+  spec.mutable_model()->set_recompute_modules(1, "mla_up_proj");
+  ExpectViolation(spec, {"model.recompute_modules[1] (\"mla_up_proj\") requires multi-latent "
+                         "attention"});
+
+  spec.mutable_model()->clear_recompute_granularity();
+  spec.mutable_model()->set_recompute_modules(1, "layernorm");
+  ExpectViolation(spec, {"model.recompute_modules requires model.recompute_granularity "
+                         "\"selective\" (got unset)"});
+  spec.mutable_model()->clear_recompute_modules();
+  spec.mutable_model()->set_recompute_granularity("full");
+  ExpectViolation(spec, {"model.recompute_granularity (\"full\") is not supported"});
+  spec.mutable_model()->set_recompute_granularity("block");
+  ExpectViolation(spec, {"model.recompute_granularity (\"block\") must be one of \"selective\", "
+                         "\"full\""});
+
+  // A dense model: "mlp" is valid, "moe_act" has nothing to recompute.
+  v1::JobSpec dense;
+  dense.mutable_model()->set_hidden_size(64);
+  dense.mutable_model()->set_num_attention_heads(4);
+  dense.mutable_training()->set_train_iters(10);
+  dense.mutable_model()->set_recompute_granularity("selective");
+  dense.mutable_model()->add_recompute_modules("mlp");
+  dense.mutable_model()->add_recompute_modules("layernorm");
+  ExpectValid(dense);
+  dense.mutable_model()->add_recompute_modules("moe_act");
+  ExpectViolation(dense, {"model.recompute_modules[2] (\"moe_act\") requires MoE layers "
+                          "(model.num_experts)"});
 }
 
 }  // namespace

@@ -20,6 +20,37 @@ absl::Status Positive(const char* field, int64_t value) {
   return absl::InvalidArgumentError(absl::StrCat(field, " (", value, ") must be positive"));
 }
 
+// model.recompute_granularity / recompute_modules into the shape's recompute flags. Validation
+// (common/config/validate_knobs.cc) rejects the same specs with fuller messages; this keeps a spec
+// that skipped it from running with a module silently ignored.
+absl::Status ParseRecompute(const v1::ModelConfig& m, ModelShape* s) {
+  const std::string& granularity = m.recompute_granularity();
+  if (!granularity.empty() && granularity != "selective") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.recompute_granularity (\"", granularity,
+                     "\") is not supported: only \"selective\" (or unset: no recompute)"));
+  }
+  if (granularity.empty() && m.recompute_modules_size() > 0) {
+    return absl::InvalidArgumentError(
+        "model.recompute_modules requires model.recompute_granularity \"selective\"");
+  }
+  for (const std::string& module : m.recompute_modules()) {
+    if (module == "moe_act") {
+      s->recompute_moe_act = true;
+    } else if (module == "layernorm") {
+      s->recompute_layernorm = true;
+    } else if (module == "mlp") {
+      s->recompute_mlp = true;
+    } else if (module != "core_attn") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.recompute_modules: \"", module,
+          "\" is not supported (the engine recomputes \"moe_act\", \"layernorm\", \"mlp\"; "
+          "\"core_attn\" is a no-op)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelShape> ModelShape::FromProto(const v1::ModelConfig& m) {
@@ -54,6 +85,7 @@ absl::StatusOr<ModelShape> ModelShape::FromProto(const v1::ModelConfig& m) {
     if (absl::Status st = Positive(field, value); !st.ok()) return st;
   }
   s.moe_layers.assign(static_cast<size_t>(s.num_layers), false);
+  if (absl::Status st = ParseRecompute(m, &s); !st.ok()) return st;
   if (!m.has_num_experts()) return s;
 
   s.num_experts = m.num_experts();
@@ -369,10 +401,20 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
     ++layers;
     (m.is_moe(l) ? moe_layers : dense_layers) += 1;
   }
-  double per_layer = 3 * a * h + 2 * st + 2 * a * hq * d + 2 * a * hkv * d + st * hq;
+  // n1, mid, n2 (with "layernorm" recompute only mid: n1 and n2 are the shared norm scratch).
+  double per_layer =
+      (m.recompute_layernorm ? 1 : 3) * a * h + 2 * st + 2 * a * hq * d + 2 * a * hkv * d + st * hq;
   if (m.qk_layernorm) per_layer += a * (hq + hkv) * d + st * (hq + hkv);
-  const double layer_tokens = a * h * (layers + 1) + per_layer * layers + 3 * a * f * dense_layers;
+  // Dense layers' h, a (with "mlp" recompute: the shared MLP scratch).
+  const double dense_tokens = m.recompute_mlp ? 0 : 3 * a * f * dense_layers;
+  const double layer_tokens = a * h * (layers + 1) + per_layer * layers + dense_tokens;
   out.layer_activations = tr * layer_tokens;
+  // Selective recompute's shared scratch (GptModel::Build), once per stage, whatever the layers
+  // and in-flight slots: the norm output [t/TP, H], the dense MLP's h and a [t, 3F/TP].
+  double recompute_scratch = 0;
+  if (m.recompute_layernorm) recompute_scratch += tr * a * h;
+  if (m.recompute_mlp && dense_layers > 0) recompute_scratch += tr * 3 * a * f;
+  double moe_act_scratch = 0;  // "moe_act": the SwiGLU scratch of the MoE layers, once
 
   // MoE layers.
   if (moe_layers > 0) {
@@ -383,7 +425,8 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       // The shared expert: its output and dx on the rank's sequence shard (2H); fc1/SwiGLU and
       // their gradients over the TP-gathered t = TP·tr tokens with S/TP units, i.e. 6S per
       // shard token at any TP; at TP > 1 the gathered x and the partial sums, [t, H] each.
-      per_token += a * (6 * ssh + 2 * h);
+      // ("moe_act" recompute: 5Ssh, the SwiGLU output is the shared scratch below.)
+      per_token += a * ((m.recompute_moe_act ? 5 : 6) * ssh + 2 * h);
       if (z.tp > 1) per_token += 2 * a * h * tp;
       if (m.shared_expert_gate) per_token += 2 * r + a * (2 * h + 1);
     }
@@ -436,7 +479,15 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
                           (std::ceil(q * p * tr / 128) + 1) * local * 4);  // permute workspace
       }
     }
-    bytes += 6 * a * rows * fe;  // fc1 output, SwiGLU output and their gradients
+    // fc1 output, SwiGLU output and their gradients; with "moe_act" recompute the SwiGLU output
+    // is one scratch for all MoE layers and slots (routed rows R, and the shared expert's t/TP
+    // tokens · Ssh when present), sized at the initial R (it grows with an alltoall's R).
+    if (m.recompute_moe_act) {
+      bytes += 5 * a * rows * fe;
+      moe_act_scratch = a * rows * fe + a * tr * ssh;
+    } else {
+      bytes += 6 * a * rows * fe;
+    }
     const double b = m.moe_seq_aux ? std::max(1.0, std::floor(tr / m.seq_length)) : 1;
     bytes += (8 + 4 + r) * b * e + 4 * 4 * e + r * (m.moe_aux_terms + 1) + 8;
     if (o.cuda) {
@@ -450,6 +501,8 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double in_flight = std::min<double>(static_cast<double>(z.pp - stage), z.m);
   out.layer_activations *= in_flight;
   out.moe_buffers *= in_flight;
+  out.layer_activations += recompute_scratch;
+  out.moe_buffers += moe_act_scratch;
 
   // Head: final norm, backward scratch, the fused LM-head loss, statistics, the batch.
   double head = tr * (3 * a * h + 2 * a * (hq + hkv) * d + st * (hq + 2)) + 4;

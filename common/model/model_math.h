@@ -57,6 +57,12 @@ struct ModelShape {
   // moe_token_dispatcher_type allgather (the default) rather than alltoall: the dispatcher's
   // buffers at EP > 1 (EstimateEngineMemory).
   bool moe_allgather = false;
+  // Selective activation recompute (model.recompute_modules under recompute_granularity
+  // "selective", config.proto): the saved activations the engine drops and recomputes in the
+  // backward ("core_attn" changes nothing: the attention keeps only O and the log-sum-exp).
+  bool recompute_moe_act = false;    // "moe_act": expert and shared-expert SwiGLU outputs
+  bool recompute_layernorm = false;  // "layernorm": the two RMSNorm outputs of every layer
+  bool recompute_mlp = false;        // "mlp": the dense MLP's fc1 and SwiGLU outputs
   // Uneven pipeline layouts (parallel.decoder_first/last_pipeline_num_layers; < 0: unset): the
   // decoder layers of the first / last stage (common/model/pipeline_layout.h). Not part of
   // ModelConfig: the planner sets them from the spec's parallel config after FromProto.
@@ -71,7 +77,9 @@ struct ModelShape {
   // worker/model/gpt_model.cc (num_layers 2, num_query_groups = heads, kv_channels = H / heads,
   // ffn 4·H, seq 1024, moe_ffn = ffn, top-k 2, moe_layer_freq 1). INVALID_ARGUMENT naming the
   // field when hidden_size, num_attention_heads or vocab_size is missing or not positive, a
-  // size is negative, or moe_layer_pattern has the wrong length.
+  // size is negative, or moe_layer_pattern has the wrong length; naming model.recompute_* for a
+  // granularity other than unset / "selective", modules without "selective", and a module the
+  // engine does not run (common/config/validate_knobs.cc has the full rules and messages).
   static absl::StatusOr<ModelShape> FromProto(const v1::ModelConfig& model);
 
   bool is_moe(int64_t layer) const { return moe_layers[static_cast<size_t>(layer)]; }
@@ -276,6 +284,12 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 // EP = 1, as MoELayer::Create does), the SP and CP scratch above. PP > 1 multiplies the
 // per-layer terms by min(PP − stage, m) micro-batches in flight under 1F1B (bench/
 // memory_estimate_test: PP2 and tied PP2·EP2, each stage within 5 %, measured 1.0000 on the CPU).
+// Selective recompute (ModelShape::recompute_*, worker/model/gpt_model.h "Selective recompute")
+// takes terms out of every layer and slot and counts one shared scratch per stage instead:
+// "layernorm" n1 and n2 (2a·H per token and layer) for one a·H; "mlp" the dense h, a (3a·F/TP
+// per token of t and dense layer) for one; "moe_act" the expert and shared-expert SwiGLU outputs
+// (a·R·Fe/ETP and a·Ssh per shard token, per MoE layer) for one (bench/memory_estimate_test: the
+// saving equals the measured one).
 struct EngineMemory {
   double weights = 0, gradients = 0, optimizer_states = 0;
   double layer_activations = 0, moe_buffers = 0, head_buffers = 0;

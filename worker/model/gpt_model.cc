@@ -110,6 +110,8 @@ absl::StatusOr<GptConfig> GptConfig::FromProto(const v1::ModelConfig& m, DType d
   c.qk_layernorm = s.qk_layernorm;
   c.untie_embeddings = s.untie_embeddings;
   c.moe_layers = s.moe_layers;
+  c.recompute_layernorm = s.recompute_layernorm;
+  c.recompute_mlp = s.recompute_mlp;
   c.norm_epsilon = m.has_norm_epsilon() ? m.norm_epsilon() : 1e-5;
   c.rotary_base = m.has_rotary_base() ? m.rotary_base() : 10000.0;
   c.init_method_std = m.has_init_method_std() ? m.init_method_std() : 0.02;
@@ -125,6 +127,7 @@ absl::StatusOr<GptConfig> GptConfig::FromProto(const v1::ModelConfig& m, DType d
   if (c.num_moe_layers() > 0) {
     SY_ASSIGN_OR_RETURN(c.moe, MoELayerConfig::FromProto(m, dtype));
     c.moe.router.seq_length = c.seq_length;
+    c.moe.recompute_act = s.recompute_moe_act;
     if (m.has_moe_router_bias_update_rate()) {
       c.expert_bias_update_rate = m.moe_router_bias_update_rate();
     }
@@ -467,7 +470,10 @@ ModelShape GptConfig::Shape() const {
   s.qk_layernorm = qk_layernorm;
   s.untie_embeddings = untie_embeddings;
   s.moe_layers = moe_layers;
+  s.recompute_layernorm = recompute_layernorm;
+  s.recompute_mlp = recompute_mlp;
   if (num_moe_layers() > 0) {
+    s.recompute_moe_act = moe.recompute_act;
     s.num_experts = moe.router.num_experts;
     s.moe_topk = moe.router.topk;
     s.moe_ffn_hidden_size = moe.ffn_hidden_size;
@@ -654,6 +660,21 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
   }
   chunk_layer_.push_back(static_cast<int64_t>(local.size()));
   const int64_t local_layers = static_cast<int64_t>(local.size());
+  // Selective recompute (see "Selective recompute"): one scratch per role for the stage's layers
+  // and slots, instead of per-layer buffers.
+  if (c.recompute_layernorm) {
+    SY_ASSIGN_OR_RETURN(norm_scratch_, Alloc(dt, {tl, h}));
+  }
+  bool stage_has_dense = false;
+  for (int64_t l : local) stage_has_dense = stage_has_dense || !c.moe_layers[l];
+  if (c.recompute_mlp && stage_has_dense) {
+    SY_ASSIGN_OR_RETURN(mlp_h_scratch_, Alloc(dt, {t, 2 * f}));
+    SY_ASSIGN_OR_RETURN(mlp_a_scratch_, Alloc(dt, {t, f}));
+  }
+  if (moe_config.recompute_act) {
+    moe_act_scratch_ = std::make_unique<ScratchBuffer>(device_);
+    shared_act_scratch_ = std::make_unique<ScratchBuffer>(device_);
+  }
   const int64_t slots = c.pipeline_slots > 0 ? std::min(c.pipeline_slots, max_micro_batches)
                         : c.pp_size > 1 && !c.last_stage()
                             ? std::min(c.pp_size - c.pp_rank, max_micro_batches)
@@ -689,7 +710,11 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
         bind("attention.k_norm.weight", &L.w_kn, &L.g_kn);
       }
       bind("post_attention_norm.weight", &L.w_post, &L.g_post);
-      SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {tl, h}));
+      if (c.recompute_layernorm) {
+        L.n1 = norm_scratch_;
+      } else {
+        SY_ASSIGN_OR_RETURN(L.n1, Alloc(dt, {tl, h}));
+      }
       SY_ASSIGN_OR_RETURN(L.rstd1, Alloc(stat_dt == DType::kF64 ? DType::kF64 : DType::kF32, {tl}));
       if (c.qk_layernorm) {
         SY_ASSIGN_OR_RETURN(L.q_pre, Alloc(dt, {t, hq, d}));
@@ -703,7 +728,11 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
       SY_ASSIGN_OR_RETURN(L.o, Alloc(dt, {t, hq, d}));
       SY_ASSIGN_OR_RETURN(L.lse, Alloc(L.rstd1.dtype, {t * hq}));
       SY_ASSIGN_OR_RETURN(L.mid, Alloc(dt, {tl, h}));
-      SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {tl, h}));
+      if (c.recompute_layernorm) {
+        L.n2 = norm_scratch_;
+      } else {
+        SY_ASSIGN_OR_RETURN(L.n2, Alloc(dt, {tl, h}));
+      }
       SY_ASSIGN_OR_RETURN(L.rstd2, Alloc(L.rstd1.dtype, {tl}));
       if (L.is_moe) {
         // Global: the MoE layers of the earlier stages (and chunks) come first.
@@ -711,10 +740,12 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
         for (int64_t j = 0; j < l; ++j) L.moe_index += c.moe_layers[j] ? 1 : 0;
         moe_config.layer_number = L.index;  // names the layer in its dispatcher's errors
         SY_ASSIGN_OR_RETURN(
-            L.moe, MoELayer::Create(moe_config, device_, tl,
-                                    MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp,
-                                                      groups_.etp_ep, tp > 1 ? groups_.tp : nullptr,
-                                                      c.cp_size > 1 ? groups_.cp : nullptr}));
+            L.moe,
+            MoELayer::Create(moe_config, device_, tl,
+                             MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp, groups_.etp_ep,
+                                               tp > 1 ? groups_.tp : nullptr,
+                                               c.cp_size > 1 ? groups_.cp : nullptr},
+                             MoEActScratch{moe_act_scratch_.get(), shared_act_scratch_.get()}));
         if (c.cp_size > 1) {
           SY_RETURN_IF_ERROR(
               L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));
@@ -737,8 +768,13 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
       } else {
         bind("mlp.fc1.weight", &L.w_fc1, &L.g_fc1);
         bind("mlp.fc2.weight", &L.w_fc2, &L.g_fc2);
-        SY_ASSIGN_OR_RETURN(L.h, Alloc(dt, {t, 2 * f}));
-        SY_ASSIGN_OR_RETURN(L.a, Alloc(dt, {t, f}));
+        if (c.recompute_mlp) {
+          L.h = mlp_h_scratch_;
+          L.a = mlp_a_scratch_;
+        } else {
+          SY_ASSIGN_OR_RETURN(L.h, Alloc(dt, {t, 2 * f}));
+          SY_ASSIGN_OR_RETURN(L.a, Alloc(dt, {t, f}));
+        }
       }
     }
   }  // slots
@@ -1283,14 +1319,29 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   // SP: the gathered output gradient, and the input gradient's partial sums [t, H].
   const Tensor all = tp ? Rows(ag_, t) : Tensor(), partial = tp ? Rows(rs_, t) : dn;
 
+  const float eps = static_cast<float>(c.norm_epsilon);
+
   ScopedRange range(s, "layer.bwd", L.index);
   PhaseSequence phase(s);
+  if (c.recompute_layernorm) {
+    // "layernorm": n2 again, for the MLP / MoE weight gradients (the MoE layer reads it as the
+    // x its forward was given: the same scratch, restored to the same values).
+    phase.Next("norm_recompute");
+    SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, mid, L.w_post, eps, n2, Rows(L.rstd2, tl)));
+  }
   phase.Next(L.is_moe ? "moe" : "mlp");
   // MLP: dn = d(loss)/d(n2), then through the post-attention norm into g.
   if (L.is_moe) {
     SY_RETURN_IF_ERROR(L.moe->Backward(s, L.mp, L.mg, g, dn, aux_grad_scale));
   } else {
     const Tensor hh = Rows(L.h, t), a = Rows(L.a, t), dh = Rows(dh_, t), da = Rows(da_, t);
+    if (c.recompute_mlp) {
+      // "mlp": fc1 and SwiGLU again from the kept input, as LayerForward computed them.
+      const Tensor n2_all = tp ? all : n2;
+      if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n2, n2_all, seq_len));
+      SY_RETURN_IF_ERROR(Gemm(s, n2_all, false, L.w_fc1, true, hh));
+      SY_RETURN_IF_ERROR(kernels::SwigluForward(s, hh, Tensor(), Tensor(), a));
+    }
     const Tensor g_all = tp ? all : g;
     if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, g, g_all, seq_len));
     SY_RETURN_IF_ERROR(Gemm(s, g_all, false, L.w_fc2, false, da));
@@ -1337,6 +1388,10 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   }
   const Tensor dq2 = Reshape(dq, {t, hq * d}), dk2 = Reshape(dk, {t, hkv * d});
   const Tensor dv2 = Reshape(dv, {t, hkv * d});
+  if (c.recompute_layernorm) {
+    // "layernorm": n1 again, for the q/k/v weight gradients.
+    SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, x, L.w_in, eps, n1, Rows(L.rstd1, tl)));
+  }
   const Tensor n1_all = tp ? all : n1;  // g_all is no longer needed
   if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n1, n1_all, seq_len));
   SY_RETURN_IF_ERROR(Gemm(s, dq2, true, n1_all, false, L.gq, 1.0f, 1.0f));

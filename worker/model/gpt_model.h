@@ -153,6 +153,27 @@
 // global_aux_loss counts (slot 0's MoE layer holds them, MoELayer::ShareGlobalAuxCounts), which
 // the micro-batches then accumulate in order, as in one process.
 //
+// Selective recompute (model.recompute_granularity "selective", recompute_modules; Megatron's
+// names, config.proto): activations that a recomputing layer does not keep between its forward
+// and its backward live in ONE scratch per role shared by every layer of the stage and every
+// in-flight slot (worker/model/scratch_buffer.h): they are written and read within one pass of
+// one layer, and passes run one after another on the stream. The backward recomputes them with
+// the forward's own deterministic kernels from what is kept, so results are bit-identical:
+//   "layernorm": n1 = RMSNorm(x_l) and n2 = RMSNorm(mid) are the norm scratch [t/TP, H]; the
+//       backward runs the forward norm again (on the kept x_l / mid and weight; it rewrites the
+//       kept rstd with the same values) before their readers: n2 before the MLP / MoE backward
+//       (dense fc1 and the MoE router, shared expert and gate weight gradients read it), n1
+//       before the q/k/v weight gradients. The norms' own backward reads x_l / mid and rstd only.
+//   "mlp" (dense layers): h = n2·W1ᵀ and a = SwiGLU(h) are the MLP scratch [t, 2F/TP], [t, F/TP];
+//       the backward runs fc1 (with the SP all-gather of n2 at TP > 1) and SwiGLU again first.
+//   "moe_act": the MoE layers' SwiGLU outputs (MoELayerConfig::recompute_act, MoEActScratch).
+//   "core_attn": nothing to do: attention keeps only O and the log-sum-exp and its backward
+//       recomputes the probabilities (kernels/attention), which is what Megatron's core_attn
+//       recompute buys.
+// Cost: one RMSNorm forward per norm, one fc1 GEMM per dense layer, one SwiGLU per MoE layer and
+// pass. The saving scales with the layers and slots (common/model/model_math.h
+// EstimateEngineMemory).
+//
 // Phases are NVTX ranges, timed by CUDA events (host clock on the CPU) when a PhaseTimer is
 // active (worker/model/profiling.h): "forward_backward"[micro] > embedding.fwd, layer.fwd[l] >
 // {norm_qkv_rope, attention, oproj_residual_norm, moe (> moe.fwd > its phases) | mlp},
@@ -175,6 +196,7 @@
 #include "kernels/runtime/buffer.h"
 #include "switchyard/v1/config.pb.h"
 #include "worker/model/moe_layer.h"
+#include "worker/model/scratch_buffer.h"
 
 namespace switchyard::model {
 
@@ -197,6 +219,10 @@ struct GptConfig {
   MoELayerConfig moe;                     // used by the MoE layers (hidden_size etc. filled in)
                                           // moe.ep_size/ep_rank: this rank's expert shard
   DType dtype = DType::kBF16;             // parameters and activations
+  // Selective activation recompute (model.recompute_modules; see "Selective recompute" below).
+  // "moe_act" is moe.recompute_act; "core_attn" needs nothing (flash-style attention).
+  bool recompute_layernorm = false;  // "layernorm": n1, n2 recomputed, not kept per layer
+  bool recompute_mlp = false;        // "mlp": the dense MLP's h, a recomputed, not kept
   // Context parallelism (see "Context parallelism" below): this rank holds chunks cp_rank and
   // 2·cp_size−1−cp_rank of every sequence; seq_length stays the WHOLE sequence's length.
   int64_t cp_size = 1, cp_rank = 0;
@@ -518,7 +544,9 @@ class GptModel {
   uint64_t step_counter_ = 0;  // jitter offsets
   kernels::Buffer params_, grads_, expert_bias_, local_counts_;
   std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
-  std::vector<Layer> layers_;             // the active slot's layers (this stage's, in order)
+  // "moe_act" recompute: the MoE layers' SwiGLU scratch, routed and shared expert (MoEActScratch).
+  std::unique_ptr<ScratchBuffer> moe_act_scratch_, shared_act_scratch_;
+  std::vector<Layer> layers_;  // the active slot's layers (this stage's, in order)
   // Pipeline: the inactive slots (slot_layers_[cur_slot_] is empty while active) and residual
   // streams; one slot without PP.
   std::vector<std::vector<Layer>> slot_layers_;
@@ -527,6 +555,10 @@ class GptModel {
   std::unique_ptr<kernels::FusedLinearCrossEntropy> ce_;
   GptParallelGroups groups_;
   std::function<absl::Status(int64_t)> backward_hook_;
+  // Selective recompute (see "Selective recompute"): the norm scratch [t/TP, H] ("layernorm"),
+  // the dense MLP scratch h [t, 2F/TP] and a [t, F/TP] ("mlp"; empty when the stage has no dense
+  // layer). The MoE layers' SwiGLU scratch is declared before the layers (they borrow it).
+  Tensor norm_scratch_, mlp_h_scratch_, mlp_a_scratch_;
   // Residual stream x_0 .. x_L, final norm output and its rstd, CE lse, scratch.
   std::vector<Tensor> resid_;
   Tensor final_n_, final_rstd_, ce_lse_, ce_num_valid_;

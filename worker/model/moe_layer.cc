@@ -146,7 +146,8 @@ MoELayer::~MoELayer() = default;
 
 absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig& config,
                                                            Device device, int64_t max_tokens,
-                                                           const MoEParallelGroups& groups) {
+                                                           const MoEParallelGroups& groups,
+                                                           const MoEActScratch& act_scratch) {
   SY_RETURN_IF_ERROR(config.Validate());
   if (max_tokens <= 0) return absl::InvalidArgumentError("MoELayer: max_tokens must be positive");
   if (device.is_cuda() && config.dtype == DType::kF64) {
@@ -251,6 +252,20 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_ASSIGN_OR_RETURN(
       l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
                                              gemm_options));
+  if (config.recompute_act) {
+    // moe_act: the SwiGLU outputs live in the (shared) scratch, reserved for this layer's sizes
+    // here (FitExpertRows for the routed experts' rows).
+    l->routed_act_ = act_scratch.routed;
+    if (l->routed_act_ == nullptr) {
+      l->own_routed_act_ = std::make_unique<ScratchBuffer>(device);
+      l->routed_act_ = l->own_routed_act_.get();
+    }
+    l->shared_act_ = act_scratch.shared;
+    if (l->shared_act_ == nullptr && s > 0) {
+      l->own_shared_act_ = std::make_unique<ScratchBuffer>(device);
+      l->shared_act_ = l->own_shared_act_.get();
+    }
+  }
 
   auto alloc = [&](DType d, std::vector<int64_t> shape, Tensor* view) -> absl::Status {
     SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(d, std::move(shape), device));
@@ -287,7 +302,11 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->dx_tmp_));
   if (s > 0) {
     SY_RETURN_IF_ERROR(alloc(dt, {ts, 2 * s}, &l->sh_h_));
-    SY_RETURN_IF_ERROR(alloc(dt, {ts, s}, &l->sh_a_));
+    if (config.recompute_act) {
+      SY_RETURN_IF_ERROR(l->shared_act_->Reserve(ts * s * DTypeSize(dt)));
+    } else {
+      SY_RETURN_IF_ERROR(alloc(dt, {ts, s}, &l->sh_a_));
+    }
     SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->sh_y_));
     SY_RETURN_IF_ERROR(alloc(dt, {ts, s}, &l->sh_da_));
     SY_RETURN_IF_ERROR(alloc(dt, {ts, 2 * s}, &l->sh_dh_));
@@ -505,10 +524,11 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   phase.Next("fc1");
   SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
   phase.Next("swiglu");
+  const Tensor a = RoutedAct();
   SY_RETURN_IF_ERROR(
-      kernels::SwigluForward(stream, h_, state_.expert_probs, state_.tokens_per_expert, a_));
+      kernels::SwigluForward(stream, h_, state_.expert_probs, state_.tokens_per_expert, a));
   phase.Next("fc2");
-  SY_RETURN_IF_ERROR(gemm_->Fprop(stream, a_, p.fc2, state_.tokens_per_expert, state_.expert_out));
+  SY_RETURN_IF_ERROR(gemm_->Fprop(stream, a, p.fc2, state_.tokens_per_expert, state_.expert_out));
   phase.Next("combine_preprocess");
   SY_RETURN_IF_ERROR(dispatcher_->CombinePreprocess(stream, &state_));
   phase.Next("combine");
@@ -525,9 +545,12 @@ absl::Status MoELayer::FitExpertRows(int64_t rows) {
   expert_rows_ = rows;
   const DType dt = config_.dtype;
   const int64_t f = config_.local_ffn_size();
-  const std::vector<int64_t> widths = {2 * f, f, f, 2 * f};
+  // moe_act recompute: a is in the shared scratch (RoutedAct), made large enough for these rows.
+  const bool keep_a = !config_.recompute_act;
+  const std::vector<int64_t> widths = {2 * f, keep_a ? f : 0, f, 2 * f};
   Tensor* views[] = {&h_, &a_, &da_, &dh_};
   expert_buffers_.clear();
+  if (!keep_a) SY_RETURN_IF_ERROR(routed_act_->Reserve(rows * f * DTypeSize(dt)));
   for (size_t i = 0; i < widths.size(); ++i) {
     SY_ASSIGN_OR_RETURN(kernels::Buffer b,
                         kernels::Buffer::ForTensor(dt, {rows, widths[i]}, device_));
@@ -537,10 +560,21 @@ absl::Status MoELayer::FitExpertRows(int64_t rows) {
   return absl::OkStatus();
 }
 
+Tensor MoELayer::RoutedAct() const {
+  if (!config_.recompute_act) return a_;
+  return routed_act_->View(config_.dtype, {expert_rows_, config_.local_ffn_size()});
+}
+
+Tensor MoELayer::SharedAct() const {
+  if (!config_.recompute_act) return sh_a_;
+  return shared_act_->View(config_.dtype,
+                           {max_tokens_ * config_.sp_size, config_.local_shared_ffn_size()});
+}
+
 absl::Status MoELayer::SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x) {
   const int64_t t = tokens_, ts = t * config_.sp_size;
   const bool tp = config_.sp_size > 1;
-  const Tensor sh_h = Rows(sh_h_, ts), sh_a = Rows(sh_a_, ts), sh_y = Rows(sh_y_, t);
+  const Tensor sh_h = Rows(sh_h_, ts), sh_a = Rows(SharedAct(), ts), sh_y = Rows(sh_y_, t);
   // TP (see MoELayerConfig::sp_size): column-parallel fc1 over the gathered tokens, row-parallel
   // fc2 whose partial sums are reduce-scattered back onto this rank's rows.
   const Tensor x_in = tp ? Rows(sh_xall_, ts) : x;
@@ -585,8 +619,14 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   const Tensor& tpe = state_.tokens_per_expert;
   phase.Next("fc2_dgrad");
   SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da_));
+  const Tensor a = RoutedAct();
+  if (config_.recompute_act) {
+    // moe_act: a = swiglu(h)·p again, as the forward computed it, for fc2's weight gradient.
+    phase.Next("act_recompute");
+    SY_RETURN_IF_ERROR(kernels::SwigluForward(stream, h_, state_.expert_probs, tpe, a));
+  }
   phase.Next("fc2_wgrad");
-  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a_, state_.d_expert_out, tpe, g.fc2, accumulate));
+  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a, state_.d_expert_out, tpe, g.fc2, accumulate));
   phase.Next("swiglu");
   SY_RETURN_IF_ERROR(kernels::SwigluBackward(stream, da_, h_, state_.expert_probs, tpe, dh_,
                                              state_.d_expert_probs));
@@ -668,8 +708,12 @@ absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,
           kernels::Gemm(s, dg_lowp, false, p.shared_gate, true, Rows(sh_dx_, t), 1.0f, 0.0f));
     }
   }
-  const Tensor sh_h = Rows(sh_h_, ts), sh_a = Rows(sh_a_, ts), sh_da = Rows(sh_da_, ts);
+  const Tensor sh_h = Rows(sh_h_, ts), sh_a = Rows(SharedAct(), ts), sh_da = Rows(sh_da_, ts);
   const Tensor sh_dh = Rows(sh_dh_, ts), sh_dx = Rows(sh_dx_, t);
+  if (config_.recompute_act) {
+    // moe_act: the shared expert's SwiGLU output again, for fc2's weight gradient below.
+    SY_RETURN_IF_ERROR(kernels::SwigluForward(s, sh_h, Tensor(), Tensor(), sh_a));
+  }
   if (tp) {
     // The reduce-scatter's backward: all-gather dy; fc2 and fc1 over the gathered rows; the
     // partial dx reduce-scattered (the all-gather's backward), then the gate's dx added.

@@ -22,12 +22,14 @@
 // Every phase is an NVTX range (worker/model/profiling.h), timed when a PhaseTimer is active:
 // "moe.fwd" > router_gemm, route, aux_loss, the dispatcher's six phases (dispatch_preprocess,
 // dispatch, dispatch_postprocess, fc1, swiglu, fc2 between them, combine_preprocess, combine,
-// combine_postprocess), shared_join_add; "moe.bwd" > combine, fc2_dgrad, fc2_wgrad, swiglu,
+// combine_postprocess), shared_join_add; "moe.bwd" > combine, fc2_dgrad, (act_recompute with
+// moe_act recompute,) fc2_wgrad, swiglu,
 // fc1_dgrad, fc1_wgrad, dispatch, route_aux, router_gemm, shared_join_add. The ranges are on the
 // layer's stream: the overlapped shared expert shows up only in shared_join_add.
 //
 // Ownership: the layer owns its activation buffers (one micro-batch in flight: Forward must be
-// followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan. The
+// followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan; with
+// moe_act recompute the SwiGLU outputs are in borrowed scratch (MoEActScratch). The
 // parameters, gradients and router buffers are views owned by the caller (the model's contiguous
 // parameter and gradient buffers). Use from one thread.
 #ifndef SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_
@@ -48,6 +50,7 @@
 #include "switchyard/v1/config.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/dispatcher.h"
+#include "worker/model/scratch_buffer.h"
 
 namespace switchyard::model {
 
@@ -114,6 +117,14 @@ struct MoELayerConfig {
   // ignored at sp_size > 1 (no side stream).
   int sp_size = 1;
   int sp_rank = 0;
+  // moe_act recompute (model.recompute_modules "moe_act", Megatron's): the SwiGLU outputs a of
+  // the routed experts ([R, F']) and of the shared expert ([sp_size·T, S']) are not kept between
+  // Forward and Backward. fc2 reads them from a scratch (MoEActScratch: shared by every MoE layer
+  // of a model and every pipeline slot), and Backward recomputes SwiGLU from the kept fc1 output h
+  // (and the expert probabilities) into it before fc2's weight gradient, the only reader of a in
+  // the backward. Bit-identical to keeping a (the same deterministic kernel on the same inputs);
+  // it costs one SwiGLU forward per layer and pass.
+  bool recompute_act = false;
   // The model's layer index of this MoE layer (0-based, as StepMetrics' expert_load names it);
   // only used in error messages ("MoE layer 3 dispatch (forward): ..."); -1 = unknown.
   int64_t layer_number = -1;
@@ -172,6 +183,17 @@ struct MoEParallelGroups {
   comm::Communicator* cp = nullptr;
 };
 
+// moe_act recompute (MoELayerConfig::recompute_act): the buffers that hold the SwiGLU outputs
+// from SwiGLU to fc2 (forward) and from the recompute to fc2's weight gradient (backward), one
+// for the routed experts and one for the shared expert (which may run on a side stream while the
+// routed experts run). Borrowed; they outlive the layer. A model passes the same two to all its
+// MoE layers, whose passes run one after another; the overlapped shared expert of one layer is
+// joined before the next layer's forks (Fork / Join). Null: the layer makes its own.
+struct MoEActScratch {
+  ScratchBuffer* routed = nullptr;
+  ScratchBuffer* shared = nullptr;
+};
+
 // Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
 // and local_tokens_per_expert [E] f32 (accumulated in training when expert bias is enabled; the
 // trainer all-reduces it and calls kernels::UpdateExpertBias once per global batch).
@@ -186,15 +208,19 @@ class MoELayer {
   // With config.ep_size > 1 or etp_size > 1, groups.ep must be the EP group of that size (and
   // groups.etp / etp_ep the ETP / ETP×EP groups when etp_size > 1), and the layer uses the
   // dispatcher config.dispatcher names (allgather or alltoall; both dropless, no pad-to-capacity).
+  // With config.recompute_act the SwiGLU outputs live in `act_scratch` (reserved here for this
+  // layer's sizes; see MoEActScratch).
   static absl::StatusOr<std::unique_ptr<MoELayer>> Create(const MoELayerConfig& config,
                                                           Device device, int64_t max_tokens,
-                                                          const MoEParallelGroups& groups = {});
+                                                          const MoEParallelGroups& groups = {},
+                                                          const MoEActScratch& act_scratch = {});
   MoELayer(const MoELayer&) = delete;
   MoELayer& operator=(const MoELayer&) = delete;
   ~MoELayer();
 
-  // y [T, H] = MoE(x [T, H]); saves what Backward needs. `x` must stay valid and unchanged
-  // until Backward (the model's activation arena keeps it; the layer does not copy it).
+  // y [T, H] = MoE(x [T, H]); saves what Backward needs. `x` must stay valid and hold the same
+  // values when Backward runs (the model's activation arena keeps it, or, with the "layernorm"
+  // recompute, GptModel recomputes it into the same scratch first; the layer does not copy it).
   // `jitter_offset` selects fresh jitter noise per step (ignored unless training with input
   // jitter).
   absl::Status Forward(const Stream& stream, const MoELayerParams& params,
@@ -288,6 +314,16 @@ class MoELayer {
   // delay_wgrad: the stream fc1's wgrad runs on, with its fork / join events (CUDA; else none).
   std::optional<kernels::SideStream> wgrad_;
 
+  // recompute_act: where a_ and sh_a_ live (views taken at each use: RoutedAct / SharedAct), and
+  // the layer's own scratch when Create got none.
+  ScratchBuffer* routed_act_ = nullptr;
+  ScratchBuffer* shared_act_ = nullptr;
+  std::unique_ptr<ScratchBuffer> own_routed_act_, own_shared_act_;
+  // The routed experts' SwiGLU output [R, F'] (a_, or the scratch) and the shared expert's
+  // [sp_size·T, S'] (sh_a_, or the scratch).
+  Tensor RoutedAct() const;
+  Tensor SharedAct() const;
+
   // Saved activations and scratch; see moe_layer.cc for shapes.
   std::vector<kernels::Buffer> buffers_;
   Tensor xr_, logits_, topk_idx_, topk_probs_, selected_idx_, tokens_per_expert_, router_ws_;
@@ -300,7 +336,7 @@ class MoELayer {
   Tensor sh_xall_, sh_part_;
   Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
   // h_, a_, da_, dh_ ([R, 2F'], [R, F'], [R, F'], [R, 2F']) with R = expert_rows_, the
-  // dispatcher's current expert-row capacity.
+  // dispatcher's current expert-row capacity (a_ empty with recompute_act).
   std::vector<kernels::Buffer> expert_buffers_;
   int64_t expert_rows_ = -1;
   absl::Status FitExpertRows(int64_t rows);

@@ -1,6 +1,7 @@
 // The MoE layer on the CPU: an independent naive forward, a finite-difference gradient check of
-// the whole layer in fp64 over the router/capacity/shared-expert variants of the issue, and the
-// pad-to-capacity invariant (megatron_moe.md §6: probability-0 padding changes nothing).
+// the whole layer in fp64 over the router/capacity/shared-expert (and moe_act recompute) variants
+// of the issue, and the pad-to-capacity invariant (megatron_moe.md §6: probability-0 padding
+// changes nothing).
 #include "worker/model/moe_layer.h"
 
 #include <gtest/gtest.h>
@@ -89,6 +90,15 @@ std::vector<Variant> Variants() {
          c->router.input_jitter_eps = 0.1;
        }},
       {"sinkhorn", [](MoELayerConfig* c) { c->router.sinkhorn = true; }},
+      // moe_act recompute with the layer's own scratch (no MoEActScratch given): the backward's
+      // recomputed SwiGLU outputs of the routed and the gated shared expert.
+      {"moe_act_recompute_shared_gate",
+       [](MoELayerConfig* c) {
+         c->shared_ffn_size = 5;
+         c->shared_expert_gate = true;
+         c->router.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+         c->recompute_act = true;
+       }},
   };
 }
 

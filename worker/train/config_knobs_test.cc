@@ -118,6 +118,19 @@ const std::vector<Knob>& Table() {
       {"model.moe_grouped_gemm", "always a grouped GEMM (kernels/gemm/grouped_gemm.h)",
        [](v1::JobSpec* s) { M(s)->set_moe_grouped_gemm(false); },
        "model.moe_grouped_gemm (false) is not supported"},
+      // Selective activation recompute (config.proto "activation recompute"): ModelShape's
+      // flags -> GptConfig (layernorm, mlp) and MoELayerConfig (moe_act); the memory estimate.
+      {"model.recompute_granularity",
+       "ModelShape::FromProto -> GptConfig / MoELayerConfig recompute; EstimateEngineMemory",
+       [](v1::JobSpec* s) { M(s)->set_recompute_granularity("full"); },
+       "model.recompute_granularity (\"full\") is not supported"},
+      {"model.recompute_modules",
+       "GptModel (layernorm, mlp), MoELayer (moe_act); core_attn a documented no-op",
+       [](v1::JobSpec* s) {
+         M(s)->set_recompute_granularity("selective");
+         M(s)->add_recompute_modules("moe");
+       },
+       "model.recompute_modules[0] (\"moe\") is not supported"},
       {"model.attention_backend", "Trainer::Init -> kernels::SetAttentionSettings (CUDA)",
        [](v1::JobSpec* s) { M(s)->set_attention_backend("flash"); },
        "model.attention_backend (\"flash\") must be one of \"auto\", \"cudnn\", \"native\""},
