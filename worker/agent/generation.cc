@@ -27,6 +27,19 @@ absl::Status Field(absl::string_view field, absl::string_view rule) {
   return absl::InvalidArgumentError(absl::StrCat("assignment.", field, " ", rule));
 }
 
+// A parallel size the assignment's mapping may set (`mapped` > 0): then the spec must not say
+// otherwise (`spec_has`, `spec_value`, field spec.parallel.<name>) and the mapping's wins; else
+// the spec's, 1 when it has none.
+absl::StatusOr<int> MappedSize(const char* name, bool spec_has, int spec_value, int mapped) {
+  if (mapped <= 0) return spec_has ? spec_value : 1;
+  if (spec_has && spec_value != mapped) {
+    return Field(
+        absl::StrCat("spec.parallel.", name),
+        absl::StrCat("(", spec_value, ") must equal assignment.mapping.", name, " (", mapped, ")"));
+  }
+  return mapped;
+}
+
 // CheckAssignedSpecPaths with the field named as part of the assignment.
 absl::Status CheckPaths(const v1::JobSpec& spec, const JobRoots& roots) {
   absl::Status s = CheckAssignedSpecPaths(spec, roots);
@@ -114,30 +127,14 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
       !why.empty()) {
     return absl::UnimplementedError(why);
   }
-  int ep = par->has_expert_model_parallel_size() ? par->expert_model_parallel_size() : 1;
-  if (m.expert_model_parallel_size() > 0) {
-    if (par->has_expert_model_parallel_size() &&
-        par->expert_model_parallel_size() != m.expert_model_parallel_size()) {
-      return Field("spec.parallel.expert_model_parallel_size",
-                   absl::StrCat("(", par->expert_model_parallel_size(),
-                                ") must equal assignment.mapping.expert_model_parallel_size (",
-                                m.expert_model_parallel_size(), ")"));
-    }
-    ep = m.expert_model_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(
+      const int ep, MappedSize("expert_model_parallel_size", par->has_expert_model_parallel_size(),
+                               par->expert_model_parallel_size(), m.expert_model_parallel_size()));
   if (a.world_size() > 1 || ep > 1) par->set_expert_model_parallel_size(ep);
   // Context parallelism: the mapping's (the planner's), which must agree with a spec that sets it.
-  int cp = par->has_context_parallel_size() ? par->context_parallel_size() : 1;
-  if (m.context_parallel_size() > 0) {
-    if (par->has_context_parallel_size() &&
-        par->context_parallel_size() != m.context_parallel_size()) {
-      return Field("spec.parallel.context_parallel_size",
-                   absl::StrCat("(", par->context_parallel_size(),
-                                ") must equal assignment.mapping.context_parallel_size (",
-                                m.context_parallel_size(), ")"));
-    }
-    cp = m.context_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(const int cp,
+                      MappedSize("context_parallel_size", par->has_context_parallel_size(),
+                                 par->context_parallel_size(), m.context_parallel_size()));
   if (cp > 1) par->set_context_parallel_size(cp);
   // Expert tensor parallelism: the mapping's (1 when it has none), which the spec must not
   // contradict.
