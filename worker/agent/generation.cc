@@ -147,32 +147,19 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   }
   if (a.world_size() > 1 || etp > 1) par->set_expert_tensor_parallel_size(etp);
   // Tensor parallelism (with sequence parallelism): the mapping's, else the spec's.
-  int tp = par->has_tensor_model_parallel_size() ? par->tensor_model_parallel_size() : 1;
-  if (m.tensor_model_parallel_size() > 0) {
-    if (par->has_tensor_model_parallel_size() && tp != m.tensor_model_parallel_size()) {
-      return Field(
-          "spec.parallel.tensor_model_parallel_size",
-          absl::StrCat("(", tp, ") must equal assignment.mapping.tensor_model_parallel_size (",
-                       m.tensor_model_parallel_size(), ")"));
-    }
-    tp = m.tensor_model_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(
+      const int tp, MappedSize("tensor_model_parallel_size", par->has_tensor_model_parallel_size(),
+                               par->tensor_model_parallel_size(), m.tensor_model_parallel_size()));
   if (tp > 1) {
     par->set_tensor_model_parallel_size(tp);
     par->set_sequence_parallel(true);
     if (!par->has_expert_tensor_parallel_size()) par->set_expert_tensor_parallel_size(1);
   }
   // Pipeline parallelism (1F1B): the mapping's, which must agree with a spec that sets it.
-  int pp = par->has_pipeline_model_parallel_size() ? par->pipeline_model_parallel_size() : 1;
-  if (m.pipeline_model_parallel_size() > 0) {
-    if (par->has_pipeline_model_parallel_size() && pp != m.pipeline_model_parallel_size()) {
-      return Field(
-          "spec.parallel.pipeline_model_parallel_size",
-          absl::StrCat("(", pp, ") must equal assignment.mapping.pipeline_model_parallel_size (",
-                       m.pipeline_model_parallel_size(), ")"));
-    }
-    pp = m.pipeline_model_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(
+      const int pp,
+      MappedSize("pipeline_model_parallel_size", par->has_pipeline_model_parallel_size(),
+                 par->pipeline_model_parallel_size(), m.pipeline_model_parallel_size()));
   if (pp > 1) par->set_pipeline_model_parallel_size(pp);
   // What the engine does not run (nothing the layout rules accept today), named under the
   // assignment's spec.
