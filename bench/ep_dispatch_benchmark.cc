@@ -44,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "common/command_line.h"
 #include "common/status.h"
 #include "common/tensor.h"
@@ -303,42 +304,6 @@ absl::Status RankMain(const Args& a, const std::string& dir, int rank) {
   return absl::OkStatus();
 }
 
-// Forks one process per rank (the parent never initialises CUDA) and waits for all; a rank still
-// running after `limit` is killed.
-std::vector<int> ForkRanks(const Args& a, const std::string& dir, absl::Duration limit) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids(a.ep);
-  for (int r = 0; r < a.ep; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const absl::Status s = RankMain(a, dir, r);
-      if (!s.ok()) std::fprintf(stderr, "rank %d: %s\n", r, s.ToString().c_str());
-      std::fflush(nullptr);
-      _exit(s.ok() ? 0 : 1);
-    }
-    pids[r] = pid;
-  }
-  std::vector<int> codes(a.ep, -1);
-  const absl::Time deadline = absl::Now() + limit;
-  int remaining = a.ep;
-  while (remaining > 0) {
-    for (int r = 0; r < a.ep; ++r) {
-      int status = 0;
-      if (codes[r] == -1 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --remaining;
-      }
-    }
-    if (remaining > 0 && absl::Now() > deadline) {
-      for (int r = 0; r < a.ep; ++r) {
-        if (codes[r] == -1) kill(pids[r], SIGKILL);
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return codes;
-}
-
 void PrintPlan(const Args& a) {
   std::printf("ep_dispatch_benchmark plan: EP=%d, %d warm-up + %d timed iterations\n", a.ep,
               a.warmup, a.iters);
@@ -383,14 +348,14 @@ int Main(int argc, char** argv) {
   PrintPlan(*a);
   if (absl::GetFlag(FLAGS_dry_run)) return 0;
 
-  char tmpl[] = "/tmp/ep_dispatch_benchmark_XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  const std::string dir = tmpl;
+  const std::string dir = MakeRunDirectory("ep_dispatch_benchmark");
+  if (dir.empty()) return 1;
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP is off on the GPU hosts (KINDS.md)
-  const std::vector<int> codes = ForkRanks(*a, dir, absl::Minutes(9));
+  const std::vector<int> codes = ForkRanks(a->ep, absl::Minutes(9), [&](int rank) {
+    const absl::Status s = RankMain(*a, dir, rank);
+    if (!s.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  });
   for (int r = 0; r < a->ep; ++r) {
     if (codes[r] != 0) {
       std::fprintf(stderr, "ep_dispatch_benchmark: rank %d exited with %d (files in %s)\n", r,

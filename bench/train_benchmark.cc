@@ -82,6 +82,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_model.h"
+#include "bench/bench_util.h"
 #include "common/command_line.h"
 #include "common/config/config_defaults.h"
 #include "common/config/validate.h"
@@ -497,49 +498,6 @@ absl::Status RankMain(const DistPlan& p, const std::string& dir, int rank) {
   return absl::OkStatus();
 }
 
-// Forks `n` children running body(rank) (exit code 0 on OK) and returns their exit codes (128 +
-// signal when killed); children still running after `limit` are killed.
-std::vector<int> ForkRanks(int n, absl::Duration limit, const std::function<int(int)>& body) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids(n, -1);
-  std::vector<int> codes(n, -1);
-  int remaining = 0;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int code = body(r);
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    if (pid < 0) {
-      std::perror("fork");
-      codes[r] = 1;
-      continue;
-    }
-    pids[r] = pid;
-    ++remaining;
-  }
-  const absl::Time deadline = absl::Now() + limit;
-  bool killed = false;
-  while (remaining > 0) {
-    for (int r = 0; r < n; ++r) {
-      int status = 0;
-      if (codes[r] == -1 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --remaining;
-      }
-    }
-    if (remaining > 0 && !killed && absl::Now() > deadline) {
-      for (int r = 0; r < n; ++r) {
-        if (codes[r] == -1) kill(pids[r], SIGKILL);
-      }
-      killed = true;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return codes;
-}
-
 int DistributedMain(const DistPlan& p) {
   // GPU count from a probe child: the parent must not initialise CUDA before forking the ranks.
   const int gpus = ForkRanks(1, absl::Seconds(60), [](int) {
@@ -556,12 +514,8 @@ int DistributedMain(const DistPlan& p) {
                  p.world, gpus);
     return 1;
   }
-  char tmpl[] = "/tmp/train_benchmark_XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  const std::string dir = tmpl;
+  const std::string dir = MakeRunDirectory("train_benchmark");
+  if (dir.empty()) return 1;
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP is off on the GPU hosts (KINDS.md)
   const std::vector<int> codes =
       ForkRanks(p.world, absl::Seconds(absl::GetFlag(FLAGS_rank_timeout_s)), [&](int rank) {

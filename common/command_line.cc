@@ -10,6 +10,20 @@
 
 namespace switchyard {
 
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> out(argv, argv + argc);
+  for (size_t i = 1; i < out.size(); ++i) {
+    std::string& a = out[i];
+    if (a == "--") break;  // everything after "--" is positional
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    const size_t end = a.find('=');
+    for (size_t j = 2; j < a.size() && j < end; ++j) {
+      if (a[j] == '-') a[j] = '_';
+    }
+  }
+  return out;
+}
+
 std::vector<char*> ParseCommandLine(int argc, char* argv[]) {
   // What absl::ParseCommandLine does (Abseil 20220623), with the usage flags handled here.
   std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(

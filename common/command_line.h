@@ -8,9 +8,15 @@
 #ifndef SWITCHYARD_COMMON_COMMAND_LINE_H_
 #define SWITCHYARD_COMMON_COMMAND_LINE_H_
 
+#include <string>
 #include <vector>
 
 namespace switchyard {
+
+// Abseil flag names are C++ identifiers; our binaries accept the conventional dashed spelling as
+// well: returns argv with "--self-check[=v]" rewritten to "--self_check[=v]" (only the name part,
+// never the value; nothing after "--", which ends the flags).
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv);
 
 // Parses argv like absl::ParseCommandLine and returns the positional arguments (argv[0] first).
 // Call after absl::SetProgramUsageMessage / SetFlagsUsageConfig, before any flag is read.

@@ -115,21 +115,6 @@ ABSL_FLAG(bool, workers, true,
 
 namespace {
 
-// Abseil flag names are identifiers; accept "--grpc-port" as "--grpc_port" (name part only).
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> out(argv, argv + argc);
-  for (size_t i = 1; i < out.size(); ++i) {
-    std::string& a = out[i];
-    if (a == "--") break;
-    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
-    const size_t end = a.find('=');
-    for (size_t j = 2; j < a.size() && j < end; ++j) {
-      if (a[j] == '-') a[j] = '_';
-    }
-  }
-  return out;
-}
-
 // --help: the usage line and this binary's flags (sorted) on stdout.
 int Help() {
   std::printf("%s\n\nflags:\n", std::string(absl::ProgramUsageMessage()).c_str());
@@ -181,7 +166,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::vector<std::string> args = NormalizeFlagNames(argc, argv);
+  // "--grpc-port" is accepted as "--grpc_port".
+  std::vector<std::string> args = switchyard::NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
   for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {

@@ -140,22 +140,6 @@ constexpr char kUsage[] =
     "  switchyard-worker --help         list the worker's flags\n"
     "  switchyard-worker --version      print the version";
 
-// Abseil flag names are C++ identifiers; accept the conventional dashed spelling as well by
-// rewriting "--self-check[=v]" to "--self_check[=v]" (only the name part, never the value).
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
-  std::vector<std::string> out(argv, argv + argc);
-  for (size_t i = 1; i < out.size(); ++i) {
-    std::string& a = out[i];
-    if (a == "--") break;  // everything after "--" is positional
-    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
-    const size_t end = a.find('=');
-    for (size_t j = 2; j < a.size() && j < end; ++j) {
-      if (a[j] == '-') a[j] = '_';
-    }
-  }
-  return out;
-}
-
 int SelfCheck() {
   std::printf("switchyard-worker %s (%s, %s)\n", switchyard::kVersion, switchyard::kBuildCompiler,
               switchyard::kBuildMode);
@@ -398,7 +382,8 @@ int main(int argc, char** argv) {
     return std::string("switchyard-worker ") + switchyard::kVersion + "\n";
   };
   absl::SetFlagsUsageConfig(usage_config);
-  std::vector<std::string> args = NormalizeFlagNames(argc, argv);
+  // "--self-check" is accepted as "--self_check".
+  std::vector<std::string> args = switchyard::NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
   std::vector<char*> positional =

@@ -18,11 +18,6 @@ namespace switchyard {
 namespace config_internal {
 namespace {
 
-using google::protobuf::EnumValueDescriptor;
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
-
 constexpr size_t kMaxShownChars = 48;
 
 Json SingleToJson(const Message& m, const FieldDescriptor* f, int index) {

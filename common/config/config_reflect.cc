@@ -17,12 +17,6 @@ namespace switchyard {
 namespace config_internal {
 namespace {
 
-using google::protobuf::Descriptor;
-using google::protobuf::EnumValueDescriptor;
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
-
 template <typename... Args>
 absl::Status Error(absl::string_view where, const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", args...));

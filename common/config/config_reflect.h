@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "nlohmann/json.hpp"
 
@@ -29,6 +30,12 @@ namespace switchyard {
 namespace config_internal {
 
 using Json = nlohmann::ordered_json;
+// The protobuf reflection types the config code (and validate_internal.h) walks messages with.
+using google::protobuf::Descriptor;
+using google::protobuf::EnumValueDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
 
 // Deepest nesting of objects and arrays accepted in a document.
 inline constexpr int kMaxDepth = 64;

@@ -16,10 +16,6 @@ namespace switchyard {
 namespace validate_internal {
 namespace {
 
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
-
 constexpr int64_t kMaxParallel = int64_t{1} << 20;
 
 struct Range {

@@ -15,10 +15,6 @@ namespace switchyard {
 namespace validate_internal {
 namespace {
 
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
-
 struct Bound {
   const char* path;  // field path without indices
   size_t max;        // bytes for a string (each element of a repeated string), else elements

@@ -18,6 +18,11 @@
 namespace switchyard {
 namespace validate_internal {
 
+// The rules walk the spec by reflection (validate.cc, validate_bounds.cc).
+using config_internal::FieldDescriptor;
+using config_internal::Message;
+using config_internal::Reflection;
+
 class Violations {
  public:
   template <typename... Args>

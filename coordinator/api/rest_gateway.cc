@@ -181,20 +181,20 @@ HttpRouter RestGateway::Route() {
              for (v1::Job& job : *response.mutable_jobs()) AttachLastStep(steps_, &job);
              return ToJson(response);
            }));
-  s.HandleRegex("GET", R"(/v1/jobs/([^/:]+))",
-                api("GetJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
-                  SY_ASSIGN_OR_RETURN(v1::Job job,
-                                      hub_->GetJob(absl::StrCat("jobs/", req.matches[1])));
-                  AttachLastStep(steps_, &job);
-                  return ToJson(job);
-                }));
+  // GetJob and CancelJob: `action` on the job the path names, answered with the job and its last
+  // step.
+  auto job_action = [this, &api](
+                        const char* method,
+                        absl::StatusOr<v1::Job> (jobs::JobHub::*action)(absl::string_view)) {
+    return api(method, [this, action](const HttpRequest& req) -> absl::StatusOr<std::string> {
+      SY_ASSIGN_OR_RETURN(v1::Job job, (hub_->*action)(absl::StrCat("jobs/", req.matches[1])));
+      AttachLastStep(steps_, &job);
+      return ToJson(job);
+    });
+  };
+  s.HandleRegex("GET", R"(/v1/jobs/([^/:]+))", job_action("GetJob", &jobs::JobHub::GetJob));
   s.HandleRegex("POST", R"(/v1/jobs/([^/:]+):cancel)",
-                api("CancelJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
-                  SY_ASSIGN_OR_RETURN(v1::Job job,
-                                      hub_->CancelJob(absl::StrCat("jobs/", req.matches[1])));
-                  AttachLastStep(steps_, &job);
-                  return ToJson(job);
-                }));
+                job_action("CancelJob", &jobs::JobHub::CancelJob));
   s.HandleRegex("DELETE", R"(/v1/jobs/([^/:]+))",
                 api("DeleteJob", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
                   SY_ASSIGN_OR_RETURN(v1::DeleteJobRequest request, ParseDeleteQuery(req));

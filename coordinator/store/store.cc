@@ -177,6 +177,19 @@ constexpr const char* kJobColumns =
     "id, request_id, spec, state, generation, restart_count, failure_reason, "
     "last_checkpoint_step, create_time_us, update_time_us, plan, last_step, last_validation";
 
+// Every row `s` still yields, each converted by `from_row` (JobFromRow, EventFromRow, ...).
+template <typename Row>
+absl::StatusOr<std::vector<Row>> AllRows(Statement& s,
+                                         absl::StatusOr<Row> (*from_row)(Statement&)) {
+  std::vector<Row> rows;
+  while (true) {
+    SY_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return rows;
+    SY_ASSIGN_OR_RETURN(Row r, from_row(s));
+    rows.push_back(std::move(r));
+  }
+}
+
 absl::StatusOr<JobRow> JobFromRow(Statement& s) {
   JobRow job;
   job.id = s.Int(0);
@@ -514,14 +527,7 @@ absl::StatusOr<std::vector<JobRow>> Store::ListJobs(v1::Job::State state, int64_
     SY_RETURN_IF_ERROR(s.Bind(1, after_id));
     SY_RETURN_IF_ERROR(s.Bind(2, limit));
     if (state != v1::Job::STATE_UNSPECIFIED) SY_RETURN_IF_ERROR(s.Bind(3, state));
-    std::vector<JobRow> jobs;
-    while (true) {
-      SY_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      SY_ASSIGN_OR_RETURN(JobRow job, JobFromRow(s));
-      jobs.push_back(std::move(job));
-    }
-    return jobs;
+    return AllRows(s, &JobFromRow);
   });
 }
 
@@ -618,14 +624,7 @@ absl::StatusOr<std::vector<JobEventRow>> Store::ListJobEvents(int64_t job_id) {
                            absl::StrCat("SELECT ", kEventColumns,
                                         " FROM job_events WHERE job_id = ?1 ORDER BY sequence")));
     SY_RETURN_IF_ERROR(s.Bind(1, job_id));
-    std::vector<JobEventRow> events;
-    while (true) {
-      SY_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      SY_ASSIGN_OR_RETURN(JobEventRow e, EventFromRow(s));
-      events.push_back(std::move(e));
-    }
-    return events;
+    return AllRows(s, &EventFromRow);
   });
 }
 
@@ -712,14 +711,7 @@ absl::StatusOr<std::vector<WorkerRow>> Store::ListWorkers() {
                         Statement::Prepare(db_,
                                            "SELECT id, host, gpu, version, state, job, "
                                            "last_heartbeat_us FROM workers ORDER BY id"));
-    std::vector<WorkerRow> workers;
-    while (true) {
-      SY_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      SY_ASSIGN_OR_RETURN(WorkerRow w, WorkerFromRow(s));
-      workers.push_back(std::move(w));
-    }
-    return workers;
+    return AllRows(s, &WorkerFromRow);
   });
 }
 

@@ -250,6 +250,22 @@ std::string DescribeAttentionBackend() {
   return absl::StrCat(out, " (native: ", cudnn.status().message(), ")");
 }
 
+namespace {
+
+// The CUDA path of an op: `cudnn(settings)` when TryCudnn runs it (its result then stands),
+// otherwise the native kernels, `native()`.
+template <typename Cudnn, typename Native>
+absl::Status RunOnCuda(DType dtype, Cudnn&& cudnn, Native&& native) {
+  SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
+  bool ran = false;
+  absl::Status st = TryCudnn(
+      settings, dtype, [&] { return cudnn(settings); }, &ran);
+  if (ran || !st.ok()) return st;
+  return native();
+}
+
+}  // namespace
+
 absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tensor& k,
                               const Tensor& v, int64_t seq_len, float scale, const Tensor& o,
                               const Tensor& lse) {
@@ -265,17 +281,16 @@ absl::Status AttentionForward(const Stream& stream, const Tensor& q, const Tenso
   SY_RETURN_IF_ERROR(CheckLike(kOp, o, q, "o"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
   if (stream.is_cuda()) {
-    SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
-    bool ran = false;
-    absl::Status st = TryCudnn(
-        settings, q.dtype,
-        [&] {
+    return RunOnCuda(
+        q.dtype,
+        [&](const AttentionSettings&) {
           return internal::AttentionForwardCudnn(stream, q, k, v, seq_len, kv_seq_len, scale, o,
                                                  lse);
         },
-        &ran);
-    if (ran || !st.ok()) return st;
-    return internal::AttentionForwardCuda(stream, q, k, v, seq_len, kv_seq_len, scale, o, lse);
+        [&] {
+          return internal::AttentionForwardCuda(stream, q, k, v, seq_len, kv_seq_len, scale, o,
+                                                lse);
+        });
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v);
   std::vector<double> p(dm.kv_n), acc(dm.d);
@@ -322,18 +337,16 @@ absl::Status AttentionBackward(const Stream& stream, const Tensor& q, const Tens
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, lse, dm, "lse"));
   SY_RETURN_IF_ERROR(CheckStat(stream, kOp, delta, dm, "delta"));
   if (stream.is_cuda()) {
-    SY_ASSIGN_OR_RETURN(const AttentionSettings settings, GetAttentionSettings());
-    bool ran = false;
-    absl::Status st = TryCudnn(
-        settings, q.dtype,
-        [&] {
+    return RunOnCuda(
+        q.dtype,
+        [&](const AttentionSettings& settings) {
           return internal::AttentionBackwardCudnn(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len,
                                                   scale, settings.deterministic, dq, dk, dv);
         },
-        &ran);
-    if (ran || !st.ok()) return st;
-    return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len, scale,
-                                           delta, dq, dk, dv);
+        [&] {
+          return internal::AttentionBackwardCuda(stream, q, k, v, o, lse, d_o, seq_len, kv_seq_len,
+                                                 scale, delta, dq, dk, dv);
+        });
   }
   const std::vector<double> qd = Load(q), kd = Load(k), vd = Load(v), dod = Load(d_o);
   std::vector<double> dqd(qd.size(), 0.0), dkd(kd.size(), 0.0), dvd(vd.size(), 0.0);

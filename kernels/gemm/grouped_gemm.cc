@@ -173,37 +173,37 @@ GroupedGemm::~GroupedGemm() = default;
 
 absl::Status GroupedGemm::Fprop(const Stream& stream, const Tensor& x, const Tensor& w,
                                 const Tensor& tokens_per_group, const Tensor& y) {
-  const char* what = "GroupedGemm::Fprop";
-  SY_RETURN_IF_ERROR(CheckTokens(what, tokens_per_group));
-  SY_RETURN_IF_ERROR(CheckRank(what, "x", x, 2, "[R, K]"));
-  SY_RETURN_IF_ERROR(CheckRank(what, "w", w, 3, "[G, K, N]"));
-  const int64_t g = tokens_per_group.dim(0), r = x.dim(0), k = x.dim(1), n = w.dim(2);
-  SY_RETURN_IF_ERROR(CheckShape(what, "w", w, {g, k, n}, "[G, K, N]"));
-  SY_RETURN_IF_ERROR(CheckShape(what, "y", y, {r, n}, "[R, N]"));
-  if (x.dtype != w.dtype) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": x and w dtypes differ: ", x.DebugString(), " vs ", w.DebugString()));
-  }
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&x, &w, &tokens_per_group, &y}));
-  return Run(what, stream, MakeCall(GroupedGemmOp::kFprop, x, w, y, tokens_per_group, r, k, n, g));
+  return RunOnWeights(GroupedGemmOp::kFprop, stream, x, w, tokens_per_group, y);
 }
 
 absl::Status GroupedGemm::Dgrad(const Stream& stream, const Tensor& dy, const Tensor& w,
                                 const Tensor& tokens_per_group, const Tensor& dx) {
-  const char* what = "GroupedGemm::Dgrad";
+  return RunOnWeights(GroupedGemmOp::kDgrad, stream, dy, w, tokens_per_group, dx);
+}
+
+absl::Status GroupedGemm::RunOnWeights(GroupedGemmOp op, const Stream& stream, const Tensor& a,
+                                       const Tensor& w, const Tensor& tokens_per_group,
+                                       const Tensor& out) {
+  // Fprop: a = x [R, K] -> out = y [R, N]; Dgrad: a = dy [R, N] -> out = dx [R, K].
+  const bool fprop = op == GroupedGemmOp::kFprop;
+  const char* what = fprop ? "GroupedGemm::Fprop" : "GroupedGemm::Dgrad";
+  const char* a_name = fprop ? "x" : "dy";
+  const char* a_dims = fprop ? "[R, K]" : "[R, N]";
   SY_RETURN_IF_ERROR(CheckTokens(what, tokens_per_group));
-  SY_RETURN_IF_ERROR(CheckRank(what, "dy", dy, 2, "[R, N]"));
+  SY_RETURN_IF_ERROR(CheckRank(what, a_name, a, 2, a_dims));
   SY_RETURN_IF_ERROR(CheckRank(what, "w", w, 3, "[G, K, N]"));
-  const int64_t g = tokens_per_group.dim(0), r = dy.dim(0), n = dy.dim(1), k = w.dim(1);
+  // The inner size comes from `a`, the outer one from w.
+  const int64_t g = tokens_per_group.dim(0), r = a.dim(0);
+  const int64_t k = fprop ? a.dim(1) : w.dim(1), n = fprop ? w.dim(2) : a.dim(1);
   SY_RETURN_IF_ERROR(CheckShape(what, "w", w, {g, k, n}, "[G, K, N]"));
-  SY_RETURN_IF_ERROR(CheckShape(what, "dx", dx, {r, k}, "[R, K]"));
-  if (dy.dtype != w.dtype) {
+  SY_RETURN_IF_ERROR(fprop ? CheckShape(what, "y", out, {r, n}, "[R, N]")
+                           : CheckShape(what, "dx", out, {r, k}, "[R, K]"));
+  if (a.dtype != w.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": dy and w dtypes differ: ", dy.DebugString(), " vs ", w.DebugString()));
+        what, ": ", a_name, " and w dtypes differ: ", a.DebugString(), " vs ", w.DebugString()));
   }
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&dy, &w, &tokens_per_group, &dx}));
-  return Run(what, stream,
-             MakeCall(GroupedGemmOp::kDgrad, dy, w, dx, tokens_per_group, r, k, n, g));
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&a, &w, &tokens_per_group, &out}));
+  return Run(what, stream, MakeCall(op, a, w, out, tokens_per_group, r, k, n, g));
 }
 
 absl::Status GroupedGemm::Wgrad(const Stream& stream, const Tensor& x, const Tensor& dy,

@@ -152,6 +152,9 @@ class GroupedGemm {
  private:
   GroupedGemm(Device device, int max_groups, GroupedGemmPath path, GroupedGemmTile tile,
               std::unique_ptr<internal::GroupedGemmCudaPath> cuda_path);
+  // Fprop or Dgrad (`op`): the checks of `a` (x or dy), w and `out` (y or dx), then Run.
+  absl::Status RunOnWeights(internal::GroupedGemmOp op, const Stream& stream, const Tensor& a,
+                            const Tensor& w, const Tensor& tokens_per_group, const Tensor& out);
   absl::Status Run(const char* what, const Stream& stream, internal::GroupedGemmCall call);
 
   Device device_;

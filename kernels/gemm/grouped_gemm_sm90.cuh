@@ -161,22 +161,18 @@ __global__ void __launch_bounds__(kSetupThreads) Sm90SetupKernel(SetupParams p) 
         const ElementB* gb;
         ElementD* gd;
         int64_t lda, ldb, ldd;
-        if constexpr (kOp == GroupedGemmOp::kFprop) {
-          shape = Shape3{m, static_cast<int>(n), static_cast<int>(k)};
-          ga = a + r.offset * k;
+        if constexpr (kOp != GroupedGemmOp::kWgrad) {
+          // Fprop: a [R, K] -> out [R, N]; Dgrad: a [R, N] -> out [R, K]. w [G, K, N] for both
+          // (read transposed by Dgrad's layout). ka: a's columns (the reduction), kd: out's.
+          constexpr bool kFprop = kOp == GroupedGemmOp::kFprop;
+          const int64_t ka = kFprop ? k : n, kd = kFprop ? n : k;
+          shape = Shape3{m, static_cast<int>(kd), static_cast<int>(ka)};
+          ga = a + r.offset * ka;
           gb = b + static_cast<int64_t>(g) * k * n;
-          gd = out + r.offset * n;
-          lda = k;
+          gd = out + r.offset * kd;
+          lda = ka;
           ldb = n;
-          ldd = n;
-        } else if constexpr (kOp == GroupedGemmOp::kDgrad) {
-          shape = Shape3{m, static_cast<int>(k), static_cast<int>(n)};
-          ga = a + r.offset * n;
-          gb = b + static_cast<int64_t>(g) * k * n;
-          gd = out + r.offset * k;
-          lda = n;
-          ldb = n;
-          ldd = k;
+          ldd = kd;
         } else {
           shape = Shape3{m > 0 ? static_cast<int>(k) : 0, static_cast<int>(n), m};
           ga = a + r.offset * k;
@@ -318,6 +314,16 @@ class Runner final : public KernelRunner {
   Gemm gemm_;  // used for initialize(); its params are copied into cache_
   std::vector<CachedParams> cache_;
 };
+
+// The runner of `kOp` with output ElementD for `tile`: the cooperative tile when asked for, else
+// the ping-pong one.
+template <GroupedGemmOp kOp, class ElementD>
+std::unique_ptr<KernelRunner> MakeTiledRunner(GroupedGemmTile tile, int device, int sm_count) {
+  if (tile == GroupedGemmTile::kCooperative256x128) {
+    return std::make_unique<Runner<kOp, ElementD, CooperativeTile>>(device, sm_count);
+  }
+  return std::make_unique<Runner<kOp, ElementD, PingpongTile>>(device, sm_count);
+}
 
 }  // namespace switchyard::kernels::internal::sm90
 

@@ -8,28 +8,17 @@
 
 namespace switchyard::kernels::internal::sm90 {
 
-std::unique_ptr<KernelRunner> MakeFpropRunner(GroupedGemmTile tile, int device, int sm_count) {
 #if SY_GROUPED_GEMM_SM90
-  constexpr GroupedGemmOp kOp = GroupedGemmOp::kFprop;
-  if (tile == GroupedGemmTile::kCooperative256x128) {
-    return std::make_unique<Runner<kOp, cutlass::bfloat16_t, CooperativeTile>>(device, sm_count);
-  }
-  return std::make_unique<Runner<kOp, cutlass::bfloat16_t, PingpongTile>>(device, sm_count);
-#else
-  return nullptr;
-#endif
+std::unique_ptr<KernelRunner> MakeFpropRunner(GroupedGemmTile tile, int device, int sm_count) {
+  return MakeTiledRunner<GroupedGemmOp::kFprop, cutlass::bfloat16_t>(tile, device, sm_count);
 }
 
 std::unique_ptr<KernelRunner> MakeDgradRunner(GroupedGemmTile tile, int device, int sm_count) {
-#if SY_GROUPED_GEMM_SM90
-  constexpr GroupedGemmOp kOp = GroupedGemmOp::kDgrad;
-  if (tile == GroupedGemmTile::kCooperative256x128) {
-    return std::make_unique<Runner<kOp, cutlass::bfloat16_t, CooperativeTile>>(device, sm_count);
-  }
-  return std::make_unique<Runner<kOp, cutlass::bfloat16_t, PingpongTile>>(device, sm_count);
-#else
-  return nullptr;
-#endif
+  return MakeTiledRunner<GroupedGemmOp::kDgrad, cutlass::bfloat16_t>(tile, device, sm_count);
 }
+#else
+std::unique_ptr<KernelRunner> MakeFpropRunner(GroupedGemmTile, int, int) { return nullptr; }
+std::unique_ptr<KernelRunner> MakeDgradRunner(GroupedGemmTile, int, int) { return nullptr; }
+#endif
 
 }  // namespace switchyard::kernels::internal::sm90

@@ -9,11 +9,7 @@ namespace switchyard::kernels::internal::sm90 {
 
 std::unique_ptr<KernelRunner> MakeWgradF32Runner(GroupedGemmTile tile, int device, int sm_count) {
 #if SY_GROUPED_GEMM_SM90
-  constexpr GroupedGemmOp kOp = GroupedGemmOp::kWgrad;
-  if (tile == GroupedGemmTile::kCooperative256x128) {
-    return std::make_unique<Runner<kOp, float, CooperativeTile>>(device, sm_count);
-  }
-  return std::make_unique<Runner<kOp, float, PingpongTile>>(device, sm_count);
+  return MakeTiledRunner<GroupedGemmOp::kWgrad, float>(tile, device, sm_count);
 #else
   return nullptr;
 #endif

@@ -116,6 +116,24 @@ void GradChunkT(const Tensor& h, const Tensor& w, const double* g, int64_t t0, i
   }
 }
 
+// The CPU reference's gradient of a chunk's logits: z [rows, V] (tokens t0.., of the vocabulary
+// slice starting at `start`) becomes g = dloss * (softmax - onehot(target - start)) from the
+// tokens' lse; rows of ignored tokens become zeros.
+void SoftmaxGradRows(double* z, int64_t rows, int64_t v_n, const int32_t* targets,
+                     const Tensor& lse, int64_t t0, int64_t start, float dloss) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double* zr = z + r * v_n;
+    const int32_t target = targets[t0 + r];
+    const int64_t local = static_cast<int64_t>(target) - start;
+    const double row_lse = LoadAsDouble(lse, t0 + r);
+    for (int64_t v = 0; v < v_n; ++v) {
+      zr[v] = target == kIgnoreTarget
+                  ? 0.0
+                  : dloss * (std::exp(zr[v] - row_lse) - (v == local ? 1.0 : 0.0));
+    }
+  }
+}
+
 void GradChunk(const Tensor& h, const Tensor& w, const double* g, int64_t t0, int64_t rows,
                const Tensor& dh, const Tensor& dw) {
   switch (h.dtype) {
@@ -369,17 +387,7 @@ absl::Status FusedLinearCrossEntropy::RunVocabParallel(const Stream& stream, con
       }
     }
     if (!with_grad) continue;
-    for (int64_t r = 0; r < rows; ++r) {
-      double* zr = z + r * v_n;
-      const int32_t target = tg[t0 + r];
-      const int64_t local = static_cast<int64_t>(target) - start;
-      const double row_lse = LoadAsDouble(lse, t0 + r);
-      for (int64_t v = 0; v < v_n; ++v) {
-        zr[v] = target == kIgnoreTarget
-                    ? 0.0
-                    : dloss * (std::exp(zr[v] - row_lse) - (v == local ? 1.0 : 0.0));
-      }
-    }
+    SoftmaxGradRows(z, rows, v_n, tg, lse, t0, start, dloss);
     GradChunk(h, w, z, t0, rows, dh, dw);
   }
   if (stream.is_cuda()) {
@@ -430,17 +438,7 @@ absl::Status FusedLinearCrossEntropy::BackwardCpu(const Tensor& h, const Tensor&
   for (int64_t t0 = 0; t0 < t_n; t0 += chunk_) {
     const int64_t rows = std::min(chunk_, t_n - t0);
     Logits(h, w, t0, rows, z);
-    // z becomes g = dloss * (softmax - onehot); rows of ignored tokens become zeros.
-    for (int64_t r = 0; r < rows; ++r) {
-      double* zr = z + r * v_n;
-      const int32_t target = tg[t0 + r];
-      const double row_lse = LoadAsDouble(lse, t0 + r);
-      for (int64_t v = 0; v < v_n; ++v) {
-        zr[v] = target == kIgnoreTarget
-                    ? 0.0
-                    : dloss * (std::exp(zr[v] - row_lse) - (v == target ? 1.0 : 0.0));
-      }
-    }
+    SoftmaxGradRows(z, rows, v_n, tg, lse, t0, /*start=*/0, dloss);
     GradChunk(h, w, z, t0, rows, dh, dw);
   }
   return absl::OkStatus();

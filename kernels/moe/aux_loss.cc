@@ -83,14 +83,25 @@ int64_t AuxLossWorkspaceBytes(const RouterConfig& config, int64_t num_tokens) {
   return psum + (8 * p.num_chunks + 255) / 256 * 256;
 }
 
+namespace {
+
+// The checks AuxLossStatsForward and AuxLossBackward start with (the config, logits [T, E], T),
+// then their plan.
+absl::StatusOr<internal::AuxPlan> PlanForLogits(const Stream& stream, const RouterConfig& config,
+                                                const Tensor& logits) {
+  SY_RETURN_IF_ERROR(config.Validate());
+  SY_RETURN_IF_ERROR(CheckLogits(stream, config, logits));
+  SY_RETURN_IF_ERROR(CheckTokens(stream, config, logits.dim(0)));
+  return internal::MakeAuxPlan(config, logits.dim(0));
+}
+
+}  // namespace
+
 absl::Status AuxLossStatsForward(const Stream& stream, const RouterConfig& config,
                                  const Tensor& logits, const AuxLossStats& stats,
                                  const Tensor& workspace) {
-  SY_RETURN_IF_ERROR(config.Validate());
-  SY_RETURN_IF_ERROR(CheckLogits(stream, config, logits));
-  const int64_t t = logits.dim(0);
-  SY_RETURN_IF_ERROR(CheckTokens(stream, config, t));
-  const internal::AuxPlan plan = internal::MakeAuxPlan(config, t);
+  SY_ASSIGN_OR_RETURN(const internal::AuxPlan plan, PlanForLogits(stream, config, logits));
+  const int64_t t = plan.num_tokens;
   SY_RETURN_IF_ERROR(CheckStats(stream, config, stats, plan.num_sequences));
   if (!stream.is_cuda()) return internal::AuxLossStatsCpu(plan, logits, stats);
   const int64_t bytes = AuxLossWorkspaceBytes(config, t);
@@ -143,11 +154,8 @@ absl::Status AuxLossForward(const Stream& stream, const RouterConfig& config, in
 absl::Status AuxLossBackward(const Stream& stream, const RouterConfig& config, const Tensor& logits,
                              const Tensor& grad_weights, double aux_grad_scale,
                              const Tensor& dlogits) {
-  SY_RETURN_IF_ERROR(config.Validate());
-  SY_RETURN_IF_ERROR(CheckLogits(stream, config, logits));
-  const int64_t t = logits.dim(0);
-  SY_RETURN_IF_ERROR(CheckTokens(stream, config, t));
-  const internal::AuxPlan plan = internal::MakeAuxPlan(config, t);
+  SY_ASSIGN_OR_RETURN(const internal::AuxPlan plan, PlanForLogits(stream, config, logits));
+  const int64_t t = plan.num_tokens;
   SY_RETURN_IF_ERROR(CheckTensor(grad_weights, "aux_loss.grad_weights", logits.dtype,
                                  {plan.num_sequences, config.num_experts}));
   SY_RETURN_IF_ERROR(

@@ -9,20 +9,13 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-using router_math::Better;
-using router_math::Exp;
-using router_math::LaneOrderSum;
-using router_math::Sigmoid;
-
 // P row (§2.2) plus the softmax normaliser of one token; `p` [E].
 template <typename Real>
 void AuxRow(const AuxPlan& plan, const Real* z, double* p, double* mx, double* sum,
             double* sig_sum) {
   const int64_t e_count = plan.num_experts;
-  double m = z[0];
-  for (int64_t e = 1; e < e_count; ++e) m = static_cast<double>(z[e]) > m ? z[e] : m;
-  *mx = m;
-  *sum = LaneOrderSum(e_count, [&](int64_t e) { return Exp(static_cast<double>(z[e]) - m); });
+  SoftmaxNorm(z, e_count, mx, sum);
+  const double m = *mx;
   if (plan.sigmoid) {
     *sig_sum = LaneOrderSum(e_count, [&](int64_t e) { return Sigmoid(z[e]); });
     for (int64_t e = 0; e < e_count; ++e) p[e] = Sigmoid(z[e]) / *sig_sum;

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "kernels/device_convert.cuh"
+#include "kernels/moe/copy_unit.cuh"
 #include "kernels/moe/permute.h"
 #include "kernels/runtime/cuda_status.h"
 
@@ -39,17 +40,6 @@ cudaStream_t CudaStreamOf(const Stream& s) { return s.cuda_stream; }
 
 int ThreadsFor(int64_t units) {
   return static_cast<int>(std::clamp<int64_t>((units + 31) / 32 * 32, 32, 256));
-}
-
-// Largest power-of-two unit (<= 16 bytes) dividing the row size and both base addresses.
-int UnitBytes(int64_t row_bytes, const void* a, const void* b) {
-  for (int u : {16, 8, 4, 2}) {
-    if (row_bytes % u == 0 && reinterpret_cast<uintptr_t>(a) % u == 0 &&
-        reinterpret_cast<uintptr_t>(b) % u == 0) {
-      return u;
-    }
-  }
-  return 1;
 }
 
 __global__ void ChunkHistogramKernel(const int32_t* __restrict__ idx, int64_t num_tokens, int k,
@@ -264,23 +254,10 @@ absl::Status LaunchCopies(cudaStream_t cs, const void* src, const int32_t* row_m
 absl::Status LaunchCopiesAnyUnit(cudaStream_t cs, const void* src, const int32_t* row_map,
                                  int64_t t, int k, int64_t row_bytes, int64_t max_rows, void* dst,
                                  const int32_t* kept, int num_experts, int capacity, float* probs) {
-  switch (UnitBytes(row_bytes, src, dst)) {
-    case 16:
-      return LaunchCopies<uint4>(cs, src, row_map, t, k, row_bytes, max_rows, dst, kept,
-                                 num_experts, capacity, probs);
-    case 8:
-      return LaunchCopies<uint2>(cs, src, row_map, t, k, row_bytes, max_rows, dst, kept,
-                                 num_experts, capacity, probs);
-    case 4:
-      return LaunchCopies<uint32_t>(cs, src, row_map, t, k, row_bytes, max_rows, dst, kept,
-                                    num_experts, capacity, probs);
-    case 2:
-      return LaunchCopies<uint16_t>(cs, src, row_map, t, k, row_bytes, max_rows, dst, kept,
-                                    num_experts, capacity, probs);
-    default:
-      return LaunchCopies<uint8_t>(cs, src, row_map, t, k, row_bytes, max_rows, dst, kept,
-                                   num_experts, capacity, probs);
-  }
+  return WithCopyUnit(row_bytes, src, dst, [&](auto unit) {
+    return LaunchCopies<decltype(unit)>(cs, src, row_map, t, k, row_bytes, max_rows, dst, kept,
+                                        num_experts, capacity, probs);
+  });
 }
 
 template <typename T, int V>

@@ -209,15 +209,27 @@ int64_t RouterWorkspaceBytes(const RouterConfig& config, int64_t num_tokens) {
   return internal::MakeRouterWorkspaceLayout(internal::MakeRoutingPlan(config, num_tokens)).total;
 }
 
+namespace {
+
+// The checks RouterForward and RouterBackward start with: the config, then logits [T, E] of a
+// real dtype with T within the CUDA limit. Returns T.
+absl::StatusOr<int64_t> CheckConfigAndLogits(const Stream& stream, const RouterConfig& config,
+                                             const Tensor& logits) {
+  SY_RETURN_IF_ERROR(config.Validate());
+  SY_RETURN_IF_ERROR(CheckRealDtype(stream, logits, "router.logits"));
+  SY_RETURN_IF_ERROR(CheckTensor(logits, "router.logits", logits.dtype, {-1, config.num_experts}));
+  const int64_t t = logits.dim(0);
+  SY_RETURN_IF_ERROR(CheckCudaTokens(stream, t));
+  return t;
+}
+
+}  // namespace
+
 absl::Status RouterForward(const Stream& stream, const RouterConfig& config, const Tensor& logits,
                            const Tensor& expert_bias, const Tensor& local_tokens_per_expert,
                            const RouterOutputs& out, const Tensor& workspace) {
-  SY_RETURN_IF_ERROR(config.Validate());
+  SY_ASSIGN_OR_RETURN(const int64_t t, CheckConfigAndLogits(stream, config, logits));
   const int64_t e = config.num_experts, k = config.topk;
-  SY_RETURN_IF_ERROR(CheckRealDtype(stream, logits, "router.logits"));
-  SY_RETURN_IF_ERROR(CheckTensor(logits, "router.logits", logits.dtype, {-1, e}));
-  const int64_t t = logits.dim(0);
-  SY_RETURN_IF_ERROR(CheckCudaTokens(stream, t));
   SY_RETURN_IF_ERROR(CheckTensor(out.topk_idx, "router.topk_idx", DType::kI32, {t, k}));
   SY_RETURN_IF_ERROR(CheckTensor(out.topk_probs, "router.topk_probs", logits.dtype, {t, k}));
   SY_RETURN_IF_ERROR(CheckTensor(out.selected_idx, "router.selected_idx", DType::kI32, {t, k}));
@@ -247,12 +259,8 @@ absl::Status RouterForward(const Stream& stream, const RouterConfig& config, con
 absl::Status RouterBackward(const Stream& stream, const RouterConfig& config, const Tensor& logits,
                             const Tensor& selected_idx, const Tensor& topk_idx,
                             const Tensor& dtopk_probs, const Tensor& dlogits) {
-  SY_RETURN_IF_ERROR(config.Validate());
+  SY_ASSIGN_OR_RETURN(const int64_t t, CheckConfigAndLogits(stream, config, logits));
   const int64_t e = config.num_experts, k = config.topk;
-  SY_RETURN_IF_ERROR(CheckRealDtype(stream, logits, "router.logits"));
-  SY_RETURN_IF_ERROR(CheckTensor(logits, "router.logits", logits.dtype, {-1, e}));
-  const int64_t t = logits.dim(0);
-  SY_RETURN_IF_ERROR(CheckCudaTokens(stream, t));
   SY_RETURN_IF_ERROR(CheckTensor(selected_idx, "router.selected_idx", DType::kI32, {t, k}));
   SY_RETURN_IF_ERROR(CheckTensor(topk_idx, "router.topk_idx", DType::kI32, {t, k}));
   SY_RETURN_IF_ERROR(CheckTensor(dtopk_probs, "router.dtopk_probs", logits.dtype, {t, k}));

@@ -13,10 +13,6 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-using router_math::Better;
-using router_math::Exp;
-using router_math::Sigmoid;
-
 constexpr int kWarpsPerBlock = 4;
 
 struct TopkArgs {

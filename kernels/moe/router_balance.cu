@@ -15,7 +15,6 @@ namespace switchyard::kernels::internal {
 namespace {
 
 namespace cg = cooperative_groups;
-using router_math::Exp;
 
 constexpr int kSinkhornThreads = 256;
 constexpr int kDropThreads = 256;

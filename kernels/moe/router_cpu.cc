@@ -11,20 +11,6 @@
 namespace switchyard::kernels::internal {
 namespace {
 
-using router_math::Better;
-using router_math::Exp;
-using router_math::LaneOrderSum;
-using router_math::Sigmoid;
-
-// Max of z and the lane-order sum of exp(z - max): the softmax normaliser of one row.
-template <typename Real>
-void SoftmaxNorm(const Real* z, int64_t e, double* mx, double* sum) {
-  double m = z[0];
-  for (int64_t i = 1; i < e; ++i) m = static_cast<double>(z[i]) > m ? z[i] : m;
-  *mx = m;
-  *sum = LaneOrderSum(e, [&](int64_t i) { return Exp(static_cast<double>(z[i]) - m); });
-}
-
 // Sinkhorn scaling of exp(z) (router.h): d0 [T], d1 [E], in the CUDA kernel's summation order.
 template <typename Real>
 void Sinkhorn(const Real* z, int64_t t_count, int64_t e_count, std::vector<double>* d0_out,

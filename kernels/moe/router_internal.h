@@ -16,6 +16,15 @@
 
 namespace switchyard::kernels::internal {
 
+// The router math that the implementation files (router_cpu.cc, aux_loss_cpu.cc, router.cu,
+// router_balance.cu, aux_loss.cu) and the helpers below use unqualified. This header is internal
+// to kernels/moe.
+using router_math::Better;
+using router_math::Exp;
+using router_math::LaneOrderSum;
+using router_math::Sigmoid;
+using router_math::SoftmaxNorm;
+
 // What a token's selection keys are.
 enum class KeyKind : int {
   kLogit,     // z (post-softmax; sinkhorn in eval)
@@ -64,22 +73,34 @@ struct RouterWorkspaceLayout {
 };
 RouterWorkspaceLayout MakeRouterWorkspaceLayout(const RoutingPlan& plan);
 
+// The normalisers of the slot-local kinds, over the selected logits zs[r] in selection order
+// (sums run over slots in order), shared by SlotProbs and SlotGrads. kTopkSoftmax: max of zs and
+// the sum of exp(zs[r] - max).
+SY_HOST_DEVICE inline void SlotSoftmaxNorm(int k, const double* zs, double* mx, double* sum) {
+  double m = zs[0];
+  for (int r = 1; r < k; ++r) m = zs[r] > m ? zs[r] : m;
+  double s = 0.0;
+  for (int r = 0; r < k; ++r) s += Exp(zs[r] - m);
+  *mx = m;
+  *sum = s;
+}
+// kSigmoidNormalized: the sum of sigmoid(zs[r]) plus kSigmoidNormEps.
+SY_HOST_DEVICE inline double SlotSigmoidDenominator(int k, const double* zs) {
+  double sum = 0.0;
+  for (int r = 0; r < k; ++r) sum += Sigmoid(zs[r]);
+  return sum + router_math::kSigmoidNormEps;
+}
+
 // Probabilities of the k selected slots for the slot-local kinds (all but kFullSoftmax), from the
 // selected logits zs[r] in selection order. Sums run over slots in order.
 SY_HOST_DEVICE inline void SlotProbs(ProbKind kind, int k, const double* zs, double scale,
                                      double* p) {
-  using router_math::Exp;
-  using router_math::Sigmoid;
   if (kind == ProbKind::kTopkSoftmax) {
-    double mx = zs[0];
-    for (int r = 1; r < k; ++r) mx = zs[r] > mx ? zs[r] : mx;
-    double sum = 0.0;
-    for (int r = 0; r < k; ++r) sum += Exp(zs[r] - mx);
+    double mx, sum;
+    SlotSoftmaxNorm(k, zs, &mx, &sum);
     for (int r = 0; r < k; ++r) p[r] = Exp(zs[r] - mx) / sum * scale;
   } else if (kind == ProbKind::kSigmoidNormalized) {
-    double sum = 0.0;
-    for (int r = 0; r < k; ++r) sum += Sigmoid(zs[r]);
-    const double d = sum + router_math::kSigmoidNormEps;
+    const double d = SlotSigmoidDenominator(k, zs);
     for (int r = 0; r < k; ++r) p[r] = Sigmoid(zs[r]) / d * scale;
   } else {  // kSigmoid
     for (int r = 0; r < k; ++r) p[r] = Sigmoid(zs[r]) * scale;
@@ -89,20 +110,14 @@ SY_HOST_DEVICE inline void SlotProbs(ProbKind kind, int k, const double* zs, dou
 // Backward of SlotProbs: dz[r] = Σ_q g[q]·∂p[q]/∂zs[r] for the slot-local kinds.
 SY_HOST_DEVICE inline void SlotGrads(ProbKind kind, int k, const double* zs, const double* g,
                                      double scale, double* dz) {
-  using router_math::Exp;
-  using router_math::Sigmoid;
   if (kind == ProbKind::kTopkSoftmax) {
-    double mx = zs[0];
-    for (int r = 1; r < k; ++r) mx = zs[r] > mx ? zs[r] : mx;
-    double sum = 0.0;
-    for (int r = 0; r < k; ++r) sum += Exp(zs[r] - mx);
+    double mx, sum;
+    SlotSoftmaxNorm(k, zs, &mx, &sum);
     double dot = 0.0;
     for (int r = 0; r < k; ++r) dot += Exp(zs[r] - mx) / sum * (g[r] * scale);
     for (int r = 0; r < k; ++r) dz[r] = Exp(zs[r] - mx) / sum * (g[r] * scale - dot);
   } else if (kind == ProbKind::kSigmoidNormalized) {
-    double sum = 0.0;
-    for (int r = 0; r < k; ++r) sum += Sigmoid(zs[r]);
-    const double d = sum + router_math::kSigmoidNormEps;
+    const double d = SlotSigmoidDenominator(k, zs);
     double dot = 0.0;
     for (int r = 0; r < k; ++r) dot += Sigmoid(zs[r]) / d * (g[r] * scale);
     for (int r = 0; r < k; ++r) {

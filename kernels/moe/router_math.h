@@ -35,9 +35,8 @@ inline constexpr int kSinkhornMaxIters = 2000;
 inline constexpr int kSinkhornChunk = 64;
 inline constexpr int kAuxChunk = 16;
 
-// 2^m for m in [-1022, 1023], built from its bits (exact).
-SY_HOST_DEVICE inline double Pow2(int m) {
-  const uint64_t bits = static_cast<uint64_t>(m + 1023) << 52;
+// The double whose IEEE-754 bits are `bits`.
+SY_HOST_DEVICE inline double BitsToDouble(uint64_t bits) {
 #if defined(__CUDA_ARCH__)
   return __longlong_as_double(static_cast<long long>(bits));
 #else
@@ -47,16 +46,12 @@ SY_HOST_DEVICE inline double Pow2(int m) {
 #endif
 }
 
-SY_HOST_DEVICE inline double Infinity() {
-  const uint64_t bits = 0x7ff0000000000000ull;
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(bits));
-#else
-  double d;
-  std::memcpy(&d, &bits, sizeof d);
-  return d;
-#endif
+// 2^m for m in [-1022, 1023], built from its bits (exact).
+SY_HOST_DEVICE inline double Pow2(int m) {
+  return BitsToDouble(static_cast<uint64_t>(m + 1023) << 52);
 }
+
+SY_HOST_DEVICE inline double Infinity() { return BitsToDouble(0x7ff0000000000000ull); }
 
 SY_HOST_DEVICE inline double RoundToEven(double x) {
 #if defined(__CUDA_ARCH__)
@@ -136,6 +131,17 @@ double LaneOrderSum(int64_t n, const F& value) {
     for (int l = 0; l < 32; ++l) lane[l] = next[l];
   }
   return lane[0];
+}
+
+// Max of z [e] and the lane-order sum of exp(z - max): the softmax normaliser of one row, as
+// RowSoftmaxNorm (router_device.h) computes it on the device. For the CPU references of the
+// router and the aux losses.
+template <typename Real>
+void SoftmaxNorm(const Real* z, int64_t e, double* mx, double* sum) {
+  double m = z[0];
+  for (int64_t i = 1; i < e; ++i) m = static_cast<double>(z[i]) > m ? z[i] : m;
+  *mx = m;
+  *sum = LaneOrderSum(e, [&](int64_t i) { return Exp(static_cast<double>(z[i]) - m); });
 }
 
 }  // namespace switchyard::kernels::router_math

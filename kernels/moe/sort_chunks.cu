@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/moe/copy_unit.cuh"
 #include "kernels/moe/sort_chunks.h"
 #include "kernels/runtime/cuda_status.h"
 
@@ -33,17 +34,6 @@ struct OrderParam {
 };
 
 cudaStream_t CudaStreamOf(const Stream& s) { return s.cuda_stream; }
-
-// Largest power-of-two unit (<= 16 bytes) dividing the row size and both base addresses.
-int UnitBytes(int64_t row_bytes, const void* a, const void* b) {
-  for (int u : {16, 8, 4, 2}) {
-    if (row_bytes % u == 0 && reinterpret_cast<uintptr_t>(a) % u == 0 &&
-        reinterpret_cast<uintptr_t>(b) % u == 0) {
-      return u;
-    }
-  }
-  return 1;
-}
 
 // Exclusive scan of v over the block (blockDim.x == 1024); *total gets the block sum. Contains
 // __syncthreads, so every thread must call it.
@@ -182,23 +172,10 @@ absl::Status SortChunksCuda(const Stream& stream, const Tensor& input, const Ten
   const float* p = probs.data != nullptr ? probs.as<float>() : nullptr;
   float* po = p != nullptr ? probs_out.as<float>() : nullptr;
   const int c = ord.num_chunks;
-  switch (UnitBytes(row_bytes, input.data, output.data)) {
-    case 16:
-      return LaunchCopy<uint4>(cs, input.data, output.data, row_bytes, p, po, n, c, out_start,
-                               in_start);
-    case 8:
-      return LaunchCopy<uint2>(cs, input.data, output.data, row_bytes, p, po, n, c, out_start,
-                               in_start);
-    case 4:
-      return LaunchCopy<uint32_t>(cs, input.data, output.data, row_bytes, p, po, n, c, out_start,
-                                  in_start);
-    case 2:
-      return LaunchCopy<uint16_t>(cs, input.data, output.data, row_bytes, p, po, n, c, out_start,
-                                  in_start);
-    default:
-      return LaunchCopy<uint8_t>(cs, input.data, output.data, row_bytes, p, po, n, c, out_start,
-                                 in_start);
-  }
+  return WithCopyUnit(row_bytes, input.data, output.data, [&](auto unit) {
+    return LaunchCopy<decltype(unit)>(cs, input.data, output.data, row_bytes, p, po, n, c,
+                                      out_start, in_start);
+  });
 }
 
 }  // namespace switchyard::kernels::internal

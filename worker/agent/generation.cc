@@ -27,6 +27,19 @@ absl::Status Field(absl::string_view field, absl::string_view rule) {
   return absl::InvalidArgumentError(absl::StrCat("assignment.", field, " ", rule));
 }
 
+// A parallel size the assignment's mapping may set (`mapped` > 0): then the spec must not say
+// otherwise (`spec_has`, `spec_value`, field spec.parallel.<name>) and the mapping's wins; else
+// the spec's, 1 when it has none.
+absl::StatusOr<int> MappedSize(const char* name, bool spec_has, int spec_value, int mapped) {
+  if (mapped <= 0) return spec_has ? spec_value : 1;
+  if (spec_has && spec_value != mapped) {
+    return Field(
+        absl::StrCat("spec.parallel.", name),
+        absl::StrCat("(", spec_value, ") must equal assignment.mapping.", name, " (", mapped, ")"));
+  }
+  return mapped;
+}
+
 // CheckAssignedSpecPaths with the field named as part of the assignment.
 absl::Status CheckPaths(const v1::JobSpec& spec, const JobRoots& roots) {
   absl::Status s = CheckAssignedSpecPaths(spec, roots);
@@ -114,30 +127,14 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
       !why.empty()) {
     return absl::UnimplementedError(why);
   }
-  int ep = par->has_expert_model_parallel_size() ? par->expert_model_parallel_size() : 1;
-  if (m.expert_model_parallel_size() > 0) {
-    if (par->has_expert_model_parallel_size() &&
-        par->expert_model_parallel_size() != m.expert_model_parallel_size()) {
-      return Field("spec.parallel.expert_model_parallel_size",
-                   absl::StrCat("(", par->expert_model_parallel_size(),
-                                ") must equal assignment.mapping.expert_model_parallel_size (",
-                                m.expert_model_parallel_size(), ")"));
-    }
-    ep = m.expert_model_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(
+      const int ep, MappedSize("expert_model_parallel_size", par->has_expert_model_parallel_size(),
+                               par->expert_model_parallel_size(), m.expert_model_parallel_size()));
   if (a.world_size() > 1 || ep > 1) par->set_expert_model_parallel_size(ep);
   // Context parallelism: the mapping's (the planner's), which must agree with a spec that sets it.
-  int cp = par->has_context_parallel_size() ? par->context_parallel_size() : 1;
-  if (m.context_parallel_size() > 0) {
-    if (par->has_context_parallel_size() &&
-        par->context_parallel_size() != m.context_parallel_size()) {
-      return Field("spec.parallel.context_parallel_size",
-                   absl::StrCat("(", par->context_parallel_size(),
-                                ") must equal assignment.mapping.context_parallel_size (",
-                                m.context_parallel_size(), ")"));
-    }
-    cp = m.context_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(const int cp,
+                      MappedSize("context_parallel_size", par->has_context_parallel_size(),
+                                 par->context_parallel_size(), m.context_parallel_size()));
   if (cp > 1) par->set_context_parallel_size(cp);
   // Expert tensor parallelism: the mapping's (1 when it has none), which the spec must not
   // contradict.
@@ -150,32 +147,19 @@ absl::StatusOr<PreparedGeneration> PrepareGeneration(const v1::Assignment& a, co
   }
   if (a.world_size() > 1 || etp > 1) par->set_expert_tensor_parallel_size(etp);
   // Tensor parallelism (with sequence parallelism): the mapping's, else the spec's.
-  int tp = par->has_tensor_model_parallel_size() ? par->tensor_model_parallel_size() : 1;
-  if (m.tensor_model_parallel_size() > 0) {
-    if (par->has_tensor_model_parallel_size() && tp != m.tensor_model_parallel_size()) {
-      return Field(
-          "spec.parallel.tensor_model_parallel_size",
-          absl::StrCat("(", tp, ") must equal assignment.mapping.tensor_model_parallel_size (",
-                       m.tensor_model_parallel_size(), ")"));
-    }
-    tp = m.tensor_model_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(
+      const int tp, MappedSize("tensor_model_parallel_size", par->has_tensor_model_parallel_size(),
+                               par->tensor_model_parallel_size(), m.tensor_model_parallel_size()));
   if (tp > 1) {
     par->set_tensor_model_parallel_size(tp);
     par->set_sequence_parallel(true);
     if (!par->has_expert_tensor_parallel_size()) par->set_expert_tensor_parallel_size(1);
   }
   // Pipeline parallelism (1F1B): the mapping's, which must agree with a spec that sets it.
-  int pp = par->has_pipeline_model_parallel_size() ? par->pipeline_model_parallel_size() : 1;
-  if (m.pipeline_model_parallel_size() > 0) {
-    if (par->has_pipeline_model_parallel_size() && pp != m.pipeline_model_parallel_size()) {
-      return Field(
-          "spec.parallel.pipeline_model_parallel_size",
-          absl::StrCat("(", pp, ") must equal assignment.mapping.pipeline_model_parallel_size (",
-                       m.pipeline_model_parallel_size(), ")"));
-    }
-    pp = m.pipeline_model_parallel_size();
-  }
+  SY_ASSIGN_OR_RETURN(
+      const int pp,
+      MappedSize("pipeline_model_parallel_size", par->has_pipeline_model_parallel_size(),
+                 par->pipeline_model_parallel_size(), m.pipeline_model_parallel_size()));
   if (pp > 1) par->set_pipeline_model_parallel_size(pp);
   // What the engine does not run (nothing the layout rules accept today), named under the
   // assignment's spec.

@@ -73,20 +73,30 @@ absl::Status RendezvousKvStore::CancelledError(absl::string_view op, absl::strin
       absl::StrCat(op, " '", key, "' on the ", Describe(), ": the generation was stopped"));
 }
 
-absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view value) {
-  v1::RendezvousSetRequest request;
+template <typename Request>
+Request RendezvousKvStore::NewRequest(absl::string_view key) const {
+  Request request;
   request.set_job(job_);
   request.set_worker_id(options_.worker_id);
   request.set_generation(generation_);
   request.set_key(std::string(key));
+  return request;
+}
+
+void RendezvousKvStore::PrepareContext(grpc::ClientContext* context, absl::Duration wait) const {
+  AddBearerToken(token_, context);
+  context->set_deadline(Deadline(wait + options_.rpc_slack));
+}
+
+absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view value) {
+  auto request = NewRequest<v1::RendezvousSetRequest>(key);
   request.set_value(std::string(value));
   const absl::Time give_up = absl::Now() + options_.set_retry_for;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     if (cancelled()) return CancelledError("Set", key);
     grpc::ClientContext context;
-    AddBearerToken(token_, &context);
-    context.set_deadline(Deadline(options_.rpc_slack));
+    PrepareContext(&context, absl::ZeroDuration());
     v1::RendezvousSetResponse response;
     absl::Status st = FromGrpcStatus(stub_->Set(&context, request, &response));
     if (st.ok()) return st;
@@ -99,15 +109,10 @@ absl::Status RendezvousKvStore::Set(absl::string_view key, absl::string_view val
 }
 
 absl::StatusOr<std::string> RendezvousKvStore::GetOnce(absl::string_view key, absl::Duration wait) {
-  v1::RendezvousGetRequest request;
-  request.set_job(job_);
-  request.set_worker_id(options_.worker_id);
-  request.set_generation(generation_);
-  request.set_key(std::string(key));
+  auto request = NewRequest<v1::RendezvousGetRequest>(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(wait));
   grpc::ClientContext context;
-  AddBearerToken(token_, &context);
-  context.set_deadline(Deadline(wait + options_.rpc_slack));
+  PrepareContext(&context, wait);
   v1::RendezvousGetResponse response;
   absl::Status st = FromGrpcStatus(stub_->Get(&context, request, &response));
   if (!st.ok()) return st;

@@ -88,6 +88,11 @@ class RendezvousKvStore final : public comm::KvStore {
  private:
   RendezvousKvStore(std::shared_ptr<grpc::Channel> channel, std::string token, std::string address,
                     std::string job, int64_t generation, Options options);
+  // A Set or Get request scoped to this store's job, generation and worker, for `key`.
+  template <typename Request>
+  Request NewRequest(absl::string_view key) const;
+  // The bearer token, and a deadline `wait` (the server-side wait asked for) + rpc_slack away.
+  void PrepareContext(grpc::ClientContext* context, absl::Duration wait) const;
   // One Get RPC asking the server to wait up to `wait`.
   absl::StatusOr<std::string> GetOnce(absl::string_view key, absl::Duration wait);
   absl::Status CancelledError(absl::string_view op, absl::string_view key) const;

@@ -334,6 +334,33 @@ absl::StatusOr<Dims> DimsOf(const v1::ModelConfig& m) {
               c.vocab_size, c.qk_layernorm,    c.untie_embeddings,    c.moe_layers};
 }
 
+// A tensor that HF's checkpoints and ours hold alike, under different names.
+struct SameTensor {
+  std::string hf, ours;
+  std::vector<int64_t> shape;
+};
+
+// Layer l's norms and attention projections, in file order: what import and export map one to
+// one.
+std::vector<SameTensor> AttentionTensors(const Dims& dm, int64_t l) {
+  const std::string hf = absl::StrCat("model.layers.", l, ".");
+  const std::string our = absl::StrCat("layers.", l, ".");
+  const int64_t h = dm.h, d = dm.d;
+  std::vector<SameTensor> t = {
+      {hf + "input_layernorm.weight", our + "input_norm.weight", {h}},
+      {hf + "self_attn.q_proj.weight", our + "attention.q.weight", {dm.hq * d, h}},
+      {hf + "self_attn.k_proj.weight", our + "attention.k.weight", {dm.hkv * d, h}},
+      {hf + "self_attn.v_proj.weight", our + "attention.v.weight", {dm.hkv * d, h}},
+      {hf + "self_attn.o_proj.weight", our + "attention.o.weight", {h, dm.hq * d}},
+  };
+  if (dm.qk_norm) {
+    t.push_back({hf + "self_attn.q_norm.weight", our + "attention.q_norm.weight", {d}});
+    t.push_back({hf + "self_attn.k_norm.weight", our + "attention.k_norm.weight", {d}});
+  }
+  t.push_back({hf + "post_attention_layernorm.weight", our + "post_attention_norm.weight", {h}});
+  return t;
+}
+
 const char* TorchDType(DType d) {
   switch (d) {
     case DType::kBF16:
@@ -611,28 +638,14 @@ absl::StatusOr<HfCheckpoint> ImportHfModel(const std::string& dir) {
     ck.tensors[ours] = std::move(b);
     return absl::OkStatus();
   };
-  const int64_t h = dm.h, d = dm.d;
+  const int64_t h = dm.h;
   SY_RETURN_IF_ERROR(direct("model.embed_tokens.weight", "embedding.weight", {dm.v, h}));
   for (int64_t l = 0; l < dm.layers; ++l) {
     const std::string in = absl::StrCat("model.layers.", l, ".");
     const std::string out = absl::StrCat("layers.", l, ".");
-    SY_RETURN_IF_ERROR(direct(in + "input_layernorm.weight", out + "input_norm.weight", {h}));
-    SY_RETURN_IF_ERROR(
-        direct(in + "self_attn.q_proj.weight", out + "attention.q.weight", {dm.hq * d, h}));
-    SY_RETURN_IF_ERROR(
-        direct(in + "self_attn.k_proj.weight", out + "attention.k.weight", {dm.hkv * d, h}));
-    SY_RETURN_IF_ERROR(
-        direct(in + "self_attn.v_proj.weight", out + "attention.v.weight", {dm.hkv * d, h}));
-    SY_RETURN_IF_ERROR(
-        direct(in + "self_attn.o_proj.weight", out + "attention.o.weight", {h, dm.hq * d}));
-    if (dm.qk_norm) {
-      SY_RETURN_IF_ERROR(
-          direct(in + "self_attn.q_norm.weight", out + "attention.q_norm.weight", {d}));
-      SY_RETURN_IF_ERROR(
-          direct(in + "self_attn.k_norm.weight", out + "attention.k_norm.weight", {d}));
+    for (const SameTensor& t : AttentionTensors(dm, l)) {
+      SY_RETURN_IF_ERROR(direct(t.hf, t.ours, t.shape));
     }
-    SY_RETURN_IF_ERROR(
-        direct(in + "post_attention_layernorm.weight", out + "post_attention_norm.weight", {h}));
     if (dm.moe[l]) {
       const std::string moe =
           !qwen && hf.HasPrefix(in + "block_sparse_moe.") ? in + "block_sparse_moe." : in + "mlp.";
@@ -785,28 +798,14 @@ absl::Status ExportHfModel(const v1::ModelConfig& config, const std::string& arc
     SY_ASSIGN_OR_RETURN(Tensor t, get(ours, shape));
     return emit(hf_name, t);
   };
-  const int64_t h = dm.h, d = dm.d;
+  const int64_t h = dm.h;
   SY_RETURN_IF_ERROR(direct("embedding.weight", "model.embed_tokens.weight", {dm.v, h}));
   for (int64_t l = 0; l < dm.layers; ++l) {
     const std::string hf = absl::StrCat("model.layers.", l, ".");
     const std::string our = absl::StrCat("layers.", l, ".");
-    SY_RETURN_IF_ERROR(direct(our + "input_norm.weight", hf + "input_layernorm.weight", {h}));
-    SY_RETURN_IF_ERROR(
-        direct(our + "attention.q.weight", hf + "self_attn.q_proj.weight", {dm.hq * d, h}));
-    SY_RETURN_IF_ERROR(
-        direct(our + "attention.k.weight", hf + "self_attn.k_proj.weight", {dm.hkv * d, h}));
-    SY_RETURN_IF_ERROR(
-        direct(our + "attention.v.weight", hf + "self_attn.v_proj.weight", {dm.hkv * d, h}));
-    SY_RETURN_IF_ERROR(
-        direct(our + "attention.o.weight", hf + "self_attn.o_proj.weight", {h, dm.hq * d}));
-    if (dm.qk_norm) {
-      SY_RETURN_IF_ERROR(
-          direct(our + "attention.q_norm.weight", hf + "self_attn.q_norm.weight", {d}));
-      SY_RETURN_IF_ERROR(
-          direct(our + "attention.k_norm.weight", hf + "self_attn.k_norm.weight", {d}));
+    for (const SameTensor& t : AttentionTensors(dm, l)) {
+      SY_RETURN_IF_ERROR(direct(t.ours, t.hf, t.shape));
     }
-    SY_RETURN_IF_ERROR(
-        direct(our + "post_attention_norm.weight", hf + "post_attention_layernorm.weight", {h}));
     if (dm.moe[l]) {
       const std::string moe = hf + (qwen ? "mlp." : "block_sparse_moe.");
       const int64_t f = dm.fe;

@@ -23,9 +23,60 @@ const char* ReduceOpName(ReduceOp op) {
 
 namespace internal {
 
+std::string Where(absl::string_view name, int rank, int size, absl::string_view op) {
+  return absl::StrCat("group '", name, "' rank ", rank, "/", size, " ", op);
+}
+
+std::string MembersString(const std::vector<int>& ranks) {
+  return absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+}
+
+absl::Status CheckCreateArgs(const char* who, bool has_store, const std::string& name, int rank,
+                             int size, absl::Duration timeout) {
+  if (!has_store) return absl::InvalidArgumentError(absl::StrCat(who, ": store is null"));
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, " '", name, "': rank ", rank, " must be in [0, size ", size, ")"));
+  }
+  if (timeout < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " '", name, "': timeout ", absl::FormatDuration(timeout), " must be at least 1ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> SubgroupRank(const std::string& where, const std::vector<int>& world_ranks,
+                                 int rank, int size) {
+  int my_rank = -1;
+  std::vector<bool> seen(size, false);
+  for (int i = 0; i < static_cast<int>(world_ranks.size()); ++i) {
+    const int r = world_ranks[i];
+    if (r < 0 || r >= size || seen[r]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": members must be distinct ranks in [0, ", size, "), got rank ", r));
+    }
+    seen[r] = true;
+    if (r == rank) my_rank = i;
+  }
+  return my_rank;
+}
+
+absl::Status BrokenError(const std::string& where, const absl::Status& broken) {
+  return absl::Status(broken.code(),
+                      absl::StrCat(where, ": broken by an earlier error: ", broken.message()));
+}
+
 bool IsReducible(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kBF16 ||
          dtype == DType::kI32 || dtype == DType::kI64;
+}
+
+absl::Status CheckReducible(const std::string& where, DType dtype) {
+  if (!IsReducible(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dtype ", DTypeName(dtype), " cannot be reduced"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckSameDType(const std::string& where, const Tensor& a, const Tensor& b) {
@@ -110,6 +161,13 @@ absl::Status CheckCopyable(const std::string& where, const Tensor& in, const Ten
   return absl::OkStatus();
 }
 
+// What every collective of one rank does once its arguments are checked: out = in.
+absl::Status CopyInToOut(const std::string& where, const Tensor& in, const Tensor& out) {
+  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
+  internal::CopyElements(in, 0, out, 0, in.numel());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SingleRankCommunicator>> SingleRankCommunicator::Create(
@@ -117,63 +175,50 @@ absl::StatusOr<std::unique_ptr<SingleRankCommunicator>> SingleRankCommunicator::
   return std::unique_ptr<SingleRankCommunicator>(new SingleRankCommunicator(std::move(name)));
 }
 
+std::string SingleRankCommunicator::Where(const char* op) const {
+  return internal::Where(name_, 0, 1, op);
+}
+
 absl::Status SingleRankCommunicator::Check(const char* op) const {
-  if (aborted_) {
-    return absl::AbortedError(absl::StrCat("group '", name_, "' rank 0/1 ", op, ": aborted"));
-  }
+  if (aborted_) return absl::AbortedError(absl::StrCat(Where(op), ": aborted"));
   return absl::OkStatus();
 }
 
-absl::Status SingleRankCommunicator::AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) {
-  SY_RETURN_IF_ERROR(Check("AllReduce"));
-  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllReduce");
+absl::Status SingleRankCommunicator::Reduce(const char* op, const Tensor& in, const Tensor& out) {
+  SY_RETURN_IF_ERROR(Check(op));
+  const std::string where = Where(op);
   SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  if (!internal::IsReducible(in.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
-  }
+  SY_RETURN_IF_ERROR(internal::CheckReducible(where, in.dtype));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
-  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
-  internal::CopyElements(in, 0, out, 0, in.numel());
-  return absl::OkStatus();
+  return CopyInToOut(where, in, out);
+}
+
+absl::Status SingleRankCommunicator::AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) {
+  return Reduce("AllReduce", in, out);
 }
 
 absl::Status SingleRankCommunicator::ReduceScatter(const Tensor& in, const Tensor& out,
                                                    ReduceOp op) {
-  SY_RETURN_IF_ERROR(Check("ReduceScatter"));
-  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 ReduceScatter");
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  if (!internal::IsReducible(in.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
-  }
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
-  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
-  internal::CopyElements(in, 0, out, 0, in.numel());
-  return absl::OkStatus();
+  return Reduce("ReduceScatter", in, out);
 }
 
 absl::Status SingleRankCommunicator::AllGather(const Tensor& in, const Tensor& out) {
   SY_RETURN_IF_ERROR(Check("AllGather"));
-  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllGather");
+  const std::string where = Where("AllGather");
   SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
-  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
-  internal::CopyElements(in, 0, out, 0, in.numel());
-  return absl::OkStatus();
+  return CopyInToOut(where, in, out);
 }
 
 absl::Status SingleRankCommunicator::AllGatherV(const Tensor& in, const Tensor& out,
                                                 absl::Span<const int64_t> counts) {
   SY_RETURN_IF_ERROR(Check("AllGatherV"));
-  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllGatherV");
+  const std::string where = Where("AllGatherV");
   SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
   SY_ASSIGN_OR_RETURN(int64_t total, internal::CheckCounts(where, "counts", counts, 1));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in", in, counts[0]));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, total));
-  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
-  internal::CopyElements(in, 0, out, 0, in.numel());
-  return absl::OkStatus();
+  return CopyInToOut(where, in, out);
 }
 
 absl::Status SingleRankCommunicator::AllToAllV(const Tensor& in,
@@ -181,29 +226,27 @@ absl::Status SingleRankCommunicator::AllToAllV(const Tensor& in,
                                                const Tensor& out,
                                                absl::Span<const int64_t> recv_counts) {
   SY_RETURN_IF_ERROR(Check("AllToAllV"));
-  const std::string where = absl::StrCat("group '", name_, "' rank 0/1 AllToAllV");
+  const std::string where = Where("AllToAllV");
   SY_RETURN_IF_ERROR(
       internal::CheckAllToAllV(where, in, send_counts, out, recv_counts, 0, 1).status());
-  SY_RETURN_IF_ERROR(CheckCopyable(where, in, out));
-  internal::CopyElements(in, 0, out, 0, in.numel());
-  return absl::OkStatus();
+  return CopyInToOut(where, in, out);
 }
 
 absl::Status SingleRankCommunicator::Send(const Tensor& t, int peer, uint32_t tag) {
   SY_RETURN_IF_ERROR(Check("Send"));
-  return internal::CheckPeer(absl::StrCat("group '", name_, "' rank 0/1 Send"), peer, 0, 1);
+  return internal::CheckPeer(Where("Send"), peer, 0, 1);
 }
 
 absl::Status SingleRankCommunicator::Recv(const Tensor& t, int peer, uint32_t tag) {
   SY_RETURN_IF_ERROR(Check("Recv"));
-  return internal::CheckPeer(absl::StrCat("group '", name_, "' rank 0/1 Recv"), peer, 0, 1);
+  return internal::CheckPeer(Where("Recv"), peer, 0, 1);
 }
 
 absl::Status SingleRankCommunicator::Broadcast(const Tensor& t, int root) {
   SY_RETURN_IF_ERROR(Check("Broadcast"));
   if (root != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("group '", name_, "' rank 0/1 Broadcast: root ", root, " must be 0"));
+        absl::StrCat(Where("Broadcast"), ": root ", root, " must be 0"));
   }
   return absl::OkStatus();
 }

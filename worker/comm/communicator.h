@@ -39,6 +39,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/tensor.h"
 
@@ -126,7 +128,11 @@ class SingleRankCommunicator final : public Communicator {
 
  private:
   explicit SingleRankCommunicator(std::string name) : name_(std::move(name)) {}
+  std::string Where(const char* op) const;
+  // ABORTED after Abort(), else OK.
   absl::Status Check(const char* op) const;
+  // AllReduce and ReduceScatter, which are the same copy on one rank.
+  absl::Status Reduce(const char* op, const Tensor& in, const Tensor& out);
   const std::string name_;
   bool aborted_ = false;
 };
@@ -134,8 +140,25 @@ class SingleRankCommunicator final : public Communicator {
 // Argument checks shared by the implementations (CPU-side, before any communication). Each
 // returns INVALID_ARGUMENT whose message starts with `where` ("group 'x' rank 0/2 AllReduce").
 namespace internal {
+// "group 'x' rank r/n <op>": how every implementation names itself in an error.
+std::string Where(absl::string_view name, int rank, int size, absl::string_view op);
+// "[r0,r1,...]": the member list that subgroup names end with.
+std::string MembersString(const std::vector<int>& ranks);
+// The factories' rules (GlooCommunicator, NcclCommunicator; `who` is the class): a store, rank in
+// [0, size), timeout >= 1ms.
+absl::Status CheckCreateArgs(const char* who, bool has_store, const std::string& name, int rank,
+                             int size, absl::Duration timeout);
+// CreateSubgroup's member rules: distinct ranks in [0, size). Returns the position of `rank` in
+// `world_ranks` (this process's rank in the subgroup), -1 when it is not a member.
+absl::StatusOr<int> SubgroupRank(const std::string& where, const std::vector<int>& world_ranks,
+                                 int rank, int size);
+// What every call of a broken communicator returns: the first error's code, "<where>: broken by
+// an earlier error: <its message>".
+absl::Status BrokenError(const std::string& where, const absl::Status& broken);
 // Reduction dtypes: f32, f64, bf16, i32, i64.
 bool IsReducible(DType dtype);
+// INVALID_ARGUMENT "<where>: dtype <d> cannot be reduced" unless IsReducible(dtype).
+absl::Status CheckReducible(const std::string& where, DType dtype);
 absl::Status CheckSameDType(const std::string& where, const Tensor& a, const Tensor& b);
 absl::Status CheckNumel(const std::string& where, const char* what, const Tensor& t,
                         int64_t expected);

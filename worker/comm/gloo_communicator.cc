@@ -148,10 +148,6 @@ void RunAllreduce(const std::shared_ptr<gloo::Context>& ctx, std::chrono::millis
   gloo::allreduce(opts);
 }
 
-std::string MembersString(const std::vector<int>& ranks) {
-  return absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
-}
-
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(std::string name, int rank, int size, GlooOptions options,
@@ -209,16 +205,8 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<KvStore> store, int rank, int size, const GlooOptions& options,
     std::string name) {
   IgnoreSigpipeUnlessHandled();
-  if (store == nullptr) return absl::InvalidArgumentError("GlooCommunicator: store is null");
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat("GlooCommunicator '", name, "': rank ", rank,
-                                                   " must be in [0, size ", size, ")"));
-  }
-  if (options.timeout < absl::Milliseconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("GlooCommunicator '", name, "': timeout ",
-                                                   absl::FormatDuration(options.timeout),
-                                                   " must be at least 1ms"));
-  }
+  SY_RETURN_IF_ERROR(internal::CheckCreateArgs("GlooCommunicator", store != nullptr, name, rank,
+                                               size, options.timeout));
   std::shared_ptr<gloo::transport::Device> device;
   try {
     gloo::transport::tcp::attr attr;
@@ -240,20 +228,10 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateSubgroup(
     const std::vector<int>& world_ranks, const std::string& name) const {
-  const std::string group_name = absl::StrCat(name, MembersString(world_ranks));
+  const std::string group_name = absl::StrCat(name, internal::MembersString(world_ranks));
   const std::string where = absl::StrCat(Where("CreateSubgroup"), " '", group_name, "'");
   SY_RETURN_IF_ERROR(Usable("CreateSubgroup"));
-  int my_rank = -1;
-  std::vector<bool> seen(size_, false);
-  for (int i = 0; i < static_cast<int>(world_ranks.size()); ++i) {
-    const int r = world_ranks[i];
-    if (r < 0 || r >= size_ || seen[r]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": members must be distinct ranks in [0, ", size_, "), got rank ", r));
-    }
-    seen[r] = true;
-    if (r == rank_) my_rank = i;
-  }
+  SY_ASSIGN_OR_RETURN(const int my_rank, internal::SubgroupRank(where, world_ranks, rank_, size_));
   if (my_rank < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": this rank ", rank_, " is not a member"));
@@ -269,18 +247,24 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateSubgro
 }
 
 std::string GlooCommunicator::Where(absl::string_view op) const {
-  return absl::StrCat("group '", name_, "' rank ", rank_, "/", size_, " ", op);
+  return internal::Where(name_, rank_, size_, op);
 }
 
 absl::Status GlooCommunicator::Usable(const char* op) const {
   if (aborted_.load()) return absl::AbortedError(absl::StrCat(Where(op), ": aborted"));
   absl::MutexLock lock(&mu_);
-  if (!broken_.ok()) {
-    return absl::Status(
-        broken_.code(),
-        absl::StrCat(Where(op), ": broken by an earlier error: ", broken_.message()));
-  }
+  if (!broken_.ok()) return internal::BrokenError(Where(op), broken_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GlooCommunicator::CheckReduction(const char* op, const Tensor& in,
+                                                             const Tensor& out) const {
+  SY_RETURN_IF_ERROR(Usable(op));
+  std::string where = Where(op);
+  SY_RETURN_IF_ERROR(CheckCpu(op, {&in, &out}));
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  SY_RETURN_IF_ERROR(internal::CheckReducible(where, in.dtype));
+  return where;
 }
 
 absl::Status GlooCommunicator::CheckCpu(const char* op,
@@ -319,14 +303,7 @@ absl::Status GlooCommunicator::Run(absl::string_view op, Fn&& body) {
 
 absl::Status GlooCommunicator::AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) {
   const char* kOp = "AllReduce";
-  SY_RETURN_IF_ERROR(Usable(kOp));
-  const std::string where = Where(kOp);
-  SY_RETURN_IF_ERROR(CheckCpu(kOp, {&in, &out}));
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  if (!internal::IsReducible(in.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
-  }
+  SY_ASSIGN_OR_RETURN(const std::string where, CheckReduction(kOp, in, out));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in", in, in.numel()));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
   if (out.numel() == 0) return absl::OkStatus();
@@ -350,14 +327,7 @@ absl::Status GlooCommunicator::AllReduce(const Tensor& in, const Tensor& out, Re
 
 absl::Status GlooCommunicator::ReduceScatter(const Tensor& in, const Tensor& out, ReduceOp op) {
   const char* kOp = "ReduceScatter";
-  SY_RETURN_IF_ERROR(Usable(kOp));
-  const std::string where = Where(kOp);
-  SY_RETURN_IF_ERROR(CheckCpu(kOp, {&in, &out}));
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  if (!internal::IsReducible(in.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
-  }
+  SY_ASSIGN_OR_RETURN(const std::string where, CheckReduction(kOp, in, out));
   const int64_t n = out.numel();
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, n));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in (size() * out.numel())", in, n * size_));
@@ -519,32 +489,32 @@ std::string GlooCommunicator::PendingPeers(const std::vector<char>& pending) con
 }
 
 absl::Status GlooCommunicator::Send(const Tensor& t, int peer, uint32_t tag) {
-  const char* kOp = "Send";
-  SY_RETURN_IF_ERROR(Usable(kOp));
-  const std::string where = absl::StrCat(Where(kOp), " to peer ", peer, " tag ", tag);
-  SY_RETURN_IF_ERROR(CheckCpu(kOp, {&t}));
-  SY_RETURN_IF_ERROR(internal::CheckPeer(where, peer, rank_, size_));
-  SY_RETURN_IF_ERROR(internal::CheckNumel(where, "t", t, t.numel()));
-  if (t.numel() == 0) return absl::OkStatus();
-  return Run(absl::StrCat(kOp, " to peer ", peer, " tag ", tag), [&] {
-    auto buf = context_->createUnboundBuffer(t.data, t.bytes());
-    buf->send(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
-    if (!buf->waitSend(ToChrono(options_.timeout))) throw std::runtime_error("send aborted");
-  });
+  return PointToPoint(/*send=*/true, t, peer, tag);
 }
 
 absl::Status GlooCommunicator::Recv(const Tensor& t, int peer, uint32_t tag) {
-  const char* kOp = "Recv";
+  return PointToPoint(/*send=*/false, t, peer, tag);
+}
+
+absl::Status GlooCommunicator::PointToPoint(bool send, const Tensor& t, int peer, uint32_t tag) {
+  const char* kOp = send ? "Send" : "Recv";
   SY_RETURN_IF_ERROR(Usable(kOp));
-  const std::string where = absl::StrCat(Where(kOp), " from peer ", peer, " tag ", tag);
+  const std::string peer_tag = absl::StrCat(send ? " to" : " from", " peer ", peer, " tag ", tag);
+  const std::string where = absl::StrCat(Where(kOp), peer_tag);
   SY_RETURN_IF_ERROR(CheckCpu(kOp, {&t}));
   SY_RETURN_IF_ERROR(internal::CheckPeer(where, peer, rank_, size_));
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "t", t, t.numel()));
   if (t.numel() == 0) return absl::OkStatus();
-  return Run(absl::StrCat(kOp, " from peer ", peer, " tag ", tag), [&] {
+  return Run(absl::StrCat(kOp, peer_tag), [&] {
     auto buf = context_->createUnboundBuffer(t.data, t.bytes());
-    buf->recv(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
-    if (!buf->waitRecv(ToChrono(options_.timeout))) throw std::runtime_error("recv aborted");
+    const uint64_t slot = gloo::Slot::build(kSendRecvSlotPrefix, tag);
+    if (send) {
+      buf->send(peer, slot);
+      if (!buf->waitSend(ToChrono(options_.timeout))) throw std::runtime_error("send aborted");
+    } else {
+      buf->recv(peer, slot);
+      if (!buf->waitRecv(ToChrono(options_.timeout))) throw std::runtime_error("recv aborted");
+    }
   });
 }
 

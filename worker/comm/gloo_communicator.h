@@ -124,6 +124,12 @@ class GlooCommunicator final : public Communicator {
   // ABORTED after Abort(), the first error once broken, OK otherwise.
   absl::Status Usable(const char* op) const;
   absl::Status CheckCpu(const char* op, std::initializer_list<const Tensor*> tensors) const;
+  // The checks of AllReduce and ReduceScatter before their sizes: usable, CPU tensors of one
+  // reducible dtype. Returns Where(op).
+  absl::StatusOr<std::string> CheckReduction(const char* op, const Tensor& in,
+                                             const Tensor& out) const;
+  // Send (send = true) or Recv of `t` with `peer`, on the slot of `tag`.
+  absl::Status PointToPoint(bool send, const Tensor& t, int peer, uint32_t tag);
   // Runs `body` (which calls Gloo), converting exceptions to Status and recording the first error.
   template <typename Fn>
   absl::Status Run(absl::string_view op, Fn&& body);

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -13,7 +14,6 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "kernels/runtime/cuda_status.h"
 
@@ -36,26 +36,20 @@ class Backoff {
   int polls_ = 0;
 };
 
-bool ToNcclType(DType dtype, ncclDataType_t* out) {
-  switch (dtype) {
-    case DType::kF32:
-      *out = ncclFloat32;
-      return true;
-    case DType::kF64:
-      *out = ncclFloat64;
-      return true;
-    case DType::kBF16:
-      *out = ncclBfloat16;
-      return true;
-    case DType::kI32:
-      *out = ncclInt32;
-      return true;
-    case DType::kI64:
-      *out = ncclInt64;
-      return true;
-    default:
-      return false;
+// The NCCL type of each reduction dtype (internal::IsReducible).
+constexpr std::pair<DType, ncclDataType_t> kNcclReductionTypes[] = {{DType::kF32, ncclFloat32},
+                                                                    {DType::kF64, ncclFloat64},
+                                                                    {DType::kBF16, ncclBfloat16},
+                                                                    {DType::kI32, ncclInt32},
+                                                                    {DType::kI64, ncclInt64}};
+
+// Callers have checked internal::CheckReducible(dtype).
+ncclDataType_t ToNcclType(DType dtype) {
+  for (const auto& [d, type] : kNcclReductionTypes) {
+    if (d == dtype) return type;
   }
+  assert(false && "ToNcclType: not a reduction dtype");
+  return ncclFloat32;
 }
 
 ncclRedOp_t ToNcclOp(ReduceOp op) {
@@ -73,10 +67,6 @@ ncclRedOp_t ToNcclOp(ReduceOp op) {
 // Byte pointer to element `offset` of `t`.
 char* At(const Tensor& t, int64_t offset) {
   return static_cast<char*>(t.data) + offset * static_cast<int64_t>(DTypeSize(t.dtype));
-}
-
-std::string MembersString(const std::vector<int>& ranks) {
-  return absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
 }
 
 // Polls the asynchronous state of `comm` (and of `parent`, when given) until both are
@@ -150,18 +140,10 @@ NcclCommunicator::NcclCommunicator(std::string name, int rank, int size, int dev
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::shared_ptr<KvStore> store, int rank, int size, int device, cudaStream_t stream,
     const NcclOptions& options, std::string name) {
-  if (store == nullptr) return absl::InvalidArgumentError("NcclCommunicator: store is null");
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat("NcclCommunicator '", name, "': rank ", rank,
-                                                   " must be in [0, size ", size, ")"));
-  }
-  if (options.timeout < absl::Milliseconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("NcclCommunicator '", name, "': timeout ",
-                                                   absl::FormatDuration(options.timeout),
-                                                   " must be at least 1ms"));
-  }
+  SY_RETURN_IF_ERROR(internal::CheckCreateArgs("NcclCommunicator", store != nullptr, name, rank,
+                                               size, options.timeout));
   const std::string where =
-      absl::StrCat("group '", name, "' rank ", rank, "/", size, " Create on cuda:", device);
+      internal::Where(name, rank, size, absl::StrCat("Create on cuda:", device));
   // Read once here; sub-groups inherit the resolved options.
   NcclOptions resolved = options;
   {
@@ -274,20 +256,10 @@ NcclCommunicator::~NcclCommunicator() {
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateSubgroup(
     const std::vector<int>& world_ranks, const std::string& name) {
   const char* kOp = "CreateSubgroup";
-  const std::string group_name = absl::StrCat(name, MembersString(world_ranks));
+  const std::string group_name = absl::StrCat(name, internal::MembersString(world_ranks));
   const std::string where = absl::StrCat(Where(kOp), " '", group_name, "'");
   SY_RETURN_IF_ERROR(Usable(kOp));
-  int my_rank = -1;
-  std::vector<bool> seen(size_, false);
-  for (int i = 0; i < static_cast<int>(world_ranks.size()); ++i) {
-    const int r = world_ranks[i];
-    if (r < 0 || r >= size_ || seen[r]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": members must be distinct ranks in [0, ", size_, "), got rank ", r));
-    }
-    seen[r] = true;
-    if (r == rank_) my_rank = i;
-  }
+  SY_ASSIGN_OR_RETURN(const int my_rank, internal::SubgroupRank(where, world_ranks, rank_, size_));
   if (!world_ranks.empty() && my_rank < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": this rank ", rank_, " is not a member (pass an empty list to join no group)"));
@@ -351,17 +323,17 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateSubgro
 // State, waiting, failure.
 
 std::string NcclCommunicator::Where(absl::string_view op) const {
-  return absl::StrCat("group '", name_, "' rank ", rank_, "/", size_, " ", op);
+  return internal::Where(name_, rank_, size_, op);
 }
 
 absl::Status NcclCommunicator::Usable(absl::string_view op) const {
-  if (aborted_.load()) return absl::AbortedError(absl::StrCat(Where(op), ": aborted"));
   absl::MutexLock lock(&mu_);
-  if (!broken_.ok()) {
-    return absl::Status(
-        broken_.code(),
-        absl::StrCat(Where(op), ": broken by an earlier error: ", broken_.message()));
-  }
+  return UsableLocked(op);
+}
+
+absl::Status NcclCommunicator::UsableLocked(absl::string_view op) const {
+  if (aborted_.load()) return absl::AbortedError(absl::StrCat(Where(op), ": aborted"));
+  if (!broken_.ok()) return internal::BrokenError(Where(op), broken_);
   if (comm_ == nullptr) {
     return absl::AbortedError(absl::StrCat(Where(op), ": NCCL communicator is gone"));
   }
@@ -384,18 +356,18 @@ absl::Status NcclCommunicator::CheckCuda(absl::string_view op,
   return absl::OkStatus();
 }
 
+absl::Status NcclCommunicator::CheckReduction(absl::string_view op, const Tensor& in,
+                                              const Tensor& out) const {
+  SY_RETURN_IF_ERROR(Usable(op));
+  const std::string where = Where(op);
+  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
+  return internal::CheckReducible(where, in.dtype);
+}
+
 absl::Status NcclCommunicator::Begin(absl::string_view op) {
   {
     absl::MutexLock lock(&mu_);
-    if (aborted_.load()) return absl::AbortedError(absl::StrCat(Where(op), ": aborted"));
-    if (!broken_.ok()) {
-      return absl::Status(
-          broken_.code(),
-          absl::StrCat(Where(op), ": broken by an earlier error: ", broken_.message()));
-    }
-    if (comm_ == nullptr) {
-      return absl::AbortedError(absl::StrCat(Where(op), ": NCCL communicator is gone"));
-    }
+    SY_RETURN_IF_ERROR(UsableLocked(op));
     in_flight_ = true;
   }
   const cudaError_t err = cudaSetDevice(device_);
@@ -688,15 +660,7 @@ absl::Status NcclCommunicator::Synchronize() {
     Pending last;
     {
       absl::MutexLock lock(&mu_);
-      if (aborted_.load()) return absl::AbortedError(absl::StrCat(Where(kOp), ": aborted"));
-      if (!broken_.ok()) {
-        return absl::Status(
-            broken_.code(),
-            absl::StrCat(Where(kOp), ": broken by an earlier error: ", broken_.message()));
-      }
-      if (comm_ == nullptr) {
-        return absl::AbortedError(absl::StrCat(Where(kOp), ": NCCL communicator is gone"));
-      }
+      SY_RETURN_IF_ERROR(UsableLocked(kOp));
       if (pending_.empty()) return absl::OkStatus();
       last = pending_.back();
     }
@@ -758,14 +722,9 @@ absl::Status WaitEvent(absl::Span<Communicator* const> comms, cudaEvent_t event,
 
 absl::Status NcclCommunicator::AllReduce(const Tensor& in, const Tensor& out, ReduceOp op) {
   const char* kOp = "AllReduce";
-  SY_RETURN_IF_ERROR(Usable(kOp));
+  SY_RETURN_IF_ERROR(CheckReduction(kOp, in, out));
   const std::string where = Where(kOp);
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  ncclDataType_t type;
-  if (!ToNcclType(in.dtype, &type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
-  }
+  const ncclDataType_t type = ToNcclType(in.dtype);
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "out", out, in.numel()));
   if (out.numel() == 0) return absl::OkStatus();
   SY_RETURN_IF_ERROR(CheckCuda(kOp, {&in, &out}));
@@ -778,14 +737,9 @@ absl::Status NcclCommunicator::AllReduce(const Tensor& in, const Tensor& out, Re
 
 absl::Status NcclCommunicator::ReduceScatter(const Tensor& in, const Tensor& out, ReduceOp op) {
   const char* kOp = "ReduceScatter";
-  SY_RETURN_IF_ERROR(Usable(kOp));
+  SY_RETURN_IF_ERROR(CheckReduction(kOp, in, out));
   const std::string where = Where(kOp);
-  SY_RETURN_IF_ERROR(internal::CheckSameDType(where, in, out));
-  ncclDataType_t type;
-  if (!ToNcclType(in.dtype, &type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": dtype ", DTypeName(in.dtype), " cannot be reduced"));
-  }
+  const ncclDataType_t type = ToNcclType(in.dtype);
   const int64_t n = out.numel();
   SY_RETURN_IF_ERROR(internal::CheckNumel(where, "in (size() * out.numel())", in, n * size_));
   if (n == 0) return absl::OkStatus();
@@ -901,27 +855,25 @@ absl::Status NcclCommunicator::AllToAllV(const Tensor& in, absl::Span<const int6
 }
 
 absl::Status NcclCommunicator::Send(const Tensor& t, int peer, uint32_t tag) {
-  const std::string op = absl::StrCat("Send to peer ", peer, " tag ", tag);
-  SY_RETURN_IF_ERROR(Usable(op));
-  const std::string where = Where(op);
-  SY_RETURN_IF_ERROR(internal::CheckPeer(where, peer, rank_, size_));
-  if (t.numel() == 0) return absl::OkStatus();
-  SY_RETURN_IF_ERROR(CheckCuda(op, {&t}));
-  return Run(op, [&](ncclComm_t comm) -> absl::Status {
-    SY_NCCL_RETURN_IF_ERROR(ncclSend(t.data, t.bytes(), ncclInt8, peer, comm, stream_));
-    return absl::OkStatus();
-  });
+  return PointToPoint(/*send=*/true, t, peer, tag);
 }
 
 absl::Status NcclCommunicator::Recv(const Tensor& t, int peer, uint32_t tag) {
-  const std::string op = absl::StrCat("Recv from peer ", peer, " tag ", tag);
+  return PointToPoint(/*send=*/false, t, peer, tag);
+}
+
+absl::Status NcclCommunicator::PointToPoint(bool send, const Tensor& t, int peer, uint32_t tag) {
+  const std::string op = absl::StrCat(send ? "Send to" : "Recv from", " peer ", peer, " tag ", tag);
   SY_RETURN_IF_ERROR(Usable(op));
-  const std::string where = Where(op);
-  SY_RETURN_IF_ERROR(internal::CheckPeer(where, peer, rank_, size_));
+  SY_RETURN_IF_ERROR(internal::CheckPeer(Where(op), peer, rank_, size_));
   if (t.numel() == 0) return absl::OkStatus();
   SY_RETURN_IF_ERROR(CheckCuda(op, {&t}));
   return Run(op, [&](ncclComm_t comm) -> absl::Status {
-    SY_NCCL_RETURN_IF_ERROR(ncclRecv(t.data, t.bytes(), ncclInt8, peer, comm, stream_));
+    if (send) {
+      SY_NCCL_RETURN_IF_ERROR(ncclSend(t.data, t.bytes(), ncclInt8, peer, comm, stream_));
+    } else {
+      SY_NCCL_RETURN_IF_ERROR(ncclRecv(t.data, t.bytes(), ncclInt8, peer, comm, stream_));
+    }
     return absl::OkStatus();
   });
 }

@@ -203,7 +203,12 @@ class NcclCommunicator final : public Communicator {
   std::string Where(absl::string_view op) const;
   // ABORTED after Abort(), the first error once broken, OK otherwise (no locking of the handle).
   absl::Status Usable(absl::string_view op) const;
+  absl::Status UsableLocked(absl::string_view op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckCuda(absl::string_view op, std::initializer_list<const Tensor*> tensors) const;
+  // The checks of AllReduce and ReduceScatter before their sizes: usable, one reducible dtype.
+  absl::Status CheckReduction(absl::string_view op, const Tensor& in, const Tensor& out) const;
+  // Send (send = true) or Recv of `t` with `peer`; `tag` only names the operation in errors.
+  absl::Status PointToPoint(bool send, const Tensor& t, int peer, uint32_t tag);
   // Starts an operation: Usable, marks it in flight (so Abort defers to it), selects the device.
   absl::Status Begin(absl::string_view op);
   // Ends the in-flight operation started by Begin (runs a deferred abort).

@@ -14,15 +14,6 @@ namespace switchyard::model {
 
 using kernels::Buffer;
 
-namespace {
-
-absl::Status OutOfOrder(const char* phase, const char* needs) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("AllGatherDispatcher::", phase, " must follow ", needs));
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
     int64_t hidden, int num_experts, int ep_size, int topk, int etp_size, std::string label) {
@@ -47,20 +38,11 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
     }
   }
   std::unique_ptr<AllGatherDispatcher> d(new AllGatherDispatcher());
-  d->ep_ = ep_group;
-  d->label_ = label.empty() ? "AllGatherDispatcher" : std::move(label);
-  d->nccl_ = nccl;
-  d->device_ = device;
+  d->InitExpertParallel("AllGatherDispatcher", ep_group, nccl, device, dtype, probs_dtype,
+                        max_tokens, hidden, num_experts, ep_size, topk, std::move(label));
   d->group_size_ = ep_size * etp_size;
   // Group rank = ep_rank * ETP + etp_rank: the ETP peers of one EP rank hold the same experts.
   d->ep_rank_ = ep_group->rank() / etp_size;
-  d->num_experts_ = num_experts;
-  d->num_local_ = num_experts / ep_size;
-  d->topk_ = topk;
-  d->hidden_ = hidden;
-  d->max_tokens_ = max_tokens;
-  d->dtype_ = dtype;
-  d->probs_dtype_ = probs_dtype;
   const int64_t g = static_cast<int64_t>(d->group_size_) * max_tokens;
   // Permute's dropless contract on the global batch: >= T' * k rows.
   d->rows_ = g * topk;
@@ -91,31 +73,9 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
   d->tokens_per_rank_.assign(d->group_size_, 0);
-  if (device.is_cuda()) {
-    int previous = 0;
-    SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
-    void* pinned = nullptr;
-    cudaError_t e = cudaMallocHost(&pinned, (d->group_size_ + 1) * sizeof(int32_t));
-    if (e == cudaSuccess) {
-      d->pinned_ = std::shared_ptr<void>(pinned, [](void* p) { cudaFreeHost(p); });
-    }
-    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
-    SY_CUDA_RETURN_IF_ERROR(e);
-    SY_ASSIGN_OR_RETURN(kernels::Event event, kernels::Event::Create(device));
-    d->event_ = std::make_shared<kernels::Event>(std::move(event));
-  }
+  // [EP] gathered counts, then one word staging this rank's T (see "Host synchronisation").
+  SY_RETURN_IF_ERROR(d->AllocateCountsStaging((d->group_size_ + 1) * sizeof(int32_t)));
   return d;
-}
-
-absl::Status AllGatherDispatcher::Comm(const char* phase, const absl::Status& status) const {
-  if (status.ok()) return status;
-  // Which MoE layer and phase was waiting (as AllToAllDispatcher::Comm).
-  return absl::Status(status.code(), absl::StrCat(label_, " ", phase, ": ", status.message()));
-}
-
-absl::Status AllGatherDispatcher::CheckStream(const Stream& stream, const char* phase) const {
-  return CheckPhaseStream("AllGatherDispatcher", phase, stream, device_, nccl_);
 }
 
 absl::Status AllGatherDispatcher::CopyOnStream(const Stream& stream, const Tensor& src,
@@ -134,9 +94,7 @@ absl::Status AllGatherDispatcher::CopyOnStream(const Stream& stream, const Tenso
 }
 
 std::vector<int64_t> AllGatherDispatcher::Elements(int64_t per_row) const {
-  std::vector<int64_t> e(tokens_per_rank_.size());
-  for (size_t i = 0; i < e.size(); ++i) e[i] = tokens_per_rank_[i] * per_row;
-  return e;
+  return RowsToElements(tokens_per_rank_, per_row);
 }
 
 absl::Status AllGatherDispatcher::Spread(const Stream& stream, const Tensor& compact,
@@ -145,9 +103,7 @@ absl::Status AllGatherDispatcher::Spread(const Stream& stream, const Tensor& com
 }
 
 absl::Status AllGatherDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
-  phase_ = Phase::kIdle;
-  have_forward_ = false;
-  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPreprocess"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kDispatchPreprocess, stream));
   const int64_t t = state->x.rank() == 2 ? state->x.dim(0) : -1;
   if (t < 0 || state->x.dim(1) != hidden_ || t > max_tokens_ || state->x.dtype != dtype_ ||
       state->topk_idx.rank() != 2 || state->topk_idx.dim(0) != t ||
@@ -174,14 +130,13 @@ absl::Status AllGatherDispatcher::DispatchPreprocess(const Stream& stream, Dispa
   state->expert_probs = expert_probs_.View();
   state->tokens_per_expert = tokens_per_expert_.View();
   state->expert_out = expert_out_.View();
-  phase_ = Phase::kPreprocessed;
+  phases_.Done(PhaseTracker::kDispatchPreprocess);
   return absl::OkStatus();
 }
 
 absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* state) {
   (void)state;
-  if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kDispatch, stream));
   const cudaStream_t cs = stream.cuda_stream;
   int32_t* host_counts = static_cast<int32_t*>(pinned_.get());  // CUDA only
   if (device_.is_cuda()) {
@@ -230,14 +185,13 @@ absl::Status AllGatherDispatcher::Dispatch(const Stream& stream, DispatchState* 
       Comm("dispatch (forward)",
            ep_->AllGatherV(inputs_.topk_probs, global_probs_.View(probs_dtype_, {g, topk_}),
                            Elements(topk_))));
-  phase_ = Phase::kDispatched;
+  phases_.Done(PhaseTracker::kDispatch);
   return absl::OkStatus();
 }
 
 absl::Status AllGatherDispatcher::DispatchPostprocess(const Stream& stream, DispatchState* state) {
   (void)state;
-  if (phase_ != Phase::kDispatched) return OutOfOrder("DispatchPostprocess", "Dispatch");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPostprocess"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kDispatchPostprocess, stream));
   const int64_t g = global_tokens_;
   // Keep the slots routed to this rank's experts, renumbered to local ids (spec: routing_map[:,
   // local experts]).
@@ -258,51 +212,43 @@ absl::Status AllGatherDispatcher::DispatchPostprocess(const Stream& stream, Disp
       stream, global_x_.View(dtype_, {g, hidden_}), local_idx_.View(DType::kI32, {g, topk_}),
       global_probs_.View(probs_dtype_, {g, topk_}), num_local_, 0, expert_x_.View(),
       expert_probs_.View(), row_map_view_, tokens_per_expert_.View(), workspace_.View()));
-  phase_ = Phase::kPostprocessed;
-  have_forward_ = true;
+  phases_.Done(PhaseTracker::kDispatchPostprocess);
   return absl::OkStatus();
 }
 
 absl::Status AllGatherDispatcher::CombinePreprocess(const Stream& stream, DispatchState* state) {
-  if (phase_ != Phase::kPostprocessed) {
-    return OutOfOrder("CombinePreprocess", "DispatchPostprocess");
-  }
-  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePreprocess"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kCombinePreprocess, stream));
   // Per global token, the sum of its slots on this rank's experts (zeros when it has none).
   SY_RETURN_IF_ERROR(kernels::Unpermute(stream, state->expert_out, row_map_view_,
                                         global_y_.View(dtype_, {global_tokens_, hidden_})));
-  phase_ = Phase::kCombinePre;
+  phases_.Done(PhaseTracker::kCombinePreprocess);
   return absl::OkStatus();
 }
 
 absl::Status AllGatherDispatcher::Combine(const Stream& stream, DispatchState* state) {
   (void)state;
-  if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kCombine, stream));
   const Tensor padded = padded_y_.View(dtype_, {group_size_ * max_rank_tokens_, hidden_});
   SY_RETURN_IF_ERROR(Spread(stream, global_y_.View(), padded, hidden_));
   SY_RETURN_IF_ERROR(
       Comm("combine (forward)",
            ep_->ReduceScatter(padded, reduced_y_.View(dtype_, {max_rank_tokens_, hidden_}),
                               comm::ReduceOp::kSum)));
-  phase_ = Phase::kCombined;
+  phases_.Done(PhaseTracker::kCombine);
   return absl::OkStatus();
 }
 
 absl::Status AllGatherDispatcher::CombinePostprocess(const Stream& stream, DispatchState* state,
                                                      const Tensor& out) {
   (void)state;
-  if (phase_ != Phase::kCombined) return OutOfOrder("CombinePostprocess", "Combine");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePostprocess"));
-  phase_ = Phase::kIdle;
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kCombinePostprocess, stream));
   return CopyOnStream(stream, reduced_y_.View(dtype_, {num_tokens_, hidden_}), out,
                       "CombinePostprocess: out");
 }
 
 absl::Status AllGatherDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                                   DispatchState* state) {
-  if (!have_forward_) return OutOfOrder("CombineBackward", "a forward DispatchPostprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "CombineBackward"));
+  SY_RETURN_IF_ERROR(phases_.EnterBackward("CombineBackward", stream));
   if (dout.rank() != 2 || dout.dim(0) != num_tokens_ || dout.dim(1) != hidden_ ||
       dout.dtype != dtype_) {
     return absl::InvalidArgumentError(absl::StrCat("AllGatherDispatcher: dout ", dout.DebugString(),
@@ -322,8 +268,7 @@ absl::Status AllGatherDispatcher::CombineBackward(const Stream& stream, const Te
 
 absl::Status AllGatherDispatcher::DispatchBackward(const Stream& stream, DispatchState* state,
                                                    const Tensor& dx, const Tensor& d_topk_probs) {
-  if (!have_forward_) return OutOfOrder("DispatchBackward", "a forward DispatchPostprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchBackward"));
+  SY_RETURN_IF_ERROR(phases_.EnterBackward("DispatchBackward", stream));
   const int64_t g = global_tokens_, tm = max_rank_tokens_;
   // Adjoint of Permute over the global batch: this rank's share of every token's gradient (slots
   // on other ranks' experts contribute 0), then of the all-gathers (reduce-scatter).

@@ -91,7 +91,7 @@
 
 namespace switchyard::model {
 
-class AllGatherDispatcher final : public TokenDispatcher {
+class AllGatherDispatcher final : public ExpertParallelDispatcher {
  public:
   // ep_group: the ETP×EP group (group rank r holds global experts [(r/ETP)*L, (r/ETP+1)*L)),
   // not owned; ep_size * etp_size must equal ep_group->size(); num_experts % ep_size == 0;
@@ -106,8 +106,6 @@ class AllGatherDispatcher final : public TokenDispatcher {
 
   const char* name() const override { return "allgather"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
-  int num_local_experts() const override { return num_local_; }
-  bool pads_to_capacity() const override { return false; }
 
   absl::Status DispatchPreprocess(const Stream& stream, DispatchState* state) override;
   absl::Status Dispatch(const Stream& stream, DispatchState* state) override;
@@ -133,20 +131,12 @@ class AllGatherDispatcher final : public TokenDispatcher {
   // dst = src (same dtype and numel), on `stream` (asynchronous on CUDA).
   absl::Status CopyOnStream(const Stream& stream, const Tensor& src, const Tensor& dst,
                             const char* what) const;
-  // The stream rules of every phase (see the stream contract in the file comment).
-  absl::Status CheckStream(const Stream& stream, const char* phase) const;
+  // tokens_per_rank_ x per_row: the element counts of the gathers.
   std::vector<int64_t> Elements(int64_t per_row) const;
 
-  comm::Communicator* ep_ = nullptr;
-  // Prefix of communication errors, with the phase: "MoE layer 3 dispatch (forward): ...".
-  std::string label_;
-  absl::Status Comm(const char* phase, const absl::Status& status) const;
-  comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
-  Device device_;
   // group_size_ = ETP×EP (the gathers' ranks); ep_rank_ = group rank / ETP (the experts' owner).
-  int group_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
-  int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0;
-  DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
+  int group_size_ = 0, ep_rank_ = 0;
+  int64_t rows_ = 0;
   // Global (gathered) side: [EP * max_tokens] tokens.
   kernels::Buffer my_count_, counts_, global_x_, global_idx_, local_idx_, global_probs_, row_map_,
       global_y_, padded_y_, padded_probs_, global_d_probs_, workspace_;
@@ -155,17 +145,12 @@ class AllGatherDispatcher final : public TokenDispatcher {
   // Expert side: [rows_] rows.
   kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, d_expert_out_,
       d_expert_x_, d_expert_probs_;
-  // CUDA only: pinned host memory, [EP] i32 (D2H target of the gathered counts) then one i32 (H2D
-  // staging of this rank's T), and the event that the D2H copy is waited on with.
-  std::shared_ptr<void> pinned_;
-  std::shared_ptr<kernels::Event> event_;  // the counts' device-to-host copy (CUDA)
-  Tensor row_map_view_;                    // [T', k] of the current micro-batch
-  DispatchState inputs_;                   // x / topk_idx / topk_probs of the current micro-batch
-  int64_t num_tokens_ = 0, global_tokens_ = 0, max_rank_tokens_ = 0;
+  // pinned_ (CUDA): [EP] i32 (D2H target of the gathered counts) then one i32 (H2D staging of
+  // this rank's T).
+  Tensor row_map_view_;   // [T', k] of the current micro-batch
+  DispatchState inputs_;  // x / topk_idx / topk_probs of the current micro-batch
+  int64_t global_tokens_ = 0, max_rank_tokens_ = 0;
   std::vector<int64_t> tokens_per_rank_;
-  enum class Phase { kIdle, kPreprocessed, kDispatched, kPostprocessed, kCombinePre, kCombined };
-  Phase phase_ = Phase::kIdle;
-  bool have_forward_ = false;  // sizes valid for the backward
 };
 
 namespace internal {

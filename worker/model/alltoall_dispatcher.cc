@@ -17,11 +17,6 @@ using kernels::Buffer;
 
 namespace {
 
-absl::Status OutOfOrder(const char* phase, const char* needs) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("AllToAllDispatcher::", phase, " must follow ", needs));
-}
-
 // Zeroes a buffer on its device (the probability operands whose values are never used).
 absl::Status Zero(const Buffer& b, Device device) {
   if (device.is_cuda()) SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
@@ -29,14 +24,6 @@ absl::Status Zero(const Buffer& b, Device device) {
 }
 
 }  // namespace
-
-absl::Status AllToAllDispatcher::Comm(const char* phase, const absl::Status& status) const {
-  if (status.ok()) return status;
-  // The communicator's message names the group, this rank, the operation and (Gloo's AllToAllV)
-  // the peers that had not delivered; this adds which MoE layer and phase was waiting, so that a
-  // stalled or dead peer is reported as "MoE layer 3 dispatch (forward): group 'ep[0,1]' ...".
-  return absl::Status(status.code(), absl::StrCat(label_, " ", phase, ": ", status.message()));
-}
 
 absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
@@ -70,22 +57,13 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
                                                    expert_row_limit, ") must be >= 0 (0 = none)"));
   }
   std::unique_ptr<AllToAllDispatcher> d(new AllToAllDispatcher());
-  d->ep_ = ep_group;
-  d->label_ = label.empty() ? "AllToAllDispatcher" : std::move(label);
+  d->InitExpertParallel("AllToAllDispatcher", ep_group, nccl, device, dtype, probs_dtype,
+                        max_tokens, hidden, num_experts, ep_size, topk, std::move(label));
   d->etp_ = etp_size > 1 ? etp_group : nullptr;
   d->etp_size_ = etp_size;
   d->etp_rank_ = etp_size > 1 ? etp_group->rank() : 0;
-  d->nccl_ = nccl;
-  d->device_ = device;
   d->ep_size_ = ep_size;
   d->ep_rank_ = ep_group->rank();
-  d->num_experts_ = num_experts;
-  d->num_local_ = num_experts / ep_size;
-  d->topk_ = topk;
-  d->hidden_ = hidden;
-  d->max_tokens_ = max_tokens;
-  d->dtype_ = dtype;
-  d->probs_dtype_ = probs_dtype;
   d->expert_row_limit_ = expert_row_limit;
   // The bounds of "Receive buffers" (header): each token reaches a rank at most once, and gives
   // at most min(k, L) expert rows there.
@@ -128,20 +106,8 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   d->output_splits_.assign(ep_size, 0);
   d->chunk_rows_.assign(etp_size * ep_size * d->num_local_, 0);
   d->tp_rows_.assign(etp_size, 0);
-  if (device.is_cuda()) {
-    int previous = 0;
-    SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.index));
-    void* pinned = nullptr;
-    const size_t pinned_bytes = etp_size * p * width * sizeof(int32_t);
-    cudaError_t e = cudaMallocHost(&pinned, pinned_bytes);
-    if (e == cudaSuccess)
-      d->pinned_ = std::shared_ptr<void>(pinned, [](void* ptr) { cudaFreeHost(ptr); });
-    SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
-    SY_CUDA_RETURN_IF_ERROR(e);
-    SY_ASSIGN_OR_RETURN(kernels::Event event, kernels::Event::Create(device));
-    d->event_ = std::make_shared<kernels::Event>(std::move(event));
-  }
+  // [ETP * EP * (E + P)] i32: the D2H target of the gathered counts.
+  SY_RETURN_IF_ERROR(d->AllocateCountsStaging(etp_size * p * width * sizeof(int32_t)));
   return d;
 }
 
@@ -208,21 +174,8 @@ absl::Status AllToAllDispatcher::ReduceScatterTp(const Stream& stream, const Ten
                              comm::ReduceOp::kSum);
 }
 
-absl::Status AllToAllDispatcher::CheckStream(const Stream& stream, const char* phase) const {
-  return CheckPhaseStream("AllToAllDispatcher", phase, stream, device_, nccl_);
-}
-
-std::vector<int64_t> AllToAllDispatcher::Elements(const std::vector<int64_t>& rows,
-                                                  int64_t per_row) const {
-  std::vector<int64_t> e(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) e[i] = rows[i] * per_row;
-  return e;
-}
-
 absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, DispatchState* state) {
-  phase_ = Phase::kIdle;
-  have_forward_ = false;
-  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPreprocess"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kDispatchPreprocess, stream));
   const int64_t t = state->x.rank() == 2 ? state->x.dim(0) : -1;
   if (t < 0 || state->x.dim(1) != hidden_ || t > max_tokens_ || state->topk_idx.rank() != 2 ||
       state->topk_idx.dim(0) != t || state->topk_idx.dim(1) != topk_) {
@@ -256,7 +209,7 @@ absl::Status AllToAllDispatcher::DispatchPreprocess(const Stream& stream, Dispat
   SY_RETURN_IF_ERROR(kernels::Permute(stream, meta, rank_idx, rank_probs, p, 0, send_meta_.View(),
                                       send_probs_.View(), rank_map_view_, d, workspace_.View(),
                                       send_cap_));
-  phase_ = Phase::kPreprocessed;
+  phases_.Done(PhaseTracker::kDispatchPreprocess);
   return absl::OkStatus();
 }
 
@@ -352,8 +305,7 @@ absl::Status AllToAllDispatcher::ReadCounts(const int32_t* g_all) {
 }
 
 absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* state) {
-  if (phase_ != Phase::kPreprocessed) return OutOfOrder("Dispatch", "DispatchPreprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "Dispatch"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kDispatch, stream));
   // G[j] = EP rank j's c = (n, d) (on the device for CUDA); with ETP, G'[t] is ETP peer t's G
   // (the spec's allgather over ETP×EP, reshaped [ETP, EP, E + P]).
   SY_RETURN_IF_ERROR(
@@ -385,31 +337,31 @@ absl::Status AllToAllDispatcher::Dispatch(const Stream& stream, DispatchState* s
   state->expert_out = expert_out_.View();
   const int64_t h = hidden_, m = 2 * static_cast<int64_t>(topk_);
   // The EP all-to-all of the token rows, then of their routing rows (same splits).
-  SY_RETURN_IF_ERROR(
-      Comm("dispatch (forward)",
-           ep_->AllToAllV(send_x_.View(dtype_, {sent_rows_, h}), Elements(input_splits_, h),
-                          recv_x_.View(dtype_, {recv_rows_, h}), Elements(output_splits_, h))));
   SY_RETURN_IF_ERROR(Comm(
       "dispatch (forward)",
-      ep_->AllToAllV(send_meta_.View(probs_dtype_, {sent_rows_, m}), Elements(input_splits_, m),
-                     recv_meta_.View(probs_dtype_, {recv_rows_, m}), Elements(output_splits_, m))));
+      ep_->AllToAllV(send_x_.View(dtype_, {sent_rows_, h}), RowsToElements(input_splits_, h),
+                     recv_x_.View(dtype_, {recv_rows_, h}), RowsToElements(output_splits_, h))));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (forward)", ep_->AllToAllV(send_meta_.View(probs_dtype_, {sent_rows_, m}),
+                                                RowsToElements(input_splits_, m),
+                                                recv_meta_.View(probs_dtype_, {recv_rows_, m}),
+                                                RowsToElements(output_splits_, m))));
   if (etp_size_ > 1) {
     // The spec's AG(TP) after the EP all-to-all: every ETP peer gets every peer's receipt.
     SY_RETURN_IF_ERROR(
         Comm("dispatch (forward)", etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, h}),
-                                                    SourceRows(), Elements(tp_rows_, h))));
+                                                    SourceRows(), RowsToElements(tp_rows_, h))));
     SY_RETURN_IF_ERROR(
         Comm("dispatch (forward)", etp_->AllGatherV(recv_meta_.View(probs_dtype_, {recv_rows_, m}),
-                                                    SourceMeta(), Elements(tp_rows_, m))));
+                                                    SourceMeta(), RowsToElements(tp_rows_, m))));
   }
-  phase_ = Phase::kDispatched;
+  phases_.Done(PhaseTracker::kDispatch);
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::DispatchPostprocess(const Stream& stream, DispatchState* state) {
   (void)state;
-  if (phase_ != Phase::kDispatched) return OutOfOrder("DispatchPostprocess", "Dispatch");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchPostprocess"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kDispatchPostprocess, stream));
   // The received tokens over this rank's L experts: (etp, src, token) order within each expert.
   const Tensor local_idx = local_idx_.View(DType::kI32, {tp_total_rows_, topk_});
   SY_RETURN_IF_ERROR(kernels::LocalizeRouting(stream, SourceMeta(),
@@ -418,27 +370,22 @@ absl::Status AllToAllDispatcher::DispatchPostprocess(const Stream& stream, Dispa
   SY_RETURN_IF_ERROR(kernels::Permute(stream, SourceRows(), local_idx, LocalProbs(), num_local_, 0,
                                       expert_x_.View(), expert_probs_.View(), LocalMap(),
                                       tokens_per_expert_.View(), workspace_.View(), rows_));
-  phase_ = Phase::kPostprocessed;
-  have_forward_ = true;
+  phases_.Done(PhaseTracker::kDispatchPostprocess);
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::CombinePreprocess(const Stream& stream, DispatchState* state) {
-  if (phase_ != Phase::kPostprocessed) {
-    return OutOfOrder("CombinePreprocess", "DispatchPostprocess");
-  }
-  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePreprocess"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kCombinePreprocess, stream));
   // Each received token's local expert outputs, summed: the source rows are free again once the
   // experts have their input.
   SY_RETURN_IF_ERROR(kernels::Unpermute(stream, state->expert_out, LocalMap(), SourceRows()));
-  phase_ = Phase::kCombinePre;
+  phases_.Done(PhaseTracker::kCombinePreprocess);
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* state) {
   (void)state;
-  if (phase_ != Phase::kCombinePre) return OutOfOrder("Combine", "CombinePreprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "Combine"));
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kCombine, stream));
   const int64_t h = hidden_;
   if (etp_size_ > 1) {
     // The spec's RS(TP): sums the ETP partial fc2 outputs (row-parallel) and hands each peer back
@@ -447,28 +394,25 @@ absl::Status AllToAllDispatcher::Combine(const Stream& stream, DispatchState* st
         Comm("combine (forward)",
              ReduceScatterTp(stream, SourceRows(), padded_x_.View(), h, recv_x_.View())));
   }
-  SY_RETURN_IF_ERROR(
-      Comm("combine (forward)",
-           ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, h}), Elements(output_splits_, h),
-                          send_x_.View(dtype_, {sent_rows_, h}), Elements(input_splits_, h))));
-  phase_ = Phase::kCombined;
+  SY_RETURN_IF_ERROR(Comm(
+      "combine (forward)",
+      ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, h}), RowsToElements(output_splits_, h),
+                     send_x_.View(dtype_, {sent_rows_, h}), RowsToElements(input_splits_, h))));
+  phases_.Done(PhaseTracker::kCombine);
   return absl::OkStatus();
 }
 
 absl::Status AllToAllDispatcher::CombinePostprocess(const Stream& stream, DispatchState* state,
                                                     const Tensor& out) {
   (void)state;
-  if (phase_ != Phase::kCombined) return OutOfOrder("CombinePostprocess", "Combine");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "CombinePostprocess"));
-  phase_ = Phase::kIdle;
+  SY_RETURN_IF_ERROR(phases_.Enter(PhaseTracker::kCombinePostprocess, stream));
   // out[t] = the sum of its ranks' partial sums, in rank order.
   return kernels::Unpermute(stream, send_x_.View(), rank_map_view_, out);
 }
 
 absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                                  DispatchState* state) {
-  if (!have_forward_) return OutOfOrder("CombineBackward", "a forward DispatchPostprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "CombineBackward"));
+  SY_RETURN_IF_ERROR(phases_.EnterBackward("CombineBackward", stream));
   state->d_expert_out = expert_out_.View();
   state->d_expert_x = expert_out_.View();  // shares d_expert_out's memory (dispatcher.h)
   state->d_expert_probs = d_expert_probs_.View();
@@ -478,14 +422,14 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
   // Unpermute (dout[t] to each of t's local expert rows).
   SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(stream, dout, rank_map_view_, send_x_.View(),
                                                 /*zero_unmapped_rows=*/false));
-  SY_RETURN_IF_ERROR(
-      Comm("combine (backward)",
-           ep_->AllToAllV(send_x_.View(dtype_, {sent_rows_, h}), Elements(input_splits_, h),
-                          recv_x_.View(dtype_, {recv_rows_, h}), Elements(output_splits_, h))));
+  SY_RETURN_IF_ERROR(Comm(
+      "combine (backward)",
+      ep_->AllToAllV(send_x_.View(dtype_, {sent_rows_, h}), RowsToElements(input_splits_, h),
+                     recv_x_.View(dtype_, {recv_rows_, h}), RowsToElements(output_splits_, h))));
   if (etp_size_ > 1) {
     SY_RETURN_IF_ERROR(
         Comm("combine (backward)", etp_->AllGatherV(recv_x_.View(dtype_, {recv_rows_, h}),
-                                                    SourceRows(), Elements(tp_rows_, h))));
+                                                    SourceRows(), RowsToElements(tp_rows_, h))));
   }
   return kernels::UnpermuteBackward(stream, SourceRows(), LocalMap(), state->d_expert_out,
                                     /*zero_unmapped_rows=*/false);
@@ -493,8 +437,7 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
 
 absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, DispatchState* state,
                                                   const Tensor& dx, const Tensor& d_topk_probs) {
-  if (!have_forward_) return OutOfOrder("DispatchBackward", "a forward DispatchPostprocess");
-  SY_RETURN_IF_ERROR(CheckStream(stream, "DispatchBackward"));
+  SY_RETURN_IF_ERROR(phases_.EnterBackward("DispatchBackward", stream));
   const int64_t h = hidden_, k = topk_;
   // Per received token: the sum of its local expert rows' input gradients, and the gradient of
   // each of its slots' probs (0 for other ranks' slots). local_probs_ is free since the Permute.
@@ -515,14 +458,14 @@ absl::Status AllToAllDispatcher::DispatchBackward(const Stream& stream, Dispatch
              ReduceScatterTp(stream, LocalProbs(), padded_dprobs_.View(), k, recv_dprobs)));
   }
   const Tensor send_dprobs = send_meta_.View(probs_dtype_, {send_cap_, k});
-  SY_RETURN_IF_ERROR(
-      Comm("dispatch (backward)",
-           ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, h}), Elements(output_splits_, h),
-                          send_x_.View(dtype_, {sent_rows_, h}), Elements(input_splits_, h))));
   SY_RETURN_IF_ERROR(Comm(
       "dispatch (backward)",
-      ep_->AllToAllV(recv_dprobs, Elements(output_splits_, k),
-                     send_meta_.View(probs_dtype_, {sent_rows_, k}), Elements(input_splits_, k))));
+      ep_->AllToAllV(recv_x_.View(dtype_, {recv_rows_, h}), RowsToElements(output_splits_, h),
+                     send_x_.View(dtype_, {sent_rows_, h}), RowsToElements(input_splits_, h))));
+  SY_RETURN_IF_ERROR(
+      Comm("dispatch (backward)", ep_->AllToAllV(recv_dprobs, RowsToElements(output_splits_, k),
+                                                 send_meta_.View(probs_dtype_, {sent_rows_, k}),
+                                                 RowsToElements(input_splits_, k))));
   // dx[t] = the sum of its ranks' partial gradients (rank order); d_topk_probs[t, s] from the
   // one rank that owns slot s (the others contribute exact zeros).
   const Tensor d_rank_probs = d_rank_probs_.View(probs_dtype_, {num_tokens_, ep_size_});

@@ -148,7 +148,7 @@
 
 namespace switchyard::model {
 
-class AllToAllDispatcher final : public TokenDispatcher {
+class AllToAllDispatcher final : public ExpertParallelDispatcher {
  public:
   // ep_group: the EP group (rank r holds global experts [r*L, (r+1)*L)), not owned;
   // ep_size must equal ep_group->size(); num_experts % ep_size == 0.
@@ -176,8 +176,6 @@ class AllToAllDispatcher final : public TokenDispatcher {
   // The current / most received-token rows per ETP peer (see "Receive buffers").
   int64_t ReceiveRowCapacity() const { return recv_cap_; }
   int64_t ReceiveRowBound() const { return recv_bound_; }
-  int num_local_experts() const override { return num_local_; }
-  bool pads_to_capacity() const override { return false; }
 
   absl::Status DispatchPreprocess(const Stream& stream, DispatchState* state) override;
   absl::Status Dispatch(const Stream& stream, DispatchState* state) override;
@@ -211,12 +209,6 @@ class AllToAllDispatcher final : public TokenDispatcher {
   absl::Status GrowReceiveSide(int64_t recv_rows);
   // (Re)allocates the expert side for `rows` rows.
   absl::Status GrowExpertSide(int64_t rows);
-  // The stream rules of every phase (see the stream contract in the file comment).
-  absl::Status CheckStream(const Stream& stream, const char* phase) const;
-  // `status` of a collective, prefixed with label_ and `phase` ("dispatch (forward)", ...).
-  absl::Status Comm(const char* phase, const absl::Status& status) const;
-  // Row counts -> element counts (x per_row) for the communicator.
-  std::vector<int64_t> Elements(const std::vector<int64_t>& rows, int64_t per_row) const;
   // Reads the all-gathered counts (host copy `g_all`, [ETP, EP, E + P]): splits, chunk sizes,
   // bounds and the expert_row_limit (see "Receive buffers"), growing the buffers as needed.
   absl::Status ReadCounts(const int32_t* g_all);
@@ -233,18 +225,13 @@ class AllToAllDispatcher final : public TokenDispatcher {
   absl::Status ReduceScatterTp(const Stream& stream, const Tensor& rows, const Tensor& padded,
                                int64_t width, const Tensor& out);
 
-  comm::Communicator* ep_ = nullptr;
-  std::string label_;
-  comm::Communicator* etp_ = nullptr;       // null with ETP = 1
-  comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
-  Device device_;
-  int ep_size_ = 0, ep_rank_ = 0, num_experts_ = 0, num_local_ = 0, topk_ = 0;
+  comm::Communicator* etp_ = nullptr;  // null with ETP = 1
+  int ep_size_ = 0, ep_rank_ = 0;
   int etp_size_ = 1, etp_rank_ = 0;
-  int64_t hidden_ = 0, max_tokens_ = 0, expert_row_limit_ = 0;
+  int64_t expert_row_limit_ = 0;
   // send_cap_ = T_max * min(EP, k): the send side (static). recv_cap_ / recv_bound_: received
   // token rows per ETP peer (current / most). rows_ / expert_bound_: expert rows (current / most).
   int64_t send_cap_ = 0, recv_cap_ = 0, recv_bound_ = 0, rows_ = 0, expert_bound_ = 0;
-  DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
   // Send side, sized at Create. send_x_ holds the outgoing token rows, then the combined partial
   // sums coming back (Combine -> CombinePostprocess), then the backward's rows (their lifetimes do
   // not overlap). send_meta_ [send_cap_, 2k] holds the outgoing routing rows, later the returning
@@ -263,19 +250,13 @@ class AllToAllDispatcher final : public TokenDispatcher {
   // Expert side, [rows_] rows. expert_out_ also holds d_expert_out and d_expert_x
   // (DispatchState in dispatcher.h).
   kernels::Buffer expert_x_, expert_probs_, expert_out_, d_expert_probs_;
-  // CUDA only: pinned host memory, [ETP * EP * (E + P)] i32 (D2H target of the gathered counts),
-  // and the event the D2H copy is waited on with.
-  std::shared_ptr<void> pinned_;
-  std::shared_ptr<kernels::Event> event_;  // the counts' device-to-host copy (CUDA)
-  Tensor rank_map_view_;                   // [T, EP] of the current micro-batch
-  int64_t num_tokens_ = 0, sent_rows_ = 0, recv_rows_ = 0, expert_rows_ = 0;
+  // pinned_ (CUDA): [ETP * EP * (E + P)] i32, the D2H target of the gathered counts.
+  Tensor rank_map_view_;  // [T, EP] of the current micro-batch
+  int64_t sent_rows_ = 0, recv_rows_ = 0, expert_rows_ = 0;
   int64_t tp_total_rows_ = 0, tp_max_rows_ = 0;  // sum / max of tp_rows_
   std::vector<int64_t> input_splits_, output_splits_;
   std::vector<int64_t> tp_rows_;     // [ETP] rows each ETP peer received (output_splits_tp)
   std::vector<int32_t> chunk_rows_;  // [ETP * EP * L] expert rows per (peer, source, expert)
-  enum class Phase { kIdle, kPreprocessed, kDispatched, kPostprocessed, kCombinePre, kCombined };
-  Phase phase_ = Phase::kIdle;
-  bool have_forward_ = false;  // splits valid for the backward
 };
 
 }  // namespace switchyard::model

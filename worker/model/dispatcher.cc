@@ -156,19 +156,98 @@ absl::Status SpreadRows(const Stream& stream, const Tensor& compact,
   return absl::OkStatus();
 }
 
-absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,
-                              Device device, const comm::NcclCommunicator* nccl) {
-  if (!(stream.device == device)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, "::", phase, ": stream of ", stream.device.ToString(),
-                     " must be on the dispatcher's device ", device.ToString()));
+std::vector<int64_t> RowsToElements(const std::vector<int64_t>& rows, int64_t per_row) {
+  std::vector<int64_t> e(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) e[i] = rows[i] * per_row;
+  return e;
+}
+
+namespace {
+
+constexpr const char* kPhaseNames[] = {"DispatchPreprocess", "Dispatch", "DispatchPostprocess",
+                                       "CombinePreprocess",  "Combine",  "CombinePostprocess"};
+
+}  // namespace
+
+absl::Status PhaseTracker::Enter(Phase phase, const Stream& stream) {
+  if (phase == kDispatchPreprocess) {
+    done_ = -1;
+    have_forward_ = false;
+  } else if (done_ != phase - 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who_, "::", kPhaseNames[phase], " must follow ", kPhaseNames[phase - 1]));
   }
-  if (nccl != nullptr && stream.cuda_stream != nccl->stream()) {
+  SY_RETURN_IF_ERROR(CheckStream(kPhaseNames[phase], stream));
+  if (phase == kCombinePostprocess) done_ = -1;
+  return absl::OkStatus();
+}
+
+void PhaseTracker::Done(Phase phase) {
+  if (phase == kCombinePostprocess) return;  // the micro-batch ended in Enter
+  done_ = phase;
+  if (phase == kDispatchPostprocess) have_forward_ = true;
+}
+
+absl::Status PhaseTracker::EnterBackward(const char* name, const Stream& stream) const {
+  if (!have_forward_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who_, "::", name, " must follow a forward DispatchPostprocess"));
+  }
+  return CheckStream(name, stream);
+}
+
+absl::Status PhaseTracker::CheckStream(const char* phase, const Stream& stream) const {
+  if (!(stream.device == device_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who_, "::", phase, ": stream of ", stream.device.ToString(),
+                     " must be on the dispatcher's device ", device_.ToString()));
+  }
+  if (nccl_ != nullptr && stream.cuda_stream != nccl_->stream()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        who, "::", phase, ": stream must be the EP communicator's stream (group '", nccl->name(),
+        who_, "::", phase, ": stream must be the EP communicator's stream (group '", nccl_->name(),
         "'): create the NcclCommunicator with the stream the phases run on"));
   }
   return absl::OkStatus();
+}
+
+void ExpertParallelDispatcher::InitExpertParallel(const char* who, comm::Communicator* ep_group,
+                                                  comm::NcclCommunicator* nccl, Device device,
+                                                  DType dtype, DType probs_dtype,
+                                                  int64_t max_tokens, int64_t hidden,
+                                                  int num_experts, int ep_size, int topk,
+                                                  std::string label) {
+  ep_ = ep_group;
+  label_ = label.empty() ? who : std::move(label);
+  nccl_ = nccl;
+  device_ = device;
+  phases_ = PhaseTracker(who, device, nccl);
+  num_experts_ = num_experts;
+  num_local_ = num_experts / ep_size;
+  topk_ = topk;
+  hidden_ = hidden;
+  max_tokens_ = max_tokens;
+  dtype_ = dtype;
+  probs_dtype_ = probs_dtype;
+}
+
+absl::Status ExpertParallelDispatcher::AllocateCountsStaging(size_t bytes) {
+  if (!device_.is_cuda()) return absl::OkStatus();
+  int previous = 0;
+  SY_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.index));
+  void* host = nullptr;
+  cudaError_t e = cudaMallocHost(&host, bytes);
+  if (e == cudaSuccess) pinned_ = std::shared_ptr<void>(host, [](void* p) { cudaFreeHost(p); });
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(previous));
+  SY_CUDA_RETURN_IF_ERROR(e);
+  SY_ASSIGN_OR_RETURN(kernels::Event event, kernels::Event::Create(device_));
+  event_ = std::make_shared<kernels::Event>(std::move(event));
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelDispatcher::Comm(const char* phase, const absl::Status& status) const {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(label_, " ", phase, ": ", status.message()));
 }
 
 }  // namespace switchyard::model

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "kernels/runtime/buffer.h"
+#include "kernels/runtime/stream.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/nccl_communicator.h"
 
@@ -153,9 +154,89 @@ absl::Status SpreadRows(const Stream& stream, const Tensor& compact,
                         const std::vector<int64_t>& rows_per_rank, int64_t max_rows, int64_t width,
                         const Tensor& padded);
 
-// A phase's stream: on the dispatcher's device and, with an NCCL group, the group's own stream.
-absl::Status CheckPhaseStream(const char* who, const char* phase, const Stream& stream,
-                              Device device, const comm::NcclCommunicator* nccl);
+// Row counts -> element counts (x per_row), for the communicator's V collectives.
+std::vector<int64_t> RowsToElements(const std::vector<int64_t>& rows, int64_t per_row);
+
+// The phase order of the expert-parallel dispatchers (TokenDispatcher's six forward phases, each
+// after the one before it; the backward after a forward DispatchPostprocess) and the stream
+// rules of every phase. `who` prefixes the messages (the class name):
+//   FAILED_PRECONDITION "<who>::Combine must follow CombinePreprocess" out of order;
+//   INVALID_ARGUMENT when the stream is not on `device` or, with an NCCL group, is not the
+//   group's own stream (its calls are ordered on that stream).
+// A phase calls Enter first and, when it has succeeded, Done. DispatchPreprocess starts a new
+// micro-batch (the previous one's backward is no longer possible); CombinePostprocess ends it as
+// soon as it is entered.
+class PhaseTracker {
+ public:
+  enum Phase {
+    kDispatchPreprocess,
+    kDispatch,
+    kDispatchPostprocess,
+    kCombinePreprocess,
+    kCombine,
+    kCombinePostprocess,
+  };
+
+  PhaseTracker() = default;
+  PhaseTracker(const char* who, Device device, const comm::NcclCommunicator* nccl)
+      : who_(who), device_(device), nccl_(nccl) {}
+
+  absl::Status Enter(Phase phase, const Stream& stream);
+  void Done(Phase phase);
+  // CombineBackward / DispatchBackward (`name`): after a forward DispatchPostprocess.
+  absl::Status EnterBackward(const char* name, const Stream& stream) const;
+
+ private:
+  absl::Status CheckStream(const char* phase, const Stream& stream) const;
+
+  const char* who_ = "";
+  Device device_;
+  const comm::NcclCommunicator* nccl_ = nullptr;
+  int done_ = -1;              // the last phase done of the current micro-batch, -1 = none
+  bool have_forward_ = false;  // sizes valid for the backward
+};
+
+// What the expert-parallel dispatchers (AllToAllDispatcher, AllGatherDispatcher) share: the EP
+// group, the sizes, the phase order, the label of their errors and the pinned host memory their
+// one host read (the gathered counts) goes through. Experts are sharded in blocks of
+// num_local_experts() = num_experts / ep_size; no pad-to-capacity.
+class ExpertParallelDispatcher : public TokenDispatcher {
+ public:
+  int num_local_experts() const override { return num_local_; }
+  bool pads_to_capacity() const override { return false; }
+
+ protected:
+  // Sets the members below from the (checked) arguments of Create. `who` (the class name) prefixes
+  // argument and order errors and is the label when `label` is empty; `nccl` is ep_group on a
+  // CUDA device, else null.
+  void InitExpertParallel(const char* who, comm::Communicator* ep_group,
+                          comm::NcclCommunicator* nccl, Device device, DType dtype,
+                          DType probs_dtype, int64_t max_tokens, int64_t hidden, int num_experts,
+                          int ep_size, int topk, std::string label);
+  // CUDA: allocates pinned_ (`bytes`, with device_ current, then restores the current device)
+  // and event_. Nothing on the CPU.
+  absl::Status AllocateCountsStaging(size_t bytes);
+  // A collective's `status` prefixed with label_ and `phase` ("MoE layer 3 dispatch (forward):
+  // group 'ep[0,1]' rank 0/2 AllToAllV: ..."): the communicator's message names the group, the
+  // rank, the operation and (Gloo's AllToAllV) the peers that had not delivered; this adds which
+  // MoE layer and phase was waiting. OK stays OK.
+  absl::Status Comm(const char* phase, const absl::Status& status) const;
+
+  comm::Communicator* ep_ = nullptr;
+  std::string label_;
+  comm::NcclCommunicator* nccl_ = nullptr;  // ep_ on a CUDA device, else null
+  Device device_;
+  // The phase order and the stream rules of every phase (the subclasses' stream contracts).
+  PhaseTracker phases_;
+  int num_experts_ = 0, num_local_ = 0, topk_ = 0;
+  int64_t hidden_ = 0, max_tokens_ = 0;
+  DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
+  // CUDA only: pinned host memory (the D2H target of the gathered counts) and the event that copy
+  // is waited on with.
+  std::shared_ptr<void> pinned_;
+  std::shared_ptr<kernels::Event> event_;
+  int64_t num_tokens_ = 0;  // T of the current micro-batch
+};
 
 }  // namespace switchyard::model
 

@@ -46,10 +46,10 @@ absl::StatusOr<ParallelLayout> CheckedLayout(const ParallelDims& dims, int rank)
   return layout;
 }
 
-// Fills every role: reuses the world or an earlier role with the same members, else makes a new
-// sub-group with `make(members, name)`.
-template <typename Make>
-absl::Status FillRoles(ProcessGroups& g, Make&& make) {
+// Fills every role: reuses the world or an earlier role with the same members, else splits a new
+// sub-group off `world` (a GlooCommunicator or an NcclCommunicator).
+template <typename Comm>
+absl::Status FillRoles(ProcessGroups& g, Comm* world) {
   std::vector<std::pair<std::vector<int>, comm::Communicator*>> made;
   std::vector<int> everyone(g.layout.world_size());
   for (int r = 0; r < g.layout.world_size(); ++r) everyone[r] = r;
@@ -61,12 +61,28 @@ absl::Status FillRoles(ProcessGroups& g, Make&& make) {
       if (m == members) found = c;
     }
     if (found == nullptr) {
-      SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, make(members, role.name));
+      SY_ASSIGN_OR_RETURN(std::unique_ptr<Comm> c, world->CreateSubgroup(members, role.name));
       found = c.get();
       g.owned.push_back(std::move(c));
       made.push_back({members, found});
     }
     g.*(role.slot) = found;
+  }
+  return absl::OkStatus();
+}
+
+// The dedicated gradient-reduction groups (used by another thread than the roles), split off
+// `world`.
+template <typename Comm>
+absl::Status AddGradGroups(ProcessGroups& g, Comm* world) {
+  for (auto [group, name, slot] :
+       {std::make_tuple(ParallelGroup::kDataContext, "grad_dp_cp", &ProcessGroups::grad_data),
+        std::make_tuple(ParallelGroup::kExpertData, "grad_edp",
+                        &ProcessGroups::grad_expert_data)}) {
+    SY_ASSIGN_OR_RETURN(std::unique_ptr<Comm> c,
+                        world->CreateSubgroup(g.layout.Group(group, g.rank), name));
+    g.*slot = c.get();
+    g.owned.push_back(std::move(c));
   }
   return absl::OkStatus();
 }
@@ -100,23 +116,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateGlooProcessGroups(
   comm::GlooCommunicator* w = world.get();
   g->world = w;
   g->owned.push_back(std::move(world));
-  SY_RETURN_IF_ERROR(FillRoles(*g,
-                               [&](const std::vector<int>& members, const char* name)
-                                   -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
-                                 SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> c,
-                                                     w->CreateSubgroup(members, name));
-                                 return std::unique_ptr<comm::Communicator>(std::move(c));
-                               }));
-  // Dedicated gradient-reduction groups (used by another thread than the roles above).
-  for (auto [group, name, slot] :
-       {std::make_tuple(ParallelGroup::kDataContext, "grad_dp_cp", &ProcessGroups::grad_data),
-        std::make_tuple(ParallelGroup::kExpertData, "grad_edp",
-                        &ProcessGroups::grad_expert_data)}) {
-    SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> c,
-                        w->CreateSubgroup(g->layout.Group(group, rank), name));
-    (*g).*slot = c.get();
-    g->owned.push_back(std::move(c));
-  }
+  SY_RETURN_IF_ERROR(FillRoles(*g, w));
+  SY_RETURN_IF_ERROR(AddGradGroups(*g, w));
   return g;
 }
 
@@ -134,13 +135,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
   // ncclCommSplit is collective over the world: every rank splits for every role in the same
   // order (FillRoles visits the roles in a fixed order and a role is skipped on every rank or on
   // none, since "same members as an earlier group" holds for all ranks of a layout alike).
-  SY_RETURN_IF_ERROR(FillRoles(*g,
-                               [&](const std::vector<int>& members, const char* name)
-                                   -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
-                                 SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> c,
-                                                     w->CreateSubgroup(members, name));
-                                 return std::unique_ptr<comm::Communicator>(std::move(c));
-                               }));
+  SY_RETURN_IF_ERROR(FillRoles(*g, w));
   // Dedicated gradient-reduction groups on a stream of their own: a second world communicator
   // (its own unique id) and its splits, in the same order on every rank.
   SY_ASSIGN_OR_RETURN(g->grad_stream, kernels::OwnedStream::Create(Device::Cuda(device)));
@@ -150,15 +145,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroups>> CreateNcclProcessGroups(
                                      g->grad_stream.view().cuda_stream, options, "grad_world"));
   comm::NcclCommunicator* gwp = gw.get();
   g->owned.push_back(std::move(gw));
-  for (auto [group, name, slot] :
-       {std::make_tuple(ParallelGroup::kDataContext, "grad_dp_cp", &ProcessGroups::grad_data),
-        std::make_tuple(ParallelGroup::kExpertData, "grad_edp",
-                        &ProcessGroups::grad_expert_data)}) {
-    SY_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> c,
-                        gwp->CreateSubgroup(g->layout.Group(group, rank), name));
-    (*g).*slot = c.get();
-    g->owned.push_back(std::move(c));
-  }
+  SY_RETURN_IF_ERROR(AddGradGroups(*g, gwp));
   return g;
 }
 
