@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common/port_test_util.h"
+
 namespace switchyard::e2e {
 
 inline constexpr char kToken[] = "e2e-secret-token";        // the API (user) token
@@ -25,12 +27,8 @@ std::string TmpPath(const std::string& name);
 bool WriteText(const std::string& path, const std::string& text);
 std::string ReadText(const std::string& path);
 
-// A TCP port that was free a moment ago on every interface (bound on 0.0.0.0, closed); 0 on
-// failure. Chosen at random BELOW the kernel's ephemeral range (ip_local_port_range): a port the
-// kernel hands out (bind to port 0, or the local end of an outgoing connection) can be taken by
-// another test's process before the child that is given this one binds it (seen in CI: a worker's
-// --metrics-port "Address already in use" while gRPC and Gloo tests ran beside it).
-int FreePort();
+// FreePort (common/port_test_util.h): a free TCP port below the ephemeral range.
+using ::switchyard::testing::FreePort;
 
 // One child process. stderr (and stdout unless piped) go to `log_path`. The destructor SIGKILLs
 // and reaps a child still running; a child also gets SIGKILL when the thread that forked it

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config/job_paths.h"
+#include "common/port_test_util.h"
 #include "coordinator/api/auth.h"
 #include "coordinator/api/rendezvous_service.h"
 #include "coordinator/api/worker_test_util.h"
@@ -42,25 +43,12 @@
 namespace switchyard::agent {
 namespace {
 
+using ::switchyard::testing::FreePort;
 using testing::RunningAgent;
 using testing::StartRunningAgent;
 using testing::TmpDir;
 
 namespace wt = api::testing;
-
-// A port that was free a moment ago (the scheduler needs the rendezvous address before the
-// harness picks its own port).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::unique_ptr<RunningAgent> StartAgent(const std::string& coordinator, const std::string& id,
                                          const std::string& token_file,
