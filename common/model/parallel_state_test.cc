@@ -244,9 +244,13 @@ void CheckLayout(const ParallelLayout& l, bool default_order) {
         ASSERT_EQ(l.GroupIndex(g, r), gi);
         ASSERT_EQ(l.RankInGroup(g, r), i);
         ASSERT_EQ(l.Group(g, r), members);
-        if (default_order && i > 0) ASSERT_LT(members[i - 1], r);
+        if (default_order && i > 0) {
+          ASSERT_LT(members[i - 1], r);
+        }
       }
-      if (default_order && gi > 0) ASSERT_LT(groups[gi - 1][0], members[0]);
+      if (default_order && gi > 0) {
+        ASSERT_LT(groups[gi - 1][0], members[0]);
+      }
     }
     for (int r = 0; r < w; ++r) ASSERT_EQ(seen[r], 1) << ParallelGroupName(g) << " rank " << r;
   }

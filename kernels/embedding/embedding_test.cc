@@ -236,7 +236,9 @@ TEST(EmbeddingTest, VocabShardMatchesWholeTable) {
         const bool mine = ids[t] >= r * vl && ids[t] < (r + 1) * vl;
         ASSERT_EQ(local[t], mine ? ids[t] - r * vl : -1) << t;
         for (int64_t h = 0; h < h_n; ++h) {
-          if (!mine) ASSERT_EQ(out[t * h_n + h], 0.0) << "rank " << r << " token " << t;
+          if (!mine) {
+            ASSERT_EQ(out[t * h_n + h], 0.0) << "rank " << r << " token " << t;
+          }
           sum[t * h_n + h] += out[t * h_n + h];
         }
       }

@@ -198,7 +198,9 @@ TEST(SortChunksTest, RandomCasesMatchNaiveAndRoundTrip) {
       sorted_sizes[i] = sizes[order[i]];
       inverse[order[i]] = i;
     }
-    if (iter % 2 == 0) ASSERT_EQ(inverse, o.restore);
+    if (iter % 2 == 0) {
+      ASSERT_EQ(inverse, o.restore);
+    }
     std::vector<float> back2(n * h, kPoison);
     ASSERT_TRUE(SortChunks(Stream::Cpu(), View(fwd, n, h), Splits(sorted_sizes), inverse,
                            View(back2, n, h), Tensor(), Tensor(), Tensor())

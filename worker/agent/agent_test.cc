@@ -150,7 +150,9 @@ void ExpectSane(const v1::StepReport& s, int rank) {
   EXPECT_GT(m.tokens_per_second(), 0);
   EXPECT_GT(m.tflops(), 0);
   // Warm-up starts from lr 0 (Megatron's schedule at step 0).
-  if (m.step() > 1) EXPECT_GT(m.lr(), 0);
+  if (m.step() > 1) {
+    EXPECT_GT(m.lr(), 0);
+  }
   EXPECT_GE(m.lr(), 0);
   EXPECT_GT(m.grad_norm(), 0);
   ASSERT_EQ(m.expert_load_size(), 2) << "one summary per MoE layer";
