@@ -287,12 +287,28 @@ std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alterna
                {"  " + Ms(time.compute()), Ms(time.tp_communication()), Ms(time.ep_communication()),
                 Ms(time.dp_communication()), Ms(time.pp_communication()),
                 Ms(time.pipeline_bubble()), Ms(time.total())}}));
+  // What this coordinator's jobs of the same workload measured on the mapping (Plan fills it).
+  if (best.has_measured()) {
+    const v1::MeasuredRun& m = best.measured();
+    absl::StrAppend(
+        &out, "Measured (", TerminalSafe(m.job()), ", step ", m.step(), ", ", m.runs(),
+        m.runs() == 1 ? " job" : " jobs", "): ", Ms(m.step_seconds()), " ms",
+        m.memory_bytes() > 0 ? absl::StrCat(", ", Gib(m.memory_bytes()), " GiB") : "",
+        "; estimate / measured: time ", absl::StrFormat("%.2f", time.total() / m.step_seconds()),
+        m.memory_bytes() > 0 ? absl::StrFormat(", memory %.2f", mem.total() / m.memory_bytes())
+                             : "",
+        "\n");
+  }
   if (plan.alternatives_size() > 0) {
-    std::vector<std::vector<std::string>> rows = {{"  #", "MAPPING", "MEMORY-GIB", "STEP-MS"}};
+    std::vector<std::vector<std::string>> rows = {
+        {"  #", "MAPPING", "MEMORY-GIB", "STEP-MS", "MEASURED-MS", "MEASURED-GIB"}};
     for (int i = 0; i < plan.alternatives_size() && i < alternatives; ++i) {
       const v1::PlanCandidate& c = plan.alternatives(i);
+      const bool measured = c.has_measured();
+      const bool memory = measured && c.measured().memory_bytes() > 0;
       rows.push_back({absl::StrCat("  ", i + 2), MappingText(c.mapping()), Gib(c.memory().total()),
-                      Ms(c.time().total())});
+                      Ms(c.time().total()), measured ? Ms(c.measured().step_seconds()) : "-",
+                      memory ? Gib(c.measured().memory_bytes()) : "-"});
     }
     absl::StrAppend(&out, "\nAlternatives (", plan.alternatives_size(), " feasible, top ",
                     std::min(alternatives, plan.alternatives_size()), "):\n", Columns(rows));

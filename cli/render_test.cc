@@ -138,6 +138,29 @@ TEST(Render, Tables) {
   EXPECT_NE(text.find("80.00"), std::string::npos);
   EXPECT_NE(text.find("125.000"), std::string::npos);
   EXPECT_NE(text.find("Rejected: 1"), std::string::npos);
+  // No job ran any of them: no measured line, "-" in the alternatives' measured columns.
+  EXPECT_EQ(text.find("Measured ("), std::string::npos) << text;
+  EXPECT_NE(text.find("MEASURED-MS"), std::string::npos) << text;
+
+  // The best mapping and one alternative measured by jobs of the coordinator.
+  v1::MeasuredRun* m = plan.mutable_best()->mutable_measured();
+  m->set_job("jobs/7");
+  m->set_step(50);
+  m->set_step_seconds(0.25);
+  m->set_memory_bytes(8.0 * (1 << 30));
+  m->set_runs(2);
+  v1::PlanCandidate* alt = plan.mutable_alternatives(0);
+  alt->mutable_memory()->set_total(4.0 * (1 << 30));
+  alt->mutable_time()->set_total(0.5);
+  alt->mutable_measured()->set_step_seconds(0.4);
+  alt->mutable_measured()->set_runs(1);  // a CPU run: no memory reported
+  const std::string measured = PlanTable(plan, 80.0 * (1 << 30), 5);
+  std::printf("%s", measured.c_str());
+  EXPECT_NE(measured.find("Measured (jobs/7, step 50, 2 jobs): 250.000 ms, 8.00 GiB; estimate / "
+                          "measured: time 0.50, memory 1.25"),
+            std::string::npos)
+      << measured;
+  EXPECT_NE(measured.find("4.00        500.000  400.000      -"), std::string::npos) << measured;
 }
 
 // Server strings with control characters (a job stored before the bounds, a hostile server) never

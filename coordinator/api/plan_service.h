@@ -5,8 +5,8 @@
 // vocabulary, the coordinator's checkpoint directory, the submit rules and path rules, the workers'
 // parallelism) and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) /
 // RESOURCE_EXHAUSTED (no mapping fits, reason NO_FEASIBLE_PLAN) with a reason attached.
-// Authenticated and measured like every API call (api_call.h). Planning is pure computation;
-// nothing is stored.
+// Authenticated and measured like every API call (api_call.h). Planning is pure computation plus
+// one read of the store's jobs (the measured columns); nothing is stored.
 //
 // Thread safety: stateless; gRPC calls Plan concurrently.
 #ifndef SWITCHYARD_COORDINATOR_API_PLAN_SERVICE_H_
@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/api/auth.h"
+#include "coordinator/jobs/job_hub.h"
 #include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/metrics/coordinator_metrics.h"
 #include "switchyard/v1/plan.grpc.pb.h"
@@ -21,16 +22,20 @@
 namespace switchyard::api {
 
 // What Plan (gRPC) and POST /v1/plans (REST) both answer: the request resolved like a submitted
-// job, then PlanJob. The planner's RESOURCE_EXHAUSTED (nothing fits in memory) carries reason
-// NO_FEASIBLE_PLAN; no other error gets that reason (a full disk is RESOURCE_EXHAUSTED too).
+// job, then PlanJob, then (with a hub) what this coordinator's jobs of the same workload measured
+// on each ranked mapping (PlanCandidate.measured, coordinator/jobs/measured_runs.h). The
+// planner's RESOURCE_EXHAUSTED (nothing fits in memory) carries reason NO_FEASIBLE_PLAN; no other
+// error gets that reason (a full disk is RESOURCE_EXHAUSTED too).
 absl::StatusOr<v1::Plan> PlanForUser(const v1::PlanRequest& request,
-                                     const jobs::CoordinatorContext& context);
+                                     const jobs::CoordinatorContext& context,
+                                     jobs::JobHub* hub = nullptr);
 
 class PlanServiceImpl final : public v1::PlanService::Service {
  public:
-  // `auth` must outlive the service; `metrics` may be null; `context` as the JobRegistry's.
+  // `auth` must outlive the service; `metrics` may be null; `context` as the JobRegistry's;
+  // `hub` (may be null: no measured columns) must outlive the service.
   PlanServiceImpl(const TokenAuth* auth, metrics::CoordinatorMetrics* metrics,
-                  jobs::CoordinatorContext context = {});
+                  jobs::CoordinatorContext context = {}, jobs::JobHub* hub = nullptr);
 
   grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                     v1::Plan* response) override;
@@ -39,6 +44,7 @@ class PlanServiceImpl final : public v1::PlanService::Service {
   const TokenAuth* const auth_;
   metrics::CoordinatorMetrics* const metrics_;
   const jobs::CoordinatorContext context_;
+  jobs::JobHub* const hub_;
 };
 
 }  // namespace switchyard::api

@@ -204,7 +204,7 @@ HttpRouter RestGateway::Route() {
   s.Handle("POST", "/v1/plans",
            api("Plan", [this](const HttpRequest& req) -> absl::StatusOr<std::string> {
              SY_ASSIGN_OR_RETURN(v1::PlanRequest request, ParseBody<v1::PlanRequest>(req));
-             SY_ASSIGN_OR_RETURN(v1::Plan plan, PlanForUser(request, hub_->context()));
+             SY_ASSIGN_OR_RETURN(v1::Plan plan, PlanForUser(request, hub_->context(), hub_));
              return ToJson(plan);
            }));
   s.Handle("GET", "/v1/workers",

@@ -214,7 +214,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Create(
     });
   }
   s->job_service_ = std::make_unique<JobServiceImpl>(hub, s->auth_.get(), metrics, steps);
-  s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics, context);
+  s->plan_service_ = std::make_unique<PlanServiceImpl>(s->auth_.get(), metrics, context, hub);
   const cluster::WorkerRegistry* registry = s->plane_ != nullptr ? s->plane_->registry() : nullptr;
   if (registry != nullptr) {
     s->worker_admin_service_ =

@@ -47,6 +47,7 @@
 #include "absl/strings/string_view.h"
 #include "common/config/job_paths.h"
 #include "coordinator/jobs/job_state.h"
+#include "coordinator/jobs/measured_runs.h"
 #include "coordinator/jobs/resolve_spec.h"
 #include "coordinator/store/store.h"
 #include "switchyard/v1/job.pb.h"
@@ -127,6 +128,12 @@ class JobRegistry {
 
   // The job's event log in sequence order.
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
+
+  // PlanCandidate.measured on `plan`'s candidates from this store's jobs of the same workload as
+  // the resolved `spec` (coordinator/jobs/measured_runs.h).
+  absl::Status AttachMeasuredRuns(const v1::JobSpec& spec, v1::Plan* plan) {
+    return jobs::AttachMeasuredRuns(store_, spec, plan);
+  }
 
   // The store's Health(): OK, or the DATA_LOSS that made it refuse every call.
   absl::Status StoreHealth() { return store_->Health(); }

@@ -51,6 +51,13 @@ void ResetBufferPeak(DeviceType type) {
   c.peak.store(c.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
+absl::StatusOr<int64_t> DeviceMemoryInUse(int device) {
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  SY_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(total_b - free_b);
+}
+
 absl::StatusOr<Buffer> Buffer::Allocate(Device device, size_t bytes) {
   Buffer b;
   b.device_ = device;

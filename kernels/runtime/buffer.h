@@ -64,6 +64,11 @@ BufferMemoryStats BufferMemory(DeviceType type);
 // Sets the peak of `type` to its current value (start of a measured phase).
 void ResetBufferPeak(DeviceType type);
 
+// Device memory in use on CUDA device `device` by every process and allocator (cudaMemGetInfo's
+// total - free), bytes. The way the benchmarks and the workers measure a run's footprint: the
+// difference of two readings around what they create. Makes `device` current on this thread.
+absl::StatusOr<int64_t> DeviceMemoryInUse(int device);
+
 }  // namespace switchyard::kernels
 
 #endif  // SWITCHYARD_KERNELS_RUNTIME_BUFFER_H_

@@ -284,6 +284,12 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(p.device.index));
     SY_ASSIGN_OR_RETURN(res.stream, kernels::OwnedStream::Create(p.device));
   }
+  // StepMetrics.device_memory_bytes: the memory in use at each step less this reading, taken
+  // once the CUDA context exists and before the communicators and the trainer are created.
+  int64_t memory_before = 0;
+  if (p.device.is_cuda()) {
+    SY_ASSIGN_OR_RETURN(memory_before, kernels::DeviceMemoryInUse(p.device.index));
+  }
   if (a.world_size() > 1) {
     RendezvousKvStore::Options store_options;
     store_options.worker_id = env.worker_id;
@@ -329,7 +335,14 @@ absl::Status RunGeneration(const PreparedGeneration& p, const GenerationEnv& env
   train::TrainingLoopHooks hooks;
   hooks.stop_requested = [&] { return control->stop_requested(); };
   hooks.on_step = [&](const train::StepResult& r) {
-    if (env.on_step) env.on_step(ToStepMetrics(r, moe_layers));
+    if (!env.on_step) return;
+    v1::StepMetrics m = ToStepMetrics(r, moe_layers);
+    if (p.device.is_cuda()) {
+      // A failed reading only leaves the field 0 ("not reported"): it never fails the step.
+      absl::StatusOr<int64_t> used = kernels::DeviceMemoryInUse(p.device.index);
+      if (used.ok()) m.set_device_memory_bytes(static_cast<double>(*used - memory_before));
+    }
+    env.on_step(m);
   };
   hooks.checkpoint_requested = [&](const train::StepResult&) -> absl::StatusOr<bool> {
     bool requested = control->TakeCheckpointRequest();

@@ -1,0 +1,82 @@
+// File: coordinator/jobs/measured_runs.cc
+#include "coordinator/jobs/measured_runs.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/status.h"
+#include "coordinator/jobs/job_registry.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace switchyard::jobs {
+
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+// A Mapping's identity: its deterministic serialization (every field is a scalar).
+std::string MappingKey(const v1::Mapping& m) {
+  std::string key;
+  google::protobuf::io::StringOutputStream out(&key);
+  google::protobuf::io::CodedOutputStream coded(&out);
+  coded.SetSerializationDeterministic(true);
+  m.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return key;
+}
+
+struct Newest {
+  v1::MeasuredRun run;
+  absl::Time update_time = absl::InfinitePast();
+};
+
+}  // namespace
+
+bool SameWorkload(const v1::JobSpec& a, const v1::JobSpec& b) {
+  return MessageDifferencer::Equals(a.model(), b.model()) &&
+         a.training().has_global_batch_size() == b.training().has_global_batch_size() &&
+         a.training().global_batch_size() == b.training().global_batch_size() &&
+         a.training().has_bf16() == b.training().has_bf16() &&
+         a.training().bf16() == b.training().bf16();
+}
+
+absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1::Plan* plan) {
+  std::map<std::string, Newest> by_mapping;
+  for (int64_t after = 0;;) {
+    SY_ASSIGN_OR_RETURN(std::vector<store::JobRow> rows,
+                        store->ListJobs(v1::Job::STATE_UNSPECIFIED, after, kMeasuredRunsPageSize));
+    if (rows.empty()) break;
+    after = rows.back().id;
+    for (const store::JobRow& row : rows) {
+      if (!row.plan.has_value() || !row.last_step.has_value()) continue;
+      const v1::StepMetrics& step = *row.last_step;
+      if (step.step() < kMinMeasuredStep || !(step.step_ms() > 0)) continue;
+      if (!SameWorkload(row.spec, spec)) continue;
+      Newest& n = by_mapping[MappingKey(row.plan->best().mapping())];
+      n.run.set_runs(n.run.runs() + 1);
+      if (row.update_time < n.update_time) continue;
+      n.update_time = row.update_time;
+      n.run.set_job(JobName(row.id));
+      n.run.set_step(step.step());
+      n.run.set_step_seconds(step.step_ms() / 1000.0);
+      n.run.set_memory_bytes(step.device_memory_bytes());
+    }
+  }
+  auto attach = [&](v1::PlanCandidate* c) {
+    auto it = by_mapping.find(MappingKey(c->mapping()));
+    if (it == by_mapping.end()) {
+      c->clear_measured();
+    } else {
+      *c->mutable_measured() = it->second.run;
+    }
+  };
+  if (plan->has_best()) attach(plan->mutable_best());
+  for (v1::PlanCandidate& c : *plan->mutable_alternatives()) attach(&c);
+  return absl::OkStatus();
+}
+
+}  // namespace switchyard::jobs
