@@ -331,9 +331,10 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     if (device.is_cuda() && config.shared_expert_overlap && config.sp_size == 1) {
       SY_ASSIGN_OR_RETURN(l->side_, kernels::SideStream::Create(device));
     }
-    if (device.is_cuda() && config.delay_wgrad) {
-      SY_ASSIGN_OR_RETURN(l->wgrad_, kernels::SideStream::Create(device));
-    }
+  }
+  // delay_wgrad_compute concerns the routed experts: with or without a shared expert.
+  if (device.is_cuda() && config.delay_wgrad) {
+    SY_ASSIGN_OR_RETURN(l->wgrad_, kernels::SideStream::Create(device));
   }
   return l;
 }

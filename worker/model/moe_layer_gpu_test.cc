@@ -167,15 +167,15 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
 // gradient reads the shared dh on the wgrad stream; each Backward joins it before returning) and
 // the overlapped shared expert, give bit for bit what the same two layers give with their own
 // buffers and every weight gradient in order: the same deterministic kernels on the same inputs.
-// A missing join would let backward 1 overwrite dh under backward 2's fc1 wgrad.
-TEST(MoELayerGpuSharedScratchTest, SharedGradScratchWithDelayWgradIsBitIdentical) {
-  SY_REQUIRE_GPU();
+// A missing join would let backward 1 overwrite dh under backward 2's fc1 wgrad. With and
+// without a (gated, overlapped) shared expert of `shared_ffn` units.
+void CheckSharedGradScratchWithDelayWgrad(int64_t shared_ffn) {
   MoELayerConfig c;
   c.hidden_size = 512;
   c.ffn_hidden_size = 256;
-  c.shared_ffn_size = 384;
-  c.shared_expert_gate = true;
-  c.shared_expert_overlap = true;
+  c.shared_ffn_size = shared_ffn;
+  c.shared_expert_gate = shared_ffn > 0;
+  c.shared_expert_overlap = shared_ffn > 0;
   c.router.num_experts = 16;
   c.router.topk = 4;
   c.router.aux_losses = {{kernels::AuxLossType::kAuxLoss, 0.01}};
@@ -248,6 +248,16 @@ TEST(MoELayerGpuSharedScratchTest, SharedGradScratchWithDelayWgradIsBitIdentical
   EXPECT_EQ(differ, 0);
 }
 
+TEST(MoELayerGpuSharedScratchTest, SharedGradScratchWithDelayWgradIsBitIdentical) {
+  SY_REQUIRE_GPU();
+  CheckSharedGradScratchWithDelayWgrad(/*shared_ffn=*/384);
+}
+
+TEST(MoELayerGpuSharedScratchTest, SharedGradScratchWithDelayWgradNoSharedExpert) {
+  SY_REQUIRE_GPU();
+  CheckSharedGradScratchWithDelayWgrad(/*shared_ffn=*/0);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, MoELayerGpuTest,
     ::testing::Values(
@@ -256,6 +266,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"shared_gate_overlap", 512, 256, 128, 192, 16, 4, true, true, 0, false, true},
         Case{"shared_overlap_delay_wgrad", 512, 256, 128, 192, 16, 4, false, true, 0, false, true,
              true},
+        // No shared expert (the benchmark model's case): the wgrad stream all the same.
+        Case{"delay_wgrad_no_shared", 512, 256, 128, 0, 16, 4, false, false, 0, false, false, true},
         Case{"capacity_pad", 256, 128, 64, 0, 8, 2, false, false, 0.5, true},
         Case{"fine_grained", 1024, 512, 128, 0, 64, 8, false, false, 0, false}),
     [](const auto& info) { return std::string(info.param.name); });
