@@ -169,14 +169,17 @@ TEST(PlannerTest, HandComputedMoeExpertParallel) {
   // Time. FLOPs/token forward: attention 2*1024*(1024 + 2*1024) + 2*1024*1024 = 8,388,608;
   // core 2*2*8*128*512 = 2,097,152; router 2*1024*8 = 16,384; experts 2*2*3*1024*1024 =
   // 12,582,912; per layer 23,085,056, two layers 46,170,112; head 2*1024*32768 = 67,108,864;
-  // sum 113,278,976, times 3 = 339,836,928.
-  // compute = 339,836,928 * GBS 8 * S 1024 / (W 8 * 1e14 * 0.5) = 0.00695986028544 s.
+  // sum 113,278,976, times 3 = 339,836,928. The experts' rows per GEMM: r = t 1024 * k 2 * EP 8 *
+  // ETP 1 / E 8 = 2048, so their FLOPs 3 * 2 * 12,582,912 = 75,497,472 count 128 / 2048 extra
+  // (kExpertGemmHalfRows): + 4,718,592 -> 344,555,520.
+  // compute = 344,555,520 * GBS 8 * S 1024 / (W 8 * 1e14 * 0.5) = 0.0070564970496 s.
   // EP all-to-all: m 1 * 2 MoE layers * 4 * (2 * k 2 * 1024 tokens * 1024) * 7/8 / 1e11 (EP group
   //   = ranks 0..7, one node) = 29,360,128 / 1e11 = 0.00029360128 s.
   // DP: 2 * 7/8 * 4 * P_d / 1e11 = 7 * 41,964,544 / 1e11 = 0.00293751808 s; EDP 1: none.
-  // total = 0.00695986028544 + 0.00029360128 + 0.00293751808 = 0.01019097964544 s.
+  // total = 0.0070564970496 + 0.00029360128 + 0.00293751808 = 0.0102876164096 s.
+  // (Before the experts' row term: compute 0.00695986028544, total 0.01019097964544.)
   ExpectTime(plan->best().time(),
-             {0.00695986028544, 0, 0.00029360128, 0, 0.00293751808, 0, 0.01019097964544});
+             {0.0070564970496, 0, 0.00029360128, 0, 0.00293751808, 0, 0.0102876164096});
 }
 
 // Case B: 8 GPUs, 4 per node (two nodes); TP2 CP1 PP2 DP2, experts ETP1 EP4 EDP1; mbs 1,
@@ -244,20 +247,23 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   // node (1e11); PP [0,4] spans nodes (1e10).
   // Per stage (its own layers; the LM head on the last): FLOPs/token stage 0 = 3 * 23,085,056
   // (layer 0, case A) = 69,255,168; stage 1 = 3 * (23,085,056 + head 67,108,864) = 270,581,760.
-  // Stage 1 is the slowest (the same TP, EP and PP traffic, one MoE layer each):
-  // compute = 270,581,760 * GBS 16 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.0221660577792.
+  // Stage 1 is the slowest (the same TP, EP and PP traffic, one MoE layer each). The experts'
+  // rows r = 1024/TP 2 * k 2 * EP 4 / E 8 = 512: their FLOPs 3 * 12,582,912 = 37,748,736 count
+  // 128 / 512 extra, + 9,437,184 -> 280,018,944.
+  // compute = 280,018,944 * GBS 16 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.02293915189248.
   // TP: m 8 * (4*1 + 4*(1 - 1)) * 1/2 * 2*1024*1024 / 1e11 = 33,554,432 / 1e11 = 0.00033554432.
   // EP: 8 * 1 MoE layer * 4 * (2 * 2 * 1024/2 * 1024 = 2,097,152) * 3/4 / 1e11 = 0.00050331648.
   // PP: 8 * 2 * 2*1024*1024/2 / 1e10 = 16,777,216 / 1e10 = 0.0016777216.
   // DP (P_d of stage 1, the stage the memory estimate reports): 2 * 1/2 * 4 * 18,885,632 / 1e11
   //   = 0.00075542528; EDP 1: none.
-  // bubble: (0.0221660577792 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/(1*8)
-  //       = 0.0246826401792 / 8 = 0.0030853300224.
-  // total = 0.0246826401792 + 0.00075542528 + 0.0030853300224 = 0.0285233954816.
-  // (Before the per-stage model: compute = all FLOPs / W = 0.01391972057088, total
-  // 0.01924622516224, as if stage 0 carried half the LM head.)
-  ExpectTime(plan->best().time(), {0.0221660577792, 0.00033554432, 0.00050331648, 0.0016777216,
-                                   0.00075542528, 0.0030853300224, 0.0285233954816});
+  // bubble: (0.02293915189248 + 0.00033554432 + 0.00050331648 + 0.0016777216) * (2-1)/(1*8)
+  //       = 0.02545573429248 / 8 = 0.00318196678656.
+  // total = 0.02545573429248 + 0.00075542528 + 0.00318196678656 = 0.02939312635904.
+  // (Before the experts' row term: compute 0.0221660577792, total 0.0285233954816. Before the
+  // per-stage model: compute = all FLOPs / W = 0.01391972057088, total 0.01924622516224, as if
+  // stage 0 carried half the LM head.)
+  ExpectTime(plan->best().time(), {0.02293915189248, 0.00033554432, 0.00050331648, 0.0016777216,
+                                   0.00075542528, 0.00318196678656, 0.02939312635904});
 }
 
 // Case C: a dense GQA model with context parallelism on 4 of the 8 GPUs (parallel.world_size 4):
@@ -410,20 +416,23 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   // Per stage: a MoE layer 8,388,608 + 2,097,152 + 8192 + 6,291,456 + 6,291,456 + 2048 =
   // 23,078,912 and a dense one 8,388,608 + 2,097,152 + 12,582,912 = 23,068,672, so stage 0
   // (layers 0, 1) 46,147,584 and stage 1 (layers 2, 3 + head) 113,256,448, x3 = 339,769,344.
-  // Both stages have the same traffic (L_s = 2, Lm_s = 1): stage 1 is the slowest.
-  // compute = 339,769,344 * 4 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.00695847616512.
+  // Both stages have the same traffic (L_s = 2, Lm_s = 1): stage 1 is the slowest. The experts'
+  // rows r = 1024/TP 2 * k 2 * EP 2 * ETP 2 / E 4 = 1024: their FLOPs 3 * 6,291,456 =
+  // 18,874,368 count 128 / 1024 extra, + 2,359,296 -> 342,128,640.
+  // compute = 342,128,640 * 4 * 1024 / (W/PP 4 * 1e14 * 0.5) = 0.0070067945472.
   // All groups in one node (1e11). L_s = 2, Lm_s = 1, t = 1024.
   // TP: m 2 * (4*2 + 4*(2-1)) * 1/2 * 2*1024*1024 / 1e11 = 25,165,824 / 1e11 = 0.00025165824.
   // EP: 2 * 1 * 4 * (2*2*(1024/2)*1024 = 2,097,152) * (1/2 + (2-1)) / 1e11 = 0.00025165824.
   // PP: 2 * 2 * (2*1024*1024/2 = 1,048,576) / 1e11 = 4,194,304 / 1e11 = 4.194304e-05.
   // DP (stage 1, reported by the memory estimate): 2 * 1/2 * 4 * 25,700,352 / 1e11 =
   //   0.00102801408; EDP 1: none.
-  // bubble: (0.00695847616512 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/(1*2)
-  //       = 0.00750373568512 / 2 = 0.00375186784256.
-  // total = 0.00750373568512 + 0.00102801408 + 0.00375186784256 = 0.01228361760768.
-  // (Before the per-stage model: compute 0.00489689186304, total 0.00919120019456.)
-  ExpectTime(plan->best().time(), {0.00695847616512, 0.00025165824, 0.00025165824, 4.194304e-05,
-                                   0.00102801408, 0.00375186784256, 0.01228361760768});
+  // bubble: (0.0070067945472 + 0.00025165824 + 0.00025165824 + 4.194304e-05) * 1/(1*2)
+  //       = 0.0075520540672 / 2 = 0.0037760270336.
+  // total = 0.0075520540672 + 0.00102801408 + 0.0037760270336 = 0.0123560951808.
+  // (Before the experts' row term: compute 0.00695847616512, total 0.01228361760768; before the
+  // per-stage model: compute 0.00489689186304, total 0.00919120019456.)
+  ExpectTime(plan->best().time(), {0.0070067945472, 0.00025165824, 0.00025165824, 4.194304e-05,
+                                   0.00102801408, 0.0037760270336, 0.0123560951808});
 }
 
 // A dense model for the pipeline-time cases: `layers` layers, H 1024, 8 heads (D 128, Hkv 8),
