@@ -25,7 +25,7 @@
 // CUDA allocator's fragmentation. The estimate itself is the engine's buffers to the byte on the
 // CPU (bench/memory_estimate_test); on an H200 it was within 0.3 % of cudaMemGetInfo for the
 // benchmark model at micro-batch 2 (model_math.h, kCudaRuntimeBytes), and at micro-batch 8 the
-// run held 87 GiB (bench/README.md) where the estimate of that code gives 86.9 GiB. Both runs
+// run held 87.2 GiB where that code estimated 86.9 GiB (bench/README.md). Both runs
 // predate the shared MoE backward buffers (MoEGradScratch); no GPU has run the estimate since.
 #ifndef SWITCHYARD_COORDINATOR_PLANNER_BATCH_PLAN_H_
 #define SWITCHYARD_COORDINATOR_PLANNER_BATCH_PLAN_H_
