@@ -270,6 +270,31 @@ TEST(MemoryEstimateTest, RecomputeMlpAndAllModules) {
                        "[core_attn, moe_act, layernorm, mlp]");
 }
 
+// The MoE layers' backward-only buffers (MoEGradScratch, worker/model/moe_layer.h) are held once
+// per stage, whatever the number of MoE layers: two more MoE layers add exactly the per-layer
+// terms, in the engine and in the estimate (to the byte; one that still counted da, dh and the
+// dispatcher's gradients per layer would estimate 2 sets more), and both totals are the
+// engine's to the byte.
+TEST(MemoryEstimateTest, MoeBackwardScratchHeldOncePerStage) {
+  std::string four = MoeTop2(1, 1);
+  const std::string from = "  num_layers: 2\n";
+  four.replace(four.find(from), from.size(), "  num_layers: 4\n");
+  const v1::JobSpec two_layers = Spec(MoeTop2(1, 1)), four_layers = Spec(four);
+  absl::StatusOr<Measured> m2 = TrainAndMeasure(two_layers, CpuF32());
+  ASSERT_TRUE(m2.ok()) << m2.status();
+  absl::StatusOr<Measured> m4 = TrainAndMeasure(four_layers, CpuF32());
+  ASSERT_TRUE(m4.ok()) << m4.status();
+  v1::MemoryEstimate p2, p4;
+  const EngineMemory e2 = Estimate(two_layers, &p2), e4 = Estimate(four_layers, &p4);
+  Report("MoE E8 top-2 + shared, L2 H64", e2, p2, *m2);
+  Report("MoE E8 top-2 + shared, L4 H64", e4, p4, *m4);
+  const double measured = m4->steady - m2->steady, estimated = e4.total() - e2.total();
+  std::printf("2 more MoE layers: %.0f B measured, %.0f B estimated\n", measured, estimated);
+  EXPECT_NEAR(measured, estimated, 0.5);
+  EXPECT_NEAR(m2->steady, e2.total(), 0.5);
+  EXPECT_NEAR(m4->steady, e4.total(), 0.5);
+}
+
 // The benchmark model (bench/bench_model.h, one GPU: bf16 CUDA engine) as the planner estimates
 // it, with each module on: the saving in bytes, printed (the "larger micro-batches fit").
 // It has no dense layer, so "mlp" is not a module it can take.

@@ -24,6 +24,7 @@
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
 //                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--cp 1] [--dry_run]
 //                   [--breakdown] [--delay_wgrad_compute] [--checkpoint_dir DIR]
+//                   [--plan_batch [--device_gib 80] [--plan_headroom 0.1]]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
@@ -33,6 +34,15 @@
 // bf16 engine): table columns "est GiB" and "est/meas", RESULT_JSON "mem_est_gib" and
 // "mem_ratio" (estimate / measured), and a line with the estimate's components. --dry_run
 // prints the estimate too.
+//
+// PLANNED BATCH (--plan_batch, one GPU; issue 16): the micro-batch is the planner's choice, not
+// the model's: coordinator/planner/batch_plan.h PlanMicroBatch keeps the global batch (the
+// model's 16, or --global_batch) and picks, among its divisors and the selective-recompute
+// variants none / moe_act / moe_act + layernorm, the most estimated tokens/s (cost_model.h step
+// time) whose memory estimate fits (1 - --plan_headroom) of the device's memory (cudaMemGetInfo
+// total on a GPU; --device_gib for --dry_run). Prints the candidates (micro, recompute, est. GiB,
+// est. step ms, est. tokens/s, fits) and the choice, then runs the choice; RESULT_JSON (PLAN_JSON
+// under --dry_run) gets "plan_batch". Not with --micro_batch (the plan chooses it) or --world > 1.
 //
 // MULTI-GPU (--world N --ep E, N > 1; one host, one GPU per rank): the parent forks N rank
 // processes (it never initialises CUDA itself; the GPU count comes from a probe child); rank r
@@ -79,6 +89,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_model.h"
@@ -90,6 +101,7 @@
 #include "common/model/parallel_state.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "coordinator/planner/batch_plan.h"
 #include "coordinator/planner/cost_model.h"
 #include "kernels/runtime/buffer.h"
 #include "kernels/runtime/cuda_status.h"
@@ -135,6 +147,14 @@ ABSL_FLAG(int, tp, 1,
           "layers, the attention heads and the vocabulary");
 ABSL_FLAG(int, etp, 0, "expert-tensor-parallel size (0: Megatron's default, = --tp)");
 ABSL_FLAG(int, rank_timeout_s, 1200, "--world > 1: ranks still running after this are killed");
+ABSL_FLAG(bool, plan_batch, false,
+          "one GPU: the micro-batch and the selective-recompute modules are the planner's choice "
+          "(coordinator/planner/batch_plan.h) for the global batch; prints the candidates");
+ABSL_FLAG(double, device_gib, 80,
+          "--plan_batch --dry_run: the device memory the plan must fit (a GPU run uses "
+          "cudaMemGetInfo's total)");
+ABSL_FLAG(double, plan_headroom, switchyard::planner::kDefaultBatchHeadroom,
+          "--plan_batch: the fraction of the device memory the plan keeps free");
 
 namespace switchyard::bench {
 namespace {
@@ -152,9 +172,13 @@ absl::StatusOr<BenchModel> SelectModel(const std::string& name) {
   return m;
 }
 
-v1::JobSpec MakeSpec(const std::string& name, const BenchModel& b, int64_t iters) {
+// `recompute`: model.recompute_modules under selective granularity (empty: none).
+v1::JobSpec MakeSpec(const std::string& name, const BenchModel& b, int64_t iters,
+                     const std::vector<std::string>& recompute = {}) {
   v1::JobSpec spec = MakeBenchSpec(name, b, iters);
   spec.mutable_model()->set_delay_wgrad_compute(absl::GetFlag(FLAGS_delay_wgrad_compute));
+  if (!recompute.empty()) spec.mutable_model()->set_recompute_granularity("selective");
+  for (const std::string& module : recompute) spec.mutable_model()->add_recompute_modules(module);
   return spec;
 }
 
@@ -209,9 +233,90 @@ void PrintEstimate(const EngineMemory& e) {
                              : "");
 }
 
-// --dry_run: the spec the trainer would get, defaulted and validated, and its counts.
-int DryRun(const std::string& name, const BenchModel& b) {
-  v1::JobSpec spec = MakeSpec(name, b, 1);
+// --plan_batch: the planner's micro-batch and recompute modules for `b`'s global batch on one GPU
+// of `device_bytes` (coordinator/planner/batch_plan.h), with the candidates printed as a table.
+absl::StatusOr<planner::BatchPlan> PlanBatch(const std::string& name, const BenchModel& b,
+                                             double device_bytes) {
+  v1::PlanRequest req;
+  *req.mutable_spec() = MakeSpec(name, b, 1);
+  req.mutable_spec()->mutable_parallel()->set_world_size(1);
+  v1::Cluster* c = req.mutable_cluster();
+  c->set_num_gpus(1);
+  c->set_gpus_per_node(1);
+  c->set_gpu_memory_bytes(device_bytes);
+  c->set_peak_flops(absl::GetFlag(FLAGS_peak_tflops) * 1e12);
+  // One GPU runs no collective: the bandwidths are not used (the planner wants them positive).
+  c->set_intra_node_bandwidth_bytes_per_second(1);
+  c->set_inter_node_bandwidth_bytes_per_second(1);
+  planner::BatchPlanOptions options;
+  options.headroom = absl::GetFlag(FLAGS_plan_headroom);
+  std::printf(
+      "planner batch plan (coordinator/planner/batch_plan.h): model %s, global batch %d x seq %d "
+      "on one GPU of %.2f GiB, fit within %.2f GiB (headroom %.2f), peak %.1f TFLOP/s\n",
+      name.c_str(), b.global, b.seq, device_bytes / kGiB,
+      (1 - options.headroom) * device_bytes / kGiB, options.headroom,
+      absl::GetFlag(FLAGS_peak_tflops));
+  SY_ASSIGN_OR_RETURN(planner::BatchPlan plan, planner::PlanMicroBatch(req, options));
+  std::printf("  %5s  %-20s %9s %12s %13s  %s\n", "micro", "recompute", "est GiB", "est step ms",
+              "est tokens/s", "fits");
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const planner::BatchCandidate& k = plan.candidates[i];
+    const std::string modules =
+        k.recompute_modules.empty() ? "none" : absl::StrJoin(k.recompute_modules, "+");
+    if (!k.rule_violations.empty()) {
+      std::printf("  %5lld  %-20s rejected: %s\n", static_cast<long long>(k.micro_batch_size),
+                  modules.c_str(), k.rule_violations.c_str());
+      continue;
+    }
+    std::printf("  %5lld  %-20s %9.2f %12.1f %13.0f  %s%s\n",
+                static_cast<long long>(k.micro_batch_size), modules.c_str(),
+                k.memory.total() / kGiB, k.time.total() * 1e3, k.tokens_per_second,
+                k.fits ? "yes" : "no", i == plan.best ? "  <- chosen" : "");
+  }
+  const planner::BatchCandidate& best = plan.candidates[plan.best];
+  std::printf(
+      "planner's choice: micro_batch %lld x %lld micro-batches, recompute %s (est. %.2f GiB, "
+      "%.1f ms/step, %.0f tokens/s)\n",
+      static_cast<long long>(best.micro_batch_size),
+      static_cast<long long>(best.mapping.num_micro_batches()),
+      best.recompute_modules.empty() ? "none" : absl::StrJoin(best.recompute_modules, "+").c_str(),
+      best.memory.total() / kGiB, best.time.total() * 1e3, best.tokens_per_second);
+  return plan;
+}
+
+// The plan's choice as RESULT_JSON / PLAN_JSON carry it ("plan_batch").
+nlohmann::json PlanBatchJson(const planner::BatchPlan& plan, double device_bytes) {
+  const planner::BatchCandidate& best = plan.candidates[plan.best];
+  return {{"micro_batch", best.micro_batch_size},
+          {"num_micro_batches", best.mapping.num_micro_batches()},
+          {"recompute", best.recompute_modules},
+          {"est_gib", best.memory.total() / kGiB},
+          {"est_step_ms", best.time.total() * 1e3},
+          {"est_tokens_per_s", best.tokens_per_second},
+          {"device_gib", device_bytes / kGiB},
+          {"memory_limit_gib", plan.memory_limit / kGiB},
+          {"headroom", absl::GetFlag(FLAGS_plan_headroom)},
+          {"candidates", plan.candidates.size()}};
+}
+
+// --dry_run: the spec the trainer would get, defaulted and validated, and its counts. With
+// --plan_batch, the planner's batch for --device_gib first (and a PLAN_JSON line).
+int DryRun(const std::string& name, BenchModel b) {
+  std::vector<std::string> recompute;
+  nlohmann::json plan_json = nullptr;
+  if (absl::GetFlag(FLAGS_plan_batch)) {
+    const double device_bytes = absl::GetFlag(FLAGS_device_gib) * kGiB;
+    absl::StatusOr<planner::BatchPlan> plan = PlanBatch(name, b, device_bytes);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "train_benchmark --plan_batch: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    const planner::BatchCandidate& best = plan->candidates[plan->best];
+    b.micro = static_cast<int>(best.micro_batch_size);
+    recompute = best.recompute_modules;
+    plan_json = PlanBatchJson(*plan, device_bytes);
+  }
+  v1::JobSpec spec = MakeSpec(name, b, 1, recompute);
   spec.mutable_parallel()->set_world_size(1);
   ApplyDefaults(&spec);
   if (absl::Status st = ValidateJobSpec(spec); !st.ok()) {
@@ -234,6 +339,13 @@ int DryRun(const std::string& name, const BenchModel& b) {
     return 1;
   }
   PrintEstimate(*est);
+  if (!plan_json.is_null()) {
+    const nlohmann::json out = {
+        {"bench", "train"},       {"dry_run", true},          {"model", name},
+        {"micro_batch", b.micro}, {"global_batch", b.global}, {"mem_est_gib", est->total() / kGiB},
+        {"plan_batch", plan_json}};
+    std::printf("PLAN_JSON %s\n", out.dump().c_str());
+  }
   return 0;
 }
 
@@ -311,6 +423,11 @@ absl::StatusOr<DistPlan> MakeDistPlan() {
   }
   if (absl::GetFlag(FLAGS_breakdown)) {
     return absl::InvalidArgumentError("--breakdown: only with --world 1");
+  }
+  if (absl::GetFlag(FLAGS_plan_batch)) {
+    return absl::InvalidArgumentError(
+        "--plan_batch: only with --world 1 (the batch plan of a distributed run would need the "
+        "node's link bandwidths, which this benchmark does not know)");
   }
   SY_ASSIGN_OR_RETURN(p.per_gpu, SelectModel(p.name));
   if (p.per_gpu.experts % p.ep != 0) {
@@ -620,6 +737,12 @@ int DistributedMain(const DistPlan& p) {
 }
 
 int Main() {
+  if (absl::GetFlag(FLAGS_plan_batch) && absl::GetFlag(FLAGS_micro_batch) > 0) {
+    std::fprintf(stderr,
+                 "train_benchmark: --plan_batch chooses the micro-batch; leave --micro_batch "
+                 "unset\n");
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_world) != 1 || absl::GetFlag(FLAGS_ep) != 1 ||
       absl::GetFlag(FLAGS_cp) != 1 || absl::GetFlag(FLAGS_tp) != 1) {
     absl::StatusOr<DistPlan> plan = MakeDistPlan();
@@ -679,8 +802,27 @@ int Main() {
     std::fprintf(stderr, "%s\n", mem_before.status().ToString().c_str());
     return 1;
   }
+  // --plan_batch: the planner's micro-batch and recompute modules for this device's memory.
+  std::vector<std::string> recompute;
+  nlohmann::json plan_json = nullptr;
+  if (absl::GetFlag(FLAGS_plan_batch)) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      std::fprintf(stderr, "train_benchmark: cudaMemGetInfo failed\n");
+      return 1;
+    }
+    absl::StatusOr<planner::BatchPlan> plan = PlanBatch(name, *bm, static_cast<double>(total_b));
+    if (!plan.ok()) {
+      std::fprintf(stderr, "train_benchmark --plan_batch: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    const planner::BatchCandidate& best = plan->candidates[plan->best];
+    bm->micro = static_cast<int>(best.micro_batch_size);
+    recompute = best.recompute_modules;
+    plan_json = PlanBatchJson(*plan, static_cast<double>(total_b));
+  }
   const v1::JobSpec spec =
-      MakeSpec(name, *bm, warmup + steps + (absl::GetFlag(FLAGS_breakdown) ? 1 : 0));
+      MakeSpec(name, *bm, warmup + steps + (absl::GetFlag(FLAGS_breakdown) ? 1 : 0), recompute);
   absl::StatusOr<EngineMemory> mem_est = PlannerEstimate(spec);
   if (!mem_est.ok()) {
     std::fprintf(stderr, "memory estimate: %s\n", mem_est.status().ToString().c_str());
@@ -835,6 +977,9 @@ int Main() {
     out["torch"] = torch;
     if (speedup > 0) out["speedup"] = speedup;
   }
+  out["micro_batch"] = bm->micro;
+  out["global_batch"] = bm->global;
+  if (!plan_json.is_null()) out["plan_batch"] = plan_json;
   std::printf("RESULT_JSON %s\n", out.dump().c_str());
   return 0;
 }

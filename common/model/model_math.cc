@@ -415,6 +415,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   if (m.recompute_layernorm) recompute_scratch += tr * a * h;
   if (m.recompute_mlp && dense_layers > 0) recompute_scratch += tr * 3 * a * f;
   double moe_act_scratch = 0;  // "moe_act": the SwiGLU scratch of the MoE layers, once
+  // The MoE layers' backward-only buffers (MoEGradScratch, worker/model/moe_layer.h), once per
+  // stage whatever the layers and slots: the experts' da and dh, the dispatcher's gradients.
+  double moe_grad_scratch = 0;
 
   // MoE layers.
   if (moe_layers > 0) {
@@ -438,18 +441,22 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
         const double c = std::ceil(tr * k / e * m.moe_capacity_factor);
         rows = e * (c >= tr ? tr : c);
       }
-      bytes += 4 * a * rows * h + 2 * r * rows + 4 * tr * k;
+      // Expert in/out and probs per layer; their gradients 2a·R·H + r·R are the shared scratch.
+      bytes += 2 * a * rows * h + r * rows + 4 * tr * k;
+      moe_grad_scratch = 2 * a * rows * h + r * rows;
       if (o.cuda) bytes += (std::ceil(tr / 128) + 1) * e * 4;  // permute workspace
     } else if (m.moe_allgather) {
       // AllGatherDispatcher (worker/model/allgather_dispatcher.cc, Create): the ETP×EP group's
       // G = EP·ETP micro-batches gathered, g = G·t tokens, expert rows R = g·k (every gathered
       // slot). Gathered x, y and the padded y 3a·g·H; indices, local indices and row map
       // 12·g·k; probs, padded probs and their gradient 3r·g·k; the reduced y and probs
-      // a·t·H + r·t·k; the expert side 4a·R·H + 2r·R + 4L; counts 4(G + 1).
+      // a·t·H + r·t·k; the expert side 2a·R·H + r·R + 4L (its gradients 2a·R·H + r·R are the
+      // shared scratch); counts 4(G + 1).
       const double groups = static_cast<double>(z.ep * z.etp), g = groups * tr;
       rows = g * k;
       bytes += 3 * a * g * h + 12 * g * k + 3 * r * g * k + a * tr * h + r * tr * k;
-      bytes += 4 * a * rows * h + 2 * r * rows + 4 * local + 4 * (groups + 1);
+      bytes += 2 * a * rows * h + r * rows + 4 * local + 4 * (groups + 1);
+      moe_grad_scratch = 2 * a * rows * h + r * rows;
       if (o.cuda) bytes += (std::ceil(g / 128) + 1) * local * 4;  // permute workspace
     } else {
       // AllToAllDispatcher (worker/model/alltoall_dispatcher.cc, Create): token-deduplicating,
@@ -470,23 +477,27 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       if (q > 1) bytes += 2 * a * q * rc * h + 3 * r * q * rc * k;
       // Expert side, X = min(XB, ETP·(t·k + ⌊t·k/4⌋)) rows (XB = ETP·EP·t·min(k, L), the
       // bound): input and one buffer for the output and both gradients (shared, dispatcher.h)
-      // 2a·X·H, probs and their gradient 2r·X. Routing more uneven than 1.25x the mean grows X
-      // (and the 6a·X·Fe/ETP below) on the ranks that receive more, up to XB.
+      // 2a·X·H, probs r·X (their gradient r·X is the shared scratch). Routing more uneven than
+      // 1.25x the mean grows X (and the expert terms below) on the ranks that receive more, up to
+      // XB.
       rows = q * std::min(p * tr * std::min(k, local), tr * k + std::floor(tr * k / 4));
-      bytes += 2 * a * rows * h + 2 * r * rows;
+      bytes += 2 * a * rows * h + r * rows;
+      moe_grad_scratch = r * rows;
       if (o.cuda) {
         bytes += std::max((std::ceil(tr / 128) + 1) * p * 4,
                           (std::ceil(q * p * tr / 128) + 1) * local * 4);  // permute workspace
       }
     }
-    // fc1 output, SwiGLU output and their gradients; with "moe_act" recompute the SwiGLU output
-    // is one scratch for all MoE layers and slots (routed rows R, and the shared expert's t/TP
-    // tokens · Ssh when present), sized at the initial R (it grows with an alltoall's R).
+    // fc1 output and SwiGLU output per layer; their gradients da, dh 3a·R·Fe/ETP are the shared
+    // backward scratch; with "moe_act" recompute the SwiGLU output is one scratch for all MoE
+    // layers and slots too (routed rows R, and the shared expert's t/TP tokens · Ssh when
+    // present). Both sized at the initial R (they grow with an alltoall's R).
+    moe_grad_scratch += 3 * a * rows * fe;
     if (m.recompute_moe_act) {
-      bytes += 5 * a * rows * fe;
+      bytes += 2 * a * rows * fe;
       moe_act_scratch = a * rows * fe + a * tr * ssh;
     } else {
-      bytes += 6 * a * rows * fe;
+      bytes += 3 * a * rows * fe;
     }
     const double b = m.moe_seq_aux ? std::max(1.0, std::floor(tr / m.seq_length)) : 1;
     bytes += (8 + 4 + r) * b * e + 4 * 4 * e + r * (m.moe_aux_terms + 1) + 8;
@@ -502,7 +513,7 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   out.layer_activations *= in_flight;
   out.moe_buffers *= in_flight;
   out.layer_activations += recompute_scratch;
-  out.moe_buffers += moe_act_scratch;
+  out.moe_buffers += moe_act_scratch + moe_grad_scratch;
 
   // Head: final norm, backward scratch, the fused LM-head loss, statistics, the batch.
   double head = tr * (3 * a * h + 2 * a * (hq + hkv) * d + st * (hq + 2)) + 4;

@@ -238,26 +238,31 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //               and their gradient 2r·k, dx a·H, input jitter a·H; shared expert a·(6Ssh + 2H)
 //               (fc1/SwiGLU over the TP-gathered tokens with Ssh/TP units: the same 6Ssh per
 //               shard token) + at TP > 1 its gathered x and partial sums 2a·H·TP (+ gate
-//               2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs and their
-//               gradients 6a·R·Fe/ETP; the dispatcher:
-//                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out and their
-//                   gradients 4a·R·H, probs 2r·R, row map 4t·k;
+//               2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs 3a·R·Fe/ETP (their
+//               gradients are the backward scratch below); the dispatcher:
+//                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out 2a·R·H,
+//                   probs r·R, row map 4t·k;
 //                 allgather (EP or ETP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
 //                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
-//                   reduced y and probs a·t·H + r·t·k, expert side 4a·R·H + 2r·R;
+//                   reduced y and probs a·t·H + r·t·k, expert side 2a·R·H + r·R;
 //                 alltoall (EP or ETP > 1, token-deduplicating): send side S = t·min(EP, k)
 //                   token rows a·S·H + routing rows 2r·S·k + r·S, rank routing 8t·EP +
 //                   2r·t·EP + 2r·t·k, counts; received side at its initial size
 //                   Rc = min(EP·t, S + ⌊S/4⌋) token rows per ETP peer: a·Rc·H + 2r·Rc·k +
 //                   local routing (8 + r)·ETP·Rc·k (+ with ETP > 1 the gathered and padded
 //                   copies 2a·ETP·Rc·H + 3r·ETP·Rc·k); expert side R = ETP·min(B, t·k + ⌊t·k/4⌋)
-//                   rows (B = EP·t·min(k, E/EP), the bound): 2a·R·H + 2r·R (input, and one
+//                   rows (B = EP·t·min(k, E/EP), the bound): 2a·R·H + r·R (input, and one
 //                   buffer for the output and both gradients); both sides follow the counts
 //                   (alltoall_dispatcher.h "Receive buffers"): routing more uneven than 1.25x
-//                   the mean grows them (and the 6a·R·Fe/ETP above) on the ranks that receive
-//                   more, up to their bounds;
+//                   the mean grows them (and the R terms above and below) on the ranks that
+//                   receive more, up to their bounds;
 //               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
 //               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).
+//               The backward-only scratch (MoEGradScratch, worker/model/moe_layer.h), ONCE per
+//               stage, not per MoE layer and slot (every MoE layer and in-flight slot shares it):
+//               da, dh 3a·R·Fe/ETP, and the dispatcher's d_expert_out, d_expert_x, d_expert_probs
+//               2a·R·H + r·R (local, allgather) or r·R (alltoall: its gradients share its
+//               output buffer).
 //   head buffers: final norm output and the backward scratch (g, dn, do, dq, dk, dv, delta; dense
 //               dh, da) per token 3a·H + a·(2Hq+2Hkv)·D + s·(Hq + 2) (+ 3a·F), the fused
 //               vocabulary-parallel LM-head cross-entropy over the whole micro-batch (t tokens,

@@ -153,8 +153,32 @@ v1::TimeEstimate EstimateTime(const ModelShape& model, const v1::Cluster& cluste
       moe_layers += model.is_moe(l) ? 1 : 0;
     }
     StageTime st;
-    st.compute = StageTrainingFlopsPerToken(model, stages, s) * gbs * model.seq_length /
-                 (world / z.pp * cluster.peak_flops() * kComputeEfficiency);
+    // The routed experts' FLOPs, charged (1 + kExpertGemmHalfRows / rows) times (cost_model.h).
+    double flops = StageTrainingFlopsPerToken(model, stages, s);
+    if (moe_layers > 0 && model.num_experts > 0) {
+      const double k = static_cast<double>(model.moe_topk);
+      const double expert_flops = 3 * moe_layers * 2 * k * 3 * h * model.moe_ffn_hidden_size;
+      const double rows = t / z.tp * k * z.ep * z.etp / model.num_experts;
+      flops += expert_flops * kExpertGemmHalfRows / rows;
+    }
+    const double gemm_rate = cluster.peak_flops() * kComputeEfficiency;
+    st.compute = flops * gbs * model.seq_length / (world / z.pp * gemm_rate);
+    // Selective recompute, per rank and micro-batch: bytes of the elementwise re-runs (at the
+    // HBM rate) and the dense fc1 GEMM again ("mlp").
+    double bytes = 0, recompute_flops = 0;
+    const double tr = t / z.tp, dense_layers = layers - moe_layers;
+    if (model.recompute_moe_act) {
+      bytes +=
+          moe_layers * 3 * 2 * tr *
+          (static_cast<double>(model.moe_topk) * model.moe_ffn_hidden_size + model.shared_ffn_size);
+    }
+    if (model.recompute_layernorm) bytes += layers * 2 * 2 * 2 * tr * h;
+    if (model.recompute_mlp) {
+      bytes += dense_layers * 3 * 2 * t * model.ffn_hidden_size / z.tp;
+      recompute_flops += dense_layers * 4 * t * h * model.ffn_hidden_size / z.tp;
+    }
+    st.compute +=
+        z.m * (bytes * kFlopsPerHbmByte / cluster.peak_flops() + recompute_flops / gemm_rate);
     if (z.tp > 1) {
       st.tp += z.m * (4 * layers + 4 * (layers - moe_layers)) * Ring(z.tp) * 2 * t * h /
                bw(ParallelGroup::kTensor);

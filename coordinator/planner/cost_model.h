@@ -35,8 +35,9 @@
 //                layers' router, dispatcher and expert buffers — the alltoall dispatcher sizes
 //                its receive side by the counts, estimated at its initial size ETP·min(B,
 //                1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k, E/EP), the bound it
-//                grows to at most under uneven routing) plus 6·Fe bytes·2 per row for fc1/SwiGLU
-//                outputs and gradients —, the LM head's fp32 logits chunk (≤ 512 MiB) and
+//                grows to at most under uneven routing) plus 3·Fe bytes·2 per row for fc1/SwiGLU
+//                outputs (their gradients, and the dispatcher's, are one backward scratch per
+//                stage, MoEGradScratch) —, the LM head's fp32 logits chunk (≤ 512 MiB) and
 //                bf16 gradient chunk (on the last stage only), backward scratch and statistics.
 //   total = weights + gradients + optimizer + activations + runtime, runtime = RuntimeBytes:
 //           kCudaRuntimeBytes (cuBLAS, kernel code) and, when W > 1, NCCL's memory by the kind
@@ -53,10 +54,22 @@
 // spec's uneven decoder_first/last_pipeline_num_layers layout; L_s layers of which Lm_s MoE); the
 // step runs at the pace of the SLOWEST stage (largest compute + tp + ep + pp), whose terms are
 // reported. With PP = 1 the one stage is the whole model, as before.
-//   compute_s = StageTrainingFlopsPerToken(s) · GBS · S / ((W/PP) · peak_flops ·
-//               kComputeEfficiency): the FLOPs of the stage's layers, plus the LM head on the
-//               last stage (the embedding, a lookup, counts 0), over the W/PP ranks of a stage
-//               (balanced routing within a stage)
+//   compute_s = (StageTrainingFlopsPerToken(s) + X_s · kExpertGemmHalfRows / r) · GBS · S /
+//               ((W/PP) · peak_flops · kComputeEfficiency) + recompute_s: the FLOPs of the
+//               stage's layers, plus the LM head on the last stage (the embedding, a lookup,
+//               counts 0), over the W/PP ranks of a stage (balanced routing within a stage).
+//               The routed experts' training FLOPs X_s = 3 · Lm_s · 2·k·3·H·Fe run at
+//               r / (r + kExpertGemmHalfRows) of the others' rate, r = (t/TP)·k·EP·ETP / E the
+//               rows each local expert's GEMMs get per micro-batch (balanced routing; ETP peers
+//               run the same gathered rows): the term that makes larger micro-batches faster
+//               (kExpertGemmHalfRows below).
+//               recompute_s (selective recompute, ModelShape::recompute_*; per rank, m
+//               micro-batches): the elementwise re-runs are memory-bound, charged their HBM bytes
+//               at peak_flops / kFlopsPerHbmByte bytes/s: "moe_act" SwiGLU reads h and writes a,
+//               3·2·(t/TP)·(k·Fe + Ssh) per MoE layer; "layernorm" two RMSNorms over the shard,
+//               2·2·2·(t/TP)·H per layer; "mlp" the dense layers' SwiGLU 3·2·t·F/TP per dense
+//               layer plus fc1 again, 4·t·H·F/TP FLOPs at peak_flops · kComputeEfficiency. (The
+//               SP all-gather of the recomputed norm at TP > 1 is not counted.)
 //   bandwidth of a group = intra_node when every group of that kind lies inside one node
 //               (rank / gpus_per_node equal; groups from common/model/parallel_state.h), else
 //               inter_node. A collective over n ranks moves (n−1)/n of its buffer per rank for
@@ -101,6 +114,21 @@ namespace switchyard::planner {
 
 // Fraction of peak_flops the GEMMs reach (Megatron-Core reports ~40-47% MFU at scale).
 inline constexpr double kComputeEfficiency = 0.5;
+// The routed experts' grouped GEMMs slow down when each expert gets few rows (a 256-row tile
+// half empty, the per-group setup). Modelled by one number, a half-performance length: with r
+// rows per expert they run at r / (r + kExpertGemmHalfRows) of the rate of the other GEMMs.
+// Fitted to the CUTLASS Hopper grouped GEMM measured on an H200 (BASELINES.md, "What the expert
+// GEMMs alone can reach"; against 806 TFLOP/s at 2048 rows per group): 128 rows per group ran
+// at 0.43-0.46 of that (model 0.50), 512 rows at 0.73-0.88 (model 0.80). Not fitted to whole
+// training steps: at global batch 16 the benchmark model's step took 426.8 ms at micro-batch 8
+// against 481.0 ms at 2 on an H200 (bench/README.md), 11 % less, where this term alone predicts
+// 4 % (expert rows 1024 -> 4096): it understates the gain of larger micro-batches (their
+// per-micro-batch overheads are not modelled), so it orders micro-batches without overrating them.
+inline constexpr double kExpertGemmHalfRows = 128;
+// Selective recompute's re-runs of elementwise ops (SwiGLU, RMSNorm) move bytes, not FLOPs:
+// charged at peak_flops / kFlopsPerHbmByte bytes/s, the HBM bandwidth of an H100 SXM (989.4
+// TFLOP/s bf16 dense over 3.35 TB/s = 295). An H200 (4.8 TB/s) is overcharged ~1.4x.
+inline constexpr double kFlopsPerHbmByte = 295;
 
 // Parameters held by one rank of pipeline stage `stage`: StageLayoutElements without the
 // regions' shard padding (each tensor padded to 64 elements, as the worker's flat layout).

@@ -27,7 +27,9 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-absl::Status CheckCluster(const v1::Cluster& c) {
+}  // namespace
+
+absl::Status ValidateCluster(const v1::Cluster& c) {
   if (c.num_gpus() <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cluster.num_gpus (", c.num_gpus(), ") must be positive"));
@@ -50,6 +52,8 @@ absl::Status CheckCluster(const v1::Cluster& c) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 std::vector<int64_t> Divisors(int64_t n) {
   std::vector<int64_t> out;
@@ -88,49 +92,6 @@ Constraints ConstraintsOf(const v1::JobSpec& raw, const ModelShape& model) {
   return c;
 }
 
-// The rules a mapping breaks, joined by "; " (empty when none). Fills `layout` when it is valid.
-std::string RuleViolations(const v1::JobSpec& raw, const ModelShape& model, int64_t world,
-                           int64_t global_batch, const v1::Mapping& m,
-                           std::optional<ParallelLayout>* layout) {
-  v1::JobSpec spec = raw;
-  v1::ParallelConfig* p = spec.mutable_parallel();
-  p->set_world_size(static_cast<int32_t>(world));
-  p->set_tensor_model_parallel_size(m.tensor_model_parallel_size());
-  p->set_context_parallel_size(m.context_parallel_size());
-  p->set_pipeline_model_parallel_size(m.pipeline_model_parallel_size());
-  p->set_expert_model_parallel_size(m.expert_model_parallel_size());
-  p->set_expert_tensor_parallel_size(m.expert_tensor_parallel_size());
-  p->set_sequence_parallel(m.tensor_model_parallel_size() > 1);
-  // An explicit parallel.use_distributed_optimizer is the user's and is validated as given
-  // (false is rejected for W > 1); unset, the mapping's choice (sharded exactly when W > 1).
-  if (!raw.parallel().has_use_distributed_optimizer()) {
-    p->set_use_distributed_optimizer(m.use_distributed_optimizer());
-  }
-  spec.mutable_training()->set_global_batch_size(static_cast<int32_t>(global_batch));
-  ApplyDefaults(&spec);
-  std::vector<std::string> violations = AllViolations(spec);
-  // Every mapping the planner returns must run in the workers: what the engine does not run
-  // (common/model/engine_support.h; nothing the layout rules accept today) is a rejection too.
-  if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) violations.push_back(why);
-  // The sequence-length rule of CP (2·CP·TP) is one of AllViolations' (common/config).
-  if (violations.empty()) {
-    ParallelDims dims;
-    dims.world_size = world;
-    dims.tensor_model_parallel_size = m.tensor_model_parallel_size();
-    dims.context_parallel_size = m.context_parallel_size();
-    dims.pipeline_model_parallel_size = m.pipeline_model_parallel_size();
-    dims.expert_model_parallel_size = m.expert_model_parallel_size();
-    dims.expert_tensor_parallel_size = m.expert_tensor_parallel_size();
-    absl::StatusOr<ParallelLayout> created = ParallelLayout::Create(dims);
-    if (!created.ok()) {
-      violations.push_back(std::string(created.status().message()));
-    } else {
-      layout->emplace(*std::move(created));
-    }
-  }
-  return absl::StrJoin(violations, "; ");
-}
-
 auto RankKey(const v1::PlanCandidate& c) {
   const v1::Mapping& m = c.mapping();
   return std::make_tuple(c.time().total(), c.memory().total(), m.tensor_model_parallel_size(),
@@ -165,7 +126,7 @@ void Evaluate(const v1::PlanRequest& request, const ModelShape& model, const Con
       static_cast<int32_t>(global_batch % per_step == 0 ? global_batch / per_step : 0));
   *c.mutable_mapping() = mapping;
   std::optional<ParallelLayout> layout;
-  std::string why = RuleViolations(request.spec(), model, world, global_batch, mapping, &layout);
+  std::string why = RuleViolations(request.spec(), world, global_batch, mapping, &layout);
   if (!why.empty()) return Reject(s, std::move(c), std::move(why));
 
   EngineMemory detail;
@@ -252,26 +213,48 @@ std::string FixedSizesText(const v1::ParallelConfig& p) {
 
 }  // namespace
 
-std::string MappingToString(const v1::Mapping& m) {
-  return absl::StrCat("TP", m.tensor_model_parallel_size(), " CP", m.context_parallel_size(), " DP",
-                      m.data_parallel_size(), " PP", m.pipeline_model_parallel_size(), " | ETP",
-                      m.expert_tensor_parallel_size(), " EP", m.expert_model_parallel_size(),
-                      " EDP", m.expert_data_parallel_size(), " | ",
-                      m.use_distributed_optimizer() ? "dist-opt" : "replicated-opt", " | mbs ",
-                      m.micro_batch_size(), " x ", m.num_micro_batches());
+std::string RuleViolations(const v1::JobSpec& raw, int64_t world, int64_t global_batch,
+                           const v1::Mapping& m, std::optional<ParallelLayout>* layout) {
+  v1::JobSpec spec = raw;
+  v1::ParallelConfig* p = spec.mutable_parallel();
+  p->set_world_size(static_cast<int32_t>(world));
+  p->set_tensor_model_parallel_size(m.tensor_model_parallel_size());
+  p->set_context_parallel_size(m.context_parallel_size());
+  p->set_pipeline_model_parallel_size(m.pipeline_model_parallel_size());
+  p->set_expert_model_parallel_size(m.expert_model_parallel_size());
+  p->set_expert_tensor_parallel_size(m.expert_tensor_parallel_size());
+  p->set_sequence_parallel(m.tensor_model_parallel_size() > 1);
+  // An explicit parallel.use_distributed_optimizer is the user's and is validated as given
+  // (false is rejected for W > 1); unset, the mapping's choice (sharded exactly when W > 1).
+  if (!raw.parallel().has_use_distributed_optimizer()) {
+    p->set_use_distributed_optimizer(m.use_distributed_optimizer());
+  }
+  spec.mutable_training()->set_global_batch_size(static_cast<int32_t>(global_batch));
+  ApplyDefaults(&spec);
+  std::vector<std::string> violations = AllViolations(spec);
+  // Every mapping the planner returns must run in the workers: what the engine does not run
+  // (common/model/engine_support.h; nothing the layout rules accept today) is a rejection too.
+  if (std::string why = UnsupportedJobSpec("", spec); !why.empty()) violations.push_back(why);
+  // The sequence-length rule of CP (2·CP·TP) is one of AllViolations' (common/config).
+  if (violations.empty()) {
+    ParallelDims dims;
+    dims.world_size = world;
+    dims.tensor_model_parallel_size = m.tensor_model_parallel_size();
+    dims.context_parallel_size = m.context_parallel_size();
+    dims.pipeline_model_parallel_size = m.pipeline_model_parallel_size();
+    dims.expert_model_parallel_size = m.expert_model_parallel_size();
+    dims.expert_tensor_parallel_size = m.expert_tensor_parallel_size();
+    absl::StatusOr<ParallelLayout> created = ParallelLayout::Create(dims);
+    if (!created.ok()) {
+      violations.push_back(std::string(created.status().message()));
+    } else {
+      layout->emplace(*std::move(created));
+    }
+  }
+  return absl::StrJoin(violations, "; ");
 }
 
-absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
-  SY_RETURN_IF_ERROR(CheckCluster(request.cluster()));
-  const v1::JobSpec& raw = request.spec();
-  // The planner decides sequence parallelism (on exactly when TP > 1), so the spec's flag is
-  // replaced before validation, here and for every candidate.
-  v1::JobSpec defaulted = raw;
-  defaulted.mutable_parallel()->set_sequence_parallel(
-      raw.parallel().has_tensor_model_parallel_size() &&
-      raw.parallel().tensor_model_parallel_size() > 1);
-  ApplyDefaults(&defaulted);
-  SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
+absl::StatusOr<ModelShape> PlannedModelShape(const v1::JobSpec& defaulted) {
   SY_ASSIGN_OR_RETURN(ModelShape model, ModelShape::FromProto(defaulted.model()));
   // An uneven pipeline layout sizes each stage (memory follows the largest, step time the
   // slowest), and the spec's virtual stages (interleaved 1F1B) shorten the bubble. Both are the
@@ -287,6 +270,30 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
   if (par.has_virtual_pipeline_model_parallel_size()) {
     model.pipeline_virtual_stages = par.virtual_pipeline_model_parallel_size();
   }
+  return model;
+}
+
+std::string MappingToString(const v1::Mapping& m) {
+  return absl::StrCat("TP", m.tensor_model_parallel_size(), " CP", m.context_parallel_size(), " DP",
+                      m.data_parallel_size(), " PP", m.pipeline_model_parallel_size(), " | ETP",
+                      m.expert_tensor_parallel_size(), " EP", m.expert_model_parallel_size(),
+                      " EDP", m.expert_data_parallel_size(), " | ",
+                      m.use_distributed_optimizer() ? "dist-opt" : "replicated-opt", " | mbs ",
+                      m.micro_batch_size(), " x ", m.num_micro_batches());
+}
+
+absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
+  SY_RETURN_IF_ERROR(ValidateCluster(request.cluster()));
+  const v1::JobSpec& raw = request.spec();
+  // The planner decides sequence parallelism (on exactly when TP > 1), so the spec's flag is
+  // replaced before validation, here and for every candidate.
+  v1::JobSpec defaulted = raw;
+  defaulted.mutable_parallel()->set_sequence_parallel(
+      raw.parallel().has_tensor_model_parallel_size() &&
+      raw.parallel().tensor_model_parallel_size() > 1);
+  ApplyDefaults(&defaulted);
+  SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
+  SY_ASSIGN_OR_RETURN(const ModelShape model, PlannedModelShape(defaulted));
 
   const int64_t gpus = request.cluster().num_gpus();
   int64_t max_world = gpus, min_world = gpus;

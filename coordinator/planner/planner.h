@@ -38,7 +38,8 @@
 //   across ranks; common/config/validate_knobs.cc) and true with W = 1 is the same computation.
 // - parallel.sequence_parallel is decided by the planner: on exactly when TP > 1 (Megatron
 //   requires it for MoE with TP > 1 and forbids it with TP = 1); the spec's flag is ignored.
-// - micro_batch_size from the spec (default 1). The global batch from the spec; when unset it is
+// - micro_batch_size from the spec (default 1; batch_plan.h chooses it for a fixed mapping). The
+// global batch from the spec; when unset it is
 //   micro_batch_size × W (what pure data parallelism would run), so every candidate trains the
 //   same number of sequences per step and step times compare. num_micro_batches = GBS / (mbs·DP).
 // - Pipeline layouts are the spec's: parallel.virtual_pipeline_model_parallel_size (interleaved
@@ -59,9 +60,13 @@
 #ifndef SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
 #define SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/model/model_math.h"
+#include "common/model/parallel_state.h"
 #include "switchyard/v1/plan.pb.h"
 
 namespace switchyard::planner {
@@ -81,6 +86,19 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request);
 
 // "TP2 CP1 DP4 PP1 | ETP1 EP8 EDP1 | dist-opt | mbs 1 x 4": for messages and logs.
 std::string MappingToString(const v1::Mapping& mapping);
+
+// The pieces of PlanJob that other planner functions share (batch_plan.h):
+// INVALID_ARGUMENT naming the field when a cluster field PlanJob needs is not positive.
+absl::Status ValidateCluster(const v1::Cluster& cluster);
+// The model shape PlanJob estimates a defaulted, valid spec with: ModelShape::FromProto plus the
+// spec's pipeline layout (decoder_first/last_pipeline_num_layers, virtual stages).
+absl::StatusOr<ModelShape> PlannedModelShape(const v1::JobSpec& defaulted);
+// The rules `mapping` of `world` ranks breaks for `spec` (its parallel sizes, sequence
+// parallelism = TP > 1, the optimizer unless the spec sets it, and `global_batch` written into a
+// copy, defaulted, then common/config validation, the engine's support and
+// ParallelLayout::Create), joined by "; "; empty when none, and then `layout` holds the layout.
+std::string RuleViolations(const v1::JobSpec& spec, int64_t world, int64_t global_batch,
+                           const v1::Mapping& mapping, std::optional<ParallelLayout>* layout);
 
 }  // namespace switchyard::planner
 

@@ -71,8 +71,9 @@
 // (adjoint of the all-gather) of dx and d_topk_probs. They reuse the sizes of the forward call of
 // the same micro-batch.
 //
-// Owns its buffers (sized at Create); borrows the EP communicator, which must outlive it. Used
-// from one thread; every EP rank must run the same sequence of phases.
+// Owns its buffers (sized at Create) but the backward's expert-side ones where Create is given
+// them (DispatcherGradScratch); borrows the EP communicator, which must outlive it. Used from one
+// thread; every EP rank must run the same sequence of phases.
 #ifndef SWITCHYARD_WORKER_MODEL_ALLGATHER_DISPATCHER_H_
 #define SWITCHYARD_WORKER_MODEL_ALLGATHER_DISPATCHER_H_
 
@@ -99,10 +100,11 @@ class AllGatherDispatcher final : public ExpertParallelDispatcher {
   // max_tokens: most tokens per micro-batch on ANY rank of the group. On a CUDA device ep_group
   // must be a comm::NcclCommunicator on that device (see the stream contract in the file comment);
   // dtype bf16/f32, probs_dtype f32 (Permute's CUDA limits).
+  // grad: where the backward's expert-side tensors live (dispatcher.h; its own when null).
   static absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
       int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk, int etp_size = 1,
-      std::string label = "");
+      std::string label = "", const DispatcherGradScratch& grad = {});
 
   const char* name() const override { return "allgather"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
@@ -142,9 +144,11 @@ class AllGatherDispatcher final : public ExpertParallelDispatcher {
       global_y_, padded_y_, padded_probs_, global_d_probs_, workspace_;
   // Local side: [max_tokens] tokens.
   kernels::Buffer reduced_y_, reduced_probs_;
-  // Expert side: [rows_] rows.
-  kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, d_expert_out_,
-      d_expert_x_, d_expert_probs_;
+  // Expert side: [rows_] rows; the backward's d_expert_out, d_expert_x and d_expert_probs in
+  // scratch (DispatcherGradScratch; the owned ones when Create got none).
+  kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_;
+  ScratchBuffer *d_expert_out_ = nullptr, *d_expert_x_ = nullptr, *d_expert_probs_ = nullptr;
+  std::unique_ptr<ScratchBuffer> own_d_expert_out_, own_d_expert_x_, own_d_expert_probs_;
   // pinned_ (CUDA): [EP] i32 (D2H target of the gathered counts) then one i32 (H2D staging of
   // this rank's T).
   Tensor row_map_view_;   // [T', k] of the current micro-batch

@@ -28,7 +28,7 @@ absl::Status Zero(const Buffer& b, Device device) {
 absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
     comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype, int64_t max_tokens,
     int64_t hidden, int num_experts, int ep_size, int topk, comm::Communicator* etp_group,
-    std::string label, int64_t expert_row_limit) {
+    std::string label, int64_t expert_row_limit, const DispatcherGradScratch& grad) {
   SY_RETURN_IF_ERROR(CheckExpertParallelArgs(
       "AllToAllDispatcher", ep_group, ep_group ? ep_group->size() : 0,
       ep_group ? ep_group->name() : "", max_tokens, hidden, num_experts, ep_size, topk));
@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> AllToAllDispatcher::Create(
   d->ep_size_ = ep_size;
   d->ep_rank_ = ep_group->rank();
   d->expert_row_limit_ = expert_row_limit;
+  d->d_expert_probs_ = BorrowOrOwn(grad.d_expert_probs, device, &d->own_d_expert_probs_);
   // The bounds of "Receive buffers" (header): each token reaches a rank at most once, and gives
   // at most min(k, L) expert rows there.
   const int64_t k = topk, p = ep_size;
@@ -136,15 +137,15 @@ absl::Status AllToAllDispatcher::GrowReceiveSide(int64_t recv_rows) {
 absl::Status AllToAllDispatcher::GrowExpertSide(int64_t rows) {
   rows_ = rows;
   const int64_t r = rows, h = hidden_;
-  for (Buffer* b : {&expert_x_, &expert_probs_, &expert_out_, &d_expert_probs_}) *b = Buffer();
+  for (Buffer* b : {&expert_x_, &expert_probs_, &expert_out_}) *b = Buffer();
   SY_ASSIGN_OR_RETURN(expert_x_, Buffer::ForTensor(dtype_, {r, h}, device_));
   SY_ASSIGN_OR_RETURN(expert_probs_, Buffer::ForTensor(probs_dtype_, {r}, device_));
   // expert_out, d_expert_out and d_expert_x share one buffer (see DispatchState in
   // dispatcher.h): the experts' output is dead once CombinePreprocess has summed it, and
   // d_expert_out once the experts' backward has read it, before it writes d_expert_x.
   SY_ASSIGN_OR_RETURN(expert_out_, Buffer::ForTensor(dtype_, {r, h}, device_));
-  SY_ASSIGN_OR_RETURN(d_expert_probs_, Buffer::ForTensor(probs_dtype_, {r}, device_));
-  return absl::OkStatus();
+  // The (possibly shared) scratch grows only; the backward views its first r rows.
+  return d_expert_probs_->Reserve(r * DTypeSize(probs_dtype_));
 }
 
 Tensor AllToAllDispatcher::SourceRows() const {
@@ -415,7 +416,7 @@ absl::Status AllToAllDispatcher::CombineBackward(const Stream& stream, const Ten
   SY_RETURN_IF_ERROR(phases_.EnterBackward("CombineBackward", stream));
   state->d_expert_out = expert_out_.View();
   state->d_expert_x = expert_out_.View();  // shares d_expert_out's memory (dispatcher.h)
-  state->d_expert_probs = d_expert_probs_.View();
+  state->d_expert_probs = d_expert_probs_->View(probs_dtype_, {rows_});
   const int64_t h = hidden_;
   // Adjoint of the rank-level Unpermute (dout[t] to each of t's ranks), of the combine all-to-all
   // (the dispatch direction), of the ETP reduce-scatter (an all-gather) and of the local

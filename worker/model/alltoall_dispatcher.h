@@ -127,8 +127,9 @@
 // SIGKILLed or SIGSTOPped inside the all-to-all (alltoall_dispatcher_test.cc; the NCCL path by
 // ep_dispatcher_gpu_test.cc).
 //
-// Owns its buffers (the send side sized at Create, the received and expert sides as above);
-// borrows the EP communicator, which must outlive it. Used from one thread; every EP rank must run
+// Owns its buffers (the send side sized at Create, the received and expert sides as above) but
+// d_expert_probs where Create is given it (DispatcherGradScratch); borrows the EP communicator,
+// which must outlive it. Used from one thread; every EP rank must run
 // the same sequence of phases.
 #ifndef SWITCHYARD_WORKER_MODEL_ALLTOALL_DISPATCHER_H_
 #define SWITCHYARD_WORKER_MODEL_ALLTOALL_DISPATCHER_H_
@@ -162,11 +163,13 @@ class AllToAllDispatcher final : public ExpertParallelDispatcher {
   // max_tokens: most tokens per micro-batch on this rank. On a CUDA device ep_group must be a
   // comm::NcclCommunicator on that device (see the stream contract in the file comment); dtype
   // bf16/f32, probs_dtype f32 (Permute's CUDA limits), num_experts <= kMaxExpertsCuda.
+  // grad: grad.d_expert_probs holds the backward's d_expert_probs (dispatcher.h; its own when
+  // null); the other two roles are not used (d_expert_out and d_expert_x share expert_out).
   static absl::StatusOr<std::unique_ptr<AllToAllDispatcher>> Create(
       comm::Communicator* ep_group, Device device, DType dtype, DType probs_dtype,
       int64_t max_tokens, int64_t hidden, int num_experts, int ep_size, int topk,
-      comm::Communicator* etp_group = nullptr, std::string label = "",
-      int64_t expert_row_limit = 0);
+      comm::Communicator* etp_group = nullptr, std::string label = "", int64_t expert_row_limit = 0,
+      const DispatcherGradScratch& grad = {});
 
   const char* name() const override { return "alltoall"; }
   // The CURRENT expert-side row capacity (grows in Dispatch; see "Receive buffers").
@@ -248,8 +251,11 @@ class AllToAllDispatcher final : public ExpertParallelDispatcher {
   kernels::Buffer recv_x_, recv_meta_, tp_x_, tp_meta_, padded_x_, padded_dprobs_, local_idx_,
       local_probs_, local_map_;
   // Expert side, [rows_] rows. expert_out_ also holds d_expert_out and d_expert_x
-  // (DispatchState in dispatcher.h).
-  kernels::Buffer expert_x_, expert_probs_, expert_out_, d_expert_probs_;
+  // (DispatchState in dispatcher.h); d_expert_probs is scratch (DispatcherGradScratch, or the
+  // owned one when Create got none), reserved for rows_ as the side grows.
+  kernels::Buffer expert_x_, expert_probs_, expert_out_;
+  ScratchBuffer* d_expert_probs_ = nullptr;
+  std::unique_ptr<ScratchBuffer> own_d_expert_probs_;
   // pinned_ (CUDA): [ETP * EP * (E + P)] i32, the D2H target of the gathered counts.
   Tensor rank_map_view_;  // [T, EP] of the current micro-batch
   int64_t sent_rows_ = 0, recv_rows_ = 0, expert_rows_ = 0;

@@ -16,7 +16,7 @@ using kernels::Buffer;
 
 absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
     Device device, DType dtype, DType probs_dtype, int64_t max_tokens, int64_t hidden,
-    int num_experts, int topk, int64_t pad_to_capacity) {
+    int num_experts, int topk, int64_t pad_to_capacity, const DispatcherGradScratch& grad) {
   if (max_tokens <= 0 || hidden <= 0 || num_experts <= 0 || topk <= 0) {
     return absl::InvalidArgumentError("LocalDispatcher: sizes must be positive");
   }
@@ -25,6 +25,8 @@ absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
   d->hidden_ = hidden;
   d->num_experts_ = num_experts;
   d->topk_ = topk;
+  d->dtype_ = dtype;
+  d->probs_dtype_ = probs_dtype;
   d->pad_ = pad_to_capacity > 0 ? pad_to_capacity : 0;
   d->rows_ = d->pad_ > 0 ? num_experts * d->pad_ : max_tokens * topk;
   const int64_t r = d->rows_;
@@ -33,9 +35,13 @@ absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
   SY_ASSIGN_OR_RETURN(d->tokens_per_expert_, Buffer::ForTensor(DType::kI32, {num_experts}, device));
   SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->row_map_, Buffer::ForTensor(DType::kI32, {max_tokens, topk}, device));
-  SY_ASSIGN_OR_RETURN(d->d_expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  SY_ASSIGN_OR_RETURN(d->d_expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
+  // The backward's expert-side tensors: shared scratch (DispatcherGradScratch), sized here.
+  d->d_expert_out_ = BorrowOrOwn(grad.d_expert_out, device, &d->own_d_expert_out_);
+  d->d_expert_x_ = BorrowOrOwn(grad.d_expert_x, device, &d->own_d_expert_x_);
+  d->d_expert_probs_ = BorrowOrOwn(grad.d_expert_probs, device, &d->own_d_expert_probs_);
+  SY_RETURN_IF_ERROR(d->d_expert_out_->Reserve(r * hidden * DTypeSize(dtype)));
+  SY_RETURN_IF_ERROR(d->d_expert_x_->Reserve(r * hidden * DTypeSize(dtype)));
+  SY_RETURN_IF_ERROR(d->d_expert_probs_->Reserve(r * DTypeSize(probs_dtype)));
   const int64_t ws = device.is_cuda() ? kernels::PermuteWorkspaceBytes(max_tokens, num_experts) : 0;
   SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
   return d;
@@ -65,9 +71,9 @@ absl::Status LocalDispatcher::CombinePostprocess(const Stream& stream, DispatchS
 
 absl::Status LocalDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                               DispatchState* state) {
-  state->d_expert_out = d_expert_out_.View();
-  state->d_expert_x = d_expert_x_.View();
-  state->d_expert_probs = d_expert_probs_.View();
+  state->d_expert_out = d_expert_out_->View(dtype_, {rows_, hidden_});
+  state->d_expert_x = d_expert_x_->View(dtype_, {rows_, hidden_});
+  state->d_expert_probs = d_expert_probs_->View(probs_dtype_, {rows_});
   return kernels::UnpermuteBackward(stream, dout, row_map_view_, state->d_expert_out,
                                     /*zero_unmapped_rows=*/pad_ > 0);
 }

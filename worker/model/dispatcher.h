@@ -17,8 +17,9 @@
 // Unlike Megatron's dispatchers, the phases do not talk through hidden instance attributes: every
 // per-micro-batch tensor lives in the caller-visible DispatchState, so the order of calls is
 // checked and nothing is re-entrant by accident. A dispatcher owns its buffers (sized at Create for
-// a maximum token count; the alltoall dispatcher's expert side grows with the counts) and is used
-// from one thread.
+// a maximum token count; the alltoall dispatcher's expert side grows with the counts), except the
+// backward's expert-side ones, which it may borrow (DispatcherGradScratch), and is used from one
+// thread.
 #ifndef SWITCHYARD_WORKER_MODEL_DISPATCHER_H_
 #define SWITCHYARD_WORKER_MODEL_DISPATCHER_H_
 
@@ -33,6 +34,7 @@
 #include "kernels/runtime/stream.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/model/scratch_buffer.h"
 
 namespace switchyard::model {
 
@@ -55,6 +57,20 @@ struct DispatchState {
   Tensor d_expert_out;    // [R, H]: CombineBackward writes it
   Tensor d_expert_x;      // [R, H]: the experts write it
   Tensor d_expert_probs;  // [R]:    the experts write it
+};
+
+// Where a dispatcher keeps the backward's expert-side tensors (DispatchState::d_expert_out,
+// d_expert_x, d_expert_probs). They live from CombineBackward to the DispatchBackward of the same
+// micro-batch, inside one MoELayer::Backward, and nothing reads them afterwards, so the MoE layers
+// of a model (and its pipeline slots) share one scratch per role (MoEGradScratch,
+// worker/model/moe_layer.h): a dispatcher reserves its row capacity in them at Create (and when
+// its expert side grows) and views them in CombineBackward. Borrowed; they outlive the dispatcher.
+// A null role: the dispatcher makes its own. AllToAllDispatcher keeps d_expert_out and d_expert_x
+// in its expert_out buffer (see above) and uses d_expert_probs only.
+struct DispatcherGradScratch {
+  ScratchBuffer* d_expert_out = nullptr;
+  ScratchBuffer* d_expert_x = nullptr;
+  ScratchBuffer* d_expert_probs = nullptr;
 };
 
 class TokenDispatcher {
@@ -95,11 +111,10 @@ class TokenDispatcher {
 class LocalDispatcher final : public TokenDispatcher {
  public:
   // `pad_to_capacity` C > 0 gives every expert exactly C rows (R = E*C); else R = max_tokens*k.
-  static absl::StatusOr<std::unique_ptr<LocalDispatcher>> Create(Device device, DType dtype,
-                                                                 DType probs_dtype,
-                                                                 int64_t max_tokens, int64_t hidden,
-                                                                 int num_experts, int topk,
-                                                                 int64_t pad_to_capacity);
+  // The backward's expert-side tensors live in `grad` (DispatcherGradScratch; its own when null).
+  static absl::StatusOr<std::unique_ptr<LocalDispatcher>> Create(
+      Device device, DType dtype, DType probs_dtype, int64_t max_tokens, int64_t hidden,
+      int num_experts, int topk, int64_t pad_to_capacity, const DispatcherGradScratch& grad = {});
 
   const char* name() const override { return "local"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
@@ -127,8 +142,12 @@ class LocalDispatcher final : public TokenDispatcher {
 
   int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0, pad_ = 0;
   int num_experts_ = 0, topk_ = 0;
-  kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, row_map_,
-      d_expert_out_, d_expert_x_, d_expert_probs_, workspace_;
+  DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
+  kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, row_map_, workspace_;
+  // The backward's d_expert_out, d_expert_x [R, H] and d_expert_probs [R] (DispatcherGradScratch),
+  // and the ones this dispatcher owns when Create got none.
+  ScratchBuffer *d_expert_out_ = nullptr, *d_expert_x_ = nullptr, *d_expert_probs_ = nullptr;
+  std::unique_ptr<ScratchBuffer> own_d_expert_out_, own_d_expert_x_, own_d_expert_probs_;
   Tensor row_map_view_;  // [T, k] of the current micro-batch
 };
 

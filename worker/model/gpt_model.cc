@@ -675,6 +675,9 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     moe_act_scratch_ = std::make_unique<ScratchBuffer>(device_);
     shared_act_scratch_ = std::make_unique<ScratchBuffer>(device_);
   }
+  // The MoE layers' backward-only buffers: one per role for every MoE layer and slot (always; the
+  // layers reserve their sizes, so a stage without MoE layers allocates nothing).
+  moe_grad_scratch_ = std::make_unique<MoEGradBuffers>(device_);
   const int64_t slots = c.pipeline_slots > 0 ? std::min(c.pipeline_slots, max_micro_batches)
                         : c.pp_size > 1 && !c.last_stage()
                             ? std::min(c.pp_size - c.pp_rank, max_micro_batches)
@@ -745,7 +748,8 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
                              MoEParallelGroups{groups_.ep, groups_.tdc, groups_.etp, groups_.etp_ep,
                                                tp > 1 ? groups_.tp : nullptr,
                                                c.cp_size > 1 ? groups_.cp : nullptr},
-                             MoEActScratch{moe_act_scratch_.get(), shared_act_scratch_.get()}));
+                             MoEActScratch{moe_act_scratch_.get(), shared_act_scratch_.get()},
+                             moe_grad_scratch_->scratch()));
         if (c.cp_size > 1) {
           SY_RETURN_IF_ERROR(
               L.moe->SetContextParallelJitter(c.cp_size, c.cp_rank, c.seq_length / c.cp_size));

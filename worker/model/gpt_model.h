@@ -148,7 +148,8 @@
 // pp_rank with 1F1B; with the interleaved schedule the trainer's GptConfig::pipeline_slots, on
 // the last stage too), so every per-micro-batch activation (residual stream, each layer's saved
 // tensors and its MoE layer with its dispatcher state) exists once per in-flight SLOT (micro-batch
-// m uses slot m % slots); the scratch used only inside one pass is shared. The MoE layers of all
+// m uses slot m % slots); the scratch used only inside one pass is shared (the backward's, and the
+// MoE layers' backward-only buffers, MoEGradScratch, one per role for all). The MoE layers of all
 // slots share the expert-bias and token-count buffers (one update per global batch) and the running
 // global_aux_loss counts (slot 0's MoE layer holds them, MoELayer::ShareGlobalAuxCounts), which
 // the micro-batches then accumulate in order, as in one process.
@@ -546,6 +547,8 @@ class GptModel {
   std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
   // "moe_act" recompute: the MoE layers' SwiGLU scratch, routed and shared expert (MoEActScratch).
   std::unique_ptr<ScratchBuffer> moe_act_scratch_, shared_act_scratch_;
+  // The MoE layers' backward-only buffers, one per role for the stage (MoEGradScratch).
+  std::unique_ptr<MoEGradBuffers> moe_grad_scratch_;
   std::vector<Layer> layers_;  // the active slot's layers (this stage's, in order)
   // Pipeline: the inactive slots (slot_layers_[cur_slot_] is empty while active) and residual
   // streams; one slot without PP.

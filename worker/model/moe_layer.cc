@@ -147,7 +147,8 @@ MoELayer::~MoELayer() = default;
 absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig& config,
                                                            Device device, int64_t max_tokens,
                                                            const MoEParallelGroups& groups,
-                                                           const MoEActScratch& act_scratch) {
+                                                           const MoEActScratch& act_scratch,
+                                                           const MoEGradScratch& grad_scratch) {
   SY_RETURN_IF_ERROR(config.Validate());
   if (max_tokens <= 0) return absl::InvalidArgumentError("MoELayer: max_tokens must be positive");
   if (device.is_cuda() && config.dtype == DType::kF64) {
@@ -210,17 +211,18 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
       SY_ASSIGN_OR_RETURN(l->dispatcher_, AllToAllDispatcher::Create(
                                               groups.ep, device, dt, rdt, t, h, static_cast<int>(e),
                                               config.ep_size, static_cast<int>(k),
-                                              config.etp_size > 1 ? groups.etp : nullptr, label));
+                                              config.etp_size > 1 ? groups.etp : nullptr, label,
+                                              /*expert_row_limit=*/0, grad_scratch.dispatcher));
     } else {
       SY_ASSIGN_OR_RETURN(l->dispatcher_,
                           AllGatherDispatcher::Create(
                               config.etp_size > 1 ? groups.etp_ep : groups.ep, device, dt, rdt, t,
                               h, static_cast<int>(e), config.ep_size, static_cast<int>(k),
-                              static_cast<int>(config.etp_size), label));
+                              static_cast<int>(config.etp_size), label, grad_scratch.dispatcher));
     }
   } else {
-    SY_ASSIGN_OR_RETURN(l->dispatcher_,
-                        LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows));
+    SY_ASSIGN_OR_RETURN(l->dispatcher_, LocalDispatcher::Create(device, dt, rdt, t, h, e, k,
+                                                                pad_rows, grad_scratch.dispatcher));
   }
   l->tdc_ = groups.tdc;
   if (groups.tdc != nullptr) l->dp_size_ = groups.tdc->size();
@@ -252,6 +254,9 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_ASSIGN_OR_RETURN(
       l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
                                              gemm_options));
+  // The backward-only da and dh (MoEGradScratch), reserved by FitExpertRows.
+  l->da_ = BorrowOrOwn(grad_scratch.da, device, &l->own_da_);
+  l->dh_ = BorrowOrOwn(grad_scratch.dh, device, &l->own_dh_);
   if (config.recompute_act) {
     // moe_act: the SwiGLU outputs live in the (shared) scratch, reserved for this layer's sizes
     // here (FitExpertRows for the routed experts' rows).
@@ -326,9 +331,10 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     if (device.is_cuda() && config.shared_expert_overlap && config.sp_size == 1) {
       SY_ASSIGN_OR_RETURN(l->side_, kernels::SideStream::Create(device));
     }
-    if (device.is_cuda() && config.delay_wgrad) {
-      SY_ASSIGN_OR_RETURN(l->wgrad_, kernels::SideStream::Create(device));
-    }
+  }
+  // delay_wgrad_compute concerns the routed experts: with or without a shared expert.
+  if (device.is_cuda() && config.delay_wgrad) {
+    SY_ASSIGN_OR_RETURN(l->wgrad_, kernels::SideStream::Create(device));
   }
   return l;
 }
@@ -545,12 +551,15 @@ absl::Status MoELayer::FitExpertRows(int64_t rows) {
   expert_rows_ = rows;
   const DType dt = config_.dtype;
   const int64_t f = config_.local_ffn_size();
-  // moe_act recompute: a is in the shared scratch (RoutedAct), made large enough for these rows.
+  // moe_act recompute: a is in the shared scratch (RoutedAct), made large enough for these rows;
+  // so are the backward's da and dh (MoEGradScratch), always.
   const bool keep_a = !config_.recompute_act;
-  const std::vector<int64_t> widths = {2 * f, keep_a ? f : 0, f, 2 * f};
-  Tensor* views[] = {&h_, &a_, &da_, &dh_};
+  const std::vector<int64_t> widths = {2 * f, keep_a ? f : 0};
+  Tensor* views[] = {&h_, &a_};
   expert_buffers_.clear();
   if (!keep_a) SY_RETURN_IF_ERROR(routed_act_->Reserve(rows * f * DTypeSize(dt)));
+  SY_RETURN_IF_ERROR(da_->Reserve(rows * f * DTypeSize(dt)));
+  SY_RETURN_IF_ERROR(dh_->Reserve(rows * 2 * f * DTypeSize(dt)));
   for (size_t i = 0; i < widths.size(); ++i) {
     SY_ASSIGN_OR_RETURN(kernels::Buffer b,
                         kernels::Buffer::ForTensor(dt, {rows, widths[i]}, device_));
@@ -617,8 +626,13 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   phase.Next("combine");
   SY_RETURN_IF_ERROR(dispatcher_->CombineBackward(stream, dy, &state_));
   const Tensor& tpe = state_.tokens_per_expert;
+  // The shared backward scratch (MoEGradScratch): nothing reserves it during a Backward, so the
+  // views hold until it returns.
+  const int64_t f = config_.local_ffn_size();
+  const Tensor da = da_->View(config_.dtype, {expert_rows_, f});
+  const Tensor dh = dh_->View(config_.dtype, {expert_rows_, 2 * f});
   phase.Next("fc2_dgrad");
-  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da_));
+  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da));
   const Tensor a = RoutedAct();
   if (config_.recompute_act) {
     // moe_act: a = swiglu(h)·p again, as the forward computed it, for fc2's weight gradient.
@@ -628,20 +642,21 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   phase.Next("fc2_wgrad");
   SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a, state_.d_expert_out, tpe, g.fc2, accumulate));
   phase.Next("swiglu");
-  SY_RETURN_IF_ERROR(kernels::SwigluBackward(stream, da_, h_, state_.expert_probs, tpe, dh_,
-                                             state_.d_expert_probs));
+  SY_RETURN_IF_ERROR(
+      kernels::SwigluBackward(stream, da, h_, state_.expert_probs, tpe, dh, state_.d_expert_probs));
   phase.Next("fc1_dgrad");
-  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh_, p.fc1, tpe, state_.d_expert_x));
+  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, dh, p.fc1, tpe, state_.d_expert_x));
   phase.Next("fc1_wgrad");
   if (wgrad_) {
-    // delay_wgrad_compute: fc1's wgrad on the wgrad stream, after fc1's dgrad (its inputs,
-    // expert_x and dh_, are not written again before the next forward of this layer); joined at
-    // the end of Backward, before the gradient hooks can read g.fc1.
+    // delay_wgrad_compute: fc1's wgrad on the wgrad stream, after fc1's dgrad. Its inputs are
+    // not written again until it is joined: expert_x (the layer's own) before the next forward
+    // of this layer, dh (shared by every MoE layer, MoEGradScratch) before the next Backward of
+    // any of them, which the join at the end of this Backward ("wgrad_join") orders after it.
     SY_RETURN_IF_ERROR(wgrad_->Fork(stream));
-    SY_RETURN_IF_ERROR(gemm_->Wgrad(wgrad_->view(), state_.expert_x, dh_, tpe, g.fc1, accumulate));
+    SY_RETURN_IF_ERROR(gemm_->Wgrad(wgrad_->view(), state_.expert_x, dh, tpe, g.fc1, accumulate));
     SY_RETURN_IF_ERROR(wgrad_->RecordJoin());
   } else {
-    SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh_, tpe, g.fc1, accumulate));
+    SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh, tpe, g.fc1, accumulate));
   }
   const Tensor dtopk = Rows(dtopk_probs_, t);
   phase.Next("dispatch");
@@ -673,6 +688,8 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   phase.Close();
   if (wgrad_) {
+    // Before returning, also for the shared dh: the stream's next writer of dh is another
+    // layer's Backward (MoEGradScratch).
     ScopedRange join(stream, "wgrad_join");
     SY_RETURN_IF_ERROR(wgrad_->WaitJoin(stream));
   }

@@ -28,10 +28,11 @@
 // layer's stream: the overlapped shared expert shows up only in shared_join_add.
 //
 // Ownership: the layer owns its activation buffers (one micro-batch in flight: Forward must be
-// followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan; with
-// moe_act recompute the SwiGLU outputs are in borrowed scratch (MoEActScratch). The
-// parameters, gradients and router buffers are views owned by the caller (the model's contiguous
-// parameter and gradient buffers). Use from one thread.
+// followed by Backward before the next Forward), its dispatcher and its grouped-GEMM plan; the
+// backward-only buffers of the routed experts and the dispatcher are borrowed scratch
+// (MoEGradScratch, always), and with moe_act recompute so are the SwiGLU outputs (MoEActScratch).
+// The parameters, gradients and router buffers are views owned by the caller (the model's
+// contiguous parameter and gradient buffers). Use from one thread.
 #ifndef SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_
 #define SWITCHYARD_WORKER_MODEL_MOE_LAYER_H_
 
@@ -194,6 +195,48 @@ struct MoEActScratch {
   ScratchBuffer* shared = nullptr;
 };
 
+// The routed path's backward-only buffers, which are written and read for the last time inside
+// ONE layer's Backward: every MoE layer of a model and every in-flight pipeline slot share one
+// buffer per role (worker/model/scratch_buffer.h), sized by the largest user, instead of one per
+// layer and slot. Always on (not a knob; results are bit-identical: the same kernels on the same
+// inputs, only the memory they write is shared):
+//   da [R, F']  the gradient of the SwiGLU output (fc2's data gradient);
+//   dh [R, 2F'] the gradient of fc1's output (SwiGLU's backward);
+//   dispatcher  the dispatcher's d_expert_out, d_expert_x [R, H] and d_expert_probs [R]
+//               (DispatcherGradScratch, dispatcher.h).
+// What the layer keeps from its forward for its backward (h, a, expert_x, the router's
+// tensors, ...) stays the layer's own. With delay_wgrad, fc1's weight gradient reads dh (and the
+// layer's own expert_x) on the wgrad stream; Backward makes its stream wait for that ("wgrad_join")
+// before it returns, so the next Backward's writes to dh, on the stream, come after that read.
+// The shared expert's gradients (on its side stream with moe_shared_expert_overlap) stay per
+// layer. Borrowed; they outlive the layer. A null role: the layer (or its dispatcher) makes its
+// own; MoEGradBuffers owns a full set.
+struct MoEGradScratch {
+  ScratchBuffer* da = nullptr;
+  ScratchBuffer* dh = nullptr;
+  DispatcherGradScratch dispatcher;
+};
+
+// One ScratchBuffer per MoEGradScratch role on one device: what a model holds for its MoE layers
+// (GptModel). Neither copied nor moved (the layers keep pointers to its buffers).
+class MoEGradBuffers {
+ public:
+  explicit MoEGradBuffers(Device device)
+      : da_(device),
+        dh_(device),
+        d_expert_out_(device),
+        d_expert_x_(device),
+        d_expert_probs_(device) {}
+  MoEGradBuffers(const MoEGradBuffers&) = delete;
+  MoEGradBuffers& operator=(const MoEGradBuffers&) = delete;
+  MoEGradScratch scratch() {
+    return {&da_, &dh_, {&d_expert_out_, &d_expert_x_, &d_expert_probs_}};
+  }
+
+ private:
+  ScratchBuffer da_, dh_, d_expert_out_, d_expert_x_, d_expert_probs_;
+};
+
 // Non-trainable router state: expert_bias [E] f32 (aux-loss-free balancing, read when enabled)
 // and local_tokens_per_expert [E] f32 (accumulated in training when expert bias is enabled; the
 // trainer all-reduces it and calls kernels::UpdateExpertBias once per global batch).
@@ -209,11 +252,13 @@ class MoELayer {
   // groups.etp / etp_ep the ETP / ETP×EP groups when etp_size > 1), and the layer uses the
   // dispatcher config.dispatcher names (allgather or alltoall; both dropless, no pad-to-capacity).
   // With config.recompute_act the SwiGLU outputs live in `act_scratch` (reserved here for this
-  // layer's sizes; see MoEActScratch).
+  // layer's sizes; see MoEActScratch). The backward-only buffers live in `grad_scratch` (reserved
+  // likewise; see MoEGradScratch).
   static absl::StatusOr<std::unique_ptr<MoELayer>> Create(const MoELayerConfig& config,
                                                           Device device, int64_t max_tokens,
                                                           const MoEParallelGroups& groups = {},
-                                                          const MoEActScratch& act_scratch = {});
+                                                          const MoEActScratch& act_scratch = {},
+                                                          const MoEGradScratch& grad_scratch = {});
   MoELayer(const MoELayer&) = delete;
   MoELayer& operator=(const MoELayer&) = delete;
   ~MoELayer();
@@ -324,19 +369,25 @@ class MoELayer {
   Tensor RoutedAct() const;
   Tensor SharedAct() const;
 
+  // MoEGradScratch's da and dh (views taken in Backward), and the layer's own when Create got
+  // none.
+  ScratchBuffer* da_ = nullptr;
+  ScratchBuffer* dh_ = nullptr;
+  std::unique_ptr<ScratchBuffer> own_da_, own_dh_;
+
   // Saved activations and scratch; see moe_layer.cc for shapes.
   std::vector<kernels::Buffer> buffers_;
   Tensor xr_, logits_, topk_idx_, topk_probs_, selected_idx_, tokens_per_expert_, router_ws_;
   Tensor aux_prob_sums_, aux_counts_, aux_lse_, aux_ws_, aux_grad_weights_, losses_;
   Tensor global_counts_, global_mean_counts_;
-  Tensor h_, a_, da_, dh_, dtopk_probs_, dlogits_, dlogits_lowp_, dx_tmp_;
+  Tensor h_, a_, dtopk_probs_, dlogits_, dlogits_lowp_, dx_tmp_;
   Tensor sh_h_, sh_a_, sh_y_, sh_gated_, sh_g_, sh_dy_, sh_da_, sh_dh_, sh_dg_, sh_dg_lowp_, sh_dx_;
   // sp_size > 1: the shared expert's TP-gathered input [sp_size·T, H] (kept for fc1's weight
   // gradient) and the partial sums / gathered dy [sp_size·T, H].
   Tensor sh_xall_, sh_part_;
   Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
-  // h_, a_, da_, dh_ ([R, 2F'], [R, F'], [R, F'], [R, 2F']) with R = expert_rows_, the
-  // dispatcher's current expert-row capacity (a_ empty with recompute_act).
+  // h_, a_ ([R, 2F'], [R, F']) with R = expert_rows_, the dispatcher's current expert-row
+  // capacity (a_ empty with recompute_act); da_ and dh_ are reserved for R rows.
   std::vector<kernels::Buffer> expert_buffers_;
   int64_t expert_rows_ = -1;
   absl::Status FitExpertRows(int64_t rows);

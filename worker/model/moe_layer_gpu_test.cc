@@ -1,12 +1,17 @@
 // The whole MoE layer on the GPU (bf16 weights and activations, fp32 router) against the CPU
 // reference (f32, on the same bf16-rounded weights and inputs): output, input gradient and every
 // weight gradient within the bf16 tolerance of DESIGN.md (relative L2 < 1e-2), fresh random
-// inputs, GPU outputs poisoned first. Also compares the routing itself.
+// inputs, GPU outputs poisoned first. Also compares the routing itself. And two layers sharing
+// their backward-only buffers (MoEGradScratch) with delay_wgrad_compute, against their own
+// buffers: bit-identical.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "kernels/testing/gpu.h"
 #include "worker/model/moe_layer.h"
@@ -157,6 +162,102 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
   }
 }
 
+// MoEGradScratch on the GPU: two layers sharing one set of backward-only buffers, run in a model's
+// order (forward 1, forward 2, backward 2, backward 1) with delay_wgrad_compute (fc1's weight
+// gradient reads the shared dh on the wgrad stream; each Backward joins it before returning) and
+// the overlapped shared expert, give bit for bit what the same two layers give with their own
+// buffers and every weight gradient in order: the same deterministic kernels on the same inputs.
+// A missing join would let backward 1 overwrite dh under backward 2's fc1 wgrad. With and
+// without a (gated, overlapped) shared expert of `shared_ffn` units.
+void CheckSharedGradScratchWithDelayWgrad(int64_t shared_ffn) {
+  MoELayerConfig c;
+  c.hidden_size = 512;
+  c.ffn_hidden_size = 256;
+  c.shared_ffn_size = shared_ffn;
+  c.shared_expert_gate = shared_ffn > 0;
+  c.shared_expert_overlap = shared_ffn > 0;
+  c.router.num_experts = 16;
+  c.router.topk = 4;
+  c.router.aux_losses = {{kernels::AuxLossType::kAuxLoss, 0.01}};
+  c.router.seq_length = 1024;
+  c.dtype = DType::kBF16;
+  const int64_t t = 1024, h = c.hidden_size;
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<MoELayerTensors> w;
+  for (int i = 0; i < 2; ++i) {
+    auto host = MoELayerTensors::Create(c, Device::Cpu(), DType::kBF16, DType::kF32).value();
+    ASSERT_TRUE(host.RandomizeOnCpu(rng, 0.05f).ok());
+    w.push_back(MoELayerTensors::Create(c, Device::Cuda(0), DType::kBF16, DType::kF32).value());
+    ASSERT_TRUE(w.back().CopyParamsFrom(host).ok());
+  }
+  Buffer x16 = Buffer::ForTensor(DType::kBF16, {t, h}, Device::Cpu()).value();
+  Buffer dy16 = Buffer::ForTensor(DType::kBF16, {t, h}, Device::Cpu()).value();
+  testing::FillRandom(x16.View(), rng);
+  testing::FillRandom(dy16.View(), rng);
+  const Buffer x = testing::Upload(x16), dy = testing::Upload(dy16);
+  const Stream stream{Device::Cuda(0), nullptr};
+  // y and dx of both layers, then every weight gradient, as host bytes.
+  auto run = [&](bool shared_delay) {
+    MoELayerConfig lc = c;
+    lc.delay_wgrad = shared_delay;
+    std::unique_ptr<MoEGradBuffers> scratch;
+    if (shared_delay) scratch = std::make_unique<MoEGradBuffers>(Device::Cuda(0));
+    const MoEGradScratch g = shared_delay ? scratch->scratch() : MoEGradScratch{};
+    std::vector<std::unique_ptr<MoELayer>> layers;
+    std::vector<Buffer> y, dx;
+    for (int i = 0; i < 2; ++i) {
+      layers.push_back(MoELayer::Create(lc, Device::Cuda(0), t, {}, {}, g).value());
+      y.push_back(testing::Poisoned(DType::kBF16, {t, h}));
+      dx.push_back(testing::Poisoned(DType::kBF16, {t, h}));
+    }
+    for (int i = 0; i < 2; ++i) {
+      const Tensor in = i == 0 ? x.View() : y[0].View();
+      EXPECT_TRUE(
+          layers[i]->Forward(stream, w[i].params(), w[i].router_state(), in, y[i].View()).ok());
+    }
+    for (int i = 1; i >= 0; --i) {
+      const Tensor d = i == 1 ? dy.View() : dx[1].View();
+      EXPECT_TRUE(layers[i]
+                      ->Backward(stream, w[i].params(), w[i].grads(), d, dx[i].View(), 1.0,
+                                 MoELayer::GradMode::kOverwrite)
+                      .ok());
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> out;
+    auto keep = [&](const Tensor& v) {
+      const std::vector<float> f = testing::ToFloatVector(v);
+      out.insert(out.end(), f.begin(), f.end());
+    };
+    for (int i = 0; i < 2; ++i) {
+      keep(y[i].View());
+      keep(dx[i].View());
+      for (auto& [name, shape] : MoELayerTensors::ParamShapes(c)) keep(w[i].Grad(name));
+    }
+    return out;
+  };
+  const std::vector<float> own = run(false), shared = run(true);
+  int64_t differ = 0;
+  for (size_t i = 0; i < own.size(); ++i) {
+    differ += std::memcmp(&own[i], &shared[i], sizeof(float)) != 0 ? 1 : 0;
+  }
+  std::printf(
+      "2 layers T=%ld H=%ld F=%ld S=%ld E=%d k=%d: shared scratch + delay_wgrad vs own buffers "
+      "in order: %ld of %zu values differ (rel err %.3e), expected 0\n",
+      t, h, c.ffn_hidden_size, c.shared_ffn_size, c.router.num_experts, c.router.topk, differ,
+      own.size(), testing::RelativeError(shared, own));
+  EXPECT_EQ(differ, 0);
+}
+
+TEST(MoELayerGpuSharedScratchTest, SharedGradScratchWithDelayWgradIsBitIdentical) {
+  SY_REQUIRE_GPU();
+  CheckSharedGradScratchWithDelayWgrad(/*shared_ffn=*/384);
+}
+
+TEST(MoELayerGpuSharedScratchTest, SharedGradScratchWithDelayWgradNoSharedExpert) {
+  SY_REQUIRE_GPU();
+  CheckSharedGradScratchWithDelayWgrad(/*shared_ffn=*/0);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, MoELayerGpuTest,
     ::testing::Values(
@@ -165,6 +266,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"shared_gate_overlap", 512, 256, 128, 192, 16, 4, true, true, 0, false, true},
         Case{"shared_overlap_delay_wgrad", 512, 256, 128, 192, 16, 4, false, true, 0, false, true,
              true},
+        // No shared expert (the benchmark model's case): the wgrad stream all the same.
+        Case{"delay_wgrad_no_shared", 512, 256, 128, 0, 16, 4, false, false, 0, false, false, true},
         Case{"capacity_pad", 256, 128, 64, 0, 8, 2, false, false, 0.5, true},
         Case{"fine_grained", 1024, 512, 128, 0, 64, 8, false, false, 0, false}),
     [](const auto& info) { return std::string(info.param.name); });

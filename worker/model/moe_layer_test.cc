@@ -1,15 +1,18 @@
 // The MoE layer on the CPU: an independent naive forward, a finite-difference gradient check of
 // the whole layer in fp64 over the router/capacity/shared-expert (and moe_act recompute) variants
-// of the issue, and the pad-to-capacity invariant (megatron_moe.md §6: probability-0 padding
-// changes nothing).
+// of the issue, the pad-to-capacity invariant (megatron_moe.md §6: probability-0 padding
+// changes nothing), and the backward-only buffers shared by several layers (MoEGradScratch:
+// bit-identical, held once).
 #include "worker/model/moe_layer.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "kernels/testing/gpu.h"
 #include "worker/model/moe_layer_tensors.h"
@@ -306,6 +309,111 @@ TEST(MoELayerTest, GradModeOverwriteAndAccumulate) {
   std::vector<float> twice = grads();
   for (float& v : twice) v /= 2;
   EXPECT_LT(testing::RelativeError(twice, once), 1e-6);
+}
+
+// MoEGradScratch: two layers (different weights) that share ONE set of backward-only buffers, run
+// in a model's order (forward 1, forward 2, backward 2, backward 1, twice), give bit for bit the
+// outputs, input gradients and weight gradients of the same two layers with their own buffers,
+// and hold exactly one set of those buffers less: da [R, F'], dh [R, 2F'], d_expert_out and
+// d_expert_x [R, H], d_expert_probs [R] (fp64, R = T·k; E·C with pad-to-capacity).
+TEST(MoELayerTest, SharedGradScratchIsBitIdenticalAndHeldOnce) {
+  struct Case {
+    const char* name;
+    std::function<void(MoELayerConfig*)> apply;
+  };
+  const Case cases[] = {
+      {"aux_shared_gate",
+       [](MoELayerConfig* c) {
+         c->shared_ffn_size = 5;
+         c->shared_expert_gate = true;
+         c->router.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+       }},
+      {"capacity_padded",
+       [](MoELayerConfig* c) {
+         c->router.capacity_factor = 0.75;
+         c->pad_to_capacity = true;
+       }},
+      {"moe_act_recompute", [](MoELayerConfig* c) { c->recompute_act = true; }},
+  };
+  for (const Case& k : cases) {
+    MoELayerConfig config = SmallConfig();
+    k.apply(&config);
+    const int64_t t = 12, h = config.hidden_size, f = config.ffn_hidden_size;
+    std::mt19937_64 rng(31);
+    std::vector<MoELayerTensors> w;
+    for (int i = 0; i < 2; ++i) {
+      w.push_back(MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value());
+      ASSERT_TRUE(w.back().RandomizeOnCpu(rng, 0.5f).ok());
+    }
+    Buffer x = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+    Buffer dy = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+    testing::FillRandom(x.View(), rng);
+    testing::FillRandom(dy.View(), rng);
+    // Outputs, input gradients and weight gradients of both layers, as raw bytes; and the Buffer
+    // bytes the two layers (and the shared scratch) hold.
+    auto run = [&](bool shared, int64_t* held) {
+      std::vector<char> out;
+      auto keep = [&](const Tensor& v) {
+        const char* b = static_cast<const char*>(v.data);
+        out.insert(out.end(), b, b + v.bytes());
+      };
+      const int64_t before = kernels::BufferMemory(DeviceType::kCpu).current_bytes;
+      std::unique_ptr<MoEGradBuffers> scratch;
+      if (shared) scratch = std::make_unique<MoEGradBuffers>(Device::Cpu());
+      const MoEGradScratch g = shared ? scratch->scratch() : MoEGradScratch{};
+      std::vector<std::unique_ptr<MoELayer>> layers;
+      for (int i = 0; i < 2; ++i) {
+        layers.push_back(MoELayer::Create(config, Device::Cpu(), t, {}, {}, g).value());
+      }
+      *held = kernels::BufferMemory(DeviceType::kCpu).current_bytes - before;
+      std::vector<Buffer> y, dx;
+      for (int i = 0; i < 2; ++i) {
+        y.push_back(Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value());
+        dx.push_back(Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value());
+        EXPECT_TRUE(w[i].ZeroGrads().ok());
+      }
+      for (int step = 0; step < 2; ++step) {
+        // Layer 2 reads layer 1's output; the backward runs in reverse.
+        for (int i = 0; i < 2; ++i) {
+          const Tensor in = i == 0 ? x.View() : y[0].View();
+          EXPECT_TRUE(layers[i]
+                          ->Forward(Stream::Cpu(), w[i].params(), w[i].router_state(), in,
+                                    y[i].View(), /*jitter_offset=*/step)
+                          .ok());
+        }
+        for (int i = 1; i >= 0; --i) {
+          const Tensor d = i == 1 ? dy.View() : dx[1].View();
+          EXPECT_TRUE(
+              layers[i]
+                  ->Backward(Stream::Cpu(), w[i].params(), w[i].grads(), d, dx[i].View(), 0.5)
+                  .ok());
+        }
+        for (int i = 0; i < 2; ++i) {
+          keep(y[i].View());
+          keep(dx[i].View());
+        }
+      }
+      for (int i = 0; i < 2; ++i) {
+        for (auto& [name, shape] : MoELayerTensors::ParamShapes(config)) keep(w[i].Grad(name));
+      }
+      return out;
+    };
+    int64_t held_own = 0, held_shared = 0;
+    const std::vector<char> own = run(false, &held_own);
+    const std::vector<char> shared = run(true, &held_shared);
+    const int64_t c = kernels::ExpertCapacity(config.router, t);
+    const int64_t r =
+        config.pad_to_capacity ? config.router.num_experts * c : t * config.router.topk;
+    const int64_t one_set = r * (f + 2 * f + 2 * h + 1) * 8;
+    std::printf(
+        "%s: 2 layers, own backward buffers %lld B, shared %lld B: %lld B less (one set: R %lld x "
+        "(3F' + 2H + 1) x 8 = %lld B); results %zu bytes, %s\n",
+        k.name, static_cast<long long>(held_own), static_cast<long long>(held_shared),
+        static_cast<long long>(held_own - held_shared), static_cast<long long>(r),
+        static_cast<long long>(one_set), own.size(), own == shared ? "bit-identical" : "DIFFER");
+    EXPECT_EQ(own, shared) << k.name;
+    EXPECT_EQ(held_own - held_shared, one_set) << k.name;
+  }
 }
 
 TEST(MoELayerTest, RejectsBadConfigAndShapes) {

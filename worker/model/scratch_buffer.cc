@@ -23,4 +23,11 @@ Tensor ScratchBuffer::View(DType dtype, std::vector<int64_t> shape) const {
   return t;
 }
 
+ScratchBuffer* BorrowOrOwn(ScratchBuffer* given, Device device,
+                           std::unique_ptr<ScratchBuffer>* own) {
+  if (given != nullptr) return given;
+  *own = std::make_unique<ScratchBuffer>(device);
+  return own->get();
+}
+
 }  // namespace switchyard::model

@@ -1,12 +1,14 @@
 // File: worker/model/scratch_buffer.h
 //
-// `ScratchBuffer`: one device buffer that several layers take turns using, for the activations
-// that selective recompute (model.recompute_modules, config.proto) does not keep between a
-// layer's forward and its backward. A recomputed activation only lives from its writer to its
-// last reader inside one pass of one layer (forward: SwiGLU -> fc2; backward: the recompute ->
-// the weight gradient), and a model's passes run one after another on one stream, so every layer
-// of the model and every in-flight pipeline slot can share ONE buffer per role, sized by its
-// largest user, instead of keeping one per layer and slot.
+// `ScratchBuffer`: one device buffer that several layers take turns using, for tensors that live
+// only inside one pass of one layer: the activations that selective recompute
+// (model.recompute_modules, config.proto) does not keep between a layer's forward and its backward
+// (forward: SwiGLU -> fc2; backward: the recompute -> the weight gradient), and the MoE layers'
+// backward-only buffers (MoEGradScratch, worker/model/moe_layer.h: the experts' and the
+// dispatcher's gradients, written and read for the last time inside one Backward). A model's
+// passes run one after another on one stream (a side stream is joined before its pass returns),
+// so every layer of the model and every in-flight pipeline slot can share ONE buffer per role,
+// sized by its largest user, instead of keeping one per layer and slot.
 //
 // The users Reserve their size when they are planned (the largest wins: one allocation) and
 // again when their size changes (MoELayer's expert rows follow the alltoall dispatcher's
@@ -18,6 +20,7 @@
 #define SWITCHYARD_WORKER_MODEL_SCRATCH_BUFFER_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +46,11 @@ class ScratchBuffer {
   Device device_;
   kernels::Buffer buffer_;
 };
+
+// `given` when it is not null; else a new ScratchBuffer on `device`, owned through `*own` (a
+// layer or a dispatcher created alone keeps its own scratch).
+ScratchBuffer* BorrowOrOwn(ScratchBuffer* given, Device device,
+                           std::unique_ptr<ScratchBuffer>* own);
 
 }  // namespace switchyard::model
 
