@@ -129,6 +129,10 @@ class Sm90Path final : public GroupedGemmCudaPath {
       tile = GroupedGemmTile::kPingpong128x128;
     }
     const int t = TileIndex(tile);
+    if (t < 0 || t >= kNumTiles) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GroupedGemmOptions::tile (", static_cast<int>(tile), ") is not a tile"));
+    }
     const int op = static_cast<int>(call.op);
     sm90::KernelRunner* runner = nullptr;
     switch (call.op) {
