@@ -7,6 +7,7 @@
 // --json) are given with --torch_json.
 //
 //   moe_layer_benchmark [--configs a,b] [--torch_json torch.json] [--iters 10] [--warmup 3]
+//                       [--tile auto|<GroupedGemmTileName>]
 #include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@
 #include "common/status.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/grouped_gemm.h"
 #include "kernels/runtime/buffer.h"
 #include "kernels/runtime/cuda_status.h"
 #include "worker/comm/kv_store.h"
@@ -45,7 +47,10 @@ ABSL_FLAG(int, ep, 1,
 ABSL_FLAG(int, iters, 10, "timed iterations (median reported)");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations");
 ABSL_FLAG(bool, breakdown, false, "also print CUDA-event times of the layer's phases");
-ABSL_FLAG(std::string, tile, "auto", "grouped-GEMM tile: auto, pingpong or cooperative");
+ABSL_FLAG(std::string, tile, "auto",
+          "grouped-GEMM tile: auto or a GroupedGemmTileName (pingpong_128x128x64, "
+          "cooperative_256x128x64, cooperative_128x128x64, pingpong_64x128x64, "
+          "cooperative_128x256x64); pingpong and cooperative are short for the first two");
 ABSL_FLAG(std::string, grad_dtype, "f32",
           "weight-gradient dtype: f32 (Megatron's bf16 training accumulates grads in fp32) or "
           "bf16 (what the PyTorch reference layer produces)");
@@ -92,6 +97,16 @@ absl::StatusOr<double> GemmPeak() {
   return 2.0 * n * n * n / ms / 1e9;
 }
 
+// --tile as a GroupedGemmTile; the short names of the two original tiles are still accepted.
+absl::StatusOr<kernels::GroupedGemmTile> TileFlag() {
+  const std::string tile = absl::GetFlag(FLAGS_tile);
+  if (tile == "pingpong") return kernels::GroupedGemmTile::kPingpong128x128;
+  if (tile == "cooperative") return kernels::GroupedGemmTile::kCooperative256x128;
+  absl::StatusOr<kernels::GroupedGemmTile> parsed = kernels::ParseGroupedGemmTile(tile);
+  if (!parsed.ok()) return Annotate(parsed.status(), "--tile");
+  return parsed;
+}
+
 struct Row {
   std::string name;
   double ms = 0, tflops = 0;
@@ -111,9 +126,7 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   c.router.topk = static_cast<int>(b.k);
   c.router.aux_losses = {{kernels::AuxLossType::kAuxLoss, 0.01}};
   c.router.seq_length = b.t;
-  const std::string tile = absl::GetFlag(FLAGS_tile);
-  if (tile == "pingpong") c.gemm_options.tile = kernels::GroupedGemmTile::kPingpong128x128;
-  if (tile == "cooperative") c.gemm_options.tile = kernels::GroupedGemmTile::kCooperative256x128;
+  SY_ASSIGN_OR_RETURN(c.gemm_options.tile, TileFlag());
   const DType grad_dtype = absl::GetFlag(FLAGS_grad_dtype) == "bf16" ? DType::kBF16 : DType::kF32;
   c.ep_size = ep;
   c.dispatcher = model::MoELayerConfig::Dispatcher::kAllToAll;  // the path BASELINES.md measured
@@ -242,6 +255,10 @@ int MainEp(int ep) {
 }
 
 int Main() {
+  if (absl::StatusOr<kernels::GroupedGemmTile> tile = TileFlag(); !tile.ok()) {
+    std::fprintf(stderr, "moe_layer_benchmark: %s\n", tile.status().ToString().c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_ep) > 1) return MainEp(absl::GetFlag(FLAGS_ep));
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {

@@ -94,8 +94,25 @@ const char* GroupedGemmTileName(GroupedGemmTile tile) {
       return "pingpong_128x128x64";
     case GroupedGemmTile::kCooperative256x128:
       return "cooperative_256x128x64";
+    case GroupedGemmTile::kCooperative128x128:
+      return "cooperative_128x128x64";
+    case GroupedGemmTile::kPingpong64x128:
+      return "pingpong_64x128x64";
+    case GroupedGemmTile::kCooperative128x256:
+      return "cooperative_128x256x64";
   }
   return "?";
+}
+
+absl::StatusOr<GroupedGemmTile> ParseGroupedGemmTile(absl::string_view name) {
+  std::vector<std::string> names = {GroupedGemmTileName(GroupedGemmTile::kAuto)};
+  if (name == names[0]) return GroupedGemmTile::kAuto;
+  for (GroupedGemmTile tile : kGroupedGemmTiles) {
+    if (name == GroupedGemmTileName(tile)) return tile;
+    names.push_back(GroupedGemmTileName(tile));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("grouped GEMM tile '", name, "' must be one of ", absl::StrJoin(names, ", ")));
 }
 
 namespace internal {

@@ -26,9 +26,9 @@
 //                 problem shapes, pointers and strides from the device counts; CUTLASS reads them
 //                 on the device (its host problem-shape pointer is null). Requires K and N to be
 //                 multiples of 8 and 16-byte aligned data pointers (TMA): other shapes get
-//                 INVALID_ARGUMENT (use kFallback for them). Tiles: 256x128x64 cooperative
-//                 (cluster 1x2) by default, measured best (ChooseGroupedGemmTile); 128x128x64
-//                 ping-pong on request. bf16 dW uses the ping-pong tile only.
+//                 INVALID_ARGUMENT (use kFallback for them). Tiles (GroupedGemmTile): five
+//                 configurations; kAuto picks one by the measured rule ChooseGroupedGemmTile, any
+//                 other is used as asked. bf16 dW uses the 128x128 ping-pong tile only.
 //   kFallback     a portable tiled SIMT kernel (any CUDA GPU, any shape); also used on non-9.0
 //                 devices. Correct, not fast: it exists for portability and for comparison.
 //   kCpuReference the CPU path (tensors on the CPU).
@@ -36,10 +36,13 @@
 #define SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/tensor.h"
 
 namespace switchyard::kernels {
@@ -47,9 +50,30 @@ namespace switchyard::kernels {
 enum class GroupedGemmPath { kAuto, kCpuReference, kCutlassSm90, kFallback };
 const char* GroupedGemmPathName(GroupedGemmPath path);
 
-// CUTLASS tile configuration; kAuto: ChooseGroupedGemmTile.
-enum class GroupedGemmTile { kAuto, kPingpong128x128, kCooperative256x128 };
+// CUTLASS SM90 kernel configuration: CTA tile M x N x K, cluster shape and schedule (ping-pong:
+// two consumer warp groups on two tiles, one's epilogue overlapping the other's mainloop;
+// cooperative: both on one tile). All are persistent kernels with the group tile scheduler,
+// which rounds a group's tiles up to a multiple of the cluster in M and N. kAuto:
+// ChooseGroupedGemmTile. grouped_gemm_sm90.cuh says what each is for.
+enum class GroupedGemmTile {
+  kAuto,
+  kPingpong128x128,     // 128x128x64 ping-pong, cluster 1x1
+  kCooperative256x128,  // 256x128x64 cooperative, cluster 1x2
+  kCooperative128x128,  // 128x128x64 cooperative, cluster 1x2
+  kPingpong64x128,      // 64x128x64 ping-pong, cluster 1x1
+  kCooperative128x256,  // 128x256x64 cooperative, cluster 1x1
+};
+// Every tile but kAuto, in enum order (the benchmarks and tests iterate over it).
+inline constexpr GroupedGemmTile kGroupedGemmTiles[] = {
+    GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kCooperative256x128,
+    GroupedGemmTile::kCooperative128x128, GroupedGemmTile::kPingpong64x128,
+    GroupedGemmTile::kCooperative128x256};
+// "auto", "pingpong_128x128x64", "cooperative_256x128x64", "cooperative_128x128x64",
+// "pingpong_64x128x64", "cooperative_128x256x64".
 const char* GroupedGemmTileName(GroupedGemmTile tile);
+// The tile whose GroupedGemmTileName is `name` ("auto" included); INVALID_ARGUMENT listing the
+// names otherwise.
+absl::StatusOr<GroupedGemmTile> ParseGroupedGemmTile(absl::string_view name);
 
 struct GroupedGemmOptions {
   // kAuto: the CPU reference for a CPU device; CUTLASS SM90 on a compute capability 9.0 device;
@@ -101,17 +125,54 @@ bool Sm90GroupedGemmCompiled();
 absl::StatusOr<std::unique_ptr<GroupedGemmCudaPath>> CreateGroupedGemmSm90(int device,
                                                                            int max_groups);
 
-// The tile kAuto resolves to for `op` over `rows` rows in `groups` groups (the host knows no
-// per-group counts). The arguments are kept so a measured rule can use them.
-inline GroupedGemmTile ChooseGroupedGemmTile(GroupedGemmOp op, int64_t rows, int groups) {
-  // Measured on one H200 (2026-11-22), whole MoE layer fwd+bwd, median of 10: the 256x128
-  // cooperative tile beat the 128x128 ping-pong tile on every BASELINES config, also where groups
-  // average 128 rows (dsv3_layer 35.9 vs 39.2 ms, qwen3_30b_a3b 4.76 vs 4.87 ms, mixtral8x7b
-  // 29.7 vs 33.6 ms). Ping-pong stays available through GroupedGemmOptions::tile.
-  (void)op;
-  (void)rows;
-  (void)groups;
+// One row of the tile rule: `tile` serves `op` when the average rows per group (R / G: the row
+// capacity over the groups, as the host knows no per-group counts) is at most
+// max_rows_per_group, K is at most max_k and N at most max_n (K and N as in the header comment:
+// w [G, K, N]; 0 = no bound). The first matching row wins.
+struct GroupedGemmTileRule {
+  GroupedGemmOp op;
+  int64_t max_rows_per_group;
+  int64_t max_k;
+  int64_t max_n;
+  GroupedGemmTile tile;
+};
+inline constexpr int64_t kAnyRows = std::numeric_limits<int64_t>::max();
+
+// The measured rule (bench/grouped_gemm_benchmark times every tile on the BASELINES.md and
+// train_benchmark shapes; put its winners here, most specific rows first, and keep a catch-all
+// row per op last).
+//
+// Measured on one H200 (2026-11-22), whole MoE layer fwd+bwd, median of 10: the 256x128
+// cooperative tile beat the 128x128 ping-pong tile on every BASELINES config, also where groups
+// average 128 rows (dsv3_layer 35.9 vs 39.2 ms, qwen3_30b_a3b 4.76 vs 4.87 ms, mixtral8x7b
+// 29.7 vs 33.6 ms). The other tiles are not measured yet; they are available through
+// GroupedGemmOptions::tile.
+inline constexpr GroupedGemmTileRule kGroupedGemmTileRules[] = {
+    {GroupedGemmOp::kFprop, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
+    {GroupedGemmOp::kDgrad, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
+    {GroupedGemmOp::kWgrad, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
+};
+
+// The tile of the first row of `rules` that serves (op, rows / groups, k, n); the 256x128
+// cooperative tile when none does. groups < 1 counts as one group.
+inline GroupedGemmTile ChooseGroupedGemmTileFrom(absl::Span<const GroupedGemmTileRule> rules,
+                                                 GroupedGemmOp op, int64_t rows, int groups,
+                                                 int64_t k, int64_t n) {
+  const int64_t rows_per_group = rows / (groups > 1 ? groups : 1);
+  for (const GroupedGemmTileRule& r : rules) {
+    if (r.op == op && rows_per_group <= r.max_rows_per_group && (r.max_k == 0 || k <= r.max_k) &&
+        (r.max_n == 0 || n <= r.max_n)) {
+      return r.tile;
+    }
+  }
   return GroupedGemmTile::kCooperative256x128;
+}
+
+// The tile kAuto resolves to for `op` over `rows` rows (the capacity R) in `groups` groups with
+// w [G, K, N]: kGroupedGemmTileRules.
+inline GroupedGemmTile ChooseGroupedGemmTile(GroupedGemmOp op, int64_t rows, int groups, int64_t k,
+                                             int64_t n) {
+  return ChooseGroupedGemmTileFrom(kGroupedGemmTileRules, op, rows, groups, k, n);
 }
 
 }  // namespace internal

@@ -29,18 +29,21 @@ struct Shape {
 };
 
 struct Variant {
-  const char* name;
+  std::string name;
   GroupedGemmPath path;
   GroupedGemmTile tile;
 };
 
+// CUTLASS SM90 with kAuto and with every tile, then the fallback.
 std::vector<Variant> Variants() {
-  return {
-      {"cutlass_sm90 auto", GroupedGemmPath::kCutlassSm90, GroupedGemmTile::kAuto},
-      {"cutlass_sm90 pingpong", GroupedGemmPath::kCutlassSm90, GroupedGemmTile::kPingpong128x128},
-      {"cutlass_sm90 cooperative", GroupedGemmPath::kCutlassSm90,
-       GroupedGemmTile::kCooperative256x128},
-      {"fallback", GroupedGemmPath::kFallback, GroupedGemmTile::kAuto}};
+  std::vector<Variant> v = {
+      {"cutlass_sm90 auto", GroupedGemmPath::kCutlassSm90, GroupedGemmTile::kAuto}};
+  for (GroupedGemmTile tile : kGroupedGemmTiles) {
+    v.push_back({std::string("cutlass_sm90 ") + GroupedGemmTileName(tile),
+                 GroupedGemmPath::kCutlassSm90, tile});
+  }
+  v.push_back({"fallback", GroupedGemmPath::kFallback, GroupedGemmTile::kAuto});
+  return v;
 }
 
 Buffer Host(DType dt, std::vector<int64_t> shape) {
@@ -156,16 +159,16 @@ void RunVariant(const Case& c, const Variant& v) {
   auto created = GroupedGemm::Create(Device::Cuda(0), static_cast<int>(c.g), opts);
   if (v.path == GroupedGemmPath::kCutlassSm90 &&
       created.status().code() == absl::StatusCode::kFailedPrecondition) {
-    std::printf("  %s: not available here (%s)\n", v.name,
+    std::printf("  %s: not available here (%s)\n", v.name.c_str(),
                 std::string(created.status().message()).c_str());
     return;
   }
   ASSERT_TRUE(created.ok()) << created.status();
   GroupedGemm& gg = **created;
-  std::printf("  %s (G=%ld R=%ld total=%ld K=%ld N=%ld, auto fprop tile %s)\n", v.name, c.g, c.r,
-              c.total, s.k, s.n,
-              GroupedGemmTileName(internal::ChooseGroupedGemmTile(internal::GroupedGemmOp::kFprop,
-                                                                  c.r, static_cast<int>(c.g))));
+  std::printf("  %s (G=%ld R=%ld total=%ld K=%ld N=%ld, auto fprop tile %s)\n", v.name.c_str(), c.g,
+              c.r, c.total, s.k, s.n,
+              GroupedGemmTileName(internal::ChooseGroupedGemmTile(
+                  internal::GroupedGemmOp::kFprop, c.r, static_cast<int>(c.g), s.k, s.n)));
   Buffer x = ToDevice(c.x), w = ToDevice(c.w), dy = ToDevice(c.dy), counts = ToDevice(c.counts);
   const Stream stream{Device::Cuda(0), nullptr};
   const bool aligned = s.k % 8 == 0 && s.n % 8 == 0;
@@ -243,7 +246,11 @@ INSTANTIATE_TEST_SUITE_P(
         // MoE-like, uneven (8 experts).
         Shape{"moe8", {700, 13, 0, 1500, 256, 1, 389, 1024}, 16, 512, 1024},
         // qwen3-like fc1: 128 experts, ~64 rows per group, some empty.
-        Shape{"moe128", MoeCounts(128, 127, 9, 7), 37, 2048, 1536}),
+        Shape{"moe128", MoeCounts(128, 127, 9, 7), 37, 2048, 1536},
+        // Small groups (1-160 rows, some empty: partial 64- and 128-row tiles, Wgrad reductions
+        // shorter than one 64-deep K tile) with N = 640 and K = 384, which are 5 and 3 tiles of
+        // 128 and 2.5 and 1.5 tiles of 256: the 1x2 clusters round up to a tile past the end.
+        Shape{"small_groups", MoeCounts(24, 160, 7, 11), 9, 384, 640}),
     [](const ::testing::TestParamInfo<Shape>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <utility>
 
@@ -21,6 +22,17 @@ namespace {
 
 constexpr int kZeroThreads = 256;
 constexpr int kNumOps = 3;
+constexpr int kNumTiles = static_cast<int>(std::size(kGroupedGemmTiles));
+
+// The position of `tile` (not kAuto) in kGroupedGemmTiles, which lists the tiles in enum order.
+constexpr int TileIndex(GroupedGemmTile tile) { return static_cast<int>(tile) - 1; }
+constexpr bool TilesInEnumOrder() {
+  for (int t = 0; t < kNumTiles; ++t) {
+    if (TileIndex(kGroupedGemmTiles[t]) != t) return false;
+  }
+  return true;
+}
+static_assert(TilesInEnumOrder(), "kGroupedGemmTiles must list the tiles in enum order");
 
 // Zeroes dW_g for the groups the setup kernel listed as empty ([0] = count, then the groups).
 // dW_g is 16-byte aligned and a multiple of 16 bytes long (N % 8 == 0, aligned base).
@@ -45,9 +57,8 @@ class Sm90Path final : public GroupedGemmCudaPath {
   Sm90Path(int device, int sm_count) : device_(device), sm_count_(sm_count) {}
 
   absl::Status Init(int max_groups) {
-    for (int t = 0; t < 2; ++t) {
-      const GroupedGemmTile tile =
-          t == 0 ? GroupedGemmTile::kPingpong128x128 : GroupedGemmTile::kCooperative256x128;
+    for (int t = 0; t < kNumTiles; ++t) {
+      const GroupedGemmTile tile = kGroupedGemmTiles[t];
       fprop_[t] = sm90::MakeFpropRunner(tile, device_, sm_count_);
       dgrad_[t] = sm90::MakeDgradRunner(tile, device_, sm_count_);
       wgrad_f32_[t] = sm90::MakeWgradF32Runner(tile, device_, sm_count_);
@@ -59,7 +70,7 @@ class Sm90Path final : public GroupedGemmCudaPath {
     if (!wgrad_bf16_) return absl::FailedPreconditionError("CUTLASS SM90 grouped GEMM missing");
 
     std::array<size_t, kNumOps> workspace{};
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < kNumTiles; ++t) {
       workspace[0] = std::max(workspace[0], fprop_[t]->WorkspaceBytes());
       workspace[1] = std::max(workspace[1], dgrad_[t]->WorkspaceBytes());
       workspace[2] = std::max(workspace[2], wgrad_f32_[t]->WorkspaceBytes());
@@ -109,14 +120,19 @@ class Sm90Path final : public GroupedGemmCudaPath {
           "path (TMA); create the GroupedGemm with path = kFallback for such shapes"));
     }
     SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    GroupedGemmTile tile = call.tile == GroupedGemmTile::kAuto
-                               ? ChooseGroupedGemmTile(call.op, call.rows, call.groups)
-                               : call.tile;
-    // bf16 dW exists only with the ping-pong tile.
+    GroupedGemmTile tile =
+        call.tile == GroupedGemmTile::kAuto
+            ? ChooseGroupedGemmTile(call.op, call.rows, call.groups, call.k, call.n)
+            : call.tile;
+    // bf16 dW exists only with the 128x128 ping-pong tile.
     if (call.op == GroupedGemmOp::kWgrad && call.out_dtype != DType::kF32) {
       tile = GroupedGemmTile::kPingpong128x128;
     }
-    const int t = tile == GroupedGemmTile::kCooperative256x128 ? 1 : 0;
+    const int t = TileIndex(tile);
+    if (t < 0 || t >= kNumTiles) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GroupedGemmOptions::tile (", static_cast<int>(tile), ") is not a tile"));
+    }
     const int op = static_cast<int>(call.op);
     sm90::KernelRunner* runner = nullptr;
     switch (call.op) {
@@ -147,7 +163,8 @@ class Sm90Path final : public GroupedGemmCudaPath {
   int sm_count_;
   Buffer memory_;
   std::array<sm90::OpArrays, kNumOps> arrays_;  // indexed by GroupedGemmOp
-  std::unique_ptr<sm90::KernelRunner> fprop_[2], dgrad_[2], wgrad_f32_[2];  // [ping-pong, coop]
+  // Indexed by TileIndex (kGroupedGemmTiles order).
+  std::unique_ptr<sm90::KernelRunner> fprop_[kNumTiles], dgrad_[kNumTiles], wgrad_f32_[kNumTiles];
   std::unique_ptr<sm90::KernelRunner> wgrad_bf16_;
 };
 

@@ -44,6 +44,13 @@
 
 namespace switchyard::kernels::internal::sm90 {
 
+// The tiles of GroupedGemmTile. Each is valid for CUTLASS's Hopper grouped GEMM generator
+// (cutlass_library sm90_utils.py: cooperative needs CTA M % 128 == 0; M, N multiples of 64 and
+// 8; tiles and clusters from its default bf16 list). A group of m_g rows (Fprop, Dgrad) covers
+// ceil(m_g / M) tiles along M, rounded up to the cluster's M: the wasted rows per group are what
+// separates the tiles on small groups (BASELINES.md: 128-512 rows per group in the fine-grained
+// configs, fewer on a skewed routing).
+
 // 128x128x64, two consumer warp groups alternating mainloop and epilogue: best for the
 // fine-grained experts (BASELINES.md: 128-512 rows per group). Cluster 1x1: no rounding of a
 // group's tiles up to a cluster multiple.
@@ -59,6 +66,36 @@ struct PingpongTile {
 struct CooperativeTile {
   using TileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+// 128x128x64 cooperative, cluster 1x2 along N: the default tile with half its M, so a 128-row
+// group (dsv3_layer) fills its tile instead of half of one, keeping the A multicast. Not 2x1
+// (B multicast): that would round a one-tile group up to two tiles along M.
+struct Cooperative128x128Tile {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+// 64x128x64 ping-pong, cluster 1x1: the least padding per group (at most 63 rows), for groups of
+// under ~128 rows and skewed routings where many groups are small.
+struct Pingpong64x128Tile {
+  using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+// 128x256x64 cooperative, cluster 1x1: a 128-row group with twice the N per tile, so the weight
+// (B) tile streamed per A tile is larger and each CTA does twice the MMA work per A load (the
+// 128-row groups of dsv3_layer read a whole weight matrix for 128 rows). Cluster 1x1 because a
+// 1x2 cluster would need N to be a multiple of 512.
+struct Cooperative128x256Tile {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
@@ -211,6 +248,11 @@ class Runner final : public KernelRunner {
   static_assert(sizeof(typename Kernel::InternalStrideB) <= kStrideBytes, "stride B too large");
   static_assert(sizeof(typename Kernel::InternalStrideC) <= kStrideBytes, "stride C too large");
   static_assert(sizeof(typename Kernel::InternalStrideD) <= kStrideBytes, "stride D too large");
+  // CUTLASS sizes the mainloop stages to fit beside the epilogue; this checks the whole kernel's
+  // shared memory at compile time, not at the first launch on a GPU.
+  static_assert(Kernel::SharedStorageSize <=
+                    cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+                "the tile's shared memory exceeds an SM90 SM's");
 
   Runner(int device, int sm_count) : device_(device), sm_count_(sm_count) {}
 
@@ -315,14 +357,25 @@ class Runner final : public KernelRunner {
   std::vector<CachedParams> cache_;
 };
 
-// The runner of `kOp` with output ElementD for `tile`: the cooperative tile when asked for, else
-// the ping-pong one.
+// The runner of `kOp` with output ElementD for `tile` (null for kAuto, which the caller
+// resolves first). Every call instantiates all five tiles of its (op, ElementD).
 template <GroupedGemmOp kOp, class ElementD>
 std::unique_ptr<KernelRunner> MakeTiledRunner(GroupedGemmTile tile, int device, int sm_count) {
-  if (tile == GroupedGemmTile::kCooperative256x128) {
-    return std::make_unique<Runner<kOp, ElementD, CooperativeTile>>(device, sm_count);
+  switch (tile) {
+    case GroupedGemmTile::kPingpong128x128:
+      return std::make_unique<Runner<kOp, ElementD, PingpongTile>>(device, sm_count);
+    case GroupedGemmTile::kCooperative256x128:
+      return std::make_unique<Runner<kOp, ElementD, CooperativeTile>>(device, sm_count);
+    case GroupedGemmTile::kCooperative128x128:
+      return std::make_unique<Runner<kOp, ElementD, Cooperative128x128Tile>>(device, sm_count);
+    case GroupedGemmTile::kPingpong64x128:
+      return std::make_unique<Runner<kOp, ElementD, Pingpong64x128Tile>>(device, sm_count);
+    case GroupedGemmTile::kCooperative128x256:
+      return std::make_unique<Runner<kOp, ElementD, Cooperative128x256Tile>>(device, sm_count);
+    case GroupedGemmTile::kAuto:
+      break;
   }
-  return std::make_unique<Runner<kOp, ElementD, PingpongTile>>(device, sm_count);
+  return nullptr;
 }
 
 }  // namespace switchyard::kernels::internal::sm90

@@ -1,9 +1,9 @@
 // File: kernels/gemm/grouped_gemm_sm90.h
 //
 // Internal interface between the CUTLASS SM90 grouped GEMM path (grouped_gemm_sm90.cu: device
-// arrays, validation, tile choice) and its kernel instantiations in
-// grouped_gemm_sm90_fprop_dgrad.cu and grouped_gemm_sm90_wgrad.cu (two files, compiled in
-// parallel). This header has no CUTLASS types; grouped_gemm_sm90.cuh has the templates.
+// arrays, validation, tile choice) and its kernel instantiations in grouped_gemm_sm90_fprop.cu,
+// grouped_gemm_sm90_dgrad.cu and grouped_gemm_sm90_wgrad.cu (three files, compiled in parallel).
+// This header has no CUTLASS types; grouped_gemm_sm90.cuh has the templates.
 #ifndef SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_SM90_H_
 #define SWITCHYARD_KERNELS_GEMM_GROUPED_GEMM_SM90_H_
 
@@ -51,11 +51,12 @@ class KernelRunner {
   virtual absl::Status Run(const GroupedGemmCall& call, const OpArrays& arrays) = 0;
 };
 
-// Null when this build has no SM90 grouped GEMM support (CUDA < 12.3).
+// The runner of one op with `tile` (not kAuto). Null when this build has no SM90 grouped GEMM
+// support (CUDA < 12.3).
 std::unique_ptr<KernelRunner> MakeFpropRunner(GroupedGemmTile tile, int device, int sm_count);
 std::unique_ptr<KernelRunner> MakeDgradRunner(GroupedGemmTile tile, int device, int sm_count);
 std::unique_ptr<KernelRunner> MakeWgradF32Runner(GroupedGemmTile tile, int device, int sm_count);
-// bf16 dW: the ping-pong tile only (one instantiation less to compile).
+// bf16 dW: the 128x128 ping-pong tile only (four instantiations less to compile).
 std::unique_ptr<KernelRunner> MakeWgradBf16Runner(int device, int sm_count);
 
 }  // namespace switchyard::kernels::internal::sm90

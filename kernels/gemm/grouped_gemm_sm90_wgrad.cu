@@ -1,6 +1,6 @@
-// CUTLASS SM90 grouped GEMM instantiations for Wgrad: fp32 dW (the gradient buffers) with the
-// ping-pong and the cooperative tile, bf16 dW with the ping-pong tile only. See
-// grouped_gemm_sm90_fprop_dgrad.cu for why the instantiations are split over two files.
+// CUTLASS SM90 grouped GEMM instantiations for Wgrad: fp32 dW (the gradient buffers) with every
+// tile (GroupedGemmTile), bf16 dW with the 128x128 ping-pong tile only. See
+// grouped_gemm_sm90_fprop.cu for why the instantiations are split over three files.
 #include <memory>
 
 #include "kernels/gemm/grouped_gemm_sm90.cuh"

@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "kernels/testing/gpu.h"
@@ -244,10 +246,100 @@ TEST(GroupedGemmCreateTest, RejectsBadOptions) {
 TEST(GroupedGemmTileTest, AutoTileIsTheMeasuredBestCooperativeTile) {
   using internal::ChooseGroupedGemmTile;
   using internal::GroupedGemmOp;
+  // K and N of the BASELINES.md configs' fc1 (w1 [E, H, 2F]) and fc2 (w2 [E, F, H]), rows T * k.
+  struct Config {
+    int64_t rows;
+    int groups;
+    int64_t h, f;
+  };
+  const Config configs[] = {{8192 * 2, 8, 4096, 14336},   // mixtral8x7b: 2048 rows per group
+                            {8192 * 8, 128, 2048, 768},   // qwen3_30b_a3b: 512
+                            {4096 * 8, 256, 7168, 2048},  // dsv3_layer: 128
+                            {8192 * 8, 64, 1536, 384}};   // the benchmark model: 1024
   for (GroupedGemmOp op : {GroupedGemmOp::kFprop, GroupedGemmOp::kDgrad, GroupedGemmOp::kWgrad}) {
-    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 8, 128), GroupedGemmTile::kCooperative256x128);
-    EXPECT_EQ(ChooseGroupedGemmTile(op, 4096 * 8, 256), GroupedGemmTile::kCooperative256x128);
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 8192 * 8, 128, 2048, 1536),
+              GroupedGemmTile::kCooperative256x128);
+    EXPECT_EQ(ChooseGroupedGemmTile(op, 4096 * 8, 256, 7168, 4096),
+              GroupedGemmTile::kCooperative256x128);
+    for (const Config& c : configs) {
+      EXPECT_EQ(ChooseGroupedGemmTile(op, c.rows, c.groups, c.h, 2 * c.f),
+                GroupedGemmTile::kCooperative256x128);
+      EXPECT_EQ(ChooseGroupedGemmTile(op, c.rows, c.groups, c.f, c.h),
+                GroupedGemmTile::kCooperative256x128);
+    }
   }
+}
+
+TEST(GroupedGemmTileTest, EveryRuleNamesARealTileAndEveryOpHasACatchAll) {
+  using internal::GroupedGemmOp;
+  for (const internal::GroupedGemmTileRule& r : internal::kGroupedGemmTileRules) {
+    EXPECT_NE(r.tile, GroupedGemmTile::kAuto) << internal::GroupedGemmOpName(r.op);
+    EXPECT_GT(r.max_rows_per_group, 0) << internal::GroupedGemmOpName(r.op);
+  }
+  // Shapes no measured row is meant for still match a row of their op (the table's last row per
+  // op has no bounds), not the function's own default.
+  for (GroupedGemmOp op : {GroupedGemmOp::kFprop, GroupedGemmOp::kDgrad, GroupedGemmOp::kWgrad}) {
+    bool catch_all = false;
+    for (const internal::GroupedGemmTileRule& r : internal::kGroupedGemmTileRules) {
+      catch_all |=
+          r.op == op && r.max_rows_per_group == internal::kAnyRows && r.max_k == 0 && r.max_n == 0;
+    }
+    EXPECT_TRUE(catch_all) << internal::GroupedGemmOpName(op);
+  }
+}
+
+TEST(GroupedGemmTileTest, RulesMatchInOrderOnRowsPerGroupKAndN) {
+  using internal::ChooseGroupedGemmTileFrom;
+  using internal::GroupedGemmOp;
+  using internal::kAnyRows;
+  const GroupedGemmOp kF = GroupedGemmOp::kFprop, kW = GroupedGemmOp::kWgrad;
+  const internal::GroupedGemmTileRule rules[] = {
+      {kF, 64, 0, 0, GroupedGemmTile::kPingpong64x128},
+      {kF, 128, 0, 1024, GroupedGemmTile::kCooperative128x128},
+      {kF, 128, 0, 0, GroupedGemmTile::kCooperative128x256},
+      {kF, kAnyRows, 4096, 0, GroupedGemmTile::kPingpong128x128},
+      {kW, kAnyRows, 0, 0, GroupedGemmTile::kCooperative128x256},
+  };
+  // Rows per group = rows / groups, bucketed by the first row whose bound it is within.
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kF, 64 * 10, 10, 8192, 8192),
+            GroupedGemmTile::kPingpong64x128);
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kF, 65 * 10, 10, 8192, 512),
+            GroupedGemmTile::kCooperative128x128);
+  // N above the second row's bound: the third row.
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kF, 128 * 10, 10, 8192, 1025),
+            GroupedGemmTile::kCooperative128x256);
+  // Large groups: the K bound decides between the fourth row and the default.
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kF, 4096 * 8, 8, 4096, 14336),
+            GroupedGemmTile::kPingpong128x128);
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kF, 4096 * 8, 8, 4097, 14336),
+            GroupedGemmTile::kCooperative256x128);
+  // Rows of another op never match; an op without rows gets the default.
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kW, 64, 10, 64, 64),
+            GroupedGemmTile::kCooperative128x256);
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, GroupedGemmOp::kDgrad, 64, 10, 64, 64),
+            GroupedGemmTile::kCooperative256x128);
+  // No groups: the rows count as one group.
+  EXPECT_EQ(ChooseGroupedGemmTileFrom(rules, kF, 100, 0, 64, 64),
+            GroupedGemmTile::kCooperative128x128);
+}
+
+TEST(GroupedGemmTileTest, NamesAreDistinctAndParseBack) {
+  std::set<std::string> names = {GroupedGemmTileName(GroupedGemmTile::kAuto)};
+  auto parsed = ParseGroupedGemmTile("auto");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, GroupedGemmTile::kAuto);
+  for (GroupedGemmTile tile : kGroupedGemmTiles) {
+    const std::string name = GroupedGemmTileName(tile);
+    EXPECT_TRUE(names.insert(name).second) << name;
+    parsed = ParseGroupedGemmTile(name);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, tile) << name;
+  }
+  EXPECT_EQ(names.size(), 6u);
+  parsed = ParseGroupedGemmTile("pingpong_96x128x64");
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find("cooperative_128x256x64"), absl::string_view::npos)
+      << parsed.status();
 }
 
 }  // namespace

@@ -1,0 +1,503 @@
+// Grouped-GEMM tile sweep (issue 16 item 3): every CUTLASS SM90 tile (kernels/gemm GroupedGemmTile)
+// on the expert GEMMs of the BASELINES.md MoE configs and of train_benchmark's benchmark model, on
+// one GPU, to measure the rule ChooseGroupedGemmTile should follow. bf16 inputs, fp32
+// accumulation, bf16 y and dx, fp32 dW (what the MoE layer runs), random N(0, 1) activations and
+// N(0, 0.02) weights.
+//
+// Shapes: rows R = tokens · top-k over E experts (the layer's capacity at EP = 1), split evenly
+// (R / E rows per expert) and skewed (sizes spread evenly over [0, 2·R/E] in a fixed shuffled
+// order: max/mean ~2, the smallest groups nearly empty). Ops, with w [E, K, N] (grouped_gemm.h):
+//   fc1_fprop [R, H] x [H, 2F]    fc2_fprop [R, F] x [F, H]
+//   fc1_dgrad [R, 2F] x [H, 2F]ᵀ  fc2_dgrad [R, H] x [F, H]ᵀ
+//   fc1_wgrad x [R, H]ᵀ dy [R, 2F] -> fp32 [E, H, 2F]   fc2_wgrad x [R, F]ᵀ dy [R, H] -> fp32 [E,
+//   F, H]
+// Each (shape, op, tile): --warmup calls, then the median of --iters CUDA-event samples, each a
+// batch of back-to-back calls of at least ~1 ms (so the host's launch gaps of sub-millisecond
+// calls do not count), divided by the batch. TFLOP/s = 2·R·K·N / time. Prints one row per (shape,
+// op): each tile's TFLOP/s, the best tile, and the tile ChooseGroupedGemmTile picks today with its
+// fraction of the best; --json PATH writes every row with times. Without a usable GPU it prints a
+// FAILED_PRECONDITION message and exits 2. --dry_run prints the plan (group sizes, FLOPs, memory)
+// without touching CUDA.
+//
+//   grouped_gemm_benchmark [--configs a,b] [--tiles t1,t2] [--iters 10] [--warmup 2]
+//                          [--json PATH] [--dry_run]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/bench_util.h"
+#include "common/command_line.h"
+#include "common/status.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/grouped_gemm.h"
+#include "kernels/runtime/buffer.h"
+#include "kernels/runtime/cuda_status.h"
+
+ABSL_FLAG(std::string, configs,
+          "mixtral8x7b,qwen3_30b_a3b,dsv3_layer,bench_model_mb2,bench_model_mb4,bench_model_mb8",
+          "shapes to run");
+ABSL_FLAG(std::string, tiles, "",
+          "comma-separated GroupedGemmTileNames to time (default: every tile)");
+ABSL_FLAG(int, iters, 10, "timed samples per (shape, op, tile); the median is reported");
+ABSL_FLAG(int, warmup, 2, "untimed calls per (shape, op, tile) first");
+ABSL_FLAG(std::string, json, "", "write every row (times and TFLOP/s per tile) to this file");
+ABSL_FLAG(bool, dry_run, false, "print the plan without touching CUDA");
+
+namespace switchyard::bench {
+namespace {
+
+using kernels::Buffer;
+using kernels::GroupedGemm;
+using kernels::GroupedGemmTile;
+using kernels::internal::GroupedGemmOp;
+using nlohmann::json;
+
+// One MoE layer's expert GEMMs: T tokens routed to top-k of E experts of hidden H and ffn F.
+struct MoeShape {
+  const char* name;
+  int64_t t, k, e, h, f;
+};
+
+// BASELINES.md's three configs (moe_layer_benchmark.cc), then train_benchmark's benchmark model
+// (bench_model.cc: H 1536, 64 experts of F 384, top-8) at micro-batch 2, 4 and 8 of seq 4096.
+const std::vector<MoeShape>& Shapes() {
+  static const auto* v = new std::vector<MoeShape>{
+      {"mixtral8x7b", 8192, 2, 8, 4096, 14336},     {"qwen3_30b_a3b", 8192, 8, 128, 2048, 768},
+      {"dsv3_layer", 4096, 8, 256, 7168, 2048},     {"bench_model_mb2", 8192, 8, 64, 1536, 384},
+      {"bench_model_mb4", 16384, 8, 64, 1536, 384}, {"bench_model_mb8", 32768, 8, 64, 1536, 384},
+  };
+  return *v;
+}
+
+struct OpSpec {
+  const char* name;
+  GroupedGemmOp op;
+  int64_t k, n;  // w [E, K, N]
+};
+
+std::vector<OpSpec> Ops(const MoeShape& s) {
+  return {{"fc1_fprop", GroupedGemmOp::kFprop, s.h, 2 * s.f},
+          {"fc2_fprop", GroupedGemmOp::kFprop, s.f, s.h},
+          {"fc1_dgrad", GroupedGemmOp::kDgrad, s.h, 2 * s.f},
+          {"fc2_dgrad", GroupedGemmOp::kDgrad, s.f, s.h},
+          {"fc1_wgrad", GroupedGemmOp::kWgrad, s.h, 2 * s.f},
+          {"fc2_wgrad", GroupedGemmOp::kWgrad, s.f, s.h}};
+}
+
+// Rows per expert summing to `rows`: even (rows / e, the remainder one row each to the first
+// experts) or skewed (expert i of e gets (i + 1/2) · 2·rows/e² before rounding, i.e. sizes spread
+// evenly over [0, 2·mean], rounded by largest remainder, then shuffled with a fixed seed).
+std::vector<int32_t> SplitRows(int64_t rows, int64_t e, bool skewed) {
+  std::vector<int32_t> counts(e);
+  if (!skewed) {
+    for (int64_t i = 0; i < e; ++i) counts[i] = static_cast<int32_t>(rows / e + (i < rows % e));
+    return counts;
+  }
+  std::vector<double> exact(e);
+  std::vector<std::pair<double, int64_t>> remainders;
+  int64_t assigned = 0;
+  for (int64_t i = 0; i < e; ++i) {
+    exact[i] = (i + 0.5) * 2.0 * static_cast<double>(rows) / (static_cast<double>(e) * e);
+    counts[i] = static_cast<int32_t>(std::floor(exact[i]));
+    assigned += counts[i];
+    remainders.push_back({exact[i] - counts[i], i});
+  }
+  std::sort(remainders.begin(), remainders.end(), std::greater<>());
+  for (int64_t j = 0; assigned < rows; ++j, ++assigned) ++counts[remainders[j % e].second];
+  std::mt19937_64 rng(static_cast<uint64_t>(e));
+  std::shuffle(counts.begin(), counts.end(), rng);
+  return counts;
+}
+
+std::string ShortTileName(GroupedGemmTile tile) {
+  // pingpong_128x128x64 -> pp128x128, cooperative_256x128x64 -> co256x128 (every K is 64).
+  std::string s = kernels::GroupedGemmTileName(tile);
+  const std::pair<const char*, const char*> prefixes[] = {{"pingpong_", "pp"},
+                                                          {"cooperative_", "co"}};
+  for (const auto& [from, to] : prefixes) {
+    const std::string f = from;
+    if (s.rfind(f, 0) == 0) s = to + s.substr(f.size());
+  }
+  if (s.size() > 3 && s.compare(s.size() - 3, 3, "x64") == 0) s.resize(s.size() - 3);
+  return s;
+}
+
+absl::StatusOr<std::vector<GroupedGemmTile>> TilesFlag() {
+  const std::string flag = absl::GetFlag(FLAGS_tiles);
+  if (flag.empty()) {
+    return std::vector<GroupedGemmTile>(std::begin(kernels::kGroupedGemmTiles),
+                                        std::end(kernels::kGroupedGemmTiles));
+  }
+  std::vector<GroupedGemmTile> tiles;
+  for (absl::string_view name : absl::StrSplit(flag, ',')) {
+    absl::StatusOr<GroupedGemmTile> tile = kernels::ParseGroupedGemmTile(name);
+    if (!tile.ok()) return Annotate(tile.status(), "--tiles");
+    if (*tile == GroupedGemmTile::kAuto) {
+      return absl::InvalidArgumentError("--tiles: auto is not a tile (its pick is printed)");
+    }
+    tiles.push_back(*tile);
+  }
+  return tiles;
+}
+
+absl::StatusOr<std::vector<MoeShape>> ConfigsFlag() {
+  std::vector<MoeShape> shapes;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
+    auto it = std::find_if(Shapes().begin(), Shapes().end(),
+                           [&](const MoeShape& s) { return name == s.name; });
+    if (it == Shapes().end()) {
+      std::vector<std::string> names;
+      for (const MoeShape& s : Shapes()) names.push_back(s.name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("--configs: '", name, "' is not one of ", absl::StrJoin(names, ", ")));
+    }
+    shapes.push_back(*it);
+  }
+  return shapes;
+}
+
+double Flops(const MoeShape& s, const OpSpec& o) { return 2.0 * s.t * s.k * o.k * o.n; }
+
+// Device bytes RunShape holds for `s`: x, dy and the bf16 output [R, max(H, 2F)], w (bf16) and
+// dW (f32) [E, H, 2F] (the larger of fc1's and fc2's), and the counts.
+double ShapeBytes(const MoeShape& s) {
+  const double r = static_cast<double>(s.t * s.k), wide = std::max(s.h, 2 * s.f);
+  return 3 * r * wide * 2 + static_cast<double>(s.e) * s.h * 2 * s.f * (2 + 4) + 4.0 * s.e;
+}
+
+struct TileTime {
+  GroupedGemmTile tile;
+  double ms = 0, tflops = 0;
+  int batch = 0;
+  std::string error;  // non-empty: the tile failed
+};
+
+struct Row {
+  std::string config, split, op;
+  int64_t rows, groups, k, n, min_rows, max_rows;
+  double flops;
+  std::vector<TileTime> tiles;
+  GroupedGemmTile best = GroupedGemmTile::kAuto, rule = GroupedGemmTile::kAuto;
+};
+
+// Median ms of one call of `fn`: a first median over --warmup calls sizes the batch (calls per
+// CUDA-event sample, at least ~1 ms of work), then the median of --iters samples over the batch.
+template <typename Fn>
+absl::StatusOr<TileTime> TimeCall(Fn fn, int warmup, int iters) {
+  TileTime t;
+  SY_ASSIGN_OR_RETURN(const double first, MedianMs(fn, warmup, 3));
+  t.batch = static_cast<int>(std::clamp(std::ceil(1.0 / std::max(first, 1e-3)), 1.0, 64.0));
+  auto batch = [&]() -> absl::Status {
+    for (int i = 0; i < t.batch; ++i) SY_RETURN_IF_ERROR(fn());
+    return absl::OkStatus();
+  };
+  SY_ASSIGN_OR_RETURN(const double ms, MedianMs(batch, 0, iters));
+  t.ms = ms / t.batch;
+  return t;
+}
+
+// Every op of `shape` with its rows split by `counts`, on every tile of `gg`.
+absl::StatusOr<std::vector<Row>> RunShape(
+    const MoeShape& shape, const std::vector<std::pair<std::string, std::vector<int32_t>>>& splits,
+    const std::vector<GroupedGemmTile>& tiles, std::vector<std::unique_ptr<GroupedGemm>>& gg,
+    int warmup, int iters) {
+  const Device dev = Device::Cuda(0);
+  const Stream s{dev, nullptr};
+  const int64_t r = shape.t * shape.k, e = shape.e, wide = std::max(shape.h, 2 * shape.f);
+  SY_ASSIGN_OR_RETURN(Buffer x, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dy, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer out, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer w, Buffer::ForTensor(DType::kBF16, {e * shape.h * 2 * shape.f}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dw, Buffer::ForTensor(DType::kF32, {e * shape.h * 2 * shape.f}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer counts, Buffer::ForTensor(DType::kI32, {e}, dev));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, x.View(), 1, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 2, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.View(), 3, 0.02f));
+  std::vector<Row> rows;
+  for (const auto& [split, host_counts] : splits) {
+    std::vector<int32_t> c = host_counts;
+    SY_RETURN_IF_ERROR(
+        kernels::CopyTensor(Tensor(DType::kI32, {e}, Device::Cpu(), c.data()), counts.View()));
+    for (const OpSpec& o : Ops(shape)) {
+      Row row{shape.name,
+              split,
+              o.name,
+              r,
+              e,
+              o.k,
+              o.n,
+              *std::min_element(c.begin(), c.end()),
+              *std::max_element(c.begin(), c.end()),
+              Flops(shape, o)};
+      row.rule = kernels::internal::ChooseGroupedGemmTile(o.op, r, static_cast<int>(e), o.k, o.n);
+      const Tensor w_view = w.View(DType::kBF16, {e, o.k, o.n});
+      const Tensor dw_view = dw.View(DType::kF32, {e, o.k, o.n});
+      // Fprop: x [R, K] -> out [R, N]; Dgrad: dy [R, N] -> out [R, K]; Wgrad: x, dy -> dW.
+      const Tensor x_view = x.View(DType::kBF16, {r, o.k});
+      const Tensor dy_view = dy.View(DType::kBF16, {r, o.n});
+      const Tensor out_view =
+          out.View(DType::kBF16, {r, o.op == GroupedGemmOp::kFprop ? o.n : o.k});
+      double best_tflops = 0;
+      for (size_t t = 0; t < tiles.size(); ++t) {
+        GroupedGemm& g = *gg[t];
+        auto call = [&]() -> absl::Status {
+          switch (o.op) {
+            case GroupedGemmOp::kFprop:
+              return g.Fprop(s, x_view, w_view, counts.View(), out_view);
+            case GroupedGemmOp::kDgrad:
+              return g.Dgrad(s, dy_view, w_view, counts.View(), out_view);
+            case GroupedGemmOp::kWgrad:
+              return g.Wgrad(s, x_view, dy_view, counts.View(), dw_view, /*accumulate=*/false);
+          }
+          return absl::InternalError("unknown op");
+        };
+        absl::StatusOr<TileTime> tt = TimeCall(call, warmup, iters);
+        TileTime result{tiles[t]};
+        if (tt.ok()) {
+          result = *tt;
+          result.tile = tiles[t];
+          result.tflops = row.flops / result.ms / 1e9;
+          if (result.tflops > best_tflops) {
+            best_tflops = result.tflops;
+            row.best = tiles[t];
+          }
+        } else {
+          result.error = tt.status().ToString();
+          // A failed launch may leave a sticky error; a later allocation would then fail too.
+          SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+        }
+        row.tiles.push_back(result);
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
+}
+
+json RowJson(const Row& r) {
+  json tiles = json::object();
+  double best_ms = 0, rule_ms = 0;
+  for (const TileTime& t : r.tiles) {
+    const std::string name = kernels::GroupedGemmTileName(t.tile);
+    if (!t.error.empty()) {
+      tiles[name] = {{"error", t.error}};
+      continue;
+    }
+    tiles[name] = {{"ms", t.ms}, {"tflops", t.tflops}, {"calls_per_sample", t.batch}};
+    if (t.tile == r.best) best_ms = t.ms;
+    if (t.tile == r.rule) rule_ms = t.ms;
+  }
+  json j = {{"config", r.config},
+            {"split", r.split},
+            {"op", r.op},
+            {"rows", r.rows},
+            {"groups", r.groups},
+            {"rows_per_group", r.rows / r.groups},
+            {"min_group_rows", r.min_rows},
+            {"max_group_rows", r.max_rows},
+            {"k", r.k},
+            {"n", r.n},
+            {"flops", r.flops},
+            {"tiles", tiles},
+            {"best", kernels::GroupedGemmTileName(r.best)},
+            {"rule", kernels::GroupedGemmTileName(r.rule)}};
+  if (best_ms > 0 && rule_ms > 0) j["rule_fraction_of_best"] = best_ms / rule_ms;
+  return j;
+}
+
+void PrintHeader(const std::vector<GroupedGemmTile>& tiles) {
+  std::printf("%-16s %-6s %-9s %7s %4s %6s %6s", "config", "split", "op", "R", "G", "K", "N");
+  for (GroupedGemmTile t : tiles) std::printf(" %9s", ShortTileName(t).c_str());
+  std::printf("  %-9s %-9s %s\n", "best", "rule", "rule/best");
+}
+
+void PrintRow(const Row& r) {
+  std::printf("%-16s %-6s %-9s %7ld %4ld %6ld %6ld", r.config.c_str(), r.split.c_str(),
+              r.op.c_str(), static_cast<long>(r.rows), static_cast<long>(r.groups),
+              static_cast<long>(r.k), static_cast<long>(r.n));
+  double best = 0, rule = 0;
+  for (const TileTime& t : r.tiles) {
+    if (t.error.empty()) {
+      std::printf(" %9.0f", t.tflops);
+    } else {
+      std::printf(" %9s", "FAIL");
+    }
+    if (t.tile == r.best) best = t.tflops;
+    if (t.tile == r.rule && t.error.empty()) rule = t.tflops;
+  }
+  const std::string best_name =
+      r.best == GroupedGemmTile::kAuto ? std::string("-") : ShortTileName(r.best);
+  if (rule > 0 && best > 0) {
+    std::printf("  %-9s %-9s %.3f\n", best_name.c_str(), ShortTileName(r.rule).c_str(),
+                rule / best);
+  } else {
+    std::printf("  %-9s %-9s %s\n", best_name.c_str(), ShortTileName(r.rule).c_str(), "-");
+  }
+  std::fflush(stdout);
+}
+
+using Splits = std::vector<std::pair<std::string, std::vector<int32_t>>>;
+
+Splits MakeSplits(const MoeShape& s) {
+  return {{"even", SplitRows(s.t * s.k, s.e, false)}, {"skewed", SplitRows(s.t * s.k, s.e, true)}};
+}
+
+// --dry_run: the plan, checked (every split sums to R with no negative group), without CUDA.
+int DryRun(const std::vector<MoeShape>& shapes, const std::vector<GroupedGemmTile>& tiles) {
+  int rc = 0;
+  double total_flops = 0, gpu_s = 0;
+  const int warmup = absl::GetFlag(FLAGS_warmup), iters = absl::GetFlag(FLAGS_iters);
+  std::vector<std::string> names;
+  for (GroupedGemmTile t : tiles) names.push_back(kernels::GroupedGemmTileName(t));
+  std::printf("grouped_gemm_benchmark --dry_run: tiles %s; %d warm-up + %d timed samples each\n",
+              absl::StrJoin(names, ", ").c_str(), warmup, iters);
+  for (const MoeShape& s : shapes) {
+    const int64_t r = s.t * s.k;
+    for (const auto& [split, c] : MakeSplits(s)) {
+      const int64_t sum = std::accumulate(c.begin(), c.end(), int64_t{0});
+      const int32_t lo = *std::min_element(c.begin(), c.end());
+      const int32_t hi = *std::max_element(c.begin(), c.end());
+      const bool ok = sum == r && lo >= 0 && static_cast<int64_t>(c.size()) == s.e;
+      std::printf(
+          "%-16s %-6s R=%ld G=%ld rows per group %d..%d (mean %ld)%s; device memory %.1f GB\n",
+          s.name, split.c_str(), static_cast<long>(r), static_cast<long>(s.e), lo, hi,
+          static_cast<long>(r / s.e), ok ? "" : " BAD SPLIT", ShapeBytes(s) / 1e9);
+      if (!ok) rc = 1;
+      for (const OpSpec& o : Ops(s)) {
+        total_flops += Flops(s, o);
+        // At a nominal 400 TFLOP/s: warm-up and sizing calls, then samples of at least ~1 ms.
+        const double call_s = Flops(s, o) / 400e12;
+        gpu_s += tiles.size() * ((warmup + 3) * call_s + iters * std::max(call_s, 1e-3));
+        std::printf("    %-9s K=%-6ld N=%-6ld %.3f TFLOP, rule picks %s\n", o.name,
+                    static_cast<long>(o.k), static_cast<long>(o.n), Flops(s, o) / 1e12,
+                    kernels::GroupedGemmTileName(kernels::internal::ChooseGroupedGemmTile(
+                        o.op, r, static_cast<int>(s.e), o.k, o.n)));
+      }
+    }
+  }
+  std::printf(
+      "total %.1f TFLOP per tile; ~%.0f s on the GPU at a nominal 400 TFLOP/s for %zu tiles\n",
+      total_flops / 1e12, gpu_s, tiles.size());
+  return rc;
+}
+
+int Main() {
+  absl::StatusOr<std::vector<MoeShape>> shapes = ConfigsFlag();
+  absl::StatusOr<std::vector<GroupedGemmTile>> tiles = TilesFlag();
+  for (const absl::Status& st : {shapes.status(), tiles.status()}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "grouped_gemm_benchmark: %s\n", st.ToString().c_str());
+      return 2;
+    }
+  }
+  const int warmup = absl::GetFlag(FLAGS_warmup), iters = absl::GetFlag(FLAGS_iters);
+  if (warmup < 1 || iters < 1) {
+    std::fprintf(stderr,
+                 "grouped_gemm_benchmark: INVALID_ARGUMENT: --warmup (%d) and --iters "
+                 "(%d) must be at least 1\n",
+                 warmup, iters);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_dry_run)) return DryRun(*shapes, *tiles);
+
+  int devices = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&devices);
+  cudaDeviceProp prop;
+  if (count_err != cudaSuccess || devices == 0 ||
+      cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr,
+                 "grouped_gemm_benchmark: FAILED_PRECONDITION: needs a CUDA device (%s); "
+                 "--dry_run prints the plan without one\n",
+                 count_err != cudaSuccess ? cudaGetErrorString(count_err) : "none found");
+    return 2;
+  }
+  std::vector<std::unique_ptr<GroupedGemm>> gg;
+  int64_t max_groups = 1;
+  for (const MoeShape& s : *shapes) max_groups = std::max(max_groups, s.e);
+  for (GroupedGemmTile t : *tiles) {
+    kernels::GroupedGemmOptions options;
+    options.path = kernels::GroupedGemmPath::kCutlassSm90;
+    options.tile = t;
+    absl::StatusOr<std::unique_ptr<GroupedGemm>> g =
+        GroupedGemm::Create(Device::Cuda(0), static_cast<int>(max_groups), options);
+    if (!g.ok()) {
+      // FAILED_PRECONDITION from Create when the GPU is not compute capability 9.0.
+      std::fprintf(stderr, "grouped_gemm_benchmark: %s (%s)\n", g.status().ToString().c_str(),
+                   prop.name);
+      return 2;
+    }
+    gg.push_back(std::move(*g));
+  }
+  std::printf(
+      "device: %s; grouped GEMM bf16 -> bf16 y/dx, fp32 dW; median of %d samples after %d "
+      "warm-ups; TFLOP/s per tile\n",
+      prop.name, iters, warmup);
+  PrintHeader(*tiles);
+  const absl::Time start = absl::Now();
+  std::vector<Row> rows;
+  int rc = 0;
+  for (const MoeShape& s : *shapes) {
+    absl::StatusOr<std::vector<Row>> shape_rows =
+        RunShape(s, MakeSplits(s), *tiles, gg, warmup, iters);
+    if (!shape_rows.ok()) {
+      std::fprintf(stderr, "%s: %s\n", s.name, shape_rows.status().ToString().c_str());
+      rc = 1;
+      continue;
+    }
+    for (Row& r : *shape_rows) {
+      PrintRow(r);
+      for (const TileTime& t : r.tiles) {
+        if (!t.error.empty()) {
+          std::fprintf(stderr, "%s %s %s %s: %s\n", r.config.c_str(), r.split.c_str(), r.op.c_str(),
+                       kernels::GroupedGemmTileName(t.tile), t.error.c_str());
+          rc = 1;
+        }
+      }
+      rows.push_back(std::move(r));
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("%zu rows in %.1f s\n", rows.size(), seconds);
+  const std::string path = absl::GetFlag(FLAGS_json);
+  if (!path.empty()) {
+    json j = {{"bench", "grouped_gemm"}, {"device", prop.name}, {"iters", iters},
+              {"warmup", warmup},        {"seconds", seconds},  {"rows", json::array()}};
+    for (const Row& r : rows) j["rows"].push_back(RowJson(r));
+    std::ofstream f(path);
+    f << j.dump(1) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "grouped_gemm_benchmark: could not write --json %s\n", path.c_str());
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace switchyard::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Grouped-GEMM tile sweep: every CUTLASS SM90 tile on the MoE expert GEMMs of the "
+      "BASELINES.md configs and the benchmark model, one GPU; prints TFLOP/s per tile per (shape, "
+      "op) and the best (bench/README.md).");
+  switchyard::ParseCommandLine(argc, argv);
+  return switchyard::bench::Main();
+}
