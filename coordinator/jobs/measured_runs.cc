@@ -1,15 +1,12 @@
 // File: coordinator/jobs/measured_runs.cc
 #include "coordinator/jobs/measured_runs.h"
 
-#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "common/status.h"
 #include "coordinator/jobs/job_registry.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace switchyard::jobs {
@@ -18,21 +15,21 @@ namespace {
 
 using google::protobuf::util::MessageDifferencer;
 
-// A Mapping's identity: its deterministic serialization (every field is a scalar).
-std::string MappingKey(const v1::Mapping& m) {
-  std::string key;
-  google::protobuf::io::StringOutputStream out(&key);
-  google::protobuf::io::CodedOutputStream coded(&out);
-  coded.SetSerializationDeterministic(true);
-  m.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return key;
-}
-
+// The newest measurement of one mapping.
 struct Newest {
+  v1::Mapping mapping;
   v1::MeasuredRun run;
   absl::Time update_time = absl::InfinitePast();
 };
+
+// The entry of `mapping` in `all` (added when absent). Linear: a workload has a few mappings.
+Newest& EntryOf(std::vector<Newest>* all, const v1::Mapping& mapping) {
+  for (Newest& n : *all) {
+    if (MessageDifferencer::Equals(n.mapping, mapping)) return n;
+  }
+  all->push_back(Newest{mapping, {}, absl::InfinitePast()});
+  return all->back();
+}
 
 }  // namespace
 
@@ -45,7 +42,7 @@ bool SameWorkload(const v1::JobSpec& a, const v1::JobSpec& b) {
 }
 
 absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1::Plan* plan) {
-  std::map<std::string, Newest> by_mapping;
+  std::vector<Newest> by_mapping;
   for (int64_t after = 0;;) {
     SY_ASSIGN_OR_RETURN(std::vector<store::JobRow> rows,
                         store->ListJobs(v1::Job::STATE_UNSPECIFIED, after, kMeasuredRunsPageSize));
@@ -56,7 +53,7 @@ absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1
       const v1::StepMetrics& step = *row.last_step;
       if (step.step() < kMinMeasuredStep || !(step.step_ms() > 0)) continue;
       if (!SameWorkload(row.spec, spec)) continue;
-      Newest& n = by_mapping[MappingKey(row.plan->best().mapping())];
+      Newest& n = EntryOf(&by_mapping, row.plan->best().mapping());
       n.run.set_runs(n.run.runs() + 1);
       if (row.update_time < n.update_time) continue;
       n.update_time = row.update_time;
@@ -67,11 +64,9 @@ absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1
     }
   }
   auto attach = [&](v1::PlanCandidate* c) {
-    auto it = by_mapping.find(MappingKey(c->mapping()));
-    if (it == by_mapping.end()) {
-      c->clear_measured();
-    } else {
-      *c->mutable_measured() = it->second.run;
+    c->clear_measured();
+    for (const Newest& n : by_mapping) {
+      if (MessageDifferencer::Equals(n.mapping, c->mapping())) *c->mutable_measured() = n.run;
     }
   };
   if (plan->has_best()) attach(plan->mutable_best());
