@@ -142,12 +142,24 @@ inline constexpr int64_t kAnyRows = std::numeric_limits<int64_t>::max();
 // train_benchmark shapes; put its winners here, most specific rows first, and keep a catch-all
 // row per op last).
 //
-// Measured on one H200 (2026-11-22), whole MoE layer fwd+bwd, median of 10: the 256x128
-// cooperative tile beat the 128x128 ping-pong tile on every BASELINES config, also where groups
-// average 128 rows (dsv3_layer 35.9 vs 39.2 ms, qwen3_30b_a3b 4.76 vs 4.87 ms, mixtral8x7b
-// 29.7 vs 33.6 ms). The other tiles are not measured yet; they are available through
-// GroupedGemmOptions::tile.
+// Measured on one H100 80GB HBM3 (2026-12-07, `bench_grouped_gemm_benchmark --iters 5`, every
+// tile on every shape of the four configs, even and skewed splits; table in bench/README.md):
+//   - wgrad with K <= 768 (fc2's dW [F, H] of fine-grained experts): ping-pong 128x128 beats
+//     cooperative 256x128 on every such shape: the benchmark model's fc2 (K 384) by 1.37-1.40x
+//     (e.g. 443 vs 322 TFLOP/s at 1024 rows per group, 573 vs 418 at 4096), qwen3_30b_a3b's
+//     (K 768) by 1.07-1.15x. With K >= 1536 it does not hold (the benchmark model's fc1 at
+//     micro-batch 8: 477 vs 581), so the bound stays at what was measured.
+//   - dgrad with K <= 384 (fc2's dx [R, F]): ping-pong 128x128 by 1.04-1.20x (484 vs 404 at 1024
+//     rows per group); at K 768 (qwen3) it wins the even split and loses the skewed one, so no.
+//   - everything else: cooperative 256x128 is the best or within ~10 % of it; where 128x256 or
+//     128x128 cooperative win (mixtral's large N, dsv3's dgrad) the margins are 3-12 % and not
+//     consistent across the splits, so the catch-all stays the tile the whole-layer runs chose
+//     (one H200, 2026-11-22, whole MoE layer fwd+bwd: cooperative 256x128 over ping-pong 128x128
+//     on every BASELINES config: dsv3_layer 35.9 vs 39.2 ms, qwen3_30b_a3b 4.76 vs 4.87 ms,
+//     mixtral8x7b 29.7 vs 33.6 ms, with one tile for all three ops).
 inline constexpr GroupedGemmTileRule kGroupedGemmTileRules[] = {
+    {GroupedGemmOp::kWgrad, kAnyRows, 768, 0, GroupedGemmTile::kPingpong128x128},
+    {GroupedGemmOp::kDgrad, kAnyRows, 384, 0, GroupedGemmTile::kPingpong128x128},
     {GroupedGemmOp::kFprop, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
     {GroupedGemmOp::kDgrad, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
     {GroupedGemmOp::kWgrad, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
