@@ -70,12 +70,7 @@ absl::StatusOr<std::unique_ptr<AllGatherDispatcher>> AllGatherDispatcher::Create
   SY_ASSIGN_OR_RETURN(d->tokens_per_expert_,
                       Buffer::ForTensor(DType::kI32, {d->num_local_}, device));
   SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
-  d->d_expert_out_ = BorrowOrOwn(grad.d_expert_out, device, &d->own_d_expert_out_);
-  d->d_expert_x_ = BorrowOrOwn(grad.d_expert_x, device, &d->own_d_expert_x_);
-  d->d_expert_probs_ = BorrowOrOwn(grad.d_expert_probs, device, &d->own_d_expert_probs_);
-  SY_RETURN_IF_ERROR(d->d_expert_out_->Reserve(r * hidden * DTypeSize(dtype)));
-  SY_RETURN_IF_ERROR(d->d_expert_x_->Reserve(r * hidden * DTypeSize(dtype)));
-  SY_RETURN_IF_ERROR(d->d_expert_probs_->Reserve(r * DTypeSize(probs_dtype)));
+  SY_RETURN_IF_ERROR(d->grad_.Bind(grad, device, r, hidden, dtype, probs_dtype));
   d->tokens_per_rank_.assign(d->group_size_, 0);
   // [EP] gathered counts, then one word staging this rank's T (see "Host synchronisation").
   SY_RETURN_IF_ERROR(d->AllocateCountsStaging((d->group_size_ + 1) * sizeof(int32_t)));
@@ -259,9 +254,7 @@ absl::Status AllGatherDispatcher::CombineBackward(const Stream& stream, const Te
                                                    " must be [", num_tokens_, ", ", hidden_,
                                                    "] of the activation dtype"));
   }
-  state->d_expert_out = d_expert_out_->View(dtype_, {rows_, hidden_});
-  state->d_expert_x = d_expert_x_->View(dtype_, {rows_, hidden_});
-  state->d_expert_probs = d_expert_probs_->View(probs_dtype_, {rows_});
+  grad_.Fill(state);
   // Adjoint of the reduce-scatter (all-gather), then of Unpermute.
   const Tensor global_dout = global_y_.View(dtype_, {global_tokens_, hidden_});
   SY_RETURN_IF_ERROR(

@@ -147,8 +147,7 @@ class AllGatherDispatcher final : public ExpertParallelDispatcher {
   // Expert side: [rows_] rows; the backward's d_expert_out, d_expert_x and d_expert_probs in
   // scratch (DispatcherGradScratch; the owned ones when Create got none).
   kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_;
-  ScratchBuffer *d_expert_out_ = nullptr, *d_expert_x_ = nullptr, *d_expert_probs_ = nullptr;
-  std::unique_ptr<ScratchBuffer> own_d_expert_out_, own_d_expert_x_, own_d_expert_probs_;
+  DispatcherGradBuffers grad_;
   // pinned_ (CUDA): [EP] i32 (D2H target of the gathered counts) then one i32 (H2D staging of
   // this rank's T).
   Tensor row_map_view_;   // [T', k] of the current micro-batch

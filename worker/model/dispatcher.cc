@@ -36,12 +36,7 @@ absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
   SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->row_map_, Buffer::ForTensor(DType::kI32, {max_tokens, topk}, device));
   // The backward's expert-side tensors: shared scratch (DispatcherGradScratch), sized here.
-  d->d_expert_out_ = BorrowOrOwn(grad.d_expert_out, device, &d->own_d_expert_out_);
-  d->d_expert_x_ = BorrowOrOwn(grad.d_expert_x, device, &d->own_d_expert_x_);
-  d->d_expert_probs_ = BorrowOrOwn(grad.d_expert_probs, device, &d->own_d_expert_probs_);
-  SY_RETURN_IF_ERROR(d->d_expert_out_->Reserve(r * hidden * DTypeSize(dtype)));
-  SY_RETURN_IF_ERROR(d->d_expert_x_->Reserve(r * hidden * DTypeSize(dtype)));
-  SY_RETURN_IF_ERROR(d->d_expert_probs_->Reserve(r * DTypeSize(probs_dtype)));
+  SY_RETURN_IF_ERROR(d->grad_.Bind(grad, device, r, hidden, dtype, probs_dtype));
   const int64_t ws = device.is_cuda() ? kernels::PermuteWorkspaceBytes(max_tokens, num_experts) : 0;
   SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
   return d;
@@ -71,9 +66,7 @@ absl::Status LocalDispatcher::CombinePostprocess(const Stream& stream, DispatchS
 
 absl::Status LocalDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                               DispatchState* state) {
-  state->d_expert_out = d_expert_out_->View(dtype_, {rows_, hidden_});
-  state->d_expert_x = d_expert_x_->View(dtype_, {rows_, hidden_});
-  state->d_expert_probs = d_expert_probs_->View(probs_dtype_, {rows_});
+  grad_.Fill(state);
   return kernels::UnpermuteBackward(stream, dout, row_map_view_, state->d_expert_out,
                                     /*zero_unmapped_rows=*/pad_ > 0);
 }
@@ -82,6 +75,27 @@ absl::Status LocalDispatcher::DispatchBackward(const Stream& stream, DispatchSta
                                                const Tensor& dx, const Tensor& d_topk_probs) {
   return kernels::PermuteBackward(stream, state->d_expert_x, state->d_expert_probs, row_map_view_,
                                   dx, d_topk_probs);
+}
+
+absl::Status DispatcherGradBuffers::Bind(const DispatcherGradScratch& grad, Device device,
+                                         int64_t rows, int64_t hidden, DType dtype,
+                                         DType probs_dtype) {
+  rows_ = rows;
+  hidden_ = hidden;
+  dtype_ = dtype;
+  probs_dtype_ = probs_dtype;
+  out_ = BorrowOrOwn(grad.d_expert_out, device, &own_out_);
+  x_ = BorrowOrOwn(grad.d_expert_x, device, &own_x_);
+  probs_ = BorrowOrOwn(grad.d_expert_probs, device, &own_probs_);
+  SY_RETURN_IF_ERROR(out_->Reserve(rows * hidden * DTypeSize(dtype)));
+  SY_RETURN_IF_ERROR(x_->Reserve(rows * hidden * DTypeSize(dtype)));
+  return probs_->Reserve(rows * DTypeSize(probs_dtype));
+}
+
+void DispatcherGradBuffers::Fill(DispatchState* state) const {
+  state->d_expert_out = out_->View(dtype_, {rows_, hidden_});
+  state->d_expert_x = x_->View(dtype_, {rows_, hidden_});
+  state->d_expert_probs = probs_->View(probs_dtype_, {rows_});
 }
 
 absl::Status CheckExpertParallelArgs(const char* who, const void* ep_group, int group_size,

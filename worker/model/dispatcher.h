@@ -73,6 +73,23 @@ struct DispatcherGradScratch {
   ScratchBuffer* d_expert_probs = nullptr;
 };
 
+// A dispatcher's backward expert-side tensors d_expert_out, d_expert_x [rows, H] and
+// d_expert_probs [rows]: borrowed from a DispatcherGradScratch (null members: owned), reserved for
+// these sizes by Bind. Used by the dispatchers whose three gradients all live in scratch.
+class DispatcherGradBuffers {
+ public:
+  absl::Status Bind(const DispatcherGradScratch& grad, Device device, int64_t rows, int64_t hidden,
+                    DType dtype, DType probs_dtype);
+  // Sets state->d_expert_out, d_expert_x and d_expert_probs to views of the bound sizes.
+  void Fill(DispatchState* state) const;
+
+ private:
+  ScratchBuffer *out_ = nullptr, *x_ = nullptr, *probs_ = nullptr;
+  std::unique_ptr<ScratchBuffer> own_out_, own_x_, own_probs_;
+  int64_t rows_ = 0, hidden_ = 0;
+  DType dtype_ = DType::kBF16, probs_dtype_ = DType::kF32;
+};
+
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
@@ -146,8 +163,7 @@ class LocalDispatcher final : public TokenDispatcher {
   kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, row_map_, workspace_;
   // The backward's d_expert_out, d_expert_x [R, H] and d_expert_probs [R] (DispatcherGradScratch),
   // and the ones this dispatcher owns when Create got none.
-  ScratchBuffer *d_expert_out_ = nullptr, *d_expert_x_ = nullptr, *d_expert_probs_ = nullptr;
-  std::unique_ptr<ScratchBuffer> own_d_expert_out_, own_d_expert_x_, own_d_expert_probs_;
+  DispatcherGradBuffers grad_;
   Tensor row_map_view_;  // [T, k] of the current micro-batch
 };
 
