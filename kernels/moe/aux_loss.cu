@@ -1,7 +1,7 @@
-// CUDA aux and z losses (aux_loss.h). Statistics: one warp per chunk of router_math::kAuxChunk
-// tokens of one sequence, sums in token order, then chunks in order (no floating-point atomics;
-// counts are integer-valued float atomics, exact). Loss values: one block. Backward: one warp per
-// token. Compiled with -fmad=false like router.cu.
+// CUDA aux and z losses (aux_loss.h). Statistics: one block per chunk of router_math::kAuxChunk
+// tokens of one sequence (a warp per token), sums in token order, then chunks in order (no
+// floating-point atomics; counts are integer-valued float atomics, exact). Loss values: one block.
+// Backward: one warp per token. Compiled with -fmad=false like router.cu.
 #include <cuda_runtime.h>
 
 #include "kernels/moe/router_device.h"
@@ -23,21 +23,25 @@ struct StatsArgs {
   float* counts;      // [B, E], zeroed
 };
 
+// One block per chunk of router_math::kAuxChunk tokens, one warp per token: each warp puts its
+// token's P row and lse in shared memory and counts its plain top-k; then thread e sums the
+// chunk's rows for expert e in token order from 0.0, and the last thread the lse² (the CPU
+// reference's order, so the same bits). Was one warp per chunk walking its 16 tokens in turn:
+// 512 warps for 8192 tokens, about one block per SM, latency-bound (~110 us per call on an H100,
+// 10.8 ms of the benchmark model's step).
 template <int NJ>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxStatsKernel(StatsArgs a) {
-  const int lane = threadIdx.x & 31;
-  const long long chunk = static_cast<long long>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (chunk >= a.num_chunks) return;  // warp-uniform
+__global__ void __launch_bounds__(router_math::kAuxChunk * 32) AuxStatsKernel(StatsArgs a) {
+  extern __shared__ double rows[];  // [kAuxChunk, E] P rows, then [kAuxChunk] lse
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const long long chunk = blockIdx.x;
   const int e_count = a.num_experts;
   const long long b = chunk / a.chunks_per_sequence;
   const long long begin = (chunk % a.chunks_per_sequence) * router_math::kAuxChunk;
-  const long long end = min(a.tokens_per_sequence, begin + router_math::kAuxChunk);
-  double acc[NJ];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) acc[j] = 0.0;
-  double z_acc = 0.0;
-  for (long long s = begin; s < end; ++s) {
-    const float* z = a.logits + (b * a.tokens_per_sequence + s) * e_count;
+  const int n = static_cast<int>(
+      min(static_cast<long long>(router_math::kAuxChunk), a.tokens_per_sequence - begin));
+  double* lse_rows = rows + router_math::kAuxChunk * e_count;
+  if (w < n) {  // warp-uniform
+    const float* z = a.logits + (b * a.tokens_per_sequence + begin + w) * e_count;
     double mx, sum;
     RowSoftmaxNorm<NJ>(z, e_count, &mx, &sum);
     double sig_sum = 0.0;
@@ -53,11 +57,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxStatsKernel(StatsArgs 
     for (int j = 0; j < NJ; ++j) {
       const int e = lane + 32 * j;
       if (e >= e_count) continue;
-      acc[j] += a.sigmoid ? Sigmoid(z[e]) / sig_sum : Exp(static_cast<double>(z[e]) - mx) / sum;
+      rows[w * e_count + e] =
+          a.sigmoid ? Sigmoid(z[e]) / sig_sum : Exp(static_cast<double>(z[e]) - mx) / sum;
       avail |= 1u << j;
     }
-    const double lse = mx + log(sum);
-    z_acc += lse * lse;
+    if (lane == 0) lse_rows[w] = mx + log(sum);
     for (int r = 0; r < a.topk; ++r) {  // the aux loss's own plain top-k of z
       double bv = 0.0;
       int bi = -1;
@@ -75,11 +79,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxStatsKernel(StatsArgs 
       }
     }
   }
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    if (lane + 32 * j < e_count) a.partial[chunk * e_count + lane + 32 * j] = acc[j];
+  __syncthreads();
+  for (int e = threadIdx.x; e < e_count; e += blockDim.x) {
+    double acc = 0.0;
+    for (int q = 0; q < n; ++q) acc += rows[q * e_count + e];
+    a.partial[chunk * e_count + e] = acc;
   }
-  if (lane == 0) a.partial_z[chunk] = z_acc;
+  if (threadIdx.x == blockDim.x - 1) {
+    double z_acc = 0.0;
+    for (int q = 0; q < n; ++q) {
+      const double lse = lse_rows[q];
+      z_acc += lse * lse;
+    }
+    a.partial_z[chunk] = z_acc;
+  }
 }
 
 // Sums `count` doubles at p[0], p[stride], ... strictly in index order (bitwise what the CPU
@@ -267,10 +280,19 @@ absl::Status AuxLossStatsCuda(const Stream& stream, const AuxPlan& plan, const T
                                 (8 * plan.num_chunks * plan.num_experts + 255) / 256 * 256);
   args.counts = stats.counts.as<float>();
   if (plan.num_chunks > 0) {
+    // 16 P rows of E doubles: 65.6 KB at E = 512, past the default 48 KB.
+    const size_t smem = sizeof(double) * router_math::kAuxChunk * (args.num_experts + 1);
+    cudaError_t attr = cudaSuccess;
     DispatchLaneWidth(args.num_experts, [&](auto nj) {
-      AuxStatsKernel<decltype(nj)::value>
-          <<<BlocksFor(plan.num_chunks, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(args);
+      auto* kernel = &AuxStatsKernel<decltype(nj)::value>;
+      attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem));
+      if (attr == cudaSuccess) {
+        kernel<<<static_cast<unsigned>(plan.num_chunks), router_math::kAuxChunk * 32, smem, s>>>(
+            args);
+      }
     });
+    SY_CUDA_RETURN_IF_ERROR(attr);
     SY_CUDA_RETURN_IF_LAUNCH_ERROR(AuxStatsKernel);
   }
   const long long n = plan.num_sequences * plan.num_experts;

@@ -339,7 +339,7 @@ absl::Status RouterGatingForward(const Stream& stream, const Tensor& x, const Te
 
 absl::Status RouterGatingBackward(const Stream& stream, const Tensor& dlogits, const Tensor& x,
                                   const Tensor& w, const Tensor& dlogits_lowp, const Tensor& dx,
-                                  const Tensor& dw, float dw_beta) {
+                                  const Tensor& dw, float dw_beta, float dx_beta) {
   SY_RETURN_IF_ERROR(
       Rule(x.dtype == w.dtype && (x.dtype == DType::kF32 || x.dtype == DType::kBF16 ||
                                   (x.dtype == DType::kF64 && !stream.is_cuda())),
@@ -372,7 +372,7 @@ absl::Status RouterGatingBackward(const Stream& stream, const Tensor& dlogits, c
     }
     g = dlogits_lowp;
   }
-  SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, dx));
+  SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, dx, 1.0f, dx_beta));
   return Gemm(stream, g, true, x, false, dw, 1.0f, dw_beta);
 }
 

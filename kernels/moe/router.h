@@ -158,14 +158,15 @@ absl::Status InputJitterBackward(const Stream& stream, const Tensor& dx_jittered
 absl::Status RouterGatingForward(const Stream& stream, const Tensor& x, const Tensor& w,
                                  const Tensor& logits);
 
-// dx = dlogits·w (overwritten) and dw = dlogitsᵀ·x + dw_beta·dw. dlogits is f32; with bf16 x and
-// w it is first rounded to bf16 into `dlogits_lowp` [T, E] bf16 (Megatron instead upcasts x and w
-// to fp32, which would need an fp32 copy of x: 470 MB at T=16384, H=7168), and both GEMMs run in
+// dx = dlogits·w + dx_beta·dx and dw = dlogitsᵀ·x + dw_beta·dw (dx_beta 1: the layer adds the
+// router's input gradient straight into its dx, no separate add pass). dlogits is f32; with bf16 x
+// and w it is first rounded to bf16 into `dlogits_lowp` [T, E] bf16 (Megatron instead upcasts x and
+// w to fp32, which would need an fp32 copy of x: 470 MB at T=16384, H=7168), and both GEMMs run in
 // bf16 with fp32 accumulation. With f32 x and w, `dlogits_lowp` may be empty.
 //   dx [T, H]: dtype of x, or f32. dw [E, H]: f32, or the dtype of w.
 absl::Status RouterGatingBackward(const Stream& stream, const Tensor& dlogits, const Tensor& x,
                                   const Tensor& w, const Tensor& dlogits_lowp, const Tensor& dx,
-                                  const Tensor& dw, float dw_beta);
+                                  const Tensor& dw, float dw_beta, float dx_beta = 0.0f);
 
 }  // namespace switchyard::kernels
 

@@ -166,6 +166,7 @@ TEST_P(RouterGpuTest, MatchesCpuReference) {
                                                                AuxLossWorkspaceBytes(cfg, t))))
                   .value();
   std::vector<float> first_probs, first_dlogits;
+  std::vector<double> first_psum, first_zsum;
   for (int run = 0; run < 2; ++run) {
     Buffer d_idx = Device0(DType::kI32, {t, k}), d_sel = Device0(DType::kI32, {t, k});
     Buffer d_probs = Device0(DType::kF32, {t, k}), d_tpe = Device0(DType::kI32, {e});
@@ -212,9 +213,15 @@ TEST_P(RouterGpuTest, MatchesCpuReference) {
           ToHost<int32_t>(d_idx) == idx ? "yes" : "NO");
       first_probs = got_probs;
       first_dlogits = got_dlogits;
+      first_psum = ToHost<double>(d_psum);
+      first_zsum = ToHost<double>(d_zsum);
     } else {
       EXPECT_EQ(0, std::memcmp(first_probs.data(), got_probs.data(), 4 * got_probs.size()));
       EXPECT_EQ(0, std::memcmp(first_dlogits.data(), got_dlogits.data(), 4 * got_dlogits.size()));
+      // The aux statistics' fixed-order sums: the same bits on every run.
+      EXPECT_EQ(
+          0, std::memcmp(first_psum.data(), ToHost<double>(d_psum).data(), 8 * first_psum.size()));
+      EXPECT_EQ(0, std::memcmp(first_zsum.data(), ToHost<double>(d_zsum).data(), 8));
     }
     EXPECT_LT(e_probs, 1e-5);
     EXPECT_LT(e_psum, 1e-5);

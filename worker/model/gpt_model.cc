@@ -1358,9 +1358,12 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
     if (tp) SY_RETURN_IF_ERROR(ReduceScatterSeq(s, partial, dn, seq_len));
   }
   phase.Next("oproj_residual_norm");
+  PhaseSequence oproj_phase(s);  // its parts, nested (--breakdown)
+  oproj_phase.Next("post_norm");
   SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, tl), dn, L.g_post,
                                               true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
+  oproj_phase.Next("oproj");
 
   // Attention: g is now d(loss)/d(mid).
   const Tensor q = Rows(L.q, t), k = Rows(L.k, t), v = Rows(L.v, t), o = Rows(L.o, t);
@@ -1369,6 +1372,7 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, g, g_all, seq_len));
   SY_RETURN_IF_ERROR(Gemm(s, g_all, false, L.wo, false, Reshape(d_o, {t, hq * d})));
   SY_RETURN_IF_ERROR(Gemm(s, g_all, true, Reshape(o, {t, hq * d}), false, L.go, 1.0f, 1.0f));
+  oproj_phase.Close();
   phase.Next("attention");
   if (c.cp_size > 1) {
     SY_RETURN_IF_ERROR(CpAttentionBackward(s, L, b, seq_len));
@@ -1379,6 +1383,8 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
                                                   Reshape(delta_, {b, hq, seq_len}), dq, dk, dv));
   }
   phase.Next("norm_qkv_rope");
+  PhaseSequence qkv_phase(s);  // its parts, nested (--breakdown); closes before `phase`
+  qkv_phase.Next("rope_qk_norm");
   const kernels::RopeCp rope_cp{c.cp_size, c.cp_rank};
   SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq, rope_cp));
   SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk, rope_cp));
@@ -1398,13 +1404,16 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   }
   const Tensor n1_all = tp ? all : n1;  // g_all is no longer needed
   if (tp) SY_RETURN_IF_ERROR(GatherSeq(s, n1, n1_all, seq_len));
+  qkv_phase.Next("qkv_wgrad");
   SY_RETURN_IF_ERROR(Gemm(s, dq2, true, n1_all, false, L.gq, 1.0f, 1.0f));
   SY_RETURN_IF_ERROR(Gemm(s, dk2, true, n1_all, false, L.gk, 1.0f, 1.0f));
   SY_RETURN_IF_ERROR(Gemm(s, dv2, true, n1_all, false, L.gv, 1.0f, 1.0f));
+  qkv_phase.Next("qkv_dgrad");
   SY_RETURN_IF_ERROR(Gemm(s, dq2, false, L.wq, false, partial));
   SY_RETURN_IF_ERROR(Gemm(s, dk2, false, L.wk, false, partial, 1.0f, 1.0f));
   SY_RETURN_IF_ERROR(Gemm(s, dv2, false, L.wv, false, partial, 1.0f, 1.0f));
   if (tp) SY_RETURN_IF_ERROR(ReduceScatterSeq(s, partial, dn, seq_len));
+  qkv_phase.Next("input_norm");
   SY_RETURN_IF_ERROR(
       kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, tl), dn, L.g_in, true, rms_ws_));
   SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));

@@ -674,18 +674,24 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   phase.Next("router_gemm");
   const bool jitter = rc.training && rc.input_jitter_eps > 0;
   const Tensor xr = jitter ? Rows(xr_, t) : x_saved_;
-  const Tensor dx_router = Rows(dx_tmp_, t);
   const Tensor lowp = dlogits_lowp_.numel() > 0 ? Rows(dlogits_lowp_, t) : Tensor();
-  SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp,
-                                                   dx_router, g.router_weight, grad_beta));
-  if (jitter) {
+  if (!jitter) {
+    // dx += dlogits·W_r inside the GEMM (beta 1): one rounding of the sum, no temporary.
+    SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp, dx,
+                                                     g.router_weight, grad_beta,
+                                                     /*dx_beta=*/1.0f));
+  } else {
+    // The jitter multiplies the router's input gradient (not the experts'): a temporary first.
+    const Tensor dx_router = Rows(dx_tmp_, t);
+    SY_RETURN_IF_ERROR(kernels::RouterGatingBackward(stream, dlogits, xr, p.router_weight, lowp,
+                                                     dx_router, g.router_weight, grad_beta));
     SY_RETURN_IF_ERROR(ForEachJitterSpan(t, [&](int64_t row, int64_t rows, uint64_t offset) {
       return kernels::InputJitterBackward(stream, RowRange(dx_router, row, rows),
                                           static_cast<float>(rc.input_jitter_eps), 0x5157u,
                                           jitter_offset_ + offset, RowRange(dx_router, row, rows));
     }));
+    SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   }
-  SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, dx_router, dx));
   phase.Close();
   if (wgrad_) {
     // Before returning, also for the shared dh: the stream's next writer of dh is another
