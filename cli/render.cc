@@ -297,18 +297,46 @@ std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alterna
         "; estimate / measured: time ", absl::StrFormat("%.2f", time.total() / m.step_seconds()),
         m.memory_bytes() > 0 ? absl::StrFormat(", memory %.2f", mem.total() / m.memory_bytes())
                              : "",
+        best.has_calibrated_step_seconds()
+            ? absl::StrFormat("; calibrated / measured: time %.2f",
+                              best.calibrated_step_seconds() / m.step_seconds())
+            : "",
         "\n");
   }
+  // The step-time model fitted to those runs (coordinator/planner/calibration.h); the ranking
+  // follows the calibrated times.
+  const bool calibrated = plan.has_calibration();
+  if (calibrated) {
+    const v1::Calibration& cal = plan.calibration();
+    absl::StrAppend(
+        &out, "Calibration (",
+        cal.method() == v1::Calibration::PER_TERM ? "per-term fit" : "one ratio", " over ",
+        cal.mappings(), cal.mappings() == 1 ? " mapping, " : " mappings, ", cal.runs(),
+        cal.runs() == 1 ? " job" : " jobs",
+        absl::StrFormat("): compute x%.3f, communication x%.3f, bubble x%.3f; fit error up to "
+                        "%.1f%%\n",
+                        cal.compute_factor(), cal.communication_factor(), cal.bubble_factor(),
+                        cal.max_relative_error() * 100),
+        "Calibrated step time: ",
+        best.has_calibrated_step_seconds() ? Ms(best.calibrated_step_seconds()) : "-", " ms\n");
+  }
   if (plan.alternatives_size() > 0) {
-    std::vector<std::vector<std::string>> rows = {
-        {"  #", "MAPPING", "MEMORY-GIB", "STEP-MS", "MEASURED-MS", "MEASURED-GIB"}};
+    std::vector<std::vector<std::string>> rows;
+    rows.push_back({"  #", "MAPPING", "MEMORY-GIB", "EST-MS"});
+    if (calibrated) rows.back().push_back("CAL-MS");
+    rows.back().insert(rows.back().end(), {"MEASURED-MS", "MEASURED-GIB"});
     for (int i = 0; i < plan.alternatives_size() && i < alternatives; ++i) {
       const v1::PlanCandidate& c = plan.alternatives(i);
       const bool measured = c.has_measured();
       const bool memory = measured && c.measured().memory_bytes() > 0;
       rows.push_back({absl::StrCat("  ", i + 2), MappingText(c.mapping()), Gib(c.memory().total()),
-                      Ms(c.time().total()), measured ? Ms(c.measured().step_seconds()) : "-",
-                      memory ? Gib(c.measured().memory_bytes()) : "-"});
+                      Ms(c.time().total())});
+      if (calibrated) {
+        rows.back().push_back(c.has_calibrated_step_seconds() ? Ms(c.calibrated_step_seconds())
+                                                              : "-");
+      }
+      rows.back().insert(rows.back().end(), {measured ? Ms(c.measured().step_seconds()) : "-",
+                                             memory ? Gib(c.measured().memory_bytes()) : "-"});
     }
     absl::StrAppend(&out, "\nAlternatives (", plan.alternatives_size(), " feasible, top ",
                     std::min(alternatives, plan.alternatives_size()), "):\n", Columns(rows));

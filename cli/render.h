@@ -63,9 +63,11 @@ std::string WorkersTable(const v1::ListWorkersResponse& workers);
 std::string JobDetail(const v1::Job& job);
 
 // The best mapping with its memory and time breakdown (and, when a job of the coordinator ran it,
-// its measured step time and memory with the estimate/measured ratios), then the top
-// `alternatives` others with their estimated and measured ("-": no job ran it) columns, then the
-// number rejected. `gpu_memory_bytes` is the cluster's, for the "of N GiB" column.
+// its measured step time and memory with the estimate/measured ratios), the calibration of the
+// step-time model when the plan has one (its factors, from how many mappings and jobs, and the
+// best's calibrated step time), then the top `alternatives` others with their estimated (EST-MS),
+// calibrated (CAL-MS, only in a calibrated plan) and measured ("-": no job ran it) columns, then
+// the number rejected. `gpu_memory_bytes` is the cluster's, for the "of N GiB" column.
 std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alternatives);
 
 // "step 12 loss 3.2100 aux 0.0123 lr 3.00e-04 gnorm 1.23 123.4 ms 12345 tok/s mfu 31.0%".

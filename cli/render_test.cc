@@ -161,6 +161,45 @@ TEST(Render, Tables) {
             std::string::npos)
       << measured;
   EXPECT_NE(measured.find("4.00        500.000  400.000      -"), std::string::npos) << measured;
+  // Not calibrated: no calibration line, no CAL-MS column.
+  EXPECT_EQ(measured.find("Calibrat"), std::string::npos) << measured;
+  EXPECT_EQ(measured.find("CAL-MS"), std::string::npos) << measured;
+  EXPECT_NE(measured.find("EST-MS"), std::string::npos) << measured;
+
+  // Calibrated from those runs (the coordinator's Plan): the factors, what they were fitted on,
+  // the best's calibrated time and its ratio to the run, the CAL-MS column.
+  v1::Calibration* cal = plan.mutable_calibration();
+  cal->set_method(v1::Calibration::PER_TERM);
+  cal->set_compute_factor(1.5);
+  cal->set_communication_factor(0.25);
+  cal->set_bubble_factor(1.5);
+  cal->set_mappings(2);
+  cal->set_runs(3);
+  cal->set_max_relative_error(0.0123);
+  plan.mutable_best()->set_calibrated_step_seconds(0.2);
+  alt->set_calibrated_step_seconds(0.45);
+  const std::string calibrated = PlanTable(plan, 80.0 * (1 << 30), 5);
+  std::printf("%s", calibrated.c_str());
+  EXPECT_NE(calibrated.find("Calibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, "
+                            "communication x0.250, bubble x1.500; fit error up to 1.2%\n"),
+            std::string::npos)
+      << calibrated;
+  EXPECT_NE(calibrated.find("Calibrated step time: 200.000 ms\n"), std::string::npos) << calibrated;
+  EXPECT_NE(calibrated.find("estimate / measured: time 0.50, memory 1.25; calibrated / measured: "
+                            "time 0.80\n"),
+            std::string::npos)
+      << calibrated;
+  EXPECT_NE(calibrated.find("MEMORY-GIB  EST-MS   CAL-MS   MEASURED-MS  MEASURED-GIB"),
+            std::string::npos)
+      << calibrated;
+  EXPECT_NE(calibrated.find("4.00        500.000  450.000  400.000      -"), std::string::npos)
+      << calibrated;
+  cal->set_method(v1::Calibration::SINGLE_RATIO);
+  cal->set_mappings(1);
+  cal->set_runs(1);
+  EXPECT_NE(
+      PlanTable(plan, 80.0 * (1 << 30), 5).find("Calibration (one ratio over 1 mapping, 1 job)"),
+      std::string::npos);
 }
 
 // Server strings with control characters (a job stored before the bounds, a hostile server) never

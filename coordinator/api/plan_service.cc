@@ -18,8 +18,7 @@ absl::StatusOr<v1::Plan> PlanForUser(const v1::PlanRequest& request,
   if (plan.status().code() == absl::StatusCode::kResourceExhausted) {
     return WithReason(plan.status(), "NO_FEASIBLE_PLAN");
   }
-  if (plan.ok() && hub != nullptr)
-    SY_RETURN_IF_ERROR(hub->AttachMeasuredRuns(resolved.spec(), &*plan));
+  if (plan.ok() && hub != nullptr) SY_RETURN_IF_ERROR(hub->AttachMeasurements(resolved, &*plan));
   return plan;
 }
 

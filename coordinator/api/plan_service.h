@@ -6,7 +6,7 @@
 // parallelism) and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) /
 // RESOURCE_EXHAUSTED (no mapping fits, reason NO_FEASIBLE_PLAN) with a reason attached.
 // Authenticated and measured like every API call (api_call.h). Planning is pure computation plus
-// one read of the store's jobs (the measured columns); nothing is stored.
+// one read of the store's jobs (the measured columns and the calibration); nothing is stored.
 //
 // Thread safety: stateless; gRPC calls Plan concurrently.
 #ifndef SWITCHYARD_COORDINATOR_API_PLAN_SERVICE_H_
@@ -23,7 +23,9 @@ namespace switchyard::api {
 
 // What Plan (gRPC) and POST /v1/plans (REST) both answer: the request resolved like a submitted
 // job, then PlanJob, then (with a hub) what this coordinator's jobs of the same workload measured
-// on each ranked mapping (PlanCandidate.measured, coordinator/jobs/measured_runs.h). The
+// on each ranked mapping (PlanCandidate.measured) and, when any mapping of it was measured, the
+// step-time calibration fitted on those runs: each ranked candidate's calibrated_step_seconds,
+// the ranking by it, Plan.calibration (coordinator/jobs/measured_runs.h). The
 // planner's RESOURCE_EXHAUSTED (nothing fits in memory) carries reason NO_FEASIBLE_PLAN; no other
 // error gets that reason (a full disk is RESOURCE_EXHAUSTED too).
 absl::StatusOr<v1::Plan> PlanForUser(const v1::PlanRequest& request,

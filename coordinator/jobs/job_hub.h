@@ -84,9 +84,10 @@ class JobHub {
   std::vector<QueueUsage> QueueState() const;
   // What ResolveJobSpec fills on this coordinator (the registry's context).
   const jobs::CoordinatorContext& context() const { return registry_->context(); }
-  // The measured columns of a plan (JobRegistry::AttachMeasuredRuns); not a job change.
-  absl::Status AttachMeasuredRuns(const v1::JobSpec& spec, v1::Plan* plan) {
-    return registry_->AttachMeasuredRuns(spec, plan);
+  // The measured columns and the calibration of a plan (JobRegistry::AttachMeasurements); not a
+  // job change.
+  absl::Status AttachMeasurements(const v1::PlanRequest& request, v1::Plan* plan) {
+    return registry_->AttachMeasurements(request, plan);
   }
   // Not a job change: watchers are not woken (they get steps from the StepHub).
   absl::Status RecordLastStep(absl::string_view name, const v1::StepMetrics& step);

@@ -130,9 +130,10 @@ class JobRegistry {
   absl::StatusOr<std::vector<v1::JobEvent>> ListEvents(absl::string_view name);
 
   // PlanCandidate.measured on `plan`'s candidates from this store's jobs of the same workload as
-  // the resolved `spec` (coordinator/jobs/measured_runs.h).
-  absl::Status AttachMeasuredRuns(const v1::JobSpec& spec, v1::Plan* plan) {
-    return jobs::AttachMeasuredRuns(store_, spec, plan);
+  // the resolved `request`'s spec, and the step-time calibration fitted on them
+  // (coordinator/jobs/measured_runs.h AttachMeasurements).
+  absl::Status AttachMeasurements(const v1::PlanRequest& request, v1::Plan* plan) {
+    return jobs::AttachMeasurements(store_, request, plan);
   }
 
   // The store's Health(): OK, or the DATA_LOSS that made it refuse every call.

@@ -1,12 +1,16 @@
 // File: coordinator/jobs/measured_runs.cc
 #include "coordinator/jobs/measured_runs.h"
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "common/status.h"
 #include "coordinator/jobs/job_registry.h"
+#include "coordinator/planner/calibration.h"
+#include "coordinator/planner/planner.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace switchyard::jobs {
@@ -41,7 +45,8 @@ bool SameWorkload(const v1::JobSpec& a, const v1::JobSpec& b) {
          a.training().bf16() == b.training().bf16();
 }
 
-absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1::Plan* plan) {
+absl::StatusOr<std::vector<MeasuredMapping>> MeasuredMappings(store::Store* store,
+                                                              const v1::JobSpec& spec) {
   std::vector<Newest> by_mapping;
   for (int64_t after = 0;;) {
     SY_ASSIGN_OR_RETURN(std::vector<store::JobRow> rows,
@@ -63,14 +68,52 @@ absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1
       n.run.set_memory_bytes(step.device_memory_bytes());
     }
   }
+  std::vector<MeasuredMapping> out;
+  out.reserve(by_mapping.size());
+  for (Newest& n : by_mapping) out.push_back({std::move(n.mapping), std::move(n.run)});
+  return out;
+}
+
+namespace {
+
+// PlanCandidate.measured from `measured` on the best and every alternative.
+void Attach(const std::vector<MeasuredMapping>& measured, v1::Plan* plan) {
   auto attach = [&](v1::PlanCandidate* c) {
     c->clear_measured();
-    for (const Newest& n : by_mapping) {
-      if (MessageDifferencer::Equals(n.mapping, c->mapping())) *c->mutable_measured() = n.run;
+    for (const MeasuredMapping& m : measured) {
+      if (MessageDifferencer::Equals(m.mapping, c->mapping())) *c->mutable_measured() = m.run;
     }
   };
   if (plan->has_best()) attach(plan->mutable_best());
   for (v1::PlanCandidate& c : *plan->mutable_alternatives()) attach(&c);
+}
+
+}  // namespace
+
+absl::Status AttachMeasuredRuns(store::Store* store, const v1::JobSpec& spec, v1::Plan* plan) {
+  SY_ASSIGN_OR_RETURN(const std::vector<MeasuredMapping> measured, MeasuredMappings(store, spec));
+  Attach(measured, plan);
+  return absl::OkStatus();
+}
+
+absl::Status AttachMeasurements(store::Store* store, const v1::PlanRequest& request,
+                                v1::Plan* plan) {
+  SY_ASSIGN_OR_RETURN(const std::vector<MeasuredMapping> measured,
+                      MeasuredMappings(store, request.spec()));
+  Attach(measured, plan);
+  plan->clear_calibration();
+  if (plan->has_best()) plan->mutable_best()->clear_calibrated_step_seconds();
+  for (v1::PlanCandidate& c : *plan->mutable_alternatives()) c.clear_calibrated_step_seconds();
+  std::vector<planner::MeasuredPoint> points;
+  for (const MeasuredMapping& m : measured) {
+    // A mapping the request's rules now refuse cannot be estimated like the candidates: left out.
+    absl::StatusOr<v1::TimeEstimate> terms = planner::EstimateMappingTime(request, m.mapping);
+    if (!terms.ok()) continue;
+    points.push_back({*std::move(terms), m.run.step_seconds(), m.run.runs()});
+  }
+  if (std::optional<v1::Calibration> calibration = planner::FitCalibration(points)) {
+    planner::ApplyCalibration(*calibration, plan);
+  }
   return absl::OkStatus();
 }
 

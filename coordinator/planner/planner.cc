@@ -94,7 +94,7 @@ Constraints ConstraintsOf(const v1::JobSpec& raw, const ModelShape& model) {
 
 auto RankKey(const v1::PlanCandidate& c) {
   const v1::Mapping& m = c.mapping();
-  return std::make_tuple(c.time().total(), c.memory().total(), m.tensor_model_parallel_size(),
+  return std::make_tuple(RankingSeconds(c), c.memory().total(), m.tensor_model_parallel_size(),
                          m.context_parallel_size(), m.data_parallel_size(),
                          m.pipeline_model_parallel_size(), m.expert_tensor_parallel_size(),
                          m.expert_model_parallel_size(), m.expert_data_parallel_size());
@@ -282,7 +282,18 @@ std::string MappingToString(const v1::Mapping& m) {
                       m.micro_batch_size(), " x ", m.num_micro_batches());
 }
 
-absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
+double RankingSeconds(const v1::PlanCandidate& c) {
+  return c.has_calibrated_step_seconds() ? c.calibrated_step_seconds() : c.time().total();
+}
+
+bool RanksBefore(const v1::PlanCandidate& a, const v1::PlanCandidate& b) {
+  return RankKey(a) < RankKey(b);
+}
+
+namespace {
+
+// What PlanJob checks of a request before the search, and the model shape it estimates with.
+absl::StatusOr<ModelShape> CheckedModelShape(const v1::PlanRequest& request) {
   SY_RETURN_IF_ERROR(ValidateCluster(request.cluster()));
   const v1::JobSpec& raw = request.spec();
   // The planner decides sequence parallelism (on exactly when TP > 1), so the spec's flag is
@@ -293,7 +304,60 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
       raw.parallel().tensor_model_parallel_size() > 1);
   ApplyDefaults(&defaulted);
   SY_RETURN_IF_ERROR(ValidateJobSpec(defaulted));
-  SY_ASSIGN_OR_RETURN(const ModelShape model, PlannedModelShape(defaulted));
+  return PlannedModelShape(defaulted);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::TimeEstimate> EstimateMappingTime(const v1::PlanRequest& request,
+                                                     const v1::Mapping& mapping) {
+  const v1::Mapping& m = mapping;
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"tensor_model_parallel_size", m.tensor_model_parallel_size()},
+      {"context_parallel_size", m.context_parallel_size()},
+      {"data_parallel_size", m.data_parallel_size()},
+      {"pipeline_model_parallel_size", m.pipeline_model_parallel_size()},
+      {"expert_tensor_parallel_size", m.expert_tensor_parallel_size()},
+      {"expert_model_parallel_size", m.expert_model_parallel_size()},
+      {"expert_data_parallel_size", m.expert_data_parallel_size()},
+      {"micro_batch_size", m.micro_batch_size()},
+      {"num_micro_batches", m.num_micro_batches()},
+  };
+  for (const auto& [field, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mapping.", field, " (", value, ") must be positive"));
+    }
+  }
+  const int64_t world = int64_t{m.tensor_model_parallel_size()} * m.context_parallel_size() *
+                        m.data_parallel_size() * m.pipeline_model_parallel_size();
+  const int64_t expert_grid = int64_t{m.expert_tensor_parallel_size()} *
+                              m.expert_model_parallel_size() * m.expert_data_parallel_size() *
+                              m.pipeline_model_parallel_size();
+  if (expert_grid != world) {
+    return absl::InvalidArgumentError(absl::StrCat("mapping: ETP * EP * EDP * PP (", expert_grid,
+                                                   ") must equal TP * CP * DP * PP (", world, ")"));
+  }
+  SY_ASSIGN_OR_RETURN(const ModelShape model, CheckedModelShape(request));
+  // The mapping's rules with its own micro-batch size and world: the request's worker range
+  // (min/max_workers; world_size is replaced by RuleViolations) says which worlds to plan, not
+  // what a mapping of another world costs.
+  v1::JobSpec spec = request.spec();
+  spec.mutable_training()->set_micro_batch_size(m.micro_batch_size());
+  spec.clear_min_workers();
+  spec.clear_max_workers();
+  const int64_t global_batch =
+      int64_t{m.micro_batch_size()} * m.num_micro_batches() * m.data_parallel_size();
+  std::optional<ParallelLayout> layout;
+  if (std::string why = RuleViolations(spec, world, global_batch, m, &layout); !why.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(MappingToString(m), ": ", why));
+  }
+  return EstimateTime(model, request.cluster(), m, *layout);
+}
+
+absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
+  SY_ASSIGN_OR_RETURN(const ModelShape model, CheckedModelShape(request));
+  const v1::JobSpec& raw = request.spec();
 
   const int64_t gpus = request.cluster().num_gpus();
   int64_t max_world = gpus, min_world = gpus;
@@ -340,10 +404,7 @@ absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request) {
                      " satisfies the rules; e.g. ", example));
   }
 
-  std::stable_sort(search.feasible.begin(), search.feasible.end(),
-                   [](const v1::PlanCandidate& a, const v1::PlanCandidate& b) {
-                     return RankKey(a) < RankKey(b);
-                   });
+  std::stable_sort(search.feasible.begin(), search.feasible.end(), RanksBefore);
   v1::Plan plan;
   *plan.mutable_best() = search.feasible.front();
   for (size_t i = 1; i < search.feasible.size() && plan.alternatives_size() < kMaxListedCandidates;

@@ -56,7 +56,8 @@
 // Ranking: feasible candidates by TimeEstimate.total, ties by MemoryEstimate.total, then by the
 // mapping's sizes (TP, CP, DP, PP, ETP, EP, EDP) so plans are deterministic. Plan.best is the
 // first, Plan.alternatives the rest, Plan.rejected every rejected candidate with its rule text;
-// each list holds at most kMaxListedCandidates entries.
+// each list holds at most kMaxListedCandidates entries. The coordinator re-ranks by the same rule
+// with the calibrated step time in place of TimeEstimate.total (RanksBefore; calibration.h).
 #ifndef SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
 #define SWITCHYARD_COORDINATOR_PLANNER_PLANNER_H_
 
@@ -83,6 +84,23 @@ inline constexpr int kMaxListedCandidates = 1000;
 //   cluster.gpu_memory_bytes; the message gives the smallest peak (the steady state), its
 //   mapping and its breakdown.
 absl::StatusOr<v1::Plan> PlanJob(const v1::PlanRequest& request);
+
+// The step-time estimate of one given `mapping` for `request`, as PlanJob computes it for its
+// candidates (the same defaulted spec, model shape, rules and EstimateTime): for the mappings
+// that jobs measured (calibration.h). The world is the mapping's (TP·CP·DP·PP, whatever
+// cluster.num_gpus, parallel.world_size and min/max_workers say), the global batch mbs·m·DP and
+// the micro-batch size the mapping's; memory is not checked (the mapping ran). INVALID_ARGUMENT as
+// PlanJob for a bad request, or naming the rule when the mapping breaks one (e.g. a PP the spec's
+// layout does not fit) or its sizes are inconsistent (a size not positive, EDP != W / (ETP·EP·PP)).
+absl::StatusOr<v1::TimeEstimate> EstimateMappingTime(const v1::PlanRequest& request,
+                                                     const v1::Mapping& mapping);
+
+// The step time a candidate ranks by: PlanCandidate.calibrated_step_seconds when set, else
+// TimeEstimate.total.
+double RankingSeconds(const v1::PlanCandidate& candidate);
+// The ranking rule (above): whether `a` ranks before `b` (step time by RankingSeconds, then
+// memory, then the sizes).
+bool RanksBefore(const v1::PlanCandidate& a, const v1::PlanCandidate& b);
 
 // "TP2 CP1 DP4 PP1 | ETP1 EP8 EDP1 | dist-opt | mbs 1 x 4": for messages and logs.
 std::string MappingToString(const v1::Mapping& mapping);
