@@ -1,5 +1,5 @@
 // CUDA path of RMSNorm: one block per row in the forward; in the backward a fixed grid of
-// RmsNormBackwardBlocks(T) blocks walks rows (one warp per row for rows of at most 32 vectors,
+// RmsNormBackwardBlocks(T) blocks walks rows (one warp per row for rows of at most 256 vectors,
 // see RmsNormBackwardWarpKernel; otherwise one block per row) with stride gridDim.x, reducing each
 // row's dot product with a fixed-order block reduction and keeping the block's dw partial sums
 // (fp32) in shared memory (or, when H does not fit, in its own slice of the workspace); a second
@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/device_convert.cuh"
@@ -114,62 +115,82 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
   }
 }
 
-// Short rows (at most 32 vectors, e.g. the per-head QK-norm rows of D = 128): one WARP per row,
-// kRowWarps warps per block, so a block works on kRowWarps rows at once with warp-level
-// reductions only (the block-per-row kernel above would run one warp per block and serialise
-// hundreds of rows behind __syncthreads). Warp j of block b handles rows b * kRowWarps + j, then
-// every gridDim.x * kRowWarps further; lane i owns vector i of every row and keeps its dw partial
-// sums in registers; at the end the block adds its warps' partials in warp order into
-// partial[b, :]. The row-to-(block, warp) map depends on T only: deterministic.
+// Rows of at most 8·32 vectors (the per-head QK-norm rows of D = 128, and hidden rows up to 2048
+// bf16 / 1024 f32): one WARP per row, kRowWarps warps per block, so a block works on kRowWarps
+// rows at once with warp-level reductions only (the block-per-row kernel above runs a few warps
+// per SM through __syncthreads twice per row: latency-bound, and it was used for every row past
+// 32 vectors, e.g. the benchmark model's H = 1536 norms). Warp j of block b handles rows
+// b * kRowWarps + j, then every gridDim.x * kRowWarps further; lane i owns vectors i + 32·q,
+// q < kJ, of every row and keeps their dw partial sums in registers; at the end the block adds its
+// warps' partials in warp order into partial[b, :] (dynamic shared memory, kRowWarps · H floats).
+// The row-to-(block, warp) map depends on T only: deterministic. With kJ = 1 the arithmetic is
+// exactly that of the former short-row kernel.
 constexpr int kRowWarps = 8;
-constexpr int kMaxWarpRowFloats = 256;  // 32 lanes x at most 8 elements
+constexpr int kMaxWarpVectors = 8;  // kJ: vectors per lane, at most
 
-template <typename T, int kVec>
+template <typename T, int kVec, int kJ>
 __global__ void __launch_bounds__(kRowWarps * 32)
     RmsNormBackwardWarpKernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
                               float* partial, int64_t t_n, int64_t h_n) {
   using P = Pack<T, kVec>;
-  __shared__ float warp_acc[kRowWarps][kMaxWarpRowFloats];
+  extern __shared__ float warp_acc[];  // [kRowWarps, h_n]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t nv = h_n / kVec;
-  const bool owns = lane < nv;
-  float acc[kVec];
+  float acc[kJ][kVec];
+  P wv[kJ];
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
-  P wv;
-  if (owns) wv = reinterpret_cast<const P*>(w)[lane];
+  for (int q = 0; q < kJ; ++q) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc[q][k] = 0.0f;
+    if (lane + 32 * q < nv) wv[q] = reinterpret_cast<const P*>(w)[lane + 32 * q];
+  }
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t < t_n; t += stride) {
     const float r = rstd[t];
-    P d, xv;
+    P d[kJ], xv[kJ];
     float dot = 0.0f;
-    if (owns) {
-      d = reinterpret_cast<const P*>(dy + t * h_n)[lane];
-      xv = reinterpret_cast<const P*>(x + t * h_n)[lane];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += ToFloat(d.v[k]) * ToFloat(wv.v[k]) * ToFloat(xv.v[k]);
+    for (int q = 0; q < kJ; ++q) {
+      const int64_t i = lane + 32 * q;
+      if (i < nv) {
+        d[q] = reinterpret_cast<const P*>(dy + t * h_n)[i];
+        xv[q] = reinterpret_cast<const P*>(x + t * h_n)[i];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          dot += ToFloat(d[q].v[k]) * ToFloat(wv[q].v[k]) * ToFloat(xv[q].v[k]);
+        }
+      }
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     const float c = r * r * dot / static_cast<float>(h_n);
-    if (owns) {  // each lane wrote nothing before reading its own dy vector: dx may alias dy
-      P o;
+    // Each lane wrote nothing before reading its own dy vectors: dx may alias dy.
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const float df = ToFloat(d.v[k]), xf = ToFloat(xv.v[k]);
-        acc[k] += df * xf * r;
-        o.v[k] = FromFloat<T>(r * (df * ToFloat(wv.v[k]) - xf * c));
+    for (int q = 0; q < kJ; ++q) {
+      const int64_t i = lane + 32 * q;
+      if (i < nv) {
+        P o;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float df = ToFloat(d[q].v[k]), xf = ToFloat(xv[q].v[k]);
+          acc[q][k] += df * xf * r;
+          o.v[k] = FromFloat<T>(r * (df * ToFloat(wv[q].v[k]) - xf * c));
+        }
+        reinterpret_cast<P*>(dx + t * h_n)[i] = o;
       }
-      reinterpret_cast<P*>(dx + t * h_n)[lane] = o;
     }
   }
-  if (owns) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) warp_acc[warp][lane * kVec + k] = acc[k];
+  for (int q = 0; q < kJ; ++q) {
+    const int64_t i = lane + 32 * q;
+    if (i < nv) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) warp_acc[warp * h_n + i * kVec + k] = acc[q][k];
+    }
   }
   __syncthreads();
   for (int64_t h = threadIdx.x; h < h_n; h += blockDim.x) {
     float sum = 0.0f;
-    for (int j = 0; j < kRowWarps; ++j) sum += warp_acc[j][h];
+    for (int j = 0; j < kRowWarps; ++j) sum += warp_acc[j * h_n + h];
     partial[static_cast<int64_t>(blockIdx.x) * h_n + h] = sum;
   }
 }
@@ -255,18 +276,31 @@ absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
   const int64_t blocks = RmsNormBackwardBlocks(t_n);
   float* partial = workspace.as<float>();
-  if (h_n / kVec <= 32 && h_n <= kMaxWarpRowFloats) {
-    RmsNormBackwardWarpKernel<T, kVec>
-        <<<static_cast<unsigned>(blocks), kRowWarps * 32, 0, S(stream)>>>(
-            dy.as<const T>(), x.as<const T>(), w.as<const T>(), rstd.as<const float>(), dx.as<T>(),
-            partial, t_n, h_n);
-    SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    return absl::OkStatus();
-  }
-  const int threads = RowThreads(h_n / kVec, 512);
   int max_smem = 0;
   SY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                  stream.device.index));
+  const int64_t nv = h_n / kVec;
+  const int64_t warp_smem = kRowWarps * h_n * static_cast<int64_t>(sizeof(float));
+  if (nv <= 32 * kMaxWarpVectors && warp_smem <= max_smem) {
+    auto launch = [&](auto kj) -> absl::Status {
+      auto* kernel = &RmsNormBackwardWarpKernel<T, kVec, decltype(kj)::value>;
+      if (warp_smem > 48 * 1024) {
+        SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(warp_smem)));
+      }
+      kernel<<<static_cast<unsigned>(blocks), kRowWarps * 32, static_cast<size_t>(warp_smem),
+               S(stream)>>>(dy.as<const T>(), x.as<const T>(), w.as<const T>(),
+                            rstd.as<const float>(), dx.as<T>(), partial, t_n, h_n);
+      SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      return absl::OkStatus();
+    };
+    if (nv <= 32) return launch(std::integral_constant<int, 1>{});
+    if (nv <= 64) return launch(std::integral_constant<int, 2>{});
+    if (nv <= 128) return launch(std::integral_constant<int, 4>{});
+    if (nv <= 192) return launch(std::integral_constant<int, 6>{});
+    return launch(std::integral_constant<int, 8>{});
+  }
+  const int threads = RowThreads(h_n / kVec, 512);
   const int64_t smem = h_n * static_cast<int64_t>(sizeof(float));
   const int64_t static_smem = 32 * sizeof(float);
   if (smem + static_smem <= max_smem) {
