@@ -24,7 +24,7 @@
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
 //                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--cp 1] [--dry_run]
 //                   [--breakdown] [--delay_wgrad_compute] [--checkpoint_dir DIR]
-//                   [--plan_batch [--device_gib 80] [--plan_headroom 0.1]]
+//                   [--plan_batch [--device_gib 80 (--dry_run only)] [--plan_headroom 0.1]]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
 // "RESULT_JSON {...}" for scripts. Without a CUDA device it prints a message and exits 0.
@@ -150,9 +150,9 @@ ABSL_FLAG(int, rank_timeout_s, 1200, "--world > 1: ranks still running after thi
 ABSL_FLAG(bool, plan_batch, false,
           "one GPU: the micro-batch and the selective-recompute modules are the planner's choice "
           "(coordinator/planner/batch_plan.h) for the global batch; prints the candidates");
-ABSL_FLAG(double, device_gib, 80,
-          "--plan_batch --dry_run: the device memory the plan must fit (a GPU run uses "
-          "cudaMemGetInfo's total)");
+ABSL_FLAG(double, device_gib, 0,
+          "--plan_batch --dry_run: the device memory the plan must fit, GiB (0: 80); a GPU run "
+          "uses cudaMemGetInfo's total and rejects this flag");
 ABSL_FLAG(double, plan_headroom, switchyard::planner::kDefaultBatchHeadroom,
           "--plan_batch: the fraction of the device memory the plan keeps free");
 
@@ -305,7 +305,8 @@ int DryRun(const std::string& name, BenchModel b) {
   std::vector<std::string> recompute;
   nlohmann::json plan_json = nullptr;
   if (absl::GetFlag(FLAGS_plan_batch)) {
-    const double device_bytes = absl::GetFlag(FLAGS_device_gib) * kGiB;
+    const double gib = absl::GetFlag(FLAGS_device_gib);
+    const double device_bytes = (gib > 0 ? gib : 80.0) * kGiB;
     absl::StatusOr<planner::BatchPlan> plan = PlanBatch(name, b, device_bytes);
     if (!plan.ok()) {
       std::fprintf(stderr, "train_benchmark --plan_batch: %s\n", plan.status().ToString().c_str());
@@ -761,6 +762,13 @@ int Main() {
       return 2;
     }
     return DryRun(absl::GetFlag(FLAGS_model), *bm);
+  }
+  if (absl::GetFlag(FLAGS_device_gib) != 0) {
+    // Only a dry run has no device to ask; a GPU run plans for the memory it has.
+    std::fprintf(stderr,
+                 "train_benchmark: --device_gib is for --dry_run only (a GPU run plans for "
+                 "cudaMemGetInfo's total); drop it or add --dry_run\n");
+    return 2;
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {

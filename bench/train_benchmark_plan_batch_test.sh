@@ -36,4 +36,9 @@ grep -q 'RESOURCE_EXHAUSTED: no micro-batch fits' "$TEST_TMPDIR/err" || fail "no
 [[ $? -eq 2 ]] || fail "--plan_batch with --micro_batch accepted"
 "$bin" --dry_run --plan_batch --world 2 --ep 2 >/dev/null 2>&1
 [[ $? -eq 2 ]] || fail "--plan_batch with --world 2 accepted"
+# --device_gib is for dry runs: a GPU run (here, with or without a GPU) rejects it before anything.
+"$bin" --plan_batch --device_gib 80 >/dev/null 2>"$TEST_TMPDIR/err"
+rc=$?
+[[ $rc -eq 2 ]] || fail "--device_gib without --dry_run: exit $rc, want 2"
+grep -q -- '--device_gib is for --dry_run only' "$TEST_TMPDIR/err" || fail "no --device_gib reason"
 echo PASS
