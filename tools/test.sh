@@ -35,5 +35,13 @@ else
   rc=1
 fi
 
-python3 tools/test_summary.py "$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)"
+# Count only the reports of today's test targets (the output base keeps those of removed ones).
+targets=$(mktemp)
+bazel query "${BAZEL_FLAGS[@]}" 'tests(//...)' >"$targets" 2>/dev/null || : >"$targets"
+if [[ -s $targets ]]; then
+  python3 tools/test_summary.py "$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)" "$targets"
+else
+  python3 tools/test_summary.py "$(bazel info "${BAZEL_FLAGS[@]}" bazel-testlogs 2>/dev/null)"
+fi
+rm -f "$targets"
 exit $rc

@@ -4,6 +4,11 @@ The total line has the form 'tests: N passed, N failed, N skipped' so that CI re
 people) see GPU tests that were skipped on a machine without a GPU, instead of Bazel's PASSED.
 For a target with failures it also repeats the failing lines of its test.log (gtest's
 "[  FAILED  ]", a script's "FAIL:"/"FAILED:"), so they are at the end of a long CI log too.
+
+Usage: test_summary.py TESTLOGS [TARGETS_FILE]. With TARGETS_FILE (one label per line, e.g. the
+output of `bazel query 'tests(//...)'`), only those targets' reports count: the output base keeps
+the reports of targets that no longer exist (a moved or deleted test), which would otherwise be
+counted again.
 """
 import glob
 import os
@@ -30,10 +35,23 @@ def failing_lines(test_log: str, limit: int = 40) -> list:
     return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
-def main(testlogs: str) -> int:
+def report_dir(label: str) -> str:
+    """//a/b:c -> a/b/c, the folder of the target's reports under bazel-testlogs."""
+    pkg, _, name = label.strip().lstrip("/").partition(":")
+    return os.path.join(pkg, name) if name else pkg
+
+
+def main(testlogs: str, targets_file: str = "") -> int:
     totals = [0, 0, 0]
+    wanted = None
+    if targets_file:
+        with open(targets_file) as f:
+            wanted = {report_dir(l) for l in f if l.strip().startswith("//")}
     for path in sorted(glob.glob(os.path.join(testlogs, "**", "test.xml"), recursive=True)):
-        target = "//" + os.path.relpath(os.path.dirname(path), testlogs)
+        rel = os.path.relpath(os.path.dirname(path), testlogs)
+        if wanted is not None and rel not in wanted:
+            continue
+        target = "//" + rel
         counts = [0, 0, 0]
         try:
             root = ET.parse(path).getroot()
@@ -58,4 +76,4 @@ def main(testlogs: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""))
