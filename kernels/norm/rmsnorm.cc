@@ -82,13 +82,18 @@ absl::Status RmsNormForward(const Stream& stream, const Tensor& x, const Tensor&
 
 absl::Status RmsNormBackward(const Stream& stream, const Tensor& dy, const Tensor& x,
                              const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                             const Tensor& dw, bool accumulate_dw, const Tensor& workspace) {
+                             const Tensor& dw, bool accumulate_dw, const Tensor& workspace,
+                             bool accumulate_dx) {
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&dy, &x, &w, &rstd, &dx, &dw}));
   SY_RETURN_IF_ERROR(CheckRows(stream, "RmsNormBackward", x, w, rstd, {{"dy", &dy}, {"dx", &dx}}));
   if (dw.shape != w.shape || (dw.dtype != DType::kF32 && dw.dtype != w.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("RmsNormBackward: dw must be [", w.dim(0),
                                                    "] f32 or the dtype of w, got ",
                                                    dw.DebugString()));
+  }
+  if (accumulate_dx && dx.numel() > 0 && dx.data == dy.data) {
+    return absl::InvalidArgumentError(
+        "RmsNormBackward: with accumulate_dx, dx must not alias dy (dx += the gradient of dy)");
   }
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
   if (stream.is_cuda()) {
@@ -99,7 +104,8 @@ absl::Status RmsNormBackward(const Stream& stream, const Tensor& dy, const Tenso
           absl::StrCat("RmsNormBackward: workspace must hold RmsNormBackwardWorkspaceBytes(", t_n,
                        ", ", h_n, ") = ", need, " bytes, got ", workspace.DebugString()));
     }
-    return internal::RmsNormBackwardCuda(stream, dy, x, w, rstd, dx, dw, accumulate_dw, workspace);
+    return internal::RmsNormBackwardCuda(stream, dy, x, w, rstd, dx, dw, accumulate_dw, workspace,
+                                         accumulate_dx);
   }
   std::vector<double> dw_acc(h_n, 0.0);
   for (int64_t t = 0; t < t_n; ++t) {
@@ -113,7 +119,8 @@ absl::Status RmsNormBackward(const Stream& stream, const Tensor& dy, const Tenso
       const double d = LoadAsDouble(dy, t * h_n + h);
       const double xv = LoadAsDouble(x, t * h_n + h);
       dw_acc[h] += d * xv * r;
-      StoreFromDouble(dx, t * h_n + h, r * (d * LoadAsDouble(w, h) - xv * c));
+      const double g = r * (d * LoadAsDouble(w, h) - xv * c);
+      StoreFromDouble(dx, t * h_n + h, accumulate_dx ? LoadAsDouble(dx, t * h_n + h) + g : g);
     }
   }
   for (int64_t h = 0; h < h_n; ++h) {

@@ -69,7 +69,7 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, float eps, T* y, fl
 // to avoid bank conflicts.
 template <typename T, int kVec, bool kSmemAcc>
 __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
-                                      float* partial, int64_t t_n, int64_t h_n) {
+                                      float* partial, int64_t t_n, int64_t h_n, bool accum_dx) {
   using P = Pack<T, kVec>;
   extern __shared__ float acc_smem[];
   __shared__ float scratch[32];
@@ -98,11 +98,13 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
     for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
       const P d = dyr[i], xv = xr[i], wv = wr[i];
       P o;
+      if (accum_dx) o = dxr[i];  // dx does not alias dy here
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         const float df = ToFloat(d.v[k]), xf = ToFloat(xv.v[k]);
         acc[at(i, k)] += df * xf * r;
-        o.v[k] = FromFloat<T>(r * (df * ToFloat(wv.v[k]) - xf * c));
+        const float g = r * (df * ToFloat(wv.v[k]) - xf * c);
+        o.v[k] = FromFloat<T>(accum_dx ? ToFloat(o.v[k]) + g : g);
       }
       dxr[i] = o;
     }
@@ -131,7 +133,7 @@ constexpr int kMaxWarpVectors = 8;  // kJ: vectors per lane, at most
 template <typename T, int kVec, int kJ>
 __global__ void __launch_bounds__(kRowWarps * 32)
     RmsNormBackwardWarpKernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
-                              float* partial, int64_t t_n, int64_t h_n) {
+                              float* partial, int64_t t_n, int64_t h_n, bool accum_dx) {
   using P = Pack<T, kVec>;
   extern __shared__ float warp_acc[];  // [kRowWarps, h_n]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -169,11 +171,13 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       const int64_t i = lane + 32 * q;
       if (i < nv) {
         P o;
+        if (accum_dx) o = reinterpret_cast<const P*>(dx + t * h_n)[i];  // no alias with dy
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const float df = ToFloat(d[q].v[k]), xf = ToFloat(xv[q].v[k]);
           acc[q][k] += df * xf * r;
-          o.v[k] = FromFloat<T>(r * (df * ToFloat(wv[q].v[k]) - xf * c));
+          const float g = r * (df * ToFloat(wv[q].v[k]) - xf * c);
+          o.v[k] = FromFloat<T>(accum_dx ? ToFloat(o.v[k]) + g : g);
         }
         reinterpret_cast<P*>(dx + t * h_n)[i] = o;
       }
@@ -272,7 +276,7 @@ absl::Status LaunchForward(const Stream& stream, const Tensor& x, const Tensor& 
 template <typename T, int kVec>
 absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor& x,
                             const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                            const Tensor& workspace) {
+                            const Tensor& workspace, bool accum_dx) {
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
   const int64_t blocks = RmsNormBackwardBlocks(t_n);
   float* partial = workspace.as<float>();
@@ -290,7 +294,7 @@ absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor
       }
       kernel<<<static_cast<unsigned>(blocks), kRowWarps * 32, static_cast<size_t>(warp_smem),
                S(stream)>>>(dy.as<const T>(), x.as<const T>(), w.as<const T>(),
-                            rstd.as<const float>(), dx.as<T>(), partial, t_n, h_n);
+                            rstd.as<const float>(), dx.as<T>(), partial, t_n, h_n, accum_dx);
       SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
       return absl::OkStatus();
     };
@@ -311,11 +315,11 @@ absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor
     }
     kernel<<<static_cast<unsigned>(blocks), threads, static_cast<size_t>(smem), S(stream)>>>(
         dy.as<const T>(), x.as<const T>(), w.as<const T>(), rstd.as<const float>(), dx.as<T>(),
-        partial, t_n, h_n);
+        partial, t_n, h_n, accum_dx);
   } else {
     RmsNormBackwardKernel<T, kVec, false><<<static_cast<unsigned>(blocks), threads, 0, S(stream)>>>(
         dy.as<const T>(), x.as<const T>(), w.as<const T>(), rstd.as<const float>(), dx.as<T>(),
-        partial, t_n, h_n);
+        partial, t_n, h_n, accum_dx);
   }
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -334,12 +338,12 @@ absl::Status DispatchForward(const Stream& stream, const Tensor& x, const Tensor
 template <typename T>
 absl::Status DispatchBackward(const Stream& stream, const Tensor& dy, const Tensor& x,
                               const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                              const Tensor& workspace) {
+                              const Tensor& workspace, bool accum_dx) {
   constexpr int kVec = 16 / sizeof(T);
   if (x.dim(1) % kVec == 0 && Aligned16({dy.data, x.data, w.data, dx.data})) {
-    return LaunchBackward<T, kVec>(stream, dy, x, w, rstd, dx, workspace);
+    return LaunchBackward<T, kVec>(stream, dy, x, w, rstd, dx, workspace, accum_dx);
   }
-  return LaunchBackward<T, 1>(stream, dy, x, w, rstd, dx, workspace);
+  return LaunchBackward<T, 1>(stream, dy, x, w, rstd, dx, workspace, accum_dx);
 }
 
 }  // namespace
@@ -357,13 +361,16 @@ absl::Status RmsNormForwardCuda(const Stream& stream, const Tensor& x, const Ten
 
 absl::Status RmsNormBackwardCuda(const Stream& stream, const Tensor& dy, const Tensor& x,
                                  const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                                 const Tensor& dw, bool accumulate_dw, const Tensor& workspace) {
+                                 const Tensor& dw, bool accumulate_dw, const Tensor& workspace,
+                                 bool accumulate_dx) {
   const int64_t t_n = x.dim(0), h_n = x.dim(1);
   if (t_n > 0) {
     if (x.dtype == DType::kBF16) {
-      SY_RETURN_IF_ERROR(DispatchBackward<__nv_bfloat16>(stream, dy, x, w, rstd, dx, workspace));
+      SY_RETURN_IF_ERROR(
+          DispatchBackward<__nv_bfloat16>(stream, dy, x, w, rstd, dx, workspace, accumulate_dx));
     } else {
-      SY_RETURN_IF_ERROR(DispatchBackward<float>(stream, dy, x, w, rstd, dx, workspace));
+      SY_RETURN_IF_ERROR(
+          DispatchBackward<float>(stream, dy, x, w, rstd, dx, workspace, accumulate_dx));
     }
   }
   // With T == 0 no partials were written: sum over zero blocks (dw unchanged or zeroed).

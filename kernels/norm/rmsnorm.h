@@ -49,21 +49,25 @@ absl::Status RmsNormForward(const Stream& stream, const Tensor& x, const Tensor&
 
 // Backward of RmsNormForward (formulas in the file comment).
 //   dy, x, dx [T, H]; w [H]; rstd [T] as saved by the forward.
-//   dx is overwritten and may alias dy.
+//   dx is overwritten and may alias dy; with accumulate_dx = true this call's gradient is added
+//   to dx instead (dx += ..., one rounding of the sum: the residual stream's gradient without a
+//   separate add pass), and dx must not alias dy.
 //   dw [H] f32 or the dtype of w: a gradient buffer. accumulate_dw = true adds this call's
 //   contribution to it (dw += ...); false overwrites it.
 //   workspace: any dtype, >= RmsNormBackwardWorkspaceBytes(T, H) bytes on the stream's CUDA
 //   device; ignored on the CPU (may be an empty Tensor).
 absl::Status RmsNormBackward(const Stream& stream, const Tensor& dy, const Tensor& x,
                              const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                             const Tensor& dw, bool accumulate_dw, const Tensor& workspace);
+                             const Tensor& dw, bool accumulate_dw, const Tensor& workspace,
+                             bool accumulate_dx = false);
 
 namespace internal {
 absl::Status RmsNormForwardCuda(const Stream& stream, const Tensor& x, const Tensor& w, float eps,
                                 const Tensor& y, const Tensor& rstd);
 absl::Status RmsNormBackwardCuda(const Stream& stream, const Tensor& dy, const Tensor& x,
                                  const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                                 const Tensor& dw, bool accumulate_dw, const Tensor& workspace);
+                                 const Tensor& dw, bool accumulate_dw, const Tensor& workspace,
+                                 bool accumulate_dx);
 }  // namespace internal
 
 }  // namespace switchyard::kernels

@@ -27,7 +27,9 @@ TEST(RmsNormGpuTest, MatchesCpuReference) {
   const Stream gpu{Device::Cuda(0), nullptr};
   const Stream cpu = Stream::Cpu();
   const float eps = 1e-6f;
-  for (int64_t h_n : {64, 128, 129, 256, 1000, 4096}) {
+  // 1536 and 2048: the warp-per-row backward with 6 and 8 vectors per lane (bf16; 2048's 64 KB of
+  // dw partials past the default shared memory); 4096: the block-per-row backward.
+  for (int64_t h_n : {64, 128, 129, 256, 1000, 1536, 2048, 4096}) {
     for (int64_t t_n : {1, 37, 4096}) {
       for (DType dt : {DType::kBF16, DType::kF32}) {
         const double tol = dt == DType::kBF16 ? 1e-2 : 1e-5;
@@ -92,6 +94,25 @@ TEST(RmsNormGpuTest, MatchesCpuReference) {
         const std::vector<float> second = testing::ToFloatVector(d_dwp.View());
         EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(float)))
             << "dw differs between two identical runs";
+
+        // accumulate_dx: dx += the gradient (the residual stream's), against the CPU's dx +=.
+        Buffer acc = Host(dt, {t_n, h_n}), dw_cpu = Host(DType::kF32, {h_n});
+        testing::FillRandom(acc.View(), rng);
+        Buffer d_acc = Upload(acc);
+        ASSERT_TRUE(RmsNormBackward(cpu, dy.View(), x.View(), w.View(), rstd.View(), acc.View(),
+                                    dw_cpu.View(), false, Tensor(), /*accumulate_dx=*/true)
+                        .ok());
+        ASSERT_TRUE(RmsNormBackward(gpu, d_dy.View(), d_x.View(), d_w.View(), d_rstd.View(),
+                                    d_acc.View(), d_dw_scratch.View(), false, ws.View(),
+                                    /*accumulate_dx=*/true)
+                        .ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ExpectClose(d_acc.View(), acc.View(), tol, "backward dx += (accumulate_dx)");
+        EXPECT_FALSE(RmsNormBackward(gpu, d_dy.View(), d_x.View(), d_w.View(), d_rstd.View(),
+                                     d_dy.View(), d_dw_scratch.View(), false, ws.View(),
+                                     /*accumulate_dx=*/true)
+                         .ok())
+            << "accumulate_dx with dx aliasing dy must be rejected";
       }
     }
   }

@@ -99,6 +99,21 @@ TEST(RmsNormCpuTest, BackwardMatchesFiniteDifferences) {
                   .ok());
   for (int64_t h = 0; h < h_n; ++h) EXPECT_NEAR(dw_acc[h], 0.5 + dw[h], 1e-12);
   for (int64_t i = 0; i < t_n * h_n; ++i) EXPECT_EQ(dx_alias[i], dx[i]);
+
+  // accumulate_dx adds the gradient to dx (the residual stream's); dx must not alias dy then.
+  std::vector<double> dx_acc = Random(t_n * h_n, rng), dw_scratch(h_n);
+  const std::vector<double> before = dx_acc;
+  ASSERT_TRUE(RmsNormBackward(Stream::Cpu(), T64(dy, {t_n, h_n}), T64(x, {t_n, h_n}), T64(w, {h_n}),
+                              T64(rstd, {t_n}), T64(dx_acc, {t_n, h_n}), T64(dw_scratch, {h_n}),
+                              false, Tensor(), /*accumulate_dx=*/true)
+                  .ok());
+  for (int64_t i = 0; i < t_n * h_n; ++i) EXPECT_NEAR(dx_acc[i], before[i] + dx[i], 1e-12);
+  std::vector<double> same = dy;
+  const absl::Status alias = RmsNormBackward(
+      Stream::Cpu(), T64(same, {t_n, h_n}), T64(x, {t_n, h_n}), T64(w, {h_n}), T64(rstd, {t_n}),
+      T64(same, {t_n, h_n}), T64(dw_scratch, {h_n}), false, Tensor(), /*accumulate_dx=*/true);
+  EXPECT_EQ(alias.code(), absl::StatusCode::kInvalidArgument) << alias;
+  EXPECT_NE(alias.message().find("accumulate_dx"), std::string::npos) << alias;
 }
 
 TEST(RmsNormCpuTest, ForwardInPlaceMatchesOutOfPlace) {

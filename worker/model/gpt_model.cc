@@ -1360,9 +1360,9 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   phase.Next("oproj_residual_norm");
   PhaseSequence oproj_phase(s);  // its parts, nested (--breakdown)
   oproj_phase.Next("post_norm");
-  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, tl), dn, L.g_post,
-                                              true, rms_ws_));
-  SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
+  // The residual: g += the norm's input gradient, inside the norm's backward (one rounding).
+  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, mid, L.w_post, Rows(L.rstd2, tl), g, L.g_post,
+                                              true, rms_ws_, /*accumulate_dx=*/true));
   oproj_phase.Next("oproj");
 
   // Attention: g is now d(loss)/d(mid).
@@ -1414,9 +1414,8 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   SY_RETURN_IF_ERROR(Gemm(s, dv2, false, L.wv, false, partial, 1.0f, 1.0f));
   if (tp) SY_RETURN_IF_ERROR(ReduceScatterSeq(s, partial, dn, seq_len));
   qkv_phase.Next("input_norm");
-  SY_RETURN_IF_ERROR(
-      kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, tl), dn, L.g_in, true, rms_ws_));
-  SY_RETURN_IF_ERROR(kernels::Axpby(s, 1.0f, g, 1.0f, dn, g));
+  SY_RETURN_IF_ERROR(kernels::RmsNormBackward(s, dn, x, L.w_in, Rows(L.rstd1, tl), g, L.g_in, true,
+                                              rms_ws_, /*accumulate_dx=*/true));
   return absl::OkStatus();
 }
 
