@@ -238,8 +238,12 @@ absl::Status ApplySearch(const v1::PlanRequest& request, v1::PlanRequest* resolv
     world = raw.world_size();
     what = "parallel.world_size";
   } else {
-    // The cluster's size must be valid before it becomes the world.
-    SY_RETURN_IF_ERROR(planner::ValidateCluster(request.cluster()));
+    // The cluster's size must be valid before it becomes the world (its other fields are the
+    // planner's to check, planner.h ValidateCluster).
+    if (gpus <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster.num_gpus (", gpus, ") must be positive"));
+    }
     world = spec.has_max_workers() ? std::min<int64_t>(gpus, spec.max_workers()) : gpus;
     what = absl::StrCat("the searched world size (search.world_size unset: cluster.num_gpus ", gpus,
                         spec.has_max_workers() ? ", at most max_workers" : "", ")");
