@@ -491,6 +491,42 @@ TEST(PlanServiceTest, SearchRanksEveryMappingOfTheSizesTheSpecLeavesUnset) {
   EXPECT_FALSE(json.contains("alternatives"));
 }
 
+// A world whose all-1 mapping breaks a rule is still searched: micro-batch 2, global batch 4 on 4
+// ranks cannot run DP 4 (4 % (2 * 4) != 0), but mappings of DP <= 2 can; the search ranks those
+// and rejects the DP 4 ones naming the global batch rule.
+TEST(PlanServiceTest, SearchOfAWorldWhoseAllOnesMappingBreaksARule) {
+  std::unique_ptr<CoordinatorServer> server =
+      testing::StartServer("plan_search_dp.db", [](ServerOptions& o) { o.workers = false; });
+  ASSERT_NE(server, nullptr);
+  auto plans = v1::PlanService::NewStub(testing::Channel(server->grpc_port()));
+  v1::PlanRequest request;
+  *request.mutable_spec() = testing::ValidSpec("search-dp");
+  request.mutable_spec()->mutable_parallel()->clear_world_size();
+  request.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  request.mutable_spec()->mutable_training()->set_global_batch_size(4);
+  *request.mutable_cluster() = testing::Cluster32();
+  request.mutable_search()->set_world_size(4);
+  v1::Plan plan;
+  const grpc::Status s = plans->Plan(testing::Context().get(), request, &plan);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(plan.search().world_size(), 4);
+  EXPECT_GT(plan.alternatives_size(), 0);
+  for (const v1::PlanCandidate* c : Ranked(plan)) {
+    ExpectWorld(c->mapping(), 4);
+    EXPECT_LE(c->mapping().data_parallel_size(), 2) << c->DebugString();
+  }
+  bool batch_rule = false;
+  for (const v1::PlanCandidate& c : plan.rejected()) {
+    if (c.mapping().data_parallel_size() == 4 &&
+        c.rejection().find("training.global_batch_size (4)") != std::string::npos) {
+      batch_rule = true;
+    }
+  }
+  EXPECT_TRUE(batch_rule);
+  std::printf("world 4, global batch 4: %d ranked, best %s\n", plan.alternatives_size() + 1,
+              planner::MappingToString(plan.best().mapping()).c_str());
+}
+
 // A search whose input cannot be planned is INVALID_ARGUMENT naming the field and the rule (gRPC
 // and REST), before any planning.
 TEST(PlanServiceTest, BadSearchIsRejectedNamingTheFieldAndTheRule) {

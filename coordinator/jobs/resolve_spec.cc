@@ -289,7 +289,15 @@ absl::Status ApplySearch(const v1::PlanRequest& request, v1::PlanRequest* resolv
     // A dense model has no expert grid: the planner fixes EP 1 and ETP = TP.
     if (!s.expert || moe) scope->add_varied(s.field);
   }
-  p.set_world_size(static_cast<int32_t>(world));
+  // The world as the worker range [W, W] when the spec sets no parallel.world_size (PlanJob then
+  // plans exactly W): a parallel.world_size would make the planner validate the spec with its
+  // unset sizes as 1 at W (planner.cc CheckedModelShape), refusing the whole search when that
+  // one mapping breaks a rule (e.g. the global batch not divisible by micro-batch x DP = W) while
+  // others of W do not; each candidate is validated on its own instead.
+  if (!p.has_world_size()) {
+    spec.set_min_workers(static_cast<int32_t>(world));
+    spec.set_max_workers(static_cast<int32_t>(world));
+  }
   // The planner decides sequence parallelism per candidate (on exactly when TP > 1).
   p.set_sequence_parallel(p.has_tensor_model_parallel_size() && p.tensor_model_parallel_size() > 1);
   return absl::OkStatus();

@@ -96,8 +96,9 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // instead lets the planner rank every mapping of one world: the spec is resolved and checked as
 // above, then each of TP, CP, PP, ETP and EP that request.spec leaves UNSET (field presence of the
 // spec as sent, before the defaults made EP 1 and the rest 1 or TP) is cleared again, so PlanJob
-// enumerates it, and parallel.world_size is set to the searched world (search.world_size, else
-// the spec's parallel.world_size, else cluster.num_gpus capped by max_workers). A size the spec
+// enumerates it, and the searched world (search.world_size, else the spec's parallel.world_size,
+// else cluster.num_gpus capped by max_workers) is the only one planned (min_workers = max_workers
+// = it when the spec sets no parallel.world_size). A size the spec
 // sets, to 1 or more, stays pinned. INVALID_ARGUMENT naming the field and the rule when that world
 // is not positive, differs from the spec's parallel.world_size, exceeds cluster.num_gpus, lies
 // outside the spec's worker range, or is not divisible by the pinned TP * CP * PP (or, for a MoE

@@ -220,7 +220,11 @@ TEST(ResolveSpecTest, SearchFreesOnlyTheSizesTheSpecLeavesUnset) {
   EXPECT_FALSE(p.has_expert_tensor_parallel_size());
   ASSERT_TRUE(p.has_expert_model_parallel_size());  // set to 1 is not unset
   EXPECT_EQ(p.expert_model_parallel_size(), 1);
-  EXPECT_EQ(p.world_size(), 4);
+  // The world is the worker range (no parallel.world_size: the planner validates each candidate,
+  // not the spec's all-1 mapping at that world).
+  EXPECT_FALSE(p.has_world_size());
+  EXPECT_EQ(resolved->spec().min_workers(), 4);
+  EXPECT_EQ(resolved->spec().max_workers(), 4);
   EXPECT_FALSE(p.sequence_parallel());
   EXPECT_EQ(resolved->spec().model().vocab_size(), 4096);  // resolved like a submit
   EXPECT_EQ(scope.world_size(), 4);
