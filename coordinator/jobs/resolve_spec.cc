@@ -203,7 +203,7 @@ constexpr SearchableSize kSearchableSizes[] = {
 };
 
 // The search of `request` (plan.proto PlanSearch) applied to `resolved` (request resolved by
-// ResolveJobSpec): its world checked and set as parallel.world_size, the sizes the user left unset
+// ResolveJobSpec): its world checked and made the only one planned, the sizes the user left unset
 // in request.spec cleared again (ResolveJobSpec's defaults set them: EP to 1, ...), so that the
 // planner enumerates them. `scope` gets what was searched.
 absl::Status ApplySearch(const v1::PlanRequest& request, v1::PlanRequest* resolved,
@@ -245,8 +245,8 @@ absl::Status ApplySearch(const v1::PlanRequest& request, v1::PlanRequest* resolv
           absl::StrCat("cluster.num_gpus (", gpus, ") must be positive"));
     }
     world = spec.has_max_workers() ? std::min<int64_t>(gpus, spec.max_workers()) : gpus;
-    what = absl::StrCat("the searched world size (search.world_size unset: cluster.num_gpus ", gpus,
-                        spec.has_max_workers() ? ", at most max_workers" : "", ")");
+    what = absl::StrCat("the searched world (search.world_size unset: cluster.num_gpus",
+                        spec.has_max_workers() ? " capped by max_workers" : "", ")");
   }
   const auto [min_workers, max_workers] = WorkerRange(spec);
   if (world < min_workers || world > max_workers) {
