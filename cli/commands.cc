@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -267,16 +268,26 @@ int PlanCommand(const Globals& g, const Args& args) {
                               {"--intra-node-gbps", nullptr, true},
                               {"--inter-node-gbps", nullptr, true},
                               {"--peak-tflops", nullptr, true},
-                              {"--alternatives", nullptr, true}},
+                              {"--alternatives", nullptr, true},
+                              {"--search", nullptr, false},
+                              {"--world", nullptr, true},
+                              {"--json", nullptr, false}},
                              &p)) {
     return rc;
   }
   if (!p.positional.empty()) return UsageError("plan takes no positional arguments");
+  const bool search = p.Has("--search");
+  if (p.Has("--world") && !search) {
+    return UsageError(
+        "plan: --world needs --search (without it the plan is the scheduler's, on up to --gpus)");
+  }
   // Defaults: one node of 8 H100 SXM (80 GiB, NVLink 450 GB/s per GPU, 400 Gb/s InfiniBand per
-  // GPU, 989 dense bf16 TFLOP/s). Flags are checked before the spec file is read.
-  int64_t gpus = 0, gpus_per_node = 8, alternatives = 5;
+  // GPU, 989 dense bf16 TFLOP/s). Flags are checked before the spec file is read. A search lists
+  // every ranked and rejected mapping unless --alternatives caps the lists.
+  int64_t gpus = 0, gpus_per_node = 8, alternatives = search ? -1 : 5, world = 0;
   double memory_gib = 80, intra = 450, inter = 50, tflops = 989;
   if (int rc = IntFlag("plan", p, "--gpus", 1, &gpus)) return rc;
+  if (int rc = IntFlag("plan", p, "--world", 1, &world)) return rc;
   if (int rc = IntFlag("plan", p, "--gpus-per-node", 1, &gpus_per_node)) return rc;
   if (int rc = IntFlag("plan", p, "--alternatives", 0, &alternatives)) return rc;
   if (int rc = DoubleFlag("plan", p, "--gpu-memory-gib", &memory_gib)) return rc;
@@ -286,7 +297,15 @@ int PlanCommand(const Globals& g, const Args& args) {
   v1::PlanRequest request;
   if (int rc = BuildSpec("plan", p, request.mutable_spec())) return rc;
   if (gpus == 0) {
-    gpus = request.spec().parallel().has_world_size() ? request.spec().parallel().world_size() : 8;
+    gpus = world > 0                                    ? world
+           : request.spec().parallel().has_world_size() ? request.spec().parallel().world_size()
+                                                        : 8;
+  }
+  // The search (plan.proto PlanSearch): the sizes the spec leaves unset, over --world ranks
+  // (unset: the spec's parallel.world_size, else --gpus; the coordinator checks it).
+  if (search) {
+    v1::PlanSearch* s = request.mutable_search();
+    if (world > 0) s->set_world_size(static_cast<int32_t>(std::min<int64_t>(world, 1 << 30)));
   }
   v1::Cluster* cluster = request.mutable_cluster();
   cluster->set_num_gpus(static_cast<int32_t>(std::min<int64_t>(gpus, 1 << 30)));
@@ -303,9 +322,15 @@ int PlanCommand(const Globals& g, const Args& args) {
           Call(*client, "plan", client->plans(), &v1::PlanService::Stub::Plan, request, &plan)) {
     return rc;
   }
-  // -o name prints the best mapping: a plan has no resource name.
-  Print(plan, g.output,
-        PlanTable(plan, cluster->gpu_memory_bytes(), static_cast<int>(alternatives)),
+  // -o name prints the best mapping: a plan has no resource name. --json is -o json.
+  const std::string table =
+      plan.has_search()
+          ? SearchTable(plan, cluster->gpu_memory_bytes(),
+                        alternatives < 0
+                            ? std::numeric_limits<int>::max()
+                            : static_cast<int>(std::min<int64_t>(alternatives + 1, 1 << 30)))
+          : PlanTable(plan, cluster->gpu_memory_bytes(), static_cast<int>(alternatives));
+  Print(plan, p.Has("--json") ? Output::kJson : g.output, table,
         {MappingText(plan.best().mapping())});
   return kExitOk;
 }

@@ -87,6 +87,12 @@ for line in "${commands[@]}"; do
   echo "$out" | head -5 | sed 's/^/    /'
   ran=$((ran + 1))
   case "$line" in
+    *"plan -f examples/quickstart.yaml --search"*)
+      grep -q '^Search: every mapping of 4 ranks; varied TP, CP, PP, ETP, EP' <<<"$out" ||
+        fail "plan --search: no search line: $out"
+      grep -Eq '^  1 +TP[0-9]+ CP[0-9]+ DP[0-9]+ PP[0-9]+ ' <<<"$out" &&
+        grep -Eq '^  2 +TP[0-9]+ CP[0-9]+ DP[0-9]+ PP[0-9]+ ' <<<"$out" ||
+        fail "plan --search: fewer than two ranked mappings: $out" ;;
     *"plan -f examples/quickstart.yaml"*)
       grep -q '^Best mapping: TP1 CP1 DP' <<<"$out" || fail "plan: no mapping the workers run: $out" ;;
     *"get 7 -o yaml"*)

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -270,6 +273,84 @@ std::string JobDetail(const v1::Job& job) {
   return Columns(rows);
 }
 
+namespace {
+
+// "Calibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, communication x0.250,
+// bubble x1.500; fit error up to 1.2%\n".
+std::string CalibrationLine(const v1::Calibration& cal) {
+  return absl::StrCat(
+      "Calibration (", cal.method() == v1::Calibration::PER_TERM ? "per-term fit" : "one ratio",
+      " over ", cal.mappings(), cal.mappings() == 1 ? " mapping, " : " mappings, ", cal.runs(),
+      cal.runs() == 1 ? " job" : " jobs",
+      absl::StrFormat("): compute x%.3f, communication x%.3f, bubble x%.3f; fit error up to "
+                      "%.1f%%\n",
+                      cal.compute_factor(), cal.communication_factor(), cal.bubble_factor(),
+                      cal.max_relative_error() * 100));
+}
+
+// "TP" for "tensor_model_parallel_size", ... (SearchScope.varied); the field itself otherwise.
+std::string SizeAbbreviation(const std::string& field) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"tensor_model_parallel_size", "TP"},   {"context_parallel_size", "CP"},
+      {"pipeline_model_parallel_size", "PP"}, {"expert_tensor_parallel_size", "ETP"},
+      {"expert_model_parallel_size", "EP"},
+  };
+  for (const auto& [name, abbreviation] : kNames) {
+    if (field == name) return abbreviation;
+  }
+  return field;
+}
+
+}  // namespace
+
+std::string SearchTable(const v1::Plan& plan, double gpu_memory_bytes, int max_rows) {
+  const v1::SearchScope& scope = plan.search();
+  std::vector<std::string> varied;
+  for (const std::string& field : scope.varied()) varied.push_back(SizeAbbreviation(field));
+  std::string out = absl::StrCat("Search: every mapping of ", scope.world_size(),
+                                 scope.world_size() == 1 ? " rank" : " ranks", "; varied ",
+                                 varied.empty() ? "none" : absl::StrJoin(varied, ", "),
+                                 " (unset in the spec), the other sizes as the spec sets them\n");
+  // The step-time model fitted to this workload's runs (coordinator/planner/calibration.h); the
+  // ranking follows the calibrated times when there is one.
+  absl::StrAppend(&out, plan.has_calibration()
+                            ? CalibrationLine(plan.calibration())
+                            : "Calibration: none (no job of this workload measured a mapping; "
+                              "ranked by EST-MS)\n");
+  std::vector<const v1::PlanCandidate*> ranked;
+  if (plan.has_best()) ranked.push_back(&plan.best());
+  for (const v1::PlanCandidate& c : plan.alternatives()) ranked.push_back(&c);
+  const size_t shown = std::min(ranked.size(), static_cast<size_t>(std::max(max_rows, 0)));
+  std::vector<std::vector<std::string>> rows = {
+      {"  #", "MAPPING", "EST-MS", "CAL-MS", "MEASURED-MS", "EST-GIB", "MEASURED-GIB"}};
+  for (size_t i = 0; i < shown; ++i) {
+    const v1::PlanCandidate& c = *ranked[i];
+    const bool measured = c.has_measured();
+    const bool memory = measured && c.measured().memory_bytes() > 0;
+    rows.push_back({absl::StrCat("  ", i + 1), MappingText(c.mapping()), Ms(c.time().total()),
+                    c.has_calibrated_step_seconds() ? Ms(c.calibrated_step_seconds()) : "-",
+                    measured ? Ms(c.measured().step_seconds()) : "-", Gib(c.memory().total()),
+                    memory ? Gib(c.measured().memory_bytes()) : "-"});
+  }
+  absl::StrAppend(&out, "\nRanked (", ranked.size(), " feasible",
+                  shown < ranked.size() ? absl::StrCat(", top ", shown) : "",
+                  "; per-rank memory of ", Gib(gpu_memory_bytes), " GiB):\n", Columns(rows));
+  const size_t rejected = static_cast<size_t>(plan.rejected_size());
+  const size_t shown_rejected = std::min(rejected, static_cast<size_t>(std::max(max_rows, 0)));
+  absl::StrAppend(&out, "\nRejected: ", rejected, rejected == 1 ? " mapping" : " mappings",
+                  shown_rejected < rejected ? absl::StrCat(", first ", shown_rejected) : "",
+                  shown_rejected > 0 ? ":" : "", "\n");
+  if (shown_rejected > 0) {
+    std::vector<std::vector<std::string>> why = {{"  MAPPING", "RULE"}};
+    for (size_t i = 0; i < shown_rejected; ++i) {
+      const v1::PlanCandidate& c = plan.rejected(static_cast<int>(i));
+      why.push_back({"  " + MappingText(c.mapping()), c.rejection()});
+    }
+    absl::StrAppend(&out, Columns(why));
+  }
+  return out;
+}
+
 std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alternatives) {
   const v1::PlanCandidate& best = plan.best();
   const v1::MemoryEstimate& mem = best.memory();
@@ -307,18 +388,9 @@ std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alterna
   // follows the calibrated times.
   const bool calibrated = plan.has_calibration();
   if (calibrated) {
-    const v1::Calibration& cal = plan.calibration();
-    absl::StrAppend(
-        &out, "Calibration (",
-        cal.method() == v1::Calibration::PER_TERM ? "per-term fit" : "one ratio", " over ",
-        cal.mappings(), cal.mappings() == 1 ? " mapping, " : " mappings, ", cal.runs(),
-        cal.runs() == 1 ? " job" : " jobs",
-        absl::StrFormat("): compute x%.3f, communication x%.3f, bubble x%.3f; fit error up to "
-                        "%.1f%%\n",
-                        cal.compute_factor(), cal.communication_factor(), cal.bubble_factor(),
-                        cal.max_relative_error() * 100),
-        "Calibrated step time: ",
-        best.has_calibrated_step_seconds() ? Ms(best.calibrated_step_seconds()) : "-", " ms\n");
+    absl::StrAppend(&out, CalibrationLine(plan.calibration()), "Calibrated step time: ",
+                    best.has_calibrated_step_seconds() ? Ms(best.calibrated_step_seconds()) : "-",
+                    " ms\n");
   }
   if (plan.alternatives_size() > 0) {
     std::vector<std::vector<std::string>> rows;

@@ -70,6 +70,13 @@ std::string JobDetail(const v1::Job& job);
 // the number rejected. `gpu_memory_bytes` is the cluster's, for the "of N GiB" column.
 std::string PlanTable(const v1::Plan& plan, double gpu_memory_bytes, int alternatives);
 
+// A searched plan (Plan.search set: `syctl plan --search`): what was searched (the world, the
+// sizes varied), the calibration line (or that there is none), then every ranked mapping, best
+// first: # MAPPING EST-MS CAL-MS MEASURED-MS EST-GIB MEASURED-GIB ("-": not calibrated, no job
+// ran it, no memory reported), then the rejected mappings with their rule. Each list shows at
+// most `max_rows` rows (and says so when it is cut).
+std::string SearchTable(const v1::Plan& plan, double gpu_memory_bytes, int max_rows);
+
 // "step 12 loss 3.2100 aux 0.0123 lr 3.00e-04 gnorm 1.23 123.4 ms 12345 tok/s mfu 31.0%".
 std::string StepLine(const v1::StepMetrics& step);
 // "val_loss L val_ppl P" of an evaluation step (StepMetrics.validation_loss set); StepLine

@@ -202,6 +202,122 @@ TEST(Render, Tables) {
       std::string::npos);
 }
 
+// `syctl plan --search`: the searched world and sizes, the calibration line (or none), every
+// ranked mapping numbered from 1 with EST-MS, CAL-MS, MEASURED-MS, EST-GIB and MEASURED-GIB ("-"
+// where there is nothing), the rejected with their rule; --alternatives caps both lists.
+TEST(Render, SearchTable) {
+  auto mapping = [](int tp, int dp, int ep, int edp) {
+    v1::Mapping m;
+    m.set_tensor_model_parallel_size(tp);
+    m.set_context_parallel_size(1);
+    m.set_data_parallel_size(dp);
+    m.set_pipeline_model_parallel_size(1);
+    m.set_expert_tensor_parallel_size(1);
+    m.set_expert_model_parallel_size(ep);
+    m.set_expert_data_parallel_size(edp);
+    m.set_use_distributed_optimizer(true);
+    m.set_micro_batch_size(1);
+    m.set_num_micro_batches(4 / dp);
+    return m;
+  };
+  const double gib = 1024.0 * 1024 * 1024;
+  v1::Plan plan;
+  plan.mutable_search()->set_world_size(4);
+  for (const char* f :
+       {"tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size",
+        "expert_tensor_parallel_size", "expert_model_parallel_size"}) {
+    plan.mutable_search()->add_varied(f);
+  }
+  v1::PlanCandidate* best = plan.mutable_best();
+  *best->mutable_mapping() = mapping(2, 2, 4, 1);
+  best->mutable_time()->set_total(0.300);
+  best->mutable_memory()->set_total(20 * gib);
+  v1::PlanCandidate* second = plan.add_alternatives();
+  *second->mutable_mapping() = mapping(1, 4, 4, 1);
+  second->mutable_time()->set_total(0.320);
+  second->mutable_memory()->set_total(30 * gib);
+  second->mutable_measured()->set_step_seconds(0.480);
+  second->mutable_measured()->set_memory_bytes(31.5 * gib);
+  v1::PlanCandidate* third = plan.add_alternatives();
+  *third->mutable_mapping() = mapping(4, 1, 1, 4);
+  third->mutable_time()->set_total(0.400);
+  third->mutable_memory()->set_total(10 * gib);
+  third->mutable_measured()->set_step_seconds(0.700);  // a CPU run: no memory
+  v1::PlanCandidate* rejected = plan.add_rejected();
+  *rejected->mutable_mapping() = mapping(1, 4, 1, 4);
+  rejected->set_rejection("memory: per-rank estimate 90.00 GiB exceeds\x1b[31m 80 GiB");
+  *plan.add_rejected()->mutable_mapping() = mapping(1, 4, 1, 4);
+  plan.mutable_rejected(1)->set_rejection("model.num_experts (6) must be divisible by 4");
+
+  const std::string text = SearchTable(plan, 80 * gib, 1 << 30);
+  std::printf("%s", text.c_str());
+  EXPECT_EQ(text.find("Search: every mapping of 4 ranks; varied TP, CP, PP, ETP, EP (unset in the "
+                      "spec), the other sizes as the spec sets them\n"
+                      "Calibration: none (no job of this workload measured a mapping; ranked by "
+                      "EST-MS)\n"),
+            0u)
+      << text;
+  EXPECT_NE(text.find("Ranked (3 feasible; per-rank memory of 80.00 GiB):\n"), std::string::npos)
+      << text;
+  // The header and rows, aligned.
+  EXPECT_NE(
+      text.find(
+          "  #  MAPPING                                                 EST-MS   CAL-MS  "
+          "MEASURED-MS  EST-GIB  MEASURED-GIB\n"
+          "  1  TP2 CP1 DP2 PP1 | ETP1 EP4 EDP1 | dist-opt | mbs 1 x 2  300.000  -       -      "
+          "      20.00    -\n"
+          "  2  TP1 CP1 DP4 PP1 | ETP1 EP4 EDP1 | dist-opt | mbs 1 x 1  320.000  -       480.000"
+          "      30.00    31.50\n"
+          "  3  TP4 CP1 DP1 PP1 | ETP1 EP1 EDP4 | dist-opt | mbs 1 x 4  400.000  -       700.000"
+          "      10.00    -\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Rejected: 2 mappings:\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("model.num_experts (6) must be divisible by 4\n"), std::string::npos) << text;
+  // A server's rule text reaches the terminal escaped.
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.find("exceeds\\u001b[31m 80 GiB"), std::string::npos) << text;
+
+  // Calibrated: the factors line and the CAL-MS column filled; the table is the plan's order.
+  v1::Calibration* cal = plan.mutable_calibration();
+  cal->set_method(v1::Calibration::PER_TERM);
+  cal->set_compute_factor(1.5);
+  cal->set_communication_factor(0.25);
+  cal->set_bubble_factor(1.5);
+  cal->set_mappings(2);
+  cal->set_runs(3);
+  best->set_calibrated_step_seconds(0.4);
+  second->set_calibrated_step_seconds(0.48);
+  third->set_calibrated_step_seconds(0.7);
+  const std::string calibrated = SearchTable(plan, 80 * gib, 1 << 30);
+  std::printf("%s", calibrated.c_str());
+  EXPECT_NE(calibrated.find("\nCalibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, "
+                            "communication x0.250, bubble x1.500; fit error up to 0.0%\n"),
+            std::string::npos)
+      << calibrated;
+  EXPECT_EQ(calibrated.find("Calibration: none"), std::string::npos) << calibrated;
+  EXPECT_NE(calibrated.find("  1  TP2 CP1 DP2 PP1 | ETP1 EP4 EDP1 | dist-opt | mbs 1 x 2  300.000  "
+                            "400.000  -            20.00    -\n"),
+            std::string::npos)
+      << calibrated;
+  EXPECT_NE(calibrated.find("  2  TP1 CP1 DP4 PP1 | ETP1 EP4 EDP1 | dist-opt | mbs 1 x 1  320.000  "
+                            "480.000  480.000      30.00    31.50\n"),
+            std::string::npos)
+      << calibrated;
+
+  // Capped at 2 rows per list (syctl plan --search --alternatives 1).
+  const std::string capped = SearchTable(plan, 80 * gib, 2);
+  std::printf("%s", capped.c_str());
+  EXPECT_NE(capped.find("Ranked (3 feasible, top 2;"), std::string::npos) << capped;
+  EXPECT_NE(capped.find("  2  TP1"), std::string::npos) << capped;
+  EXPECT_EQ(capped.find("  3  TP4"), std::string::npos) << capped;
+  EXPECT_NE(capped.find("Rejected: 2 mappings:\n"), std::string::npos) << capped;
+  const std::string one_rejected = SearchTable(plan, 80 * gib, 1);
+  EXPECT_NE(one_rejected.find("Rejected: 2 mappings, first 1:\n"), std::string::npos)
+      << one_rejected;
+  EXPECT_EQ(one_rejected.find("model.num_experts"), std::string::npos) << one_rejected;
+}
+
 // Server strings with control characters (a job stored before the bounds, a hostile server) never
 // reach the terminal raw, in any output form; JSON output still parses to the same strings.
 TEST(Render, ControlCharactersAreEscapedEverywhere) {

@@ -26,7 +26,15 @@ verbs:
        [--gpus N] [--gpu-memory-gib M]   breakdown, top alternatives (defaults: 8 GPUs of 80 GiB,
        [--gpus-per-node G]               8 per node, --intra-node-gbps 450 --inter-node-gbps 50
        [--alternatives K]                GB/s per GPU, --peak-tflops 989; --gpus defaults to the
-                                         spec's parallel.world_size when set)
+       [--search [--world W]] [--json]   spec's parallel.world_size when set). Without --search:
+                                         the mapping the scheduler would run. --search: every
+                                         mapping of W ranks (default: the spec's world_size, else
+                                         --gpus) varying the parallel sizes the spec leaves unset
+                                         (TP, CP, PP, ETP, EP; a size set, even to 1, stays),
+                                         ranked: # MAPPING EST-MS CAL-MS MEASURED-MS EST-GIB
+                                         MEASURED-GIB, the calibration line, the rejected with
+                                         their rule (--alternatives K: at most K+1 rows each;
+                                         default all). --json: the plan as JSON (-o json)
   submit -f SPEC | --megatron-args "..."  submit a job (both: the Megatron flags override the file)
        [--name NAME] [--request-id ID]   ID makes the submit idempotent (default: a fresh UUID per
        [--timeout S] [--retries N]       submit); UNAVAILABLE and DEADLINE_EXCEEDED are retried N

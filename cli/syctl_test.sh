@@ -124,6 +124,34 @@ json '[.best.mapping.tensor_model_parallel_size, .best.mapping.context_parallel_
 json '.best.memory.total > 0' true
 expect 1 '^$' 'RESOURCE_EXHAUSTED: no parallel mapping fits' -- \
   plan -f "$tmp/spec.yaml" --gpus 2 --gpu-memory-gib 0.001
+# plan --search: every mapping of --world ranks, varying the sizes the spec leaves unset (all of
+# them here), ranked with the estimated, calibrated and measured columns; --json is -o json.
+expect 0 '^Search: every mapping of 4 ranks; varied TP, CP, PP, ETP, EP \(unset in the spec\)' '^$' -- \
+  plan -f "$tmp/spec.yaml" --search --world 4
+grep -Eq '^  # +MAPPING +EST-MS +CAL-MS +MEASURED-MS +EST-GIB +MEASURED-GIB$' <<<"$out" ||
+  fail "plan --search: no ranked table header: $out"
+grep -Eq '^  2 +TP[0-9]+ CP[0-9]+ DP[0-9]+ PP[0-9]+ \| ETP[0-9]+ EP[0-9]+ ' <<<"$out" ||
+  fail "plan --search: fewer than two ranked mappings: $out"
+grep -q '^Calibration: none' <<<"$out" && grep -Eq '^Rejected: [0-9]+ mapping' <<<"$out" ||
+  fail "plan --search: no calibration or rejected line: $out"
+expect 0 '"search"' '^$' -- plan -f "$tmp/spec.yaml" --search --world 4 --json
+json '.search.world_size' 4
+json '.alternatives | length > 0' true
+json '[.best] + .alternatives | map(.mapping | [.tensor_model_parallel_size, .context_parallel_size, .data_parallel_size, .pipeline_model_parallel_size] | map(. // 1) | .[0]*.[1]*.[2]*.[3]) | unique | tostring' '[4]'
+json '[.best] + .alternatives | map(.mapping.expert_model_parallel_size // 1) | unique | length > 1' true
+# Without --search the same spec is the scheduler's one mapping (no search in the plan).
+expect 0 '"best"' '^$' -- plan -f "$tmp/spec.yaml" --gpus 4 --json
+json '.search == null and (.alternatives // [] | length) == 0' true
+# A size the spec sets stays pinned; one that cannot divide the world is refused naming the rule.
+{ cat "$tmp/spec.yaml"; echo 'parallel: {expert_model_parallel_size: 2}'; } >"$tmp/spec_ep2.yaml"
+expect 0 '"search"' '^$' -- plan -f "$tmp/spec_ep2.yaml" --search --world 4 -o json
+json '[.best] + .alternatives | map(.mapping.expert_model_parallel_size) | unique | tostring' '[2]'
+expect 1 '^$' 'INVALID_ARGUMENT: search.world_size \(3\) must be divisible by the expert grid the spec pins' -- \
+  plan -f "$tmp/spec_ep2.yaml" --search --world 3 --gpus 8
+expect 1 '^$' 'INVALID_ARGUMENT: search.world_size \(16\) must be at most cluster.num_gpus \(8\)' -- \
+  plan -f "$tmp/spec.yaml" --search --world 16 --gpus 8
+expect 2 '^$' 'plan: --world needs --search' -- plan -f "$tmp/spec.yaml" --world 4
+expect 2 '^$' 'plan: --world must be an integer >= 1' -- plan -f "$tmp/spec.yaml" --search --world 0
 
 # submit -f: json, table, name; the request id makes it idempotent.
 expect 0 '"name": "jobs/1"' '^$' -- submit -f "$tmp/spec.yaml" -o json --request-id r-1

@@ -13,11 +13,13 @@ namespace switchyard::api {
 
 absl::StatusOr<v1::Plan> PlanForUser(const v1::PlanRequest& request,
                                      const jobs::CoordinatorContext& context, jobs::JobHub* hub) {
-  SY_ASSIGN_OR_RETURN(v1::PlanRequest resolved, jobs::ResolvePlanRequest(request, context));
+  v1::SearchScope scope;
+  SY_ASSIGN_OR_RETURN(v1::PlanRequest resolved, jobs::ResolvePlanRequest(request, context, &scope));
   absl::StatusOr<v1::Plan> plan = planner::PlanJob(resolved);
   if (plan.status().code() == absl::StatusCode::kResourceExhausted) {
     return WithReason(plan.status(), "NO_FEASIBLE_PLAN");
   }
+  if (plan.ok() && request.has_search()) *plan->mutable_search() = std::move(scope);
   if (plan.ok() && hub != nullptr) SY_RETURN_IF_ERROR(hub->AttachMeasurements(resolved, &*plan));
   return plan;
 }

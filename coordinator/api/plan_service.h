@@ -3,7 +3,8 @@
 // switchyard.v1.PlanService over the planner (coordinator/planner/planner.h): Plan resolves the
 // request like a submitted job (jobs::ResolvePlanRequest: defaults, the default corpus's
 // vocabulary, the coordinator's checkpoint directory, the submit rules and path rules, the workers'
-// parallelism) and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) /
+// parallelism, or with PlanRequest.search the sizes the spec leaves unset freed over one world)
+// and returns PlanJob's plan, or its INVALID_ARGUMENT (field and rule) /
 // RESOURCE_EXHAUSTED (no mapping fits, reason NO_FEASIBLE_PLAN) with a reason attached.
 // Authenticated and measured like every API call (api_call.h). Planning is pure computation plus
 // one read of the store's jobs (the measured columns and the calibration); nothing is stored.
@@ -25,7 +26,11 @@ namespace switchyard::api {
 // job, then PlanJob, then (with a hub) what this coordinator's jobs of the same workload measured
 // on each ranked mapping (PlanCandidate.measured) and, when any mapping of it was measured, the
 // step-time calibration fitted on those runs: each ranked candidate's calibrated_step_seconds,
-// the ranking by it, Plan.calibration (coordinator/jobs/measured_runs.h). The
+// the ranking by it, Plan.calibration (coordinator/jobs/measured_runs.h). With request.search
+// (plan.proto PlanSearch) the sizes the spec leaves unset are varied over one world
+// (ResolvePlanRequest): every feasible mapping of it ranked (estimated, calibrated where a
+// calibration exists, measured where a job ran it), every other one rejected with its rule, and
+// Plan.search says what was searched; without it the plan is the scheduler's one mapping. The
 // planner's RESOURCE_EXHAUSTED (nothing fits in memory) carries reason NO_FEASIBLE_PLAN; no other
 // error gets that reason (a full disk is RESOURCE_EXHAUSTED too).
 absl::StatusOr<v1::Plan> PlanForUser(const v1::PlanRequest& request,

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -315,6 +316,459 @@ TEST(PlanServiceTest, MeasuredRunsCalibrateTheStepTimeAndItsRanking) {
   EXPECT_EQ(json["calibration"]["mappings"], 2);
   EXPECT_DOUBLE_EQ(json["best"]["calibrated_step_seconds"].get<double>(),
                    after[1].best().calibrated_step_seconds());
+}
+
+// Every ranked candidate of `plan`, best first.
+std::vector<const v1::PlanCandidate*> Ranked(const v1::Plan& plan) {
+  std::vector<const v1::PlanCandidate*> ranked = {&plan.best()};
+  for (const v1::PlanCandidate& c : plan.alternatives()) ranked.push_back(&c);
+  return ranked;
+}
+
+std::vector<std::string> Varied(const v1::Plan& plan) {
+  return {plan.search().varied().begin(), plan.search().varied().end()};
+}
+
+void ExpectWorld(const v1::Mapping& m, int64_t world) {
+  EXPECT_EQ(int64_t{m.tensor_model_parallel_size()} * m.context_parallel_size() *
+                m.data_parallel_size() * m.pipeline_model_parallel_size(),
+            world)
+      << planner::MappingToString(m);
+  EXPECT_EQ(int64_t{m.expert_tensor_parallel_size()} * m.expert_model_parallel_size() *
+                m.expert_data_parallel_size() * m.pipeline_model_parallel_size(),
+            world)
+      << planner::MappingToString(m);
+}
+
+// PlanRequest.search: the sizes the spec leaves unset (TP, CP, PP, ETP, EP) are varied over one
+// world, every feasible mapping ranked, every other one rejected with its rule; a size the spec
+// sets (to 1 or more) stays pinned; without the search the plan is the scheduler's one mapping.
+// gRPC and REST.
+TEST(PlanServiceTest, SearchRanksEveryMappingOfTheSizesTheSpecLeavesUnset) {
+  std::unique_ptr<CoordinatorServer> server = testing::StartServer(
+      "plan_search.db", [](ServerOptions& o) { o.workers = false; });  // no scheduler
+  ASSERT_NE(server, nullptr);
+  auto plans = v1::PlanService::NewStub(testing::Channel(server->grpc_port()));
+
+  // The spec fixes world 32 and the micro-batch; TP, CP, PP, ETP and EP unset.
+  v1::PlanRequest request;
+  *request.mutable_spec() = testing::ValidSpec("search");
+  request.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  request.mutable_spec()->mutable_parallel()->clear_expert_tensor_parallel_size();
+  *request.mutable_cluster() = testing::Cluster32();
+
+  // Without the search: the scheduler's mapping (every unset size 1), alone.
+  v1::Plan scheduled;
+  grpc::Status s = plans->Plan(testing::Context().get(), request, &scheduled);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(scheduled.alternatives_size(), 0);
+  EXPECT_FALSE(scheduled.has_search());
+  EXPECT_EQ(planner::MappingToString(scheduled.best().mapping()),
+            "TP1 CP1 DP32 PP1 | ETP1 EP1 EDP32 | dist-opt | mbs 2 x 1");
+
+  v1::PlanRequest search = request;
+  search.mutable_search();  // present, world unset: the spec's 32
+  v1::Plan searched;
+  s = plans->Plan(testing::Context().get(), search, &searched);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(searched.has_search());
+  EXPECT_EQ(searched.search().world_size(), 32);
+  EXPECT_EQ(Varied(searched),
+            (std::vector<std::string>{"tensor_model_parallel_size", "context_parallel_size",
+                                      "pipeline_model_parallel_size", "expert_tensor_parallel_size",
+                                      "expert_model_parallel_size"}));
+  const std::vector<const v1::PlanCandidate*> ranked = Ranked(searched);
+  std::printf("search over 32: %zu ranked, %d rejected; best %s (%.2f ms)\n", ranked.size(),
+              searched.rejected_size(), planner::MappingToString(searched.best().mapping()).c_str(),
+              searched.best().time().total() * 1e3);
+  ASSERT_GT(ranked.size(), 20u);
+  std::set<int> tps, eps, pps, cps;
+  bool has_scheduled = false;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const v1::PlanCandidate& c = *ranked[i];
+    ExpectWorld(c.mapping(), 32);
+    EXPECT_TRUE(c.rejection().empty()) << c.DebugString();
+    EXPECT_FALSE(c.has_calibrated_step_seconds());  // nothing measured
+    EXPECT_EQ(c.mapping().num_micro_batches() * c.mapping().micro_batch_size() *
+                  c.mapping().data_parallel_size(),
+              64)  // every candidate trains the spec's global batch (its default at world 32)
+        << c.DebugString();
+    if (i > 0) EXPECT_LE(ranked[i - 1]->time().total(), c.time().total());
+    tps.insert(c.mapping().tensor_model_parallel_size());
+    eps.insert(c.mapping().expert_model_parallel_size());
+    pps.insert(c.mapping().pipeline_model_parallel_size());
+    cps.insert(c.mapping().context_parallel_size());
+    if (c.mapping().SerializeAsString() == scheduled.best().mapping().SerializeAsString()) {
+      has_scheduled = true;  // the scheduler's mapping is one of them, estimated the same
+      EXPECT_EQ(c.time().SerializeAsString(), scheduled.best().time().SerializeAsString());
+      EXPECT_EQ(c.memory().SerializeAsString(), scheduled.best().memory().SerializeAsString());
+    }
+  }
+  EXPECT_TRUE(has_scheduled);
+  EXPECT_GT(tps.size(), 1u);
+  EXPECT_GT(eps.size(), 1u);
+  EXPECT_GT(pps.size(), 1u);
+  EXPECT_GT(cps.size(), 1u);
+  // The rest are rejected with their rule, e.g. an EP that does not divide the 16 experts.
+  ASSERT_GT(searched.rejected_size(), 0);
+  bool experts_rule = false;
+  for (const v1::PlanCandidate& c : searched.rejected()) {
+    EXPECT_FALSE(c.rejection().empty()) << c.DebugString();
+    ExpectWorld(c.mapping(), 32);
+    if (c.rejection().find("model.num_experts") != std::string::npos) experts_rule = true;
+  }
+  EXPECT_TRUE(experts_rule);
+  // search.world_size equal to the spec's is the same search.
+  v1::PlanRequest search32 = search;
+  search32.mutable_search()->set_world_size(32);
+  v1::Plan searched32;
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), search32, &searched32).ok());
+  EXPECT_EQ(searched32.SerializeAsString(), searched.SerializeAsString());
+
+  // EP set to 1 is pinned, not unset: every candidate has EP 1 (unlike the free search).
+  v1::PlanRequest ep1 = search;
+  ep1.mutable_spec()->mutable_parallel()->set_expert_model_parallel_size(1);
+  v1::Plan searched_ep1;
+  s = plans->Plan(testing::Context().get(), ep1, &searched_ep1);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(
+      Varied(searched_ep1),
+      (std::vector<std::string>{"tensor_model_parallel_size", "context_parallel_size",
+                                "pipeline_model_parallel_size", "expert_tensor_parallel_size"}));
+  EXPECT_GT(searched_ep1.alternatives_size(), 0);
+  for (const v1::PlanCandidate* c : Ranked(searched_ep1)) {
+    EXPECT_EQ(c->mapping().expert_model_parallel_size(), 1) << c->DebugString();
+  }
+
+  // A spec that pins TP keeps it pinned under the search; the rest still vary.
+  v1::PlanRequest tp2 = search;
+  tp2.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(2);
+  tp2.mutable_spec()->mutable_parallel()->set_sequence_parallel(true);
+  v1::Plan searched_tp2;
+  s = plans->Plan(testing::Context().get(), tp2, &searched_tp2);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(
+      Varied(searched_tp2),
+      (std::vector<std::string>{"context_parallel_size", "pipeline_model_parallel_size",
+                                "expert_tensor_parallel_size", "expert_model_parallel_size"}));
+  ASSERT_GT(searched_tp2.alternatives_size(), 5);
+  std::set<int> tp2_eps;
+  for (const v1::PlanCandidate* c : Ranked(searched_tp2)) {
+    EXPECT_EQ(c->mapping().tensor_model_parallel_size(), 2) << c->DebugString();
+    tp2_eps.insert(c->mapping().expert_model_parallel_size());
+  }
+  EXPECT_GT(tp2_eps.size(), 1u);
+  for (const v1::PlanCandidate& c : searched_tp2.rejected()) {
+    EXPECT_EQ(c.mapping().tensor_model_parallel_size(), 2) << c.DebugString();
+  }
+
+  // POST /v1/plans with "search": the same plan, Plan.search included.
+  httplib::Client http("127.0.0.1", server->http_port());
+  Json body = {{"spec", Json::parse(JobSpecToJson(search.spec()))},
+               {"cluster", Json::parse(MessageToJsonText(search.cluster()))},
+               {"search", {{"world_size", 32}}}};
+  httplib::Result r =
+      http.Post("/v1/plans", {{"Authorization", absl::StrCat("Bearer ", testing::kToken)}},
+                body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  Json json = Json::parse(r->body);
+  std::printf("POST /v1/plans search: %s, %zu alternatives\n", json["search"].dump().c_str(),
+              json["alternatives"].size());
+  EXPECT_EQ(json["search"]["world_size"], 32);
+  EXPECT_EQ(json["search"]["varied"].size(), 5u);
+  EXPECT_EQ(json["alternatives"].size(), static_cast<size_t>(searched.alternatives_size()));
+  EXPECT_EQ(json["best"]["mapping"].dump(),
+            Json::parse(MessageToJsonText(searched.best().mapping())).dump());
+  // Without "search", the REST plan is the scheduler's too.
+  body.erase("search");
+  r = http.Post("/v1/plans", {{"Authorization", absl::StrCat("Bearer ", testing::kToken)}},
+                body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json = Json::parse(r->body);
+  EXPECT_FALSE(json.contains("search"));
+  EXPECT_FALSE(json.contains("alternatives"));
+}
+
+// A world whose all-1 mapping breaks a rule is still searched: micro-batch 2, global batch 4 on 4
+// ranks cannot run DP 4 (4 % (2 * 4) != 0), but mappings of DP <= 2 can; the search ranks those
+// and rejects the DP 4 ones naming the global batch rule.
+TEST(PlanServiceTest, SearchOfAWorldWhoseAllOnesMappingBreaksARule) {
+  std::unique_ptr<CoordinatorServer> server =
+      testing::StartServer("plan_search_dp.db", [](ServerOptions& o) { o.workers = false; });
+  ASSERT_NE(server, nullptr);
+  auto plans = v1::PlanService::NewStub(testing::Channel(server->grpc_port()));
+  v1::PlanRequest request;
+  *request.mutable_spec() = testing::ValidSpec("search-dp");
+  request.mutable_spec()->mutable_parallel()->clear_world_size();
+  request.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  request.mutable_spec()->mutable_training()->set_global_batch_size(4);
+  *request.mutable_cluster() = testing::Cluster32();
+  request.mutable_search()->set_world_size(4);
+  v1::Plan plan;
+  const grpc::Status s = plans->Plan(testing::Context().get(), request, &plan);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(plan.search().world_size(), 4);
+  EXPECT_GT(plan.alternatives_size(), 0);
+  for (const v1::PlanCandidate* c : Ranked(plan)) {
+    ExpectWorld(c->mapping(), 4);
+    EXPECT_LE(c->mapping().data_parallel_size(), 2) << c->DebugString();
+  }
+  bool batch_rule = false;
+  for (const v1::PlanCandidate& c : plan.rejected()) {
+    if (c.mapping().data_parallel_size() == 4 &&
+        c.rejection().find("training.global_batch_size (4)") != std::string::npos) {
+      batch_rule = true;
+    }
+  }
+  EXPECT_TRUE(batch_rule);
+  std::printf("world 4, global batch 4: %d ranked, best %s\n", plan.alternatives_size() + 1,
+              planner::MappingToString(plan.best().mapping()).c_str());
+}
+
+// A search whose input cannot be planned is INVALID_ARGUMENT naming the field and the rule (gRPC
+// and REST), before any planning.
+TEST(PlanServiceTest, BadSearchIsRejectedNamingTheFieldAndTheRule) {
+  std::unique_ptr<CoordinatorServer> server =
+      testing::StartServer("plan_bad_search.db", [](ServerOptions& o) { o.workers = false; });
+  ASSERT_NE(server, nullptr);
+  auto plans = v1::PlanService::NewStub(testing::Channel(server->grpc_port()));
+  v1::PlanRequest base;
+  *base.mutable_spec() = testing::ValidSpec("bad-search");
+  base.mutable_spec()->mutable_parallel()->clear_world_size();
+  *base.mutable_cluster() = testing::Cluster32();
+  struct Case {
+    const char* label;
+    int world;
+    int tp;  // 0: unset
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"world 0", 0, 0, "search.world_size (0) must be positive"},
+      {"above the cluster", 64, 0, "search.world_size (64) must be at most cluster.num_gpus (32)"},
+      {"pinned TP 4 into 6", 6, 4,
+       "search.world_size (6) must be divisible by the attention grid the spec pins"},
+      // ValidSpec pins EP 4 (and ETP 1): 4 does not divide 6.
+      {"pinned EP 4 into 6", 6, 0,
+       "search.world_size (6) must be divisible by the expert grid the spec pins"},
+  };
+  httplib::Client http("127.0.0.1", server->http_port());
+  for (const Case& c : cases) {
+    v1::PlanRequest request = base;
+    request.mutable_search()->set_world_size(c.world);
+    if (c.tp > 0) {
+      request.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(c.tp);
+      request.mutable_spec()->mutable_parallel()->set_sequence_parallel(true);
+      request.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+    }
+    v1::Plan plan;
+    const grpc::Status s = plans->Plan(testing::Context().get(), request, &plan);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.label;
+    EXPECT_NE(s.error_message().find(c.needle), std::string::npos)
+        << c.label << ": " << s.error_message();
+    std::printf("%s: %s\n", c.label, s.error_message().c_str());
+    Json body = {{"spec", Json::parse(JobSpecToJson(request.spec()))},
+                 {"cluster", Json::parse(MessageToJsonText(request.cluster()))},
+                 {"search", {{"world_size", c.world}}}};
+    httplib::Result r =
+        http.Post("/v1/plans", {{"Authorization", absl::StrCat("Bearer ", testing::kToken)}},
+                  body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << c.label << ": " << r->body;
+    EXPECT_NE(r->body.find(c.needle), std::string::npos) << c.label << ": " << r->body;
+  }
+}
+
+// The search of a PP-needing model: 32 layers with TP, ETP and EP pinned to 1 (nothing else
+// shards the weights), short sequences (activations small) and a GPU too small for any PP 1 mapping
+// of 4 ranks, the scheduler's plan (PP 1) finds nothing that fits (NO_FEASIBLE_PLAN) while the
+// search (CP and PP varied) ranks the PP > 1 mappings that do, rejecting PP 1 ones for memory.
+TEST(PlanServiceTest, SearchFindsThePipelineAModelNeeds) {
+  std::unique_ptr<CoordinatorServer> server =
+      testing::StartServer("plan_search_pp.db", [](ServerOptions& o) { o.workers = false; });
+  ASSERT_NE(server, nullptr);
+  auto plans = v1::PlanService::NewStub(testing::Channel(server->grpc_port()));
+  v1::PlanRequest request;
+  *request.mutable_spec() = testing::ValidSpec("needs-pp");
+  v1::ParallelConfig* p = request.mutable_spec()->mutable_parallel();
+  p->clear_world_size();
+  p->set_expert_model_parallel_size(1);
+  p->set_expert_tensor_parallel_size(1);
+  p->set_tensor_model_parallel_size(1);
+  request.mutable_spec()->mutable_model()->set_num_layers(32);
+  request.mutable_spec()->mutable_model()->set_seq_length(256);
+  request.mutable_spec()->mutable_training()->set_global_batch_size(16);
+  *request.mutable_cluster() = testing::Cluster32();
+  request.mutable_cluster()->set_num_gpus(4);
+  request.mutable_search()->set_world_size(4);
+
+  // With ample memory: the smallest per-rank estimate with PP 1 and with PP > 1.
+  v1::Plan ample;
+  grpc::Status s = plans->Plan(testing::Context().get(), request, &ample);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Varied(ample),
+            (std::vector<std::string>{"context_parallel_size", "pipeline_model_parallel_size"}));
+  double pp1 = 0, pp_more = 0;
+  for (const v1::PlanCandidate* c : Ranked(ample)) {
+    double& smallest = c->mapping().pipeline_model_parallel_size() == 1 ? pp1 : pp_more;
+    if (smallest == 0 || c->memory().total() < smallest) smallest = c->memory().total();
+  }
+  const double gib = 1024.0 * 1024 * 1024;
+  std::printf("smallest per-rank estimate over 4 ranks: PP 1 %.3f GiB, PP > 1 %.3f GiB\n",
+              pp1 / gib, pp_more / gib);
+  ASSERT_GT(pp1, 0);
+  ASSERT_GT(pp_more, 0);
+  ASSERT_LT(pp_more, pp1);
+
+  // A GPU between the two.
+  v1::PlanRequest tight = request;
+  tight.mutable_cluster()->set_gpu_memory_bytes((pp1 + pp_more) / 2);
+  v1::Plan searched;
+  s = plans->Plan(testing::Context().get(), tight, &searched);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  for (const v1::PlanCandidate* c : Ranked(searched)) {
+    EXPECT_GT(c->mapping().pipeline_model_parallel_size(), 1) << c->DebugString();
+    EXPECT_EQ(c->mapping().tensor_model_parallel_size(), 1) << c->DebugString();
+    EXPECT_EQ(c->mapping().expert_model_parallel_size(), 1) << c->DebugString();
+    ExpectWorld(c->mapping(), 4);
+  }
+  int memory_rejections = 0;
+  for (const v1::PlanCandidate& c : searched.rejected()) {
+    EXPECT_EQ(c.mapping().tensor_model_parallel_size(), 1) << c.DebugString();
+    if (c.mapping().pipeline_model_parallel_size() == 1 &&
+        c.rejection().find("exceeds cluster.gpu_memory_bytes") != std::string::npos) {
+      ++memory_rejections;
+    }
+  }
+  EXPECT_GT(memory_rejections, 0);
+  std::printf("tight GPU: best %s, %d PP 1 mappings rejected for memory\n",
+              planner::MappingToString(searched.best().mapping()).c_str(), memory_rejections);
+
+  // The scheduler's plan of the same spec pins PP 1: nothing fits.
+  v1::PlanRequest scheduled = tight;
+  scheduled.clear_search();
+  v1::Plan none;
+  s = plans->Plan(testing::Context().get(), scheduled, &none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("no parallel mapping fits"), std::string::npos)
+      << s.error_message();
+}
+
+// Runs of two mappings calibrate the search's ranking: the same store as
+// MeasuredRunsCalibrateTheStepTimeAndItsRanking (TP 1 twice and TP 4 once, EP 8), then a search
+// with TP and EP unset: before the runs it ranks by the estimate (TP 4 · EP 8 first); after them
+// every ranked candidate carries its calibrated time, the two measured mappings their runs, and
+// the ranking follows the calibrated times (TP 2 · EP 8 first, never run).
+TEST(PlanServiceTest, SearchRanksByCalibratedTimesOnceTwoMappingsWereMeasured) {
+  const std::string db = testing::FreshPath("plan_search_calibrated.db");
+  std::unique_ptr<CoordinatorServer> server = testing::StartServer(
+      "plan_search_calibrated.db", [](ServerOptions& o) { o.workers = false; });
+  ASSERT_NE(server, nullptr);
+  auto channel = testing::Channel(server->grpc_port());
+  auto jobs = v1::JobService::NewStub(channel);
+  auto plans = v1::PlanService::NewStub(channel);
+
+  v1::JobSpec base = testing::ValidSpec("search-calibrated");
+  base.mutable_training()->set_global_batch_size(64);
+  base.mutable_parallel()->set_expert_model_parallel_size(8);
+  auto request_tp = [&](int tp) {
+    v1::PlanRequest r;
+    *r.mutable_spec() = base;
+    r.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(tp);
+    r.mutable_spec()->mutable_parallel()->set_sequence_parallel(tp > 1);
+    *r.mutable_cluster() = testing::Cluster32();
+    return r;
+  };
+  // The search: TP and EP unset (ETP stays pinned at 1, world 32 the spec's).
+  v1::PlanRequest search;
+  *search.mutable_spec() = base;
+  search.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  *search.mutable_cluster() = testing::Cluster32();
+  search.mutable_search()->set_world_size(32);
+
+  v1::Plan estimated;
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), search, &estimated).ok());
+  EXPECT_FALSE(estimated.has_calibration());
+  v1::Plan tp1, tp2, tp4;
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), request_tp(1), &tp1).ok());
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), request_tp(2), &tp2).ok());
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), request_tp(4), &tp4).ok());
+  EXPECT_EQ(estimated.best().mapping().SerializeAsString(),
+            tp4.best().mapping().SerializeAsString())
+      << planner::MappingToString(estimated.best().mapping());
+
+  // What the runs "measured" (PP 1: no bubble): y = 1.5·compute + 0.05·communication. With no PP
+  // run measured the bubble is calibrated at the compute factor (calibration.h), so a searched
+  // PP > 1 candidate is predicted at 1.5·compute + 0.05·communication + 1.5·bubble.
+  const double a = 1.5, b = 0.05;
+  auto truth = [&](const v1::TimeEstimate& t) {
+    return a * t.compute() + b * Communication(t) + a * t.pipeline_bubble();
+  };
+  auto create = [&](const v1::JobSpec& spec) {
+    v1::CreateJobRequest create;
+    *create.mutable_spec() = spec;
+    v1::Job job;
+    const grpc::Status s = jobs->CreateJob(testing::Context().get(), create, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job.name();
+  };
+  absl::StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  jobs::JobRegistry registry(store->get());
+  auto ran = [&](const std::string& name, const v1::PlanCandidate& candidate, double seconds) {
+    v1::Plan plan;
+    *plan.mutable_best() = candidate;
+    const absl::StatusOr<v1::Job> started =
+        registry.Transition(name, v1::Job::STARTING, "SCHEDULED", "", &plan);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_TRUE(registry.RecordLastStep(name, Step(20, seconds * 1000.0, 0)).ok());
+  };
+  ASSERT_EQ(tp1.best().time().pipeline_bubble(), 0);
+  ASSERT_EQ(tp4.best().time().pipeline_bubble(), 0);
+  ran(create(request_tp(1).spec()), tp1.best(), 2 * truth(tp1.best().time()));
+  ran(create(request_tp(1).spec()), tp1.best(), truth(tp1.best().time()));
+  ran(create(request_tp(4).spec()), tp4.best(), truth(tp4.best().time()));
+
+  v1::Plan calibrated;
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), search, &calibrated).ok());
+  ASSERT_TRUE(calibrated.has_calibration()) << calibrated.calibration().DebugString();
+  EXPECT_EQ(calibrated.calibration().method(), v1::Calibration::PER_TERM);
+  ExpectRel(calibrated.calibration().compute_factor(), a, "compute factor");
+  ExpectRel(calibrated.calibration().communication_factor(), b, "communication factor");
+  EXPECT_EQ(calibrated.calibration().bubble_factor(), calibrated.calibration().compute_factor());
+  EXPECT_EQ(calibrated.calibration().mappings(), 2);
+  EXPECT_EQ(calibrated.calibration().runs(), 3);
+  EXPECT_EQ(calibrated.search().SerializeAsString(), estimated.search().SerializeAsString());
+  ASSERT_EQ(calibrated.alternatives_size(), estimated.alternatives_size());
+  EXPECT_EQ(calibrated.rejected_size(), estimated.rejected_size());
+  std::printf("search: estimated best %s, calibrated best %s (%.3f ms)\n",
+              planner::MappingToString(estimated.best().mapping()).c_str(),
+              planner::MappingToString(calibrated.best().mapping()).c_str(),
+              calibrated.best().calibrated_step_seconds() * 1e3);
+  EXPECT_EQ(calibrated.best().mapping().SerializeAsString(),
+            tp2.best().mapping().SerializeAsString())
+      << planner::MappingToString(calibrated.best().mapping());
+  EXPECT_FALSE(calibrated.best().has_measured());  // a prediction
+  const std::vector<const v1::PlanCandidate*> ranked = Ranked(calibrated);
+  int measured = 0;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const v1::PlanCandidate& c = *ranked[i];
+    ASSERT_TRUE(c.has_calibrated_step_seconds()) << c.DebugString();
+    ExpectRel(c.calibrated_step_seconds(), truth(c.time()), "ranked candidate");
+    if (i > 0) EXPECT_LE(ranked[i - 1]->calibrated_step_seconds(), c.calibrated_step_seconds());
+    if (c.has_measured()) {
+      ++measured;
+      const bool is_tp1 =
+          c.mapping().SerializeAsString() == tp1.best().mapping().SerializeAsString();
+      const bool is_tp4 =
+          c.mapping().SerializeAsString() == tp4.best().mapping().SerializeAsString();
+      EXPECT_TRUE(is_tp1 || is_tp4) << c.DebugString();
+      EXPECT_EQ(c.measured().runs(), is_tp1 ? 2 : 1);
+      ExpectRel(c.measured().step_seconds(), truth(c.time()), "measured");
+    }
+  }
+  EXPECT_EQ(measured, 2);
 }
 
 }  // namespace

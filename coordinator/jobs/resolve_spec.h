@@ -91,8 +91,23 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec,
 // the largest feasible world up to cluster.num_gpus is planned. `syctl plan` thus shows the
 // mapping the scheduler would start on that many workers; there are no alternatives of other
 // sizes to list. The cluster is the caller's.
+//
+// With request.search (plan.proto PlanSearch, opt-in: `syctl plan --search`), the resolved spec
+// instead lets the planner rank every mapping of one world: the spec is resolved and checked as
+// above, then each of TP, CP, PP, ETP and EP that request.spec leaves UNSET (field presence of the
+// spec as sent, before the defaults made EP 1 and the rest 1 or TP) is cleared again, so PlanJob
+// enumerates it, and the searched world (search.world_size, else the spec's parallel.world_size,
+// else cluster.num_gpus capped by max_workers) is the only one planned (min_workers = max_workers
+// = it when the spec sets no parallel.world_size). A size the spec
+// sets, to 1 or more, stays pinned. INVALID_ARGUMENT naming the field and the rule when that world
+// is not positive, differs from the spec's parallel.world_size, exceeds cluster.num_gpus, lies
+// outside the spec's worker range, or is not divisible by the pinned TP * CP * PP (or, for a MoE
+// model, ETP * EP * PP). `scope` (may be null) then gets the world and the sizes varied (for a
+// dense model TP, CP and PP: EP is 1 and ETP = TP). The scheduler's path (PlanRequestFor) is
+// untouched: it never searches.
 absl::StatusOr<v1::PlanRequest> ResolvePlanRequest(const v1::PlanRequest& request,
-                                                   const CoordinatorContext& context);
+                                                   const CoordinatorContext& context,
+                                                   v1::SearchScope* scope = nullptr);
 
 // The parallelism the workers run (jobs/placement.h PlanRequestFor and AssignedSpec, and
 // ResolvePlanRequest): the spec's TP, ETP, CP and PP (1 when unset; CP and PP are planned only

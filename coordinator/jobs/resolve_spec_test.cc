@@ -6,8 +6,10 @@
 #include "coordinator/jobs/resolve_spec.h"
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -191,6 +193,153 @@ TEST(ResolveSpecTest, PlanRequestIsPinnedToTheWorkersParallelism) {
   EXPECT_EQ(resolved_pp2->spec().parallel().pipeline_model_parallel_size(), 2);
   EXPECT_EQ(ResolvePlanRequest(v1::PlanRequest(), CoordinatorContext{}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+std::vector<std::string> Varied(const v1::SearchScope& scope) {
+  return {scope.varied().begin(), scope.varied().end()};
+}
+
+// PlanRequest.search (opt-in): the sizes the spec as sent leaves UNSET are cleared again after
+// ResolveJobSpec's defaults (which set them to 1), so the planner enumerates them; a size set to 1
+// stays pinned; the world is the search's, else the spec's, else the cluster's capped by
+// max_workers.
+TEST(ResolveSpecTest, SearchFreesOnlyTheSizesTheSpecLeavesUnset) {
+  const CoordinatorContext context{"/ckpt", 4096};
+  v1::PlanRequest request;
+  *request.mutable_spec() = CorpusSpec();
+  request.mutable_spec()->mutable_parallel()->set_expert_model_parallel_size(1);  // pinned at 1
+  request.mutable_cluster()->set_num_gpus(8);
+  request.mutable_search()->set_world_size(4);
+  v1::SearchScope scope;
+  auto resolved = ResolvePlanRequest(request, context, &scope);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const v1::ParallelConfig& p = resolved->spec().parallel();
+  EXPECT_FALSE(p.has_tensor_model_parallel_size());
+  EXPECT_FALSE(p.has_context_parallel_size());
+  EXPECT_FALSE(p.has_pipeline_model_parallel_size());
+  EXPECT_FALSE(p.has_expert_tensor_parallel_size());
+  ASSERT_TRUE(p.has_expert_model_parallel_size());  // set to 1 is not unset
+  EXPECT_EQ(p.expert_model_parallel_size(), 1);
+  // The world is the worker range (no parallel.world_size: the planner validates each candidate,
+  // not the spec's all-1 mapping at that world).
+  EXPECT_FALSE(p.has_world_size());
+  EXPECT_EQ(resolved->spec().min_workers(), 4);
+  EXPECT_EQ(resolved->spec().max_workers(), 4);
+  EXPECT_FALSE(p.sequence_parallel());
+  EXPECT_EQ(resolved->spec().model().vocab_size(), 4096);  // resolved like a submit
+  EXPECT_EQ(scope.world_size(), 4);
+  EXPECT_EQ(Varied(scope), (std::vector<std::string>{
+                               "tensor_model_parallel_size", "context_parallel_size",
+                               "pipeline_model_parallel_size", "expert_tensor_parallel_size"}));
+  // The same spec without the search: every size pinned, as the scheduler plans it.
+  v1::PlanRequest plain = request;
+  plain.clear_search();
+  auto pinned = ResolvePlanRequest(plain, context, &scope);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_TRUE(pinned->spec().parallel().has_tensor_model_parallel_size());
+  EXPECT_TRUE(pinned->spec().parallel().has_pipeline_model_parallel_size());
+  EXPECT_FALSE(pinned->spec().parallel().has_world_size());
+
+  // A pinned TP stays, with sequence parallelism; EP unset is varied.
+  v1::PlanRequest tp2 = request;
+  tp2.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(2);
+  tp2.mutable_spec()->mutable_parallel()->set_sequence_parallel(true);
+  tp2.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  auto resolved_tp2 = ResolvePlanRequest(tp2, context, &scope);
+  ASSERT_TRUE(resolved_tp2.ok()) << resolved_tp2.status();
+  EXPECT_EQ(resolved_tp2->spec().parallel().tensor_model_parallel_size(), 2);
+  EXPECT_TRUE(resolved_tp2->spec().parallel().sequence_parallel());
+  EXPECT_FALSE(resolved_tp2->spec().parallel().has_expert_model_parallel_size());
+  EXPECT_EQ(Varied(scope), (std::vector<std::string>{
+                               "context_parallel_size", "pipeline_model_parallel_size",
+                               "expert_tensor_parallel_size", "expert_model_parallel_size"}));
+
+  // No world in the search or the spec: the cluster's, capped by max_workers.
+  v1::PlanRequest no_world = request;
+  no_world.mutable_search()->clear_world_size();
+  ASSERT_TRUE(ResolvePlanRequest(no_world, context, &scope).ok());
+  EXPECT_EQ(scope.world_size(), 8);
+  no_world.mutable_spec()->set_max_workers(2);
+  ASSERT_TRUE(ResolvePlanRequest(no_world, context, &scope).ok());
+  EXPECT_EQ(scope.world_size(), 2);
+  // The spec's world.
+  v1::PlanRequest spec_world = request;
+  spec_world.mutable_search()->clear_world_size();
+  spec_world.mutable_spec()->mutable_parallel()->set_world_size(2);
+  ASSERT_TRUE(ResolvePlanRequest(spec_world, context, &scope).ok());
+  EXPECT_EQ(scope.world_size(), 2);
+
+  // A dense model has no expert grid to vary.
+  v1::PlanRequest dense = request;
+  dense.mutable_spec()->mutable_model()->clear_num_experts();
+  dense.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  ASSERT_TRUE(ResolvePlanRequest(dense, context, &scope).ok());
+  EXPECT_EQ(Varied(scope),
+            (std::vector<std::string>{"tensor_model_parallel_size", "context_parallel_size",
+                                      "pipeline_model_parallel_size"}));
+}
+
+TEST(ResolveSpecTest, BadSearchIsRejectedNamingTheFieldAndTheRule) {
+  const CoordinatorContext context{"/ckpt", 4096};
+  v1::PlanRequest base;
+  *base.mutable_spec() = CorpusSpec();
+  base.mutable_cluster()->set_num_gpus(8);
+  base.mutable_search();
+  struct Case {
+    const char* label;
+    std::function<void(v1::PlanRequest*)> mutate;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"world 0", [](v1::PlanRequest* r) { r->mutable_search()->set_world_size(0); },
+       "search.world_size (0) must be positive"},
+      {"world -2", [](v1::PlanRequest* r) { r->mutable_search()->set_world_size(-2); },
+       "search.world_size (-2) must be positive"},
+      {"above the cluster", [](v1::PlanRequest* r) { r->mutable_search()->set_world_size(16); },
+       "search.world_size (16) must be at most cluster.num_gpus (8)"},
+      {"not the spec's world",
+       [](v1::PlanRequest* r) {
+         r->mutable_search()->set_world_size(4);
+         r->mutable_spec()->mutable_parallel()->set_world_size(2);
+       },
+       "search.world_size (4) must equal parallel.world_size (2)"},
+      {"outside the worker range",
+       [](v1::PlanRequest* r) {
+         r->mutable_search()->set_world_size(2);
+         r->mutable_spec()->set_min_workers(4);
+       },
+       "search.world_size (2) must be within the spec's worker range [4, "},
+      {"pinned TP does not divide",
+       [](v1::PlanRequest* r) {
+         r->mutable_search()->set_world_size(6);
+         r->mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(4);
+         r->mutable_spec()->mutable_parallel()->set_sequence_parallel(true);
+         r->mutable_spec()->mutable_model()->set_num_attention_heads(4);
+       },
+       "search.world_size (6) must be divisible by the attention grid the spec pins: "
+       "tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size (4 * 1 "
+       "* 1 = 4"},
+      {"pinned EP does not divide",
+       [](v1::PlanRequest* r) {
+         r->mutable_search()->set_world_size(6);
+         r->mutable_spec()->mutable_parallel()->set_expert_model_parallel_size(4);
+       },
+       "search.world_size (6) must be divisible by the expert grid the spec pins: "
+       "expert_tensor_parallel_size * expert_model_parallel_size * pipeline_model_parallel_size "
+       "(1 * 4 * 1 = 4"},
+      {"no world and a bad cluster",
+       [](v1::PlanRequest* r) { r->mutable_cluster()->set_num_gpus(0); },
+       "cluster.num_gpus (0) must be positive"},
+  };
+  for (const Case& c : cases) {
+    v1::PlanRequest request = base;
+    c.mutate(&request);
+    absl::StatusOr<v1::PlanRequest> got = ResolvePlanRequest(request, context);
+    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.label << got.status();
+    EXPECT_NE(got.status().message().find(c.needle), absl::string_view::npos)
+        << c.label << ": " << got.status();
+    std::printf("%s: %s\n", c.label, std::string(got.status().message()).c_str());
+  }
 }
 
 }  // namespace
