@@ -43,7 +43,6 @@
 #include "worker/checkpoint/sharded_checkpoint.h"
 #include "worker/model/tensor_copy.h"
 #include "worker/train/checkpoint_shards.h"
-#include "worker/train/pipeline_schedule.h"
 #include "worker/train/resume.h"
 
 namespace switchyard::train {
@@ -381,10 +380,10 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     }
     if (vpp_ > 1) {
       // The interleaved order keeps more micro-batches alive than 1F1B (and on the last stage
-      // too): one activation slot for each (pipeline_schedule.h MaxAliveMicroBatches).
-      SY_ASSIGN_OR_RETURN(const std::vector<PipelineOp> ops,
-                          PipelineSchedule(pp_, pp_rank_, vpp_, num_micro_global_ / dp_));
-      config.pipeline_slots = MaxAliveMicroBatches(ops);
+      // too): one activation slot for each (common/model/pipeline_schedule.h
+      // PipelineAliveMicroBatches, the count the memory estimate uses).
+      SY_ASSIGN_OR_RETURN(config.pipeline_slots,
+                          PipelineAliveMicroBatches(pp_, pp_rank_, vpp_, num_micro_global_ / dp_));
     }
     model_groups = {groups_->expert, groups_->tdc, groups_->etp,
                     groups_->etp_ep, groups_->tp,  groups_->cp};
@@ -829,10 +828,13 @@ absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, 
   // PipelineProgram: this stage's ops in Megatron's order, round by round, and after each round
   // the round's messages in the program's one global order (Send / Recv of those naming this
   // stage; see pipeline_schedule.h for why this is deadlock-free with blocking Send/Recv).
-  // Micro-batch m keeps its activations in slot m % slots over all its chunks (MaxAliveMicroBatches
-  // sized them). The last chunk of the last stage computes the loss and its backward in its
-  // forward op (ForwardBackward, as 1F1B's last stage); its backward op only sends that input
-  // gradient, which waits in a buffer until then.
+  // Micro-batch m keeps its activations in slot m % slots over all its chunks
+  // (PipelineAliveMicroBatches sized them). The message buffers come from pp_spare_, a pool that
+  // grows to PipelineReceiveBuffers in the first step (the memory estimate counts them, so a
+  // change to when a buffer is taken or freed here must change that count too). The last chunk
+  // of the last stage computes the loss and its backward in its forward op (ForwardBackward, as
+  // 1F1B's last stage); its backward op only sends that input gradient, which waits in a buffer
+  // until then.
   const Stream& s = stream_;
   comm::Communicator* pp = groups_->pp;
   const int64_t num = num_micro_;

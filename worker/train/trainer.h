@@ -126,6 +126,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/pipeline_schedule.h"
 #include "common/tensor.h"
 #include "data/gpt_samples.h"
 #include "kernels/attention/attention.h"
@@ -139,7 +140,6 @@
 #include "worker/train/distributed_optimizer.h"
 #include "worker/train/grad_reducer.h"
 #include "worker/train/lr_schedule.h"
-#include "worker/train/pipeline_schedule.h"
 #include "worker/train/process_groups.h"
 
 namespace switchyard::train {

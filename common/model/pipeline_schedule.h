@@ -1,4 +1,4 @@
-// File: worker/train/pipeline_schedule.h
+// File: common/model/pipeline_schedule.h
 //
 // The order in which one pipeline stage runs the forward and backward passes of a step's
 // micro-batches, as Megatron-Core's schedules.py (megatron_parallel.md, PP/VPP schedules):
@@ -27,7 +27,11 @@
 // send first, odd stages receive first, or sends on a thread of their own), as Megatron does with
 // batched isend/irecv (p2p_communication.py).
 //
-// Pure arithmetic: no communication. The trainer's 1F1B step (Trainer::PipelineMicroBatches)
+// Pure arithmetic: no communication. It lives in common/model because both the worker and the
+// planner need it: the trainer runs these orders and sizes its activation slots by
+// PipelineAliveMicroBatches, and the memory estimate (model_math.h EstimateEngineMemory) counts
+// the same slots and the interleaved step's receive buffers (PipelineReceiveBuffers) per stage,
+// so the two agree by construction. The trainer's 1F1B step (Trainer::PipelineMicroBatches)
 // runs the ops of this order and pairs each with Megatron's exchanges. The interleaved step
 // (Trainer::InterleavedMicroBatches) runs a PipelineProgram instead: the same per-stage orders,
 // executed by all stages in lock-step rounds, with the messages of each round in one global
@@ -39,15 +43,15 @@
 // rendezvous) and NCCL (stream-ordered) alike. pipeline_schedule_test checks that every stage's
 // order is executable against the others', and simulates the program's messages as blocking
 // rendezvous Send/Recv.
-#ifndef SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
-#define SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
+#ifndef SWITCHYARD_COMMON_MODEL_PIPELINE_SCHEDULE_H_
+#define SWITCHYARD_COMMON_MODEL_PIPELINE_SCHEDULE_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
-namespace switchyard::train {
+namespace switchyard {
 
 struct PipelineOp {
   bool forward = true;  // false: backward
@@ -109,6 +113,44 @@ absl::StatusOr<std::vector<PipelineRound>> PipelineProgram(int64_t pp, int64_t v
 // names a free activation slot (GptModel's in-flight slots).
 int64_t MaxAliveMicroBatches(const std::vector<PipelineOp>& ops);
 
-}  // namespace switchyard::train
+// The most micro-batches alive at once on `stage` (in [0, pp)) with `vpp` chunks per stage and
+// `num_micro` micro-batches: MaxAliveMicroBatches(PipelineSchedule(pp, stage, vpp, num_micro)),
+// without building the order (pipeline_schedule_test checks that the two agree for every stage of
+// PP 1..8, VPP 1..4 and M up to 8·PP). The ONE count of activation slots: the trainer sizes the
+// model's in-flight slots by it (GptConfig::pipeline_slots) and the memory estimate multiplies a
+// stage's per-layer buffers by it (model_math.h EstimateEngineMemory). 1F1B: min(PP − stage, M).
+// Interleaved: more, on the last stage too (PP 2·VPP 2·M 8: 4 on stage 0, 3 on stage 1;
+// PP 4·VPP 2·M 8: 8, 8, 7, 5), at most 2·PP and M.
+// How: number the table's entries k as PipelineSchedule does (1F1B: k = m, one chunk). Among the
+// first n entries, started(n) = ⌊n/(PP·VPP)⌋·PP + min(n mod PP·VPP, PP) are chunk-0 forwards and
+// finished(n) = ⌊n/(PP·VPP)⌋·PP + max(0, n mod PP·VPP − (VPP − 1)·PP) chunk-0 backwards. With W
+// warm-up forwards, forward j >= W runs after backwards 0 .. j − W − 1, so right after it
+// started(j + 1) − finished(j − W) micro-batches are alive; warm-up only adds and cool-down only
+// frees. Both terms grow by PP every PP·VPP entries, so the maximum over the PP·VPP forwards
+// from W (fewer if the step ends first) is the step's; all warm-up (W = M·VPP): M.
+// Errors: PipelineSchedule's argument rules, with its messages.
+absl::StatusOr<int64_t> PipelineAliveMicroBatches(int64_t pp, int64_t stage, int64_t vpp,
+                                                  int64_t num_micro);
 
-#endif  // SWITCHYARD_WORKER_TRAIN_PIPELINE_SCHEDULE_H_
+// The interleaved step's receive buffers of `stage` (Trainer::InterleavedMicroBatches, VPP > 1):
+// the most [t/TP, H] message buffers it holds at once, each held as the trainer holds it: a
+// received activation from the round of its message until its forward, a received gradient until
+// its backward, and on the last stage the head chunk's input gradient from its forward (which
+// takes that buffer before it frees its input) until its backward has sent it (after the round's
+// receives). The trainer keeps them in a pool that grows to this count in the first step and is
+// held from then on, beside its two buffers of the 1F1B step (0 for vpp 1: that step uses only
+// those two). Computed on PipelineProgram(pp, vpp, min(num_micro, 2·PP)): the count stops
+// growing at 2·PP micro-batches, since warm-up and cool-down are alike from there and the steady
+// rounds repeat (pipeline_schedule_test checks M up to 10·PP for PP 2..8, VPP 2..4); e.g.
+// PP 2·VPP 2: 1 on stage 0, 4 on stage 1; PP 4·VPP 2·M 8: 2, 2, 2, 5.
+// Errors: PipelineSchedule's argument rules.
+absl::StatusOr<int64_t> PipelineReceiveBuffers(int64_t pp, int64_t stage, int64_t vpp,
+                                               int64_t num_micro);
+// The same count for `stage` of a training `program` of `vpp` chunks per stage (PipelineProgram's,
+// not forward-only), for any number of micro-batches.
+int64_t PipelineReceiveBuffers(const std::vector<PipelineRound>& program, int64_t vpp,
+                               int64_t stage);
+
+}  // namespace switchyard
+
+#endif  // SWITCHYARD_COMMON_MODEL_PIPELINE_SCHEDULE_H_

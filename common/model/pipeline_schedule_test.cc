@@ -1,4 +1,4 @@
-// File: worker/train/pipeline_schedule_test.cc
+// File: common/model/pipeline_schedule_test.cc
 //
 // PipelineSchedule against Megatron's orders: a hand-written 1F1B order, the argument rules, and
 // for many (PP, VPP, M) a lock-step simulation of all stages together: each round every stage
@@ -12,7 +12,10 @@
 // Interleaved orders of PP 2·VPP 2 and PP 4·VPP 2 with 8 micro-batches against lists written by
 // hand from megatron_parallel.md §3.4, and PipelineProgram's messages run as blocking rendezvous
 // Send/Recv (deadlock-free, every input arrived before its op, the stages' orders unchanged).
-#include "worker/train/pipeline_schedule.h"
+// The counts of what a stage keeps alive: PipelineAliveMicroBatches equals MaxAliveMicroBatches of
+// the orders for every stage of PP 1..8, VPP 1..4, M up to 8·PP; PipelineReceiveBuffers by hand
+// for PP 2·VPP 2, and its 2·PP cap equal to the whole step's count up to M = 10·PP.
+#include "common/model/pipeline_schedule.h"
 
 #include <cstdio>
 #include <map>
@@ -24,7 +27,7 @@
 
 #include "gtest/gtest.h"
 
-namespace switchyard::train {
+namespace switchyard {
 namespace {
 
 TEST(PipelineScheduleTest, OneFOneBOrderOfTheFirstStage) {
@@ -296,6 +299,80 @@ TEST(PipelineScheduleTest, AliveMicroBatchesBoundTheActivationSlots) {
   EXPECT_EQ(MaxAliveMicroBatches(*PipelineSchedule(2, 1, 2, 8)), 3);
 }
 
+// PipelineAliveMicroBatches (the count the trainer's slots and the memory estimate use) is the
+// count of the orders themselves, for every stage of every small pipeline: 1F1B with any M from
+// PP to 8·PP, interleaved with every multiple of PP up to 8·PP; and it keeps PipelineSchedule's
+// argument rules and messages.
+TEST(PipelineScheduleTest, AliveMicroBatchesCountTheOrders) {
+  int64_t checked = 0;
+  for (int64_t pp = 1; pp <= 8; ++pp) {
+    for (int64_t vpp = 1; vpp <= 4; ++vpp) {
+      for (int64_t m = pp; m <= 8 * pp; m += vpp == 1 ? 1 : pp) {
+        for (int64_t s = 0; s < pp; ++s) {
+          auto ops = PipelineSchedule(pp, s, vpp, m);
+          ASSERT_TRUE(ops.ok()) << ops.status();
+          auto alive = PipelineAliveMicroBatches(pp, s, vpp, m);
+          ASSERT_TRUE(alive.ok()) << alive.status();
+          EXPECT_EQ(*alive, MaxAliveMicroBatches(*ops))
+              << "PP " << pp << " VPP " << vpp << " M " << m << " stage " << s;
+          ++checked;
+        }
+      }
+    }
+  }
+  // 1F1B: sum over PP of (7·PP + 1) values of M times PP stages = 1464; interleaved: 3 VPP times
+  // 8 values of M times PP stages = 864.
+  EXPECT_EQ(checked, 1464 + 864);
+  // The hand-checked counts above, and PP 4·VPP 2·M 8 (stage 3: warm-up 4 chunk-0 forwards
+  // F0.0 .. F3.0, then F0.1 B0.1 ... F3.1 B3.1 F4.0 before B0.0 frees micro-batch 0: 0..4 alive).
+  EXPECT_EQ(*PipelineAliveMicroBatches(2, 0, 2, 8), 4);
+  EXPECT_EQ(*PipelineAliveMicroBatches(2, 1, 2, 8), 3);
+  std::vector<int64_t> pp4;
+  for (int64_t s = 0; s < 4; ++s) pp4.push_back(*PipelineAliveMicroBatches(4, s, 2, 8));
+  EXPECT_EQ(pp4, (std::vector<int64_t>{8, 8, 7, 5}));
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(*PipelineAliveMicroBatches(4, s, 1, 8), 4 - s);
+  // Bad arguments: PipelineSchedule's errors.
+  for (auto [pp, stage, vpp, m] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+           {0, 0, 1, 4}, {2, 2, 1, 4}, {2, 0, 0, 4}, {4, 0, 1, 3}, {2, 0, 2, 5}}) {
+    auto alive = PipelineAliveMicroBatches(pp, stage, vpp, m);
+    EXPECT_EQ(alive.status(), PipelineSchedule(pp, stage, vpp, m).status());
+    EXPECT_EQ(PipelineReceiveBuffers(pp, stage, vpp, m).status(), alive.status());
+  }
+}
+
+// PipelineReceiveBuffers, the interleaved step's message buffers a stage holds at once (what the
+// trainer's pool grows to). By hand, PP 2·VPP 2·M 4 (the program's rounds, as Trainer::
+// InterleavedMicroBatches takes and frees them): stage 0 receives one activation (for chunk 1)
+// or one gradient per round and consumes it the round after: 1. Stage 1 holds in round 6 micro-
+// batch 1's head gradient (B1.1 sends it; freed after the round's receives), micro-batch 2's
+// activation for chunk 0 (received in round 4), micro-batch 0's gradient for chunk 0 (round 5)
+// and receives micro-batch 3's activation for chunk 0: 4. The count taken on 2·PP micro-batches
+// is the whole step's for every M up to 10·PP.
+TEST(PipelineScheduleTest, ReceiveBuffersOfTheInterleavedStep) {
+  EXPECT_EQ(*PipelineReceiveBuffers(2, 0, 2, 4), 1);
+  EXPECT_EQ(*PipelineReceiveBuffers(2, 1, 2, 4), 4);
+  auto small = PipelineProgram(2, 2, 4);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(PipelineReceiveBuffers(*small, 2, 0), 1);
+  EXPECT_EQ(PipelineReceiveBuffers(*small, 2, 1), 4);
+  EXPECT_EQ(*PipelineReceiveBuffers(4, 0, 1, 8), 0);  // 1F1B: the trainer's two buffers only
+  for (int64_t pp = 2; pp <= 8; ++pp) {
+    for (int64_t vpp = 2; vpp <= 4; ++vpp) {
+      for (int64_t m = pp; m <= 10 * pp; m += pp) {
+        auto program = PipelineProgram(pp, vpp, m);
+        ASSERT_TRUE(program.ok()) << program.status();
+        for (int64_t s = 0; s < pp; ++s) {
+          auto capped = PipelineReceiveBuffers(pp, s, vpp, m);
+          ASSERT_TRUE(capped.ok()) << capped.status();
+          EXPECT_EQ(*capped, PipelineReceiveBuffers(*program, vpp, s))
+              << "PP " << pp << " VPP " << vpp << " M " << m << " stage " << s;
+          EXPECT_GE(*capped, 1);
+        }
+      }
+    }
+  }
+}
+
 // Runs all stages in lock step; returns the number of rounds, or -1 on a deadlock.
 int64_t Simulate(int64_t pp, int64_t vpp, int64_t m, std::vector<int64_t>* peak_alive) {
   std::vector<std::vector<PipelineOp>> ops(pp);
@@ -391,4 +468,4 @@ TEST(PipelineScheduleTest, InterleavedFinishesWithABubbleSmallerByVpp) {
 }
 
 }  // namespace
-}  // namespace switchyard::train
+}  // namespace switchyard

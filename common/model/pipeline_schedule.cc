@@ -1,7 +1,7 @@
-// File: worker/train/pipeline_schedule.cc
+// File: common/model/pipeline_schedule.cc
 //
 // Megatron-Core's 1F1B and interleaved 1F1B op orders (see the header).
-#include "worker/train/pipeline_schedule.h"
+#include "common/model/pipeline_schedule.h"
 
 #include <algorithm>
 #include <map>
@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace switchyard::train {
+namespace switchyard {
 namespace {
 
 // Virtual micro-batch k of the interleaved schedule (schedules.py get_model_chunk_id and
@@ -26,10 +26,9 @@ PipelineOp Virtual(int64_t k, bool forward, int64_t pp, int64_t vpp) {
   return op;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t stage, int64_t vpp,
-                                                         int64_t num_micro, bool forward_only) {
+// PipelineSchedule's argument rules (PipelineAliveMicroBatches and PipelineReceiveBuffers share
+// them and their messages).
+absl::Status CheckArguments(int64_t pp, int64_t stage, int64_t vpp, int64_t num_micro) {
   if (pp < 1) return absl::InvalidArgumentError(absl::StrCat("pp (", pp, ") must be at least 1"));
   if (stage < 0 || stage >= pp) {
     return absl::InvalidArgumentError(
@@ -48,6 +47,22 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
         absl::StrCat("num_micro (", num_micro, ") must be a multiple of pp (", pp, ") with vpp (",
                      vpp, ") > 1: the interleaved schedule runs groups of pp"));
   }
+  return absl::OkStatus();
+}
+
+// Warm-up forwards of stage `stage` (schedules.py get_pp_rank_microbatches; 1F1B:
+// num_warmup_microbatches), of valid arguments.
+int64_t Warmup(int64_t pp, int64_t stage, int64_t vpp, int64_t num_micro) {
+  if (vpp == 1) return std::min(pp - stage - 1, num_micro);
+  // get_pp_rank_microbatches: capped at the total ("all micro-batches in warm-up").
+  return std::min((pp - stage - 1) * 2 + (vpp - 1) * pp, num_micro * vpp);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t stage, int64_t vpp,
+                                                         int64_t num_micro, bool forward_only) {
+  if (absl::Status st = CheckArguments(pp, stage, vpp, num_micro); !st.ok()) return st;
   std::vector<PipelineOp> ops;
   if (forward_only) {
     // schedules.py: forward_only puts every virtual micro-batch in warm-up.
@@ -57,7 +72,7 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
     return ops;
   }
   if (vpp == 1) {
-    const int64_t warmup = std::min(pp - stage - 1, num_micro);
+    const int64_t warmup = Warmup(pp, stage, 1, num_micro);
     for (int64_t i = 0; i < warmup; ++i) ops.push_back({true, i, 0});
     for (int64_t i = 0; i < num_micro - warmup; ++i) {
       ops.push_back({true, warmup + i, 0});
@@ -67,8 +82,7 @@ absl::StatusOr<std::vector<PipelineOp>> PipelineSchedule(int64_t pp, int64_t sta
     return ops;
   }
   const int64_t total = num_micro * vpp;
-  // get_pp_rank_microbatches: capped at the total ("all micro-batches in warm-up").
-  const int64_t warmup = std::min((pp - stage - 1) * 2 + (vpp - 1) * pp, total);
+  const int64_t warmup = Warmup(pp, stage, vpp, num_micro);
   for (int64_t k = 0; k < warmup; ++k) ops.push_back(Virtual(k, true, pp, vpp));
   for (int64_t k = 0; k < total - warmup; ++k) {
     ops.push_back(Virtual(warmup + k, true, pp, vpp));
@@ -158,4 +172,69 @@ int64_t MaxAliveMicroBatches(const std::vector<PipelineOp>& ops) {
   return static_cast<int64_t>(most);
 }
 
-}  // namespace switchyard::train
+absl::StatusOr<int64_t> PipelineAliveMicroBatches(int64_t pp, int64_t stage, int64_t vpp,
+                                                  int64_t num_micro) {
+  if (absl::Status st = CheckArguments(pp, stage, vpp, num_micro); !st.ok()) return st;
+  const int64_t group = pp * vpp, total = num_micro * vpp;
+  const int64_t warmup = Warmup(pp, stage, vpp, num_micro);
+  // Chunk-0 forwards and chunk-0 backwards among the table's first n entries (see the header).
+  auto started = [&](int64_t n) { return n / group * pp + std::min(n % group, pp); };
+  auto finished = [&](int64_t n) {
+    return n / group * pp + std::max<int64_t>(0, n % group - (vpp - 1) * pp);
+  };
+  if (warmup == total) return started(total);
+  int64_t most = 0;
+  for (int64_t j = warmup; j < std::min(total, warmup + group); ++j) {
+    most = std::max(most, started(j + 1) - finished(j - warmup));
+  }
+  return most;
+}
+
+absl::StatusOr<int64_t> PipelineReceiveBuffers(int64_t pp, int64_t stage, int64_t vpp,
+                                               int64_t num_micro) {
+  if (absl::Status st = CheckArguments(pp, stage, vpp, num_micro); !st.ok()) return st;
+  if (vpp == 1) return 0;
+  // 2·PP is a multiple of PP (the interleaved rule) and at least PP.
+  absl::StatusOr<std::vector<PipelineRound>> program =
+      PipelineProgram(pp, vpp, std::min(num_micro, 2 * pp));
+  if (!program.ok()) return program.status();
+  return PipelineReceiveBuffers(*program, vpp, stage);
+}
+
+int64_t PipelineReceiveBuffers(const std::vector<PipelineRound>& program, int64_t vpp,
+                               int64_t stage) {
+  // Trainer::InterleavedMicroBatches' buffers by (kind, micro, chunk): 0 a received activation,
+  // 1 a received gradient, 2 the head chunk's input gradient; the count is taken at every take.
+  std::set<std::tuple<int, int64_t, int64_t>> held;
+  size_t most = 0;
+  auto take = [&](int kind, int64_t micro, int64_t chunk) {
+    held.insert({kind, micro, chunk});
+    most = std::max(most, held.size());
+  };
+  for (const PipelineRound& round : program) {
+    const int64_t pp = static_cast<int64_t>(round.ops.size());
+    if (stage < 0 || stage >= pp) return 0;
+    bool free_sent = false;
+    PipelineOp sent;
+    if (round.has_op[stage]) {
+      const PipelineOp& op = round.ops[stage];
+      const bool head = stage == pp - 1 && op.chunk == vpp - 1;  // computes the loss
+      if (op.forward) {
+        if (head) take(2, op.micro, op.chunk);  // ForwardBackward's input gradient, kept
+        held.erase({0, op.micro, op.chunk});    // its input (none on the embedding chunk)
+      } else if (head) {
+        free_sent = true;  // sent in this round's messages, freed after them
+        sent = op;
+      } else {
+        held.erase({1, op.micro, op.chunk});
+      }
+    }
+    for (const PipelineMessage& m : round.messages) {
+      if (m.to == stage) take(m.activation ? 0 : 1, m.micro, m.chunk);
+    }
+    if (free_sent) held.erase({2, sent.micro, sent.chunk});
+  }
+  return static_cast<int64_t>(most);
+}
+
+}  // namespace switchyard
