@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/parallel_state.h"
 #include "common/model/pipeline_layout.h"
+#include "common/model/pipeline_schedule.h"
 
 namespace switchyard {
 namespace {
@@ -376,6 +377,8 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double tr = t / tp;  // tokens per rank of the TP group (sequence parallelism)
   const std::vector<int64_t> stage_layers = StageLayerIndices(m, z.pp, stage);
   const bool last = stage == z.pp - 1;
+  // Model chunks per stage (interleaved 1F1B), as StageLayerIndices deals them.
+  const int64_t vpp = z.pp > 1 ? std::max<int64_t>(1, m.pipeline_virtual_stages) : 1;
 
   EngineMemory out;
   const StageParamElements p = StageLayoutElements(m, mapping, stage);
@@ -407,7 +410,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   if (m.qk_layernorm) per_layer += a * (hq + hkv) * d + st * (hq + hkv);
   // Dense layers' h, a (with "mlp" recompute: the shared MLP scratch).
   const double dense_tokens = m.recompute_mlp ? 0 : 3 * a * f * dense_layers;
-  const double layer_tokens = a * h * (layers + 1) + per_layer * layers + dense_tokens;
+  // The residual stream: each chunk's x_0 .. x_n (GptModel: layers + chunks tensors per slot).
+  const double layer_tokens =
+      a * h * static_cast<double>(layers + vpp) + per_layer * layers + dense_tokens;
   out.layer_activations = tr * layer_tokens;
   // Selective recompute's shared scratch (GptModel::Build), once per stage, whatever the layers
   // and in-flight slots: the norm output [t/TP, H], the dense MLP's h and a [t, 3F/TP].
@@ -442,7 +447,8 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
         rows = e * (c >= tr ? tr : c);
       }
       // Expert in/out and probs per layer; their gradients 2a·R·H + r·R are the shared scratch.
-      bytes += 2 * a * rows * h + r * rows + 4 * tr * k;
+      // The row map 4t·k and the dispatcher's tokens per expert 4E.
+      bytes += 2 * a * rows * h + r * rows + 4 * tr * k + 4 * e;
       moe_grad_scratch = 2 * a * rows * h + r * rows;
       if (o.cuda) bytes += (std::ceil(tr / 128) + 1) * e * 4;  // permute workspace
     } else if (m.moe_allgather) {
@@ -500,7 +506,10 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
       bytes += 3 * a * rows * fe;
     }
     const double b = m.moe_seq_aux ? std::max(1.0, std::floor(tr / m.seq_length)) : 1;
-    bytes += (8 + 4 + r) * b * e + 4 * 4 * e + r * (m.moe_aux_terms + 1) + 8;
+    // Aux statistics (8 + 4 + r)·b·E; the layer's tokens per expert and global_aux_loss counts
+    // and means 3·4E, and the step's counts summed over TP×DP×CP 4E when the process has groups
+    // (W > 1: MoELayer's global_step_counts); the losses and the lse.
+    bytes += (8 + 4 + r) * b * e + 4 * (world > 1 ? 4 : 3) * e + r * (m.moe_aux_terms + 1) + 8;
     if (o.cuda) {
       const double chunks = b * std::ceil(tr / b / 16);
       bytes += Round256(8 * chunks * e) + Round256(8 * chunks);  // aux-loss workspace
@@ -509,9 +518,16 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
     }
     out.moe_buffers = moe_layers * bytes;
   }
-  const double in_flight = std::min<double>(static_cast<double>(z.pp - stage), z.m);
-  out.layer_activations *= in_flight;
-  out.moe_buffers *= in_flight;
+  // One set of the per-layer buffers per micro-batch alive at once on this stage, the count the
+  // trainer sizes its slots by (pipeline_schedule.h PipelineAliveMicroBatches: 1F1B min(PP −
+  // stage, m); interleaved more, on the last stage too). A micro-batch count the schedule refuses
+  // (m < PP, or not a multiple of PP with VPP > 1; validation reports it first): 1F1B's count.
+  if (z.pp > 1) {
+    const absl::StatusOr<int64_t> alive = PipelineAliveMicroBatches(z.pp, stage, vpp, z.m);
+    out.in_flight = alive.ok() ? *alive : std::min(z.pp - stage, z.m);
+  }
+  out.layer_activations *= static_cast<double>(out.in_flight);
+  out.moe_buffers *= static_cast<double>(out.in_flight);
   out.layer_activations += recompute_scratch;
   out.moe_buffers += moe_act_scratch + moe_grad_scratch;
 
@@ -555,9 +571,12 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += 8 * t;          // ids and targets
   if (z.pp > 1) {
     // The trainer's pipeline receive buffers (a stage's input and its output's gradient,
-    // [t/TP, H]) and, with a tied embedding, the other end's embedding gradient [V/TP, H] on
-    // the first and the last stage (Trainer::SumSharedEmbeddingGrad).
-    head += 2 * a * tr * h;
+    // [t/TP, H]), with VPP > 1 plus the interleaved step's message buffers the stage holds at once
+    // (pipeline_schedule.h PipelineReceiveBuffers: the trainer's pool grows to them in the first
+    // step) and, with a tied embedding, the other end's embedding gradient [V/TP, H] on the first
+    // and the last stage (Trainer::SumSharedEmbeddingGrad).
+    const absl::StatusOr<int64_t> messages = PipelineReceiveBuffers(z.pp, stage, vpp, z.m);
+    head += (2 + static_cast<double>(messages.ok() ? *messages : 0)) * a * tr * h;
     if (!m.untie_embeddings && (stage == 0 || last)) head += g * vl * h;
   }
   out.head_buffers = head;

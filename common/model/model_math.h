@@ -229,9 +229,10 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //               param shard) of its padded region / its group: 20·(dense_padded/(DP·CP) +
 //               expert_padded/EDP). Plus the norm scratch (8 KiB each).
 //   layer activations (ONE micro-batch in flight: ForwardBackward runs forward and backward
-//               before the next micro-batch, so nothing scales with m), per token of t:
-//               residual stream a·H·(L_s + 1); per layer n1, mid, n2 3a·H, q and o 2a·Hq·D, k, v
-//               2a·Hkv·D, rstd1/rstd2 2s, lse s·Hq, with qk_layernorm a·(Hq+Hkv)·D +
+//               before the next micro-batch, so nothing scales with m; pipelines: see "PP > 1"
+//               below), per token of t: residual stream a·H·(L_s + VPP) (each model chunk's
+//               x_0 .. x_n; VPP = 1 without interleaving); per layer n1, mid, n2 3a·H, q and o
+//               2a·Hq·D, k, v 2a·Hkv·D, rstd1/rstd2 2s, lse s·Hq, with qk_layernorm a·(Hq+Hkv)·D +
 //               s·(Hq+Hkv); dense layers h, a 3a·F.
 //   MoE buffers, per MoE layer (MoELayer, its dispatcher, its grouped GEMM), per token: logits
 //               and dlogits 2r·E, bf16 dlogits 2E (a = 2), topk/selected indices 8k, topk probs
@@ -241,7 +242,7 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //               2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs 3a·R·Fe/ETP (their
 //               gradients are the backward scratch below); the dispatcher:
 //                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out 2a·R·H,
-//                   probs r·R, row map 4t·k;
+//                   probs r·R, row map 4t·k, tokens per expert 4E;
 //                 allgather (EP or ETP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k
 //                   rows: gathered x, y, padded y 3a·g·H, indices 12g·k, probs 3r·g·k,
 //                   reduced y and probs a·t·H + r·t·k, expert side 2a·R·H + r·R;
@@ -257,7 +258,9 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //                   the mean grows them (and the R terms above and below) on the ranks that
 //                   receive more, up to their bounds;
 //               plus the per-sequence aux statistics (8 + 4 + r)·E·b (b = t/S with
-//               seq_aux_loss, else 1) and CUDA workspaces (router, aux loss, permute).
+//               seq_aux_loss, else 1), the layer's expert counts 3·4E (+ 4E, the step's counts
+//               summed over TP×DP×CP, when W > 1) and CUDA workspaces (router, aux loss,
+//               permute).
 //               The backward-only scratch (MoEGradScratch, worker/model/moe_layer.h), ONCE per
 //               stage, not per MoE layer and slot (every MoE layer and in-flight slot shares it):
 //               da, dh 3a·R·Fe/ETP, and the dispatcher's d_expert_out, d_expert_x, d_expert_probs
@@ -275,9 +278,10 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //               sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids mapped to this
 //               rank's vocabulary rows 4t. CP > 1: the K/V gather buffers, 5 of mbs·S rows
 //               (gathered, whole K, V, dK, dV) and 2 of S rows (partial dK, dV), each row
-//               a·(Hkv/TP)·D. PP > 1: the pipeline receive buffers 2a·t·H/TP, and with a tied
-//               embedding on the first and the last stage the other stage's embedding gradient
-//               g·Vl·H.
+//               a·(Hkv/TP)·D. PP > 1: the pipeline receive buffers 2a·t·H/TP (with VPP > 1
+//               plus PipelineReceiveBuffers more: the interleaved step's message buffers the
+//               stage holds at once), and with a tied embedding on the first and the last stage
+//               the other stage's embedding gradient g·Vl·H.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards
@@ -287,8 +291,14 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 // ETP2·EP2 on every rank within 5 %): every per-token term is divided by TP (sequence
 // parallelism), tokens by CP, expert widths by ETP (ETP > 1 uses the EP dispatchers, even at
 // EP = 1, as MoELayer::Create does), the SP and CP scratch above. PP > 1 multiplies the
-// per-layer terms by min(PP − stage, m) micro-batches in flight under 1F1B (bench/
-// memory_estimate_test: PP2 and tied PP2·EP2, each stage within 5 %, measured 1.0000 on the CPU).
+// per-layer terms (layer activations and MoE buffers, not their shared scratch) by the
+// micro-batches alive at once on the stage, EngineMemory::in_flight = PipelineAliveMicroBatches
+// (common/model/pipeline_schedule.h; the count the trainer sizes its activation slots by):
+// min(PP − stage, m) under 1F1B; under interleaved 1F1B (VPP = pipeline_virtual_stages > 1)
+// more, on the last stage too, e.g. PP2·VPP2·m 8: 4 and 3, PP4·VPP2·m 8: 8, 8, 7, 5, at most
+// min(2·PP, m). A micro-batch count the schedule refuses (validation reports it first) keeps the
+// 1F1B count. bench/memory_estimate_test: PP2, tied PP2·EP2, PP2·VPP2, PP4·VPP2 and an uneven
+// tied PP2·VPP2, every stage equal to the engine's Buffer counters to the byte on the CPU.
 // Selective recompute (ModelShape::recompute_*, worker/model/gpt_model.h "Selective recompute")
 // takes terms out of every layer and slot and counts one shared scratch per stage instead:
 // "layernorm" n1 and n2 (2a·H per token and layer) for one a·H; "mlp" the dense h, a (3a·F/TP
@@ -300,6 +310,9 @@ struct EngineMemory {
   double layer_activations = 0, moe_buffers = 0, head_buffers = 0;
   double runtime = 0;
   double create_transient = 0;
+  // The micro-batches whose per-layer buffers (layer_activations and moe_buffers, less the shared
+  // scratch) the stage holds at once: PipelineAliveMicroBatches (1 without a pipeline).
+  int64_t in_flight = 1;
   double activations() const { return layer_activations + moe_buffers + head_buffers; }
   // What the engine's Buffers hold after Create (steady state).
   double buffers() const { return weights + gradients + optimizer_states + activations(); }

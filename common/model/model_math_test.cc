@@ -1,8 +1,12 @@
 // File: common/model/model_math_test.cc
 #include "common/model/model_math.h"
 
+#include <algorithm>
 #include <iostream>
+#include <vector>
 
+#include "common/model/pipeline_layout.h"
+#include "common/model/pipeline_schedule.h"
 #include "gtest/gtest.h"
 
 namespace switchyard {
@@ -258,6 +262,80 @@ TEST(ModelMathTest, TensorParallelLayoutShardsVocabularyAndSharedExpert) {
   const StageParamElements two = StageLayoutElements(*s, mapping(2), 0);
   EXPECT_EQ(two.dense, 7360);
   EXPECT_EQ(two.expert, 3072);
+}
+
+// The estimate's in-flight micro-batches of a stage are the orders' own count (issue 14): for
+// every stage of PP 1..4, VPP 1..3, M up to 8·PP (1F1B every M, interleaved every multiple of PP),
+// EngineMemory::in_flight is MaxAliveMicroBatches(PipelineSchedule(...)): the stage with the LM
+// head (the last) and the first (the largest) included, on an even and an uneven layout. M the
+// schedule refuses (M < PP; not a multiple of PP with VPP > 1; validation reports it first) keeps
+// 1F1B's min(PP − s, M). And it is what multiplies the per-layer buffers: a stage's
+// layer_activations per in-flight micro-batch are the same at every M.
+TEST(ModelMathTest, InFlightMicroBatchesAreThePipelineSchedules) {
+  v1::ModelConfig c;
+  c.set_num_layers(72);  // divisible by every PP·VPP below
+  c.set_hidden_size(16);
+  c.set_num_attention_heads(4);
+  c.set_ffn_hidden_size(32);
+  c.set_vocab_size(64);
+  c.set_seq_length(8);
+  auto shape = ModelShape::FromProto(c);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  int64_t checked = 0, refused = 0;
+  for (int64_t pp = 1; pp <= 4; ++pp) {
+    for (int64_t vpp = 1; vpp <= (pp > 1 ? 3 : 1); ++vpp) {
+      for (bool uneven : {false, true}) {
+        if (uneven && pp == 1) continue;
+        ModelShape m = *shape;
+        m.pipeline_virtual_stages = vpp;
+        // Uneven: the lightest first stage the layout rules allow (decoder_first_pipeline_
+        // num_layers a multiple of VPP, the rest shared evenly in multiples of VPP).
+        for (int64_t first = vpp; uneven && m.pipeline_first_layers < 0 && first < 72;
+             first += vpp) {
+          PipelineSplit split{72, pp, vpp, first, -1};
+          if (first != 72 / pp && ValidatePipelineSplit(split).ok()) {
+            m.pipeline_first_layers = first;
+          }
+        }
+        v1::Mapping mapping;
+        mapping.set_pipeline_model_parallel_size(static_cast<int32_t>(pp));
+        mapping.set_micro_batch_size(1);
+        for (int64_t s = 0; s < pp; ++s) {
+          double per_slot = -1;
+          if (uneven) ASSERT_GT(m.pipeline_first_layers, 0) << "PP " << pp << " VPP " << vpp;
+          for (int64_t micro = 1; micro <= 8 * pp; ++micro) {
+            mapping.set_num_micro_batches(static_cast<int32_t>(micro));
+            const EngineMemory e = EstimateEngineMemory(m, mapping, s);
+            auto ops = PipelineSchedule(pp, s, vpp, micro);
+            const int64_t want = ops.ok() ? MaxAliveMicroBatches(*ops) : std::min(pp - s, micro);
+            (ops.ok() ? checked : refused) += 1;
+            EXPECT_EQ(e.in_flight, want) << "PP " << pp << " VPP " << vpp << " M " << micro
+                                         << " stage " << s << (uneven ? " uneven" : "");
+            const double slot = e.layer_activations / static_cast<double>(e.in_flight);
+            if (per_slot < 0) per_slot = slot;
+            EXPECT_DOUBLE_EQ(slot, per_slot) << "PP " << pp << " VPP " << vpp << " M " << micro;
+          }
+        }
+      }
+    }
+  }
+  // 1400 estimates: 720 of M the schedule runs, 680 it refuses.
+  EXPECT_EQ(checked, 720);
+  EXPECT_EQ(refused, 680);
+  // PP 2·VPP 2·M 8 (pipeline_schedule_test's hand-checked orders): 4 and 3, where 1F1B's count
+  // would be 2 and 1; PP 4·VPP 2·M 8: 8, 8, 7, 5 (1F1B: 4, 3, 2, 1).
+  ModelShape vpp2 = *shape;
+  vpp2.pipeline_virtual_stages = 2;
+  v1::Mapping pp2;
+  pp2.set_pipeline_model_parallel_size(2);
+  pp2.set_num_micro_batches(8);
+  EXPECT_EQ(EstimateEngineMemory(vpp2, pp2, 0).in_flight, 4);
+  EXPECT_EQ(EstimateEngineMemory(vpp2, pp2, 1).in_flight, 3);
+  v1::Mapping pp4 = pp2;
+  pp4.set_pipeline_model_parallel_size(4);
+  std::vector<int64_t> counts;
+  for (int64_t s = 0; s < 4; ++s) counts.push_back(EstimateEngineMemory(vpp2, pp4, s).in_flight);
+  EXPECT_EQ(counts, (std::vector<int64_t>{8, 8, 7, 5}));
 }
 
 TEST(ModelMathTest, MissingOrBadFieldsNameTheField) {

@@ -17,6 +17,7 @@
 // for PP 2·VPP 2, and its 2·PP cap equal to the whole step's count up to M = 10·PP.
 #include "common/model/pipeline_schedule.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -315,6 +316,7 @@ TEST(PipelineScheduleTest, AliveMicroBatchesCountTheOrders) {
           ASSERT_TRUE(alive.ok()) << alive.status();
           EXPECT_EQ(*alive, MaxAliveMicroBatches(*ops))
               << "PP " << pp << " VPP " << vpp << " M " << m << " stage " << s;
+          EXPECT_LE(*alive, std::min(2 * pp, m));  // the bound model_math.h states
           ++checked;
         }
       }

@@ -30,15 +30,21 @@
 //                EstimateMemory estimates with that value whatever the mapping it is given says.
 //   activations = ONE micro-batch in flight (the engine runs forward and backward of a
 //                micro-batch before the next; under PP > 1 the per-layer terms are multiplied by
-//                min(PP − s, m) micro-batches in flight, an extrapolation): per-layer saved
-//                activations and scratch (residual, norms, q/k/v/o, lse; dense SwiGLU), the MoE
-//                layers' router, dispatcher and expert buffers — the alltoall dispatcher sizes
-//                its receive side by the counts, estimated at its initial size ETP·min(B,
-//                1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k, E/EP), the bound it
-//                grows to at most under uneven routing) plus 3·Fe bytes·2 per row for fc1/SwiGLU
-//                outputs (their gradients, and the dispatcher's, are one backward scratch per
-//                stage, MoEGradScratch) —, the LM head's fp32 logits chunk (≤ 512 MiB) and
-//                bf16 gradient chunk (on the last stage only), backward scratch and statistics.
+//                the micro-batches alive at once on stage s, PipelineAliveMicroBatches of
+//                common/model/pipeline_schedule.h, the count the trainer sizes its activation
+//                slots by: min(PP − s, m) under 1F1B, more under interleaved 1F1B and on its last
+//                stage too, e.g. PP2·VPP2·m 8: 4 and 3; with VPP every chunk keeps its own
+//                residual stream, and the interleaved step's message buffers,
+//                PipelineReceiveBuffers, are added; to the byte against the CPU engine, bench/
+//                memory_estimate_test): per-layer saved activations and scratch (residual, norms,
+//                q/k/v/o, lse; dense SwiGLU), the MoE layers' router, dispatcher and expert buffers
+//                — the alltoall dispatcher sizes its receive side by the counts, estimated at its
+//                initial size ETP·min(B, 1.25·t·k) rows of width H (3 such buffers; B = EP·t·min(k,
+//                E/EP), the bound it grows to at most under uneven routing) plus 3·Fe bytes·2 per
+//                row for fc1/SwiGLU outputs (their gradients, and the dispatcher's, are one
+//                backward scratch per stage, MoEGradScratch) —, the LM head's fp32 logits chunk (≤
+//                512 MiB) and bf16 gradient chunk (on the last stage only), backward scratch and
+//                statistics.
 //   total = weights + gradients + optimizer + activations + runtime, runtime = RuntimeBytes:
 //           kCudaRuntimeBytes (cuBLAS, kernel code) and, when W > 1, NCCL's memory by the kind
 //           of its communicators (EngineCommunicators, as worker/train/process_groups.cc makes

@@ -510,6 +510,18 @@ TEST(PlannerTest, HandComputedInterleavedPipelineShortensTheBubble) {
              {0.03401614098432, 0, 0, 0.00016777216, 0, 0.00854597828608, 0.0427298914304});
   ExpectTime(plan->best().time(),
              {0.03401614098432, 0, 0, 0.00033554432, 0, 0.00429396066304, 0.03864564596736});
+  // Memory (issue 14): both report stage 1 (the LM-head loss, 201,342,976, outweighs stage 0's
+  // extra slots), whose two dense layers keep per slot, per token, a residual stream 2*1024 per
+  // tensor (layers + chunks: 3 plain, 4 with VPP 2) and 2 * (14,376 (case A) + dense h, a
+  // 3*2*4096 = 24,576) = 77,904: plain 84,048 * t 1024 = 86,065,152, VPP 86,096 * 1024 =
+  // 88,162,304. Plain 1F1B keeps 1 micro-batch alive on stage 1; the interleaved order 3
+  // (PipelineAliveMicroBatches(2, 1, 2, 4)) and 4 message buffers of 2*1024*1024
+  // (PipelineReceiveBuffers): 3 * 88,162,304 - 86,065,152 + 4 * 2,097,152 = 186,810,368 more.
+  // (The estimate before counted 1F1B's min(PP - s, m) = 1 slot of 3 tensors and no message
+  // buffers under VPP too: the same memory as plain, 0 more.)
+  EXPECT_EQ(plan->best().memory().activations() - plain->best().memory().activations(),
+            186810368.0);
+  EXPECT_EQ(plan->best().memory().total() - plain->best().memory().total(), 186810368.0);
 }
 
 // Case G: L 8 on PP2 (TP1 DP1, 2 GPUs, m = 4): the even 4 | 4 split leaves the LM head on top of
