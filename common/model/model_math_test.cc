@@ -302,7 +302,9 @@ TEST(ModelMathTest, InFlightMicroBatchesAreThePipelineSchedules) {
         mapping.set_micro_batch_size(1);
         for (int64_t s = 0; s < pp; ++s) {
           double per_slot = -1;
-          if (uneven) ASSERT_GT(m.pipeline_first_layers, 0) << "PP " << pp << " VPP " << vpp;
+          if (uneven) {
+            ASSERT_GT(m.pipeline_first_layers, 0) << "PP " << pp << " VPP " << vpp;
+          }
           for (int64_t micro = 1; micro <= 8 * pp; ++micro) {
             mapping.set_num_micro_batches(static_cast<int32_t>(micro));
             const EngineMemory e = EstimateEngineMemory(m, mapping, s);

@@ -117,8 +117,9 @@ int64_t MaxAliveMicroBatches(const std::vector<PipelineOp>& ops);
 // `num_micro` micro-batches: MaxAliveMicroBatches(PipelineSchedule(pp, stage, vpp, num_micro)),
 // without building the order (pipeline_schedule_test checks that the two agree for every stage of
 // PP 1..8, VPP 1..4 and M up to 8·PP). The ONE count of activation slots: the trainer sizes the
-// model's in-flight slots by it (GptConfig::pipeline_slots) and the memory estimate multiplies a
-// stage's per-layer buffers by it (model_math.h EstimateEngineMemory). 1F1B: min(PP − stage, M).
+// model's in-flight slots by it with VPP > 1 (GptConfig::pipeline_slots; under 1F1B GptModel's
+// own default min(PP − rank, M) is the same count) and the memory estimate multiplies a stage's
+// per-layer buffers by it (model_math.h EstimateEngineMemory). 1F1B: min(PP − stage, M).
 // Interleaved: more, on the last stage too (PP 2·VPP 2·M 8: 4 on stage 0, 3 on stage 1;
 // PP 4·VPP 2·M 8: 8, 8, 7, 5), at most 2·PP and M.
 // How: number the table's entries k as PipelineSchedule does (1F1B: k = m, one chunk). Among the
@@ -139,9 +140,10 @@ absl::StatusOr<int64_t> PipelineAliveMicroBatches(int64_t pp, int64_t stage, int
 // takes that buffer before it frees its input) until its backward has sent it (after the round's
 // receives). The trainer keeps them in a pool that grows to this count in the first step and is
 // held from then on, beside its two buffers of the 1F1B step (0 for vpp 1: that step uses only
-// those two). Computed on PipelineProgram(pp, vpp, min(num_micro, 2·PP)): the count stops
-// growing at 2·PP micro-batches, since warm-up and cool-down are alike from there and the steady
-// rounds repeat (pipeline_schedule_test checks M up to 10·PP for PP 2..8, VPP 2..4); e.g.
+// those two). Computed on PipelineProgram(pp, vpp, min(num_micro, 2·PP)), which keeps the cost
+// independent of M: the count is the same for every M >= 2·PP (warm-up and cool-down are alike
+// from there and the steady rounds repeat; pipeline_schedule_test checks M up to 10·PP for
+// PP 2..8, VPP 2..4); e.g.
 // PP 2·VPP 2: 1 on stage 0, 4 on stage 1; PP 4·VPP 2·M 8: 2, 2, 2, 5.
 // Errors: PipelineSchedule's argument rules.
 absl::StatusOr<int64_t> PipelineReceiveBuffers(int64_t pp, int64_t stage, int64_t vpp,
