@@ -246,7 +246,7 @@ struct GptConfig {
   std::vector<int64_t> chunk_begin, chunk_end;
   // In-flight activation slots (micro-batch m uses slot m % slots); 0: 1F1B's count
   // (pp_size - pp_rank on a stage before the last, 1 on the last). The interleaved schedule's
-  // trainer sets it (pipeline_schedule.h MaxAliveMicroBatches).
+  // trainer sets it (common/model/pipeline_schedule.h PipelineAliveMicroBatches).
   int64_t pipeline_slots = 0;
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
