@@ -42,6 +42,28 @@ v1::StepMetrics Step(int64_t step, double ms, double memory_bytes) {
   return m;
 }
 
+// A job of `spec` created through the API; its name.
+std::string CreateJob(v1::JobService::Stub* jobs, const v1::JobSpec& spec) {
+  v1::CreateJobRequest create;
+  *create.mutable_spec() = spec;
+  v1::Job job;
+  const grpc::Status s = jobs->CreateJob(testing::Context().get(), create, &job);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return job.name();
+}
+
+// What the scheduler (the plan it started the job with) and rank 0's step stream record for a job
+// that ran `candidate`, written through the store as the coordinator writes them.
+void RecordRun(jobs::JobRegistry& registry, const std::string& name,
+               const v1::PlanCandidate& candidate, const v1::StepMetrics& step) {
+  v1::Plan plan;
+  *plan.mutable_best() = candidate;
+  const absl::StatusOr<v1::Job> started =
+      registry.Transition(name, v1::Job::STARTING, "SCHEDULED", "", &plan);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(registry.RecordLastStep(name, step).ok());
+}
+
 TEST(PlanServiceTest, RankedMappingsCarryWhatJobsOfTheSameWorkloadMeasured) {
   const std::string db = testing::FreshPath("plan_measured.db");
   std::unique_ptr<CoordinatorServer> server = testing::StartServer(
@@ -67,14 +89,7 @@ TEST(PlanServiceTest, RankedMappingsCarryWhatJobsOfTheSameWorkloadMeasured) {
   EXPECT_FALSE(before.best().has_measured());  // no job yet
 
   // Jobs through the API: three of the planned workload, one of another (ffn size differs).
-  auto create = [&](const v1::JobSpec& spec) {
-    v1::CreateJobRequest create;
-    *create.mutable_spec() = spec;
-    v1::Job job;
-    const grpc::Status s = jobs->CreateJob(testing::Context().get(), create, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job.name();
-  };
+  auto create = [&](const v1::JobSpec& spec) { return CreateJob(jobs.get(), spec); };
   const std::string older = create(request.spec()), newer = create(request.spec()),
                     early = create(request_ep2.spec());
   v1::JobSpec other_spec = request.spec();
@@ -86,14 +101,7 @@ TEST(PlanServiceTest, RankedMappingsCarryWhatJobsOfTheSameWorkloadMeasured) {
   ASSERT_TRUE(store.ok()) << store.status();
   jobs::JobRegistry registry(store->get());
   auto ran = [&](const std::string& name, const v1::PlanCandidate& candidate,
-                 const v1::StepMetrics& step) {
-    v1::Plan plan;
-    *plan.mutable_best() = candidate;
-    const absl::StatusOr<v1::Job> started =
-        registry.Transition(name, v1::Job::STARTING, "SCHEDULED", "", &plan);
-    ASSERT_TRUE(started.ok()) << started.status();
-    ASSERT_TRUE(registry.RecordLastStep(name, step).ok());
-  };
+                 const v1::StepMetrics& step) { RecordRun(registry, name, candidate, step); };
   const double gib = 1024.0 * 1024 * 1024;
   ran(older, before.best(), Step(40, 510.0, 30 * gib));
   ran(newer, before.best(), Step(20, 480.0, 31 * gib));
@@ -189,24 +197,12 @@ TEST(PlanServiceTest, MeasuredRunsCalibrateTheStepTimeAndItsRanking) {
   const double a = 1.5, b = 0.05;
   auto truth = [&](const v1::TimeEstimate& t) { return a * t.compute() + b * Communication(t); };
 
-  auto create = [&](const v1::JobSpec& spec) {
-    v1::CreateJobRequest create;
-    *create.mutable_spec() = spec;
-    v1::Job job;
-    const grpc::Status s = jobs->CreateJob(testing::Context().get(), create, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job.name();
-  };
+  auto create = [&](const v1::JobSpec& spec) { return CreateJob(jobs.get(), spec); };
   absl::StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open(db);
   ASSERT_TRUE(store.ok()) << store.status();
   jobs::JobRegistry registry(store->get());
   auto ran = [&](const std::string& name, const v1::PlanCandidate& candidate, double seconds) {
-    v1::Plan plan;
-    *plan.mutable_best() = candidate;
-    const absl::StatusOr<v1::Job> started =
-        registry.Transition(name, v1::Job::STARTING, "SCHEDULED", "", &plan);
-    ASSERT_TRUE(started.ok()) << started.status();
-    ASSERT_TRUE(registry.RecordLastStep(name, Step(20, seconds * 1000.0, 0)).ok());
+    RecordRun(registry, name, candidate, Step(20, seconds * 1000.0, 0));
   };
   // TP 1 twice (the older run slower: the newest counts), TP 4 once; TP 2 never.
   ran(create(request_tp(1).spec()), tp1, 2 * truth(tp1.time()));
@@ -705,24 +701,12 @@ TEST(PlanServiceTest, SearchRanksByCalibratedTimesOnceTwoMappingsWereMeasured) {
   auto truth = [&](const v1::TimeEstimate& t) {
     return a * t.compute() + b * Communication(t) + a * t.pipeline_bubble();
   };
-  auto create = [&](const v1::JobSpec& spec) {
-    v1::CreateJobRequest create;
-    *create.mutable_spec() = spec;
-    v1::Job job;
-    const grpc::Status s = jobs->CreateJob(testing::Context().get(), create, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job.name();
-  };
+  auto create = [&](const v1::JobSpec& spec) { return CreateJob(jobs.get(), spec); };
   absl::StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open(db);
   ASSERT_TRUE(store.ok()) << store.status();
   jobs::JobRegistry registry(store->get());
   auto ran = [&](const std::string& name, const v1::PlanCandidate& candidate, double seconds) {
-    v1::Plan plan;
-    *plan.mutable_best() = candidate;
-    const absl::StatusOr<v1::Job> started =
-        registry.Transition(name, v1::Job::STARTING, "SCHEDULED", "", &plan);
-    ASSERT_TRUE(started.ok()) << started.status();
-    ASSERT_TRUE(registry.RecordLastStep(name, Step(20, seconds * 1000.0, 0)).ok());
+    RecordRun(registry, name, candidate, Step(20, seconds * 1000.0, 0));
   };
   ASSERT_EQ(tp1.best().time().pipeline_bubble(), 0);
   ASSERT_EQ(tp4.best().time().pipeline_bubble(), 0);
