@@ -43,6 +43,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "bench/moe_configs.h"
 #include "common/command_line.h"
 #include "common/status.h"
 #include "kernels/elementwise/elementwise.h"
@@ -71,18 +72,20 @@ using nlohmann::json;
 
 // One MoE layer's expert GEMMs: T tokens routed to top-k of E experts of hidden H and ffn F.
 struct MoeShape {
-  const char* name;
+  std::string name;
   int64_t t, k, e, h, f;
 };
 
-// BASELINES.md's three configs (moe_layer_benchmark.cc), then train_benchmark's benchmark model
-// (bench_model.cc: H 1536, 64 experts of F 384, top-8) at micro-batch 2, 4 and 8 of seq 4096.
+// The layer benchmarks' shared table (moe_configs.h): BASELINES.md's three configs, then
+// train_benchmark's benchmark model at micro-batch 2, 4 and 8.
 const std::vector<MoeShape>& Shapes() {
-  static const auto* v = new std::vector<MoeShape>{
-      {"mixtral8x7b", 8192, 2, 8, 4096, 14336},     {"qwen3_30b_a3b", 8192, 8, 128, 2048, 768},
-      {"dsv3_layer", 4096, 8, 256, 7168, 2048},     {"bench_model_mb2", 8192, 8, 64, 1536, 384},
-      {"bench_model_mb4", 16384, 8, 64, 1536, 384}, {"bench_model_mb8", 32768, 8, 64, 1536, 384},
-  };
+  static const auto* v = [] {
+    auto* s = new std::vector<MoeShape>;
+    for (const MoeLayerConfig& c : MoeLayerConfigs()) {
+      s->push_back({c.name, c.tokens, c.topk, c.experts, c.hidden, c.ffn});
+    }
+    return s;
+  }();
   return *v;
 }
 
@@ -377,7 +380,7 @@ int DryRun(const std::vector<MoeShape>& shapes, const std::vector<GroupedGemmTil
       const bool ok = sum == r && lo >= 0 && static_cast<int64_t>(c.size()) == s.e;
       std::printf(
           "%-16s %-6s R=%ld G=%ld rows per group %d..%d (mean %ld)%s; device memory %.1f GB\n",
-          s.name, split.c_str(), static_cast<long>(r), static_cast<long>(s.e), lo, hi,
+          s.name.c_str(), split.c_str(), static_cast<long>(r), static_cast<long>(s.e), lo, hi,
           static_cast<long>(r / s.e), ok ? "" : " BAD SPLIT", ShapeBytes(s) / 1e9);
       if (!ok) rc = 1;
       for (const OpSpec& o : Ops(s)) {
@@ -457,7 +460,7 @@ int Main() {
     absl::StatusOr<std::vector<Row>> shape_rows =
         RunShape(s, MakeSplits(s), *tiles, gg, warmup, iters);
     if (!shape_rows.ok()) {
-      std::fprintf(stderr, "%s: %s\n", s.name, shape_rows.status().ToString().c_str());
+      std::fprintf(stderr, "%s: %s\n", s.name.c_str(), shape_rows.status().ToString().c_str());
       rc = 1;
       continue;
     }

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/moe_configs.h"
 #include "common/command_line.h"
 #include "common/status.h"
 #include "kernels/elementwise/elementwise.h"
@@ -64,15 +65,16 @@ struct BenchConfig {
   int64_t h, f, e, k, t, shared;
 };
 
+// The layer benchmarks' shared table (moe_configs.h); the BASELINES.md three run by default, the
+// benchmark model's layers (bench_model_mb2/4/8) on request, to see where its time goes.
 const std::map<std::string, BenchConfig>& Configs() {
-  static const auto* m = new std::map<std::string, BenchConfig>{
-      {"mixtral8x7b", {4096, 14336, 8, 2, 8192, 0}},
-      {"qwen3_30b_a3b", {2048, 768, 128, 8, 8192, 0}},
-      {"dsv3_layer", {7168, 2048, 256, 8, 4096, 2048}},
-      // Not a BASELINES.md config: one MoE layer of train_benchmark's benchmark model (H 1536,
-      // 64 experts of F 384, top-8) at micro-batch 8 x seq 4096 tokens, to see where its time goes.
-      {"bench_model_mb8", {1536, 384, 64, 8, 32768, 0}},
-  };
+  static const auto* m = [] {
+    auto* c = new std::map<std::string, BenchConfig>;
+    for (const MoeLayerConfig& l : MoeLayerConfigs()) {
+      (*c)[l.name] = {l.hidden, l.ffn, l.experts, l.topk, l.tokens, l.shared_ffn};
+    }
+    return c;
+  }();
   return *m;
 }
 
