@@ -14,7 +14,9 @@
 #     EP dispatch, the survivor fails within the timeout, the job restarts from its checkpoint),
 #     preempt_demo.sh (`./preempt_demo.sh . quickstart.yaml`: preemption at a checkpoint on two
 #     workers), eval_check.sh + hf_eval_check.py (`./eval_check.sh . quickstart.yaml`: validation
-#     loss in training, --eval on the checkpoint and on the HF export vs transformers) and MANIFEST.
+#     loss in training, --eval on the checkpoint and on the HF export vs transformers),
+#     planner_proof.sh (`./planner_proof.sh . SPEC WORLD ITERS MAPPING...`: runs that calibrate
+#     the searched plan, issue 14) and MANIFEST.
 # The GPU host (Ubuntu 24.04, glibc 2.39) provides glibc, libstdc++, libgcc_s, the NVIDIA driver,
 # the CUDA 13.0 runtime and cuBLAS (/usr/local/cuda/lib64) and NCCL 2.28 (/usr/lib/x86_64-linux-gnu);
 # those are never bundled. tools/bundle_binaries.sh does the library half: copies the other
@@ -164,10 +166,10 @@ fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
 cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh tools/hung_worker_demo.sh tools/eval_check.sh \
-  tools/hf_eval_check.py "$bundle/"
+  tools/hf_eval_check.py tools/planner_proof.sh "$bundle/"
 cp examples/quickstart.yaml "$bundle/quickstart.yaml"
 chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/quickstart_cluster.sh" \
-  "$bundle/preempt_demo.sh" "$bundle/hung_worker_demo.sh" "$bundle/eval_check.sh"
+  "$bundle/preempt_demo.sh" "$bundle/hung_worker_demo.sh" "$bundle/eval_check.sh" "$bundle/planner_proof.sh"
 
 {
   echo "Switchyard GPU bundle"
