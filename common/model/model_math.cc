@@ -427,8 +427,8 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   // MoE layers.
   if (moe_layers > 0) {
     const double local = e / z.ep, fe = static_cast<double>(m.moe_ffn_hidden_size) / z.etp;
-    double per_token = 2 * r * e + (a == 2 ? 2 * e : 0) + 8 * k + 2 * r * k + a * h;
-    if (m.moe_input_jitter) per_token += a * h;
+    double per_token = 2 * r * e + (a == 2 ? 2 * e : 0) + 8 * k + 2 * r * k;
+    if (m.moe_input_jitter) per_token += 2 * a * h;  // the jittered input and the router's dx
     if (ssh > 0) {
       // The shared expert: its output and dx on the rank's sequence shard (2H); fc1/SwiGLU and
       // their gradients over the TP-gathered t = TP·tr tokens with S/TP units, i.e. 6S per

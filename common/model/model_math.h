@@ -236,11 +236,13 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //               s·(Hq+Hkv); dense layers h, a 3a·F.
 //   MoE buffers, per MoE layer (MoELayer, its dispatcher, its grouped GEMM), per token: logits
 //               and dlogits 2r·E, bf16 dlogits 2E (a = 2), topk/selected indices 8k, topk probs
-//               and their gradient 2r·k, dx a·H, input jitter a·H; shared expert a·(6Ssh + 2H)
-//               (fc1/SwiGLU over the TP-gathered tokens with Ssh/TP units: the same 6Ssh per
-//               shard token) + at TP > 1 its gathered x and partial sums 2a·H·TP (+ gate
-//               2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU outputs 3a·R·Fe/ETP (their
-//               gradients are the backward scratch below); the dispatcher:
+//               and their gradient 2r·k, with input jitter 2a·H (the jittered input and the
+//               router's input gradient before its jitter; without jitter the gating GEMM adds into
+//               dx itself); shared expert a·(6Ssh + 2H) (fc1/SwiGLU over the TP-gathered tokens
+//               with Ssh/TP units: the same 6Ssh per shard token) + at TP > 1 its gathered x and
+//               partial sums 2a·H·TP (+ gate 2r + a·(2H + 1)); the expert rows R: fc1/SwiGLU
+//               outputs 3a·R·Fe/ETP (their gradients are the backward scratch below); the
+//               dispatcher:
 //                 local (EP = ETP = 1): R = t·k (pad-to-capacity: E·C), expert in/out 2a·R·H,
 //                   probs r·R, row map 4t·k, tokens per expert 4E;
 //                 allgather (EP or ETP > 1, moe_allgather): g = EP·ETP·t gathered tokens, R = g·k

@@ -285,8 +285,10 @@ absl::Status AuxLossStatsCuda(const Stream& stream, const AuxPlan& plan, const T
     cudaError_t attr = cudaSuccess;
     DispatchLaneWidth(args.num_experts, [&](auto nj) {
       auto* kernel = &AuxStatsKernel<decltype(nj)::value>;
-      attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem));
+      if (smem > 48 * 1024) {  // only past the default; not a per-call driver call otherwise
+        attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem));
+      }
       if (attr == cudaSuccess) {
         kernel<<<static_cast<unsigned>(plan.num_chunks), router_math::kAuxChunk * 32, smem, s>>>(
             args);

@@ -304,7 +304,9 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   SY_RETURN_IF_ERROR(alloc(rdt, {t, k}, &l->dtopk_probs_));
   SY_RETURN_IF_ERROR(alloc(rdt, {t, e}, &l->dlogits_));
   SY_RETURN_IF_ERROR(alloc(DType::kBF16, {lowp ? t : 0, e}, &l->dlogits_lowp_));
-  SY_RETURN_IF_ERROR(alloc(dt, {t, h}, &l->dx_tmp_));
+  // The router's input gradient needs its own buffer only to be jittered before the add; without
+  // jitter the gating GEMM adds it into dx itself (Backward).
+  SY_RETURN_IF_ERROR(alloc(dt, {rc.input_jitter_eps > 0 ? t : 0, h}, &l->dx_tmp_));
   if (s > 0) {
     SY_RETURN_IF_ERROR(alloc(dt, {ts, 2 * s}, &l->sh_h_));
     if (config.recompute_act) {
