@@ -276,15 +276,17 @@ std::string JobDetail(const v1::Job& job) {
 namespace {
 
 // "Calibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, communication x0.250,
-// bubble x1.500; fit error up to 1.2%\n".
+// EP all-to-all x2.000, bubble x1.500; fit error up to 1.2%\n". "communication" is
+// Calibration.communication_factor, all but the EP all-to-all (TP, CP, DP, PP).
 std::string CalibrationLine(const v1::Calibration& cal) {
   return absl::StrCat(
       "Calibration (", cal.method() == v1::Calibration::PER_TERM ? "per-term fit" : "one ratio",
       " over ", cal.mappings(), cal.mappings() == 1 ? " mapping, " : " mappings, ", cal.runs(),
       cal.runs() == 1 ? " job" : " jobs",
-      absl::StrFormat("): compute x%.3f, communication x%.3f, bubble x%.3f; fit error up to "
-                      "%.1f%%\n",
-                      cal.compute_factor(), cal.communication_factor(), cal.bubble_factor(),
+      absl::StrFormat("): compute x%.3f, communication x%.3f, EP all-to-all x%.3f, bubble x%.3f; "
+                      "fit error up to %.1f%%\n",
+                      cal.compute_factor(), cal.communication_factor(),
+                      cal.ep_communication_factor(), cal.bubble_factor(),
                       cal.max_relative_error() * 100));
 }
 

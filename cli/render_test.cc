@@ -172,6 +172,7 @@ TEST(Render, Tables) {
   cal->set_method(v1::Calibration::PER_TERM);
   cal->set_compute_factor(1.5);
   cal->set_communication_factor(0.25);
+  cal->set_ep_communication_factor(2.0);
   cal->set_bubble_factor(1.5);
   cal->set_mappings(2);
   cal->set_runs(3);
@@ -180,9 +181,11 @@ TEST(Render, Tables) {
   alt->set_calibrated_step_seconds(0.45);
   const std::string calibrated = PlanTable(plan, 80.0 * (1 << 30), 5);
   std::printf("%s", calibrated.c_str());
-  EXPECT_NE(calibrated.find("Calibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, "
-                            "communication x0.250, bubble x1.500; fit error up to 1.2%\n"),
-            std::string::npos)
+  EXPECT_NE(
+      calibrated.find(
+          "Calibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, "
+          "communication x0.250, EP all-to-all x2.000, bubble x1.500; fit error up to 1.2%\n"),
+      std::string::npos)
       << calibrated;
   EXPECT_NE(calibrated.find("Calibrated step time: 200.000 ms\n"), std::string::npos) << calibrated;
   EXPECT_NE(calibrated.find("estimate / measured: time 0.50, memory 1.25; calibrated / measured: "
@@ -283,6 +286,7 @@ TEST(Render, SearchTable) {
   cal->set_method(v1::Calibration::PER_TERM);
   cal->set_compute_factor(1.5);
   cal->set_communication_factor(0.25);
+  cal->set_ep_communication_factor(2.0);
   cal->set_bubble_factor(1.5);
   cal->set_mappings(2);
   cal->set_runs(3);
@@ -291,9 +295,11 @@ TEST(Render, SearchTable) {
   third->set_calibrated_step_seconds(0.7);
   const std::string calibrated = SearchTable(plan, 80 * gib, 1 << 30);
   std::printf("%s", calibrated.c_str());
-  EXPECT_NE(calibrated.find("\nCalibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, "
-                            "communication x0.250, bubble x1.500; fit error up to 0.0%\n"),
-            std::string::npos)
+  EXPECT_NE(
+      calibrated.find(
+          "\nCalibration (per-term fit over 2 mappings, 3 jobs): compute x1.500, "
+          "communication x0.250, EP all-to-all x2.000, bubble x1.500; fit error up to 0.0%\n"),
+      std::string::npos)
       << calibrated;
   EXPECT_EQ(calibrated.find("Calibration: none"), std::string::npos) << calibrated;
   EXPECT_NE(calibrated.find("  1  TP2 CP1 DP2 PP1 | ETP1 EP4 EDP1 | dist-opt | mbs 1 x 2  300.000  "

@@ -5,7 +5,8 @@
 // same file through a second connection (as the scheduler and the workers' step stream would),
 // then Plan over gRPC and POST /v1/plans: a mapping that jobs of the same workload ran carries the
 // newest one's measurement; other workloads, warm-up steps and other mappings carry none. And the
-// calibration fitted on those runs (coordinator/planner/calibration.h): its factors, the
+// calibration fitted on those runs (coordinator/planner/calibration.h): its factors (the EP
+// all-to-all's apart from the other communication once EP 1 and EP > 1 runs were measured), the
 // calibrated times of measured and unmeasured mappings, and the ranking it changes.
 #include <httplib.h>
 
@@ -14,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -753,6 +755,107 @@ TEST(PlanServiceTest, SearchRanksByCalibratedTimesOnceTwoMappingsWereMeasured) {
     }
   }
   EXPECT_EQ(measured, 2);
+}
+
+// Runs at EP 1 and EP > 1 separate the all-to-all from the other communication (issue 14: on
+// real runs the all-to-all is far dearer than the DP reduce). Four mappings of one workload on 32
+// GPUs measured with compute 1.5x the model, non-EP communication 0.2x (overlapped), the
+// all-to-all 4x: the calibration recovers the three factors, the EP one apart from the non-EP
+// one, every candidate of a search with TP and EP unset is calibrated at those factors (an
+// unmeasured EP 2 included), and the calibrated best is not the estimate's.
+TEST(PlanServiceTest, RunsAtEp1AndEpAbove1FitTheAllToAllItsOwnFactor) {
+  const std::string db = testing::FreshPath("plan_ep_calibrated.db");
+  std::unique_ptr<CoordinatorServer> server =
+      testing::StartServer("plan_ep_calibrated.db", [](ServerOptions& o) { o.workers = false; });
+  ASSERT_NE(server, nullptr);
+  auto channel = testing::Channel(server->grpc_port());
+  auto jobs = v1::JobService::NewStub(channel);
+  auto plans = v1::PlanService::NewStub(channel);
+
+  v1::JobSpec base = testing::ValidSpec("ep-calibrated");
+  base.mutable_training()->set_global_batch_size(64);
+  auto request = [&](int tp, int ep) {
+    v1::PlanRequest r;
+    *r.mutable_spec() = base;
+    r.mutable_spec()->mutable_parallel()->set_tensor_model_parallel_size(tp);
+    r.mutable_spec()->mutable_parallel()->set_sequence_parallel(tp > 1);
+    r.mutable_spec()->mutable_parallel()->set_expert_model_parallel_size(ep);
+    *r.mutable_cluster() = testing::Cluster32();
+    return r;
+  };
+  const std::vector<std::pair<int, int>> measured_sizes = {{1, 1}, {1, 4}, {1, 8}, {2, 8}};
+  std::vector<v1::PlanCandidate> runs;
+  for (const auto& [tp, ep] : measured_sizes) {
+    v1::Plan p;
+    ASSERT_TRUE(plans->Plan(testing::Context().get(), request(tp, ep), &p).ok());
+    ASSERT_EQ(p.best().mapping().expert_model_parallel_size(), ep);
+    runs.push_back(p.best());
+  }
+  ASSERT_EQ(runs[0].time().ep_communication(), 0);  // EP 1: no all-to-all
+  for (size_t i = 1; i < runs.size(); ++i) ASSERT_GT(runs[i].time().ep_communication(), 0);
+
+  const double a = 1.5, b = 0.2, e = 4.0;
+  auto truth = [&](const v1::TimeEstimate& t) {
+    return a * t.compute() + b * (Communication(t) - t.ep_communication()) +
+           e * t.ep_communication() + a * t.pipeline_bubble();
+  };
+  absl::StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  jobs::JobRegistry registry(store->get());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto [tp, ep] = measured_sizes[i];
+    RecordRun(registry, CreateJob(jobs.get(), request(tp, ep).spec()), runs[i],
+              Step(20, truth(runs[i].time()) * 1000.0, 0));
+  }
+
+  // The coordinator's plan of an unmeasured EP 2: calibrated at the three factors.
+  v1::Plan ep2;
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), request(1, 2), &ep2).ok());
+  ASSERT_TRUE(ep2.has_calibration());
+  const v1::Calibration& cal = ep2.calibration();
+  std::printf("EP 1, EP 4, EP 8, TP 2 EP 8 measured: %s\n", cal.ShortDebugString().c_str());
+  EXPECT_EQ(cal.method(), v1::Calibration::PER_TERM);
+  ExpectRel(cal.compute_factor(), a, "compute factor");
+  ExpectRel(cal.communication_factor(), b, "non-EP communication factor");
+  ExpectRel(cal.ep_communication_factor(), e, "EP communication factor");
+  EXPECT_GT(cal.ep_communication_factor(), 10 * cal.communication_factor());
+  EXPECT_EQ(cal.bubble_factor(), cal.compute_factor());  // no PP run measured
+  EXPECT_EQ(cal.mappings(), 4);
+  EXPECT_EQ(cal.runs(), 4);
+  EXPECT_LT(cal.max_relative_error(), 1e-9);
+  EXPECT_FALSE(ep2.best().has_measured());
+  ASSERT_GT(ep2.best().time().ep_communication(), 0);
+  ExpectRel(ep2.best().calibrated_step_seconds(), truth(ep2.best().time()), "EP 2 predicted");
+
+  // The search with TP and EP unset: every ranked candidate at the truth, ranked by it.
+  v1::PlanRequest search;
+  *search.mutable_spec() = base;
+  search.mutable_spec()->mutable_parallel()->clear_tensor_model_parallel_size();
+  search.mutable_spec()->mutable_parallel()->clear_expert_model_parallel_size();
+  *search.mutable_cluster() = testing::Cluster32();
+  search.mutable_search()->set_world_size(32);
+  v1::Plan searched;
+  ASSERT_TRUE(plans->Plan(testing::Context().get(), search, &searched).ok());
+  ASSERT_TRUE(searched.has_calibration());
+  EXPECT_EQ(searched.calibration().SerializeAsString(), cal.SerializeAsString());
+  const std::vector<const v1::PlanCandidate*> ranked = Ranked(searched);
+  const v1::PlanCandidate* estimated_best = ranked[0];
+  int measured = 0;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const v1::PlanCandidate& c = *ranked[i];
+    ASSERT_TRUE(c.has_calibrated_step_seconds()) << c.DebugString();
+    ExpectRel(c.calibrated_step_seconds(), truth(c.time()), "ranked candidate");
+    if (i > 0) EXPECT_LE(ranked[i - 1]->calibrated_step_seconds(), c.calibrated_step_seconds());
+    if (c.time().total() < estimated_best->time().total()) estimated_best = &c;
+    if (c.has_measured()) ++measured;
+  }
+  EXPECT_EQ(measured, 4);
+  std::printf("search over %zu mappings: estimated best %s, calibrated best %s (%.3f ms)\n",
+              ranked.size(), planner::MappingToString(estimated_best->mapping()).c_str(),
+              planner::MappingToString(searched.best().mapping()).c_str(),
+              searched.best().calibrated_step_seconds() * 1e3);
+  EXPECT_NE(searched.best().mapping().SerializeAsString(),
+            estimated_best->mapping().SerializeAsString());
 }
 
 }  // namespace

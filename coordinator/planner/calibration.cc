@@ -15,16 +15,18 @@
 namespace switchyard::planner {
 namespace {
 
-constexpr int kCompute = 0, kCommunication = 1, kBubble = 2, kTerms = 3;
+// The columns C, M, A, B of calibration.h (kCommunication is M, the non-EP communication).
+constexpr int kCompute = 0, kCommunication = 1, kEpCommunication = 2, kBubble = 3, kTerms = 4;
 
 using Terms = std::array<double, kTerms>;
 
-double Communication(const v1::TimeEstimate& t) {
-  return t.tp_communication() + t.ep_communication() + t.dp_communication() + t.pp_communication();
+// M of calibration.h: everything but the EP all-to-all (CP is inside tp_communication).
+double NonEpCommunication(const v1::TimeEstimate& t) {
+  return t.tp_communication() + t.dp_communication() + t.pp_communication();
 }
 
 Terms TermsOf(const v1::TimeEstimate& t) {
-  return {t.compute(), Communication(t), t.pipeline_bubble()};
+  return {t.compute(), NonEpCommunication(t), t.ep_communication(), t.pipeline_bubble()};
 }
 
 bool PositiveFinite(double x) { return std::isfinite(x) && x > 0; }
@@ -116,8 +118,8 @@ bool LeastSquares(const std::vector<Row>& rows, const std::vector<int>& cols, Te
 double Objective(const std::vector<Row>& rows, const Terms& f) {
   double sum = 0;
   for (const Row& r : rows) {
-    const double e = r.x[kCompute] * f[kCompute] + r.x[kCommunication] * f[kCommunication] +
-                     r.x[kBubble] * f[kBubble] - 1;
+    double e = -1;
+    for (int j = 0; j < kTerms; ++j) e += r.x[j] * f[j];
     sum += e * e;
   }
   return sum;
@@ -146,6 +148,17 @@ Terms NonNegativeLeastSquares(const std::vector<Row>& rows, const std::vector<in
   return best;
 }
 
+// The per-term fit over `cols` in `f` (calibration.h FIT), or false when the rows cannot separate
+// those factors: fewer than two columns, fewer rows than columns, or a degenerate Gram matrix.
+bool PerTermFit(const std::vector<Row>& rows, const std::vector<int>& cols, Terms* f) {
+  if (cols.size() < 2 || rows.size() < cols.size() ||
+      NormalisedGramDeterminant(rows, cols) < kDegenerateGram) {
+    return false;
+  }
+  *f = NonNegativeLeastSquares(rows, cols);
+  return true;
+}
+
 }  // namespace
 
 std::optional<v1::Calibration> FitCalibration(const std::vector<MeasuredPoint>& points) {
@@ -166,24 +179,51 @@ std::optional<v1::Calibration> FitCalibration(const std::vector<MeasuredPoint>& 
   }
   if (rows.empty()) return std::nullopt;
 
-  // The columns taking part: compute and communication always (the fit must separate them), the
-  // bubble when some measured run had one.
-  std::vector<int> cols = {kCompute, kCommunication};
-  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.x[kBubble] > 0; })) {
-    cols.push_back(kBubble);
+  // The columns taking part (calibration.h TAKING PART): compute always, the others when some
+  // measured run had that term.
+  auto taking_part = [&rows](int column) {
+    return std::any_of(rows.begin(), rows.end(),
+                       [column](const Row& r) { return r.x[column] > 0; });
+  };
+  const bool non_ep = taking_part(kCommunication), ep = taking_part(kEpCommunication),
+             bubble = taking_part(kBubble);
+  std::vector<int> cols = {kCompute};
+  if (non_ep) cols.push_back(kCommunication);
+  if (ep) cols.push_back(kEpCommunication);
+  if (bubble) cols.push_back(kBubble);
+  Terms f{};
+  bool per_term = PerTermFit(rows, cols, &f);
+  if (!per_term && non_ep && ep) {
+    // SHARED COMMUNICATION: M + A as one column (the M slot), its factor for both.
+    std::vector<Row> shared = rows;
+    for (Row& r : shared) {
+      r.x[kCommunication] += r.x[kEpCommunication];
+      r.x[kEpCommunication] = 0;
+    }
+    std::vector<int> shared_cols = {kCompute, kCommunication};
+    if (bubble) shared_cols.push_back(kBubble);
+    per_term = PerTermFit(shared, shared_cols, &f);
+    f[kEpCommunication] = f[kCommunication];
   }
   v1::Calibration cal;
-  Terms f{};
-  if (rows.size() >= cols.size() && NormalisedGramDeterminant(rows, cols) >= kDegenerateGram) {
+  if (per_term) {
     cal.set_method(v1::Calibration::PER_TERM);
-    f = NonNegativeLeastSquares(rows, cols);
-    if (cols.size() < kTerms) f[kBubble] = f[kCompute];
+    // The defaults of the columns that took no part.
+    if (!non_ep && !ep) {
+      f[kCommunication] = f[kEpCommunication] = f[kCompute];
+    } else if (!ep) {
+      f[kEpCommunication] = f[kCommunication];
+    } else if (!non_ep) {
+      f[kCommunication] = f[kEpCommunication];
+    }
+    if (!bubble) f[kBubble] = f[kCompute];
   } else {
     // One factor: minimise Σ (r·T_i/y_i − 1)².
     cal.set_method(v1::Calibration::SINGLE_RATIO);
     double sum = 0, sum_squares = 0;
     for (const Row& r : rows) {
-      const double ratio = r.x[kCompute] + r.x[kCommunication] + r.x[kBubble];
+      double ratio = 0;
+      for (int j = 0; j < kTerms; ++j) ratio += r.x[j];
       sum += ratio;
       sum_squares += ratio * ratio;
     }
@@ -191,6 +231,7 @@ std::optional<v1::Calibration> FitCalibration(const std::vector<MeasuredPoint>& 
   }
   cal.set_compute_factor(f[kCompute]);
   cal.set_communication_factor(f[kCommunication]);
+  cal.set_ep_communication_factor(f[kEpCommunication]);
   cal.set_bubble_factor(f[kBubble]);
   cal.set_mappings(static_cast<int32_t>(rows.size()));
   cal.set_runs(runs);
@@ -204,7 +245,8 @@ std::optional<v1::Calibration> FitCalibration(const std::vector<MeasuredPoint>& 
 }
 
 double CalibratedSeconds(const v1::Calibration& c, const v1::TimeEstimate& t) {
-  return c.compute_factor() * t.compute() + c.communication_factor() * Communication(t) +
+  return c.compute_factor() * t.compute() + c.communication_factor() * NonEpCommunication(t) +
+         c.ep_communication_factor() * t.ep_communication() +
          c.bubble_factor() * t.pipeline_bubble();
 }
 
