@@ -4,6 +4,7 @@
 // Backward: one warp per token. Compiled with -fmad=false like router.cu.
 #include <cuda_runtime.h>
 
+#include "kernels/device_reduce.cuh"
 #include "kernels/moe/router_device.h"
 #include "kernels/moe/router_internal.h"
 #include "kernels/runtime/cuda_status.h"
@@ -95,26 +96,6 @@ __global__ void __launch_bounds__(router_math::kAuxChunk * 32) AuxStatsKernel(St
   }
 }
 
-// Sums `count` doubles at p[0], p[stride], ... strictly in index order (bitwise what the CPU
-// reference's sequential loop gives: this file is compiled with -fmad=false and the adds are not
-// reordered), but with kBatch independent loads in flight: the partials are in L2, and a plain
-// dependent loop spent ~0.15 us of load latency per chunk (2048 chunks at 32768 tokens: ~0.3 ms
-// per MoE layer, the largest non-GEMM item of the layer).
-__device__ __forceinline__ double OrderedSum(const double* p, long long count, long long stride) {
-  constexpr int kBatch = 16;
-  double acc = 0.0;
-  long long c = 0;
-  for (; c + kBatch <= count; c += kBatch) {
-    double v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = p[(c + u) * stride];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) acc += v[u];
-  }
-  for (; c < count; ++c) acc += p[c * stride];
-  return acc;
-}
-
 // Threads [0, B*E) each sum one (sequence, expert) column over its chunks; thread B*E sums the
 // z-loss partials of all chunks. Launched with B*E + 1 threads.
 __global__ void AuxStatsFinalizeKernel(const double* partial, const double* partial_z,
@@ -124,10 +105,10 @@ __global__ void AuxStatsFinalizeKernel(const double* partial, const double* part
   const long long n = num_sequences * e_count;
   if (i < n) {
     const long long b = i / e_count, e = i % e_count;
-    prob_sums[i] =
-        OrderedSum(partial + b * chunks_per_sequence * e_count + e, chunks_per_sequence, e_count);
+    prob_sums[i] = kernels::OrderedSum(partial + b * chunks_per_sequence * e_count + e,
+                                       chunks_per_sequence, e_count);
   } else if (i == n) {
-    *lse_sq_sum = OrderedSum(partial_z, num_sequences * chunks_per_sequence, 1);
+    *lse_sq_sum = kernels::OrderedSum(partial_z, num_sequences * chunks_per_sequence, 1);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/device_convert.cuh"
+#include "kernels/device_reduce.cuh"
 #include "kernels/norm/rmsnorm.h"
 #include "kernels/runtime/cuda_status.h"
 
@@ -205,8 +206,7 @@ __global__ void RmsNormDwReduceKernel(const float* partial, int64_t blocks, int6
                                       bool accumulate) {
   const int64_t h = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (h >= h_n) return;
-  float s = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) s += partial[b * h_n + h];
+  const float s = OrderedSum(partial + h, blocks, h_n);  // b ascending, batched loads
   dw[h] = FromFloat<DW>(accumulate ? ToFloat(dw[h]) + s : s);
 }
 
