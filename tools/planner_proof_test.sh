@@ -21,21 +21,10 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
-home=$(getent passwd "$(id -un)" | cut -d: -f6)
-data="${SWITCHYARD_DATA_DIR:-$home/.cache/switchyard/data}"
-[[ -f $data/kjv/corpus.json ]] || fail "no default corpus in $data (run tools/setup.sh)"
-
 # A flat folder as the GPU bundle ships it.
+source "$(dirname "$script")/flat_bundle_lib.sh"
 bin="$tmp/bin"
-rm -rf "$bin"
-mkdir -p "$bin/data"
-ln -s "$coordinator" "$bin/switchyard-coordinator"
-ln -s "$worker" "$bin/switchyard-worker"
-ln -s "$syctl" "$bin/syctl"
-cp "$script" "$bin/planner_proof.sh"
-cp "$(dirname "$script")/cluster_lib.sh" "$bin/cluster_lib.sh"
-cp "$example" "$bin/quickstart.yaml"
-ln -s "$data/kjv" "$bin/data/kjv"
+flat_bundle "$bin" "$coordinator" "$worker" "$syctl" "$script" "$example"
 
 # Bad arguments: exit 2 naming the problem, nothing started.
 "$bin/planner_proof.sh" "$bin" "$bin/quickstart.yaml" 2 8 ep=x >"$tmp/bad.out" 2>&1

@@ -21,21 +21,13 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
-home=$(getent passwd "$(id -un)" | cut -d: -f6)
-data="${SWITCHYARD_DATA_DIR:-$home/.cache/switchyard/data}"
-[[ -f $data/kjv/corpus.json ]] || fail "no default corpus in $data (run tools/setup.sh)"
 
 # 1. The bundle's cluster quickstart.
+source "$(dirname "$cluster_script")/flat_bundle_lib.sh"
 bundle="$tmp/bundle"
-rm -rf "$bundle" "$tmp/quickstart"
-mkdir -p "$bundle/data"
-ln -s "$coordinator" "$bundle/switchyard-coordinator"
-ln -s "$worker" "$bundle/switchyard-worker"
-ln -s "$syctl" "$bundle/syctl"
-cp "$cluster_script" "$bundle/quickstart_cluster.sh"
-cp "$(dirname "$cluster_script")/cluster_lib.sh" "$bundle/cluster_lib.sh"
-cp "$example" "$bundle/quickstart.yaml"
-ln -s "$data/kjv" "$bundle/data/kjv"
+rm -rf "$tmp/quickstart"
+flat_bundle "$bundle" "$coordinator" "$worker" "$syctl" "$cluster_script" "$example"
+data=$(switchyard_data_dir)
 grep -q 'vocab_size' "$bundle/quickstart.yaml" &&
   fail "examples/quickstart.yaml names vocab_size: this test is meant to show the coordinator fills it"
 start=$SECONDS
