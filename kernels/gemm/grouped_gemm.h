@@ -149,13 +149,6 @@ inline constexpr int64_t kAnyRows = std::numeric_limits<int64_t>::max();
 //     (e.g. 443 vs 322 TFLOP/s at 1024 rows per group, 573 vs 418 at 4096), qwen3_30b_a3b's
 //     (K 768) by 1.07-1.15x. With K >= 1536 it does not hold (the benchmark model's fc1 at
 //     micro-batch 8: 477 vs 581), so the bound stays at what was measured.
-//   - wgrad with at most 1024 rows per group, K <= 2048 and N <= 1536 (fc1's dW [H, 2F] of the
-//     benchmark model at micro-batch 2 and of qwen3_30b_a3b): ping-pong 128x128 over cooperative
-//     256x128 by 1.10-1.14x (benchmark model, 1024 rows per group, K 1536: 483 vs 440 even, 428
-//     vs 374 skewed) and 1.06-1.08x (qwen3, 512 rows, K 2048: 348 vs 327, 353 vs 328). Not at
-//     2048 rows per group (the benchmark model at micro-batch 4, skewed: 405 vs 421) nor on
-//     dsv3_layer's fc1 (K 7168: 124 vs 133) or fc2 (128 rows, K 2048, N 7168: 128 vs 133), so
-//     the bounds stop there.
 //   - dgrad with K <= 384 (fc2's dx [R, F]): ping-pong 128x128 by 1.04-1.20x (484 vs 404 at 1024
 //     rows per group); at K 768 (qwen3) it wins the even split and loses the skewed one, so no.
 //   - everything else: cooperative 256x128 is the best or within ~10 % of it; where 128x256 or
@@ -165,7 +158,6 @@ inline constexpr int64_t kAnyRows = std::numeric_limits<int64_t>::max();
 //     on every BASELINES config: dsv3_layer 35.9 vs 39.2 ms, qwen3_30b_a3b 4.76 vs 4.87 ms,
 //     mixtral8x7b 29.7 vs 33.6 ms, with one tile for all three ops).
 inline constexpr GroupedGemmTileRule kGroupedGemmTileRules[] = {
-    {GroupedGemmOp::kWgrad, 1024, 2048, 1536, GroupedGemmTile::kPingpong128x128},
     {GroupedGemmOp::kWgrad, kAnyRows, 768, 0, GroupedGemmTile::kPingpong128x128},
     {GroupedGemmOp::kDgrad, kAnyRows, 384, 0, GroupedGemmTile::kPingpong128x128},
     {GroupedGemmOp::kFprop, kAnyRows, 0, 0, GroupedGemmTile::kCooperative256x128},
