@@ -147,60 +147,40 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     for (int k = 0; k < kVec; ++k) acc[q][k] = 0.0f;
     if (lane + 32 * q < nv) wv[q] = reinterpret_cast<const P*>(w)[lane + 32 * q];
   }
-  // kR of the warp's rows are loaded before the first is computed: with one row in flight a warp
-  // of short rows (QK-norm, D = 128: 48 rows per warp at 8192 tokens x 12 heads) waited one
-  // memory round trip per row. The rows are still computed, and dw accumulated, in row order.
-  constexpr int kR = kJ == 1 ? 4 : (kJ <= 2 ? 2 : 1);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
-  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t0 < t_n;
-       t0 += kR * stride) {
-    P d[kR][kJ], xv[kR][kJ], o[kR][kJ];
-    float r[kR];
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t < t_n; t += stride) {
+    const float r = rstd[t];
+    P d[kJ], xv[kJ];
+    float dot = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kR; ++u) {
-      const int64_t t = t0 + u * stride;
-      if (t >= t_n) break;  // warp-uniform
-      r[u] = rstd[t];
+    for (int q = 0; q < kJ; ++q) {
+      const int64_t i = lane + 32 * q;
+      if (i < nv) {
+        d[q] = reinterpret_cast<const P*>(dy + t * h_n)[i];
+        xv[q] = reinterpret_cast<const P*>(x + t * h_n)[i];
 #pragma unroll
-      for (int q = 0; q < kJ; ++q) {
-        const int64_t i = lane + 32 * q;
-        if (i < nv) {
-          d[u][q] = reinterpret_cast<const P*>(dy + t * h_n)[i];
-          xv[u][q] = reinterpret_cast<const P*>(x + t * h_n)[i];
-          if (accum_dx) o[u][q] = reinterpret_cast<const P*>(dx + t * h_n)[i];  // no alias with dy
+        for (int k = 0; k < kVec; ++k) {
+          dot += ToFloat(d[q].v[k]) * ToFloat(wv[q].v[k]) * ToFloat(xv[q].v[k]);
         }
       }
     }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float c = r * r * dot / static_cast<float>(h_n);
+    // Each lane wrote nothing before reading its own dy vectors: dx may alias dy.
 #pragma unroll
-    for (int u = 0; u < kR; ++u) {
-      const int64_t t = t0 + u * stride;
-      if (t >= t_n) break;
-      float dot = 0.0f;
+    for (int q = 0; q < kJ; ++q) {
+      const int64_t i = lane + 32 * q;
+      if (i < nv) {
+        P o;
+        if (accum_dx) o = reinterpret_cast<const P*>(dx + t * h_n)[i];  // no alias with dy
 #pragma unroll
-      for (int q = 0; q < kJ; ++q) {
-        if (lane + 32 * q < nv) {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            dot += ToFloat(d[u][q].v[k]) * ToFloat(wv[q].v[k]) * ToFloat(xv[u][q].v[k]);
-          }
+        for (int k = 0; k < kVec; ++k) {
+          const float df = ToFloat(d[q].v[k]), xf = ToFloat(xv[q].v[k]);
+          acc[q][k] += df * xf * r;
+          const float g = r * (df * ToFloat(wv[q].v[k]) - xf * c);
+          o.v[k] = FromFloat<T>(accum_dx ? ToFloat(o.v[k]) + g : g);
         }
-      }
-      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      const float c = r[u] * r[u] * dot / static_cast<float>(h_n);
-      // Each lane wrote nothing before reading its own dy vectors: dx may alias dy.
-#pragma unroll
-      for (int q = 0; q < kJ; ++q) {
-        const int64_t i = lane + 32 * q;
-        if (i < nv) {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            const float df = ToFloat(d[u][q].v[k]), xf = ToFloat(xv[u][q].v[k]);
-            acc[q][k] += df * xf * r[u];
-            const float g = r[u] * (df * ToFloat(wv[q].v[k]) - xf * c);
-            o[u][q].v[k] = FromFloat<T>(accum_dx ? ToFloat(o[u][q].v[k]) + g : g);
-          }
-          reinterpret_cast<P*>(dx + t * h_n)[i] = o[u][q];
-        }
+        reinterpret_cast<P*>(dx + t * h_n)[i] = o;
       }
     }
   }
