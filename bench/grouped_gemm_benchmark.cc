@@ -2,7 +2,10 @@
 // on the expert GEMMs of the BASELINES.md MoE configs and of train_benchmark's benchmark model, on
 // one GPU, to measure the rule ChooseGroupedGemmTile should follow. bf16 inputs, fp32
 // accumulation, bf16 y and dx, fp32 dW (what the MoE layer runs), random N(0, 1) activations and
-// N(0, 0.02) weights.
+// N(0, 0.02) weights. dW is accumulated (dW += xᵀ dy, reading and writing the fp32 buffer) as the
+// training step does over its micro-batches, unless --wgrad_accumulate=false: a tile that wins
+// with dW overwritten did not win in the step (session 16: ping-pong 128x128 for the benchmark
+// model's fc1 dW, 483 vs 440 TFLOP/s overwritten, 44.00 vs 43.34 ms of the step accumulated).
 //
 // Shapes: rows R = tokens · top-k over E experts (the layer's capacity at EP = 1), split evenly
 // (R / E rows per expert) and skewed (sizes spread evenly over [0, 2·R/E] in a fixed shuffled
@@ -60,6 +63,9 @@ ABSL_FLAG(int, iters, 10, "timed samples per (shape, op, tile); the median is re
 ABSL_FLAG(int, warmup, 2, "untimed calls per (shape, op, tile) first");
 ABSL_FLAG(std::string, json, "", "write every row (times and TFLOP/s per tile) to this file");
 ABSL_FLAG(bool, dry_run, false, "print the plan without touching CUDA");
+ABSL_FLAG(bool, wgrad_accumulate, true,
+          "weight gradients dW += x^T dy into the fp32 buffer, as the training step does over its "
+          "micro-batches (false: dW = x^T dy, the single-micro-batch MoE layer benchmark's mode)");
 
 namespace switchyard::bench {
 namespace {
@@ -233,6 +239,7 @@ absl::StatusOr<std::vector<Row>> RunShape(
   SY_RETURN_IF_ERROR(kernels::FillNormal(s, x.View(), 1, 1.0f));
   SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 2, 1.0f));
   SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.View(), 3, 0.02f));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(dw.View(), 0));  // finite values to accumulate into
   std::vector<Row> rows;
   for (const auto& [split, host_counts] : splits) {
     std::vector<int32_t> c = host_counts;
@@ -257,6 +264,7 @@ absl::StatusOr<std::vector<Row>> RunShape(
       const Tensor dy_view = dy.View(DType::kBF16, {r, o.n});
       const Tensor out_view =
           out.View(DType::kBF16, {r, o.op == GroupedGemmOp::kFprop ? o.n : o.k});
+      const bool accumulate = absl::GetFlag(FLAGS_wgrad_accumulate);
       double best_tflops = 0;
       for (size_t t = 0; t < tiles.size(); ++t) {
         GroupedGemm& g = *gg[t];
@@ -267,7 +275,7 @@ absl::StatusOr<std::vector<Row>> RunShape(
             case GroupedGemmOp::kDgrad:
               return g.Dgrad(s, dy_view, w_view, counts.View(), out_view);
             case GroupedGemmOp::kWgrad:
-              return g.Wgrad(s, x_view, dy_view, counts.View(), dw_view, /*accumulate=*/false);
+              return g.Wgrad(s, x_view, dy_view, counts.View(), dw_view, accumulate);
           }
           return absl::InternalError("unknown op");
         };
@@ -449,9 +457,10 @@ int Main() {
     gg.push_back(std::move(*g));
   }
   std::printf(
-      "device: %s; grouped GEMM bf16 -> bf16 y/dx, fp32 dW; median of %d samples after %d "
+      "device: %s; grouped GEMM bf16 -> bf16 y/dx, fp32 dW %s; median of %d samples after %d "
       "warm-ups; TFLOP/s per tile\n",
-      prop.name, iters, warmup);
+      prop.name, absl::GetFlag(FLAGS_wgrad_accumulate) ? "+= (accumulated)" : "= (overwritten)",
+      iters, warmup);
   PrintHeader(*tiles);
   const absl::Time start = absl::Now();
   std::vector<Row> rows;
@@ -480,8 +489,11 @@ int Main() {
   std::printf("%zu rows in %.1f s\n", rows.size(), seconds);
   const std::string path = absl::GetFlag(FLAGS_json);
   if (!path.empty()) {
-    json j = {{"bench", "grouped_gemm"}, {"device", prop.name}, {"iters", iters},
-              {"warmup", warmup},        {"seconds", seconds},  {"rows", json::array()}};
+    json j = {
+        {"bench", "grouped_gemm"}, {"device", prop.name},
+        {"iters", iters},          {"wgrad_accumulate", absl::GetFlag(FLAGS_wgrad_accumulate)},
+        {"warmup", warmup},        {"seconds", seconds},
+        {"rows", json::array()}};
     for (const Row& r : rows) j["rows"].push_back(RowJson(r));
     std::ofstream f(path);
     f << j.dump(1) << "\n";
