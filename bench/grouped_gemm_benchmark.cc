@@ -240,6 +240,7 @@ absl::StatusOr<std::vector<Row>> RunShape(
   SY_RETURN_IF_ERROR(kernels::FillNormal(s, dy.View(), 2, 1.0f));
   SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.View(), 3, 0.02f));
   SY_RETURN_IF_ERROR(kernels::FillBytes(dw.View(), 0));  // finite values to accumulate into
+  const bool accumulate = absl::GetFlag(FLAGS_wgrad_accumulate);
   std::vector<Row> rows;
   for (const auto& [split, host_counts] : splits) {
     std::vector<int32_t> c = host_counts;
@@ -264,7 +265,6 @@ absl::StatusOr<std::vector<Row>> RunShape(
       const Tensor dy_view = dy.View(DType::kBF16, {r, o.n});
       const Tensor out_view =
           out.View(DType::kBF16, {r, o.op == GroupedGemmOp::kFprop ? o.n : o.k});
-      const bool accumulate = absl::GetFlag(FLAGS_wgrad_accumulate);
       double best_tflops = 0;
       for (size_t t = 0; t < tiles.size(); ++t) {
         GroupedGemm& g = *gg[t];

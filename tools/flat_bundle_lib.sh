@@ -12,8 +12,8 @@ switchyard_data_dir() {
 
 # flat_bundle DIR COORDINATOR WORKER SYCTL SCRIPT EXAMPLE: a fresh flat folder DIR holding the
 # three binaries (symlinks), SCRIPT and cluster_lib.sh beside it (copies), EXAMPLE as
-# quickstart.yaml and data/kjv, the default corpus (switchyard_data_dir), so that `cd DIR && ./SCRIPT . quickstart.yaml ...` runs as on the
-# GPU host.
+# quickstart.yaml and data/kjv, the default corpus (switchyard_data_dir), so that
+# `cd DIR && ./SCRIPT . quickstart.yaml ...` runs as on the GPU host.
 flat_bundle() {
   local dir=$1 coordinator=$2 worker=$3 syctl=$4 script=$5 example=$6
   local data
