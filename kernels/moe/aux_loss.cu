@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(router_math::kAuxChunk * 32) AuxStatsKernel(St
           bi = lane + 32 * j;
         }
       }
-      WarpBest(&bv, &bi);
+      bi = WarpBestFloatKey(static_cast<float>(bv), bi);  // zr are fp32 logits
       if ((bi & 31) == lane) {
         avail &= ~(1u << (bi >> 5));
         atomicAdd(&a.counts[b * e_count + bi], 1.0f);

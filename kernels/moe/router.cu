@@ -197,7 +197,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RouterTopkKernel(TopkArgs
         bi = lane + 32 * j;
       }
     }
-    WarpBest(&bv, &bi);
+    if (a.key == KeyKind::kLogit) {  // keys are the fp32 logits
+      bi = WarpBestFloatKey(static_cast<float>(bv), bi);
+    } else {
+      WarpBest(&bv, &bi);
+    }
     if ((bi & 31) == lane) avail &= ~(1u << (bi >> 5));
     const double zr = z[bi];
     if (lane == r) {
