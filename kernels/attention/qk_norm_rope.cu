@@ -1,7 +1,8 @@
-// CUDA path of the fused QK-norm + RoPE (qk_norm_rope.h). A block of kThreads threads walks tokens
-// t = blockIdx.x, blockIdx.x + gridDim.x, ...; per token it computes the D/2 (cos, sin) pairs once
-// into shared memory (RopeCosSin, as rope.cu), then each group of kLanes = D / V lanes takes one
-// head row (the token's q heads, then its k heads; kThreads / kLanes rows at a time). Lane l holds
+// CUDA path of the fused QK-norm + RoPE (qk_norm_rope.h). A block of kThreads threads walks groups
+// of kTok consecutive tokens (kTok · D/2 = kThreads, e.g. 4 at D = 128), every gridDim.x-th group;
+// per group it computes the tokens' D/2 (cos, sin) pairs once into shared memory (RopeCosSin, as
+// rope.cu; one pair per thread), then each group of kLanes = D / V lanes takes one head row (each
+// token's q heads, then its k heads; kThreads / kLanes rows at a time). Lane l holds
 // the row's vector l (V elements); the other half of each rotated pair (i, i + D/2) is in lane
 // l ^ kLanes/2 and comes by shuffle. The row sums are GroupSum butterflies over the kLanes lanes,
 // which give the bits of the warp-per-row norm kernels (rmsnorm.cu), and the arithmetic is that of
@@ -78,12 +79,26 @@ __device__ __forceinline__ Pack<T, kVec> RotateRow(const Pack<T, kVec>& mine,
   return o;
 }
 
-// The token's cos / sign·sin into cs (all threads call; barriers on both sides).
-__device__ __forceinline__ void TokenCosSin(float* cs, int half, int64_t t, int64_t seq_len,
-                                            RopeCp cp, const InvFreqTable& table, float sign) {
-  __syncthreads();  // the previous token is done with cs
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    RopeCosSin(t, seq_len, cp, table.v[i], sign, &cs[i], &cs[half + i]);
+// Tokens per iteration of a block: enough that every thread computes one (cos, sin) pair of the
+// iteration's tokens (the fp64 sincos is the long part of a token's set-up: with one token per
+// iteration 3/4 of the block waited for it at D = 128).
+template <int kD>
+constexpr int TokensPerIter() {
+  return kThreads / (kD / 2) >= 1 ? kThreads / (kD / 2) : 1;
+}
+
+// cos / sign·sin of tokens t0 .. t0 + kTok - 1 into cs[u · kD ..] (all threads call; barriers on
+// both sides).
+template <int kD, int kTok>
+__device__ __forceinline__ void TokensCosSin(float* cs, int64_t t0, int64_t t_n, int64_t seq_len,
+                                             RopeCp cp, const InvFreqTable& table, float sign) {
+  constexpr int kHalf = kD / 2;
+  __syncthreads();  // the previous tokens are done with cs
+  for (int i = threadIdx.x; i < kTok * kHalf; i += blockDim.x) {
+    const int u = i / kHalf, j = i % kHalf;
+    if (t0 + u < t_n) {
+      RopeCosSin(t0 + u, seq_len, cp, table.v[j], sign, &cs[u * kD + j], &cs[u * kD + kHalf + j]);
+    }
   }
   __syncthreads();
 }
@@ -91,18 +106,20 @@ __device__ __forceinline__ void TokenCosSin(float* cs, int half, int64_t t, int6
 template <typename T, int kVec, int kLanes>
 __global__ void __launch_bounds__(kThreads) QkNormRopeForwardKernel(FusedArgs<T> a) {
   using P = Pack<T, kVec>;
-  constexpr int kSlots = kThreads / kLanes, kD = kLanes * kVec;
-  __shared__ float cs[kD];
+  constexpr int kSlots = kThreads / kLanes, kD = kLanes * kVec, kTok = TokensPerIter<kD>();
+  __shared__ float cs[kTok * kD];
   const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
   const P wv[2] = {reinterpret_cast<const P*>(a.w[0])[lane],
                    reinterpret_cast<const P*>(a.w[1])[lane]};
-  const int rows = a.heads[0] + a.heads[1];
-  for (int64_t t = blockIdx.x; t < a.t_n; t += gridDim.x) {
-    TokenCosSin(cs, kD / 2, t, a.seq_len, a.cp, a.table, 1.0f);
-    // Every lane runs every round (the shuffles need whole warps); rows past the token's are idle.
-    for (int base = 0; base < rows; base += kSlots) {
-      const int row = base + slot;
-      const bool active = row < rows;
+  const int rows = a.heads[0] + a.heads[1], iter_rows = kTok * rows;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTok; t0 < a.t_n;
+       t0 += static_cast<int64_t>(gridDim.x) * kTok) {
+    TokensCosSin<kD, kTok>(cs, t0, a.t_n, a.seq_len, a.cp, a.table, 1.0f);
+    // Every lane runs every round (the shuffles need whole warps); rows past the tokens' are idle.
+    for (int base = 0; base < iter_rows; base += kSlots) {
+      const int idx = base + slot, u = idx / rows, row = idx - u * rows;
+      const int64_t t = t0 + u;
+      const bool active = idx < iter_rows && t < a.t_n;
       const int side = row < a.heads[0] ? 0 : 1;
       const int64_t r_idx = t * a.heads[side] + (side == 0 ? row : row - a.heads[0]);
       P p{};
@@ -117,7 +134,8 @@ __global__ void __launch_bounds__(kThreads) QkNormRopeForwardKernel(FusedArgs<T>
       for (int k = 0; k < kVec; ++k) {
         y.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(wv[side].v[k])));
       }
-      const P o = RotateRow<T, kVec, kLanes>(y, ShflXor(y, kLanes / 2), cs, lane);
+      const float* tcs = cs + (active ? u : 0) * kD;
+      const P o = RotateRow<T, kVec, kLanes>(y, ShflXor(y, kLanes / 2), tcs, lane);
       if (active) {
         reinterpret_cast<P*>(a.out[side] + r_idx * kD)[lane] = o;
         if (lane == 0) a.rstd_out[side][r_idx] = r;
@@ -129,8 +147,8 @@ __global__ void __launch_bounds__(kThreads) QkNormRopeForwardKernel(FusedArgs<T>
 template <typename T, int kVec, int kLanes>
 __global__ void __launch_bounds__(kThreads) QkNormRopeBackwardKernel(FusedArgs<T> a) {
   using P = Pack<T, kVec>;
-  constexpr int kSlots = kThreads / kLanes, kD = kLanes * kVec;
-  __shared__ float cs[kD];
+  constexpr int kSlots = kThreads / kLanes, kD = kLanes * kVec, kTok = TokensPerIter<kD>();
+  __shared__ float cs[kTok * kD];
   __shared__ float slot_acc[2][kSlots][kD];
   const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
   const P wv[2] = {reinterpret_cast<const P*>(a.w[0])[lane],
@@ -138,12 +156,14 @@ __global__ void __launch_bounds__(kThreads) QkNormRopeBackwardKernel(FusedArgs<T
   float acc[2][kVec];
 #pragma unroll
   for (int k = 0; k < kVec; ++k) acc[0][k] = acc[1][k] = 0.0f;
-  const int rows = a.heads[0] + a.heads[1];
-  for (int64_t t = blockIdx.x; t < a.t_n; t += gridDim.x) {
-    TokenCosSin(cs, kD / 2, t, a.seq_len, a.cp, a.table, -1.0f);
-    for (int base = 0; base < rows; base += kSlots) {
-      const int row = base + slot;
-      const bool active = row < rows;
+  const int rows = a.heads[0] + a.heads[1], iter_rows = kTok * rows;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTok; t0 < a.t_n;
+       t0 += static_cast<int64_t>(gridDim.x) * kTok) {
+    TokensCosSin<kD, kTok>(cs, t0, a.t_n, a.seq_len, a.cp, a.table, -1.0f);
+    for (int base = 0; base < iter_rows; base += kSlots) {
+      const int idx = base + slot, u = idx / rows, row = idx - u * rows;
+      const int64_t t = t0 + u;
+      const bool active = idx < iter_rows && t < a.t_n;
       const int side = row < a.heads[0] ? 0 : 1;
       const int64_t r_idx = t * a.heads[side] + (side == 0 ? row : row - a.heads[0]);
       P g{}, xv{};
@@ -154,7 +174,8 @@ __global__ void __launch_bounds__(kThreads) QkNormRopeBackwardKernel(FusedArgs<T
         r = a.rstd_in[side][r_idx];
       }
       // The RoPE backward, rounded to T as the composed path stores it: the norm's dy.
-      const P d = RotateRow<T, kVec, kLanes>(g, ShflXor(g, kLanes / 2), cs, lane);
+      const float* tcs = cs + (active ? u : 0) * kD;
+      const P d = RotateRow<T, kVec, kLanes>(g, ShflXor(g, kLanes / 2), tcs, lane);
       float dot = 0.0f;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
@@ -191,16 +212,23 @@ __global__ void __launch_bounds__(kThreads) QkNormRopeBackwardKernel(FusedArgs<T
   }
 }
 
-// dw_side[h] += sum_b partial[side, b, h], b ascending; one thread per (side, h).
+// dw_side[h] += sum_b partial[side, b, h]: one warp per (side, h); lane l sums blocks l, l + 32,
+// ... in ascending order, then the lanes' sums by a fixed butterfly (deterministic; was one thread
+// per column summing the 1024 blocks in turn: 38 us per call, latency-bound).
 template <typename DW>
 __global__ void QkDwReduceKernel(const float* partial, int64_t blocks, int64_t d, DW* dwq,
                                  DW* dwk) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= 2 * d) return;
-  const int64_t side = i / d, h = i % d;
-  const float s = OrderedSum(partial + side * blocks * d + h, blocks, d);
-  DW* dw = side == 0 ? dwq : dwk;
-  dw[h] = FromFloat<DW>(__fadd_rn(ToFloat(dw[h]), s));
+  const int64_t col = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (col >= 2 * d) return;  // warp-uniform
+  const int lane = threadIdx.x & 31;
+  const int64_t side = col / d, h = col % d;
+  const int64_t mine = blocks > lane ? (blocks - lane + 31) / 32 : 0;
+  float s = OrderedSum(partial + (side * blocks + lane) * d + h, mine, 32 * d);
+  s = GroupSum<32>(s);
+  if (lane == 0) {
+    DW* dw = side == 0 ? dwq : dwk;
+    dw[h] = FromFloat<DW>(__fadd_rn(ToFloat(dw[h]), s));
+  }
 }
 
 template <typename T>
@@ -240,8 +268,10 @@ absl::Status DispatchLanes(int64_t lanes, const F& f) {
   }
 }
 
+template <int kD>
 unsigned ForwardBlocks(int64_t t_n) {
-  return static_cast<unsigned>(t_n < 65536 ? t_n : 65536);
+  const int64_t iters = (t_n + TokensPerIter<kD>() - 1) / TokensPerIter<kD>();
+  return static_cast<unsigned>(iters < 65536 ? iters : 65536);
 }
 
 template <typename T>
@@ -255,8 +285,9 @@ absl::Status Forward(const Stream& stream, const QkNormRopeSide& q, const QkNorm
   a.rstd_out[1] = k.rstd.as<float>();
   a.eps = eps;
   return DispatchLanes(q.pre.dim(2) / kVec, [&](auto lanes) -> absl::Status {
-    QkNormRopeForwardKernel<T, kVec, decltype(lanes)::value>
-        <<<ForwardBlocks(a.t_n), kThreads, 0, stream.cuda_stream>>>(a);
+    constexpr int kLanes = decltype(lanes)::value;
+    QkNormRopeForwardKernel<T, kVec, kLanes>
+        <<<ForwardBlocks<kLanes * kVec>(a.t_n), kThreads, 0, stream.cuda_stream>>>(a);
     SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return absl::OkStatus();
   });
@@ -285,7 +316,7 @@ absl::Status Backward(const Stream& stream, const QkNormRopeGradSide& q,
   }
   // With T == 0 no partials were written: sum over zero blocks (dw unchanged).
   const int64_t summed = a.t_n > 0 ? blocks : 0;
-  const unsigned grid = static_cast<unsigned>((2 * d + 255) / 256);
+  const unsigned grid = static_cast<unsigned>((2 * d * 32 + 255) / 256);
   if (q.dw.dtype == DType::kBF16) {
     QkDwReduceKernel<__nv_bfloat16><<<grid, 256, 0, stream.cuda_stream>>>(
         workspace.as<const float>(), summed, d, q.dw.as<__nv_bfloat16>(),
