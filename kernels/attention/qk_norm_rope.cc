@@ -26,15 +26,13 @@ absl::Status CheckSide(const Stream& stream, absl::string_view op, absl::string_
                                                    pre.DebugString()));
   }
   if (pre.dim(0) != ref.dim(0) || pre.dim(2) != ref.dim(2) || pre.dtype != ref.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", side,
-                                                   ".pre must have q.pre's T, D and dtype (",
-                                                   ref.DebugString(), "), got ",
-                                                   pre.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", side, ".pre must have q.pre's T, D and dtype (", ref.DebugString(),
+                     "), got ", pre.DebugString()));
   }
   if (w.rank() != 1 || w.dim(0) != pre.dim(2) || w.dtype != pre.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", side, ".w must be [", pre.dim(2),
-                                                   "] of the dtype of pre, got ",
-                                                   w.DebugString()));
+                                                   "] of the dtype of pre, got ", w.DebugString()));
   }
   const bool rstd_dtype =
       rstd.dtype == DType::kF32 || (!stream.is_cuda() && rstd.dtype == DType::kF64);
@@ -45,15 +43,14 @@ absl::Status CheckSide(const Stream& stream, absl::string_view op, absl::string_
   }
   for (const auto& [name, t] : same) {
     if (t->shape != pre.shape || t->dtype != pre.dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": ", side, ".", name,
-                                                     " must match pre ", pre.DebugString(),
-                                                     ", got ", t->DebugString()));
+      return absl::InvalidArgumentError(absl::StrCat(op, ": ", side, ".", name, " must match pre ",
+                                                     pre.DebugString(), ", got ",
+                                                     t->DebugString()));
     }
   }
   if (stream.is_cuda() && pre.dim(0) * pre.dim(1) > 0x7fffffff) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", side,
-                                                   ": T * heads must be < 2^31 on CUDA, got ",
-                                                   pre.dim(0) * pre.dim(1)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", side, ": T * heads must be < 2^31 on CUDA, got ", pre.dim(0) * pre.dim(1)));
   }
   return absl::OkStatus();
 }
@@ -86,23 +83,22 @@ absl::Status QkNormRopeForward(const Stream& stream, const QkNormRopeSide& q,
                                const QkNormRopeSide& k, float eps, int64_t seq_len,
                                float rotary_base, RopeCp cp) {
   constexpr absl::string_view kOp = "QkNormRopeForward";
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&q.pre, &q.w, &q.out, &q.rstd, &k.pre, &k.w, &k.out,
-                                          &k.rstd}));
+  SY_RETURN_IF_ERROR(
+      CheckDevice(stream, {&q.pre, &q.w, &q.out, &q.rstd, &k.pre, &k.w, &k.out, &k.rstd}));
   SY_RETURN_IF_ERROR(CheckSide(stream, kOp, "q", q.pre, q.pre, q.w, q.rstd, {{"out", &q.out}}));
   SY_RETURN_IF_ERROR(CheckSide(stream, kOp, "k", k.pre, q.pre, k.w, k.rstd, {{"out", &k.out}}));
   SY_RETURN_IF_ERROR(internal::CheckRopeParams(kOp, q.pre.dim(2), seq_len, rotary_base, cp));
   if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": eps must be finite and > 0, got ", eps));
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps must be finite and > 0, got ", eps));
   }
   if (stream.is_cuda() &&
-      internal::QkNormRopeFusable(q.pre, k.pre, {q.pre.data, q.w.data, q.out.data, k.pre.data,
-                                                 k.w.data, k.out.data})) {
+      internal::QkNormRopeFusable(
+          q.pre, k.pre, {q.pre.data, q.w.data, q.out.data, k.pre.data, k.w.data, k.out.data})) {
     return internal::QkNormRopeForwardCuda(stream, q, k, eps, seq_len, rotary_base, cp);
   }
   for (const QkNormRopeSide* s : {&q, &k}) {
-    SY_RETURN_IF_ERROR(RmsNormForward(stream, HeadRows(s->pre), s->w, eps, HeadRows(s->out),
-                                      s->rstd));
+    SY_RETURN_IF_ERROR(
+        RmsNormForward(stream, HeadRows(s->pre), s->w, eps, HeadRows(s->out), s->rstd));
     SY_RETURN_IF_ERROR(RopeForward(stream, s->out, seq_len, rotary_base, s->out, cp));
   }
   return absl::OkStatus();
@@ -112,17 +108,16 @@ absl::Status QkNormRopeBackward(const Stream& stream, const QkNormRopeGradSide& 
                                 const QkNormRopeGradSide& k, int64_t seq_len, float rotary_base,
                                 const Tensor& workspace, RopeCp cp) {
   constexpr absl::string_view kOp = "QkNormRopeBackward";
-  SY_RETURN_IF_ERROR(CheckDevice(stream, {&q.pre, &q.w, &q.rstd, &q.grad, &q.dw, &k.pre, &k.w,
-                                          &k.rstd, &k.grad, &k.dw}));
+  SY_RETURN_IF_ERROR(CheckDevice(
+      stream, {&q.pre, &q.w, &q.rstd, &q.grad, &q.dw, &k.pre, &k.w, &k.rstd, &k.grad, &k.dw}));
   SY_RETURN_IF_ERROR(CheckSide(stream, kOp, "q", q.pre, q.pre, q.w, q.rstd, {{"grad", &q.grad}}));
   SY_RETURN_IF_ERROR(CheckSide(stream, kOp, "k", k.pre, q.pre, k.w, k.rstd, {{"grad", &k.grad}}));
   SY_RETURN_IF_ERROR(internal::CheckRopeParams(kOp, q.pre.dim(2), seq_len, rotary_base, cp));
   for (const QkNormRopeGradSide* s : {&q, &k}) {
     if (s->dw.shape != s->w.shape || (s->dw.dtype != DType::kF32 && s->dw.dtype != s->w.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", s == &q ? "q" : "k",
-                                                     ".dw must be [", s->w.dim(0),
-                                                     "] f32 or the dtype of w, got ",
-                                                     s->dw.DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": ", s == &q ? "q" : "k", ".dw must be [", s->w.dim(0),
+                       "] f32 or the dtype of w, got ", s->dw.DebugString()));
     }
   }
   if (q.dw.dtype != k.dw.dtype) {
@@ -132,15 +127,15 @@ absl::Status QkNormRopeBackward(const Stream& stream, const QkNormRopeGradSide& 
   }
   if (stream.is_cuda()) {
     SY_RETURN_IF_ERROR(CheckDevice(stream, {&workspace}));
-    const int64_t need = QkNormRopeBackwardWorkspaceBytes(q.pre.dim(0), q.pre.dim(1),
-                                                          k.pre.dim(1), q.pre.dim(2));
+    const int64_t need =
+        QkNormRopeBackwardWorkspaceBytes(q.pre.dim(0), q.pre.dim(1), k.pre.dim(1), q.pre.dim(2));
     if (static_cast<int64_t>(workspace.bytes()) < need) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kOp, ": workspace must hold QkNormRopeBackwardWorkspaceBytes = ", need,
-          " bytes, got ", workspace.DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": workspace must hold QkNormRopeBackwardWorkspaceBytes = ", need,
+                       " bytes, got ", workspace.DebugString()));
     }
-    if (internal::QkNormRopeFusable(q.pre, k.pre, {q.pre.data, q.w.data, q.grad.data, k.pre.data,
-                                                   k.w.data, k.grad.data})) {
+    if (internal::QkNormRopeFusable(
+            q.pre, k.pre, {q.pre.data, q.w.data, q.grad.data, k.pre.data, k.w.data, k.grad.data})) {
       return internal::QkNormRopeBackwardCuda(stream, q, k, seq_len, rotary_base, workspace, cp);
     }
   }

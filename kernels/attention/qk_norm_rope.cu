@@ -32,7 +32,7 @@ template <typename T>
 struct FusedArgs {
   const T* pre[2];  // q, k
   const T* w[2];
-  T* out[2];        // forward: out; backward: the gradient, in place
+  T* out[2];  // forward: out; backward: the gradient, in place
   const float* rstd_in[2];
   float* rstd_out[2];
   int heads[2];
@@ -263,8 +263,8 @@ absl::Status DispatchLanes(int64_t lanes, const F& f) {
     case 32:
       return f(std::integral_constant<int, 32>{});
     default:
-      return absl::InternalError(absl::StrCat("QkNormRope: no fused kernel for ", lanes,
-                                              " lanes per row"));
+      return absl::InternalError(
+          absl::StrCat("QkNormRope: no fused kernel for ", lanes, " lanes per row"));
   }
 }
 
@@ -319,8 +319,7 @@ absl::Status Backward(const Stream& stream, const QkNormRopeGradSide& q,
   const unsigned grid = static_cast<unsigned>((2 * d * 32 + 255) / 256);
   if (q.dw.dtype == DType::kBF16) {
     QkDwReduceKernel<__nv_bfloat16><<<grid, 256, 0, stream.cuda_stream>>>(
-        workspace.as<const float>(), summed, d, q.dw.as<__nv_bfloat16>(),
-        k.dw.as<__nv_bfloat16>());
+        workspace.as<const float>(), summed, d, q.dw.as<__nv_bfloat16>(), k.dw.as<__nv_bfloat16>());
   } else {
     QkDwReduceKernel<float><<<grid, 256, 0, stream.cuda_stream>>>(
         workspace.as<const float>(), summed, d, q.dw.as<float>(), k.dw.as<float>());
@@ -357,8 +356,8 @@ absl::Status QkNormRopeForwardCuda(const Stream& stream, const QkNormRopeSide& q
 }
 
 absl::Status QkNormRopeBackwardCuda(const Stream& stream, const QkNormRopeGradSide& q,
-                                    const QkNormRopeGradSide& k, int64_t seq_len,
-                                    float rotary_base, const Tensor& workspace, RopeCp cp) {
+                                    const QkNormRopeGradSide& k, int64_t seq_len, float rotary_base,
+                                    const Tensor& workspace, RopeCp cp) {
   if (q.pre.dtype == DType::kBF16) {
     return Backward<__nv_bfloat16>(stream, q, k, seq_len, rotary_base, workspace, cp);
   }

@@ -47,7 +47,7 @@ absl::Status QkNormRopeForward(const Stream& stream, const QkNormRopeSide& q,
 
 // One side of the backward.
 struct QkNormRopeGradSide {
-  Tensor pre;   // [T, heads, D], w [D], rstd [T * heads]: as given to / saved by the forward
+  Tensor pre;  // [T, heads, D], w [D], rstd [T * heads]: as given to / saved by the forward
   Tensor w;
   Tensor rstd;
   Tensor grad;  // [T, heads, D]: in, the gradient of out; overwritten with the gradient of pre
@@ -77,8 +77,8 @@ absl::Status QkNormRopeForwardCuda(const Stream& stream, const QkNormRopeSide& q
                                    const QkNormRopeSide& k, float eps, int64_t seq_len,
                                    float rotary_base, RopeCp cp);
 absl::Status QkNormRopeBackwardCuda(const Stream& stream, const QkNormRopeGradSide& q,
-                                    const QkNormRopeGradSide& k, int64_t seq_len,
-                                    float rotary_base, const Tensor& workspace, RopeCp cp);
+                                    const QkNormRopeGradSide& k, int64_t seq_len, float rotary_base,
+                                    const Tensor& workspace, RopeCp cp);
 
 }  // namespace internal
 

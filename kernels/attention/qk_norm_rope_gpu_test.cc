@@ -23,9 +23,9 @@ using testing::Upload;
 
 Buffer Download(const Buffer& dev) {
   Buffer host = Buffer::ForTensor(dev.View().dtype, dev.View().shape, Device::Cpu()).value();
-  EXPECT_EQ(cudaMemcpy(host.View().data, dev.View().data, dev.View().bytes(),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  EXPECT_EQ(
+      cudaMemcpy(host.View().data, dev.View().data, dev.View().bytes(), cudaMemcpyDeviceToHost),
+      cudaSuccess);
   return host;
 }
 
@@ -93,10 +93,10 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
   const std::vector<Case> cases = {
       {8192, 12, 4, 128, 4096},  // the benchmark model's micro-batch
       {4096, 16, 16, 128, 2048},
-      {37, 3, 1, 128, 16},      // odd token and head counts
-      {300, 5, 2, 64, 100},     // D = 64: 8 lanes (bf16) / 16 (f32)
-      {64, 2, 1, 256, 32},      // D = 256: 32 lanes (bf16); f32 refused (64 lanes)
-      {50, 2, 2, 72, 25},       // D = 72: refused (9 / 18 lanes), composed on CUDA
+      {37, 3, 1, 128, 16},                    // odd token and head counts
+      {300, 5, 2, 64, 100},                   // D = 64: 8 lanes (bf16) / 16 (f32)
+      {64, 2, 1, 256, 32},                    // D = 256: 32 lanes (bf16); f32 refused (64 lanes)
+      {50, 2, 2, 72, 25},                     // D = 72: refused (9 / 18 lanes), composed on CUDA
       {2048, 8, 2, 128, 1024, RopeCp{4, 1}},  // context parallelism
       {96, 4, 2, 64, 48, RopeCp{2, 1}},
   };
@@ -133,12 +133,14 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
       DeviceSide fq = ToDevice(q), fk = ToDevice(k), cq = ToDevice(q), ck = ToDevice(k);
       const bool fused = internal::QkNormRopeFusable(fq.pre.View(), fk.pre.View(), {});
       std::printf("  fused kernels: %s\n", fused ? "yes" : "no (composed path)");
-      ASSERT_TRUE(QkNormRopeForward(gpu, {fq.pre.View(), fq.w.View(), fq.out.View(), fq.rstd.View()},
+      ASSERT_TRUE(QkNormRopeForward(gpu,
+                                    {fq.pre.View(), fq.w.View(), fq.out.View(), fq.rstd.View()},
                                     {fk.pre.View(), fk.w.View(), fk.out.View(), fk.rstd.View()},
                                     eps, c.s_len, base, c.cp)
                       .ok());
       ASSERT_TRUE(QkNormRopeBackward(
-                      gpu, {fq.pre.View(), fq.w.View(), fq.rstd.View(), fq.grad.View(), fq.dw.View()},
+                      gpu,
+                      {fq.pre.View(), fq.w.View(), fq.rstd.View(), fq.grad.View(), fq.dw.View()},
                       {fk.pre.View(), fk.w.View(), fk.rstd.View(), fk.grad.View(), fk.dw.View()},
                       c.s_len, base, ws.View(), c.cp)
                       .ok());
@@ -148,8 +150,8 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
                 .ok());
         ASSERT_TRUE(RopeForward(gpu, s->out.View(), c.s_len, base, s->out.View(), c.cp).ok());
         ASSERT_TRUE(RopeBackward(gpu, s->grad.View(), c.s_len, base, s->grad.View(), c.cp).ok());
-        ASSERT_TRUE(RmsNormBackward(gpu, Rows2(s->grad), Rows2(s->pre), s->w.View(),
-                                    s->rstd.View(), Rows2(s->grad), s->dw.View(), true, ws.View())
+        ASSERT_TRUE(RmsNormBackward(gpu, Rows2(s->grad), Rows2(s->pre), s->w.View(), s->rstd.View(),
+                                    Rows2(s->grad), s->dw.View(), true, ws.View())
                         .ok());
       }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

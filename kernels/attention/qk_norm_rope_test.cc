@@ -32,7 +32,9 @@ Host MakeHost(int64_t t_n, int64_t heads, int64_t d, std::mt19937_64& rng) {
   return h;
 }
 
-QkNormRopeSide Fwd(const Host& h) { return {h.pre.View(), h.w.View(), h.out.View(), h.rstd.View()}; }
+QkNormRopeSide Fwd(const Host& h) {
+  return {h.pre.View(), h.w.View(), h.out.View(), h.rstd.View()};
+}
 
 TEST(QkNormRopeTest, ForwardIsTheNormThenTheRotationAtTheTokensPosition) {
   std::mt19937_64 rng(7);
@@ -47,8 +49,7 @@ TEST(QkNormRopeTest, ForwardIsTheNormThenTheRotationAtTheTokensPosition) {
     const double* w = h->w.View().as<double>();
     const double* out = h->out.View().as<double>();
     for (int64_t t = 0; t < t_n; ++t) {
-      const double pos =
-          static_cast<double>(CpGlobalPosition(t % s_len, s_len, cp.size, cp.rank));
+      const double pos = static_cast<double>(CpGlobalPosition(t % s_len, s_len, cp.size, cp.rank));
       for (int64_t hd = 0; hd < heads; ++hd) {
         const double* xr = x + (t * heads + hd) * d;
         double ss = 0;
@@ -60,7 +61,8 @@ TEST(QkNormRopeTest, ForwardIsTheNormThenTheRotationAtTheTokensPosition) {
           const double a = static_cast<float>(static_cast<float>(pos) * static_cast<float>(inv));
           const double ya = xr[i] * r * w[i], yb = xr[half + i] * r * w[half + i];
           const double* o = out + (t * heads + hd) * d;
-          EXPECT_NEAR(o[i], ya * std::cos(a) - yb * std::sin(a), 1e-6) << t << " " << hd << " " << i;
+          EXPECT_NEAR(o[i], ya * std::cos(a) - yb * std::sin(a), 1e-6)
+              << t << " " << hd << " " << i;
           EXPECT_NEAR(o[half + i], yb * std::cos(a) + ya * std::sin(a), 1e-6);
         }
       }
@@ -117,8 +119,10 @@ TEST(QkNormRopeTest, BackwardMatchesCentralDifferences) {
     check(k.pre.View().as<double>() + i, dk.View().as<double>()[i], "k.pre " + std::to_string(i));
   }
   for (int64_t i = 0; i < d; ++i) {  // dw accumulated onto its 0.5
-    check(q.w.View().as<double>() + i, dwq.View().as<double>()[i] - 0.5, "q.w " + std::to_string(i));
-    check(k.w.View().as<double>() + i, dwk.View().as<double>()[i] - 0.5, "k.w " + std::to_string(i));
+    check(q.w.View().as<double>() + i, dwq.View().as<double>()[i] - 0.5,
+          "q.w " + std::to_string(i));
+    check(k.w.View().as<double>() + i, dwk.View().as<double>()[i] - 0.5,
+          "k.w " + std::to_string(i));
   }
 }
 
@@ -136,9 +140,10 @@ TEST(QkNormRopeTest, BadArgumentsAreRefusedNamingTheField) {
   expect_error(QkNormRopeForward(cpu, {q.pre.View(), w7.View(), q.out.View(), q.rstd.View()},
                                  Fwd(k), 1e-5f, 4, 1e4f),
                "q.w must be [8]");
-  expect_error(QkNormRopeForward(cpu, Fwd(q), {k.pre.View(), k.w.View(), k.out.View(), rstd3.View()},
-                                 1e-5f, 4, 1e4f),
-               "k.rstd must be [T * heads = 4]");
+  expect_error(
+      QkNormRopeForward(cpu, Fwd(q), {k.pre.View(), k.w.View(), k.out.View(), rstd3.View()}, 1e-5f,
+                        4, 1e4f),
+      "k.rstd must be [T * heads = 4]");
   expect_error(QkNormRopeForward(cpu, {q.pre.View(), q.w.View(), k.out.View(), q.rstd.View()},
                                  Fwd(k), 1e-5f, 4, 1e4f),
                "q.out must match pre");
@@ -148,18 +153,15 @@ TEST(QkNormRopeTest, BadArgumentsAreRefusedNamingTheField) {
                "must be even with cp.size");
   Buffer dw_f32 = Buffer::ForTensor(DType::kF32, {8}, Device::Cpu()).value();
   Buffer dw_f64 = Buffer::ForTensor(DType::kF64, {8}, Device::Cpu()).value();
-  expect_error(QkNormRopeBackward(cpu,
-                                  {q.pre.View(), q.w.View(), q.rstd.View(), q.out.View(), w7.View()},
-                                  {k.pre.View(), k.w.View(), k.rstd.View(), k.out.View(),
-                                   dw_f64.View()},
-                                  4, 1e4f, Tensor()),
-               "q.dw must be [8]");
-  expect_error(QkNormRopeBackward(cpu,
-                                  {q.pre.View(), q.w.View(), q.rstd.View(), q.out.View(),
-                                   dw_f32.View()},
-                                  {k.pre.View(), k.w.View(), k.rstd.View(), k.out.View(),
-                                   dw_f64.View()},
-                                  4, 1e4f, Tensor()),
+  expect_error(
+      QkNormRopeBackward(cpu, {q.pre.View(), q.w.View(), q.rstd.View(), q.out.View(), w7.View()},
+                         {k.pre.View(), k.w.View(), k.rstd.View(), k.out.View(), dw_f64.View()}, 4,
+                         1e4f, Tensor()),
+      "q.dw must be [8]");
+  expect_error(QkNormRopeBackward(
+                   cpu, {q.pre.View(), q.w.View(), q.rstd.View(), q.out.View(), dw_f32.View()},
+                   {k.pre.View(), k.w.View(), k.rstd.View(), k.out.View(), dw_f64.View()}, 4, 1e4f,
+                   Tensor()),
                "must share a dtype");
 }
 

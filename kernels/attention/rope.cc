@@ -64,9 +64,8 @@ namespace internal {
 absl::Status CheckRopeParams(absl::string_view op, int64_t d, int64_t seq_len, float rotary_base,
                              RopeCp cp) {
   if (d < 2 || d % 2 != 0 || d > kMaxRopeHeadDim) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": head dim D (", d,
-                                                   ") must be even and in [2, ", kMaxRopeHeadDim,
-                                                   "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": head dim D (", d, ") must be even and in [2, ", kMaxRopeHeadDim, "]"));
   }
   if (cp.size < 1 || cp.rank < 0 || cp.rank >= cp.size) {
     return absl::InvalidArgumentError(

@@ -1,6 +1,6 @@
 // CPU reference of the aux and z losses (aux_loss.h): fp64 math, token sums in the chunks of
-// router_math::kAuxChunk tokens that the CUDA kernels use, chunk sums in lane order. Templated on Real, the dtype of
-// logits, losses, grad_weights and dlogits (f32, or f64 for gradient checks).
+// router_math::kAuxChunk tokens that the CUDA kernels use, chunk sums in lane order. Templated on
+// Real, the dtype of logits, losses, grad_weights and dlogits (f32, or f64 for gradient checks).
 #include <cmath>
 #include <vector>
 

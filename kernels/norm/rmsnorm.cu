@@ -58,7 +58,8 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, float eps, T* y, fl
     const P q = wr[i];
     P o;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) o.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(q.v[k])));
+    for (int k = 0; k < kVec; ++k)
+      o.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(q.v[k])));
     yr[i] = o;
   }
   if (threadIdx.x == 0) rstd[t] = r;
@@ -282,7 +283,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const P q = reinterpret_cast<const P*>(w)[lane];
     P o;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) o.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(q.v[k])));
+    for (int k = 0; k < kVec; ++k)
+      o.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(q.v[k])));
     reinterpret_cast<P*>(y + t * h_n)[lane] = o;
   }
   if (lane == 0) rstd[t] = r;

@@ -1019,9 +1019,9 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   const kernels::RopeCp rope_cp{c.cp_size, c.cp_rank};
   if (c.qk_layernorm) {
     // q_norm / k_norm, then RoPE: one fused kernel on CUDA (kernels/attention/qk_norm_rope.h).
-    SY_RETURN_IF_ERROR(kernels::QkNormRopeForward(
-        s, {q_lin, L.w_qn, q, Rows(L.q_rstd, t * hq)}, {k_lin, L.w_kn, k, Rows(L.k_rstd, t * hkv)},
-        eps, seq_len, base, rope_cp));
+    SY_RETURN_IF_ERROR(kernels::QkNormRopeForward(s, {q_lin, L.w_qn, q, Rows(L.q_rstd, t * hq)},
+                                                  {k_lin, L.w_kn, k, Rows(L.k_rstd, t * hkv)}, eps,
+                                                  seq_len, base, rope_cp));
   } else {
     SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q, rope_cp));
     SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k, rope_cp));
