@@ -549,8 +549,11 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += st * (t - tr);  // the lse of all t tokens (every stage; tr of them counted above)
   if (o.cuda) {
     auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
-    head += std::max(rms_ws(tr, h), rms_ws(tr * hq, d));  // RMSNorm backward
-    head += 4 * ((vl + 1) + vl + 2 * t);                  // embedding backward
+    // RMSNorm backward; with QK-norm also the fused QK-norm + RoPE backward's 2 · min(t, 1024)
+    // rows of D partial sums (kernels/attention/qk_norm_rope.h), in the same workspace.
+    const double qk_ws = m.qk_layernorm ? 2 * std::min(t, 1024.0) * d * 4 : 0.0;
+    head += std::max({rms_ws(tr, h), rms_ws(tr * hq, d), qk_ws});
+    head += 4 * ((vl + 1) + vl + 2 * t);  // embedding backward
   }
   if (z.tp > 1) {
     // Sequence parallelism's scratch (GptModel::Build): the all-gathered input and the partial

@@ -19,34 +19,11 @@ absl::Status CheckRope(const Stream& stream, absl::string_view op, const Tensor&
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": x must be [T, heads, D] of bf16/f32 (f64 on the CPU), got ", x.DebugString()));
   }
-  const int64_t d = x.dim(2);
-  if (d < 2 || d % 2 != 0 || d > kMaxRopeHeadDim) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": head dim D (", d,
-                                                   ") must be even and in [2, ", kMaxRopeHeadDim,
-                                                   "], x ", x.DebugString()));
-  }
   if (out.shape != x.shape || out.dtype != x.dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": out must match x ", x.DebugString(), ", got ", out.DebugString()));
   }
-  if (cp.size < 1 || cp.rank < 0 || cp.rank >= cp.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": cp.rank (", cp.rank, ") must be in [0, cp.size ", cp.size, ")"));
-  }
-  if (seq_len < 1 || seq_len > kMaxRopeSeqLen / cp.size) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": seq_len (", seq_len, ") x cp.size (",
-                                                   cp.size, ") must be in [1, 2^24]"));
-  }
-  if (cp.size > 1 && seq_len % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": seq_len (", seq_len, ") must be even with cp.size ", cp.size,
-                     " (each rank holds two chunks of the sequence)"));
-  }
-  if (!(rotary_base > 0.0f) || !std::isfinite(rotary_base)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": rotary_base (", rotary_base, ") must be finite and > 0"));
-  }
-  return absl::OkStatus();
+  return internal::CheckRopeParams(op, x.dim(2), seq_len, rotary_base, cp);
 }
 
 // CPU reference; sign = +1 forward, -1 backward. cos/sin are rounded to fp32 (as on CUDA) unless
@@ -81,6 +58,36 @@ absl::Status RopeCpu(const Tensor& x, int64_t seq_len, float rotary_base, double
 }
 
 }  // namespace
+
+namespace internal {
+
+absl::Status CheckRopeParams(absl::string_view op, int64_t d, int64_t seq_len, float rotary_base,
+                             RopeCp cp) {
+  if (d < 2 || d % 2 != 0 || d > kMaxRopeHeadDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": head dim D (", d, ") must be even and in [2, ", kMaxRopeHeadDim, "]"));
+  }
+  if (cp.size < 1 || cp.rank < 0 || cp.rank >= cp.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": cp.rank (", cp.rank, ") must be in [0, cp.size ", cp.size, ")"));
+  }
+  if (seq_len < 1 || seq_len > kMaxRopeSeqLen / cp.size) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": seq_len (", seq_len, ") x cp.size (",
+                                                   cp.size, ") must be in [1, 2^24]"));
+  }
+  if (cp.size > 1 && seq_len % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": seq_len (", seq_len, ") must be even with cp.size ", cp.size,
+                     " (each rank holds two chunks of the sequence)"));
+  }
+  if (!(rotary_base > 0.0f) || !std::isfinite(rotary_base)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": rotary_base (", rotary_base, ") must be finite and > 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
 
 absl::Status RopeForward(const Stream& stream, const Tensor& x, int64_t seq_len, float rotary_base,
                          const Tensor& out, RopeCp cp) {

@@ -1,23 +1,20 @@
 // CUDA path of RoPE: each block takes rows t = blockIdx.x, blockIdx.x + gridDim.x, ...; per row it
 // computes the D/2 (cos, sin) pairs once into shared memory (fp64 sincos of the fp32 angle,
 // rounded to fp32, exactly as the CPU reference), then every thread rotates kVec pairs of one
-// head at a time, loading x[i..i+kVec) and x[D/2+i..D/2+i+kVec) as vectors. fp32 math.
+// head at a time, loading x[i..i+kVec) and x[D/2+i..D/2+i+kVec) as vectors. fp32 math, with the
+// explicit roundings of rope_device.cuh (shared with the fused QK-norm + RoPE kernels).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/attention/rope.h"
+#include "kernels/attention/rope_device.cuh"
 #include "kernels/device_convert.cuh"
 #include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
 namespace {
-
-// Passed by value as a kernel parameter (1 KB), so the device sees the host's exact table.
-struct InvFreqTable {
-  float v[kMaxRopeHeadDim / 2];
-};
 
 template <typename T, int kVec>
 __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, int64_t heads,
@@ -29,11 +26,7 @@ __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, 
   for (int64_t t = blockIdx.x; t < t_n; t += gridDim.x) {
     __syncthreads();  // the previous row is done with cs
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = RopeAngle(t, seq_len, cp, table.v[i]);
-      double s, c;
-      sincos(static_cast<double>(a), &s, &c);
-      cs[i] = static_cast<float>(c);
-      cs[half + i] = sign * static_cast<float>(s);
+      RopeCosSin(t, seq_len, cp, table.v[i], sign, &cs[i], &cs[half + i]);
     }
     __syncthreads();
     for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
@@ -45,10 +38,10 @@ __global__ void RopeKernel(const T* x, T* out, InvFreqTable table, int64_t t_n, 
       P oa, ob;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const float c = cs[i0 + k], s = cs[half + i0 + k];
-        const float xa = ToFloat(a.v[k]), xb = ToFloat(b.v[k]);
-        oa.v[k] = FromFloat<T>(xa * c - xb * s);
-        ob.v[k] = FromFloat<T>(xb * c + xa * s);
+        float ra, rb;
+        RotatePair(ToFloat(a.v[k]), ToFloat(b.v[k]), cs[i0 + k], cs[half + i0 + k], &ra, &rb);
+        oa.v[k] = FromFloat<T>(ra);
+        ob.v[k] = FromFloat<T>(rb);
       }
       *reinterpret_cast<P*>(out + row + i0) = oa;
       *reinterpret_cast<P*>(out + row + half + i0) = ob;

@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/tensor.h"
 
 namespace switchyard::kernels {
@@ -107,6 +108,11 @@ __host__ __device__
   return pos * inv_freq;
 #endif
 }
+
+// The checks of RoPE's scalar parameters (head dim, seq_len, CP placement, base), shared with the
+// fused QK-norm + RoPE (qk_norm_rope.h); `op` names the caller in the message.
+absl::Status CheckRopeParams(absl::string_view op, int64_t head_dim, int64_t seq_len,
+                             float rotary_base, RopeCp cp);
 
 // Runs the rotation on CUDA; sign = +1 (forward) or -1 (backward).
 absl::Status RopeCuda(const Stream& stream, const Tensor& x, int64_t seq_len, float rotary_base,

@@ -30,9 +30,9 @@
 // aux_loss; Megatron's is ~1/DP too small. The returned VALUE stays Megatron's (each rank's share;
 // the sum over TP×DP×CP ranks is the global loss), so logs are comparable.
 //
-// Determinism: fixed-order fp64 sums over tokens (chunks of router_math::kAuxChunk tokens, then
-// chunks in order), integer-valued float atomics for counts (exact). The CPU reference sums in
-// the same chunks.
+// Determinism: fixed-order fp64 sums over tokens (chunks of router_math::kAuxChunk tokens in
+// token order, then the chunk sums in lane order: router_math::LaneOrderSum), integer-valued float
+// atomics for counts (exact). The CPU reference sums in the same chunks and orders.
 #ifndef SWITCHYARD_KERNELS_MOE_AUX_LOSS_H_
 #define SWITCHYARD_KERNELS_MOE_AUX_LOSS_H_
 

@@ -1,6 +1,6 @@
 // CPU reference of the aux and z losses (aux_loss.h): fp64 math, token sums in the chunks of
-// router_math::kAuxChunk tokens that the CUDA kernels use. Templated on Real, the dtype of
-// logits, losses, grad_weights and dlogits (f32, or f64 for gradient checks).
+// router_math::kAuxChunk tokens that the CUDA kernels use, chunk sums in lane order. Templated on
+// Real, the dtype of logits, losses, grad_weights and dlogits (f32, or f64 for gradient checks).
 #include <cmath>
 #include <vector>
 
@@ -27,13 +27,15 @@ void AuxRow(const AuxPlan& plan, const Real* z, double* p, double* mx, double* s
 template <typename Real>
 void Stats(const AuxPlan& plan, const Real* logits, double* psum, float* counts, double* zsum) {
   const int64_t e_count = plan.num_experts, seq = plan.tokens_per_sequence;
-  std::vector<double> p(e_count), chunk(e_count);
+  const int64_t chunks = plan.chunks_per_sequence;
+  std::vector<double> p(e_count), chunk_sums(chunks * e_count);
+  std::vector<double> z_chunks(plan.num_sequences * chunks);
   std::vector<char> taken(e_count);
   for (int64_t i = 0; i < plan.num_sequences * e_count; ++i) psum[i] = 0.0, counts[i] = 0.0f;
-  double z_total = 0.0;
   for (int64_t b = 0; b < plan.num_sequences; ++b) {
-    for (int64_t c = 0; c < plan.chunks_per_sequence; ++c) {
-      std::fill(chunk.begin(), chunk.end(), 0.0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      double* chunk = chunk_sums.data() + c * e_count;
+      std::fill(chunk, chunk + e_count, 0.0);
       double z_chunk = 0.0;
       const int64_t begin = c * router_math::kAuxChunk;
       const int64_t end = std::min<int64_t>(seq, begin + router_math::kAuxChunk);
@@ -55,11 +57,15 @@ void Stats(const AuxPlan& plan, const Real* logits, double* psum, float* counts,
           counts[b * e_count + best] += 1.0f;
         }
       }
-      for (int64_t e = 0; e < e_count; ++e) psum[b * e_count + e] += chunk[e];
-      z_total += z_chunk;
+      z_chunks[b * chunks + c] = z_chunk;
+    }
+    // Chunks in lane order (the CUDA finalize: one warp per column).
+    for (int64_t e = 0; e < e_count; ++e) {
+      psum[b * e_count + e] =
+          LaneOrderSum(chunks, [&](int64_t c) { return chunk_sums[c * e_count + e]; });
     }
   }
-  *zsum = z_total;
+  *zsum = LaneOrderSum(plan.num_sequences * chunks, [&](int64_t i) { return z_chunks[i]; });
 }
 
 template <typename Real>

@@ -82,6 +82,67 @@ __device__ void GroupMask(const TopkArgs& a, const double* key, double* skey, do
   }
 }
 
+// Sum over slots r = 0 .. k-1 of lane r's v, in slot order from 0.0 (the CPU's sequential sums
+// over slots), in every lane.
+__device__ inline double SlotOrderSum(int k, double v) {
+  double s = 0.0;
+  for (int r = 0; r < k; ++r) s += __shfl_sync(kFullMask, v, r);
+  return s;
+}
+
+// SlotProbs (router_internal.h) with slot r's logit zs in lane r: lane r < k returns p[r]. One
+// exp / sigmoid per lane instead of the k (2k for the top-k softmax) that every lane computed;
+// the sums over slots gather the lanes' terms in slot order, so the same bits. kFullSoftmax takes
+// the row's (max, sum).
+__device__ inline double LaneSlotProb(ProbKind kind, int k, double zs, double full_mx,
+                                      double full_sum, double scale) {
+  const bool mine = (threadIdx.x & 31) < k;
+  if (kind == ProbKind::kFullSoftmax) return mine ? Exp(zs - full_mx) / full_sum * scale : 0.0;
+  if (kind == ProbKind::kTopkSoftmax) {
+    double m = __shfl_sync(kFullMask, zs, 0);  // SlotSoftmaxNorm's max, in its order
+    for (int r = 1; r < k; ++r) {
+      const double o = __shfl_sync(kFullMask, zs, r);
+      m = o > m ? o : m;
+    }
+    const double e = mine ? Exp(zs - m) : 0.0;
+    const double sum = SlotOrderSum(k, e);
+    return mine ? e / sum * scale : 0.0;
+  }
+  if (kind == ProbKind::kSigmoidNormalized) {
+    const double sg = mine ? Sigmoid(zs) : 0.0;
+    const double d = SlotOrderSum(k, sg) + router_math::kSigmoidNormEps;
+    return mine ? sg / d * scale : 0.0;
+  }
+  return mine ? Sigmoid(zs) * scale : 0.0;  // kSigmoid
+}
+
+// SlotGrads (router_internal.h) for the slot-local kinds with slot r's logit and incoming
+// gradient in lane r: lane r < k returns dz[r]; sums over slots in slot order (same bits).
+__device__ inline double LaneSlotGrad(ProbKind kind, int k, double zs, double g, double scale) {
+  const bool mine = (threadIdx.x & 31) < k;
+  if (kind == ProbKind::kTopkSoftmax) {
+    double m = __shfl_sync(kFullMask, zs, 0);
+    for (int r = 1; r < k; ++r) {
+      const double o = __shfl_sync(kFullMask, zs, r);
+      m = o > m ? o : m;
+    }
+    const double e = mine ? Exp(zs - m) : 0.0;
+    const double sum = SlotOrderSum(k, e);
+    const double pr = mine ? e / sum : 0.0;
+    const double dot = SlotOrderSum(k, mine ? pr * (g * scale) : 0.0);
+    return mine ? pr * (g * scale - dot) : 0.0;
+  }
+  if (kind == ProbKind::kSigmoidNormalized) {
+    const double sg = mine ? Sigmoid(zs) : 0.0;
+    const double d = SlotOrderSum(k, sg) + router_math::kSigmoidNormEps;
+    const double dot = SlotOrderSum(k, mine ? sg / d * (g * scale) : 0.0);
+    return mine ? (g * scale - dot) / d * (sg * (1.0 - sg)) : 0.0;
+  }
+  if (!mine) return 0.0;  // kSigmoid
+  const double sg = Sigmoid(zs);
+  return g * scale * (sg * (1.0 - sg));
+}
+
 template <int NJ>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) RouterTopkKernel(TopkArgs a) {
   extern __shared__ double smem[];
@@ -123,8 +184,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RouterTopkKernel(TopkArgs
     double* skey = smem + warp * (e_count + a.num_groups);
     GroupMask<NJ>(a, key, skey, skey + e_count, &avail);
   }
-  int sel[kRouterMaxTopk];
-  double zs[kRouterMaxTopk], p[kRouterMaxTopk];
+  // Slot r's expert and logit end up in lane r (k <= kRouterMaxTopk <= 32).
+  int my_sel = -1;
+  double my_z = 0.0;
   for (int r = 0; r < k; ++r) {
     double bv = 0.0;
     int bi = -1;
@@ -135,21 +197,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RouterTopkKernel(TopkArgs
         bi = lane + 32 * j;
       }
     }
-    WarpBest(&bv, &bi);
-    sel[r] = bi;
+    if (a.key == KeyKind::kLogit) {  // keys are the fp32 logits
+      bi = WarpBestFloatKey(static_cast<float>(bv), bi);
+    } else {
+      WarpBest(&bv, &bi);
+    }
     if ((bi & 31) == lane) avail &= ~(1u << (bi >> 5));
-    zs[r] = z[bi];
+    const double zr = z[bi];
+    if (lane == r) {
+      my_sel = bi;
+      my_z = zr;
+    }
   }
-  if (a.prob == ProbKind::kFullSoftmax) {
-    for (int r = 0; r < k; ++r) p[r] = Exp(zs[r] - mx) / sum * a.scale;
-  } else {
-    SlotProbs(a.prob, k, zs, a.scale, p);
-  }
-  for (int r = lane; r < k; r += 32) {
-    a.topk_idx[t * k + r] = sel[r];
-    a.selected[t * k + r] = sel[r];
-    a.probs[t * k + r] = static_cast<float>(p[r]);
-    atomicAdd(&a.counts[sel[r]], 1);  // integer: order-independent
+  const double p = LaneSlotProb(a.prob, k, my_z, mx, sum, a.scale);
+  if (lane < k) {
+    a.topk_idx[t * k + lane] = my_sel;
+    a.selected[t * k + lane] = my_sel;
+    a.probs[t * k + lane] = static_cast<float>(p);
+    atomicAdd(&a.counts[my_sel], 1);  // integer: order-independent
   }
 }
 
@@ -172,35 +237,47 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) RouterBackwardKernel(Back
   const int e_count = a.num_experts, k = a.topk;
   const float* z = a.logits + t * e_count;
   float* out = a.dlogits + t * e_count;
-  int sel[kRouterMaxTopk];
-  double zs[kRouterMaxTopk], g[kRouterMaxTopk], dz[kRouterMaxTopk];
-  for (int r = 0; r < k; ++r) {
-    sel[r] = a.selected[t * k + r];
-    zs[r] = z[sel[r]];
-    g[r] = a.topk_idx[t * k + r] < 0 ? 0.0 : static_cast<double>(a.dprobs[t * k + r]);
+  // Slot r in lane r (k <= 32).
+  int my_sel = -1;
+  double my_z = 0.0, my_g = 0.0;
+  if (lane < k) {
+    my_sel = a.selected[t * k + lane];
+    my_z = z[my_sel];
+    my_g = a.topk_idx[t * k + lane] < 0 ? 0.0 : static_cast<double>(a.dprobs[t * k + lane]);
   }
+  // v[j]: the slot value of expert lane + 32·j (the last slot that selected it, as the CPU scan).
+  double v[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) v[j] = 0.0;
   if (a.prob == ProbKind::kFullSoftmax) {
     double mx, sum;
     RowSoftmaxNorm<NJ>(z, e_count, &mx, &sum);
-    double dot = 0.0;
-    for (int r = 0; r < k; ++r) dot += Exp(zs[r] - mx) / sum * (g[r] * a.scale);
+    const double term = lane < k ? Exp(my_z - mx) / sum * (my_g * a.scale) : 0.0;
+    const double dot = SlotOrderSum(k, term);
+    for (int r = 0; r < k; ++r) {
+      const int sr = __shfl_sync(kFullMask, my_sel, r);
+      const double gr = __shfl_sync(kFullMask, my_g, r);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) v[j] = sr == lane + 32 * j ? gr * a.scale : v[j];
+    }
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int e = lane + 32 * j;
       if (e >= e_count) continue;
-      double up = 0.0;
-      for (int r = 0; r < k; ++r) up = sel[r] == e ? g[r] * a.scale : up;
-      out[e] = static_cast<float>(Exp(static_cast<double>(z[e]) - mx) / sum * (up - dot));
+      out[e] = static_cast<float>(Exp(static_cast<double>(z[e]) - mx) / sum * (v[j] - dot));
     }
   } else {
-    SlotGrads(a.prob, k, zs, g, a.scale, dz);
+    const double dz = LaneSlotGrad(a.prob, k, my_z, my_g, a.scale);
+    for (int r = 0; r < k; ++r) {
+      const int sr = __shfl_sync(kFullMask, my_sel, r);
+      const double dr = __shfl_sync(kFullMask, dz, r);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) v[j] = sr == lane + 32 * j ? dr : v[j];
+    }
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int e = lane + 32 * j;
-      if (e >= e_count) continue;
-      double v = 0.0;
-      for (int r = 0; r < k; ++r) v = sel[r] == e ? dz[r] : v;
-      out[e] = static_cast<float>(v);
+      if (e < e_count) out[e] = static_cast<float>(v[j]);
     }
   }
 }

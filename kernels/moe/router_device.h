@@ -43,6 +43,22 @@ __device__ inline void WarpBest(double* v, int* i) {
   }
 }
 
+// WarpBest for keys that are fp32 numbers (the logits: KeyKind::kLogit, the aux loss's plain
+// top-k): `v`, `i` are this lane's best candidate (i < 0: none). Returns the warp's best index
+// (-1 if no lane has one) under router_math::Better — the larger key, and of equal keys (-0 ==
+// +0) the lower index — with two warp reductions (redux.sync, sm_80+) on an order-preserving
+// 32-bit image of the key instead of WarpBest's five rounds of three shuffles. Same winner as
+// WarpBest for every non-NaN key (Better is no order on NaN: there the two may differ).
+__device__ inline int WarpBestFloatKey(float v, int i) {
+  const unsigned bits = __float_as_uint(v == 0.0f ? 0.0f : v);
+  unsigned key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  if (i < 0) key = 0;
+  const unsigned top = __reduce_max_sync(kFullMask, key);
+  const unsigned cand = (i >= 0 && key == top) ? static_cast<unsigned>(i) : 0xffffffffu;
+  const unsigned best = __reduce_min_sync(kFullMask, cand);
+  return best == 0xffffffffu ? -1 : static_cast<int>(best);
+}
+
 // Softmax normaliser of row z (max, then lane-order sum of exp(z - max)).
 template <int NJ>
 __device__ inline void RowSoftmaxNorm(const float* z, int e_count, double* mx, double* sum) {

@@ -14,6 +14,7 @@
 #include "kernels/device_convert.cuh"
 #include "kernels/device_reduce.cuh"
 #include "kernels/norm/rmsnorm.h"
+#include "kernels/norm/rmsnorm_device.cuh"
 #include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels::internal {
@@ -47,18 +48,18 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, float eps, T* y, fl
     const P p = xr[i];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float f = ToFloat(p.v[k]);
-      ss += f * f;
+      ss = NormSumSquares(ss, ToFloat(p.v[k]));
     }
   }
   ss = BlockSum(ss, scratch);
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(h_n) + eps);
+  const float r = NormRstd(ss, static_cast<float>(h_n), eps);
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const P p = xr[i];
     const P q = wr[i];
     P o;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) o.v[k] = FromFloat<T>(ToFloat(p.v[k]) * r * ToFloat(q.v[k]));
+    for (int k = 0; k < kVec; ++k)
+      o.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(q.v[k])));
     yr[i] = o;
   }
   if (threadIdx.x == 0) rstd[t] = r;
@@ -92,10 +93,12 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
     for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
       const P d = dyr[i], xv = xr[i], wv = wr[i];
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += ToFloat(d.v[k]) * ToFloat(wv.v[k]) * ToFloat(xv.v[k]);
+      for (int k = 0; k < kVec; ++k) {
+        dot = NormDot(dot, ToFloat(d.v[k]), ToFloat(wv.v[k]), ToFloat(xv.v[k]));
+      }
     }
     dot = BlockSum(dot, scratch);  // all reads of dy[t] happen before any write of dx[t]
-    const float c = r * r * dot / static_cast<float>(h_n);
+    const float c = NormGradCoef(r, dot, static_cast<float>(h_n));
     for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
       const P d = dyr[i], xv = xr[i], wv = wr[i];
       P o;
@@ -103,9 +106,9 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         const float df = ToFloat(d.v[k]), xf = ToFloat(xv.v[k]);
-        acc[at(i, k)] += df * xf * r;
-        const float g = r * (df * ToFloat(wv.v[k]) - xf * c);
-        o.v[k] = FromFloat<T>(accum_dx ? ToFloat(o.v[k]) + g : g);
+        acc[at(i, k)] = NormGradWeight(acc[at(i, k)], df, xf, r);
+        const float g = NormGradIn(r, df, ToFloat(wv.v[k]), xf, c);
+        o.v[k] = FromFloat<T>(accum_dx ? __fadd_rn(ToFloat(o.v[k]), g) : g);
       }
       dxr[i] = o;
     }
@@ -124,29 +127,52 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
 // per SM through __syncthreads twice per row: latency-bound, and it was used for every row past
 // 32 vectors, e.g. the benchmark model's H = 1536 norms). Warp j of block b handles rows
 // b * kRowWarps + j, then every gridDim.x * kRowWarps further; lane i owns vectors i + 32·q,
-// q < kJ, of every row and keeps their dw partial sums in registers; at the end the block adds its
-// warps' partials in warp order into partial[b, :] (dynamic shared memory, kRowWarps · H floats).
-// The row-to-(block, warp) map depends on T only: deterministic. With kJ = 1 the arithmetic is
-// exactly that of the former short-row kernel.
+// q < kJ, of every row and accumulates their dw partial sums; at the end the block adds its warps'
+// partials in warp order into partial[b, :]. The row-to-(block, warp) map depends on T only:
+// deterministic. Rows of up to 64 vectors keep the partials (and w) in registers; longer rows keep
+// them in the warp's slice of shared memory and re-read w (L1) per row: with 48 partials and the
+// row in registers the H = 1536 kernel took 237 registers, one block (8 warps) per SM, 66 us per
+// call at 8192 rows (ncu, one H100, 2026-12-07). Accumulator slot of (q, k) of lane l:
+// (q·kVec + k)·32 + l, bank-conflict free; the same order of additions either way.
 constexpr int kRowWarps = 8;
 constexpr int kMaxWarpVectors = 8;  // kJ: vectors per lane, at most
 
+template <int kVec, int kJ>
+constexpr int WarpAccSlots() {
+  return kJ * kVec * 32;
+}
+
 template <typename T, int kVec, int kJ>
-__global__ void __launch_bounds__(kRowWarps * 32)
+__global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
     RmsNormBackwardWarpKernel(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
                               float* partial, int64_t t_n, int64_t h_n, bool accum_dx) {
   using P = Pack<T, kVec>;
-  extern __shared__ float warp_acc[];  // [kRowWarps, h_n]
+  constexpr bool kSmemAcc = kJ >= 4;
+  constexpr int kSlots = WarpAccSlots<kVec, kJ>();
+  extern __shared__ float warp_acc[];  // [kRowWarps, kSlots]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t nv = h_n / kVec;
+  const float hf = static_cast<float>(h_n);
+  float* const my_acc = warp_acc + warp * kSlots;
   float acc[kJ][kVec];
   P wv[kJ];
+  if constexpr (kSmemAcc) {
+    for (int slot = lane; slot < kSlots; slot += 32) my_acc[slot] = 0.0f;  // this lane's slots
+  } else {
 #pragma unroll
-  for (int q = 0; q < kJ; ++q) {
+    for (int q = 0; q < kJ; ++q) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) acc[q][k] = 0.0f;
-    if (lane + 32 * q < nv) wv[q] = reinterpret_cast<const P*>(w)[lane + 32 * q];
+      for (int k = 0; k < kVec; ++k) acc[q][k] = 0.0f;
+      if (lane + 32 * q < nv) wv[q] = reinterpret_cast<const P*>(w)[lane + 32 * q];
+    }
   }
+  auto weight = [&](int q, int64_t i) -> P {
+    if constexpr (kSmemAcc) {
+      return reinterpret_cast<const P*>(w)[i];
+    } else {
+      return wv[q];
+    }
+  };
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t < t_n; t += stride) {
     const float r = rstd[t];
@@ -158,14 +184,15 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       if (i < nv) {
         d[q] = reinterpret_cast<const P*>(dy + t * h_n)[i];
         xv[q] = reinterpret_cast<const P*>(x + t * h_n)[i];
+        const P wq = weight(q, i);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          dot += ToFloat(d[q].v[k]) * ToFloat(wv[q].v[k]) * ToFloat(xv[q].v[k]);
+          dot = NormDot(dot, ToFloat(d[q].v[k]), ToFloat(wq.v[k]), ToFloat(xv[q].v[k]));
         }
       }
     }
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    const float c = r * r * dot / static_cast<float>(h_n);
+    dot = GroupSum<32>(dot);
+    const float c = NormGradCoef(r, dot, hf);
     // Each lane wrote nothing before reading its own dy vectors: dx may alias dy.
 #pragma unroll
     for (int q = 0; q < kJ; ++q) {
@@ -173,29 +200,36 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       if (i < nv) {
         P o;
         if (accum_dx) o = reinterpret_cast<const P*>(dx + t * h_n)[i];  // no alias with dy
+        const P wq = weight(q, i);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const float df = ToFloat(d[q].v[k]), xf = ToFloat(xv[q].v[k]);
-          acc[q][k] += df * xf * r;
-          const float g = r * (df * ToFloat(wv[q].v[k]) - xf * c);
-          o.v[k] = FromFloat<T>(accum_dx ? ToFloat(o.v[k]) + g : g);
+          if constexpr (kSmemAcc) {
+            float& a = my_acc[(q * kVec + k) * 32 + lane];
+            a = NormGradWeight(a, df, xf, r);
+          } else {
+            acc[q][k] = NormGradWeight(acc[q][k], df, xf, r);
+          }
+          const float g = NormGradIn(r, df, ToFloat(wq.v[k]), xf, c);
+          o.v[k] = FromFloat<T>(accum_dx ? __fadd_rn(ToFloat(o.v[k]), g) : g);
         }
         reinterpret_cast<P*>(dx + t * h_n)[i] = o;
       }
     }
   }
+  if constexpr (!kSmemAcc) {
 #pragma unroll
-  for (int q = 0; q < kJ; ++q) {
-    const int64_t i = lane + 32 * q;
-    if (i < nv) {
+    for (int q = 0; q < kJ; ++q) {
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) warp_acc[warp * h_n + i * kVec + k] = acc[q][k];
+      for (int k = 0; k < kVec; ++k) my_acc[(q * kVec + k) * 32 + lane] = acc[q][k];
     }
   }
   __syncthreads();
   for (int64_t h = threadIdx.x; h < h_n; h += blockDim.x) {
+    const int64_t i = h / kVec;
+    const int slot = static_cast<int>(((i >> 5) * kVec + h % kVec) * 32 + (i & 31));
     float sum = 0.0f;
-    for (int j = 0; j < kRowWarps; ++j) sum += warp_acc[j * h_n + h];
+    for (int j = 0; j < kRowWarps; ++j) sum = __fadd_rn(sum, warp_acc[j * kSlots + slot]);
     partial[static_cast<int64_t>(blockIdx.x) * h_n + h] = sum;
   }
 }
@@ -241,15 +275,16 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   if (owns) {
     p = reinterpret_cast<const P*>(x + t * h_n)[lane];
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) ss += ToFloat(p.v[k]) * ToFloat(p.v[k]);
+    for (int k = 0; k < kVec; ++k) ss = NormSumSquares(ss, ToFloat(p.v[k]));
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(h_n) + eps);
+  ss = GroupSum<32>(ss);
+  const float r = NormRstd(ss, static_cast<float>(h_n), eps);
   if (owns) {
     const P q = reinterpret_cast<const P*>(w)[lane];
     P o;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) o.v[k] = FromFloat<T>(ToFloat(p.v[k]) * r * ToFloat(q.v[k]));
+    for (int k = 0; k < kVec; ++k)
+      o.v[k] = FromFloat<T>(NormOut(ToFloat(p.v[k]), r, ToFloat(q.v[k])));
     reinterpret_cast<P*>(y + t * h_n)[lane] = o;
   }
   if (lane == 0) rstd[t] = r;
@@ -284,10 +319,14 @@ absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor
   SY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                  stream.device.index));
   const int64_t nv = h_n / kVec;
-  const int64_t warp_smem = kRowWarps * h_n * static_cast<int64_t>(sizeof(float));
-  if (nv <= 32 * kMaxWarpVectors && warp_smem <= max_smem) {
+  const int64_t max_warp_smem =
+      kRowWarps * WarpAccSlots<kVec, kMaxWarpVectors>() * static_cast<int64_t>(sizeof(float));
+  if (nv <= 32 * kMaxWarpVectors && max_warp_smem <= max_smem) {
     auto launch = [&](auto kj) -> absl::Status {
-      auto* kernel = &RmsNormBackwardWarpKernel<T, kVec, decltype(kj)::value>;
+      constexpr int kJ = decltype(kj)::value;
+      const int64_t warp_smem =
+          kRowWarps * WarpAccSlots<kVec, kJ>() * static_cast<int64_t>(sizeof(float));
+      auto* kernel = &RmsNormBackwardWarpKernel<T, kVec, kJ>;
       if (warp_smem > 48 * 1024) {
         SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(warp_smem)));

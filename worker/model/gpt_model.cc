@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/qk_norm_rope.h"
 #include "kernels/attention/rope.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
@@ -814,8 +815,10 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(da_, Alloc(dt, {t, f}));
   }
   if (device_.is_cuda()) {
-    const int64_t rms_bytes = std::max({kernels::RmsNormBackwardWorkspaceBytes(tl, h),
-                                        kernels::RmsNormBackwardWorkspaceBytes(t * hq, d)});
+    const int64_t rms_bytes = std::max(
+        {kernels::RmsNormBackwardWorkspaceBytes(tl, h),
+         kernels::RmsNormBackwardWorkspaceBytes(t * hq, d),
+         c.qk_layernorm ? kernels::QkNormRopeBackwardWorkspaceBytes(t, hq, hkv, d) : int64_t{0}});
     SY_ASSIGN_OR_RETURN(rms_ws_, Alloc(DType::kU8, {rms_bytes}));
     SY_ASSIGN_OR_RETURN(
         emb_ws_,
@@ -1013,15 +1016,16 @@ absl::Status GptModel::LayerForward(const Stream& s, Layer& L, int64_t seq_len, 
   SY_RETURN_IF_ERROR(Gemm(s, n1_all, false, L.wq, true, Reshape(q_lin, {t, hq * d})));
   SY_RETURN_IF_ERROR(Gemm(s, n1_all, false, L.wk, true, Reshape(k_lin, {t, hkv * d})));
   SY_RETURN_IF_ERROR(Gemm(s, n1_all, false, L.wv, true, Reshape(v, {t, hkv * d})));
-  if (c.qk_layernorm) {
-    SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Reshape(q_lin, {t * hq, d}), L.w_qn, eps,
-                                               Reshape(q, {t * hq, d}), Rows(L.q_rstd, t * hq)));
-    SY_RETURN_IF_ERROR(kernels::RmsNormForward(s, Reshape(k_lin, {t * hkv, d}), L.w_kn, eps,
-                                               Reshape(k, {t * hkv, d}), Rows(L.k_rstd, t * hkv)));
-  }
   const kernels::RopeCp rope_cp{c.cp_size, c.cp_rank};
-  SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q, rope_cp));
-  SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k, rope_cp));
+  if (c.qk_layernorm) {
+    // q_norm / k_norm, then RoPE: one fused kernel on CUDA (kernels/attention/qk_norm_rope.h).
+    SY_RETURN_IF_ERROR(kernels::QkNormRopeForward(s, {q_lin, L.w_qn, q, Rows(L.q_rstd, t * hq)},
+                                                  {k_lin, L.w_kn, k, Rows(L.k_rstd, t * hkv)}, eps,
+                                                  seq_len, base, rope_cp));
+  } else {
+    SY_RETURN_IF_ERROR(kernels::RopeForward(s, q, seq_len, base, q, rope_cp));
+    SY_RETURN_IF_ERROR(kernels::RopeForward(s, k, seq_len, base, k, rope_cp));
+  }
   phase.Next("attention");
   if (c.cp_size > 1) {
     SY_RETURN_IF_ERROR(CpAttentionForward(s, L, b, seq_len));
@@ -1386,15 +1390,14 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   PhaseSequence qkv_phase(s);  // its parts, nested (--breakdown); closes before `phase`
   qkv_phase.Next("rope_qk_norm");
   const kernels::RopeCp rope_cp{c.cp_size, c.cp_rank};
-  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq, rope_cp));
-  SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk, rope_cp));
   if (c.qk_layernorm) {
-    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(
-        s, Reshape(dq, {t * hq, d}), Reshape(Rows(L.q_pre, t), {t * hq, d}), L.w_qn,
-        Rows(L.q_rstd, t * hq), Reshape(dq, {t * hq, d}), L.g_qn, true, rms_ws_));
-    SY_RETURN_IF_ERROR(kernels::RmsNormBackward(
-        s, Reshape(dk, {t * hkv, d}), Reshape(Rows(L.k_pre, t), {t * hkv, d}), L.w_kn,
-        Rows(L.k_rstd, t * hkv), Reshape(dk, {t * hkv, d}), L.g_kn, true, rms_ws_));
+    SY_RETURN_IF_ERROR(kernels::QkNormRopeBackward(
+        s, {Rows(L.q_pre, t), L.w_qn, Rows(L.q_rstd, t * hq), dq, L.g_qn},
+        {Rows(L.k_pre, t), L.w_kn, Rows(L.k_rstd, t * hkv), dk, L.g_kn}, seq_len, base, rms_ws_,
+        rope_cp));
+  } else {
+    SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dq, seq_len, base, dq, rope_cp));
+    SY_RETURN_IF_ERROR(kernels::RopeBackward(s, dk, seq_len, base, dk, rope_cp));
   }
   const Tensor dq2 = Reshape(dq, {t, hq * d}), dk2 = Reshape(dk, {t, hkv * d});
   const Tensor dv2 = Reshape(dv, {t, hkv * d});
