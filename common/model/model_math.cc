@@ -278,36 +278,48 @@ StageParamElements StageLayoutElements(const ModelShape& m, const v1::Mapping& m
   const Dims z = DimsOf(mapping);
   const int64_t h = m.hidden_size, d = m.head_dim, tp = z.tp;
   StageParamElements s;
+  // With TP the TP-sharded dense tensors (q/k/v/o, the MLPs, the vocabulary-parallel embedding and
+  // output layer) form a region of their own, padded on its own (MakeGptParamLayout): it has its
+  // own optimizer instance.
+  int64_t sharded = 0;
+  auto dense = [&](int64_t elements, bool tp_sharded) {
+    s.dense += elements;
+    if (tp_sharded && tp > 1) sharded += elements;
+  };
   for (int64_t l : StageLayerIndices(m, z.pp, stage)) {
-    s.dense += 2 * Align64(h);                            // input and post-attention norms
-    if (m.qk_layernorm) s.dense += 2 * Align64(d);        // q_norm, k_norm
-    s.dense += 2 * Align64(m.num_heads * d / tp * h);     // q, o
-    s.dense += 2 * Align64(m.num_kv_heads * d / tp * h);  // k, v
+    dense(2 * Align64(h), false);                           // input and post-attention norms
+    if (m.qk_layernorm) dense(2 * Align64(d), false);       // q_norm, k_norm
+    dense(2 * Align64(m.num_heads * d / tp * h), true);     // q, o
+    dense(2 * Align64(m.num_kv_heads * d / tp * h), true);  // k, v
     if (m.is_moe(l)) {
       const int64_t local = m.num_experts / z.ep, fe = m.moe_ffn_hidden_size / z.etp;
-      s.dense += Align64(m.num_experts * h);  // router
+      dense(Align64(m.num_experts * h), false);  // router
       s.expert += Align64(local * h * 2 * fe) + Align64(local * fe * h);
       if (m.shared_ffn_size > 0) {
         // Split over TP like the dense MLP (fc1 [H, 2S/TP], fc2 [S/TP, H]); the gate is whole.
         const int64_t ssh = m.shared_ffn_size / tp;
-        s.dense += Align64(h * 2 * ssh) + Align64(ssh * h);
-        if (m.shared_expert_gate) s.dense += Align64(h);
+        dense(Align64(h * 2 * ssh) + Align64(ssh * h), true);
+        if (m.shared_expert_gate) dense(Align64(h), false);
       }
     } else {
-      s.dense += Align64(2 * m.ffn_hidden_size / tp * h) + Align64(h * m.ffn_hidden_size / tp);
+      dense(Align64(2 * m.ffn_hidden_size / tp * h) + Align64(h * m.ffn_hidden_size / tp), true);
     }
   }
   // The embedding and the output layer are vocabulary-parallel: V/TP rows on every TP rank.
   const int64_t vocab = Align64(m.vocab_size / tp * h);
   if (z.pp == 1) {
-    s.dense += vocab * (m.untie_embeddings ? 2 : 1) + Align64(h);
+    dense(vocab * (m.untie_embeddings ? 2 : 1), true);
+    dense(Align64(h), false);  // final norm
   } else if (stage == 0) {
-    s.dense += vocab;
+    dense(vocab, true);
   } else if (stage == z.pp - 1) {
-    s.dense += vocab + Align64(h);
+    dense(vocab, true);
+    dense(Align64(h), false);
   }
+  s.dense_tp_sharded = sharded;
   s.expert_padded = RoundUpTo(s.expert, 64 * z.edp);
-  s.dense_padded = RoundUpTo(s.dense, 64 * z.dp * z.cp);
+  const int64_t multiple = 64 * z.dp * z.cp;
+  s.dense_padded = RoundUpTo(sharded, multiple) + RoundUpTo(s.dense - sharded, multiple);
   return s;
 }
 
@@ -390,9 +402,11 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   if (world == 1 || !mapping.use_distributed_optimizer()) {
     out.optimizer_states = 3 * g * n + norm_scratch;
   } else {
-    out.optimizer_states = 20.0 * (static_cast<double>(p.dense_padded) / (z.dp * z.cp) +
-                                   static_cast<double>(p.expert_padded) / z.edp) +
-                           norm_scratch * (p.expert_padded > 0 ? 3 : 2);
+    out.optimizer_states =
+        20.0 * (static_cast<double>(p.dense_padded) / (z.dp * z.cp) +
+                static_cast<double>(p.expert_padded) / z.edp) +
+        // the trainer's, the dense, the TP-sharded and the expert instance's
+        norm_scratch * (2 + (p.dense_tp_sharded > 0 ? 1 : 0) + (p.expert_padded > 0 ? 1 : 0));
     // Trainer::Create initialises the shards directly (the initial values go through the fp32
     // gradient buffer): no full-size transient.
     out.create_transient = 0;
@@ -571,7 +585,9 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   const double n_moe = static_cast<double>(m.num_moe_layers());
   head += st * z.m + r * z.m * n_moe * (m.moe_aux_terms + 1) + 4 * z.m * n_moe * e;
   head += 8 * n_moe * e;  // expert bias and local token counts
-  head += 8 * t;          // ids and targets
+  // ids and targets: on CUDA this rank's t tokens on the device; on the CPU the host staging of
+  // the micro-batch's whole samples (Trainer::LoadMicroBatch slices them to the CP rank in place).
+  head += 8 * (o.cuda ? t : t * z.cp);
   if (z.pp > 1) {
     // The trainer's pipeline receive buffers (a stage's input and its output's gradient,
     // [t/TP, H]), with VPP > 1 plus the interleaved step's message buffers the stage holds at once

@@ -126,10 +126,12 @@ double StageTrainingFlopsPerToken(const ModelShape& m, int64_t pp, int64_t stage
 // ([s·L/PP, (s+1)·L/PP) without an uneven layout; StageLayerIndices below); PP = 1: embedding +
 // final norm (+ output when untied); PP > 1: embedding on the first stage, final norm + output (or
 // the tied copy) on the last. `*_padded`: the regions as the layout pads them for the distributed
-// optimizer (dense to 64·DP·CP, expert to 64·EDP elements). Preconditions: mapping sizes positive
+// optimizer (dense to 64·DP·CP, with TP its TP-sharded and its replicated part each; expert to
+// 64·EDP elements). Preconditions: mapping sizes positive
 // and dividing the model (as validate.h checks), 0 <= stage < PP.
 struct StageParamElements {
   int64_t dense = 0, expert = 0;
+  int64_t dense_tp_sharded = 0;  // of `dense`, the TP-sharded tensors' (0 without TP)
   int64_t dense_padded = 0, expert_padded = 0;
   int64_t total() const { return dense_padded + expert_padded; }
 };

@@ -234,19 +234,20 @@ TEST(PlannerTest, HandComputedPipelineAcrossNodes) {
   //   (255,404,104 while every stage built the loss, which made stage 0 the reported one).
   // Stage 1: N = 18,885,632 + 6,291,456 = 25,177,088; weights 2N = 50,354,176; gradients 4N =
   //   100,708,352.
-  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 3 norm
-  //   scratches 24,612 = 20 * 15,734,272 + 24,612 = 314,710,052. (A replicated optimizer,
-  //   12N + 8,204 = 302,133,260, would be less here: the worker shards anyway.)
+  // optimizer (distributed): 20 * (18,885,632 / (DP 2 * CP 1) + 6,291,456 / EDP 1) + 4 norm
+  //   scratches (the trainer's and the dense, TP-sharded and expert instances') 32,816 =
+  //   20 * 15,734,272 + 32,816 = 314,718,256 (314,710,052 with 3, which left out the TP-sharded
+  //   instance: the TP folds' 8,204 B). (A replicated optimizer, 12N + 8,204 = 302,133,260,
+  //   would be less here: the worker shards anyway.)
   // runtime: rank 0's groups tp [0,1], dp_cp [0,2], tp_dp_cp [0..3] (= ep = etp_ep: shared),
   //   pp [0,4], etp_ep_pp = the world; world + those 4 + grad_world + grad_dp_cp = 7
   //   communicators; peers: the all-to-all over EP 4, 3, and the pipeline's 1: 128 + 2192 +
   //   7*46 + 4*391 = 4206 MiB = 4,410,310,656 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
-  // total = 50,354,176 + 100,708,352 + 314,710,052 + 217,975,224 + 4,410,310,656
-  //   = 5,094,058,460 (was 5,095,107,036; also the peak during Create, which holds no full copy;
-  //   fits 80 GiB).
-  //   Stage 0: 50,352,128 + 100,704,256 + 314,699,812 + 144,757,832 + 4,410,310,656 =
-  //   5,020,824,684.
-  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314710052, 217975224, 5094058460.0});
+  // total = 50,354,176 + 100,708,352 + 314,718,256 + 217,975,224 + 4,410,310,656
+  //   = 5,094,066,664 (also the peak during Create, which holds no full copy; fits 80 GiB).
+  //   Stage 0: 50,352,128 + 100,704,256 + 314,708,016 + 144,757,832 + 4,410,310,656 =
+  //   5,020,832,888.
+  ExpectMemory(plan->best().memory(), {50354176, 100708352, 314718256, 217975224, 5094066664.0});
   // Groups (order tp-cp-ep-dp-pp, 4 GPUs per node): TP [0,1], DP [0,2], EP [0..3] are in one
   // node (1e11); PP [0,4] spans nodes (1e10).
   // Per stage (its own layers; the LM head on the last): FLOPs/token stage 0 = 3 * 23,085,056
@@ -406,14 +407,15 @@ TEST(PlannerTest, HandComputedExpertTensorParallelMixedLayers) {
   //     while every stage built the loss, which made stage 0 the reported one).
   // Stage 1: N = 25,700,352 + 1,572,864 = 27,273,216; weights 2N = 54,546,432; gradients 4N =
   //   109,092,864;
-  // optimizer 20 * (25,700,352 / 2 + 1,572,864 / 1) + 24,612 = 288,485,412.
+  // optimizer 20 * (25,700,352 / 2 + 1,572,864 / 1) + 4 norm scratches 32,816 = 288,493,616
+  //   (case B).
   // runtime: rank 0's groups tp [0,1] (= etp), dp_cp [0,2] (= ep), tp_dp_cp [0..3] (= etp_ep),
   //   pp [0,4], etp_ep_pp = the world; world + 4 + grad_world + grad_dp_cp = 7 communicators;
   //   peers: all-to-all over EP 2, 1, and the pipeline's 1: 128 + 2192 + 7*46 + 2*391 =
   //   3424 MiB = 3,590,324,224 (before: 5 * 1.5 GiB + 128 MiB = 8,187,281,408).
-  // total = 54,546,432 + 109,092,864 + 288,485,412 + 191,821,432 + 3,590,324,224
-  //       = 4,234,270,364 (was 4,235,318,940; stage 0: 4,199,627,876).
-  ExpectMemory(plan->best().memory(), {54546432, 109092864, 288485412, 191821432, 4234270364.0});
+  // total = 54,546,432 + 109,092,864 + 288,493,616 + 191,821,432 + 3,590,324,224
+  //       = 4,234,278,568 (stage 0: 4,199,636,080).
+  ExpectMemory(plan->best().memory(), {54546432, 109092864, 288493616, 191821432, 4234278568.0});
   // FLOPs/token forward: attention 8,388,608 + core 2,097,152 per layer, x4 = 41,943,040;
   // dense MLP 2*3*1024*2048 = 12,582,912, x2 = 25,165,824; MoE router 8192 + experts
   // 2*2*3*1024*512 = 6,291,456 + shared 2*3*1024*1024 = 6,291,456 + gate 2048 = 12,593,152, x2 =

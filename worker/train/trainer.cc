@@ -509,12 +509,14 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
       SY_ASSIGN_OR_RETURN(embedding_grad_peer_, Buffer::ForTensor(g.dtype, g.shape, device));
     }
   }
-  const int64_t t = micro_batch_ * seq_;
+  // The host staging holds the micro-batch's whole samples (LoadMicroBatch slices them to this
+  // CP rank's tokens in place); the device copies hold only this rank's tokens.
+  const int64_t t = micro_batch_ * seq_, t_local = micro_batch_ * local_seq_;
   SY_ASSIGN_OR_RETURN(host_ids_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
   SY_ASSIGN_OR_RETURN(host_targets_, Buffer::ForTensor(DType::kI32, {t}, Device::Cpu()));
   if (device.is_cuda()) {
-    SY_ASSIGN_OR_RETURN(ids_, Buffer::ForTensor(DType::kI32, {t}, device));
-    SY_ASSIGN_OR_RETURN(targets_, Buffer::ForTensor(DType::kI32, {t}, device));
+    SY_ASSIGN_OR_RETURN(ids_, Buffer::ForTensor(DType::kI32, {t_local}, device));
+    SY_ASSIGN_OR_RETURN(targets_, Buffer::ForTensor(DType::kI32, {t_local}, device));
   }
   return absl::OkStatus();
 }
