@@ -120,6 +120,11 @@ absl::Status QkNormRopeBackward(const Stream& stream, const QkNormRopeGradSide& 
                        "] f32 or the dtype of w, got ", s->dw.DebugString()));
     }
   }
+  if (q.dw.numel() > 0 && q.dw.data == k.dw.data) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": q.dw and k.dw must be different buffers (each side accumulates its own), got ",
+        q.dw.DebugString(), " twice"));
+  }
   if (q.dw.dtype != k.dw.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": q.dw (", q.dw.DebugString(),
                                                    ") and k.dw (", k.dw.DebugString(),

@@ -10,7 +10,8 @@
 // stores: so out, rstd and the gradient of pre equal the composed CUDA path bit for bit.
 // Backward: the rotation by -theta, then the norm's backward; each lane keeps its columns' dw
 // partial sums (q and k) in registers, the block adds its row groups' partials in order into
-// workspace [2, blocks, D], and a second kernel sums those over blocks in ascending order into dw.
+// workspace [2, blocks, D], and a second kernel sums those over blocks into dw (one warp per
+// column: lane l adds blocks l, l + 32, ... in order, then a fixed butterfly; deterministic).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -338,7 +339,9 @@ bool QkNormRopeFusable(const Tensor& q, const Tensor& k,
   if (d % vec != 0) return false;
   const int64_t lanes = d / vec;
   if (lanes < 2 || lanes > 32 || (lanes & (lanes - 1)) != 0) return false;
-  if (q.dim(1) + k.dim(1) > 0x7fffffff) return false;
+  // A block iteration's rows, TokensPerIter (at most 32) tokens of hq + hkv heads, are counted in
+  // int: larger head counts take the composed path.
+  if (32 * (q.dim(1) + k.dim(1)) > 0x7fffffff) return false;
   for (const void* p : pointers) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   }

@@ -51,7 +51,7 @@ struct QkNormRopeGradSide {
   Tensor w;
   Tensor rstd;
   Tensor grad;  // [T, heads, D]: in, the gradient of out; overwritten with the gradient of pre
-  Tensor dw;    // [D] f32 or the dtype of w: dw += this call's contribution
+  Tensor dw;    // [D] f32 or the dtype of w: dw += this call's contribution; q's and k's distinct
 };
 
 // Bytes of CUDA workspace QkNormRopeBackward needs for T tokens of hq q heads and hkv k heads of

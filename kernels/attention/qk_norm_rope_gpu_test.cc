@@ -1,9 +1,10 @@
 // The fused CUDA QK-norm + RoPE against (a) the composed CUDA path (RmsNorm then RoPE, the
 // backward in reverse) — out, rstd and the gradients of pre bit for bit, dw (another summation
 // order) to 1e-5 — and (b) the CPU reference, tolerance 1e-5 for f32 and 1e-2 for bf16
-// (DESIGN.md). Fresh random inputs, poisoned outputs, random dw to accumulate into; uneven head
-// counts, several sequences, context parallelism, and shapes the fused kernels refuse (the
-// composed path then runs on CUDA, so (a) holds trivially and (b) is the check).
+// (DESIGN.md). Fresh random inputs, poisoned outputs, random dw (f32, and once bf16) to accumulate
+// into; uneven head counts, several sequences, context parallelism, the forward in place, and
+// shapes the fused kernels refuse (asserted: the composed path then runs on CUDA, so (a) holds
+// trivially and (b) is the check).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -45,14 +46,15 @@ struct Side {
   Buffer pre, w, rstd, out, grad, dw;  // host
 };
 
-Side MakeSide(DType dt, int64_t t_n, int64_t heads, int64_t d, std::mt19937_64& rng) {
+Side MakeSide(DType dt, int64_t t_n, int64_t heads, int64_t d, std::mt19937_64& rng,
+              DType dw_dtype = DType::kF32) {
   Side s;
   s.pre = Buffer::ForTensor(dt, {t_n, heads, d}, Device::Cpu()).value();
   s.w = Buffer::ForTensor(dt, {d}, Device::Cpu()).value();
   s.rstd = Buffer::ForTensor(DType::kF32, {t_n * heads}, Device::Cpu()).value();
   s.out = Buffer::ForTensor(dt, {t_n, heads, d}, Device::Cpu()).value();
   s.grad = Buffer::ForTensor(dt, {t_n, heads, d}, Device::Cpu()).value();
-  s.dw = Buffer::ForTensor(DType::kF32, {d}, Device::Cpu()).value();
+  s.dw = Buffer::ForTensor(dw_dtype, {d}, Device::Cpu()).value();
   testing::FillRandom(s.pre.View(), rng, 2.0f);
   testing::FillRandom(s.w.View(), rng);
   testing::FillRandom(s.grad.View(), rng);
@@ -89,6 +91,7 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
   struct Case {
     int64_t t_n, hq, hkv, d, s_len;
     RopeCp cp = {};
+    bool bf16_dw = false;  // dw in w's dtype (the bf16 runs only)
   };
   const std::vector<Case> cases = {
       {8192, 12, 4, 128, 4096},  // the benchmark model's micro-batch
@@ -99,21 +102,26 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
       {50, 2, 2, 72, 25},                     // D = 72: refused (9 / 18 lanes), composed on CUDA
       {2048, 8, 2, 128, 1024, RopeCp{4, 1}},  // context parallelism
       {96, 4, 2, 64, 48, RopeCp{2, 1}},
+      {512, 6, 2, 128, 256, {}, /*bf16_dw=*/true},
   };
   const float eps = 1e-6f, base = 1e6f;
   for (const Case& c : cases) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
-      std::printf("QkNormRope T=%lld hq=%lld hkv=%lld D=%lld S=%lld CP %lld/%lld %s\n",
+      if (c.bf16_dw && dt != DType::kBF16) continue;
+      const DType dw_dt = c.bf16_dw ? DType::kBF16 : DType::kF32;
+      std::printf("QkNormRope T=%lld hq=%lld hkv=%lld D=%lld S=%lld CP %lld/%lld %s, dw %s\n",
                   (long long)c.t_n, (long long)c.hq, (long long)c.hkv, (long long)c.d,
-                  (long long)c.s_len, (long long)c.cp.rank, (long long)c.cp.size, DTypeName(dt));
-      Side q = MakeSide(dt, c.t_n, c.hq, c.d, rng), k = MakeSide(dt, c.t_n, c.hkv, c.d, rng);
+                  (long long)c.s_len, (long long)c.cp.rank, (long long)c.cp.size, DTypeName(dt),
+                  DTypeName(dw_dt));
+      Side q = MakeSide(dt, c.t_n, c.hq, c.d, rng, dw_dt);
+      Side k = MakeSide(dt, c.t_n, c.hkv, c.d, rng, dw_dt);
       // CPU reference (the composed ops).
       Buffer q_grad_ref = Buffer::ForTensor(dt, q.grad.View().shape, Device::Cpu()).value();
       Buffer k_grad_ref = Buffer::ForTensor(dt, k.grad.View().shape, Device::Cpu()).value();
       std::memcpy(q_grad_ref.View().data, q.grad.View().data, q.grad.View().bytes());
       std::memcpy(k_grad_ref.View().data, k.grad.View().data, k.grad.View().bytes());
-      Buffer q_dw_ref = Buffer::ForTensor(DType::kF32, {c.d}, Device::Cpu()).value();
-      Buffer k_dw_ref = Buffer::ForTensor(DType::kF32, {c.d}, Device::Cpu()).value();
+      Buffer q_dw_ref = Buffer::ForTensor(dw_dt, {c.d}, Device::Cpu()).value();
+      Buffer k_dw_ref = Buffer::ForTensor(dw_dt, {c.d}, Device::Cpu()).value();
       std::memcpy(q_dw_ref.View().data, q.dw.View().data, q.dw.View().bytes());
       std::memcpy(k_dw_ref.View().data, k.dw.View().data, k.dw.View().bytes());
       ASSERT_TRUE(QkNormRopeForward(cpu, {q.pre.View(), q.w.View(), q.out.View(), q.rstd.View()},
@@ -131,8 +139,16 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
       Buffer ws = Buffer::Allocate(Device::Cuda(0), static_cast<size_t>(ws_bytes)).value();
       // Fused (the op) and composed (the two CUDA ops by hand).
       DeviceSide fq = ToDevice(q), fk = ToDevice(k), cq = ToDevice(q), ck = ToDevice(k);
-      const bool fused = internal::QkNormRopeFusable(fq.pre.View(), fk.pre.View(), {});
+      // The fused kernels must take every shape here but D = 72 and f32 at D = 256 (64 lanes),
+      // asked with the op's own pointers: else "fused == composed" would compare the composed
+      // path with itself.
+      const bool fused =
+          internal::QkNormRopeFusable(fq.pre.View(), fk.pre.View(),
+                                      {fq.pre.View().data, fq.w.View().data, fq.out.View().data,
+                                       fk.pre.View().data, fk.w.View().data, fk.out.View().data});
+      const bool expect_fused = c.d != 72 && !(c.d == 256 && dt == DType::kF32);
       std::printf("  fused kernels: %s\n", fused ? "yes" : "no (composed path)");
+      EXPECT_EQ(fused, expect_fused);
       ASSERT_TRUE(QkNormRopeForward(gpu,
                                     {fq.pre.View(), fq.w.View(), fq.out.View(), fq.rstd.View()},
                                     {fk.pre.View(), fk.w.View(), fk.out.View(), fk.rstd.View()},
@@ -165,6 +181,18 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
         const Buffer* dw_ref;
       } sides[] = {{"q", &fq, &cq, &q, &q_grad_ref, &q_dw_ref},
                    {"k", &fk, &ck, &k, &k_grad_ref, &k_dw_ref}};
+      // In place (out aliases pre): the same bits as out of place.
+      DeviceSide iq = ToDevice(q), ik = ToDevice(k);
+      ASSERT_TRUE(QkNormRopeForward(gpu,
+                                    {iq.pre.View(), iq.w.View(), iq.pre.View(), iq.rstd.View()},
+                                    {ik.pre.View(), ik.w.View(), ik.pre.View(), ik.rstd.View()},
+                                    eps, c.s_len, base, c.cp)
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(DifferentElements(Download(iq.pre), Download(fq.out)), 0) << "q in place";
+      EXPECT_EQ(DifferentElements(Download(ik.pre), Download(fk.out)), 0) << "k in place";
+      // bf16 dw: one rounding of (dw + this call's sum) whose summation order differs.
+      const double dw_tol = c.bf16_dw ? 1e-2 : 1e-5;
       for (const auto& s : sides) {
         SCOPED_TRACE(s.what);
         const Buffer out = Download(s.f->out), rstd = Download(s.f->rstd);
@@ -172,7 +200,7 @@ TEST(QkNormRopeGpuTest, FusedMatchesComposedBitwiseAndCpuReference) {
         EXPECT_EQ(DifferentElements(out, Download(s.c->out)), 0) << "out vs composed";
         EXPECT_EQ(DifferentElements(rstd, Download(s.c->rstd)), 0) << "rstd vs composed";
         EXPECT_EQ(DifferentElements(grad, Download(s.c->grad)), 0) << "grad vs composed";
-        ExpectClose(dw.View(), Download(s.c->dw).View(), 1e-5, "dw vs composed");
+        ExpectClose(dw.View(), Download(s.c->dw).View(), dw_tol, "dw vs composed");
         ExpectClose(out.View(), s.host->out.View(), tol, "out vs CPU");
         ExpectClose(rstd.View(), s.host->rstd.View(), 1e-5, "rstd vs CPU");
         ExpectClose(grad.View(), s.grad_ref->View(), tol, "grad vs CPU");

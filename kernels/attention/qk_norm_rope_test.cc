@@ -163,6 +163,11 @@ TEST(QkNormRopeTest, BadArgumentsAreRefusedNamingTheField) {
                    {k.pre.View(), k.w.View(), k.rstd.View(), k.out.View(), dw_f64.View()}, 4, 1e4f,
                    Tensor()),
                "must share a dtype");
+  expect_error(QkNormRopeBackward(
+                   cpu, {q.pre.View(), q.w.View(), q.rstd.View(), q.out.View(), dw_f64.View()},
+                   {k.pre.View(), k.w.View(), k.rstd.View(), k.out.View(), dw_f64.View()}, 4, 1e4f,
+                   Tensor()),
+               "q.dw and k.dw must be different buffers");
 }
 
 TEST(QkNormRopeTest, WorkspaceCoversTheFusedAndTheComposedPath) {
