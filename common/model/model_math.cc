@@ -563,10 +563,13 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += st * (t - tr);  // the lse of all t tokens (every stage; tr of them counted above)
   if (o.cuda) {
     auto rms_ws = [](double rows, double width) { return std::min(rows, 256.0) * width * 4; };
-    // RMSNorm backward; with QK-norm also the fused QK-norm + RoPE backward's 2 · min(t, 1024)
-    // rows of D partial sums (kernels/attention/qk_norm_rope.h), in the same workspace.
-    const double qk_ws = m.qk_layernorm ? 2 * std::min(t, 1024.0) * d * 4 : 0.0;
-    head += std::max({rms_ws(tr, h), rms_ws(tr * hq, d), qk_ws});
+    // One workspace for the hidden-size norms' backward and, with QK-norm, the QK-norm + RoPE
+    // backward (QkNormRopeBackwardWorkspaceBytes: the fused kernels' 2 · min(t, 1024) rows of D
+    // partial sums, or the composed path's per-head norm; kernels/attention/qk_norm_rope.h).
+    const double qk_ws = m.qk_layernorm ? std::max(2 * std::min(t, 1024.0) * d * 4,
+                                                   rms_ws(tr * std::max(hq, hkv), d))
+                                        : 0.0;
+    head += std::max(rms_ws(tr, h), qk_ws);
     head += 4 * ((vl + 1) + vl + 2 * t);  // embedding backward
   }
   if (z.tp > 1) {

@@ -815,10 +815,11 @@ absl::Status GptModel::Build(int64_t max_micro_batch, int64_t max_micro_batches)
     SY_ASSIGN_OR_RETURN(da_, Alloc(dt, {t, f}));
   }
   if (device_.is_cuda()) {
+    // The hidden-size norms' backward; with QK-norm the QK-norm + RoPE backward (which covers its
+    // per-head norm): the only per-head norm there is.
     const int64_t rms_bytes = std::max(
-        {kernels::RmsNormBackwardWorkspaceBytes(tl, h),
-         kernels::RmsNormBackwardWorkspaceBytes(t * hq, d),
-         c.qk_layernorm ? kernels::QkNormRopeBackwardWorkspaceBytes(t, hq, hkv, d) : int64_t{0}});
+        kernels::RmsNormBackwardWorkspaceBytes(tl, h),
+        c.qk_layernorm ? kernels::QkNormRopeBackwardWorkspaceBytes(t, hq, hkv, d) : int64_t{0});
     SY_ASSIGN_OR_RETURN(rms_ws_, Alloc(DType::kU8, {rms_bytes}));
     SY_ASSIGN_OR_RETURN(
         emb_ws_,
