@@ -498,9 +498,10 @@ TEST(MemoryEstimateTest, FoldExpertTensorTwoExpertTwo) {
 // 5 % of CheckRanks): the stage's layers, one slot of activations and MoE layers per micro-batch
 // alive at once (PipelineAliveMicroBatches, the count the trainer sizes its slots by: 1F1B
 // min(PP − s, m); interleaved more, on the last stage too), each chunk's residual stream, the
-// embedding on the first stage and the LM head on the last, the receive buffers and with VPP > 1
-// the interleaved step's message buffers (PipelineReceiveBuffers, the trainer's pool). One slot
-// of these models is hundreds of KB and one message buffer 32 KB.
+// embedding on the first stage and the LM head on the last, the receive buffers and the
+// message-buffer pool (PipelinePoolBuffers: the interleaved step's receives, and evaluation's,
+// 1 on every later stage even at VPP 1; the trainer allocates the pool at Init). One slot of
+// these models is hundreds of KB and one message buffer 32 KB.
 void CheckPipelineStages(const std::string& name, int world, int ep, const Fold& fold) {
   std::vector<Measured> measured;
   CheckRanks(name, world, ep, 1, "", fold, kFoldTolerance, &measured);
@@ -516,7 +517,7 @@ void CheckPipelineStages(const std::string& name, int world, int ep, const Fold&
     v1::MemoryEstimate proto;
     const double estimate = EstimateStage(spec, stage, &proto).total();
     const int64_t slots = *PipelineAliveMicroBatches(fold.pp, stage, fold.vpp, m);
-    const int64_t messages = *PipelineReceiveBuffers(fold.pp, stage, fold.vpp, m);
+    const int64_t messages = *PipelinePoolBuffers(fold.pp, stage, fold.vpp, m);
     std::printf(
         "%s, rank %d (stage %lld): %lld micro-batches alive (1F1B's rule: %lld), %lld message "
         "buffers; measured %.0f B, estimated %.0f B (%+.0f B)\n",

@@ -593,11 +593,11 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
   head += 8 * (o.cuda ? t : t * z.cp);
   if (z.pp > 1) {
     // The trainer's pipeline receive buffers (a stage's input and its output's gradient,
-    // [t/TP, H]), with VPP > 1 plus the interleaved step's message buffers the stage holds at once
-    // (pipeline_schedule.h PipelineReceiveBuffers: the trainer's pool grows to them in the first
-    // step) and, with a tied embedding, the other end's embedding gradient [V/TP, H] on the first
-    // and the last stage (Trainer::SumSharedEmbeddingGrad).
-    const absl::StatusOr<int64_t> messages = PipelineReceiveBuffers(z.pp, stage, vpp, z.m);
+    // [t/TP, H]), plus its message-buffer pool (pipeline_schedule.h PipelinePoolBuffers, the
+    // trainer allocates exactly those: the interleaved step's and evaluation's receives) and,
+    // with a tied embedding, the other end's embedding gradient [V/TP, H] on the first and the
+    // last stage (Trainer::SumSharedEmbeddingGrad).
+    const absl::StatusOr<int64_t> messages = PipelinePoolBuffers(z.pp, stage, vpp, z.m);
     head += (2 + static_cast<double>(messages.ok() ? *messages : 0)) * a * tr * h;
     if (!m.untie_embeddings && (stage == 0 || last)) head += g * vl * h;
   }

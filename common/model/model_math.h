@@ -282,10 +282,10 @@ double RuntimeBytes(const ModelShape& m, const v1::Mapping& mapping);
 //               sums a·t·H each (+ a permuted copy a·t·H when mbs > 1) and the ids mapped to this
 //               rank's vocabulary rows 4t. CP > 1: the K/V gather buffers, 5 of mbs·S rows
 //               (gathered, whole K, V, dK, dV) and 2 of S rows (partial dK, dV), each row
-//               a·(Hkv/TP)·D. PP > 1: the pipeline receive buffers 2a·t·H/TP (with VPP > 1
-//               plus PipelineReceiveBuffers more: the interleaved step's message buffers the
-//               stage holds at once), and with a tied embedding on the first and the last stage
-//               the other stage's embedding gradient g·Vl·H.
+//               a·(Hkv/TP)·D. PP > 1: the pipeline receive buffers 2a·t·H/TP plus the trainer's
+//               message-buffer pool, PipelinePoolBuffers of a·t·H/TP (the interleaved step's and
+//               evaluation's receives), and with a tied embedding on the first and the last
+//               stage the other stage's embedding gradient g·Vl·H.
 //   runtime     EngineMemoryOptions::runtime_bytes.
 //   create_transient: 0. (A distributed trainer used to hold the full fp32 master, exp_avg and
 //               exp_avg_sq, 12·N, during Create before sharding; it now initialises the shards

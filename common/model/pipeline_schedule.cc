@@ -237,4 +237,33 @@ int64_t PipelineReceiveBuffers(const std::vector<PipelineRound>& program, int64_
   return static_cast<int64_t>(most);
 }
 
+int64_t PipelineForwardOnlyBuffers(const std::vector<PipelineRound>& program, int64_t stage) {
+  // Trainer::PipelineForwardOnly: a round's op frees its input after its forward, then the round's
+  // messages to this stage each take a buffer.
+  std::set<std::pair<int64_t, int64_t>> held;  // (micro, chunk)
+  size_t most = 0;
+  for (const PipelineRound& round : program) {
+    if (stage < 0 || stage >= static_cast<int64_t>(round.ops.size())) return 0;
+    if (round.has_op[stage]) held.erase({round.ops[stage].micro, round.ops[stage].chunk});
+    for (const PipelineMessage& m : round.messages) {
+      if (m.to != stage) continue;
+      held.insert({m.micro, m.chunk});
+      most = std::max(most, held.size());
+    }
+  }
+  return static_cast<int64_t>(most);
+}
+
+absl::StatusOr<int64_t> PipelinePoolBuffers(int64_t pp, int64_t stage, int64_t vpp,
+                                            int64_t num_micro) {
+  if (absl::Status st = CheckArguments(pp, stage, vpp, num_micro); !st.ok()) return st;
+  if (pp == 1) return 0;
+  absl::StatusOr<int64_t> step = PipelineReceiveBuffers(pp, stage, vpp, num_micro);
+  if (!step.ok()) return step.status();
+  absl::StatusOr<std::vector<PipelineRound>> eval =
+      PipelineProgram(pp, vpp, std::min(num_micro, 2 * pp), /*forward_only=*/true);
+  if (!eval.ok()) return eval.status();
+  return std::max(*step, PipelineForwardOnlyBuffers(*eval, stage));
+}
+
 }  // namespace switchyard

@@ -138,20 +138,36 @@ absl::StatusOr<int64_t> PipelineAliveMicroBatches(int64_t pp, int64_t stage, int
 // received activation from the round of its message until its forward, a received gradient until
 // its backward, and on the last stage the head chunk's input gradient from its forward (which
 // takes that buffer before it frees its input) until its backward has sent it (after the round's
-// receives). The trainer keeps them in a pool that grows to this count in the first step and is
-// held from then on, beside its two buffers of the 1F1B step (0 for vpp 1: that step uses only
-// those two). Computed on PipelineProgram(pp, vpp, min(num_micro, 2·PP)), which keeps the cost
-// independent of M: the count is the same for every M >= 2·PP (warm-up and cool-down are alike
-// from there and the steady rounds repeat; pipeline_schedule_test checks M up to 10·PP for
-// PP 2..8, VPP 2..4); e.g.
-// PP 2·VPP 2: 1 on stage 0, 4 on stage 1; PP 4·VPP 2·M 8: 2, 2, 2, 5.
-// Errors: PipelineSchedule's argument rules.
+// receives). The trainer's pool holds at least this many (PipelinePoolBuffers, allocated at
+// Init), beside its two buffers of the 1F1B step (0 for vpp 1: that step uses only those two).
+// Computed on PipelineProgram(pp, vpp, min(num_micro, 2·PP)), which keeps the cost independent of
+// M: the count is the same for every M >= 2·PP (warm-up and cool-down are alike from there and the
+// steady rounds repeat; pipeline_schedule_test checks M up to 10·PP for PP 2..8, VPP 2..4); e.g. PP
+// 2·VPP 2: 1 on stage 0, 4 on stage 1; PP 4·VPP 2·M 8: 2, 2, 2, 5. Errors: PipelineSchedule's
+// argument rules.
 absl::StatusOr<int64_t> PipelineReceiveBuffers(int64_t pp, int64_t stage, int64_t vpp,
                                                int64_t num_micro);
 // The same count for `stage` of a training `program` of `vpp` chunks per stage (PipelineProgram's,
 // not forward-only), for any number of micro-batches.
 int64_t PipelineReceiveBuffers(const std::vector<PipelineRound>& program, int64_t vpp,
                                int64_t stage);
+
+// The forward-only program's receive buffers of `stage` (Trainer::PipelineForwardOnly: evaluation
+// at PP > 1, VPP 1 included): the most received activations it holds at once, each from the round
+// of its message until its forward. `program` is PipelineProgram(..., forward_only = true)'s.
+int64_t PipelineForwardOnlyBuffers(const std::vector<PipelineRound>& program, int64_t stage);
+
+// The ONE count of the trainer's pipeline message-buffer pool of `stage` ([t/TP, H] each, beside
+// its two 1F1B buffers): the larger of the training step's PipelineReceiveBuffers and the
+// forward-only program's PipelineForwardOnlyBuffers (evaluation runs through the same pool). The
+// trainer allocates exactly this many when it is created and never more (taking one more is an
+// internal error); the memory estimate counts them (model_math.h EstimateEngineMemory). Computed on
+// programs of min(num_micro, 2·PP) micro-batches, like PipelineReceiveBuffers (the forward-only
+// count is the same for every M >= 2·PP too: pipeline_schedule_test checks M up to 10·PP); 0 at
+// PP 1. E.g. PP 2·VPP 1: 1 on stage 1 (evaluation only), 0 on stage 0.
+// Errors: PipelineSchedule's argument rules.
+absl::StatusOr<int64_t> PipelinePoolBuffers(int64_t pp, int64_t stage, int64_t vpp,
+                                            int64_t num_micro);
 
 }  // namespace switchyard
 

@@ -375,6 +375,46 @@ TEST(PipelineScheduleTest, ReceiveBuffersOfTheInterleavedStep) {
   }
 }
 
+// PipelinePoolBuffers, the trainer's one pool count: the larger of the interleaved step's and the
+// forward-only program's receive buffers. By hand, the forward-only program hands a stage each
+// activation in the round before its forward (PP 2·VPP 1·M 2: round 0 F0 on stage 0 sends m0;
+// round 1 stage 1 runs F0 (freeing it) while stage 0's F1 sends m1; round 2 F1): 1 on every
+// stage that receives, 0 on stage 0 at VPP 1, so 1F1B's stages after the first hold 1 (evaluation
+// only) and interleaved ones their step's count. Capped programs give the whole step's count for
+// every M up to 10·PP; bad arguments give PipelineSchedule's errors.
+TEST(PipelineScheduleTest, PoolBuffersCoverTheStepAndEvaluation) {
+  auto fo = PipelineProgram(2, 1, 2, /*forward_only=*/true);
+  ASSERT_TRUE(fo.ok()) << fo.status();
+  EXPECT_EQ(PipelineForwardOnlyBuffers(*fo, 0), 0);
+  EXPECT_EQ(PipelineForwardOnlyBuffers(*fo, 1), 1);
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(*PipelinePoolBuffers(4, s, 1, 8), s == 0 ? 0 : 1);
+  std::vector<int64_t> pp4;
+  for (int64_t s = 0; s < 4; ++s) pp4.push_back(*PipelinePoolBuffers(4, s, 2, 8));
+  EXPECT_EQ(pp4, (std::vector<int64_t>{2, 2, 2, 5}));  // the step's (ReceiveBuffersOf...)
+  EXPECT_EQ(*PipelinePoolBuffers(1, 0, 1, 3), 0);
+  for (int64_t pp = 2; pp <= 8; ++pp) {
+    for (int64_t vpp = 1; vpp <= 4; ++vpp) {
+      for (int64_t m = pp; m <= 10 * pp; m += vpp == 1 ? 1 : pp) {
+        auto step = PipelineProgram(pp, vpp, m);
+        auto eval = PipelineProgram(pp, vpp, m, /*forward_only=*/true);
+        ASSERT_TRUE(step.ok() && eval.ok());
+        for (int64_t s = 0; s < pp; ++s) {
+          const int64_t want = std::max(vpp == 1 ? 0 : PipelineReceiveBuffers(*step, vpp, s),
+                                        PipelineForwardOnlyBuffers(*eval, s));
+          auto pool = PipelinePoolBuffers(pp, s, vpp, m);
+          ASSERT_TRUE(pool.ok()) << pool.status();
+          EXPECT_EQ(*pool, want) << "PP " << pp << " VPP " << vpp << " M " << m << " stage " << s;
+        }
+      }
+    }
+  }
+  for (auto [pp, stage, vpp, m] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+           {0, 0, 1, 4}, {2, 2, 1, 4}, {2, 0, 0, 4}, {4, 0, 1, 3}, {2, 0, 2, 5}}) {
+    EXPECT_EQ(PipelinePoolBuffers(pp, stage, vpp, m).status(),
+              PipelineSchedule(pp, stage, vpp, m).status());
+  }
+}
+
 // Runs all stages in lock step; returns the number of rounds, or -1 on a deadlock.
 int64_t Simulate(int64_t pp, int64_t vpp, int64_t m, std::vector<int64_t>* peak_alive) {
   std::vector<std::vector<PipelineOp>> ops(pp);

@@ -34,8 +34,8 @@
 //                common/model/pipeline_schedule.h, the count the trainer sizes its activation
 //                slots by: min(PP − s, m) under 1F1B, more under interleaved 1F1B and on its last
 //                stage too, e.g. PP2·VPP2·m 8: 4 and 3; with VPP every chunk keeps its own
-//                residual stream, and the interleaved step's message buffers,
-//                PipelineReceiveBuffers, are added; to the byte against the CPU engine, bench/
+//                residual stream, and the trainer's message-buffer pool,
+//                PipelinePoolBuffers, is added; to the byte against the CPU engine, bench/
 //                memory_estimate_test): per-layer saved activations and scratch (residual, norms,
 //                q/k/v/o, lse; dense SwiGLU), the MoE layers' router, dispatcher and expert buffers
 //                — the alltoall dispatcher sizes its receive side by the counts, estimated at its

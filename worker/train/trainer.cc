@@ -504,6 +504,13 @@ absl::Status Trainer::Init(const TrainerOptions& options) {
     const int64_t h = model_->config().hidden_size;
     SY_ASSIGN_OR_RETURN(pp_input_, Buffer::ForTensor(dtype, {tl, h}, device));
     SY_ASSIGN_OR_RETURN(pp_output_grad_, Buffer::ForTensor(dtype, {tl, h}, device));
+    // The message-buffer pool, whole from the start: the one count the memory estimate uses too
+    // (pipeline_schedule.h PipelinePoolBuffers: the training step's and evaluation's receives).
+    SY_ASSIGN_OR_RETURN(pp_pool_size_, PipelinePoolBuffers(pp_, pp_rank_, vpp_, num_micro_));
+    for (int64_t i = 0; i < pp_pool_size_; ++i) {
+      SY_ASSIGN_OR_RETURN(Buffer b, Buffer::ForTensor(dtype, {tl, h}, device));
+      pp_spare_.push_back(std::move(b));
+    }
     if (shared_embedding_) {
       SY_ASSIGN_OR_RETURN(const Tensor g, model_->Grad("embedding.weight"));
       SY_ASSIGN_OR_RETURN(embedding_grad_peer_, Buffer::ForTensor(g.dtype, g.shape, device));
@@ -815,13 +822,18 @@ absl::Status Trainer::PipelineMicroBatches(float ce_scale, double aux_scale, uin
 }
 
 absl::StatusOr<Buffer> Trainer::TakePipelineBuffer() {
-  if (!pp_spare_.empty()) {
-    Buffer b = std::move(pp_spare_.back());
-    pp_spare_.pop_back();
-    return b;
+  if (pp_spare_.empty()) {
+    // Never grows: the estimate counts exactly the pool (a schedule change that holds more
+    // buffers must change PipelinePoolBuffers, or memory use would exceed the plan's).
+    return absl::InternalError(absl::StrCat(
+        "pipeline stage ", pp_rank_, ": all ", pp_pool_size_,
+        " message buffers of the pool are taken (pipeline_schedule.h PipelinePoolBuffers "
+        "undercounts this schedule: PP ",
+        pp_, ", VPP ", vpp_, ", ", num_micro_, " micro-batches)"));
   }
-  const Tensor shape = pp_input_.View();
-  return Buffer::ForTensor(shape.dtype, shape.shape, shape.device);
+  Buffer b = std::move(pp_spare_.back());
+  pp_spare_.pop_back();
+  return b;
 }
 
 absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, uint64_t counter0,
@@ -831,9 +843,9 @@ absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, 
   // the round's messages in the program's one global order (Send / Recv of those naming this
   // stage; see pipeline_schedule.h for why this is deadlock-free with blocking Send/Recv).
   // Micro-batch m keeps its activations in slot m % slots over all its chunks
-  // (PipelineAliveMicroBatches sized them). The message buffers come from pp_spare_, a pool that
-  // grows to PipelineReceiveBuffers in the first step (the memory estimate counts them, so a
-  // change to when a buffer is taken or freed here must change that count too). The last chunk
+  // (PipelineAliveMicroBatches sized them). The message buffers come from pp_spare_, the pool of
+  // PipelinePoolBuffers allocated at Init (the memory estimate counts them, so a change to when a
+  // buffer is taken or freed here must change PipelineReceiveBuffers too). The last chunk
   // of the last stage computes the loss and its backward in its forward op (ForwardBackward, as
   // 1F1B's last stage); its backward op only sends that input gradient, which waits in a buffer
   // until then.

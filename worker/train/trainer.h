@@ -318,8 +318,10 @@ class Trainer {
   int vpp_ = 1;               // model chunks per stage (interleaved schedule when > 1)
   // Interleaved: spare [t/TP, H] buffers for received activations and gradients (reused over
   // the rounds and steps of InterleavedMicroBatches).
-  std::vector<kernels::Buffer> pp_spare_;
-  // A pipeline message buffer shaped like pp_input_: a spare one (pp_spare_) or a new one.
+  std::vector<kernels::Buffer> pp_spare_;  // the free ones of the pool, PipelinePoolBuffers
+  int64_t pp_pool_size_ = 0;
+  // A pipeline message buffer shaped like pp_input_ from the pool (pp_spare_); an internal error
+  // when all are taken (the pool never grows past the count the memory estimate uses).
   absl::StatusOr<kernels::Buffer> TakePipelineBuffer();
   // Pipeline: receive buffers of one micro-batch's stage input and output gradient [t/TP, H].
   kernels::Buffer pp_input_, pp_output_grad_;
