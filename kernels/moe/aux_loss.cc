@@ -54,6 +54,11 @@ absl::Status CheckStats(const Stream& stream, const RouterConfig& config, const 
 
 }  // namespace
 
+bool AuxTopkIsRouterTopk(const RouterConfig& config) {
+  return config.score_function == RouterScoreFunction::kSoftmax && !config.pre_softmax &&
+         config.num_groups == 0 && !config.sinkhorn && !config.use_expert_bias;
+}
+
 int64_t AuxLossNumSequences(const RouterConfig& config, int64_t num_tokens) {
   if (!HasAux(config, AuxLossType::kSeqAuxLoss) || config.seq_length <= 0) return 1;
   return std::max<int64_t>(1, num_tokens / config.seq_length);
@@ -99,18 +104,25 @@ absl::StatusOr<internal::AuxPlan> PlanForLogits(const Stream& stream, const Rout
 
 absl::Status AuxLossStatsForward(const Stream& stream, const RouterConfig& config,
                                  const Tensor& logits, const AuxLossStats& stats,
-                                 const Tensor& workspace) {
+                                 const Tensor& workspace, const Tensor& selected_idx) {
   SY_ASSIGN_OR_RETURN(const internal::AuxPlan plan, PlanForLogits(stream, config, logits));
   const int64_t t = plan.num_tokens;
   SY_RETURN_IF_ERROR(CheckStats(stream, config, stats, plan.num_sequences));
-  if (!stream.is_cuda()) return internal::AuxLossStatsCpu(plan, logits, stats);
+  Tensor selected;  // empty: the losses' own top-k
+  if (selected_idx.data != nullptr && AuxTopkIsRouterTopk(config)) {
+    SY_RETURN_IF_ERROR(
+        CheckTensor(selected_idx, "aux_loss.selected_idx", DType::kI32, {t, config.topk}));
+    SY_RETURN_IF_ERROR(CheckDevice(stream, {&selected_idx}));
+    selected = selected_idx;
+  }
+  if (!stream.is_cuda()) return internal::AuxLossStatsCpu(plan, logits, selected, stats);
   const int64_t bytes = AuxLossWorkspaceBytes(config, t);
   SY_RETURN_IF_ERROR(CheckDevice(stream, {&workspace}));
   if (workspace.data == nullptr || static_cast<int64_t>(workspace.bytes()) < bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("aux_loss.workspace: needs ", bytes, " bytes, got ", workspace.DebugString()));
   }
-  return internal::AuxLossStatsCuda(stream, plan, logits, stats, workspace);
+  return internal::AuxLossStatsCuda(stream, plan, logits, selected, stats, workspace);
 }
 
 absl::Status AuxLossForward(const Stream& stream, const RouterConfig& config, int64_t num_tokens,

@@ -17,6 +17,7 @@ constexpr int kLossThreads = 512;
 
 struct StatsArgs {
   const float* logits;
+  const int* selected;  // null, or the router's selection [T, k]: the counts come from it
   int num_experts, topk, sigmoid;
   long long tokens_per_sequence, chunks_per_sequence, num_chunks;
   double* partial;    // [num_chunks, E]
@@ -63,7 +64,12 @@ __global__ void __launch_bounds__(router_math::kAuxChunk * 32) AuxStatsKernel(St
       avail |= 1u << j;
     }
     if (lane == 0) lse_rows[w] = mx + log(sum);
-    for (int r = 0; r < a.topk; ++r) {  // the aux loss's own plain top-k of z
+    if (a.selected != nullptr) {  // the router's selection is this top-k (AuxTopkIsRouterTopk)
+      const long long t = b * a.tokens_per_sequence + begin + w;
+      if (lane < a.topk) atomicAdd(&a.counts[b * e_count + a.selected[t * a.topk + lane]], 1.0f);
+    }
+    // The aux loss's own plain top-k of z otherwise (a.selected is uniform: no divergence).
+    for (int r = 0; a.selected == nullptr && r < a.topk; ++r) {
       double bv = 0.0;
       int bi = -1;
 #pragma unroll
@@ -248,12 +254,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) AuxBackwardKernel(AuxBack
 }  // namespace
 
 absl::Status AuxLossStatsCuda(const Stream& stream, const AuxPlan& plan, const Tensor& logits,
-                              const AuxLossStats& stats, const Tensor& workspace) {
+                              const Tensor& selected, const AuxLossStats& stats,
+                              const Tensor& workspace) {
   cudaStream_t s = stream.cuda_stream;
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   SY_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats.counts.data, 0, stats.counts.bytes(), s));
   StatsArgs args;
   args.logits = logits.as<float>();
+  args.selected = selected.data != nullptr ? selected.as<int32_t>() : nullptr;
   args.num_experts = static_cast<int>(plan.num_experts);
   args.topk = static_cast<int>(plan.topk);
   args.sigmoid = plan.sigmoid;

@@ -5,7 +5,11 @@
 // The losses use their OWN plain top-k (§2.2), not the routing: P = softmax_E(z) (softmax score
 // function) or σ(z)/Σ_E σ(z) (sigmoid), map_aux = top-k of P (= top-k of z: both are monotone),
 // ignoring groups, expert bias, capacity and pre/post-softmax. Counts are constants: no gradient
-// flows through them, as in Megatron.
+// flows through them, as in Megatron. Where that top-k IS the router's selection
+// (AuxTopkIsRouterTopk: softmax, post-softmax, no groups; the router then selects the top-k of
+// the same fp32 logits with the same tie rule, lower expert index first, before any capacity
+// drop), the caller may pass the router's `selected_idx` and the counts are taken from it instead
+// of a second top-k over the logits (the same counts, without k rounds of arg-max per token).
 //
 // Three calls per micro-batch, so that a distributed caller can all-reduce the counts in between:
 //   1. AuxLossStatsForward: per-sequence column sums of P, counts of map_aux, Σ_t lse(z_t)².
@@ -65,10 +69,19 @@ int64_t AuxLossNumSequences(const RouterConfig& config, int64_t num_tokens);
 // Bytes of device workspace AuxLossStatsForward needs on CUDA (the CPU path needs none).
 int64_t AuxLossWorkspaceBytes(const RouterConfig& config, int64_t num_tokens);
 
+// True when the losses' plain top-k equals RouterForward's selection for every logits tensor:
+// softmax score function, post-softmax (the router selects on the logits themselves), no group-
+// limited routing (sinkhorn has no aux losses; expert bias needs sigmoid). Pre-softmax and sigmoid
+// select on fp64 scores, which can tie where the fp32 logits do not (exp underflow, σ → 1).
+bool AuxTopkIsRouterTopk(const RouterConfig& config);
+
 // Step 1. logits [T, E] f32 (f64 on the CPU); with a seq_aux_loss term T % seq_length == 0.
+// selected_idx: empty, or i32 [T, k] RouterForward's selected_idx for these logits; read only
+// when AuxTopkIsRouterTopk(config) (the counts then come from it), ignored otherwise. The CPU path
+// checks its ids are in [0, E); the CUDA path trusts them (the router wrote them).
 absl::Status AuxLossStatsForward(const Stream& stream, const RouterConfig& config,
                                  const Tensor& logits, const AuxLossStats& stats,
-                                 const Tensor& workspace);
+                                 const Tensor& workspace, const Tensor& selected_idx = Tensor());
 
 // Step 3. losses [n + 1] (n = config.aux_losses.size()): the values of the terms in config order
 // (coefficient included), then the z-loss (0 when z_loss_coeff == 0). grad_weights [B, E]:

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/moe/router_internal.h"
 
 namespace switchyard::kernels::internal {
@@ -24,8 +25,10 @@ void AuxRow(const AuxPlan& plan, const Real* z, double* p, double* mx, double* s
   }
 }
 
+// `selected`: null, or the router's selection [T, k] (aux_loss.h), ids already checked.
 template <typename Real>
-void Stats(const AuxPlan& plan, const Real* logits, double* psum, float* counts, double* zsum) {
+void Stats(const AuxPlan& plan, const Real* logits, const int32_t* selected, double* psum,
+           float* counts, double* zsum) {
   const int64_t e_count = plan.num_experts, seq = plan.tokens_per_sequence;
   const int64_t chunks = plan.chunks_per_sequence;
   std::vector<double> p(e_count), chunk_sums(chunks * e_count);
@@ -46,6 +49,11 @@ void Stats(const AuxPlan& plan, const Real* logits, double* psum, float* counts,
         for (int64_t e = 0; e < e_count; ++e) chunk[e] += p[e];
         const double lse = mx + std::log(sum);
         z_chunk += lse * lse;
+        if (selected != nullptr) {
+          const int32_t* sel = selected + (b * seq + s) * plan.topk;
+          for (int64_t r = 0; r < plan.topk; ++r) counts[b * e_count + sel[r]] += 1.0f;
+          continue;
+        }
         std::fill(taken.begin(), taken.end(), 0);
         for (int64_t r = 0; r < plan.topk; ++r) {  // plain top-k of z (= of P)
           int best = -1;
@@ -151,14 +159,25 @@ void LossBackward(const RouterConfig& config, const AuxPlan& plan, const Real* l
 
 }  // namespace
 
-absl::Status AuxLossStatsCpu(const AuxPlan& plan, const Tensor& logits, const AuxLossStats& stats) {
+absl::Status AuxLossStatsCpu(const AuxPlan& plan, const Tensor& logits, const Tensor& selected,
+                             const AuxLossStats& stats) {
+  const int32_t* sel = selected.data != nullptr ? selected.as<int32_t>() : nullptr;
+  if (sel != nullptr) {
+    for (int64_t i = 0; i < plan.num_tokens * plan.topk; ++i) {
+      if (sel[i] < 0 || sel[i] >= plan.num_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("aux_loss.selected_idx[", i / plan.topk,
+                                                       ", ", i % plan.topk, "] (", sel[i],
+                                                       ") must be in [0, ", plan.num_experts, ")"));
+      }
+    }
+  }
   double* psum = stats.prob_sums.as<double>();
   float* counts = stats.counts.as<float>();
   double* zsum = stats.lse_sq_sum.as<double>();
   if (logits.dtype == DType::kF64) {
-    Stats(plan, logits.as<double>(), psum, counts, zsum);
+    Stats(plan, logits.as<double>(), sel, psum, counts, zsum);
   } else {
-    Stats(plan, logits.as<float>(), psum, counts, zsum);
+    Stats(plan, logits.as<float>(), sel, psum, counts, zsum);
   }
   return absl::OkStatus();
 }

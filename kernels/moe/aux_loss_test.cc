@@ -233,6 +233,98 @@ TEST(AuxLossTest, SeveralLossesAtOnceAddUp) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], sum[i], 1e-15);
 }
 
+// The router's selection replaces the losses' own top-k only where they are the same
+// (AuxTopkIsRouterTopk); then every statistic and loss is bitwise the same, including logits with
+// many exact ties (quantised), f64 logits and a capacity limit that drops slots (selected_idx is
+// the selection before dropping). Elsewhere a given selection is ignored.
+template <typename Real>
+void ExpectSameWithRouterSelection(RouterConfig c, std::mt19937_64& rng, bool ties) {
+  const int64_t t = 48, e = c.num_experts;
+  std::vector<Real> z(t * e);
+  for (size_t i = 0; i < z.size(); ++i) {
+    const double v = std::normal_distribution<double>(0.0, 2.0)(rng);
+    z[i] = static_cast<Real>(ties ? std::round(v) * 0.5 : v);  // ties: 9 or so distinct values
+  }
+  const testutil::Routed<Real> routed = testutil::Route(c, z);
+  ASSERT_TRUE(routed.status.ok()) << routed.status;
+  const std::vector<float> gc(e, 3.0f);
+  AuxLossNorms norms;
+  norms.global_num_tokens = t;
+  const auto own = testutil::Aux(c, z, norms, gc);
+  ASSERT_TRUE(own.status.ok()) << own.status;
+  const auto from_router = testutil::Aux(c, z, norms, gc, &routed.selected);
+  ASSERT_TRUE(from_router.status.ok()) << from_router.status;
+  EXPECT_EQ(from_router.counts, own.counts);
+  EXPECT_EQ(from_router.prob_sums, own.prob_sums);
+  EXPECT_EQ(from_router.lse_sq_sum, own.lse_sq_sum);
+  EXPECT_EQ(from_router.losses, own.losses);
+  EXPECT_EQ(from_router.grad_weights, own.grad_weights);
+}
+
+TEST(AuxLossTest, RouterSelectionGivesTheSameCountsWhereItIsTheLossesTopk) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (const int e : {8, 64, 160}) {
+    for (const int k : {2, 8}) {
+      for (const bool ties : {false, true}) {
+        for (const double capacity : {0.0, 0.5}) {
+          RouterConfig c = AllLosses(RouterScoreFunction::kSoftmax, 12);
+          c.num_experts = e;
+          c.topk = k;
+          c.capacity_factor = capacity;
+          ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+          ASSERT_TRUE(AuxTopkIsRouterTopk(c));
+          SCOPED_TRACE(testing::Message()
+                       << "E " << e << " k " << k << " ties " << ties << " capacity " << capacity);
+          ExpectSameWithRouterSelection<float>(c, rng, ties);
+          ExpectSameWithRouterSelection<double>(c, rng, ties);
+        }
+      }
+    }
+  }
+}
+
+TEST(AuxLossTest, RouterSelectionIsIgnoredWhereTheRouterSelectsOtherwise) {
+  std::mt19937_64 rng(std::random_device{}());
+  RouterConfig pre = AllLosses(RouterScoreFunction::kSoftmax, 0);
+  pre.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+  pre.pre_softmax = true;
+  RouterConfig sigmoid = pre;
+  sigmoid.pre_softmax = false;
+  sigmoid.score_function = RouterScoreFunction::kSigmoid;
+  RouterConfig groups = pre;
+  groups.pre_softmax = false;
+  groups.num_groups = 4;
+  groups.group_topk = 2;
+  for (const RouterConfig& c : {pre, sigmoid, groups}) {
+    ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+    EXPECT_FALSE(AuxTopkIsRouterTopk(c));
+    const std::vector<double> z = RandomNormal(24 * 8, rng);
+    const std::vector<int32_t> wrong(24 * 2, 0);  // would count expert 0 twice per token
+    const auto own = testutil::Aux(c, z);
+    const auto given = testutil::Aux(c, z, {}, {}, &wrong);
+    ASSERT_TRUE(given.status.ok()) << given.status;
+    EXPECT_EQ(given.counts, own.counts);
+    EXPECT_EQ(given.losses, own.losses);
+  }
+}
+
+TEST(AuxLossTest, RejectsABadRouterSelection) {
+  std::mt19937_64 rng(std::random_device{}());
+  const RouterConfig c = Only(AuxLossType::kAuxLoss, 0);
+  const std::vector<double> z = RandomNormal(10 * 8, rng);
+  std::vector<int32_t> sel(10 * 2, 1);
+  sel[7] = 8;  // token 3, slot 1: not an expert
+  auto r = testutil::Aux(c, z, {}, {}, &sel);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status.message()),
+              ::testing::HasSubstr("aux_loss.selected_idx[3, 1] (8) must be in [0, 8)"));
+  EXPECT_THAT(r.counts, ::testing::Each(-7.0f));  // nothing written
+  sel.resize(9 * 2, 1);                           // 9 tokens' selection for 10 tokens
+  r = testutil::Aux(c, z, {}, {}, &sel);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status.message()), ::testing::HasSubstr("aux_loss.selected_idx"));
+}
+
 TEST(AuxLossTest, RejectsBadInputs) {
   std::vector<double> z(10 * 8, 0.0);
   auto r = testutil::Aux(Only(AuxLossType::kSeqAuxLoss, 4), z);

@@ -182,7 +182,10 @@ TEST_P(RouterGpuTest, MatchesCpuReference) {
                        d_dlogits.View());
     ASSERT_TRUE(s.ok()) << s;
     AuxLossStats stats{d_psum.View(), d_counts.View(), d_zsum.View()};
-    s = AuxLossStatsForward(gpu, cfg, d_logits.View(), stats, ws.View());
+    // Run 1 counts from the router's selection where it is the losses' top-k (the reference
+    // always runs its own top-k): the counts must not change.
+    s = AuxLossStatsForward(gpu, cfg, d_logits.View(), stats, ws.View(),
+                            run == 1 ? d_sel.View() : Tensor());
     ASSERT_TRUE(s.ok()) << s;
     AuxLossNorms dn = norms;
     dn.global_counts = d_gcounts.View();

@@ -142,7 +142,9 @@ absl::Status RouterBackwardCpu(const RoutingPlan& plan, const Tensor& logits,
 absl::Status UpdateExpertBiasCpu(const Tensor& counts, const Tensor& bias, float rate);
 absl::Status JitterScaleCpu(const Tensor& in, float eps, uint64_t seed, uint64_t offset,
                             const Tensor& out);
-absl::Status AuxLossStatsCpu(const AuxPlan& plan, const Tensor& logits, const AuxLossStats& stats);
+// `selected`: empty, or the router's selected_idx [T, k] (aux_loss.h: counts taken from it).
+absl::Status AuxLossStatsCpu(const AuxPlan& plan, const Tensor& logits, const Tensor& selected,
+                             const AuxLossStats& stats);
 absl::Status AuxLossForwardCpu(const RouterConfig& config, const AuxPlan& plan,
                                const AuxLossStats& stats, const AuxLossNorms& norms,
                                const Tensor& losses, const Tensor& grad_weights);
@@ -170,7 +172,8 @@ absl::Status DropOverCapacityCuda(const Stream& stream, const RoutingPlan& plan,
                                   const RouterOutputs& out, float* local_tokens_per_expert,
                                   const RouterWorkspaceLayout& layout, char* workspace);
 absl::Status AuxLossStatsCuda(const Stream& stream, const AuxPlan& plan, const Tensor& logits,
-                              const AuxLossStats& stats, const Tensor& workspace);
+                              const Tensor& selected, const AuxLossStats& stats,
+                              const Tensor& workspace);
 absl::Status AuxLossForwardCuda(const Stream& stream, const RouterConfig& config,
                                 const AuxPlan& plan, const AuxLossStats& stats,
                                 const AuxLossNorms& norms, const Tensor& losses,

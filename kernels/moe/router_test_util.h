@@ -88,10 +88,12 @@ struct AuxRun {
   absl::Status status;
 };
 
-// Stats + loss forward on the CPU; `global_counts` used by a global_aux_loss term.
+// Stats + loss forward on the CPU; `global_counts` used by a global_aux_loss term; `selected`
+// (the router's selected_idx [T, k]) passed to AuxLossStatsForward when given.
 template <typename Real>
 AuxRun<Real> Aux(const RouterConfig& c, const std::vector<Real>& logits, AuxLossNorms norms = {},
-                 const std::vector<float>& global_counts = {}) {
+                 const std::vector<float>& global_counts = {},
+                 const std::vector<int32_t>* selected = nullptr) {
   const int64_t e = c.num_experts, t = static_cast<int64_t>(logits.size()) / e;
   const int64_t b = AuxLossNumSequences(c, t);
   AuxRun<Real> r;
@@ -101,7 +103,10 @@ AuxRun<Real> Aux(const RouterConfig& c, const std::vector<Real>& logits, AuxLoss
   r.losses.assign(c.aux_losses.size() + 1, Real(-7));
   r.grad_weights.assign(b * e, Real(-7));
   AuxLossStats stats{View(r.prob_sums, {b, e}), View(r.counts, {b, e}), View(r.lse_sq_sum, {1})};
-  r.status = AuxLossStatsForward(Stream::Cpu(), c, View(logits, {t, e}), stats, Tensor());
+  const Tensor sel = selected ? View(*selected, {static_cast<int64_t>(selected->size()) / c.topk,
+                                                 static_cast<int64_t>(c.topk)})
+                              : Tensor();
+  r.status = AuxLossStatsForward(Stream::Cpu(), c, View(logits, {t, e}), stats, Tensor(), sel);
   if (!r.status.ok()) return r;
   if (!global_counts.empty()) norms.global_counts = View(global_counts, {e});
   r.status = AuxLossForward(Stream::Cpu(), c, t, stats, norms,

@@ -466,7 +466,10 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
     const int64_t b = kernels::AuxLossNumSequences(rc, t);
     stats.prob_sums = Rows(aux_prob_sums_, b);
     stats.counts = Rows(aux_counts_, b);
-    SY_RETURN_IF_ERROR(kernels::AuxLossStatsForward(stream, rc, logits, stats, aux_ws_));
+    // The router's selection stands in for the losses' own top-k where they are the same
+    // (kernels::AuxTopkIsRouterTopk; ignored otherwise).
+    SY_RETURN_IF_ERROR(
+        kernels::AuxLossStatsForward(stream, rc, logits, stats, aux_ws_, ro.selected_idx));
     kernels::AuxLossNorms norms;
     // global_aux_loss's gradient factor is the DATA-parallel size (aux_loss.h): the TP ranks
     // share one micro-batch (MoELayerConfig::sp_size) and the sum over the CP ranks of their
