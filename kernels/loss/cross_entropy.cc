@@ -168,6 +168,7 @@ absl::StatusOr<std::unique_ptr<FusedLinearCrossEntropy>> FusedLinearCrossEntropy
     SY_ASSIGN_OR_RETURN(plan->grad_bf16_, Buffer::ForTensor(DType::kBF16, {chunk, vocab}, device));
     SY_ASSIGN_OR_RETURN(plan->row_loss_, Buffer::ForTensor(DType::kF32, {max_tokens}, device));
     SY_ASSIGN_OR_RETURN(plan->vp_stats_, Buffer::ForTensor(DType::kF32, {3 * chunk}, device));
+    plan->fused_rows_ = internal::CrossEntropyGradRowsFits(device.index, vocab);
   } else {
     SY_ASSIGN_OR_RETURN(plan->logits_, Buffer::ForTensor(DType::kF64, {chunk, vocab}, device));
     SY_ASSIGN_OR_RETURN(plan->vp_stats_, Buffer::ForTensor(DType::kF64, {3 * chunk}, device));
@@ -452,17 +453,25 @@ absl::Status FusedLinearCrossEntropy::ChunkCuda(const Stream& stream, const Tens
   const Tensor z(DType::kF32, {rows, vocab_}, device_, logits_.data());
   const Tensor hc = Rows(h, t0, rows);
   SY_RETURN_IF_ERROR(Gemm(stream, hc, false, w, true, z));
-  if (with_loss) {
+  // g must share w's dtype for the Gemms: in place over the f32 logits, or the bf16 buffer.
+  void* g_data = w.dtype == DType::kBF16 ? grad_bf16_.data() : logits_.data();
+  const bool fused = with_loss && with_grad && fused_rows_;
+  if (fused) {
+    // One read of the logits for the loss and the gradient (bitwise the two kernels' results).
+    SY_RETURN_IF_ERROR(internal::CrossEntropyGradRowsCuda(
+        stream, z.as<float>(), rows, vocab_, targets.as<int32_t>() + t0, dloss, g_data, w.dtype,
+        lse.as<float>() + t0, row_loss_.View().as<float>() + t0));
+  } else if (with_loss) {
     SY_RETURN_IF_ERROR(internal::CrossEntropyRowsCuda(
         stream, z.as<float>(), rows, vocab_, targets.as<int32_t>() + t0, lse.as<float>() + t0,
         row_loss_.View().as<float>() + t0));
   }
   if (!with_grad) return absl::OkStatus();
-  // g must share w's dtype for the Gemms: in place over the f32 logits, or the bf16 buffer.
-  void* g_data = w.dtype == DType::kBF16 ? grad_bf16_.data() : logits_.data();
-  SY_RETURN_IF_ERROR(internal::SoftmaxGradRowsCuda(stream, z.as<float>(), rows, vocab_,
-                                                   targets.as<int32_t>() + t0, lse.as<float>() + t0,
-                                                   dloss, g_data, w.dtype));
+  if (!fused) {
+    SY_RETURN_IF_ERROR(internal::SoftmaxGradRowsCuda(stream, z.as<float>(), rows, vocab_,
+                                                     targets.as<int32_t>() + t0,
+                                                     lse.as<float>() + t0, dloss, g_data, w.dtype));
+  }
   const Tensor g(w.dtype, {rows, vocab_}, device_, g_data);
   SY_RETURN_IF_ERROR(Gemm(stream, g, false, w, false, Rows(dh, t0, rows)));
   return Gemm(stream, g, true, hc, false, dw, 1.0f, 1.0f);

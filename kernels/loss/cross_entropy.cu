@@ -1,7 +1,8 @@
 // CUDA row kernels of the fused LM-head cross-entropy: one block per token row computes an online
 // (max, sum-exp) pair per thread, combined in a fixed tree (deterministic); the gradient kernel
-// rewrites a row of logits as dloss * (softmax - onehot); the loss reduction is one block summing
-// per-token terms in fp64 in a fixed order.
+// rewrites a row of logits as dloss * (softmax - onehot); CrossEntropyGradRowsKernel does both in
+// one read of the row (ForwardBackward); the loss reduction is one block summing per-token terms
+// in fp64 in a fixed order.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -90,6 +91,96 @@ __global__ void SoftmaxGradRowsKernel(float* logits, int64_t vocab, const int32_
       static_cast<__nv_bfloat16*>(grad)[row * vocab + v] = __float2bfloat16_rn(g);
     } else {
       static_cast<float*>(grad)[row * vocab + v] = g;
+    }
+  }
+}
+
+// CrossEntropyRowsKernel and SoftmaxGradRowsKernel in one pass over the logits (ForwardBackward):
+// the block stages its row in shared memory while it accumulates the (max, sum-exp) pairs in
+// CrossEntropyRowsKernel's order (thread i takes v = i, i + 512, ...; the same shuffle tree and
+// warp order), so lse, the loss term and the gradient are bitwise those of the two kernels; the
+// gradient then comes from shared memory. Reads the row once instead of twice: 2048 rows × 32768
+// fp32 logits were 105.6 + 182.7 µs in the two kernels on an H100. kFusedLoads loads in flight per
+// thread (one 512-thread block per SM when the row takes 128 KB).
+constexpr int kFusedLoads = 16;
+
+__global__ void __launch_bounds__(kRowThreads)
+    CrossEntropyGradRowsKernel(const float* logits, int64_t vocab, const int32_t* targets,
+                               float dloss, void* grad, bool bf16, float* lse, float* row_loss) {
+  extern __shared__ float row[];  // [vocab]
+  __shared__ MaxSum warp_part[kRowThreads / 32];
+  __shared__ float row_lse_shared;
+  const int64_t r = blockIdx.x;
+  const float* z = logits + r * vocab;
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int64_t base = threadIdx.x; base < vocab; base += int64_t{kFusedLoads} * kRowThreads) {
+    float x[kFusedLoads];
+#pragma unroll
+    for (int i = 0; i < kFusedLoads; ++i) {
+      const int64_t v = base + int64_t{i} * kRowThreads;
+      x[i] = v < vocab ? z[v] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kFusedLoads; ++i) {
+      const int64_t v = base + int64_t{i} * kRowThreads;
+      if (v >= vocab) break;
+      row[v] = x[i];
+      if (x[i] > acc.m) {  // CrossEntropyRowsKernel's update, same order
+        acc.s = acc.s * __expf(acc.m - x[i]) + 1.0f;
+        acc.m = x[i];
+      } else {
+        acc.s += __expf(x[i] - acc.m);
+      }
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    MaxSum other{__shfl_down_sync(0xffffffffu, acc.m, offset),
+                 __shfl_down_sync(0xffffffffu, acc.s, offset)};
+    acc = Combine(acc, other);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_part[warp] = acc;
+  __syncthreads();
+  const int32_t t = targets[r];
+  if (threadIdx.x == 0) {
+    MaxSum total = warp_part[0];
+    for (int i = 1; i < kRowThreads / 32; ++i) total = Combine(total, warp_part[i]);
+    const float row_lse = total.m + logf(total.s);
+    lse[r] = row_lse;
+    row_lse_shared = row_lse;
+    float term;
+    if (t == kIgnoreTarget) {
+      term = 0.0f;
+    } else if (t >= 0 && t < vocab) {
+      term = row_lse - row[t];
+    } else {
+      term = NAN;  // invalid target: make the loss visibly wrong
+    }
+    row_loss[r] = term;
+  }
+  __syncthreads();
+  const float row_lse = row_lse_shared;
+  if (bf16 && vocab % 2 == 0) {  // pairs: 4-byte stores
+    auto* g2 = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(grad) + r * vocab);
+    for (int64_t p = threadIdx.x; p < vocab / 2; p += kRowThreads) {
+      float g[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int64_t v = 2 * p + j;
+        g[j] =
+            t == kIgnoreTarget ? 0.0f : dloss * (__expf(row[v] - row_lse) - (v == t ? 1.0f : 0.0f));
+      }
+      g2[p] = __floats2bfloat162_rn(g[0], g[1]);
+    }
+    return;
+  }
+  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) {
+    const float g =
+        t == kIgnoreTarget ? 0.0f : dloss * (__expf(row[v] - row_lse) - (v == t ? 1.0f : 0.0f));
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(grad)[r * vocab + v] = __float2bfloat16_rn(g);
+    } else {
+      static_cast<float*>(grad)[r * vocab + v] = g;  // may be the logits row: staged already
     }
   }
 }
@@ -243,6 +334,36 @@ absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t ro
   SoftmaxGradRowsKernel<<<grid, kGradThreads, 0, S(stream)>>>(
       logits, vocab, targets, lse, dloss, grad, grad_dtype == DType::kBF16, vocab_start);
   SY_CUDA_RETURN_IF_LAUNCH_ERROR(SoftmaxGradRowsKernel);
+  return absl::OkStatus();
+}
+
+bool CrossEntropyGradRowsFits(int device_index, int64_t vocab) {
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index) !=
+      cudaSuccess) {
+    return false;
+  }
+  constexpr int64_t kStatic = sizeof(MaxSum) * (kRowThreads / 32) + 64;
+  return vocab * static_cast<int64_t>(sizeof(float)) + kStatic <= optin;
+}
+
+absl::Status CrossEntropyGradRowsCuda(const Stream& stream, float* logits, int64_t rows,
+                                      int64_t vocab, const int32_t* targets, float dloss,
+                                      void* grad, DType grad_dtype, float* lse, float* row_loss) {
+  if (rows == 0) return absl::OkStatus();
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
+  if (grad_dtype != DType::kBF16 && grad_dtype != DType::kF32) {
+    return absl::InvalidArgumentError("CrossEntropyGradRowsCuda: grad must be bf16 or f32");
+  }
+  const size_t smem = static_cast<size_t>(vocab) * sizeof(float);
+  if (smem > 48 * 1024) {  // only past the default; not a per-call driver call otherwise
+    SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(CrossEntropyGradRowsKernel,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+  }
+  CrossEntropyGradRowsKernel<<<static_cast<unsigned>(rows), kRowThreads, smem, S(stream)>>>(
+      logits, vocab, targets, dloss, grad, grad_dtype == DType::kBF16, lse, row_loss);
+  SY_CUDA_RETURN_IF_LAUNCH_ERROR(CrossEntropyGradRowsKernel);
   return absl::OkStatus();
 }
 

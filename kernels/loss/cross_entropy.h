@@ -157,9 +157,10 @@ class FusedLinearCrossEntropy {
 
   const Device device_;
   const int64_t max_tokens_, hidden_, vocab_, chunk_;
-  Buffer logits_;     // [chunk, V] f32 on CUDA, f64 on the CPU
-  Buffer grad_bf16_;  // [chunk, V] bf16, CUDA only: g for bf16 weights
-  Buffer row_loss_;   // [max_tokens] f32, CUDA only: lse_t - z_t[target_t], 0 when ignored
+  Buffer logits_;            // [chunk, V] f32 on CUDA, f64 on the CPU
+  Buffer grad_bf16_;         // [chunk, V] bf16, CUDA only: g for bf16 weights
+  bool fused_rows_ = false;  // CUDA: ForwardBackward's row kernel in one pass (GradRowsFits)
+  Buffer row_loss_;          // [max_tokens] f32, CUDA only: lse_t - z_t[target_t], 0 when ignored
   // Vocabulary-parallel statistics of one chunk: [chunk] maxima, then [chunk, 2] (sum-exp,
   // target logit); f32 on CUDA, f64 on the CPU (the all-reduced tensors).
   Buffer vp_stats_;
@@ -176,6 +177,13 @@ absl::Status CrossEntropyRowsCuda(const Stream& stream, const float* logits, int
 absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t rows, int64_t vocab,
                                  const int32_t* targets, const float* lse, float dloss, void* grad,
                                  DType grad_dtype, int64_t vocab_start = 0);
+// CrossEntropyRowsCuda then SoftmaxGradRowsCuda in one pass (bitwise the same lse, row_loss and
+// gradient), the row staged in shared memory: only where CrossEntropyGradRowsFits (the row's
+// vocab × 4 bytes within the device's opt-in shared memory per block: vocab <= ~57k on Hopper).
+bool CrossEntropyGradRowsFits(int device_index, int64_t vocab);
+absl::Status CrossEntropyGradRowsCuda(const Stream& stream, float* logits, int64_t rows,
+                                      int64_t vocab, const int32_t* targets, float dloss,
+                                      void* grad, DType grad_dtype, float* lse, float* row_loss);
 // Vocabulary-parallel row statistics over local logits [rows, vocab] f32 (one block per row,
 // fixed reduction tree: deterministic):
 //   VpRowMax:   row_max[r] = max_j z[r, j]
