@@ -3,7 +3,8 @@
 // see RmsNormBackwardWarpKernel; otherwise one block per row) with stride gridDim.x, reducing each
 // row's dot product with a fixed-order block reduction and keeping the block's dw partial sums
 // (fp32) in shared memory (or, when H does not fit, in its own slice of the workspace); a second
-// kernel sums the partials over blocks in ascending order. Deterministic, no atomics.
+// kernel sums the partials over blocks in a fixed order (8 ascending runs, then the runs in
+// order). Deterministic, no atomics.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -234,14 +235,32 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
   }
 }
 
-// dw[h] = (accumulate ? dw[h] : 0) + sum_b partial[b, h], b ascending.
+// dw[h] = (accumulate ? dw[h] : 0) + sum_b partial[b, h]: a block per kDwColumns columns; warp
+// w sums the blocks [w·n, (w + 1)·n) (n = ⌈blocks / kDwWarps⌉) in ascending order, then warp 0
+// adds the warps' sums in warp order (a function of T only, like the partials). Was one thread
+// per column adding all 256 partials in turn: 6 blocks at H = 1536, 16 dependent batches of
+// loads each.
+constexpr int kDwColumns = 32;
+constexpr int kDwWarps = 8;
+
 template <typename DW>
-__global__ void RmsNormDwReduceKernel(const float* partial, int64_t blocks, int64_t h_n, DW* dw,
-                                      bool accumulate) {
-  const int64_t h = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (h >= h_n) return;
-  const float s = OrderedSum(partial + h, blocks, h_n);  // b ascending, batched loads
-  dw[h] = FromFloat<DW>(accumulate ? ToFloat(dw[h]) + s : s);
+__global__ void __launch_bounds__(kDwWarps * 32)
+    RmsNormDwReduceKernel(const float* partial, int64_t blocks, int64_t h_n, DW* dw,
+                          bool accumulate) {
+  __shared__ float warp_sum[kDwWarps][kDwColumns];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * kDwColumns + lane;
+  const int64_t per = (blocks + kDwWarps - 1) / kDwWarps;
+  const int64_t b0 = w * per, b1 = b0 + per < blocks ? b0 + per : blocks;
+  float s = 0.0f;
+  if (h < h_n && b0 < b1) s = OrderedSum(partial + b0 * h_n + h, b1 - b0, h_n);  // batched loads
+  warp_sum[w][lane] = s;
+  __syncthreads();
+  if (w != 0 || h >= h_n) return;
+  float total = warp_sum[0][lane];
+#pragma unroll
+  for (int i = 1; i < kDwWarps; ++i) total += warp_sum[i][lane];
+  dw[h] = FromFloat<DW>(accumulate ? ToFloat(dw[h]) + total : total);
 }
 
 cudaStream_t S(const Stream& s) { return s.cuda_stream; }
@@ -414,13 +433,13 @@ absl::Status RmsNormBackwardCuda(const Stream& stream, const Tensor& dy, const T
   }
   // With T == 0 no partials were written: sum over zero blocks (dw unchanged or zeroed).
   const int64_t blocks = t_n > 0 ? RmsNormBackwardBlocks(t_n) : 0;
-  const unsigned grid = static_cast<unsigned>((h_n + 255) / 256);
+  const unsigned grid = static_cast<unsigned>((h_n + kDwColumns - 1) / kDwColumns);
   if (dw.dtype == DType::kBF16) {
-    RmsNormDwReduceKernel<__nv_bfloat16><<<grid, 256, 0, S(stream)>>>(
+    RmsNormDwReduceKernel<__nv_bfloat16><<<grid, kDwWarps * 32, 0, S(stream)>>>(
         workspace.as<const float>(), blocks, h_n, dw.as<__nv_bfloat16>(), accumulate_dw);
   } else {
-    RmsNormDwReduceKernel<float><<<grid, 256, 0, S(stream)>>>(workspace.as<const float>(), blocks,
-                                                              h_n, dw.as<float>(), accumulate_dw);
+    RmsNormDwReduceKernel<float><<<grid, kDwWarps * 32, 0, S(stream)>>>(
+        workspace.as<const float>(), blocks, h_n, dw.as<float>(), accumulate_dw);
   }
   SY_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

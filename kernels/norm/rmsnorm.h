@@ -21,8 +21,9 @@
 // Determinism: bit-identical results run to run. On CUDA the forward uses one block per row; the
 // backward gives each of RmsNormBackwardBlocks(T) blocks a fixed strided set of rows, writes the
 // block's dw partial sums [blocks, H] f32 into the caller's workspace, and a second kernel sums
-// them over blocks in ascending order. No atomics, no allocation, no host synchronisation;
-// graph-capturable. Rows whose byte size and addresses are multiples of 16 use 16-byte vectors.
+// them over blocks in a fixed order (8 runs of ascending blocks, then the runs in order). No
+// atomics, no allocation, no host synchronisation; graph-capturable. Rows whose byte size and
+// addresses are multiples of 16 use 16-byte vectors.
 #ifndef SWITCHYARD_KERNELS_NORM_RMSNORM_H_
 #define SWITCHYARD_KERNELS_NORM_RMSNORM_H_
 
