@@ -32,44 +32,57 @@ __device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
   return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
 }
 
+// One logit into a thread's running (max, sum-exp) pair.
+__device__ __forceinline__ void OnlineAdd(MaxSum& acc, float x) {
+  if (x > acc.m) {
+    acc.s = acc.s * __expf(acc.m - x) + 1.0f;
+    acc.m = x;
+  } else {
+    acc.s += __expf(x - acc.m);  // NaN logits propagate into s
+  }
+}
+
+// The row's log-sum-exp from the threads' pairs in a fixed tree (shuffles down within each warp,
+// then thread 0 combines the warps in order); valid on thread 0 only.
+__device__ __forceinline__ float BlockLse(MaxSum acc, MaxSum* warp_part) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    MaxSum other{__shfl_down_sync(0xffffffffu, acc.m, offset),
+                 __shfl_down_sync(0xffffffffu, acc.s, offset)};
+    acc = Combine(acc, other);
+  }
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  MaxSum total = warp_part[0];
+  for (int i = 1; threadIdx.x == 0 && i < kRowThreads / 32; ++i) {
+    total = Combine(total, warp_part[i]);
+  }
+  return total.m + logf(total.s);
+}
+
+// A token's loss term lse − z[t] (0 for an ignored target, NaN for an invalid one).
+__device__ __forceinline__ float LossTerm(float row_lse, int32_t t, int64_t vocab, const float* z) {
+  if (t == kIgnoreTarget) return 0.0f;
+  if (t >= 0 && t < vocab) return row_lse - z[t];
+  return NAN;  // invalid target: make the loss visibly wrong
+}
+
+// g = dloss · (softmax − onehot) of one logit; 0 for an ignored target's row.
+__device__ __forceinline__ float SoftmaxGrad(float z, float row_lse, float dloss, int32_t t,
+                                             bool is_target) {
+  return t == kIgnoreTarget ? 0.0f : dloss * (__expf(z - row_lse) - (is_target ? 1.0f : 0.0f));
+}
+
 __global__ void CrossEntropyRowsKernel(const float* logits, int64_t vocab, const int32_t* targets,
                                        float* lse, float* row_loss) {
   __shared__ MaxSum warp_part[kRowThreads / 32];
   const int64_t row = blockIdx.x;
   const float* z = logits + row * vocab;
   MaxSum acc{-INFINITY, 0.0f};
-  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) {
-    const float x = z[v];
-    if (x > acc.m) {
-      acc.s = acc.s * __expf(acc.m - x) + 1.0f;
-      acc.m = x;
-    } else {
-      acc.s += __expf(x - acc.m);  // NaN logits propagate into s
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    MaxSum other{__shfl_down_sync(0xffffffffu, acc.m, offset),
-                 __shfl_down_sync(0xffffffffu, acc.s, offset)};
-    acc = Combine(acc, other);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_part[warp] = acc;
-  __syncthreads();
+  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) OnlineAdd(acc, z[v]);
+  const float row_lse = BlockLse(acc, warp_part);
   if (threadIdx.x == 0) {
-    MaxSum total = warp_part[0];
-    for (int i = 1; i < kRowThreads / 32; ++i) total = Combine(total, warp_part[i]);
-    const float row_lse = total.m + logf(total.s);
     lse[row] = row_lse;
-    const int32_t t = targets[row];
-    float term;
-    if (t == kIgnoreTarget) {
-      term = 0.0f;
-    } else if (t >= 0 && t < vocab) {
-      term = row_lse - z[t];
-    } else {
-      term = NAN;  // invalid target: make the loss visibly wrong
-    }
-    row_loss[row] = term;
+    row_loss[row] = LossTerm(row_lse, targets[row], vocab, z);
   }
 }
 
@@ -85,8 +98,7 @@ __global__ void SoftmaxGradRowsKernel(float* logits, int64_t vocab, const int32_
   float* z = logits + row * vocab;
   const int64_t step = static_cast<int64_t>(gridDim.y) * kGradThreads;
   for (int64_t v = blockIdx.y * int64_t(kGradThreads) + threadIdx.x; v < vocab; v += step) {
-    const float g =
-        t == kIgnoreTarget ? 0.0f : dloss * (__expf(z[v] - row_lse) - (v == t_local ? 1.0f : 0.0f));
+    const float g = SoftmaxGrad(z[v], row_lse, dloss, t, v == t_local);
     if (bf16) {
       static_cast<__nv_bfloat16*>(grad)[row * vocab + v] = __float2bfloat16_rn(g);
     } else {
@@ -125,38 +137,15 @@ __global__ void __launch_bounds__(kRowThreads)
       const int64_t v = base + int64_t{i} * kRowThreads;
       if (v >= vocab) break;
       row[v] = x[i];
-      if (x[i] > acc.m) {  // CrossEntropyRowsKernel's update, same order
-        acc.s = acc.s * __expf(acc.m - x[i]) + 1.0f;
-        acc.m = x[i];
-      } else {
-        acc.s += __expf(x[i] - acc.m);
-      }
+      OnlineAdd(acc, x[i]);  // CrossEntropyRowsKernel's order
     }
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    MaxSum other{__shfl_down_sync(0xffffffffu, acc.m, offset),
-                 __shfl_down_sync(0xffffffffu, acc.s, offset)};
-    acc = Combine(acc, other);
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_part[warp] = acc;
-  __syncthreads();
+  const float lse_0 = BlockLse(acc, warp_part);  // thread 0's
   const int32_t t = targets[r];
   if (threadIdx.x == 0) {
-    MaxSum total = warp_part[0];
-    for (int i = 1; i < kRowThreads / 32; ++i) total = Combine(total, warp_part[i]);
-    const float row_lse = total.m + logf(total.s);
-    lse[r] = row_lse;
-    row_lse_shared = row_lse;
-    float term;
-    if (t == kIgnoreTarget) {
-      term = 0.0f;
-    } else if (t >= 0 && t < vocab) {
-      term = row_lse - row[t];
-    } else {
-      term = NAN;  // invalid target: make the loss visibly wrong
-    }
-    row_loss[r] = term;
+    lse[r] = lse_0;
+    row_lse_shared = lse_0;
+    row_loss[r] = LossTerm(lse_0, t, vocab, row);
   }
   __syncthreads();
   const float row_lse = row_lse_shared;
@@ -167,16 +156,14 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int64_t v = 2 * p + j;
-        g[j] =
-            t == kIgnoreTarget ? 0.0f : dloss * (__expf(row[v] - row_lse) - (v == t ? 1.0f : 0.0f));
+        g[j] = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
       }
       g2[p] = __floats2bfloat162_rn(g[0], g[1]);
     }
     return;
   }
   for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) {
-    const float g =
-        t == kIgnoreTarget ? 0.0f : dloss * (__expf(row[v] - row_lse) - (v == t ? 1.0f : 0.0f));
+    const float g = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
     if (bf16) {
       static_cast<__nv_bfloat16*>(grad)[r * vocab + v] = __float2bfloat16_rn(g);
     } else {
