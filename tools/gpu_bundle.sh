@@ -8,7 +8,8 @@
 #     copied as real files under their soname, stripped;
 #   - torch_moe_baseline.py (the PyTorch MoE-layer reference, from /work/shared/bench),
 #     torch_train_baseline.py (the PyTorch training-step reference, from bench/),
-#     run_gpu_tests.sh, run_gpu_bench.sh, quickstart_cluster.sh (+ quickstart.yaml and
+#     run_gpu_tests.sh, run_gpu_bench.sh, gpu_ab_call.sh (one device call's tests and A/B timings
+#     within a budget, results in one summary file), quickstart_cluster.sh (+ quickstart.yaml and
 #     cluster_lib.sh: the cluster quickstart, `./quickstart_cluster.sh . quickstart.yaml`),
 #     hung_worker_demo.sh (`./hung_worker_demo.sh . quickstart.yaml`: a worker SIGSTOPped inside the
 #     EP dispatch, the survivor fails within the timeout, the job restarts from its checkpoint),
@@ -165,10 +166,12 @@ else
 fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
+cp tools/gpu_ab_call.sh "$bundle/gpu_ab_call.sh"
 cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh tools/hung_worker_demo.sh tools/eval_check.sh \
   tools/hf_eval_check.py tools/planner_proof.sh "$bundle/"
 cp examples/quickstart.yaml "$bundle/quickstart.yaml"
-chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/quickstart_cluster.sh" \
+chmod 755 "$bundle/run_gpu_tests.sh" "$bundle/run_gpu_bench.sh" "$bundle/gpu_ab_call.sh" \
+  "$bundle/quickstart_cluster.sh" \
   "$bundle/preempt_demo.sh" "$bundle/hung_worker_demo.sh" "$bundle/eval_check.sh" "$bundle/planner_proof.sh"
 
 {
