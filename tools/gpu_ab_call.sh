@@ -53,10 +53,15 @@ if [[ -n ${TESTS:-} && $(left) -gt 30 ]]; then
   fi
 fi
 
-train_run() {  # name binary [args...]
-  local name=$1 rc
+train_run() {  # name binary [args...]: at most 150 s, and never past the budget less 20 s
+  local name=$1 rc limit=$(($(left) - 20))
   shift
-  timeout 150 "$@" ${TRAIN_ARGS:-} >"$out/logs/$name.log" 2>&1
+  ((limit > 150)) && limit=150
+  if ((limit < 10)); then
+    note "$name: skipped (budget)"
+    return
+  fi
+  timeout "$limit" "$@" ${TRAIN_ARGS:-} >"$out/logs/$name.log" 2>&1
   rc=$?
   [[ $rc -eq 0 ]] || status=1
   note "$name (exit $rc): $(grep -E '^switchyard ' "$out/logs/$name.log" | tail -n 1)"
@@ -89,7 +94,7 @@ if [[ -n ${EXTRA:-} && -f $EXTRA ]]; then
       note "extra $n: skipped (budget)"
       continue
     fi
-    timeout $(($(left) - 10)) bash -c "$cmd" >"$out/logs/extra$n.log" 2>&1
+    timeout $(($(left) - 10)) bash -c "$cmd" >"$out/logs/extra$n.log" 2>&1 </dev/null
     note "extra $n (exit $?): $cmd"
     tail -n 25 "$out/logs/extra$n.log" >>"$summary"
   done <"$EXTRA"
@@ -97,8 +102,9 @@ fi
 
 if [[ ${TRAINER:-0} == 1 ]]; then
   if [[ $(left) -gt 290 ]]; then
-    GPU_TEST_RESULTS="$out/logs/trainer" GPU_TEST_TIMEOUT=$(($(left) - 10)) \
-      ./run_gpu_tests.sh worker_train_trainer_gpu_test >"$out/logs/trainer.log" 2>&1 || status=1
+    GPU_TEST_RESULTS="$out/logs/trainer" GPU_TEST_TIMEOUT=$(($(left) - 20)) \
+      timeout $(($(left) - 10)) ./run_gpu_tests.sh worker_train_trainer_gpu_test \
+      >"$out/logs/trainer.log" 2>&1 || status=1
     grep -E '^(PASS|FAIL|CRASH) |^gpu tests:|window' "$out/logs/trainer.log" >>"$summary"
   else
     note "trainer test: skipped ($(left) s left, needs 290)"

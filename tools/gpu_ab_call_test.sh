@@ -36,7 +36,9 @@ STUB
   done
   printf '%s\n' 'print("step 7/7 | loss 10.6")' 'print("median step 1012.0 ms, 64760 tokens/s")' \
     >"$d/torch_train_baseline.py"
-  printf '%s\n' '# a comment' 'echo extra-one' '' 'echo extra-two; exit 3' >"$d/extra.txt"
+  # The first command reads stdin: it must not eat the lines after it.
+  printf '%s\n' '# a comment' 'cat >/dev/null; echo extra-one' '' 'echo extra-two; exit 3' \
+    >"$d/extra.txt"
   chmod +x "$d"/*.sh "$d"/*bench_train_benchmark
 }
 
@@ -57,7 +59,7 @@ grep -q 'RESULT_JSON {"binary":"base_bench_train_benchmark","args":"--steps 3"}'
   fail "TRAIN_ARGS not passed or RESULT_JSON missing: $s"
 grep -q '^torch (exit 0): median step 1012.0 ms' <<<"$s" || fail "no torch line: $s"
 grep -q 'aux_loss  *4.90 ms' <<<"$s" || fail "no breakdown phase: $s"
-grep -q '^extra 1 (exit 0): echo extra-one' <<<"$s" || fail "extra 1: $s"
+grep -q '^extra 1 (exit 0): cat >/dev/null; echo extra-one' <<<"$s" || fail "extra 1: $s"
 grep -q '^extra 2 (exit 3): echo extra-two; exit 3' <<<"$s" || fail "extra 2: $s"
 grep -q '^extra-two' <<<"$s" || fail "extra output missing: $s"
 grep -q 'trainer test' <<<"$s" && fail "trainer test without TRAINER=1: $s"

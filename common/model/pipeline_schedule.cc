@@ -26,8 +26,8 @@ PipelineOp Virtual(int64_t k, bool forward, int64_t pp, int64_t vpp) {
   return op;
 }
 
-// PipelineSchedule's argument rules (PipelineAliveMicroBatches and PipelineReceiveBuffers share
-// them and their messages).
+// PipelineSchedule's argument rules (PipelineAliveMicroBatches, PipelineReceiveBuffers and
+// PipelinePoolBuffers share them and their messages).
 absl::Status CheckArguments(int64_t pp, int64_t stage, int64_t vpp, int64_t num_micro) {
   if (pp < 1) return absl::InvalidArgumentError(absl::StrCat("pp (", pp, ") must be at least 1"));
   if (stage < 0 || stage >= pp) {

@@ -30,18 +30,18 @@
 // Pure arithmetic: no communication. It lives in common/model because both the worker and the
 // planner need it: the trainer runs these orders and sizes its activation slots by
 // PipelineAliveMicroBatches, and the memory estimate (model_math.h EstimateEngineMemory) counts
-// the same slots and the interleaved step's receive buffers (PipelineReceiveBuffers) per stage,
-// so the two agree by construction. The trainer's 1F1B step (Trainer::PipelineMicroBatches)
-// runs the ops of this order and pairs each with Megatron's exchanges. The interleaved step
-// (Trainer::InterleavedMicroBatches) runs a PipelineProgram instead: the same per-stage orders,
-// executed by all stages in lock-step rounds, with the messages of each round in one global
-// order that every stage walks (it sends or receives the ones that name it). Why: with VPP the
-// stages form a ring (the last stage's chunk v feeds the first stage's chunk v + 1), so the
-// even/odd pairing of 1F1B no longer orders the blocking Send/Recv of two neighbours that are
-// each other's next and previous stage (PP 2); walking one global order is deadlock-free for any
-// PP (the earliest unfinished message always has both its ends waiting on it), on Gloo (blocking
-// rendezvous) and NCCL (stream-ordered) alike. pipeline_schedule_test checks that every stage's
-// order is executable against the others', and simulates the program's messages as blocking
+// the same slots and the trainer's message-buffer pool (PipelinePoolBuffers: the interleaved
+// step's and evaluation's receives) per stage, so the two agree by construction. The trainer's 1F1B
+// step (Trainer::PipelineMicroBatches) runs the ops of this order and pairs each with Megatron's
+// exchanges. The interleaved step (Trainer::InterleavedMicroBatches) runs a PipelineProgram
+// instead: the same per-stage orders, executed by all stages in lock-step rounds, with the messages
+// of each round in one global order that every stage walks (it sends or receives the ones that name
+// it). Why: with VPP the stages form a ring (the last stage's chunk v feeds the first stage's chunk
+// v + 1), so the even/odd pairing of 1F1B no longer orders the blocking Send/Recv of two neighbours
+// that are each other's next and previous stage (PP 2); walking one global order is deadlock-free
+// for any PP (the earliest unfinished message always has both its ends waiting on it), on Gloo
+// (blocking rendezvous) and NCCL (stream-ordered) alike. pipeline_schedule_test checks that every
+// stage's order is executable against the others', and simulates the program's messages as blocking
 // rendezvous Send/Recv.
 #ifndef SWITCHYARD_COMMON_MODEL_PIPELINE_SCHEDULE_H_
 #define SWITCHYARD_COMMON_MODEL_PIPELINE_SCHEDULE_H_

@@ -342,14 +342,14 @@ TEST(PipelineScheduleTest, AliveMicroBatchesCountTheOrders) {
   }
 }
 
-// PipelineReceiveBuffers, the interleaved step's message buffers a stage holds at once (what the
-// trainer's pool grows to). By hand, PP 2·VPP 2·M 4 (the program's rounds, as Trainer::
-// InterleavedMicroBatches takes and frees them): stage 0 receives one activation (for chunk 1)
-// or one gradient per round and consumes it the round after: 1. Stage 1 holds in round 6 micro-
-// batch 1's head gradient (B1.1 sends it; freed after the round's receives), micro-batch 2's
-// activation for chunk 0 (received in round 4), micro-batch 0's gradient for chunk 0 (round 5)
-// and receives micro-batch 3's activation for chunk 0: 4. The count taken on 2·PP micro-batches
-// is the whole step's for every M up to 10·PP.
+// PipelineReceiveBuffers, the interleaved step's message buffers a stage holds at once (the
+// step's share of the trainer's pool, PipelinePoolBuffers). By hand, PP 2·VPP 2·M 4 (the program's
+// rounds, as Trainer:: InterleavedMicroBatches takes and frees them): stage 0 receives one
+// activation (for chunk 1) or one gradient per round and consumes it the round after: 1. Stage 1
+// holds in round 6 micro- batch 1's head gradient (B1.1 sends it; freed after the round's
+// receives), micro-batch 2's activation for chunk 0 (received in round 4), micro-batch 0's gradient
+// for chunk 0 (round 5) and receives micro-batch 3's activation for chunk 0: 4. The count taken on
+// 2·PP micro-batches is the whole step's for every M up to 10·PP.
 TEST(PipelineScheduleTest, ReceiveBuffersOfTheInterleavedStep) {
   EXPECT_EQ(*PipelineReceiveBuffers(2, 0, 2, 4), 1);
   EXPECT_EQ(*PipelineReceiveBuffers(2, 1, 2, 4), 4);

@@ -343,7 +343,9 @@ absl::Status CrossEntropyGradRowsCuda(const Stream& stream, float* logits, int64
     return absl::InvalidArgumentError("CrossEntropyGradRowsCuda: grad must be bf16 or f32");
   }
   const size_t smem = static_cast<size_t>(vocab) * sizeof(float);
-  if (smem > 48 * 1024) {  // only past the default; not a per-call driver call otherwise
+  // The default 48 KB covers dynamic + static shared memory (warp_part, row_lse_shared).
+  constexpr size_t kStaticSmem = sizeof(MaxSum) * (kRowThreads / 32) + sizeof(float);
+  if (smem + kStaticSmem > 48 * 1024) {  // only past the default: not a driver call per launch
     SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(CrossEntropyGradRowsKernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));

@@ -26,7 +26,8 @@ struct StatsArgs {
 };
 
 // One block per chunk of router_math::kAuxChunk tokens, one warp per token: each warp puts its
-// token's P row and lse in shared memory and counts its plain top-k; then thread e sums the
+// token's P row and lse in shared memory and counts its plain top-k (or the router's selection,
+// a.selected, where that is the same: AuxTopkIsRouterTopk); then thread e sums the
 // chunk's rows for expert e in token order from 0.0, and the last thread the lse² (the CPU
 // reference's order, so the same bits). Was one warp per chunk walking its 16 tokens in turn:
 // 512 warps for 8192 tokens, about one block per SM, latency-bound (~110 us per call on an H100,

@@ -2,14 +2,15 @@
 //
 // Load-balancing losses and the router z-loss (megatron_moe.md §1.6, §2), forward and backward.
 //
-// The losses use their OWN plain top-k (§2.2), not the routing: P = softmax_E(z) (softmax score
-// function) or σ(z)/Σ_E σ(z) (sigmoid), map_aux = top-k of P (= top-k of z: both are monotone),
-// ignoring groups, expert bias, capacity and pre/post-softmax. Counts are constants: no gradient
-// flows through them, as in Megatron. Where that top-k IS the router's selection
-// (AuxTopkIsRouterTopk: softmax, post-softmax, no groups; the router then selects the top-k of
-// the same fp32 logits with the same tie rule, lower expert index first, before any capacity
-// drop), the caller may pass the router's `selected_idx` and the counts are taken from it instead
-// of a second top-k over the logits (the same counts, without k rounds of arg-max per token).
+// The losses use their OWN plain top-k (§2.2), not the routing (but see selected_idx below): P =
+// softmax_E(z) (softmax score function) or σ(z)/Σ_E σ(z) (sigmoid), map_aux = top-k of P (= top-k
+// of z: both are monotone), ignoring groups, expert bias, capacity and pre/post-softmax. Counts are
+// constants: no gradient flows through them, as in Megatron. Where that top-k IS the router's
+// selection (AuxTopkIsRouterTopk: softmax, post-softmax, no groups; the router then selects the
+// top-k of the same fp32 logits with the same tie rule, lower expert index first, before any
+// capacity drop), the caller may pass the router's `selected_idx` and the counts are taken from it
+// instead of a second top-k over the logits (the same counts, without k rounds of arg-max per
+// token).
 //
 // Three calls per micro-batch, so that a distributed caller can all-reduce the counts in between:
 //   1. AuxLossStatsForward: per-sequence column sums of P, counts of map_aux, Σ_t lse(z_t)².

@@ -367,7 +367,7 @@ absl::Status LaunchBackward(const Stream& stream, const Tensor& dy, const Tensor
   const int64_t static_smem = 32 * sizeof(float);
   if (smem + static_smem <= max_smem) {
     auto* kernel = &RmsNormBackwardKernel<T, kVec, true>;
-    if (smem > 48 * 1024) {
+    if (smem + static_smem > 48 * 1024) {  // the default covers dynamic + static (H = 12288)
       SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
           kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }

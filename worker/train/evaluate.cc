@@ -179,6 +179,9 @@ absl::Status Trainer::PipelineForwardOnly(const std::vector<PipelineRound>& prog
   const model::GptConfig& c = model_->config();
   const Tensor shape = pp_input_.View();               // [t/TP, H] in the model dtype
   std::map<std::pair<int64_t, int64_t>, Buffer> held;  // (micro, chunk) -> its input
+  absl::Cleanup give_back = [&] {  // back to the pool on every exit (it never grows)
+    for (auto& [key, b] : held) pp_spare_.push_back(std::move(b));
+  };
   for (const PipelineRound& round : program) {
     Tensor outgoing;
     if (round.has_op[pp_rank_]) {

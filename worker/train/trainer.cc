@@ -845,9 +845,10 @@ absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, 
   // Micro-batch m keeps its activations in slot m % slots over all its chunks
   // (PipelineAliveMicroBatches sized them). The message buffers come from pp_spare_, the pool of
   // PipelinePoolBuffers allocated at Init (the memory estimate counts them, so a change to when a
-  // buffer is taken or freed here must change PipelineReceiveBuffers too). The last chunk
-  // of the last stage computes the loss and its backward in its forward op (ForwardBackward, as
-  // 1F1B's last stage); its backward op only sends that input gradient, which waits in a buffer
+  // buffer is taken or freed here must change PipelineReceiveBuffers too, and one in
+  // PipelineForwardOnly PipelineForwardOnlyBuffers: PipelinePoolBuffers is their maximum). The last
+  // chunk of the last stage computes the loss and its backward in its forward op (ForwardBackward,
+  // as 1F1B's last stage); its backward op only sends that input gradient, which waits in a buffer
   // until then.
   const Stream& s = stream_;
   comm::Communicator* pp = groups_->pp;
@@ -863,6 +864,11 @@ absl::Status Trainer::InterleavedMicroBatches(float ce_scale, double aux_scale, 
   // Buffers held between rounds: received activations (kind 0) and gradients (kind 1), and the
   // head chunk's input gradients (kind 2), by (kind, micro, chunk); spare ones are reused.
   std::map<std::tuple<int, int64_t, int64_t>, Buffer> held;
+  // Back to the pool on every exit, an error's too: the pool never grows, so a lost buffer would
+  // make a later step fail as if PipelinePoolBuffers undercounted.
+  absl::Cleanup give_back = [&] {
+    for (auto& [key, b] : held) pp_spare_.push_back(std::move(b));
+  };
   auto take = [&](std::tuple<int, int64_t, int64_t> key) -> absl::StatusOr<Tensor> {
     SY_ASSIGN_OR_RETURN(Buffer b, TakePipelineBuffer());
     const Tensor view = b.View();

@@ -316,8 +316,9 @@ class Trainer {
                               // 2·cp_−1−cp_rank_ of each sequence of its DP rank's samples
   int pp_ = 1, pp_rank_ = 0;  // pipeline: this rank is stage pp_rank_ of pp_
   int vpp_ = 1;               // model chunks per stage (interleaved schedule when > 1)
-  // Interleaved: spare [t/TP, H] buffers for received activations and gradients (reused over
-  // the rounds and steps of InterleavedMicroBatches).
+  // PP > 1: the pool of [t/TP, H] message buffers, PipelinePoolBuffers of them allocated at Init
+  // (the interleaved step's received activations and gradients, evaluation's forward-only
+  // receives at any VPP); taken and returned over the rounds and steps, never grown.
   std::vector<kernels::Buffer> pp_spare_;  // the free ones of the pool, PipelinePoolBuffers
   int64_t pp_pool_size_ = 0;
   // A pipeline message buffer shaped like pp_input_ from the pool (pp_spare_); an internal error
