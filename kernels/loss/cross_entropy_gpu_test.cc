@@ -228,6 +228,79 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpuTest,
                                            Shape{256, 128, 50257, 100},
                                            Shape{2048, 1024, 151936, 768}));
 
+// f32 weights: the gradient is written over the f32 logits in place (no bf16 copy), by the fused
+// row kernel in ForwardBackward (V = 32000) and by SoftmaxGradRowsKernel in Backward; the two
+// must agree bitwise, and both match the fp64 CPU reference (loss and lse 1e-5 relative, the f32
+// rule; dh and dw 1e-4: their g uses the fast __expf and sums over 32000 vocabulary rows; the
+// GEMMs are full fp32, CUBLAS_COMPUTE_32F). Not yet run on a GPU when written (session 18).
+TEST(CrossEntropyGpuTest, F32InPlaceGradientMatchesCpuAndTheTwoKernels) {
+  SY_REQUIRE_GPU();
+  const int64_t t_n = 96, h_n = 64, v_n = 32000, chunk = 40;
+  std::mt19937_64 rng(std::random_device{}());
+  Buffer h = Host(DType::kF32, {t_n, h_n}), w = Host(DType::kF32, {v_n, h_n});
+  Buffer tg = Host(DType::kI32, {t_n}), dw0 = Host(DType::kF32, {v_n, h_n});
+  testing::FillRandom(h.View(), rng);
+  testing::FillRandom(w.View(), rng, 2.0f / std::sqrt(static_cast<float>(h_n)));
+  testing::FillRandom(dw0.View(), rng, 0.01f);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
+  for (int64_t t = 0; t < t_n; ++t) {
+    tg.View().as<int32_t>()[t] = t % 7 == 2 ? kIgnoreTarget : pick(rng);
+  }
+  const float dloss = 1.0f / static_cast<float>(t_n);
+  const Stream gpu{Device::Cuda(0), nullptr};
+  auto plan = FusedLinearCrossEntropy::Create(Device::Cuda(0), t_n, h_n, v_n, chunk);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Buffer d_h = Upload(h), d_w = Upload(w), d_tg = Upload(tg);
+  // Forward + Backward (the two row kernels).
+  Buffer a_dw = Upload(dw0), a_loss = Poisoned(DType::kF32, {1}), a_n = Poisoned(DType::kI32, {1});
+  Buffer a_lse = Poisoned(DType::kF32, {t_n}), a_dh = Poisoned(DType::kF32, {t_n, h_n});
+  ASSERT_TRUE((*plan)
+                  ->Forward(gpu, d_h.View(), d_w.View(), d_tg.View(), a_loss.View(), a_n.View(),
+                            a_lse.View())
+                  .ok());
+  ASSERT_TRUE((*plan)
+                  ->Backward(gpu, d_h.View(), d_w.View(), d_tg.View(), a_lse.View(), dloss,
+                             a_dh.View(), a_dw.View())
+                  .ok());
+  // ForwardBackward (the fused rows, in place over the f32 logits).
+  Buffer b_dw = Upload(dw0), b_loss = Poisoned(DType::kF32, {1}), b_n = Poisoned(DType::kI32, {1});
+  Buffer b_lse = Poisoned(DType::kF32, {t_n}), b_dh = Poisoned(DType::kF32, {t_n, h_n});
+  ASSERT_TRUE((*plan)
+                  ->ForwardBackward(gpu, d_h.View(), d_w.View(), d_tg.View(), dloss, b_loss.View(),
+                                    b_n.View(), b_lse.View(), b_dh.View(), b_dw.View())
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(testing::ToFloatVector(b_loss.View()), testing::ToFloatVector(a_loss.View()));
+  EXPECT_EQ(testing::ToFloatVector(b_lse.View()), testing::ToFloatVector(a_lse.View()));
+  EXPECT_EQ(testing::ToFloatVector(b_dh.View()), testing::ToFloatVector(a_dh.View()));
+  EXPECT_EQ(testing::ToFloatVector(b_dw.View()), testing::ToFloatVector(a_dw.View()));
+  // The CPU reference.
+  auto cpu_plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, v_n, chunk).value();
+  Buffer loss = Host(DType::kF32, {1}), n = Host(DType::kI32, {1}), lse = Host(DType::kF32, {t_n});
+  Buffer dh = Host(DType::kF32, {t_n, h_n}), dw = Host(DType::kF32, {v_n, h_n});
+  ASSERT_TRUE(CopyTensor(dw0.View(), dw.View()).ok());
+  ASSERT_TRUE(cpu_plan
+                  ->ForwardBackward(Stream::Cpu(), h.View(), w.View(), tg.View(), dloss,
+                                    loss.View(), n.View(), lse.View(), dh.View(), dw.View())
+                  .ok());
+  const Shape s{t_n, h_n, v_n, chunk};
+  const float gl = testing::ToFloatVector(b_loss.View())[0], cl = loss.View().as<float>()[0];
+  Report("f32 loss", s, std::abs(gl - cl) / std::abs(cl), 1e-5);
+  Report("f32 lse", s,
+         testing::RelativeError(testing::ToFloatVector(b_lse.View()),
+                                testing::ToFloatVector(lse.View())),
+         1e-5);
+  Report("f32 dh", s,
+         testing::RelativeError(testing::ToFloatVector(b_dh.View()),
+                                testing::ToFloatVector(dh.View())),
+         1e-4);
+  Report("f32 dw (delta)", s,
+         testing::RelativeError(
+             Minus(testing::ToFloatVector(b_dw.View()), testing::ToFloatVector(dw0.View())),
+             Minus(testing::ToFloatVector(dw.View()), testing::ToFloatVector(dw0.View()))),
+         1e-4);
+}
+
 struct VpShape {
   int tp;
   int64_t t_n, h_n, v_n, chunk;
