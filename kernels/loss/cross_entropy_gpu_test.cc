@@ -52,6 +52,30 @@ void Report(const char* what, const Shape& s, double err, double tol) {
   EXPECT_LT(err, tol) << what;
 }
 
+// Fresh random inputs of one test: h [T, H] and w [V, H] of `dt` (logits ~ N(0, 4)), targets
+// with every fifth token ignored, and a random dw0 [V, H] f32 to accumulate into.
+struct Inputs {
+  Buffer h, w, tg, dw0;
+  int valid = 0;    // tokens with a target
+  float dloss = 0;  // 1 / valid
+};
+
+Inputs RandomInputs(DType dt, int64_t t_n, int64_t h_n, int64_t v_n, std::mt19937_64& rng) {
+  Inputs in{Host(dt, {t_n, h_n}), Host(dt, {v_n, h_n}), Host(DType::kI32, {t_n}),
+            Host(DType::kF32, {v_n, h_n})};
+  testing::FillRandom(in.h.View(), rng);
+  testing::FillRandom(in.w.View(), rng, 2.0f / std::sqrt(static_cast<float>(h_n)));
+  testing::FillRandom(in.dw0.View(), rng, 0.01f);
+  int32_t* targets = in.tg.View().as<int32_t>();
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
+  for (int64_t t = 0; t < t_n; ++t) {
+    targets[t] = t % 5 == 3 ? kIgnoreTarget : pick(rng);
+    in.valid += targets[t] != kIgnoreTarget;
+  }
+  in.dloss = 1.0f / static_cast<float>(std::max(in.valid, 1));
+  return in;
+}
+
 class CrossEntropyGpuTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(CrossEntropyGpuTest, Bf16MatchesCpuReference) {
@@ -59,20 +83,12 @@ TEST_P(CrossEntropyGpuTest, Bf16MatchesCpuReference) {
   const Shape s = GetParam();
   const int64_t t_n = s.t_n, h_n = s.h_n, v_n = s.v_n;
   std::mt19937_64 rng(std::random_device{}());
-  Buffer h = Host(DType::kBF16, {t_n, h_n}), w = Host(DType::kBF16, {v_n, h_n});
-  Buffer tg = Host(DType::kI32, {t_n}), dw0 = Host(DType::kF32, {v_n, h_n});
-  testing::FillRandom(h.View(), rng);
-  testing::FillRandom(w.View(), rng,
-                      2.0f / std::sqrt(static_cast<float>(h_n)));  // logits ~ N(0, 4)
-  testing::FillRandom(dw0.View(), rng, 0.01f);
-  int32_t* targets = tg.View().as<int32_t>();
+  Inputs in = RandomInputs(DType::kBF16, t_n, h_n, v_n, rng);
+  Buffer &h = in.h, &w = in.w, &tg = in.tg, &dw0 = in.dw0;
+  const int32_t* targets = tg.View().as<int32_t>();
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
-  int valid = 0;
-  for (int64_t t = 0; t < t_n; ++t) {
-    targets[t] = t % 5 == 3 ? kIgnoreTarget : pick(rng);
-    valid += targets[t] != kIgnoreTarget;
-  }
-  const float dloss = 1.0f / static_cast<float>(std::max(valid, 1));
+  const int valid = in.valid;
+  const float dloss = in.dloss;
 
   // GPU.
   const Stream gpu{Device::Cuda(0), nullptr};
@@ -237,16 +253,9 @@ TEST(CrossEntropyGpuTest, F32InPlaceGradientMatchesCpuAndTheTwoKernels) {
   SY_REQUIRE_GPU();
   const int64_t t_n = 96, h_n = 64, v_n = 32000, chunk = 40;
   std::mt19937_64 rng(std::random_device{}());
-  Buffer h = Host(DType::kF32, {t_n, h_n}), w = Host(DType::kF32, {v_n, h_n});
-  Buffer tg = Host(DType::kI32, {t_n}), dw0 = Host(DType::kF32, {v_n, h_n});
-  testing::FillRandom(h.View(), rng);
-  testing::FillRandom(w.View(), rng, 2.0f / std::sqrt(static_cast<float>(h_n)));
-  testing::FillRandom(dw0.View(), rng, 0.01f);
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
-  for (int64_t t = 0; t < t_n; ++t) {
-    tg.View().as<int32_t>()[t] = t % 7 == 2 ? kIgnoreTarget : pick(rng);
-  }
-  const float dloss = 1.0f / static_cast<float>(t_n);
+  Inputs in = RandomInputs(DType::kF32, t_n, h_n, v_n, rng);
+  Buffer &h = in.h, &w = in.w, &tg = in.tg, &dw0 = in.dw0;
+  const float dloss = in.dloss;
   const Stream gpu{Device::Cuda(0), nullptr};
   auto plan = FusedLinearCrossEntropy::Create(Device::Cuda(0), t_n, h_n, v_n, chunk);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -315,19 +324,10 @@ TEST_P(CrossEntropyVocabParallelGpuTest, VocabParallelBf16MatchesCpuReference) {
   const int64_t t_n = p.t_n, h_n = p.h_n, v_n = p.v_n, vl = v_n / tp;
   const Shape s{t_n, h_n, v_n, p.chunk};
   std::mt19937_64 rng(std::random_device{}());
-  Buffer h = Host(DType::kBF16, {t_n, h_n}), w = Host(DType::kBF16, {v_n, h_n});
-  Buffer tg = Host(DType::kI32, {t_n}), dw0 = Host(DType::kF32, {v_n, h_n});
-  testing::FillRandom(h.View(), rng);
-  testing::FillRandom(w.View(), rng, 2.0f / std::sqrt(static_cast<float>(h_n)));
-  testing::FillRandom(dw0.View(), rng, 0.01f);
-  int32_t* targets = tg.View().as<int32_t>();
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v_n) - 1);
-  int valid = 0;
-  for (int64_t t = 0; t < t_n; ++t) {
-    targets[t] = t % 5 == 3 ? kIgnoreTarget : pick(rng);
-    valid += targets[t] != kIgnoreTarget;
-  }
-  const float dloss = 1.0f / static_cast<float>(std::max(valid, 1));
+  Inputs in = RandomInputs(DType::kBF16, t_n, h_n, v_n, rng);
+  Buffer &h = in.h, &w = in.w, &tg = in.tg, &dw0 = in.dw0;
+  const int valid = in.valid;
+  const float dloss = in.dloss;
 
   // The CPU reference over the whole vocabulary.
   auto cpu_plan = FusedLinearCrossEntropy::Create(Device::Cpu(), t_n, h_n, v_n, p.chunk).value();
