@@ -904,7 +904,14 @@ absl::Status GptModel::InitMaster(const Stream& stream, uint64_t seed, const Ten
   return absl::OkStatus();
 }
 
-absl::Status GptModel::ZeroGrads(const Stream& stream) { return ZeroAsync(stream, grads_.View()); }
+absl::Status GptModel::ZeroGrads(const Stream& stream, ExpertGrads experts) {
+  const int64_t keep = experts == ExpertGrads::kOverwrite ? layout_.expert_end : 0;
+  const Tensor all = grads_.View();
+  SY_RETURN_IF_ERROR(ZeroAsync(stream, Slice(all, keep, {layout_.total - keep})));
+  overwrite_expert_grads_.assign(static_cast<size_t>(config_.num_layers),
+                                 experts == ExpertGrads::kOverwrite);
+  return absl::OkStatus();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -1341,7 +1348,16 @@ absl::Status GptModel::LayerBackward(const Stream& s, Layer& L, int64_t seq_len,
   phase.Next(L.is_moe ? "moe" : "mlp");
   // MLP: dn = d(loss)/d(n2), then through the post-attention norm into g.
   if (L.is_moe) {
-    SY_RETURN_IF_ERROR(L.moe->Backward(s, L.mp, L.mg, g, dn, aux_grad_scale));
+    // The first Backward after ZeroGrads(kOverwrite) writes the expert gradients (and, with
+    // them, the router's and shared expert's, which were zeroed) instead of adding.
+    bool overwrite = false;
+    if (static_cast<size_t>(L.index) < overwrite_expert_grads_.size()) {
+      overwrite = overwrite_expert_grads_[L.index];
+      overwrite_expert_grads_[L.index] = false;
+    }
+    SY_RETURN_IF_ERROR(L.moe->Backward(
+        s, L.mp, L.mg, g, dn, aux_grad_scale,
+        overwrite ? MoELayer::GradMode::kOverwrite : MoELayer::GradMode::kAccumulate));
   } else {
     const Tensor hh = Rows(L.h, t), a = Rows(L.a, t), dh = Rows(dh_, t), da = Rows(da_, t);
     if (c.recompute_mlp) {

@@ -419,7 +419,18 @@ class GptModel {
   // Writes the initial values (see the file comment) into `master` [total] (f32, or f64 on the
   // CPU) on the model's device; padding elements are 0.
   absl::Status InitMaster(const Stream& stream, uint64_t seed, const Tensor& master) const;
-  absl::Status ZeroGrads(const Stream& stream);
+  // What ZeroGrads does with the expert gradients, [0, layout().expert_end) of grads().
+  enum class ExpertGrads {
+    kZero,  // zeroed with the rest
+    // Left as they are (any values, NaN included): each MoE layer's next Backward WRITES its
+    // gradients (MoELayer::GradMode::kOverwrite) instead of adding to zeros, and the ones after
+    // it add as usual. The expert gradients are most of the buffer (the benchmark model: 5.4 of
+    // 6.2 GB) and their weight-gradient GEMMs are bound by the fp32 read-modify-write, so this
+    // saves the memset and the first micro-batch's read of them. Only Backward may touch them
+    // next (padding between expert tensors is never written, so it stays 0).
+    kOverwrite,
+  };
+  absl::Status ZeroGrads(const Stream& stream, ExpertGrads experts = ExpertGrads::kZero);
 
   // One micro-batch: forward, loss, backward; ADDS the gradients of
   //   ce_scale · sum_t CE_t + aux_grad_scale · (MoE aux and z losses)
@@ -544,6 +555,8 @@ class GptModel {
   int64_t max_tokens_ = 0, max_micro_ = 0, tokens_ = 0;
   uint64_t step_counter_ = 0;  // jitter offsets
   kernels::Buffer params_, grads_, expert_bias_, local_counts_;
+  // ZeroGrads(kOverwrite): the layers (by index) whose next MoE Backward overwrites.
+  std::vector<bool> overwrite_expert_grads_;
   std::vector<kernels::Buffer> buffers_;  // activations, scratch, stats
   // "moe_act" recompute: the MoE layers' SwiGLU scratch, routed and shared expert (MoEActScratch).
   std::unique_ptr<ScratchBuffer> moe_act_scratch_, shared_act_scratch_;

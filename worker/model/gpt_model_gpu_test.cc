@@ -7,10 +7,13 @@
 //   (measured on the CPU), so fp32 is not the reference for a bf16 model. Gradients are poisoned
 //   before they are zeroed.
 // - Causality: changing one token changes no logit of an earlier position or another sequence.
-// - Selective recompute (moe_act, layernorm, mlp) is bit-identical to none (deterministic mode).
+// - Selective recompute (moe_act, layernorm, mlp) is bit-identical to none (deterministic mode),
+//   and the expert gradients written by the first backward (ZeroGrads(kOverwrite)) equal zeroed
+//   and added ones.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -211,7 +214,7 @@ TEST(GptModelGpuTest, NoInformationFlowsFromLaterTokens) {
 // gated shared expert overlapped on its side stream and the experts' fc1 weight gradient delayed
 // on another (the shared SwiGLU and norm scratch are used across those streams). The attention
 // runs its deterministic backward (training.deterministic_mode), so two runs without recompute
-// are bit-identical too. Not yet run on a GPU.
+// are bit-identical too; a third run checks ZeroGrads(kOverwrite) against the first.
 TEST(GptModelGpuTest, RecomputeIsBitIdenticalToNoRecompute) {
   SY_REQUIRE_GPU();
   absl::StatusOr<kernels::AttentionSettings> saved = kernels::GetAttentionSettings();
@@ -255,9 +258,16 @@ TEST(GptModelGpuTest, RecomputeIsBitIdenticalToNoRecompute) {
   }
   std::vector<std::vector<uint16_t>> grads;
   std::vector<GptStepStats> stats;
-  for (GptModel* m : {model_off->get(), model_on->get()}) {
-    ASSERT_TRUE(kernels::FillBytes(m->grads(), 0xFF).ok());  // poison, then zero explicitly
-    ASSERT_TRUE(m->ZeroGrads(gs).ok());
+  // Third run: the model without recompute again, the expert gradients left poisoned by
+  // ZeroGrads(kOverwrite) and written by each MoE layer's first backward (the trainer's step).
+  const GptModel::ExpertGrads modes[3] = {GptModel::ExpertGrads::kZero,
+                                          GptModel::ExpertGrads::kZero,
+                                          GptModel::ExpertGrads::kOverwrite};
+  GptModel* const runs[3] = {model_off->get(), model_on->get(), model_off->get()};
+  for (int r = 0; r < 3; ++r) {
+    GptModel* m = runs[r];
+    ASSERT_TRUE(kernels::FillBytes(m->grads(), 0xFF).ok());  // poison (NaN), then zero
+    ASSERT_TRUE(m->ZeroGrads(gs, modes[r]).ok());
     for (int micro = 0; micro < 2; ++micro) {
       const absl::Status st =
           m->ForwardBackward(gs, ids[micro].View(), targets[micro].View(), off.seq_length,
@@ -278,6 +288,24 @@ TEST(GptModelGpuTest, RecomputeIsBitIdenticalToNoRecompute) {
   for (int64_t i = 0; i < 2 * n; i += 2) {
     differ += grads[0][i] != grads[1][i] || grads[0][i + 1] != grads[1][i + 1];
   }
+  // Overwritten vs zeroed and added: equal as numbers (a GEMM's 0·C term can turn a -0 into +0),
+  // NaN counted as a difference.
+  int64_t differ_overwrite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float a, b;
+    std::memcpy(&a, &grads[0][2 * i], sizeof(float));
+    std::memcpy(&b, &grads[2][2 * i], sizeof(float));
+    differ_overwrite += a == b ? 0 : 1;
+  }
+  const int64_t expert_end = (*model_off)->layout().expert_end;
+  std::printf(
+      "expert gradients [0, %lld) overwritten by the first backward vs zeroed (2 micro-batches, "
+      "poisoned before): %lld of %lld elements differ; loss sum %.9g vs %.9g\n",
+      static_cast<long long>(expert_end), static_cast<long long>(differ_overwrite),
+      static_cast<long long>(n), stats[2].loss_sum, stats[0].loss_sum);
+  EXPECT_GT(expert_end, 0);
+  EXPECT_EQ(differ_overwrite, 0);
+  EXPECT_EQ(stats[2].loss_sum, stats[0].loss_sum);
   std::printf(
       "recompute moe_act+layernorm+mlp vs none (bf16, 2 micro-batches): loss sum %.9g vs %.9g, "
       "MoE losses %.9g vs %.9g, %lld of %lld gradient elements differ (bitwise)\n",

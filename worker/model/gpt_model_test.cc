@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "kernels/runtime/buffer.h"
 
@@ -293,9 +296,9 @@ struct Model {
 };
 
 // Builds the fp64 model with random parameters and a random batch of B sequences.
-Model MakeModel(const GptConfig& c, int64_t batch, uint64_t seed) {
+Model MakeModel(const GptConfig& c, int64_t batch, uint64_t seed, int64_t micro_batches = 1) {
   Model m;
-  auto model = GptModel::Create(c, Device::Cpu(), batch, 1);
+  auto model = GptModel::Create(c, Device::Cpu(), batch, micro_batches);
   EXPECT_TRUE(model.ok()) << model.status();
   m.model = std::move(*model);
   const Stream s = Stream::Cpu();
@@ -386,6 +389,62 @@ TEST(GptModelTest, GradientsAccumulateOverMicroBatches) {
   }
   EXPECT_GT(max_ref, 0);
   EXPECT_LT(max_err, 1e-12 * std::max(1.0, max_ref));
+}
+
+// ZeroGrads(kOverwrite) leaves the expert gradients as they are (here NaN) and the MoE layers'
+// first backward writes them: two micro-batches then give exactly the gradients of zeroing
+// everything and adding, in every element; and the flags are spent by the first backward (a
+// third micro-batch adds).
+TEST(GptModelTest, ExpertGradsOverwrittenByTheFirstBackwardEqualZeroingThem) {
+  GptConfig c = TinyConfig(DType::kF64, true);
+  c.num_layers = 3;
+  c.moe_layers = {true, false, true};
+  Model m = MakeModel(c, 2, 21, /*micro_batches=*/3);
+  const Stream s = Stream::Cpu();
+  const Tensor grads = m.model->grads();
+  const int64_t n = grads.numel(), expert_end = m.model->layout().expert_end;
+  ASSERT_GT(expert_end, 0);
+  ASSERT_LT(expert_end, n);
+  double* gd = grads.as<double>();
+  int32_t* targets = m.targets.View().as<int32_t>();
+  const std::vector<int32_t> targets0(targets, targets + m.targets.View().numel());
+  auto run = [&](GptModel::ExpertGrads mode, int micro_batches) {
+    // Every tensor poisoned (the padding between tensors stays 0, as nothing writes it).
+    for (const ParamInfo& p : m.model->layout().params) {
+      std::fill(gd + p.offset, gd + p.offset + p.numel, std::numeric_limits<double>::quiet_NaN());
+    }
+    EXPECT_TRUE(m.model->ZeroGrads(s, mode).ok());
+    for (int j = 0; j < micro_batches; ++j) {
+      // Another batch each micro-batch (the targets shifted), the same in both runs.
+      for (size_t i = 0; i < targets0.size(); ++i) {
+        targets[i] = targets0[i] < 0 ? targets0[i] : (targets0[i] + j) % c.vocab_size;
+      }
+      absl::Status st =
+          m.model->ForwardBackward(s, m.ids.View(), m.targets.View(), c.seq_length, 0.1f, 0.5, j);
+      EXPECT_TRUE(st.ok()) << st;
+    }
+    return std::vector<double>(gd, gd + n);
+  };
+  // kZero after the poison: every element is a number again.
+  const std::vector<double> zeroed = run(GptModel::ExpertGrads::kZero, 2);
+  const std::vector<double> overwritten = run(GptModel::ExpertGrads::kOverwrite, 2);
+  int64_t differ = 0, nonzero_expert = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(zeroed[i] == overwritten[i])) ++differ;  // NaN counts as a difference
+    if (i < expert_end && zeroed[i] != 0) ++nonzero_expert;
+  }
+  EXPECT_EQ(differ, 0) << "of " << n << " gradient elements";
+  EXPECT_GT(nonzero_expert, expert_end / 2) << "the expert region must carry gradients";
+  // Three micro-batches: the third adds (the flags were spent by the first).
+  const std::vector<double> zeroed3 = run(GptModel::ExpertGrads::kZero, 3);
+  const std::vector<double> overwritten3 = run(GptModel::ExpertGrads::kOverwrite, 3);
+  differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += zeroed3[i] == overwritten3[i] ? 0 : 1;
+  EXPECT_EQ(differ, 0);
+  std::printf(
+      "expert gradients [0, %lld) of %lld: overwritten by the first backward == zeroed, bitwise, "
+      "over 2 and 3 micro-batches\n",
+      static_cast<long long>(expert_end), static_cast<long long>(n));
 }
 
 TEST(GptModelTest, NoInformationFlowsFromLaterTokens) {

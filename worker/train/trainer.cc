@@ -606,8 +606,10 @@ absl::StatusOr<StepResult> Trainer::Step() {
     if (timer_.in_step()) timer_.EndStep(s).IgnoreError();  // error path: the error wins
   };
   {
+    // The expert gradients are not zeroed: each MoE layer's first backward of the step writes
+    // them (GptModel::ExpertGrads::kOverwrite), whatever the schedule.
     model::ScopedRange range(s, "zero_grads");
-    SY_RETURN_IF_ERROR(model_->ZeroGrads(s));
+    SY_RETURN_IF_ERROR(model_->ZeroGrads(s, model::GptModel::ExpertGrads::kOverwrite));
   }
   const float ce_scale = static_cast<float>(1.0 / static_cast<double>(gbs * seq_));
   const double aux_scale = 1.0 / static_cast<double>(num_micro_global_);
