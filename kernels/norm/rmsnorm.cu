@@ -177,7 +177,16 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t < t_n; t += stride) {
     const float r = rstd[t];
-    P d[kJ], xv[kJ];
+    P d[kJ], xv[kJ], o[kJ];
+    // The accumulated dx is loaded with dy and x (one round trip to memory per row, not two:
+    // 16 warps per SM at H = 1536 cannot hide a second one); no alias with dy when accumulating.
+    if (accum_dx) {
+#pragma unroll
+      for (int q = 0; q < kJ; ++q) {
+        const int64_t i = lane + 32 * q;
+        if (i < nv) o[q] = reinterpret_cast<const P*>(dx + t * h_n)[i];
+      }
+    }
     float dot = 0.0f;
 #pragma unroll
     for (int q = 0; q < kJ; ++q) {
@@ -199,8 +208,6 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
     for (int q = 0; q < kJ; ++q) {
       const int64_t i = lane + 32 * q;
       if (i < nv) {
-        P o;
-        if (accum_dx) o = reinterpret_cast<const P*>(dx + t * h_n)[i];  // no alias with dy
         const P wq = weight(q, i);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
@@ -212,9 +219,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
             acc[q][k] = NormGradWeight(acc[q][k], df, xf, r);
           }
           const float g = NormGradIn(r, df, ToFloat(wq.v[k]), xf, c);
-          o.v[k] = FromFloat<T>(accum_dx ? __fadd_rn(ToFloat(o.v[k]), g) : g);
+          o[q].v[k] = FromFloat<T>(accum_dx ? __fadd_rn(ToFloat(o[q].v[k]), g) : g);
         }
-        reinterpret_cast<P*>(dx + t * h_n)[i] = o;
+        reinterpret_cast<P*>(dx + t * h_n)[i] = o[q];
       }
     }
   }
