@@ -163,6 +163,9 @@ TEST(HttpServerTest, ConnectionCaps) {
   EXPECT_EQ(r.headers["retry-after"], "1");
   EXPECT_TRUE(absl::StrContains(r.body, "per-client maximum")) << r.body;
   EXPECT_EQ(Request(server->port(), "GET /healthz HTTP/1.1\r\n\r\n", "127.0.0.3").status, 200);
+  // The two answered requests' connections count until the server has closed them, which may be
+  // after the client read the answer: wait, or a loaded machine refuses the next pair at the cap.
+  ASSERT_TRUE(WaitFor([&] { return server->open_connections() == 3; }, kReadBound));
 
   for (int i = 0; i < 2; ++i) held.push_back(ConnectFrom("127.0.0.3", server->port()));
   ASSERT_TRUE(WaitFor([&] { return server->open_connections() == 5; }, kReadBound));
