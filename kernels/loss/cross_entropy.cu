@@ -75,6 +75,45 @@ __device__ __forceinline__ float SoftmaxGrad(float z, float row_lse, float dloss
   return t == kIgnoreTarget ? 0.0f : dloss * (__expf(z - row_lse) - (is_target ? 1.0f : 0.0f));
 }
 
+// The fused row kernels, once a block has its row staged in `row` and its pairs in `acc`: the
+// row's lse for every thread; thread 0 also writes lse[r] and the loss term.
+__device__ __forceinline__ float FinishStagedRow(MaxSum acc, MaxSum* warp_part, float* lse_shared,
+                                                 int64_t r, int32_t t, int64_t vocab,
+                                                 const float* row, float* lse, float* row_loss) {
+  const float lse_0 = BlockLse(acc, warp_part);  // thread 0's
+  if (threadIdx.x == 0) {
+    lse[r] = lse_0;
+    *lse_shared = lse_0;
+    row_loss[r] = LossTerm(lse_0, t, vocab, row);
+  }
+  __syncthreads();
+  return *lse_shared;
+}
+
+// The fused row kernels' gradient of row r's columns [begin, end) from the staged row (begin and
+// end even when vocab is: bf16 then goes in pairs, 4-byte stores); f32 `grad` may be the logits.
+__device__ __forceinline__ void WriteStagedRowGrad(const float* row, int64_t r, int64_t vocab,
+                                                   int64_t begin, int64_t end, float row_lse,
+                                                   float dloss, int32_t t, void* grad, bool bf16) {
+  if (bf16 && vocab % 2 == 0) {
+    auto* g2 = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(grad) + r * vocab);
+    for (int64_t p = begin / 2 + threadIdx.x; p < end / 2; p += kRowThreads) {
+      const float g0 = SoftmaxGrad(row[2 * p], row_lse, dloss, t, 2 * p == t);
+      const float g1 = SoftmaxGrad(row[2 * p + 1], row_lse, dloss, t, 2 * p + 1 == t);
+      g2[p] = __floats2bfloat162_rn(g0, g1);
+    }
+    return;
+  }
+  for (int64_t v = begin + threadIdx.x; v < end; v += kRowThreads) {
+    const float g = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(grad)[r * vocab + v] = __float2bfloat16_rn(g);
+    } else {
+      static_cast<float*>(grad)[r * vocab + v] = g;
+    }
+  }
+}
+
 __global__ void CrossEntropyRowsKernel(const float* logits, int64_t vocab, const int32_t* targets,
                                        float* lse, float* row_loss) {
   __shared__ MaxSum warp_part[kRowThreads / 32];
@@ -143,36 +182,10 @@ __global__ void __launch_bounds__(kRowThreads)
       OnlineAdd(acc, x[i]);  // CrossEntropyRowsKernel's order
     }
   }
-  const float lse_0 = BlockLse(acc, warp_part);  // thread 0's
   const int32_t t = targets[r];
-  if (threadIdx.x == 0) {
-    lse[r] = lse_0;
-    row_lse_shared = lse_0;
-    row_loss[r] = LossTerm(lse_0, t, vocab, row);
-  }
-  __syncthreads();
-  const float row_lse = row_lse_shared;
-  if (bf16 && vocab % 2 == 0) {  // pairs: 4-byte stores
-    auto* g2 = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(grad) + r * vocab);
-    for (int64_t p = threadIdx.x; p < vocab / 2; p += kRowThreads) {
-      float g[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int64_t v = 2 * p + j;
-        g[j] = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
-      }
-      g2[p] = __floats2bfloat162_rn(g[0], g[1]);
-    }
-    return;
-  }
-  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) {
-    const float g = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
-    if (bf16) {
-      static_cast<__nv_bfloat16*>(grad)[r * vocab + v] = __float2bfloat16_rn(g);
-    } else {
-      static_cast<float*>(grad)[r * vocab + v] = g;  // may be the logits row: staged already
-    }
-  }
+  const float row_lse =
+      FinishStagedRow(acc, warp_part, &row_lse_shared, r, t, vocab, row, lse, row_loss);
+  WriteStagedRowGrad(row, r, vocab, 0, vocab, row_lse, dloss, t, grad, bf16);
 }
 
 // CrossEntropyGradRowsKernel's rows with the loads made by the copy engine (sm_90: bulk copies
@@ -257,31 +270,14 @@ __global__ void __launch_bounds__(kRowThreads)
       const int64_t end = (c + 1) * cs < vocab ? (c + 1) * cs : vocab;
       for (int64_t v = c * cs + threadIdx.x; v < end; v += kRowThreads) OnlineAdd(acc, row[v]);
     }
-    const float lse_0 = BlockLse(acc, warp_part);  // thread 0's
     const int32_t t = targets[r];
-    if (threadIdx.x == 0) {
-      lse[r] = lse_0;
-      row_lse_shared = lse_0;
-      row_loss[r] = LossTerm(lse_0, t, vocab, row);
-    }
-    __syncthreads();
-    const float row_lse = row_lse_shared;
+    const float row_lse =
+        FinishStagedRow(acc, warp_part, &row_lse_shared, r, t, vocab, row, lse, row_loss);
     const int64_t next = r + gridDim.x;
     for (int c = 0; c < chunks; ++c) {
+      // A chunk holds whole bf16 pairs (vocab and the chunk size are even).
       const int64_t begin = c * cs, end = begin + cs < vocab ? begin + cs : vocab;
-      if (bf16) {  // pairs (vocab is even): 4-byte stores; a chunk holds whole pairs
-        auto* g2 = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(grad) + r * vocab);
-        for (int64_t p = begin / 2 + threadIdx.x; p < end / 2; p += kRowThreads) {
-          const float g0 = SoftmaxGrad(row[2 * p], row_lse, dloss, t, 2 * p == t);
-          const float g1 = SoftmaxGrad(row[2 * p + 1], row_lse, dloss, t, 2 * p + 1 == t);
-          g2[p] = __floats2bfloat162_rn(g0, g1);
-        }
-      } else {
-        float* g = static_cast<float*>(grad) + r * vocab;  // may be the logits row: staged
-        for (int64_t v = begin + threadIdx.x; v < end; v += kRowThreads) {
-          g[v] = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
-        }
-      }
+      WriteStagedRowGrad(row, r, vocab, begin, end, row_lse, dloss, t, grad, bf16);
       if (next < rows) {
         // Every thread has read chunk c of this row: the copy engine may overwrite it.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
