@@ -14,7 +14,7 @@
 #           binary the caller added to the bundle) that one first, alternately, TRAIN_RUNS times
 #           (default 2), each with TRAIN_ARGS; the result row and RESULT_JSON of each run are kept.
 #   torch   torch_train_baseline.py --json (the PyTorch reference of the same step), unless NO_TORCH=1.
-#   breakdown  ./bench_train_benchmark --breakdown: the phase table is kept.
+#   breakdown  ./bench_train_benchmark --breakdown: the phase table is kept (NO_BREAKDOWN=1: skipped).
 #   extra   every line of $EXTRA (a file in the bundle, one shell command a line), in order.
 #   trainer ./run_gpu_tests.sh worker_train_trainer_gpu_test (300 steps GPU vs CPU, ~280 s), only
 #           with TRAINER=1 and more than 290 s left.
@@ -79,7 +79,7 @@ if [[ ${NO_TORCH:-0} != 1 && -f torch_train_baseline.py && $(left) -gt 100 ]]; t
   note "torch (exit $?): $(grep -E '^median step' "$out/logs/torch.log" | tail -n 1)"
 fi
 
-if [[ -x ./bench_train_benchmark && $(left) -gt 60 ]]; then
+if [[ ${NO_BREAKDOWN:-0} != 1 && -x ./bench_train_benchmark && $(left) -gt 60 ]]; then
   timeout $(($(left) - 20)) ./bench_train_benchmark --breakdown ${TRAIN_ARGS:-} \
     >"$out/logs/breakdown.log" 2>&1 || status=1
   grep -E '^ {2,}[a-z_.]+ +[0-9.]+ ms' "$out/logs/breakdown.log" >>"$summary"

@@ -71,13 +71,14 @@ tar -tJf "$out1/logs.tar.xz" | grep -q 'logs/breakdown.log' || fail "breakdown l
 
 # 2. A failing test: exit 1, its FAIL line kept, the rest still runs.
 make_bundle "$work/b2" FAIL
-if BUDGET=400 OUT="$work/out2" TESTS="kernels_a" NO_TORCH=1 "$work/b2/gpu_ab_call.sh" \
+if BUDGET=400 OUT="$work/out2" TESTS="kernels_a" NO_TORCH=1 NO_BREAKDOWN=1 "$work/b2/gpu_ab_call.sh" \
   >"$work/stdout2" 2>&1; then
   fail "exit 0 with a failing test"
 fi
 grep -q '^FAIL kernels_a_gpu_test: 3 passed, 1 failed' "$work/out2/summary.txt" || fail "no FAIL line"
 grep -q '^new1 (exit 0)' "$work/out2/summary.txt" || fail "train did not run after a failing test"
 grep -q '^torch' "$work/out2/summary.txt" && fail "torch ran with NO_TORCH=1"
+grep -q 'layer.fwd\|aux_loss' "$work/out2/summary.txt" && fail "breakdown ran with NO_BREAKDOWN=1"
 
 # 3. A small budget: the sections that do not fit are skipped, the trainer test says why.
 make_bundle "$work/b3" PASS
