@@ -1,15 +1,12 @@
 // CUDA row kernels of the fused LM-head cross-entropy: one block per token row computes an online
 // (max, sum-exp) pair per thread, combined in a fixed tree (deterministic); the gradient kernel
 // rewrites a row of logits as dloss * (softmax - onehot); CrossEntropyGradRowsKernel does both in
-// one read of the row (ForwardBackward), CrossEntropyGradRowsBulkKernel the same with bulk-copy
-// loads overlapped across rows (sm_90); the loss reduction is one block summing per-token terms
+// one read of the row (ForwardBackward); the loss reduction is one block summing per-token terms
 // in fp64 in a fixed order.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
 
 #include "kernels/loss/cross_entropy.h"
 #include "kernels/runtime/cuda_status.h"
@@ -75,45 +72,6 @@ __device__ __forceinline__ float SoftmaxGrad(float z, float row_lse, float dloss
   return t == kIgnoreTarget ? 0.0f : dloss * (__expf(z - row_lse) - (is_target ? 1.0f : 0.0f));
 }
 
-// The fused row kernels, once a block has its row staged in `row` and its pairs in `acc`: the
-// row's lse for every thread; thread 0 also writes lse[r] and the loss term.
-__device__ __forceinline__ float FinishStagedRow(MaxSum acc, MaxSum* warp_part, float* lse_shared,
-                                                 int64_t r, int32_t t, int64_t vocab,
-                                                 const float* row, float* lse, float* row_loss) {
-  const float lse_0 = BlockLse(acc, warp_part);  // thread 0's
-  if (threadIdx.x == 0) {
-    lse[r] = lse_0;
-    *lse_shared = lse_0;
-    row_loss[r] = LossTerm(lse_0, t, vocab, row);
-  }
-  __syncthreads();
-  return *lse_shared;
-}
-
-// The fused row kernels' gradient of row r's columns [begin, end) from the staged row (begin and
-// end even when vocab is: bf16 then goes in pairs, 4-byte stores); f32 `grad` may be the logits.
-__device__ __forceinline__ void WriteStagedRowGrad(const float* row, int64_t r, int64_t vocab,
-                                                   int64_t begin, int64_t end, float row_lse,
-                                                   float dloss, int32_t t, void* grad, bool bf16) {
-  if (bf16 && vocab % 2 == 0) {
-    auto* g2 = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(grad) + r * vocab);
-    for (int64_t p = begin / 2 + threadIdx.x; p < end / 2; p += kRowThreads) {
-      const float g0 = SoftmaxGrad(row[2 * p], row_lse, dloss, t, 2 * p == t);
-      const float g1 = SoftmaxGrad(row[2 * p + 1], row_lse, dloss, t, 2 * p + 1 == t);
-      g2[p] = __floats2bfloat162_rn(g0, g1);
-    }
-    return;
-  }
-  for (int64_t v = begin + threadIdx.x; v < end; v += kRowThreads) {
-    const float g = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
-    if (bf16) {
-      static_cast<__nv_bfloat16*>(grad)[r * vocab + v] = __float2bfloat16_rn(g);
-    } else {
-      static_cast<float*>(grad)[r * vocab + v] = g;
-    }
-  }
-}
-
 __global__ void CrossEntropyRowsKernel(const float* logits, int64_t vocab, const int32_t* targets,
                                        float* lse, float* row_loss) {
   __shared__ MaxSum warp_part[kRowThreads / 32];
@@ -155,7 +113,10 @@ __global__ void SoftmaxGradRowsKernel(float* logits, int64_t vocab, const int32_
 // warp order), so lse, the loss term and the gradient are bitwise those of the two kernels; the
 // gradient then comes from shared memory. Reads the row once instead of twice: 2048 rows × 32768
 // fp32 logits were 105.6 + 182.7 µs in the two kernels on an H100. kFusedLoads loads in flight per
-// thread (one 512-thread block per SM when the row takes 128 KB).
+// thread (one 512-thread block per SM when the row takes 128 KB). A persistent variant whose rows
+// came by bulk copies (cp.async.bulk, an mbarrier per 1/8 of the row, the next row's chunks
+// requested while this row's gradient was written) passed the same bitwise tests but was slower:
+// 285.6 vs 269.0 us per 2048-row chunk (ncu, one H100, 2026-12-07, session 19); not kept.
 constexpr int kFusedLoads = 16;
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -182,113 +143,36 @@ __global__ void __launch_bounds__(kRowThreads)
       OnlineAdd(acc, x[i]);  // CrossEntropyRowsKernel's order
     }
   }
+  const float lse_0 = BlockLse(acc, warp_part);  // thread 0's
   const int32_t t = targets[r];
-  const float row_lse =
-      FinishStagedRow(acc, warp_part, &row_lse_shared, r, t, vocab, row, lse, row_loss);
-  WriteStagedRowGrad(row, r, vocab, 0, vocab, row_lse, dloss, t, grad, bf16);
-}
-
-// CrossEntropyGradRowsKernel's rows with the loads made by the copy engine (sm_90: bulk copies
-// into shared memory, completion counted on an mbarrier per chunk), persistent: a block walks
-// the rows r = blockIdx.x, + gridDim.x, ...; chunk c of its NEXT row is requested as soon as
-// every thread has written chunk c's gradient of this row, so the next row's read overlaps this
-// row's gradient writes (the plain kernel holds one 512-thread block per SM at 128 KB of row and
-// never overlaps them: 43 % of DRAM bandwidth on an H100). Each thread still adds v = i, i + 512,
-// ... in order (a chunk is a multiple of 512 elements), so lse, the loss term and the gradient are
-// bitwise CrossEntropyRowsKernel's and SoftmaxGradRowsKernel's. Needs vocab % 4 == 0 and 16-byte
-// aligned logits (the bulk copy's rule).
-constexpr int kBulkChunks = 8;
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Elements per chunk: the row in at most kBulkChunks parts, each a multiple of kRowThreads.
-__device__ __forceinline__ int64_t BulkChunkElems(int64_t vocab) {
-  const int64_t per = (vocab + kBulkChunks - 1) / kBulkChunks;
-  return (per + kRowThreads - 1) / kRowThreads * kRowThreads;
-}
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Thread 0: chunk [begin, begin + n) of global row `src` into row[begin...], counted on `bar`.
-__device__ __forceinline__ void BulkLoad(float* dst, const float* src, int64_t n, uint64_t* bar) {
-  const uint32_t bytes = static_cast<uint32_t>(n * sizeof(float));
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(SmemAddr(bar)), "r"(parity)
-        : "memory");
-  }
-}
-#endif
-
-__global__ void __launch_bounds__(kRowThreads)
-    CrossEntropyGradRowsBulkKernel(const float* logits, int64_t rows, int64_t vocab,
-                                   const int32_t* targets, float dloss, void* grad, bool bf16,
-                                   float* lse, float* row_loss) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) float row[];  // [vocab]
-  __shared__ __align__(8) uint64_t bar[kBulkChunks];
-  __shared__ MaxSum warp_part[kRowThreads / 32];
-  __shared__ float row_lse_shared;
-  const int64_t cs = BulkChunkElems(vocab);
-  const int chunks = static_cast<int>((vocab + cs - 1) / cs);
-  auto load_row = [&](int64_t r, int c) {  // thread 0
-    const int64_t begin = c * cs;
-    BulkLoad(row + begin, logits + r * vocab + begin, vocab - begin < cs ? vocab - begin : cs,
-             &bar[c]);
-  };
   if (threadIdx.x == 0) {
-    for (int c = 0; c < chunks; ++c) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SmemAddr(&bar[c])) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    lse[r] = lse_0;
+    row_lse_shared = lse_0;
+    row_loss[r] = LossTerm(lse_0, t, vocab, row);
   }
   __syncthreads();
-  if (threadIdx.x == 0 && blockIdx.x < rows) {
-    for (int c = 0; c < chunks; ++c) load_row(blockIdx.x, c);
-  }
-  uint32_t parity = 0;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1u) {
-    MaxSum acc{-INFINITY, 0.0f};
-    for (int c = 0; c < chunks; ++c) {
-      BarrierWait(&bar[c], parity);
-      const int64_t end = (c + 1) * cs < vocab ? (c + 1) * cs : vocab;
-      for (int64_t v = c * cs + threadIdx.x; v < end; v += kRowThreads) OnlineAdd(acc, row[v]);
-    }
-    const int32_t t = targets[r];
-    const float row_lse =
-        FinishStagedRow(acc, warp_part, &row_lse_shared, r, t, vocab, row, lse, row_loss);
-    const int64_t next = r + gridDim.x;
-    for (int c = 0; c < chunks; ++c) {
-      // A chunk holds whole bf16 pairs (vocab and the chunk size are even).
-      const int64_t begin = c * cs, end = begin + cs < vocab ? begin + cs : vocab;
-      WriteStagedRowGrad(row, r, vocab, begin, end, row_lse, dloss, t, grad, bf16);
-      if (next < rows) {
-        // Every thread has read chunk c of this row: the copy engine may overwrite it.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        if (threadIdx.x == 0) load_row(next, c);
+  const float row_lse = row_lse_shared;
+  if (bf16 && vocab % 2 == 0) {  // pairs: 4-byte stores
+    auto* g2 = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(grad) + r * vocab);
+    for (int64_t p = threadIdx.x; p < vocab / 2; p += kRowThreads) {
+      float g[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int64_t v = 2 * p + j;
+        g[j] = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
       }
+      g2[p] = __floats2bfloat162_rn(g[0], g[1]);
+    }
+    return;
+  }
+  for (int64_t v = threadIdx.x; v < vocab; v += kRowThreads) {
+    const float g = SoftmaxGrad(row[v], row_lse, dloss, t, v == t);
+    if (bf16) {
+      static_cast<__nv_bfloat16*>(grad)[r * vocab + v] = __float2bfloat16_rn(g);
+    } else {
+      static_cast<float*>(grad)[r * vocab + v] = g;  // may be the logits row: staged already
     }
   }
-#else
-  __trap();  // launched only on sm_90+ (CrossEntropyGradRowsCuda)
-#endif
 }
 
 __global__ void ReduceLossKernel(const float* row_loss, const int32_t* targets, int64_t tokens,
@@ -449,7 +333,7 @@ bool CrossEntropyGradRowsFits(int device_index, int64_t vocab) {
       cudaSuccess) {
     return false;
   }
-  constexpr int64_t kStatic = sizeof(MaxSum) * (kRowThreads / 32) + 128;  // + barriers
+  constexpr int64_t kStatic = sizeof(MaxSum) * (kRowThreads / 32) + 64;
   return vocab * static_cast<int64_t>(sizeof(float)) + kStatic <= optin;
 }
 
@@ -462,34 +346,10 @@ absl::Status CrossEntropyGradRowsCuda(const Stream& stream, float* logits, int64
     return absl::InvalidArgumentError("CrossEntropyGradRowsCuda: grad must be bf16 or f32");
   }
   const size_t smem = static_cast<size_t>(vocab) * sizeof(float);
-  // The default 48 KB covers dynamic + static shared memory (warp_part, row_lse_shared; the
-  // bulk kernel's barriers): 144 and 208 bytes (ptxas -v, sm_90a), bounded by 256.
+  // The default 48 KB covers dynamic + static shared memory (warp_part, row_lse_shared): 144
+  // bytes (ptxas -v, sm_90a: the 132 of the two arrays, aligned), bounded by 256. The bound was
+  // the unaligned 132, so a row of 49,009-49,020 bytes (vocab 12253-12255) failed to launch.
   constexpr size_t kStaticSmem = 256;
-  static_assert(
-      sizeof(MaxSum) * (kRowThreads / 32) + sizeof(float) + sizeof(uint64_t) * kBulkChunks + 48 <=
-          kStaticSmem,
-      "the row kernels' static shared memory bound");
-  int major = 0;
-  SY_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, stream.device.index));
-  if (major >= 9 && vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
-    if (smem + kStaticSmem > 48 * 1024) {
-      SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(CrossEntropyGradRowsBulkKernel,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem)));
-    }
-    // Persistent: as many blocks as fit on the device at once, at most one per row.
-    int per_sm = 0, sms = 0;
-    SY_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, CrossEntropyGradRowsBulkKernel, kRowThreads, smem));
-    SY_CUDA_RETURN_IF_ERROR(
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, stream.device.index));
-    const int64_t grid = std::min<int64_t>(rows, std::max(1, per_sm) * int64_t{sms});
-    CrossEntropyGradRowsBulkKernel<<<static_cast<unsigned>(grid), kRowThreads, smem, S(stream)>>>(
-        logits, rows, vocab, targets, dloss, grad, grad_dtype == DType::kBF16, lse, row_loss);
-    SY_CUDA_RETURN_IF_LAUNCH_ERROR(CrossEntropyGradRowsBulkKernel);
-    return absl::OkStatus();
-  }
   if (smem + kStaticSmem > 48 * 1024) {  // only past the default: not a driver call per launch
     SY_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(CrossEntropyGradRowsKernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -180,8 +180,6 @@ absl::Status SoftmaxGradRowsCuda(const Stream& stream, float* logits, int64_t ro
 // CrossEntropyRowsCuda then SoftmaxGradRowsCuda in one pass (bitwise the same lse, row_loss and
 // gradient), the row staged in shared memory: only where CrossEntropyGradRowsFits (the row's
 // vocab × 4 bytes within the device's opt-in shared memory per block: vocab <= ~57k on Hopper).
-// On sm_90+ with vocab % 4 == 0 and 16-byte aligned logits, a persistent kernel whose rows are
-// loaded by bulk copies, the next row's read overlapping this row's gradient writes (same bits).
 bool CrossEntropyGradRowsFits(int device_index, int64_t vocab);
 absl::Status CrossEntropyGradRowsCuda(const Stream& stream, float* logits, int64_t rows,
                                       int64_t vocab, const int32_t* targets, float dloss,

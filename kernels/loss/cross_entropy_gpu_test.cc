@@ -5,10 +5,9 @@
 // it checks 16 sampled tokens (lse, loss terms and dh rows through the CPU plan on those rows)
 // and 32 sampled vocabulary rows of dw (fp64 from the inputs and the already checked GPU lse);
 // the loss is checked against fp64 target logits plus the GPU lse of every token.
-// ForwardBackward's one-pass row kernels (vocab <= ~57k on Hopper; the bulk-copy persistent one
-// where vocab % 4 == 0: V = 1000, 1024 with 2048 rows, 32000; the plain one at the odd 50257;
-// V = 151936 takes the two kernels) must give bitwise what Forward + Backward give (their two
-// row kernels).
+// ForwardBackward's one-pass row kernel (vocab <= ~57k on Hopper: V = 1000, 1024 with 2048 rows,
+// 32000 and the odd 50257; V = 151936 takes the two kernels) must give bitwise what Forward +
+// Backward give (their two row kernels).
 // VocabParallelBf16MatchesCpuReference: the vocabulary-parallel mode at TP = 2 and 4 (ranks as
 // threads, each on its own stream of GPU 0, joined by an in-process all-reduce through the host)
 // against the CPU reference of the WHOLE vocabulary, same tolerances (loss, lse 1e-3 relative;
@@ -243,9 +242,11 @@ TEST_P(CrossEntropyGpuTest, Bf16MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpuTest,
                          ::testing::Values(Shape{7, 64, 1000, 4}, Shape{512, 256, 32000, 200},
                                            Shape{256, 128, 50257, 100},
-                                           // 2048 rows of 4 KB: each persistent block of the
-                                           // bulk-copy rows kernel takes several rows.
+                                           // 2048 rows of 4 KB: several blocks per SM.
                                            Shape{2048, 64, 1024, 2048},
+                                           // 49,016 bytes of row + 144 static: past the default
+                                           // 48 KB only with the static part.
+                                           Shape{64, 64, 12254, 64},
                                            Shape{2048, 1024, 151936, 768}));
 
 // f32 weights: the gradient is written over the f32 logits in place (no bf16 copy), by the fused

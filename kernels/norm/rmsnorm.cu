@@ -134,7 +134,10 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
 // them in the warp's slice of shared memory and re-read w (L1) per row: with 48 partials and the
 // row in registers the H = 1536 kernel took 237 registers, one block (8 warps) per SM, 66 us per
 // call at 8192 rows (ncu, one H100, 2026-12-07). Accumulator slot of (q, k) of lane l:
-// (q·kVec + k)·32 + l, bank-conflict free; the same order of additions either way.
+// (q·kVec + k)·32 + l, bank-conflict free; the same order of additions either way. Loading the
+// accumulated dx together with dy and x (one round trip per row) was measured and dropped: at
+// H = 1536 it needs 86 bytes of register spill within the 128 registers of 2 blocks per SM, and
+// the call went 43.6 -> 68.4 us (ncu, one H100, 2026-12-07, session 19).
 constexpr int kRowWarps = 8;
 constexpr int kMaxWarpVectors = 8;  // kJ: vectors per lane, at most
 
@@ -177,16 +180,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; t < t_n; t += stride) {
     const float r = rstd[t];
-    P d[kJ], xv[kJ], o[kJ];
-    // The accumulated dx is loaded with dy and x (one round trip to memory per row, not two:
-    // 16 warps per SM at H = 1536 cannot hide a second one); no alias with dy when accumulating.
-    if (accum_dx) {
-#pragma unroll
-      for (int q = 0; q < kJ; ++q) {
-        const int64_t i = lane + 32 * q;
-        if (i < nv) o[q] = reinterpret_cast<const P*>(dx + t * h_n)[i];
-      }
-    }
+    P d[kJ], xv[kJ];
     float dot = 0.0f;
 #pragma unroll
     for (int q = 0; q < kJ; ++q) {
@@ -208,6 +202,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
     for (int q = 0; q < kJ; ++q) {
       const int64_t i = lane + 32 * q;
       if (i < nv) {
+        P o;
+        if (accum_dx) o = reinterpret_cast<const P*>(dx + t * h_n)[i];  // no alias with dy
         const P wq = weight(q, i);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
@@ -219,9 +215,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, kJ >= 4 ? 2 : 1)
             acc[q][k] = NormGradWeight(acc[q][k], df, xf, r);
           }
           const float g = NormGradIn(r, df, ToFloat(wq.v[k]), xf, c);
-          o[q].v[k] = FromFloat<T>(accum_dx ? __fadd_rn(ToFloat(o[q].v[k]), g) : g);
+          o.v[k] = FromFloat<T>(accum_dx ? __fadd_rn(ToFloat(o.v[k]), g) : g);
         }
-        reinterpret_cast<P*>(dx + t * h_n)[i] = o[q];
+        reinterpret_cast<P*>(dx + t * h_n)[i] = o;
       }
     }
   }
