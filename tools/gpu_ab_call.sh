@@ -11,7 +11,7 @@
 #   tests   ./run_gpu_tests.sh $TESTS (substrings of *_gpu_test names; empty TESTS: skipped),
 #           each binary with GPU_TEST_TIMEOUT (default 150) s; its PASS/FAIL lines are kept.
 #   train   ./bench_train_benchmark, and when ./base_bench_train_benchmark exists (a baseline
-#           binary the caller added to the bundle) that one first, alternately, TRAIN_RUNS times
+#           binary: tools/gpu_base_binary.sh REV adds one) that one first, alternately, TRAIN_RUNS times
 #           (default 2), each with TRAIN_ARGS; the result row and RESULT_JSON of each run are kept.
 #   torch   torch_train_baseline.py --json (the PyTorch reference of the same step), unless NO_TORCH=1.
 #   breakdown  ./bench_train_benchmark --breakdown: the phase table is kept (NO_BREAKDOWN=1: skipped).
