@@ -167,6 +167,7 @@ fi
 cp tools/run_gpu_tests.sh "$bundle/run_gpu_tests.sh"
 cp tools/run_gpu_bench.sh "$bundle/run_gpu_bench.sh"
 cp tools/gpu_ab_call.sh "$bundle/gpu_ab_call.sh"
+cp tools/ncu_table.py "$bundle/ncu_table.py"
 cp tools/quickstart_cluster.sh tools/cluster_lib.sh tools/preempt_demo.sh tools/hung_worker_demo.sh tools/eval_check.sh \
   tools/hf_eval_check.py tools/planner_proof.sh "$bundle/"
 cp examples/quickstart.yaml "$bundle/quickstart.yaml"
