@@ -24,11 +24,24 @@
 //
 //   grouped_gemm_benchmark [--configs a,b] [--tiles t1,t2] [--iters 10] [--warmup 2]
 //                          [--json PATH] [--dry_run]
+//
+// --gather (issue 16 item 1): instead of the sweep, the gathered grouped GEMM
+// (kernels/gemm/grouped_gemm_gather_sm90.h) against what the layer runs today, per op, on a
+// random top-k routing of the shape's tokens (each token to k distinct experts, uniform; rows of
+// an expert in ascending token order, as Permute orders them): `tma` = GroupedGemm (the rule's
+// tile) on the permuted copy; `copy` = the row copy that makes that copy (UnpermuteBackward of a
+// [T, C] source: the bytes Permute moves); `gather_perm` = the gathered kernel on the permuted
+// copy (no index: its mainloop against TMA's); `gather_idx` = the gathered kernel reading the
+// unpermuted [T, C] source through the index, for the ops whose operand is a permutation of one
+// (fc1_fprop and fc1_wgrad: x; fc2_dgrad and fc2_wgrad: the output gradient). Each gathered
+// result is first checked against the TMA kernel on the permuted copy (relative L2, dW
+// overwritten) and the check printed.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -51,6 +64,8 @@
 #include "common/status.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/grouped_gemm.h"
+#include "kernels/gemm/grouped_gemm_gather_sm90.h"
+#include "kernels/moe/permute.h"
 #include "kernels/runtime/buffer.h"
 #include "kernels/runtime/cuda_status.h"
 
@@ -66,6 +81,9 @@ ABSL_FLAG(bool, dry_run, false, "print the plan without touching CUDA");
 ABSL_FLAG(bool, wgrad_accumulate, true,
           "weight gradients dW += x^T dy into the fp32 buffer, as the training step does over its "
           "micro-batches (false: dW = x^T dy, the single-micro-batch MoE layer benchmark's mode)");
+ABSL_FLAG(bool, gather, false,
+          "time the gathered grouped GEMM against the permuted copy + the rule's tile, per op, "
+          "instead of the tile sweep (see the file comment)");
 
 namespace switchyard::bench {
 namespace {
@@ -409,6 +427,223 @@ int DryRun(const std::vector<MoeShape>& shapes, const std::vector<GroupedGemmTil
   return rc;
 }
 
+// --gather: one row per op.
+struct GatherRow {
+  std::string config, op;
+  double flops = 0;
+  double tma_ms = 0, copy_ms = 0, gather_perm_ms = 0, gather_idx_ms = 0;  // 0: not applicable
+  double check_err = -1;  // relative L2 of the gathered result against tma's (-1: not checked)
+};
+
+// Relative L2 distance of two device tensors of one shape (bf16 or f32), on the host.
+absl::StatusOr<double> DeviceRelL2(const Tensor& a, const Tensor& b) {
+  std::vector<float> ha(a.numel()), hb(b.numel());
+  for (auto [t, h] : {std::pair<const Tensor*, std::vector<float>*>{&a, &ha}, {&b, &hb}}) {
+    Buffer f32 = Buffer::ForTensor(DType::kF32, t->shape, Device::Cpu()).value();
+    if (t->dtype == DType::kF32) {
+      SY_RETURN_IF_ERROR(kernels::CopyTensor(*t, f32.View()));
+    } else {
+      std::vector<BF16> raw(t->numel());
+      SY_RETURN_IF_ERROR(
+          kernels::CopyTensor(*t, Tensor(DType::kBF16, t->shape, Device::Cpu(), raw.data())));
+      float* o = static_cast<float*>(f32.data());
+      for (size_t i = 0; i < raw.size(); ++i) o[i] = raw[i].ToFloat();
+    }
+    std::memcpy(h->data(), f32.data(), h->size() * sizeof(float));
+  }
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ha.size(); ++i) {
+    num += (double(ha[i]) - hb[i]) * (double(ha[i]) - hb[i]);
+    den += double(hb[i]) * hb[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+absl::StatusOr<std::vector<GatherRow>> RunGatherShape(const MoeShape& shape, GroupedGemm& gg,
+                                                      int warmup, int iters) {
+  const Device dev = Device::Cuda(0);
+  const Stream s{dev, nullptr};
+  const int64_t t = shape.t, topk = shape.k, e = shape.e, r = t * topk;
+  const int64_t wide = std::max(shape.h, 2 * shape.f);
+  // The routing: k distinct experts per token; expert-major rows, ascending tokens inside.
+  std::mt19937_64 rng(1234);
+  std::vector<std::vector<int32_t>> expert_tokens(e);
+  std::vector<int64_t> pick(e);
+  std::iota(pick.begin(), pick.end(), 0);
+  std::vector<std::vector<int64_t>> token_experts(t);
+  for (int64_t tok = 0; tok < t; ++tok) {
+    for (int64_t j = 0; j < topk; ++j) {  // partial Fisher-Yates: k distinct experts
+      std::uniform_int_distribution<int64_t> d(j, e - 1);
+      std::swap(pick[j], pick[d(rng)]);
+      expert_tokens[pick[j]].push_back(static_cast<int32_t>(tok));
+      token_experts[tok].push_back(pick[j]);
+    }
+  }
+  std::vector<int32_t> counts(e), index(r), row_map(r);
+  std::vector<int64_t> first(e);
+  for (int64_t g = 0, p = 0; g < e; ++g) {
+    counts[g] = static_cast<int32_t>(expert_tokens[g].size());
+    first[g] = p;
+    for (int32_t tok : expert_tokens[g]) index[p++] = tok;
+  }
+  std::vector<int64_t> next = first;
+  for (int64_t tok = 0; tok < t; ++tok) {
+    for (int64_t j = 0; j < topk; ++j) {
+      row_map[tok * topk + j] = static_cast<int32_t>(next[token_experts[tok][j]]++);
+    }
+  }
+  SY_ASSIGN_OR_RETURN(Buffer src_x, Buffer::ForTensor(DType::kBF16, {t * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer src_dy, Buffer::ForTensor(DType::kBF16, {t * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer x_perm, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dy_perm, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer out, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer out2, Buffer::ForTensor(DType::kBF16, {r * wide}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer w, Buffer::ForTensor(DType::kBF16, {e * shape.h * 2 * shape.f}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dw, Buffer::ForTensor(DType::kF32, {e * shape.h * 2 * shape.f}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer dw2, Buffer::ForTensor(DType::kF32, {e * shape.h * 2 * shape.f}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer d_counts, Buffer::ForTensor(DType::kI32, {e}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer d_index, Buffer::ForTensor(DType::kI32, {r}, dev));
+  SY_ASSIGN_OR_RETURN(Buffer d_row_map, Buffer::ForTensor(DType::kI32, {t, topk}, dev));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, src_x.View(), 1, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, src_dy.View(), 2, 1.0f));
+  SY_RETURN_IF_ERROR(kernels::FillNormal(s, w.View(), 3, 0.02f));
+  SY_RETURN_IF_ERROR(kernels::FillBytes(dw.View(), 0));
+  SY_RETURN_IF_ERROR(
+      kernels::CopyTensor(Tensor(DType::kI32, {e}, Device::Cpu(), counts.data()), d_counts.View()));
+  SY_RETURN_IF_ERROR(
+      kernels::CopyTensor(Tensor(DType::kI32, {r}, Device::Cpu(), index.data()), d_index.View()));
+  SY_RETURN_IF_ERROR(kernels::CopyTensor(
+      Tensor(DType::kI32, {t, topk}, Device::Cpu(), row_map.data()), d_row_map.View()));
+  const bool accumulate = absl::GetFlag(FLAGS_wgrad_accumulate);
+  const int32_t* idx = static_cast<const int32_t*>(d_index.data());
+
+  std::vector<GatherRow> rows;
+  for (const OpSpec& o : Ops(shape)) {
+    GatherRow row{shape.name, o.name, Flops(shape, o)};
+    const bool fc1 = o.k == shape.h;
+    // The operand that is a permutation of a [T, C] source, if any: fc1's x (A, C = H) in fprop
+    // and wgrad; fc2's output gradient (C = H) in dgrad (A) and wgrad (B).
+    const bool gather_a =
+        (fc1 && o.op != GroupedGemmOp::kDgrad) || (!fc1 && o.op == GroupedGemmOp::kDgrad);
+    const bool gather_b = !fc1 && o.op == GroupedGemmOp::kWgrad;
+    const int64_t a_cols = o.op == GroupedGemmOp::kDgrad ? o.n : o.k;
+    const int64_t out_cols = o.op == GroupedGemmOp::kFprop ? o.n : o.k;
+    const Tensor src_a = (gather_a && fc1 ? src_x : src_dy).View(DType::kBF16, {t, a_cols});
+    const Tensor src_b = src_dy.View(DType::kBF16, {t, o.n});
+    const Tensor a_perm = x_perm.View(DType::kBF16, {r, a_cols});
+    const Tensor b_perm = dy_perm.View(DType::kBF16, {r, o.n});
+    // The permuted copies, made as the layer makes them.
+    SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(s, src_a, d_row_map.View(), a_perm, false));
+    SY_RETURN_IF_ERROR(kernels::UnpermuteBackward(s, src_b, d_row_map.View(), b_perm, false));
+    const Tensor w_view = w.View(DType::kBF16, {e, o.k, o.n});
+    const Tensor out_view = out.View(DType::kBF16, {r, out_cols});
+    const Tensor out2_view = out2.View(DType::kBF16, {r, out_cols});
+    const Tensor dw_view = dw.View(DType::kF32, {e, o.k, o.n});
+    const Tensor dw2_view = dw2.View(DType::kF32, {e, o.k, o.n});
+    auto tma = [&](bool acc) -> absl::Status {
+      switch (o.op) {
+        case GroupedGemmOp::kFprop:
+          return gg.Fprop(s, a_perm, w_view, d_counts.View(), out_view);
+        case GroupedGemmOp::kDgrad:
+          return gg.Dgrad(s, a_perm, w_view, d_counts.View(), out_view);
+        case GroupedGemmOp::kWgrad:
+          return gg.Wgrad(s, a_perm, b_perm, d_counts.View(), dw_view, acc);
+      }
+      return absl::InternalError("unknown op");
+    };
+    auto gathered = [&](bool use_index, bool acc, bool second_out) -> absl::Status {
+      kernels::internal::GatherGemmCall c;
+      c.op = o.op;
+      c.a = use_index && gather_a ? src_a.data : a_perm.data;
+      c.a_index = use_index && gather_a ? idx : nullptr;
+      c.b = o.op == GroupedGemmOp::kWgrad ? (use_index && gather_b ? src_b.data : b_perm.data)
+                                          : w_view.data;
+      c.b_index = use_index && gather_b ? idx : nullptr;
+      c.out_dtype = o.op == GroupedGemmOp::kWgrad ? DType::kF32 : DType::kBF16;
+      c.out = o.op == GroupedGemmOp::kWgrad ? (second_out ? dw2_view.data : dw_view.data)
+                                            : (second_out ? out2_view.data : out_view.data);
+      c.tokens_per_group = static_cast<const int32_t*>(d_counts.data());
+      c.rows = r;
+      c.k = o.k;
+      c.n = o.n;
+      c.groups = static_cast<int>(e);
+      c.accumulate = acc;
+      return kernels::internal::RunGatherGemmSm90(c);
+    };
+    // Check: the gathered kernel (through the index where it applies) against TMA, dW fresh.
+    SY_RETURN_IF_ERROR(tma(false));
+    SY_RETURN_IF_ERROR(gathered(gather_a || gather_b, false, true));
+    SY_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    if (o.op == GroupedGemmOp::kWgrad) {
+      SY_ASSIGN_OR_RETURN(row.check_err, DeviceRelL2(dw2_view, dw_view));
+    } else {
+      SY_ASSIGN_OR_RETURN(row.check_err, DeviceRelL2(out2_view, out_view));
+    }
+    SY_ASSIGN_OR_RETURN(TileTime tt, TimeCall([&] { return tma(accumulate); }, warmup, iters));
+    row.tma_ms = tt.ms;
+    SY_ASSIGN_OR_RETURN(
+        tt, TimeCall([&] { return gathered(false, accumulate, false); }, warmup, iters));
+    row.gather_perm_ms = tt.ms;
+    if (gather_a || gather_b) {
+      const Tensor src = gather_b ? src_b : src_a;
+      const Tensor dst = gather_b ? b_perm : a_perm;
+      SY_ASSIGN_OR_RETURN(
+          tt,
+          TimeCall([&] { return kernels::UnpermuteBackward(s, src, d_row_map.View(), dst, false); },
+                   warmup, iters));
+      row.copy_ms = tt.ms;
+      SY_ASSIGN_OR_RETURN(
+          tt, TimeCall([&] { return gathered(true, accumulate, false); }, warmup, iters));
+      row.gather_idx_ms = tt.ms;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+int GatherMain(const std::vector<MoeShape>& shapes, int warmup, int iters, const char* device) {
+  int64_t max_groups = 1;
+  for (const MoeShape& s : shapes) max_groups = std::max(max_groups, s.e);
+  absl::StatusOr<std::unique_ptr<GroupedGemm>> gg =
+      GroupedGemm::Create(Device::Cuda(0), static_cast<int>(max_groups));
+  if (!gg.ok()) {
+    std::fprintf(stderr, "grouped_gemm_benchmark: %s\n", gg.status().ToString().c_str());
+    return 2;
+  }
+  std::printf(
+      "device: %s; gathered grouped GEMM vs permuted copy + rule tile; fp32 dW %s; median of %d "
+      "samples after %d warm-ups\n",
+      device, absl::GetFlag(FLAGS_wgrad_accumulate) ? "+=" : "=", iters, warmup);
+  std::printf("%-16s %-10s %9s %9s %9s %11s %10s %8s %8s %9s\n", "config", "op", "tma ms",
+              "copy ms", "g.perm ms", "g.index ms", "tma TF/s", "g.idx TF", "fused/", "check");
+  std::printf("%-16s %-10s %9s %9s %9s %11s %10s %8s %8s %9s\n", "", "", "", "", "", "", "", "",
+              "unfused", "rel L2");
+  int rc = 0;
+  for (const MoeShape& s : shapes) {
+    absl::StatusOr<std::vector<GatherRow>> rows = RunGatherShape(s, **gg, warmup, iters);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "%s: %s\n", s.name.c_str(), rows.status().ToString().c_str());
+      rc = 1;
+      continue;
+    }
+    for (const GatherRow& r : *rows) {
+      const bool idx = r.gather_idx_ms > 0;
+      std::printf("%-16s %-10s %9.3f %9.3f %9.3f %11.3f %10.0f %8.0f %8.3f %9.2g\n",
+                  r.config.c_str(), r.op.c_str(), r.tma_ms, r.copy_ms, r.gather_perm_ms,
+                  r.gather_idx_ms, r.flops / r.tma_ms / 1e9,
+                  idx ? r.flops / r.gather_idx_ms / 1e9 : r.flops / r.gather_perm_ms / 1e9,
+                  idx ? r.gather_idx_ms / (r.tma_ms + r.copy_ms) : r.gather_perm_ms / r.tma_ms,
+                  r.check_err);
+      if (!(r.check_err >= 0 && r.check_err < 1e-2)) {
+        std::fprintf(stderr, "%s %s: gathered result differs from TMA's (rel L2 %g)\n",
+                     r.config.c_str(), r.op.c_str(), r.check_err);
+        rc = 1;
+      }
+    }
+  }
+  return rc;
+}
+
 int Main() {
   absl::StatusOr<std::vector<MoeShape>> shapes = ConfigsFlag();
   absl::StatusOr<std::vector<GroupedGemmTile>> tiles = TilesFlag();
@@ -439,6 +674,7 @@ int Main() {
                  count_err != cudaSuccess ? cudaGetErrorString(count_err) : "none found");
     return 2;
   }
+  if (absl::GetFlag(FLAGS_gather)) return GatherMain(*shapes, warmup, iters, prop.name);
   std::vector<std::unique_ptr<GroupedGemm>> gg;
   int64_t max_groups = 1;
   for (const MoeShape& s : *shapes) max_groups = std::max(max_groups, s.e);
