@@ -45,6 +45,19 @@ absl::Status CheckRowMap(absl::string_view op, const Tensor& row_map, int64_t nu
   return absl::OkStatus();
 }
 
+// Permute's and PermuteIndex's CUDA workspace: on the stream's device, PermuteWorkspaceBytes.
+absl::Status CheckWorkspace(const Stream& stream, absl::string_view op, const Tensor& workspace,
+                            int64_t num_tokens, int64_t num_experts) {
+  SY_RETURN_IF_ERROR(Annotate(CheckDevice(stream, {&workspace}), absl::StrCat(op, " workspace")));
+  const int64_t ws_bytes = PermuteWorkspaceBytes(num_tokens, num_experts);
+  if (static_cast<int64_t>(workspace.bytes()) < ws_bytes || workspace.data == nullptr) {
+    return Invalid(op,
+                   absl::StrCat("workspace ", workspace.DebugString(), " has ", workspace.bytes(),
+                                " bytes; needs PermuteWorkspaceBytes = ", ws_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckExperts(const Stream& stream, absl::string_view op, int64_t num_experts) {
   if (num_experts <= 0)
     return Invalid(op, absl::StrCat("num_experts (", num_experts, ") must be > 0"));
@@ -120,18 +133,53 @@ absl::Status Permute(const Stream& stream, const Tensor& x, const Tensor& topk_i
                                                            : " (T * k)"));
   }
   if (!stream.is_cuda()) {
-    return internal::PermuteCpu(x, topk_idx, topk_probs, num_experts, pad_to_capacity, permuted_x,
-                                permuted_probs, row_map, tokens_per_expert);
+    return internal::PermuteCpu(x, topk_idx, topk_probs, num_experts, pad_to_capacity, max_rows,
+                                permuted_x, permuted_probs, row_map, Tensor(), tokens_per_expert);
   }
-  SY_RETURN_IF_ERROR(Annotate(CheckDevice(stream, {&workspace}), "Permute workspace"));
-  const int64_t ws_bytes = PermuteWorkspaceBytes(t, num_experts);
-  if (static_cast<int64_t>(workspace.bytes()) < ws_bytes || workspace.data == nullptr) {
-    return Invalid(kOp,
-                   absl::StrCat("workspace ", workspace.DebugString(), " has ", workspace.bytes(),
-                                " bytes; needs PermuteWorkspaceBytes = ", ws_bytes));
-  }
+  SY_RETURN_IF_ERROR(CheckWorkspace(stream, kOp, workspace, t, num_experts));
   return internal::PermuteCuda(stream, x, topk_idx, topk_probs, num_experts, pad_to_capacity,
-                               permuted_x, permuted_probs, row_map, tokens_per_expert, workspace);
+                               max_rows, permuted_x, permuted_probs, row_map, Tensor(),
+                               tokens_per_expert, workspace);
+}
+
+absl::Status PermuteIndex(const Stream& stream, const Tensor& topk_idx, const Tensor& topk_probs,
+                          int64_t num_experts, const Tensor& permuted_probs, const Tensor& row_map,
+                          const Tensor& source_rows, const Tensor& tokens_per_expert,
+                          const Tensor& workspace, int64_t max_routed_rows) {
+  constexpr absl::string_view kOp = "PermuteIndex";
+  SY_RETURN_IF_ERROR(Annotate(CheckDevice(stream, {&topk_idx, &topk_probs, &permuted_probs,
+                                                   &row_map, &source_rows, &tokens_per_expert}),
+                              kOp));
+  SY_RETURN_IF_ERROR(CheckExperts(stream, kOp, num_experts));
+  SY_RETURN_IF_ERROR(Annotate(CheckTensor(topk_idx, "topk_idx", DType::kI32, {-1, -1}), kOp));
+  const int64_t t = topk_idx.dim(0), k = topk_idx.dim(1);
+  if (k <= 0) return Invalid(kOp, absl::StrCat("topk_idx must have k > 0 slots, got ", k));
+  SY_RETURN_IF_ERROR(CheckProbs(stream, kOp, "topk_probs", topk_probs, {t, k}));
+  SY_RETURN_IF_ERROR(Annotate(CheckTensor(source_rows, "source_rows", DType::kI32, {-1}), kOp));
+  const int64_t max_rows = source_rows.dim(0);
+  SY_RETURN_IF_ERROR(
+      Annotate(CheckTensor(permuted_probs, "permuted_probs", topk_probs.dtype, {max_rows}), kOp));
+  SY_RETURN_IF_ERROR(Annotate(CheckTensor(row_map, "row_map", DType::kI32, {t, k}), kOp));
+  SY_RETURN_IF_ERROR(CheckRowMap(kOp, row_map, t, max_rows));
+  SY_RETURN_IF_ERROR(Annotate(
+      CheckTensor(tokens_per_expert, "tokens_per_expert", DType::kI32, {num_experts}), kOp));
+  if (max_routed_rows < 0) {
+    return Invalid(kOp, absl::StrCat("max_routed_rows (", max_routed_rows, ") must be >= 0"));
+  }
+  const int64_t needed_rows = max_routed_rows > 0 ? max_routed_rows : t * k;
+  if (max_rows < needed_rows) {
+    return Invalid(kOp, absl::StrCat("source_rows has ", max_rows, " rows; needs >= ", needed_rows,
+                                     max_routed_rows > 0 ? " (max_routed_rows)" : " (T * k)"));
+  }
+  const Tensor no_rows(DType::kBF16, {max_rows, 0}, topk_idx.device, nullptr);
+  if (!stream.is_cuda()) {
+    return internal::PermuteCpu(no_rows, topk_idx, topk_probs, num_experts, 0, max_rows, no_rows,
+                                permuted_probs, row_map, source_rows, tokens_per_expert);
+  }
+  SY_RETURN_IF_ERROR(CheckWorkspace(stream, kOp, workspace, t, num_experts));
+  return internal::PermuteCuda(stream, no_rows, topk_idx, topk_probs, num_experts, 0, max_rows,
+                               no_rows, permuted_probs, row_map, source_rows, tokens_per_expert,
+                               workspace);
 }
 
 absl::Status Unpermute(const Stream& stream, const Tensor& y, const Tensor& row_map,

@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kRankThreads)
     PermuteRankKernel(const int32_t* __restrict__ idx, const float* __restrict__ probs,
                       int64_t num_tokens, int k, int num_experts, int capacity,
                       const int32_t* __restrict__ chunk_base, int64_t max_rows,
-                      int32_t* __restrict__ row_map, float* __restrict__ permuted_probs) {
+                      int32_t* __restrict__ row_map, float* __restrict__ permuted_probs,
+                      int32_t* __restrict__ source_rows) {
   extern __shared__ int32_t smem[];
   int32_t* running = smem;                 // [E]: rows of each expert taken earlier in the chunk
   int32_t* warp_cnt = smem + num_experts;  // [kRankWarps][E]: this round's count per warp
@@ -160,7 +161,10 @@ __global__ void __launch_bounds__(kRankThreads)
         if (dest >= max_rows) dest = -1;
       }
       row_map[f] = dest;
-      if (dest >= 0) permuted_probs[dest] = probs[f];
+      if (dest >= 0) {
+        permuted_probs[dest] = probs[f];
+        if (source_rows != nullptr) source_rows[dest] = static_cast<int32_t>(f / k);
+      }
     }
     __syncthreads();
   }
@@ -293,12 +297,12 @@ absl::Status TokensPerExpertCuda(const Stream& stream, const Tensor& topk_idx, i
 
 absl::Status PermuteCuda(const Stream& stream, const Tensor& x, const Tensor& topk_idx,
                          const Tensor& topk_probs, int64_t num_experts, int64_t pad_to_capacity,
-                         const Tensor& permuted_x, const Tensor& permuted_probs,
-                         const Tensor& row_map, const Tensor& tokens_per_expert,
-                         const Tensor& workspace) {
+                         int64_t max_rows, const Tensor& permuted_x, const Tensor& permuted_probs,
+                         const Tensor& row_map, const Tensor& source_rows,
+                         const Tensor& tokens_per_expert, const Tensor& workspace) {
   SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(stream.device.index));
   const cudaStream_t cs = CudaStreamOf(stream);
-  const int64_t t = x.dim(0);
+  const int64_t t = topk_idx.dim(0);
   const int k = static_cast<int>(topk_idx.dim(1));
   const int e_count = static_cast<int>(num_experts);
   const int capacity = static_cast<int>(pad_to_capacity);
@@ -318,9 +322,11 @@ absl::Status PermuteCuda(const Stream& stream, const Tensor& x, const Tensor& to
     PermuteRankKernel<<<static_cast<unsigned>(chunks), kRankThreads,
                         num_experts*(kRankWarps + 1) * sizeof(int32_t), cs>>>(
         topk_idx.as<int32_t>(), topk_probs.as<float>(), t, k, e_count, capacity, chunk_base,
-        permuted_x.dim(0), row_map.as<int32_t>(), permuted_probs.as<float>());
+        max_rows, row_map.as<int32_t>(), permuted_probs.as<float>(),
+        source_rows.data != nullptr ? source_rows.as<int32_t>() : nullptr);
     SY_CUDA_RETURN_IF_LAUNCH_ERROR(PermuteRankKernel);
   }
+  if (permuted_x.data == nullptr) return absl::OkStatus();  // PermuteIndex: no rows move
   const int64_t row_bytes = x.dim(1) * static_cast<int64_t>(DTypeSize(x.dtype));
   return LaunchCopiesAnyUnit(cs, x.data, row_map.as<int32_t>(), t, k, row_bytes, permuted_x.dim(0),
                              permuted_x.data, kept, e_count, capacity, permuted_probs.as<float>());

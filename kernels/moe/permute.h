@@ -69,6 +69,17 @@ absl::Status Permute(const Stream& stream, const Tensor& x, const Tensor& topk_i
                      const Tensor& tokens_per_expert, const Tensor& workspace,
                      int64_t max_routed_rows = 0);
 
+// Permute without moving x (dropless only), for experts that read x through a row index (the
+// gathered grouped GEMM, kernels/gemm/grouped_gemm.h FpropGathered): the same row_map,
+// permuted_probs and tokens_per_expert as Permute, plus source_rows [max_rows] i32, the token of
+// each permuted row (row_map's inverse): permuted_x[p] would be x[source_rows[p]]. Rows at or past
+// the total are not written (the grouped GEMMs never read them). max_rows = source_rows.dim(0) and
+// max_routed_rows as in Permute.
+absl::Status PermuteIndex(const Stream& stream, const Tensor& topk_idx, const Tensor& topk_probs,
+                          int64_t num_experts, const Tensor& permuted_probs, const Tensor& row_map,
+                          const Tensor& source_rows, const Tensor& tokens_per_expert,
+                          const Tensor& workspace, int64_t max_routed_rows = 0);
+
 // out[t] = sum over the non-dropped slots s of y[row_map[t, s]], in slot order (zeros when every
 // slot is dropped). y [max_rows, H], row_map [T, k] i32, out [T, H], y and out of one dtype.
 absl::Status Unpermute(const Stream& stream, const Tensor& y, const Tensor& row_map,
@@ -95,9 +106,12 @@ namespace internal {
 inline constexpr int64_t kPermuteChunkTokens = 128;
 
 absl::Status TokensPerExpertCpu(const Tensor& topk_idx, int64_t num_experts, const Tensor& counts);
+// Permute and PermuteIndex: x and permuted_x with null data (PermuteIndex) move no rows;
+// source_rows with null data (Permute) is not written. max_rows: the permuted rows' capacity.
 absl::Status PermuteCpu(const Tensor& x, const Tensor& topk_idx, const Tensor& topk_probs,
-                        int64_t num_experts, int64_t pad_to_capacity, const Tensor& permuted_x,
-                        const Tensor& permuted_probs, const Tensor& row_map,
+                        int64_t num_experts, int64_t pad_to_capacity, int64_t max_rows,
+                        const Tensor& permuted_x, const Tensor& permuted_probs,
+                        const Tensor& row_map, const Tensor& source_rows,
                         const Tensor& tokens_per_expert);
 // Shared by Unpermute and PermuteBackward (d_probs/d_topk_probs may be empty Tensors).
 absl::Status GatherSumCpu(const Tensor& y, const Tensor& probs, const Tensor& row_map,
@@ -109,9 +123,9 @@ absl::Status TokensPerExpertCuda(const Stream& stream, const Tensor& topk_idx, i
                                  const Tensor& counts);
 absl::Status PermuteCuda(const Stream& stream, const Tensor& x, const Tensor& topk_idx,
                          const Tensor& topk_probs, int64_t num_experts, int64_t pad_to_capacity,
-                         const Tensor& permuted_x, const Tensor& permuted_probs,
-                         const Tensor& row_map, const Tensor& tokens_per_expert,
-                         const Tensor& workspace);
+                         int64_t max_rows, const Tensor& permuted_x, const Tensor& permuted_probs,
+                         const Tensor& row_map, const Tensor& source_rows,
+                         const Tensor& tokens_per_expert, const Tensor& workspace);
 absl::Status GatherSumCuda(const Stream& stream, const Tensor& y, const Tensor& probs,
                            const Tensor& row_map, const Tensor& out, const Tensor& out_probs);
 absl::Status ScatterRowsCuda(const Stream& stream, const Tensor& dout, const Tensor& row_map,

@@ -56,13 +56,17 @@ absl::Status TokensPerExpertCpu(const Tensor& topk_idx, int64_t num_experts, con
 }
 
 absl::Status PermuteCpu(const Tensor& x, const Tensor& topk_idx, const Tensor& topk_probs,
-                        int64_t num_experts, int64_t pad_to_capacity, const Tensor& permuted_x,
-                        const Tensor& permuted_probs, const Tensor& row_map,
+                        int64_t num_experts, int64_t pad_to_capacity, int64_t max_rows,
+                        const Tensor& permuted_x, const Tensor& permuted_probs,
+                        const Tensor& row_map, const Tensor& source_rows,
                         const Tensor& tokens_per_expert) {
   if (absl::Status s = CheckExpertIds(topk_idx, num_experts); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("Permute: ", s.message()));
   }
-  const int64_t t_count = x.dim(0), h = x.dim(1), k = topk_idx.dim(1);
+  const int64_t t_count = topk_idx.dim(0), k = topk_idx.dim(1);
+  const bool move_rows = permuted_x.data != nullptr;
+  const int64_t h = move_rows ? x.dim(1) : 0;
+  int32_t* sources = source_rows.data != nullptr ? source_rows.as<int32_t>() : nullptr;
   const int32_t* idx = topk_idx.as<int32_t>();
   std::vector<int64_t> counts(num_experts, 0);
   for (int64_t i = 0; i < t_count * k; ++i) {
@@ -70,10 +74,10 @@ absl::Status PermuteCpu(const Tensor& x, const Tensor& topk_idx, const Tensor& t
   }
   int64_t kept = 0;
   for (int64_t n : counts) kept += n;
-  if (pad_to_capacity == 0 && kept > permuted_x.dim(0)) {
-    return absl::InvalidArgumentError(absl::StrCat("Permute: the routing keeps ", kept,
-                                                   " slots, more than permuted_x's ",
-                                                   permuted_x.dim(0), " rows (max_routed_rows)"));
+  if (pad_to_capacity == 0 && kept > max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        move_rows ? "Permute" : "PermuteIndex", ": the routing keeps ", kept, " slots, more than ",
+        move_rows ? "permuted_x's " : "source_rows' ", max_rows, " rows (max_routed_rows)"));
   }
   std::vector<int64_t> start(num_experts, 0);
   for (int64_t e = 0; e < num_experts; ++e) {
@@ -95,7 +99,8 @@ absl::Status PermuteCpu(const Tensor& x, const Tensor& topk_idx, const Tensor& t
     }
     const int64_t row = cursor[idx[i]]++;
     map[i] = static_cast<int32_t>(row);
-    CopyElems(x, (i / k) * h, permuted_x, row * h, h);
+    if (move_rows) CopyElems(x, (i / k) * h, permuted_x, row * h, h);
+    if (sources != nullptr) sources[row] = static_cast<int32_t>(i / k);
     CopyElems(topk_probs, i, permuted_probs, row, 1);
   }
   int32_t* tpe = tokens_per_expert.as<int32_t>();

@@ -131,6 +131,34 @@ TEST_P(PermuteGpuTest, MatchesCpuReference) {
     EXPECT_TRUE(std::equal(rp.begin(), rp.begin() + valid, gp.begin())) << "permuted_probs differ";
   }
 
+  if (c.capacity == 0) {
+    // PermuteIndex (dropless): Permute's map, counts and probs exactly, and the source token of
+    // every row Permute copied (rows past the total keep their poison).
+    Buffer i_pp = Poisoned(DType::kF32, {max_rows}), i_map = Poisoned(DType::kI32, {c.t, c.k}),
+           i_tpe = Poisoned(DType::kI32, {c.e}), i_src = Poisoned(DType::kI32, {max_rows});
+    st = PermuteIndex(gpu, d_idx.View(), d_probs.View(), c.e, i_pp.View(), i_map.View(),
+                      i_src.View(), i_tpe.View(), ws.View());
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(Fetch<int32_t>(i_map.View()), ref_map);
+    EXPECT_EQ(Fetch<int32_t>(i_tpe.View()), ref_tpe);
+    const std::vector<float> gp = Fetch<float>(i_pp.View()), rp = Fetch<float>(pp.View());
+    EXPECT_TRUE(std::equal(rp.begin(), rp.begin() + valid, gp.begin())) << "PermuteIndex probs";
+    const std::vector<int32_t> src = Fetch<int32_t>(i_src.View());
+    const std::vector<uint16_t> xs = Fetch<uint16_t>(x.View()), ref = Fetch<uint16_t>(px.View());
+    int64_t wrong = 0;
+    for (int64_t row = 0; row < valid; ++row) {
+      if (src[row] < 0 || src[row] >= c.t ||
+          !std::equal(ref.begin() + row * c.h, ref.begin() + (row + 1) * c.h,
+                      xs.begin() + src[row] * c.h)) {
+        ++wrong;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "PermuteIndex source rows not the rows Permute copied";
+    EXPECT_TRUE(std::all_of(src.begin() + valid, src.end(), [](int32_t v) { return v == -1; }))
+        << "PermuteIndex wrote past the total";
+  }
+
   // Unpermute and PermuteBackward (same gather): y and dprobs are NaN past the valid rows.
   Buffer y = RowsThenNan(rng, DType::kBF16, max_rows, c.h, valid);
   Buffer dpp = RowsThenNan(rng, DType::kF32, max_rows, 1, valid);

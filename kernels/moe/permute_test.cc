@@ -219,6 +219,53 @@ TEST_P(PermuteCpuTest, RoundTripAndAdjoints) {
       std::abs(a3 - b3));
 }
 
+// PermuteIndex: Permute's row_map, permuted_probs and counts, and source_rows naming the token
+// whose row Permute copied to each permuted row (dropless shapes; with drops the kept rows).
+TEST_P(PermuteCpuTest, PermuteIndexNamesTheRowsPermuteCopies) {
+  const Case c = GetParam();
+  if (c.capacity > 0) GTEST_SKIP() << "PermuteIndex is dropless only";
+  std::mt19937_64 rng(c.t * 31 + c.e);
+  Routing r = MakeRouting(rng, c.t, c.k, c.e, c.load, c.drop);
+  const int64_t max_rows = c.t * c.k;
+  std::vector<double> x = Random(rng, c.t * c.h);
+  const Permuted p = RunPermute(r, x, c.h, 0, max_rows);
+  std::vector<double> probs(max_rows, NAN);
+  std::vector<int32_t> map(c.t * c.k, 7), tpe(c.e, 7), sources(max_rows, -7);
+  const absl::Status st = PermuteIndex(
+      Stream::Cpu(), T32(r.idx, {c.t, c.k}), T64(r.probs, {c.t, c.k}), c.e, T64(probs, {max_rows}),
+      T32(map, {c.t, c.k}), T32(sources, {max_rows}), T32(tpe, {c.e}), Tensor());
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(map, p.row_map);
+  EXPECT_EQ(tpe, p.tpe);
+  const int64_t valid = std::accumulate(tpe.begin(), tpe.end(), int64_t{0});
+  EXPECT_EQ(std::vector<double>(probs.begin(), probs.begin() + valid),
+            std::vector<double>(p.probs.begin(), p.probs.begin() + valid));
+  for (int64_t row = 0; row < valid; ++row) {
+    ASSERT_GE(sources[row], 0) << row;
+    ASSERT_LT(sources[row], c.t) << row;
+    for (int64_t j = 0; j < c.h; ++j) {
+      ASSERT_EQ(p.x[row * c.h + j], x[sources[row] * c.h + j]) << "row " << row << " col " << j;
+    }
+  }
+  for (int64_t row = valid; row < max_rows; ++row) EXPECT_EQ(sources[row], -7) << "past the total";
+}
+
+TEST(PermuteCpuTest, PermuteIndexRejectsBadInput) {
+  const int64_t t = 4, k = 2, e = 4;
+  std::vector<double> probs(t * k, 0.5), pp(t * k);
+  std::vector<int32_t> idx = {0, 1, 2, 3, 0, 1, 2, 3}, map(t * k), tpe(e), sources(t * k);
+  absl::Status s =
+      PermuteIndex(Stream::Cpu(), T32(idx, {t, k}), T64(probs, {t, k}), e, T64(pp, {t * k - 1}),
+                   T32(map, {t, k}), T32(sources, {t * k - 1}), T32(tpe, {e}), Tensor());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("source_rows has 7 rows; needs >= 8"), absl::string_view::npos) << s;
+  s = PermuteIndex(Stream::Cpu(), T32(idx, {t, k}), T64(probs, {t, k}), e, T64(pp, {t * k}),
+                   T32(map, {t, k}), T32(sources, {t * k}), T32(tpe, {e}), Tensor(),
+                   /*max_routed_rows=*/-1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("max_routed_rows (-1)"), absl::string_view::npos) << s;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PermuteCpuTest,
     ::testing::Values(Case{33, 2, 8, 16, Load::kUniform, 0.0, 0},
