@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -13,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "kernels/gemm/grouped_gemm_gather_sm90.h"
+#include "kernels/runtime/buffer.h"
 #include "kernels/runtime/cuda_status.h"
 
 namespace switchyard::kernels {
@@ -68,6 +71,47 @@ GroupedGemmCall MakeCall(GroupedGemmOp op, const Tensor& a, const Tensor& b, con
   call.n = n;
   call.groups = static_cast<int>(std::min<int64_t>(g, std::numeric_limits<int>::max()));
   return call;
+}
+
+// A gathered operand's rows: R and whether it is gathered. `rows` empty (rank 0): src is the
+// operand, [R, C]; else rows is int32 [R] and src [S, C]. `r` is the expected R (-1: any).
+absl::StatusOr<int64_t> GatheredRows(const char* what, const char* name, const Tensor& src,
+                                     const Tensor& rows, int64_t r) {
+  SY_RETURN_IF_ERROR(CheckRank(what, name, src, 2, rows.rank() == 0 ? "[R, C]" : "[S, C]"));
+  if (rows.rank() == 0) {
+    if (r >= 0 && src.dim(0) != r) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " (not gathered) must have ",
+                                                     r, " rows, got ", src.DebugString()));
+    }
+    return src.dim(0);
+  }
+  const std::string rows_name = absl::StrCat(name, "_rows");
+  SY_RETURN_IF_ERROR(CheckRank(what, rows_name.c_str(), rows, 1, "[R]"));
+  if (rows.dtype != DType::kI32 || (r >= 0 && rows.dim(0) != r)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", rows_name, " must be int32 [",
+                                                   r >= 0 ? absl::StrCat(r) : "R", "], got ",
+                                                   rows.DebugString()));
+  }
+  return rows.dim(0);
+}
+
+// The CPU reference's gathered copy: rows [0, total) of `src` through `rows` (zeros past it).
+absl::StatusOr<Buffer> GatherCopyCpu(const char* what, const char* name, const Tensor& src,
+                                     const Tensor& rows, int64_t r, int64_t total) {
+  SY_ASSIGN_OR_RETURN(Buffer out, Buffer::ForTensor(src.dtype, {r, src.dim(1)}, Device::Cpu()));
+  SY_RETURN_IF_ERROR(FillBytes(out.View(), 0));
+  const int64_t row_bytes = src.dim(1) * static_cast<int64_t>(DTypeSize(src.dtype));
+  const int32_t* index = rows.as<int32_t>();
+  for (int64_t p = 0; p < total; ++p) {
+    if (index[p] < 0 || index[p] >= src.dim(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, "_rows[", p,
+                                                     "] = ", index[p], " is outside [0, ",
+                                                     src.dim(0), ") (the rows of ", name, ")"));
+    }
+    std::memcpy(static_cast<char*>(out.data()) + p * row_bytes,
+                static_cast<const char*>(src.data) + index[p] * row_bytes, row_bytes);
+  }
+  return out;
 }
 
 }  // namespace
@@ -240,6 +284,150 @@ absl::Status GroupedGemm::Wgrad(const Stream& stream, const Tensor& x, const Ten
   GroupedGemmCall call = MakeCall(GroupedGemmOp::kWgrad, x, dy, dw, tokens_per_group, r, k, n, g);
   call.accumulate = accumulate;
   return Run(what, stream, call);
+}
+
+bool GroupedGemm::GatherSupported(int64_t k, int64_t n) const {
+  if (!device_.is_cuda()) return true;
+  return path_ == GroupedGemmPath::kCutlassSm90 && internal::GatherGemmSm90Compiled() && k > 0 &&
+         n > 0 && k % 128 == 0 && n % 128 == 0;
+}
+
+absl::Status GroupedGemm::FpropGathered(const Stream& stream, const Tensor& x_src,
+                                        const Tensor& x_rows, const Tensor& w,
+                                        const Tensor& tokens_per_group, const Tensor& y) {
+  return RunGathered(GroupedGemmOp::kFprop, stream, x_src, x_rows, w, Tensor(), tokens_per_group, y,
+                     false);
+}
+
+absl::Status GroupedGemm::DgradGathered(const Stream& stream, const Tensor& dy_src,
+                                        const Tensor& dy_rows, const Tensor& w,
+                                        const Tensor& tokens_per_group, const Tensor& dx) {
+  return RunGathered(GroupedGemmOp::kDgrad, stream, dy_src, dy_rows, w, Tensor(), tokens_per_group,
+                     dx, false);
+}
+
+absl::Status GroupedGemm::WgradGathered(const Stream& stream, const Tensor& x_src,
+                                        const Tensor& x_rows, const Tensor& dy_src,
+                                        const Tensor& dy_rows, const Tensor& tokens_per_group,
+                                        const Tensor& dw, bool accumulate) {
+  return RunGathered(GroupedGemmOp::kWgrad, stream, x_src, x_rows, dy_src, dy_rows,
+                     tokens_per_group, dw, accumulate);
+}
+
+absl::Status GroupedGemm::RunGathered(GroupedGemmOp op, const Stream& stream, const Tensor& a_src,
+                                      const Tensor& a_rows, const Tensor& b_src,
+                                      const Tensor& b_rows, const Tensor& tokens_per_group,
+                                      const Tensor& out, bool accumulate) {
+  const char* what = op == GroupedGemmOp::kFprop   ? "GroupedGemm::FpropGathered"
+                     : op == GroupedGemmOp::kDgrad ? "GroupedGemm::DgradGathered"
+                                                   : "GroupedGemm::WgradGathered";
+  SY_RETURN_IF_ERROR(CheckTokens(what, tokens_per_group));
+  const int64_t g = tokens_per_group.dim(0);
+  int64_t r = 0, k = 0, n = 0;
+  const char* a_name = op == GroupedGemmOp::kDgrad ? "dy" : "x";
+  if (op != GroupedGemmOp::kWgrad) {
+    // Fprop: x [., K] -> y [R, N]; Dgrad: dy [., N] -> dx [R, K]; w [G, K, N] (b_src).
+    const bool fprop = op == GroupedGemmOp::kFprop;
+    SY_RETURN_IF_ERROR(CheckRank(what, "w", b_src, 3, "[G, K, N]"));
+    SY_RETURN_IF_ERROR(CheckRank(what, fprop ? "y" : "dx", out, 2, fprop ? "[R, N]" : "[R, K]"));
+    k = b_src.dim(1);
+    n = b_src.dim(2);
+    r = out.dim(0);
+    SY_RETURN_IF_ERROR(CheckShape(what, "w", b_src, {g, k, n}, "[G, K, N]"));
+    SY_RETURN_IF_ERROR(fprop ? CheckShape(what, "y", out, {r, n}, "[R, N]")
+                             : CheckShape(what, "dx", out, {r, k}, "[R, K]"));
+    SY_RETURN_IF_ERROR(GatheredRows(what, a_name, a_src, a_rows, r).status());
+    if (a_src.dim(1) != (fprop ? k : n)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", a_name, " must have ",
+                                                     fprop ? "K" : "N", " = ", fprop ? k : n,
+                                                     " columns, got ", a_src.DebugString()));
+    }
+  } else {
+    SY_RETURN_IF_ERROR(CheckRank(what, "dw", out, 3, "[G, K, N]"));
+    k = out.dim(1);
+    n = out.dim(2);
+    SY_RETURN_IF_ERROR(CheckShape(what, "dw", out, {g, k, n}, "[G, K, N]"));
+    SY_ASSIGN_OR_RETURN(r, GatheredRows(what, "x", a_src, a_rows, -1));
+    SY_RETURN_IF_ERROR(GatheredRows(what, "dy", b_src, b_rows, r).status());
+    if (a_src.dim(1) != k || b_src.dim(1) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": x must have K = ", k, " and dy N = ", n, " columns, got ",
+                       a_src.DebugString(), " and ", b_src.DebugString()));
+    }
+  }
+  if (a_src.dtype != b_src.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": input dtypes differ: ", a_src.DebugString(), " vs ", b_src.DebugString()));
+  }
+  SY_RETURN_IF_ERROR(CheckDevice(stream, {&a_src, &b_src, &tokens_per_group, &out}));
+  for (const Tensor* rows : {&a_rows, &b_rows}) {
+    if (rows->rank() != 0) SY_RETURN_IF_ERROR(CheckDevice(stream, {rows}));
+  }
+  if (stream.device != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the stream is on ", stream.device.ToString(),
+                     " but the GroupedGemm was created for ", device_.ToString()));
+  }
+  if (g > max_groups_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": G (", g, ") exceeds max_groups (", max_groups_, ")"));
+  }
+  if (!device_.is_cuda()) {
+    // The reference: the gathered copies, then the op on them.
+    const int32_t* counts = tokens_per_group.as<int32_t>();
+    int64_t total = 0;
+    for (int64_t i = 0; i < g; ++i) total += std::max<int32_t>(counts[i], 0);
+    total = std::min(total, r);
+    Buffer a_copy, b_copy;
+    Tensor a = a_src, b = b_src;
+    if (a_rows.rank() != 0) {
+      SY_ASSIGN_OR_RETURN(a_copy, GatherCopyCpu(what, a_name, a_src, a_rows, r, total));
+      a = a_copy.View();
+    }
+    if (b_rows.rank() != 0) {
+      SY_ASSIGN_OR_RETURN(b_copy, GatherCopyCpu(what, "dy", b_src, b_rows, r, total));
+      b = b_copy.View();
+    }
+    const Stream cpu = Stream::Cpu();
+    switch (op) {
+      case GroupedGemmOp::kFprop:
+        return Fprop(cpu, a, b, tokens_per_group, out);
+      case GroupedGemmOp::kDgrad:
+        return Dgrad(cpu, a, b, tokens_per_group, out);
+      case GroupedGemmOp::kWgrad:
+        return Wgrad(cpu, a, b, tokens_per_group, out, accumulate);
+    }
+    return absl::InternalError("unknown op");
+  }
+  if (!GatherSupported(k, n)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the gathered grouped GEMM needs the cutlass_sm90 path (this one is ",
+        GroupedGemmPathName(path_), ") and K (", k, ") and N (", n, ") multiples of 128"));
+  }
+  const DType want_out = op == GroupedGemmOp::kWgrad ? DType::kF32 : DType::kBF16;
+  if (a_src.dtype != DType::kBF16 || out.dtype != want_out) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": on CUDA the inputs must be bf16 and ",
+                                                   "the output ", DTypeName(want_out), "; got ",
+                                                   a_src.DebugString(), " -> ", out.DebugString()));
+  }
+  if (g == 0) return absl::OkStatus();
+  internal::GatherGemmCall call;
+  call.op = op;
+  call.a = a_src.data;
+  call.a_index = a_rows.rank() != 0 ? a_rows.as<int32_t>() : nullptr;
+  call.b = b_src.data;
+  call.b_index = b_rows.rank() != 0 ? b_rows.as<int32_t>() : nullptr;
+  call.out = out.data;
+  call.out_dtype = out.dtype;
+  call.tokens_per_group = tokens_per_group.as<int32_t>();
+  call.rows = r;
+  call.k = k;
+  call.n = n;
+  call.groups = static_cast<int>(g);
+  call.accumulate = accumulate;
+  call.cuda_stream = stream.cuda_stream;
+  SY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.index));
+  return Annotate(internal::RunGatherGemmSm90(call), what);
 }
 
 absl::Status GroupedGemm::Run(const char* what, const Stream& stream, GroupedGemmCall call) {

@@ -218,6 +218,27 @@ class GroupedGemm {
   absl::Status Wgrad(const Stream& stream, const Tensor& x, const Tensor& dy,
                      const Tensor& tokens_per_group, const Tensor& dw, bool accumulate);
 
+  // Gathered operands (issue 16 item 1; grouped_gemm_gather_sm90.h): an activation operand read
+  // through a row index instead of from a permuted copy. A gathered operand is (src [S, C], rows
+  // int32 [R]): row p of the operand is src[rows[p]] for p below the counts' total (clamped to R);
+  // rows past it, and their index entries, are never read. An empty `rows` (a default Tensor)
+  // means src is the permuted operand itself, [R, C]. Same results as the ops above on the
+  // gathered copy (y [R, N] and dx [R, K]: rows past the total untouched). Paths: the CPU
+  // reference (gathers into a copy, then runs the op above) and CUTLASS SM90 when
+  // GatherSupported(K, N); otherwise FAILED_PRECONDITION. Index values are checked on the CPU
+  // only (INVALID_ARGUMENT); on CUDA the caller's permutation must be in range.
+  bool GatherSupported(int64_t k, int64_t n) const;
+  // y_g = x_g · W_g, x = gather(x_src [S, K], x_rows [R]).
+  absl::Status FpropGathered(const Stream& stream, const Tensor& x_src, const Tensor& x_rows,
+                             const Tensor& w, const Tensor& tokens_per_group, const Tensor& y);
+  // dx_g = dy_g · W_gᵀ, dy = gather(dy_src [S, N], dy_rows [R]).
+  absl::Status DgradGathered(const Stream& stream, const Tensor& dy_src, const Tensor& dy_rows,
+                             const Tensor& w, const Tensor& tokens_per_group, const Tensor& dx);
+  // dW_g (+)= x_gᵀ · dy_g with either or both gathered (f32 dw on CUDA).
+  absl::Status WgradGathered(const Stream& stream, const Tensor& x_src, const Tensor& x_rows,
+                             const Tensor& dy_src, const Tensor& dy_rows,
+                             const Tensor& tokens_per_group, const Tensor& dw, bool accumulate);
+
   Device device() const { return device_; }
   int max_groups() const { return max_groups_; }
   GroupedGemmPath path() const { return path_; }  // never kAuto
@@ -229,6 +250,11 @@ class GroupedGemm {
   absl::Status RunOnWeights(internal::GroupedGemmOp op, const Stream& stream, const Tensor& a,
                             const Tensor& w, const Tensor& tokens_per_group, const Tensor& out);
   absl::Status Run(const char* what, const Stream& stream, internal::GroupedGemmCall call);
+  // The gathered ops: a (Fprop: x, Dgrad: dy, Wgrad: x) and b (Wgrad: dy; else w), each with its
+  // rows (empty: not gathered), validated, then the CPU reference or the SM90 gather kernel.
+  absl::Status RunGathered(internal::GroupedGemmOp op, const Stream& stream, const Tensor& a_src,
+                           const Tensor& a_rows, const Tensor& b_src, const Tensor& b_rows,
+                           const Tensor& tokens_per_group, const Tensor& out, bool accumulate);
 
   Device device_;
   int max_groups_;

@@ -229,6 +229,81 @@ TEST_F(GroupedGemmValidationTest, RejectsBadShapesAndDtypes) {
           .ok());
 }
 
+// The gathered ops on the CPU equal the plain ops on the explicitly gathered copies, bit for bit
+// (the reference gathers, then runs them); index entries past the total are never read, and a bad
+// entry below it is refused naming it.
+TEST(GroupedGemmCpuTest, GatheredOpsEqualTheOpsOnTheGatheredCopies) {
+  const int64_t s_rows = 7, k = 3, n = 4, g = 3;
+  const std::vector<int32_t> counts = {2, 0, 3};  // total 5 of R = 6
+  const int64_t r = 6, total = 5;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> d;
+  auto random = [&](int64_t count) {
+    std::vector<double> v(count);
+    for (double& x : v) x = d(rng);
+    return v;
+  };
+  std::vector<double> x_src = random(s_rows * k), dy_src = random(s_rows * n),
+                      w = random(g * k * n);
+  std::vector<int32_t> rows = {6, 0, 3, 3, 1, -99};  // the last entry is past the total
+  std::vector<double> x(r * k, 0.0), dy(r * n, 0.0);
+  for (int64_t p = 0; p < total; ++p) {
+    for (int64_t j = 0; j < k; ++j) x[p * k + j] = x_src[rows[p] * k + j];
+    for (int64_t j = 0; j < n; ++j) dy[p * n + j] = dy_src[rows[p] * n + j];
+  }
+  std::vector<int32_t> c = counts;
+  const Device cpu = Device::Cpu();
+  const Stream st = Stream::Cpu();
+  auto t = [&](std::vector<double>& v, std::vector<int64_t> shape) {
+    return Tensor(DType::kF64, std::move(shape), cpu, v.data());
+  };
+  const Tensor tc(DType::kI32, {g}, cpu, c.data()), trows(DType::kI32, {r}, cpu, rows.data());
+  auto gg = GroupedGemm::Create(cpu, static_cast<int>(g)).value();
+  EXPECT_TRUE(gg->GatherSupported(3, 4));
+  std::vector<double> y_ref(r * n, kPoison), y(r * n, kPoison);
+  ASSERT_TRUE(gg->Fprop(st, t(x, {r, k}), t(w, {g, k, n}), tc, t(y_ref, {r, n})).ok());
+  absl::Status s =
+      gg->FpropGathered(st, t(x_src, {s_rows, k}), trows, t(w, {g, k, n}), tc, t(y, {r, n}));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(y, y_ref);
+  std::vector<double> dx_ref(r * k, kPoison), dx(r * k, kPoison);
+  ASSERT_TRUE(gg->Dgrad(st, t(dy, {r, n}), t(w, {g, k, n}), tc, t(dx_ref, {r, k})).ok());
+  s = gg->DgradGathered(st, t(dy_src, {s_rows, n}), trows, t(w, {g, k, n}), tc, t(dx, {r, k}));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(dx, dx_ref);
+  std::vector<double> dw_ref(g * k * n, 1.5);
+  ASSERT_TRUE(gg->Wgrad(st, t(x, {r, k}), t(dy, {r, n}), tc, t(dw_ref, {g, k, n}), true).ok());
+  for (int mode = 1; mode < 4; ++mode) {  // x gathered, dy gathered, both
+    std::vector<double> dw(g * k * n, 1.5);
+    const bool gx = mode & 1, gdy = mode & 2;
+    s = gg->WgradGathered(st, gx ? t(x_src, {s_rows, k}) : t(x, {r, k}), gx ? trows : Tensor(),
+                          gdy ? t(dy_src, {s_rows, n}) : t(dy, {r, n}), gdy ? trows : Tensor(), tc,
+                          t(dw, {g, k, n}), /*accumulate=*/true);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(dw, dw_ref) << "mode " << mode;
+  }
+  // An entry below the total outside the source's rows.
+  rows[2] = 7;
+  s = gg->FpropGathered(st, t(x_src, {s_rows, k}), trows, t(w, {g, k, n}), tc, t(y, {r, n}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("x_rows[2] = 7 is outside [0, 7)"), absl::string_view::npos) << s;
+  rows[2] = 3;
+  // The index must have R entries; the source must have K columns.
+  const Tensor short_rows(DType::kI32, {r - 1}, cpu, rows.data());
+  s = gg->FpropGathered(st, t(x_src, {s_rows, k}), short_rows, t(w, {g, k, n}), tc, t(y, {r, n}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("x_rows must be int32 [6]"), absl::string_view::npos) << s;
+  s = gg->DgradGathered(st, t(dy_src, {s_rows * n / 2, 2}), trows, t(w, {g, k, n}), tc,
+                        t(dx, {r, k}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("dy must have N = 4 columns"), absl::string_view::npos) << s;
+  // Wgrad: the two operands' R must agree.
+  s = gg->WgradGathered(st, t(x_src, {s_rows, k}), trows, t(dy, {r - 1, n}), Tensor(), tc,
+                        t(dw_ref, {g, k, n}), false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("dy (not gathered) must have 6 rows"), absl::string_view::npos) << s;
+}
+
 TEST(GroupedGemmCreateTest, RejectsBadOptions) {
   EXPECT_EQ(GroupedGemm::Create(Device::Cpu(), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
