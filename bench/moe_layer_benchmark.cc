@@ -48,6 +48,9 @@ ABSL_FLAG(int, ep, 1,
 ABSL_FLAG(int, iters, 10, "timed iterations (median reported)");
 ABSL_FLAG(int, warmup, 3, "warm-up iterations");
 ABSL_FLAG(bool, breakdown, false, "also print CUDA-event times of the layer's phases");
+ABSL_FLAG(bool, moe_permute_fusion, false,
+          "the permutation fused into the experts' grouped GEMMs (MoELayerConfig::permute_fusion; "
+          "EP = 1 only)");
 ABSL_FLAG(std::string, tile, "auto",
           "grouped-GEMM tile: auto or a GroupedGemmTileName (pingpong_128x128x64, "
           "cooperative_256x128x64, cooperative_128x128x64, pingpong_64x128x64, "
@@ -132,6 +135,7 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   const DType grad_dtype = absl::GetFlag(FLAGS_grad_dtype) == "bf16" ? DType::kBF16 : DType::kF32;
   c.ep_size = ep;
   c.dispatcher = model::MoELayerConfig::Dispatcher::kAllToAll;  // the path BASELINES.md measured
+  c.permute_fusion = absl::GetFlag(FLAGS_moe_permute_fusion);
   c.ep_rank = rank;
   const Device dev = Device::Cuda(ep > 1 ? rank : 0);
   const Stream s{dev, stream};

@@ -23,7 +23,8 @@
 //   train_benchmark [--model benchmark|small] [--steps 5] [--warmup 2] [--micro_batch N]
 //                   [--global_batch N] [--seq_length N] [--layers N] [--torch_json PATH]
 //                   [--peak_tflops 989.4] [--world 1] [--ep 1] [--cp 1] [--dry_run]
-//                   [--breakdown] [--delay_wgrad_compute] [--checkpoint_dir DIR]
+//                   [--breakdown] [--delay_wgrad_compute] [--moe_permute_fusion]
+//                   [--checkpoint_dir DIR]
 //                   [--plan_batch [--device_gib 80 (--dry_run only)] [--plan_headroom 0.1]]
 //
 // Prints Describe(), one log line per step (warm-up steps marked), a final table and one line
@@ -126,6 +127,10 @@ ABSL_FLAG(bool, dry_run, false,
 ABSL_FLAG(bool, delay_wgrad_compute, false,
           "model.delay_wgrad_compute: the experts' fc1 wgrad on a side stream, overlapping the "
           "dispatch-backward all-to-all");
+ABSL_FLAG(bool, moe_permute_fusion, false,
+          "model.moe_permute_fusion: the routed experts read the tokens and the output gradient "
+          "through the permutation's row index (gathered grouped GEMMs) instead of permuted "
+          "copies");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "--world N > 1: after the timed steps, time sharded checkpoints under this directory "
           "(an asynchronous save with one training step during its write, a save waited for at "
@@ -177,6 +182,7 @@ v1::JobSpec MakeSpec(const std::string& name, const BenchModel& b, int64_t iters
                      const std::vector<std::string>& recompute = {}) {
   v1::JobSpec spec = MakeBenchSpec(name, b, iters);
   spec.mutable_model()->set_delay_wgrad_compute(absl::GetFlag(FLAGS_delay_wgrad_compute));
+  spec.mutable_model()->set_moe_permute_fusion(absl::GetFlag(FLAGS_moe_permute_fusion));
   if (!recompute.empty()) spec.mutable_model()->set_recompute_granularity("selective");
   for (const std::string& module : recompute) spec.mutable_model()->add_recompute_modules(module);
   return spec;

@@ -16,9 +16,15 @@ using kernels::Buffer;
 
 absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
     Device device, DType dtype, DType probs_dtype, int64_t max_tokens, int64_t hidden,
-    int num_experts, int topk, int64_t pad_to_capacity, const DispatcherGradScratch& grad) {
+    int num_experts, int topk, int64_t pad_to_capacity, const DispatcherGradScratch& grad,
+    bool gather_rows) {
   if (max_tokens <= 0 || hidden <= 0 || num_experts <= 0 || topk <= 0) {
     return absl::InvalidArgumentError("LocalDispatcher: sizes must be positive");
+  }
+  if (gather_rows && pad_to_capacity > 0) {
+    return absl::InvalidArgumentError(
+        "LocalDispatcher: gather_rows (moe_permute_fusion) is dropless only, not with "
+        "pad_to_capacity");
   }
   std::unique_ptr<LocalDispatcher> d(new LocalDispatcher());
   d->max_tokens_ = max_tokens;
@@ -29,14 +35,19 @@ absl::StatusOr<std::unique_ptr<LocalDispatcher>> LocalDispatcher::Create(
   d->probs_dtype_ = probs_dtype;
   d->pad_ = pad_to_capacity > 0 ? pad_to_capacity : 0;
   d->rows_ = d->pad_ > 0 ? num_experts * d->pad_ : max_tokens * topk;
+  d->gather_rows_ = gather_rows;
   const int64_t r = d->rows_;
-  SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  if (gather_rows) {
+    SY_ASSIGN_OR_RETURN(d->expert_rows_, Buffer::ForTensor(DType::kI32, {r}, device));
+  } else {
+    SY_ASSIGN_OR_RETURN(d->expert_x_, Buffer::ForTensor(dtype, {r, hidden}, device));
+  }
   SY_ASSIGN_OR_RETURN(d->expert_probs_, Buffer::ForTensor(probs_dtype, {r}, device));
   SY_ASSIGN_OR_RETURN(d->tokens_per_expert_, Buffer::ForTensor(DType::kI32, {num_experts}, device));
   SY_ASSIGN_OR_RETURN(d->expert_out_, Buffer::ForTensor(dtype, {r, hidden}, device));
   SY_ASSIGN_OR_RETURN(d->row_map_, Buffer::ForTensor(DType::kI32, {max_tokens, topk}, device));
   // The backward's expert-side tensors: shared scratch (DispatcherGradScratch), sized here.
-  SY_RETURN_IF_ERROR(d->grad_.Bind(grad, device, r, hidden, dtype, probs_dtype));
+  SY_RETURN_IF_ERROR(d->grad_.Bind(grad, device, r, hidden, dtype, probs_dtype, !gather_rows));
   const int64_t ws = device.is_cuda() ? kernels::PermuteWorkspaceBytes(max_tokens, num_experts) : 0;
   SY_ASSIGN_OR_RETURN(d->workspace_, Buffer::ForTensor(DType::kU8, {ws}, device));
   return d;
@@ -50,10 +61,18 @@ absl::Status LocalDispatcher::DispatchPreprocess(const Stream& stream, DispatchS
                                                    max_tokens_, " or top-k differs"));
   }
   row_map_view_ = row_map_.View(DType::kI32, {t, topk_});
-  state->expert_x = expert_x_.View();
   state->expert_probs = expert_probs_.View();
   state->tokens_per_expert = tokens_per_expert_.View();
   state->expert_out = expert_out_.View();
+  if (gather_rows_) {
+    state->expert_x = Tensor();
+    state->expert_rows = expert_rows_.View();
+    return kernels::PermuteIndex(stream, state->topk_idx, state->topk_probs, num_experts_,
+                                 state->expert_probs, row_map_view_, state->expert_rows,
+                                 state->tokens_per_expert, workspace_.View());
+  }
+  state->expert_x = expert_x_.View();
+  state->expert_rows = Tensor();
   return kernels::Permute(stream, state->x, state->topk_idx, state->topk_probs, num_experts_, pad_,
                           state->expert_x, state->expert_probs, row_map_view_,
                           state->tokens_per_expert, workspace_.View());
@@ -67,6 +86,11 @@ absl::Status LocalDispatcher::CombinePostprocess(const Stream& stream, DispatchS
 absl::Status LocalDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                               DispatchState* state) {
   grad_.Fill(state);
+  if (gather_rows_) {
+    state->d_out = dout;  // read through expert_rows by the experts
+    return absl::OkStatus();
+  }
+  state->d_out = Tensor();
   return kernels::UnpermuteBackward(stream, dout, row_map_view_, state->d_expert_out,
                                     /*zero_unmapped_rows=*/pad_ > 0);
 }
@@ -79,21 +103,24 @@ absl::Status LocalDispatcher::DispatchBackward(const Stream& stream, DispatchSta
 
 absl::Status DispatcherGradBuffers::Bind(const DispatcherGradScratch& grad, Device device,
                                          int64_t rows, int64_t hidden, DType dtype,
-                                         DType probs_dtype) {
+                                         DType probs_dtype, bool with_out) {
   rows_ = rows;
   hidden_ = hidden;
   dtype_ = dtype;
   probs_dtype_ = probs_dtype;
-  out_ = BorrowOrOwn(grad.d_expert_out, device, &own_out_);
+  with_out_ = with_out;
   x_ = BorrowOrOwn(grad.d_expert_x, device, &own_x_);
   probs_ = BorrowOrOwn(grad.d_expert_probs, device, &own_probs_);
-  SY_RETURN_IF_ERROR(out_->Reserve(rows * hidden * DTypeSize(dtype)));
+  if (with_out) {
+    out_ = BorrowOrOwn(grad.d_expert_out, device, &own_out_);
+    SY_RETURN_IF_ERROR(out_->Reserve(rows * hidden * DTypeSize(dtype)));
+  }
   SY_RETURN_IF_ERROR(x_->Reserve(rows * hidden * DTypeSize(dtype)));
   return probs_->Reserve(rows * DTypeSize(probs_dtype));
 }
 
 void DispatcherGradBuffers::Fill(DispatchState* state) const {
-  state->d_expert_out = out_->View(dtype_, {rows_, hidden_});
+  state->d_expert_out = with_out_ ? out_->View(dtype_, {rows_, hidden_}) : Tensor();
   state->d_expert_x = x_->View(dtype_, {rows_, hidden_});
   state->d_expert_probs = probs_->View(probs_dtype_, {rows_});
 }

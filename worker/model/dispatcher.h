@@ -57,6 +57,14 @@ struct DispatchState {
   Tensor d_expert_out;    // [R, H]: CombineBackward writes it
   Tensor d_expert_x;      // [R, H]: the experts write it
   Tensor d_expert_probs;  // [R]:    the experts write it
+  // The permutation fused into the experts (LocalDispatcher with gather_rows, MoELayer's
+  // moe_permute_fusion): when expert_rows ([R] i32, set by DispatchPreprocess) is set, expert_x
+  // and d_expert_out are NOT written (empty): row p of the experts' input is x[expert_rows[p]]
+  // and row p of the output gradient is d_out[expert_rows[p]] (for p below the counts' total),
+  // d_out being CombineBackward's dout (set by it). The experts read both through the row index
+  // (kernels/gemm/grouped_gemm.h, the *Gathered ops).
+  Tensor expert_rows;
+  Tensor d_out;  // [T, H]
 };
 
 // Where a dispatcher keeps the backward's expert-side tensors (DispatchState::d_expert_out,
@@ -78,15 +86,18 @@ struct DispatcherGradScratch {
 // these sizes by Bind. Used by the dispatchers whose three gradients all live in scratch.
 class DispatcherGradBuffers {
  public:
+  // `with_out` false: no d_expert_out (the gathered experts read the output gradient itself).
   absl::Status Bind(const DispatcherGradScratch& grad, Device device, int64_t rows, int64_t hidden,
-                    DType dtype, DType probs_dtype);
-  // Sets state->d_expert_out, d_expert_x and d_expert_probs to views of the bound sizes.
+                    DType dtype, DType probs_dtype, bool with_out = true);
+  // Sets state->d_expert_out (empty without it), d_expert_x and d_expert_probs to views of the
+  // bound sizes.
   void Fill(DispatchState* state) const;
 
  private:
   ScratchBuffer *out_ = nullptr, *x_ = nullptr, *probs_ = nullptr;
   std::unique_ptr<ScratchBuffer> own_out_, own_x_, own_probs_;
   int64_t rows_ = 0, hidden_ = 0;
+  bool with_out_ = true;
   DType dtype_ = DType::kBF16, probs_dtype_ = DType::kF32;
 };
 
@@ -125,13 +136,18 @@ class TokenDispatcher {
 
 // EP = 1: every expert is local; dispatch and combine are no-ops, preprocess is Permute and
 // postprocess is Unpermute (kernels/moe/permute.h), with no host synchronisation.
+//
+// gather_rows (the permutation fused into the experts, DispatchState::expert_rows): preprocess
+// is PermuteIndex (the row index, no copy of x) and CombineBackward copies nothing (the experts
+// read dout through the index); no expert_x or d_expert_out buffer exists. Dropless only.
 class LocalDispatcher final : public TokenDispatcher {
  public:
   // `pad_to_capacity` C > 0 gives every expert exactly C rows (R = E*C); else R = max_tokens*k.
   // The backward's expert-side tensors live in `grad` (DispatcherGradScratch; its own when null).
   static absl::StatusOr<std::unique_ptr<LocalDispatcher>> Create(
       Device device, DType dtype, DType probs_dtype, int64_t max_tokens, int64_t hidden,
-      int num_experts, int topk, int64_t pad_to_capacity, const DispatcherGradScratch& grad = {});
+      int num_experts, int topk, int64_t pad_to_capacity, const DispatcherGradScratch& grad = {},
+      bool gather_rows = false);
 
   const char* name() const override { return "local"; }
   int64_t ExpertRowCapacity() const override { return rows_; }
@@ -159,8 +175,10 @@ class LocalDispatcher final : public TokenDispatcher {
 
   int64_t rows_ = 0, hidden_ = 0, max_tokens_ = 0, pad_ = 0;
   int num_experts_ = 0, topk_ = 0;
+  bool gather_rows_ = false;
   DType dtype_ = DType::kF32, probs_dtype_ = DType::kF32;
   kernels::Buffer expert_x_, expert_probs_, tokens_per_expert_, expert_out_, row_map_, workspace_;
+  kernels::Buffer expert_rows_;  // gather_rows: [R] i32, the token of each expert row
   // The backward's d_expert_out, d_expert_x [R, H] and d_expert_probs [R] (DispatcherGradScratch),
   // and the ones this dispatcher owns when Create got none.
   DispatcherGradBuffers grad_;

@@ -89,6 +89,7 @@ absl::StatusOr<MoELayerConfig> MoELayerConfig::FromProto(const v1::ModelConfig& 
   c.pad_to_capacity = m.moe_pad_expert_input_to_capacity();
   c.shared_expert_overlap = m.moe_shared_expert_overlap();
   c.delay_wgrad = m.delay_wgrad_compute();
+  c.permute_fusion = m.moe_permute_fusion();
   const std::string& dispatcher = m.moe_token_dispatcher_type();
   if (dispatcher.empty() || dispatcher == "allgather") {
     c.dispatcher = MoELayerConfig::Dispatcher::kAllGather;
@@ -176,6 +177,22 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
   // padding is T rows per expert, which keeps the shapes static.
   const int64_t capacity = kernels::ExpertCapacity(rc, t);
   const int64_t pad_rows = config.pad_to_capacity ? (capacity > 0 ? capacity : t) : 0;
+  // The CUTLASS SM90 grouped GEMM needs K and N multiples of 8 (TMA alignment): fc1 is
+  // [H, 2f], fc2 [f, H]. An ETP slice can break that where the full size does not (F = 24 at
+  // ETP 2 gives f = 12), so with kAuto such a layer runs the portable fallback kernel (correct,
+  // slower) instead of failing its first step. A path forced by the caller is kept as given.
+  kernels::GroupedGemmOptions gemm_options = config.gemm_options;
+  if (device.is_cuda() && gemm_options.path == kernels::GroupedGemmPath::kAuto &&
+      (h % 8 != 0 || f % 8 != 0)) {
+    gemm_options.path = kernels::GroupedGemmPath::kFallback;
+  }
+  SY_ASSIGN_OR_RETURN(
+      l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
+                                             gemm_options));
+  // moe_permute_fusion where it applies (MoELayerConfig::permute_fusion).
+  l->permute_fused_ = config.permute_fusion && config.ep_size == 1 && config.etp_size == 1 &&
+                      pad_rows == 0 && l->gemm_->GatherSupported(h, 2 * f) &&
+                      l->gemm_->GatherSupported(f, h);
   if (config.ep_size > 1 || config.etp_size > 1) {
     if (groups.ep == nullptr || groups.ep->size() != config.ep_size ||
         groups.ep->rank() != config.ep_rank) {
@@ -221,8 +238,9 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
                               static_cast<int>(config.etp_size), label, grad_scratch.dispatcher));
     }
   } else {
-    SY_ASSIGN_OR_RETURN(l->dispatcher_, LocalDispatcher::Create(device, dt, rdt, t, h, e, k,
-                                                                pad_rows, grad_scratch.dispatcher));
+    SY_ASSIGN_OR_RETURN(l->dispatcher_,
+                        LocalDispatcher::Create(device, dt, rdt, t, h, e, k, pad_rows,
+                                                grad_scratch.dispatcher, l->permute_fused_));
   }
   l->tdc_ = groups.tdc;
   if (groups.tdc != nullptr) l->dp_size_ = groups.tdc->size();
@@ -242,18 +260,6 @@ absl::StatusOr<std::unique_ptr<MoELayer>> MoELayer::Create(const MoELayerConfig&
     l->config_.router.z_loss_coeff /= l->cp_size_;
   }
   const int64_t r = l->dispatcher_->ExpertRowCapacity();
-  // The CUTLASS SM90 grouped GEMM needs K and N multiples of 8 (TMA alignment): fc1 is
-  // [H, 2f], fc2 [f, H]. An ETP slice can break that where the full size does not (F = 24 at
-  // ETP 2 gives f = 12), so with kAuto such a layer runs the portable fallback kernel (correct,
-  // slower) instead of failing its first step. A path forced by the caller is kept as given.
-  kernels::GroupedGemmOptions gemm_options = config.gemm_options;
-  if (device.is_cuda() && gemm_options.path == kernels::GroupedGemmPath::kAuto &&
-      (h % 8 != 0 || f % 8 != 0)) {
-    gemm_options.path = kernels::GroupedGemmPath::kFallback;
-  }
-  SY_ASSIGN_OR_RETURN(
-      l->gemm_, kernels::GroupedGemm::Create(device, static_cast<int>(config.num_local_experts()),
-                                             gemm_options));
   // The backward-only da and dh (MoEGradScratch), reserved by FitExpertRows.
   l->da_ = BorrowOrOwn(grad_scratch.da, device, &l->own_da_);
   l->dh_ = BorrowOrOwn(grad_scratch.dh, device, &l->own_dh_);
@@ -530,10 +536,16 @@ absl::Status MoELayer::RoutedForward(const Stream& stream, const MoELayerParams&
   phase.Next("dispatch_postprocess");
   SY_RETURN_IF_ERROR(dispatcher_->DispatchPostprocess(stream, &state_));
   // The alltoall dispatcher sizes its expert side by the counts (it may have grown in Dispatch).
-  SY_RETURN_IF_ERROR(FitExpertRows(state_.expert_x.dim(0)));
+  SY_RETURN_IF_ERROR(
+      FitExpertRows(permute_fused_ ? state_.expert_rows.dim(0) : state_.expert_x.dim(0)));
   // Experts: h = X·W1, a = swiglu(h)·p, y = a·W2 (rows past the device counts are skipped).
   phase.Next("fc1");
-  SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
+  if (permute_fused_) {
+    SY_RETURN_IF_ERROR(gemm_->FpropGathered(stream, state_.x, state_.expert_rows, p.fc1,
+                                            state_.tokens_per_expert, h_));
+  } else {
+    SY_RETURN_IF_ERROR(gemm_->Fprop(stream, state_.expert_x, p.fc1, state_.tokens_per_expert, h_));
+  }
   phase.Next("swiglu");
   const Tensor a = RoutedAct();
   SY_RETURN_IF_ERROR(
@@ -637,7 +649,13 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   const Tensor da = da_->View(config_.dtype, {expert_rows_, f});
   const Tensor dh = dh_->View(config_.dtype, {expert_rows_, 2 * f});
   phase.Next("fc2_dgrad");
-  SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da));
+  // The output gradient: d_expert_out, or (permute_fused_) dy itself through the row index.
+  const Tensor& rows = state_.expert_rows;
+  if (permute_fused_) {
+    SY_RETURN_IF_ERROR(gemm_->DgradGathered(stream, state_.d_out, rows, p.fc2, tpe, da));
+  } else {
+    SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da));
+  }
   const Tensor a = RoutedAct();
   if (config_.recompute_act) {
     // moe_act: a = swiglu(h)·p again, as the forward computed it, for fc2's weight gradient.
@@ -645,7 +663,12 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
     SY_RETURN_IF_ERROR(kernels::SwigluForward(stream, h_, state_.expert_probs, tpe, a));
   }
   phase.Next("fc2_wgrad");
-  SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a, state_.d_expert_out, tpe, g.fc2, accumulate));
+  if (permute_fused_) {
+    SY_RETURN_IF_ERROR(
+        gemm_->WgradGathered(stream, a, Tensor(), state_.d_out, rows, tpe, g.fc2, accumulate));
+  } else {
+    SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a, state_.d_expert_out, tpe, g.fc2, accumulate));
+  }
   phase.Next("swiglu");
   SY_RETURN_IF_ERROR(
       kernels::SwigluBackward(stream, da, h_, state_.expert_probs, tpe, dh, state_.d_expert_probs));
@@ -658,10 +681,10 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
     // of this layer, dh (shared by every MoE layer, MoEGradScratch) before the next Backward of
     // any of them, which the join at the end of this Backward ("wgrad_join") orders after it.
     SY_RETURN_IF_ERROR(wgrad_->Fork(stream));
-    SY_RETURN_IF_ERROR(gemm_->Wgrad(wgrad_->view(), state_.expert_x, dh, tpe, g.fc1, accumulate));
+    SY_RETURN_IF_ERROR(Fc1Wgrad(wgrad_->view(), dh, g, accumulate));
     SY_RETURN_IF_ERROR(wgrad_->RecordJoin());
   } else {
-    SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, state_.expert_x, dh, tpe, g.fc1, accumulate));
+    SY_RETURN_IF_ERROR(Fc1Wgrad(stream, dh, g, accumulate));
   }
   const Tensor dtopk = Rows(dtopk_probs_, t);
   phase.Next("dispatch");
@@ -710,6 +733,17 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
     SY_RETURN_IF_ERROR(kernels::Axpby(stream, 1.0f, dx, 1.0f, Rows(sh_dx_, t), dx));
   }
   return absl::OkStatus();
+}
+
+absl::Status MoELayer::Fc1Wgrad(const Stream& stream, const Tensor& dh, const MoELayerParams& g,
+                                bool accumulate) {
+  const Tensor& tpe = state_.tokens_per_expert;
+  if (permute_fused_) {
+    // x itself (the caller keeps it until this Backward returns), through the row index.
+    return gemm_->WgradGathered(stream, state_.x, state_.expert_rows, dh, Tensor(), tpe, g.fc1,
+                                accumulate);
+  }
+  return gemm_->Wgrad(stream, state_.expert_x, dh, tpe, g.fc1, accumulate);
 }
 
 absl::Status MoELayer::SharedBackward(const Stream& s, const MoELayerParams& p,

@@ -96,6 +96,17 @@ struct MoELayerConfig {
   // router's backward run while it does. fc2's wgrad stays in order: it reads d_expert_out, whose
   // memory fc1's dgrad overwrites (dispatcher.h). Off, or on the CPU: in order on the stream.
   bool delay_wgrad = false;
+  // moe_permute_fusion (issue 16 item 1): the permutation fused into the routed experts' GEMMs.
+  // fc1 (forward and weight gradient) reads the tokens x through the permutation's row index
+  // (kernels/moe/permute.h PermuteIndex) instead of a permuted copy, and fc2's data and weight
+  // gradients read the layer's output gradient the same way, so neither permuted copy is made
+  // or kept (two [R, H] row copies per layer and micro-batch, and [R, H] of saved activations).
+  // Taken where it applies: the local dispatcher (EP = 1, ETP = 1), dropless, and a grouped GEMM
+  // that can gather (GroupedGemm::GatherSupported: CUTLASS SM90 with H, F/ETP and 2F/ETP
+  // multiples of 128; always on the CPU, whose reference gathers into copies). Elsewhere the
+  // unfused path runs; MoELayer::permute_fused() tells which. Same results up to the GEMMs'
+  // fp32 summation order (bitwise on the CPU).
+  bool permute_fusion = false;
   // Sequence parallelism (worker/model/gpt_model.h, "Tensor and sequence parallelism"): the
   // layer's tokens are this rank's shard, positions [sp_rank·S_loc, (sp_rank+1)·S_loc) of every
   // sequence, with S_loc = router.seq_length (the LOCAL sequence length) and sp_size·S_loc the
@@ -315,10 +326,16 @@ class MoELayer {
   void set_training(bool training) { config_.router.training = training; }
   // The dispatcher in use: "local" (EP = 1), "allgather" or "alltoall".
   const char* dispatcher_name() const { return dispatcher_->name(); }
+  // Whether the permutation is fused into the experts (MoELayerConfig::permute_fusion, where it
+  // applies).
+  bool permute_fused() const { return permute_fused_; }
 
  private:
   MoELayer() = default;
   absl::Status SharedForward(const Stream& s, const MoELayerParams& p, const Tensor& x);
+  // fc1's weight gradient from dh: x read from expert_x, or (permute_fused_) through the row index.
+  absl::Status Fc1Wgrad(const Stream& stream, const Tensor& dh, const MoELayerParams& g,
+                        bool accumulate);
   absl::Status SharedBackward(const Stream& s, const MoELayerParams& p, const MoELayerParams& g,
                               const Tensor& dy, float grad_beta);
   absl::Status RoutedForward(const Stream& stream, const MoELayerParams& p,
@@ -385,6 +402,7 @@ class MoELayer {
   // sp_size > 1: the shared expert's TP-gathered input [sp_size·T, H] (kept for fc1's weight
   // gradient) and the partial sums / gathered dy [sp_size·T, H].
   Tensor sh_xall_, sh_part_;
+  bool permute_fused_ = false;
   Tensor x_saved_;  // the input x of the micro-batch in flight (a view owned by the caller)
   // h_, a_ ([R, 2F'], [R, F']) with R = expert_rows_, the dispatcher's current expert-row
   // capacity (a_ empty with recompute_act); da_ and dh_ are reserved for R rows.

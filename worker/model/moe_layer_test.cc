@@ -93,6 +93,15 @@ std::vector<Variant> Variants() {
          c->router.input_jitter_eps = 0.1;
        }},
       {"sinkhorn", [](MoELayerConfig* c) { c->router.sinkhorn = true; }},
+      // The permutation fused into the experts (the gathered grouped GEMMs), with drops and a
+      // shared expert.
+      {"permute_fusion_capacity_shared",
+       [](MoELayerConfig* c) {
+         c->permute_fusion = true;
+         c->router.capacity_factor = 0.75;
+         c->shared_ffn_size = 5;
+         c->router.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+       }},
       // moe_act recompute with the layer's own scratch (no MoEActScratch given): the backward's
       // recomputed SwiGLU outputs of the routed and the gated shared expert.
       {"moe_act_recompute_shared_gate",
@@ -266,6 +275,58 @@ TEST(MoELayerTest, PadToCapacityChangesNothing) {
   EXPECT_LT(testing::RelativeError(outs[1], outs[0]), 1e-12);
   EXPECT_LT(testing::RelativeError(dxs[1], dxs[0]), 1e-12);
   EXPECT_LT(testing::RelativeError(grads[1], grads[0]), 1e-12);
+}
+
+// moe_permute_fusion on the CPU (where the gathered ops gather into copies, then run the same
+// reference) is bit for bit the unfused layer: outputs, losses, input and every weight gradient,
+// over two micro-batches (accumulating); with pad-to-capacity it does not apply.
+TEST(MoELayerTest, PermuteFusionIsBitIdenticalOnTheCpu) {
+  std::mt19937_64 rng(23);
+  const int64_t t = 20;
+  MoELayerConfig config = SmallConfig();
+  config.router.aux_losses = {{AuxLossType::kAuxLoss, 0.1}};
+  config.router.capacity_factor = 0.9;  // some slots dropped
+  MoELayerConfig fused = config;
+  fused.permute_fusion = true;
+  auto w = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(w.RandomizeOnCpu(rng, 0.5f).ok());
+  auto wf = MoELayerTensors::Create(config, Device::Cpu(), DType::kF64, DType::kF64).value();
+  ASSERT_TRUE(wf.CopyParamsFrom(w).ok());
+  const int64_t h = config.hidden_size;
+  Buffer x1 = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer x2 = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  Buffer dy = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+  testing::FillRandom(x1.View(), rng);
+  testing::FillRandom(x2.View(), rng);
+  testing::FillRandom(dy.View(), rng);
+  std::vector<std::vector<double>> runs;
+  for (const MoELayerConfig* c : {&config, &fused}) {
+    MoELayerTensors& ww = c == &config ? w : wf;
+    auto layer = MoELayer::Create(*c, Device::Cpu(), t).value();
+    EXPECT_EQ(layer->permute_fused(), c == &fused);
+    ASSERT_TRUE(ww.ZeroGrads().ok());
+    std::vector<double> all;
+    auto append = [&all](const Tensor& v) {  // f64 tensors, exactly
+      ASSERT_EQ(v.dtype, DType::kF64);
+      all.insert(all.end(), v.as<double>(), v.as<double>() + v.numel());
+    };
+    for (const Buffer* x : {&x1, &x2}) {
+      Buffer y = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+      Buffer dx = Buffer::ForTensor(DType::kF64, {t, h}, Device::Cpu()).value();
+      ASSERT_TRUE(
+          layer->Forward(Stream::Cpu(), ww.params(), ww.router_state(), x->View(), y.View()).ok());
+      const absl::Status st =
+          layer->Backward(Stream::Cpu(), ww.params(), ww.grads(), dy.View(), dx.View(), 1.0);
+      ASSERT_TRUE(st.ok()) << st;
+      for (const Tensor& v : {y.View(), dx.View(), layer->losses()}) append(v);
+    }
+    for (auto& [name, shape] : MoELayerTensors::ParamShapes(config)) append(ww.Grad(name));
+    runs.push_back(std::move(all));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  MoELayerConfig padded = fused;
+  padded.pad_to_capacity = true;
+  EXPECT_FALSE(MoELayer::Create(padded, Device::Cpu(), t).value()->permute_fused());
 }
 
 // kOverwrite writes the gradients without reading them; kAccumulate adds to them.
