@@ -31,6 +31,7 @@ struct Case {
   bool pad;
   bool overlap = false;  // moe_shared_expert_overlap: the shared expert on the side stream
   bool delay = false;    // delay_wgrad_compute: fc1's wgrad on the wgrad stream
+  bool fusion = false;   // moe_permute_fusion: the experts read x and dy through the row index
 };
 
 class MoELayerGpuTest : public ::testing::TestWithParam<Case> {};
@@ -45,6 +46,7 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
   c.shared_expert_gate = k.gate;
   c.shared_expert_overlap = k.overlap;
   c.delay_wgrad = k.delay;
+  c.permute_fusion = k.fusion;
   c.pad_to_capacity = k.pad;
   c.router.num_experts = k.experts;
   c.router.topk = k.topk;
@@ -124,6 +126,15 @@ TEST_P(MoELayerGpuTest, ForwardBackwardMatchCpu) {
 
   // GPU.
   auto gpu = MoELayer::Create(gpu_c, Device::Cuda(0), t).value();
+  if (k.fusion) {
+    // H, F and 2F are multiples of 128 in every fusion case: the gathered GEMMs must be taken on
+    // an SM90 GPU (elsewhere the unfused path runs, and this case says so).
+    int major = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+    std::printf("[%s] permute fused into the experts: %s\n", k.name,
+                gpu->permute_fused() ? "yes" : "no");
+    if (major == 9) EXPECT_TRUE(gpu->permute_fused());
+  }
   Buffer yg = Buffer::ForTensor(DType::kBF16, {t, h}, Device::Cuda(0)).value();
   Buffer dxg = Buffer::ForTensor(DType::kBF16, {t, h}, Device::Cuda(0)).value();
   ASSERT_TRUE(kernels::FillBytes(yg.View(), 0xFF).ok());
@@ -269,7 +280,15 @@ INSTANTIATE_TEST_SUITE_P(
         // No shared expert (the benchmark model's case): the wgrad stream all the same.
         Case{"delay_wgrad_no_shared", 512, 256, 128, 0, 16, 4, false, false, 0, false, false, true},
         Case{"capacity_pad", 256, 128, 64, 0, 8, 2, false, false, 0.5, true},
-        Case{"fine_grained", 1024, 512, 128, 0, 64, 8, false, false, 0, false}),
+        Case{"fine_grained", 1024, 512, 128, 0, 64, 8, false, false, 0, false},
+        // moe_permute_fusion (the gathered grouped GEMMs): fine-grained; with drops, a gated
+        // overlapped shared expert and sigmoid; with fc1's wgrad on the wgrad stream.
+        Case{"permute_fusion_fine_grained", 1024, 512, 128, 0, 64, 8, false, false, 0, false, false,
+             false, true},
+        Case{"permute_fusion_capacity_shared", 512, 256, 128, 192, 16, 4, true, true, 1.0, false,
+             true, false, true},
+        Case{"permute_fusion_delay_wgrad", 512, 256, 128, 0, 16, 4, false, false, 0, false, false,
+             true, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
