@@ -103,6 +103,7 @@ absl::StatusOr<ModelShape> ModelShape::FromProto(const v1::ModelConfig& m) {
   s.moe_input_jitter = m.moe_input_jitter_eps() > 0;
   s.moe_capacity_factor = m.has_moe_expert_capacity_factor() ? m.moe_expert_capacity_factor() : 0;
   s.moe_pad_to_capacity = m.moe_pad_expert_input_to_capacity();
+  s.moe_permute_fusion = m.moe_permute_fusion();
   // The config default (common/config/config_defaults.cc) is allgather.
   s.moe_allgather =
       m.moe_token_dispatcher_type().empty() || m.moe_token_dispatcher_type() == "allgather";
@@ -461,9 +462,14 @@ EngineMemory EstimateEngineMemory(const ModelShape& m, const v1::Mapping& mappin
         rows = e * (c >= tr ? tr : c);
       }
       // Expert in/out and probs per layer; their gradients 2a·R·H + r·R are the shared scratch.
-      // The row map 4t·k and the dispatcher's tokens per expert 4E.
-      bytes += 2 * a * rows * h + r * rows + 4 * tr * k + 4 * e;
-      moe_grad_scratch = 2 * a * rows * h + r * rows;
+      // The row map 4t·k and the dispatcher's tokens per expert 4E. With the permutation fused
+      // into the experts (MoELayer::permute_fused), no expert input and no output gradient: the
+      // row index 4R instead, and a·R·H of shared scratch.
+      const bool fused = m.moe_permute_fusion && !m.moe_pad_to_capacity &&
+                         static_cast<int64_t>(h) % 128 == 0 && m.moe_ffn_hidden_size % 128 == 0;
+      const double io = fused ? a * rows * h + 4 * rows : 2 * a * rows * h;
+      bytes += io + r * rows + 4 * tr * k + 4 * e;
+      moe_grad_scratch = (fused ? 1 : 2) * a * rows * h + r * rows;
       if (o.cuda) bytes += (std::ceil(tr / 128) + 1) * e * 4;  // permute workspace
     } else if (m.moe_allgather) {
       // AllGatherDispatcher (worker/model/allgather_dispatcher.cc, Create): the ETP×EP group's

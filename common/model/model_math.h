@@ -54,6 +54,10 @@ struct ModelShape {
   bool moe_input_jitter = false;   // moe_input_jitter_eps > 0: a jittered copy of the input
   double moe_capacity_factor = 0;  // moe_expert_capacity_factor (<= 0: none)
   bool moe_pad_to_capacity = false;  // moe_pad_expert_input_to_capacity
+  // moe_permute_fusion: where it applies (EP = ETP = 1, no padding, H and the expert ffn size
+  // multiples of 128: MoELayerConfig::permute_fusion, estimated as on an SM90 GPU), the local
+  // dispatcher keeps no permuted input and the backward no permuted output gradient.
+  bool moe_permute_fusion = false;
   // moe_token_dispatcher_type allgather (the default) rather than alltoall: the dispatcher's
   // buffers at EP > 1 (EstimateEngineMemory).
   bool moe_allgather = false;

@@ -340,6 +340,39 @@ TEST(ModelMathTest, InFlightMicroBatchesAreThePipelineSchedules) {
   EXPECT_EQ(counts, (std::vector<int64_t>{8, 8, 7, 5}));
 }
 
+// moe_permute_fusion at EP = 1: per MoE layer and micro-batch in flight, the permuted input a·R·H
+// less and the row index 4R more; the shared backward scratch a·R·H less. Where it does not
+// apply (pad to capacity; an expert ffn size not a multiple of 128) nothing changes.
+TEST(ModelMathTest, PermuteFusionDropsThePermutedCopies) {
+  v1::ModelConfig c;
+  c.set_num_layers(4);
+  c.set_hidden_size(256);
+  c.set_num_attention_heads(4);
+  c.set_ffn_hidden_size(512);
+  c.set_vocab_size(512);
+  c.set_seq_length(64);
+  c.set_num_experts(8);
+  c.set_moe_router_topk(2);
+  c.set_moe_ffn_hidden_size(128);
+  auto shape = ModelShape::FromProto(c);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  v1::Mapping mapping;
+  mapping.set_micro_batch_size(2);
+  mapping.set_num_micro_batches(4);
+  ModelShape fused = *shape;
+  fused.moe_permute_fusion = true;
+  const EngineMemory plain = EstimateEngineMemory(*shape, mapping, 0);
+  const EngineMemory with = EstimateEngineMemory(fused, mapping, 0);
+  const double rows = 2 * 64 * 2, a = 2;  // R = t·k, bf16
+  EXPECT_DOUBLE_EQ(plain.moe_buffers - with.moe_buffers,
+                   4 * (a * rows * 256 - 4 * rows) + a * rows * 256);
+  fused.moe_ffn_hidden_size = 96;
+  ModelShape plain96 = *shape;
+  plain96.moe_ffn_hidden_size = 96;
+  EXPECT_DOUBLE_EQ(EstimateEngineMemory(fused, mapping, 0).moe_buffers,
+                   EstimateEngineMemory(plain96, mapping, 0).moe_buffers);
+}
+
 TEST(ModelMathTest, MissingOrBadFieldsNameTheField) {
   v1::ModelConfig m;
   m.set_num_attention_heads(2);
