@@ -110,6 +110,8 @@ const std::vector<Knob>& Table() {
          M(s)->set_moe_token_dispatcher_type("allgather");
        },
        "model.delay_wgrad_compute requires model.moe_token_dispatcher_type \"alltoall\""},
+      {"model.moe_permute_fusion",
+       "MoELayer (the experts read x and dy through the permutation's row index)"},
       {"model.moe_layer_freq", "GptConfig::FromProto (MoE layer placement)"},
       {"model.moe_layer_pattern", "GptConfig::FromProto (MoE layer placement)"},
       {"model.moe_router_dtype", "MoELayerConfig::FromProto (fp32 router)",
