@@ -45,6 +45,20 @@ absl::Status CheckRowMap(absl::string_view op, const Tensor& row_map, int64_t nu
   return absl::OkStatus();
 }
 
+// The outputs Permute and PermuteIndex share: permuted_probs [max_rows] (the probs' dtype),
+// row_map [T, k] i32 (its values checked on the CPU), tokens_per_expert [E] i32.
+absl::Status CheckPermuteOutputs(absl::string_view op, const Tensor& permuted_probs,
+                                 DType probs_dtype, const Tensor& row_map,
+                                 const Tensor& tokens_per_expert, int64_t t, int64_t k,
+                                 int64_t max_rows, int64_t num_experts) {
+  SY_RETURN_IF_ERROR(
+      Annotate(CheckTensor(permuted_probs, "permuted_probs", probs_dtype, {max_rows}), op));
+  SY_RETURN_IF_ERROR(Annotate(CheckTensor(row_map, "row_map", DType::kI32, {t, k}), op));
+  SY_RETURN_IF_ERROR(CheckRowMap(op, row_map, t, max_rows));
+  return Annotate(CheckTensor(tokens_per_expert, "tokens_per_expert", DType::kI32, {num_experts}),
+                  op);
+}
+
 // Permute's and PermuteIndex's CUDA workspace: on the stream's device, PermuteWorkspaceBytes.
 absl::Status CheckWorkspace(const Stream& stream, absl::string_view op, const Tensor& workspace,
                             int64_t num_tokens, int64_t num_experts) {
@@ -110,12 +124,8 @@ absl::Status Permute(const Stream& stream, const Tensor& x, const Tensor& topk_i
                    absl::StrCat("permuted_x ", permuted_x.DebugString(),
                                 " must have x's dtype and hidden size (x ", x.DebugString(), ")"));
   }
-  SY_RETURN_IF_ERROR(
-      Annotate(CheckTensor(permuted_probs, "permuted_probs", topk_probs.dtype, {max_rows}), kOp));
-  SY_RETURN_IF_ERROR(Annotate(CheckTensor(row_map, "row_map", DType::kI32, {t, k}), kOp));
-  SY_RETURN_IF_ERROR(CheckRowMap(kOp, row_map, t, max_rows));
-  SY_RETURN_IF_ERROR(Annotate(
-      CheckTensor(tokens_per_expert, "tokens_per_expert", DType::kI32, {num_experts}), kOp));
+  SY_RETURN_IF_ERROR(CheckPermuteOutputs(kOp, permuted_probs, topk_probs.dtype, row_map,
+                                         tokens_per_expert, t, k, max_rows, num_experts));
   if (pad_to_capacity < 0) {
     return Invalid(kOp, absl::StrCat("pad_to_capacity (", pad_to_capacity, ") must be >= 0"));
   }
@@ -157,12 +167,8 @@ absl::Status PermuteIndex(const Stream& stream, const Tensor& topk_idx, const Te
   SY_RETURN_IF_ERROR(CheckProbs(stream, kOp, "topk_probs", topk_probs, {t, k}));
   SY_RETURN_IF_ERROR(Annotate(CheckTensor(source_rows, "source_rows", DType::kI32, {-1}), kOp));
   const int64_t max_rows = source_rows.dim(0);
-  SY_RETURN_IF_ERROR(
-      Annotate(CheckTensor(permuted_probs, "permuted_probs", topk_probs.dtype, {max_rows}), kOp));
-  SY_RETURN_IF_ERROR(Annotate(CheckTensor(row_map, "row_map", DType::kI32, {t, k}), kOp));
-  SY_RETURN_IF_ERROR(CheckRowMap(kOp, row_map, t, max_rows));
-  SY_RETURN_IF_ERROR(Annotate(
-      CheckTensor(tokens_per_expert, "tokens_per_expert", DType::kI32, {num_experts}), kOp));
+  SY_RETURN_IF_ERROR(CheckPermuteOutputs(kOp, permuted_probs, topk_probs.dtype, row_map,
+                                         tokens_per_expert, t, k, max_rows, num_experts));
   if (max_routed_rows < 0) {
     return Invalid(kOp, absl::StrCat("max_routed_rows (", max_routed_rows, ") must be >= 0"));
   }
