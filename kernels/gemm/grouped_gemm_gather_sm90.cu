@@ -104,6 +104,14 @@ struct GatherParams {
 };
 
 // 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read).
+//
+// Proxies: wgmma reads shared memory through the async proxy, and the PTX ISA (9.7.15.4) asks
+// for a fence.proxy.async between generic-proxy writes (these cp.async) and such reads. Like
+// CUTLASS 4.2's own SM90 cp.async GMMA kernels (KernelCpAsyncWarpSpecialized*, whose pipeline
+// this kernel uses), the producer signals each stage with cp.async.mbarrier.arrive and no proxy
+// fence. If a GPU run ever shows sporadic mismatches, the fix is on the producer side: commit the
+// stage's copies as a group, cp.async.wait_group for the stage before, fence.proxy.async, then a
+// plain arrive on that stage.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* src, bool valid) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
