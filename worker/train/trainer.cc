@@ -1398,6 +1398,18 @@ std::string Trainer::FormatLogLine(const StepResult& r) const {
 
 std::string Trainer::Describe() const {
   const GptConfig& c = model_->config();
+  // Whether the MoE layers run the permutation fused into the experts (moe_permute_fusion).
+  std::string moe_permutation;
+  for (int64_t l = 0; l < c.num_layers && c.num_moe_layers() > 0; ++l) {
+    if (const model::MoELayer* m = model_->moe_layer(l)) {
+      moe_permutation =
+          absl::StrCat("; MoE permutation: ",
+                       m->permute_fused()     ? "fused into the experts (gathered grouped GEMMs)"
+                       : c.moe.permute_fusion ? "unfused (moe_permute_fusion does not apply here)"
+                                              : "unfused");
+      break;
+    }
+  }
   return absl::StrFormat(
              "model: %d layers (%d MoE), hidden %d, heads %d/%d x %d, vocab %d, seq %d; %s "
              "parameters "
@@ -1411,7 +1423,8 @@ std::string Trainer::Describe() const {
              micro_batch_, flops_per_token_ / 1e9, data_description_) +
          (options_.device.is_cuda()
               ? absl::StrCat("; attention: ", kernels::DescribeAttentionBackend())
-              : std::string());
+              : std::string()) +
+         moe_permutation;
 }
 
 // ---------------------------------------------------------------------------------------------
