@@ -146,6 +146,12 @@ absl::StatusOr<Row> RunOne(const std::string& name, const BenchConfig& b, int wa
   }
   SY_ASSIGN_OR_RETURN(auto layer,
                       model::MoELayer::Create(c, dev, b.t, model::MoEParallelGroups{ep_group}));
+  if (c.permute_fusion && rank == 0) {
+    // --moe_permute_fusion applies only where MoELayerConfig::permute_fusion says (EP = 1, ...).
+    std::fprintf(stderr, "%s: MoE permutation %s\n", name.c_str(),
+                 layer->permute_fused() ? "fused into the experts (gathered grouped GEMMs)"
+                                        : "unfused (moe_permute_fusion does not apply here)");
+  }
   SY_ASSIGN_OR_RETURN(Buffer x, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer y, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
   SY_ASSIGN_OR_RETURN(Buffer dy, Buffer::ForTensor(DType::kBF16, {b.t, b.h}, dev));
