@@ -363,15 +363,9 @@ absl::Status GroupedGemm::RunGathered(GroupedGemmOp op, const Stream& stream, co
   for (const Tensor* rows : {&a_rows, &b_rows}) {
     if (rows->rank() != 0) SY_RETURN_IF_ERROR(CheckDevice(stream, {rows}));
   }
-  if (stream.device != device_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": the stream is on ", stream.device.ToString(),
-                     " but the GroupedGemm was created for ", device_.ToString()));
-  }
-  if (g > max_groups_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": G (", g, ") exceeds max_groups (", max_groups_, ")"));
-  }
+  // The checks every grouped GEMM call gets (stream, groups, sizes, dtypes).
+  SY_RETURN_IF_ERROR(
+      CheckCall(what, stream, MakeCall(op, a_src, b_src, out, tokens_per_group, r, k, n, g)));
   if (!device_.is_cuda()) {
     // The reference: the gathered copies, then the op on them.
     const int32_t* counts = tokens_per_group.as<int32_t>();
@@ -404,11 +398,9 @@ absl::Status GroupedGemm::RunGathered(GroupedGemmOp op, const Stream& stream, co
         what, ": the gathered grouped GEMM needs the cutlass_sm90 path (this one is ",
         GroupedGemmPathName(path_), ") and K (", k, ") and N (", n, ") multiples of 128"));
   }
-  const DType want_out = op == GroupedGemmOp::kWgrad ? DType::kF32 : DType::kBF16;
-  if (a_src.dtype != DType::kBF16 || out.dtype != want_out) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": on CUDA the inputs must be bf16 and ",
-                                                   "the output ", DTypeName(want_out), "; got ",
-                                                   a_src.DebugString(), " -> ", out.DebugString()));
+  if (op == GroupedGemmOp::kWgrad && out.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the gathered Wgrad writes an f32 dw, got ", out.DebugString()));
   }
   if (g == 0) return absl::OkStatus();
   internal::GatherGemmCall call;
@@ -431,6 +423,19 @@ absl::Status GroupedGemm::RunGathered(GroupedGemmOp op, const Stream& stream, co
 }
 
 absl::Status GroupedGemm::Run(const char* what, const Stream& stream, GroupedGemmCall call) {
+  SY_RETURN_IF_ERROR(CheckCall(what, stream, call));
+  if (call.groups == 0) return absl::OkStatus();
+  call.cuda_stream = stream.cuda_stream;
+  call.tile = tile_;
+  if (!device_.is_cuda()) return internal::GroupedGemmCpu(call);
+  absl::Status status = cuda_path_->Run(call);
+  if (!status.ok())
+    return Annotate(status, absl::StrCat(what, " (", GroupedGemmPathName(path_), ")"));
+  return absl::OkStatus();
+}
+
+absl::Status GroupedGemm::CheckCall(const char* what, const Stream& stream,
+                                    const GroupedGemmCall& call) const {
   if (stream.device != device_) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the stream is on ",
                                                    stream.device.ToString(),
@@ -467,13 +472,6 @@ absl::Status GroupedGemm::Run(const char* what, const Stream& stream, GroupedGem
                        DTypeName(call.in_dtype), " and output ", DTypeName(call.out_dtype)));
     }
   }
-  if (call.groups == 0) return absl::OkStatus();
-  call.cuda_stream = stream.cuda_stream;
-  call.tile = tile_;
-  if (!device_.is_cuda()) return internal::GroupedGemmCpu(call);
-  absl::Status status = cuda_path_->Run(call);
-  if (!status.ok())
-    return Annotate(status, absl::StrCat(what, " (", GroupedGemmPathName(path_), ")"));
   return absl::OkStatus();
 }
 

@@ -250,6 +250,10 @@ class GroupedGemm {
   absl::Status RunOnWeights(internal::GroupedGemmOp op, const Stream& stream, const Tensor& a,
                             const Tensor& w, const Tensor& tokens_per_group, const Tensor& out);
   absl::Status Run(const char* what, const Stream& stream, internal::GroupedGemmCall call);
+  // What Run and RunGathered check of every call: the stream's device, G against max_groups, K
+  // and N positive and R, K, N below 2^31, and the dtypes the path takes.
+  absl::Status CheckCall(const char* what, const Stream& stream,
+                         const internal::GroupedGemmCall& call) const;
   // The gathered ops: a (Fprop: x, Dgrad: dy, Wgrad: x) and b (Wgrad: dy; else w), each with its
   // rows (empty: not gathered), validated, then the CPU reference or the SM90 gather kernel.
   absl::Status RunGathered(internal::GroupedGemmOp op, const Stream& stream, const Tensor& a_src,

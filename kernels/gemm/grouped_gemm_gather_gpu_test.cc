@@ -41,13 +41,6 @@ Buffer Host(DType dt, std::vector<int64_t> shape) {
   return Buffer::ForTensor(dt, std::move(shape), Device::Cpu()).value();
 }
 
-Buffer ToDevice(const Buffer& host) {
-  Tensor h = host.View();
-  Buffer d = Buffer::ForTensor(h.dtype, h.shape, Device::Cuda(0)).value();
-  EXPECT_TRUE(CopyTensor(h, d.View()).ok());
-  return d;
-}
-
 // Rows [0, valid) of dst [R, C] = src[index[p]]; rows past `valid` NaN.
 void Gather(const Buffer& src, const std::vector<int32_t>& index, int64_t valid, Buffer& dst) {
   const int64_t cols = src.View().shape[1];
@@ -166,9 +159,10 @@ void RunCase(const Case& c, int sm_count) {
   const Shape& s = c.shape;
   std::printf("  G=%ld R=%ld rows kept=%ld S=%ld K=%ld N=%ld, %s\n", c.g, c.r, c.valid, s.sources,
               s.k, s.n, sm_count > 0 ? (std::to_string(sm_count) + " CTAs").c_str() : "all SMs");
-  Buffer x_src = ToDevice(c.x_src), dy_src = ToDevice(c.dy_src), w = ToDevice(c.w);
-  Buffer x_perm = ToDevice(c.x_perm), dy_perm = ToDevice(c.dy_perm);
-  Buffer counts = ToDevice(c.counts), index = ToDevice(c.index_host);
+  Buffer x_src = testing::Upload(c.x_src), dy_src = testing::Upload(c.dy_src),
+         w = testing::Upload(c.w);
+  Buffer x_perm = testing::Upload(c.x_perm), dy_perm = testing::Upload(c.dy_perm);
+  Buffer counts = testing::Upload(c.counts), index = testing::Upload(c.index_host);
   const int32_t* idx = static_cast<const int32_t*>(index.data());
 
   GatherGemmCall base;
@@ -179,32 +173,26 @@ void RunCase(const Case& c, int sm_count) {
   base.groups = static_cast<int>(c.g);
   base.sm_count = sm_count;
 
-  // Fprop and Dgrad: gathered A, and A already permuted (no index).
-  for (const bool gathered : {true, false}) {
-    const std::string how = gathered ? " (gathered)" : " (permuted)";
-    Buffer y = Buffer::ForTensor(DType::kBF16, {c.r, s.n}, Device::Cuda(0)).value();
-    ASSERT_TRUE(FillBytes(y.View(), 0xFF).ok());
-    GatherGemmCall f = base;
-    f.op = GroupedGemmOp::kFprop;
-    f.a = gathered ? x_src.data() : x_perm.data();
-    f.a_index = gathered ? idx : nullptr;
-    f.b = w.data();
-    f.out = y.data();
-    const absl::Status fst = Run(f);
-    ASSERT_TRUE(fst.ok()) << fst;
-    CheckRows("fprop y" + how, y.View(), c.y_ref, c.valid, s.n);
-
-    Buffer dx = Buffer::ForTensor(DType::kBF16, {c.r, s.k}, Device::Cuda(0)).value();
-    ASSERT_TRUE(FillBytes(dx.View(), 0xFF).ok());
-    GatherGemmCall d = base;
-    d.op = GroupedGemmOp::kDgrad;
-    d.a = gathered ? dy_src.data() : dy_perm.data();
-    d.a_index = gathered ? idx : nullptr;
-    d.b = w.data();
-    d.out = dx.data();
-    const absl::Status st = Run(d);
-    ASSERT_TRUE(st.ok()) << st;
-    CheckRows("dgrad dx" + how, dx.View(), c.dx_ref, c.valid, s.k);
+  // Fprop (x -> y [R, N]) and Dgrad (dy -> dx [R, K]): gathered A, and A already permuted.
+  for (const GroupedGemmOp op : {GroupedGemmOp::kFprop, GroupedGemmOp::kDgrad}) {
+    const bool fprop = op == GroupedGemmOp::kFprop;
+    const Buffer& src = fprop ? x_src : dy_src;
+    const Buffer& perm = fprop ? x_perm : dy_perm;
+    const int64_t out_cols = fprop ? s.n : s.k;
+    for (const bool gathered : {true, false}) {
+      Buffer out = testing::Poisoned(DType::kBF16, {c.r, out_cols});
+      GatherGemmCall call = base;
+      call.op = op;
+      call.a = gathered ? src.data() : perm.data();
+      call.a_index = gathered ? idx : nullptr;
+      call.b = w.data();
+      call.out = out.data();
+      const absl::Status st = Run(call);
+      ASSERT_TRUE(st.ok()) << st;
+      CheckRows(
+          std::string(fprop ? "fprop y" : "dgrad dx") + (gathered ? " (gathered)" : " (permuted)"),
+          out.View(), fprop ? c.y_ref : c.dx_ref, c.valid, out_cols);
+    }
   }
 
   // Wgrad: each of A, B gathered or permuted; fresh and accumulating.
@@ -219,8 +207,7 @@ void RunCase(const Case& c, int sm_count) {
     wg.a_index = ga ? idx : nullptr;
     wg.b = gb ? dy_src.data() : dy_perm.data();
     wg.b_index = gb ? idx : nullptr;
-    Buffer dw = Buffer::ForTensor(DType::kF32, {c.g, s.k, s.n}, Device::Cuda(0)).value();
-    ASSERT_TRUE(FillBytes(dw.View(), 0xFF).ok());
+    Buffer dw = testing::Poisoned(DType::kF32, {c.g, s.k, s.n});
     wg.out = dw.data();
     absl::Status st = Run(wg);
     ASSERT_TRUE(st.ok()) << st;
@@ -260,13 +247,13 @@ TEST(GatherGemmGpuTest, PublicGatheredOpsMatchTheCpuReference) {
   const Case c = MakeCase(Shape{"public", {100, 0, 300, 7}, 9, 150, 256, 128});
   auto cpu = GroupedGemm::Create(Device::Cpu(), 8).value();
   const Stream host = Stream::Cpu(), dev{Device::Cuda(0), nullptr};
-  Buffer x_src = ToDevice(c.x_src), dy_src = ToDevice(c.dy_src), w = ToDevice(c.w);
-  Buffer counts = ToDevice(c.counts), index = ToDevice(c.index_host);
+  Buffer x_src = testing::Upload(c.x_src), dy_src = testing::Upload(c.dy_src),
+         w = testing::Upload(c.w);
+  Buffer counts = testing::Upload(c.counts), index = testing::Upload(c.index_host);
   const int64_t k = c.shape.k, n = c.shape.n;
 
-  Buffer y = Buffer::ForTensor(DType::kBF16, {c.r, n}, Device::Cuda(0)).value();
+  Buffer y = testing::Poisoned(DType::kBF16, {c.r, n});
   Buffer y_ref = Host(DType::kF32, {c.r, n});
-  ASSERT_TRUE(FillBytes(y.View(), 0xFF).ok());
   std::memset(y_ref.data(), 0xFF, y_ref.View().bytes());
   absl::Status st =
       gpu->FpropGathered(dev, x_src.View(), index.View(), w.View(), counts.View(), y.View());
@@ -277,9 +264,8 @@ TEST(GatherGemmGpuTest, PublicGatheredOpsMatchTheCpuReference) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   CheckRows("public FpropGathered", y.View(), y_ref, c.valid, n);
 
-  Buffer dx = Buffer::ForTensor(DType::kBF16, {c.r, k}, Device::Cuda(0)).value();
+  Buffer dx = testing::Poisoned(DType::kBF16, {c.r, k});
   Buffer dx_ref = Host(DType::kF32, {c.r, k});
-  ASSERT_TRUE(FillBytes(dx.View(), 0xFF).ok());
   st = gpu->DgradGathered(dev, dy_src.View(), index.View(), w.View(), counts.View(), dx.View());
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_TRUE(cpu->DgradGathered(host, c.dy_src.View(), c.index_host.View(), c.w.View(),
@@ -288,7 +274,7 @@ TEST(GatherGemmGpuTest, PublicGatheredOpsMatchTheCpuReference) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   CheckRows("public DgradGathered", dx.View(), dx_ref, c.valid, k);
 
-  Buffer dw = ToDevice(c.dw0);
+  Buffer dw = testing::Upload(c.dw0);
   st = gpu->WgradGathered(dev, x_src.View(), index.View(), dy_src.View(), index.View(),
                           counts.View(), dw.View(), /*accumulate=*/true);
   ASSERT_TRUE(st.ok()) << st;

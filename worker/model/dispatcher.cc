@@ -86,11 +86,7 @@ absl::Status LocalDispatcher::CombinePostprocess(const Stream& stream, DispatchS
 absl::Status LocalDispatcher::CombineBackward(const Stream& stream, const Tensor& dout,
                                               DispatchState* state) {
   grad_.Fill(state);
-  if (gather_rows_) {
-    state->d_out = dout;  // read through expert_rows by the experts
-    return absl::OkStatus();
-  }
-  state->d_out = Tensor();
+  if (gather_rows_) return absl::OkStatus();  // the experts read dout through expert_rows
   return kernels::UnpermuteBackward(stream, dout, row_map_view_, state->d_expert_out,
                                     /*zero_unmapped_rows=*/pad_ > 0);
 }
@@ -108,7 +104,6 @@ absl::Status DispatcherGradBuffers::Bind(const DispatcherGradScratch& grad, Devi
   hidden_ = hidden;
   dtype_ = dtype;
   probs_dtype_ = probs_dtype;
-  with_out_ = with_out;
   x_ = BorrowOrOwn(grad.d_expert_x, device, &own_x_);
   probs_ = BorrowOrOwn(grad.d_expert_probs, device, &own_probs_);
   if (with_out) {
@@ -120,7 +115,7 @@ absl::Status DispatcherGradBuffers::Bind(const DispatcherGradScratch& grad, Devi
 }
 
 void DispatcherGradBuffers::Fill(DispatchState* state) const {
-  state->d_expert_out = with_out_ ? out_->View(dtype_, {rows_, hidden_}) : Tensor();
+  state->d_expert_out = out_ != nullptr ? out_->View(dtype_, {rows_, hidden_}) : Tensor();
   state->d_expert_x = x_->View(dtype_, {rows_, hidden_});
   state->d_expert_probs = probs_->View(probs_dtype_, {rows_});
 }

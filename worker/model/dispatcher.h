@@ -60,11 +60,10 @@ struct DispatchState {
   // The permutation fused into the experts (LocalDispatcher with gather_rows, MoELayer's
   // moe_permute_fusion): when expert_rows ([R] i32, set by DispatchPreprocess) is set, expert_x
   // and d_expert_out are NOT written (empty): row p of the experts' input is x[expert_rows[p]]
-  // and row p of the output gradient is d_out[expert_rows[p]] (for p below the counts' total),
-  // d_out being CombineBackward's dout (set by it). The experts read both through the row index
-  // (kernels/gemm/grouped_gemm.h, the *Gathered ops).
+  // and row p of the output gradient is dout[expert_rows[p]] (for p below the counts' total),
+  // dout being what the layer passes to CombineBackward. The experts read both through the row
+  // index (kernels/gemm/grouped_gemm.h, the *Gathered ops).
   Tensor expert_rows;
-  Tensor d_out;  // [T, H]
 };
 
 // Where a dispatcher keeps the backward's expert-side tensors (DispatchState::d_expert_out,
@@ -86,7 +85,8 @@ struct DispatcherGradScratch {
 // these sizes by Bind. Used by the dispatchers whose three gradients all live in scratch.
 class DispatcherGradBuffers {
  public:
-  // `with_out` false: no d_expert_out (the gathered experts read the output gradient itself).
+  // `with_out` false: no d_expert_out (out_ stays null; the gathered experts read the output
+  // gradient itself).
   absl::Status Bind(const DispatcherGradScratch& grad, Device device, int64_t rows, int64_t hidden,
                     DType dtype, DType probs_dtype, bool with_out = true);
   // Sets state->d_expert_out (empty without it), d_expert_x and d_expert_probs to views of the
@@ -97,7 +97,6 @@ class DispatcherGradBuffers {
   ScratchBuffer *out_ = nullptr, *x_ = nullptr, *probs_ = nullptr;
   std::unique_ptr<ScratchBuffer> own_out_, own_x_, own_probs_;
   int64_t rows_ = 0, hidden_ = 0;
-  bool with_out_ = true;
   DType dtype_ = DType::kBF16, probs_dtype_ = DType::kF32;
 };
 

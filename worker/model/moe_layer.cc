@@ -652,7 +652,7 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   // The output gradient: d_expert_out, or (permute_fused_) dy itself through the row index.
   const Tensor& rows = state_.expert_rows;
   if (permute_fused_) {
-    SY_RETURN_IF_ERROR(gemm_->DgradGathered(stream, state_.d_out, rows, p.fc2, tpe, da));
+    SY_RETURN_IF_ERROR(gemm_->DgradGathered(stream, dy, rows, p.fc2, tpe, da));
   } else {
     SY_RETURN_IF_ERROR(gemm_->Dgrad(stream, state_.d_expert_out, p.fc2, tpe, da));
   }
@@ -664,8 +664,7 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   }
   phase.Next("fc2_wgrad");
   if (permute_fused_) {
-    SY_RETURN_IF_ERROR(
-        gemm_->WgradGathered(stream, a, Tensor(), state_.d_out, rows, tpe, g.fc2, accumulate));
+    SY_RETURN_IF_ERROR(gemm_->WgradGathered(stream, a, Tensor(), dy, rows, tpe, g.fc2, accumulate));
   } else {
     SY_RETURN_IF_ERROR(gemm_->Wgrad(stream, a, state_.d_expert_out, tpe, g.fc2, accumulate));
   }
@@ -678,8 +677,9 @@ absl::Status MoELayer::Backward(const Stream& stream, const MoELayerParams& p,
   if (wgrad_) {
     // delay_wgrad_compute: fc1's wgrad on the wgrad stream, after fc1's dgrad. Its inputs are
     // not written again until it is joined: expert_x (the layer's own) before the next forward
-    // of this layer, dh (shared by every MoE layer, MoEGradScratch) before the next Backward of
-    // any of them, which the join at the end of this Backward ("wgrad_join") orders after it.
+    // of this layer (with permute_fused_, x: the caller's, kept until this Backward returns), dh
+    // (shared by every MoE layer, MoEGradScratch) before the next Backward of any of them, which
+    // the join at the end of this Backward ("wgrad_join") orders after it.
     SY_RETURN_IF_ERROR(wgrad_->Fork(stream));
     SY_RETURN_IF_ERROR(Fc1Wgrad(wgrad_->view(), dh, g, accumulate));
     SY_RETURN_IF_ERROR(wgrad_->RecordJoin());
